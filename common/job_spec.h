@@ -1,0 +1,102 @@
+// JobSpec: the validated form of a job's YAML (configs/jobs/*.yaml). The one parser and validator
+// used by the coordinator (on submit), the CLI (before sending) and the rank process (at start).
+#ifndef DROPLESS_COMMON_JOB_SPEC_H_
+#define DROPLESS_COMMON_JOB_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace dropless {
+
+enum class RouterKind { kSoftmax, kSigmoid };
+enum class Activation { kSwiGLU };
+enum class Precision { kBf16, kMxfp8 };
+enum class Dispatcher { kAuto, kGloo, kNcclA2a, kNcclLsa, kNcclEp };
+enum class RoutingDistribution { kUniform, kZipf };
+enum class Backend { kCpu, kCuda };
+
+struct ModelSpec {
+  int64_t hidden = 0;          // H
+  int64_t ffn = 0;             // F, per expert (w1: H x 2F, w2: F x H)
+  int64_t experts = 0;         // E, routed experts
+  int64_t topk = 0;            // k
+  int64_t shared_experts = 0;  // always-on experts of width ffn
+  int64_t layers = 1;          // MoE layers stacked (residual)
+  RouterKind router = RouterKind::kSoftmax;
+  bool renormalize = true;     // renormalize the top-k weights to sum to 1
+  Activation activation = Activation::kSwiGLU;
+  double aux_loss_coeff = 0.01;  // load-balancing auxiliary loss weight
+};
+
+struct ParallelSpec {
+  int64_t ep = 1;  // expert-parallel ranks: experts are split across them
+  int64_t dp = 1;  // data-parallel replicas of the EP group
+};
+
+struct OptimizerSpec {
+  std::string name = "adamw";
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  int64_t warmup_steps = 0;  // linear warmup of lr
+};
+
+struct CheckpointSpec {
+  std::string dir;    // empty: no checkpoints
+  int64_t every = 0;  // steps between checkpoints; 0: only at the end when dir is set
+};
+
+struct DataSpec {
+  RoutingDistribution distribution = RoutingDistribution::kUniform;
+  double zipf_exponent = 1.0;  // used when distribution is zipf
+  uint64_t seed = 0;
+};
+
+struct ResourcesSpec {
+  Backend backend = Backend::kCpu;
+};
+
+struct JobSpec {
+  std::string name;
+  int32_t priority = 0;      // higher is scheduled first
+  int32_t max_attempts = 1;  // attempts before the job is FAILED
+  ModelSpec model;
+  ParallelSpec parallel;
+  Precision precision = Precision::kBf16;
+  int64_t tokens_per_rank = 0;  // T per rank per step
+  int64_t steps = 0;
+  OptimizerSpec optimizer;
+  Dispatcher dispatcher = Dispatcher::kAuto;
+  bool overlap = false;
+  bool activation_offload = false;
+  CheckpointSpec checkpoint;
+  DataSpec data;
+  ResourcesSpec resources;
+
+  int64_t world_size() const { return parallel.ep * parallel.dp; }
+};
+
+// Largest YAML document accepted, in bytes.
+inline constexpr size_t kMaxJobSpecBytes = 64 * 1024;
+
+// Parses and validates a job spec. Errors are InvalidArgument with one message naming the field
+// path and the rule, e.g. "model.experts: must be divisible by parallel.ep (got 10 % 4 != 0)".
+absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml);
+
+// Canonical YAML of a valid spec; ParseJobSpec(JobSpecToYaml(s)) == s.
+std::string JobSpecToYaml(const JobSpec& spec);
+
+std::string_view ToString(RouterKind v);
+std::string_view ToString(Precision v);
+std::string_view ToString(Dispatcher v);
+std::string_view ToString(RoutingDistribution v);
+std::string_view ToString(Backend v);
+
+}  // namespace dropless
+
+#endif  // DROPLESS_COMMON_JOB_SPEC_H_
