@@ -1,0 +1,46 @@
+// Factories for the rank groups of one job attempt. Contract between the rank process
+// (worker/rank) and the transport implementations (worker/transport).
+#ifndef DROPLESS_WORKER_TRANSPORT_TRANSPORT_FACTORY_H_
+#define DROPLESS_WORKER_TRANSPORT_TRANSPORT_FACTORY_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/transport/communicator.h"
+#include "worker/transport/kv_store.h"
+
+namespace dropless {
+
+struct GroupLayout {
+  int rank = 0;
+  int world_size = 1;
+  int ep = 1;  // world_size == ep * dp
+  int dp = 1;
+};
+
+// In-process groups for ep*dp ranks that run as threads of one process (tests, single-node CPU runs).
+// Element i of the result belongs to rank i; each rank's groups are used from that rank's thread.
+std::vector<RankGroups> CreateLocalGroups(int ep, int dp);
+
+struct GlooOptions {
+  GroupLayout layout;
+  std::string host = "127.0.0.1";  // address this rank listens on (the worker's advertised host)
+  absl::Duration timeout = absl::Seconds(120);
+};
+
+// Gloo (TCP) groups; peers find each other through `store` (keys prefixed per group).
+absl::StatusOr<RankGroups> CreateGlooGroups(const GlooOptions& options, KeyValueStore* store);
+
+// In-memory store shared by the threads of one process (tests).
+std::unique_ptr<KeyValueStore> NewMemoryKvStore();
+
+// Client of the coordinator's RendezvousService, scoped to one job attempt.
+std::unique_ptr<KeyValueStore> NewRendezvousKvStore(const std::string& coordinator_address,
+                                                    const std::string& job_id, int attempt);
+
+}  // namespace dropless
+
+#endif  // DROPLESS_WORKER_TRANSPORT_TRANSPORT_FACTORY_H_
