@@ -24,6 +24,10 @@ struct GroupLayout {
 // In-process groups for ep*dp ranks that run as threads of one process (tests, single-node CPU runs).
 // Element i of the result belongs to rank i; each rank's groups are used from that rank's thread.
 std::vector<RankGroups> CreateLocalGroups(int ep, int dp);
+// As above; a collective that waits longer than `timeout` for the other ranks of its group fails with
+// DeadlineExceeded on every rank of that group, and the group fails every later call (a lost rank
+// thread must not hang the others forever). The two-argument form waits up to 10 minutes.
+std::vector<RankGroups> CreateLocalGroups(int ep, int dp, absl::Duration timeout);
 
 struct GlooOptions {
   GroupLayout layout;
