@@ -1,0 +1,182 @@
+// MXFP8 (OCP Microscaling Formats v1.0, MXFP8 E4M3): quantization, layouts, dequantization.
+//
+// Format. A block is 32 consecutive elements of one row (row-wise) or one column (column-wise). It
+// stores one E8M0 scale X (a byte b, X = 2^(b - 127); b = 0xFF is NaN) and 32 FP8 E4M3 elements
+// P_i (bias 7, 3 mantissa bits, no infinities, S.1111.111 is NaN, largest finite 448). An element
+// means P_i * X.
+//
+// Quantization of a block V_0..V_31 (bf16 inputs), as in the spec's section 6.3 and the authors'
+// reference code:
+//   amax       = max_i |V_i|
+//   shared_exp = floor(log2(amax)) - 8            (8 = exponent of E4M3's largest normal, 448)
+//   shared_exp < -127  -> -127                    (zero blocks and tiny amax: b = 0x00)
+//   X          = 2^shared_exp
+//   P_i        = E4M3(V_i / X): round to nearest, ties to even; results past 448 in magnitude are
+//                clamped to +-448 (saturation, not NaN); signed zeros keep their sign.
+//   amax is Inf or NaN (any element non-finite) -> b = 0xFF (NaN) and every P_i = 0x7F (NaN).
+// The floor leaves amax / X in [256, 512): the largest elements of a block saturate to 448 when
+// their mantissa is above 1.75; that is the spec's choice, kept here for bit-exact interchange.
+// bf16 inputs never reach shared_exp > 127 (their amax is below 2^128), so no finite block has a
+// NaN scale. Because X is a power of two, V_i / X is exact before the E4M3 rounding.
+//
+// Layouts (all dense, row-major, byte-addressed; "rows" are tokens, "cols" the quantized feature
+// dimension, cols a multiple of 32):
+//   Row-wise  (blocks along cols: the K dimension of the forward and data-gradient GEMMs)
+//     data   [rows][cols]           E4M3, row r at data + r * cols
+//     scales [rows][cols / 32]      E8M0, scale of data[r][32*j .. 32*j+31] at scales[r * cols/32 + j]
+//   Column-wise (blocks along rows, i.e. along tokens: the K dimension of the weight-gradient GEMMs)
+//     The input's rows form G groups (experts): group g owns rows [offsets[g], offsets[g+1]). A
+//     block must not straddle two groups, so each group is padded to a multiple of 32 rows:
+//       padded_offsets[0] = 0, padded_offsets[g+1] = padded_offsets[g] + RoundUp32(count_g).
+//     The output is stored transposed (K-major for the GEMM: tokens contiguous), with
+//     P = padded_rows (a multiple of 32, ColwisePaddedRows()):
+//       data   [cols][P]              E4M3, element (row r of group g, col c) at
+//                                     data[c * P + padded_offsets[g] + (r - offsets[g])]
+//       scales [cols][P / 32]         E8M0, scale of data[c][32*j .. 32*j+31] at scales[c * P/32 + j]
+//       group_offsets [G + 1]         int32, the padded_offsets above (written by the kernel)
+//     Padding rows (past a group's count, up to its padded end) are written as +0 (0x00); they
+//     take no part in their block's amax, so a group's GEMM may run over its whole padded range.
+//     Columns [padded_offsets[G], P) are left untouched.
+//
+// Group offsets (input): int32 [G + 1], offsets[0] = 0, non-decreasing, offsets[G] <= rows; they
+// live in device memory for the CUDA kernels (no host synchronization), host memory for the CPU
+// references. A null group_offsets means one group holding every row. Rows at or past offsets[G]
+// are neither read nor written, in any layout.
+//
+// Both layouts come from one read of the input (one launch for every group).
+#ifndef DROPLESS_KERNELS_MXFP8_H_
+#define DROPLESS_KERNELS_MXFP8_H_
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "dropless/kernels/types.h"
+
+namespace dropless::kernels {
+
+inline constexpr int kMxBlock = 32;
+inline constexpr uint8_t kE8M0Nan = 0xFF;
+inline constexpr uint8_t kE4M3Nan = 0x7F;
+inline constexpr float kE4M3Max = 448.0f;
+
+// ---- Scalar codecs (host; the CUDA kernels produce the same bits). ----
+
+// Scale byte of a block whose largest magnitude is the bf16 `amax` (sign ignored).
+inline uint8_t E8M0ScaleForAmax(Bf16 amax) {
+  const uint32_t magnitude = amax.bits & 0x7fffu;
+  if (magnitude >= 0x7f80u) return kE8M0Nan;            // Inf or NaN in the block
+  const uint32_t exponent_field = magnitude >> 7;        // biased binary32 exponent of amax
+  // floor(log2(amax)) - 8 + 127 = exponent_field - 8, clamped at 0 (2^-127); subnormal and zero
+  // amax have exponent_field 0.
+  return static_cast<uint8_t>(exponent_field > 8 ? exponent_field - 8 : 0);
+}
+
+inline float E8M0ToFloat(uint8_t scale) {
+  if (scale == kE8M0Nan) return std::numeric_limits<float>::quiet_NaN();
+  return std::ldexp(1.0f, static_cast<int>(scale) - 127);
+}
+
+// E4M3 with round-to-nearest-even and saturation to +-448; NaN -> 0x7F; +-Inf -> +-448.
+inline uint8_t FloatToE4M3(float v) {
+  if (std::isnan(v)) return kE4M3Nan;
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
+  const double a = std::fabs(static_cast<double>(v));
+  if (a >= 448.0) return sign | 0x7E;
+  int exponent;
+  std::frexp(a, &exponent);                      // a = m * 2^exponent, m in [0.5, 1)
+  const int e = a < std::ldexp(1.0, -6) ? -6 : exponent - 1;  // subnormals share 2^-6's quantum
+  // Code = ((e + 7) << 3) + (mantissa steps); a carry from rounding moves into the exponent field,
+  // and subnormals (e = -6 with q < 8) encode as exponent 0 with the same arithmetic.
+  const double q = std::nearbyint(a / std::ldexp(1.0, e - 3));  // in [0, 16]; ties to even
+  const int code = e == -6 ? static_cast<int>(q) : ((e + 7) << 3) + static_cast<int>(q) - 8;
+  return sign | static_cast<uint8_t>(code);
+}
+
+inline float E4M3ToFloat(uint8_t p) {
+  const int exponent = (p >> 3) & 0xF;
+  const int mantissa = p & 0x7;
+  if (exponent == 0xF && mantissa == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  const float magnitude = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -9)
+                                        : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
+  return (p & 0x80) ? -magnitude : magnitude;
+}
+
+// The value an MXFP8 element stands for (NaN when either the scale or the element is NaN).
+inline float MxElementValue(uint8_t element, uint8_t scale) {
+  return E4M3ToFloat(element) * E8M0ToFloat(scale);
+}
+
+// Quantizes one block of 32 values read at v[i * stride]; writes out[i * out_stride] and *scale.
+void QuantizeMxBlock(const Bf16* v, int64_t stride, uint8_t* out, int64_t out_stride,
+                     uint8_t* scale);
+
+// ---- Layout descriptors. ----
+
+struct MxRowwise {
+  uint8_t* data = nullptr;    // [rows][cols]
+  uint8_t* scales = nullptr;  // [rows][cols / 32]
+};
+
+struct MxColwise {
+  uint8_t* data = nullptr;            // [cols][padded_rows]
+  uint8_t* scales = nullptr;          // [cols][padded_rows / 32]
+  int32_t* group_offsets = nullptr;   // [num_groups + 1], padded offsets (output)
+  int64_t padded_rows = 0;            // P, at least ColwisePaddedRows(rows, num_groups)
+};
+
+// Padded rows that hold `rows` rows in `num_groups` groups whatever the group sizes:
+// sum_g RoundUp32(count_g) <= rows + 31 * num_groups, rounded up to 32.
+inline int64_t ColwisePaddedRows(int64_t rows, int num_groups) {
+  const int64_t bound = rows + 31 * static_cast<int64_t>(num_groups < 1 ? 1 : num_groups);
+  return (bound + kMxBlock - 1) / kMxBlock * kMxBlock;
+}
+
+struct MxQuantizeShape {
+  int64_t rows = 0;     // rows the input buffer holds (capacity); offsets[G] <= rows
+  int64_t cols = 0;     // multiple of 32
+  int num_groups = 1;   // G >= 1 (1 when group_offsets is null)
+};
+
+// One clear error naming the bad field; also checks that at least one output is requested and that
+// colwise->padded_rows is large enough.
+absl::Status ValidateMxQuantize(const MxQuantizeShape& shape, const Bf16* x,
+                                const MxRowwise* rowwise, const MxColwise* colwise);
+
+namespace cpu {
+
+// Row-wise and/or column-wise MXFP8 of x [rows][cols] (bf16) per the layouts above. rowwise or
+// colwise may be null (not both).
+absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
+                           const int32_t* group_offsets, const MxRowwise* rowwise,
+                           const MxColwise* colwise);
+
+// out[r][c] = P[r][c] * X[r][c / 32] for rows r < *num_rows (every row when num_rows is null).
+// The float result is exact; the bf16 one is rounded to nearest even.
+absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* num_rows,
+                                    const uint8_t* data, const uint8_t* scales, float* out);
+absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* num_rows,
+                                    const uint8_t* data, const uint8_t* scales, Bf16* out);
+
+}  // namespace cpu
+
+namespace cuda {
+
+// Same contracts; pointers are device pointers, work is queued on `stream` and never synchronizes.
+// One launch covers every group (plus a one-block kernel that writes colwise->group_offsets).
+absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
+                           const int32_t* group_offsets, const MxRowwise* rowwise,
+                           const MxColwise* colwise, Stream stream);
+
+absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* num_rows,
+                                    const uint8_t* data, const uint8_t* scales, float* out,
+                                    Stream stream);
+absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* num_rows,
+                                    const uint8_t* data, const uint8_t* scales, Bf16* out,
+                                    Stream stream);
+
+}  // namespace cuda
+}  // namespace dropless::kernels
+
+#endif  // DROPLESS_KERNELS_MXFP8_H_

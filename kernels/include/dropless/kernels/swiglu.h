@@ -1,0 +1,52 @@
+// SwiGLU on the expert GEMM's output h [M][2F]: gate = h[:, 0:F], up = h[:, F:2F],
+//   out = silu(gate) * up,  silu(g) = g * sigmoid(g) = g / (1 + exp(-g)).
+// Backward, with s = sigmoid(g):
+//   d_gate = d_out * up * s * (1 + g * (1 - s)),   d_up = d_out * g * s.
+// Math in fp32, one rounding to bf16 per output. F is a multiple of 8 (of 32 for MXFP8 output).
+//
+// Rows: the buffers hold `rows` rows; num_rows (device pointer for CUDA, host pointer for the CPU
+// reference, null for all rows) gives how many are live, so a call never needs the routed token
+// count on the host. Rows at or past *num_rows are neither read nor written.
+//
+// Forward outputs (either or both): out [M][F] bf16, and/or out_mx, row-wise MXFP8 of the same
+// [M][F] (mxfp8.h). The MXFP8 output quantizes the bf16-rounded values, so it equals
+// QuantizeMxfp8 applied to `out` bit for bit.
+#ifndef DROPLESS_KERNELS_SWIGLU_H_
+#define DROPLESS_KERNELS_SWIGLU_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "dropless/kernels/mxfp8.h"
+#include "dropless/kernels/types.h"
+
+namespace dropless::kernels {
+
+struct SwigluShape {
+  int64_t rows = 0;  // M the buffers hold
+  int64_t ffn = 0;   // F
+};
+
+absl::Status ValidateSwigluShape(const SwigluShape& shape, bool mxfp8);
+
+namespace cpu {
+
+absl::Status SwigluForward(const SwigluShape& shape, const int32_t* num_rows, const Bf16* h,
+                           Bf16* out, const MxRowwise* out_mx);
+// d_out [M][F], d_h [M][2F].
+absl::Status SwigluBackward(const SwigluShape& shape, const int32_t* num_rows, const Bf16* h,
+                            const Bf16* d_out, Bf16* d_h);
+
+}  // namespace cpu
+
+namespace cuda {
+
+absl::Status SwigluForward(const SwigluShape& shape, const int32_t* num_rows, const Bf16* h,
+                           Bf16* out, const MxRowwise* out_mx, Stream stream);
+absl::Status SwigluBackward(const SwigluShape& shape, const int32_t* num_rows, const Bf16* h,
+                            const Bf16* d_out, Bf16* d_h, Stream stream);
+
+}  // namespace cuda
+}  // namespace dropless::kernels
+
+#endif  // DROPLESS_KERNELS_SWIGLU_H_
