@@ -1,0 +1,124 @@
+#include "coordinator/rendezvous/rendezvous_store.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace dropless::coordinator {
+
+std::string RendezvousStore::Name(const Scope& scope) {
+  return absl::StrCat("job \"", scope.first, "\" attempt ", scope.second);
+}
+
+void RendezvousStore::Open(const std::string& job_id, int32_t attempt) {
+  absl::MutexLock lock(&mu_);
+  spaces_.try_emplace(Scope(job_id, attempt));
+}
+
+void RendezvousStore::Close(const std::string& job_id, int32_t attempt) {
+  absl::MutexLock lock(&mu_);
+  spaces_.erase(Scope(job_id, attempt));
+  changed_.SignalAll();
+}
+
+void RendezvousStore::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shut_down_ = true;
+  spaces_.clear();
+  changed_.SignalAll();
+}
+
+size_t RendezvousStore::OpenAttempts() const {
+  absl::MutexLock lock(&mu_);
+  return spaces_.size();
+}
+
+absl::Status RendezvousStore::CheckKey(const std::string& key) const {
+  if (key.empty()) return absl::InvalidArgumentError("key: must not be empty");
+  if (key.size() > limits_.max_key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("key: ", key.size(), " bytes exceeds the limit of ",
+                                                   limits_.max_key_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RendezvousStore::Put(const std::string& job_id, int32_t attempt,
+                                  const std::string& key, std::string value) {
+  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  if (value.size() > limits_.max_value_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("value: ", value.size(),
+                                                   " bytes exceeds the limit of ",
+                                                   limits_.max_value_bytes));
+  }
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("coordinator is shutting down");
+  Scope scope(job_id, attempt);
+  auto space = spaces_.find(scope);
+  if (space == spaces_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(Name(scope), " is not active"));
+  }
+  auto existing = space->second.find(key);
+  if (existing == space->second.end() && space->second.size() >= limits_.max_keys_per_attempt) {
+    return absl::ResourceExhaustedError(absl::StrCat(Name(scope), " already holds ",
+                                                     space->second.size(), " keys (the limit)"));
+  }
+  space->second[key] = std::move(value);
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RendezvousStore::Get(const std::string& job_id, int32_t attempt,
+                                                 const std::string& key) {
+  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("coordinator is shutting down");
+  Scope scope(job_id, attempt);
+  auto space = spaces_.find(scope);
+  if (space == spaces_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(Name(scope), " is not active"));
+  }
+  auto it = space->second.find(key);
+  if (it == space->second.end()) {
+    return absl::NotFoundError(absl::StrCat("key \"", key, "\" not set in ", Name(scope)));
+  }
+  return it->second;
+}
+
+absl::Status RendezvousStore::Wait(const std::string& job_id, int32_t attempt,
+                                   const std::vector<std::string>& keys, absl::Duration timeout,
+                                   const std::function<bool()>& cancelled) {
+  for (const std::string& key : keys) {
+    if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  }
+  if (timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("timeout_ms: must not be negative");
+  }
+  const absl::Time deadline = absl::Now() + std::min(timeout, limits_.max_wait);
+  const Scope scope(job_id, attempt);
+  std::vector<std::string> missing;
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    if (shut_down_) return absl::UnavailableError("coordinator is shutting down");
+    auto space = spaces_.find(scope);
+    if (space == spaces_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(Name(scope), " is not active"));
+    }
+    missing.clear();
+    for (const std::string& key : keys) {
+      if (space->second.count(key) == 0) missing.push_back(key);
+    }
+    if (missing.empty()) return absl::OkStatus();
+    if (cancelled && cancelled()) return absl::CancelledError("rendezvous wait cancelled");
+    absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rendezvous wait in ", Name(scope), " timed out after ",
+          absl::FormatDuration(timeout), "; missing keys: ", absl::StrJoin(missing, ", ")));
+    }
+    // Woken by any change to the store; re-polls a few times a second for cancellation.
+    changed_.WaitWithDeadline(&mu_, std::min(deadline, now + absl::Milliseconds(200)));
+  }
+}
+
+}  // namespace dropless::coordinator

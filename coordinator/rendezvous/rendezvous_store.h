@@ -1,0 +1,76 @@
+// RendezvousStore: the in-memory key-value store behind RendezvousService, one keyspace per job
+// attempt. A keyspace exists only while its attempt is active: the coordinator opens it when it
+// places the attempt and closes it when the attempt ends, which drops the keys and wakes every
+// waiter. Keys are not persisted: after a coordinator restart the ranks of a surviving attempt
+// have already rendezvoused, and a new attempt starts from an empty keyspace.
+//
+// Thread-safe.
+#ifndef DROPLESS_COORDINATOR_RENDEZVOUS_RENDEZVOUS_STORE_H_
+#define DROPLESS_COORDINATOR_RENDEZVOUS_RENDEZVOUS_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace dropless::coordinator {
+
+class RendezvousStore {
+ public:
+  struct Limits {
+    size_t max_key_bytes = 1024;
+    size_t max_value_bytes = 1 << 20;   // an NCCL unique id is 128 bytes; Gloo keys are small
+    size_t max_keys_per_attempt = 16384;
+    absl::Duration max_wait = absl::Hours(1);
+  };
+
+  RendezvousStore() : RendezvousStore(Limits{}) {}
+  explicit RendezvousStore(Limits limits) : limits_(limits) {}
+
+  void Open(const std::string& job_id, int32_t attempt);
+  // Drops the attempt's keys; waiters on it return FailedPrecondition.
+  void Close(const std::string& job_id, int32_t attempt);
+  // Wakes every waiter with Unavailable; later calls fail the same way.
+  void Shutdown();
+
+  // Errors: InvalidArgument for an empty or oversize key or value, ResourceExhausted past the key
+  // count, FailedPrecondition when the attempt is not active. Overwrites an existing key.
+  absl::Status Put(const std::string& job_id, int32_t attempt, const std::string& key,
+                   std::string value);
+  // NotFound when the key does not exist (yet).
+  absl::StatusOr<std::string> Get(const std::string& job_id, int32_t attempt,
+                                  const std::string& key);
+  // Blocks until every key exists (OK), the timeout passes (DeadlineExceeded naming the missing
+  // keys), the attempt ends (FailedPrecondition), or cancelled() turns true (Cancelled; polled a
+  // few times a second, for the RPC's context).
+  absl::Status Wait(const std::string& job_id, int32_t attempt,
+                    const std::vector<std::string>& keys, absl::Duration timeout,
+                    const std::function<bool()>& cancelled = nullptr);
+
+  size_t OpenAttempts() const;
+
+ private:
+  using Scope = std::pair<std::string, int32_t>;
+  using Keyspace = std::map<std::string, std::string>;
+
+  absl::Status CheckKey(const std::string& key) const;
+  static std::string Name(const Scope& scope);
+
+  const Limits limits_;
+  mutable absl::Mutex mu_;
+  std::map<Scope, Keyspace> spaces_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar changed_;  // signalled on every Put, Close and Shutdown
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace dropless::coordinator
+
+#endif  // DROPLESS_COORDINATOR_RENDEZVOUS_RENDEZVOUS_STORE_H_

@@ -1,0 +1,143 @@
+#include "coordinator/scheduler/gang_scheduler.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+
+namespace dropless::coordinator {
+namespace {
+
+struct Candidate {
+  const NodeCapacity* node;
+  int32_t free() const { return static_cast<int32_t>(node->free_slots.size()); }
+};
+
+// Larger free first; ties broken by worker id so plans are deterministic.
+bool MoreFree(const Candidate& a, const Candidate& b) {
+  if (a.free() != b.free()) return a.free() > b.free();
+  return a.node->worker_id < b.node->worker_id;
+}
+
+// Fewer free first (best fit); ties by worker id.
+bool LessFree(const Candidate& a, const Candidate& b) {
+  if (a.free() != b.free()) return a.free() < b.free();
+  return a.node->worker_id < b.node->worker_id;
+}
+
+void AssignRanks(const std::vector<std::pair<const NodeCapacity*, int32_t>>& take,
+                 std::vector<RankSlot>* out) {
+  int32_t rank = 0;
+  for (const auto& [node, count] : take) {
+    for (int32_t i = 0; i < count; ++i) {
+      out->push_back(RankSlot{rank++, node->worker_id, node->node, node->free_slots[i]});
+    }
+  }
+}
+
+}  // namespace
+
+std::optional<std::vector<RankSlot>> PackGang(int32_t world_size, const std::string& slot_kind,
+                                              const std::vector<NodeCapacity>& nodes) {
+  if (world_size <= 0) return std::nullopt;
+  std::vector<Candidate> candidates;
+  for (const NodeCapacity& node : nodes) {
+    if (node.slot_kind == slot_kind && !node.free_slots.empty()) candidates.push_back({&node});
+  }
+  std::vector<std::pair<const NodeCapacity*, int32_t>> take;
+  std::vector<RankSlot> ranks;
+
+  // One node if any holds the whole gang: the tightest fit.
+  std::sort(candidates.begin(), candidates.end(), LessFree);
+  for (const Candidate& c : candidates) {
+    if (c.free() >= world_size) {
+      take.emplace_back(c.node, world_size);
+      AssignRanks(take, &ranks);
+      return ranks;
+    }
+  }
+
+  // Fewest nodes: the largest ones until the remainder fits in one more node, which is then the
+  // smallest node that holds it.
+  std::sort(candidates.begin(), candidates.end(), MoreFree);
+  int32_t remaining = world_size;
+  size_t next = 0;
+  while (next < candidates.size()) {
+    // Does some node among the rest hold the remainder? The rest are sorted by free, descending,
+    // so the first one is the only one to check.
+    if (candidates[next].free() >= remaining) break;
+    take.emplace_back(candidates[next].node, candidates[next].free());
+    remaining -= candidates[next].free();
+    ++next;
+  }
+  if (next == candidates.size()) return std::nullopt;
+  const Candidate* last = &candidates[next];
+  for (size_t i = next; i < candidates.size(); ++i) {
+    if (candidates[i].free() >= remaining && LessFree(candidates[i], *last)) last = &candidates[i];
+  }
+  take.emplace_back(last->node, remaining);
+  AssignRanks(take, &ranks);
+  return ranks;
+}
+
+SchedulePlan PlanSchedule(std::vector<QueuedJob> queue, std::vector<NodeCapacity> nodes) {
+  std::stable_sort(queue.begin(), queue.end(), [](const QueuedJob& a, const QueuedJob& b) {
+    if (a.priority != b.priority) return a.priority > b.priority;
+    return a.seq < b.seq;
+  });
+  std::map<std::string, int64_t> total_slots;  // by kind, busy or free
+  for (const NodeCapacity& node : nodes) total_slots[node.slot_kind] += node.slots;
+
+  SchedulePlan plan;
+  std::map<std::string, const QueuedJob*> blocked_by;  // backend -> first job that did not fit
+  for (const QueuedJob& job : queue) {
+    int64_t total = total_slots.count(job.backend) ? total_slots[job.backend] : 0;
+    if (job.world_size > total) {
+      plan.waiting.push_back(
+          {job.job_id, absl::StrCat("needs ", job.world_size, " ", job.backend,
+                                    " slots but the READY ", job.backend, " workers have ", total,
+                                    " in total; waiting for more workers")});
+      continue;
+    }
+    auto blocker = blocked_by.find(job.backend);
+    if (blocker != blocked_by.end()) {
+      plan.waiting.push_back(
+          {job.job_id, absl::StrCat("queued behind ", blocker->second->job_id, " (priority ",
+                                    blocker->second->priority, ", needs ",
+                                    blocker->second->world_size, " ", job.backend, " slots)")});
+      continue;
+    }
+    std::optional<std::vector<RankSlot>> ranks = PackGang(job.world_size, job.backend, nodes);
+    if (!ranks.has_value()) {
+      int64_t free = 0;
+      for (const NodeCapacity& node : nodes) {
+        if (node.slot_kind == job.backend) free += static_cast<int64_t>(node.free_slots.size());
+      }
+      plan.waiting.push_back({job.job_id, absl::StrCat("needs ", job.world_size, " ", job.backend,
+                                                       " slots; ", free, " free now")});
+      blocked_by[job.backend] = &job;
+      continue;
+    }
+    // Take the slots out of the pool for the jobs after this one.
+    for (const RankSlot& r : *ranks) {
+      for (NodeCapacity& node : nodes) {
+        if (node.worker_id != r.worker_id) continue;
+        node.free_slots.erase(std::remove(node.free_slots.begin(), node.free_slots.end(), r.slot),
+                              node.free_slots.end());
+      }
+    }
+    plan.placements.push_back({job.job_id, std::move(*ranks)});
+  }
+  return plan;
+}
+
+std::vector<std::string> ExpiredLeases(const std::vector<WorkerLease>& leases, int64_t now_ms,
+                                       int64_t lease_timeout_ms) {
+  std::vector<std::string> expired;
+  for (const WorkerLease& lease : leases) {
+    if (now_ms - lease.last_message_ms > lease_timeout_ms) expired.push_back(lease.worker_id);
+  }
+  return expired;
+}
+
+}  // namespace dropless::coordinator

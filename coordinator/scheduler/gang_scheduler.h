@@ -1,0 +1,90 @@
+// Gang scheduling of job attempts onto worker slots, and worker lease expiry. Pure decisions:
+// no clocks, no I/O, no locks, so every rule is checked by table-driven tests.
+//
+// Rules (docs/architecture.md, "Job lifecycle"):
+// - A job needs world_size = ep*dp slots of its backend's kind (cpu or cuda) on READY workers,
+//   all or nothing.
+// - Packing: a single node with enough free slots if there is one (the one with the fewest free
+//   slots that still fits, so large holes stay for large gangs); otherwise the fewest nodes,
+//   largest free first, the last node being the smallest one that holds the remainder. Ranks are
+//   consecutive per node, so an EP group (consecutive ranks) shares a node where it can.
+// - Order: higher priority first, FIFO (submission order) among equals.
+// - A job that does not fit now blocks every later job of the same backend (they have lower or
+//   equal priority), so a large gang is never starved by smaller jobs behind it. Backends are
+//   separate pools and do not block each other.
+// - A job larger than every READY slot of its kind together cannot fit until workers join; it
+//   waits with a reason but does not block the queue (it would otherwise block it forever).
+#ifndef DROPLESS_COORDINATOR_SCHEDULER_GANG_SCHEDULER_H_
+#define DROPLESS_COORDINATOR_SCHEDULER_GANG_SCHEDULER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dropless::coordinator {
+
+// A READY worker as the scheduler sees it.
+struct NodeCapacity {
+  std::string worker_id;
+  std::string node;
+  std::string slot_kind;            // cpu | cuda
+  int32_t slots = 0;                // all slots of the worker
+  std::vector<int32_t> free_slots;  // slot indices held by no live rank, ascending
+};
+
+// A PENDING job waiting for placement.
+struct QueuedJob {
+  std::string job_id;
+  int32_t priority = 0;
+  int64_t seq = 0;      // submission order
+  std::string backend;  // cpu | cuda
+  int32_t world_size = 0;
+};
+
+struct RankSlot {
+  int32_t rank = 0;
+  std::string worker_id;
+  std::string node;
+  int32_t slot = 0;
+  bool operator==(const RankSlot& o) const {
+    return rank == o.rank && worker_id == o.worker_id && node == o.node && slot == o.slot;
+  }
+};
+
+struct JobPlacement {
+  std::string job_id;
+  std::vector<RankSlot> ranks;  // rank order
+};
+
+struct WaitingJob {
+  std::string job_id;
+  std::string reason;  // why it was not placed, for the job's event log
+};
+
+struct SchedulePlan {
+  std::vector<JobPlacement> placements;  // in decision order
+  std::vector<WaitingJob> waiting;       // in queue order
+};
+
+// Places world_size ranks onto the nodes per the packing rule, or nullopt when they do not fit.
+// Nodes of other kinds than slot_kind are ignored.
+std::optional<std::vector<RankSlot>> PackGang(int32_t world_size, const std::string& slot_kind,
+                                              const std::vector<NodeCapacity>& nodes);
+
+// Decides which queued jobs start now and where, and why the others wait.
+SchedulePlan PlanSchedule(std::vector<QueuedJob> queue, std::vector<NodeCapacity> nodes);
+
+// A worker's lease: the time of the last message it sent (Unix ms).
+struct WorkerLease {
+  std::string worker_id;
+  int64_t last_message_ms = 0;
+};
+
+// Workers whose lease expired: no message for more than lease_timeout_ms.
+std::vector<std::string> ExpiredLeases(const std::vector<WorkerLease>& leases, int64_t now_ms,
+                                       int64_t lease_timeout_ms);
+
+}  // namespace dropless::coordinator
+
+#endif  // DROPLESS_COORDINATOR_SCHEDULER_GANG_SCHEDULER_H_

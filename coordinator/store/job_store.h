@@ -1,0 +1,148 @@
+// JobStore: the coordinator's durable state in one SQLite file (WAL, exclusive lock so two
+// coordinators cannot share a file). Jobs, attempts with their rank assignments, workers and events
+// change together in one transaction (StoreWrite) that is fsync'ed (synchronous=FULL) when it
+// carries accepted state; step metrics and logs are high-rate and bounded per job, so they commit
+// with synchronous=NORMAL (safe against a process crash, the case kill -9 exercises).
+//
+// Not thread-safe: the coordinator serializes calls under its own lock.
+#ifndef DROPLESS_COORDINATOR_STORE_JOB_STORE_H_
+#define DROPLESS_COORDINATOR_STORE_JOB_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/store/sqlite.h"
+#include "dropless/v1/types.pb.h"
+#include "dropless/v1/worker_service.pb.h"
+
+namespace dropless::coordinator {
+
+bool IsTerminal(v1::JobState state);
+
+// Where one rank of an attempt runs and what its worker last said about it.
+struct RankRecord {
+  int32_t rank = 0;
+  std::string worker_id;
+  std::string node;
+  int32_t slot = 0;
+  v1::RankState state = v1::RANK_STATE_UNSPECIFIED;  // unspecified: assigned, not reported yet
+  int32_t exit_code = 0;
+};
+
+struct AttemptRecord {
+  std::string job_id;
+  int32_t attempt = 0;                           // 1-based
+  v1::JobState state = v1::JOB_STATE_SCHEDULED;  // SCHEDULED, RUNNING or terminal
+  int64_t create_time_ms = 0;
+  int64_t end_time_ms = 0;
+  std::string message;
+  std::vector<RankRecord> ranks;  // ordered by rank
+};
+
+struct JobRecord {
+  v1::Job job;  // placement and latest are derived on read (attempt ranks, step metrics)
+  int64_t seq = 0;             // submission order: FIFO among equal priorities
+  int32_t max_attempts = 1;
+  int64_t queued_time_ms = 0;  // when it last became PENDING (submit or requeue)
+};
+
+// Rows that change together; committed in one transaction.
+struct StoreWrite {
+  std::vector<JobRecord> jobs;          // upserted
+  std::vector<AttemptRecord> attempts;  // upserted with all their ranks
+  std::vector<v1::Worker> workers;      // upserted
+  std::vector<v1::Event> events;        // appended; Commit assigns their ids
+  bool durable = true;                  // fsync before returning (synchronous=FULL)
+  bool empty() const {
+    return jobs.empty() && attempts.empty() && workers.empty() && events.empty();
+  }
+};
+
+// What the coordinator needs in memory after a restart.
+struct ActiveState {
+  std::vector<JobRecord> jobs;          // non-terminal jobs, submission order
+  std::vector<AttemptRecord> attempts;  // current attempts of SCHEDULED/RUNNING jobs
+  std::vector<v1::Worker> workers;      // every registered worker
+};
+
+class JobStore {
+ public:
+  static constexpr int kSchemaVersion = 1;
+
+  struct Limits {
+    int max_logs_per_job = 10000;
+    int max_metrics_history_per_job = 5000;
+  };
+
+  // Creates or upgrades the schema; refuses a file written by a newer schema or locked by
+  // another coordinator.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path, Limits limits);
+
+  // A fresh job id ("job-000042") in submission order. Ids are never reused.
+  std::string NextJobId(int64_t* seq);
+
+  absl::Status Commit(StoreWrite& write);
+
+  absl::StatusOr<ActiveState> LoadActive();
+
+  // Jobs as the API shows them: placement of the current attempt, latest metrics (rank 0's,
+  // else the lowest rank's). NotFound names the id.
+  absl::StatusOr<v1::Job> GetJob(absl::string_view id);
+  absl::StatusOr<JobRecord> GetJobRecord(absl::string_view id);
+  // Submission order; with limit > 0 the most recent `limit` jobs. Empty states: all.
+  absl::StatusOr<std::vector<v1::Job>> ListJobs(const std::vector<v1::JobState>& states,
+                                                int limit);
+  absl::StatusOr<std::map<v1::JobState, int64_t>> CountJobsByState();
+
+  absl::StatusOr<AttemptRecord> GetAttempt(absl::string_view job_id, int32_t attempt);
+  absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(absl::string_view job_id);
+
+  // Oldest first; with limit > 0 the most recent `limit`. Empty job_id: every event.
+  absl::StatusOr<std::vector<v1::Event>> ListEvents(absl::string_view job_id, int limit);
+
+  absl::StatusOr<std::vector<v1::Worker>> ListWorkers();
+
+  // Keeps the latest metrics per (job, rank) and a bounded history per job.
+  absl::Status PutStepMetrics(const v1::StepMetrics& metrics);
+  absl::StatusOr<std::vector<v1::StepMetrics>> LatestStepMetrics(absl::string_view job_id);
+  absl::StatusOr<std::vector<v1::StepMetrics>> StepMetricsHistory(absl::string_view job_id,
+                                                                  int limit);
+
+  // Keeps the most recent Limits::max_logs_per_job lines per job (trimmed in batches).
+  absl::Status AppendLogs(const std::vector<v1::LogLine>& lines);
+  // Oldest first; with limit > 0 the most recent `limit`; rank unset: every rank.
+  absl::StatusOr<std::vector<v1::LogLine>> ListLogs(absl::string_view job_id,
+                                                    std::optional<int32_t> rank, int limit);
+
+ private:
+  JobStore(std::unique_ptr<SqliteDb> db, Limits limits) : db_(std::move(db)), limits_(limits) {}
+  absl::Status Initialize();
+  absl::Status SetDurable(bool durable);
+  absl::Status WriteJob(const JobRecord& record);
+  absl::Status WriteAttempt(const AttemptRecord& attempt);
+  absl::Status WriteWorker(const v1::Worker& worker);
+  absl::Status WriteEvent(v1::Event& event);
+  absl::StatusOr<std::vector<JobRecord>> QueryJobs(absl::string_view where_and_order,
+                                                   const std::vector<int64_t>& args);
+  absl::Status FillView(const JobRecord& record, v1::Job* job);
+  absl::Status Trim(absl::string_view table, absl::string_view job_id, int keep);
+
+  std::unique_ptr<SqliteDb> db_;
+  Limits limits_;
+  int64_t next_seq_ = 1;
+  bool durable_ = true;
+  std::map<std::string, int, std::less<>> logs_since_trim_;
+  std::map<std::string, int, std::less<>> metrics_since_trim_;
+};
+
+}  // namespace dropless::coordinator
+
+#endif  // DROPLESS_COORDINATOR_STORE_JOB_STORE_H_

@@ -1,0 +1,196 @@
+#include "coordinator/scheduler/gang_scheduler.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dropless::coordinator {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+NodeCapacity Node(std::string name, std::string kind, int32_t slots, std::vector<int32_t> free) {
+  return NodeCapacity{"w-" + name, name, std::move(kind), slots, std::move(free)};
+}
+
+NodeCapacity FreeNode(std::string name, std::string kind, int32_t slots) {
+  std::vector<int32_t> free;
+  for (int32_t i = 0; i < slots; ++i) free.push_back(i);
+  return Node(std::move(name), std::move(kind), slots, std::move(free));
+}
+
+QueuedJob Job(std::string id, int32_t priority, int64_t seq, std::string backend, int32_t world) {
+  return QueuedJob{std::move(id), priority, seq, std::move(backend), world};
+}
+
+// "job=node:slot,node:slot" with ranks in order; a wrong rank numbering fails the comparison.
+std::string Describe(const JobPlacement& p) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < p.ranks.size(); ++i) {
+    const RankSlot& r = p.ranks[i];
+    EXPECT_EQ(r.rank, static_cast<int32_t>(i)) << p.job_id;
+    EXPECT_EQ(r.worker_id, "w-" + r.node) << p.job_id;
+    parts.push_back(absl::StrCat(r.node, ":", r.slot));
+  }
+  return absl::StrCat(p.job_id, "=", absl::StrJoin(parts, ","));
+}
+
+struct ScheduleCase {
+  std::string name;
+  std::vector<NodeCapacity> nodes;
+  std::vector<QueuedJob> queue;
+  std::vector<std::string> placed;                            // Describe() of each, in order
+  std::vector<std::pair<std::string, std::string>> waiting;  // job id, substring of the reason
+};
+
+class PlanScheduleTest : public ::testing::TestWithParam<ScheduleCase> {};
+
+TEST_P(PlanScheduleTest, PlacesAndExplains) {
+  const ScheduleCase& c = GetParam();
+  SchedulePlan plan = PlanSchedule(c.queue, c.nodes);
+  std::vector<std::string> placed;
+  for (const JobPlacement& p : plan.placements) placed.push_back(Describe(p));
+  EXPECT_THAT(placed, ElementsAreArray(c.placed));
+  ASSERT_EQ(plan.waiting.size(), c.waiting.size());
+  for (size_t i = 0; i < c.waiting.size(); ++i) {
+    EXPECT_EQ(plan.waiting[i].job_id, c.waiting[i].first);
+    EXPECT_THAT(plan.waiting[i].reason, HasSubstr(c.waiting[i].second));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, PlanScheduleTest,
+    ::testing::Values(
+        ScheduleCase{"FitsOnOneNode",
+                     {FreeNode("a", "cpu", 4)},
+                     {Job("j1", 0, 1, "cpu", 2)},
+                     {"j1=a:0,a:1"},
+                     {}},
+        ScheduleCase{"UsesOnlyFreeSlots",
+                     {Node("a", "cpu", 4, {1, 3})},
+                     {Job("j1", 0, 1, "cpu", 2)},
+                     {"j1=a:1,a:3"},
+                     {}},
+        ScheduleCase{"DoesNotFitWaitsAllOrNothing",
+                     {Node("a", "cpu", 4, {0, 1}), Node("b", "cpu", 2, {1})},
+                     {Job("j1", 0, 1, "cpu", 4)},
+                     {},
+                     {{"j1", "needs 4 cpu slots; 3 free now"}}},
+        ScheduleCase{"SingleNodeBestFitOverLargerNode",
+                     {FreeNode("a", "cpu", 8), FreeNode("b", "cpu", 2), FreeNode("c", "cpu", 4)},
+                     {Job("j1", 0, 1, "cpu", 2)},
+                     {"j1=b:0,b:1"},
+                     {}},
+        ScheduleCase{"PrefersOneNodeOverSpreading",
+                     {FreeNode("a", "cpu", 2), FreeNode("b", "cpu", 2), FreeNode("c", "cpu", 4)},
+                     {Job("j1", 0, 1, "cpu", 4)},
+                     {"j1=c:0,c:1,c:2,c:3"},
+                     {}},
+        ScheduleCase{"SpansFewestNodesLargestFirstTightLast",
+                     {FreeNode("a", "cpu", 3), FreeNode("b", "cpu", 2), FreeNode("c", "cpu", 1)},
+                     {Job("j1", 0, 1, "cpu", 4)},
+                     {"j1=a:0,a:1,a:2,c:0"},
+                     {}},
+        ScheduleCase{"FewestNodesAcrossFour",
+                     {FreeNode("a", "cuda", 2), FreeNode("b", "cuda", 2), FreeNode("c", "cuda", 2),
+                      FreeNode("d", "cuda", 1)},
+                     {Job("j1", 0, 1, "cuda", 5)},
+                     {"j1=a:0,a:1,b:0,b:1,d:0"},
+                     {}},
+        ScheduleCase{"BackendKindsAreSeparatePools",
+                     {FreeNode("cpu1", "cpu", 8), FreeNode("gpu1", "cuda", 2)},
+                     {Job("j1", 0, 1, "cuda", 2), Job("j2", 0, 2, "cuda", 1),
+                      Job("j3", 0, 3, "cpu", 4)},
+                     {"j1=gpu1:0,gpu1:1", "j3=cpu1:0,cpu1:1,cpu1:2,cpu1:3"},
+                     {{"j2", "needs 1 cuda slots; 0 free now"}}},
+        ScheduleCase{"HigherPriorityFirst",
+                     {FreeNode("a", "cpu", 2)},
+                     {Job("low", 0, 1, "cpu", 2), Job("high", 5, 2, "cpu", 2)},
+                     {"high=a:0,a:1"},
+                     {{"low", "needs 2 cpu slots; 0 free now"}}},
+        ScheduleCase{"FifoAmongEqualPriority",
+                     {FreeNode("a", "cpu", 2)},
+                     {Job("second", 1, 7, "cpu", 2), Job("first", 1, 3, "cpu", 2)},
+                     {"first=a:0,a:1"},
+                     {{"second", "0 free now"}}},
+        ScheduleCase{"BigGangBlocksSmallerJobsBehindIt",
+                     {FreeNode("a", "cpu", 4), Node("b", "cpu", 4, {})},
+                     {Job("big", 0, 1, "cpu", 6), Job("small", 0, 2, "cpu", 1)},
+                     {},
+                     {{"big", "needs 6 cpu slots; 4 free now"}, {"small", "queued behind big"}}},
+        ScheduleCase{"HigherPriorityOvertakesBlockedGang",
+                     {FreeNode("a", "cpu", 4), Node("b", "cpu", 4, {})},
+                     {Job("big", 0, 1, "cpu", 6), Job("urgent", 3, 2, "cpu", 1)},
+                     {"urgent=a:0"},
+                     {{"big", "needs 6 cpu slots; 3 free now"}}},
+        ScheduleCase{"NeverFitsWaitsWithoutBlocking",
+                     {FreeNode("a", "cpu", 2), FreeNode("b", "cpu", 2)},
+                     {Job("huge", 0, 1, "cpu", 16), Job("small", 0, 2, "cpu", 2)},
+                     {"small=a:0,a:1"},
+                     {{"huge", "needs 16 cpu slots but the READY cpu workers have 4 in total"}}},
+        ScheduleCase{"NoWorkersOfTheKind",
+                     {FreeNode("a", "cpu", 2)},
+                     {Job("g", 0, 1, "cuda", 1)},
+                     {},
+                     {{"g", "READY cuda workers have 0 in total"}}},
+        ScheduleCase{"SuccessiveJobsShareCapacity",
+                     {FreeNode("a", "cpu", 4)},
+                     {Job("j1", 0, 1, "cpu", 2), Job("j2", 0, 2, "cpu", 2),
+                      Job("j3", 0, 3, "cpu", 1)},
+                     {"j1=a:0,a:1", "j2=a:2,a:3"},
+                     {{"j3", "needs 1 cpu slots; 0 free now"}}}),
+    [](const ::testing::TestParamInfo<ScheduleCase>& info) { return info.param.name; });
+
+TEST(PackGangTest, RejectsNonPositiveWorldSize) {
+  EXPECT_FALSE(PackGang(0, "cpu", {FreeNode("a", "cpu", 4)}).has_value());
+}
+
+TEST(PackGangTest, IgnoresNodesOfOtherKinds) {
+  EXPECT_FALSE(PackGang(2, "cuda", {FreeNode("a", "cpu", 4)}).has_value());
+}
+
+TEST(PackGangTest, PlacementIsDeterministicOnTies) {
+  std::vector<NodeCapacity> nodes = {FreeNode("b", "cpu", 2), FreeNode("a", "cpu", 2)};
+  auto first = PackGang(2, "cpu", nodes);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ((*first)[0].worker_id, "w-a");
+  std::reverse(nodes.begin(), nodes.end());
+  auto second = PackGang(2, "cpu", nodes);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(*first, *second);
+}
+
+struct LeaseCase {
+  std::string name;
+  std::vector<WorkerLease> leases;
+  int64_t now_ms;
+  int64_t timeout_ms;
+  std::vector<std::string> expired;
+};
+
+class ExpiredLeasesTest : public ::testing::TestWithParam<LeaseCase> {};
+
+TEST_P(ExpiredLeasesTest, Expires) {
+  const LeaseCase& c = GetParam();
+  EXPECT_THAT(ExpiredLeases(c.leases, c.now_ms, c.timeout_ms), ElementsAreArray(c.expired));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, ExpiredLeasesTest,
+    ::testing::Values(LeaseCase{"Fresh", {{"w1", 10'000}}, 15'000, 10'000, {}},
+                      LeaseCase{"ExactlyAtTimeoutStillHolds", {{"w1", 10'000}}, 20'000, 10'000, {}},
+                      LeaseCase{"JustPast", {{"w1", 10'000}}, 20'001, 10'000, {"w1"}},
+                      LeaseCase{"OnlyTheSilentOnes",
+                                {{"w1", 0}, {"w2", 9'500}, {"w3", 1'000}},
+                                10'000,
+                                5'000,
+                                {"w1", "w3"}}),
+    [](const ::testing::TestParamInfo<LeaseCase>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace dropless::coordinator

@@ -1,0 +1,320 @@
+#include "coordinator/store/job_store.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dropless::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::string TempDbPath() {
+  std::string dir = ::testing::TempDir();
+  std::string pattern = absl::StrCat(dir, dir.empty() || dir.back() != '/' ? "/" : "",
+                                     "job_store_test_XXXXXX");
+  EXPECT_NE(mkdtemp(pattern.data()), nullptr);
+  return pattern + "/dropless.db";
+}
+
+JobRecord NewJob(JobStore& store, const std::string& name, int32_t priority) {
+  JobRecord record;
+  record.job.set_id(store.NextJobId(&record.seq));
+  record.job.set_name(name);
+  record.job.set_priority(priority);
+  record.job.set_state(v1::JOB_STATE_PENDING);
+  record.job.set_spec_yaml("name: " + name + "\n");
+  record.job.set_world_size(2);
+  record.job.set_steps(10);
+  record.job.set_backend("cpu");
+  record.job.set_create_time_ms(1000 + record.seq);
+  record.max_attempts = 3;
+  record.queued_time_ms = 1000 + record.seq;
+  return record;
+}
+
+v1::Event MakeEvent(const std::string& job_id, int32_t attempt, const std::string& type) {
+  v1::Event event;
+  event.set_time_ms(5000);
+  event.set_job_id(job_id);
+  event.set_attempt(attempt);
+  event.set_type(type);
+  event.set_message(type + " message");
+  return event;
+}
+
+v1::Worker MakeWorker(const std::string& id, const std::string& node, int slots) {
+  v1::Worker worker;
+  worker.set_id(id);
+  worker.set_node(node);
+  worker.set_address("10.0.0.1");
+  worker.set_slot_kind("cpu");
+  worker.set_slots(slots);
+  for (int i = 0; i < slots; ++i) worker.add_devices("cpu");
+  worker.set_state(v1::WORKER_STATE_READY);
+  worker.set_registered_time_ms(42);
+  worker.set_metrics_port(9191);
+  return worker;
+}
+
+TEST(JobStoreTest, RestartKeepsJobsAttemptsEventsAndWorkers) {
+  const std::string path = TempDbPath();
+  std::string pending_id, running_id, done_id;
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    JobRecord pending = NewJob(**store, "pending", 1);
+    JobRecord running = NewJob(**store, "running", 0);
+    JobRecord done = NewJob(**store, "done", 0);
+    pending_id = pending.job.id();
+    running_id = running.job.id();
+    done_id = done.job.id();
+
+    StoreWrite submit;
+    submit.jobs = {pending, running, done};
+    submit.events = {MakeEvent(pending_id, 0, "Submitted"), MakeEvent(running_id, 0, "Submitted"),
+                     MakeEvent(done_id, 0, "Submitted")};
+    submit.workers = {MakeWorker("worker-0001", "node-a", 2), MakeWorker("worker-0002", "node-b", 1)};
+    ASSERT_TRUE((*store)->Commit(submit).ok());
+    EXPECT_GT(submit.events[0].id(), 0);
+    EXPECT_LT(submit.events[0].id(), submit.events[1].id());
+
+    running.job.set_state(v1::JOB_STATE_RUNNING);
+    running.job.set_attempt(1);
+    AttemptRecord attempt{running_id, 1, v1::JOB_STATE_RUNNING, 2000, 0, "", {}};
+    attempt.ranks.push_back({0, "worker-0001", "node-a", 0, v1::RANK_STATE_RUNNING, 0});
+    attempt.ranks.push_back({1, "worker-0002", "node-b", 0, v1::RANK_STATE_STARTING, 0});
+    done.job.set_state(v1::JOB_STATE_SUCCEEDED);
+    done.job.set_attempt(1);
+    AttemptRecord done_attempt{done_id, 1, v1::JOB_STATE_SUCCEEDED, 2000, 3000, "ok", {}};
+    done_attempt.ranks.push_back({0, "worker-0001", "node-a", 1, v1::RANK_STATE_SUCCEEDED, 0});
+    StoreWrite place;
+    place.jobs = {running, done};
+    place.attempts = {attempt, done_attempt};
+    place.events = {MakeEvent(running_id, 1, "Scheduled"), MakeEvent(done_id, 1, "Succeeded")};
+    ASSERT_TRUE((*store)->Commit(place).ok());
+
+    v1::StepMetrics metrics;
+    metrics.set_job_id(running_id);
+    metrics.set_attempt(1);
+    metrics.set_rank(0);
+    metrics.set_step(3);
+    metrics.set_loss(1.5);
+    ASSERT_TRUE((*store)->PutStepMetrics(metrics).ok());
+    v1::LogLine line;
+    line.set_job_id(running_id);
+    line.set_attempt(1);
+    line.set_rank(1);
+    line.set_text("hello from rank 1");
+    ASSERT_TRUE((*store)->AppendLogs({line}).ok());
+  }
+
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+
+  auto active = (*store)->LoadActive();
+  ASSERT_TRUE(active.ok()) << active.status();
+  ASSERT_EQ(active->jobs.size(), 2u);
+  EXPECT_EQ(active->jobs[0].job.id(), pending_id);
+  EXPECT_EQ(active->jobs[0].job.name(), "pending");
+  EXPECT_EQ(active->jobs[0].job.priority(), 1);
+  EXPECT_EQ(active->jobs[0].max_attempts, 3);
+  EXPECT_EQ(active->jobs[0].job.spec_yaml(), "name: pending\n");
+  EXPECT_EQ(active->jobs[1].job.id(), running_id);
+  EXPECT_EQ(active->jobs[1].job.state(), v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(active->attempts.size(), 1u);
+  const AttemptRecord& attempt = active->attempts[0];
+  EXPECT_EQ(attempt.job_id, running_id);
+  ASSERT_EQ(attempt.ranks.size(), 2u);
+  EXPECT_EQ(attempt.ranks[1].worker_id, "worker-0002");
+  EXPECT_EQ(attempt.ranks[1].state, v1::RANK_STATE_STARTING);
+  ASSERT_EQ(active->workers.size(), 2u);
+  EXPECT_EQ(active->workers[0].node(), "node-a");
+  EXPECT_EQ(active->workers[0].devices_size(), 2);
+  EXPECT_EQ(active->workers[0].metrics_port(), 9191);
+
+  auto job = (*store)->GetJob(running_id);
+  ASSERT_TRUE(job.ok());
+  ASSERT_EQ(job->placement_size(), 2);
+  EXPECT_EQ(job->placement(1).node(), "node-b");
+  EXPECT_EQ(job->latest().step(), 3);
+  EXPECT_DOUBLE_EQ(job->latest().loss(), 1.5);
+
+  auto finished = (*store)->GetAttempt(done_id, 1);
+  ASSERT_TRUE(finished.ok());
+  EXPECT_EQ(finished->state, v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(finished->message, "ok");
+
+  auto events = (*store)->ListEvents(running_id, 0);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[0].type(), "Submitted");
+  EXPECT_EQ((*events)[1].type(), "Scheduled");
+  EXPECT_EQ((*events)[1].attempt(), 1);
+
+  auto logs = (*store)->ListLogs(running_id, std::nullopt, 0);
+  ASSERT_TRUE(logs.ok());
+  ASSERT_EQ(logs->size(), 1u);
+  EXPECT_EQ((*logs)[0].text(), "hello from rank 1");
+
+  // Ids continue after a restart instead of being reused.
+  int64_t seq = 0;
+  std::string next = (*store)->NextJobId(&seq);
+  EXPECT_EQ(seq, 4);
+  EXPECT_EQ(next, "job-000004");
+}
+
+TEST(JobStoreTest, UnknownJobIsNotFoundNamingTheId) {
+  auto store = JobStore::Open(TempDbPath());
+  ASSERT_TRUE(store.ok());
+  auto job = (*store)->GetJob("job-nope");
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(job.status().message(), HasSubstr("job-nope"));
+}
+
+TEST(JobStoreTest, ListJobsFiltersByStateAndLimitsToTheNewest) {
+  auto opened = JobStore::Open(TempDbPath());
+  ASSERT_TRUE(opened.ok());
+  JobStore& store = **opened;
+  StoreWrite write;
+  for (int i = 0; i < 5; ++i) {
+    JobRecord job = NewJob(store, absl::StrCat("j", i), 0);
+    if (i % 2 == 1) job.job.set_state(v1::JOB_STATE_FAILED);
+    write.jobs.push_back(job);
+  }
+  ASSERT_TRUE(store.Commit(write).ok());
+  auto all = store.ListJobs({}, 0);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 5u);
+  EXPECT_EQ((*all)[0].name(), "j0");
+  auto newest = store.ListJobs({}, 2);
+  ASSERT_TRUE(newest.ok());
+  ASSERT_EQ(newest->size(), 2u);
+  EXPECT_EQ((*newest)[0].name(), "j3");
+  EXPECT_EQ((*newest)[1].name(), "j4");
+  auto failed = store.ListJobs({v1::JOB_STATE_FAILED}, 0);
+  ASSERT_TRUE(failed.ok());
+  ASSERT_EQ(failed->size(), 2u);
+  EXPECT_EQ((*failed)[0].name(), "j1");
+  auto counts = store.CountJobsByState();
+  ASSERT_TRUE(counts.ok());
+  EXPECT_EQ((*counts)[v1::JOB_STATE_PENDING], 3);
+  EXPECT_EQ((*counts)[v1::JOB_STATE_FAILED], 2);
+}
+
+TEST(JobStoreTest, LogsAndMetricsHistoryAreBoundedPerJob) {
+  JobStore::Limits limits;
+  limits.max_logs_per_job = 20;
+  limits.max_metrics_history_per_job = 10;
+  auto opened = JobStore::Open(TempDbPath(), limits);
+  ASSERT_TRUE(opened.ok());
+  JobStore& store = **opened;
+  for (int i = 0; i < 100; ++i) {
+    v1::LogLine line;
+    line.set_job_id("job-000001");
+    line.set_rank(i % 2);
+    line.set_text(absl::StrCat("line ", i));
+    ASSERT_TRUE(store.AppendLogs({line}).ok());
+    v1::StepMetrics m;
+    m.set_job_id("job-000001");
+    m.set_rank(i % 2);
+    m.set_step(i);
+    ASSERT_TRUE(store.PutStepMetrics(m).ok());
+  }
+  auto logs = store.ListLogs("job-000001", std::nullopt, 0);
+  ASSERT_TRUE(logs.ok());
+  EXPECT_GE(logs->size(), 20u);
+  EXPECT_LE(logs->size(), 22u);  // trimmed in batches of a tenth
+  EXPECT_EQ(logs->back().text(), "line 99");
+  auto rank1 = store.ListLogs("job-000001", 1, 3);
+  ASSERT_TRUE(rank1.ok());
+  ASSERT_EQ(rank1->size(), 3u);
+  EXPECT_EQ((*rank1)[0].text(), "line 95");
+  EXPECT_EQ((*rank1)[2].text(), "line 99");
+
+  auto history = store.StepMetricsHistory("job-000001", 0);
+  ASSERT_TRUE(history.ok());
+  EXPECT_GE(history->size(), 10u);
+  EXPECT_LE(history->size(), 11u);
+  EXPECT_EQ(history->back().step(), 99);
+  auto latest = store.LatestStepMetrics("job-000001");
+  ASSERT_TRUE(latest.ok());
+  ASSERT_EQ(latest->size(), 2u);
+  EXPECT_EQ((*latest)[0].step(), 98);
+  EXPECT_EQ((*latest)[1].step(), 99);
+}
+
+TEST(JobStoreTest, SecondOpenOfTheSameFileIsRefused) {
+  const std::string path = TempDbPath();
+  auto first = JobStore::Open(path);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = JobStore::Open(path);
+  ASSERT_FALSE(second.ok());
+  EXPECT_THAT(second.status().message(), HasSubstr("locked"));
+}
+
+TEST(JobStoreTest, RefusesNewerSchema) {
+  const std::string path = TempDbPath();
+  {
+    auto db = SqliteDb::Open(path);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE((*db)->Exec("PRAGMA user_version=99").ok());
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(store.status().message(), HasSubstr("schema version 99"));
+}
+
+TEST(JobStoreTest, AttemptUpsertReplacesRankStates) {
+  auto opened = JobStore::Open(TempDbPath());
+  ASSERT_TRUE(opened.ok());
+  JobStore& store = **opened;
+  AttemptRecord attempt{"job-000001", 2, v1::JOB_STATE_SCHEDULED, 1, 0, "", {}};
+  attempt.ranks.push_back({0, "w1", "n1", 0, v1::RANK_STATE_UNSPECIFIED, 0});
+  StoreWrite first;
+  first.attempts = {attempt};
+  ASSERT_TRUE(store.Commit(first).ok());
+  attempt.state = v1::JOB_STATE_FAILED;
+  attempt.ranks[0].state = v1::RANK_STATE_FAILED;
+  attempt.ranks[0].exit_code = 3;
+  StoreWrite second;
+  second.attempts = {attempt};
+  second.durable = false;
+  ASSERT_TRUE(store.Commit(second).ok());
+  auto read = store.ListAttempts("job-000001");
+  ASSERT_TRUE(read.ok());
+  ASSERT_EQ(read->size(), 1u);
+  EXPECT_EQ((*read)[0].attempt, 2);
+  EXPECT_EQ((*read)[0].state, v1::JOB_STATE_FAILED);
+  ASSERT_EQ((*read)[0].ranks.size(), 1u);
+  EXPECT_EQ((*read)[0].ranks[0].exit_code, 3);
+  EXPECT_EQ((*read)[0].ranks[0].state, v1::RANK_STATE_FAILED);
+}
+
+TEST(JobStoreTest, ClusterEventsListedWithJobEvents) {
+  auto opened = JobStore::Open(TempDbPath());
+  ASSERT_TRUE(opened.ok());
+  StoreWrite write;
+  write.events = {MakeEvent("", 0, "WorkerRegistered"), MakeEvent("job-000001", 0, "Submitted"),
+                  MakeEvent("", 0, "WorkerLost")};
+  ASSERT_TRUE((*opened)->Commit(write).ok());
+  auto all = (*opened)->ListEvents("", 0);
+  ASSERT_TRUE(all.ok());
+  std::vector<std::string> types;
+  for (const auto& e : *all) types.push_back(e.type());
+  EXPECT_THAT(types, ElementsAre("WorkerRegistered", "Submitted", "WorkerLost"));
+  auto last = (*opened)->ListEvents("", 1);
+  ASSERT_TRUE(last.ok());
+  ASSERT_EQ(last->size(), 1u);
+  EXPECT_EQ((*last)[0].type(), "WorkerLost");
+}
+
+}  // namespace
+}  // namespace dropless::coordinator
