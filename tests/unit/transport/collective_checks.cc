@@ -85,20 +85,23 @@ int64_t PairBytes(uint64_t seed, int round, int src, int dst, int64_t max_bytes)
   return static_cast<int64_t>((h >> 8) % static_cast<uint64_t>(max_bytes + 1));
 }
 
-void CheckAllToAllV(Communicator& comm, uint64_t seed, int rounds, int64_t max_bytes) {
+void CheckAllToAllV(Communicator& comm, uint64_t seed, int rounds, int64_t max_bytes,
+                    SliceLayout layout) {
   const int n = comm.size();
   const int me = comm.rank();
+  const bool packed = layout == SliceLayout::kPacked;
+  const int64_t gap = packed ? 0 : kGap;
   for (int round = 0; round < rounds; ++round) {
-    // Slices are laid out in reverse peer order with gaps, so offsets are neither packed nor sorted.
     std::vector<int64_t> send_bytes(n), send_offsets(n), recv_bytes(n), recv_offsets(n);
-    int64_t send_total = kGap, recv_total = kGap;
-    for (int p = n - 1; p >= 0; --p) {
+    int64_t send_total = gap, recv_total = gap;
+    for (int i = 0; i < n; ++i) {
+      const int p = packed ? i : n - 1 - i;
       send_bytes[p] = PairBytes(seed, round, me, p, max_bytes);
       send_offsets[p] = send_total;
-      send_total += send_bytes[p] + kGap;
+      send_total += send_bytes[p] + gap;
       recv_bytes[p] = PairBytes(seed, round, p, me, max_bytes);
       recv_offsets[p] = recv_total;
-      recv_total += recv_bytes[p] + kGap;
+      recv_total += recv_bytes[p] + gap;
     }
     std::vector<uint8_t> send(send_total, kPoison), recv(recv_total, kPoison);
     for (int p = 0; p < n; ++p) {

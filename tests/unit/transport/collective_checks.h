@@ -18,10 +18,16 @@ inline uint8_t PatternByte(int src, int dst, int round, int64_t index) {
 // about a quarter of the pairs, the same on every rank (seeded by seed, round, src, dst).
 int64_t PairBytes(uint64_t seed, int round, int src, int dst, int64_t max_bytes);
 
-// `rounds` AllToAllV calls with random (zero included) sizes, gaps between the slices of the send
-// and receive buffers, and a poisoned receive buffer; checks every received byte and that the gaps
-// stay untouched. Uses gtest assertions.
-void CheckAllToAllV(Communicator& comm, uint64_t seed, int rounds, int64_t max_bytes);
+enum class SliceLayout {
+  kPacked,     // slices back to back in peer order
+  kScattered,  // slices in reverse peer order with gaps between them
+};
+
+// `rounds` AllToAllV calls with random (zero included) sizes and a poisoned receive buffer; checks
+// every received byte, that bytes outside the slices stay untouched and that the send buffer is
+// unchanged. Uses gtest assertions.
+void CheckAllToAllV(Communicator& comm, uint64_t seed, int rounds, int64_t max_bytes,
+                    SliceLayout layout = SliceLayout::kScattered);
 
 // AllToAll of `bytes_per_peer` bytes per peer, checked byte by byte.
 void CheckAllToAll(Communicator& comm, int round, size_t bytes_per_peer);

@@ -53,7 +53,10 @@ class LocalCollectivesTest : public ::testing::TestWithParam<int> {};
 TEST_P(LocalCollectivesTest, AllToAllVRandomSizesIncludingZeros) {
   const int n = GetParam();
   std::vector<RankGroups> groups = CreateLocalGroups(n, 1, kTestTimeout);
-  RunRankThreads(n, [&](int r) { testing::CheckAllToAllV(*groups[r].ep, 7 + n, 25, 300); });
+  RunRankThreads(n, [&](int r) {
+    testing::CheckAllToAllV(*groups[r].ep, 7 + n, 25, 300, testing::SliceLayout::kScattered);
+    testing::CheckAllToAllV(*groups[r].ep, 9 + n, 25, 300, testing::SliceLayout::kPacked);
+  });
 }
 
 TEST_P(LocalCollectivesTest, AllToAllVAllZero) {
