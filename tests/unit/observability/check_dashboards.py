@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Static checks of dashboards/ and the alert rules against docs/metrics.md.
+
+- Each dashboard is well-formed Grafana JSON: unique panel ids, panels inside the 24-column grid and
+  not overlapping, every panel and target on the ${datasource} variable, every target with an expr
+  and a unique refId, every $variable in a query defined by the dashboard or built into Grafana.
+- The panels the issue asks for are there (by title), with the job/rank variables on training.
+- Every metric a query or rule names is in docs/metrics.md (or is Prometheus' own `up`), and every
+  documented metric is shown on some dashboard or used by some alert rule.
+- The provisioning files point where dashboards/kustomization.yaml and the docs say.
+
+Usage: check_dashboards.py --source-dir DIR
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import metrics_doc  # noqa: E402
+
+GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__interval_ms", "__range", "__range_s",
+                    "__range_ms", "__from", "__to", "__dashboard"}
+REQUIRED_TITLES = {
+    "training.json": ["Step time p50 / p99", "TFLOP/s per GPU", "MFU", "Tokens/s", "Loss",
+                      "Dispatch / combine latency p50 / p99", "Expert GEMM latency p50 / p99",
+                      "Expert load imbalance", "Slowest rank"],
+    "cluster.json": ["Workers by state", "Slots busy", "Jobs by state", "Scheduling latency p50 / p99"],
+}
+PROMQL_NON_METRICS = {"by", "without", "on", "ignoring", "group_left", "group_right", "offset",
+                      "bool", "and", "or", "unless", "le", "inf", "nan"}
+
+failures = []
+
+
+def fail(msg):
+    failures.append(msg)
+
+
+def metric_names(expr):
+    """Metric names a PromQL expression selects (identifiers not followed by '(' nor inside {} / [])."""
+    stripped = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)            # string literals
+    stripped = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", stripped)       # matchers, ranges
+    stripped = re.sub(r"\b\d[0-9.]*(?:[eE][+-]?\d+)?[a-zA-Z]*", " ", stripped)  # numbers, durations
+    stripped = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", stripped)
+    names = set()
+    for m in re.finditer(r"[a-zA-Z_:][a-zA-Z0-9_:]*", stripped):
+        word, rest = m.group(0), stripped[m.end():].lstrip()
+        if rest.startswith("(") or word.lower() in PROMQL_NON_METRICS:
+            continue
+        names.add(word)
+    return names
+
+
+def check_metric(name, where, documented, used):
+    if name == "up":
+        return
+    family = metrics_doc.family_of(name, documented)
+    if family is None:
+        fail("%s: metric %s is not in docs/metrics.md" % (where, name))
+        return
+    if name != family and documented[family].type != "histogram":
+        fail("%s: %s is not a histogram series of %s" % (where, name, family))
+    if name == family and documented[family].type == "histogram":
+        fail("%s: histogram %s must be queried through _bucket/_sum/_count" % (where, name))
+    used.add(family)
+
+
+def check_dashboard(path, documented, used):
+    name = os.path.basename(path)
+    with open(path, encoding="utf-8") as f:
+        try:
+            d = json.load(f)
+        except json.JSONDecodeError as e:
+            fail("%s: not JSON: %s" % (name, e))
+            return
+    for key in ("uid", "title", "schemaVersion", "panels", "templating"):
+        if key not in d:
+            fail("%s: no %r" % (name, key))
+    variables = {v["name"]: v for v in d.get("templating", {}).get("list", [])}
+    if variables.get("datasource", {}).get("type") != "datasource" or \
+            variables["datasource"].get("query") != "prometheus":
+        fail("%s: needs a `datasource` variable of type datasource over prometheus" % name)
+    for vname, v in variables.items():
+        if v.get("type") == "query":
+            query = v.get("definition", "")
+            if v.get("query", {}).get("query") != query:
+                fail("%s: variable %s: query and definition differ" % (name, vname))
+            m = re.fullmatch(r"label_values\((.+),\s*([a-zA-Z_]+)\)", query)
+            if not m:
+                fail("%s: variable %s: want label_values(selector, label), got %r" % (name, vname, query))
+            else:
+                for metric in metric_names(m.group(1)):
+                    check_metric(metric, "%s variable %s" % (name, vname), documented, used)
+    if name == "training.json":
+        for vname in ("job", "rank"):
+            if vname not in variables:
+                fail("training.json: no `%s` template variable" % vname)
+        rank = variables.get("rank", {})
+        if not (rank.get("multi") and rank.get("includeAll") and rank.get("allValue") == ".*"):
+            fail("training.json: `rank` must be multi-value with All = .*")
+
+    ids, cells = set(), {}
+    titles = []
+    for panel in d.get("panels", []):
+        where = "%s panel %r" % (name, panel.get("title"))
+        titles.append(panel.get("title"))
+        if panel.get("id") in ids:
+            fail("%s: duplicate id %s" % (where, panel.get("id")))
+        ids.add(panel.get("id"))
+        g = panel.get("gridPos", {})
+        if not all(isinstance(g.get(k), int) for k in "xywh") or g["x"] < 0 or g["x"] + g["w"] > 24:
+            fail("%s: gridPos %s outside the 24-column grid" % (where, g))
+        else:
+            for x in range(g["x"], g["x"] + g["w"]):
+                for y in range(g["y"], g["y"] + g["h"]):
+                    if (x, y) in cells:
+                        fail("%s: overlaps panel %r" % (where, cells[(x, y)]))
+                        break
+                    cells[(x, y)] = panel.get("title")
+        if panel.get("datasource") != {"type": "prometheus", "uid": "${datasource}"}:
+            fail("%s: datasource must be the ${datasource} variable" % where)
+        if not panel.get("description"):
+            fail("%s: no description" % where)
+        targets = panel.get("targets", [])
+        if not targets:
+            fail("%s: no queries" % where)
+        refs = set()
+        for t in targets:
+            expr = t.get("expr", "")
+            if not expr.strip():
+                fail("%s: target %s has no expr" % (where, t.get("refId")))
+            if t.get("refId") in refs:
+                fail("%s: duplicate refId %s" % (where, t.get("refId")))
+            refs.add(t.get("refId"))
+            if t.get("datasource") != panel.get("datasource"):
+                fail("%s: target %s datasource differs from the panel's" % (where, t.get("refId")))
+            for var in re.findall(r"\$\{?([a-zA-Z_][a-zA-Z0-9_]*)", expr):
+                if var not in variables and var not in GRAFANA_BUILTINS:
+                    fail("%s: query uses undefined variable $%s" % (where, var))
+            for metric in metric_names(expr):
+                check_metric(metric, where, documented, used)
+    for title in REQUIRED_TITLES.get(name, []):
+        if title not in titles:
+            fail("%s: no panel titled %r" % (name, title))
+
+
+def check_provisioning(source_dir, dashboard_files):
+    dash_dir = os.path.join(source_dir, "dashboards")
+    with open(os.path.join(dash_dir, "kustomization.yaml"), encoding="utf-8") as f:
+        kustomization = f.read()
+    for path in dashboard_files:
+        if not re.search(r"^\s*-\s*%s\s*$" % re.escape(os.path.basename(path)), kustomization, re.M):
+            fail("dashboards/kustomization.yaml: %s is not in the dashboards ConfigMap"
+                 % os.path.basename(path))
+    with open(os.path.join(dash_dir, "provisioning/dashboards/dropless.yaml"), encoding="utf-8") as f:
+        provider = f.read()
+    if not re.search(r"^\s*type:\s*file\s*$", provider, re.M) or \
+            not re.search(r"^\s*path:\s*/var/lib/grafana/dashboards/dropless\s*$", provider, re.M):
+        fail("provisioning/dashboards/dropless.yaml: want a file provider on /var/lib/grafana/dashboards/dropless")
+    with open(os.path.join(dash_dir, "provisioning/datasources/dropless.yaml"), encoding="utf-8") as f:
+        datasource = f.read()
+    if not re.search(r"^\s*type:\s*prometheus\s*$", datasource, re.M):
+        fail("provisioning/datasources/dropless.yaml: want a prometheus datasource")
+
+
+def check_rules(path, documented, used):
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    alerts = re.findall(r"^\s*-\s*alert:\s*(\S+)", text, re.M)
+    for wanted in ("DroplessWorkerDown", "DroplessJobStuck", "DroplessStepTimeRegression", "DroplessMfuDrop"):
+        if wanted not in alerts:
+            fail("%s: no alert %s" % (path, wanted))
+    # expr: value (one line, or a | block up to the next key)
+    for m in re.finditer(r"^(\s*)expr:\s*(\|[-+]?\s*\n((?:\1\s+.*\n)+)|(.+)\n)", text, re.M):
+        expr = m.group(3) if m.group(3) is not None else m.group(4)
+        for metric in metric_names(expr):
+            check_metric(metric, "%s expr %r" % (os.path.basename(path), expr.strip()[:40]), documented, used)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--source-dir", required=True)
+    args = parser.parse_args()
+    documented = metrics_doc.parse(os.path.join(args.source_dir, "docs/metrics.md"))
+    used = set()
+    files = sorted(glob.glob(os.path.join(args.source_dir, "dashboards/*.json")))
+    if sorted(os.path.basename(f) for f in files) != sorted(REQUIRED_TITLES):
+        fail("dashboards/: want exactly %s, found %s" % (sorted(REQUIRED_TITLES), [os.path.basename(f) for f in files]))
+    for path in files:
+        check_dashboard(path, documented, used)
+    check_provisioning(args.source_dir, files)
+    check_rules(os.path.join(args.source_dir, "deploy/monitoring/alerts.rules.yaml"), documented, used)
+    for name in sorted(set(documented) - used):
+        fail("docs/metrics.md: %s is on no dashboard and in no alert rule" % name)
+    for f in failures:
+        print("FAIL:", f)
+    print("%d dashboards, %d documented metrics, %d failures" % (len(files), len(documented), len(failures)))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

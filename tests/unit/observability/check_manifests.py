@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""Renders deploy/base, deploy/monitoring and every deploy/overlays/* with `kubectl kustomize`, validates
+every object against the Kubernetes schemas (kubernetes-validate, strict), checks the Prometheus
+Operator objects (no schema there) by structure, and checks that the pieces agree with each other:
+selectors, named ports, probes, volumes, the ConfigMaps' contents against dashboards/ and the rule
+file, the scrape job names the rules assume, the NetworkPolicy, and the Dockerfile behind every image.
+
+Usage: check_manifests.py --source-dir DIR --ops-tools DIR
+"""
+import argparse
+import glob
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import manifests  # noqa: E402
+
+failures = []
+
+
+def fail(where, msg):
+    failures.append("%s: %s" % (where, msg))
+
+
+def labels_match(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+# The fields of ServiceMonitor / PodMonitor (monitoring.coreos.com/v1) these manifests may use; the
+# operator ignores unknown fields silently, so a typo would cost the scrape.
+MONITOR_SCHEMA = {
+    "ServiceMonitor": {"spec": {"jobLabel", "selector", "endpoints", "namespaceSelector"},
+                       "endpoints": {"port", "path", "interval", "scrapeTimeout", "honorLabels", "scheme"}},
+    "PodMonitor": {"spec": {"jobLabel", "selector", "podMetricsEndpoints", "namespaceSelector"},
+                   "podMetricsEndpoints": {"port", "path", "interval", "scrapeTimeout", "honorLabels",
+                                           "scheme"}},
+}
+SCRAPE_JOB = {"ServiceMonitor": "dropless-coordinator", "PodMonitor": "dropless-worker"}
+
+
+def check_monitor(where, obj, objects, cross_check):
+    kind = obj["kind"]
+    schema = MONITOR_SCHEMA[kind]
+    if obj.get("apiVersion") != "monitoring.coreos.com/v1":
+        fail(where, "apiVersion must be monitoring.coreos.com/v1")
+    spec = obj.get("spec", {})
+    for key in set(spec) - schema["spec"]:
+        fail(where, "unknown spec field %r" % key)
+    endpoints_key = "endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"
+    endpoints = spec.get(endpoints_key, [])
+    if not endpoints:
+        fail(where, "no %s" % endpoints_key)
+    for e in endpoints:
+        for key in set(e) - schema[endpoints_key]:
+            fail(where, "unknown endpoint field %r" % key)
+        if e.get("path", "/metrics") != "/metrics":
+            fail(where, "path must be /metrics")
+    if kind == "PodMonitor" and not all(e.get("honorLabels") for e in endpoints):
+        fail(where, "worker scrape needs honorLabels: true (the rank series' own `job` label)")
+    if not cross_check:
+        return
+    selector = spec.get("selector", {}).get("matchLabels", {})
+    if kind == "ServiceMonitor":
+        targets = [o for o in objects if o["kind"] == "Service"
+                   and labels_match(selector, o["metadata"].get("labels", {}))
+                   and o["spec"].get("clusterIP") != "None"]
+        ports = {p.get("name") for t in targets for p in t["spec"].get("ports", [])}
+        job_values = {t["metadata"]["labels"].get(spec.get("jobLabel")) for t in targets}
+    else:
+        pods = [(o, pod) for o, pod, _ in manifests.containers(objects)
+                if labels_match(selector, o["spec"]["template"]["metadata"].get("labels", {}))]
+        targets = pods
+        ports = {p.get("name") for _, pod in pods for c in pod["containers"] for p in c.get("ports", [])}
+        job_values = {o["spec"]["template"]["metadata"]["labels"].get(spec.get("jobLabel")) for o, _ in pods}
+    if not targets:
+        fail(where, "selector %s matches nothing" % selector)
+    if job_values != {SCRAPE_JOB[kind]}:
+        fail(where, "scrape job name (label %r) is %s; the rules and dashboards expect %r"
+             % (spec.get("jobLabel"), job_values, SCRAPE_JOB[kind]))
+    for e in endpoints:
+        if e.get("port") not in ports:
+            fail(where, "port %r is not a port of the selected objects %s" % (e.get("port"), ports))
+
+
+def check_workloads(where, objects):
+    by_kind = {}
+    for o in objects:
+        by_kind.setdefault(o["kind"], []).append(o)
+    accounts = {o["metadata"]["name"] for o in by_kind.get("ServiceAccount", [])}
+    for obj, pod, c in manifests.containers(objects):
+        w = "%s %s/%s" % (where, obj["kind"], obj["metadata"]["name"])
+        spec = obj["spec"]
+        if not labels_match(spec["selector"]["matchLabels"], spec["template"]["metadata"].get("labels", {})):
+            fail(w, "selector does not match the pod template's labels")
+        if pod.get("serviceAccountName") not in accounts:
+            fail(w, "serviceAccountName %r is not rendered" % pod.get("serviceAccountName"))
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        volumes.update({t["metadata"]["name"]: t for t in spec.get("volumeClaimTemplates", [])})
+        for m in c.get("volumeMounts", []):
+            if m["name"] not in volumes:
+                fail(w, "volumeMount %r has no volume" % m["name"])
+        named = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+        for probe_name in ("startupProbe", "readinessProbe", "livenessProbe"):
+            probe = c.get(probe_name)
+            if not probe:
+                continue
+            for kind in ("grpc", "httpGet", "tcpSocket"):
+                if kind in probe:
+                    port = probe[kind]["port"]
+                    if port not in named and port not in named.values():
+                        fail(w, "%s port %r is not a container port" % (probe_name, port))
+        if obj["kind"] == "StatefulSet":
+            if not spec.get("volumeClaimTemplates"):
+                fail(w, "no volumeClaimTemplates (the database needs a persistent volume)")
+            for probe_name in ("readinessProbe", "livenessProbe"):
+                if "grpc" not in c.get(probe_name, {}):
+                    fail(w, "%s must be a grpc probe (the health service)" % probe_name)
+    for svc in by_kind.get("Service", []):
+        w = "%s Service/%s" % (where, svc["metadata"]["name"])
+        pods = [(o, c) for o, _, c in manifests.containers(objects)
+                if labels_match(svc["spec"].get("selector", {}), o["spec"]["template"]["metadata"]["labels"])]
+        if not pods:
+            fail(w, "selector matches no pod")
+        named = {p["name"] for _, c in pods for p in c.get("ports", [])}
+        for p in svc["spec"].get("ports", []):
+            if isinstance(p.get("targetPort"), str) and p["targetPort"] not in named:
+                fail(w, "targetPort %r is not a container port" % p["targetPort"])
+    for np in by_kind.get("NetworkPolicy", []):
+        w = "%s NetworkPolicy/%s" % (where, np["metadata"]["name"])
+        selected = [(o, c) for o, _, c in manifests.containers(objects)
+                    if labels_match(np["spec"]["podSelector"].get("matchLabels", {}),
+                                    o["spec"]["template"]["metadata"]["labels"])]
+        if not selected:
+            fail(w, "podSelector matches no pod")
+        named = {p["name"] for _, c in selected for p in c.get("ports", [])}
+        for rule in np["spec"].get("ingress", []):
+            for p in rule.get("ports", []):
+                if isinstance(p["port"], str) and p["port"] not in named:
+                    fail(w, "port %r is not a port of the selected pods" % p["port"])
+        workers = [o for o, _, _ in manifests.containers(objects) if o["metadata"]["name"] == "dropless-worker"]
+        for o in workers:
+            wl = o["spec"]["template"]["metadata"]["labels"]
+            if not any(labels_match(peer.get("podSelector", {}).get("matchLabels", {}), wl)
+                       and "namespaceSelector" not in peer
+                       for rule in np["spec"].get("ingress", []) for peer in rule.get("from", [])):
+                fail(w, "the worker pods may not reach the coordinator")
+
+
+def check_configmaps(where, objects, source_dir):
+    maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    dashboards = maps.get("dropless-grafana-dashboards")
+    if dashboards is None:
+        fail(where, "no dropless-grafana-dashboards ConfigMap")
+    else:
+        files = sorted(glob.glob(os.path.join(source_dir, "dashboards/*.json")))
+        if sorted(dashboards["data"]) != sorted(os.path.basename(f) for f in files):
+            fail(where, "dashboards ConfigMap holds %s, dashboards/ has %s"
+                 % (sorted(dashboards["data"]), [os.path.basename(f) for f in files]))
+        for f in files:
+            with open(f, encoding="utf-8") as fh:
+                if dashboards["data"].get(os.path.basename(f)) != fh.read():
+                    fail(where, "dashboards ConfigMap's %s differs from the file" % os.path.basename(f))
+    if "dropless-grafana-provisioning" not in maps:
+        fail(where, "no dropless-grafana-provisioning ConfigMap")
+    rules = maps.get("dropless-prometheus-rules")
+    with open(os.path.join(source_dir, "deploy/monitoring/alerts.rules.yaml"), encoding="utf-8") as fh:
+        if rules is None or list(rules["data"].values()) != [fh.read()]:
+            fail(where, "dropless-prometheus-rules ConfigMap missing or not the rule file")
+
+
+def check_gpu_and_cpu(where, name, objects):
+    for obj, pod, c in manifests.containers(objects):
+        if obj["metadata"]["name"] != "dropless-worker":
+            continue
+        limits = c.get("resources", {}).get("limits", {})
+        args = dict(manifests.parse_args(c.get("args", [])))
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        if name == "overlays/cpu-dev":
+            if any(k.startswith("nvidia.com/") for k in list(limits) + list(c.get("resources", {}).get("requests", {}))):
+                fail(where, "the CPU overlay requests GPUs")
+            if args.get("gpus") != "none" or not args.get("cpu-slots", "").isdigit():
+                fail(where, "the CPU overlay's worker needs --gpus=none and --cpu-slots=N")
+        else:
+            if int(limits.get("nvidia.com/gpu", 0)) < 1:
+                fail(where, "the worker requests no nvidia.com/gpu")
+            if not pod.get("hostIPC"):
+                fail(where, "the GPU worker needs hostIPC")
+            if env.get("NCCL_NVLS_ENABLE") != "0":
+                fail(where, "the GPU worker needs NCCL_NVLS_ENABLE=0")
+            if "nvidia.com/gpu.present" not in pod.get("nodeSelector", {}):
+                fail(where, "the GPU worker must select GPU nodes")
+
+
+def check_images(where, objects, stages, source_dir):
+    by_title = {s.title: s for s in stages if s.title}
+    for obj, _, c in manifests.containers(objects):
+        image = c["image"].rsplit(":", 1)[0] if ":" in c["image"].split("/")[-1] else c["image"]
+        stage = by_title.get(image)
+        w = "%s %s/%s" % (where, obj["kind"], obj["metadata"]["name"])
+        if stage is None:
+            fail(w, "no Dockerfile stage builds image %r (LABEL org.opencontainers.image.title)" % image)
+            continue
+        if not stage.entrypoint:
+            fail(w, "%s stage %s has no ENTRYPOINT" % (stage.dockerfile, stage.name))
+        ports = {p["containerPort"] for p in c.get("ports", [])}
+        if ports != stage.exposed:
+            fail(w, "container ports %s but %s stage %s EXPOSEs %s"
+                 % (sorted(ports), stage.dockerfile, stage.name, sorted(stage.exposed)))
+    for s in stages:
+        for src in s.copies:
+            if src != "." and not os.path.exists(os.path.join(source_dir, src)):
+                fail(s.dockerfile, "COPY source %s does not exist" % src)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--source-dir", required=True)
+    parser.add_argument("--ops-tools", required=True)
+    args = parser.parse_args()
+    manifests.ensure_tools(args.ops_tools)
+    import kubernetes_validate
+    kubectl = manifests.find_kubectl(args.ops_tools)
+    stages = manifests.dockerfile_stages(args.source_dir)
+    if not stages:
+        fail("deploy/docker", "no Dockerfile")
+    rendered = 0
+    for name, path in manifests.kustomize_dirs(args.source_dir):
+        try:
+            objects = manifests.render(kubectl, path)
+        except RuntimeError as e:
+            fail(name, str(e))
+            continue
+        rendered += len(objects)
+        for obj in objects:
+            where = "%s %s/%s" % (name, obj.get("kind"), obj.get("metadata", {}).get("name"))
+            if obj["kind"] != "Namespace" and name != "monitoring" and \
+                    obj["metadata"].get("namespace") != "dropless":
+                fail(where, "not in namespace dropless")
+            if obj["kind"] in MONITOR_SCHEMA:
+                check_monitor(where, obj, objects, cross_check=name != "monitoring")
+                continue
+            try:
+                kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
+            except kubernetes_validate.ValidationError as e:
+                fail(where, "schema: %s at %s" % (e.message, ".".join(str(p) for p in e.path)))
+            except Exception as e:  # an unknown kind or version
+                fail(where, "schema: %s" % e)
+        if name == "monitoring":
+            continue
+        check_workloads(name, objects)
+        check_configmaps(name, objects, args.source_dir)
+        check_gpu_and_cpu(name, name, objects)
+        check_images(name, objects, stages, args.source_dir)
+        print("%s: %d objects" % (name, len(objects)))
+    for f in failures:
+        print("FAIL:", f)
+    print("%d objects rendered and checked, %d failures" % (rendered, len(failures)))
+    return 1 if failures or not rendered else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
