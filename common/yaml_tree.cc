@@ -21,6 +21,12 @@ bool IsNullText(const std::string& s) {
   return s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL";
 }
 
+// "x" of "x[0][0][0]...": where list indices say little (deep nesting, syntax errors).
+std::string FieldPart(const std::string& path) {
+  const std::string field = path.substr(0, path.find('['));
+  return field.empty() ? std::string(kRootPath) : field;
+}
+
 // yaml-cpp marks untagged plain scalars "?" and untagged quoted/block scalars "!"; collections
 // without a tag carry "" or "?". Anything else was written by the user (!!str, !foo, ...).
 bool IsExplicitTag(const std::string& tag) { return !(tag.empty() || tag == "?" || tag == "!"); }
@@ -96,12 +102,16 @@ class TreeBuilder : public YAML::EventHandler {
     }
     return path.empty() ? std::string(kRootPath) : path;
   }
+
+ public:
   std::string PathOfNext() const { return PathOf(false); }
 
-  void Fail(const YAML::Mark& mark, const std::string& what) {
+ private:
+  void Fail(const YAML::Mark& mark, const std::string& what, bool field_only = false) {
     if (!status_.ok()) return;
+    const std::string path = field_only ? FieldPart(PathOfNext()) : PathOfNext();
     status_ = absl::InvalidArgumentError(absl::StrFormat(
-        "%s: %s (line %d, column %d)", PathOfNext(), what, mark.line + 1, mark.column + 1));
+        "%s: %s (line %d, column %d)", path, what, mark.line + 1, mark.column + 1));
   }
 
   void Add(Node n, const YAML::Mark& mark, YAML::anchor_t anchor, const std::string& tag,
@@ -114,7 +124,8 @@ class TreeBuilder : public YAML::EventHandler {
       return Fail(mark, absl::StrCat("explicit YAML tags (", tag, ") are not allowed"));
     }
     if (opens && static_cast<int>(open_.size()) >= kMaxDepth) {
-      return Fail(mark, absl::StrCat("nested deeper than ", kMaxDepth, " levels"));
+      return Fail(mark, absl::StrCat("nested deeper than ", kMaxDepth, " levels"),
+                  /*field_only=*/true);
     }
     n.line = mark.line + 1;
     n.column = mark.column + 1;
@@ -180,13 +191,16 @@ class NullHandler : public YAML::EventHandler {
   void OnMapEnd() override {}
 };
 
-absl::Status SyntaxError(const YAML::Exception& e) {
-  if (e.mark.is_null()) {
-    return absl::InvalidArgumentError(absl::StrCat(kRootPath, ": invalid YAML: ", e.msg));
-  }
-  return absl::InvalidArgumentError(absl::StrFormat("%s: invalid YAML at line %d, column %d: %s",
-                                                    kRootPath, e.mark.line + 1,
-                                                    e.mark.column + 1, e.msg));
+// `path`: where the parser had got to, the best hint yaml-cpp's exception allows.
+absl::Status SyntaxError(const YAML::Exception& e, const std::string& path) {
+  // An alias to an undefined anchor fails inside yaml-cpp before our handler sees it; either way
+  // the rule the user needs to know is that aliases are not allowed.
+  const std::string what = e.msg == YAML::ErrorMsg::UNKNOWN_ANCHOR
+                               ? "YAML aliases (*name) are not allowed in a job spec"
+                               : absl::StrCat("invalid YAML: ", e.msg);
+  if (e.mark.is_null()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s: %s (line %d, column %d)", path, what, e.mark.line + 1, e.mark.column + 1));
 }
 
 }  // namespace
@@ -224,7 +238,7 @@ absl::StatusOr<Node> LoadSingleDocument(std::string_view text, size_t max_bytes)
     }
   } catch (const YAML::Exception& e) {
     if (!builder.status().ok()) return builder.status();
-    return SyntaxError(e);
+    return SyntaxError(e, FieldPart(builder.PathOfNext()));
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(kRootPath, ": invalid YAML: ", e.what()));
   }

@@ -1,0 +1,123 @@
+#include "cli/args.h"
+
+#include <cstdlib>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace dropless::cli {
+
+std::string FlagKey(const FlagSpec& spec) {
+  std::string best;
+  for (const std::string& n : spec.names) {
+    std::string bare = n.substr(n.find_first_not_of('-'));
+    if (bare.size() > best.size()) best = bare;
+  }
+  return best;
+}
+
+absl::StatusOr<ParsedArgs> ParsedArgs::Parse(const std::vector<std::string>& args,
+                                             const std::vector<FlagSpec>& specs) {
+  ParsedArgs parsed;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      parsed.positional_.insert(parsed.positional_.end(), args.begin() + i + 1, args.end());
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') {
+      parsed.positional_.push_back(arg);
+      continue;
+    }
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    const FlagSpec* spec = nullptr;
+    for (const FlagSpec& s : specs) {
+      for (const std::string& n : s.names) {
+        if (n == name) spec = &s;
+      }
+    }
+    if (spec == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown flag ", name));
+    std::vector<std::string>& values = parsed.values_[FlagKey(*spec)];
+    if (!spec->takes_value) {
+      if (eq != std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat("flag ", name, " takes no value"));
+      }
+      values.push_back("true");
+    } else if (eq != std::string::npos) {
+      values.push_back(arg.substr(eq + 1));
+    } else if (i + 1 < args.size()) {
+      values.push_back(args[++i]);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag ", name, " needs a value (", spec->value_name, ")"));
+    }
+  }
+  return parsed;
+}
+
+std::string ParsedArgs::Get(const std::string& key, const std::string& fallback) const {
+  auto it = values_.find(key);
+  return it == values_.end() || it->second.empty() ? fallback : it->second.back();
+}
+
+std::string FlagHelp(const std::vector<FlagSpec>& specs) {
+  std::string out;
+  for (const FlagSpec& s : specs) {
+    std::string names;
+    for (const std::string& n : s.names) absl::StrAppend(&names, names.empty() ? "" : ", ", n);
+    if (s.takes_value) absl::StrAppend(&names, " ", s.value_name);
+    absl::StrAppendFormat(&out, "  %-28s %s\n", names, s.help);
+  }
+  return out;
+}
+
+const std::vector<FlagSpec>& GlobalFlagSpecs() {
+  static const std::vector<FlagSpec>* specs = new std::vector<FlagSpec>{
+      {{"--coordinator"}, true, "ADDR",
+       "coordinator address host:port (default $DROPLESS_COORDINATOR, else localhost:7070)"},
+      {{"--timeout"}, true, "DURATION", "deadline of each request, e.g. 10s, 500ms (default 10s)"},
+      {{"-o", "--output"}, true, "FORMAT", "output format of get/describe/watch: json | yaml"},
+      {{"-h", "--help"}, false, "", "show help"},
+  };
+  return *specs;
+}
+
+absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args) {
+  GlobalOptions options;
+  options.help = args.Has("help");
+  const char* env = std::getenv("DROPLESS_COORDINATOR");
+  options.coordinator =
+      args.Get("coordinator", env != nullptr && *env != '\0' ? env : "localhost:7070");
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError("--coordinator must not be empty");
+  }
+  if (args.Has("timeout")) {
+    const std::string text = args.Get("timeout");
+    double seconds = 0;
+    if (absl::SimpleAtod(text, &seconds)) {
+      options.timeout = absl::Seconds(seconds);
+    } else if (!absl::ParseDuration(text, &options.timeout)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--timeout: not a duration: '", text, "' (e.g. 10s, 500ms, 2m)"));
+    }
+    if (options.timeout <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("--timeout must be positive");
+    }
+  }
+  const std::string output = args.Get("output", "text");
+  if (output == "json") {
+    options.output = OutputFormat::kJson;
+  } else if (output == "yaml") {
+    options.output = OutputFormat::kYaml;
+  } else if (output != "text" && output != "table") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("-o: unknown output format '", output, "' (json | yaml)"));
+  }
+  return options;
+}
+
+}  // namespace dropless::cli

@@ -1,0 +1,60 @@
+#include "cli/client.h"
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "cli/exit_codes.h"
+
+namespace dropless::cli {
+
+Client::Client(const GlobalOptions& options) : options_(options) {
+  grpc::ChannelArguments args;
+  // Fail fast and retry quickly: a CLI call should not sit in gRPC's reconnect backoff.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  channel_ = grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(),
+                                       args);
+  stub_ = v1::JobService::NewStub(channel_);
+}
+
+std::unique_ptr<grpc::ClientContext> Client::UnaryContext() const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  return context;
+}
+
+std::unique_ptr<grpc::ClientContext> Client::StreamContext() const {
+  return std::make_unique<grpc::ClientContext>();
+}
+
+int Client::Fail(const grpc::Status& status) const {
+  const std::string& message = status.error_message();
+  switch (status.error_code()) {
+    case grpc::StatusCode::NOT_FOUND:
+      std::cerr << "error: " << message << "\n";
+      return kExitNotFound;
+    case grpc::StatusCode::UNAVAILABLE:
+      std::cerr << "error: cannot reach the coordinator at " << options_.coordinator << ": "
+                << message << "\n";
+      return kExitUnreachable;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      if (channel_->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
+        std::cerr << "error: cannot reach the coordinator at " << options_.coordinator
+                  << " within " << absl::FormatDuration(options_.timeout) << "\n";
+        return kExitUnreachable;
+      }
+      std::cerr << "error: the coordinator did not answer within "
+                << absl::FormatDuration(options_.timeout) << " (--timeout)\n";
+      return kExitError;
+    default:
+      std::cerr << "error: " << (message.empty() ? absl::StrCat("request failed (code ",
+                                                                 status.error_code(), ")")
+                                                 : message)
+                << "\n";
+      return kExitError;
+  }
+}
+
+}  // namespace dropless::cli

@@ -1,0 +1,124 @@
+// dropless get jobs [ID] | get job ID | get workers [ID]: tables by default, -o json|yaml for
+// scripts. A list prints {"jobs": [...]} / {"workers": [...]}; a single object prints itself.
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cli/client.h"
+#include "cli/commands/commands.h"
+#include "cli/exit_codes.h"
+#include "cli/output/table.h"
+#include "cli/output/views.h"
+
+namespace dropless::cli {
+namespace {
+
+void PrintJobTable(const std::vector<const v1::Job*>& jobs) {
+  Table table({"ID", "NAME", "STATE", "ATTEMPT", "STEP/STEPS", "AGE"});
+  const int64_t now = NowMs();
+  for (const v1::Job* job : jobs) {
+    table.AddRow({job->id(), job->name(), JobStateName(job->state()), absl::StrCat(job->attempt()),
+                  StepText(*job), AgeText(job->create_time_ms(), now)});
+  }
+  std::cout << table.Render();
+}
+
+void PrintWorkerTable(const std::vector<const v1::Worker*>& workers) {
+  Table table({"ID", "NODE", "STATE", "KIND", "BUSY/SLOTS", "DEVICES", "HEARTBEAT", "AGE"});
+  const int64_t now = NowMs();
+  for (const v1::Worker* w : workers) {
+    std::vector<std::string> devices(w->devices().begin(), w->devices().end());
+    std::string device_text = devices.empty() ? "-" : devices[0];
+    if (devices.size() > 1) absl::StrAppend(&device_text, " x", devices.size());
+    table.AddRow({w->id(), w->node(), WorkerStateName(w->state()), w->slot_kind(),
+                  absl::StrCat(w->slots_busy(), "/", w->slots()), device_text,
+                  AgeText(w->last_heartbeat_ms(), now) + (w->last_heartbeat_ms() > 0 ? " ago" : ""),
+                  AgeText(w->registered_time_ms(), now)});
+  }
+  std::cout << table.Render();
+}
+
+int GetJobs(const Invocation& inv, Client& client) {
+  const std::vector<std::string>& pos = inv.args.positional();
+  if (pos.size() == 2) {
+    v1::GetJobRequest request;
+    request.set_id(pos[1]);
+    v1::Job job;
+    grpc::Status status = client.jobs().GetJob(client.UnaryContext().get(), request, &job);
+    if (!status.ok()) return client.Fail(status);
+    if (inv.options.output == OutputFormat::kText) {
+      PrintJobTable({&job});
+    } else {
+      PrintStructured(JobView(job), inv.options.output);
+    }
+    return kExitOk;
+  }
+  v1::ListJobsRequest request;
+  v1::ListJobsResponse response;
+  grpc::Status status = client.jobs().ListJobs(client.UnaryContext().get(), request, &response);
+  if (!status.ok()) return client.Fail(status);
+  if (inv.options.output == OutputFormat::kText) {
+    std::vector<const v1::Job*> jobs;
+    for (const v1::Job& job : response.jobs()) jobs.push_back(&job);
+    if (jobs.empty()) {
+      std::cerr << "No jobs.\n";
+    } else {
+      PrintJobTable(jobs);
+    }
+    return kExitOk;
+  }
+  Value list = Value::Array();
+  for (const v1::Job& job : response.jobs()) list.Push(JobView(job));
+  PrintStructured(Value::Object().Set("jobs", std::move(list)), inv.options.output);
+  return kExitOk;
+}
+
+int GetWorkers(const Invocation& inv, Client& client) {
+  const std::vector<std::string>& pos = inv.args.positional();
+  v1::ListWorkersResponse response;
+  grpc::Status status =
+      client.jobs().ListWorkers(client.UnaryContext().get(), v1::ListWorkersRequest(), &response);
+  if (!status.ok()) return client.Fail(status);
+  std::vector<const v1::Worker*> workers;
+  for (const v1::Worker& w : response.workers()) {
+    if (pos.size() < 2 || w.id() == pos[1] || w.node() == pos[1]) workers.push_back(&w);
+  }
+  if (pos.size() == 2 && workers.empty()) {
+    std::cerr << "error: worker " << pos[1] << " not found\n";
+    return kExitNotFound;
+  }
+  if (inv.options.output == OutputFormat::kText) {
+    if (workers.empty()) {
+      std::cerr << "No workers.\n";
+    } else {
+      PrintWorkerTable(workers);
+    }
+    return kExitOk;
+  }
+  if (pos.size() == 2) {
+    PrintStructured(WorkerView(*workers[0]), inv.options.output);
+    return kExitOk;
+  }
+  Value list = Value::Array();
+  for (const v1::Worker* w : workers) list.Push(WorkerView(*w));
+  PrintStructured(Value::Object().Set("workers", std::move(list)), inv.options.output);
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunGet(const Invocation& inv) {
+  const std::vector<std::string>& pos = inv.args.positional();
+  if (pos.empty()) return UsageError("get needs a resource: jobs, job ID, workers");
+  if (pos.size() > 2) return UsageError(absl::StrCat("get: unexpected argument '", pos[2], "'"));
+  const std::string& resource = pos[0];
+  Client client(inv.options);
+  if (resource == "jobs" || resource == "job") {
+    if (resource == "job" && pos.size() < 2) return UsageError("get job needs a job ID");
+    return GetJobs(inv, client);
+  }
+  if (resource == "workers" || resource == "worker") return GetWorkers(inv, client);
+  return UsageError(absl::StrCat("get: unknown resource '", resource, "' (jobs, job ID, workers)"));
+}
+
+}  // namespace dropless::cli

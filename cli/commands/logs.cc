@@ -1,0 +1,56 @@
+// dropless logs ID [--rank R] [-f]: the output of a job's rank processes, as forwarded by the
+// workers. Without --rank every line carries "[rank R]"; -f follows until the job ends;
+// -o json prints one object per line: {"job_id","attempt","rank","time","text"}.
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "cli/client.h"
+#include "cli/commands/commands.h"
+#include "cli/exit_codes.h"
+#include "cli/output/views.h"
+
+namespace dropless::cli {
+
+int RunLogs(const Invocation& inv) {
+  std::vector<std::string> pos = inv.args.positional();
+  if (pos.size() == 2 && (pos[0] == "job" || pos[0] == "jobs")) pos.erase(pos.begin());
+  if (pos.size() != 1) return UsageError("usage: dropless logs ID [--rank R] [-f]");
+  v1::GetLogsRequest request;
+  request.set_job_id(pos[0]);
+  request.set_follow(inv.args.Has("follow"));
+  const bool one_rank = inv.args.Has("rank");
+  if (one_rank) {
+    int32_t rank = 0;
+    if (!absl::SimpleAtoi(inv.args.Get("rank"), &rank) || rank < 0) {
+      return UsageError(absl::StrCat("--rank: not a rank number: '", inv.args.Get("rank"), "'"));
+    }
+    request.set_rank(rank);
+  }
+  Client client(inv.options);
+  std::unique_ptr<grpc::ClientContext> context =
+      request.follow() ? client.StreamContext() : client.UnaryContext();
+  std::unique_ptr<grpc::ClientReader<v1::LogLine>> reader =
+      client.jobs().GetLogs(context.get(), request);
+  v1::LogLine line;
+  while (reader->Read(&line)) {
+    if (inv.options.output != OutputFormat::kText) {
+      Value v = Value::Object();
+      v.Set("job_id", Value::String(line.job_id()))
+          .Set("attempt", Value::Int(line.attempt()))
+          .Set("rank", Value::Int(line.rank()))
+          .Set("time", TimeValue(line.time_ms()))
+          .Set("text", Value::String(line.text()));
+      PrintStructured(v, inv.options.output);
+      continue;
+    }
+    if (!one_rank) std::cout << "[rank " << line.rank() << "] ";
+    std::cout << line.text();
+    if (line.text().empty() || line.text().back() != '\n') std::cout << "\n";
+    std::cout.flush();
+  }
+  grpc::Status status = reader->Finish();
+  return status.ok() ? kExitOk : client.Fail(status);
+}
+
+}  // namespace dropless::cli

@@ -1,0 +1,47 @@
+#include <iostream>
+
+#include "cli/commands/commands.h"
+#include "cli/exit_codes.h"
+
+namespace dropless::cli {
+
+const std::vector<Command>& AllCommands() {
+  static const std::vector<Command>* commands = new std::vector<Command>{
+      {"submit", "submit -f FILE [--name NAME] [--priority N]",
+       "validate a job spec (YAML) locally, submit it, print the job id",
+       {{{"-f", "--filename"}, true, "FILE", "job spec YAML; - reads stdin"},
+        {{"--name"}, true, "NAME", "override the spec's name"},
+        {{"--priority"}, true, "N", "override the spec's priority (higher runs first)"}},
+       RunSubmit},
+      {"get", "get jobs [ID] | get job ID | get workers [ID]",
+       "list jobs or workers, or show one (table; -o json|yaml)", {}, RunGet},
+      {"describe", "describe job ID",
+       "spec summary, progress, placement and events of a job", {}, RunDescribe},
+      {"watch", "watch ID",
+       "follow a job to its end: progress bar on a terminal, lines otherwise, -o json per update",
+       {}, RunWatch},
+      {"logs", "logs ID [--rank R] [-f]", "print the output of a job's ranks",
+       {{{"--rank"}, true, "R", "only this rank"},
+        {{"-f", "--follow"}, false, "", "keep printing until the job ends"}},
+       RunLogs},
+      {"cancel", "cancel ID [--reason TEXT]", "cancel a job",
+       {{{"--reason"}, true, "TEXT", "recorded in the job's events"}}, RunCancel},
+  };
+  return *commands;
+}
+
+int UsageError(const std::string& message) {
+  std::cerr << "error: " << message << "\nRun 'dropless --help' for usage.\n";
+  return kExitUsage;
+}
+
+void PrintStructured(const Value& value, OutputFormat format) {
+  if (format == OutputFormat::kYaml) {
+    std::cout << "---\n" << ToYaml(value);
+  } else {
+    std::cout << ToJson(value) << "\n";
+  }
+  std::cout.flush();
+}
+
+}  // namespace dropless::cli

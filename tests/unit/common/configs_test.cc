@@ -1,0 +1,74 @@
+// Every shipped job config in configs/jobs/ parses, validates and round-trips.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "common/job_spec.h"
+#include "gtest/gtest.h"
+
+namespace dropless {
+namespace {
+
+std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(ShippedConfigsTest, EveryConfigParsesAndRoundTrips) {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(DROPLESS_JOB_CONFIGS_DIR)) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++count;
+    SCOPED_TRACE(entry.path().string());
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(ReadFile(entry.path()));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->name, entry.path().stem().string()) << "file name and job name differ";
+    absl::StatusOr<JobSpec> back = ParseJobSpec(JobSpecToYaml(*spec));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(JobSpecToYaml(*back), JobSpecToYaml(*spec));
+  }
+  EXPECT_GE(count, 4);
+}
+
+absl::StatusOr<JobSpec> Load(const std::string& name) {
+  return ParseJobSpec(ReadFile(std::filesystem::path(DROPLESS_JOB_CONFIGS_DIR) / (name + ".yaml")));
+}
+
+TEST(ShippedConfigsTest, ModelShapesAreTheNamedModels) {
+  absl::StatusOr<JobSpec> tiny = Load("tiny-cpu");
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  EXPECT_EQ(tiny->resources.backend, Backend::kCpu);
+  EXPECT_EQ(tiny->world_size(), 2);
+
+  absl::StatusOr<JobSpec> dsv3 = Load("dsv3-layer");
+  ASSERT_TRUE(dsv3.ok()) << dsv3.status();
+  EXPECT_EQ(dsv3->model.hidden, 7168);
+  EXPECT_EQ(dsv3->model.ffn, 2048);
+  EXPECT_EQ(dsv3->model.experts, 256);
+  EXPECT_EQ(dsv3->model.topk, 8);
+  EXPECT_EQ(dsv3->model.router, RouterKind::kSigmoid);
+  EXPECT_EQ(dsv3->model.shared_experts, 1);
+  EXPECT_EQ(dsv3->precision, Precision::kMxfp8);
+  EXPECT_EQ(dsv3->resources.backend, Backend::kCuda);
+
+  absl::StatusOr<JobSpec> qwen = Load("qwen3-30b-a3b-layer");
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_EQ(qwen->model.hidden, 2048);
+  EXPECT_EQ(qwen->model.ffn, 768);
+  EXPECT_EQ(qwen->model.experts, 128);
+  EXPECT_EQ(qwen->model.topk, 8);
+
+  absl::StatusOr<JobSpec> mixtral = Load("mixtral-8x7b-layer");
+  ASSERT_TRUE(mixtral.ok()) << mixtral.status();
+  EXPECT_EQ(mixtral->model.hidden, 4096);
+  EXPECT_EQ(mixtral->model.ffn, 14336);
+  EXPECT_EQ(mixtral->model.experts, 8);
+  EXPECT_EQ(mixtral->model.topk, 2);
+  EXPECT_EQ(mixtral->precision, Precision::kBf16);
+}
+
+}  // namespace
+}  // namespace dropless

@@ -1,0 +1,123 @@
+// JobSpecToYaml is canonical: parsing it gives back exactly the spec (doubles bit for bit).
+#include <random>
+#include <string>
+
+#include "common/job_spec.h"
+#include "gtest/gtest.h"
+
+namespace dropless {
+namespace {
+
+void ExpectSameSpec(const JobSpec& a, const JobSpec& b) {
+  EXPECT_EQ(a.name, b.name);
+  EXPECT_EQ(a.priority, b.priority);
+  EXPECT_EQ(a.max_attempts, b.max_attempts);
+  EXPECT_EQ(a.model.hidden, b.model.hidden);
+  EXPECT_EQ(a.model.ffn, b.model.ffn);
+  EXPECT_EQ(a.model.experts, b.model.experts);
+  EXPECT_EQ(a.model.topk, b.model.topk);
+  EXPECT_EQ(a.model.shared_experts, b.model.shared_experts);
+  EXPECT_EQ(a.model.layers, b.model.layers);
+  EXPECT_EQ(a.model.router, b.model.router);
+  EXPECT_EQ(a.model.renormalize, b.model.renormalize);
+  EXPECT_EQ(a.model.activation, b.model.activation);
+  EXPECT_EQ(a.model.aux_loss_coeff, b.model.aux_loss_coeff);
+  EXPECT_EQ(a.parallel.ep, b.parallel.ep);
+  EXPECT_EQ(a.parallel.dp, b.parallel.dp);
+  EXPECT_EQ(a.precision, b.precision);
+  EXPECT_EQ(a.tokens_per_rank, b.tokens_per_rank);
+  EXPECT_EQ(a.steps, b.steps);
+  EXPECT_EQ(a.optimizer.name, b.optimizer.name);
+  EXPECT_EQ(a.optimizer.lr, b.optimizer.lr);
+  EXPECT_EQ(a.optimizer.beta1, b.optimizer.beta1);
+  EXPECT_EQ(a.optimizer.beta2, b.optimizer.beta2);
+  EXPECT_EQ(a.optimizer.eps, b.optimizer.eps);
+  EXPECT_EQ(a.optimizer.weight_decay, b.optimizer.weight_decay);
+  EXPECT_EQ(a.optimizer.warmup_steps, b.optimizer.warmup_steps);
+  EXPECT_EQ(a.dispatcher, b.dispatcher);
+  EXPECT_EQ(a.overlap, b.overlap);
+  EXPECT_EQ(a.activation_offload, b.activation_offload);
+  EXPECT_EQ(a.checkpoint.dir, b.checkpoint.dir);
+  EXPECT_EQ(a.checkpoint.every, b.checkpoint.every);
+  EXPECT_EQ(a.data.distribution, b.data.distribution);
+  EXPECT_EQ(a.data.zipf_exponent, b.data.zipf_exponent);
+  EXPECT_EQ(a.data.seed, b.data.seed);
+  EXPECT_EQ(a.resources.backend, b.resources.backend);
+}
+
+// A valid spec with every field drawn at random, doubles with full 53-bit mantissas.
+JobSpec RandomSpec(std::mt19937_64& rng) {
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  auto real = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
+  JobSpec s;
+  s.name = "job-" + std::to_string(pick(0, 1'000'000));
+  s.priority = static_cast<int32_t>(pick(-1000, 1000));
+  s.max_attempts = static_cast<int32_t>(pick(1, 100));
+  s.resources.backend = pick(0, 1) ? Backend::kCuda : Backend::kCpu;
+  s.precision = pick(0, 1) ? Precision::kMxfp8 : Precision::kBf16;
+  s.model.hidden = 32 * pick(1, 64);
+  s.model.ffn = 32 * pick(1, 64);
+  s.parallel.ep = int64_t{1} << pick(0, 3);
+  s.parallel.dp = pick(1, 4);
+  s.model.experts = s.parallel.ep * pick(1, 16);
+  s.model.topk = pick(1, std::min<int64_t>(16, s.model.experts));
+  s.model.shared_experts = pick(0, 2);
+  s.model.layers = pick(1, 4);
+  s.model.router = pick(0, 1) ? RouterKind::kSigmoid : RouterKind::kSoftmax;
+  s.model.renormalize = pick(0, 1);
+  s.model.aux_loss_coeff = real(0, 0.1);
+  s.tokens_per_rank = pick(1, 4096);
+  s.steps = pick(1, 100000);
+  s.optimizer.lr = real(1e-6, 1e-1);
+  s.optimizer.beta1 = real(0, 0.999);
+  s.optimizer.beta2 = real(0, 0.9999);
+  s.optimizer.eps = real(1e-12, 1e-6);
+  s.optimizer.weight_decay = real(0, 0.5);
+  s.optimizer.warmup_steps = pick(0, 1000);
+  s.dispatcher = s.resources.backend == Backend::kCuda
+                     ? static_cast<Dispatcher>(pick(0, 4))
+                     : static_cast<Dispatcher>(pick(0, 1));
+  s.overlap = pick(0, 1);
+  s.activation_offload = pick(0, 1);
+  if (pick(0, 1)) {
+    s.checkpoint.dir = "/tmp/ckpt dir/\"quoted\" \\ back/" + std::to_string(pick(0, 99));
+    s.checkpoint.every = pick(0, 500);
+  }
+  s.data.distribution = pick(0, 1) ? RoutingDistribution::kZipf : RoutingDistribution::kUniform;
+  s.data.zipf_exponent = real(0.01, 3);
+  s.data.seed = std::uniform_int_distribution<uint64_t>()(rng);
+  return s;
+}
+
+TEST(JobSpecRoundTripTest, RandomSpecsRoundTripExactly) {
+  std::mt19937_64 rng(std::random_device{}());
+  for (int i = 0; i < 500; ++i) {
+    const JobSpec spec = RandomSpec(rng);
+    const std::string yaml = JobSpecToYaml(spec);
+    absl::StatusOr<JobSpec> back = ParseJobSpec(yaml);
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << yaml;
+    ExpectSameSpec(spec, *back);
+    EXPECT_EQ(JobSpecToYaml(*back), yaml);
+  }
+}
+
+TEST(JobSpecRoundTripTest, AwkwardNumbersRoundTrip) {
+  JobSpec s;
+  s.name = "n";
+  s.model = {64, 128, 8, 2};
+  s.tokens_per_rank = 1;
+  s.steps = 1;
+  for (double lr : {1e-8, 0.1, 1.0 / 3.0, 2.2e-4, 5e-324 * 1e300, 10.0}) {
+    s.optimizer.lr = lr;
+    s.data.seed = UINT64_MAX;
+    absl::StatusOr<JobSpec> back = ParseJobSpec(JobSpecToYaml(s));
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << JobSpecToYaml(s);
+    EXPECT_EQ(back->optimizer.lr, lr);
+    EXPECT_EQ(back->data.seed, UINT64_MAX);
+  }
+}
+
+}  // namespace
+}  // namespace dropless
