@@ -45,6 +45,19 @@ std::unique_ptr<KeyValueStore> NewMemoryKvStore();
 std::unique_ptr<KeyValueStore> NewRendezvousKvStore(const std::string& coordinator_address,
                                                     const std::string& job_id, int attempt);
 
+// How the RendezvousService client rides out a coordinator restart: calls that fail with
+// UNAVAILABLE (or hit their own deadline) are retried with exponential backoff. Put and Get give up
+// with Unavailable after `retry_budget`; Wait retries within its own timeout.
+struct RendezvousClientOptions {
+  absl::Duration rpc_timeout = absl::Seconds(10);  // deadline of one Put/Get call
+  absl::Duration retry_budget = absl::Minutes(2);
+  absl::Duration initial_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(2);
+};
+std::unique_ptr<KeyValueStore> NewRendezvousKvStore(const std::string& coordinator_address,
+                                                    const std::string& job_id, int attempt,
+                                                    const RendezvousClientOptions& options);
+
 }  // namespace dropless
 
 #endif  // DROPLESS_WORKER_TRANSPORT_TRANSPORT_FACTORY_H_
