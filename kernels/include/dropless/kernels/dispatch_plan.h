@@ -38,6 +38,10 @@ struct DispatchPlan {
   int32_t* choice_of_slot = nullptr;  // [T * k]
 };
 
+// The CUDA kernels rank the choices in chunks of this many per block; the workspace holds one
+// int32 per (chunk, expert).
+inline constexpr int64_t kDispatchPlanChunk = 4096;
+
 size_t DispatchPlanWorkspaceBytes(const DispatchPlanShape& shape);
 
 namespace cpu {

@@ -34,8 +34,9 @@
 //                                     data[c * P + padded_offsets[g] + (r - offsets[g])]
 //       scales [cols][P / 32]         E8M0, scale of data[c][32*j .. 32*j+31] at scales[c * P/32 + j]
 //       group_offsets [G + 1]         int32, the padded_offsets above (written by the kernel)
-//     Padding rows (past a group's count, up to its padded end) are written as +0 (0x00); they
-//     take no part in their block's amax, so a group's GEMM may run over its whole padded range.
+//     Padding rows (past a group's count, up to its padded end) are written as +0 (0x00; 0x7F in a
+//     block whose scale is NaN); they take no part in their block's amax, so a group's GEMM may
+//     run over its whole padded range.
 //     Columns [padded_offsets[G], P) are left untouched.
 //
 // Group offsets (input): int32 [G + 1], offsets[0] = 0, non-decreasing, offsets[G] <= rows; they

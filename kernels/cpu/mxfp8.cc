@@ -1,0 +1,145 @@
+// CPU reference of MXFP8 quantization and dequantization (layouts in mxfp8.h).
+#include "dropless/kernels/mxfp8.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace dropless::kernels {
+
+void QuantizeMxBlock(const Bf16* v, int64_t stride, uint8_t* out, int64_t out_stride,
+                     uint8_t* scale) {
+  uint16_t amax = 0;
+  for (int i = 0; i < kMxBlock; ++i) {
+    amax = std::max<uint16_t>(amax, v[i * stride].bits & 0x7fffu);
+  }
+  const uint8_t b = E8M0ScaleForAmax(Bf16{amax});
+  *scale = b;
+  if (b == kE8M0Nan) {
+    for (int i = 0; i < kMxBlock; ++i) out[i * out_stride] = kE4M3Nan;
+    return;
+  }
+  // 1 / X = 2^(127 - b), a normal float for every b in [0, 246]; the product is exact.
+  const float inverse_scale = std::ldexp(1.0f, 127 - static_cast<int>(b));
+  for (int i = 0; i < kMxBlock; ++i) {
+    out[i * out_stride] = FloatToE4M3(Bf16ToFloat(v[i * stride]) * inverse_scale);
+  }
+}
+
+namespace cpu {
+namespace {
+
+absl::Status CheckGroupOffsets(const MxQuantizeShape& shape, const int32_t* offsets) {
+  if (offsets == nullptr) return absl::OkStatus();
+  if (offsets[0] != 0) return absl::InvalidArgumentError("group_offsets[0] must be 0");
+  for (int g = 0; g < shape.num_groups; ++g) {
+    if (offsets[g + 1] < offsets[g]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("group_offsets must be non-decreasing (at group ", g, ")"));
+    }
+  }
+  if (offsets[shape.num_groups] > shape.rows) {
+    return absl::InvalidArgumentError(absl::StrCat("group_offsets[num_groups] = ",
+                                                   offsets[shape.num_groups],
+                                                   " exceeds rows = ", shape.rows));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
+                           const int32_t* group_offsets, const MxRowwise* rowwise,
+                           const MxColwise* colwise) {
+  if (absl::Status s = ValidateMxQuantize(shape, x, rowwise, colwise); !s.ok()) return s;
+  if (group_offsets == nullptr && shape.num_groups != 1) {
+    return absl::InvalidArgumentError("num_groups: must be 1 when group_offsets is null");
+  }
+  if (absl::Status s = CheckGroupOffsets(shape, group_offsets); !s.ok()) return s;
+  const int num_groups = shape.num_groups;
+  std::vector<int32_t> offsets(num_groups + 1);
+  if (group_offsets == nullptr) {
+    offsets = {0, static_cast<int32_t>(shape.rows)};
+  } else {
+    offsets.assign(group_offsets, group_offsets + num_groups + 1);
+  }
+  const int64_t cols = shape.cols;
+  const int64_t blocks_per_row = cols / kMxBlock;
+
+  if (rowwise != nullptr) {
+    for (int64_t r = 0; r < offsets[num_groups]; ++r) {
+      for (int64_t j = 0; j < blocks_per_row; ++j) {
+        QuantizeMxBlock(x + r * cols + j * kMxBlock, 1, rowwise->data + r * cols + j * kMxBlock, 1,
+                        rowwise->scales + r * blocks_per_row + j);
+      }
+    }
+  }
+  if (colwise != nullptr) {
+    const int64_t padded = colwise->padded_rows;
+    int32_t padded_offset = 0;
+    Bf16 block[kMxBlock];
+    for (int g = 0; g < num_groups; ++g) {
+      colwise->group_offsets[g] = padded_offset;
+      const int64_t count = offsets[g + 1] - offsets[g];
+      const int64_t padded_count = (count + kMxBlock - 1) / kMxBlock * kMxBlock;
+      for (int64_t c = 0; c < cols; ++c) {
+        for (int64_t b = 0; b < padded_count; b += kMxBlock) {
+          for (int i = 0; i < kMxBlock; ++i) {
+            const int64_t local = b + i;
+            block[i] = local < count ? x[(offsets[g] + local) * cols + c] : Bf16{0};
+          }
+          const int64_t out_row = padded_offset + b;
+          QuantizeMxBlock(block, 1, colwise->data + c * padded + out_row, 1,
+                          colwise->scales + c * (padded / kMxBlock) + out_row / kMxBlock);
+        }
+      }
+      padded_offset += static_cast<int32_t>(padded_count);
+    }
+    colwise->group_offsets[num_groups] = padded_offset;
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+template <typename Out>
+absl::Status Dequantize(int64_t rows, int64_t cols, const int32_t* num_rows, const uint8_t* data,
+                        const uint8_t* scales, Out* out) {
+  if (rows < 0) return absl::InvalidArgumentError("rows: must be >= 0");
+  if (cols <= 0 || cols % kMxBlock != 0) {
+    return absl::InvalidArgumentError("cols: must be a positive multiple of 32");
+  }
+  if ((data == nullptr || scales == nullptr || out == nullptr) && rows > 0) {
+    return absl::InvalidArgumentError("data, scales and out must be set");
+  }
+  const int64_t live = num_rows == nullptr ? rows : std::min<int64_t>(rows, std::max(0, *num_rows));
+  for (int64_t r = 0; r < live; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = MxElementValue(data[r * cols + c], scales[r * (cols / kMxBlock) + c / kMxBlock]);
+      if constexpr (std::is_same_v<Out, float>) {
+        out[r * cols + c] = v;
+      } else {
+        out[r * cols + c] = FloatToBf16(v);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* num_rows,
+                                    const uint8_t* data, const uint8_t* scales, float* out) {
+  return Dequantize(rows, cols, num_rows, data, scales, out);
+}
+
+absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* num_rows,
+                                    const uint8_t* data, const uint8_t* scales, Bf16* out) {
+  return Dequantize(rows, cols, num_rows, data, scales, out);
+}
+
+}  // namespace cpu
+}  // namespace dropless::kernels

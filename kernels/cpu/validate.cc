@@ -1,0 +1,130 @@
+// Argument checks shared by the CPU references and the CUDA launchers: one error naming the field.
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "dropless/kernels/dispatch_plan.h"
+#include "dropless/kernels/mxfp8.h"
+#include "dropless/kernels/permute.h"
+#include "dropless/kernels/router_gemm.h"
+#include "dropless/kernels/routing.h"
+#include "dropless/kernels/swiglu.h"
+
+namespace dropless::kernels {
+namespace {
+
+absl::Status Invalid(const std::string& field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+absl::Status CheckTopK(int num_experts, int top_k, const char* experts_field,
+                       const char* top_k_field) {
+  if (num_experts < 1 || num_experts > kMaxRoutingExperts) {
+    return Invalid(experts_field, absl::StrCat("must be in [1, ", kMaxRoutingExperts, "], got ",
+                                               num_experts));
+  }
+  if (top_k < 1 || top_k > kMaxRoutingTopK || top_k > num_experts) {
+    return Invalid(top_k_field, absl::StrCat("must be in [1, min(num_experts, ", kMaxRoutingTopK,
+                                             ")], got ", top_k));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateRoutingShape(const RoutingShape& shape) {
+  if (shape.num_tokens < 0) return Invalid("num_tokens", "must be >= 0");
+  if (shape.num_tokens * static_cast<int64_t>(shape.top_k) > INT32_MAX) {
+    return Invalid("num_tokens", "num_tokens * top_k must fit in int32");
+  }
+  return CheckTopK(shape.num_experts, shape.top_k, "num_experts", "top_k");
+}
+
+absl::Status ValidateDispatchPlanShape(const DispatchPlanShape& shape) {
+  if (shape.num_tokens < 0) return Invalid("num_tokens", "must be >= 0");
+  if (shape.num_tokens * static_cast<int64_t>(shape.top_k) > INT32_MAX) {
+    return Invalid("num_tokens", "num_tokens * top_k must fit in int32");
+  }
+  return CheckTopK(shape.num_experts, shape.top_k, "num_experts", "top_k");
+}
+
+size_t DispatchPlanWorkspaceBytes(const DispatchPlanShape& shape) {
+  const int64_t choices = shape.num_tokens * shape.top_k;
+  const int64_t chunks = (choices + kDispatchPlanChunk - 1) / kDispatchPlanChunk;
+  return static_cast<size_t>((chunks < 1 ? 1 : chunks) * (shape.num_experts < 1 ? 1 : shape.num_experts)) *
+         sizeof(int32_t);
+}
+
+absl::Status ValidatePermuteShape(const PermuteShape& shape, bool mxfp8) {
+  if (shape.num_tokens < 0) return Invalid("num_tokens", "must be >= 0");
+  if (shape.top_k < 1 || shape.top_k > kMaxRoutingTopK) {
+    return Invalid("top_k", absl::StrCat("must be in [1, ", kMaxRoutingTopK, "], got ",
+                                         shape.top_k));
+  }
+  const int64_t multiple = mxfp8 ? kMxBlock : 8;
+  if (shape.hidden <= 0 || shape.hidden % multiple != 0) {
+    return Invalid("hidden", absl::StrCat("must be a positive multiple of ", multiple, ", got ",
+                                          shape.hidden));
+  }
+  if (shape.num_tokens * static_cast<int64_t>(shape.top_k) > INT32_MAX) {
+    return Invalid("num_tokens", "num_tokens * top_k must fit in int32");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSwigluShape(const SwigluShape& shape, bool mxfp8) {
+  if (shape.rows < 0) return Invalid("rows", "must be >= 0");
+  const int64_t multiple = mxfp8 ? kMxBlock : 8;
+  if (shape.ffn <= 0 || shape.ffn % multiple != 0) {
+    return Invalid("ffn", absl::StrCat("must be a positive multiple of ", multiple, ", got ",
+                                       shape.ffn));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMxQuantize(const MxQuantizeShape& shape, const Bf16* x,
+                                const MxRowwise* rowwise, const MxColwise* colwise) {
+  if (shape.rows < 0) return Invalid("rows", "must be >= 0");
+  if (shape.rows > INT32_MAX) return Invalid("rows", "must fit in int32");
+  if (shape.cols <= 0 || shape.cols % kMxBlock != 0) {
+    return Invalid("cols", absl::StrCat("must be a positive multiple of 32, got ", shape.cols));
+  }
+  if (shape.num_groups < 1) return Invalid("num_groups", "must be >= 1");
+  if (x == nullptr && shape.rows > 0) return Invalid("x", "is null");
+  if (rowwise == nullptr && colwise == nullptr) {
+    return Invalid("rowwise", "and colwise are both null: nothing to produce");
+  }
+  if (rowwise != nullptr && (rowwise->data == nullptr || rowwise->scales == nullptr)) {
+    return Invalid("rowwise", "data and scales must be set");
+  }
+  if (colwise != nullptr) {
+    if (colwise->data == nullptr || colwise->scales == nullptr ||
+        colwise->group_offsets == nullptr) {
+      return Invalid("colwise", "data, scales and group_offsets must be set");
+    }
+    const int64_t needed = ColwisePaddedRows(shape.rows, shape.num_groups);
+    if (colwise->padded_rows < needed || colwise->padded_rows % kMxBlock != 0) {
+      return Invalid("colwise.padded_rows",
+                     absl::StrCat("must be a multiple of 32 and >= ", needed, ", got ",
+                                  colwise->padded_rows));
+    }
+    if (colwise->padded_rows > INT32_MAX) return Invalid("colwise.padded_rows", "must fit in int32");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRouterGemmShape(const RouterGemmShape& shape, int64_t num_tokens) {
+  if (shape.max_tokens < 0) return Invalid("max_tokens", "must be >= 0");
+  if (shape.hidden <= 0 || shape.hidden % 8 != 0) {
+    return Invalid("hidden", absl::StrCat("must be a positive multiple of 8, got ", shape.hidden));
+  }
+  if (shape.num_experts <= 0 || shape.num_experts % 8 != 0) {
+    return Invalid("num_experts",
+                   absl::StrCat("must be a positive multiple of 8, got ", shape.num_experts));
+  }
+  if (num_tokens < 0 || num_tokens > shape.max_tokens) {
+    return Invalid("num_tokens", absl::StrCat("must be in [0, max_tokens = ", shape.max_tokens,
+                                              "], got ", num_tokens));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dropless::kernels

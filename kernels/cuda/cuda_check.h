@@ -1,0 +1,26 @@
+// CUDA and cuBLASLt return codes as absl::Status, and the launch check every launcher ends with.
+#ifndef DROPLESS_KERNELS_CUDA_CUDA_CHECK_H_
+#define DROPLESS_KERNELS_CUDA_CUDA_CHECK_H_
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+
+namespace dropless::kernels::cuda {
+
+absl::Status CudaStatus(cudaError_t error, const char* what);
+absl::Status CublasStatus(cublasStatus_t status, const char* what);
+
+// After a launch: the launch error (bad configuration, no kernel image for the device).
+absl::Status LaunchStatus(const char* kernel);
+
+}  // namespace dropless::kernels::cuda
+
+#define DROPLESS_CUDA_RETURN_IF_ERROR(expr)                                          \
+  do {                                                                               \
+    if (absl::Status _s = ::dropless::kernels::cuda::CudaStatus((expr), #expr); !_s.ok()) \
+      return _s;                                                                     \
+  } while (0)
+
+#endif  // DROPLESS_KERNELS_CUDA_CUDA_CHECK_H_
