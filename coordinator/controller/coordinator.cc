@@ -1,0 +1,358 @@
+// Coordinator: start-up and reconciliation, the ticker, and the user-facing job API.
+#include "coordinator/controller/coordinator.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "common/job_spec.h"
+#include "coordinator/util/clock.h"
+#include "coordinator/util/log.h"
+
+namespace dropless::coordinator {
+namespace {
+
+constexpr int kDefaultEventLimit = 1000;
+constexpr int kMaxEventLimit = 100000;
+constexpr size_t kLogMailboxCapacity = 65536;
+constexpr size_t kMaxJobNameBytes = 253;
+
+absl::Status RequireId(const std::string& id, absl::string_view field) {
+  if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": must not be empty"));
+  if (id.size() > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": longer than 256 bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(std::unique_ptr<JobStore> store,
+                                                                 CoordinatorOptions options,
+                                                                 CoordinatorMetrics* metrics) {
+  if (options.heartbeat_interval_ms <= 0) {
+    return absl::InvalidArgumentError("heartbeat_interval_ms: must be positive");
+  }
+  if (options.lease_timeout_ms <= options.heartbeat_interval_ms) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "lease_timeout_ms: must be larger than heartbeat_interval_ms (got %d <= %d)",
+        options.lease_timeout_ms, options.heartbeat_interval_ms));
+  }
+  std::unique_ptr<Coordinator> coordinator(
+      new Coordinator(std::move(store), options, metrics));
+  if (absl::Status s = coordinator->Load(); !s.ok()) return s;
+  return coordinator;
+}
+
+Coordinator::~Coordinator() { Shutdown(); }
+
+absl::Status Coordinator::Load() {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<ActiveState> active = store_->LoadActive();
+  if (!active.ok()) return active.status();
+  const int64_t now = NowMs();
+  StoreWrite write;
+
+  // Workers are LOST until they say Hello on a new session; their lease runs from now.
+  for (v1::Worker& worker : active->workers) {
+    int number = 0;
+    absl::string_view id = worker.id();
+    if (absl::ConsumePrefix(&id, "worker-") && absl::SimpleAtoi(id, &number)) {
+      next_worker_number_ = std::max(next_worker_number_, number + 1);
+    }
+    if (worker.state() != v1::WORKER_STATE_LOST) {
+      worker.set_state(v1::WORKER_STATE_LOST);
+      write.workers.push_back(worker);
+    }
+    WorkerEntry& entry = workers_[worker.id()];
+    entry.info = worker;
+    entry.last_message_ms = now;
+    worker_by_node_[worker.node()] = worker.id();
+  }
+
+  for (JobRecord& record : active->jobs) {
+    ActiveJob& job = jobs_[record.job.id()];
+    job.record = std::move(record);
+    absl::StatusOr<std::vector<v1::StepMetrics>> latest =
+        store_->LatestStepMetrics(job.record.job.id());
+    if (!latest.ok()) return latest.status();
+    if (!latest->empty()) *job.record.job.mutable_latest() = latest->front();
+  }
+  for (AttemptRecord& attempt : active->attempts) {
+    auto it = jobs_.find(attempt.job_id);
+    if (it == jobs_.end()) continue;
+    ActiveJob& job = it->second;
+    for (const RankRecord& rank : attempt.ranks) {
+      v1::RankPlacement* p = job.record.job.add_placement();
+      p->set_rank(rank.rank);
+      p->set_worker_id(rank.worker_id);
+      p->set_node(rank.node);
+      p->set_slot(rank.slot);
+      auto worker = workers_.find(rank.worker_id);
+      bool ended = rank.state == v1::RANK_STATE_SUCCEEDED || rank.state == v1::RANK_STATE_FAILED ||
+                   rank.state == v1::RANK_STATE_KILLED;
+      if (worker != workers_.end() && !ended) {
+        worker->second.occupied[rank.slot] = RankKey{attempt.job_id, attempt.attempt, rank.rank};
+      }
+    }
+    rendezvous_.Open(attempt.job_id, attempt.attempt);
+    job.attempt = std::move(attempt);
+  }
+  int attempts = 0;
+  for (const auto& [id, job] : jobs_) attempts += job.attempt.has_value() ? 1 : 0;
+  AddEvent(write, "", 0, "CoordinatorStarted",
+           absl::StrFormat("reloaded %d unfinished jobs (%d with a running attempt) and %d workers",
+                           jobs_.size(), attempts, workers_.size()));
+  write.durable = false;
+  if (absl::Status s = store_->Commit(write); !s.ok()) return s;
+  LogInfo(absl::StrFormat("job store loaded: %d unfinished jobs, %d active attempts, %d workers",
+                          jobs_.size(), attempts, workers_.size()));
+  RefreshGaugesLocked();
+  return absl::OkStatus();
+}
+
+void Coordinator::Start() {
+  ticker_ = std::thread([this] { TickLoop(); });
+}
+
+void Coordinator::TickLoop() {
+  while (!stop_.WaitForNotificationWithTimeout(options_.tick)) {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) break;
+    ExpireLeasesLocked(NowMs());
+    ScheduleLocked();
+    RetireFinishedJobsLocked();
+    RefreshGaugesLocked();
+  }
+}
+
+void Coordinator::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!shutting_down_) {
+      shutting_down_ = true;
+      for (auto& [session, entry] : sessions_) session->Close();
+      for (auto& [id, job] : jobs_) {
+        for (auto& watcher : job.watchers) watcher->Close();
+        for (auto& [rank, follower] : job.log_followers) follower->Close();
+      }
+    }
+  }
+  rendezvous_.Shutdown();
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (ticker_.joinable()) ticker_.join();
+}
+
+absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
+  if (request.spec_yaml().empty()) {
+    return absl::InvalidArgumentError("spec_yaml: must not be empty");
+  }
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(request.spec_yaml());
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid job spec: ", spec.status().message()));
+  }
+  if (!request.name().empty()) {
+    if (request.name().size() > kMaxJobNameBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("name: longer than ", kMaxJobNameBytes, " bytes"));
+    }
+    for (char c : request.name()) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+        return absl::InvalidArgumentError("name: must not contain control characters");
+      }
+    }
+    spec->name = request.name();
+  }
+  if (request.priority() != 0) spec->priority = request.priority();
+  if (spec->world_size() > (1 << 20)) {
+    return absl::InvalidArgumentError("parallel: ep * dp must be at most 1048576 ranks");
+  }
+
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("coordinator is shutting down");
+  const int64_t now = NowMs();
+  ActiveJob job;
+  JobRecord& record = job.record;
+  v1::Job& j = record.job;
+  j.set_id(store_->NextJobId(&record.seq));
+  j.set_name(spec->name.empty() ? j.id() : spec->name);
+  j.set_priority(spec->priority);
+  j.set_state(v1::JOB_STATE_PENDING);
+  j.set_spec_yaml(JobSpecToYaml(*spec));
+  j.set_world_size(static_cast<int32_t>(spec->world_size()));
+  j.set_steps(spec->steps);
+  j.set_backend(std::string(ToString(spec->resources.backend)));
+  j.set_create_time_ms(now);
+  record.max_attempts = std::max(1, spec->max_attempts);
+  record.queued_time_ms = now;
+
+  const std::string id = j.id();
+  StoreWrite write;
+  AddEvent(write, id, 0, "Submitted",
+           absl::StrFormat("accepted: %d ranks (ep %d x dp %d) on %s, %d steps, priority %d, "
+                           "up to %d attempts",
+                           j.world_size(), spec->parallel.ep, spec->parallel.dp, j.backend(),
+                           j.steps(), j.priority(), record.max_attempts));
+  ActiveJob& stored = jobs_[id] = std::move(job);
+  MarkDirty(stored);
+  if (absl::Status s = CommitLocked(write); !s.ok()) {
+    jobs_.erase(id);  // the transaction rolled back: the job was never accepted
+    return absl::UnavailableError(absl::StrCat("the job could not be stored: ", s.message()));
+  }
+  LogInfo(absl::StrFormat("job %s submitted: %s, %d %s ranks", id, stored.record.job.name(),
+                          stored.record.job.world_size(), stored.record.job.backend()));
+  ScheduleLocked();
+  auto it = jobs_.find(id);
+  if (it != jobs_.end()) return it->second.record.job;
+  return store_->GetJob(id);
+}
+
+absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& id) {
+  if (absl::Status s = RequireId(id, "id"); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it != jobs_.end()) return it->second.record.job;
+  return store_->GetJob(id);
+}
+
+absl::StatusOr<std::vector<v1::Job>> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
+  if (request.limit() < 0) return absl::InvalidArgumentError("limit: must not be negative");
+  std::vector<v1::JobState> states;
+  for (int state : request.states()) {
+    if (!v1::JobState_IsValid(state) || state == v1::JOB_STATE_UNSPECIFIED) {
+      return absl::InvalidArgumentError(absl::StrCat("states: unknown job state ", state));
+    }
+    states.push_back(static_cast<v1::JobState>(state));
+  }
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::vector<v1::Job>> jobs = store_->ListJobs(states, request.limit());
+  if (!jobs.ok()) return jobs.status();
+  for (v1::Job& job : *jobs) {
+    auto it = jobs_.find(job.id());
+    if (it != jobs_.end()) job = it->second.record.job;  // the same, plus anything in flight
+  }
+  return jobs;
+}
+
+absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std::string& reason) {
+  if (absl::Status s = RequireId(id, "id"); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end() || IsTerminal(it->second.record.job.state())) {
+    absl::StatusOr<v1::Job> stored = store_->GetJob(id);
+    if (!stored.ok()) return stored.status();
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " already finished (",
+                                                      JobStateName(stored->state()),
+                                                      "); nothing to cancel"));
+  }
+  ActiveJob& job = it->second;
+  std::string message = reason.empty() ? "cancelled by user" : absl::StrCat("cancelled: ", reason);
+  if (message.size() > 1024) message.resize(1024);
+  StoreWrite write;
+  if (job.record.job.state() == v1::JOB_STATE_PENDING && metrics_ != nullptr) {
+    metrics_->ObservePending(
+        static_cast<double>(NowMs() - job.record.queued_time_ms) / 1000.0);
+  }
+  if (job.attempt.has_value()) EndAttemptLocked(job, v1::JOB_STATE_CANCELLED, message, write);
+  FinishJobLocked(job, v1::JOB_STATE_CANCELLED, message, write);
+  v1::Job result = job.record.job;
+  absl::Status committed = CommitLocked(write);
+  PublishLocked(write);
+  RetireFinishedJobsLocked();
+  ScheduleLocked();
+  if (!committed.ok()) {
+    return absl::UnavailableError(absl::StrCat("the cancellation could not be stored: ",
+                                               committed.message()));
+  }
+  return result;
+}
+
+absl::StatusOr<std::vector<v1::Event>> Coordinator::ListEvents(const std::string& job_id,
+                                                               int limit) {
+  if (limit < 0) return absl::InvalidArgumentError("limit: must not be negative");
+  if (limit == 0) limit = kDefaultEventLimit;
+  limit = std::min(limit, kMaxEventLimit);
+  absl::MutexLock lock(&mu_);
+  if (!job_id.empty() && jobs_.count(job_id) == 0) {
+    absl::StatusOr<JobRecord> exists = store_->GetJobRecord(job_id);
+    if (!exists.ok()) return exists.status();
+  }
+  return store_->ListEvents(job_id, limit);
+}
+
+std::vector<v1::Worker> Coordinator::ListWorkers() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Worker> out;
+  for (const auto& [id, worker] : workers_) {
+    v1::Worker info = worker.info;
+    info.set_slots_busy(static_cast<int32_t>(worker.occupied.size()));
+    info.set_last_heartbeat_ms(worker.last_message_ms);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+absl::StatusOr<JobWatch> Coordinator::WatchJob(const std::string& id) {
+  if (absl::Status s = RequireId(id, "id"); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("coordinator is shutting down");
+  JobWatch watch;
+  auto it = jobs_.find(id);
+  if (it == jobs_.end() || IsTerminal(it->second.record.job.state())) {
+    absl::StatusOr<v1::Job> stored = store_->GetJob(id);
+    if (!stored.ok()) return stored.status();
+    watch.snapshot = std::move(*stored);
+    return watch;
+  }
+  watch.snapshot = it->second.record.job;
+  watch.updates = std::make_shared<Mailbox<v1::JobUpdate>>(options_.watch_mailbox_capacity);
+  it->second.watchers.push_back(watch.updates);
+  return watch;
+}
+
+void Coordinator::EndWatch(const std::string& id,
+                           const std::shared_ptr<Mailbox<v1::JobUpdate>>& updates) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  auto& watchers = it->second.watchers;
+  watchers.erase(std::remove(watchers.begin(), watchers.end(), updates), watchers.end());
+}
+
+absl::StatusOr<LogStream> Coordinator::OpenLogs(const std::string& job_id,
+                                                std::optional<int32_t> rank, bool follow) {
+  if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
+  if (rank.has_value() && *rank < 0) return absl::InvalidArgumentError("rank: must not be negative");
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("coordinator is shutting down");
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    absl::StatusOr<JobRecord> exists = store_->GetJobRecord(job_id);
+    if (!exists.ok()) return exists.status();
+  }
+  LogStream stream;
+  absl::StatusOr<std::vector<v1::LogLine>> backlog = store_->ListLogs(job_id, rank, 0);
+  if (!backlog.ok()) return backlog.status();
+  stream.backlog = std::move(*backlog);
+  if (follow && it != jobs_.end() && !IsTerminal(it->second.record.job.state())) {
+    stream.live = std::make_shared<Mailbox<v1::LogLine>>(kLogMailboxCapacity);
+    it->second.log_followers.emplace_back(rank, stream.live);
+  }
+  return stream;
+}
+
+void Coordinator::EndLogs(const std::string& job_id,
+                          const std::shared_ptr<Mailbox<v1::LogLine>>& live) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  auto& followers = it->second.log_followers;
+  followers.erase(std::remove_if(followers.begin(), followers.end(),
+                                 [&](const auto& f) { return f.second == live; }),
+                  followers.end());
+}
+
+}  // namespace dropless::coordinator

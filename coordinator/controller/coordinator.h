@@ -1,0 +1,224 @@
+// Coordinator: the control loop of dropless. It owns the job state machine
+// (PENDING -> SCHEDULED -> RUNNING -> SUCCEEDED | FAILED | CANCELLED, with attempts), the worker
+// registry and leases, placement through the gang scheduler, and the fan-out of job updates and
+// logs to watchers. The gRPC services are thin adapters over it.
+//
+// Every accepted change is written to the JobStore before anyone hears about it (the RPC
+// answer, a watcher, a worker's Assignment). One mutex guards all state, SQLite included: the
+// control plane's rates (submits, rank state changes, one metrics record per rank per step) are
+// far below what one SQLite connection sustains.
+//
+// Worker protocol (docs/architecture.md, "Worker session protocol"):
+// - RegisterWorker: the same node name always gets the same id.
+// - A session's first message is Hello; the worker is READY from then on and its reported ranks
+//   are reconciled: ranks of a current, active attempt placed on it are kept, any other rank
+//   gets a Cancellation; a rank of an active attempt placed on it but not reported fails that
+//   attempt (the process is gone).
+// - Any message renews the lease. A worker whose session ends is LOST at once (nothing new is
+//   placed on it) but its running attempts survive until the lease runs out, so a worker that
+//   reconnects in time keeps them. No message for lease_timeout -> LOST and its attempts fail.
+// - A slot stays busy until its rank is reported ended (or absent from a heartbeat after its
+//   attempt ended, or its worker's lease expired), so a new attempt never lands on a slot whose
+//   old process is still exiting.
+//
+// Thread-safe.
+#ifndef DROPLESS_COORDINATOR_CONTROLLER_COORDINATOR_H_
+#define DROPLESS_COORDINATOR_CONTROLLER_COORDINATOR_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "coordinator/controller/worker_session.h"
+#include "coordinator/metrics/coordinator_metrics.h"
+#include "coordinator/rendezvous/rendezvous_store.h"
+#include "coordinator/scheduler/gang_scheduler.h"
+#include "coordinator/store/job_store.h"
+#include "coordinator/util/mailbox.h"
+#include "dropless/v1/job_service.pb.h"
+#include "dropless/v1/worker_service.pb.h"
+
+namespace dropless::coordinator {
+
+struct CoordinatorOptions {
+  int64_t heartbeat_interval_ms = 1000;
+  int64_t lease_timeout_ms = 10000;
+  // How often leases are checked and the queue re-planned besides event-driven passes.
+  absl::Duration tick = absl::Milliseconds(100);
+  size_t max_log_line_bytes = 16 * 1024;  // longer lines are truncated
+  size_t max_log_lines_per_batch = 10000;
+  size_t watch_mailbox_capacity = 4096;
+};
+
+// A WatchJob stream: the job as of subscription and the updates after it.
+struct JobWatch {
+  v1::Job snapshot;
+  // Null when the job had already ended: the snapshot is all there is.
+  std::shared_ptr<Mailbox<v1::JobUpdate>> updates;
+};
+
+// A GetLogs stream: the stored lines and, when following an active job, the lines after them.
+struct LogStream {
+  std::vector<v1::LogLine> backlog;
+  std::shared_ptr<Mailbox<v1::LogLine>> live;  // null unless following a job that is not over
+};
+
+class Coordinator {
+ public:
+  // Loads the store's state and reconciles it: workers start LOST until they say Hello again;
+  // attempts that were SCHEDULED or RUNNING wait up to the lease timeout for their ranks to be
+  // reported back, else they fail (and retry per max_attempts). metrics may be null.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(std::unique_ptr<JobStore> store,
+                                                             CoordinatorOptions options,
+                                                             CoordinatorMetrics* metrics);
+  ~Coordinator();
+
+  // Starts the lease/scheduling ticker.
+  void Start();
+  // Ends every stream (sessions, watches, log follows, rendezvous waits) without changing
+  // persisted state, so workers reconcile with the next coordinator; stops the ticker.
+  void Shutdown();
+
+  // JobService. Errors name the offending field or id.
+  absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& request);
+  absl::StatusOr<v1::Job> GetJob(const std::string& id);
+  absl::StatusOr<std::vector<v1::Job>> ListJobs(const v1::ListJobsRequest& request);
+  absl::StatusOr<v1::Job> CancelJob(const std::string& id, const std::string& reason);
+  absl::StatusOr<std::vector<v1::Event>> ListEvents(const std::string& job_id, int limit);
+  std::vector<v1::Worker> ListWorkers();
+  absl::StatusOr<JobWatch> WatchJob(const std::string& id);
+  void EndWatch(const std::string& id, const std::shared_ptr<Mailbox<v1::JobUpdate>>& updates);
+  absl::StatusOr<LogStream> OpenLogs(const std::string& job_id, std::optional<int32_t> rank,
+                                     bool follow);
+  void EndLogs(const std::string& job_id, const std::shared_ptr<Mailbox<v1::LogLine>>& live);
+
+  // WorkerService.
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::RegisterWorkerRequest& request);
+  // A new Session stream; it must say Hello within the lease timeout or it is closed.
+  void AddSession(const std::shared_ptr<WorkerSession>& session);
+  // One message from the stream. An error ends the stream with that status.
+  absl::Status HandleWorkerMessage(const std::shared_ptr<WorkerSession>& session,
+                                   const v1::WorkerMessage& message);
+  void RemoveSession(const std::shared_ptr<WorkerSession>& session);
+
+  bool ShuttingDown() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return shutting_down_;
+  }
+  RendezvousStore& rendezvous() { return rendezvous_; }
+  const CoordinatorOptions& options() const { return options_; }
+
+ private:
+  struct ActiveJob {
+    JobRecord record;  // record.job carries placement and latest as the API shows them
+    std::optional<AttemptRecord> attempt;  // while SCHEDULED or RUNNING
+    std::string waiting_reason;            // last reason recorded in a Waiting event
+    std::vector<std::shared_ptr<Mailbox<v1::JobUpdate>>> watchers;
+    std::vector<std::pair<std::optional<int32_t>, std::shared_ptr<Mailbox<v1::LogLine>>>>
+        log_followers;
+  };
+  struct RankKey {
+    std::string job_id;
+    int32_t attempt = 0;
+    int32_t rank = 0;
+  };
+  struct WorkerEntry {
+    v1::Worker info;
+    std::shared_ptr<WorkerSession> session;  // null while disconnected
+    int64_t last_message_ms = 0;
+    bool lease_expired = false;              // handled; cleared by the next Hello
+    std::map<int32_t, RankKey> occupied;     // slot -> the rank process holding it
+  };
+  struct SessionEntry {
+    std::string worker_id;  // empty until Hello
+    int64_t opened_ms = 0;
+  };
+
+  Coordinator(std::unique_ptr<JobStore> store, CoordinatorOptions options,
+              CoordinatorMetrics* metrics)
+      : store_(std::move(store)), options_(options), metrics_(metrics) {}
+  absl::Status Load() ABSL_LOCKS_EXCLUDED(mu_);
+  void TickLoop();
+
+  // Job lifecycle (coordinator_jobs.cc).
+  void AddEvent(StoreWrite& write, const std::string& job_id, int32_t attempt,
+                      std::string type, std::string message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the dirty jobs with `write` in one transaction, then sends the queued worker messages.
+  absl::Status CommitLocked(StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's record and current attempt go into the next CommitLocked.
+  void MarkDirty(const ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PlaceLocked(ActiveJob& job, const JobPlacement& placement, StoreWrite& write)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailAttemptLocked(ActiveJob& job, const std::string& reason, StoreWrite& write)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishJobLocked(ActiveJob& job, v1::JobState state, const std::string& message,
+                       StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndAttemptLocked(ActiveJob& job, v1::JobState state, const std::string& message,
+                        StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendCancellationsLocked(const AttemptRecord& attempt, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishLocked(const StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishToJob(ActiveJob& job, v1::JobUpdate update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetireFinishedJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefreshGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Workers (coordinator_workers.cc).
+  absl::Status HandleHelloLocked(const std::shared_ptr<WorkerSession>& session,
+                                 const v1::Hello& hello) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStatus& status,
+                              bool from_heartbeat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatus& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireLeasesLocked(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailAttemptsOnWorkerLocked(WorkerEntry& worker, const std::string& reason,
+                                  StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkWorkerLostLocked(WorkerEntry& worker, const std::string& why, StoreWrite& write)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<NodeCapacity> CapacityLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ActiveJob* FindActiveAttempt(const std::string& job_id, int32_t attempt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::unique_ptr<JobStore> store_;
+  const CoordinatorOptions options_;
+  CoordinatorMetrics* const metrics_;
+  RendezvousStore rendezvous_;
+
+  absl::Mutex mu_;
+  std::map<std::string, ActiveJob> jobs_ ABSL_GUARDED_BY(mu_);  // non-terminal jobs
+  std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> worker_by_node_ ABSL_GUARDED_BY(mu_);
+  std::map<std::shared_ptr<WorkerSession>, SessionEntry> sessions_ ABSL_GUARDED_BY(mu_);
+  // (worker, job, attempt) -> when a Cancellation for a stray rank was last sent (rate limit).
+  std::map<std::string, int64_t> stray_cancels_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> dirty_jobs_ ABSL_GUARDED_BY(mu_);
+  // Messages to workers, sent by CommitLocked once the change behind them is stored.
+  std::vector<std::pair<std::string, v1::CoordinatorMessage>> pending_sends_ ABSL_GUARDED_BY(mu_);
+  int next_worker_number_ ABSL_GUARDED_BY(mu_) = 1;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+
+  absl::Notification stop_;
+  std::thread ticker_;
+};
+
+}  // namespace dropless::coordinator
+
+#endif  // DROPLESS_COORDINATOR_CONTROLLER_COORDINATOR_H_

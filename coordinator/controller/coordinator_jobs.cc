@@ -1,0 +1,295 @@
+// Coordinator: the job state machine (placement, attempt ends, retries, terminal states), the
+// write path to the store and the fan-out to watchers.
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/controller/coordinator.h"
+#include "coordinator/util/clock.h"
+#include "coordinator/util/log.h"
+
+namespace dropless::coordinator {
+namespace {
+
+bool RankEnded(v1::RankState state) {
+  return state == v1::RANK_STATE_SUCCEEDED || state == v1::RANK_STATE_FAILED ||
+         state == v1::RANK_STATE_KILLED;
+}
+
+// "node-a[0,1] node-b[0]"
+std::string DescribePlacement(const std::vector<RankSlot>& ranks) {
+  std::vector<std::pair<std::string, std::vector<int32_t>>> by_node;
+  for (const RankSlot& r : ranks) {
+    if (by_node.empty() || by_node.back().first != r.node) by_node.push_back({r.node, {}});
+    by_node.back().second.push_back(r.slot);
+  }
+  std::vector<std::string> parts;
+  for (const auto& [node, slots] : by_node) {
+    parts.push_back(absl::StrCat(node, "[", absl::StrJoin(slots, ","), "]"));
+  }
+  return absl::StrJoin(parts, " ");
+}
+
+}  // namespace
+
+void Coordinator::AddEvent(StoreWrite& write, const std::string& job_id, int32_t attempt,
+                           std::string type, std::string message) {
+  v1::Event& event = write.events.emplace_back();
+  event.set_time_ms(NowMs());
+  event.set_job_id(job_id);
+  event.set_attempt(attempt);
+  event.set_type(std::move(type));
+  event.set_message(std::move(message));
+}
+
+void Coordinator::MarkDirty(const ActiveJob& job) { dirty_jobs_.insert(job.record.job.id()); }
+
+absl::Status Coordinator::CommitLocked(StoreWrite& write) {
+  for (const std::string& id : dirty_jobs_) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    write.jobs.push_back(it->second.record);
+    if (it->second.attempt.has_value()) write.attempts.push_back(*it->second.attempt);
+  }
+  dirty_jobs_.clear();
+  absl::Status status = store_->Commit(write);
+  if (!status.ok()) LogError(absl::StrCat("job store write failed: ", status.ToString()));
+  // Workers hear about a change only once it is stored (or the store has failed loudly).
+  for (auto& [worker_id, message] : pending_sends_) {
+    auto worker = workers_.find(worker_id);
+    if (worker != workers_.end() && worker->second.session != nullptr) {
+      worker->second.session->Send(std::move(message));
+    }
+  }
+  pending_sends_.clear();
+  return status;
+}
+
+void Coordinator::ScheduleLocked() {
+  if (shutting_down_) return;
+  std::vector<QueuedJob> queue;
+  for (const auto& [id, job] : jobs_) {
+    const v1::Job& j = job.record.job;
+    if (j.state() != v1::JOB_STATE_PENDING) continue;
+    queue.push_back(QueuedJob{id, j.priority(), job.record.seq, j.backend(), j.world_size()});
+  }
+  if (queue.empty()) return;
+  SchedulePlan plan = PlanSchedule(std::move(queue), CapacityLocked());
+  StoreWrite write;
+  write.durable = !plan.placements.empty();
+  for (const JobPlacement& placement : plan.placements) {
+    PlaceLocked(jobs_.at(placement.job_id), placement, write);
+  }
+  for (const WaitingJob& waiting : plan.waiting) {
+    ActiveJob& job = jobs_.at(waiting.job_id);
+    if (job.waiting_reason == waiting.reason) continue;  // said already
+    job.waiting_reason = waiting.reason;
+    AddEvent(write, waiting.job_id, job.record.job.attempt(), "Waiting", waiting.reason);
+  }
+  if (write.empty() && dirty_jobs_.empty()) return;
+  (void)CommitLocked(write);  // logged there; memory stays the source of truth until restart
+  PublishLocked(write);
+}
+
+void Coordinator::PlaceLocked(ActiveJob& job, const JobPlacement& placement, StoreWrite& write) {
+  const int64_t now = NowMs();
+  v1::Job& j = job.record.job;
+  AttemptRecord attempt;
+  attempt.job_id = j.id();
+  attempt.attempt = j.attempt() + 1;
+  attempt.state = v1::JOB_STATE_SCHEDULED;
+  attempt.create_time_ms = now;
+  j.set_state(v1::JOB_STATE_SCHEDULED);
+  j.set_attempt(attempt.attempt);
+  j.clear_placement();
+  j.clear_message();
+  std::map<std::string, v1::CoordinatorMessage> assignments;  // by worker
+  for (const RankSlot& r : placement.ranks) {
+    attempt.ranks.push_back(RankRecord{r.rank, r.worker_id, r.node, r.slot,
+                                       v1::RANK_STATE_UNSPECIFIED, 0});
+    v1::RankPlacement* p = j.add_placement();
+    p->set_rank(r.rank);
+    p->set_worker_id(r.worker_id);
+    p->set_node(r.node);
+    p->set_slot(r.slot);
+    workers_.at(r.worker_id).occupied[r.slot] = RankKey{j.id(), attempt.attempt, r.rank};
+    v1::RankAssignment* mine = assignments[r.worker_id].mutable_assignment()->add_ranks();
+    mine->set_rank(r.rank);
+    mine->set_slot(r.slot);
+  }
+  for (auto& [worker_id, message] : assignments) {
+    v1::Assignment* a = message.mutable_assignment();
+    a->set_job_id(j.id());
+    a->set_attempt(attempt.attempt);
+    a->set_spec_yaml(j.spec_yaml());
+    a->set_world_size(j.world_size());
+    *a->mutable_placement() = j.placement();
+    pending_sends_.emplace_back(worker_id, std::move(message));
+  }
+  if (metrics_ != nullptr) {
+    double waited = static_cast<double>(now - job.record.queued_time_ms) / 1000.0;
+    metrics_->ObserveSchedulingLatency(waited);
+    metrics_->ObservePending(waited);
+  }
+  job.waiting_reason.clear();
+  rendezvous_.Open(j.id(), attempt.attempt);
+  AddEvent(write, j.id(), attempt.attempt, "Scheduled",
+           absl::StrFormat("attempt %d: %d ranks on %s", attempt.attempt, j.world_size(),
+                           DescribePlacement(placement.ranks)));
+  LogInfo(absl::StrFormat("job %s attempt %d placed on %s", j.id(), attempt.attempt,
+                          DescribePlacement(placement.ranks)));
+  job.attempt = std::move(attempt);
+  MarkDirty(job);
+}
+
+void Coordinator::SendCancellationsLocked(const AttemptRecord& attempt, const std::string& reason) {
+  std::set<std::string> notified;
+  for (const RankRecord& rank : attempt.ranks) {
+    if (RankEnded(rank.state) || !notified.insert(rank.worker_id).second) continue;
+    v1::CoordinatorMessage message;
+    v1::Cancellation* c = message.mutable_cancellation();
+    c->set_job_id(attempt.job_id);
+    c->set_attempt(attempt.attempt);
+    c->set_reason(reason);
+    pending_sends_.emplace_back(rank.worker_id, std::move(message));
+  }
+}
+
+void Coordinator::EndAttemptLocked(ActiveJob& job, v1::JobState state, const std::string& message,
+                                   StoreWrite& write) {
+  AttemptRecord& attempt = *job.attempt;
+  attempt.state = state;
+  attempt.end_time_ms = NowMs();
+  attempt.message = message;
+  if (state != v1::JOB_STATE_SUCCEEDED) SendCancellationsLocked(attempt, message);
+  rendezvous_.Close(attempt.job_id, attempt.attempt);
+  write.attempts.push_back(attempt);
+  job.attempt.reset();
+  MarkDirty(job);
+}
+
+void Coordinator::FailAttemptLocked(ActiveJob& job, const std::string& reason, StoreWrite& write) {
+  v1::Job& j = job.record.job;
+  const int32_t number = j.attempt();
+  EndAttemptLocked(job, v1::JOB_STATE_FAILED, reason, write);
+  AddEvent(write, j.id(), number, "AttemptFailed", reason);
+  LogWarning(absl::StrFormat("job %s attempt %d failed: %s", j.id(), number, reason));
+  if (number < job.record.max_attempts) {
+    j.set_state(v1::JOB_STATE_PENDING);
+    j.clear_placement();
+    j.set_message(absl::StrCat("attempt ", number, " failed: ", reason));
+    job.record.queued_time_ms = NowMs();
+    job.waiting_reason.clear();
+    AddEvent(write, j.id(), number, "Retrying",
+             absl::StrFormat("attempt %d of %d failed; queued for attempt %d", number,
+                             job.record.max_attempts, number + 1));
+    MarkDirty(job);
+    return;
+  }
+  FinishJobLocked(job, v1::JOB_STATE_FAILED,
+                  absl::StrFormat("attempt %d of %d failed: %s", number, job.record.max_attempts,
+                                  reason),
+                  write);
+}
+
+void Coordinator::FinishJobLocked(ActiveJob& job, v1::JobState state, const std::string& message,
+                                  StoreWrite& write) {
+  v1::Job& j = job.record.job;
+  j.set_state(state);
+  j.set_end_time_ms(NowMs());
+  j.set_message(message);
+  std::string type = state == v1::JOB_STATE_SUCCEEDED ? "Succeeded"
+                     : state == v1::JOB_STATE_FAILED  ? "Failed"
+                                                      : "Cancelled";
+  AddEvent(write, j.id(), j.attempt(), type,
+           message.empty() ? absl::StrFormat("all %d ranks finished %d steps", j.world_size(),
+                                             j.steps())
+                           : message);
+  if (metrics_ != nullptr) metrics_->CountJobFinished(state);
+  LogInfo(absl::StrFormat("job %s %s%s", j.id(), JobStateName(state),
+                          message.empty() ? "" : absl::StrCat(": ", message)));
+  MarkDirty(job);
+}
+
+void Coordinator::PublishLocked(const StoreWrite& write) {
+  for (const v1::Event& event : write.events) {
+    if (event.job_id().empty()) continue;
+    auto it = jobs_.find(event.job_id());
+    if (it == jobs_.end() || it->second.watchers.empty()) continue;
+    v1::JobUpdate update;
+    *update.mutable_job() = it->second.record.job;
+    *update.mutable_event() = event;
+    PublishToJob(it->second, std::move(update));
+  }
+}
+
+void Coordinator::PublishToJob(ActiveJob& job, v1::JobUpdate update) {
+  for (size_t i = 0; i < job.watchers.size(); ++i) {
+    if (i + 1 == job.watchers.size()) {
+      job.watchers[i]->Push(std::move(update));
+    } else {
+      job.watchers[i]->Push(update);
+    }
+  }
+}
+
+void Coordinator::RetireFinishedJobsLocked() {
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    ActiveJob& job = it->second;
+    if (!IsTerminal(job.record.job.state()) || dirty_jobs_.count(it->first) != 0) {
+      ++it;
+      continue;
+    }
+    // Watchers drain what they have (the terminal update last) and end; so do log followers.
+    for (auto& watcher : job.watchers) watcher->Close();
+    for (auto& [rank, follower] : job.log_followers) follower->Close();
+    it = jobs_.erase(it);
+  }
+}
+
+void Coordinator::RefreshGaugesLocked() {
+  if (metrics_ == nullptr) return;
+  absl::StatusOr<std::map<v1::JobState, int64_t>> counts = store_->CountJobsByState();
+  if (counts.ok()) metrics_->SetJobCounts(*counts);
+  int64_t ready = 0, lost = 0, busy = 0, free = 0;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.info.state() == v1::WORKER_STATE_READY) {
+      ++ready;
+      busy += static_cast<int64_t>(worker.occupied.size());
+      free += std::max<int64_t>(0, worker.info.slots() -
+                                       static_cast<int64_t>(worker.occupied.size()));
+    } else {
+      ++lost;
+    }
+  }
+  metrics_->SetWorkerCounts(ready, lost);
+  metrics_->SetSlots(busy, free);
+}
+
+std::vector<NodeCapacity> Coordinator::CapacityLocked() const {
+  std::vector<NodeCapacity> nodes;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.info.state() != v1::WORKER_STATE_READY || worker.session == nullptr) continue;
+    NodeCapacity node{id, worker.info.node(), worker.info.slot_kind(), worker.info.slots(), {}};
+    for (int32_t slot = 0; slot < worker.info.slots(); ++slot) {
+      if (worker.occupied.count(slot) == 0) node.free_slots.push_back(slot);
+    }
+    nodes.push_back(std::move(node));
+  }
+  return nodes;
+}
+
+Coordinator::ActiveJob* Coordinator::FindActiveAttempt(const std::string& job_id,
+                                                       int32_t attempt) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || !it->second.attempt.has_value() ||
+      it->second.attempt->attempt != attempt || IsTerminal(it->second.record.job.state())) {
+    return nullptr;
+  }
+  return &it->second;
+}
+
+}  // namespace dropless::coordinator

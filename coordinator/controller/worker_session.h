@@ -1,0 +1,57 @@
+// WorkerSession: the coordinator's handle on one open WorkerService.Session stream. The
+// coordinator queues Assignments and Cancellations here (never blocking on the network); the RPC
+// handler's writer thread drains the outbox onto the stream. Close() ends the stream from the
+// coordinator's side (lease expiry, a newer session of the same worker, shutdown).
+#ifndef DROPLESS_COORDINATOR_CONTROLLER_WORKER_SESSION_H_
+#define DROPLESS_COORDINATOR_CONTROLLER_WORKER_SESSION_H_
+
+#include <functional>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/util/mailbox.h"
+#include "dropless/v1/worker_service.pb.h"
+
+namespace dropless::coordinator {
+
+class WorkerSession {
+ public:
+  static constexpr size_t kOutboxCapacity = 4096;
+
+  // cancel_rpc cancels the stream's RPC so its blocked reader returns.
+  WorkerSession(std::string peer, std::function<void()> cancel_rpc)
+      : peer_(std::move(peer)), cancel_rpc_(std::move(cancel_rpc)), outbox_(kOutboxCapacity) {}
+
+  // Queues a message; a full outbox means the worker stopped reading, so the session ends and
+  // the worker reconciles when it reconnects.
+  void Send(v1::CoordinatorMessage message) {
+    if (!outbox_.Push(std::move(message))) Close();
+  }
+
+  void Close() {
+    outbox_.Close();
+    absl::MutexLock lock(&mu_);
+    if (cancel_rpc_) cancel_rpc_();
+  }
+
+  // Called by the RPC handler before it returns: its context is about to go away.
+  void DetachRpc() {
+    absl::MutexLock lock(&mu_);
+    cancel_rpc_ = nullptr;
+  }
+
+  Mailbox<v1::CoordinatorMessage>& outbox() { return outbox_; }
+  const std::string& peer() const { return peer_; }
+
+ private:
+  const std::string peer_;
+  absl::Mutex mu_;
+  std::function<void()> cancel_rpc_ ABSL_GUARDED_BY(mu_);
+  Mailbox<v1::CoordinatorMessage> outbox_;
+};
+
+}  // namespace dropless::coordinator
+
+#endif  // DROPLESS_COORDINATOR_CONTROLLER_WORKER_SESSION_H_

@@ -1,0 +1,110 @@
+// dropless-coordinator: the control plane of a dropless cluster (see docs/architecture.md).
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "coordinator/server/coordinator_server.h"
+#include "coordinator/util/log.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:7070", "gRPC listen address (host:port; port 0 picks one)");
+ABSL_FLAG(std::string, db, "dropless.db", "SQLite file holding jobs, attempts, workers, events");
+ABSL_FLAG(int, metrics_port, 9090, "port of the Prometheus /metrics endpoint; 0 disables it");
+ABSL_FLAG(std::string, metrics_address, "0.0.0.0", "address the /metrics endpoint binds to");
+ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000, "heartbeat interval the workers are told to use");
+ABSL_FLAG(int64_t, lease_timeout_ms, 10000,
+          "a worker with no message for this long is LOST and its attempts fail");
+ABSL_FLAG(std::string, config, "",
+          "optional YAML file with the same keys as the flags (flags given explicitly win)");
+
+namespace {
+
+using dropless::coordinator::CoordinatorConfig;
+
+// Whether --name (or -name, with or without =value) was given before any "--".
+bool FlagGiven(const std::vector<std::string>& args, const std::string& name) {
+  for (const std::string& arg : args) {
+    if (arg == "--") break;
+    for (const std::string& prefix : {std::string("--"), std::string("-")}) {
+      std::string flag = prefix + name;
+      if (arg == flag || absl::StartsWith(arg, flag + "=")) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // SIGTERM/SIGINT are taken by sigwait below; block them before any thread starts so that
+  // every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  absl::SetProgramUsageMessage(
+      "dropless-coordinator [--listen ADDR] [--db PATH] [--metrics-port P] [--config FILE]");
+  // Accept --metrics-port as well as --metrics_port.
+  std::vector<std::string> args;
+  std::vector<char*> argv_fixed;
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (i > 0 && absl::StartsWith(arg, "-")) {
+      size_t end = arg.find('=');
+      for (size_t c = arg.find_first_not_of('-'); c < std::min(end, arg.size()); ++c) {
+        if (arg[c] == '-') arg[c] = '_';
+      }
+    }
+    args.push_back(arg);
+  }
+  for (std::string& arg : args) argv_fixed.push_back(arg.data());
+  absl::ParseCommandLine(static_cast<int>(argv_fixed.size()), argv_fixed.data());
+
+  CoordinatorConfig config;
+  if (std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    absl::StatusOr<CoordinatorConfig> loaded = dropless::coordinator::ApplyConfigFile(path, config);
+    if (!loaded.ok()) {
+      dropless::coordinator::LogError(std::string(loaded.status().message()));
+      return 2;
+    }
+    config = *loaded;
+  }
+  std::vector<std::string> given(args.begin() + 1, args.end());
+  if (FlagGiven(given, "listen")) config.listen = absl::GetFlag(FLAGS_listen);
+  if (FlagGiven(given, "db")) config.db = absl::GetFlag(FLAGS_db);
+  if (FlagGiven(given, "metrics_port")) config.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (FlagGiven(given, "metrics_address")) {
+    config.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  }
+  if (FlagGiven(given, "heartbeat_interval_ms")) {
+    config.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
+  }
+  if (FlagGiven(given, "lease_timeout_ms")) {
+    config.lease_timeout_ms = absl::GetFlag(FLAGS_lease_timeout_ms);
+  }
+  if (absl::Status s = dropless::coordinator::ValidateConfig(config); !s.ok()) {
+    dropless::coordinator::LogError(std::string(s.message()));
+    return 2;
+  }
+
+  auto server = dropless::coordinator::CoordinatorServer::Start(config);
+  if (!server.ok()) {
+    dropless::coordinator::LogError(absl::StrCat("cannot start: ", server.status().ToString()));
+    return 1;
+  }
+  int received = 0;
+  sigwait(&signals, &received);
+  dropless::coordinator::LogInfo(absl::StrCat("received ", strsignal(received), "; shutting down"));
+  (*server)->Shutdown(absl::Seconds(5));
+  return 0;
+}

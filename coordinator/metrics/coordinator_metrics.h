@@ -1,0 +1,74 @@
+// CoordinatorMetrics: the coordinator's Prometheus families, registered in one registry that the
+// /metrics Exposer serves. Base units, `_total` counters, histograms for latencies; the only
+// labels are bounded enums (job/worker/slot state, RPC method and status code).
+//
+//   dropless_coordinator_jobs{state}                        gauge
+//   dropless_coordinator_workers{state}                     gauge
+//   dropless_coordinator_slots{state="busy|free"}           gauge (slots of READY workers)
+//   dropless_coordinator_scheduling_latency_seconds         histogram: submit or requeue -> placed
+//   dropless_coordinator_job_pending_seconds                histogram: time spent PENDING, observed
+//                                                           when a job leaves PENDING (placed or
+//                                                           cancelled)
+//   dropless_coordinator_lease_expiries_total               counter
+//   dropless_coordinator_jobs_finished_total{state}         counter
+//   dropless_coordinator_rpcs_total{method,code}            counter
+//   dropless_coordinator_rpc_duration_seconds{method}       histogram
+//
+// Thread-safe (prometheus-cpp metrics are).
+#ifndef DROPLESS_COORDINATOR_METRICS_COORDINATOR_METRICS_H_
+#define DROPLESS_COORDINATOR_METRICS_COORDINATOR_METRICS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "absl/strings/string_view.h"
+#include "dropless/v1/types.pb.h"
+
+namespace dropless::coordinator {
+
+class CoordinatorMetrics {
+ public:
+  CoordinatorMetrics();
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  void SetJobCounts(const std::map<v1::JobState, int64_t>& counts);
+  void SetWorkerCounts(int64_t ready, int64_t lost);
+  void SetSlots(int64_t busy, int64_t free);
+  void ObserveSchedulingLatency(double seconds);
+  void ObservePending(double seconds);
+  void CountLeaseExpiry();
+  void CountJobFinished(v1::JobState state);
+  // method: "Service/Method" (bounded: the coordinator's own methods, else "other");
+  // code: the gRPC status code's name, e.g. "OK", "NOT_FOUND".
+  void RecordRpc(const std::string& method, absl::string_view code, double seconds);
+
+ private:
+  static bool IsTerminalForMetrics(v1::JobState state);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Gauge>& jobs_;
+  prometheus::Family<prometheus::Gauge>& workers_;
+  prometheus::Family<prometheus::Gauge>& slots_;
+  prometheus::Histogram& scheduling_latency_;
+  prometheus::Histogram& pending_;
+  prometheus::Counter& lease_expiries_;
+  prometheus::Family<prometheus::Counter>& jobs_finished_;
+  prometheus::Family<prometheus::Counter>& rpcs_;
+  prometheus::Family<prometheus::Histogram>& rpc_duration_;
+};
+
+// Short name of a job state for labels: PENDING, RUNNING, ...
+std::string JobStateName(v1::JobState state);
+
+}  // namespace dropless::coordinator
+
+#endif  // DROPLESS_COORDINATOR_METRICS_COORDINATOR_METRICS_H_

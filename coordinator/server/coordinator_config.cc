@@ -1,0 +1,105 @@
+#include "coordinator/server/coordinator_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace dropless::coordinator {
+namespace {
+
+constexpr size_t kMaxConfigBytes = 64 * 1024;
+
+template <typename T>
+absl::Status Read(const YAML::Node& node, const std::string& key, T* out) {
+  try {
+    *out = node.as<T>();
+  } catch (const YAML::Exception&) {
+    return absl::InvalidArgumentError(absl::StrCat("coordinator config: ", key, ": wrong type"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
+                                                  CoordinatorConfig base) {
+  if (yaml.size() > kMaxConfigBytes) {
+    return absl::InvalidArgumentError("coordinator config: larger than 64 KiB");
+  }
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("coordinator config: not YAML: ", e.what()));
+  }
+  if (root.IsNull()) return base;
+  if (!root.IsMap()) return absl::InvalidArgumentError("coordinator config: must be a mapping");
+  for (const auto& entry : root) {
+    std::string key;
+    try {
+      key = entry.first.as<std::string>();
+    } catch (const YAML::Exception&) {
+      return absl::InvalidArgumentError("coordinator config: keys must be strings");
+    }
+    const YAML::Node& value = entry.second;
+    absl::Status s;
+    if (key == "listen") {
+      s = Read(value, key, &base.listen);
+    } else if (key == "db") {
+      s = Read(value, key, &base.db);
+    } else if (key == "metrics_port") {
+      s = Read(value, key, &base.metrics_port);
+    } else if (key == "metrics_address") {
+      s = Read(value, key, &base.metrics_address);
+    } else if (key == "heartbeat_interval_ms") {
+      s = Read(value, key, &base.heartbeat_interval_ms);
+    } else if (key == "lease_timeout_ms") {
+      s = Read(value, key, &base.lease_timeout_ms);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "coordinator config: unknown key \"", key,
+          "\" (known: listen, db, metrics_port, metrics_address, heartbeat_interval_ms, "
+          "lease_timeout_ms)"));
+    }
+    if (!s.ok()) return s;
+  }
+  return base;
+}
+
+absl::StatusOr<CoordinatorConfig> ApplyConfigFile(const std::string& path,
+                                                  CoordinatorConfig base) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("coordinator config ", path, ": cannot open"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<CoordinatorConfig> config = ApplyConfigYaml(text.str(), base);
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat(path, ": ", config.status().message()));
+  }
+  return config;
+}
+
+absl::Status ValidateConfig(const CoordinatorConfig& config) {
+  if (config.listen.empty()) return absl::InvalidArgumentError("listen: must not be empty");
+  if (config.db.empty()) return absl::InvalidArgumentError("db: must not be empty");
+  if (config.metrics_port < 0 || config.metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("metrics_port: must be 0..65535 (got %d)", config.metrics_port));
+  }
+  if (config.heartbeat_interval_ms <= 0) {
+    return absl::InvalidArgumentError("heartbeat_interval_ms: must be positive");
+  }
+  if (config.lease_timeout_ms <= config.heartbeat_interval_ms) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "lease_timeout_ms: must be larger than heartbeat_interval_ms (got %d <= %d)",
+        config.lease_timeout_ms, config.heartbeat_interval_ms));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dropless::coordinator

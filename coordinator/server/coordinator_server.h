@@ -1,0 +1,53 @@
+// CoordinatorServer: dropless-coordinator assembled. Opens the job store, reconciles, serves
+// JobService, WorkerService and RendezvousService with gRPC health checking and reflection on
+// one port, and /metrics on another.
+#ifndef DROPLESS_COORDINATOR_SERVER_COORDINATOR_SERVER_H_
+#define DROPLESS_COORDINATOR_SERVER_COORDINATOR_SERVER_H_
+
+#include <memory>
+
+#include <grpcpp/server.h>
+#include <prometheus/exposer.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/controller/coordinator.h"
+#include "coordinator/metrics/coordinator_metrics.h"
+#include "coordinator/metrics/rpc_metrics_interceptor.h"
+#include "coordinator/server/coordinator_config.h"
+#include "coordinator/service/job_service.h"
+#include "coordinator/service/rendezvous_service.h"
+#include "coordinator/service/worker_service.h"
+
+namespace dropless::coordinator {
+
+class CoordinatorServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const CoordinatorConfig& config);
+  ~CoordinatorServer();
+
+  int grpc_port() const { return grpc_port_; }
+  int metrics_port() const { return metrics_port_; }  // 0 when disabled
+
+  // Health goes NOT_SERVING, every stream ends, in-flight calls get `grace` to finish.
+  // Persisted state is left as it is for the next coordinator to reconcile.
+  void Shutdown(absl::Duration grace);
+
+ private:
+  CoordinatorServer() = default;
+
+  std::unique_ptr<CoordinatorMetrics> metrics_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<JobServiceImpl> job_service_;
+  std::unique_ptr<WorkerServiceImpl> worker_service_;
+  std::unique_ptr<RendezvousServiceImpl> rendezvous_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int grpc_port_ = 0;
+  int metrics_port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace dropless::coordinator
+
+#endif  // DROPLESS_COORDINATOR_SERVER_COORDINATOR_SERVER_H_

@@ -1,0 +1,152 @@
+#include "coordinator/service/job_service.h"
+
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "coordinator/util/grpc_status.h"
+
+namespace dropless::coordinator {
+namespace {
+
+// How often a blocked stream looks at its RPC's cancellation.
+constexpr absl::Duration kPollInterval = absl::Milliseconds(200);
+
+}  // namespace
+
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+                                       v1::Job* response) {
+  absl::StatusOr<v1::Job> job = coordinator_->SubmitJob(*request);
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = std::move(*job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+                                    v1::Job* response) {
+  absl::StatusOr<v1::Job> job = coordinator_->GetJob(request->id());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = std::move(*job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+                                      v1::ListJobsResponse* response) {
+  absl::StatusOr<std::vector<v1::Job>> jobs = coordinator_->ListJobs(*request);
+  if (!jobs.ok()) return ToGrpcStatus(jobs.status());
+  for (v1::Job& job : *jobs) *response->add_jobs() = std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+                                       v1::Job* response) {
+  absl::StatusOr<v1::Job> job = coordinator_->CancelJob(request->id(), request->reason());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response = std::move(*job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
+                                      const v1::WatchJobRequest* request,
+                                      grpc::ServerWriter<v1::JobUpdate>* writer) {
+  absl::StatusOr<JobWatch> watch = coordinator_->WatchJob(request->id());
+  if (!watch.ok()) return ToGrpcStatus(watch.status());
+  v1::JobUpdate first;
+  *first.mutable_job() = watch->snapshot;
+  bool finished = IsTerminal(watch->snapshot.state());
+  bool open = writer->Write(first);
+  const auto& updates = watch->updates;
+  while (open && !finished && updates != nullptr && !context->IsCancelled()) {
+    if (updates->TakeOverflow()) {
+      // This reader fell behind and updates were dropped: resynchronize with a snapshot.
+      absl::StatusOr<v1::Job> now = coordinator_->GetJob(request->id());
+      if (now.ok()) {
+        v1::JobUpdate resync;
+        *resync.mutable_job() = *now;
+        finished = IsTerminal(now->state());
+        open = writer->Write(resync);
+        continue;
+      }
+    }
+    v1::JobUpdate update;
+    Mailbox<v1::JobUpdate>::Result result = updates->Pop(kPollInterval, &update);
+    if (result == Mailbox<v1::JobUpdate>::Result::kTimeout) continue;
+    if (result == Mailbox<v1::JobUpdate>::Result::kClosed) {
+      if (coordinator_->ShuttingDown()) break;
+      // Closed because the job ended; make sure the reader saw the end.
+      absl::StatusOr<v1::Job> last = coordinator_->GetJob(request->id());
+      if (last.ok()) {
+        v1::JobUpdate end;
+        *end.mutable_job() = *last;
+        open = writer->Write(end);
+        finished = IsTerminal(last->state());
+      }
+      break;
+    }
+    finished = IsTerminal(update.job().state());
+    open = writer->Write(update);
+  }
+  if (updates != nullptr) coordinator_->EndWatch(request->id(), updates);
+  if (!finished && coordinator_->ShuttingDown()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator is shutting down");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::ListEvents(grpc::ServerContext*,
+                                        const v1::ListEventsRequest* request,
+                                        v1::ListEventsResponse* response) {
+  absl::StatusOr<std::vector<v1::Event>> events =
+      coordinator_->ListEvents(request->job_id(), request->limit());
+  if (!events.ok()) return ToGrpcStatus(events.status());
+  for (v1::Event& event : *events) *response->add_events() = std::move(event);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
+                                     const v1::GetLogsRequest* request,
+                                     grpc::ServerWriter<v1::LogLine>* writer) {
+  std::optional<int32_t> rank;
+  if (request->has_rank()) rank = request->rank();
+  absl::StatusOr<LogStream> stream =
+      coordinator_->OpenLogs(request->job_id(), rank, request->follow());
+  if (!stream.ok()) return ToGrpcStatus(stream.status());
+  bool open = true;
+  for (const v1::LogLine& line : stream->backlog) {
+    if (!(open = writer->Write(line))) break;
+  }
+  const auto& live = stream->live;
+  bool ended = live == nullptr;
+  while (open && live != nullptr && !context->IsCancelled()) {
+    if (live->TakeOverflow()) {
+      v1::LogLine note;
+      note.set_job_id(request->job_id());
+      note.set_text("[dropless: log lines dropped here; this reader was too slow]");
+      open = writer->Write(note);
+    }
+    v1::LogLine line;
+    Mailbox<v1::LogLine>::Result result = live->Pop(kPollInterval, &line);
+    if (result == Mailbox<v1::LogLine>::Result::kTimeout) continue;
+    if (result == Mailbox<v1::LogLine>::Result::kClosed) {
+      ended = !coordinator_->ShuttingDown();
+      break;
+    }
+    open = writer->Write(line);
+  }
+  if (live != nullptr) coordinator_->EndLogs(request->job_id(), live);
+  if (!ended && open && coordinator_->ShuttingDown()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator is shutting down");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+                                         v1::ListWorkersResponse* response) {
+  for (v1::Worker& worker : coordinator_->ListWorkers()) {
+    *response->add_workers() = std::move(worker);
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace dropless::coordinator

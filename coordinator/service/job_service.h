@@ -1,0 +1,41 @@
+// JobService over the Coordinator: the user-facing API the CLI speaks.
+#ifndef DROPLESS_COORDINATOR_SERVICE_JOB_SERVICE_H_
+#define DROPLESS_COORDINATOR_SERVICE_JOB_SERVICE_H_
+
+#include "coordinator/controller/coordinator.h"
+#include "dropless/v1/job_service.grpc.pb.h"
+
+namespace dropless::coordinator {
+
+class JobServiceImpl final : public v1::JobService::Service {
+ public:
+  explicit JobServiceImpl(Coordinator* coordinator) : coordinator_(coordinator) {}
+
+  grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
+                         v1::Job* response) override;
+  grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+                      v1::Job* response) override;
+  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* response) override;
+  grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
+                         v1::Job* response) override;
+  // The job as of the call, then one update per event, state change and step metrics record,
+  // ending OK after the update that shows the job finished.
+  grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                        grpc::ServerWriter<v1::JobUpdate>* writer) override;
+  grpc::Status ListEvents(grpc::ServerContext* context, const v1::ListEventsRequest* request,
+                          v1::ListEventsResponse* response) override;
+  // Stored lines (the most recent per job are kept), then with follow the new ones until the job
+  // ends.
+  grpc::Status GetLogs(grpc::ServerContext* context, const v1::GetLogsRequest* request,
+                       grpc::ServerWriter<v1::LogLine>* writer) override;
+  grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
+                           v1::ListWorkersResponse* response) override;
+
+ private:
+  Coordinator* const coordinator_;
+};
+
+}  // namespace dropless::coordinator
+
+#endif  // DROPLESS_COORDINATOR_SERVICE_JOB_SERVICE_H_

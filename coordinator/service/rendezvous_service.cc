@@ -1,0 +1,52 @@
+#include "coordinator/service/rendezvous_service.h"
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "coordinator/util/grpc_status.h"
+
+namespace dropless::coordinator {
+namespace {
+
+absl::Status CheckScope(const v1::Scope& scope) {
+  if (scope.job_id().empty()) return absl::InvalidArgumentError("scope.job_id: must not be empty");
+  if (scope.attempt() <= 0) return absl::InvalidArgumentError("scope.attempt: must be positive");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::Status RendezvousServiceImpl::Put(grpc::ServerContext*, const v1::PutRequest* request,
+                                        v1::PutResponse*) {
+  if (absl::Status s = CheckScope(request->scope()); !s.ok()) return ToGrpcStatus(s);
+  return ToGrpcStatus(store_->Put(request->scope().job_id(), request->scope().attempt(),
+                                  request->key(), request->value()));
+}
+
+grpc::Status RendezvousServiceImpl::Get(grpc::ServerContext*, const v1::GetRequest* request,
+                                        v1::GetResponse* response) {
+  if (absl::Status s = CheckScope(request->scope()); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<std::string> value =
+      store_->Get(request->scope().job_id(), request->scope().attempt(), request->key());
+  if (absl::IsNotFound(value.status())) {
+    response->set_found(false);
+    return grpc::Status::OK;
+  }
+  if (!value.ok()) return ToGrpcStatus(value.status());
+  response->set_found(true);
+  response->set_value(std::move(*value));
+  return grpc::Status::OK;
+}
+
+grpc::Status RendezvousServiceImpl::Wait(grpc::ServerContext* context,
+                                         const v1::WaitRequest* request, v1::WaitResponse*) {
+  if (absl::Status s = CheckScope(request->scope()); !s.ok()) return ToGrpcStatus(s);
+  if (request->timeout_ms() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "timeout_ms: must not be negative");
+  }
+  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  return ToGrpcStatus(store_->Wait(request->scope().job_id(), request->scope().attempt(), keys,
+                                   absl::Milliseconds(request->timeout_ms()),
+                                   [context] { return context->IsCancelled(); }));
+}
+
+}  // namespace dropless::coordinator
