@@ -1,0 +1,141 @@
+#include "worker/daemon/outbound_queue.h"
+
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace dropless {
+namespace {
+
+namespace v1 = dropless::v1;
+
+v1::WorkerMessage Status(int rank) {
+  v1::WorkerMessage m;
+  m.mutable_rank_status()->set_rank(rank);
+  return m;
+}
+
+v1::WorkerMessage Metrics(int step) {
+  v1::WorkerMessage m;
+  m.mutable_metrics()->set_step(step);
+  return m;
+}
+
+v1::LogLine Line(const std::string& text) {
+  v1::LogLine l;
+  l.set_text(text);
+  return l;
+}
+
+// Drains the queue, popping everything ready within a short wait.
+std::vector<v1::WorkerMessage> Drain(OutboundQueue& q, absl::Duration wait = absl::Milliseconds(10)) {
+  std::vector<v1::WorkerMessage> out;
+  while (auto e = q.Peek(wait)) {
+    out.push_back(e->message);
+    q.Pop(e->sequence);
+  }
+  return out;
+}
+
+TEST(OutboundQueueTest, KeepsOrderAndPeekDoesNotRemove) {
+  OutboundQueue q;
+  q.Push(Status(1));
+  q.Push(Metrics(2));
+  auto first = q.Peek(absl::ZeroDuration());
+  ASSERT_TRUE(first.has_value());
+  auto again = q.Peek(absl::ZeroDuration());
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(first->sequence, again->sequence);
+  EXPECT_EQ(again->message.rank_status().rank(), 1);
+  q.Pop(first->sequence);
+  q.Pop(first->sequence);  // a second pop of the same entry does nothing
+  std::vector<v1::WorkerMessage> rest = Drain(q);
+  ASSERT_EQ(rest.size(), 1u);
+  EXPECT_EQ(rest[0].metrics().step(), 2);
+  EXPECT_FALSE(q.Peek(absl::Milliseconds(1)).has_value());
+}
+
+TEST(OutboundQueueTest, LogLinesAreBatchedAndSealedBeforeTheNextMessage) {
+  OutboundQueue q;
+  q.PushLogLine(Line("a"));
+  q.PushLogLine(Line("b"));
+  q.Push(Status(0));  // the rank's exit comes after its last lines
+  q.PushLogLine(Line("c"));
+  std::vector<v1::WorkerMessage> got = Drain(q, OutboundQueue::kLogBatchDelay * 2);
+  ASSERT_EQ(got.size(), 3u);
+  ASSERT_TRUE(got[0].has_logs());
+  ASSERT_EQ(got[0].logs().lines_size(), 2);
+  EXPECT_EQ(got[0].logs().lines(0).text(), "a");
+  EXPECT_EQ(got[0].logs().lines(1).text(), "b");
+  EXPECT_TRUE(got[1].has_rank_status());
+  ASSERT_TRUE(got[2].has_logs());
+  EXPECT_EQ(got[2].logs().lines(0).text(), "c");
+}
+
+TEST(OutboundQueueTest, YoungLogBatchWaitsForItsDelay) {
+  OutboundQueue q;
+  const absl::Time start = absl::Now();
+  q.PushLogLine(Line("x"));
+  EXPECT_FALSE(q.Peek(absl::ZeroDuration()).has_value());
+  auto e = q.Peek(absl::Seconds(5));
+  ASSERT_TRUE(e.has_value());
+  EXPECT_GE(absl::Now() - start, OutboundQueue::kLogBatchDelay);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST(OutboundQueueTest, FullBatchGoesAtOnce) {
+  OutboundQueue q;
+  for (int i = 0; i < OutboundQueue::kMaxLogBatchLines; ++i) q.PushLogLine(Line(absl::StrCat(i)));
+  auto e = q.Peek(absl::ZeroDuration());
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->message.logs().lines_size(), OutboundQueue::kMaxLogBatchLines);
+}
+
+TEST(OutboundQueueTest, PeekWakesOnPush) {
+  OutboundQueue q;
+  std::thread producer([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    q.Push(Metrics(9));
+  });
+  const absl::Time start = absl::Now();
+  auto e = q.Peek(absl::Seconds(10));
+  producer.join();
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->message.metrics().step(), 9);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(OutboundQueueTest, BoundedDropsOldestMetricsBeforeStatuses) {
+  OutboundQueue q(4);
+  q.Push(Status(0));
+  q.Push(Metrics(1));
+  q.Push(Metrics(2));
+  q.Push(Status(3));
+  q.Push(Metrics(4));  // drops Metrics(1)
+  q.Push(Metrics(5));  // drops Metrics(2)
+  EXPECT_EQ(q.dropped(), 2);
+  std::vector<v1::WorkerMessage> got = Drain(q);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[0].rank_status().rank(), 0);
+  EXPECT_EQ(got[1].rank_status().rank(), 3);
+  EXPECT_EQ(got[2].metrics().step(), 4);
+  EXPECT_EQ(got[3].metrics().step(), 5);
+}
+
+TEST(OutboundQueueTest, PopAfterTheEntryWasDroppedKeepsTheNewFront) {
+  OutboundQueue q(1);
+  q.Push(Metrics(1));
+  auto e = q.Peek(absl::ZeroDuration());
+  ASSERT_TRUE(e.has_value());
+  q.Push(Metrics(2));  // drops the peeked entry
+  q.Pop(e->sequence);
+  std::vector<v1::WorkerMessage> got = Drain(q);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].metrics().step(), 2);
+}
+
+}  // namespace
+}  // namespace dropless

@@ -1,0 +1,304 @@
+// RankManager against a stand-in rank binary (a shell script honouring the rank command line and
+// the report pipe), so the daemon side is tested without the engine.
+#include "worker/daemon/rank_manager.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace dropless {
+namespace {
+
+namespace v1 = dropless::v1;
+
+constexpr char kFakeRank[] = R"SH(#!/bin/sh
+echo "argv: $*"
+echo "env: OPENBLAS_NUM_THREADS=$OPENBLAS_NUM_THREADS CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
+[ "$1" = rank ] || { echo "error: not started as rank" >&2; exit 9; }
+shift
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --job) job=$2 ;; --rank) rank=$2 ;; --spec) spec=$2 ;;
+  esac
+  shift 2
+done
+echo "spec: $(cat "$spec")"
+report() {
+  echo "step=$1 steps=2 loss=$2 aux_loss=0.5 step_seconds=0.25 flops=1e9 tokens=100 dispatch_seconds=0.01 combine_seconds=0.02 gemm_seconds=0.1 load_imbalance=1.2 device_memory_bytes=0 peak_flops=1e10" >&3
+}
+case "$job" in
+  ok) echo ready >&3; echo "this is not a report" >&3; report 1 2.0; report 2 1.0; echo "rank $rank done"; exit 0 ;;
+  fail) echo ready >&3; echo "error: boom on rank $rank" >&2; exit 4 ;;
+  hang) echo ready >&3; echo "pid $$"; while :; do sleep 0.05; done ;;
+  stubborn) trap '' TERM; echo ready >&3; while :; do sleep 0.05; done ;;
+esac
+exit 7
+)SH";
+
+class RankManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TMPDIR");
+    dir_ = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/dropless-rank-manager-test-", getpid(), "-",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_EQ(system(absl::StrCat("rm -rf '", dir_, "' && mkdir -p '", dir_, "'").c_str()), 0);
+    script_ = dir_ + "/fake-rank";
+    std::ofstream(script_) << kFakeRank;
+    ASSERT_EQ(chmod(script_.c_str(), 0755), 0);
+    metrics_ = std::move(*WorkerMetrics::Create("node-a", "127.0.0.1", 0));
+    RankManagerOptions o;
+    o.rank_binary = script_;
+    o.coordinator = "127.0.0.1:7070";
+    o.node = "node-a";
+    o.advertise_address = "127.0.0.1";
+    o.work_dir = dir_ + "/work";
+    o.slot_kind = "cpu";
+    o.slots = 2;
+    o.kill_grace = absl::Milliseconds(500);
+    manager_ = std::make_unique<RankManager>(o, &queue_, metrics_.get());
+  }
+  void TearDown() override {
+    manager_.reset();
+    ASSERT_EQ(system(absl::StrCat("rm -rf '", dir_, "'").c_str()), 0);
+  }
+
+  v1::Assignment Assignment(const std::string& job, std::vector<std::pair<int, int>> rank_slots,
+                            int world_size) {
+    v1::Assignment a;
+    a.set_job_id(job);
+    a.set_attempt(1);
+    a.set_world_size(world_size);
+    a.set_spec_yaml("name: " + job + "\n");
+    for (auto [rank, slot] : rank_slots) {
+      v1::RankAssignment* r = a.add_ranks();
+      r->set_rank(rank);
+      r->set_slot(slot);
+    }
+    return a;
+  }
+
+  // Pops messages until `terminal` rank statuses in a final state were seen.
+  std::vector<v1::WorkerMessage> CollectUntilEnded(int terminal, absl::Duration timeout) {
+    std::vector<v1::WorkerMessage> got;
+    const absl::Time deadline = absl::Now() + timeout;
+    int ended = 0;
+    while (ended < terminal && absl::Now() < deadline) {
+      auto e = queue_.Peek(absl::Milliseconds(50));
+      if (!e) continue;
+      queue_.Pop(e->sequence);
+      const v1::WorkerMessage& m = e->message;
+      if (m.has_rank_status() && m.rank_status().state() != v1::RANK_STATE_STARTING &&
+          m.rank_status().state() != v1::RANK_STATE_RUNNING) {
+        ++ended;
+      }
+      got.push_back(m);
+    }
+    // Log lines of the end may still sit in an open batch.
+    while (auto e = queue_.Peek(OutboundQueue::kLogBatchDelay * 2)) {
+      queue_.Pop(e->sequence);
+      got.push_back(e->message);
+    }
+    return got;
+  }
+
+  bool WaitRunning(int count, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      int running = 0;
+      for (const v1::RankStatus& s : manager_->LiveRanks()) {
+        running += s.state() == v1::RANK_STATE_RUNNING;
+      }
+      if (running == count) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+
+  static std::vector<v1::RankState> StatesOf(const std::vector<v1::WorkerMessage>& msgs, int rank) {
+    std::vector<v1::RankState> states;
+    for (const v1::WorkerMessage& m : msgs) {
+      if (m.has_rank_status() && m.rank_status().rank() == rank) {
+        states.push_back(m.rank_status().state());
+      }
+    }
+    return states;
+  }
+
+  static std::string LogText(const std::vector<v1::WorkerMessage>& msgs, int rank) {
+    std::vector<std::string> lines;
+    for (const v1::WorkerMessage& m : msgs) {
+      for (const v1::LogLine& l : m.logs().lines()) {
+        if (l.rank() == rank) lines.push_back(l.text());
+      }
+    }
+    return absl::StrJoin(lines, "\n");
+  }
+
+  std::string dir_;
+  std::string script_;
+  OutboundQueue queue_;
+  std::unique_ptr<WorkerMetrics> metrics_;
+  std::unique_ptr<RankManager> manager_;
+};
+
+TEST_F(RankManagerTest, RunsRanksToSuccessWithStatusMetricsAndLogs) {
+  manager_->HandleAssignment(Assignment("ok", {{0, 0}, {1, 1}}, 2));
+  std::vector<v1::WorkerMessage> msgs = CollectUntilEnded(2, absl::Seconds(20));
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(StatesOf(msgs, rank),
+              (std::vector<v1::RankState>{v1::RANK_STATE_STARTING, v1::RANK_STATE_RUNNING,
+                                          v1::RANK_STATE_SUCCEEDED}))
+        << "rank " << rank;
+    const std::string log = LogText(msgs, rank);
+    EXPECT_NE(log.find(absl::StrCat("argv: rank --coordinator 127.0.0.1:7070 --job ok --attempt 1 "
+                                    "--rank ", rank, " --world-size 2 --slot ", rank, " --spec ")),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("--host 127.0.0.1 --node node-a --report-fd 3"), std::string::npos) << log;
+    EXPECT_NE(log.find("env: OPENBLAS_NUM_THREADS=1 CUDA_VISIBLE_DEVICES="), std::string::npos) << log;
+    EXPECT_NE(log.find("spec: name: ok"), std::string::npos) << log;
+    EXPECT_NE(log.find(absl::StrCat("rank ", rank, " done")), std::string::npos) << log;
+  }
+  std::vector<v1::StepMetrics> steps;
+  for (const v1::WorkerMessage& m : msgs) {
+    if (m.has_metrics() && m.metrics().rank() == 0) steps.push_back(m.metrics());
+  }
+  ASSERT_EQ(steps.size(), 2u);  // the malformed report line was skipped
+  EXPECT_EQ(steps[0].job_id(), "ok");
+  EXPECT_EQ(steps[0].attempt(), 1);
+  EXPECT_EQ(steps[0].step(), 1);
+  EXPECT_EQ(steps[1].step(), 2);
+  EXPECT_EQ(steps[1].steps(), 2);
+  EXPECT_DOUBLE_EQ(steps[0].loss(), 2.0);
+  EXPECT_DOUBLE_EQ(steps[1].loss(), 1.0);
+  EXPECT_DOUBLE_EQ(steps[1].tflops(), 1e9 / 0.25 / 1e12);
+  EXPECT_DOUBLE_EQ(steps[1].mfu(), 1e9 / 0.25 / 1e10);
+  EXPECT_DOUBLE_EQ(steps[1].tokens_per_second(), 400);
+  EXPECT_DOUBLE_EQ(steps[1].gemm_seconds(), 0.1);
+  EXPECT_DOUBLE_EQ(steps[1].load_imbalance(), 1.2);
+  EXPECT_EQ(steps[1].node(), "node-a");
+  EXPECT_GT(steps[1].time_ms(), 0);
+
+  std::ifstream spec(dir_ + "/work/jobs/ok/attempt-1/spec.yaml");
+  std::string spec_text((std::istreambuf_iterator<char>(spec)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(spec_text, "name: ok\n");
+  std::ifstream log(dir_ + "/work/jobs/ok/attempt-1/rank-1.log");
+  std::string log_text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(log_text.find("rank 1 done"), std::string::npos) << log_text;
+
+  EXPECT_TRUE(manager_->LiveRanks().empty());
+  const std::string exposition = metrics_->Serialize();
+  EXPECT_NE(exposition.find("dropless_rank_steps_total{job=\"ok\",node=\"node-a\",rank=\"1\"} 2"),
+            std::string::npos)
+      << exposition;
+  EXPECT_NE(exposition.find("dropless_worker_rank_exits_total{node=\"node-a\",result=\"succeeded\"} 2"),
+            std::string::npos)
+      << exposition;
+  EXPECT_NE(exposition.find("dropless_worker_slots{node=\"node-a\",state=\"free\"} 2"),
+            std::string::npos)
+      << exposition;
+}
+
+TEST_F(RankManagerTest, FailingRankReportsExitCodeAndItsLastWords) {
+  manager_->HandleAssignment(Assignment("fail", {{1, 0}}, 2));
+  std::vector<v1::WorkerMessage> msgs = CollectUntilEnded(1, absl::Seconds(20));
+  ASSERT_FALSE(msgs.empty());
+  const v1::RankStatus* last = nullptr;
+  for (const v1::WorkerMessage& m : msgs) {
+    if (m.has_rank_status()) last = &m.rank_status();
+  }
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(last->state(), v1::RANK_STATE_FAILED);
+  EXPECT_EQ(last->exit_code(), 4);
+  EXPECT_EQ(last->rank(), 1);
+  EXPECT_NE(last->message().find("exit code 4"), std::string::npos) << last->message();
+  EXPECT_NE(last->message().find("boom on rank 1"), std::string::npos) << last->message();
+}
+
+TEST_F(RankManagerTest, CancellationStopsTheAttemptsRanksOnly) {
+  manager_->HandleAssignment(Assignment("hang", {{0, 0}}, 1));
+  manager_->HandleAssignment(Assignment("stubborn", {{0, 1}}, 1));
+  ASSERT_TRUE(WaitRunning(2, absl::Seconds(10)));
+  std::vector<pid_t> pids = manager_->LivePids();
+  ASSERT_EQ(pids.size(), 2u);
+
+  v1::Cancellation other;
+  other.set_job_id("hang");
+  other.set_attempt(2);  // not the running attempt: nothing happens
+  manager_->HandleCancellation(other);
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(manager_->LiveRanks().size(), 2u);
+
+  const absl::Time start = absl::Now();
+  v1::Cancellation cancel;
+  cancel.set_job_id("hang");
+  cancel.set_attempt(1);
+  manager_->HandleCancellation(cancel);
+  v1::Cancellation cancel_all;
+  cancel_all.set_job_id("stubborn");  // attempt 0: every attempt
+  manager_->HandleCancellation(cancel_all);
+  std::vector<v1::WorkerMessage> msgs = CollectUntilEnded(2, absl::Seconds(10));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  int killed = 0;
+  for (const v1::WorkerMessage& m : msgs) {
+    if (m.has_rank_status() && m.rank_status().state() == v1::RANK_STATE_KILLED) {
+      ++killed;
+      if (m.rank_status().job_id() == "stubborn") {
+        EXPECT_EQ(m.rank_status().exit_code(), 128 + SIGKILL);  // ignored SIGTERM
+      } else {
+        EXPECT_EQ(m.rank_status().exit_code(), 128 + SIGTERM);
+      }
+    }
+  }
+  EXPECT_EQ(killed, 2);
+  for (pid_t pid : pids) EXPECT_NE(kill(pid, 0), 0) << "pid " << pid << " still exists";
+  EXPECT_TRUE(manager_->LiveRanks().empty());
+}
+
+TEST_F(RankManagerTest, DuplicateAssignmentIsIgnoredAndLiveRanksAreListed) {
+  manager_->HandleAssignment(Assignment("hang", {{0, 0}}, 1));
+  ASSERT_TRUE(WaitRunning(1, absl::Seconds(10)));
+  manager_->HandleAssignment(Assignment("hang", {{0, 0}}, 1));  // e.g. resent after a reconnect
+  std::vector<v1::RankStatus> live = manager_->LiveRanks();
+  ASSERT_EQ(live.size(), 1u);
+  EXPECT_EQ(live[0].job_id(), "hang");
+  EXPECT_EQ(live[0].attempt(), 1);
+  EXPECT_EQ(live[0].state(), v1::RANK_STATE_RUNNING);
+  EXPECT_TRUE(manager_->StopAllAndWait(absl::Seconds(5)));
+  EXPECT_TRUE(manager_->LiveRanks().empty());
+}
+
+TEST_F(RankManagerTest, BadAssignmentsFailWithoutStartingAnything) {
+  manager_->HandleAssignment(Assignment("ok", {{0, 5}, {3, 0}}, 2));  // slot 5 of 2; rank 3 of 2
+  std::vector<v1::WorkerMessage> msgs = CollectUntilEnded(2, absl::Seconds(5));
+  std::vector<std::string> messages;
+  for (const v1::WorkerMessage& m : msgs) {
+    ASSERT_TRUE(m.has_rank_status());
+    EXPECT_EQ(m.rank_status().state(), v1::RANK_STATE_FAILED);
+    messages.push_back(m.rank_status().message());
+  }
+  ASSERT_EQ(messages.size(), 2u);
+  EXPECT_NE(messages[0].find("slot 5"), std::string::npos) << messages[0];
+  EXPECT_NE(messages[1].find("rank 3"), std::string::npos) << messages[1];
+  EXPECT_TRUE(manager_->LiveRanks().empty());
+}
+
+TEST(SafePathComponentTest, KeepsIdsInsideTheWorkDir) {
+  EXPECT_EQ(SafePathComponent("job-00012"), "job-00012");
+  EXPECT_EQ(SafePathComponent("../../etc"), ".._.._etc");
+  EXPECT_EQ(SafePathComponent(".."), "_..");
+  EXPECT_EQ(SafePathComponent(""), "_");
+}
+
+}  // namespace
+}  // namespace dropless

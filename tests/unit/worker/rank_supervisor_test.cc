@@ -1,0 +1,281 @@
+#include "worker/daemon/rank_supervisor.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace dropless {
+namespace {
+
+// Records what the supervisor reports, per child id.
+class Recorder {
+ public:
+  RankSupervisor::Callbacks Callbacks() {
+    RankSupervisor::Callbacks cb;
+    cb.on_output = [this](RankSupervisor::ChildId id, absl::string_view line) {
+      absl::MutexLock lock(&mu_);
+      EXPECT_EQ(exits_.count(id), 0u) << "output after exit";
+      output_[id].emplace_back(line);
+    };
+    cb.on_report = [this](RankSupervisor::ChildId id, absl::string_view line) {
+      absl::MutexLock lock(&mu_);
+      EXPECT_EQ(exits_.count(id), 0u) << "report after exit";
+      reports_[id].emplace_back(line);
+    };
+    cb.on_exit = [this](RankSupervisor::ChildId id, const ChildExit& exit) {
+      absl::MutexLock lock(&mu_);
+      EXPECT_EQ(exits_.count(id), 0u) << "two exits";
+      exits_[id] = exit;
+      exit_times_[id] = absl::Now();
+    };
+    return cb;
+  }
+
+  bool WaitExit(RankSupervisor::ChildId id, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return exits_.count(id) > 0; };
+    return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+  }
+  bool WaitOutput(RankSupervisor::ChildId id, const std::string& line, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto seen = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (const std::string& l : output_[id]) {
+        if (l == line) return true;
+      }
+      return false;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&seen), timeout);
+  }
+  ChildExit Exit(RankSupervisor::ChildId id) {
+    absl::MutexLock lock(&mu_);
+    return exits_.at(id);
+  }
+  absl::Time ExitTime(RankSupervisor::ChildId id) {
+    absl::MutexLock lock(&mu_);
+    return exit_times_.at(id);
+  }
+  std::vector<std::string> Output(RankSupervisor::ChildId id) {
+    absl::MutexLock lock(&mu_);
+    return output_[id];
+  }
+  std::vector<std::string> Reports(RankSupervisor::ChildId id) {
+    absl::MutexLock lock(&mu_);
+    return reports_[id];
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<RankSupervisor::ChildId, std::vector<std::string>> output_ ABSL_GUARDED_BY(mu_);
+  std::map<RankSupervisor::ChildId, std::vector<std::string>> reports_ ABSL_GUARDED_BY(mu_);
+  std::map<RankSupervisor::ChildId, ChildExit> exits_ ABSL_GUARDED_BY(mu_);
+  std::map<RankSupervisor::ChildId, absl::Time> exit_times_ ABSL_GUARDED_BY(mu_);
+};
+
+ChildSpec Shell(const std::string& script, bool report_pipe = false) {
+  ChildSpec spec;
+  spec.path = "/bin/sh";
+  spec.argv = {"sh", "-c", script};
+  spec.report_pipe = report_pipe;
+  return spec;
+}
+
+// True when pid is neither running nor a zombie of this process.
+bool FullyGone(pid_t pid) {
+  int status;
+  return waitpid(pid, &status, WNOHANG) < 0 && errno == ECHILD && kill(pid, 0) != 0;
+}
+
+std::string TempPath(const std::string& name) {
+  const char* tmp = std::getenv("TMPDIR");
+  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/dropless-supervisor-test-", getpid(), "-",
+                      name);
+}
+
+TEST(RankSupervisorTest, CapturesOutputReportsAndExitCode) {
+  Recorder rec;
+  RankSupervisor supervisor(rec.Callbacks());
+  const std::string log = TempPath("log");
+  unlink(log.c_str());
+  ChildSpec spec = Shell(
+      "echo hello; echo to-stderr >&2; printf 'no newline'; echo ready >&3; "
+      "echo step=1 >&3; exit 3",
+      /*report_pipe=*/true);
+  spec.log_path = log;
+  absl::StatusOr<pid_t> pid = supervisor.Start(1, spec);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  ASSERT_TRUE(rec.WaitExit(1, absl::Seconds(10)));
+  ChildExit exit = rec.Exit(1);
+  EXPECT_EQ(exit.exit_code, 3);
+  EXPECT_EQ(exit.signal, 0);
+  EXPECT_FALSE(exit.success());
+  EXPECT_FALSE(exit.stop_requested);
+  EXPECT_EQ(exit.shell_status(), 3);
+  EXPECT_EQ(exit.Describe(), "exit code 3");
+  EXPECT_EQ(rec.Output(1), (std::vector<std::string>{"hello", "to-stderr", "no newline"}));
+  EXPECT_EQ(rec.Reports(1), (std::vector<std::string>{"ready", "step=1"}));
+  EXPECT_TRUE(FullyGone(*pid));
+  EXPECT_EQ(supervisor.live_children(), 0);
+  std::ifstream in(log);
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "hello\nto-stderr\nno newline");
+  unlink(log.c_str());
+}
+
+TEST(RankSupervisorTest, EnvironmentOverridesAndNoStdin) {
+  Recorder rec;
+  RankSupervisor supervisor(rec.Callbacks());
+  setenv("DROPLESS_SUPERVISOR_TEST_KEEP", "kept", 1);
+  ChildSpec spec = Shell(
+      "echo \"$OPENBLAS_NUM_THREADS $CUDA_VISIBLE_DEVICES $DROPLESS_SUPERVISOR_TEST_KEEP\"; "
+      "cat; echo stdin-done; "
+      "if [ -e /proc/self/fd/3 ]; then echo fd3-open; else echo fd3-closed; fi");
+  spec.env = {"OPENBLAS_NUM_THREADS=1", "CUDA_VISIBLE_DEVICES=5"};
+  ASSERT_TRUE(supervisor.Start(7, spec).ok());
+  ASSERT_TRUE(rec.WaitExit(7, absl::Seconds(10)));
+  EXPECT_TRUE(rec.Exit(7).success());
+  EXPECT_EQ(rec.Output(7), (std::vector<std::string>{"1 5 kept", "stdin-done", "fd3-closed"}));
+}
+
+TEST(RankSupervisorTest, ReportsTheKillingSignal) {
+  Recorder rec;
+  RankSupervisor supervisor(rec.Callbacks());
+  ASSERT_TRUE(supervisor.Start(2, Shell("kill -SEGV $$")).ok());
+  ASSERT_TRUE(rec.WaitExit(2, absl::Seconds(10)));
+  ChildExit exit = rec.Exit(2);
+  EXPECT_EQ(exit.signal, SIGSEGV);
+  EXPECT_EQ(exit.shell_status(), 128 + SIGSEGV);
+  EXPECT_NE(exit.Describe().find("signal 11"), std::string::npos);
+}
+
+TEST(RankSupervisorTest, StopTerminatesAPoliteChild) {
+  Recorder rec;
+  RankSupervisor supervisor(rec.Callbacks());
+  absl::StatusOr<pid_t> pid = supervisor.Start(3, Shell("echo up; exec sleep 60"));
+  ASSERT_TRUE(pid.ok());
+  ASSERT_TRUE(rec.WaitOutput(3, "up", absl::Seconds(10)));
+  const absl::Time stop = absl::Now();
+  supervisor.Stop(3, absl::Seconds(30));
+  ASSERT_TRUE(rec.WaitExit(3, absl::Seconds(10)));
+  ChildExit exit = rec.Exit(3);
+  EXPECT_EQ(exit.signal, SIGTERM);
+  EXPECT_TRUE(exit.stop_requested);
+  EXPECT_LT(rec.ExitTime(3) - stop, absl::Seconds(2));
+  EXPECT_TRUE(FullyGone(*pid));
+}
+
+TEST(RankSupervisorTest, StopKillsAChildIgnoringSigtermAfterTheGrace) {
+  Recorder rec;
+  RankSupervisor supervisor(rec.Callbacks());
+  absl::StatusOr<pid_t> pid =
+      supervisor.Start(4, Shell("trap '' TERM; echo trapped; while :; do sleep 0.05; done"));
+  ASSERT_TRUE(pid.ok());
+  ASSERT_TRUE(rec.WaitOutput(4, "trapped", absl::Seconds(10)));
+  const absl::Time stop = absl::Now();
+  supervisor.Stop(4, absl::Milliseconds(500));
+  ASSERT_TRUE(rec.WaitExit(4, absl::Seconds(10)));
+  const absl::Duration took = rec.ExitTime(4) - stop;
+  EXPECT_GE(took, absl::Milliseconds(450));
+  EXPECT_LT(took, absl::Seconds(3));
+  EXPECT_EQ(rec.Exit(4).signal, SIGKILL);
+  EXPECT_TRUE(rec.Exit(4).stop_requested);
+  EXPECT_TRUE(FullyGone(*pid));
+}
+
+TEST(RankSupervisorTest, StopReachesGrandchildren) {
+  Recorder rec;
+  RankSupervisor supervisor(rec.Callbacks());
+  // The shell starts a background sleeper and reports its pid.
+  ASSERT_TRUE(supervisor.Start(5, Shell("sleep 60 & echo child=$!; wait")).ok());
+  std::string grandchild;
+  for (int i = 0; i < 200 && grandchild.empty(); ++i) {
+    for (const std::string& line : rec.Output(5)) {
+      if (line.rfind("child=", 0) == 0) grandchild = line.substr(6);
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_FALSE(grandchild.empty());
+  const pid_t gpid = std::atoi(grandchild.c_str());
+  supervisor.Stop(5, absl::Seconds(2));
+  ASSERT_TRUE(rec.WaitExit(5, absl::Seconds(10)));
+  // The grandchild is reparented (not our child to reap); it must be gone within a moment.
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = kill(gpid, 0) != 0;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(gone) << "grandchild " << gpid << " survived the stop";
+}
+
+TEST(RankSupervisorTest, ExecFailureIsAnErrorAndNoChildIsLeft) {
+  Recorder rec;
+  RankSupervisor supervisor(rec.Callbacks());
+  ChildSpec spec;
+  spec.path = "/nonexistent/dropless-worker";
+  spec.argv = {"dropless-worker", "rank"};
+  absl::StatusOr<pid_t> pid = supervisor.Start(6, spec);
+  ASSERT_FALSE(pid.ok());
+  EXPECT_NE(pid.status().message().find("/nonexistent/dropless-worker"), std::string::npos);
+  EXPECT_NE(pid.status().message().find("No such file"), std::string::npos) << pid.status();
+  EXPECT_EQ(supervisor.live_children(), 0);
+  int status;
+  EXPECT_EQ(waitpid(-1, &status, WNOHANG), -1);  // no child (and no zombie) of this process
+  EXPECT_EQ(errno, ECHILD);
+}
+
+TEST(RankSupervisorTest, ManyChildrenAreAllReapedAndIdsCanBeReused) {
+  Recorder rec;
+  RankSupervisor supervisor(rec.Callbacks());
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 20; ++i) {
+    absl::StatusOr<pid_t> pid = supervisor.Start(100 + i, Shell(absl::StrCat("exit ", i % 4)));
+    ASSERT_TRUE(pid.ok()) << pid.status();
+    pids.push_back(*pid);
+  }
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(rec.WaitExit(100 + i, absl::Seconds(10)));
+    EXPECT_EQ(rec.Exit(100 + i).exit_code, i % 4);
+  }
+  EXPECT_TRUE(supervisor.WaitUntilIdle(absl::Seconds(5)));
+  for (pid_t pid : pids) EXPECT_TRUE(FullyGone(pid)) << pid;
+}
+
+TEST(RankSupervisorTest, LongLinesAreSplit) {
+  Recorder rec;
+  RankSupervisor supervisor(rec.Callbacks());
+  ASSERT_TRUE(supervisor.Start(9, Shell("head -c 40000 /dev/zero | tr '\\0' x; echo")).ok());
+  ASSERT_TRUE(rec.WaitExit(9, absl::Seconds(10)));
+  std::vector<std::string> lines = rec.Output(9);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0].size(), RankSupervisor::kMaxLineBytes);
+  EXPECT_EQ(lines[1].size(), RankSupervisor::kMaxLineBytes);
+  EXPECT_EQ(lines[2].size(), 40000 - 2 * RankSupervisor::kMaxLineBytes);
+}
+
+TEST(RankSupervisorTest, DestructorKillsAndReapsLiveChildren) {
+  Recorder rec;
+  pid_t pid;
+  {
+    RankSupervisor supervisor(rec.Callbacks());
+    absl::StatusOr<pid_t> started = supervisor.Start(8, Shell("trap '' TERM; exec sleep 60"));
+    ASSERT_TRUE(started.ok());
+    pid = *started;
+  }
+  EXPECT_TRUE(rec.WaitExit(8, absl::ZeroDuration()));
+  EXPECT_TRUE(FullyGone(pid));
+}
+
+}  // namespace
+}  // namespace dropless

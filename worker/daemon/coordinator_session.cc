@@ -1,0 +1,235 @@
+#include "worker/daemon/coordinator_session.h"
+
+#include <algorithm>
+#include <atomic>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "worker/daemon/daemon_log.h"
+
+namespace dropless {
+namespace {
+
+namespace v1 = dropless::v1;
+
+// Longest wait of the writer before it re-checks for heartbeats and the end of the session.
+constexpr absl::Duration kWriterTick = absl::Milliseconds(100);
+// A session that lasted this long was healthy: the next reconnect starts from the minimum backoff.
+constexpr absl::Duration kHealthySession = absl::Seconds(10);
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  // gRPC's own reconnect backoff grows to minutes; the session has its own backoff, so keep the
+  // channel's short and a restarted coordinator is found within seconds.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+absl::Duration Jittered(absl::Duration d) {
+  static thread_local std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<double> factor(0.8, 1.2);
+  return d * factor(rng);
+}
+
+}  // namespace
+
+CoordinatorSession::CoordinatorSession(SessionOptions options, RankManager* ranks,
+                                       OutboundQueue* outbound, WorkerMetrics* metrics)
+    : options_(std::move(options)),
+      ranks_(ranks),
+      outbound_(outbound),
+      metrics_(metrics),
+      channel_(MakeChannel(options_.coordinator)),
+      stub_(v1::WorkerService::NewStub(channel_)) {}
+
+std::string CoordinatorSession::worker_id() const {
+  absl::MutexLock lock(&mu_);
+  return worker_id_;
+}
+
+bool CoordinatorSession::connected() const {
+  absl::MutexLock lock(&mu_);
+  return connected_;
+}
+
+void CoordinatorSession::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+  if (open_context_ != nullptr) open_context_->TryCancel();
+}
+
+bool CoordinatorSession::SleepUnlessShutdown(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&shutdown_), d);
+  return !shutdown_;
+}
+
+bool CoordinatorSession::WaitUntilFlushed(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (outbound_->size() == 0) return true;
+    if (!connected()) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return outbound_->size() == 0;
+}
+
+absl::Status CoordinatorSession::Register() {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return absl::CancelledError("shutting down");
+    open_context_ = &context;
+  }
+  v1::RegisterWorkerResponse response;
+  grpc::Status status = stub_->RegisterWorker(&context, options_.registration, &response);
+  {
+    absl::MutexLock lock(&mu_);
+    open_context_ = nullptr;
+  }
+  if (!status.ok()) {
+    return absl::UnavailableError(absl::StrCat("RegisterWorker with ", options_.coordinator,
+                                               " failed: ", status.error_message(), " (code ",
+                                               static_cast<int>(status.error_code()), ")"));
+  }
+  if (response.worker_id().empty()) {
+    return absl::InternalError("RegisterWorker answered without a worker_id");
+  }
+  absl::MutexLock lock(&mu_);
+  if (!worker_id_.empty() && worker_id_ != response.worker_id()) {
+    DaemonLog(absl::StrCat("coordinator gave a new worker id ", response.worker_id(),
+                           " (was ", worker_id_, ")"));
+  }
+  worker_id_ = response.worker_id();
+  heartbeat_interval_ = response.heartbeat_interval_ms() > 0
+                            ? absl::Milliseconds(response.heartbeat_interval_ms())
+                            : absl::Seconds(1);
+  DaemonLog(absl::StrCat("registered with ", options_.coordinator, " as worker ", worker_id_,
+                         " (node ", options_.registration.node(), ", ",
+                         options_.registration.devices_size(), " ",
+                         options_.registration.slot_kind(), " slots, heartbeat every ",
+                         absl::FormatDuration(heartbeat_interval_), ")"));
+  return absl::OkStatus();
+}
+
+void CoordinatorSession::Run() {
+  absl::Duration backoff = options_.min_backoff;
+  bool last_failed = false;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutdown_) return;
+    }
+    absl::Status status = Register();
+    absl::Time session_start = absl::Now();
+    if (status.ok()) {
+      status = RunSession();
+      if (absl::Now() - session_start >= kHealthySession) backoff = options_.min_backoff;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutdown_) return;
+    }
+    // Repeated identical failures (coordinator down) are logged once, not every retry.
+    if (!last_failed || status.ok()) {
+      DaemonLog(absl::StrCat("session with ", options_.coordinator, " ended: ",
+                             status.ok() ? "stream closed" : status.message(),
+                             "; reconnecting with backoff"));
+    }
+    last_failed = !status.ok();
+    if (!SleepUnlessShutdown(Jittered(backoff))) return;
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+absl::Status CoordinatorSession::RunSession() {
+  grpc::ClientContext context;
+  std::string worker_id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return absl::CancelledError("shutting down");
+    open_context_ = &context;
+    worker_id = worker_id_;
+  }
+  auto stream = stub_->Session(&context);
+
+  v1::WorkerMessage hello;
+  hello.mutable_hello()->set_worker_id(worker_id);
+  for (v1::RankStatus& r : ranks_->LiveRanks()) *hello.mutable_hello()->add_ranks() = std::move(r);
+  absl::Status result;
+  if (stream->Write(hello)) {
+    bool reconnect;
+    {
+      absl::MutexLock lock(&mu_);
+      connected_ = true;
+      reconnect = ++sessions_ > 1;
+    }
+    if (reconnect) metrics_->RecordSessionReconnect();
+    DaemonLog(absl::StrCat("session open (", hello.hello().ranks_size(), " live rank(s) reported)"));
+
+    std::atomic<bool> stop{false};
+    std::thread writer([&] {
+      WriteLoop(stream.get(), &context, &stop);
+    });
+    v1::CoordinatorMessage message;
+    while (stream->Read(&message)) {
+      if (message.has_assignment()) {
+        ranks_->HandleAssignment(message.assignment());
+      } else if (message.has_cancellation()) {
+        ranks_->HandleCancellation(message.cancellation());
+      }
+    }
+    stop = true;
+    context.TryCancel();
+    writer.join();
+  } else {
+    context.TryCancel();
+  }
+  grpc::Status status = stream->Finish();
+  {
+    absl::MutexLock lock(&mu_);
+    connected_ = false;
+    open_context_ = nullptr;
+  }
+  if (status.ok()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("Session: ", status.error_message(), " (code ",
+                                             static_cast<int>(status.error_code()), ")"));
+}
+
+void CoordinatorSession::WriteLoop(
+    grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream,
+    grpc::ClientContext* context, std::atomic<bool>* stop) {
+  absl::Duration interval;
+  {
+    absl::MutexLock lock(&mu_);
+    interval = heartbeat_interval_;
+  }
+  absl::Time next_heartbeat = absl::Now() + interval;
+  while (!stop->load()) {
+    const absl::Time now = absl::Now();
+    if (now >= next_heartbeat) {
+      v1::WorkerMessage beat;
+      beat.mutable_heartbeat()->set_time_ms(absl::ToUnixMillis(now));
+      for (v1::RankStatus& r : ranks_->LiveRanks()) {
+        *beat.mutable_heartbeat()->add_ranks() = std::move(r);
+      }
+      if (!stream->Write(beat)) break;
+      next_heartbeat = now + interval;
+      continue;
+    }
+    std::optional<OutboundQueue::Entry> entry =
+        outbound_->Peek(std::min(kWriterTick, next_heartbeat - now));
+    if (!entry.has_value()) continue;
+    if (!stream->Write(entry->message)) break;
+    outbound_->Pop(entry->sequence);
+  }
+  context->TryCancel();  // a failed write ends the session: unblock the reader
+}
+
+}  // namespace dropless

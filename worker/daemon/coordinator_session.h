@@ -1,0 +1,80 @@
+// CoordinatorSession: the worker daemon's link to the coordinator (docs/architecture.md, "Worker
+// session protocol"). Registers, opens the Session stream, says Hello with the ranks still alive,
+// then sends heartbeats at the interval the coordinator gave and drains the outbound queue, while
+// Assignments and Cancellations coming down go to the RankManager.
+//
+// When registration or the stream fails (coordinator restart, network blip) it retries with
+// exponential backoff and re-registers; ranks keep running meanwhile and what they report waits
+// in the outbound queue.
+#ifndef DROPLESS_WORKER_DAEMON_COORDINATOR_SESSION_H_
+#define DROPLESS_WORKER_DAEMON_COORDINATOR_SESSION_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "dropless/v1/worker_service.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "worker/daemon/outbound_queue.h"
+#include "worker/daemon/rank_manager.h"
+#include "worker/daemon/worker_metrics.h"
+
+namespace dropless {
+
+struct SessionOptions {
+  std::string coordinator;                         // host:port
+  dropless::v1::RegisterWorkerRequest registration;
+  absl::Duration min_backoff = absl::Milliseconds(200);
+  absl::Duration max_backoff = absl::Seconds(5);
+  absl::Duration rpc_timeout = absl::Seconds(10);  // RegisterWorker deadline
+};
+
+class CoordinatorSession {
+ public:
+  // The manager, queue and metrics outlive the session.
+  CoordinatorSession(SessionOptions options, RankManager* ranks, OutboundQueue* outbound,
+                     WorkerMetrics* metrics);
+
+  // Registers and keeps a session open until Shutdown(); returns then.
+  void Run();
+  // Ends Run(): cancels the open stream and stops retrying. Safe from any thread.
+  void Shutdown();
+
+  // Waits up to `timeout` for the outbound queue to be sent (used before exiting).
+  bool WaitUntilFlushed(absl::Duration timeout);
+
+  std::string worker_id() const;
+  bool connected() const;
+
+ private:
+  absl::Status Register();
+  // One session: Hello, then until the stream breaks or Shutdown(). Returns why it ended.
+  absl::Status RunSession();
+  void WriteLoop(grpc::ClientReaderWriter<dropless::v1::WorkerMessage,
+                                          dropless::v1::CoordinatorMessage>* stream,
+                 grpc::ClientContext* context, std::atomic<bool>* stop);
+  bool SleepUnlessShutdown(absl::Duration d);
+
+  const SessionOptions options_;
+  RankManager* const ranks_;
+  OutboundQueue* const outbound_;
+  WorkerMetrics* const metrics_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<dropless::v1::WorkerService::Stub> stub_;
+
+  mutable absl::Mutex mu_;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  grpc::ClientContext* open_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int sessions_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace dropless
+
+#endif  // DROPLESS_WORKER_DAEMON_COORDINATOR_SESSION_H_

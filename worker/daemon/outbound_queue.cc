@@ -1,0 +1,84 @@
+#include "worker/daemon/outbound_queue.h"
+
+#include <utility>
+
+namespace dropless {
+
+OutboundQueue::OutboundQueue(size_t max_messages) : max_messages_(max_messages > 0 ? max_messages : 1) {}
+
+void OutboundQueue::Append(dropless::v1::WorkerMessage message) {
+  if (messages_.size() >= max_messages_) {
+    // Drop the oldest message that is not a rank status change; if there is none, the oldest.
+    auto victim = messages_.begin();
+    for (auto it = messages_.begin(); it != messages_.end(); ++it) {
+      if (!it->message.has_rank_status()) {
+        victim = it;
+        break;
+      }
+    }
+    dropped_ += victim->message.has_logs() ? victim->message.logs().lines_size() : 1;
+    messages_.erase(victim);
+  }
+  messages_.push_back(Entry{next_sequence_++, std::move(message)});
+}
+
+void OutboundQueue::SealLogBatch() {
+  if (open_batch_.lines_size() == 0) return;
+  dropless::v1::WorkerMessage message;
+  message.mutable_logs()->Swap(&open_batch_);
+  open_batch_.Clear();
+  open_batch_bytes_ = 0;
+  Append(std::move(message));
+}
+
+void OutboundQueue::Push(dropless::v1::WorkerMessage message) {
+  absl::MutexLock lock(&mu_);
+  SealLogBatch();
+  Append(std::move(message));
+}
+
+void OutboundQueue::PushLogLine(dropless::v1::LogLine line) {
+  absl::MutexLock lock(&mu_);
+  if (open_batch_.lines_size() == 0) open_batch_since_ = absl::Now();
+  open_batch_bytes_ += line.text().size() + 64;
+  *open_batch_.add_lines() = std::move(line);
+  if (open_batch_.lines_size() >= kMaxLogBatchLines || open_batch_bytes_ >= kMaxLogBatchBytes) {
+    SealLogBatch();
+  }
+}
+
+std::optional<OutboundQueue::Entry> OutboundQueue::Peek(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time deadline = absl::Now() + timeout;
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !messages_.empty() ||
+           (open_batch_.lines_size() > 0 && absl::Now() - open_batch_since_ >= kLogBatchDelay);
+  };
+  while (!ready()) {
+    absl::Time wake = deadline;
+    if (open_batch_.lines_size() > 0) wake = std::min(wake, open_batch_since_ + kLogBatchDelay);
+    if (absl::Now() >= deadline) break;
+    mu_.AwaitWithDeadline(
+        absl::Condition(+[](std::deque<Entry>* m) { return !m->empty(); }, &messages_), wake);
+  }
+  if (messages_.empty() && ready()) SealLogBatch();
+  if (messages_.empty()) return std::nullopt;
+  return messages_.front();
+}
+
+void OutboundQueue::Pop(uint64_t sequence) {
+  absl::MutexLock lock(&mu_);
+  if (!messages_.empty() && messages_.front().sequence == sequence) messages_.pop_front();
+}
+
+size_t OutboundQueue::size() const {
+  absl::MutexLock lock(&mu_);
+  return messages_.size() + (open_batch_.lines_size() > 0 ? 1 : 0);
+}
+
+int64_t OutboundQueue::dropped() const {
+  absl::MutexLock lock(&mu_);
+  return dropped_;
+}
+
+}  // namespace dropless

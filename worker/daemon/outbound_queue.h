@@ -1,0 +1,66 @@
+// OutboundQueue: messages from the worker daemon to the coordinator, kept while the session is
+// down and sent in order once it is back. Bounded: when full, the oldest metrics/log messages are
+// dropped first (rank status changes are kept as long as anything else can go).
+//
+// Log lines are batched: they collect into one LogBatch until it holds kMaxLogBatchLines lines
+// (or about kMaxLogBatchBytes) or its first line is kLogBatchDelay old, and any other message seals the open batch first, so a
+// rank's last lines go out before its exit status.
+//
+// One consumer (the session writer) uses Peek/Pop: a message leaves the queue only after it was
+// written, so a write that failed is retried on the next session.
+#ifndef DROPLESS_WORKER_DAEMON_OUTBOUND_QUEUE_H_
+#define DROPLESS_WORKER_DAEMON_OUTBOUND_QUEUE_H_
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "dropless/v1/worker_service.pb.h"
+
+namespace dropless {
+
+class OutboundQueue {
+ public:
+  static constexpr int kMaxLogBatchLines = 200;
+  static constexpr size_t kMaxLogBatchBytes = 512 * 1024;
+  static constexpr absl::Duration kLogBatchDelay = absl::Milliseconds(200);
+
+  explicit OutboundQueue(size_t max_messages = 10000);
+
+  void Push(dropless::v1::WorkerMessage message);
+  void PushLogLine(dropless::v1::LogLine line);
+
+  struct Entry {
+    uint64_t sequence = 0;
+    dropless::v1::WorkerMessage message;
+  };
+  // A copy of the oldest message, waiting up to `timeout` for one (an open log batch counts once
+  // it is kLogBatchDelay old). nullopt when none is ready in time.
+  std::optional<Entry> Peek(absl::Duration timeout);
+  // Removes the entry Peek returned, unless it was dropped meanwhile.
+  void Pop(uint64_t sequence);
+
+  size_t size() const;
+  // Messages (or log lines) dropped because the queue was full.
+  int64_t dropped() const;
+
+ private:
+  void SealLogBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Append(dropless::v1::WorkerMessage message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const size_t max_messages_;
+  mutable absl::Mutex mu_;
+  std::deque<Entry> messages_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
+  dropless::v1::LogBatch open_batch_ ABSL_GUARDED_BY(mu_);
+  absl::Time open_batch_since_ ABSL_GUARDED_BY(mu_);
+  size_t open_batch_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace dropless
+
+#endif  // DROPLESS_WORKER_DAEMON_OUTBOUND_QUEUE_H_

@@ -1,0 +1,379 @@
+#include "worker/daemon/rank_manager.h"
+
+#include <fstream>
+#include <filesystem>
+#include <set>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/string_view.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "worker/daemon/daemon_log.h"
+#include "worker/rank/step_report.h"
+
+namespace dropless {
+namespace {
+
+namespace v1 = dropless::v1;
+
+constexpr size_t kMaxQuotedOutput = 400;
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& content) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << content;
+    out.flush();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string SafePathComponent(const std::string& id) {
+  std::string out = id;
+  for (char& c : out) {
+    if (!absl::ascii_isalnum(c) && c != '.' && c != '_' && c != '-') c = '_';
+  }
+  if (out.empty() || out == "." || out == "..") out = absl::StrCat("_", out);
+  return out;
+}
+
+RankManager::RankManager(RankManagerOptions options, OutboundQueue* outbound,
+                         WorkerMetrics* metrics)
+    : options_(std::move(options)), outbound_(outbound), metrics_(metrics) {
+  RankSupervisor::Callbacks callbacks;
+  callbacks.on_output = [this](RankSupervisor::ChildId id, absl::string_view line) {
+    OnOutput(id, line);
+  };
+  callbacks.on_report = [this](RankSupervisor::ChildId id, absl::string_view line) {
+    OnReport(id, line);
+  };
+  callbacks.on_exit = [this](RankSupervisor::ChildId id, const ChildExit& exit) {
+    OnExit(id, exit);
+  };
+  supervisor_ = std::make_unique<RankSupervisor>(std::move(callbacks));
+  absl::MutexLock lock(&mu_);
+  UpdateGauges();
+}
+
+RankManager::~RankManager() {
+  supervisor_.reset();  // kills and reaps while ranks_ is still alive for its callbacks
+}
+
+void RankManager::PushStatus(const RankEntry& entry, v1::RankState state, int exit_code,
+                             const std::string& message) {
+  v1::WorkerMessage msg;
+  v1::RankStatus* status = msg.mutable_rank_status();
+  status->set_job_id(entry.job_id);
+  status->set_attempt(entry.attempt);
+  status->set_rank(entry.rank);
+  status->set_state(state);
+  status->set_exit_code(exit_code);
+  status->set_message(message);
+  outbound_->Push(std::move(msg));
+}
+
+void RankManager::UpdateGauges() {
+  std::set<int> busy;
+  for (const auto& [id, entry] : ranks_) busy.insert(entry.slot);
+  const int busy_count = static_cast<int>(busy.size());
+  metrics_->SetSlots(busy_count, std::max(0, options_.slots - busy_count));
+  metrics_->SetRanksRunning(static_cast<int>(ranks_.size()));
+}
+
+void RankManager::HandleAssignment(const v1::Assignment& assignment) {
+  RankEntry base;
+  base.job_id = assignment.job_id();
+  base.attempt = assignment.attempt();
+  auto reject_all = [&](const std::string& why) {
+    DaemonLog(absl::StrCat("assignment of job ", assignment.job_id(), " attempt ",
+                           assignment.attempt(), " rejected: ", why));
+    for (const v1::RankAssignment& ra : assignment.ranks()) {
+      RankEntry e = base;
+      e.rank = ra.rank();
+      PushStatus(e, v1::RANK_STATE_FAILED, 127, why);
+      metrics_->RecordRankExit(RankExitResult::kFailed);
+    }
+  };
+  if (assignment.job_id().empty()) return reject_all("assignment: job_id is empty");
+  if (assignment.attempt() < 1) {
+    return reject_all(absl::StrCat("assignment: attempt must be >= 1 (got ", assignment.attempt(), ")"));
+  }
+  if (assignment.world_size() < 1) {
+    return reject_all(
+        absl::StrCat("assignment: world_size must be >= 1 (got ", assignment.world_size(), ")"));
+  }
+  const std::string attempt_dir =
+      absl::StrCat(options_.work_dir, "/jobs/", SafePathComponent(assignment.job_id()), "/attempt-",
+                   assignment.attempt());
+  std::error_code ec;
+  std::filesystem::create_directories(attempt_dir, ec);
+  if (ec) return reject_all(absl::StrCat("cannot create ", attempt_dir, ": ", ec.message()));
+  const std::string spec_path = attempt_dir + "/spec.yaml";
+  absl::Status written = WriteFileAtomically(spec_path, assignment.spec_yaml());
+  if (!written.ok()) return reject_all(std::string(written.message()));
+
+  for (const v1::RankAssignment& ra : assignment.ranks()) {
+    RankEntry e = base;
+    e.rank = ra.rank();
+    if (ra.rank() < 0 || ra.rank() >= assignment.world_size()) {
+      PushStatus(e, v1::RANK_STATE_FAILED, 127,
+                 absl::StrCat("assignment: rank ", ra.rank(), " outside 0..",
+                              assignment.world_size() - 1));
+      continue;
+    }
+    if (ra.slot() < 0 || ra.slot() >= options_.slots) {
+      PushStatus(e, v1::RANK_STATE_FAILED, 127,
+                 absl::StrCat("assignment: slot ", ra.slot(), " outside 0..", options_.slots - 1,
+                              " of node ", options_.node));
+      continue;
+    }
+    bool duplicate = false;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, entry] : ranks_) {
+        if (entry.job_id == e.job_id && entry.attempt == e.attempt && entry.rank == e.rank) {
+          duplicate = true;
+        } else if (entry.slot == ra.slot()) {
+          DaemonLog(absl::StrCat("slot ", ra.slot(), " is still held by job ", entry.job_id,
+                                 " rank ", entry.rank, "; starting job ", e.job_id, " rank ",
+                                 e.rank, " beside it"));
+        }
+      }
+    }
+    if (duplicate) {
+      DaemonLog(absl::StrCat("job ", e.job_id, " attempt ", e.attempt, " rank ", e.rank,
+                             " is already running here; assignment ignored"));
+      continue;
+    }
+    StartRank(assignment, ra.rank(), ra.slot(), spec_path, attempt_dir);
+  }
+}
+
+void RankManager::StartRank(const v1::Assignment& assignment, int rank, int slot,
+                            const std::string& spec_path, const std::string& attempt_dir) {
+  RankEntry entry;
+  entry.job_id = assignment.job_id();
+  entry.attempt = assignment.attempt();
+  entry.rank = rank;
+  entry.slot = slot;
+  RankSupervisor::ChildId id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = next_id_++;
+    ranks_[id] = entry;
+    UpdateGauges();
+  }
+  // STARTING goes out before the process can report anything, so the order is always kept.
+  PushStatus(entry, v1::RANK_STATE_STARTING, 0, "");
+
+  ChildSpec spec;
+  spec.path = options_.rank_binary;
+  spec.argv = {options_.rank_binary,
+               "rank",
+               "--coordinator", options_.coordinator,
+               "--job", assignment.job_id(),
+               "--attempt", absl::StrCat(assignment.attempt()),
+               "--rank", absl::StrCat(rank),
+               "--world-size", absl::StrCat(assignment.world_size()),
+               "--slot", absl::StrCat(slot),
+               "--spec", spec_path,
+               "--host", options_.advertise_address,
+               "--node", options_.node,
+               "--report-fd", "3"};
+  if (options_.slot_kind == "cuda") {
+    spec.env = {absl::StrCat("CUDA_VISIBLE_DEVICES=", slot)};
+  } else {
+    // One slot is one core: BLAS and OpenMP pools would oversubscribe the node.
+    spec.env = {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"};
+  }
+  spec.log_path = absl::StrCat(attempt_dir, "/rank-", rank, ".log");
+  spec.report_pipe = true;
+
+  absl::StatusOr<pid_t> pid = supervisor_->Start(id, spec);
+  if (!pid.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      ranks_.erase(id);
+      UpdateGauges();
+    }
+    DaemonLog(absl::StrCat("job ", entry.job_id, " rank ", rank, ": cannot start: ",
+                           pid.status().message()));
+    PushStatus(entry, v1::RANK_STATE_FAILED, 127,
+               absl::StrCat("cannot start rank process: ", pid.status().message()));
+    metrics_->RecordRankExit(RankExitResult::kFailed);
+    return;
+  }
+  bool cancelled = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = ranks_.find(id);
+    if (it != ranks_.end()) {
+      it->second.pid = *pid;
+      cancelled = it->second.cancelled;
+    }
+  }
+  if (cancelled) supervisor_->Stop(id, options_.kill_grace);
+  DaemonLog(absl::StrCat("job ", entry.job_id, " attempt ", entry.attempt, " rank ", rank,
+                         " started on ", options_.slot_kind, " slot ", slot, " (pid ", *pid, ")"));
+}
+
+void RankManager::HandleCancellation(const v1::Cancellation& cancellation) {
+  std::vector<RankSupervisor::ChildId> to_stop;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, entry] : ranks_) {
+      if (entry.job_id != cancellation.job_id()) continue;
+      if (cancellation.attempt() != 0 && entry.attempt != cancellation.attempt()) continue;
+      entry.cancelled = true;
+      to_stop.push_back(id);
+    }
+  }
+  DaemonLog(absl::StrCat("cancellation of job ", cancellation.job_id(), " attempt ",
+                         cancellation.attempt(), ": stopping ", to_stop.size(), " rank(s)",
+                         cancellation.reason().empty() ? "" : ": ", cancellation.reason()));
+  for (RankSupervisor::ChildId id : to_stop) supervisor_->Stop(id, options_.kill_grace);
+}
+
+void RankManager::OnOutput(RankSupervisor::ChildId id, absl::string_view line) {
+  v1::LogLine log;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = ranks_.find(id);
+    if (it == ranks_.end()) return;
+    RankEntry& entry = it->second;
+    if (!line.empty()) entry.last_output = std::string(line.substr(0, kMaxQuotedOutput));
+    log.set_job_id(entry.job_id);
+    log.set_attempt(entry.attempt);
+    log.set_rank(entry.rank);
+  }
+  log.set_time_ms(NowMs());
+  log.set_text(std::string(line));
+  outbound_->PushLogLine(std::move(log));
+}
+
+void RankManager::OnReport(RankSupervisor::ChildId id, absl::string_view line) {
+  const bool ready = line == kReadyLine;
+  absl::StatusOr<StepReport> report;
+  if (!ready) report = ParseStepReport(line);
+  RankEntry entry;
+  bool became_running = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = ranks_.find(id);
+    if (it == ranks_.end()) return;
+    if (!ready && !report.ok()) {
+      if (!it->second.bad_report_logged) {
+        it->second.bad_report_logged = true;
+        DaemonLog(absl::StrCat("job ", it->second.job_id, " rank ", it->second.rank,
+                               ": ignoring bad report line: ", report.status().message()));
+      }
+      return;
+    }
+    if (it->second.state == v1::RANK_STATE_STARTING) {
+      it->second.state = v1::RANK_STATE_RUNNING;
+      became_running = true;
+    }
+    entry = it->second;
+  }
+  if (became_running) PushStatus(entry, v1::RANK_STATE_RUNNING, 0, "");
+  if (ready) return;
+
+  metrics_->RecordStep(entry.job_id, entry.rank, *report);
+  v1::WorkerMessage msg;
+  v1::StepMetrics* m = msg.mutable_metrics();
+  m->set_job_id(entry.job_id);
+  m->set_attempt(entry.attempt);
+  m->set_rank(entry.rank);
+  m->set_step(report->step);
+  m->set_steps(report->steps);
+  m->set_loss(report->loss);
+  m->set_aux_loss(report->aux_loss);
+  m->set_step_seconds(report->step_seconds);
+  m->set_tflops(report->FlopsPerSecond() / 1e12);
+  m->set_mfu(report->Mfu());
+  m->set_tokens_per_second(report->TokensPerSecond());
+  m->set_dispatch_seconds(report->dispatch_seconds);
+  m->set_combine_seconds(report->combine_seconds);
+  m->set_gemm_seconds(report->gemm_seconds);
+  m->set_load_imbalance(report->load_imbalance);
+  m->set_device_memory_bytes(report->device_memory_bytes);
+  m->set_time_ms(NowMs());
+  m->set_node(options_.node);
+  outbound_->Push(std::move(msg));
+}
+
+void RankManager::OnExit(RankSupervisor::ChildId id, const ChildExit& exit) {
+  RankEntry entry;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = ranks_.find(id);
+    if (it == ranks_.end()) return;
+    entry = std::move(it->second);
+    ranks_.erase(it);
+    UpdateGauges();
+  }
+  v1::RankState state;
+  RankExitResult result;
+  std::string message;
+  if (exit.success()) {
+    state = v1::RANK_STATE_SUCCEEDED;
+    result = RankExitResult::kSucceeded;
+  } else if (entry.cancelled || exit.stop_requested) {
+    state = v1::RANK_STATE_KILLED;
+    result = RankExitResult::kKilled;
+    message = absl::StrCat("stopped on cancel (", exit.Describe(), ")");
+  } else {
+    state = v1::RANK_STATE_FAILED;
+    result = RankExitResult::kFailed;
+    message = exit.Describe();
+    if (!entry.last_output.empty()) absl::StrAppend(&message, ": ", entry.last_output);
+  }
+  DaemonLog(absl::StrCat("job ", entry.job_id, " attempt ", entry.attempt, " rank ", entry.rank,
+                         " (pid ", entry.pid, ") ended: ", exit.Describe()));
+  PushStatus(entry, state, exit.shell_status(), message);
+  metrics_->RecordRankExit(result);
+}
+
+std::vector<v1::RankStatus> RankManager::LiveRanks() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::RankStatus> live;
+  for (const auto& [id, entry] : ranks_) {
+    v1::RankStatus s;
+    s.set_job_id(entry.job_id);
+    s.set_attempt(entry.attempt);
+    s.set_rank(entry.rank);
+    s.set_state(entry.state);
+    live.push_back(std::move(s));
+  }
+  return live;
+}
+
+std::vector<pid_t> RankManager::LivePids() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<pid_t> pids;
+  for (const auto& [id, entry] : ranks_) {
+    if (entry.pid > 0) pids.push_back(entry.pid);
+  }
+  return pids;
+}
+
+bool RankManager::StopAllAndWait(absl::Duration timeout) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, entry] : ranks_) entry.cancelled = true;
+  }
+  supervisor_->StopAll(options_.kill_grace);
+  return supervisor_->WaitUntilIdle(timeout);
+}
+
+}  // namespace dropless

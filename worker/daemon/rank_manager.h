@@ -1,0 +1,99 @@
+// RankManager: the rank processes of one worker daemon. Turns Assignments into rank processes
+// (`dropless-worker rank ...`, see docs/architecture.md), Cancellations into stops, and what the
+// ranks do into messages for the coordinator (RankStatus, StepMetrics, LogBatch on the outbound
+// queue) and into /metrics.
+//
+// Rank states as reported: STARTING once the process runs, RUNNING on its ready line (or first
+// step report), then SUCCEEDED (exit 0), KILLED (stopped by a cancellation) or FAILED (non-zero
+// exit or signal; exit_code is the shell status, 128 + signal for a signal).
+#ifndef DROPLESS_WORKER_DAEMON_RANK_MANAGER_H_
+#define DROPLESS_WORKER_DAEMON_RANK_MANAGER_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "dropless/v1/worker_service.pb.h"
+#include "worker/daemon/outbound_queue.h"
+#include "worker/daemon/rank_supervisor.h"
+#include "worker/daemon/worker_metrics.h"
+
+namespace dropless {
+
+struct RankManagerOptions {
+  std::string rank_binary;        // executable started as `<rank_binary> rank ...`
+  std::string coordinator;        // passed to ranks (rendezvous)
+  std::string node;
+  std::string advertise_address;  // --host of the ranks
+  std::string work_dir;           // <work_dir>/jobs/<job>/attempt-<N>/{spec.yaml,rank-<R>.log}
+  std::string slot_kind;          // cpu | cuda
+  int slots = 0;
+  absl::Duration kill_grace = absl::Seconds(5);
+};
+
+class RankManager {
+ public:
+  // `outbound` and `metrics` outlive the manager.
+  RankManager(RankManagerOptions options, OutboundQueue* outbound, WorkerMetrics* metrics);
+  // Kills the ranks still alive (SIGKILL) and reaps them.
+  ~RankManager();
+
+  void HandleAssignment(const dropless::v1::Assignment& assignment);
+  // attempt 0 cancels every attempt of the job.
+  void HandleCancellation(const dropless::v1::Cancellation& cancellation);
+
+  // Ranks alive now (STARTING or RUNNING), for Hello and Heartbeat.
+  std::vector<dropless::v1::RankStatus> LiveRanks() const;
+  // pids of the ranks alive now (tests and diagnostics).
+  std::vector<pid_t> LivePids() const;
+
+  // Stops every rank (SIGTERM, SIGKILL after the grace period) and waits up to `timeout`.
+  bool StopAllAndWait(absl::Duration timeout);
+
+ private:
+  struct RankEntry {
+    std::string job_id;
+    int attempt = 0;
+    int rank = 0;
+    int slot = 0;
+    pid_t pid = -1;
+    dropless::v1::RankState state = dropless::v1::RANK_STATE_STARTING;
+    bool cancelled = false;
+    bool bad_report_logged = false;
+    std::string last_output;  // last line it printed, quoted in failure messages
+  };
+
+  void StartRank(const dropless::v1::Assignment& assignment, int rank, int slot,
+                 const std::string& spec_path, const std::string& attempt_dir);
+  void OnOutput(RankSupervisor::ChildId id, absl::string_view line);
+  void OnReport(RankSupervisor::ChildId id, absl::string_view line);
+  void OnExit(RankSupervisor::ChildId id, const ChildExit& exit);
+  void PushStatus(const RankEntry& entry, dropless::v1::RankState state, int exit_code,
+                  const std::string& message);
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const RankManagerOptions options_;
+  OutboundQueue* const outbound_;
+  WorkerMetrics* const metrics_;
+
+  mutable absl::Mutex mu_;
+  std::map<RankSupervisor::ChildId, RankEntry> ranks_ ABSL_GUARDED_BY(mu_);
+  RankSupervisor::ChildId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+
+  // Last member: destroyed first, so its callbacks never see a half-destroyed manager.
+  std::unique_ptr<RankSupervisor> supervisor_;
+};
+
+// Path-safe form of a coordinator-given id (anything but [A-Za-z0-9._-] becomes '_').
+std::string SafePathComponent(const std::string& id);
+
+}  // namespace dropless
+
+#endif  // DROPLESS_WORKER_DAEMON_RANK_MANAGER_H_

@@ -1,0 +1,497 @@
+#include "worker/daemon/rank_supervisor.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+
+#include "absl/strings/string_view.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+
+extern char** environ;
+
+namespace dropless {
+namespace {
+
+// How often live children are polled with waitpid when no output arrives.
+constexpr int kPollIntervalMs = 20;
+// Pipe ends handed to a child are moved to fds >= this so dup2 onto 0..3 never clobbers them.
+constexpr int kFirstHighFd = 10;
+
+absl::Status ErrnoError(absl::string_view what, int err) {
+  return absl::InternalError(absl::StrCat(what, ": ", strerror(err)));
+}
+
+void CloseFd(int& fd) {
+  if (fd >= 0) {
+    while (close(fd) != 0 && errno == EINTR) {
+    }
+    fd = -1;
+  }
+}
+
+// fd moved to a close-on-exec descriptor >= kFirstHighFd (the original is closed).
+absl::StatusOr<int> MoveHigh(int fd) {
+  int high = fcntl(fd, F_DUPFD_CLOEXEC, kFirstHighFd);
+  int err = errno;
+  close(fd);
+  if (high < 0) return ErrnoError("fcntl(F_DUPFD_CLOEXEC)", err);
+  return high;
+}
+
+struct Pipe {
+  int read = -1;
+  int write = -1;
+};
+
+absl::StatusOr<Pipe> MakePipe() {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return ErrnoError("pipe2", errno);
+  Pipe p;
+  absl::StatusOr<int> r = MoveHigh(fds[0]);
+  absl::StatusOr<int> w = MoveHigh(fds[1]);
+  if (!r.ok() || !w.ok()) {
+    if (r.ok()) close(*r);
+    if (w.ok()) close(*w);
+    return r.ok() ? w.status() : r.status();
+  }
+  p.read = *r;
+  p.write = *w;
+  return p;
+}
+
+// The daemon's environment with `overrides` ("KEY=VALUE") replacing or adding entries.
+std::vector<std::string> MergedEnvironment(const std::vector<std::string>& overrides) {
+  std::map<std::string, std::string> by_key;
+  std::vector<std::string> order;
+  auto put = [&](const std::string& entry) {
+    std::string key = entry.substr(0, entry.find('='));
+    if (by_key.count(key) == 0) order.push_back(key);
+    by_key[key] = entry;
+  };
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) put(*e);
+  for (const std::string& entry : overrides) put(entry);
+  std::vector<std::string> env;
+  env.reserve(order.size());
+  for (const std::string& key : order) env.push_back(by_key[key]);
+  return env;
+}
+
+std::vector<char*> CStrings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  out.reserve(strings.size() + 1);
+  for (std::string& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+// Runs in the forked child: async-signal-safe calls only. Never returns.
+[[noreturn]] void ExecChild(const char* path, char* const argv[], char* const envp[], int devnull,
+                            int out_write, int report_write, int error_write, pid_t parent) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);  // the daemon died between fork and prctl
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof(dfl));
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) sigaction(sig, &dfl, nullptr);  // fails harmlessly for some
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (dup2(devnull, 0) < 0 || dup2(out_write, 1) < 0 || dup2(out_write, 2) < 0 ||
+      (report_write >= 0 && dup2(report_write, 3) < 0)) {
+    int err = errno;
+    ssize_t ignored = write(error_write, &err, sizeof(err));
+    (void)ignored;
+    _exit(127);
+  }
+#ifdef SYS_close_range
+  // Everything of the daemon above the child's fds closes at exec (most is O_CLOEXEC already).
+  syscall(SYS_close_range, report_write >= 0 ? 4u : 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */);
+#endif
+  execve(path, argv, envp);
+  int err = errno;
+  ssize_t ignored = write(error_write, &err, sizeof(err));
+  (void)ignored;
+  _exit(127);
+}
+
+}  // namespace
+
+std::string ChildExit::Describe() const {
+  if (signal != 0) {
+    const char* name = strsignal(signal);
+    return absl::StrCat("signal ", signal, " (", name != nullptr ? name : "unknown", ")");
+  }
+  return absl::StrCat("exit code ", exit_code);
+}
+
+struct RankSupervisor::StartRequest {
+  ChildId id;
+  const ChildSpec* spec;
+  absl::StatusOr<pid_t> result;
+  absl::Notification done;
+};
+
+struct RankSupervisor::Child {
+  ChildId id = 0;
+  pid_t pid = -1;
+  int out_fd = -1;
+  int report_fd = -1;
+  int log_fd = -1;
+  std::string out_buffer;
+  std::string report_buffer;
+  bool stop_requested = false;
+  bool killed = false;  // SIGKILL sent
+  absl::Time kill_at = absl::InfiniteFuture();
+};
+
+RankSupervisor::RankSupervisor(Callbacks callbacks) : callbacks_(std::move(callbacks)) {
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) {
+    // Without a wake fd the loop still works, polling every kPollIntervalMs.
+    std::fprintf(stderr, "rank supervisor: eventfd: %s\n", strerror(errno));
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+RankSupervisor::~RankSupervisor() {
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    stops_.push_back(StopRequest{true, 0, absl::ZeroDuration()});
+  }
+  Wake();
+  thread_.join();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void RankSupervisor::Wake() {
+  if (wake_fd_ < 0) return;
+  uint64_t one = 1;
+  ssize_t n = write(wake_fd_, &one, sizeof(one));
+  (void)n;  // EAGAIN means a wake-up is already pending
+}
+
+absl::StatusOr<pid_t> RankSupervisor::Start(ChildId id, const ChildSpec& spec) {
+  if (spec.path.empty() || spec.argv.empty()) {
+    return absl::InvalidArgumentError("child spec: path and argv must not be empty");
+  }
+  StartRequest request{id, &spec, absl::UnknownError("not started"), {}};
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::FailedPreconditionError("rank supervisor is shutting down");
+    starts_.push_back(&request);
+  }
+  Wake();
+  request.done.WaitForNotification();
+  return request.result;
+}
+
+void RankSupervisor::Stop(ChildId id, absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    stops_.push_back(StopRequest{false, id, grace});
+  }
+  Wake();
+}
+
+void RankSupervisor::StopAll(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    stops_.push_back(StopRequest{true, 0, grace});
+  }
+  Wake();
+}
+
+int RankSupervisor::live_children() const {
+  absl::MutexLock lock(&mu_);
+  return live_;
+}
+
+bool RankSupervisor::WaitUntilIdle(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return live_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+}
+
+void RankSupervisor::HandleStart(StartRequest* request) {
+  const ChildSpec& spec = *request->spec;
+  auto fail = [&](absl::Status status) {
+    request->result = std::move(status);
+    request->done.Notify();
+  };
+  for (const Child& c : children_) {
+    if (c.id == request->id) return fail(absl::AlreadyExistsError(
+                                  absl::StrCat("child id ", request->id, " is still running")));
+  }
+  absl::StatusOr<Pipe> out = MakePipe();
+  if (!out.ok()) return fail(out.status());
+  Pipe report;
+  if (spec.report_pipe) {
+    absl::StatusOr<Pipe> p = MakePipe();
+    if (!p.ok()) {
+      CloseFd(out->read), CloseFd(out->write);
+      return fail(p.status());
+    }
+    report = *p;
+  }
+  absl::StatusOr<Pipe> exec_error = MakePipe();
+  int devnull_raw = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  absl::StatusOr<int> devnull = devnull_raw >= 0 ? MoveHigh(devnull_raw)
+                                                 : absl::StatusOr<int>(ErrnoError("open /dev/null", errno));
+  int log_fd = -1;
+  if (!spec.log_path.empty()) {
+    log_fd = open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  }
+  auto close_all = [&]() {
+    CloseFd(out->read), CloseFd(out->write), CloseFd(report.read), CloseFd(report.write);
+    if (exec_error.ok()) CloseFd(exec_error->read), CloseFd(exec_error->write);
+    if (devnull.ok()) CloseFd(*devnull);
+    CloseFd(log_fd);
+  };
+  if (!exec_error.ok() || !devnull.ok() || (!spec.log_path.empty() && log_fd < 0)) {
+    absl::Status st = !exec_error.ok() ? exec_error.status()
+                      : !devnull.ok()  ? devnull.status()
+                                       : ErrnoError(absl::StrCat("open ", spec.log_path), errno);
+    close_all();
+    return fail(st);
+  }
+
+  // Everything the child touches is built before fork: it may only make async-signal-safe calls.
+  std::vector<std::string> argv_strings = spec.argv;
+  std::vector<std::string> env_strings = MergedEnvironment(spec.env);
+  std::vector<char*> argv = CStrings(argv_strings);
+  std::vector<char*> envp = CStrings(env_strings);
+  const pid_t parent = getpid();
+
+  pid_t pid = fork();
+  if (pid < 0) {
+    absl::Status st = ErrnoError("fork", errno);
+    close_all();
+    return fail(st);
+  }
+  if (pid == 0) {
+    ExecChild(spec.path.c_str(), argv.data(), envp.data(), *devnull, out->write, report.write,
+              exec_error->write, parent);
+  }
+  setpgid(pid, pid);  // also done by the child; whichever runs first wins, the other may fail
+  CloseFd(out->write);
+  CloseFd(report.write);
+  CloseFd(exec_error->write);
+  CloseFd(*devnull);
+
+  int exec_errno = 0;
+  ssize_t n;
+  do {
+    n = read(exec_error->read, &exec_errno, sizeof(exec_errno));
+  } while (n < 0 && errno == EINTR);
+  CloseFd(exec_error->read);
+  if (n > 0) {
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    CloseFd(out->read), CloseFd(report.read), CloseFd(log_fd);
+    return fail(ErrnoError(absl::StrCat("exec ", spec.path), exec_errno));
+  }
+
+  fcntl(out->read, F_SETFL, O_NONBLOCK);
+  if (report.read >= 0) fcntl(report.read, F_SETFL, O_NONBLOCK);
+  Child child;
+  child.id = request->id;
+  child.pid = pid;
+  child.out_fd = out->read;
+  child.report_fd = report.read;
+  child.log_fd = log_fd;
+  children_.push_back(std::move(child));
+  {
+    absl::MutexLock lock(&mu_);
+    ++live_;
+  }
+  request->result = pid;
+  request->done.Notify();
+}
+
+void RankSupervisor::HandleStop(const StopRequest& stop) {
+  const absl::Time now = absl::Now();
+  for (Child& c : children_) {
+    if (!stop.all && c.id != stop.id) continue;
+    absl::Time deadline = now + stop.grace;
+    if (c.stop_requested && c.kill_at <= deadline) continue;
+    if (!c.stop_requested) {
+      c.stop_requested = true;
+      if (kill(-c.pid, SIGTERM) != 0) kill(c.pid, SIGTERM);
+    }
+    c.kill_at = deadline;
+  }
+}
+
+void RankSupervisor::EmitLines(ChildId id, std::string* buffer, bool report, bool flush_partial) {
+  const auto& callback = report ? callbacks_.on_report : callbacks_.on_output;
+  size_t start = 0;
+  while (true) {
+    size_t newline = buffer->find('\n', start);
+    size_t end = newline;
+    if (newline == std::string::npos) {
+      if (buffer->size() - start >= kMaxLineBytes) {
+        end = start + kMaxLineBytes;
+      } else if (flush_partial && start < buffer->size()) {
+        end = buffer->size();
+      } else {
+        break;
+      }
+    }
+    absl::string_view line(buffer->data() + start, end - start);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (callback) callback(id, line);
+    start = newline == std::string::npos ? end : newline + 1;
+    if (start >= buffer->size()) break;
+  }
+  buffer->erase(0, start);
+}
+
+void RankSupervisor::ReadOutput(Child& child, bool drain) {
+  char chunk[64 * 1024];
+  for (int* fd : {&child.out_fd, &child.report_fd}) {
+    const bool report = fd == &child.report_fd;
+    std::string* buffer = report ? &child.report_buffer : &child.out_buffer;
+    // One chunk per pass keeps a chatty child from starving the others, unless draining at exit.
+    for (int chunks = 0; *fd >= 0 && (drain || chunks < 1); ++chunks) {
+      ssize_t n = read(*fd, chunk, sizeof(chunk));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (n <= 0) {  // EOF or error: the child closed its end
+        CloseFd(*fd);
+        break;
+      }
+      if (!report && child.log_fd >= 0) {
+        ssize_t written = write(child.log_fd, chunk, n);
+        if (written != n) CloseFd(child.log_fd);  // disk full or similar: keep forwarding
+      }
+      buffer->append(chunk, n);
+      EmitLines(child.id, buffer, report, /*flush_partial=*/false);
+    }
+  }
+}
+
+void RankSupervisor::Reap() {
+  for (size_t i = 0; i < children_.size();) {
+    Child& c = children_[i];
+    // Look without reaping first: while the zombie exists its pid (and process group id) cannot
+    // be reused, so the group can still be cleared of leftovers safely.
+    siginfo_t info;
+    memset(&info, 0, sizeof(info));
+    int r = waitid(P_PID, c.pid, &info, WEXITED | WNOHANG | WNOWAIT);
+    if ((r < 0 && errno == EINTR) || (r == 0 && info.si_pid == 0)) {
+      ++i;
+      continue;
+    }
+    ChildExit exit;
+    exit.stop_requested = c.stop_requested;
+    if (r < 0) {
+      exit.exit_code = 127;  // ECHILD: reaped by someone else; treat as a failure
+    } else {
+      kill(-c.pid, SIGKILL);  // grandchildren left in its process group
+      int status = 0;
+      while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      if (WIFSIGNALED(status)) {
+        exit.signal = WTERMSIG(status);
+      } else {
+        exit.exit_code = WEXITSTATUS(status);
+      }
+    }
+    // Whatever the child wrote before it ended is delivered before its exit. A grandchild that
+    // still holds the pipe open does not block this: the reads are non-blocking.
+    ReadOutput(c, /*drain=*/true);
+    EmitLines(c.id, &c.out_buffer, false, /*flush_partial=*/true);
+    EmitLines(c.id, &c.report_buffer, true, /*flush_partial=*/true);
+    CloseFd(c.out_fd);
+    CloseFd(c.report_fd);
+    CloseFd(c.log_fd);
+    const ChildId id = c.id;
+    children_.erase(children_.begin() + i);
+    {
+      absl::MutexLock lock(&mu_);
+      --live_;
+    }
+    if (callbacks_.on_exit) callbacks_.on_exit(id, exit);
+  }
+}
+
+void RankSupervisor::EnforceDeadlines() {
+  const absl::Time now = absl::Now();
+  for (Child& c : children_) {
+    if (c.stop_requested && !c.killed && now >= c.kill_at) {
+      c.killed = true;
+      if (kill(-c.pid, SIGKILL) != 0) kill(c.pid, SIGKILL);
+    }
+  }
+}
+
+void RankSupervisor::Loop() {
+  while (true) {
+    std::deque<StartRequest*> starts;
+    std::deque<StopRequest> stops;
+    bool shutting_down;
+    {
+      absl::MutexLock lock(&mu_);
+      starts.swap(starts_);
+      stops.swap(stops_);
+      shutting_down = shutting_down_;
+    }
+    for (StartRequest* s : starts) HandleStart(s);
+    for (const StopRequest& s : stops) HandleStop(s);
+    EnforceDeadlines();
+    Reap();
+    if (shutting_down && children_.empty()) {
+      absl::MutexLock lock(&mu_);
+      if (starts_.empty()) break;
+      continue;
+    }
+
+    std::vector<pollfd> fds;
+    std::vector<Child*> owners;
+    if (wake_fd_ >= 0) fds.push_back({wake_fd_, POLLIN, 0}), owners.push_back(nullptr);
+    for (Child& c : children_) {
+      if (c.out_fd >= 0) fds.push_back({c.out_fd, POLLIN, 0}), owners.push_back(&c);
+      if (c.report_fd >= 0) fds.push_back({c.report_fd, POLLIN, 0}), owners.push_back(&c);
+    }
+    const int timeout = (children_.empty() && wake_fd_ >= 0) ? -1 : kPollIntervalMs;
+    int ready = poll(fds.data(), fds.size(), timeout);
+    if (ready <= 0) continue;
+    Child* last = nullptr;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      if (owners[i] == nullptr) {
+        uint64_t count;
+        ssize_t n = read(wake_fd_, &count, sizeof(count));
+        (void)n;
+      } else if (owners[i] != last) {
+        last = owners[i];
+        ReadOutput(*owners[i], /*drain=*/false);
+      }
+    }
+  }
+  // Shutting down: nothing is left to wake.
+  absl::MutexLock lock(&mu_);
+  for (StartRequest* s : starts_) {
+    s->result = absl::FailedPreconditionError("rank supervisor is shutting down");
+    s->done.Notify();
+  }
+  starts_.clear();
+}
+
+}  // namespace dropless

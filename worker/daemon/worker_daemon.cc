@@ -1,0 +1,113 @@
+#include "worker/daemon/worker_daemon.h"
+
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <system_error>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "worker/daemon/coordinator_session.h"
+#include "worker/daemon/daemon_log.h"
+#include "worker/daemon/gpu_discovery.h"
+#include "worker/daemon/outbound_queue.h"
+#include "worker/daemon/rank_manager.h"
+#include "worker/daemon/worker_metrics.h"
+
+#ifndef DROPLESS_VERSION
+#define DROPLESS_VERSION "unknown"
+#endif
+
+namespace dropless {
+
+int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
+  // Block the stop signals before any thread exists so every thread inherits the mask and the
+  // main thread alone receives them through sigwait. Rank processes get a clean mask at exec.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  if (int rc = pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr); rc != 0) {
+    DaemonLog(absl::StrCat("pthread_sigmask: ", strerror(rc)));
+    return 1;
+  }
+  signal(SIGPIPE, SIG_IGN);  // a rank closing its pipes must not kill the daemon
+
+  std::string warning;
+  absl::StatusOr<SlotPlan> plan =
+      PlanSlots(config, host.cpu_count, [] { return DiscoverCudaDevices(); }, &warning);
+  if (!warning.empty()) DaemonLog(warning);
+  if (!plan.ok()) {
+    DaemonLog(absl::StrCat("error: ", plan.status().message()));
+    return 2;
+  }
+
+  std::error_code ec;
+  std::filesystem::create_directories(config.work_dir, ec);
+  if (ec) {
+    DaemonLog(absl::StrCat("error: work_dir: cannot create ", config.work_dir, ": ", ec.message()));
+    return 2;
+  }
+
+  absl::StatusOr<std::unique_ptr<WorkerMetrics>> metrics =
+      WorkerMetrics::Create(config.node, config.metrics_address, config.metrics_port);
+  if (!metrics.ok()) {
+    DaemonLog(absl::StrCat("error: ", metrics.status().message()));
+    return 2;
+  }
+
+  OutboundQueue outbound;
+  RankManagerOptions rank_options;
+  // /proc/self/exe in the child still names this binary (fork precedes exec), even if the file on
+  // disk was replaced since the daemon started.
+  rank_options.rank_binary = "/proc/self/exe";
+  rank_options.coordinator = config.coordinator;
+  rank_options.node = config.node;
+  rank_options.advertise_address = config.advertise_address;
+  rank_options.work_dir = config.work_dir;
+  rank_options.slot_kind = plan->slot_kind;
+  rank_options.slots = static_cast<int>(plan->devices.size());
+  rank_options.kill_grace = absl::Milliseconds(config.kill_grace_ms);
+  auto ranks = std::make_unique<RankManager>(rank_options, &outbound, metrics->get());
+
+  SessionOptions session_options;
+  session_options.coordinator = config.coordinator;
+  dropless::v1::RegisterWorkerRequest& reg = session_options.registration;
+  reg.set_node(config.node);
+  reg.set_address(config.advertise_address);
+  reg.set_metrics_port(config.metrics_port);
+  reg.set_slot_kind(plan->slot_kind);
+  for (const std::string& d : plan->devices) reg.add_devices(d);
+  reg.set_version(DROPLESS_VERSION);
+  CoordinatorSession session(session_options, ranks.get(), &outbound, metrics->get());
+
+  DaemonLog(absl::StrCat("node ", config.node, ": ", plan->devices.size(), " ", plan->slot_kind,
+                         " slot(s) [", absl::StrJoin(plan->devices, ", "), "], coordinator ",
+                         config.coordinator, ", advertised as ", config.advertise_address,
+                         config.metrics_port != 0
+                             ? absl::StrCat(", /metrics on ", config.metrics_address, ":",
+                                            config.metrics_port)
+                             : std::string(", /metrics disabled"),
+                         ", work dir ", config.work_dir));
+  std::thread session_thread([&session] { session.Run(); });
+
+  int sig = 0;
+  while (sigwait(&stop_signals, &sig) != 0) {
+  }
+  DaemonLog(absl::StrCat("got ", strsignal(sig), ": stopping ranks"));
+  const absl::Duration grace = absl::Milliseconds(config.kill_grace_ms);
+  if (!ranks->StopAllAndWait(grace + absl::Seconds(2))) {
+    DaemonLog("some ranks did not end in time");
+  }
+  session.WaitUntilFlushed(absl::Seconds(2));  // their final statuses, when connected
+  session.Shutdown();
+  session_thread.join();
+  ranks.reset();
+  DaemonLog("stopped");
+  return 0;
+}
+
+}  // namespace dropless

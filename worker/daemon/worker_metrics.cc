@@ -1,0 +1,223 @@
+#include "worker/daemon/worker_metrics.h"
+
+#include <exception>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/text_serializer.h"
+
+namespace dropless {
+namespace {
+
+// 1 ms .. 60 s, roughly 1-2-5 per decade: CPU steps take seconds, GPU dispatches milliseconds.
+const prometheus::Histogram::BucketBoundaries& DurationBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60};
+  return *buckets;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
+    const std::string& node, const std::string& bind_address, int port) {
+  std::unique_ptr<WorkerMetrics> metrics(new WorkerMetrics(node));
+  if (port != 0) {
+    const bool v6 = bind_address.find(':') != std::string::npos;
+    std::string listen = v6 ? absl::StrCat("[", bind_address, "]:", port)
+                            : absl::StrCat(bind_address, ":", port);
+    try {
+      metrics->exposer_ = std::make_unique<prometheus::Exposer>(listen);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("metrics: cannot serve /metrics on ", listen, ": ", e.what()));
+    }
+    metrics->exposer_->RegisterCollectable(metrics->registry_);
+  }
+  return metrics;
+}
+
+WorkerMetrics::WorkerMetrics(std::string node)
+    : node_(std::move(node)), registry_(std::make_shared<prometheus::Registry>()) {
+  using prometheus::BuildCounter;
+  using prometheus::BuildGauge;
+  using prometheus::BuildHistogram;
+  prometheus::Registry& r = *registry_;
+  step_duration_ = &BuildHistogram()
+                        .Name("dropless_rank_step_duration_seconds")
+                        .Help("Wall-clock duration of one training step of a rank")
+                        .Register(r);
+  dispatch_duration_ = &BuildHistogram()
+                            .Name("dropless_rank_dispatch_duration_seconds")
+                            .Help("Token dispatch all-to-all time of one step (forward + backward)")
+                            .Register(r);
+  combine_duration_ = &BuildHistogram()
+                           .Name("dropless_rank_combine_duration_seconds")
+                           .Help("Token combine all-to-all time of one step (forward + backward)")
+                           .Register(r);
+  gemm_duration_ = &BuildHistogram()
+                        .Name("dropless_rank_expert_gemm_duration_seconds")
+                        .Help("Expert GEMM time of one step (forward + backward)")
+                        .Register(r);
+  steps_ = &BuildCounter()
+                .Name("dropless_rank_steps_total")
+                .Help("Training steps finished by a rank")
+                .Register(r);
+  flops_per_second_ = &BuildGauge()
+                           .Name("dropless_rank_model_flops_per_second")
+                           .Help("Model FLOP/s of the last step of a rank")
+                           .Register(r);
+  mfu_ = &BuildGauge()
+              .Name("dropless_rank_mfu_ratio")
+              .Help("Model FLOP/s of the last step over the device peak (0..1)")
+              .Register(r);
+  tokens_per_second_ = &BuildGauge()
+                            .Name("dropless_rank_tokens_per_second")
+                            .Help("Tokens per second of the last step of a rank")
+                            .Register(r);
+  load_imbalance_ = &BuildGauge()
+                         .Name("dropless_rank_expert_load_imbalance_ratio")
+                         .Help("Max over mean tokens per expert in the last step (1 = balanced)")
+                         .Register(r);
+  loss_ = &BuildGauge().Name("dropless_rank_loss").Help("Task loss of the last step").Register(r);
+  device_memory_ = &BuildGauge()
+                        .Name("dropless_rank_device_memory_bytes")
+                        .Help("Device memory in use by the rank")
+                        .Register(r);
+
+  const prometheus::Labels node_label{{"node", node_}};
+  auto& slots = BuildGauge()
+                    .Name("dropless_worker_slots")
+                    .Help("Slots of this worker by state")
+                    .Register(r);
+  slots_busy_ = &slots.Add({{"node", node_}, {"state", "busy"}});
+  slots_free_ = &slots.Add({{"node", node_}, {"state", "free"}});
+  ranks_running_ = &BuildGauge()
+                        .Name("dropless_worker_ranks_running")
+                        .Help("Rank processes alive on this worker")
+                        .Register(r)
+                        .Add(node_label);
+  auto& exits = BuildCounter()
+                    .Name("dropless_worker_rank_exits_total")
+                    .Help("Rank processes that ended, by result")
+                    .Register(r);
+  exits_succeeded_ = &exits.Add({{"node", node_}, {"result", "succeeded"}});
+  exits_failed_ = &exits.Add({{"node", node_}, {"result", "failed"}});
+  exits_killed_ = &exits.Add({{"node", node_}, {"result", "killed"}});
+  reconnects_ = &BuildCounter()
+                     .Name("dropless_worker_session_reconnects_total")
+                     .Help("Sessions with the coordinator re-opened after the first")
+                     .Register(r)
+                     .Add(node_label);
+  up_ = &BuildGauge()
+             .Name("dropless_worker_up")
+             .Help("1 while the worker daemon runs")
+             .Register(r)
+             .Add(node_label);
+  up_->Set(1);
+}
+
+WorkerMetrics::~WorkerMetrics() {
+  // Stop serving before the families go away.
+  exposer_.reset();
+}
+
+WorkerMetrics::RankSeries& WorkerMetrics::SeriesFor(const std::string& job_id, int rank) {
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) {
+    while (job_order_.size() >= kRetainedJobs) {
+      DropJob(job_order_.front());
+    }
+    job_order_.push_back(job_id);
+    job = jobs_.emplace(job_id, std::map<int, RankSeries>{}).first;
+  }
+  auto series = job->second.find(rank);
+  if (series != job->second.end()) return series->second;
+
+  const prometheus::Labels labels{{"job", job_id}, {"rank", absl::StrCat(rank)}, {"node", node_}};
+  RankSeries s{};
+  s.step_duration = &step_duration_->Add(labels, DurationBuckets());
+  s.dispatch_duration = &dispatch_duration_->Add(labels, DurationBuckets());
+  s.combine_duration = &combine_duration_->Add(labels, DurationBuckets());
+  s.gemm_duration = &gemm_duration_->Add(labels, DurationBuckets());
+  s.steps = &steps_->Add(labels);
+  s.flops_per_second = &flops_per_second_->Add(labels);
+  s.mfu = &mfu_->Add(labels);
+  s.tokens_per_second = &tokens_per_second_->Add(labels);
+  s.load_imbalance = &load_imbalance_->Add(labels);
+  s.loss = &loss_->Add(labels);
+  s.device_memory = &device_memory_->Add(labels);
+  return job->second.emplace(rank, s).first->second;
+}
+
+void WorkerMetrics::DropJob(const std::string& job_id) {
+  auto job = jobs_.find(job_id);
+  if (job != jobs_.end()) {
+    for (auto& [rank, s] : job->second) {
+      step_duration_->Remove(s.step_duration);
+      dispatch_duration_->Remove(s.dispatch_duration);
+      combine_duration_->Remove(s.combine_duration);
+      gemm_duration_->Remove(s.gemm_duration);
+      steps_->Remove(s.steps);
+      flops_per_second_->Remove(s.flops_per_second);
+      mfu_->Remove(s.mfu);
+      tokens_per_second_->Remove(s.tokens_per_second);
+      load_imbalance_->Remove(s.load_imbalance);
+      loss_->Remove(s.loss);
+      device_memory_->Remove(s.device_memory);
+    }
+    jobs_.erase(job);
+  }
+  for (auto it = job_order_.begin(); it != job_order_.end(); ++it) {
+    if (*it == job_id) {
+      job_order_.erase(it);
+      break;
+    }
+  }
+}
+
+void WorkerMetrics::RecordStep(const std::string& job_id, int rank, const StepReport& report) {
+  absl::MutexLock lock(&mu_);
+  RankSeries& s = SeriesFor(job_id, rank);
+  s.step_duration->Observe(report.step_seconds);
+  s.dispatch_duration->Observe(report.dispatch_seconds);
+  s.combine_duration->Observe(report.combine_seconds);
+  s.gemm_duration->Observe(report.gemm_seconds);
+  s.steps->Increment();
+  s.flops_per_second->Set(report.FlopsPerSecond());
+  s.mfu->Set(report.Mfu());
+  s.tokens_per_second->Set(report.TokensPerSecond());
+  s.load_imbalance->Set(report.load_imbalance);
+  s.loss->Set(report.loss);
+  s.device_memory->Set(static_cast<double>(report.device_memory_bytes));
+}
+
+void WorkerMetrics::SetSlots(int busy, int free) {
+  slots_busy_->Set(busy);
+  slots_free_->Set(free);
+}
+
+void WorkerMetrics::SetRanksRunning(int running) { ranks_running_->Set(running); }
+
+void WorkerMetrics::RecordRankExit(RankExitResult result) {
+  switch (result) {
+    case RankExitResult::kSucceeded:
+      exits_succeeded_->Increment();
+      break;
+    case RankExitResult::kFailed:
+      exits_failed_->Increment();
+      break;
+    case RankExitResult::kKilled:
+      exits_killed_->Increment();
+      break;
+  }
+}
+
+void WorkerMetrics::RecordSessionReconnect() { reconnects_->Increment(); }
+
+std::string WorkerMetrics::Serialize() const {
+  absl::MutexLock lock(&mu_);  // no series are added or removed while collecting
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+}  // namespace dropless

@@ -1,0 +1,109 @@
+// WorkerMetrics: the worker daemon's Prometheus metrics, served on /metrics by prometheus-cpp.
+//
+// Per rank (labels job, rank, node): dropless_rank_step_duration_seconds, _dispatch_duration_seconds,
+// _combine_duration_seconds, _expert_gemm_duration_seconds (histograms, 1 ms .. 60 s),
+// dropless_rank_steps_total, dropless_rank_model_flops_per_second, dropless_rank_mfu_ratio,
+// dropless_rank_tokens_per_second, dropless_rank_expert_load_imbalance_ratio, dropless_rank_loss,
+// dropless_rank_device_memory_bytes (gauges but steps_total).
+// Per daemon (label node): dropless_worker_slots{state=busy|free}, dropless_worker_ranks_running,
+// dropless_worker_rank_exits_total{result=succeeded|failed|killed},
+// dropless_worker_session_reconnects_total, dropless_worker_up.
+//
+// Rank series of a finished job stay until kRetainedJobs newer jobs have reported, so a scrape after
+// the job ends still sees its last values; the oldest job's series are dropped first.
+#ifndef DROPLESS_WORKER_DAEMON_WORKER_METRICS_H_
+#define DROPLESS_WORKER_DAEMON_WORKER_METRICS_H_
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "worker/rank/step_report.h"
+
+namespace dropless {
+
+enum class RankExitResult { kSucceeded, kFailed, kKilled };
+
+class WorkerMetrics {
+ public:
+  static constexpr size_t kRetainedJobs = 16;
+
+  // Serves /metrics on bind_address:port; port 0 keeps the metrics in memory only (Serialize()).
+  // Unavailable when the port cannot be bound.
+  static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Create(const std::string& node,
+                                                               const std::string& bind_address,
+                                                               int port);
+  ~WorkerMetrics();
+
+  void RecordStep(const std::string& job_id, int rank, const StepReport& report);
+  void SetSlots(int busy, int free);
+  void SetRanksRunning(int running);
+  void RecordRankExit(RankExitResult result);
+  void RecordSessionReconnect();
+
+  // Prometheus text exposition of everything above (what /metrics serves).
+  std::string Serialize() const;
+
+ private:
+  struct RankSeries {
+    prometheus::Histogram* step_duration;
+    prometheus::Histogram* dispatch_duration;
+    prometheus::Histogram* combine_duration;
+    prometheus::Histogram* gemm_duration;
+    prometheus::Counter* steps;
+    prometheus::Gauge* flops_per_second;
+    prometheus::Gauge* mfu;
+    prometheus::Gauge* tokens_per_second;
+    prometheus::Gauge* load_imbalance;
+    prometheus::Gauge* loss;
+    prometheus::Gauge* device_memory;
+  };
+
+  explicit WorkerMetrics(std::string node);
+  RankSeries& SeriesFor(const std::string& job_id, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string node_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+
+  // Families are owned by registry_; pointers stay valid for its life.
+  prometheus::Family<prometheus::Histogram>* step_duration_;
+  prometheus::Family<prometheus::Histogram>* dispatch_duration_;
+  prometheus::Family<prometheus::Histogram>* combine_duration_;
+  prometheus::Family<prometheus::Histogram>* gemm_duration_;
+  prometheus::Family<prometheus::Counter>* steps_;
+  prometheus::Family<prometheus::Gauge>* flops_per_second_;
+  prometheus::Family<prometheus::Gauge>* mfu_;
+  prometheus::Family<prometheus::Gauge>* tokens_per_second_;
+  prometheus::Family<prometheus::Gauge>* load_imbalance_;
+  prometheus::Family<prometheus::Gauge>* loss_;
+  prometheus::Family<prometheus::Gauge>* device_memory_;
+
+  prometheus::Gauge* slots_busy_;
+  prometheus::Gauge* slots_free_;
+  prometheus::Gauge* ranks_running_;
+  prometheus::Counter* exits_succeeded_;
+  prometheus::Counter* exits_failed_;
+  prometheus::Counter* exits_killed_;
+  prometheus::Counter* reconnects_;
+  prometheus::Gauge* up_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::map<int, RankSeries>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> job_order_ ABSL_GUARDED_BY(mu_);  // oldest first
+};
+
+}  // namespace dropless
+
+#endif  // DROPLESS_WORKER_DAEMON_WORKER_METRICS_H_

@@ -1,0 +1,157 @@
+// dropless-worker: the worker daemon (no subcommand) and the rank process (`rank` subcommand)
+// in one binary, so the daemon can start ranks from /proc/self/exe.
+//
+//   dropless-worker [--coordinator ADDR] [--node NAME] [--cpu-slots N] [--metrics-port P] ...
+//   dropless-worker rank --coordinator ADDR --job ID --attempt N --rank R --world-size W
+//                        --slot S --spec FILE --host ADDR --node NAME --report-fd 3
+//
+// Flags may be spelled with '-' or '_' (--world-size or --world_size).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "worker/daemon/worker_config.h"
+#include "worker/daemon/worker_daemon.h"
+#include "worker/rank/rank_options.h"
+#if DROPLESS_WORKER_HAS_RANK
+#include "worker/rank/rank_process.h"
+#endif
+
+// Shared by the daemon and the rank process.
+ABSL_FLAG(std::string, coordinator, "", "coordinator gRPC address host:port (default localhost:7070)");
+ABSL_FLAG(std::string, node, "", "node name, unique in the cluster (default: hostname)");
+
+// Daemon. Empty / -1 means "not given": the config file or the built-in default applies.
+ABSL_FLAG(std::string, config, "", "worker YAML config (e.g. configs/worker.yaml); flags win over it");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host peers and Prometheus reach this node at (default 127.0.0.1 when the coordinator "
+          "is on loopback, else the hostname)");
+ABSL_FLAG(int, metrics_port, -1, "port of /metrics (default 9100; 0 disables)");
+ABSL_FLAG(std::string, metrics_address, "", "bind address of /metrics (default 0.0.0.0)");
+ABSL_FLAG(int, cpu_slots, -1, "offer N CPU slots (default: one per CPU when no GPU is used)");
+ABSL_FLAG(std::string, gpus, "", "auto | none | N: GPUs to offer as cuda slots (default auto)");
+ABSL_FLAG(std::string, work_dir, "",
+          "directory for per-attempt spec files and rank logs (default $TMPDIR/dropless-worker-<node>)");
+ABSL_FLAG(int64_t, kill_grace_ms, -1,
+          "SIGTERM -> SIGKILL delay when stopping ranks, in ms (default 5000)");
+
+// Rank process (set by the daemon).
+ABSL_FLAG(std::string, job, "", "rank: job id");
+ABSL_FLAG(int, attempt, 0, "rank: attempt number (>= 1)");
+ABSL_FLAG(int, rank, -1, "rank: rank in the job attempt");
+ABSL_FLAG(int, world_size, 0, "rank: ranks in the job attempt");
+ABSL_FLAG(int, slot, -1, "rank: GPU index or CPU slot on this node");
+ABSL_FLAG(std::string, spec, "", "rank: job spec YAML file");
+ABSL_FLAG(std::string, host, "", "rank: address this rank listens on for its peers");
+ABSL_FLAG(int, report_fd, -1, "rank: fd of the report pipe to the daemon (-1: none)");
+
+namespace {
+
+// absl flags are C identifiers; accept the documented dashed spellings too.
+std::string NormalizeFlag(const std::string& arg) {
+  if (!absl::StartsWith(arg, "--") || arg == "--") return arg;
+  size_t end = arg.find('=');
+  if (end == std::string::npos) end = arg.size();
+  std::string out = arg;
+  for (size_t i = 2; i < end; ++i) {
+    if (out[i] == '-') out[i] = '_';
+  }
+  return out;
+}
+
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "dropless-worker: %s\n", message.c_str());
+  return 2;
+}
+
+int RunRank() {
+  if (!absl::GetFlag(FLAGS_config).empty() || absl::GetFlag(FLAGS_metrics_port) != -1 ||
+      absl::GetFlag(FLAGS_cpu_slots) != -1 || !absl::GetFlag(FLAGS_gpus).empty() ||
+      !absl::GetFlag(FLAGS_work_dir).empty()) {
+    return Usage("daemon flags (--config, --metrics-port, --cpu-slots, --gpus, --work-dir) are "
+                 "not for `dropless-worker rank`");
+  }
+  dropless::RankOptions o;
+  o.coordinator = absl::GetFlag(FLAGS_coordinator);
+  o.job_id = absl::GetFlag(FLAGS_job);
+  o.attempt = absl::GetFlag(FLAGS_attempt);
+  o.rank = absl::GetFlag(FLAGS_rank);
+  o.world_size = absl::GetFlag(FLAGS_world_size);
+  o.slot = absl::GetFlag(FLAGS_slot);
+  o.spec_path = absl::GetFlag(FLAGS_spec);
+  o.host = absl::GetFlag(FLAGS_host);
+  o.node = absl::GetFlag(FLAGS_node);
+  o.report_fd = absl::GetFlag(FLAGS_report_fd);
+#if DROPLESS_WORKER_HAS_RANK
+  return dropless::RunRankProcess(o);
+#else
+  if (absl::Status st = dropless::ValidateRankOptions(o); !st.ok()) {
+    return Usage(std::string(st.message()));
+  }
+  std::fprintf(stderr, "[rank %d] error: this dropless-worker was built without the engine and "
+                       "transport libraries\n", o.rank);
+  return 1;
+#endif
+}
+
+int RunDaemon() {
+  if (!absl::GetFlag(FLAGS_job).empty() || absl::GetFlag(FLAGS_rank) != -1 ||
+      !absl::GetFlag(FLAGS_spec).empty() || absl::GetFlag(FLAGS_report_fd) != -1) {
+    return Usage("rank flags (--job, --rank, --spec, --report-fd, ...) need the `rank` subcommand");
+  }
+  dropless::WorkerSettings flags;
+  auto set_string = [](std::optional<std::string>* out, const std::string& v) {
+    if (!v.empty()) *out = v;
+  };
+  set_string(&flags.coordinator, absl::GetFlag(FLAGS_coordinator));
+  set_string(&flags.node, absl::GetFlag(FLAGS_node));
+  set_string(&flags.advertise_address, absl::GetFlag(FLAGS_advertise_address));
+  set_string(&flags.metrics_address, absl::GetFlag(FLAGS_metrics_address));
+  set_string(&flags.gpus, absl::GetFlag(FLAGS_gpus));
+  set_string(&flags.work_dir, absl::GetFlag(FLAGS_work_dir));
+  if (absl::GetFlag(FLAGS_metrics_port) != -1) flags.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (absl::GetFlag(FLAGS_cpu_slots) != -1) flags.cpu_slots = absl::GetFlag(FLAGS_cpu_slots);
+  if (absl::GetFlag(FLAGS_kill_grace_ms) != -1) {
+    flags.kill_grace_ms = absl::GetFlag(FLAGS_kill_grace_ms);
+  }
+
+  dropless::WorkerSettings file;
+  if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    absl::StatusOr<dropless::WorkerSettings> loaded = dropless::LoadWorkerSettingsFile(path);
+    if (!loaded.ok()) return Usage(std::string(loaded.status().message()));
+    file = *loaded;
+  }
+  const dropless::HostFacts host = dropless::CurrentHostFacts();
+  absl::StatusOr<dropless::WorkerConfig> config = dropless::ResolveWorkerConfig(file, flags, host);
+  if (!config.ok()) return Usage(std::string(config.status().message()));
+  return dropless::RunWorkerDaemon(*config, host);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool rank_mode = argc > 1 && std::string(argv[1]) == "rank";
+  std::vector<std::string> args;
+  args.push_back(argv[0]);
+  for (int i = rank_mode ? 2 : 1; i < argc; ++i) args.push_back(NormalizeFlag(argv[i]));
+  std::vector<char*> arg_ptrs;
+  for (std::string& a : args) arg_ptrs.push_back(a.data());
+
+  absl::SetProgramUsageMessage(
+      "dropless worker daemon.\n"
+      "  dropless-worker [--coordinator ADDR] [--node NAME] [--cpu-slots N] [--gpus auto|none|N]\n"
+      "                  [--metrics-port P] [--config FILE] ...\n"
+      "  dropless-worker rank --coordinator ADDR --job ID --attempt N --rank R --world-size W\n"
+      "                  --slot S --spec FILE --host ADDR --node NAME --report-fd 3");
+  std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  if (positional.size() > 1) {
+    return Usage(absl::StrCat("unexpected argument '", positional[1], "'"));
+  }
+  return rank_mode ? RunRank() : RunDaemon();
+}

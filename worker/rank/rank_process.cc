@@ -1,0 +1,194 @@
+#include "worker/rank/rank_process.h"
+
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/job_spec.h"
+#include "worker/engine/engine.h"
+#include "worker/rank/step_report.h"
+#include "worker/transport/transport_factory.h"
+
+namespace dropless {
+namespace {
+
+// Writes whole lines to the daemon's report pipe; a closed pipe means the daemon is gone.
+class ReportPipe {
+ public:
+  explicit ReportPipe(int fd) : fd_(fd) {}
+
+  absl::Status WriteLine(std::string line) {
+    if (fd_ < 0) return absl::OkStatus();
+    line += '\n';
+    size_t done = 0;
+    while (done < line.size()) {
+      ssize_t n = write(fd_, line.data() + done, line.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        return absl::UnavailableError(
+            absl::StrCat("report pipe (fd ", fd_, "): ", strerror(errno), "; is the worker daemon gone?"));
+      }
+      done += static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const int fd_;
+};
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("--spec: cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+class RankRun {
+ public:
+  explicit RankRun(const RankOptions& options)
+      : options_(options), prefix_(absl::StrCat("[rank ", options.rank, "] ")) {}
+
+  absl::Status Run();
+  const std::string& prefix() const { return prefix_; }
+
+ private:
+  void Say(const std::string& line) {
+    std::printf("%s%s\n", prefix_.c_str(), line.c_str());
+    std::fflush(stdout);
+  }
+
+  const RankOptions& options_;
+  const std::string prefix_;
+};
+
+absl::Status RankRun::Run() {
+  absl::StatusOr<std::string> yaml = ReadFile(options_.spec_path);
+  if (!yaml.ok()) return yaml.status();
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(*yaml);
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec ", options_.spec_path, ": ",
+                                                   spec.status().message()));
+  }
+  if (spec->world_size() != options_.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--world-size ", options_.world_size, " does not match the spec's parallel.ep * parallel.dp = ",
+        spec->world_size()));
+  }
+  if (spec->resources.backend == Backend::kCuda) {
+    return absl::UnimplementedError(
+        "cuda engine not built: this dropless-worker runs only resources.backend: cpu jobs");
+  }
+
+  Say(absl::StrFormat("job %s attempt %d: joining %d rank(s) (ep=%d, dp=%d) on %s, slot %d",
+                      options_.job_id, options_.attempt, options_.world_size, spec->parallel.ep,
+                      spec->parallel.dp, options_.host, options_.slot));
+  std::unique_ptr<KeyValueStore> store =
+      NewRendezvousKvStore(options_.coordinator, options_.job_id, options_.attempt);
+  GlooOptions gloo;
+  gloo.layout.rank = options_.rank;
+  gloo.layout.world_size = options_.world_size;
+  gloo.layout.ep = static_cast<int>(spec->parallel.ep);
+  gloo.layout.dp = static_cast<int>(spec->parallel.dp);
+  gloo.host = options_.host;
+  absl::StatusOr<RankGroups> groups = CreateGlooGroups(gloo, store.get());
+  if (!groups.ok()) {
+    return absl::Status(groups.status().code(),
+                        absl::StrCat("joining the rank groups: ", groups.status().message()));
+  }
+
+  EngineContext context;
+  context.spec = *spec;
+  context.rank = options_.rank;
+  context.world_size = options_.world_size;
+  context.groups = &*groups;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = CreateCpuEngine(context);
+  if (!engine.ok()) {
+    return absl::Status(engine.status().code(),
+                        absl::StrCat("building the cpu engine: ", engine.status().message()));
+  }
+
+  ReportPipe report(options_.report_fd);
+  if (absl::Status st = report.WriteLine(std::string(kReadyLine)); !st.ok()) return st;
+  const int64_t steps = spec->steps;
+  const int64_t progress_every = std::max<int64_t>(1, steps / 10);
+  const double peak = (*engine)->PeakFlops();
+  Say(absl::StrFormat("ready: cpu engine, %d steps of %d tokens", steps, spec->tokens_per_rank));
+
+  const absl::Time start = absl::Now();
+  const std::string& checkpoint_dir = spec->checkpoint.dir;
+  int64_t last_checkpoint = 0;
+  for (int64_t step = 1; step <= steps; ++step) {
+    absl::StatusOr<StepStats> stats = (*engine)->Step();
+    if (!stats.ok()) {
+      return absl::Status(stats.status().code(),
+                          absl::StrCat("step ", step, ": ", stats.status().message()));
+    }
+    StepReport r;
+    r.step = step;
+    r.steps = steps;
+    r.loss = stats->loss;
+    r.aux_loss = stats->aux_loss;
+    r.step_seconds = stats->step_seconds;
+    r.flops = stats->flops;
+    r.tokens = stats->tokens;
+    r.dispatch_seconds = stats->dispatch_seconds;
+    r.combine_seconds = stats->combine_seconds;
+    r.gemm_seconds = stats->gemm_seconds;
+    r.load_imbalance = stats->load_imbalance;
+    r.device_memory_bytes = stats->device_memory_bytes;
+    r.peak_flops = peak;
+    if (absl::Status st = report.WriteLine(FormatStepReport(r)); !st.ok()) return st;
+    if (step == 1 || step % progress_every == 0 || step == steps) {
+      Say(absl::StrFormat("step %d/%d loss=%.6g aux_loss=%.4g %.1f ms/step %.3g GFLOP/s %.0f tokens/s",
+                          step, steps, r.loss, r.aux_loss, r.step_seconds * 1e3,
+                          r.FlopsPerSecond() / 1e9, r.TokensPerSecond()));
+    }
+    if (!checkpoint_dir.empty() && spec->checkpoint.every > 0 && step % spec->checkpoint.every == 0) {
+      if (absl::Status st = (*engine)->SaveCheckpoint(checkpoint_dir); !st.ok()) {
+        return absl::Status(st.code(), absl::StrCat("checkpoint at step ", step, ": ", st.message()));
+      }
+      last_checkpoint = step;
+    }
+  }
+  if (!checkpoint_dir.empty() && last_checkpoint != steps) {
+    if (absl::Status st = (*engine)->SaveCheckpoint(checkpoint_dir); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("final checkpoint: ", st.message()));
+    }
+  }
+  Say(absl::StrFormat("done: %d steps in %.2f s", steps, absl::ToDoubleSeconds(absl::Now() - start)));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunRankProcess(const RankOptions& options) {
+  // stdout is a pipe to the daemon: line buffering makes progress show up as it happens.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  RankRun run(options);
+  if (absl::Status st = ValidateRankOptions(options); !st.ok()) {
+    std::fprintf(stderr, "%serror: %s\n", run.prefix().c_str(), std::string(st.message()).c_str());
+    return 2;
+  }
+  absl::Status st = run.Run();
+  if (!st.ok()) {
+    std::fprintf(stderr, "%serror: %s\n", run.prefix().c_str(), std::string(st.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace dropless
