@@ -5,12 +5,18 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 
 namespace dropless::kernels::cuda {
 
 absl::Status CudaStatus(cudaError_t error, const char* what);
 absl::Status CublasStatus(cublasStatus_t status, const char* what);
+
+// Blocks for a grid-stride loop over `work_items` items, `items_per_block` per block per pass:
+// enough to fill the current device (16 blocks per multiprocessor), never more than the work.
+int GridStrideBlocks(int64_t work_items, int64_t items_per_block);
 
 // After a launch: the launch error (bad configuration, no kernel image for the device).
 absl::Status LaunchStatus(const char* kernel);

@@ -1,0 +1,283 @@
+// Permute / unpermute + combine and their backward passes (contracts: dropless/kernels/permute.h).
+// One block per token: the token row is read once (permute: stored to its k slots; combine: the k
+// slot rows are gathered and reduced in choice order with fp32 FMAs).
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+#include "dropless/kernels/permute.h"
+#include "dropless/kernels/routing.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_utils.cuh"
+
+namespace dropless::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kUnroll = 8;  // 16-byte vectors per thread per pass: 8 * 128 * 8 = 8192 columns
+
+// The token's slots (and weights) in shared memory; -1 marks a dropped choice.
+struct TokenRoute {
+  int32_t slot[kMaxRoutingTopK];
+  float weight[kMaxRoutingTopK];
+};
+
+__device__ __forceinline__ void LoadRoute(const int32_t* __restrict__ slot_of_choice,
+                                          const float* __restrict__ weights, int64_t token,
+                                          int top_k, TokenRoute* route) {
+  if (threadIdx.x < top_k) {
+    route->slot[threadIdx.x] = slot_of_choice[token * top_k + threadIdx.x];
+    route->weight[threadIdx.x] = weights == nullptr ? 1.0f : weights[token * top_k + threadIdx.x];
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kThreads)
+    PermuteKernel(const uint4* __restrict__ x, int64_t vecs_per_row,
+                  const int32_t* __restrict__ slot_of_choice, int top_k,
+                  uint4* __restrict__ rows) {
+  __shared__ TokenRoute route;
+  const int64_t token = blockIdx.x;
+  LoadRoute(slot_of_choice, nullptr, token, top_k, &route);
+  for (int64_t v0 = threadIdx.x; v0 < vecs_per_row; v0 += kThreads * kUnroll) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = v0 + u * kThreads;
+      if (c < vecs_per_row) v[u] = detail::LoadVecStreaming(x + token * vecs_per_row + c);
+    }
+    for (int j = 0; j < top_k; ++j) {
+      const int64_t slot = route.slot[j];
+      if (slot < 0) continue;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = v0 + u * kThreads;
+        if (c < vecs_per_row) rows[slot * vecs_per_row + c] = v[u];
+      }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    PermuteMxfp8Kernel(const uint4* __restrict__ x, int64_t vecs_per_row,
+                       const int32_t* __restrict__ slot_of_choice, int top_k,
+                       uint2* __restrict__ data, uint8_t* __restrict__ scales) {
+  __shared__ TokenRoute route;
+  const int64_t token = blockIdx.x;
+  LoadRoute(slot_of_choice, nullptr, token, top_k, &route);
+  const int64_t scales_per_row = vecs_per_row / 4;
+  // Uniform trip count per block: every lane reaches the quad shuffles.
+  for (int64_t v0 = threadIdx.x; v0 - threadIdx.x < vecs_per_row; v0 += kThreads * kUnroll) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = v0 + u * kThreads;
+      v[u] = c < vecs_per_row ? detail::LoadVecStreaming(x + token * vecs_per_row + c)
+                              : make_uint4(0, 0, 0, 0);
+    }
+    detail::MxQuad q[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      // Skip passes no lane of the block needs (uniform across the block).
+      if (v0 - threadIdx.x + u * kThreads < vecs_per_row) q[u] = detail::QuantizeMxQuad(v[u]);
+    }
+    for (int j = 0; j < top_k; ++j) {
+      const int64_t slot = route.slot[j];
+      if (slot < 0) continue;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = v0 + u * kThreads;
+        if (c < vecs_per_row) {
+          data[slot * vecs_per_row + c] = q[u].data;
+          if ((threadIdx.x & 3) == 0) scales[slot * scales_per_row + c / 4] = static_cast<uint8_t>(q[u].scale);
+        }
+      }
+    }
+  }
+}
+
+// y[t] = sum_j w_j * rows[slot_j] (w = 1 when weights is null), fp32 FMAs in choice order.
+template <int kMaxK>
+__global__ void __launch_bounds__(kThreads)
+    CombineKernel(const uint4* __restrict__ rows, int64_t vecs_per_row,
+                  const int32_t* __restrict__ slot_of_choice, const float* __restrict__ weights,
+                  int top_k, uint4* __restrict__ y) {
+  __shared__ TokenRoute route;
+  const int64_t token = blockIdx.x;
+  LoadRoute(slot_of_choice, weights, token, top_k, &route);
+  for (int64_t c = threadIdx.x; c < vecs_per_row; c += kThreads) {
+    uint4 v[kMaxK];
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j) {
+      if (j < top_k && route.slot[j] >= 0) {
+        v[j] = detail::LoadVecStreaming(rows + static_cast<int64_t>(route.slot[j]) * vecs_per_row + c);
+      }
+    }
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j) {
+      if (j < top_k && route.slot[j] >= 0) {
+        float f[8];
+        detail::Unpack8(v[j], f);
+        const float w = route.weight[j];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = __fmaf_rn(w, f[e], acc[e]);
+      }
+    }
+    y[token * vecs_per_row + c] = detail::Pack8(acc);
+  }
+}
+
+// d_rows[slot_j] = w_j * d_y[t];  d_w[t][j] = <d_y[t], rows[slot_j]>.
+template <int kMaxK>
+__global__ void __launch_bounds__(kThreads)
+    CombineBackwardKernel(const uint4* __restrict__ d_y, const uint4* __restrict__ rows,
+                          int64_t vecs_per_row, const int32_t* __restrict__ slot_of_choice,
+                          const float* __restrict__ weights, int top_k,
+                          uint4* __restrict__ d_rows, float* __restrict__ d_weights) {
+  __shared__ TokenRoute route;
+  __shared__ float partial[kThreads / 32][kMaxK];
+  const int64_t token = blockIdx.x;
+  LoadRoute(slot_of_choice, weights, token, top_k, &route);
+  float dot[kMaxK];
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j) dot[j] = 0.0f;
+  for (int64_t c = threadIdx.x; c < vecs_per_row; c += kThreads) {
+    const uint4 g = detail::LoadVecStreaming(d_y + token * vecs_per_row + c);
+    uint4 v[kMaxK];
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j) {
+      if (j < top_k && route.slot[j] >= 0) {
+        v[j] = detail::LoadVecStreaming(rows + static_cast<int64_t>(route.slot[j]) * vecs_per_row + c);
+      }
+    }
+    float gf[8];
+    detail::Unpack8(g, gf);
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j) {
+      if (j < top_k && route.slot[j] >= 0) {
+        const float w = route.weight[j];
+        float scaled[8], f[8];
+        detail::Unpack8(v[j], f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          scaled[e] = __fmul_rn(w, gf[e]);
+          dot[j] = __fmaf_rn(gf[e], f[e], dot[j]);
+        }
+        d_rows[static_cast<int64_t>(route.slot[j]) * vecs_per_row + c] = detail::Pack8(scaled);
+      }
+    }
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j) {
+    const float s = detail::WarpSum(dot[j]);
+    if (lane == 0) partial[warp][j] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < top_k) {
+    float s = 0;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) s += partial[w][threadIdx.x];
+    d_weights[token * top_k + threadIdx.x] = route.slot[threadIdx.x] >= 0 ? s : 0.0f;
+  }
+}
+
+absl::Status CheckBuffers(const PermuteShape& shape, bool mxfp8,
+                          std::initializer_list<const void*> buffers) {
+  if (absl::Status s = ValidatePermuteShape(shape, mxfp8); !s.ok()) return s;
+  if (shape.num_tokens == 0) return absl::OkStatus();
+  if (shape.num_tokens > 0x7fffffff) return absl::InvalidArgumentError("num_tokens: too many");
+  for (const void* p : buffers) {
+    if (p == nullptr) return absl::InvalidArgumentError("permute: a required buffer is null");
+  }
+  return absl::OkStatus();
+}
+
+template <template <int> class Launch, typename... Args>
+absl::Status DispatchTopK(int top_k, Args&&... args) {
+  if (top_k <= 2) return Launch<2>::Run(args...);
+  if (top_k <= 4) return Launch<4>::Run(args...);
+  if (top_k <= 8) return Launch<8>::Run(args...);
+  return Launch<16>::Run(args...);
+}
+
+template <int kMaxK>
+struct LaunchCombine {
+  static absl::Status Run(const PermuteShape& shape, const Bf16* rows, const int32_t* slots,
+                          const float* weights, Bf16* y, Stream stream) {
+    CombineKernel<kMaxK><<<static_cast<unsigned>(shape.num_tokens), kThreads, 0, stream>>>(
+        reinterpret_cast<const uint4*>(rows), shape.hidden / 8, slots, weights, shape.top_k,
+        reinterpret_cast<uint4*>(y));
+    return LaunchStatus("CombineKernel");
+  }
+};
+
+template <int kMaxK>
+struct LaunchCombineBackward {
+  static absl::Status Run(const PermuteShape& shape, const Bf16* d_y, const Bf16* rows,
+                          const int32_t* slots, const float* weights, Bf16* d_rows,
+                          float* d_weights, Stream stream) {
+    CombineBackwardKernel<kMaxK><<<static_cast<unsigned>(shape.num_tokens), kThreads, 0, stream>>>(
+        reinterpret_cast<const uint4*>(d_y), reinterpret_cast<const uint4*>(rows),
+        shape.hidden / 8, slots, weights, shape.top_k, reinterpret_cast<uint4*>(d_rows), d_weights);
+    return LaunchStatus("CombineBackwardKernel");
+  }
+};
+
+}  // namespace
+
+absl::Status Permute(const PermuteShape& shape, const Bf16* x, const int32_t* slot_of_choice,
+                     Bf16* rows, Stream stream) {
+  if (absl::Status s = CheckBuffers(shape, false, {x, slot_of_choice, rows}); !s.ok()) return s;
+  if (shape.num_tokens == 0) return absl::OkStatus();
+  PermuteKernel<<<static_cast<unsigned>(shape.num_tokens), kThreads, 0, stream>>>(
+      reinterpret_cast<const uint4*>(x), shape.hidden / 8, slot_of_choice, shape.top_k,
+      reinterpret_cast<uint4*>(rows));
+  return LaunchStatus("PermuteKernel");
+}
+
+absl::Status PermuteMxfp8(const PermuteShape& shape, const Bf16* x, const int32_t* slot_of_choice,
+                          const MxRowwise& rows, Stream stream) {
+  if (absl::Status s = CheckBuffers(shape, true, {x, slot_of_choice, rows.data, rows.scales});
+      !s.ok()) {
+    return s;
+  }
+  if (shape.num_tokens == 0) return absl::OkStatus();
+  PermuteMxfp8Kernel<<<static_cast<unsigned>(shape.num_tokens), kThreads, 0, stream>>>(
+      reinterpret_cast<const uint4*>(x), shape.hidden / 8, slot_of_choice, shape.top_k,
+      reinterpret_cast<uint2*>(rows.data), rows.scales);
+  return LaunchStatus("PermuteMxfp8Kernel");
+}
+
+absl::Status PermuteBackward(const PermuteShape& shape, const Bf16* d_rows,
+                             const int32_t* slot_of_choice, Bf16* d_x, Stream stream) {
+  if (absl::Status s = CheckBuffers(shape, false, {d_rows, slot_of_choice, d_x}); !s.ok()) return s;
+  if (shape.num_tokens == 0) return absl::OkStatus();
+  return DispatchTopK<LaunchCombine>(shape.top_k, shape, d_rows, slot_of_choice,
+                                     static_cast<const float*>(nullptr), d_x, stream);
+}
+
+absl::Status UnpermuteCombine(const PermuteShape& shape, const Bf16* rows,
+                              const int32_t* slot_of_choice, const float* weights, Bf16* y,
+                              Stream stream) {
+  if (absl::Status s = CheckBuffers(shape, false, {rows, slot_of_choice, weights, y}); !s.ok()) {
+    return s;
+  }
+  if (shape.num_tokens == 0) return absl::OkStatus();
+  return DispatchTopK<LaunchCombine>(shape.top_k, shape, rows, slot_of_choice, weights, y, stream);
+}
+
+absl::Status UnpermuteCombineBackward(const PermuteShape& shape, const Bf16* d_y, const Bf16* rows,
+                                      const int32_t* slot_of_choice, const float* weights,
+                                      Bf16* d_rows, float* d_weights, Stream stream) {
+  if (absl::Status s =
+          CheckBuffers(shape, false, {d_y, rows, slot_of_choice, weights, d_rows, d_weights});
+      !s.ok()) {
+    return s;
+  }
+  if (shape.num_tokens == 0) return absl::OkStatus();
+  return DispatchTopK<LaunchCombineBackward>(shape.top_k, shape, d_y, rows, slot_of_choice,
+                                             weights, d_rows, d_weights, stream);
+}
+
+}  // namespace dropless::kernels::cuda
