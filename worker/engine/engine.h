@@ -42,6 +42,9 @@ class Engine {
   // Peak FLOP/s of the device this rank runs on (denominator of MFU).
   virtual double PeakFlops() const = 0;
   virtual absl::Status SaveCheckpoint(const std::string& dir) = 0;
+  // Steps completed, counting those restored from a checkpoint: a resumed rank runs
+  // spec.steps - StepsDone() more. Engines without checkpoints may keep the default.
+  virtual int64_t StepsDone() const { return 0; }
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> CreateCpuEngine(const EngineContext& ctx);

@@ -1,0 +1,288 @@
+// The CPU engine end to end on in-process groups: the same loss curve whatever the ep/dp layout,
+// learning, determinism, checkpoint resume, step statistics and bad contexts.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/engine/engine.h"
+#include "worker/transport/transport_factory.h"
+
+namespace dropless {
+namespace {
+
+JobSpec TinySpec() {
+  JobSpec spec;
+  spec.name = "engine-test";
+  spec.model.hidden = 16;
+  spec.model.ffn = 24;
+  spec.model.experts = 4;
+  spec.model.topk = 2;
+  spec.model.shared_experts = 1;
+  spec.model.layers = 2;
+  spec.model.router = RouterKind::kSoftmax;
+  spec.model.renormalize = true;
+  spec.model.aux_loss_coeff = 0.01;
+  spec.tokens_per_rank = 32;
+  spec.steps = 10;
+  spec.optimizer.lr = 1e-2;
+  spec.optimizer.warmup_steps = 2;
+  spec.optimizer.weight_decay = 0.01;
+  spec.data.seed = 1234;
+  return spec;
+}
+
+// Runs `steps` steps on ep*dp ranks (threads); result[rank][step].
+std::vector<std::vector<StepStats>> RunJob(JobSpec spec, int ep, int dp, int steps) {
+  spec.parallel.ep = ep;
+  spec.parallel.dp = dp;
+  std::vector<RankGroups> groups = CreateLocalGroups(ep, dp);
+  std::vector<std::vector<StepStats>> stats(ep * dp);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < ep * dp; ++rank) {
+    threads.emplace_back([&, rank] {
+      EngineContext ctx{spec, rank, ep * dp, &groups[rank]};
+      absl::StatusOr<std::unique_ptr<Engine>> engine = CreateCpuEngine(ctx);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      for (int i = 0; i < steps; ++i) {
+        absl::StatusOr<StepStats> step = (*engine)->Step();
+        ASSERT_TRUE(step.ok()) << step.status();
+        stats[rank].push_back(*step);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return stats;
+}
+
+std::vector<double> Losses(const std::vector<StepStats>& steps) {
+  std::vector<double> losses;
+  for (const StepStats& s : steps) losses.push_back(s.loss);
+  return losses;
+}
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(base ? base : "/tmp") + "/dropless-engine-" + name + "-" +
+                    std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+TEST(CpuEngineTest, LossCurveIsTheSameForEveryExpertAndDataParallelLayout) {
+  constexpr int kSteps = 10;
+  JobSpec one_rank = TinySpec();
+  one_rank.tokens_per_rank = 64;
+  const auto reference = RunJob(one_rank, 1, 1, kSteps);
+  ASSERT_EQ(reference[0].size(), static_cast<size_t>(kSteps));
+
+  JobSpec half = TinySpec();
+  half.tokens_per_rank = 32;
+  for (auto [ep, dp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    const auto run = RunJob(half, ep, dp, kSteps);
+    for (int rank = 0; rank < ep * dp; ++rank) {
+      ASSERT_EQ(run[rank].size(), static_cast<size_t>(kSteps));
+      for (int i = 0; i < kSteps; ++i) {
+        const double want = reference[0][i].loss;
+        EXPECT_NEAR(run[rank][i].loss, want, 1e-4 * want)
+            << "ep " << ep << " dp " << dp << " rank " << rank << " step " << i + 1;
+        EXPECT_NEAR(run[rank][i].aux_loss, reference[0][i].aux_loss,
+                    1e-4 * reference[0][i].aux_loss)
+            << "ep " << ep << " dp " << dp << " rank " << rank << " step " << i + 1;
+      }
+    }
+  }
+  // The curve moved: equal curves of a frozen model would prove nothing.
+  EXPECT_LT(reference[0][kSteps - 1].loss, 0.9 * reference[0][0].loss);
+}
+
+TEST(CpuEngineTest, FourRanksOfTwoByTwoFollowTheSameCurve) {
+  constexpr int kSteps = 6;
+  JobSpec one_rank = TinySpec();
+  one_rank.model.experts = 8;
+  one_rank.tokens_per_rank = 64;
+  const auto reference = RunJob(one_rank, 1, 1, kSteps);
+  JobSpec quarter = one_rank;
+  quarter.tokens_per_rank = 16;
+  const auto run = RunJob(quarter, 2, 2, kSteps);
+  for (int rank = 0; rank < 4; ++rank) {
+    for (int i = 0; i < kSteps; ++i) {
+      EXPECT_NEAR(run[rank][i].loss, reference[0][i].loss, 1e-4 * reference[0][i].loss)
+          << "rank " << rank << " step " << i + 1;
+    }
+  }
+}
+
+TEST(CpuEngineTest, LossFallsOnTheTinyJob) {
+  JobSpec spec = TinySpec();  // the shape of configs/jobs/tiny-cpu.yaml on two EP ranks
+  spec.model.hidden = 64;
+  spec.model.ffn = 128;
+  spec.model.experts = 8;
+  spec.model.shared_experts = 0;
+  spec.model.layers = 1;
+  spec.tokens_per_rank = 256;
+  spec.optimizer.warmup_steps = 5;
+  spec.optimizer.weight_decay = 0;
+  spec.steps = 40;
+  const auto run = RunJob(spec, 2, 1, 40);
+  const std::vector<double> losses = Losses(run[0]);
+  ASSERT_EQ(losses.size(), 40u);
+  for (double loss : losses) ASSERT_TRUE(std::isfinite(loss));
+  EXPECT_LT(losses.back(), losses.front() / 3) << "first " << losses.front() << " last "
+                                               << losses.back();
+}
+
+TEST(CpuEngineTest, TwoRunsGiveIdenticalLosses) {
+  JobSpec spec = TinySpec();
+  spec.data.distribution = RoutingDistribution::kZipf;
+  spec.model.router = RouterKind::kSigmoid;
+  const auto first = RunJob(spec, 2, 1, 5);
+  const auto second = RunJob(spec, 2, 1, 5);
+  EXPECT_EQ(Losses(first[0]), Losses(second[0]));
+  EXPECT_EQ(Losses(first[1]), Losses(second[1]));
+  spec.data.seed = 99;
+  const auto other_seed = RunJob(spec, 2, 1, 1);
+  EXPECT_NE(other_seed[0][0].loss, first[0][0].loss);
+}
+
+TEST(CpuEngineTest, ResumeFromCheckpointContinuesTheSameCurve) {
+  constexpr int kSteps = 8;
+  JobSpec spec = TinySpec();
+  spec.steps = kSteps;
+  const auto uninterrupted = RunJob(spec, 2, 1, kSteps);
+
+  spec.checkpoint.dir = TempDir("resume");
+  spec.checkpoint.every = 4;
+  const auto first_half = RunJob(spec, 2, 1, 5);  // checkpoint at 4; step 5 is lost
+  ASSERT_TRUE(std::filesystem::exists(spec.checkpoint.dir + "/rank-0.ckpt"));
+  ASSERT_TRUE(std::filesystem::exists(spec.checkpoint.dir + "/rank-1.ckpt"));
+
+  spec.parallel.ep = 2;
+  std::vector<RankGroups> groups = CreateLocalGroups(2, 1);
+  std::vector<std::vector<double>> resumed(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      absl::StatusOr<std::unique_ptr<Engine>> engine =
+          CreateCpuEngine(EngineContext{spec, rank, 2, &groups[rank]});
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      EXPECT_EQ((*engine)->StepsDone(), 4);
+      while ((*engine)->StepsDone() < kSteps) {
+        absl::StatusOr<StepStats> step = (*engine)->Step();
+        ASSERT_TRUE(step.ok()) << step.status();
+        EXPECT_EQ(step->step, (*engine)->StepsDone());
+        resumed[rank].push_back(step->loss);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_EQ(resumed[rank].size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(resumed[rank][i], uninterrupted[rank][4 + i].loss) << "step " << 5 + i;
+    }
+  }
+  // The last step (spec.steps) always writes a checkpoint.
+  std::filesystem::remove_all(spec.checkpoint.dir);
+}
+
+TEST(CpuEngineTest, DamagedOrForeignCheckpointIsRefused) {
+  JobSpec spec = TinySpec();
+  spec.checkpoint.dir = TempDir("damaged");
+  spec.steps = 2;
+  RunJob(spec, 1, 1, 2);
+  const std::string path = spec.checkpoint.dir + "/rank-0.ckpt";
+  ASSERT_TRUE(std::filesystem::exists(path));
+
+  std::vector<RankGroups> groups = CreateLocalGroups(1, 1);
+  JobSpec other_shape = spec;
+  other_shape.model.hidden = 32;
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      CreateCpuEngine(EngineContext{other_shape, 0, 1, &groups[0]});
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();
+
+  {  // flip a byte in the payload
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(-100, std::ios::end);
+    file.put('\x5a');
+  }
+  engine = CreateCpuEngine(EngineContext{spec, 0, 1, &groups[0]});
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kDataLoss) << engine.status();
+  std::filesystem::resize_file(path, 40);
+  engine = CreateCpuEngine(EngineContext{spec, 0, 1, &groups[0]});
+  EXPECT_FALSE(engine.ok());
+  std::filesystem::remove_all(spec.checkpoint.dir);
+}
+
+TEST(CpuEngineTest, StepStatsDescribeTheStep) {
+  JobSpec spec = TinySpec();
+  const auto run = RunJob(spec, 2, 1, 2);
+  const JobSpec& s = spec;
+  const double t = s.tokens_per_rank, h = s.model.hidden, f = s.model.ffn;
+  const double expected_flops =
+      s.model.layers * (18 * t * s.model.topk * h * f + 6 * t * h * s.model.experts +
+                        18 * t * h * f * s.model.shared_experts);
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int i = 0; i < 2; ++i) {
+      const StepStats& st = run[rank][i];
+      EXPECT_EQ(st.step, i + 1);
+      EXPECT_EQ(st.tokens, s.tokens_per_rank);
+      EXPECT_DOUBLE_EQ(st.flops, expected_flops);
+      EXPECT_GT(st.loss, 0);
+      EXPECT_GT(st.aux_loss, 0.5);  // E * sum f P is 1 when balanced, larger when not
+      EXPECT_GE(st.load_imbalance, 1.0);
+      EXPECT_LE(st.load_imbalance, static_cast<double>(s.model.experts));
+      EXPECT_GT(st.step_seconds, 0);
+      EXPECT_GT(st.gemm_seconds, 0);
+      EXPECT_GT(st.dispatch_seconds, 0);
+      EXPECT_GT(st.combine_seconds, 0);
+      EXPECT_LE(st.gemm_seconds + st.dispatch_seconds + st.combine_seconds, st.step_seconds);
+      EXPECT_GT(st.device_memory_bytes, 4 * 4 * 3 * h * f);  // at least weights + moments
+    }
+    // Both ranks report the job's loss and the EP group's imbalance.
+    EXPECT_EQ(run[rank][0].loss, run[0][0].loss);
+    EXPECT_EQ(run[rank][0].load_imbalance, run[0][0].load_imbalance);
+  }
+}
+
+TEST(CpuEngineTest, PeakFlopsIsNominalUnlessOverridden) {
+  JobSpec spec = TinySpec();
+  std::vector<RankGroups> groups = CreateLocalGroups(1, 1);
+  unsetenv("DROPLESS_CPU_PEAK_FLOPS");
+  auto engine = CreateCpuEngine(EngineContext{spec, 0, 1, &groups[0]});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_DOUBLE_EQ((*engine)->PeakFlops(), 96e9);
+  setenv("DROPLESS_CPU_PEAK_FLOPS", "2.5e11", 1);
+  engine = CreateCpuEngine(EngineContext{spec, 0, 1, &groups[0]});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_DOUBLE_EQ((*engine)->PeakFlops(), 2.5e11);
+  setenv("DROPLESS_CPU_PEAK_FLOPS", "fast", 1);
+  engine = CreateCpuEngine(EngineContext{spec, 0, 1, &groups[0]});
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(engine.status().message().find("DROPLESS_CPU_PEAK_FLOPS"), std::string::npos);
+  unsetenv("DROPLESS_CPU_PEAK_FLOPS");
+}
+
+TEST(CpuEngineTest, ContextThatDoesNotMatchTheGroupsIsRefused) {
+  JobSpec spec = TinySpec();
+  spec.parallel.ep = 2;
+  std::vector<RankGroups> groups = CreateLocalGroups(1, 1);  // one rank, but the spec wants two
+  auto engine = CreateCpuEngine(EngineContext{spec, 0, 2, &groups[0]});
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+  engine = CreateCpuEngine(EngineContext{spec, 0, 2, nullptr});
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+  spec.parallel.ep = 1;
+  spec.model.experts = 3;
+  spec.parallel.ep = 2;
+  engine = CreateCpuEngine(EngineContext{spec, 0, 2, &groups[0]});
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dropless

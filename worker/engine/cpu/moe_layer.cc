@@ -1,0 +1,249 @@
+#include "worker/engine/cpu/moe_layer.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_format.h"
+#include "worker/engine/cpu/blas_gemm.h"
+#include "worker/engine/cpu/router.h"
+#include "worker/engine/cpu/swiglu_expert.h"
+#include "worker/engine/cpu/token_permutation.h"
+
+namespace dropless::cpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+template <typename V>
+int64_t VectorBytes(const V& v) {
+  return static_cast<int64_t>(v.capacity() * sizeof(typename V::value_type));
+}
+
+absl::Status CheckShape(const MoeLayerShape& shape, const ExpertExchange& exchange) {
+  if (shape.tokens < 0 || shape.hidden <= 0 || shape.ffn <= 0 || shape.experts <= 0 ||
+      shape.topk <= 0 || shape.topk > shape.experts || shape.shared_experts < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "moe layer: bad shape (tokens %d, hidden %d, ffn %d, experts %d, topk %d, shared %d)",
+        shape.tokens, shape.hidden, shape.ffn, shape.experts, shape.topk,
+        shape.shared_experts));
+  }
+  if (shape.experts % exchange.ep_size() != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "moe layer: %d experts do not split over %d EP ranks", shape.experts,
+        exchange.ep_size()));
+  }
+  return absl::OkStatus();
+}
+
+RouterShape ToRouterShape(const MoeLayerShape& shape) {
+  return RouterShape{shape.tokens, shape.experts, shape.topk, shape.router, shape.renormalize};
+}
+
+}  // namespace
+
+template <typename T>
+int64_t MoeLayerCache<T>::BytesHeld() const {
+  return VectorBytes(probs) + VectorBytes(expert_ids) + VectorBytes(gates) +
+         VectorBytes(rows_per_expert) + VectorBytes(row_of_slot) + VectorBytes(expert_in) +
+         VectorBytes(expert_h) + VectorBytes(expert_a) + VectorBytes(expert_out) +
+         VectorBytes(shared_h) + VectorBytes(shared_a) + VectorBytes(job_routing_stats) +
+         VectorBytes(token_rows) + VectorBytes(expert_rows) + VectorBytes(expert_rows_grad) +
+         VectorBytes(gate_grads) + VectorBytes(swiglu_scratch);
+}
+
+template <typename T>
+absl::Status MoeLayerForward(const MoeLayerShape& shape, const MoeLayerWeights<T>& weights,
+                             const T* x, bool compute_aux_loss, ExpertExchange* exchange,
+                             MoeLayerCache<T>* cache, MoeLayerTimes* times, T* x_next) {
+  if (absl::Status status = CheckShape(shape, *exchange); !status.ok()) return status;
+  const int64_t tokens = shape.tokens, hidden = shape.hidden, ffn = shape.ffn;
+  const int64_t experts = shape.experts, k = shape.topk;
+  const int64_t local_experts = experts / exchange->ep_size();
+  const size_t row_bytes = static_cast<size_t>(hidden) * sizeof(T);
+  MoeLayerCache<T>& c = *cache;
+
+  // Router and top-k.
+  const RouterShape router_shape = ToRouterShape(shape);
+  c.probs.resize(tokens * experts);
+  Gemm<T>(false, false, tokens, experts, hidden, T(1), x, hidden, weights.router, experts, T(0),
+          c.probs.data(), experts);
+  if (weights.router_bias != nullptr) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t e = 0; e < experts; ++e) c.probs[t * experts + e] += weights.router_bias[e];
+    }
+  }
+  RouterProbabilities<T>(router_shape, c.probs.data(), c.probs.data());
+  c.expert_ids.resize(tokens * k);
+  c.gates.resize(tokens * k);
+  SelectTopK<T>(router_shape, c.probs.data(), c.expert_ids.data(), c.gates.data());
+
+  c.aux_loss = 0;
+  c.job_routing_stats.clear();
+  if (compute_aux_loss) {
+    c.job_routing_stats.assign(2 * experts + 1, 0.0);
+    AccumulateRoutingStats<T>(router_shape, c.probs.data(), c.expert_ids.data(),
+                              c.job_routing_stats.data(), c.job_routing_stats.data() + experts);
+    c.job_routing_stats[2 * experts] = static_cast<double>(tokens);
+    if (absl::Status status = exchange->SumOverJob(absl::MakeSpan(c.job_routing_stats));
+        !status.ok()) {
+      return status;
+    }
+    c.aux_loss = LoadBalancingLoss(experts, k, c.job_routing_stats.data(),
+                                   c.job_routing_stats.data() + experts,
+                                   c.job_routing_stats[2 * experts]);
+  }
+
+  // Permute into expert order and dispatch to the experts' ranks.
+  c.rows_per_expert.resize(experts);
+  c.row_of_slot.resize(tokens * k);
+  BuildExpertOrder(tokens, k, experts, c.expert_ids.data(), c.rows_per_expert.data(),
+                   c.row_of_slot.data());
+  c.token_rows.resize(tokens * k * hidden);
+  GatherTokenRows<T>(tokens, k, hidden, c.row_of_slot.data(), x, c.token_rows.data());
+  Clock::time_point start = Clock::now();
+  absl::StatusOr<DispatchPlan> plan = exchange->Plan(c.rows_per_expert);
+  if (!plan.ok()) return plan.status();
+  c.plan = *std::move(plan);
+  const int64_t received = c.plan.total_recv_rows;
+  c.expert_in.resize(received * hidden);
+  absl::Status status =
+      exchange->Dispatch(c.plan, c.token_rows.data(), row_bytes, c.expert_in.data());
+  times->dispatch_seconds += SecondsSince(start);
+  if (!status.ok()) return status;
+
+  // Local experts on their variable-size groups.
+  start = Clock::now();
+  c.expert_h.resize(received * 2 * ffn);
+  c.expert_a.resize(received * ffn);
+  c.expert_rows.resize(received * hidden);
+  int64_t offset = 0;
+  for (int64_t e = 0; e < local_experts; ++e) {
+    const int64_t rows = c.plan.rows_per_local_expert[e];
+    SwiGluForward<T>(SwiGluShape{rows, hidden, ffn}, weights.expert_w1 + e * hidden * 2 * ffn,
+                     weights.expert_w2 + e * ffn * hidden, c.expert_in.data() + offset * hidden,
+                     c.expert_h.data() + offset * 2 * ffn, c.expert_a.data() + offset * ffn,
+                     c.expert_rows.data() + offset * hidden, T(0));
+    offset += rows;
+  }
+  times->gemm_seconds += SecondsSince(start);
+
+  // Combine: outputs back to their tokens' rank, weighted by the gates.
+  start = Clock::now();
+  c.expert_out.resize(tokens * k * hidden);
+  status = exchange->Combine(c.plan, c.expert_rows.data(), row_bytes, c.expert_out.data());
+  times->combine_seconds += SecondsSince(start);
+  if (!status.ok()) return status;
+  std::copy(x, x + tokens * hidden, x_next);
+  CombineExpertRows<T>(tokens, k, hidden, c.row_of_slot.data(), c.gates.data(),
+                       c.expert_out.data(), x_next);
+
+  // Shared experts see every token.
+  start = Clock::now();
+  c.shared_h.resize(shape.shared_experts * tokens * 2 * ffn);
+  c.shared_a.resize(shape.shared_experts * tokens * ffn);
+  for (int64_t s = 0; s < shape.shared_experts; ++s) {
+    SwiGluForward<T>(SwiGluShape{tokens, hidden, ffn}, weights.shared_w1 + s * hidden * 2 * ffn,
+                     weights.shared_w2 + s * ffn * hidden, x,
+                     c.shared_h.data() + s * tokens * 2 * ffn,
+                     c.shared_a.data() + s * tokens * ffn, x_next, T(1));
+  }
+  times->gemm_seconds += SecondsSince(start);
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status MoeLayerBackward(const MoeLayerShape& shape, const MoeLayerWeights<T>& weights,
+                              const T* x, const T* x_next_grad, double aux_scale,
+                              ExpertExchange* exchange, MoeLayerCache<T>* cache,
+                              MoeLayerTimes* times, const MoeLayerGrads<T>& grads, T* x_grad) {
+  if (absl::Status status = CheckShape(shape, *exchange); !status.ok()) return status;
+  const int64_t tokens = shape.tokens, hidden = shape.hidden, ffn = shape.ffn;
+  const int64_t experts = shape.experts, k = shape.topk;
+  const int64_t local_experts = experts / exchange->ep_size();
+  const size_t row_bytes = static_cast<size_t>(hidden) * sizeof(T);
+  MoeLayerCache<T>& c = *cache;
+  if (c.job_routing_stats.size() != static_cast<size_t>(2 * experts + 1)) {
+    return absl::FailedPreconditionError(
+        "moe layer: backward needs a forward pass with compute_aux_loss");
+  }
+  const int64_t received = c.plan.total_recv_rows;
+
+  // Combine backward: gate gradients here, row gradients to the experts' ranks.
+  c.gate_grads.resize(tokens * k);
+  c.token_rows.resize(tokens * k * hidden);
+  CombineExpertRowsBackward<T>(tokens, k, hidden, c.row_of_slot.data(), c.gates.data(),
+                               c.expert_out.data(), x_next_grad, c.gate_grads.data(),
+                               c.token_rows.data());
+  Clock::time_point start = Clock::now();
+  c.expert_rows.resize(received * hidden);
+  absl::Status status =
+      exchange->Dispatch(c.plan, c.token_rows.data(), row_bytes, c.expert_rows.data());
+  times->combine_seconds += SecondsSince(start);
+  if (!status.ok()) return status;
+
+  // Local experts backward.
+  start = Clock::now();
+  c.expert_rows_grad.resize(received * hidden);
+  int64_t offset = 0;
+  for (int64_t e = 0; e < local_experts; ++e) {
+    const int64_t rows = c.plan.rows_per_local_expert[e];
+    SwiGluBackward<T>(SwiGluShape{rows, hidden, ffn}, weights.expert_w1 + e * hidden * 2 * ffn,
+                      weights.expert_w2 + e * ffn * hidden, c.expert_in.data() + offset * hidden,
+                      c.expert_h.data() + offset * 2 * ffn, c.expert_a.data() + offset * ffn,
+                      c.expert_rows.data() + offset * hidden,
+                      grads.expert_w1 + e * hidden * 2 * ffn, grads.expert_w2 + e * ffn * hidden,
+                      c.expert_rows_grad.data() + offset * hidden, T(0), &c.swiglu_scratch);
+    offset += rows;
+  }
+  times->gemm_seconds += SecondsSince(start);
+
+  // Dispatch backward: input-row gradients back to their tokens.
+  start = Clock::now();
+  status = exchange->Combine(c.plan, c.expert_rows_grad.data(), row_bytes, c.token_rows.data());
+  times->dispatch_seconds += SecondsSince(start);
+  if (!status.ok()) return status;
+  std::copy(x_next_grad, x_next_grad + tokens * hidden, x_grad);  // the residual path
+  ScatterAddTokenRows<T>(tokens, k, hidden, c.row_of_slot.data(), c.token_rows.data(), x_grad);
+
+  start = Clock::now();
+  for (int64_t s = 0; s < shape.shared_experts; ++s) {
+    SwiGluBackward<T>(SwiGluShape{tokens, hidden, ffn}, weights.shared_w1 + s * hidden * 2 * ffn,
+                      weights.shared_w2 + s * ffn * hidden, x,
+                      c.shared_h.data() + s * tokens * 2 * ffn,
+                      c.shared_a.data() + s * tokens * ffn, x_next_grad,
+                      grads.shared_w1 + s * hidden * 2 * ffn, grads.shared_w2 + s * ffn * hidden,
+                      x_grad, T(1), &c.swiglu_scratch);
+  }
+  times->gemm_seconds += SecondsSince(start);
+
+  // Router backward; the logit gradients reuse the probability-sized scratch.
+  std::vector<T>& logit_grads = c.expert_rows;
+  logit_grads.resize(std::max<size_t>(logit_grads.size(), tokens * experts));
+  RouterBackward<T>(ToRouterShape(shape), c.probs.data(), c.expert_ids.data(), c.gates.data(),
+                    c.gate_grads.data(), c.job_routing_stats.data(),
+                    c.job_routing_stats[2 * experts], aux_scale, logit_grads.data());
+  Gemm<T>(true, false, hidden, experts, tokens, T(1), x, hidden, logit_grads.data(), experts, T(0),
+          grads.router, experts);
+  Gemm<T>(false, true, tokens, hidden, experts, T(1), logit_grads.data(), experts, weights.router,
+          experts, T(1), x_grad, hidden);
+  return absl::OkStatus();
+}
+
+#define DROPLESS_INSTANTIATE_MOE_LAYER(T)                                                     \
+  template struct MoeLayerCache<T>;                                                           \
+  template absl::Status MoeLayerForward<T>(const MoeLayerShape&, const MoeLayerWeights<T>&,    \
+                                           const T*, bool, ExpertExchange*, MoeLayerCache<T>*, \
+                                           MoeLayerTimes*, T*);                               \
+  template absl::Status MoeLayerBackward<T>(const MoeLayerShape&, const MoeLayerWeights<T>&,   \
+                                            const T*, const T*, double, ExpertExchange*,       \
+                                            MoeLayerCache<T>*, MoeLayerTimes*,                 \
+                                            const MoeLayerGrads<T>&, T*);
+DROPLESS_INSTANTIATE_MOE_LAYER(float)
+DROPLESS_INSTANTIATE_MOE_LAYER(double)
+#undef DROPLESS_INSTANTIATE_MOE_LAYER
+
+}  // namespace dropless::cpu

@@ -1,0 +1,82 @@
+#include "worker/engine/cpu/synthetic_task.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "worker/engine/cpu/blas_gemm.h"
+
+namespace dropless::cpu {
+namespace {
+
+uint64_t SplitMix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Stream tags: any distinct constants.
+constexpr uint64_t kStudentTag = 0x73747564656e7431ULL;
+constexpr uint64_t kTeacherTag = 0x7465616368657231ULL;
+constexpr uint64_t kTokensTag = 0x746f6b656e733031ULL;
+constexpr uint64_t kBasisTag = 0x6261736973303031ULL;
+
+}  // namespace
+
+uint64_t MixSeed(uint64_t a, uint64_t b) { return SplitMix64(SplitMix64(a) ^ (b * 0xd6e8feb86659fd93ULL)); }
+
+double NormalAt(uint64_t stream, uint64_t index) {
+  const uint64_t bits = SplitMix64(stream ^ SplitMix64(index));
+  // u1 in (0, 1] keeps the log finite; u2 in [0, 1).
+  const double u1 = (static_cast<double>(bits >> 32) + 1.0) / 4294967296.0;
+  const double u2 = static_cast<double>(bits & 0xffffffffULL) / 4294967296.0;
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2);
+}
+
+TaskSeeds DeriveTaskSeeds(uint64_t data_seed) {
+  return TaskSeeds{MixSeed(data_seed, kStudentTag), MixSeed(data_seed, kTeacherTag),
+                   MixSeed(data_seed, kTokensTag)};
+}
+
+TokenGenerator::TokenGenerator(uint64_t token_seed, int64_t hidden)
+    : seed_(token_seed), hidden_(hidden), rank_(std::min(kTokenLatentRank, hidden)) {
+  const uint64_t basis_stream = MixSeed(token_seed, kBasisTag);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(rank_));
+  basis_.resize(rank_ * hidden_);
+  for (int64_t i = 0; i < rank_ * hidden_; ++i) {
+    basis_[i] = scale * NormalAt(basis_stream, static_cast<uint64_t>(i));
+  }
+}
+
+template <typename T>
+void TokenGenerator::Generate(int64_t step, int64_t first_token, int64_t tokens, T* x) const {
+  const uint64_t step_stream = MixSeed(seed_, static_cast<uint64_t>(step));
+  std::vector<double> latent(tokens * rank_);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const uint64_t token_stream = MixSeed(step_stream, static_cast<uint64_t>(first_token + t));
+    for (int64_t i = 0; i < rank_; ++i) {
+      latent[t * rank_ + i] = NormalAt(token_stream, static_cast<uint64_t>(i));
+    }
+  }
+  std::vector<double> values(tokens * hidden_);
+  Gemm<double>(false, false, tokens, hidden_, rank_, 1.0, latent.data(), rank_, basis_.data(),
+               hidden_, 0.0, values.data(), hidden_);
+  for (int64_t i = 0; i < tokens * hidden_; ++i) x[i] = static_cast<T>(values[i]);
+}
+
+std::vector<double> TeacherRouterBias(const DataSpec& data, int64_t experts) {
+  std::vector<double> bias(experts, 0.0);
+  if (data.distribution != RoutingDistribution::kZipf) return bias;
+  double total = 0;
+  for (int64_t e = 0; e < experts; ++e) total += std::pow(static_cast<double>(e + 1), -data.zipf_exponent);
+  for (int64_t e = 0; e < experts; ++e) {
+    bias[e] = -data.zipf_exponent * std::log(static_cast<double>(e + 1)) - std::log(total);
+  }
+  return bias;
+}
+
+template void TokenGenerator::Generate<float>(int64_t, int64_t, int64_t, float*) const;
+template void TokenGenerator::Generate<double>(int64_t, int64_t, int64_t, double*) const;
+
+}  // namespace dropless::cpu
