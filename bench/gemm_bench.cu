@@ -1,0 +1,385 @@
+// dropless-bench gemm: forward / dgrad / wgrad TFLOP/s of the grouped GEMM on the MoE expert
+// shapes (dsv3, qwen3, mixtral), uniform and zipf group sizes, next to a cuBLASLt per-group loop
+// and the ceilings (dense bf16 GEMM, device copy) measured in the same run. Writes the BENCH.md
+// JSON with --json; bench/peers/gemm_peer.py adds torch's rows to it from the same group sizes.
+#ifdef DROPLESS_HAVE_GROUPED_GEMM
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "bench/bench_registry.h"
+#include "dropless/kernels/grouped_gemm.h"
+
+namespace dropless::bench {
+namespace {
+
+using kernels::CublasLtGroupedGemm;
+using kernels::GradType;
+using kernels::GroupedGemm;
+using kernels::GroupedGemmOp;
+using kernels::GroupedGemmOptions;
+
+#define BENCH_CUDA(expr)                                                                   \
+  do {                                                                                     \
+    cudaError_t e_ = (expr);                                                               \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "gemm bench: %s: %s\n", #expr, cudaGetErrorString(e_));        \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+void Check(const absl::Status& status, const char* what) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "gemm bench: %s: %s\n", what, status.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+struct MoeShape {
+  const char* name;
+  int64_t tokens, hidden, ffn, experts, top_k;
+};
+constexpr MoeShape kShapes[] = {
+    {"dsv3", 8192, 7168, 2048, 256, 8},
+    {"qwen3", 16384, 2048, 768, 128, 8},
+    {"mixtral", 8192, 4096, 14336, 8, 2},
+};
+
+// uniform: rows / E each (remainder to the first experts). zipf: expert e gets a share
+// proportional to 1 / (e + 1), floored, remainder one row each to the first experts.
+std::vector<int> GroupSizes(int64_t rows, int experts, const std::string& dist) {
+  std::vector<int> sizes(experts, 0);
+  int64_t assigned = 0;
+  if (dist == "uniform") {
+    for (int e = 0; e < experts; ++e) sizes[e] = static_cast<int>(rows / experts);
+  } else {
+    double harmonic = 0.0;
+    for (int e = 0; e < experts; ++e) harmonic += 1.0 / (e + 1);
+    for (int e = 0; e < experts; ++e) {
+      sizes[e] = static_cast<int>(static_cast<double>(rows) / (e + 1) / harmonic);
+    }
+  }
+  for (int s : sizes) assigned += s;
+  for (int e = 0; assigned < rows; e = (e + 1) % experts, ++assigned) ++sizes[e];
+  return sizes;
+}
+
+__global__ void FillRandomBf16(__nv_bfloat16* p, int64_t count, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t h = (static_cast<uint64_t>(i) + seed) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 31;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+    const float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    p[i] = __float2bfloat16(2.0f * u - 1.0f);
+  }
+}
+
+template <class T>
+struct DeviceMemory {
+  explicit DeviceMemory(size_t count) { BENCH_CUDA(cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T))); }
+  ~DeviceMemory() { cudaFree(ptr); }
+  T* ptr = nullptr;
+};
+
+// Median milliseconds per call over `iters` event-timed calls after `warmup` untimed ones.
+double MedianMs(const std::function<void()>& call, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) call();
+  BENCH_CUDA(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> events(iters + 1);
+  for (auto& e : events) BENCH_CUDA(cudaEventCreate(&e));
+  BENCH_CUDA(cudaEventRecord(events[0]));
+  for (int i = 0; i < iters; ++i) {
+    call();
+    BENCH_CUDA(cudaEventRecord(events[i + 1]));
+  }
+  BENCH_CUDA(cudaEventSynchronize(events[iters]));
+  BENCH_CUDA(cudaGetLastError());
+  std::vector<double> ms(iters);
+  for (int i = 0; i < iters; ++i) {
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, events[i], events[i + 1]));
+    ms[i] = t;
+  }
+  for (auto& e : events) cudaEventDestroy(e);
+  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
+  return ms[iters / 2];
+}
+
+struct Row {
+  std::string name, shape, impl, precision, weight, groups, kernel, out, note;
+  double ms = 0, tflops = 0, gbps = 0;
+};
+
+std::string RowJson(const Row& r) {
+  return absl::StrFormat(
+      "    {\"name\": \"%s\", \"shape\": \"%s\", \"impl\": \"%s\", \"precision\": \"%s\", "
+      "\"ms\": %.4f, \"tflops\": %.1f, \"gbps\": %.1f, \"weight\": \"%s\", \"groups\": \"%s\", "
+      "\"kernel\": \"%s\", \"out\": \"%s\", \"note\": \"%s\"}",
+      r.name, r.shape, r.impl, r.precision, r.ms, r.tflops, r.gbps, r.weight, r.groups, r.kernel,
+      r.out, r.note);
+}
+
+struct Flags {
+  std::string json, commit = "unknown";
+  std::vector<std::string> shapes = {"dsv3", "qwen3", "mixtral"};
+  std::vector<std::string> dists = {"uniform", "zipf"};
+  bool sweep = false, cublas = true;
+  int iters = 20, warmup = 3;
+};
+
+Flags ParseFlags(const std::vector<std::string>& args) {
+  Flags f;
+  for (const std::string& a : args) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(a, absl::MaxSplits('=', 1));
+    if (kv.first == "--json") f.json = kv.second;
+    else if (kv.first == "--commit") f.commit = kv.second;
+    else if (kv.first == "--shapes") f.shapes = absl::StrSplit(kv.second, ',');
+    else if (kv.first == "--dists") f.dists = absl::StrSplit(kv.second, ',');
+    else if (kv.first == "--sweep") f.sweep = true;
+    else if (kv.first == "--no-cublas") f.cublas = false;
+    else if (kv.first == "--iters") f.iters = std::max(1, std::atoi(kv.second.c_str()));
+    else {
+      std::fprintf(stderr,
+                   "gemm bench: unknown flag %s\nflags: --json=PATH --commit=SHA "
+                   "--shapes=dsv3,qwen3,mixtral --dists=uniform,zipf --sweep --no-cublas --iters=N\n",
+                   a.c_str());
+      std::exit(2);
+    }
+  }
+  return f;
+}
+
+class GemmBench {
+ public:
+  explicit GemmBench(Flags flags) : flags_(std::move(flags)) {}
+
+  int Run(const std::vector<std::string>& args) {
+    cudaDeviceProp prop{};
+    BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+    device_ = absl::StrCat(prop.name, " (1 GPU)");
+    MeasureCeilings();
+    for (const MoeShape& shape : kShapes) {
+      if (std::find(flags_.shapes.begin(), flags_.shapes.end(), shape.name) == flags_.shapes.end()) continue;
+      BenchShape(shape, "w13", shape.hidden, 2 * shape.ffn);
+      BenchShape(shape, "w2", shape.ffn, shape.hidden);
+    }
+    PrintTable();
+    if (!flags_.json.empty()) WriteJson(args);
+    return 0;
+  }
+
+ private:
+  void MeasureCeilings() {
+    const size_t bytes = size_t{4} << 30;
+    DeviceMemory<char> src(bytes), dst(bytes);
+    BENCH_CUDA(cudaMemset(src.ptr, 1, bytes));
+    const double copy_ms = MedianMs(
+        [&] { BENCH_CUDA(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice)); }, 2, 10);
+    copy_gbps_ = 2.0 * bytes / (copy_ms * 1e-3) / 1e9;
+
+    const int d = 8192;
+    DeviceMemory<__nv_bfloat16> a(size_t{d} * d), b(size_t{d} * d), c(size_t{d} * d);
+    FillRandomBf16<<<1024, 256>>>(a.ptr, int64_t{d} * d, 1);
+    FillRandomBf16<<<1024, 256>>>(b.ptr, int64_t{d} * d, 2);
+    auto dense = CublasLtGroupedGemm::Create(1, d, d);
+    Check(dense.status(), "cublasLt dense");
+    const std::vector<int32_t> offsets = {0, d};
+    const double gemm_ms = MedianMs(
+        [&] { Check((*dense)->Forward(a.ptr, b.ptr, offsets, c.ptr, nullptr), "dense"); }, 3, 20);
+    dense_tflops_ = 2.0 * d * d * double(d) / (gemm_ms * 1e-3) / 1e12;
+    std::printf("ceilings: d2d copy %.0f GB/s, dense bf16 GEMM 8192^3 %.1f TFLOP/s\n", copy_gbps_,
+                dense_tflops_);
+  }
+
+  void BenchShape(const MoeShape& s, const std::string& weight, int k, int n) {
+    const int64_t rows = s.tokens * s.top_k;
+    const int experts = static_cast<int>(s.experts);
+    const size_t wsize = static_cast<size_t>(experts) * k * n;
+    DeviceMemory<__nv_bfloat16> x(rows * k), w(wsize), dy(rows * n), y(rows * n), dx(rows * k),
+        dw16(wsize);
+    DeviceMemory<float> dw32(wsize);
+    DeviceMemory<int32_t> offsets(experts + 1);
+    FillRandomBf16<<<4096, 256>>>(x.ptr, rows * k, 11);
+    FillRandomBf16<<<4096, 256>>>(w.ptr, static_cast<int64_t>(wsize), 12);
+    FillRandomBf16<<<4096, 256>>>(dy.ptr, rows * n, 13);
+    BENCH_CUDA(cudaGetLastError());
+
+    for (const std::string& dist : flags_.dists) {
+      const std::vector<int> sizes = GroupSizes(rows, experts, dist);
+      group_sizes_.emplace_back(absl::StrCat(s.name, "/", dist), sizes);
+      std::vector<int32_t> host_offsets(1, 0);
+      int nonempty = 0;
+      for (int v : sizes) {
+        host_offsets.push_back(host_offsets.back() + v);
+        nonempty += v > 0;
+      }
+      BENCH_CUDA(cudaMemcpy(offsets.ptr, host_offsets.data(), host_offsets.size() * 4,
+                            cudaMemcpyHostToDevice));
+      const double flop = 2.0 * rows * k * double(n);
+      // Bytes each operand is read or written once; weights of empty experts are not touched.
+      const double act_in = 2.0 * rows * k, act_out = 2.0 * rows * n;
+      const double wbytes = 2.0 * nonempty * k * double(n);
+      const double gbytes16 = 2.0 * experts * k * double(n), gbytes32 = 2 * gbytes16;
+      auto add = [&](const char* name, const std::string& impl, const std::string& kernel,
+                     const char* out, double ms, double bytes, const std::string& note) {
+        rows_.push_back({name, s.name, impl, "bf16", weight, dist, kernel, out,
+                         absl::StrCat(weight, " (k=", k, ", n=", n, "), ", dist, " groups, E=",
+                                      experts, ", ", rows, " rows", note),
+                         ms, flop / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9});
+      };
+
+      GroupedGemmOptions options;
+      options.num_groups = experts;
+      options.k = k;
+      options.n = n;
+      options.max_rows = rows;
+      options.expected_rows_per_group = rows / experts;
+      for (GradType grad : {GradType::kFloat32, GradType::kBFloat16}) {
+        options.weight_grad_type = grad;
+        auto chosen = GroupedGemm::Create(options);
+        Check(chosen.status(), "create");
+        std::vector<std::string> fwd = {(*chosen)->KernelName(GroupedGemmOp::kForward)};
+        std::vector<std::string> dgrad = {(*chosen)->KernelName(GroupedGemmOp::kBackwardData)};
+        std::vector<std::string> wgrad = {(*chosen)->KernelName(GroupedGemmOp::kBackwardWeight)};
+        if (flags_.sweep) {
+          fwd = GroupedGemm::KernelNames(GroupedGemmOp::kForward, grad);
+          dgrad = GroupedGemm::KernelNames(GroupedGemmOp::kBackwardData, grad);
+          wgrad = GroupedGemm::KernelNames(GroupedGemmOp::kBackwardWeight, grad);
+        }
+        const bool f32 = grad == GradType::kFloat32;
+        const int warmup = flags_.warmup, iters = flags_.iters;
+        for (size_t i = 0; i < std::max({fwd.size(), dgrad.size(), wgrad.size()}); ++i) {
+          GroupedGemmOptions forced = options;
+          forced.forward_kernel = fwd[std::min(i, fwd.size() - 1)];
+          forced.backward_data_kernel = dgrad[std::min(i, dgrad.size() - 1)];
+          forced.backward_weight_kernel = wgrad[std::min(i, wgrad.size() - 1)];
+          auto gemm = GroupedGemm::Create(forced);
+          Check(gemm.status(), "create forced");
+          GroupedGemm* g = gemm->get();
+          auto tag = [&](GroupedGemmOp op, const std::string& name) {
+            return name == (*chosen)->KernelName(op) ? std::string(", default kernel") : std::string();
+          };
+          // The bf16 object re-measures forward and dgrad only when sweeping would repeat them.
+          if (f32 && i < fwd.size()) {
+            add("fwd", "dropless", forced.forward_kernel, "bf16",
+                MedianMs([&] { Check(g->Forward(x.ptr, w.ptr, offsets.ptr, y.ptr, nullptr), "fwd"); },
+                         warmup, iters),
+                act_in + wbytes + act_out, tag(GroupedGemmOp::kForward, forced.forward_kernel));
+          }
+          if (f32 && i < dgrad.size()) {
+            add("dgrad", "dropless", forced.backward_data_kernel, "bf16",
+                MedianMs([&] { Check(g->BackwardData(dy.ptr, w.ptr, offsets.ptr, dx.ptr, nullptr), "dgrad"); },
+                         warmup, iters),
+                act_out + wbytes + act_in,
+                tag(GroupedGemmOp::kBackwardData, forced.backward_data_kernel));
+          }
+          if (i < wgrad.size()) {
+            const double ms = MedianMs(
+                [&] {
+                  Check(f32 ? g->BackwardWeight(x.ptr, dy.ptr, offsets.ptr, dw32.ptr, nullptr)
+                            : g->BackwardWeight(x.ptr, dy.ptr, offsets.ptr, dw16.ptr, nullptr),
+                        "wgrad");
+                },
+                warmup, iters);
+            add("wgrad", "dropless", forced.backward_weight_kernel, f32 ? "fp32" : "bf16", ms,
+                act_in + act_out + (f32 ? gbytes32 : gbytes16),
+                tag(GroupedGemmOp::kBackwardWeight, forced.backward_weight_kernel));
+          }
+        }
+      }
+
+      if (flags_.cublas) {
+        auto loop = CublasLtGroupedGemm::Create(experts, k, n);
+        Check(loop.status(), "cublasLt loop");
+        CublasLtGroupedGemm* l = loop->get();
+        const int it = 5;
+        add("fwd", "cublaslt-loop", "per-group cublasLtMatmul", "bf16",
+            MedianMs([&] { Check(l->Forward(x.ptr, w.ptr, host_offsets, y.ptr, nullptr), "loop fwd"); }, 1, it),
+            act_in + wbytes + act_out, "");
+        add("dgrad", "cublaslt-loop", "per-group cublasLtMatmul", "bf16",
+            MedianMs([&] { Check(l->BackwardData(dy.ptr, w.ptr, host_offsets, dx.ptr, nullptr), "loop dgrad"); }, 1, it),
+            act_out + wbytes + act_in, "");
+        add("wgrad", "cublaslt-loop", "per-group cublasLtMatmul", "bf16",
+            MedianMs([&] { Check(l->BackwardWeight(x.ptr, dy.ptr, host_offsets, dw16.ptr, nullptr), "loop wgrad"); }, 1, it),
+            act_in + act_out + gbytes16, "");
+      }
+      std::fflush(stdout);
+    }
+  }
+
+  void PrintTable() const {
+    std::printf("%-6s %-8s %-4s %-8s %-14s %-28s %-4s %9s %8s %8s\n", "op", "shape", "w", "groups",
+                "impl", "kernel", "out", "ms", "TFLOP/s", "GB/s");
+    for (const Row& r : rows_) {
+      std::printf("%-6s %-8s %-4s %-8s %-14s %-28s %-4s %9.3f %8.1f %8.0f\n", r.name.c_str(),
+                  r.shape.c_str(), r.weight.c_str(), r.groups.c_str(), r.impl.c_str(),
+                  r.kernel.substr(0, 28).c_str(), r.out.c_str(), r.ms, r.tflops, r.gbps);
+    }
+  }
+
+  void WriteJson(const std::vector<std::string>& args) const {
+    std::FILE* f = std::fopen(flags_.json.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "gemm bench: cannot write %s\n", flags_.json.c_str());
+      std::exit(1);
+    }
+    char date[16];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+    std::vector<std::string> rows, sizes;
+    for (const Row& r : rows_) rows.push_back(RowJson(r));
+    for (const auto& [key, v] : group_sizes_) {
+      sizes.push_back(absl::StrCat("    \"", key, "\": [", absl::StrJoin(v, ", "), "]"));
+    }
+    std::fprintf(f,
+                 "{\n  \"bench\": \"gemm\",\n  \"device\": \"%s\",\n  \"date\": \"%s\",\n"
+                 "  \"command\": \"dropless-bench gemm %s\",\n  \"commit\": \"%s\",\n"
+                 "  \"ceilings\": {\"copy_gbps\": %.0f, \"dense_bf16_tflops\": %.1f},\n"
+                 "  \"rows\": [\n%s\n  ],\n  \"group_sizes\": {\n%s\n  }\n}\n",
+                 device_.c_str(), date, absl::StrJoin(args, " ").c_str(), flags_.commit.c_str(),
+                 copy_gbps_, dense_tflops_, absl::StrJoin(rows, ",\n").c_str(),
+                 absl::StrJoin(sizes, ",\n").c_str());
+    std::fclose(f);
+    std::printf("wrote %s\n", flags_.json.c_str());
+  }
+
+  Flags flags_;
+  std::string device_;
+  double copy_gbps_ = 0, dense_tflops_ = 0;
+  std::vector<Row> rows_;
+  std::vector<std::pair<std::string, std::vector<int>>> group_sizes_;
+};
+
+int GemmBenchMain(const std::vector<std::string>& args) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "gemm bench: no CUDA device\n");
+    return 1;
+  }
+  return GemmBench(ParseFlags(args)).Run(args);
+}
+
+}  // namespace
+
+DROPLESS_REGISTER_BENCH(gemm, "gemm",
+                        "grouped GEMM fwd/dgrad/wgrad TFLOP/s on the MoE expert shapes",
+                        GemmBenchMain);
+
+}  // namespace dropless::bench
+
+#endif  // DROPLESS_HAVE_GROUPED_GEMM

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Peers of `dropless-bench gemm`, run in the same job on the same GPU.
+
+Reads the JSON that `dropless-bench gemm --json` wrote (its rows, ceilings and the exact group
+sizes it used), measures torch._grouped_mm (fwd, dgrad, wgrad), torch._scaled_grouped_mm (fp8
+rowwise fwd), a naive per-expert torch loop (fwd) and optionally jax.lax.ragged_dot (fwd) on the
+same shapes and group sizes, and writes the merged BENCH.md JSON.
+
+  python3 bench/peers/gemm_peer.py --base dropless.json --out gemm-h200-YYYYMMDD.json \
+      --command "exact command line" [--jax]
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+SHAPES = {  # name: (tokens, hidden, ffn, experts, top_k), as in bench/gemm_bench.cu
+    "dsv3": (8192, 7168, 2048, 256, 8),
+    "qwen3": (16384, 2048, 768, 128, 8),
+    "mixtral": (8192, 4096, 14336, 8, 2),
+}
+
+
+def median_ms(torch, fn, warmup=3, iters=20):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def row(name, shape, impl, precision, ms, flop, nbytes, weight, groups, note, out="bf16"):
+    return {
+        "name": name, "shape": shape, "impl": impl, "precision": precision,
+        "ms": round(ms, 4), "tflops": round(flop / (ms * 1e-3) / 1e12, 1),
+        "gbps": round(nbytes / (ms * 1e-3) / 1e9, 1) if nbytes else None,
+        "weight": weight, "groups": groups, "kernel": "", "out": out, "note": note,
+    }
+
+
+def torch_rows(shape, weight, k, n, dist, sizes):
+    import torch
+
+    rows_total = sum(sizes)
+    e = len(sizes)
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(1)
+    x = torch.rand(rows_total, k, device=dev, generator=g, dtype=torch.bfloat16) * 2 - 1
+    w = torch.rand(e, k, n, device=dev, generator=g, dtype=torch.bfloat16) * 2 - 1
+    dy = torch.rand(rows_total, n, device=dev, generator=g, dtype=torch.bfloat16) * 2 - 1
+    offs = torch.cumsum(torch.tensor(sizes, device=dev, dtype=torch.int32), 0, dtype=torch.int32)
+    flop = 2.0 * rows_total * k * n
+    nonempty = sum(1 for s in sizes if s > 0)
+    act_in, act_out, wbytes = 2.0 * rows_total * k, 2.0 * rows_total * n, 2.0 * nonempty * k * n
+    note = f"{weight} (k={k}, n={n}), {dist} groups, E={e}, {rows_total} rows"
+    out = []
+
+    def add(name, impl, precision, fn, nbytes, extra="", out_type="bf16", iters=20):
+        try:
+            ms = median_ms(torch, fn, iters=iters)
+            out.append(row(name, shape, impl, precision, ms, flop, nbytes, weight, dist,
+                           note + extra, out_type))
+        except Exception as exc:  # a peer that cannot run this layout is recorded, not fatal
+            print(f"peer {impl} {name} {shape} {weight} {dist}: {exc}", file=sys.stderr)
+
+    add("fwd", "torch._grouped_mm", "bf16", lambda: torch._grouped_mm(x, w, offs=offs),
+        act_in + wbytes + act_out)
+    add("dgrad", "torch._grouped_mm", "bf16",
+        lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=offs), act_out + wbytes + act_in)
+    add("wgrad", "torch._grouped_mm", "bf16", lambda: torch._grouped_mm(x.t(), dy, offs=offs),
+        act_in + act_out + 2.0 * e * k * n)
+
+    bounds = [0]
+    for s in sizes:
+        bounds.append(bounds[-1] + s)
+    y = torch.empty(rows_total, n, device=dev, dtype=torch.bfloat16)
+
+    def naive():
+        for i in range(e):
+            if sizes[i]:
+                torch.matmul(x[bounds[i]:bounds[i + 1]], w[i], out=y[bounds[i]:bounds[i + 1]])
+
+    add("fwd", "torch-naive-loop", "bf16", naive, act_in + wbytes + act_out, iters=5)
+
+    # fp8 rowwise: e4m3 operands, one fp32 scale per token row and per weight column.
+    try:
+        xq = x.to(torch.float8_e4m3fn)
+        wq = w.transpose(-2, -1).contiguous().to(torch.float8_e4m3fn).transpose(-2, -1)
+        sa = torch.ones(rows_total, device=dev, dtype=torch.float32)
+        sb = torch.ones(e, n, device=dev, dtype=torch.float32)
+        add("fwd", "torch._scaled_grouped_mm", "fp8-rowwise",
+            lambda: torch._scaled_grouped_mm(xq, wq, sa, sb, offs=offs, out_dtype=torch.bfloat16),
+            (act_in + wbytes) / 2 + act_out, ", e4m3 rowwise scales")
+        del xq, wq
+    except Exception as exc:
+        print(f"peer torch._scaled_grouped_mm {shape}: {exc}", file=sys.stderr)
+    del x, w, dy, y
+    torch.cuda.empty_cache()
+    return out
+
+
+def jax_rows(shape, weight, k, n, dist, sizes):
+    import jax
+    import jax.numpy as jnp
+
+    rows_total, e = sum(sizes), len(sizes)
+    key = jax.random.PRNGKey(0)
+    x = jax.random.uniform(key, (rows_total, k), jnp.bfloat16, -1, 1)
+    w = jax.random.uniform(key, (e, k, n), jnp.bfloat16, -1, 1)
+    gs = jnp.array(sizes, dtype=jnp.int32)
+    f = jax.jit(lambda a, b, c: jax.lax.ragged_dot(a, b, c))
+    for _ in range(3):
+        f(x, w, gs).block_until_ready()
+    times = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        f(x, w, gs).block_until_ready()
+        times.append((time.perf_counter() - t0) * 1e3)
+    ms = statistics.median(times)
+    note = f"{weight} (k={k}, n={n}), {dist} groups, E={e}, {rows_total} rows, host-timed"
+    nonempty = sum(1 for s in sizes if s > 0)
+    nbytes = 2.0 * rows_total * (k + n) + 2.0 * nonempty * k * n
+    return [row("fwd", shape, "jax.ragged_dot", "bf16", ms, 2.0 * rows_total * k * n, nbytes,
+                weight, dist, note)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", required=True, help="JSON written by dropless-bench gemm --json")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--command", default="")
+    ap.add_argument("--jax", action="store_true", help="only jax.ragged_dot rows (own process)")
+    args = ap.parse_args()
+
+    with open(args.base) as f:
+        result = json.load(f)
+    for key, sizes in result["group_sizes"].items():
+        shape, dist = key.split("/")
+        _, hidden, ffn, _, _ = SHAPES[shape]
+        for weight, k, n in (("w13", hidden, 2 * ffn), ("w2", ffn, hidden)):
+            fn = jax_rows if args.jax else torch_rows
+            try:
+                rows = fn(shape, weight, k, n, dist, sizes)
+            except Exception as exc:
+                print(f"peer {shape} {weight} {dist}: {exc}", file=sys.stderr)
+                continue
+            result["rows"].extend(rows)
+            for r in rows:
+                print(f"{r['name']:6} {shape:8} {weight:4} {dist:8} {r['impl']:26} "
+                      f"{r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s", flush=True)
+    if args.command:
+        result["command"] = args.command
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    main()

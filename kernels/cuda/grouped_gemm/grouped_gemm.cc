@@ -1,0 +1,234 @@
+// GroupedGemm: validates the shapes, picks one compiled kernel per product by shape class, and
+// forwards each call to it.
+#include "dropless/kernels/grouped_gemm.h"
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
+
+namespace dropless::kernels {
+namespace grouped_gemm_internal {
+
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdCoop128x256(const RunnerShape&);
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdCoop256x128(const RunnerShape&);
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdPingpong128x128(const RunnerShape&);
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradCoop128x256(const RunnerShape&);
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradPingpong128x128(const RunnerShape&);
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradF32Coop128x256(const RunnerShape&);
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradF32Pingpong128x128(const RunnerShape&);
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradBf16Pingpong128x128(const RunnerShape&);
+
+const KernelEntry* KernelTable(int* count) {
+  using Op = GroupedGemmOp;
+  static const KernelEntry kTable[] = {
+      {"coop_128x256x64_c1x2", Op::kForward, OutType::kBFloat16, MakeFwdCoop128x256},
+      {"coop_256x128x64_c1x2", Op::kForward, OutType::kBFloat16, MakeFwdCoop256x128},
+      {"pingpong_128x128x64_c1x2", Op::kForward, OutType::kBFloat16, MakeFwdPingpong128x128},
+      {"coop_128x256x64_c1x2", Op::kBackwardData, OutType::kBFloat16, MakeDgradCoop128x256},
+      {"pingpong_128x128x64_c1x2", Op::kBackwardData, OutType::kBFloat16,
+       MakeDgradPingpong128x128},
+      {"coop_128x256x64_c2x1", Op::kBackwardWeight, OutType::kFloat32, MakeWgradF32Coop128x256},
+      {"pingpong_128x128x64_c2x1", Op::kBackwardWeight, OutType::kFloat32,
+       MakeWgradF32Pingpong128x128},
+      {"pingpong_128x128x64_c2x1", Op::kBackwardWeight, OutType::kBFloat16,
+       MakeWgradBf16Pingpong128x128},
+  };
+  *count = static_cast<int>(sizeof(kTable) / sizeof(kTable[0]));
+  return kTable;
+}
+
+namespace {
+
+OutType OutTypeOf(GroupedGemmOp op, GradType grad) {
+  if (op != GroupedGemmOp::kBackwardWeight) return OutType::kBFloat16;
+  return grad == GradType::kFloat32 ? OutType::kFloat32 : OutType::kBFloat16;
+}
+
+const KernelEntry* FindKernel(GroupedGemmOp op, OutType out, const std::string& name) {
+  int count = 0;
+  const KernelEntry* table = KernelTable(&count);
+  for (int i = 0; i < count; ++i) {
+    if (table[i].op == op && table[i].out == out && name == table[i].name) return &table[i];
+  }
+  return nullptr;
+}
+
+// The shape-class choice, made once at creation. Groups of a few hundred rows (dsv3: 256) leave a
+// 128-row tile half the group, so a 256-row tile reads each weight tile once per group; larger
+// groups take the wide 128x256 tile (fewer A re-reads over N); small groups the 128x128 pingpong,
+// whose two consumer warpgroups hide each other's epilogue.
+std::string DefaultKernel(GroupedGemmOp op, OutType out, const GroupedGemmOptions& options) {
+  const int64_t rows = options.expected_rows_per_group;
+  switch (op) {
+    case GroupedGemmOp::kForward:
+      if (rows > 0 && rows <= 128) return "pingpong_128x128x64_c1x2";
+      if (rows > 0 && rows <= 384) return "coop_256x128x64_c1x2";
+      return "coop_128x256x64_c1x2";
+    case GroupedGemmOp::kBackwardData:
+      if (rows > 0 && rows <= 128) return "pingpong_128x128x64_c1x2";
+      return "coop_128x256x64_c1x2";
+    case GroupedGemmOp::kBackwardWeight:
+      // K of the weight-gradient GEMM is the group's row count: short main loops, so the
+      // epilogue (a k x n store per group) dominates and the pingpong overlap pays.
+      (void)out;
+      return "pingpong_128x128x64_c2x1";
+  }
+  return "";
+}
+
+class GroupedGemmImpl final : public GroupedGemm {
+ public:
+  explicit GroupedGemmImpl(GroupedGemmOptions options) : options_(std::move(options)) {}
+
+  absl::Status Init() {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    int major = 0;
+    int sms = 0;
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("grouped gemm: no usable CUDA device: ", cudaGetErrorString(err)));
+    }
+    if (major != 9) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "grouped gemm: needs a Hopper (sm_90) device, device ", device, " is sm_", major, "x"));
+    }
+    grouped_gemm_internal::RunnerShape shape{options_.num_groups, options_.k, options_.n,
+                                             options_.max_rows, sms};
+    const std::string* forced[3] = {&options_.forward_kernel, &options_.backward_data_kernel,
+                                    &options_.backward_weight_kernel};
+    const GroupedGemmOp ops[3] = {GroupedGemmOp::kForward, GroupedGemmOp::kBackwardData,
+                                  GroupedGemmOp::kBackwardWeight};
+    for (int i = 0; i < 3; ++i) {
+      const GroupedGemmOp op = ops[i];
+      const auto out = OutTypeOf(op, options_.weight_grad_type);
+      const std::string name = forced[i]->empty() ? DefaultKernel(op, out, options_) : *forced[i];
+      const auto* entry = FindKernel(op, out, name);
+      if (entry == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "grouped gemm: no ", GroupedGemmOpName(op), " kernel named '", name, "'; have: ",
+            absl::StrJoin(KernelNames(op, options_.weight_grad_type), ", ")));
+      }
+      auto runner = entry->make(shape);
+      if (!runner.ok()) return runner.status();
+      runners_[i] = *std::move(runner);
+      names_[i] = name;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Forward(const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* offsets,
+                       __nv_bfloat16* y, cudaStream_t stream) override {
+    return Run(0, x, w, y, offsets, stream);
+  }
+  absl::Status BackwardData(const __nv_bfloat16* dy, const __nv_bfloat16* w,
+                            const int32_t* offsets, __nv_bfloat16* dx,
+                            cudaStream_t stream) override {
+    return Run(1, dy, w, dx, offsets, stream);
+  }
+  absl::Status BackwardWeight(const __nv_bfloat16* x, const __nv_bfloat16* dy,
+                              const int32_t* offsets, float* dw, cudaStream_t stream) override {
+    if (options_.weight_grad_type != GradType::kFloat32) {
+      return absl::InvalidArgumentError(
+          "grouped gemm: BackwardWeight(float* dw) on an object created with bf16 weight_grad_type");
+    }
+    return Run(2, x, dy, dw, offsets, stream);
+  }
+  absl::Status BackwardWeight(const __nv_bfloat16* x, const __nv_bfloat16* dy,
+                              const int32_t* offsets, __nv_bfloat16* dw,
+                              cudaStream_t stream) override {
+    if (options_.weight_grad_type != GradType::kBFloat16) {
+      return absl::InvalidArgumentError(
+          "grouped gemm: BackwardWeight(bf16* dw) on an object created with fp32 weight_grad_type");
+    }
+    return Run(2, x, dy, dw, offsets, stream);
+  }
+
+  std::string KernelName(GroupedGemmOp op) const override {
+    return names_[static_cast<int>(op)];
+  }
+
+ private:
+  absl::Status Run(int index, const void* a, const void* b, void* d, const int32_t* offsets,
+                   cudaStream_t stream) {
+    if (a == nullptr || b == nullptr || d == nullptr || offsets == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grouped gemm ", GroupedGemmOpName(static_cast<GroupedGemmOp>(index)),
+                       ": null operand or offsets pointer"));
+    }
+    for (const void* p : {a, b, static_cast<const void*>(d)}) {
+      if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+        return absl::InvalidArgumentError("grouped gemm: operands must be 16-byte aligned");
+      }
+    }
+    if (options_.num_groups == 0) return absl::OkStatus();
+    return runners_[index]->Run({a, b, d, offsets}, stream);
+  }
+
+  GroupedGemmOptions options_;
+  std::unique_ptr<grouped_gemm_internal::GroupedGemmRunner> runners_[3];
+  std::string names_[3];
+};
+
+}  // namespace
+}  // namespace grouped_gemm_internal
+
+const char* GroupedGemmOpName(GroupedGemmOp op) {
+  switch (op) {
+    case GroupedGemmOp::kForward:
+      return "forward";
+    case GroupedGemmOp::kBackwardData:
+      return "backward_data";
+    case GroupedGemmOp::kBackwardWeight:
+      return "backward_weight";
+  }
+  return "unknown";
+}
+
+std::vector<std::string> GroupedGemm::KernelNames(GroupedGemmOp op, GradType weight_grad_type) {
+  using namespace grouped_gemm_internal;
+  const OutType out = OutTypeOf(op, weight_grad_type);
+  int count = 0;
+  const KernelEntry* table = KernelTable(&count);
+  std::vector<std::string> names;
+  for (int i = 0; i < count; ++i) {
+    if (table[i].op == op && table[i].out == out) names.emplace_back(table[i].name);
+  }
+  return names;
+}
+
+absl::StatusOr<std::unique_ptr<GroupedGemm>> GroupedGemm::Create(
+    const GroupedGemmOptions& options) {
+  if (options.num_groups < 0 || options.num_groups > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grouped gemm: num_groups must be in [0, 65535], got ", options.num_groups));
+  }
+  if (options.k <= 0 || options.k % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grouped gemm: k must be a positive multiple of 8, got ", options.k));
+  }
+  if (options.n <= 0 || options.n % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grouped gemm: n must be a positive multiple of 8, got ", options.n));
+  }
+  if (options.max_rows < 0 || options.max_rows > (int64_t{1} << 31) - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grouped gemm: max_rows must be in [0, 2^31), got ", options.max_rows));
+  }
+  auto gemm = std::make_unique<grouped_gemm_internal::GroupedGemmImpl>(options);
+  absl::Status status = gemm->Init();
+  if (!status.ok()) return status;
+  return std::unique_ptr<GroupedGemm>(std::move(gemm));
+}
+
+}  // namespace dropless::kernels

@@ -1,0 +1,63 @@
+// One compiled CUTLASS grouped-GEMM kernel bound to a product: owns the per-group argument arrays
+// (problem shapes, operand pointers, strides) and the kernel workspace, and fills the arrays on the
+// device from the group offsets before each launch. Internal to dropless_grouped_gemm.
+#ifndef DROPLESS_KERNELS_CUDA_GROUPED_GEMM_GROUPED_GEMM_RUNNER_H_
+#define DROPLESS_KERNELS_CUDA_GROUPED_GEMM_GROUPED_GEMM_RUNNER_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dropless/kernels/grouped_gemm.h"
+
+namespace dropless::kernels::grouped_gemm_internal {
+
+struct RunnerShape {
+  int num_groups = 0;
+  int k = 0;  // forward inner dimension (rows of W[e])
+  int n = 0;  // forward output width (columns of W[e])
+  int64_t max_rows = 0;
+  int sm_count = 0;
+};
+
+// Operands of one call, in the product's own terms (see grouped_gemm.h): for kForward a = X,
+// b = W, d = Y; for kBackwardData a = dY, b = W, d = dX; for kBackwardWeight a = X, b = dY, d = dW.
+struct RunnerCall {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;
+  const int32_t* offsets = nullptr;
+};
+
+class GroupedGemmRunner {
+ public:
+  virtual ~GroupedGemmRunner() = default;
+  virtual absl::Status Run(const RunnerCall& call, cudaStream_t stream) = 0;
+};
+
+enum class OutType { kBFloat16, kFloat32 };
+
+using RunnerFactory = absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> (*)(const RunnerShape&);
+
+struct KernelEntry {
+  const char* name;
+  GroupedGemmOp op;
+  OutType out;
+  RunnerFactory make;
+};
+
+// Every compiled kernel (defined in grouped_gemm.cc).
+const KernelEntry* KernelTable(int* count);
+
+// Shared by the runners: the launches that surround the GEMM.
+// Zeroes dW[e] of every empty group e (a group with no rows has no tile to write it).
+absl::Status ZeroEmptyGroups(const int32_t* offsets, int num_groups, int64_t max_rows,
+                             int64_t elements_per_group, int element_bytes, void* d,
+                             cudaStream_t stream);
+
+}  // namespace dropless::kernels::grouped_gemm_internal
+
+#endif  // DROPLESS_KERNELS_CUDA_GROUPED_GEMM_GROUPED_GEMM_RUNNER_H_

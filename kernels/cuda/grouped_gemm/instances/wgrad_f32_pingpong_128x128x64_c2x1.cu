@@ -1,0 +1,4 @@
+// One compiled grouped-GEMM kernel (see ../cutlass_grouped_gemm.cuh).
+#include "kernels/cuda/grouped_gemm/cutlass_grouped_gemm.cuh"
+
+DROPLESS_GROUPED_GEMM_INSTANCE(MakeWgradF32Pingpong128x128, kBackwardWeight, float, Pingpong, 128, 128, 64, 2, 1)

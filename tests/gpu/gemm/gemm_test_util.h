@@ -1,0 +1,231 @@
+// Test helpers for the grouped GEMM: random bf16 problems, device buffers with poison, fp64 CPU
+// references and the comparisons.
+#ifndef DROPLESS_TESTS_GPU_GEMM_GEMM_TEST_UTIL_H_
+#define DROPLESS_TESTS_GPU_GEMM_GEMM_TEST_UTIL_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace dropless::kernels::gemm_test {
+
+inline bool HasHopperDevice() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return false;
+  int major = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
+         major == 9;
+}
+
+inline float Bf16ToFloat(uint16_t bits) {
+  uint32_t word = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &word, sizeof(f));
+  return f;
+}
+
+// Round to nearest even (inputs are finite).
+inline uint16_t FloatToBf16(float f) {
+  uint32_t word;
+  std::memcpy(&word, &f, sizeof(word));
+  word += 0x7fff + ((word >> 16) & 1);
+  return static_cast<uint16_t>(word >> 16);
+}
+
+// Rows are expert-contiguous; max_rows leaves 16 rows past the last group that no product may
+// write.
+struct Problem {
+  std::vector<int> sizes;
+  std::vector<int32_t> offsets;  // sizes.size() + 1
+  int k = 0;
+  int n = 0;
+  int64_t max_rows = 0;
+  std::vector<uint16_t> x, w, dy;  // bf16 bits: [max_rows, k], [E, k, n], [max_rows, n]
+};
+
+inline void SetOffsets(Problem* p) {
+  p->offsets.assign(1, 0);
+  for (int s : p->sizes) p->offsets.push_back(p->offsets.back() + s);
+}
+
+inline Problem MakeProblem(std::vector<int> sizes, int k, int n, uint64_t seed) {
+  Problem p;
+  p.sizes = std::move(sizes);
+  p.k = k;
+  p.n = n;
+  SetOffsets(&p);
+  p.max_rows = p.offsets.back() + 16;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  auto fill = [&](std::vector<uint16_t>* v, size_t count) {
+    v->resize(count);
+    for (auto& b : *v) b = FloatToBf16(uniform(rng));
+  };
+  fill(&p.x, static_cast<size_t>(p.max_rows) * k);
+  fill(&p.w, p.sizes.size() * static_cast<size_t>(k) * n);
+  fill(&p.dy, static_cast<size_t>(p.max_rows) * n);
+  return p;
+}
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer(size_t bytes, int element_bytes) : bytes_(bytes), element_bytes_(element_bytes) {
+    EXPECT_EQ(cudaMalloc(&ptr_, bytes_ > 0 ? bytes_ : 16), cudaSuccess);
+    Poison();
+  }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // All bits set: NaN in bf16 and fp32, so an unwritten element fails every comparison.
+  void Poison() { EXPECT_EQ(cudaMemset(ptr_, 0xff, bytes_), cudaSuccess); }
+  void Upload(const void* src, size_t bytes) {
+    EXPECT_EQ(cudaMemcpy(ptr_, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  __nv_bfloat16* bf16() { return static_cast<__nv_bfloat16*>(ptr_); }
+  float* f32() { return static_cast<float*>(ptr_); }
+  int32_t* i32() { return static_cast<int32_t*>(ptr_); }
+
+  std::vector<float> ToHostBf16() const {
+    std::vector<uint16_t> bits(bytes_ / 2);
+    EXPECT_EQ(cudaMemcpy(bits.data(), ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<float> out(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) out[i] = Bf16ToFloat(bits[i]);
+    return out;
+  }
+  std::vector<float> ToHostF32() const {
+    std::vector<float> out(bytes_ / 4);
+    EXPECT_EQ(cudaMemcpy(out.data(), ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+  int element_bytes_;
+};
+
+// Inputs uploaded, every output poisoned.
+struct Operands {
+  explicit Operands(const Problem& p)
+      : x(p.x.size() * 2, 2),
+        w(p.w.size() * 2, 2),
+        dy(p.dy.size() * 2, 2),
+        y(static_cast<size_t>(p.max_rows) * p.n * 2, 2),
+        dx(static_cast<size_t>(p.max_rows) * p.k * 2, 2),
+        dw32(p.w.size() * 4, 4),
+        dw16(p.w.size() * 2, 2),
+        offsets(p.offsets.size() * 4, 4) {
+    x.Upload(p.x.data(), p.x.size() * 2);
+    w.Upload(p.w.data(), p.w.size() * 2);
+    dy.Upload(p.dy.data(), p.dy.size() * 2);
+    offsets.Upload(p.offsets.data(), p.offsets.size() * 4);
+  }
+  DeviceBuffer x, w, dy, y, dx, dw32, dw16, offsets;
+};
+
+// Y[r] = X[r] . W[e] for each row r of group e; rows past the last group are not produced.
+inline std::vector<double> ReferenceForward(const Problem& p) {
+  std::vector<double> y(static_cast<size_t>(p.offsets.back()) * p.n, 0.0);
+  for (size_t e = 0; e < p.sizes.size(); ++e) {
+    for (int r = p.offsets[e]; r < p.offsets[e + 1]; ++r) {
+      double* out = &y[static_cast<size_t>(r) * p.n];
+      for (int i = 0; i < p.k; ++i) {
+        const double a = Bf16ToFloat(p.x[static_cast<size_t>(r) * p.k + i]);
+        const uint16_t* wrow = &p.w[(e * p.k + i) * static_cast<size_t>(p.n)];
+        for (int j = 0; j < p.n; ++j) out[j] += a * Bf16ToFloat(wrow[j]);
+      }
+    }
+  }
+  return y;
+}
+
+// dX[r][i] = sum_j dY[r][j] W[e][i][j].
+inline std::vector<double> ReferenceBackwardData(const Problem& p) {
+  std::vector<double> dx(static_cast<size_t>(p.offsets.back()) * p.k, 0.0);
+  for (size_t e = 0; e < p.sizes.size(); ++e) {
+    for (int r = p.offsets[e]; r < p.offsets[e + 1]; ++r) {
+      for (int i = 0; i < p.k; ++i) {
+        const uint16_t* wrow = &p.w[(e * p.k + i) * static_cast<size_t>(p.n)];
+        const uint16_t* g = &p.dy[static_cast<size_t>(r) * p.n];
+        double sum = 0.0;
+        for (int j = 0; j < p.n; ++j) sum += Bf16ToFloat(g[j]) * Bf16ToFloat(wrow[j]);
+        dx[static_cast<size_t>(r) * p.k + i] = sum;
+      }
+    }
+  }
+  return dx;
+}
+
+// dW[e][i][j] = sum over the group's rows r of X[r][i] dY[r][j]; zero for an empty group.
+inline std::vector<double> ReferenceBackwardWeight(const Problem& p) {
+  std::vector<double> dw(p.w.size(), 0.0);
+  for (size_t e = 0; e < p.sizes.size(); ++e) {
+    double* out = &dw[e * p.k * static_cast<size_t>(p.n)];
+    for (int r = p.offsets[e]; r < p.offsets[e + 1]; ++r) {
+      for (int i = 0; i < p.k; ++i) {
+        const double a = Bf16ToFloat(p.x[static_cast<size_t>(r) * p.k + i]);
+        const uint16_t* g = &p.dy[static_cast<size_t>(r) * p.n];
+        for (int j = 0; j < p.n; ++j) out[static_cast<size_t>(i) * p.n + j] += a * Bf16ToFloat(g[j]);
+      }
+    }
+  }
+  return dw;
+}
+
+inline double RelativeError(const float* out, const double* ref, size_t count, size_t* bad) {
+  double diff = 0.0, norm = 0.0;
+  *bad = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (!std::isfinite(out[i])) ++*bad;
+    const double d = static_cast<double>(out[i]) - ref[i];
+    diff += d * d;
+    norm += ref[i] * ref[i];
+  }
+  return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+// Rows of the groups match the reference; the rows past the last group still hold the poison.
+inline void ExpectRowsMatch(const std::vector<float>& out, const std::vector<double>& ref,
+                            const Problem& p, int cols, double tolerance) {
+  const size_t valid = static_cast<size_t>(p.offsets.back()) * cols;
+  ASSERT_EQ(ref.size(), valid);
+  ASSERT_EQ(out.size(), static_cast<size_t>(p.max_rows) * cols);
+  size_t bad = 0;
+  const double err = RelativeError(out.data(), ref.data(), valid, &bad);
+  EXPECT_EQ(bad, 0u) << "unwritten or non-finite outputs";
+  EXPECT_LE(err, tolerance) << "relative error " << err;
+  size_t touched = 0;
+  for (size_t i = valid; i < out.size(); ++i) touched += std::isnan(out[i]) ? 0 : 1;
+  EXPECT_EQ(touched, 0u) << "rows past offsets[E] were written";
+}
+
+// Each non-empty group's gradient matches the reference; an empty group's is exactly zero.
+inline void ExpectWeightsMatch(const std::vector<float>& out, const std::vector<double>& ref,
+                               const Problem& p, double tolerance) {
+  ASSERT_EQ(out.size(), ref.size());
+  const size_t per_group = static_cast<size_t>(p.k) * p.n;
+  for (size_t e = 0; e < p.sizes.size(); ++e) {
+    const float* o = &out[e * per_group];
+    if (p.sizes[e] == 0) {
+      size_t nonzero = 0;
+      for (size_t i = 0; i < per_group; ++i) nonzero += o[i] == 0.0f ? 0 : 1;
+      EXPECT_EQ(nonzero, 0u) << "empty group " << e << " gradient not zero";
+      continue;
+    }
+    size_t bad = 0;
+    const double err = RelativeError(o, &ref[e * per_group], per_group, &bad);
+    EXPECT_EQ(bad, 0u) << "group " << e << ": unwritten or non-finite outputs";
+    EXPECT_LE(err, tolerance) << "group " << e << ": relative error " << err;
+  }
+}
+
+}  // namespace dropless::kernels::gemm_test
+
+#endif  // DROPLESS_TESTS_GPU_GEMM_GEMM_TEST_UTIL_H_
