@@ -131,10 +131,7 @@ INSTANTIATE_TEST_SUITE_P(
     Routers, LayerGradientTest,
     ::testing::Combine(::testing::Values(RouterKind::kSoftmax, RouterKind::kSigmoid),
                        ::testing::Bool()),
-    [](const ::testing::TestParamInfo<LayerGradientTest::ParamType>& info) {
-      return std::string(std::get<0>(info.param) == RouterKind::kSoftmax ? "Softmax" : "Sigmoid") +
-             (std::get<1>(info.param) ? "Renormalized" : "Raw");
-    });
+    testing::RouterParamName);
 
 }  // namespace
 }  // namespace dropless::cpu

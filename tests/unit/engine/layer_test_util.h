@@ -2,10 +2,16 @@
 #ifndef DROPLESS_TESTS_UNIT_ENGINE_LAYER_TEST_UTIL_H_
 #define DROPLESS_TESTS_UNIT_ENGINE_LAYER_TEST_UTIL_H_
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
+
+#include "gtest/gtest.h"
 
 #include "worker/engine/cpu/moe_layer.h"
 
@@ -50,6 +56,13 @@ struct LayerParameters {
                                  shared_w1.data(), shared_w2.data()};
   }
 };
+
+// Test-name suffix for (router kind, renormalize) parameters, e.g. "SoftmaxRenormalized".
+inline std::string RouterParamName(
+    const ::testing::TestParamInfo<std::tuple<RouterKind, bool>>& info) {
+  return std::string(std::get<0>(info.param) == RouterKind::kSoftmax ? "Softmax" : "Sigmoid") +
+         (std::get<1>(info.param) ? "Renormalized" : "Raw");
+}
 
 inline std::vector<double> RandomVector(int64_t n, uint32_t seed) {
   std::mt19937_64 rng(seed);

@@ -140,7 +140,8 @@ TEST_P(LayerForwardTest, MatchesPerTokenReference) {
 INSTANTIATE_TEST_SUITE_P(Routers, LayerForwardTest,
                          ::testing::Combine(::testing::Values(RouterKind::kSoftmax,
                                                               RouterKind::kSigmoid),
-                                            ::testing::Bool()));
+                                            ::testing::Bool()),
+                         testing::RouterParamName);
 
 TEST(RouterTest, EqualProbabilitiesGoToTheLowerExpertId) {
   const RouterShape shape{2, 5, 3, RouterKind::kSoftmax, false};
