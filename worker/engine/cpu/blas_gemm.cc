@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <mutex>
 
 namespace dropless::cpu {
 namespace {
@@ -48,6 +49,10 @@ void Gemm<double>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, d
               beta, c, Ld(ldc));
 }
 
-void UseSingleThreadedBlas() { openblas_set_num_threads(1); }
+void UseSingleThreadedBlas() {
+  // Once per process: ranks that are threads of one process (tests) all create engines.
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
 
 }  // namespace dropless::cpu
