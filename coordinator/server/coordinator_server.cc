@@ -101,6 +101,7 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(grace));
     server_->Wait();
+    LogInfo("gRPC server stopped");
   }
   exposer_.reset();
   coordinator_.reset();  // closes the job store

@@ -1,0 +1,155 @@
+// Support for the coordinator's integration tests: the real dropless-coordinator binary on
+// loopback with a temporary database, and a minimal worker that speaks the worker protocol
+// (register, Hello, heartbeats, rank status, metrics, logs) under the test's control.
+#ifndef DROPLESS_TESTS_INTEGRATION_COORDINATOR_COORDINATOR_TEST_SUPPORT_H_
+#define DROPLESS_TESTS_INTEGRATION_COORDINATOR_COORDINATOR_TEST_SUPPORT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "dropless/v1/job_service.grpc.pb.h"
+#include "dropless/v1/rendezvous_service.grpc.pb.h"
+#include "dropless/v1/worker_service.grpc.pb.h"
+#include "tests/integration/harness/process.h"
+
+namespace dropless::testing {
+
+// Lease settings the tests run with: short, so lost workers are noticed within seconds.
+inline constexpr int64_t kHeartbeatMs = 200;
+inline constexpr int64_t kLeaseMs = 1500;
+
+// A job spec: `ranks` CPU ranks (ep = ranks), a few steps, the given attempts.
+std::string TinySpec(int ranks, int max_attempts = 1, const std::string& name = "tiny");
+
+// dropless-coordinator on 127.0.0.1 with a free gRPC and metrics port.
+class CoordinatorUnderTest {
+ public:
+  // db empty: a fresh temporary file.
+  static std::unique_ptr<CoordinatorUnderTest> Start(const std::string& db = "");
+  ~CoordinatorUnderTest();
+
+  const std::string& db() const { return db_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
+  int metrics_port() const { return metrics_port_; }
+  Process& process() { return *process_; }
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  v1::JobService::Stub& jobs() { return *jobs_; }
+  v1::RendezvousService::Stub& rendezvous() { return *rendezvous_; }
+
+  // kill -9, then the same binary on the same database and ports.
+  void KillAndRestart();
+
+  // Polls GetJob until pred holds; the last job seen either way.
+  v1::Job WaitForJob(const std::string& id, const std::function<bool(const v1::Job&)>& pred,
+                     absl::Duration timeout = absl::Seconds(15));
+  v1::Job WaitForState(const std::string& id, v1::JobState state,
+                       absl::Duration timeout = absl::Seconds(15));
+  absl::StatusOr<v1::Job> Submit(const std::string& spec, const std::string& name = "",
+                                 int priority = 0);
+  absl::StatusOr<v1::Job> Get(const std::string& id);
+  std::vector<v1::Event> Events(const std::string& job_id);
+  std::vector<v1::Worker> Workers();
+
+ private:
+  void Launch();
+
+  std::string db_;
+  int grpc_port_ = 0;
+  int metrics_port_ = 0;
+  std::unique_ptr<Process> process_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::unique_ptr<v1::RendezvousService::Stub> rendezvous_;
+};
+
+// A worker daemon reduced to its protocol: the test decides what its ranks report.
+class FakeWorker {
+ public:
+  FakeWorker(std::shared_ptr<grpc::Channel> channel, std::string node, int slots,
+             std::string slot_kind = "cpu");
+  ~FakeWorker();
+
+  absl::Status Register();
+  // Opens the session and says Hello with the ranks it still runs; heartbeats start.
+  absl::Status Connect();
+  // Ends the session from the worker's side (the stream is cancelled).
+  void Disconnect();
+  // Keeps the stream open but sends nothing more: a hung worker.
+  void StopHeartbeats() { heartbeats_on_ = false; }
+
+  // The next message from the coordinator that matches, waiting up to timeout.
+  std::optional<v1::CoordinatorMessage> Next(
+      const std::function<bool(const v1::CoordinatorMessage&)>& match,
+      absl::Duration timeout = absl::Seconds(10));
+  std::optional<v1::Assignment> NextAssignment(absl::Duration timeout = absl::Seconds(10));
+  std::optional<v1::Cancellation> NextCancellation(absl::Duration timeout = absl::Seconds(10));
+
+  // Sends a RankStatus and remembers it for the heartbeats and the next Hello.
+  absl::Status ReportRank(const std::string& job_id, int attempt, int rank, v1::RankState state,
+                          int exit_code = 0);
+  absl::Status ReportMetrics(const std::string& job_id, int attempt, int rank, int64_t step,
+                             int64_t steps, double loss);
+  absl::Status ReportLog(const std::string& job_id, int attempt, int rank,
+                         const std::string& text);
+  absl::Status Send(const v1::WorkerMessage& message);
+
+  // Whether the session stream is still open (the reader has not seen its end).
+  bool SessionOpen() const { return !session_ended_; }
+  // The status the coordinator ended the session with, once it did.
+  std::optional<grpc::Status> SessionStatus();
+
+  const std::string& id() const { return worker_id_; }
+  const std::string& node() const { return node_; }
+
+ private:
+  using RankKey = std::tuple<std::string, int, int>;
+  std::vector<v1::RankStatus> LiveRanks();
+  void StopThreads();
+
+  std::unique_ptr<v1::WorkerService::Stub> stub_;
+  const std::string node_;
+  const int slots_;
+  const std::string slot_kind_;
+  std::string worker_id_;
+
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream_;
+  std::thread reader_;
+  std::thread heartbeat_;
+  std::atomic<bool> heartbeats_on_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> session_ended_{true};
+
+  absl::Mutex write_mu_;  // one writer at a time on the stream
+  absl::Mutex mu_;
+  std::deque<v1::CoordinatorMessage> inbox_ ABSL_GUARDED_BY(mu_);
+  std::map<RankKey, v1::RankState> ranks_ ABSL_GUARDED_BY(mu_);
+  std::optional<grpc::Status> final_status_ ABSL_GUARDED_BY(mu_);
+};
+
+// One unary call by method name with raw request bytes; for calls the tests have no stub for
+// (grpc.health.v1) and for malformed payloads.
+grpc::Status RawUnaryCall(grpc::Channel* channel, const std::string& method,
+                          const std::string& request, std::string* response);
+// One request and one response on a bidirectional stream by method name (server reflection).
+grpc::Status RawBidiExchange(grpc::Channel* channel, const std::string& method,
+                             const std::string& request, std::string* response);
+
+}  // namespace dropless::testing
+
+#endif  // DROPLESS_TESTS_INTEGRATION_COORDINATOR_COORDINATOR_TEST_SUPPORT_H_

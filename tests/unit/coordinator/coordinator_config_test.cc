@@ -1,0 +1,69 @@
+#include "coordinator/server/coordinator_config.h"
+
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dropless::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(CoordinatorConfigTest, KeysOverlayTheDefaults) {
+  absl::StatusOr<CoordinatorConfig> config = ApplyConfigYaml(
+      "listen: 127.0.0.1:9000\nmetrics_port: 0\nlease_timeout_ms: 3000\n", CoordinatorConfig{});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->listen, "127.0.0.1:9000");
+  EXPECT_EQ(config->metrics_port, 0);
+  EXPECT_EQ(config->lease_timeout_ms, 3000);
+  EXPECT_EQ(config->db, "dropless.db");  // untouched default
+  EXPECT_EQ(config->heartbeat_interval_ms, 1000);
+  EXPECT_TRUE(ValidateConfig(*config).ok());
+}
+
+TEST(CoordinatorConfigTest, EmptyDocumentKeepsTheBase) {
+  CoordinatorConfig base;
+  base.db = "x.db";
+  absl::StatusOr<CoordinatorConfig> config = ApplyConfigYaml("", base);
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(config->db, "x.db");
+}
+
+TEST(CoordinatorConfigTest, UnknownKeyAndWrongTypeAreNamed) {
+  absl::StatusOr<CoordinatorConfig> unknown = ApplyConfigYaml("lsiten: x\n", {});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_THAT(unknown.status().message(), HasSubstr("\"lsiten\""));
+  absl::StatusOr<CoordinatorConfig> wrong = ApplyConfigYaml("metrics_port: many\n", {});
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(wrong.status().message(), HasSubstr("metrics_port"));
+  EXPECT_FALSE(ApplyConfigYaml("[1, 2]\n", {}).ok());
+  EXPECT_FALSE(ApplyConfigYaml("listen: [\n", {}).ok());
+}
+
+TEST(CoordinatorConfigTest, ValidationNamesTheField) {
+  CoordinatorConfig config;
+  config.lease_timeout_ms = 500;
+  absl::Status lease = ValidateConfig(config);
+  EXPECT_THAT(lease.message(), HasSubstr("lease_timeout_ms"));
+  config = CoordinatorConfig{};
+  config.metrics_port = 70000;
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("metrics_port"));
+}
+
+TEST(CoordinatorConfigTest, ShippedExampleIsValid) {
+  absl::StatusOr<CoordinatorConfig> config =
+      ApplyConfigFile(DROPLESS_SOURCE_DIR "/configs/coordinator.yaml", CoordinatorConfig{});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(ValidateConfig(*config).ok());
+  EXPECT_EQ(config->listen, "0.0.0.0:7070");
+}
+
+TEST(CoordinatorConfigTest, MissingFileIsNamed) {
+  absl::StatusOr<CoordinatorConfig> config = ApplyConfigFile("/nonexistent/c.yaml", {});
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(config.status().message(), HasSubstr("/nonexistent/c.yaml"));
+}
+
+}  // namespace
+}  // namespace dropless::coordinator
