@@ -184,7 +184,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--source-dir", required=True)
     args = parser.parse_args()
-    documented = metrics_doc.parse(os.path.join(args.source_dir, "docs/metrics.md"))
+    try:
+        documented = metrics_doc.parse(os.path.join(args.source_dir, "docs/metrics.md"))
+    except ValueError as e:
+        print("FAIL:", e)
+        return 1
     used = set()
     files = sorted(glob.glob(os.path.join(args.source_dir, "dashboards/*.json")))
     if sorted(os.path.basename(f) for f in files) != sorted(REQUIRED_TITLES):

@@ -54,7 +54,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--source-dir", required=True)
     args = parser.parse_args()
-    documented = metrics_doc.parse(os.path.join(args.source_dir, "docs/metrics.md"))
+    try:
+        documented = metrics_doc.parse(os.path.join(args.source_dir, "docs/metrics.md"))
+    except ValueError as e:
+        print("FAIL:", e)
+        return 1
     found, problems = registered(args.source_dir)
     if not found:
         problems.append("no metric registrations found under %s" % ", ".join(SOURCE_DIRS))
