@@ -10,6 +10,7 @@ Usage: check_manifests.py --source-dir DIR --ops-tools DIR
 import argparse
 import glob
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -206,10 +207,30 @@ def check_images(where, objects, stages, source_dir):
         if ports != stage.exposed:
             fail(w, "container ports %s but %s stage %s EXPOSEs %s"
                  % (sorted(ports), stage.dockerfile, stage.name, sorted(stage.exposed)))
+
+
+def check_dockerfiles(stages, source_dir):
+    targets = cmake_targets(source_dir)
     for s in stages:
+        for t in s.build_targets:
+            if t not in targets:
+                if "cuda" in t:  # the CUDA engine may not be written yet; its Dockerfile waits for it
+                    print("NOTE: %s builds %s, which no CMakeLists.txt defines yet" % (s.dockerfile, t))
+                else:
+                    fail(s.dockerfile, "builds --target %s, which no CMakeLists.txt defines" % t)
         for src in s.copies:
             if src != "." and not os.path.exists(os.path.join(source_dir, src)):
                 fail(s.dockerfile, "COPY source %s does not exist" % src)
+
+
+def cmake_targets(source_dir):
+    names = set()
+    for root, dirs, files in os.walk(source_dir):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "build", "third_party"))]
+        if "CMakeLists.txt" in files:
+            with open(os.path.join(root, "CMakeLists.txt"), encoding="utf-8") as f:
+                names |= set(re.findall(r"add_(?:executable|library)\(\s*([A-Za-z0-9_.+-]+)", f.read()))
+    return names
 
 
 def main():
@@ -223,6 +244,7 @@ def main():
     stages = manifests.dockerfile_stages(args.source_dir)
     if not stages:
         fail("deploy/docker", "no Dockerfile")
+    check_dockerfiles(stages, args.source_dir)
     rendered = 0
     for name, path in manifests.kustomize_dirs(args.source_dir):
         try:

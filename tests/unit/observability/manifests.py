@@ -98,6 +98,7 @@ class DockerStage:
     def __init__(self, dockerfile, name):
         self.dockerfile, self.name = dockerfile, name
         self.title, self.entrypoint, self.exposed, self.copies = None, None, set(), []
+        self.build_targets = []  # cmake --build ... --target NAMES
 
 
 def dockerfile_stages(source_dir):
@@ -131,6 +132,9 @@ def dockerfile_stages(source_dir):
                 stage.entrypoint = json.loads(rest)
             elif word == "EXPOSE":
                 stage.exposed |= {int(p.split("/")[0]) for p in rest.split()}
+            elif word == "RUN":
+                for m in re.finditer(r"--target((?:\s+[A-Za-z0-9_.+-]+)+)", rest):
+                    stage.build_targets.extend(m.group(1).split())
             elif word == "COPY":
                 parts = [p for p in rest.split() if not p.startswith("--")]
                 if "--from" not in rest:
