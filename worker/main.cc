@@ -1,11 +1,17 @@
-// dropless-worker: the worker daemon (no subcommand) and the rank process (`rank` subcommand)
-// in one binary, so the daemon can start ranks from /proc/self/exe.
+// dropless-worker: the worker daemon (no subcommand) and the rank process (`rank` subcommand).
 //
 //   dropless-worker [--coordinator ADDR] [--node NAME] [--cpu-slots N] [--metrics-port P] ...
 //   dropless-worker rank --coordinator ADDR --job ID --attempt N --rank R --world-size W
 //                        --slot S --spec FILE --host ADDR --node NAME --report-fd 3
 //
-// Flags may be spelled with '-' or '_' (--world-size or --world_size).
+// `rank` execs dropless-worker-rank from the directory of this binary with the same arguments
+// (same pid, same file descriptors): the rank image links the engine and OpenBLAS, whose static
+// TLS would shrink the thread stacks of this daemon's /metrics server below what it needs
+// (see worker/rank/rank_main.cc). Flags may be spelled with '-' or '_' (--cpu-slots, --cpu_slots).
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -15,18 +21,13 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "worker/daemon/rank_binary.h"
 #include "worker/daemon/worker_config.h"
 #include "worker/daemon/worker_daemon.h"
-#include "worker/rank/rank_options.h"
-#if DROPLESS_WORKER_HAS_RANK
-#include "worker/rank/rank_process.h"
-#endif
 
-// Shared by the daemon and the rank process.
+// Empty / -1 means "not given": the config file or the built-in default applies.
 ABSL_FLAG(std::string, coordinator, "", "coordinator gRPC address host:port (default localhost:7070)");
 ABSL_FLAG(std::string, node, "", "node name, unique in the cluster (default: hostname)");
-
-// Daemon. Empty / -1 means "not given": the config file or the built-in default applies.
 ABSL_FLAG(std::string, config, "", "worker YAML config (e.g. configs/worker.yaml); flags win over it");
 ABSL_FLAG(std::string, advertise_address, "",
           "host peers and Prometheus reach this node at (default 127.0.0.1 when the coordinator "
@@ -39,16 +40,6 @@ ABSL_FLAG(std::string, work_dir, "",
           "directory for per-attempt spec files and rank logs (default $TMPDIR/dropless-worker-<node>)");
 ABSL_FLAG(int64_t, kill_grace_ms, -1,
           "SIGTERM -> SIGKILL delay when stopping ranks, in ms (default 5000)");
-
-// Rank process (set by the daemon).
-ABSL_FLAG(std::string, job, "", "rank: job id");
-ABSL_FLAG(int, attempt, 0, "rank: attempt number (>= 1)");
-ABSL_FLAG(int, rank, -1, "rank: rank in the job attempt");
-ABSL_FLAG(int, world_size, 0, "rank: ranks in the job attempt");
-ABSL_FLAG(int, slot, -1, "rank: GPU index or CPU slot on this node");
-ABSL_FLAG(std::string, spec, "", "rank: job spec YAML file");
-ABSL_FLAG(std::string, host, "", "rank: address this rank listens on for its peers");
-ABSL_FLAG(int, report_fd, -1, "rank: fd of the report pipe to the daemon (-1: none)");
 
 namespace {
 
@@ -69,41 +60,23 @@ int Usage(const std::string& message) {
   return 2;
 }
 
-int RunRank() {
-  if (!absl::GetFlag(FLAGS_config).empty() || absl::GetFlag(FLAGS_metrics_port) != -1 ||
-      absl::GetFlag(FLAGS_cpu_slots) != -1 || !absl::GetFlag(FLAGS_gpus).empty() ||
-      !absl::GetFlag(FLAGS_work_dir).empty()) {
-    return Usage("daemon flags (--config, --metrics-port, --cpu-slots, --gpus, --work-dir) are "
-                 "not for `dropless-worker rank`");
+// `dropless-worker rank ARGS...` becomes `dropless-worker-rank ARGS...`.
+int ExecRank(int argc, char** argv) {
+  absl::StatusOr<std::string> binary = dropless::FindRankBinary();
+  if (!binary.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(binary.status().message()).c_str());
+    return 127;
   }
-  dropless::RankOptions o;
-  o.coordinator = absl::GetFlag(FLAGS_coordinator);
-  o.job_id = absl::GetFlag(FLAGS_job);
-  o.attempt = absl::GetFlag(FLAGS_attempt);
-  o.rank = absl::GetFlag(FLAGS_rank);
-  o.world_size = absl::GetFlag(FLAGS_world_size);
-  o.slot = absl::GetFlag(FLAGS_slot);
-  o.spec_path = absl::GetFlag(FLAGS_spec);
-  o.host = absl::GetFlag(FLAGS_host);
-  o.node = absl::GetFlag(FLAGS_node);
-  o.report_fd = absl::GetFlag(FLAGS_report_fd);
-#if DROPLESS_WORKER_HAS_RANK
-  return dropless::RunRankProcess(o);
-#else
-  if (absl::Status st = dropless::ValidateRankOptions(o); !st.ok()) {
-    return Usage(std::string(st.message()));
-  }
-  std::fprintf(stderr, "[rank %d] error: this dropless-worker was built without the engine and "
-                       "transport libraries\n", o.rank);
-  return 1;
-#endif
+  std::vector<char*> args;
+  args.push_back(binary->data());
+  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  execv(binary->c_str(), args.data());
+  std::fprintf(stderr, "error: exec %s: %s\n", binary->c_str(), strerror(errno));
+  return 127;
 }
 
 int RunDaemon() {
-  if (!absl::GetFlag(FLAGS_job).empty() || absl::GetFlag(FLAGS_rank) != -1 ||
-      !absl::GetFlag(FLAGS_spec).empty() || absl::GetFlag(FLAGS_report_fd) != -1) {
-    return Usage("rank flags (--job, --rank, --spec, --report-fd, ...) need the `rank` subcommand");
-  }
   dropless::WorkerSettings flags;
   auto set_string = [](std::optional<std::string>* out, const std::string& v) {
     if (!v.empty()) *out = v;
@@ -135,13 +108,12 @@ int RunDaemon() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool rank_mode = argc > 1 && std::string(argv[1]) == "rank";
+  if (argc > 1 && std::string(argv[1]) == "rank") return ExecRank(argc, argv);
+
   std::vector<std::string> args;
-  args.push_back(argv[0]);
-  for (int i = rank_mode ? 2 : 1; i < argc; ++i) args.push_back(NormalizeFlag(argv[i]));
+  for (int i = 0; i < argc; ++i) args.push_back(i == 0 ? argv[0] : NormalizeFlag(argv[i]));
   std::vector<char*> arg_ptrs;
   for (std::string& a : args) arg_ptrs.push_back(a.data());
-
   absl::SetProgramUsageMessage(
       "dropless worker daemon.\n"
       "  dropless-worker [--coordinator ADDR] [--node NAME] [--cpu-slots N] [--gpus auto|none|N]\n"
@@ -153,5 +125,5 @@ int main(int argc, char** argv) {
   if (positional.size() > 1) {
     return Usage(absl::StrCat("unexpected argument '", positional[1], "'"));
   }
-  return rank_mode ? RunRank() : RunDaemon();
+  return RunDaemon();
 }

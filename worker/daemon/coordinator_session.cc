@@ -127,8 +127,9 @@ void CoordinatorSession::Run() {
       if (shutdown_) return;
     }
     absl::Status status = Register();
+    const bool registered = status.ok();
     absl::Time session_start = absl::Now();
-    if (status.ok()) {
+    if (registered) {
       status = RunSession();
       if (absl::Now() - session_start >= kHealthySession) backoff = options_.min_backoff;
     }
@@ -137,12 +138,11 @@ void CoordinatorSession::Run() {
       if (shutdown_) return;
     }
     // Repeated identical failures (coordinator down) are logged once, not every retry.
-    if (!last_failed || status.ok()) {
-      DaemonLog(absl::StrCat("session with ", options_.coordinator, " ended: ",
-                             status.ok() ? "stream closed" : status.message(),
-                             "; reconnecting with backoff"));
+    // While the coordinator stays down, only the first failed attempt is logged.
+    if (!last_failed) {
+      DaemonLog(absl::StrCat("no session with the coordinator: ", status.message(), "; retrying"));
     }
-    last_failed = !status.ok();
+    last_failed = !registered;
     if (!SleepUnlessShutdown(Jittered(backoff))) return;
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
@@ -162,8 +162,10 @@ absl::Status CoordinatorSession::RunSession() {
   v1::WorkerMessage hello;
   hello.mutable_hello()->set_worker_id(worker_id);
   for (v1::RankStatus& r : ranks_->LiveRanks()) *hello.mutable_hello()->add_ranks() = std::move(r);
-  absl::Status result;
+  bool opened = false;
+  std::atomic<bool> write_failed{false};
   if (stream->Write(hello)) {
+    opened = true;
     bool reconnect;
     {
       absl::MutexLock lock(&mu_);
@@ -175,7 +177,8 @@ absl::Status CoordinatorSession::RunSession() {
 
     std::atomic<bool> stop{false};
     std::thread writer([&] {
-      WriteLoop(stream.get(), &context, &stop);
+      if (!WriteLoop(stream.get(), &stop)) write_failed = true;
+      context.TryCancel();  // a failed write ends the session: unblock the reader
     });
     v1::CoordinatorMessage message;
     while (stream->Read(&message)) {
@@ -191,20 +194,22 @@ absl::Status CoordinatorSession::RunSession() {
   } else {
     context.TryCancel();
   }
+  // After TryCancel the status mostly reads CANCELLED; the reason is what ended the session.
   grpc::Status status = stream->Finish();
   {
     absl::MutexLock lock(&mu_);
     connected_ = false;
     open_context_ = nullptr;
   }
-  if (status.ok()) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat("Session: ", status.error_message(), " (code ",
-                                             static_cast<int>(status.error_code()), ")"));
+  const char* why = !opened        ? "could not send Hello"
+                    : write_failed ? "a write to the coordinator failed"
+                                   : "the coordinator closed the stream or the connection dropped";
+  return absl::UnavailableError(absl::StrCat("Session: ", why, " (", status.error_message(), ")"));
 }
 
-void CoordinatorSession::WriteLoop(
+bool CoordinatorSession::WriteLoop(
     grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream,
-    grpc::ClientContext* context, std::atomic<bool>* stop) {
+    std::atomic<bool>* stop) {
   absl::Duration interval;
   {
     absl::MutexLock lock(&mu_);
@@ -219,17 +224,17 @@ void CoordinatorSession::WriteLoop(
       for (v1::RankStatus& r : ranks_->LiveRanks()) {
         *beat.mutable_heartbeat()->add_ranks() = std::move(r);
       }
-      if (!stream->Write(beat)) break;
+      if (!stream->Write(beat)) return false;
       next_heartbeat = now + interval;
       continue;
     }
     std::optional<OutboundQueue::Entry> entry =
         outbound_->Peek(std::min(kWriterTick, next_heartbeat - now));
     if (!entry.has_value()) continue;
-    if (!stream->Write(entry->message)) break;
+    if (!stream->Write(entry->message)) return false;
     outbound_->Pop(entry->sequence);
   }
-  context->TryCancel();  // a failed write ends the session: unblock the reader
+  return true;
 }
 
 }  // namespace dropless

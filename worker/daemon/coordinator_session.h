@@ -29,7 +29,7 @@ struct SessionOptions {
   std::string coordinator;                         // host:port
   dropless::v1::RegisterWorkerRequest registration;
   absl::Duration min_backoff = absl::Milliseconds(200);
-  absl::Duration max_backoff = absl::Seconds(5);
+  absl::Duration max_backoff = absl::Seconds(3);
   absl::Duration rpc_timeout = absl::Seconds(10);  // RegisterWorker deadline
 };
 
@@ -54,9 +54,10 @@ class CoordinatorSession {
   absl::Status Register();
   // One session: Hello, then until the stream breaks or Shutdown(). Returns why it ended.
   absl::Status RunSession();
-  void WriteLoop(grpc::ClientReaderWriter<dropless::v1::WorkerMessage,
+  // Heartbeats and the outbound queue until *stop; false when a write failed.
+  bool WriteLoop(grpc::ClientReaderWriter<dropless::v1::WorkerMessage,
                                           dropless::v1::CoordinatorMessage>* stream,
-                 grpc::ClientContext* context, std::atomic<bool>* stop);
+                 std::atomic<bool>* stop);
   bool SleepUnlessShutdown(absl::Duration d);
 
   const SessionOptions options_;

@@ -151,8 +151,8 @@ struct RankSupervisor::Child {
   int out_fd = -1;
   int report_fd = -1;
   int log_fd = -1;
-  std::string out_buffer;
-  std::string report_buffer;
+  LineBuffer out_lines;
+  LineBuffer report_lines;
   bool stop_requested = false;
   bool killed = false;  // SIGKILL sent
   absl::Time kill_at = absl::InfiniteFuture();
@@ -338,26 +338,38 @@ void RankSupervisor::HandleStop(const StopRequest& stop) {
   }
 }
 
-void RankSupervisor::EmitLines(ChildId id, std::string* buffer, bool report, bool flush_partial) {
+void RankSupervisor::EmitLines(ChildId id, LineBuffer* lines, bool report, bool flush_partial) {
   const auto& callback = report ? callbacks_.on_report : callbacks_.on_output;
+  std::string* buffer = &lines->text;
   size_t start = 0;
-  while (true) {
+  // A newline right after a line that was split at the limit ends that line, not an empty one.
+  if (lines->split_at_limit && !buffer->empty()) {
+    lines->split_at_limit = false;
+    if ((*buffer)[0] == '\n') start = 1;
+  }
+  while (start < buffer->size()) {
     size_t newline = buffer->find('\n', start);
-    size_t end = newline;
-    if (newline == std::string::npos) {
-      if (buffer->size() - start >= kMaxLineBytes) {
-        end = start + kMaxLineBytes;
-      } else if (flush_partial && start < buffer->size()) {
-        end = buffer->size();
-      } else {
-        break;
+    size_t end;       // end of the line emitted
+    size_t next;      // where the next line starts
+    if (newline != std::string::npos && newline - start <= kMaxLineBytes) {
+      end = newline;
+      next = newline + 1;
+    } else if (buffer->size() - start >= kMaxLineBytes) {
+      end = next = start + kMaxLineBytes;  // too long: split
+      if (next < buffer->size() && (*buffer)[next] == '\n') {
+        ++next;
+      } else if (next == buffer->size()) {
+        lines->split_at_limit = true;
       }
+    } else if (flush_partial) {
+      end = next = buffer->size();
+    } else {
+      break;
     }
     absl::string_view line(buffer->data() + start, end - start);
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (callback) callback(id, line);
-    start = newline == std::string::npos ? end : newline + 1;
-    if (start >= buffer->size()) break;
+    start = next;
   }
   buffer->erase(0, start);
 }
@@ -366,7 +378,7 @@ void RankSupervisor::ReadOutput(Child& child, bool drain) {
   char chunk[64 * 1024];
   for (int* fd : {&child.out_fd, &child.report_fd}) {
     const bool report = fd == &child.report_fd;
-    std::string* buffer = report ? &child.report_buffer : &child.out_buffer;
+    LineBuffer* buffer = report ? &child.report_lines : &child.out_lines;
     // One chunk per pass keeps a chatty child from starving the others, unless draining at exit.
     for (int chunks = 0; *fd >= 0 && (drain || chunks < 1); ++chunks) {
       ssize_t n = read(*fd, chunk, sizeof(chunk));
@@ -380,7 +392,7 @@ void RankSupervisor::ReadOutput(Child& child, bool drain) {
         ssize_t written = write(child.log_fd, chunk, n);
         if (written != n) CloseFd(child.log_fd);  // disk full or similar: keep forwarding
       }
-      buffer->append(chunk, n);
+      buffer->text.append(chunk, n);
       EmitLines(child.id, buffer, report, /*flush_partial=*/false);
     }
   }
@@ -416,8 +428,8 @@ void RankSupervisor::Reap() {
     // Whatever the child wrote before it ended is delivered before its exit. A grandchild that
     // still holds the pipe open does not block this: the reads are non-blocking.
     ReadOutput(c, /*drain=*/true);
-    EmitLines(c.id, &c.out_buffer, false, /*flush_partial=*/true);
-    EmitLines(c.id, &c.report_buffer, true, /*flush_partial=*/true);
+    EmitLines(c.id, &c.out_lines, false, /*flush_partial=*/true);
+    EmitLines(c.id, &c.report_lines, true, /*flush_partial=*/true);
     CloseFd(c.out_fd);
     CloseFd(c.report_fd);
     CloseFd(c.log_fd);

@@ -94,6 +94,10 @@ class RankSupervisor {
     absl::Duration grace;
   };
   struct Child;
+  struct LineBuffer {
+    std::string text;             // bytes read, not yet emitted as lines
+    bool split_at_limit = false;  // the last line emitted was cut at kMaxLineBytes
+  };
 
   void Loop();
   void Wake();
@@ -102,7 +106,7 @@ class RankSupervisor {
   void ReadOutput(Child& child, bool drain);
   void Reap();
   void EnforceDeadlines();
-  void EmitLines(ChildId id, std::string* buffer, bool report, bool flush_partial);
+  void EmitLines(ChildId id, LineBuffer* lines, bool report, bool flush_partial);
 
   const Callbacks callbacks_;
   int wake_fd_ = -1;  // eventfd: requests for the supervisor thread

@@ -14,6 +14,7 @@
 #include "worker/daemon/daemon_log.h"
 #include "worker/daemon/gpu_discovery.h"
 #include "worker/daemon/outbound_queue.h"
+#include "worker/daemon/rank_binary.h"
 #include "worker/daemon/rank_manager.h"
 #include "worker/daemon/worker_metrics.h"
 
@@ -45,6 +46,9 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
     return 2;
   }
 
+  if (absl::StatusOr<std::string> rank_binary = FindRankBinary(); !rank_binary.ok()) {
+    DaemonLog(absl::StrCat("warning: every rank will fail: ", rank_binary.status().message()));
+  }
   std::error_code ec;
   std::filesystem::create_directories(config.work_dir, ec);
   if (ec) {

@@ -59,20 +59,18 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 class RankRun {
  public:
-  explicit RankRun(const RankOptions& options)
-      : options_(options), prefix_(absl::StrCat("[rank ", options.rank, "] ")) {}
+  explicit RankRun(const RankOptions& options) : options_(options) {}
 
   absl::Status Run();
-  const std::string& prefix() const { return prefix_; }
 
  private:
+  // Log lines carry the rank already (LogLine.rank), so no prefix here.
   void Say(const std::string& line) {
-    std::printf("%s%s\n", prefix_.c_str(), line.c_str());
+    std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
 
   const RankOptions& options_;
-  const std::string prefix_;
 };
 
 absl::Status RankRun::Run() {
@@ -178,14 +176,13 @@ absl::Status RankRun::Run() {
 int RunRankProcess(const RankOptions& options) {
   // stdout is a pipe to the daemon: line buffering makes progress show up as it happens.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  RankRun run(options);
   if (absl::Status st = ValidateRankOptions(options); !st.ok()) {
-    std::fprintf(stderr, "%serror: %s\n", run.prefix().c_str(), std::string(st.message()).c_str());
+    std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
     return 2;
   }
-  absl::Status st = run.Run();
-  if (!st.ok()) {
-    std::fprintf(stderr, "%serror: %s\n", run.prefix().c_str(), std::string(st.message()).c_str());
+  RankRun run(options);
+  if (absl::Status st = run.Run(); !st.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
     return 1;
   }
   return 0;

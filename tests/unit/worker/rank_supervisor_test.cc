@@ -264,6 +264,38 @@ TEST(RankSupervisorTest, LongLinesAreSplit) {
   EXPECT_EQ(lines[2].size(), 40000 - 2 * RankSupervisor::kMaxLineBytes);
 }
 
+TEST(RankSupervisorTest, LongLineArrivingInOneReadIsSplit) {
+  Recorder rec;
+  RankSupervisor supervisor(rec.Callbacks());
+  // One write of 2 * kMaxLineBytes + 5 bytes and a newline, then "end".
+  const size_t n = 2 * RankSupervisor::kMaxLineBytes + 5;
+  ASSERT_TRUE(supervisor
+                  .Start(10, Shell(absl::StrCat("x=$(head -c ", n,
+                                                " /dev/zero | tr '\\0' y); printf '%s\\nend\\n' \"$x\"")))
+                  .ok());
+  ASSERT_TRUE(rec.WaitExit(10, absl::Seconds(10)));
+  std::vector<std::string> lines = rec.Output(10);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0], std::string(RankSupervisor::kMaxLineBytes, 'y'));
+  EXPECT_EQ(lines[1], std::string(RankSupervisor::kMaxLineBytes, 'y'));
+  EXPECT_EQ(lines[2], "yyyyy");
+  EXPECT_EQ(lines[3], "end");
+}
+
+TEST(RankSupervisorTest, LineOfExactlyTheLimitHasNoEmptyTail) {
+  Recorder rec;
+  RankSupervisor supervisor(rec.Callbacks());
+  const size_t n = 2 * RankSupervisor::kMaxLineBytes;
+  ASSERT_TRUE(supervisor
+                  .Start(11, Shell(absl::StrCat("x=$(head -c ", n,
+                                                " /dev/zero | tr '\\0' z); printf '%s\\nend\\n' \"$x\"")))
+                  .ok());
+  ASSERT_TRUE(rec.WaitExit(11, absl::Seconds(10)));
+  std::vector<std::string> lines = rec.Output(11);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[2], "end");
+}
+
 TEST(RankSupervisorTest, DestructorKillsAndReapsLiveChildren) {
   Recorder rec;
   pid_t pid;

@@ -1,0 +1,109 @@
+// The worker daemon against the real coordinator: registration, /metrics, reconnects, flags.
+#include <signal.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/worker/worker_cluster.h"
+
+namespace dropless::testing {
+namespace {
+
+namespace v1 = dropless::v1;
+
+bool Has(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+TEST(WorkerDaemonTest, RegistersReadyAndServesMetrics) {
+  WorkerCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  ASSERT_TRUE(cluster.StartWorker("node-a").ok()) << cluster.Diagnostics();
+  std::optional<v1::Worker> w = cluster.WaitForWorker(
+      "node-a", [](const v1::Worker& w) { return w.state() == v1::WORKER_STATE_READY; },
+      absl::Seconds(30));
+  ASSERT_TRUE(w.has_value()) << cluster.Diagnostics();
+  EXPECT_FALSE(w->id().empty());
+  EXPECT_EQ(w->slot_kind(), "cpu");
+  EXPECT_EQ(w->slots(), 1);
+  EXPECT_EQ(w->slots_busy(), 0);
+  EXPECT_EQ(w->metrics_port(), cluster.metrics_port("node-a"));
+  ASSERT_EQ(w->devices_size(), 1);
+  EXPECT_EQ(w->devices(0), "cpu");
+
+  const std::string metrics = HttpGet(cluster.metrics_port("node-a"), "/metrics");
+  EXPECT_TRUE(Has(metrics, "dropless_worker_up{node=\"node-a\"} 1")) << metrics;
+  EXPECT_TRUE(Has(metrics, "dropless_worker_slots{node=\"node-a\",state=\"free\"} 1")) << metrics;
+  EXPECT_TRUE(Has(metrics, "dropless_worker_ranks_running{node=\"node-a\"} 0")) << metrics;
+
+  // Heartbeats keep it READY well past the lease timeout (5 s).
+  absl::SleepFor(absl::Seconds(6));
+  w = cluster.WaitForWorker("node-a", [](const v1::Worker&) { return true; }, absl::Seconds(5));
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(w->state(), v1::WORKER_STATE_READY) << cluster.Diagnostics();
+
+  // SIGTERM: a clean exit.
+  ASSERT_TRUE(cluster.worker("node-a")->Signal(SIGTERM).ok());
+  absl::StatusOr<int> code = cluster.worker("node-a")->Wait(absl::Seconds(15));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0) << cluster.Diagnostics();
+}
+
+TEST(WorkerDaemonTest, ReconnectsToARestartedCoordinatorWithTheSameId) {
+  WorkerCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  ASSERT_TRUE(cluster.StartWorker("node-r").ok()) << cluster.Diagnostics();
+  auto ready = [](const v1::Worker& w) { return w.state() == v1::WORKER_STATE_READY; };
+  std::optional<v1::Worker> before = cluster.WaitForWorker("node-r", ready, absl::Seconds(30));
+  ASSERT_TRUE(before.has_value()) << cluster.Diagnostics();
+
+  cluster.KillCoordinator();
+  absl::SleepFor(absl::Seconds(1));
+  ASSERT_TRUE(cluster.worker("node-r")->Running()) << "the worker must survive its coordinator";
+  ASSERT_TRUE(cluster.StartCoordinator().ok()) << cluster.Diagnostics();
+
+  // A fresh heartbeat proves the new session (the old process' data is in the same db).
+  const int64_t restart_ms = absl::ToUnixMillis(absl::Now());
+  std::optional<v1::Worker> after = cluster.WaitForWorker(
+      "node-r",
+      [&](const v1::Worker& w) { return ready(w) && w.last_heartbeat_ms() > restart_ms; },
+      absl::Seconds(30));
+  ASSERT_TRUE(after.has_value()) << cluster.Diagnostics();
+  EXPECT_EQ(after->id(), before->id());
+
+  const std::string metrics = HttpGet(cluster.metrics_port("node-r"), "/metrics");
+  EXPECT_TRUE(Has(metrics, "dropless_worker_session_reconnects_total{node=\"node-r\"} 1"))
+      << metrics;
+}
+
+TEST(WorkerDaemonTest, BadFlagsAreRejectedNamingTheField) {
+  CommandResult r = RunCommand({BinaryPath("dropless-worker"), "--cpu-slots=0", "--metrics-port=0"},
+                               absl::Seconds(30));
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(Has(r.err, "cpu_slots")) << r.err;
+
+  r = RunCommand({BinaryPath("dropless-worker"), "--gpus=many"}, absl::Seconds(30));
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(Has(r.err, "gpus")) << r.err;
+
+  r = RunCommand({BinaryPath("dropless-worker"), "--config=/nonexistent/worker.yaml"},
+                 absl::Seconds(30));
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(Has(r.err, "/nonexistent/worker.yaml")) << r.err;
+}
+
+TEST(WorkerDaemonTest, RankSubcommandReachesTheRankImage) {
+  // Missing flags are reported by the rank process (exit 2 naming the flag), proving that
+  // `dropless-worker rank` found and exec'd dropless-worker-rank.
+  CommandResult r = RunCommand({BinaryPath("dropless-worker"), "rank", "--coordinator",
+                                "127.0.0.1:1", "--job", "j", "--attempt", "1", "--rank", "2",
+                                "--world-size", "2"},
+                               absl::Seconds(30));
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(Has(r.err, "--rank")) << r.err;
+}
+
+}  // namespace
+}  // namespace dropless::testing

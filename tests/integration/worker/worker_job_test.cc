@@ -1,0 +1,213 @@
+// Jobs end to end: the real coordinator, two real workers with one CPU slot each (so the two
+// expert-parallel ranks of tiny-cpu run on different workers), real rank processes.
+#include <signal.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/worker/worker_cluster.h"
+
+namespace dropless::testing {
+namespace {
+
+namespace v1 = dropless::v1;
+
+bool Has(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+class WorkerJobTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(cluster_.StartCoordinator().ok()) << cluster_.Diagnostics();
+    for (const char* node : {"node-1", "node-2"}) {
+      ASSERT_TRUE(cluster_.StartWorker(node).ok()) << cluster_.Diagnostics();
+      ASSERT_TRUE(cluster_
+                      .WaitForWorker(node,
+                                     [](const v1::Worker& w) {
+                                       return w.state() == v1::WORKER_STATE_READY;
+                                     },
+                                     absl::Seconds(30))
+                      .has_value())
+          << cluster_.Diagnostics();
+    }
+  }
+
+  // Submits a long tiny-cpu job and waits until both ranks run; returns its id and rank pids.
+  std::string StartLongJob(std::vector<pid_t>* pids) {
+    absl::StatusOr<v1::Job> job = cluster_.Submit(TinyCpuSpec(1000000));
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return "";
+    absl::StatusOr<v1::Job> running =
+        cluster_.WaitForState(job->id(), {v1::JOB_STATE_RUNNING}, absl::Seconds(60));
+    EXPECT_TRUE(running.ok() && running->state() == v1::JOB_STATE_RUNNING)
+        << (running.ok() ? v1::JobState_Name(running->state()) : running.status().ToString())
+        << "\n" << cluster_.Diagnostics();
+    *pids = cluster_.RankPidsOf(job->id());
+    EXPECT_EQ(pids->size(), 2u) << cluster_.Diagnostics();
+    return job->id();
+  }
+
+  WorkerCluster cluster_;
+};
+
+TEST_F(WorkerJobTest, TinyCpuRunsToSuccessAcrossTwoWorkers) {
+  absl::StatusOr<v1::Job> submitted = cluster_.Submit(TinyCpuSpec());
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  std::vector<v1::StepMetrics> metrics;
+  absl::StatusOr<v1::Job> job = cluster_.Watch(submitted->id(), absl::Seconds(180), &metrics);
+  ASSERT_TRUE(job.ok()) << job.status() << "\n" << cluster_.Diagnostics();
+  ASSERT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->message() << "\n" << cluster_.Diagnostics();
+
+  // The two ranks ran on different workers.
+  ASSERT_EQ(job->placement_size(), 2);
+  std::set<std::string> nodes;
+  for (const v1::RankPlacement& p : job->placement()) nodes.insert(p.node());
+  EXPECT_EQ(nodes, (std::set<std::string>{"node-1", "node-2"}));
+
+  // The loss fell: first vs last step of rank 0 (the loss is averaged over the job's ranks).
+  const v1::StepMetrics* first = nullptr;
+  const v1::StepMetrics* last = nullptr;
+  for (const v1::StepMetrics& m : metrics) {
+    if (m.rank() != 0) continue;
+    if (first == nullptr || m.step() < first->step()) first = &m;
+    if (last == nullptr || m.step() > last->step()) last = &m;
+  }
+  ASSERT_NE(first, nullptr) << "no step metrics in WatchJob";
+  EXPECT_EQ(first->step(), 1);
+  EXPECT_EQ(last->step(), 40);
+  EXPECT_EQ(last->steps(), 40);
+  EXPECT_LT(last->loss(), 0.8 * first->loss()) << "first " << first->loss() << " last " << last->loss();
+  EXPECT_GT(last->tflops(), 0);
+  EXPECT_GT(last->mfu(), 0);
+  EXPECT_LT(last->mfu(), 1);
+  EXPECT_GT(last->tokens_per_second(), 0);
+  EXPECT_GE(last->load_imbalance(), 1);
+  EXPECT_FALSE(last->node().empty());
+
+  // Each worker's /metrics has the job's step series for the rank it ran, after the job ended.
+  for (const v1::RankPlacement& p : job->placement()) {
+    const std::string text = HttpGet(cluster_.metrics_port(p.node()), "/metrics");
+    const std::string labels =
+        absl::StrCat("{job=\"", job->id(), "\",node=\"", p.node(), "\",rank=\"", p.rank(), "\"}");
+    EXPECT_TRUE(Has(text, "dropless_rank_step_duration_seconds_count" + labels + " 40")) << text;
+    EXPECT_TRUE(Has(text, "dropless_rank_steps_total" + labels + " 40")) << text;
+    EXPECT_TRUE(Has(text, "dropless_rank_loss" + labels)) << text;
+    EXPECT_TRUE(Has(text, absl::StrCat("dropless_worker_rank_exits_total{node=\"", p.node(),
+                                       "\",result=\"succeeded\"} 1")))
+        << text;
+  }
+  EXPECT_TRUE(cluster_.RankPidsOf(job->id()).empty());
+}
+
+TEST_F(WorkerJobTest, CancelStopsTheRankProcessesWithinSeconds) {
+  std::vector<pid_t> pids;
+  const std::string id = StartLongJob(&pids);
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(pids.size(), 2u);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::Job> cancelled = cluster_.Cancel(id);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_TRUE(WaitGone(pids, absl::Seconds(10))) << cluster_.Diagnostics();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  absl::StatusOr<v1::Job> job = cluster_.Get(id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::JOB_STATE_CANCELLED);
+  // Both workers stay up and report the kill.
+  for (const char* node : {"node-1", "node-2"}) {
+    EXPECT_TRUE(cluster_.worker(node)->Running());
+    std::string text;
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < deadline &&
+           !Has(text, absl::StrCat("dropless_worker_rank_exits_total{node=\"", node,
+                                   "\",result=\"killed\"} 1"))) {
+      absl::SleepFor(absl::Milliseconds(100));
+      text = HttpGet(cluster_.metrics_port(node), "/metrics");
+    }
+    EXPECT_TRUE(Has(text, absl::StrCat("dropless_worker_rank_exits_total{node=\"", node,
+                                       "\",result=\"killed\"} 1")))
+        << text;
+    EXPECT_TRUE(Has(text, absl::StrCat("dropless_worker_ranks_running{node=\"", node, "\"} 0")))
+        << text;
+  }
+}
+
+TEST_F(WorkerJobTest, ARankCrashFailsTheJobNotTheWorker) {
+  std::vector<pid_t> pids;
+  const std::string id = StartLongJob(&pids);
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(pids.size(), 2u);
+  ASSERT_EQ(kill(pids[0], SIGKILL), 0);
+  absl::StatusOr<v1::Job> job =
+      cluster_.WaitForState(id, {v1::JOB_STATE_FAILED}, absl::Seconds(60));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED) << cluster_.Diagnostics();
+  EXPECT_TRUE(WaitGone(pids, absl::Seconds(20))) << "the other rank must be stopped too\n"
+                                                 << cluster_.Diagnostics();
+  for (const char* node : {"node-1", "node-2"}) {
+    EXPECT_TRUE(cluster_.worker(node)->Running()) << node;
+    EXPECT_TRUE(cluster_
+                    .WaitForWorker(node,
+                                   [](const v1::Worker& w) {
+                                     return w.state() == v1::WORKER_STATE_READY &&
+                                            w.slots_busy() == 0;
+                                   },
+                                   absl::Seconds(20))
+                    .has_value())
+        << node << "\n" << cluster_.Diagnostics();
+  }
+}
+
+TEST_F(WorkerJobTest, RanksKeepRunningThroughACoordinatorRestart) {
+  std::vector<pid_t> pids;
+  const std::string id = StartLongJob(&pids);
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(pids.size(), 2u);
+  cluster_.KillCoordinator();
+  ASSERT_TRUE(cluster_.StartCoordinator().ok()) << cluster_.Diagnostics();
+  const int64_t restart_ms = absl::ToUnixMillis(absl::Now());
+  for (const char* node : {"node-1", "node-2"}) {
+    ASSERT_TRUE(cluster_
+                    .WaitForWorker(node,
+                                   [&](const v1::Worker& w) {
+                                     return w.state() == v1::WORKER_STATE_READY &&
+                                            w.last_heartbeat_ms() > restart_ms;
+                                   },
+                                   absl::Seconds(30))
+                    .has_value())
+        << node << "\n" << cluster_.Diagnostics();
+  }
+  // Past the lease timeout the attempt is still the one running: its ranks were reported back.
+  absl::SleepFor(absl::Seconds(6));
+  EXPECT_FALSE(WaitGone(pids, absl::ZeroDuration())) << cluster_.Diagnostics();
+  for (pid_t pid : pids) EXPECT_EQ(kill(pid, 0), 0) << "rank pid " << pid << " is gone";
+  absl::StatusOr<v1::Job> job = cluster_.Get(id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING) << job->message() << "\n" << cluster_.Diagnostics();
+
+  ASSERT_TRUE(cluster_.Cancel(id).ok());
+  EXPECT_TRUE(WaitGone(pids, absl::Seconds(10))) << cluster_.Diagnostics();
+}
+
+TEST_F(WorkerJobTest, SigtermOnAWorkerStopsItsRanks) {
+  std::vector<pid_t> pids;
+  const std::string id = StartLongJob(&pids);
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(pids.size(), 2u);
+  ASSERT_TRUE(cluster_.worker("node-1")->Signal(SIGTERM).ok());
+  absl::StatusOr<int> code = cluster_.worker("node-1")->Wait(absl::Seconds(15));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  // node-1's rank is gone with its daemon; the job fails, so node-2's rank is stopped as well.
+  EXPECT_TRUE(WaitGone(pids, absl::Seconds(30))) << cluster_.Diagnostics();
+  absl::StatusOr<v1::Job> job = cluster_.WaitForState(id, {v1::JOB_STATE_FAILED}, absl::Seconds(30));
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED) << cluster_.Diagnostics();
+}
+
+}  // namespace
+}  // namespace dropless::testing
