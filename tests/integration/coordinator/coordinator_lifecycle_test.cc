@@ -55,6 +55,32 @@ class WatchReader {
   grpc::Status status_;
 };
 
+// Follows a job's logs (GetLogs with follow) on a thread of its own until the stream ends.
+class LogFollower {
+ public:
+  LogFollower(v1::JobService::Stub& stub, const std::string& id) {
+    v1::GetLogsRequest request;
+    request.set_job_id(id);
+    request.set_follow(true);
+    reader_ = stub.GetLogs(&context_, request);
+    thread_ = std::thread([this] {
+      v1::LogLine line;
+      while (reader_->Read(&line)) lines_.push_back(line.text());
+      status_ = reader_->Finish();
+    });
+  }
+  void Join() { thread_.join(); }
+  const std::vector<std::string>& lines() const { return lines_; }
+  const grpc::Status& status() const { return status_; }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReader<v1::LogLine>> reader_;
+  std::thread thread_;
+  std::vector<std::string> lines_;
+  grpc::Status status_;
+};
+
 TEST(CoordinatorLifecycleTest, TwoRankJobSplitAcrossTwoWorkersRunsAndSucceeds) {
   auto coordinator = CoordinatorUnderTest::Start();
   FakeWorker a(coordinator->channel(), "node-a", 1);
@@ -72,6 +98,7 @@ TEST(CoordinatorLifecycleTest, TwoRankJobSplitAcrossTwoWorkersRunsAndSucceeds) {
   EXPECT_EQ(submitted->world_size(), 2);
   EXPECT_EQ(submitted->backend(), "cpu");
   WatchReader watch(coordinator->jobs(), id);
+  LogFollower follow(coordinator->jobs(), id);
 
   std::optional<v1::Assignment> on_a = a.NextAssignment();
   std::optional<v1::Assignment> on_b = b.NextAssignment();
@@ -141,7 +168,12 @@ TEST(CoordinatorLifecycleTest, TwoRankJobSplitAcrossTwoWorkersRunsAndSucceeds) {
   EXPECT_THAT(types, Contains("Running"));
   EXPECT_EQ(types.back(), "Succeeded");
 
-  // Logs: every rank, one rank, and follow on a finished job ends at once.
+  // The follower saw the lines as they came and stopped when the job ended.
+  follow.Join();
+  EXPECT_TRUE(follow.status().ok()) << follow.status().error_message();
+  EXPECT_THAT(follow.lines(), UnorderedElementsAre("rank 0 says hello", "rank 1 says hello"));
+
+  // One rank's logs; follow on a finished job ends at once.
   grpc::ClientContext log_context;
   v1::GetLogsRequest logs_request;
   logs_request.set_job_id(id);
@@ -178,6 +210,10 @@ TEST(CoordinatorLifecycleTest, CancelSendsCancellationAndIsFinal) {
   for (int r = 0; r < 2; ++r) ASSERT_TRUE(w.ReportRank(job->id(), 1, r, v1::RANK_STATE_RUNNING).ok());
   coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
 
+  // Quiet heartbeats (well within the lease) so that the Cancellation can only come from the
+  // cancel itself, not from the coordinator noticing a stray rank in a heartbeat.
+  w.StopHeartbeats();
+  absl::SleepFor(absl::Milliseconds(2 * kHeartbeatMs));
   grpc::ClientContext context;
   v1::CancelJobRequest request;
   request.set_id(job->id());
@@ -186,7 +222,8 @@ TEST(CoordinatorLifecycleTest, CancelSendsCancellationAndIsFinal) {
   ASSERT_TRUE(coordinator->jobs().CancelJob(&context, request, &cancelled).ok());
   EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);  // at once, not after the ranks exit
   EXPECT_THAT(cancelled.message(), HasSubstr("test says stop"));
-  std::optional<v1::Cancellation> cancellation = w.NextCancellation();
+  std::optional<v1::Cancellation> cancellation = w.NextCancellation(absl::Milliseconds(500));
+  w.ResumeHeartbeats();
   ASSERT_TRUE(cancellation.has_value());
   EXPECT_EQ(cancellation->job_id(), job->id());
   EXPECT_EQ(cancellation->attempt(), 1);

@@ -91,6 +91,7 @@ class FakeWorker {
   void Disconnect();
   // Keeps the stream open but sends nothing more: a hung worker.
   void StopHeartbeats() { heartbeats_on_ = false; }
+  void ResumeHeartbeats() { heartbeats_on_ = true; }
 
   // The next message from the coordinator that matches, waiting up to timeout.
   std::optional<v1::CoordinatorMessage> Next(
