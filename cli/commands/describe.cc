@@ -17,7 +17,7 @@ namespace {
 constexpr int kMaxEvents = 1000;
 
 std::string Field(const std::string& label, const std::string& value) {
-  return absl::StrFormat("%-14s%s\n", label + ":", value);
+  return absl::StrFormat("%-16s%s\n", label + ":", value);
 }
 
 std::string SpecSummary(const std::string& spec_yaml) {

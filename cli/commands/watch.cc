@@ -142,9 +142,14 @@ int RunWatch(const Invocation& inv) {
       lost_since = absl::InfiniteFuture();
       printer.Show(update);
       if (IsTerminal(update.job().state())) {
-        context->TryCancel();  // the job is over: do not wait for the server to close
+        const v1::JobState end_state = update.job().state();
+        // The job is over: do not wait for the server to close the stream.
+        context->TryCancel();
+        while (reader->Read(&update)) {
+        }
+        reader->Finish().IgnoreError();
         printer.Finish();
-        return ExitCodeFor(update.job().state());
+        return ExitCodeFor(end_state);
       }
     }
     grpc::Status status = reader->Finish();

@@ -18,33 +18,44 @@ std::string RenderProgress(const Progress& p, int width) {
   width = std::max(width, 20);
   const double fraction =
       p.steps > 0 ? std::clamp(static_cast<double>(p.step) / p.steps, 0.0, 1.0) : 0.0;
-  std::string counts = absl::StrFormat("%d/%d %3d%%", p.step, p.steps,
-                                       static_cast<int>(fraction * 100.0 + 1e-9));
-  std::vector<std::string> figures;
-  if (p.has_metrics) {
-    figures.push_back(absl::StrCat(DurationText(p.step_seconds), "/step"));
-    figures.push_back(absl::StrFormat("%.3g TFLOP/s", p.tflops));
-    figures.push_back(absl::StrFormat("MFU %.1f%%", 100.0 * p.mfu));
-    figures.push_back(absl::StrFormat("loss %.4g", p.loss));
-    const double eta = EtaSeconds(p);
-    if (eta >= 0) figures.push_back(absl::StrCat("ETA ", DurationText(eta)));
-  }
-  // Bar: between 10 and 30 cells, shrinking first; figures go when even 10 cells do not fit.
-  const std::string head = p.state + " [";
-  const std::string tail = "] " + counts;
-  auto line_without_bar = [&](size_t n_figures) {
-    std::string s = head + tail;
-    for (size_t i = 0; i < n_figures; ++i) s += " | " + figures[i];
-    return s;
+  const std::string counts = absl::StrFormat("%d/%d %3d%%", p.step, p.steps,
+                                             static_cast<int>(fraction * 100.0 + 1e-9));
+  // Fixed-width figures, so that the bar does not jitter as the numbers change. `keep`: the
+  // order in which they go when the terminal is narrow (highest goes last).
+  struct Figure {
+    std::string text;
+    int keep;
   };
-  size_t n = figures.size();
-  while (n > 0 && static_cast<int>(line_without_bar(n).size()) + 10 > width) --n;
-  const int room = width - static_cast<int>(line_without_bar(n).size());
-  const int cells = std::clamp(room, 0, 30);
+  std::vector<Figure> figures;
+  if (p.has_metrics) {
+    const std::string step_time =
+        p.step_seconds < 10 ? absl::StrFormat("%6.1f ms/step", 1e3 * p.step_seconds)
+                            : absl::StrFormat("%6s/step", DurationText(p.step_seconds));
+    const double eta = EtaSeconds(p);
+    figures.push_back({step_time, 2});
+    figures.push_back({absl::StrFormat("%7.3g TFLOP/s", p.tflops), 1});
+    figures.push_back({absl::StrFormat("MFU %5.1f%%", 100.0 * p.mfu), 3});
+    figures.push_back({absl::StrFormat("loss %-9.4g", p.loss), 4});
+    figures.push_back({absl::StrFormat("ETA %-7s", eta >= 0 ? DurationText(eta) : "-"), 5});
+  }
+  const std::string head = absl::StrFormat("%-9s [", p.state);  // SCHEDULED is the longest
+  const std::string tail = "] " + counts;
+  constexpr int kMinBar = 10, kMaxBar = 30;
+  auto length = [&] {
+    size_t n = head.size() + tail.size();
+    for (const Figure& f : figures) n += 2 + f.text.size();
+    return static_cast<int>(n);
+  };
+  while (!figures.empty() && length() + kMinBar > width) {
+    auto lowest = std::min_element(figures.begin(), figures.end(),
+                                   [](const Figure& a, const Figure& b) { return a.keep < b.keep; });
+    figures.erase(lowest);
+  }
+  const int cells = std::clamp(width - length(), 0, kMaxBar);
   const int filled = static_cast<int>(fraction * cells);
-  std::string bar = std::string(filled, '#') + std::string(cells - filled, '.');
-  std::string line = head + bar + tail;
-  for (size_t i = 0; i < n; ++i) line += " | " + figures[i];
+  std::string line = head + std::string(filled, '#') + std::string(cells - filled, '.') + tail;
+  for (const Figure& f : figures) line += "  " + f.text;
+  while (!line.empty() && line.back() == ' ') line.pop_back();
   if (static_cast<int>(line.size()) > width) line.resize(width);
   return line;
 }

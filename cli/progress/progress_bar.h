@@ -21,6 +21,9 @@ struct Progress {
 };
 
 // The bar and its figures in at most `width` columns, e.g.
+// "RUNNING [#########.....................] 12/40  30%  500.0 ms/step  3.21 TFLOP/s  MFU   1.2%
+//  loss 1.234      ETA 14s"  (one line). On a narrow terminal TFLOP/s goes first, then step time,
+// MFU, loss; ETA stays longest.
 // "RUNNING [######......] 12/40 30% | 0.012s/step | 0.52 TFLOP/s | MFU 0.1% | loss 1.234 | ETA 3s"
 // Figures are dropped from the right when the terminal is narrow.
 std::string RenderProgress(const Progress& p, int width);

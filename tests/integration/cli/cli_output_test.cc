@@ -120,17 +120,27 @@ TEST(ProgressTest, LineFitsEveryWidthAndShowsTheFigures) {
   Progress p{"RUNNING", 12, 40, true, 1.2345, 0.5, 3.21, 0.0123};
   const std::string wide = RenderProgress(p, 160);
   EXPECT_THAT(wide, HasSubstr("12/40  30%"));
-  EXPECT_THAT(wide, HasSubstr("0.5s/step"));
+  EXPECT_THAT(wide, HasSubstr("500.0 ms/step"));
   EXPECT_THAT(wide, HasSubstr("3.21 TFLOP/s"));
-  EXPECT_THAT(wide, HasSubstr("MFU 1.2%"));
+  EXPECT_THAT(wide, HasSubstr("MFU   1.2%"));
   EXPECT_THAT(wide, HasSubstr("loss 1.234"));
   EXPECT_THAT(wide, HasSubstr("ETA 14s"));
   EXPECT_THAT(wide, HasSubstr("[#########.....................]"));
   for (int width = 20; width <= 200; ++width) {
     EXPECT_LE(RenderProgress(p, width).size(), static_cast<size_t>(width)) << width;
   }
+  // Narrow: TFLOP/s goes before ETA and loss.
+  const std::string narrow = RenderProgress(p, 80);
+  EXPECT_THAT(narrow, HasSubstr("ETA 14s"));
+  EXPECT_THAT(narrow, HasSubstr("loss 1.234"));
+  EXPECT_THAT(narrow, ::testing::Not(HasSubstr("TFLOP/s")));
+  // The bar keeps its width while the figures change.
+  Progress later = p;
+  later.loss = 0.01;
+  later.step_seconds = 0.0123;
+  EXPECT_EQ(RenderProgress(later, 120).find("] "), RenderProgress(p, 120).find("] "));
   Progress pending{"PENDING", 0, 40};
-  EXPECT_THAT(RenderProgress(pending, 80), HasSubstr("PENDING ["));
+  EXPECT_THAT(RenderProgress(pending, 80), HasSubstr("PENDING   ["));
   EXPECT_LT(EtaSeconds(pending), 0);
 }
 

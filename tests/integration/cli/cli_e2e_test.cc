@@ -1,0 +1,121 @@
+// End to end through the CLI: coordinator + one worker offering 2 CPU slots, tiny-cpu submitted
+// with `dropless submit` and followed with `dropless watch -o json` to SUCCEEDED.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cli/cli_fixture.h"
+
+namespace dropless::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+class CliEndToEndTest : public CliTest {
+ protected:
+  void SetUp() override {
+    CliTest::SetUp();
+    if (HasFatalFailure()) return;
+    auto started = Process::Start({BinaryPath("dropless-worker"), "--coordinator", address(),
+                                   "--node", "cli-e2e-node", "--cpu-slots", "2", "--gpus", "none",
+                                   "--metrics-port", "0", "--work-dir", dir_ + "/worker"});
+    ASSERT_TRUE(started.ok()) << started.status();
+    worker_ = *std::move(started);
+    // The worker is READY once `get workers` lists it.
+    for (int i = 0; i < 300; ++i) {
+      CommandResult r = Cli({"get", "workers", "-o", "json"});
+      if (r.exit_code == 0 && r.out.find("\"READY\"") != std::string::npos) return;
+      ASSERT_TRUE(worker_->Running()) << "worker exited:\n" << worker_->Output();
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    FAIL() << "worker never became READY:\n" << worker_->Output();
+  }
+
+  void TearDown() override {
+    if (HasFailure() && worker_) std::cerr << "worker output:\n" << worker_->Output();
+    worker_.reset();  // before the coordinator, so that it does not spin on reconnects
+    CliTest::TearDown();
+  }
+
+  std::unique_ptr<Process> worker_;
+};
+
+TEST_F(CliEndToEndTest, TinyCpuJobRunsToSucceededUnderWatch) {
+  CommandResult workers = Cli({"get", "workers", "-o", "json"});
+  google::protobuf::Struct list = ParseJson(workers.out);
+  ASSERT_EQ(list.fields().at("workers").list_value().values_size(), 1);
+  const google::protobuf::Struct& worker =
+      list.fields().at("workers").list_value().values(0).struct_value();
+  EXPECT_EQ(Str(worker, "node"), "cli-e2e-node");
+  EXPECT_EQ(Str(worker, "slot_kind"), "cpu");
+  EXPECT_EQ(Num(worker, "slots"), 2);
+
+  const std::string id = Submit("configs/jobs/tiny-cpu.yaml");
+  ASSERT_FALSE(id.empty());
+  CommandResult watch = Cli({"watch", id, "-o", "json"}, absl::Seconds(240));
+  ASSERT_EQ(watch.exit_code, 0) << watch.err << "\n" << watch.out;
+
+  std::vector<double> rank0_losses;
+  std::vector<std::string> states;
+  int64_t last_step = 0;
+  for (absl::string_view line : absl::StrSplit(Trimmed(watch.out), '\n')) {
+    google::protobuf::Struct update = ParseJson(std::string(line));
+    EXPECT_EQ(Str(update, "id"), id);
+    EXPECT_EQ(Num(update, "steps"), 40);
+    const std::string state = Str(update, "state");
+    if (states.empty() || states.back() != state) states.push_back(state);
+    auto step = update.fields().find("step");
+    if (step == update.fields().end()) continue;
+    for (const char* metric : {"loss", "step_seconds", "tflops", "mfu"}) {
+      EXPECT_TRUE(update.fields().count(metric)) << metric << " missing in " << line;
+    }
+    EXPECT_GE(Num(update, "step_seconds"), 0);
+    if (Num(update, "rank") == 0 && update.fields().count("event") == 0) {
+      rank0_losses.push_back(Num(update, "loss"));
+      last_step = std::max<int64_t>(last_step, static_cast<int64_t>(step->second.number_value()));
+    }
+  }
+  EXPECT_EQ(states.back(), "SUCCEEDED");
+  EXPECT_THAT(states, ::testing::Contains("RUNNING"));
+  EXPECT_EQ(last_step, 40);
+  ASSERT_GE(rank0_losses.size(), 2u);
+  EXPECT_LT(rank0_losses.back(), rank0_losses.front()) << "tiny-cpu's loss should fall";
+
+  google::protobuf::Struct job = ParseJson(Cli({"get", "job", id, "-o", "json"}).out);
+  EXPECT_EQ(Str(job, "state"), "SUCCEEDED");
+  EXPECT_EQ(Num(job, "step"), 40);
+  EXPECT_EQ(job.fields().at("placement").list_value().values_size(), 2);
+
+  CommandResult described = Cli({"describe", "job", id});
+  EXPECT_THAT(described.out, HasSubstr("SUCCEEDED"));
+  EXPECT_THAT(described.out, HasSubstr("cli-e2e-node"));
+  EXPECT_THAT(described.out, HasSubstr("40/40 steps"));
+
+  // Plain lines when stdout is not a terminal; exit 0 for a job that already SUCCEEDED.
+  CommandResult plain = Cli({"watch", id});
+  EXPECT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_THAT(plain.out, HasSubstr("SUCCEEDED"));
+  EXPECT_EQ(plain.out.find('\r'), std::string::npos) << "no progress bar without a terminal";
+
+  // On a terminal (a pseudo-terminal from script(1)): the progress bar, redrawn in place.
+  CommandResult tty = RunCommand(
+      {"script", "-qec", "stty cols 160; " + absl::StrJoin(CliArgv({"watch", id}), " "),
+       "/dev/null"});
+  EXPECT_EQ(tty.exit_code, 0) << tty.err << tty.out;
+  EXPECT_THAT(tty.out, HasSubstr("\r\033[K"));
+  EXPECT_THAT(tty.out, HasSubstr("SUCCEEDED ["));
+  EXPECT_THAT(tty.out, HasSubstr("ms/step"));
+  EXPECT_THAT(tty.out, HasSubstr("40/40 100%"));
+  EXPECT_THAT(tty.out, HasSubstr("TFLOP/s"));
+
+  CommandResult logs = Cli({"logs", id});
+  EXPECT_EQ(logs.exit_code, 0) << logs.err;
+}
+
+}  // namespace
+}  // namespace dropless::testing
