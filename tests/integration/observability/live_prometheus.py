@@ -5,7 +5,7 @@ real coordinator and two real workers while they run CPU jobs, then
   1. the metric families the processes expose match docs/metrics.md (name, type, label names);
   2. every dashboard variable query finds the running job and its ranks, and every panel query of
      dashboards/*.json, with the variables substituted as Grafana would, returns at least one finite
-     value over the run (a range query, as a Grafana panel makes);
+     value: over the run for graphs (a range query), at the end for stat panels (an instant query);
   3. every alert rule of deploy/monitoring/alerts.rules.yaml, loaded by this Prometheus, evaluates
      with health "ok", and every metric it names exists;
   4. killing a worker (daemon and ranks, like a lost node) makes the DroplessWorkerDown expression
@@ -64,8 +64,10 @@ class Prometheus:
             raise RuntimeError("%s: %s" % (path, body))
         return body["data"]
 
-    def query(self, expr):
-        return self.api("query", query=expr)
+    def query(self, expr, at=None):
+        if at is None:
+            return self.api("query", query=expr)
+        return self.api("query", query=expr, time="%.3f" % at)
 
     def query_range(self, expr, start, end, step=1):
         return self.api("query_range", query=expr, start="%.3f" % start, end="%.3f" % end, step=step)
@@ -191,7 +193,9 @@ def check_dashboards(checks, prom, source_dir, job_id, start):
                     what = "%s panel %r query %s (rank=%s)" % (name, panel["title"], target["refId"],
                                                                 selection["rank"])
                     try:
-                        values = finite_values(prom.query_range(expr, start, end))
+                        # Stat panels ask for the value now (instant), graphs for the whole range.
+                        values = finite_values(prom.query(expr, at=end) if target.get("instant")
+                                               else prom.query_range(expr, start, end))
                     except RuntimeError as e:
                         checks.ok(False, "%s: %s: %s" % (what, expr, e))
                         continue
