@@ -1,5 +1,7 @@
 // End to end through the CLI: coordinator + one worker offering 2 CPU slots, tiny-cpu submitted
 // with `dropless submit` and followed with `dropless watch -o json` to SUCCEEDED.
+#include <signal.h>
+
 #include <string>
 #include <vector>
 
@@ -38,8 +40,39 @@ class CliEndToEndTest : public CliTest {
 
   void TearDown() override {
     if (HasFailure() && worker_) std::cerr << "worker output:\n" << worker_->Output();
+    // SIGTERM first: the daemon stops its rank processes; a SIGKILL would orphan them.
+    if (worker_ && worker_->Running() && worker_->Signal(SIGTERM).ok()) {
+      worker_->Wait(absl::Seconds(15)).IgnoreError();
+    }
     worker_.reset();  // before the coordinator, so that it does not spin on reconnects
     CliTest::TearDown();
+  }
+
+  // Polls `get job -o json` until the job is in `state` (or 60 s pass).
+  bool WaitForState(const std::string& id, const std::string& state) {
+    for (int i = 0; i < 600; ++i) {
+      CommandResult r = Cli({"get", "job", id, "-o", "json"});
+      if (r.exit_code == 0 && r.out.find("\"state\":\"" + state + "\"") != std::string::npos) {
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return false;
+  }
+
+  // tiny-cpu with enough steps to still be running when the test acts on it.
+  std::string SubmitLongJob(const std::string& name) {
+    std::string spec = ReadFile(SourcePath("configs/jobs/tiny-cpu.yaml"));
+    spec.replace(spec.find("steps: 40"), 9, "steps: 1000000");
+    CommandResult r = Cli({"submit", "-f", WriteFile(name + ".yaml", spec), "--name", name});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return Trimmed(r.out);
+  }
+
+  std::unique_ptr<Process> StartWatch(const std::string& id) {
+    auto watch = Process::Start(CliArgv({"watch", id, "-o", "json"}));
+    EXPECT_TRUE(watch.ok()) << watch.status();
+    return watch.ok() ? *std::move(watch) : nullptr;
   }
 
   std::unique_ptr<Process> worker_;
@@ -115,6 +148,40 @@ TEST_F(CliEndToEndTest, TinyCpuJobRunsToSucceededUnderWatch) {
 
   CommandResult logs = Cli({"logs", id});
   EXPECT_EQ(logs.exit_code, 0) << logs.err;
+}
+
+TEST_F(CliEndToEndTest, WatchExitsSixWhenARunningJobIsCancelled) {
+  const std::string id = SubmitLongJob("cancel-me");
+  std::unique_ptr<Process> watch = StartWatch(id);
+  ASSERT_NE(watch, nullptr);
+  ASSERT_TRUE(WaitForState(id, "RUNNING"));
+  CommandResult cancel = Cli({"cancel", id});
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
+  absl::StatusOr<int> code = watch->Wait(absl::Seconds(60));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 6) << watch->Output();
+  EXPECT_THAT(watch->Output(), HasSubstr("\"state\":\"CANCELLED\""));
+
+  // A second cancel is refused by the coordinator; its message is shown as is.
+  CommandResult again = Cli({"cancel", id});
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_THAT(again.err, ::testing::StartsWith("error: "));
+  EXPECT_THAT(again.err, HasSubstr(id));
+}
+
+TEST_F(CliEndToEndTest, WatchExitsFiveWhenTheJobFails) {
+  const std::string id = SubmitLongJob("fail-me");
+  std::unique_ptr<Process> watch = StartWatch(id);
+  ASSERT_NE(watch, nullptr);
+  ASSERT_TRUE(WaitForState(id, "RUNNING"));
+  // The worker stops (its ranks with it) under a job with max_attempts 1: the job FAILS.
+  ASSERT_TRUE(worker_->Signal(SIGTERM).ok());
+  absl::StatusOr<int> code = watch->Wait(absl::Seconds(90));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 5) << watch->Output();
+  google::protobuf::Struct job = ParseJson(Cli({"get", "job", id, "-o", "json"}).out);
+  EXPECT_EQ(Str(job, "state"), "FAILED");
+  EXPECT_FALSE(Str(job, "message").empty());
 }
 
 }  // namespace
