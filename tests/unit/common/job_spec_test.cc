@@ -331,6 +331,20 @@ TEST(JobSpecTest, CudaAllowsNcclDispatchers) {
   EXPECT_EQ(spec->dispatcher, Dispatcher::kNcclLsa);
 }
 
+TEST(JobSpecTest, CrlfLineEndingsAndJsonSyntaxAreAccepted) {
+  absl::StatusOr<JobSpec> crlf = ParseJobSpec(absl::StrReplaceAll(kBase, {{"\n", "\r\n"}}));
+  ASSERT_TRUE(crlf.ok()) << crlf.status();
+  EXPECT_EQ(crlf->model.hidden, 64);
+  absl::StatusOr<JobSpec> json = ParseJobSpec(
+      R"({"name": "from-json", "model": {"hidden": 32, "ffn": 64, "experts": 4, "topk": 2,)"
+      R"( "router": "sigmoid", "renormalize": false}, "parallel": {"ep": 2},)"
+      R"( "tokens_per_rank": 16, "steps": 3, "optimizer": {"betas": [0.8, 0.9]}})");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->model.router, RouterKind::kSigmoid);
+  EXPECT_FALSE(json->model.renormalize);
+  EXPECT_DOUBLE_EQ(json->optimizer.beta1, 0.8);
+}
+
 TEST(JobSpecTest, OversizeDocumentRejectedBeforeParsing) {
   std::string yaml = std::string(kBase) + "# " + std::string(kMaxJobSpecBytes, 'x') + "\n";
   absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml);
