@@ -9,7 +9,8 @@ accept and serve on. For every container of base and every overlay (rendered wit
   - the worker's --coordinator names the coordinator Service's grpc port;
   - the binary really starts with those arguments (ports moved to free loopback ports, mount paths to
     temporary folders, $(VARS) expanded as the kubelet would): the coordinator serves its API and
-    /metrics, and the worker registers with it as READY and serves /metrics.
+    /metrics and answers its grpc probes' health checks SERVING, and the worker registers with it as
+    READY and serves /metrics.
 
 Usage: check_manifest_flags.py --bin-dir DIR --source-dir DIR --ops-tools DIR
 """
@@ -124,7 +125,8 @@ def relocate(flags, mounts, tmp, ports):
     return out
 
 
-def run_for_real(where, binary, flags, mounts, tmp, state, cli_binary):
+def run_for_real(where, binary, flags, c, tmp, state, cli_binary):
+    mounts = c.get("volumeMounts", [])
     ports = {"coordinator": state.get("coordinator_port")}
     if "coordinator" in flags and not ports["coordinator"]:
         fail(where, "not started: no coordinator of this rendering came up to register with")
@@ -146,6 +148,16 @@ def run_for_real(where, binary, flags, mounts, tmp, state, cli_binary):
             cluster.wait_until("%s gRPC port" % name, up(lambda: cluster.port_open(ports["grpc"])), 20)
             cli = cluster.Cli(cli_binary, "127.0.0.1:%d" % ports["grpc"])
             cli.json("get", "workers")  # the API answers
+            for probe_name in ("startupProbe", "readinessProbe", "livenessProbe"):
+                probe = c.get(probe_name, {}).get("grpc")
+                if probe is not None:  # the kubelet's probe, on the port --listen serves
+                    try:
+                        status = cluster.grpc_health_check(ports["grpc"], probe.get("service", ""))
+                    except (OSError, RuntimeError) as e:
+                        status = "nothing (%s)" % e
+                    if status != 1:
+                        fail(where, "%s: grpc.health.v1.Health/Check answers %s, not SERVING"
+                             % (probe_name, status))
             state["coordinator_port"], state["cli"] = ports["grpc"], cli
         if "metrics" in ports:
             cluster.wait_until("%s /metrics" % name, up(lambda: "# TYPE" in cluster.http_get(
@@ -210,7 +222,7 @@ def main():
                         if flag.replace("-", "_") not in help_cache[binary]:
                             fail(where, "%s does not accept --%s (not in its --helpfull)" % (os.path.basename(binary), flag))
                     check_static(where, obj, c, flags, objects)
-                    run_for_real(where, binary, flags, c.get("volumeMounts", []), tmp, state,
+                    run_for_real(where, binary, flags, c, tmp, state,
                                  os.path.join(args.bin_dir, "dropless"))
                     checked += 1
             finally:

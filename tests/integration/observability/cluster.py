@@ -167,3 +167,53 @@ def parse_exposition(text):
         families[family]["samples"] += 1
         sample_family[name] = family
     return families
+
+
+def grpc_health_check(port, service="", timeout=5):
+    """grpc.health.v1.Health/Check over plaintext HTTP/2, as the kubelet's grpc probe makes it.
+    Returns the status (1 = SERVING); raises RuntimeError when no answer comes."""
+    import struct
+
+    def frame(ftype, flags, stream, payload=b""):
+        return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + struct.pack(">I", stream) + payload
+
+    def literal(name, value):  # HPACK literal header field without indexing, new name, no Huffman
+        name, value = name.encode(), value.encode()
+        assert len(name) < 127 and len(value) < 127
+        return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+    headers = b"".join(literal(k, v) for k, v in (
+        (":method", "POST"), (":scheme", "http"), (":path", "/grpc.health.v1.Health/Check"),
+        (":authority", "127.0.0.1:%d" % port), ("content-type", "application/grpc"), ("te", "trailers")))
+    request = (b"\x0a" + bytes([len(service)]) + service.encode()) if service else b""
+    message = b"\x00" + struct.pack(">I", len(request)) + request
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0) + frame(1, 0x4, 1, headers)
+                  + frame(0, 0x1, 1, message))
+        buf, data = b"", b""
+        while True:
+            while len(buf) < 9 or len(buf) < 9 + int.from_bytes(buf[:3], "big"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise RuntimeError("connection closed before the health answer")
+                buf += chunk
+            length = int.from_bytes(buf[:3], "big")
+            ftype, flags, stream = buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+            payload, buf = buf[9:9 + length], buf[9 + length:]
+            if ftype == 4 and not flags & 0x1:
+                s.sendall(frame(4, 0x1, 0))  # SETTINGS ack
+            elif ftype == 6 and not flags & 0x1:
+                s.sendall(frame(6, 0x1, 0, payload))  # PING ack
+            elif ftype == 7:
+                raise RuntimeError("GOAWAY from the server")
+            elif ftype == 3 and stream == 1:
+                raise RuntimeError("stream reset by the server")
+            elif ftype == 0 and stream == 1:
+                data += payload
+            if stream == 1 and ftype in (0, 1) and flags & 0x1:
+                break
+    # One gRPC message: flag, length, HealthCheckResponse{status (field 1, varint)}.
+    if len(data) < 5:
+        raise RuntimeError("no health response message (grpc-status in trailers only)")
+    body = data[5:5 + int.from_bytes(data[1:5], "big")]
+    return body[1] if body[:1] == b"\x08" else 0
