@@ -1,7 +1,9 @@
 #include "worker/daemon/rank_manager.h"
 
-#include <fstream>
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <system_error>
 #include <utility>
@@ -9,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "worker/daemon/daemon_log.h"
 #include "worker/rank/step_report.h"
@@ -34,6 +37,17 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
   std::filesystem::rename(tmp, path, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
   return absl::OkStatus();
+}
+
+// Slots are CUDA ordinals as the daemon sees them; when the daemon itself runs restricted by
+// CUDA_VISIBLE_DEVICES, ordinal i is the i-th entry of that list, not device i of the node.
+std::string CudaDeviceOfSlot(int slot) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible != nullptr && visible[0] != '\0') {
+    std::vector<std::string> devices = absl::StrSplit(visible, ',');
+    if (slot >= 0 && slot < static_cast<int>(devices.size())) return devices[slot];
+  }
+  return absl::StrCat(slot);
 }
 
 }  // namespace
@@ -118,6 +132,7 @@ void RankManager::HandleAssignment(const v1::Assignment& assignment) {
   std::error_code ec;
   std::filesystem::create_directories(attempt_dir, ec);
   if (ec) return reject_all(absl::StrCat("cannot create ", attempt_dir, ": ", ec.message()));
+  PruneJobDirs(SafePathComponent(assignment.job_id()));
   const std::string spec_path = attempt_dir + "/spec.yaml";
   absl::Status written = WriteFileAtomically(spec_path, assignment.spec_yaml());
   if (!written.ok()) return reject_all(std::string(written.message()));
@@ -159,6 +174,32 @@ void RankManager::HandleAssignment(const v1::Assignment& assignment) {
   }
 }
 
+void RankManager::PruneJobDirs(const std::string& keep) {
+  namespace fs = std::filesystem;
+  std::set<std::string> live{keep};
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, entry] : ranks_) live.insert(SafePathComponent(entry.job_id));
+  }
+  std::error_code ec;
+  std::vector<std::pair<fs::file_time_type, fs::path>> dirs;
+  for (const fs::directory_entry& e : fs::directory_iterator(options_.work_dir + "/jobs", ec)) {
+    std::error_code time_ec;
+    fs::file_time_type t = fs::last_write_time(e.path(), time_ec);
+    if (!time_ec) dirs.emplace_back(t, e.path());
+  }
+  if (static_cast<int>(dirs.size()) <= options_.retained_job_dirs) return;
+  std::sort(dirs.begin(), dirs.end());  // oldest first
+  size_t excess = dirs.size() - options_.retained_job_dirs;
+  for (const auto& [time, path] : dirs) {
+    if (excess == 0) break;
+    if (live.count(path.filename().string()) > 0) continue;
+    fs::remove_all(path, ec);
+    if (ec) DaemonLog(absl::StrCat("cannot remove ", path.string(), ": ", ec.message()));
+    --excess;
+  }
+}
+
 void RankManager::StartRank(const v1::Assignment& assignment, int rank, int slot,
                             const std::string& spec_path, const std::string& attempt_dir) {
   RankEntry entry;
@@ -191,7 +232,7 @@ void RankManager::StartRank(const v1::Assignment& assignment, int rank, int slot
                "--node", options_.node,
                "--report-fd", "3"};
   if (options_.slot_kind == "cuda") {
-    spec.env = {absl::StrCat("CUDA_VISIBLE_DEVICES=", slot)};
+    spec.env = {absl::StrCat("CUDA_VISIBLE_DEVICES=", CudaDeviceOfSlot(slot))};
   } else {
     // One slot is one core: BLAS and OpenMP pools would oversubscribe the node.
     spec.env = {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"};

@@ -36,6 +36,9 @@ struct RankManagerOptions {
   std::string slot_kind;          // cpu | cuda
   int slots = 0;
   absl::Duration kill_grace = absl::Seconds(5);
+  // Job directories kept under <work_dir>/jobs (spec files, rank logs); older ones of jobs with no
+  // live rank are removed when a new assignment arrives.
+  int retained_job_dirs = 32;
 };
 
 class RankManager {
@@ -78,6 +81,7 @@ class RankManager {
   void PushStatus(const RankEntry& entry, dropless::v1::RankState state, int exit_code,
                   const std::string& message);
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PruneJobDirs(const std::string& keep);
 
   const RankManagerOptions options_;
   OutboundQueue* const outbound_;

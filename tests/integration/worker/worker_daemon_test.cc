@@ -1,6 +1,7 @@
 // The worker daemon against the real coordinator: registration, /metrics, reconnects, flags.
 #include <signal.h>
 
+#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -103,6 +104,24 @@ TEST(WorkerDaemonTest, RankSubcommandReachesTheRankImage) {
                                absl::Seconds(30));
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_TRUE(Has(r.err, "--rank")) << r.err;
+}
+
+TEST(WorkerDaemonTest, RankOfACudaJobFailsClearlyWithoutTheCudaEngine) {
+  std::string spec = TinyCpuSpec();
+  const std::string from = "backend: cpu";
+  ASSERT_NE(spec.find(from), std::string::npos);
+  spec.replace(spec.find(from), from.size(), "backend: cuda");
+  const std::string path = MakeTempDir() + "/spec.yaml";
+  {
+    std::ofstream(path) << spec;
+  }
+  CommandResult r = RunCommand({BinaryPath("dropless-worker"), "rank", "--coordinator",
+                                "127.0.0.1:1", "--job", "j", "--attempt", "1", "--rank", "0",
+                                "--world-size", "2", "--slot", "0", "--spec", path, "--host",
+                                "127.0.0.1", "--node", "n"},
+                               absl::Seconds(30));
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(Has(r.err, "cuda engine not built")) << r.err;
 }
 
 }  // namespace

@@ -293,6 +293,65 @@ TEST_F(RankManagerTest, BadAssignmentsFailWithoutStartingAnything) {
   EXPECT_TRUE(manager_->LiveRanks().empty());
 }
 
+TEST_F(RankManagerTest, OldJobDirectoriesArePrunedLiveOnesKept) {
+  RankManagerOptions o;
+  o.rank_binary = script_;
+  o.coordinator = "127.0.0.1:7070";
+  o.node = "node-a";
+  o.advertise_address = "127.0.0.1";
+  o.work_dir = dir_ + "/prune";
+  o.slot_kind = "cpu";
+  o.slots = 2;
+  o.retained_job_dirs = 2;
+  RankManager manager(o, &queue_, metrics_.get());
+  auto exists = [&](const std::string& job) {
+    return access((o.work_dir + "/jobs/" + job).c_str(), F_OK) == 0;
+  };
+  manager.HandleAssignment(Assignment("hang", {{0, 0}}, 1));  // stays live
+  for (const char* job : {"ok", "fail"}) {
+    absl::SleepFor(absl::Milliseconds(20));  // distinct modification times
+    manager.HandleAssignment(Assignment(job, {{0, 1}}, 1));
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (manager.LiveRanks().size() > 1 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  }
+  // Three directories, two kept: the oldest without a live rank ("ok") went.
+  EXPECT_TRUE(exists("hang")) << "a job with a live rank keeps its directory";
+  EXPECT_FALSE(exists("ok"));
+  EXPECT_TRUE(exists("fail"));
+  absl::SleepFor(absl::Milliseconds(20));
+  manager.HandleAssignment(Assignment("new", {{0, 1}}, 1));
+  EXPECT_TRUE(exists("hang"));
+  EXPECT_FALSE(exists("fail"));
+  EXPECT_TRUE(exists("new"));
+  EXPECT_TRUE(manager.StopAllAndWait(absl::Seconds(10)));
+}
+
+TEST_F(RankManagerTest, CudaSlotsMapThroughTheDaemonsVisibleDevices) {
+  RankManagerOptions o;
+  o.rank_binary = script_;
+  o.coordinator = "127.0.0.1:7070";
+  o.node = "node-a";
+  o.advertise_address = "127.0.0.1";
+  o.work_dir = dir_ + "/cuda";
+  o.slot_kind = "cuda";
+  o.slots = 2;
+  setenv("CUDA_VISIBLE_DEVICES", "5,7", 1);
+  {
+    RankManager manager(o, &queue_, metrics_.get());
+    manager.HandleAssignment(Assignment("ok", {{0, 1}}, 1));
+    std::vector<v1::WorkerMessage> msgs = CollectUntilEnded(1, absl::Seconds(20));
+    // Slot 1 of a daemon that sees devices 5,7 is device 7.
+    EXPECT_NE(LogText(msgs, 0).find("CUDA_VISIBLE_DEVICES=7"),
+              std::string::npos)
+        << LogText(msgs, 0);
+  }
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  RankManager manager(o, &queue_, metrics_.get());
+  manager.HandleAssignment(Assignment("ok", {{0, 1}}, 1));
+  std::vector<v1::WorkerMessage> msgs = CollectUntilEnded(1, absl::Seconds(20));
+  EXPECT_NE(LogText(msgs, 0).find("CUDA_VISIBLE_DEVICES=1"), std::string::npos) << LogText(msgs, 0);
+}
+
 TEST(SafePathComponentTest, KeepsIdsInsideTheWorkDir) {
   EXPECT_EQ(SafePathComponent("job-00012"), "job-00012");
   EXPECT_EQ(SafePathComponent("../../etc"), ".._.._etc");
