@@ -128,8 +128,11 @@ absl::Status RankRun::Run() {
 
   const absl::Time start = absl::Now();
   const std::string& checkpoint_dir = spec->checkpoint.dir;
-  int64_t last_checkpoint = 0;
-  for (int64_t step = 1; step <= steps; ++step) {
+  // An engine restored from a checkpoint (a later attempt of the job) continues where it was.
+  const int64_t first_step = (*engine)->StepsDone() + 1;
+  if (first_step > 1) Say(absl::StrFormat("resuming from a checkpoint at step %d", first_step));
+  int64_t last_checkpoint = first_step - 1;
+  for (int64_t step = first_step; step <= steps; ++step) {
     absl::StatusOr<StepStats> stats = (*engine)->Step();
     if (!stats.ok()) {
       return absl::Status(stats.status().code(),
@@ -150,7 +153,7 @@ absl::Status RankRun::Run() {
     r.device_memory_bytes = stats->device_memory_bytes;
     r.peak_flops = peak;
     if (absl::Status st = report.WriteLine(FormatStepReport(r)); !st.ok()) return st;
-    if (step == 1 || step % progress_every == 0 || step == steps) {
+    if (step == first_step || step % progress_every == 0 || step == steps) {
       Say(absl::StrFormat("step %d/%d loss=%.6g aux_loss=%.4g %.1f ms/step %.3g GFLOP/s %.0f tokens/s",
                           step, steps, r.loss, r.aux_loss, r.step_seconds * 1e3,
                           r.FlopsPerSecond() / 1e9, r.TokensPerSecond()));
@@ -167,7 +170,8 @@ absl::Status RankRun::Run() {
       return absl::Status(st.code(), absl::StrCat("final checkpoint: ", st.message()));
     }
   }
-  Say(absl::StrFormat("done: %d steps in %.2f s", steps, absl::ToDoubleSeconds(absl::Now() - start)));
+  Say(absl::StrFormat("done: %d steps in %.2f s", steps - first_step + 1,
+                      absl::ToDoubleSeconds(absl::Now() - start)));
   return absl::OkStatus();
 }
 
