@@ -236,6 +236,11 @@ class CutlassRunner final : public GroupedGemmRunner {
         {a_.get(), stride_a_.get(), b_.get(), stride_b_.get()},
         {{}, nullptr, nullptr, d_.get(), stride_d_.get()},
         cutlass::KernelHardwareInfo{0, shape_.sm_count}};
+    args.scheduler.raster_order =
+        shape_.raster_along_n
+            ? cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN
+            : cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
+    args.scheduler.max_swizzle_size = shape_.swizzle;
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
     int device = 0;

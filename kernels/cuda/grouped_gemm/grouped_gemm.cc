@@ -19,6 +19,10 @@ namespace grouped_gemm_internal {
 
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdCoop128x256(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdCoop256x128(const RunnerShape&);
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdCoop128x256C2x1(const RunnerShape&);
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdCoop128x256C2x2(const RunnerShape&);
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradCoop128x256C2x1(const RunnerShape&);
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradBf16Coop128x256(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdPingpong128x128(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradCoop128x256(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradPingpong128x128(const RunnerShape&);
@@ -30,9 +34,12 @@ const KernelEntry* KernelTable(int* count) {
   using Op = GroupedGemmOp;
   static const KernelEntry kTable[] = {
       {"coop_128x256x64_c1x2", Op::kForward, OutType::kBFloat16, MakeFwdCoop128x256},
+      {"coop_128x256x64_c2x1", Op::kForward, OutType::kBFloat16, MakeFwdCoop128x256C2x1},
+      {"coop_128x256x64_c2x2", Op::kForward, OutType::kBFloat16, MakeFwdCoop128x256C2x2},
       {"coop_256x128x64_c1x2", Op::kForward, OutType::kBFloat16, MakeFwdCoop256x128},
       {"pingpong_128x128x64_c1x2", Op::kForward, OutType::kBFloat16, MakeFwdPingpong128x128},
       {"coop_128x256x64_c1x2", Op::kBackwardData, OutType::kBFloat16, MakeDgradCoop128x256},
+      {"coop_128x256x64_c2x1", Op::kBackwardData, OutType::kBFloat16, MakeDgradCoop128x256C2x1},
       {"pingpong_128x128x64_c1x2", Op::kBackwardData, OutType::kBFloat16,
        MakeDgradPingpong128x128},
       {"coop_128x256x64_c2x1", Op::kBackwardWeight, OutType::kFloat32, MakeWgradF32Coop128x256},
@@ -40,6 +47,7 @@ const KernelEntry* KernelTable(int* count) {
        MakeWgradF32Pingpong128x128},
       {"pingpong_128x128x64_c2x1", Op::kBackwardWeight, OutType::kBFloat16,
        MakeWgradBf16Pingpong128x128},
+      {"coop_128x256x64_c2x1", Op::kBackwardWeight, OutType::kBFloat16, MakeWgradBf16Coop128x256},
   };
   *count = static_cast<int>(sizeof(kTable) / sizeof(kTable[0]));
   return kTable;
@@ -52,6 +60,21 @@ OutType OutTypeOf(GroupedGemmOp op, GradType grad) {
   return grad == GradType::kFloat32 ? OutType::kFloat32 : OutType::kBFloat16;
 }
 
+// A kernel name may carry a visiting-order variant: "<name>@M<s>" or "<name>@N<s>" (raster along
+// M or N, swizzle s in {1, 2, 4, 8}).
+bool ParseVariant(const std::string& full, std::string* base, RunnerShape* shape) {
+  const size_t at = full.find('@');
+  *base = full.substr(0, at);
+  if (at == std::string::npos) return true;
+  const std::string v = full.substr(at + 1);
+  if (v.size() != 2 || (v[0] != 'M' && v[0] != 'N')) return false;
+  const int swizzle = v[1] - '0';
+  if (swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8) return false;
+  shape->raster_along_n = v[0] == 'N';
+  shape->swizzle = swizzle;
+  return true;
+}
+
 const KernelEntry* FindKernel(GroupedGemmOp op, OutType out, const std::string& name) {
   int count = 0;
   const KernelEntry* table = KernelTable(&count);
@@ -61,25 +84,18 @@ const KernelEntry* FindKernel(GroupedGemmOp op, OutType out, const std::string& 
   return nullptr;
 }
 
-// The shape-class choice, made once at creation. Groups of a few hundred rows (dsv3: 256) leave a
-// 128-row tile half the group, so a 256-row tile reads each weight tile once per group; larger
-// groups take the wide 128x256 tile (fewer A re-reads over N); small groups the 128x128 pingpong,
-// whose two consumer warpgroups hide each other's epilogue.
+// The shape-class choice, made once at creation (measured on an H200, see docs/grouped_gemm.md).
+// TODO(after sweep 2): settle.
 std::string DefaultKernel(GroupedGemmOp op, OutType out, const GroupedGemmOptions& options) {
   const int64_t rows = options.expected_rows_per_group;
+  const bool large_groups = rows > 1024;
   switch (op) {
     case GroupedGemmOp::kForward:
-      if (rows > 0 && rows <= 128) return "pingpong_128x128x64_c1x2";
-      if (rows > 0 && rows <= 384) return "coop_256x128x64_c1x2";
-      return "coop_128x256x64_c1x2";
+      return large_groups ? "coop_128x256x64_c1x2" : "coop_128x256x64_c2x1";
     case GroupedGemmOp::kBackwardData:
-      if (rows > 0 && rows <= 128) return "pingpong_128x128x64_c1x2";
-      return "coop_128x256x64_c1x2";
+      return large_groups ? "coop_128x256x64_c1x2" : "coop_128x256x64_c2x1";
     case GroupedGemmOp::kBackwardWeight:
-      // K of the weight-gradient GEMM is the group's row count: short main loops, so the
-      // epilogue (a k x n store per group) dominates and the pingpong overlap pays.
-      (void)out;
-      return "pingpong_128x128x64_c2x1";
+      return out == OutType::kFloat32 ? "coop_128x256x64_c2x1" : "coop_128x256x64_c2x1";
   }
   return "";
 }
@@ -113,13 +129,16 @@ class GroupedGemmImpl final : public GroupedGemm {
       const GroupedGemmOp op = ops[i];
       const auto out = OutTypeOf(op, options_.weight_grad_type);
       const std::string name = forced[i]->empty() ? DefaultKernel(op, out, options_) : *forced[i];
-      const auto* entry = FindKernel(op, out, name);
+      grouped_gemm_internal::RunnerShape variant = shape;
+      std::string base;
+      const bool parsed = ParseVariant(name, &base, &variant);
+      const auto* entry = parsed ? FindKernel(op, out, base) : nullptr;
       if (entry == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(
             "grouped gemm: no ", GroupedGemmOpName(op), " kernel named '", name, "'; have: ",
             absl::StrJoin(KernelNames(op, options_.weight_grad_type), ", ")));
       }
-      auto runner = entry->make(shape);
+      auto runner = entry->make(variant);
       if (!runner.ok()) return runner.status();
       runners_[i] = *std::move(runner);
       names_[i] = name;

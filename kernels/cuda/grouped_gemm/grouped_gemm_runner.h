@@ -21,6 +21,10 @@ struct RunnerShape {
   int n = 0;  // forward output width (columns of W[e])
   int64_t max_rows = 0;
   int sm_count = 0;
+  // Tile visiting order inside a group: along M (CUTLASS's grouped default) or along N, in
+  // swizzled runs of `swizzle` tiles (1, 2, 4 or 8).
+  bool raster_along_n = false;
+  int swizzle = 1;
 };
 
 // Operands of one call, in the product's own terms (see grouped_gemm.h): for kForward a = X,

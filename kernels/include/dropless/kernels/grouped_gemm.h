@@ -54,7 +54,9 @@ struct GroupedGemmOptions {
   // Tokens an expert is expected to get (tokens * top_k / experts); picks the tile shape class.
   int64_t expected_rows_per_group = 0;
   GradType weight_grad_type = GradType::kFloat32;
-  // Force a kernel by name (one of KernelNames(op, ...)); empty: chosen by shape class.
+  // Force a kernel by name (one of KernelNames(op, ...)), optionally with a tile visiting order
+  // "@M<s>" / "@N<s>" (raster along M or N, swizzle s in 1, 2, 4, 8; default "@M1");
+  // empty: chosen by shape class.
   std::string forward_kernel;
   std::string backward_data_kernel;
   std::string backward_weight_kernel;

@@ -1,0 +1,4 @@
+// One compiled grouped-GEMM kernel (see ../cutlass_grouped_gemm.cuh).
+#include "kernels/cuda/grouped_gemm/cutlass_grouped_gemm.cuh"
+
+DROPLESS_GROUPED_GEMM_INSTANCE(MakeWgradBf16Coop128x256, kBackwardWeight, cutlass::bfloat16_t, Cooperative, 128, 256, 64, 2, 1)
