@@ -162,7 +162,18 @@ TEST_F(PermuteGpu, SwigluMatchesReference) {
         ASSERT_EQ(got_dh[i].bits, dh[i].bits) << "row past num_rows written";
         continue;
       }
-      ASSERT_LE(UlpDiff(got_dh[i], dh[i]), 1.0) << "d_h element " << i;
+      // d_gate = dy * u * s * (1 + g (1 - s)) cancels near g = -1.28: a few-ulp difference in s
+      // (device expf) moves it by up to |dy u s| (1 + |g|) 2^-20 in absolute terms.
+      const int64_t r = i / (2 * ffn), col = i % (2 * ffn);
+      const bool is_gate = col < ffn;
+      const double g = Bf16ToFloat(h[r * 2 * ffn + col % ffn]);
+      const double u = Bf16ToFloat(h[r * 2 * ffn + ffn + col % ffn]);
+      const double dy = Bf16ToFloat(d_out[r * ffn + col % ffn]);
+      const double s = 1.0 / (1.0 + std::exp(-g));
+      const double slack = is_gate ? std::fabs(dy * u * s) * (1 + std::fabs(g)) * 0x1p-20 : 0.0;
+      const double diff = std::fabs(double(Bf16ToFloat(got_dh[i])) - Bf16ToFloat(dh[i]));
+      ASSERT_TRUE(UlpDiff(got_dh[i], dh[i]) <= 1.0 || diff <= slack)
+          << "d_h element " << i << ": " << Bf16ToFloat(got_dh[i]) << " vs " << Bf16ToFloat(dh[i]);
     }
     EXPECT_LE(differ, out.size() / 100) << "more than 1% of outputs off by one ulp";
     // The fused MXFP8 output equals quantizing the kernel's own bf16 output, bit for bit.
