@@ -435,11 +435,13 @@ void RankSupervisor::Reap() {
     CloseFd(c.log_fd);
     const ChildId id = c.id;
     children_.erase(children_.begin() + i);
+    // The child counts as live until its on_exit returned: WaitUntilIdle callers (the daemon's
+    // stop path) rely on every final status having been handed over by then.
+    if (callbacks_.on_exit) callbacks_.on_exit(id, exit);
     {
       absl::MutexLock lock(&mu_);
       --live_;
     }
-    if (callbacks_.on_exit) callbacks_.on_exit(id, exit);
   }
 }
 

@@ -83,7 +83,7 @@ class RankSupervisor {
 
   // Children started and not yet reaped.
   int live_children() const;
-  // True once no child is live, false after `timeout`.
+  // True once no child is live and every on_exit has returned, false after `timeout`.
   bool WaitUntilIdle(absl::Duration timeout) const;
 
  private:

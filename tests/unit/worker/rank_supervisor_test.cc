@@ -304,6 +304,26 @@ TEST(RankSupervisorTest, LineOfExactlyTheLimitHasNoEmptyTail) {
   EXPECT_EQ(lines[2], "end");
 }
 
+// The daemon stops its ranks with StopAll + WaitUntilIdle and then flushes their final statuses:
+// idle must mean every on_exit has returned, or a status pushed late would be missed.
+TEST(RankSupervisorTest, IdleOnlyAfterEveryExitCallbackReturned) {
+  absl::Mutex mu;
+  int exits_done = 0;
+  RankSupervisor::Callbacks cb;
+  cb.on_exit = [&](RankSupervisor::ChildId, const ChildExit&) {
+    absl::SleepFor(absl::Milliseconds(300));  // a slow consumer of the exit
+    absl::MutexLock lock(&mu);
+    ++exits_done;
+  };
+  RankSupervisor supervisor(std::move(cb));
+  ASSERT_TRUE(supervisor.Start(12, Shell("exec sleep 60")).ok());
+  ASSERT_TRUE(supervisor.Start(13, Shell("exec sleep 60")).ok());
+  supervisor.StopAll(absl::Seconds(5));
+  ASSERT_TRUE(supervisor.WaitUntilIdle(absl::Seconds(30)));
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(exits_done, 2);
+}
+
 TEST(RankSupervisorTest, DestructorKillsAndReapsLiveChildren) {
   Recorder rec;
   pid_t pid;
