@@ -108,6 +108,20 @@ __device__ __forceinline__ MxQuad QuantizeMxQuad(uint4 v) {
   return {QuantizeE4M3x8(v, scale), scale};
 }
 
+// Row-wise MXFP8 of 32 consecutive values held as 16 per lane (two vectors) by 2 consecutive lanes
+// (even lane first): one 16-byte store of E4M3 per lane. Every lane of the warp must call it.
+struct MxPair {
+  uint4 data;
+  uint32_t scale;
+};
+__device__ __forceinline__ MxPair QuantizeMxPair(uint4 a, uint4 b) {
+  uint32_t amax = max(AbsMaxBits8(a), AbsMaxBits8(b));
+  amax = max(amax, __shfl_xor_sync(kFullMask, amax, 1));
+  const uint32_t scale = ScaleByteForAmaxBits(amax);
+  const uint2 lo = QuantizeE4M3x8(a, scale), hi = QuantizeE4M3x8(b, scale);
+  return {make_uint4(lo.x, lo.y, hi.x, hi.y), scale};
+}
+
 // ---- warp reductions ----
 
 __device__ __forceinline__ float WarpSum(float v) {

@@ -16,10 +16,11 @@ namespace {
 
 using detail::kFullMask;
 
-// ---- Row-wise only: 8 elements per thread, 4 lanes per block, 4 vectors in flight. ----
+// ---- Row-wise only: 16 elements (two vectors) per thread, 2 lanes per block, 16-byte stores;
+// the next pass's loads are issued before this pass is quantized. ----
 
 constexpr int kRowThreads = 256;
-constexpr int kRowUnroll = 4;
+constexpr int kRowUnroll = 2;  // pairs per thread per pass
 
 __device__ __forceinline__ int64_t LiveRows(int64_t rows, const int32_t* group_offsets,
                                             int num_groups) {
@@ -27,30 +28,40 @@ __device__ __forceinline__ int64_t LiveRows(int64_t rows, const int32_t* group_o
   return min(rows, static_cast<int64_t>(max(0, group_offsets[num_groups])));
 }
 
+__device__ __forceinline__ void LoadPairs(const uint4* __restrict__ x, int64_t base, int64_t total,
+                                          uint4 (&a)[kRowUnroll], uint4 (&b)[kRowUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kRowUnroll; ++u) {
+    const int64_t i = base + u * kRowThreads + threadIdx.x;
+    a[u] = i < total ? detail::LoadVecStreaming(x + 2 * i) : make_uint4(0, 0, 0, 0);
+    b[u] = i < total ? detail::LoadVecStreaming(x + 2 * i + 1) : make_uint4(0, 0, 0, 0);
+  }
+}
+
 __global__ void __launch_bounds__(kRowThreads)
     QuantizeRowwiseKernel(const uint4* __restrict__ x, int64_t rows, int64_t cols,
                           const int32_t* __restrict__ group_offsets, int num_groups,
-                          uint2* __restrict__ data, uint8_t* __restrict__ scales) {
-  const int64_t total = LiveRows(rows, group_offsets, num_groups) * (cols / 8);
+                          uint4* __restrict__ data, uint8_t* __restrict__ scales) {
+  // Pairs of vectors (16 elements); cols % 32 == 0 keeps both lanes of an MX block valid or
+  // invalid together, and the block-uniform loop keeps every lane at the shuffle.
+  const int64_t total = LiveRows(rows, group_offsets, num_groups) * (cols / 16);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowThreads * kRowUnroll;
-  // The loop bound is uniform per block so every lane reaches the shuffles; total is a multiple of
-  // 4, so the 4 lanes of an MX block are valid or invalid together.
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowThreads * kRowUnroll; base < total;
-       base += stride) {
-    uint4 v[kRowUnroll];
+  int64_t base = static_cast<int64_t>(blockIdx.x) * kRowThreads * kRowUnroll;
+  uint4 a[kRowUnroll], b[kRowUnroll];
+  LoadPairs(x, base, total, a, b);
+  for (; base < total; base += stride) {
+    uint4 next_a[kRowUnroll], next_b[kRowUnroll];
+    LoadPairs(x, base + stride, total, next_a, next_b);
 #pragma unroll
     for (int u = 0; u < kRowUnroll; ++u) {
       const int64_t i = base + u * kRowThreads + threadIdx.x;
-      v[u] = i < total ? detail::LoadVecStreaming(x + i) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kRowUnroll; ++u) {
-      const int64_t i = base + u * kRowThreads + threadIdx.x;
-      const detail::MxQuad q = detail::QuantizeMxQuad(v[u]);
+      const detail::MxPair q = detail::QuantizeMxPair(a[u], b[u]);
       if (i < total) {
         data[i] = q.data;
-        if ((threadIdx.x & 3) == 0) scales[i / 4] = static_cast<uint8_t>(q.scale);
+        if ((threadIdx.x & 1) == 0) scales[i / 2] = static_cast<uint8_t>(q.scale);
       }
+      a[u] = next_a[u];
+      b[u] = next_b[u];
     }
   }
 }
@@ -134,7 +145,70 @@ __device__ RowBlock ResolveRowBlock(int64_t padded_row, const int32_t* __restric
   return {begin + local, static_cast<int32_t>(live < 0 ? 0 : (live > kMxBlock ? kMxBlock : live))};
 }
 
-__global__ void __launch_bounds__(kTileThreads)
+// Loads the tile's 128 rows x 8 columns of this thread (rows (tid / 16) + 16 i, columns col..col+7);
+// padding rows and rows past the last group read as zeros.
+__device__ __forceinline__ void LoadTile(const Bf16* __restrict__ x, int64_t cols, int64_t col,
+                                         const RowBlock* blocks, uint4 (&v)[kTileRows / 16]) {
+#pragma unroll
+  for (int i = 0; i < kTileRows / 16; ++i) {
+    const int r = (threadIdx.x >> 4) + 16 * i;
+    const RowBlock b = blocks[r / kMxBlock];
+    const bool ok = col < cols && b.source_row >= 0 && (r % kMxBlock) < b.live;
+    v[i] = ok ? detail::LoadVecStreaming(x + (b.source_row + r % kMxBlock) * cols + col)
+              : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Column-wise MXFP8 of one staged tile. Thread -> (column pair p, row block w); a warp reads 128
+// contiguous bytes of one tile row per step (no bank conflicts). Two passes over shared memory
+// (amax, then convert) keep the registers for the next tile's prefetch.
+__device__ __forceinline__ void ColumnPass(const Bf16 (*tile)[kTileCols], const RowBlock* blocks,
+                                           int64_t tile_row, int64_t tile_col, int64_t cols,
+                                           uint8_t* __restrict__ col_data,
+                                           uint8_t* __restrict__ col_scales, int64_t padded_rows) {
+  const int pair = threadIdx.x & 63;
+  const int w = threadIdx.x >> 6;
+  const int64_t c0 = tile_col + 2 * pair;
+  if (blocks[w].source_row < 0 || c0 >= cols) return;
+  const int r0 = w * kMxBlock;
+  uint32_t amax = 0;
+#pragma unroll
+  for (int i = 0; i < kMxBlock; ++i) {
+    amax = __vmaxu2(amax, *reinterpret_cast<const uint32_t*>(&tile[r0 + i][2 * pair]) & 0x7fff7fffu);
+  }
+  const uint32_t scale_lo = detail::ScaleByteForAmaxBits(amax & 0xffffu);
+  const uint32_t scale_hi = detail::ScaleByteForAmaxBits(amax >> 16);
+  const float inv_lo = detail::InverseScale(scale_lo), inv_hi = detail::InverseScale(scale_hi);
+  uint32_t lo[8], hi[8];
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    uint32_t word[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) word[e] = *reinterpret_cast<const uint32_t*>(&tile[r0 + 4 * q + e][2 * pair]);
+    lo[q] = detail::E4M3x2(detail::BfLo(word[0]) * inv_lo, detail::BfLo(word[1]) * inv_lo) |
+            (detail::E4M3x2(detail::BfLo(word[2]) * inv_lo, detail::BfLo(word[3]) * inv_lo) << 16);
+    hi[q] = detail::E4M3x2(detail::BfHi(word[0]) * inv_hi, detail::BfHi(word[1]) * inv_hi) |
+            (detail::E4M3x2(detail::BfHi(word[2]) * inv_hi, detail::BfHi(word[3]) * inv_hi) << 16);
+    if (scale_lo == kE8M0Nan) lo[q] = 0x7f7f7f7fu;
+    if (scale_hi == kE8M0Nan) hi[q] = 0x7f7f7f7fu;
+  }
+  const int64_t out_row = tile_row + r0;
+  uint4* out_lo = reinterpret_cast<uint4*>(col_data + c0 * padded_rows + out_row);
+  uint4* out_hi = reinterpret_cast<uint4*>(col_data + (c0 + 1) * padded_rows + out_row);
+  out_lo[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  out_lo[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+  out_hi[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  out_hi[1] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+  const int64_t scales_per_col = padded_rows / kMxBlock;
+  col_scales[c0 * scales_per_col + out_row / kMxBlock] = static_cast<uint8_t>(scale_lo);
+  col_scales[(c0 + 1) * scales_per_col + out_row / kMxBlock] = static_cast<uint8_t>(scale_hi);
+}
+
+// One block: 128 padded rows (their groups resolved once) x kColTilesPerBlock column tiles of 128,
+// the next tile's loads in flight while the current one is quantized column-wise.
+constexpr int kColTilesPerBlock = 4;
+
+__global__ void __launch_bounds__(kTileThreads, 3)
     QuantizeRowColKernel(const Bf16* __restrict__ x, int64_t rows, int64_t cols,
                          const int32_t* __restrict__ offsets, int num_groups,
                          uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scales,
@@ -144,84 +218,46 @@ __global__ void __launch_bounds__(kTileThreads)
   __shared__ RowBlock blocks[kRowBlocksPerTile];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t tile_row = static_cast<int64_t>(blockIdx.y) * kTileRows;
-  const int64_t tile_col = static_cast<int64_t>(blockIdx.x) * kTileCols;
   if (warp < kRowBlocksPerTile) {
     const RowBlock b = ResolveRowBlock(tile_row + warp * kMxBlock, offsets, padded_offsets,
                                        num_groups, rows);
     if (lane == 0) blocks[warp] = b;
   }
   __syncthreads();
-  if (blocks[0].source_row < 0) return;  // the whole tile is past the last group
+  if (blocks[0].source_row < 0) return;  // the whole row tile is past the last group
 
-  // Phase 1: load, row-wise quantize from registers, stage in shared memory.
+  const int col_tiles = static_cast<int>((cols + kTileCols - 1) / kTileCols);
+  const int first = blockIdx.x * kColTilesPerBlock;
+  const int last = min(first + kColTilesPerBlock, col_tiles);
   const int vec = threadIdx.x & 15;  // 16 vectors of 8 columns per tile row
-  const int64_t col = tile_col + vec * 8;
-  const bool col_ok = col < cols;
-  uint4 v[kTileRows / 16];
-#pragma unroll
-  for (int i = 0; i < kTileRows / 16; ++i) {
-    const int r = (threadIdx.x >> 4) + 16 * i;
-    const RowBlock b = blocks[r / kMxBlock];
-    const bool ok = col_ok && b.source_row >= 0 && (r % kMxBlock) < b.live;
-    v[i] = ok ? detail::LoadVecStreaming(x + (b.source_row + r % kMxBlock) * cols + col)
-              : make_uint4(0, 0, 0, 0);
-  }
   const int64_t blocks_per_row = cols / kMxBlock;
+  uint4 v[kTileRows / 16];
+  LoadTile(x, cols, static_cast<int64_t>(first) * kTileCols + vec * 8, blocks, v);
+  for (int ct = first; ct < last; ++ct) {
+    const int64_t tile_col = static_cast<int64_t>(ct) * kTileCols;
+    const int64_t col = tile_col + vec * 8;
+    // Row-wise from registers (the condition is block-uniform: every lane reaches the shuffles).
 #pragma unroll
-  for (int i = 0; i < kTileRows / 16; ++i) {
-    const int r = (threadIdx.x >> 4) + 16 * i;
-    const RowBlock b = blocks[r / kMxBlock];
-    const bool ok = col_ok && b.source_row >= 0 && (r % kMxBlock) < b.live;
-    const detail::MxQuad q = detail::QuantizeMxQuad(v[i]);
-    if (ok && row_data != nullptr) {
-      const int64_t row = b.source_row + r % kMxBlock;
-      *reinterpret_cast<uint2*>(row_data + row * cols + col) = q.data;
-      if ((vec & 3) == 0) row_scales[row * blocks_per_row + col / kMxBlock] = static_cast<uint8_t>(q.scale);
-    }
-    *reinterpret_cast<uint4*>(&tile[r][vec * 8]) = v[i];
-  }
-  __syncthreads();
-
-  // Phase 2: column-wise. Thread -> (column pair p, row block w); a warp reads 128 contiguous bytes
-  // of one tile row per step (no bank conflicts).
-  const int pair = threadIdx.x & 63;
-  const int w = threadIdx.x >> 6;
-  const int64_t c0 = tile_col + 2 * pair;
-  if (blocks[w].source_row < 0 || c0 >= cols) return;
-  uint32_t words[kMxBlock];
-  uint32_t amax = 0;
-#pragma unroll
-  for (int i = 0; i < kMxBlock; ++i) {
-    words[i] = *reinterpret_cast<const uint32_t*>(&tile[w * kMxBlock + i][2 * pair]);
-    amax = __vmaxu2(amax, words[i] & 0x7fff7fffu);
-  }
-  const uint32_t scale[2] = {detail::ScaleByteForAmaxBits(amax & 0xffffu),
-                             detail::ScaleByteForAmaxBits(amax >> 16)};
-  const int64_t out_row = tile_row + w * kMxBlock;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    uint32_t packed[8];
-    if (scale[half] == kE8M0Nan) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) packed[i] = 0x7f7f7f7fu;
-    } else {
-      const float inv = detail::InverseScale(scale[half]);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        float f[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const uint32_t word = words[4 * i + e];
-          f[e] = (half == 0 ? detail::BfLo(word) : detail::BfHi(word)) * inv;
+    for (int i = 0; i < kTileRows / 16 && row_data != nullptr; ++i) {
+      const int r = (threadIdx.x >> 4) + 16 * i;
+      const RowBlock b = blocks[r / kMxBlock];
+      const detail::MxQuad q = detail::QuantizeMxQuad(v[i]);
+      if (col < cols && b.source_row >= 0 && (r % kMxBlock) < b.live) {
+        const int64_t row = b.source_row + r % kMxBlock;
+        *reinterpret_cast<uint2*>(row_data + row * cols + col) = q.data;
+        if ((vec & 3) == 0) {
+          row_scales[row * blocks_per_row + col / kMxBlock] = static_cast<uint8_t>(q.scale);
         }
-        packed[i] = detail::E4M3x2(f[0], f[1]) | (detail::E4M3x2(f[2], f[3]) << 16);
       }
     }
-    uint8_t* out = col_data + (c0 + half) * padded_rows + out_row;
-    reinterpret_cast<uint4*>(out)[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    reinterpret_cast<uint4*>(out)[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
-    col_scales[(c0 + half) * (padded_rows / kMxBlock) + out_row / kMxBlock] =
-        static_cast<uint8_t>(scale[half]);
+    __syncthreads();  // the previous tile's column pass is done with `tile`
+#pragma unroll
+    for (int i = 0; i < kTileRows / 16; ++i) {
+      *reinterpret_cast<uint4*>(&tile[(threadIdx.x >> 4) + 16 * i][vec * 8]) = v[i];
+    }
+    __syncthreads();
+    if (ct + 1 < last) LoadTile(x, cols, col + kTileCols, blocks, v);
+    ColumnPass(tile, blocks, tile_row, tile_col, cols, col_data, col_scales, padded_rows);
   }
 }
 
@@ -290,10 +326,10 @@ absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
   }
   if (colwise == nullptr) {
     if (shape.rows == 0) return absl::OkStatus();
-    const int blocks = GridStrideBlocks(shape.rows * shape.cols / 8, kRowThreads * kRowUnroll);
+    const int blocks = GridStrideBlocks(shape.rows * shape.cols / 16, kRowThreads * kRowUnroll);
     QuantizeRowwiseKernel<<<blocks, kRowThreads, 0, stream>>>(
         reinterpret_cast<const uint4*>(x), shape.rows, shape.cols, group_offsets,
-        shape.num_groups, reinterpret_cast<uint2*>(rowwise->data), rowwise->scales);
+        shape.num_groups, reinterpret_cast<uint4*>(rowwise->data), rowwise->scales);
     return LaunchStatus("QuantizeRowwiseKernel");
   }
   PaddedOffsetsKernel<<<1, kScanThreads, 0, stream>>>(group_offsets, shape.num_groups, shape.rows,
@@ -301,7 +337,8 @@ absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
   if (absl::Status s = LaunchStatus("PaddedOffsetsKernel"); !s.ok()) return s;
   const int64_t row_tiles = colwise->padded_rows / kTileRows + (colwise->padded_rows % kTileRows != 0);
   if (row_tiles > 65535) return absl::InvalidArgumentError("colwise.padded_rows: too many rows (> 8M)");
-  const dim3 grid(detail::CeilDiv(shape.cols, kTileCols), static_cast<unsigned>(row_tiles));
+  const dim3 grid(detail::CeilDiv(detail::CeilDiv(shape.cols, kTileCols), kColTilesPerBlock),
+                  static_cast<unsigned>(row_tiles));
   QuantizeRowColKernel<<<grid, kTileThreads, 0, stream>>>(
       x, shape.rows, shape.cols, group_offsets, shape.num_groups,
       rowwise == nullptr ? nullptr : rowwise->data, rowwise == nullptr ? nullptr : rowwise->scales,

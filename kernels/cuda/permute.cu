@@ -57,38 +57,45 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Each thread owns pairs of vectors (16 elements): an MX block is 2 lanes, stores are 16 bytes.
+constexpr int kPairUnroll = 4;
+
 __global__ void __launch_bounds__(kThreads)
     PermuteMxfp8Kernel(const uint4* __restrict__ x, int64_t vecs_per_row,
                        const int32_t* __restrict__ slot_of_choice, int top_k,
-                       uint2* __restrict__ data, uint8_t* __restrict__ scales) {
+                       uint4* __restrict__ data, uint8_t* __restrict__ scales) {
   __shared__ TokenRoute route;
   const int64_t token = blockIdx.x;
   LoadRoute(slot_of_choice, nullptr, token, top_k, &route);
+  const int64_t pairs_per_row = vecs_per_row / 2;
   const int64_t scales_per_row = vecs_per_row / 4;
-  // Uniform trip count per block: every lane reaches the quad shuffles.
-  for (int64_t v0 = threadIdx.x; v0 - threadIdx.x < vecs_per_row; v0 += kThreads * kUnroll) {
-    uint4 v[kUnroll];
+  const uint4* row = x + token * vecs_per_row;
+  // Uniform trip count per block: every lane reaches the pair shuffles.
+  for (int64_t base = 0; base < pairs_per_row; base += kThreads * kPairUnroll) {
+    uint4 a[kPairUnroll], b[kPairUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = v0 + u * kThreads;
-      v[u] = c < vecs_per_row ? detail::LoadVecStreaming(x + token * vecs_per_row + c)
-                              : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < kPairUnroll; ++u) {
+      const int64_t p = base + u * kThreads + threadIdx.x;
+      a[u] = p < pairs_per_row ? detail::LoadVecStreaming(row + 2 * p) : make_uint4(0, 0, 0, 0);
+      b[u] = p < pairs_per_row ? detail::LoadVecStreaming(row + 2 * p + 1) : make_uint4(0, 0, 0, 0);
     }
-    detail::MxQuad q[kUnroll];
+    detail::MxPair q[kPairUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kPairUnroll; ++u) {
       // Skip passes no lane of the block needs (uniform across the block).
-      if (v0 - threadIdx.x + u * kThreads < vecs_per_row) q[u] = detail::QuantizeMxQuad(v[u]);
+      if (base + u * kThreads < pairs_per_row) q[u] = detail::QuantizeMxPair(a[u], b[u]);
     }
     for (int j = 0; j < top_k; ++j) {
       const int64_t slot = route.slot[j];
       if (slot < 0) continue;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t c = v0 + u * kThreads;
-        if (c < vecs_per_row) {
-          data[slot * vecs_per_row + c] = q[u].data;
-          if ((threadIdx.x & 3) == 0) scales[slot * scales_per_row + c / 4] = static_cast<uint8_t>(q[u].scale);
+      for (int u = 0; u < kPairUnroll; ++u) {
+        const int64_t p = base + u * kThreads + threadIdx.x;
+        if (p < pairs_per_row) {
+          data[slot * pairs_per_row + p] = q[u].data;
+          if ((threadIdx.x & 1) == 0) {
+            scales[slot * scales_per_row + p / 2] = static_cast<uint8_t>(q[u].scale);
+          }
         }
       }
     }
@@ -245,7 +252,7 @@ absl::Status PermuteMxfp8(const PermuteShape& shape, const Bf16* x, const int32_
   if (shape.num_tokens == 0) return absl::OkStatus();
   PermuteMxfp8Kernel<<<static_cast<unsigned>(shape.num_tokens), kThreads, 0, stream>>>(
       reinterpret_cast<const uint4*>(x), shape.hidden / 8, slot_of_choice, shape.top_k,
-      reinterpret_cast<uint2*>(rows.data), rows.scales);
+      reinterpret_cast<uint4*>(rows.data), rows.scales);
   return LaunchStatus("PermuteMxfp8Kernel");
 }
 

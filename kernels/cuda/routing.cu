@@ -18,7 +18,7 @@ using detail::WarpSum;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTokensPerWarp = 4;  // forward: 32 tokens per block share one flush of the counts
+constexpr int kTokensPerWarp = 2;  // forward: 16 tokens per block share one flush of the counts
 
 // Total order of the kernel and the CPU reference: NaN lowest, -0 < +0.
 __device__ __forceinline__ uint32_t OrderKey(float x) {

@@ -54,7 +54,7 @@ TEST(DispatchPlan, OutOfRangeExpertsGetNoSlot) {
 }
 
 TEST(DispatchPlan, WorkspaceCoversChunks) {
-  EXPECT_EQ(DispatchPlanWorkspaceBytes({8192, 256, 8}), 16u * 256 * 4);
+  EXPECT_EQ(DispatchPlanWorkspaceBytes({8192, 256, 8}), 64u * 256 * 4);
   EXPECT_EQ(DispatchPlanWorkspaceBytes({0, 4, 1}), 4u * 4);
   EXPECT_FALSE(ValidateDispatchPlanShape({10, 0, 1}).ok());
 }

@@ -40,7 +40,7 @@ struct DispatchPlan {
 
 // The CUDA kernels rank the choices in chunks of this many per block; the workspace holds one
 // int32 per (chunk, expert).
-inline constexpr int64_t kDispatchPlanChunk = 4096;
+inline constexpr int64_t kDispatchPlanChunk = 1024;
 
 size_t DispatchPlanWorkspaceBytes(const DispatchPlanShape& shape);
 
