@@ -24,11 +24,12 @@ bench_cmd="dropless-bench gemm --json=dropless.json --commit=$commit $*"
 "$bundle/bin/dropless-bench" gemm --json="$out/dropless.json" --commit="$commit" "$@" \
   >"$out/bench.log" 2>&1
 echo "dropless-bench exit $?"
-full_cmd="$bench_cmd && python3 bench/peers/gemm_peer.py --base dropless.json --out gemm.json && python3 bench/peers/gemm_peer.py --jax --base gemm.json --out gemm.json"
+full_cmd="$bench_cmd && python3 bench/peers/gemm_peer.py --base dropless.json --out gemm.json"
+[ "${RUN_JAX:-1}" = 1 ] && full_cmd="$full_cmd && python3 bench/peers/gemm_peer.py --jax --base gemm.json --out gemm.json"
 python3 bench/peers/gemm_peer.py --base "$out/dropless.json" --out "$out/gemm.json" \
   --command "$full_cmd" >"$out/peer.log" 2>&1
 echo "torch peer exit $?"
-timeout 240 python3 bench/peers/gemm_peer.py --jax --base "$out/gemm.json" --out "$out/gemm.json" \
+[ "${RUN_JAX:-1}" = 1 ] && timeout 240 python3 bench/peers/gemm_peer.py --jax --base "$out/gemm.json" --out "$out/gemm.json" \
   >"$out/jax.log" 2>&1
 echo "jax peer exit $?"
 

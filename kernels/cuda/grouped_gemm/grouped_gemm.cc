@@ -18,12 +18,9 @@ namespace dropless::kernels {
 namespace grouped_gemm_internal {
 
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdCoop128x256(const RunnerShape&);
-absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdCoop256x128(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdCoop128x256C2x1(const RunnerShape&);
-absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdCoop128x256C2x2(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradCoop128x256C2x1(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradBf16Coop128x256(const RunnerShape&);
-absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdPingpong128x128(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradCoop128x256(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradPingpong128x128(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradF32Coop128x256(const RunnerShape&);
@@ -35,9 +32,6 @@ const KernelEntry* KernelTable(int* count) {
   static const KernelEntry kTable[] = {
       {"coop_128x256x64_c1x2", Op::kForward, OutType::kBFloat16, MakeFwdCoop128x256},
       {"coop_128x256x64_c2x1", Op::kForward, OutType::kBFloat16, MakeFwdCoop128x256C2x1},
-      {"coop_128x256x64_c2x2", Op::kForward, OutType::kBFloat16, MakeFwdCoop128x256C2x2},
-      {"coop_256x128x64_c1x2", Op::kForward, OutType::kBFloat16, MakeFwdCoop256x128},
-      {"pingpong_128x128x64_c1x2", Op::kForward, OutType::kBFloat16, MakeFwdPingpong128x128},
       {"coop_128x256x64_c1x2", Op::kBackwardData, OutType::kBFloat16, MakeDgradCoop128x256},
       {"coop_128x256x64_c2x1", Op::kBackwardData, OutType::kBFloat16, MakeDgradCoop128x256C2x1},
       {"pingpong_128x128x64_c1x2", Op::kBackwardData, OutType::kBFloat16,
@@ -84,18 +78,29 @@ const KernelEntry* FindKernel(GroupedGemmOp op, OutType out, const std::string& 
   return nullptr;
 }
 
-// The shape-class choice, made once at creation (measured on an H200, see docs/grouped_gemm.md).
-// TODO(after sweep 2): settle.
+// The shape-class choice, made once at creation, from the kernel sweep on an H200
+// (bench/results/gemm-h200-20261130-sweep.json; table in docs/grouped_gemm.md):
+// - forward: the 128x256 cooperative tile with a 1x2 cluster (the A tile multicast to two N tiles)
+//   was best or within 3% on every shape and group distribution;
+// - data gradient: the same tile, except the 128x128 pingpong kernel for narrow outputs (k <= 1024)
+//   and for large groups with a short reduction (n <= 8192);
+// - weight gradient: its reduction runs over a group's rows, so small groups give short main loops
+//   and the store of the k x n gradient dominates: the 128x256 cooperative tile for fp32 outputs of
+//   small groups, the pingpong kernel (epilogue of one warpgroup under the other's main loop)
+//   otherwise.
 std::string DefaultKernel(GroupedGemmOp op, OutType out, const GroupedGemmOptions& options) {
   const int64_t rows = options.expected_rows_per_group;
-  const bool large_groups = rows > 1024;
   switch (op) {
     case GroupedGemmOp::kForward:
-      return large_groups ? "coop_128x256x64_c1x2" : "coop_128x256x64_c2x1";
+      return "coop_128x256x64_c1x2";
     case GroupedGemmOp::kBackwardData:
-      return large_groups ? "coop_128x256x64_c1x2" : "coop_128x256x64_c2x1";
+      if (options.k <= 1024 || (rows >= 2048 && options.n <= 8192)) {
+        return "pingpong_128x128x64_c1x2";
+      }
+      return "coop_128x256x64_c1x2";
     case GroupedGemmOp::kBackwardWeight:
-      return out == OutType::kFloat32 ? "coop_128x256x64_c2x1" : "coop_128x256x64_c2x1";
+      if (out == OutType::kFloat32 && rows > 0 && rows <= 512) return "coop_128x256x64_c2x1";
+      return "pingpong_128x128x64_c2x1";
   }
   return "";
 }
