@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kTileThreads, 3)
   __shared__ __align__(16) Bf16 tile[kTileRows][kTileCols];
   __shared__ RowBlock blocks[kRowBlocksPerTile];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t tile_row = static_cast<int64_t>(blockIdx.y) * kTileRows;
+  const int64_t tile_row = static_cast<int64_t>(blockIdx.x) * kTileRows;
   if (warp < kRowBlocksPerTile) {
     const RowBlock b = ResolveRowBlock(tile_row + warp * kMxBlock, offsets, padded_offsets,
                                        num_groups, rows);
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kTileThreads, 3)
   if (blocks[0].source_row < 0) return;  // the whole row tile is past the last group
 
   const int col_tiles = static_cast<int>((cols + kTileCols - 1) / kTileCols);
-  const int first = blockIdx.x * kColTilesPerBlock;
+  const int first = blockIdx.y * kColTilesPerBlock;
   const int last = min(first + kColTilesPerBlock, col_tiles);
   const int vec = threadIdx.x & 15;  // 16 vectors of 8 columns per tile row
   const int64_t blocks_per_row = cols / kMxBlock;
@@ -336,9 +336,10 @@ absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
                                                       colwise->group_offsets);
   if (absl::Status s = LaunchStatus("PaddedOffsetsKernel"); !s.ok()) return s;
   const int64_t row_tiles = colwise->padded_rows / kTileRows + (colwise->padded_rows % kTileRows != 0);
-  if (row_tiles > 65535) return absl::InvalidArgumentError("colwise.padded_rows: too many rows (> 8M)");
-  const dim3 grid(detail::CeilDiv(detail::CeilDiv(shape.cols, kTileCols), kColTilesPerBlock),
-                  static_cast<unsigned>(row_tiles));
+  // Row tiles vary fastest: blocks running at the same time take consecutive row tiles of the same
+  // columns, so the transposed writes of each column land in adjacent lines (DRAM page locality).
+  const dim3 grid(static_cast<unsigned>(row_tiles),
+                  detail::CeilDiv(detail::CeilDiv(shape.cols, kTileCols), kColTilesPerBlock));
   QuantizeRowColKernel<<<grid, kTileThreads, 0, stream>>>(
       x, shape.rows, shape.cols, group_offsets, shape.num_groups,
       rowwise == nullptr ? nullptr : rowwise->data, rowwise == nullptr ? nullptr : rowwise->scales,
