@@ -6,6 +6,28 @@
 #include "absl/strings/str_join.h"
 
 namespace dropless::coordinator {
+namespace {
+
+// The first few missing keys and their count: a status message travels in a gRPC trailer, which
+// must stay small however many keys a caller waits on.
+std::string DescribeMissing(const std::vector<std::string>& missing) {
+  constexpr size_t kShownKeys = 8;
+  constexpr size_t kShownKeyBytes = 128;
+  std::vector<std::string> shown;
+  for (size_t i = 0; i < missing.size() && i < kShownKeys; ++i) {
+    shown.push_back(missing[i].size() > kShownKeyBytes
+                        ? absl::StrCat(missing[i].substr(0, kShownKeyBytes), "...")
+                        : missing[i]);
+  }
+  std::string text = absl::StrCat("missing keys: ", absl::StrJoin(shown, ", "));
+  if (missing.size() > shown.size()) {
+    absl::StrAppend(&text, " and ", missing.size() - shown.size(), " more (", missing.size(),
+                    " missing)");
+  }
+  return text;
+}
+
+}  // namespace
 
 std::string RendezvousStore::Name(const Scope& scope) {
   return absl::StrCat("job \"", scope.first, "\" attempt ", scope.second);
@@ -58,12 +80,22 @@ absl::Status RendezvousStore::Put(const std::string& job_id, int32_t attempt,
   if (space == spaces_.end()) {
     return absl::FailedPreconditionError(absl::StrCat(Name(scope), " is not active"));
   }
-  auto existing = space->second.find(key);
-  if (existing == space->second.end() && space->second.size() >= limits_.max_keys_per_attempt) {
+  Keyspace& keys = space->second;
+  auto existing = keys.values.find(key);
+  if (existing == keys.values.end() && keys.values.size() >= limits_.max_keys_per_attempt) {
     return absl::ResourceExhaustedError(absl::StrCat(Name(scope), " already holds ",
-                                                     space->second.size(), " keys (the limit)"));
+                                                     keys.values.size(), " keys (the limit)"));
   }
-  space->second[key] = std::move(value);
+  const size_t replaced =
+      existing == keys.values.end() ? 0 : existing->first.size() + existing->second.size();
+  const size_t bytes = keys.bytes - replaced + key.size() + value.size();
+  if (bytes > limits_.max_bytes_per_attempt) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(Name(scope), " would hold ", bytes, " bytes of keys and values, over the "
+                     "limit of ", limits_.max_bytes_per_attempt));
+  }
+  keys.bytes = bytes;
+  keys.values[key] = std::move(value);
   changed_.SignalAll();
   return absl::OkStatus();
 }
@@ -78,8 +110,8 @@ absl::StatusOr<std::string> RendezvousStore::Get(const std::string& job_id, int3
   if (space == spaces_.end()) {
     return absl::FailedPreconditionError(absl::StrCat(Name(scope), " is not active"));
   }
-  auto it = space->second.find(key);
-  if (it == space->second.end()) {
+  auto it = space->second.values.find(key);
+  if (it == space->second.values.end()) {
     return absl::NotFoundError(absl::StrCat("key \"", key, "\" not set in ", Name(scope)));
   }
   return it->second;
@@ -106,7 +138,7 @@ absl::Status RendezvousStore::Wait(const std::string& job_id, int32_t attempt,
     }
     missing.clear();
     for (const std::string& key : keys) {
-      if (space->second.count(key) == 0) missing.push_back(key);
+      if (space->second.values.count(key) == 0) missing.push_back(key);
     }
     if (missing.empty()) return absl::OkStatus();
     if (cancelled && cancelled()) return absl::CancelledError("rendezvous wait cancelled");
@@ -114,7 +146,8 @@ absl::Status RendezvousStore::Wait(const std::string& job_id, int32_t attempt,
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "rendezvous wait in ", Name(scope), " timed out after ",
-          absl::FormatDuration(timeout), "; missing keys: ", absl::StrJoin(missing, ", ")));
+          absl::FormatDuration(std::min(timeout, limits_.max_wait)), "; ",
+          DescribeMissing(missing)));
     }
     // Woken by any change to the store; re-polls a few times a second for cancellation.
     changed_.WaitWithDeadline(&mu_, std::min(deadline, now + absl::Milliseconds(200)));

@@ -29,6 +29,9 @@ class RendezvousStore {
     size_t max_key_bytes = 1024;
     size_t max_value_bytes = 1 << 20;   // an NCCL unique id is 128 bytes; Gloo keys are small
     size_t max_keys_per_attempt = 16384;
+    // Keys and values of one attempt together: without it, max_keys_per_attempt full-size values
+    // (16 GiB) would fit. Gloo's full-mesh addresses of a 1024-rank group take ~150 MiB.
+    size_t max_bytes_per_attempt = size_t{256} << 20;
     absl::Duration max_wait = absl::Hours(1);
   };
 
@@ -42,14 +45,15 @@ class RendezvousStore {
   void Shutdown();
 
   // Errors: InvalidArgument for an empty or oversize key or value, ResourceExhausted past the key
-  // count, FailedPrecondition when the attempt is not active. Overwrites an existing key.
+  // count or the attempt's bytes, FailedPrecondition when the attempt is not active. Overwrites
+  // an existing key.
   absl::Status Put(const std::string& job_id, int32_t attempt, const std::string& key,
                    std::string value);
   // NotFound when the key does not exist (yet).
   absl::StatusOr<std::string> Get(const std::string& job_id, int32_t attempt,
                                   const std::string& key);
-  // Blocks until every key exists (OK), the timeout passes (DeadlineExceeded naming the missing
-  // keys), the attempt ends (FailedPrecondition), or cancelled() turns true (Cancelled; polled a
+  // Blocks until every key exists (OK), the timeout passes (DeadlineExceeded naming the first
+  // missing keys and how many there are), the attempt ends (FailedPrecondition), or cancelled() turns true (Cancelled; polled a
   // few times a second, for the RPC's context).
   absl::Status Wait(const std::string& job_id, int32_t attempt,
                     const std::vector<std::string>& keys, absl::Duration timeout,
@@ -59,7 +63,10 @@ class RendezvousStore {
 
  private:
   using Scope = std::pair<std::string, int32_t>;
-  using Keyspace = std::map<std::string, std::string>;
+  struct Keyspace {
+    std::map<std::string, std::string> values;
+    size_t bytes = 0;  // sum of key and value sizes
+  };
 
   absl::Status CheckKey(const std::string& key) const;
   static std::string Name(const Scope& scope);

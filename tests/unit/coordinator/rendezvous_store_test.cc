@@ -144,5 +144,40 @@ TEST(RendezvousStoreTest, BoundsKeysAndValues) {
   EXPECT_EQ(store.Put("job-1", 1, "c", "v").code(), absl::StatusCode::kResourceExhausted);
 }
 
+TEST(RendezvousStoreTest, BoundsTheBytesOfAnAttempt) {
+  RendezvousStore::Limits limits;
+  limits.max_value_bytes = 100;
+  limits.max_bytes_per_attempt = 250;
+  RendezvousStore store(limits);
+  store.Open("job-1", 1);
+  store.Open("job-1", 2);
+  ASSERT_TRUE(store.Put("job-1", 1, "a", std::string(100, 'x')).ok());  // 101 bytes
+  ASSERT_TRUE(store.Put("job-1", 1, "b", std::string(100, 'x')).ok());  // 202 bytes
+  absl::Status full = store.Put("job-1", 1, "c", std::string(100, 'x'));
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.message(), HasSubstr("limit of 250"));
+  // Overwriting counts the new size only; another attempt has its own budget.
+  EXPECT_TRUE(store.Put("job-1", 1, "b", std::string(10, 'y')).ok());  // 101 + 11 bytes
+  EXPECT_TRUE(store.Put("job-1", 1, "c", std::string(100, 'x')).ok());  // 213 bytes
+  EXPECT_TRUE(store.Put("job-1", 2, "a", std::string(100, 'x')).ok());
+  // Closing drops the bytes with the keys.
+  store.Close("job-1", 1);
+  store.Open("job-1", 1);
+  EXPECT_TRUE(store.Put("job-1", 1, "a", std::string(100, 'x')).ok());
+  EXPECT_TRUE(store.Put("job-1", 1, "b", std::string(100, 'x')).ok());
+}
+
+TEST(RendezvousStoreTest, TimeoutMessageStaysShortForManyMissingKeys) {
+  RendezvousStore store;
+  store.Open("job-1", 1);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 10000; ++i) keys.push_back("rank-" + std::to_string(i) + std::string(500, 'k'));
+  absl::Status waited = store.Wait("job-1", 1, keys, absl::ZeroDuration());
+  EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(waited.message(), HasSubstr("missing keys: rank-0"));
+  EXPECT_THAT(waited.message(), HasSubstr("(10000 missing)"));
+  EXPECT_LT(waited.message().size(), 2048u);
+}
+
 }  // namespace
 }  // namespace dropless::coordinator
