@@ -1,0 +1,331 @@
+// The real coordinator under abuse: absurd registrations, garbage and lies on worker sessions,
+// rendezvous misuse, many watchers at once. Each bad request gets one error naming the field, the
+// server keeps serving, and nothing already accepted is lost or polluted.
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/coordinator/coordinator_test_support.h"
+
+namespace dropless::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+bool Serving(CoordinatorUnderTest& c) {
+  std::string response;
+  grpc::Status status =
+      RawUnaryCall(c.channel().get(), "/grpc.health.v1.Health/Check", "", &response);
+  return status.ok() && response == std::string("\x08\x01", 2);
+}
+
+v1::RegisterWorkerRequest CpuWorker(const std::string& node, int slots) {
+  v1::RegisterWorkerRequest request;
+  request.set_node(node);
+  request.set_address("127.0.0.1");
+  request.set_slot_kind("cpu");
+  for (int i = 0; i < slots; ++i) request.add_devices("cpu");
+  return request;
+}
+
+grpc::Status Register(CoordinatorUnderTest& c, const v1::RegisterWorkerRequest& request) {
+  auto stub = v1::WorkerService::NewStub(c.channel());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::RegisterWorkerResponse response;
+  return stub->RegisterWorker(&context, request, &response);
+}
+
+TEST(CoordinatorAbuseTest, AbsurdRegistrationsAreRefusedNamingTheFieldAndNothingIsStored) {
+  auto c = CoordinatorUnderTest::Start();
+  struct Case {
+    const char* what;
+    v1::RegisterWorkerRequest request;
+    const char* field;
+  };
+  std::vector<Case> cases;
+  {
+    v1::RegisterWorkerRequest r = CpuWorker("n1", 1);
+    r.set_metrics_port(-1);
+    cases.push_back({"negative port", r, "metrics_port"});
+    r.set_metrics_port(70000);
+    cases.push_back({"port above 65535", r, "metrics_port"});
+  }
+  cases.push_back({"5000 slots", CpuWorker("n1", 5000), "devices"});
+  cases.push_back({"no slots", CpuWorker("n1", 0), "devices"});
+  cases.push_back({"empty node", CpuWorker("", 1), "node"});
+  cases.push_back({"node with a space", CpuWorker("node a", 1), "node"});
+  cases.push_back({"node with a newline", CpuWorker("node\nb", 1), "node"});
+  cases.push_back({"300-byte node", CpuWorker(std::string(300, 'n'), 1), "node"});
+  {
+    v1::RegisterWorkerRequest r = CpuWorker("n1", 1);
+    r.set_devices(0, std::string(300, 'd'));
+    cases.push_back({"300-byte device name", r, "devices"});
+    r = CpuWorker("n1", 1);
+    r.set_address("host name");
+    cases.push_back({"address with a space", r, "address"});
+    r = CpuWorker("n1", 1);
+    r.set_slot_kind("");
+    cases.push_back({"no slot kind", r, "slot_kind"});
+  }
+  for (const Case& k : cases) {
+    grpc::Status status = Register(*c, k.request);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << k.what;
+    EXPECT_THAT(status.error_message(), HasSubstr(k.field)) << k.what;
+  }
+  // A million slots is past any message size the server takes: refused before it is parsed.
+  grpc::Status million = Register(*c, CpuWorker("n1", 1000000));
+  EXPECT_FALSE(million.ok());
+
+  EXPECT_TRUE(c->Workers().empty());
+  EXPECT_TRUE(Serving(*c));
+  EXPECT_TRUE(c->process().Running());
+  // A sane worker still registers and gets work.
+  FakeWorker w(c->channel(), "node-sane", 1);
+  ASSERT_TRUE(w.Register().ok());
+  ASSERT_TRUE(w.Connect().ok());
+  ASSERT_TRUE(c->Submit(TinySpec(1)).ok());
+  EXPECT_TRUE(w.NextAssignment().has_value());
+}
+
+TEST(CoordinatorAbuseTest, GarbageAndLiesOnSessionsEndOnlyThoseSessions) {
+  auto c = CoordinatorUnderTest::Start();
+  FakeWorker honest(c->channel(), "node-honest", 2);
+  ASSERT_TRUE(honest.Register().ok() && honest.Connect().ok());
+  absl::StatusOr<v1::Job> job = c->Submit(TinySpec(2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(honest.NextAssignment().has_value());
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(honest.ReportRank(job->id(), 1, r, v1::RANK_STATE_RUNNING).ok());
+  }
+  c->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+
+  // Bytes that are no WorkerMessage on a Session stream: gRPC drops the message and the stream
+  // ends without a Hello, so nothing is sent down and nothing is registered.
+  std::string ignored;
+  (void)RawBidiExchange(c->channel().get(), "/dropless.v1.WorkerService/Session",
+                        std::string("\xff\xff\xff\xff\x0f junk", 10), &ignored);
+  EXPECT_TRUE(ignored.empty());
+  EXPECT_EQ(c->Workers().size(), 1u);
+
+  // Hello twice on one session.
+  FakeWorker twice(c->channel(), "node-twice", 1);
+  ASSERT_TRUE(twice.Register().ok() && twice.Connect().ok());
+  v1::WorkerMessage hello;
+  hello.mutable_hello()->set_worker_id(twice.id());
+  (void)twice.Send(hello);
+  absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (twice.SessionOpen() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  std::optional<grpc::Status> twice_status = twice.SessionStatus();
+  ASSERT_TRUE(twice_status.has_value());
+  EXPECT_EQ(twice_status->error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(twice_status->error_message(), HasSubstr("hello"));
+
+  // A registered worker that claims ranks, metrics and logs it has nothing to do with.
+  FakeWorker liar(c->channel(), "node-liar", 1);
+  ASSERT_TRUE(liar.Register().ok() && liar.Connect().ok());
+  ASSERT_TRUE(liar.ReportRank(job->id(), 1, 0, v1::RANK_STATE_FAILED, 1).ok());  // not its rank
+  ASSERT_TRUE(liar.ReportRank(job->id(), 1, 7, v1::RANK_STATE_SUCCEEDED).ok());  // no such rank
+  ASSERT_TRUE(liar.ReportRank(job->id(), 99, 0, v1::RANK_STATE_RUNNING).ok());   // no such attempt
+  ASSERT_TRUE(liar.ReportRank("job-ghost", 1, 0, v1::RANK_STATE_RUNNING).ok());
+  {
+    v1::WorkerMessage odd;
+    v1::RankStatus* s = odd.mutable_rank_status();
+    s->set_job_id(job->id());
+    s->set_attempt(1);
+    s->set_rank(1);
+    s->set_state(static_cast<v1::RankState>(99));
+    ASSERT_TRUE(liar.Send(odd).ok());
+  }
+  ASSERT_TRUE(liar.ReportMetrics(job->id(), 1, 0, 1, 5, -1.0).ok());
+  ASSERT_TRUE(liar.ReportMetrics("job-ghost", 1, 0, 1, 5, 1.0).ok());
+  ASSERT_TRUE(liar.ReportLog("job-ghost", 1, 0, "not a job of ours").ok());
+  ASSERT_TRUE(liar.ReportLog(job->id(), 1, 0, std::string(1 << 20, 'z')).ok());
+  {
+    v1::WorkerMessage empty;  // no message kind set at all
+    ASSERT_TRUE(liar.Send(empty).ok());
+  }
+  // The coordinator answers the stray ranks with Cancellations and carries on.
+  std::optional<v1::Cancellation> stray = liar.NextCancellation();
+  ASSERT_TRUE(stray.has_value());
+
+  // The honest job is untouched: still RUNNING on attempt 1, no metrics from the liar.
+  absl::SleepFor(absl::Milliseconds(500));
+  absl::StatusOr<v1::Job> after = c->Get(job->id());
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(after->attempt(), 1);
+  EXPECT_FALSE(after->has_latest()) << after->latest().DebugString();
+  absl::StatusOr<v1::Job> ghost = c->Get("job-ghost");
+  EXPECT_EQ(ghost.status().code(), absl::StatusCode::kNotFound);
+  // The long log line was stored truncated, not refused and not whole.
+  {
+    grpc::ClientContext context;
+    v1::GetLogsRequest request;
+    request.set_job_id(job->id());
+    auto reader = c->jobs().GetLogs(&context, request);
+    v1::LogLine line;
+    size_t longest = 0;
+    while (reader->Read(&line)) longest = std::max(longest, line.text().size());
+    EXPECT_TRUE(reader->Finish().ok());
+    EXPECT_GT(longest, 0u);
+    EXPECT_LE(longest, 16u * 1024);
+  }
+  EXPECT_TRUE(honest.SessionOpen());
+  EXPECT_TRUE(liar.SessionOpen());
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(honest.ReportRank(job->id(), 1, r, v1::RANK_STATE_SUCCEEDED).ok());
+  }
+  EXPECT_EQ(c->WaitForState(job->id(), v1::JOB_STATE_SUCCEEDED).state(),
+            v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(Serving(*c));
+}
+
+TEST(CoordinatorAbuseTest, RendezvousMisuseGetsNamedErrorsAndBoundedMemory) {
+  auto c = CoordinatorUnderTest::Start();
+  FakeWorker w(c->channel(), "node-rdv", 1);
+  ASSERT_TRUE(w.Register().ok() && w.Connect().ok());
+  absl::StatusOr<v1::Job> job = c->Submit(TinySpec(1));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(w.NextAssignment().has_value());
+  v1::Scope scope;
+  scope.set_job_id(job->id());
+  scope.set_attempt(1);
+  auto put = [&](const v1::Scope& s, const std::string& key, const std::string& value) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::PutRequest request;
+    *request.mutable_scope() = s;
+    request.set_key(key);
+    request.set_value(value);
+    v1::PutResponse response;
+    return c->rendezvous().Put(&context, request, &response);
+  };
+  auto wait = [&](const v1::Scope& s, const std::vector<std::string>& keys, int64_t timeout_ms) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::WaitRequest request;
+    *request.mutable_scope() = s;
+    for (const std::string& k : keys) request.add_keys(k);
+    request.set_timeout_ms(timeout_ms);
+    v1::WaitResponse response;
+    return c->rendezvous().Wait(&context, request, &response);
+  };
+
+  grpc::Status empty_key = put(scope, "", "v");
+  EXPECT_EQ(empty_key.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(empty_key.error_message(), HasSubstr("key"));
+  grpc::Status long_key = put(scope, std::string(1025, 'k'), "v");
+  EXPECT_EQ(long_key.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(long_key.error_message(), HasSubstr("key"));
+  v1::Scope zero = scope;
+  zero.set_attempt(0);
+  grpc::Status attempt_zero = put(zero, "k", "v");
+  EXPECT_EQ(attempt_zero.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(attempt_zero.error_message(), HasSubstr("scope.attempt"));
+  v1::Scope ghost = scope;
+  ghost.set_job_id("job-ghost");
+  EXPECT_EQ(put(ghost, "k", "v").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  grpc::Status negative = wait(scope, {"k"}, -5);
+  EXPECT_EQ(negative.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(negative.error_message(), HasSubstr("timeout_ms"));
+
+  // Waiting on thousands of missing keys: the error names some of them, not megabytes of them.
+  std::vector<std::string> many;
+  for (int i = 0; i < 5000; ++i) many.push_back(absl::StrCat("missing-key-", i, std::string(100, 'x')));
+  grpc::Status timed_out = wait(scope, many, 50);
+  EXPECT_EQ(timed_out.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_THAT(timed_out.error_message(), HasSubstr("missing-key-0"));
+  EXPECT_LT(timed_out.error_message().size(), 4096u);
+
+  // One attempt cannot fill the coordinator's memory with values: 1 MiB values stop at 256 MiB,
+  // well before 16384 of them (16 GiB) would be held.
+  const std::string mib(1 << 20, 'v');
+  grpc::Status last = grpc::Status::OK;
+  int stored = 0;
+  for (; stored < 1000; ++stored) {
+    last = put(scope, absl::StrCat("big-", stored), mib);
+    if (!last.ok()) break;
+  }
+  EXPECT_EQ(last.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << last.error_message();
+  EXPECT_LE(stored, 256);
+  // Overwriting a key in a full attempt is still allowed (a rank re-publishing its address).
+  EXPECT_TRUE(put(scope, "big-0", "small").ok());
+  EXPECT_TRUE(Serving(*c));
+}
+
+TEST(CoordinatorAbuseTest, ManyConcurrentWatchersAllSeeTheEnd) {
+  auto c = CoordinatorUnderTest::Start();
+  absl::StatusOr<v1::Job> job = c->Submit(TinySpec(1));  // no worker: stays PENDING
+  ASSERT_TRUE(job.ok());
+  constexpr int kWatchers = 64;
+  struct Watch {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::JobUpdate>> reader;
+    std::atomic<v1::JobState> last{v1::JOB_STATE_UNSPECIFIED};
+    std::atomic<int> updates{0};
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<Watch>> watches;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWatchers; ++i) {
+    Watch* w = watches.emplace_back(std::make_unique<Watch>()).get();
+    v1::WatchJobRequest request;
+    request.set_id(job->id());
+    w->reader = c->jobs().WatchJob(&w->context, request);
+    threads.emplace_back([w] {
+      v1::JobUpdate update;
+      while (w->reader->Read(&update)) {
+        ++w->updates;
+        w->last = update.job().state();
+      }
+      w->status = w->reader->Finish();
+    });
+  }
+  // Watchers that walk away mid-stream must not disturb the others.
+  std::vector<std::unique_ptr<grpc::ClientContext>> quitters;
+  for (int i = 0; i < 16; ++i) {
+    auto& context = quitters.emplace_back(std::make_unique<grpc::ClientContext>());
+    v1::WatchJobRequest request;
+    request.set_id(job->id());
+    auto reader = c->jobs().WatchJob(context.get(), request);
+    v1::JobUpdate first;
+    EXPECT_TRUE(reader->Read(&first));
+    context->TryCancel();
+    (void)reader->Finish();
+  }
+  // Every watcher has its snapshot (so it is subscribed) before the job ends.
+  absl::Time deadline = absl::Now() + absl::Seconds(60);
+  auto all_subscribed = [&] {
+    for (auto& w : watches) {
+      if (w->updates.load() == 0) return false;
+    }
+    return true;
+  };
+  while (!all_subscribed() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(all_subscribed());
+  {
+    grpc::ClientContext context;
+    v1::CancelJobRequest request;
+    request.set_id(job->id());
+    v1::Job cancelled;
+    ASSERT_TRUE(c->jobs().CancelJob(&context, request, &cancelled).ok());
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kWatchers; ++i) {
+    EXPECT_TRUE(watches[i]->status.ok()) << i << ": " << watches[i]->status.error_message();
+    EXPECT_EQ(watches[i]->last, v1::JOB_STATE_CANCELLED) << i;
+    EXPECT_GE(watches[i]->updates, 1) << i;
+  }
+  EXPECT_TRUE(Serving(*c));
+}
+
+}  // namespace
+}  // namespace dropless::testing
