@@ -161,15 +161,17 @@ __device__ __forceinline__ void LoadTile(const Bf16* __restrict__ x, int64_t col
 
 // Column-wise MXFP8 of one staged tile. Thread -> (column pair p, row block w); a warp reads 128
 // contiguous bytes of one tile row per step (no bank conflicts). Two passes over shared memory
-// (amax, then convert) keep the registers for the next tile's prefetch.
+// (amax, then convert) keep the registers for the next tile's prefetch. Lanes 2m and 2m+1 swap
+// halves of their 32-byte column blocks so every store writes whole 32-byte sectors.
 __device__ __forceinline__ void ColumnPass(const Bf16 (*tile)[kTileCols], const RowBlock* blocks,
                                            int64_t tile_row, int64_t tile_col, int64_t cols,
                                            uint8_t* __restrict__ col_data,
                                            uint8_t* __restrict__ col_scales, int64_t padded_rows) {
   const int pair = threadIdx.x & 63;
   const int w = threadIdx.x >> 6;
+  if (blocks[w].source_row < 0) return;  // whole warps: w is shared by 64 threads
   const int64_t c0 = tile_col + 2 * pair;
-  if (blocks[w].source_row < 0 || c0 >= cols) return;
+  const bool valid = c0 < cols;  // shared by lanes 2m, 2m+1 (cols % 32 == 0)
   const int r0 = w * kMxBlock;
   uint32_t amax = 0;
 #pragma unroll
@@ -192,13 +194,27 @@ __device__ __forceinline__ void ColumnPass(const Bf16 (*tile)[kTileCols], const 
     if (scale_lo == kE8M0Nan) lo[q] = 0x7f7f7f7fu;
     if (scale_hi == kE8M0Nan) hi[q] = 0x7f7f7f7fu;
   }
+  // The pair holds columns P..P+3 (even lane P, P+1; odd lane P+2, P+3). The even lane receives
+  // the odd lane's first halves, the odd lane the even lane's second halves.
+  const bool odd = threadIdx.x & 1;
+  uint32_t got_lo[4], got_hi[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    got_lo[q] = __shfl_xor_sync(detail::kFullMask, odd ? lo[q] : lo[4 + q], 1);
+    got_hi[q] = __shfl_xor_sync(detail::kFullMask, odd ? hi[q] : hi[4 + q], 1);
+  }
+  if (!valid) return;
   const int64_t out_row = tile_row + r0;
-  uint4* out_lo = reinterpret_cast<uint4*>(col_data + c0 * padded_rows + out_row);
-  uint4* out_hi = reinterpret_cast<uint4*>(col_data + (c0 + 1) * padded_rows + out_row);
-  out_lo[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-  out_lo[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
-  out_hi[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-  out_hi[1] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+  const int64_t first_col = odd ? c0 - 2 : c0;
+  uint8_t* base = col_data + first_col * padded_rows + out_row + (odd ? 16 : 0);
+  const uint4 own_lo = odd ? make_uint4(lo[4], lo[5], lo[6], lo[7]) : make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  const uint4 own_hi = odd ? make_uint4(hi[4], hi[5], hi[6], hi[7]) : make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  const uint4 other_lo = make_uint4(got_lo[0], got_lo[1], got_lo[2], got_lo[3]);
+  const uint4 other_hi = make_uint4(got_hi[0], got_hi[1], got_hi[2], got_hi[3]);
+  *reinterpret_cast<uint4*>(base) = odd ? other_lo : own_lo;                        // column P
+  *reinterpret_cast<uint4*>(base + padded_rows) = odd ? other_hi : own_hi;          // column P+1
+  *reinterpret_cast<uint4*>(base + 2 * padded_rows) = odd ? own_lo : other_lo;      // column P+2
+  *reinterpret_cast<uint4*>(base + 3 * padded_rows) = odd ? own_hi : other_hi;      // column P+3
   const int64_t scales_per_col = padded_rows / kMxBlock;
   col_scales[c0 * scales_per_col + out_row / kMxBlock] = static_cast<uint8_t>(scale_lo);
   col_scales[(c0 + 1) * scales_per_col + out_row / kMxBlock] = static_cast<uint8_t>(scale_hi);
@@ -217,7 +233,7 @@ __global__ void __launch_bounds__(kTileThreads, 3)
   __shared__ __align__(16) Bf16 tile[kTileRows][kTileCols];
   __shared__ RowBlock blocks[kRowBlocksPerTile];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t tile_row = static_cast<int64_t>(blockIdx.x) * kTileRows;
+  const int64_t tile_row = static_cast<int64_t>(blockIdx.y) * kTileRows;
   if (warp < kRowBlocksPerTile) {
     const RowBlock b = ResolveRowBlock(tile_row + warp * kMxBlock, offsets, padded_offsets,
                                        num_groups, rows);
@@ -227,7 +243,7 @@ __global__ void __launch_bounds__(kTileThreads, 3)
   if (blocks[0].source_row < 0) return;  // the whole row tile is past the last group
 
   const int col_tiles = static_cast<int>((cols + kTileCols - 1) / kTileCols);
-  const int first = blockIdx.y * kColTilesPerBlock;
+  const int first = blockIdx.x * kColTilesPerBlock;
   const int last = min(first + kColTilesPerBlock, col_tiles);
   const int vec = threadIdx.x & 15;  // 16 vectors of 8 columns per tile row
   const int64_t blocks_per_row = cols / kMxBlock;
@@ -336,10 +352,9 @@ absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
                                                       colwise->group_offsets);
   if (absl::Status s = LaunchStatus("PaddedOffsetsKernel"); !s.ok()) return s;
   const int64_t row_tiles = colwise->padded_rows / kTileRows + (colwise->padded_rows % kTileRows != 0);
-  // Row tiles vary fastest: blocks running at the same time take consecutive row tiles of the same
-  // columns, so the transposed writes of each column land in adjacent lines (DRAM page locality).
-  const dim3 grid(static_cast<unsigned>(row_tiles),
-                  detail::CeilDiv(detail::CeilDiv(shape.cols, kTileCols), kColTilesPerBlock));
+  if (row_tiles > 65535) return absl::InvalidArgumentError("colwise.padded_rows: too many rows (> 8M)");
+  const dim3 grid(detail::CeilDiv(detail::CeilDiv(shape.cols, kTileCols), kColTilesPerBlock),
+                  static_cast<unsigned>(row_tiles));
   QuantizeRowColKernel<<<grid, kTileThreads, 0, stream>>>(
       x, shape.rows, shape.cols, group_offsets, shape.num_groups,
       rowwise == nullptr ? nullptr : rowwise->data, rowwise == nullptr ? nullptr : rowwise->scales,
