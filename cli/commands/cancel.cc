@@ -15,7 +15,8 @@ int RunCancel(const Invocation& inv) {
   if (pos.size() != 1) return UsageError("usage: dropless cancel ID [--reason TEXT]");
   v1::CancelJobRequest request;
   request.set_id(pos[0]);
-  request.set_reason(inv.args.Get("reason", "cancelled by the user (dropless cancel)"));
+  // The coordinator records "cancelled: <reason>".
+  request.set_reason(inv.args.Get("reason", "by the user (dropless cancel)"));
   Client client(inv.options);
   v1::Job job;
   grpc::Status status = client.jobs().CancelJob(client.UnaryContext().get(), request, &job);
