@@ -124,5 +124,21 @@ TEST(WorkerDaemonTest, RankOfACudaJobFailsClearlyWithoutTheCudaEngine) {
   EXPECT_TRUE(Has(r.err, "cuda engine not built")) << r.err;
 }
 
+// The daemon links no CUDA, BLAS, NCCL or Gloo library (docs/architecture.md): their static TLS
+// would crash its /metrics threads, and a node without the CUDA driver must still run it. The
+// rank image links them instead.
+TEST(WorkerDaemonTest, DaemonLinksNoCudaBlasOrCollectiveLibrary) {
+  CommandResult r = RunCommand({"ldd", BinaryPath("dropless-worker")}, absl::Seconds(30));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_TRUE(Has(r.out, "libc.so")) << r.out;  // ldd really listed the libraries
+  for (const char* forbidden : {"libcuda.", "libcudart", "libcublas", "libnccl", "libopenblas",
+                                "libblas", "libgloo"}) {
+    EXPECT_FALSE(Has(r.out, forbidden)) << "dropless-worker links " << forbidden << ":\n" << r.out;
+  }
+  CommandResult rank = RunCommand({"ldd", BinaryPath("dropless-worker-rank")}, absl::Seconds(30));
+  ASSERT_EQ(rank.exit_code, 0) << rank.out << rank.err;
+  EXPECT_TRUE(Has(rank.out, "openblas") || Has(rank.out, "libblas")) << rank.out;
+}
+
 }  // namespace
 }  // namespace dropless::testing
