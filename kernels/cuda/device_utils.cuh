@@ -30,7 +30,46 @@ __device__ __forceinline__ uint4 LoadVec(const void* p) {
 __device__ __forceinline__ uint4 LoadVecStreaming(const void* p) {
   return __ldcs(reinterpret_cast<const uint4*>(p));
 }
+// For data read exactly once: skip L1, and on an L2 miss fetch the whole 256-byte DRAM granule
+// (the neighbouring lanes' and passes' bytes arrive with one request).
+__device__ __forceinline__ uint4 LoadVecStreaming256(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
 __device__ __forceinline__ void StoreVec(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
+
+// Blocks of `kernel` (with `threads` and `smem` bytes) that fit on the current device at once.
+template <typename Kernel>
+inline int ResidentBlocks(Kernel kernel, int threads, size_t smem) {
+  int per_sm = 0, device = 0, sms = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess ||
+      cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return per_sm * sms;
+}
+
+// ---- Asynchronous global -> shared copies (cp.async, sm_80+) ----
+
+// Copies 16 bytes to shared memory, or writes 16 zero bytes when !valid (src is then not read).
+// The L2 prefetch hint fetches the whole 256-byte DRAM granule on a miss.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* src, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most `kPending` of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 
 __device__ __forceinline__ float BfLo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float BfHi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }

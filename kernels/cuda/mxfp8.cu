@@ -113,24 +113,29 @@ __global__ void __launch_bounds__(kScanThreads)
   if (threadIdx.x == 0) padded_offsets[num_groups] = carry;
 }
 
-// ---- Row-wise + column-wise tile kernel: 128 padded rows x 128 columns per block. ----
-
-constexpr int kTileRows = 128;
-constexpr int kTileCols = 128;
-constexpr int kTileThreads = 256;
-constexpr int kRowBlocksPerTile = kTileRows / kMxBlock;  // 4
+// ---- Row-wise + column-wise tile kernel ----
+//
+// A persistent grid walks tiles of kRows padded rows x kCols columns (column tiles fastest, or
+// bands of row tiles; see TileOf). Each tile is copied to shared memory with 16-byte cp.async
+// (padding rows and rows past the last group arrive as zeros), kStages tiles in flight per block.
+// From the staged tile:
+//   column-wise: thread -> (column pair, 32-row block); its 32 words give two MX blocks, whose
+//     E4M3 bytes go to a transposed shared tile [kCols][kRows] (16-byte chunks XOR-swizzled by
+//     column, so neither the writes nor the reads conflict on banks); the tile then leaves as
+//     kRows-byte runs per column, 16 bytes per lane, whole 128-byte lines per 8 lanes.
+//   row-wise: 4 lanes per MX block of a row (conflict-free 16-byte reads), 8-byte stores.
 
 struct RowBlock {
   int64_t source_row;  // input row of the block's first padded row; -1: past the last group
   int32_t live;        // rows of the block that hold data (the rest is group padding)
 };
 
-// Warp `w` resolves the tile's row block w: which group its padded rows belong to.
+// Warp-collective: which group the padded rows [padded_row, padded_row + 32) belong to.
 __device__ RowBlock ResolveRowBlock(int64_t padded_row, const int32_t* __restrict__ offsets,
                                     const int32_t* __restrict__ padded_offsets, int num_groups,
-                                    int64_t rows) {
+                                    int64_t rows, int64_t live_padded) {
   const int lane = threadIdx.x & 31;
-  if (padded_row >= padded_offsets[num_groups]) return {-1, 0};
+  if (padded_row >= live_padded) return {-1, 0};
   // g = number of j in [1, G] with padded_offsets[j] <= padded_row (empty groups count too).
   int g = 0;
   for (int base = 1; base <= num_groups; base += 32) {
@@ -145,137 +150,247 @@ __device__ RowBlock ResolveRowBlock(int64_t padded_row, const int32_t* __restric
   return {begin + local, static_cast<int32_t>(live < 0 ? 0 : (live > kMxBlock ? kMxBlock : live))};
 }
 
-// Loads the tile's 128 rows x 8 columns of this thread (rows (tid / 16) + 16 i, columns col..col+7);
-// padding rows and rows past the last group read as zeros.
-__device__ __forceinline__ void LoadTile(const Bf16* __restrict__ x, int64_t cols, int64_t col,
-                                         const RowBlock* blocks, uint4 (&v)[kTileRows / 16]) {
-#pragma unroll
-  for (int i = 0; i < kTileRows / 16; ++i) {
-    const int r = (threadIdx.x >> 4) + 16 * i;
-    const RowBlock b = blocks[r / kMxBlock];
-    const bool ok = col < cols && b.source_row >= 0 && (r % kMxBlock) < b.live;
-    v[i] = ok ? detail::LoadVecStreaming(x + (b.source_row + r % kMxBlock) * cols + col)
-              : make_uint4(0, 0, 0, 0);
-  }
+template <int kRowsT, int kColsT, int kStagesT, int kThreadsT>
+struct RowColConfig {
+  static constexpr int kRows = kRowsT, kCols = kColsT, kStages = kStagesT, kThreads = kThreadsT;
+  static constexpr int kBlocks = kRows / kMxBlock;          // 32-row blocks per tile
+  static constexpr int kChunksPerRow = kCols / 8;           // 16-byte bf16 chunks per tile row
+  static constexpr int kRowChunks = kRows * kChunksPerRow / kThreads;   // per thread
+  static constexpr int kPairs = kCols / 2;                  // column pairs per tile
+  static constexpr int kColItems = kPairs * kBlocks / kThreads;         // per thread
+  static constexpr int kOutChunksPerCol = kRows / 16;       // 16-byte E4M3 chunks per column
+  static constexpr int kOutChunks = kCols * kOutChunksPerCol / kThreads;  // per thread
+  static constexpr int kRing = kStages + 1;                 // row-block slots (see the main loop)
+  static constexpr size_t kStageBytes = size_t{kRows} * kCols * 2;
+  static constexpr size_t kOutBytes = size_t{kCols} * kRows;
+  static constexpr size_t kSmemBytes = kStages * kStageBytes + kOutBytes + kCols * kBlocks;
+  static_assert(kRows % 128 == 0 && kCols % 64 == 0, "tile: 128k rows, 64k columns");
+  static_assert(kThreads / 32 >= kBlocks, "one warp resolves each row block");
+  static_assert(kRowChunks * kThreads == kRows * kChunksPerRow, "row chunks divide evenly");
+  static_assert(kColItems >= 1 && kColItems * kThreads == kPairs * kBlocks, "column items");
+  static_assert(kOutChunks * kThreads == kCols * kOutChunksPerCol, "output chunks");
+};
+
+// Position of column c's 16-byte chunk k in the transposed shared tile: chunks XOR-swizzled by
+// (c / 2) % 8, so 8 consecutive column pairs (a quarter warp's writes) and the 8 chunks of one
+// column (a quarter warp's reads) each fall in 8 different bank groups.
+template <class Cfg>
+__device__ __forceinline__ int OutChunkOffset(int c, int k) {
+  return c * Cfg::kRows + ((k ^ ((c >> 1) & 7)) << 4);
 }
 
-// Column-wise MXFP8 of one staged tile. Thread -> (column pair p, row block w); a warp reads 128
-// contiguous bytes of one tile row per step (no bank conflicts). Two passes over shared memory
-// (amax, then convert) keep the registers for the next tile's prefetch. Lanes 2m and 2m+1 swap
-// halves of their 32-byte column blocks so every store writes whole 32-byte sectors.
-__device__ __forceinline__ void ColumnPass(const Bf16 (*tile)[kTileCols], const RowBlock* blocks,
-                                           int64_t tile_row, int64_t tile_col, int64_t cols,
-                                           uint8_t* __restrict__ col_data,
-                                           uint8_t* __restrict__ col_scales, int64_t padded_rows) {
-  const int pair = threadIdx.x & 63;
-  const int w = threadIdx.x >> 6;
-  if (blocks[w].source_row < 0) return;  // whole warps: w is shared by 64 threads
-  const int64_t c0 = tile_col + 2 * pair;
-  const bool valid = c0 < cols;  // shared by lanes 2m, 2m+1 (cols % 32 == 0)
-  const int r0 = w * kMxBlock;
-  uint32_t amax = 0;
-#pragma unroll
-  for (int i = 0; i < kMxBlock; ++i) {
-    amax = __vmaxu2(amax, *reinterpret_cast<const uint32_t*>(&tile[r0 + i][2 * pair]) & 0x7fff7fffu);
-  }
-  const uint32_t scale_lo = detail::ScaleByteForAmaxBits(amax & 0xffffu);
-  const uint32_t scale_hi = detail::ScaleByteForAmaxBits(amax >> 16);
-  const float inv_lo = detail::InverseScale(scale_lo), inv_hi = detail::InverseScale(scale_hi);
-  uint32_t lo[8], hi[8];
-#pragma unroll
-  for (int q = 0; q < 8; ++q) {
-    uint32_t word[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) word[e] = *reinterpret_cast<const uint32_t*>(&tile[r0 + 4 * q + e][2 * pair]);
-    lo[q] = detail::E4M3x2(detail::BfLo(word[0]) * inv_lo, detail::BfLo(word[1]) * inv_lo) |
-            (detail::E4M3x2(detail::BfLo(word[2]) * inv_lo, detail::BfLo(word[3]) * inv_lo) << 16);
-    hi[q] = detail::E4M3x2(detail::BfHi(word[0]) * inv_hi, detail::BfHi(word[1]) * inv_hi) |
-            (detail::E4M3x2(detail::BfHi(word[2]) * inv_hi, detail::BfHi(word[3]) * inv_hi) << 16);
-    if (scale_lo == kE8M0Nan) lo[q] = 0x7f7f7f7fu;
-    if (scale_hi == kE8M0Nan) hi[q] = 0x7f7f7f7fu;
-  }
-  // The pair holds columns P..P+3 (even lane P, P+1; odd lane P+2, P+3). The even lane receives
-  // the odd lane's first halves, the odd lane the even lane's second halves.
-  const bool odd = threadIdx.x & 1;
-  uint32_t got_lo[4], got_hi[4];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    got_lo[q] = __shfl_xor_sync(detail::kFullMask, odd ? lo[q] : lo[4 + q], 1);
-    got_hi[q] = __shfl_xor_sync(detail::kFullMask, odd ? hi[q] : hi[4 + q], 1);
-  }
-  if (!valid) return;
-  const int64_t out_row = tile_row + r0;
-  const int64_t first_col = odd ? c0 - 2 : c0;
-  uint8_t* base = col_data + first_col * padded_rows + out_row + (odd ? 16 : 0);
-  const uint4 own_lo = odd ? make_uint4(lo[4], lo[5], lo[6], lo[7]) : make_uint4(lo[0], lo[1], lo[2], lo[3]);
-  const uint4 own_hi = odd ? make_uint4(hi[4], hi[5], hi[6], hi[7]) : make_uint4(hi[0], hi[1], hi[2], hi[3]);
-  const uint4 other_lo = make_uint4(got_lo[0], got_lo[1], got_lo[2], got_lo[3]);
-  const uint4 other_hi = make_uint4(got_hi[0], got_hi[1], got_hi[2], got_hi[3]);
-  *reinterpret_cast<uint4*>(base) = odd ? other_lo : own_lo;                        // column P
-  *reinterpret_cast<uint4*>(base + padded_rows) = odd ? other_hi : own_hi;          // column P+1
-  *reinterpret_cast<uint4*>(base + 2 * padded_rows) = odd ? own_lo : other_lo;      // column P+2
-  *reinterpret_cast<uint4*>(base + 3 * padded_rows) = odd ? own_hi : other_hi;      // column P+3
-  const int64_t scales_per_col = padded_rows / kMxBlock;
-  col_scales[c0 * scales_per_col + out_row / kMxBlock] = static_cast<uint8_t>(scale_lo);
-  col_scales[(c0 + 1) * scales_per_col + out_row / kMxBlock] = static_cast<uint8_t>(scale_hi);
+struct TileCoord {
+  int64_t row_tile;
+  int64_t col_tile;
+};
+
+// Tiles in bands of `band` row tiles; inside a band, row tiles fastest. band == 1: column tiles
+// fastest (concurrent blocks read whole input rows).
+__device__ __forceinline__ TileCoord TileOf(int64_t item, int64_t col_tiles, int64_t band) {
+  const int64_t per_band = band * col_tiles;
+  const int64_t b = item / per_band, in = item - b * per_band;
+  return {b * band + in % band, in / band};
 }
 
-// One block: 128 padded rows (their groups resolved once) x kColTilesPerBlock column tiles of 128,
-// the next tile's loads in flight while the current one is quantized column-wise.
-constexpr int kColTilesPerBlock = 4;
-
-__global__ void __launch_bounds__(kTileThreads, 3)
+template <class Cfg, bool kRowwise>
+__global__ void __launch_bounds__(Cfg::kThreads)
     QuantizeRowColKernel(const Bf16* __restrict__ x, int64_t rows, int64_t cols,
                          const int32_t* __restrict__ offsets, int num_groups,
                          uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scales,
                          uint8_t* __restrict__ col_data, uint8_t* __restrict__ col_scales,
-                         const int32_t* __restrict__ padded_offsets, int64_t padded_rows) {
-  __shared__ __align__(16) Bf16 tile[kTileRows][kTileCols];
-  __shared__ RowBlock blocks[kRowBlocksPerTile];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t tile_row = static_cast<int64_t>(blockIdx.y) * kTileRows;
-  if (warp < kRowBlocksPerTile) {
-    const RowBlock b = ResolveRowBlock(tile_row + warp * kMxBlock, offsets, padded_offsets,
-                                       num_groups, rows);
-    if (lane == 0) blocks[warp] = b;
-  }
-  __syncthreads();
-  if (blocks[0].source_row < 0) return;  // the whole row tile is past the last group
+                         const int32_t* __restrict__ padded_offsets, int64_t padded_rows,
+                         int64_t band) {
+  constexpr int kRows = Cfg::kRows, kCols = Cfg::kCols, kThreads = Cfg::kThreads;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* const out_tile = smem + Cfg::kStages * Cfg::kStageBytes;  // [kCols][kRows], swizzled
+  uint8_t* const scale_tile = out_tile + Cfg::kOutBytes;              // [kCols][kBlocks]
+  __shared__ RowBlock ring[Cfg::kRing][Cfg::kBlocks];
 
-  const int col_tiles = static_cast<int>((cols + kTileCols - 1) / kTileCols);
-  const int first = blockIdx.x * kColTilesPerBlock;
-  const int last = min(first + kColTilesPerBlock, col_tiles);
-  const int vec = threadIdx.x & 15;  // 16 vectors of 8 columns per tile row
-  const int64_t blocks_per_row = cols / kMxBlock;
-  uint4 v[kTileRows / 16];
-  LoadTile(x, cols, static_cast<int64_t>(first) * kTileCols + vec * 8, blocks, v);
-  for (int ct = first; ct < last; ++ct) {
-    const int64_t tile_col = static_cast<int64_t>(ct) * kTileCols;
-    const int64_t col = tile_col + vec * 8;
-    // Row-wise from registers (the condition is block-uniform: every lane reaches the shuffles).
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t live_padded = padded_offsets[num_groups];
+  const int64_t col_tiles = (cols + kCols - 1) / kCols;
+  const int64_t live_row_tiles = (live_padded + kRows - 1) / kRows;
+  const int64_t items = (live_row_tiles + band - 1) / band * band * col_tiles;
+  const int64_t my_items =
+      items > blockIdx.x ? (items - blockIdx.x - 1) / gridDim.x + 1 : 0;  // uniform per block
+  auto item_of = [&](int64_t i) { return blockIdx.x + i * static_cast<int64_t>(gridDim.x); };
+  auto stage_of = [&](int64_t i) {
+    return reinterpret_cast<Bf16*>(smem + (i % Cfg::kStages) * Cfg::kStageBytes);
+  };
+
+  // Row blocks of the block's i-th tile into ring slot i % kRing (warps 0..kBlocks-1).
+  auto resolve = [&](int64_t i) {
+    if (i >= my_items || warp >= Cfg::kBlocks) return;
+    const TileCoord t = TileOf(item_of(i), col_tiles, band);
+    const RowBlock b = ResolveRowBlock(t.row_tile * kRows + warp * kMxBlock, offsets,
+                                       padded_offsets, num_groups, rows, live_padded);
+    if (lane == 0) ring[i % Cfg::kRing][warp] = b;
+  };
+  // Copies of the i-th tile into its stage; always commits a group (empty past the end) so the
+  // wait count below stays uniform.
+  auto issue = [&](int64_t i) {
+    if (i < my_items) {
+      const TileCoord t = TileOf(item_of(i), col_tiles, band);
+      const RowBlock* blocks = ring[i % Cfg::kRing];
+      Bf16* stage = stage_of(i);
 #pragma unroll
-    for (int i = 0; i < kTileRows / 16 && row_data != nullptr; ++i) {
-      const int r = (threadIdx.x >> 4) + 16 * i;
-      const RowBlock b = blocks[r / kMxBlock];
-      const detail::MxQuad q = detail::QuantizeMxQuad(v[i]);
-      if (col < cols && b.source_row >= 0 && (r % kMxBlock) < b.live) {
-        const int64_t row = b.source_row + r % kMxBlock;
-        *reinterpret_cast<uint2*>(row_data + row * cols + col) = q.data;
-        if ((vec & 3) == 0) {
-          row_scales[row * blocks_per_row + col / kMxBlock] = static_cast<uint8_t>(q.scale);
+      for (int n = 0; n < Cfg::kRowChunks; ++n) {
+        const int idx = tid + n * kThreads;
+        const int r = idx / Cfg::kChunksPerRow, ch = idx % Cfg::kChunksPerRow;
+        const RowBlock b = blocks[r / kMxBlock];
+        const int64_t col = t.col_tile * kCols + ch * 8;
+        const bool ok = col < cols && b.source_row >= 0 && (r % kMxBlock) < b.live;
+        const Bf16* src = ok ? x + (b.source_row + r % kMxBlock) * cols + col : x;
+        detail::CpAsync16(stage + r * kCols + ch * 8, src, ok);
+      }
+    }
+    detail::CpAsyncCommit();
+  };
+
+  for (int s = 0; s < Cfg::kStages - 1; ++s) resolve(s);
+  __syncthreads();
+  for (int s = 0; s < Cfg::kStages - 1; ++s) issue(s);
+
+  for (int64_t i = 0; i < my_items; ++i) {
+    // Ring slot (i + kStages - 1) % kRing was last read by tile i - 2's write-out, and stage
+    // (i - 1) % kStages by tile i - 1's passes: both finished before the barriers of tile i - 1.
+    resolve(i + Cfg::kStages - 1);
+    __syncthreads();
+    issue(i + Cfg::kStages - 1);
+    detail::CpAsyncWait<Cfg::kStages - 1>();
+    __syncthreads();
+
+    const TileCoord t = TileOf(item_of(i), col_tiles, band);
+    const int64_t tile_row = t.row_tile * kRows, tile_col = t.col_tile * kCols;
+    const RowBlock* blocks = ring[i % Cfg::kRing];
+    const Bf16* tile = stage_of(i);
+
+    // Column-wise MX blocks into the transposed shared tile.
+#pragma unroll
+    for (int n = 0; n < Cfg::kColItems; ++n) {
+      const int idx = tid + n * kThreads;
+      const int p = idx % Cfg::kPairs, w = idx / Cfg::kPairs;
+      uint32_t word[kMxBlock];
+      uint32_t amax = 0;
+#pragma unroll
+      for (int e = 0; e < kMxBlock; ++e) {
+        word[e] = *reinterpret_cast<const uint32_t*>(tile + (w * kMxBlock + e) * kCols + 2 * p);
+        amax = __vmaxu2(amax, word[e] & 0x7fff7fffu);
+      }
+      const uint32_t scale_lo = detail::ScaleByteForAmaxBits(amax & 0xffffu);
+      const uint32_t scale_hi = detail::ScaleByteForAmaxBits(amax >> 16);
+      const float inv_lo = detail::InverseScale(scale_lo), inv_hi = detail::InverseScale(scale_hi);
+      uint32_t lo[8], hi[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const uint32_t* v = word + 4 * q;
+        lo[q] = detail::E4M3x2(detail::BfLo(v[0]) * inv_lo, detail::BfLo(v[1]) * inv_lo) |
+                (detail::E4M3x2(detail::BfLo(v[2]) * inv_lo, detail::BfLo(v[3]) * inv_lo) << 16);
+        hi[q] = detail::E4M3x2(detail::BfHi(v[0]) * inv_hi, detail::BfHi(v[1]) * inv_hi) |
+                (detail::E4M3x2(detail::BfHi(v[2]) * inv_hi, detail::BfHi(v[3]) * inv_hi) << 16);
+        if (scale_lo == kE8M0Nan) lo[q] = 0x7f7f7f7fu;
+        if (scale_hi == kE8M0Nan) hi[q] = 0x7f7f7f7fu;
+      }
+      const int c = 2 * p;
+      *reinterpret_cast<uint4*>(out_tile + OutChunkOffset<Cfg>(c, 2 * w)) =
+          make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      *reinterpret_cast<uint4*>(out_tile + OutChunkOffset<Cfg>(c, 2 * w + 1)) =
+          make_uint4(lo[4], lo[5], lo[6], lo[7]);
+      *reinterpret_cast<uint4*>(out_tile + OutChunkOffset<Cfg>(c + 1, 2 * w)) =
+          make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      *reinterpret_cast<uint4*>(out_tile + OutChunkOffset<Cfg>(c + 1, 2 * w + 1)) =
+          make_uint4(hi[4], hi[5], hi[6], hi[7]);
+      scale_tile[c * Cfg::kBlocks + w] = static_cast<uint8_t>(scale_lo);
+      scale_tile[(c + 1) * Cfg::kBlocks + w] = static_cast<uint8_t>(scale_hi);
+    }
+
+    // Row-wise straight from the staged tile (every lane reaches the quad shuffles).
+    if constexpr (kRowwise) {
+      const int64_t blocks_per_row = cols / kMxBlock;
+#pragma unroll
+      for (int n = 0; n < Cfg::kRowChunks; ++n) {
+        const int idx = tid + n * kThreads;
+        const int r = idx / Cfg::kChunksPerRow, ch = idx % Cfg::kChunksPerRow;
+        const detail::MxQuad q =
+            detail::QuantizeMxQuad(*reinterpret_cast<const uint4*>(tile + r * kCols + ch * 8));
+        const RowBlock b = blocks[r / kMxBlock];
+        const int64_t col = tile_col + ch * 8;
+        if (col < cols && b.source_row >= 0 && (r % kMxBlock) < b.live) {
+          const int64_t row = b.source_row + r % kMxBlock;
+          *reinterpret_cast<uint2*>(row_data + row * cols + col) = q.data;
+          if ((ch & 3) == 0) {
+            row_scales[row * blocks_per_row + col / kMxBlock] = static_cast<uint8_t>(q.scale);
+          }
         }
       }
     }
-    __syncthreads();  // the previous tile's column pass is done with `tile`
-#pragma unroll
-    for (int i = 0; i < kTileRows / 16; ++i) {
-      *reinterpret_cast<uint4*>(&tile[(threadIdx.x >> 4) + 16 * i][vec * 8]) = v[i];
-    }
     __syncthreads();
-    if (ct + 1 < last) LoadTile(x, cols, col + kTileCols, blocks, v);
-    ColumnPass(tile, blocks, tile_row, tile_col, cols, col_data, col_scales, padded_rows);
+
+    // The transposed tile leaves as kRows-byte runs per column; rows past the last group and
+    // columns past `cols` stay untouched.
+#pragma unroll
+    for (int n = 0; n < Cfg::kOutChunks; ++n) {
+      const int idx = tid + n * kThreads;
+      const int c = idx / Cfg::kOutChunksPerCol, k = idx % Cfg::kOutChunksPerCol;
+      const int64_t col = tile_col + c;
+      if (col < cols && blocks[k / 2].source_row >= 0) {
+        *reinterpret_cast<uint4*>(col_data + col * padded_rows + tile_row + 16 * k) =
+            *reinterpret_cast<const uint4*>(out_tile + OutChunkOffset<Cfg>(c, k));
+      }
+    }
+    const int64_t scales_per_col = padded_rows / kMxBlock;
+    for (int idx = tid; idx < kCols * Cfg::kBlocks; idx += kThreads) {
+      const int c = idx / Cfg::kBlocks, w = idx % Cfg::kBlocks;
+      const int64_t col = tile_col + c;
+      if (col < cols && blocks[w].source_row >= 0) {
+        col_scales[col * scales_per_col + tile_row / kMxBlock + w] = scale_tile[idx];
+      }
+    }
   }
+  detail::CpAsyncWait<0>();  // no copy may outlive the block (the empty tail groups)
 }
+
+// Launches the row+column kernel with config Cfg on a persistent grid (resident blocks only).
+template <class Cfg>
+absl::Status LaunchRowCol(const MxQuantizeShape& shape, const Bf16* x, const int32_t* offsets,
+                          const MxRowwise* rowwise, const MxColwise* colwise, int64_t band,
+                          Stream stream) {
+  auto kernel = rowwise != nullptr ? QuantizeRowColKernel<Cfg, true> : QuantizeRowColKernel<Cfg, false>;
+  // Per kernel instance: raise the dynamic shared-memory limit and size the grid once.
+  static const int resident = [] {
+    int per_sm = 0, device = 0, sms = 0;
+    for (auto k : {QuantizeRowColKernel<Cfg, true>, QuantizeRowColKernel<Cfg, false>}) {
+      if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(Cfg::kSmemBytes)) != cudaSuccess) {
+        return 0;
+      }
+    }
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, QuantizeRowColKernel<Cfg, true>,
+                                                      Cfg::kThreads, Cfg::kSmemBytes) != cudaSuccess ||
+        cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      return 0;
+    }
+    return per_sm * sms;
+  }();
+  if (resident <= 0) {
+    (void)cudaGetLastError();
+    return absl::InternalError("QuantizeRowColKernel: shared-memory or occupancy setup failed");
+  }
+  const int64_t row_tiles = (colwise->padded_rows + Cfg::kRows - 1) / Cfg::kRows;
+  const int64_t col_tiles = (shape.cols + Cfg::kCols - 1) / Cfg::kCols;
+  const int64_t items = (row_tiles + band - 1) / band * band * col_tiles;
+  const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(items, resident)));
+  kernel<<<blocks, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+      x, shape.rows, shape.cols, offsets, shape.num_groups,
+      rowwise == nullptr ? nullptr : rowwise->data, rowwise == nullptr ? nullptr : rowwise->scales,
+      colwise->data, colwise->scales, colwise->group_offsets, colwise->padded_rows, band);
+  return LaunchStatus("QuantizeRowColKernel");
+}
+
+// The configuration measured best on an H200 (docs/kernels.md).
+using DefaultRowColConfig = RowColConfig<128, 128, 2, 256>;
+constexpr int64_t kDefaultBand = 1;
 
 // ---- Dequantize (row-wise) ----
 
@@ -351,15 +466,8 @@ absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
   PaddedOffsetsKernel<<<1, kScanThreads, 0, stream>>>(group_offsets, shape.num_groups, shape.rows,
                                                       colwise->group_offsets);
   if (absl::Status s = LaunchStatus("PaddedOffsetsKernel"); !s.ok()) return s;
-  const int64_t row_tiles = colwise->padded_rows / kTileRows + (colwise->padded_rows % kTileRows != 0);
-  if (row_tiles > 65535) return absl::InvalidArgumentError("colwise.padded_rows: too many rows (> 8M)");
-  const dim3 grid(detail::CeilDiv(detail::CeilDiv(shape.cols, kTileCols), kColTilesPerBlock),
-                  static_cast<unsigned>(row_tiles));
-  QuantizeRowColKernel<<<grid, kTileThreads, 0, stream>>>(
-      x, shape.rows, shape.cols, group_offsets, shape.num_groups,
-      rowwise == nullptr ? nullptr : rowwise->data, rowwise == nullptr ? nullptr : rowwise->scales,
-      colwise->data, colwise->scales, colwise->group_offsets, colwise->padded_rows);
-  return LaunchStatus("QuantizeRowColKernel");
+  return LaunchRowCol<DefaultRowColConfig>(shape, x, group_offsets, rowwise, colwise, kDefaultBand,
+                                           stream);
 }
 
 absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* num_rows,

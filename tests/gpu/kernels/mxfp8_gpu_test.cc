@@ -112,6 +112,42 @@ TEST_F(Mxfp8Gpu, GroupedRowAndColumnwiseMatchReference) {
   }
 }
 
+// Enough tiles that every block of the persistent grid walks many of them (the copy pipeline wraps
+// around its stages), a partial last column tile, and a long run of empty groups at the end.
+TEST_F(Mxfp8Gpu, ColumnwiseManyTilesPerBlockMatchReference) {
+  const int64_t rows = 30011, cols = 1056;
+  const int groups = 40;
+  const std::vector<Bf16> x = QuantizeInput(rows, cols);
+  std::vector<int32_t> offsets = RandomGroupOffsets(groups, rows - 3);
+  for (int g = groups - 6; g <= groups; ++g) offsets[g] = offsets[groups - 6];  // empty tail
+  const int64_t padded = ColwisePaddedRows(rows, groups);
+  const MxQuantizeShape shape{rows, cols, groups};
+  for (bool with_rowwise : {true, false}) {
+    SCOPED_TRACE(with_rowwise ? "row and column" : "column only");
+    DeviceArray<Bf16> d_x(x);
+    DeviceArray<int32_t> d_offsets(offsets);
+    DeviceArray<uint8_t> d_rdata(rows * cols), d_rscales(rows * cols / 32);
+    DeviceArray<uint8_t> d_cdata(cols * padded), d_cscales(cols * padded / 32);
+    DeviceArray<int32_t> d_poffsets(groups + 1);
+    MxRowwise d_rowwise{d_rdata.get(), d_rscales.get()};
+    MxColwise d_colwise{d_cdata.get(), d_cscales.get(), d_poffsets.get(), padded};
+    STATUS_ASSERT(cuda::QuantizeMxfp8(shape, d_x.get(), d_offsets.get(),
+                                      with_rowwise ? &d_rowwise : nullptr, &d_colwise, nullptr));
+    auto rdata = Poisoned<uint8_t>(rows * cols), rscales = Poisoned<uint8_t>(rows * cols / 32);
+    auto cdata = Poisoned<uint8_t>(cols * padded), cscales = Poisoned<uint8_t>(cols * padded / 32);
+    auto poffsets = Poisoned<int32_t>(groups + 1);
+    MxRowwise rowwise{rdata.data(), rscales.data()};
+    MxColwise colwise{cdata.data(), cscales.data(), poffsets.data(), padded};
+    STATUS_ASSERT(cpu::QuantizeMxfp8(shape, x.data(), offsets.data(),
+                                     with_rowwise ? &rowwise : nullptr, &colwise));
+    EXPECT_TRUE(BitEqual(d_poffsets.Download(), poffsets));
+    EXPECT_TRUE(BitEqual(d_cdata.Download(), cdata));
+    EXPECT_TRUE(BitEqual(d_cscales.Download(), cscales));
+    EXPECT_TRUE(BitEqual(d_rdata.Download(), rdata));
+    EXPECT_TRUE(BitEqual(d_rscales.Download(), rscales));
+  }
+}
+
 TEST_F(Mxfp8Gpu, DequantizeMatchesReference) {
   const int64_t rows = 777, cols = 192;
   const std::vector<Bf16> x = QuantizeInput(rows, cols);
