@@ -327,5 +327,17 @@ TEST(CoordinatorAbuseTest, ManyConcurrentWatchersAllSeeTheEnd) {
   EXPECT_TRUE(Serving(*c));
 }
 
+TEST(CoordinatorAbuseTest, SecondCoordinatorOnATakenPortRefusesToStart) {
+  auto c = CoordinatorUnderTest::Start();
+  const std::string port = c->address().substr(c->address().rfind(':') + 1);
+  CommandResult second = RunCommand({BinaryPath("dropless-coordinator"),
+                                     "--listen=127.0.0.1:" + port,
+                                     "--db=" + MakeTempDir() + "/second.db", "--metrics-port=0"},
+                                    absl::Seconds(30));
+  EXPECT_EQ(second.exit_code, 1) << second.out << second.err;
+  EXPECT_THAT(second.err, HasSubstr("could not listen")) << second.err;
+  EXPECT_TRUE(Serving(*c));
+}
+
 }  // namespace
 }  // namespace dropless::testing
