@@ -198,10 +198,12 @@ absl::Status FakeWorker::Connect() {
       absl::MutexLock lock(&mu_);
       inbox_.push_back(message);
     }
-    session_ended_ = true;
     grpc::Status status = stream_->Finish();
-    absl::MutexLock lock(&mu_);
-    final_status_ = status;
+    {
+      absl::MutexLock lock(&mu_);
+      final_status_ = status;
+    }
+    session_ended_ = true;  // after the status, so a closed session always has one
   });
   heartbeats_on_ = true;
   heartbeat_ = std::thread([this] {

@@ -135,6 +135,8 @@ TEST(RankSupervisorTest, CapturesOutputReportsAndExitCode) {
   EXPECT_EQ(rec.Output(1), (std::vector<std::string>{"hello", "to-stderr", "no newline"}));
   EXPECT_EQ(rec.Reports(1), (std::vector<std::string>{"ready", "step=1"}));
   EXPECT_TRUE(FullyGone(*pid));
+  // A child counts as live until its on_exit has returned, which may be just after WaitExit saw it.
+  EXPECT_TRUE(supervisor.WaitUntilIdle(absl::Seconds(10)));
   EXPECT_EQ(supervisor.live_children(), 0);
   std::ifstream in(log);
   std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
