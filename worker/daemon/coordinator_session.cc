@@ -82,6 +82,10 @@ bool CoordinatorSession::WaitUntilFlushed(absl::Duration timeout) {
 absl::Status CoordinatorSession::Register() {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  // Wait for the channel to (re)connect rather than fail fast while it is in reconnect backoff:
+  // failing fast stacked the channel's backoff on top of ours, and a restarted coordinator was
+  // found only seconds after it was up, eating into the lease of the ranks still running here.
+  context.set_wait_for_ready(true);
   {
     absl::MutexLock lock(&mu_);
     if (shutdown_) return absl::CancelledError("shutting down");

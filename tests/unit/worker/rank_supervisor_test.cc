@@ -182,7 +182,7 @@ TEST(RankSupervisorTest, StopTerminatesAPoliteChild) {
   ChildExit exit = rec.Exit(3);
   EXPECT_EQ(exit.signal, SIGTERM);
   EXPECT_TRUE(exit.stop_requested);
-  EXPECT_LT(rec.ExitTime(3) - stop, absl::Seconds(2));
+  EXPECT_LT(rec.ExitTime(3) - stop, absl::Seconds(5));
   EXPECT_TRUE(FullyGone(*pid));
 }
 
@@ -198,7 +198,7 @@ TEST(RankSupervisorTest, StopKillsAChildIgnoringSigtermAfterTheGrace) {
   ASSERT_TRUE(rec.WaitExit(4, absl::Seconds(10)));
   const absl::Duration took = rec.ExitTime(4) - stop;
   EXPECT_GE(took, absl::Milliseconds(450));
-  EXPECT_LT(took, absl::Seconds(3));
+  EXPECT_LT(took, absl::Seconds(6));
   EXPECT_EQ(rec.Exit(4).signal, SIGKILL);
   EXPECT_TRUE(rec.Exit(4).stop_requested);
   EXPECT_TRUE(FullyGone(*pid));
