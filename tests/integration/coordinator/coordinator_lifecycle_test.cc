@@ -315,7 +315,8 @@ TEST(CoordinatorLifecycleTest, FailedRankRetriesOnANewAttempt) {
 }
 
 TEST(CoordinatorLifecycleTest, KillNineAndRestartKeepsEveryAcceptedJob) {
-  auto coordinator = CoordinatorUnderTest::Start();
+  // The surviving worker must say Hello within the lease after the restart.
+  auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
   std::vector<std::string> ids;
   for (int i = 0; i < 3; ++i) {
     absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(2), absl::StrCat("durable-", i), i);
@@ -375,7 +376,8 @@ TEST(CoordinatorLifecycleTest, KillNineAndRestartKeepsEveryAcceptedJob) {
 }
 
 TEST(CoordinatorLifecycleTest, WorkerThatReconnectsWithoutItsRanksFailsTheAttempt) {
-  auto coordinator = CoordinatorUnderTest::Start();
+  // The worker must come back within the lease, or the attempt fails for the lease instead.
+  auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
   FakeWorker w(coordinator->channel(), "node-blip", 1);
   ASSERT_TRUE(w.Register().ok() && w.Connect().ok());
   absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(1));

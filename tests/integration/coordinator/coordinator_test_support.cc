@@ -30,9 +30,11 @@ resources: {backend: cpu}
                          name, max_attempts, 4 * ranks, ranks);
 }
 
-std::unique_ptr<CoordinatorUnderTest> CoordinatorUnderTest::Start(const std::string& db) {
+std::unique_ptr<CoordinatorUnderTest> CoordinatorUnderTest::Start(const std::string& db,
+                                                                   int64_t lease_ms) {
   auto c = std::unique_ptr<CoordinatorUnderTest>(new CoordinatorUnderTest());
   c->db_ = db.empty() ? MakeTempDir() + "/coordinator.db" : db;
+  c->lease_ms_ = lease_ms;
   c->grpc_port_ = PickFreePort();
   c->metrics_port_ = PickFreePort();
   c->Launch();
@@ -46,7 +48,7 @@ void CoordinatorUnderTest::Launch() {
                                  absl::StrCat("--metrics-port=", metrics_port_),
                                  "--metrics-address=127.0.0.1",
                                  absl::StrCat("--heartbeat-interval-ms=", kHeartbeatMs),
-                                 absl::StrCat("--lease-timeout-ms=", kLeaseMs)});
+                                 absl::StrCat("--lease-timeout-ms=", lease_ms_)});
   ASSERT_TRUE(process.ok()) << process.status();
   process_ = std::move(*process);
   ASSERT_TRUE(WaitForTcpPort(grpc_port_, absl::Seconds(20))) << process_->Output();

@@ -32,6 +32,9 @@ namespace dropless::testing {
 // Lease settings the tests run with: short, so lost workers are noticed within seconds.
 inline constexpr int64_t kHeartbeatMs = 200;
 inline constexpr int64_t kLeaseMs = 1500;
+// For tests where a worker must reconnect within the lease (after a restart or a blip): long
+// enough for a slow, loaded CI machine to get there.
+inline constexpr int64_t kReconnectLeaseMs = 6000;
 
 // A job spec: `ranks` CPU ranks (ep = ranks), a few steps, the given attempts.
 std::string TinySpec(int ranks, int max_attempts = 1, const std::string& name = "tiny");
@@ -40,7 +43,8 @@ std::string TinySpec(int ranks, int max_attempts = 1, const std::string& name = 
 class CoordinatorUnderTest {
  public:
   // db empty: a fresh temporary file.
-  static std::unique_ptr<CoordinatorUnderTest> Start(const std::string& db = "");
+  static std::unique_ptr<CoordinatorUnderTest> Start(const std::string& db = "",
+                                                     int64_t lease_ms = kLeaseMs);
   ~CoordinatorUnderTest();
 
   const std::string& db() const { return db_; }
@@ -69,6 +73,7 @@ class CoordinatorUnderTest {
   void Launch();
 
   std::string db_;
+  int64_t lease_ms_ = kLeaseMs;
   int grpc_port_ = 0;
   int metrics_port_ = 0;
   std::unique_ptr<Process> process_;
