@@ -49,7 +49,10 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (int rc = pthread_sigmask(SIG_BLOCK, &signals, nullptr); rc != 0) {
+    dropless::coordinator::LogError(absl::StrCat("pthread_sigmask: ", strerror(rc)));
+    return 1;
+  }
   signal(SIGPIPE, SIG_IGN);
 
   absl::SetProgramUsageMessage(
@@ -103,7 +106,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   int received = 0;
-  sigwait(&signals, &received);
+  while (sigwait(&signals, &received) != 0) {
+  }
   dropless::coordinator::LogInfo(absl::StrCat("received ", strsignal(received), "; shutting down"));
   (*server)->Shutdown(absl::Seconds(5));
   return 0;
