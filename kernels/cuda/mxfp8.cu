@@ -115,60 +115,59 @@ __global__ void __launch_bounds__(kScanThreads)
 
 // ---- Row-wise + column-wise tile kernel ----
 //
-// A persistent grid walks tiles of kRows padded rows x kCols columns (column tiles fastest, or
-// bands of row tiles; see TileOf). Each tile is copied to shared memory with 16-byte cp.async
-// (padding rows and rows past the last group arrive as zeros), kStages tiles in flight per block.
-// From the staged tile:
+// A persistent grid walks tiles of kRows padded rows x kCols columns, column tiles fastest (the
+// blocks running at once read whole input rows). Each tile is copied to shared memory with
+// 16-byte cp.async (padding rows and rows past the last group arrive as zeros); kStages - 1 tiles
+// are in flight while one is quantized. From the staged tile:
 //   column-wise: thread -> (column pair, 32-row block); its 32 words give two MX blocks, whose
 //     E4M3 bytes go to a transposed shared tile [kCols][kRows] (16-byte chunks XOR-swizzled by
 //     column, so neither the writes nor the reads conflict on banks); the tile then leaves as
 //     kRows-byte runs per column, 16 bytes per lane, whole 128-byte lines per 8 lanes.
 //   row-wise: 4 lanes per MX block of a row (conflict-free 16-byte reads), 8-byte stores.
+// Per-tile bookkeeping is kept off the critical path: a tile's coordinates and row blocks are
+// resolved one pipeline step ahead, during the quantization of an earlier tile, with 32-bit
+// arithmetic and a group search that resumes where the block's previous tile left it.
 
 struct RowBlock {
-  int64_t source_row;  // input row of the block's first padded row; -1: past the last group
+  int32_t source_row;  // input row of the block's first padded row; -1: past the last group
   int32_t live;        // rows of the block that hold data (the rest is group padding)
 };
 
-// Warp-collective: which group the padded rows [padded_row, padded_row + 32) belong to.
-__device__ RowBlock ResolveRowBlock(int64_t padded_row, const int32_t* __restrict__ offsets,
-                                    const int32_t* __restrict__ padded_offsets, int num_groups,
-                                    int64_t rows, int64_t live_padded) {
-  const int lane = threadIdx.x & 31;
-  if (padded_row >= live_padded) return {-1, 0};
-  // g = number of j in [1, G] with padded_offsets[j] <= padded_row (empty groups count too).
-  int g = 0;
-  for (int base = 1; base <= num_groups; base += 32) {
-    const int j = base + lane;
-    const bool le = j <= num_groups && padded_offsets[j] <= padded_row;
-    g += __popc(__ballot_sync(kFullMask, le));
-  }
-  const int64_t local = padded_row - padded_offsets[g];
-  const int64_t begin = offsets == nullptr ? 0 : offsets[g];
-  const int64_t count = offsets == nullptr ? rows : offsets[g + 1] - begin;
-  const int64_t live = count - local;
-  return {begin + local, static_cast<int32_t>(live < 0 ? 0 : (live > kMxBlock ? kMxBlock : live))};
-}
+template <int kBlocks>
+struct TileSlot {
+  int32_t tile_row;  // first padded row
+  int32_t tile_col;  // first column
+  RowBlock blocks[kBlocks];
+};
 
-template <int kRowsT, int kColsT, int kStagesT, int kThreadsT>
+// kAliasOutT: the transposed tile is written over the staged tile it comes from (one more barrier
+// per tile, 16 KB less shared memory, so one more block fits per multiprocessor).
+template <int kRowsT, int kColsT, int kStagesT, int kThreadsT, bool kAliasOutT, int kMinBlocksT>
 struct RowColConfig {
   static constexpr int kRows = kRowsT, kCols = kColsT, kStages = kStagesT, kThreads = kThreadsT;
+  static constexpr bool kAliasOut = kAliasOutT;
+  static constexpr int kMinBlocks = kMinBlocksT;  // __launch_bounds__ occupancy target
   static constexpr int kBlocks = kRows / kMxBlock;          // 32-row blocks per tile
   static constexpr int kChunksPerRow = kCols / 8;           // 16-byte bf16 chunks per tile row
-  static constexpr int kRowChunks = kRows * kChunksPerRow / kThreads;   // per thread
+  static constexpr int kRowStep = kThreads / kChunksPerRow; // rows between one thread's chunks
+  static constexpr int kRowChunks = kRows / kRowStep;       // chunks per thread
   static constexpr int kPairs = kCols / 2;                  // column pairs per tile
   static constexpr int kColItems = kPairs * kBlocks / kThreads;         // per thread
   static constexpr int kOutChunksPerCol = kRows / 16;       // 16-byte E4M3 chunks per column
-  static constexpr int kOutChunks = kCols * kOutChunksPerCol / kThreads;  // per thread
-  static constexpr int kRing = kStages + 1;                 // row-block slots (see the main loop)
+  static constexpr int kColStep = kThreads / kOutChunksPerCol;  // columns between a thread's chunks
+  static constexpr int kOutChunks = kCols / kColStep;       // per thread
+  static constexpr int kRing = kStages + 1;                 // tile slots (see the main loop)
   static constexpr size_t kStageBytes = size_t{kRows} * kCols * 2;
   static constexpr size_t kOutBytes = size_t{kCols} * kRows;
-  static constexpr size_t kSmemBytes = kStages * kStageBytes + kOutBytes + kCols * kBlocks;
+  static constexpr size_t kOutRegion = kAliasOut ? 0 : kOutBytes;  // separate transposed tile
+  static constexpr size_t kSmemBytes = kStages * kStageBytes + kOutRegion + kCols * kBlocks;
   static_assert(kRows % 128 == 0 && kCols % 64 == 0, "tile: 128k rows, 64k columns");
+  static_assert(kStages >= 2, "at least one tile in flight");
+  static_assert(kOutBytes <= kStageBytes, "the transposed tile fits in a stage");
   static_assert(kThreads / 32 >= kBlocks, "one warp resolves each row block");
-  static_assert(kRowChunks * kThreads == kRows * kChunksPerRow, "row chunks divide evenly");
+  static_assert(kThreads % kChunksPerRow == 0 && kMxBlock % kRowStep == 0, "load mapping");
   static_assert(kColItems >= 1 && kColItems * kThreads == kPairs * kBlocks, "column items");
-  static_assert(kOutChunks * kThreads == kCols * kOutChunksPerCol, "output chunks");
+  static_assert(kThreads % kOutChunksPerCol == 0 && kCols % kColStep == 0, "output mapping");
 };
 
 // Position of column c's 16-byte chunk k in the transposed shared tile: chunks XOR-swizzled by
@@ -179,91 +178,129 @@ __device__ __forceinline__ int OutChunkOffset(int c, int k) {
   return c * Cfg::kRows + ((k ^ ((c >> 1) & 7)) << 4);
 }
 
-struct TileCoord {
-  int64_t row_tile;
-  int64_t col_tile;
-};
-
-// Tiles in bands of `band` row tiles; inside a band, row tiles fastest. band == 1: column tiles
-// fastest (concurrent blocks read whole input rows).
-__device__ __forceinline__ TileCoord TileOf(int64_t item, int64_t col_tiles, int64_t band) {
-  const int64_t per_band = band * col_tiles;
-  const int64_t b = item / per_band, in = item - b * per_band;
-  return {b * band + in % band, in / band};
+// Warp-collective: the group holding padded rows [padded_row, padded_row + 32). `group` is the
+// warp's previous answer (0 at first): padded rows only grow along a block's tiles, so the search
+// resumes there and usually takes one ballot.
+__device__ __forceinline__ RowBlock ResolveRowBlock(int32_t padded_row, int& group,
+                                                    const int32_t* __restrict__ offsets,
+                                                    const int32_t* __restrict__ padded_offsets,
+                                                    int num_groups, int32_t rows,
+                                                    int32_t live_padded) {
+  if (padded_row >= live_padded) return {-1, 0};
+  const int lane = threadIdx.x & 31;
+  // group = number of j in [1, G] with padded_offsets[j] <= padded_row (a prefix of [1, G]).
+  for (;;) {
+    const int j = group + 1 + lane;
+    const unsigned le = __ballot_sync(kFullMask, j <= num_groups && padded_offsets[j] <= padded_row);
+    group += __popc(le);
+    if (le != kFullMask) break;
+  }
+  const int32_t local = padded_row - padded_offsets[group];
+  const int32_t begin = offsets == nullptr ? 0 : offsets[group];
+  const int32_t count = offsets == nullptr ? rows : offsets[group + 1] - begin;
+  const int32_t live = count - local;
+  return {begin + local, live < 0 ? 0 : (live > kMxBlock ? kMxBlock : live)};
 }
 
 template <class Cfg, bool kRowwise>
-__global__ void __launch_bounds__(Cfg::kThreads)
-    QuantizeRowColKernel(const Bf16* __restrict__ x, int64_t rows, int64_t cols,
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    QuantizeRowColKernel(const Bf16* __restrict__ x, int32_t rows, int32_t cols,
                          const int32_t* __restrict__ offsets, int num_groups,
                          uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scales,
                          uint8_t* __restrict__ col_data, uint8_t* __restrict__ col_scales,
-                         const int32_t* __restrict__ padded_offsets, int64_t padded_rows,
-                         int64_t band) {
+                         const int32_t* __restrict__ padded_offsets, int32_t padded_rows,
+                         bool word_scales) {
   constexpr int kRows = Cfg::kRows, kCols = Cfg::kCols, kThreads = Cfg::kThreads;
+  constexpr int kBlocks = Cfg::kBlocks;
   extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* const out_tile = smem + Cfg::kStages * Cfg::kStageBytes;  // [kCols][kRows], swizzled
-  uint8_t* const scale_tile = out_tile + Cfg::kOutBytes;              // [kCols][kBlocks]
-  __shared__ RowBlock ring[Cfg::kRing][Cfg::kBlocks];
+  // Transposed tile [kCols][kRows] (swizzled): its own region, or the stage it comes from.
+  uint8_t* const out_region = smem + Cfg::kStages * Cfg::kStageBytes;
+  uint8_t* const scale_tile = out_region + Cfg::kOutRegion;  // [kCols][kBlocks]
+  __shared__ TileSlot<kBlocks> ring[Cfg::kRing];
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t live_padded = padded_offsets[num_groups];
-  const int64_t col_tiles = (cols + kCols - 1) / kCols;
-  const int64_t live_row_tiles = (live_padded + kRows - 1) / kRows;
-  const int64_t items = (live_row_tiles + band - 1) / band * band * col_tiles;
-  const int64_t my_items =
-      items > blockIdx.x ? (items - blockIdx.x - 1) / gridDim.x + 1 : 0;  // uniform per block
-  auto item_of = [&](int64_t i) { return blockIdx.x + i * static_cast<int64_t>(gridDim.x); };
-  auto stage_of = [&](int64_t i) {
-    return reinterpret_cast<Bf16*>(smem + (i % Cfg::kStages) * Cfg::kStageBytes);
-  };
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const int32_t live_padded = padded_offsets[num_groups];
+  const uint32_t col_tiles = (cols + kCols - 1) / kCols;
+  const uint32_t items = (live_padded + kRows - 1) / kRows * col_tiles;  // < 2^31 (launcher)
+  const uint32_t my_items = items > blockIdx.x ? (items - blockIdx.x - 1) / gridDim.x + 1 : 0;
+  int group = 0;  // resolve warps: the group search's resume point
 
-  // Row blocks of the block's i-th tile into ring slot i % kRing (warps 0..kBlocks-1).
-  auto resolve = [&](int64_t i) {
-    if (i >= my_items || warp >= Cfg::kBlocks) return;
-    const TileCoord t = TileOf(item_of(i), col_tiles, band);
-    const RowBlock b = ResolveRowBlock(t.row_tile * kRows + warp * kMxBlock, offsets,
-                                       padded_offsets, num_groups, rows, live_padded);
-    if (lane == 0) ring[i % Cfg::kRing][warp] = b;
+  // Warps 0..kBlocks-1: coordinates and row blocks of the block's i-th tile into ring slot.
+  auto resolve = [&](uint32_t i) {
+    if (i >= my_items || warp >= kBlocks) return;
+    const uint32_t item = blockIdx.x + i * gridDim.x;
+    const uint32_t row_tile = item / col_tiles;
+    const int32_t tile_row = static_cast<int32_t>(row_tile) * kRows;
+    TileSlot<kBlocks>& slot = ring[i % Cfg::kRing];
+    const RowBlock b = ResolveRowBlock(tile_row + warp * kMxBlock, group, offsets, padded_offsets,
+                                       num_groups, rows, live_padded);
+    if ((tid & 31) == 0) {
+      slot.blocks[warp] = b;
+      if (warp == 0) {
+        slot.tile_row = tile_row;
+        slot.tile_col = static_cast<int32_t>(item - row_tile * col_tiles) * kCols;
+      }
+    }
   };
-  // Copies of the i-th tile into its stage; always commits a group (empty past the end) so the
-  // wait count below stays uniform.
-  auto issue = [&](int64_t i) {
+  // This thread's chunks of the i-th tile: column chunk tid % kChunksPerRow of rows
+  // tid / kChunksPerRow + n * kRowStep. Always commits a group (empty past the end) so the wait
+  // count stays uniform.
+  const int load_ch = tid % Cfg::kChunksPerRow, load_r0 = tid / Cfg::kChunksPerRow;
+  auto issue = [&](uint32_t i) {
     if (i < my_items) {
-      const TileCoord t = TileOf(item_of(i), col_tiles, band);
-      const RowBlock* blocks = ring[i % Cfg::kRing];
-      Bf16* stage = stage_of(i);
+      const TileSlot<kBlocks>& slot = ring[i % Cfg::kRing];
+      const int32_t col = slot.tile_col + load_ch * 8;
+      Bf16* stage = reinterpret_cast<Bf16*>(smem + (i % Cfg::kStages) * Cfg::kStageBytes) +
+                    load_r0 * kCols + load_ch * 8;
 #pragma unroll
       for (int n = 0; n < Cfg::kRowChunks; ++n) {
-        const int idx = tid + n * kThreads;
-        const int r = idx / Cfg::kChunksPerRow, ch = idx % Cfg::kChunksPerRow;
-        const RowBlock b = blocks[r / kMxBlock];
-        const int64_t col = t.col_tile * kCols + ch * 8;
-        const bool ok = col < cols && b.source_row >= 0 && (r % kMxBlock) < b.live;
-        const Bf16* src = ok ? x + (b.source_row + r % kMxBlock) * cols + col : x;
-        detail::CpAsync16(stage + r * kCols + ch * 8, src, ok);
+        const RowBlock b = slot.blocks[n * Cfg::kRowStep / kMxBlock];
+        const int rin = n * Cfg::kRowStep % kMxBlock + load_r0;
+        const bool ok = col < cols && rin < b.live;  // live == 0 past the last group
+        const Bf16* src = ok ? x + static_cast<int64_t>(b.source_row + rin) * cols + col : x;
+        detail::CpAsync16(stage + n * Cfg::kRowStep * kCols, src, ok);
       }
     }
     detail::CpAsyncCommit();
   };
 
-  for (int s = 0; s < Cfg::kStages - 1; ++s) resolve(s);
+  // Tiles 0..kStages-1 are resolved up front; tile i + kStages during tile i. Without aliasing,
+  // tile i + kStages is copied into stage i at the end of tile i; with aliasing, stage i still
+  // holds the transposed tile then, so tile i + kStages - 1 is copied into stage i - 1 at the
+  // start of tile i. Either way kStages - 1 tiles are in flight while one is quantized.
+  constexpr int kAhead = Cfg::kAliasOut ? Cfg::kStages - 1 : Cfg::kStages;
+  for (int s = 0; s < Cfg::kStages; ++s) resolve(s);
   __syncthreads();
-  for (int s = 0; s < Cfg::kStages - 1; ++s) issue(s);
+  for (int s = 0; s < kAhead; ++s) issue(s);
 
-  for (int64_t i = 0; i < my_items; ++i) {
-    // Ring slot (i + kStages - 1) % kRing was last read by tile i - 2's write-out, and stage
-    // (i - 1) % kStages by tile i - 1's passes: both finished before the barriers of tile i - 1.
-    resolve(i + Cfg::kStages - 1);
-    __syncthreads();
-    issue(i + Cfg::kStages - 1);
-    detail::CpAsyncWait<Cfg::kStages - 1>();
-    __syncthreads();
+  const int out_k = tid % Cfg::kOutChunksPerCol, out_c0 = tid / Cfg::kOutChunksPerCol;
+  for (uint32_t i = 0; i < my_items; ++i) {
+    detail::CpAsyncWait<kAhead - 1>();  // tile i has landed (this thread's copies)
+    __syncthreads();                     // ... and everyone's; tile i - 1 is written out
+    if constexpr (Cfg::kAliasOut) issue(i + Cfg::kStages - 1);  // into stage i - 1
+    const TileSlot<kBlocks>& slot = ring[i % Cfg::kRing];
+    const int32_t tile_row = slot.tile_row, tile_col = slot.tile_col;
+    uint8_t* const stage_bytes = smem + (i % Cfg::kStages) * Cfg::kStageBytes;
+    const Bf16* tile = reinterpret_cast<const Bf16*>(stage_bytes);
+    uint8_t* const out_tile = Cfg::kAliasOut ? stage_bytes : out_region;
 
-    const TileCoord t = TileOf(item_of(i), col_tiles, band);
-    const int64_t tile_row = t.row_tile * kRows, tile_col = t.col_tile * kCols;
-    const RowBlock* blocks = ring[i % Cfg::kRing];
-    const Bf16* tile = stage_of(i);
+    // Row-wise straight from the staged tile, same chunk mapping as the copies (every lane
+    // reaches the quad shuffles).
+    if constexpr (kRowwise) {
+      const int32_t col = tile_col + load_ch * 8;
+#pragma unroll
+      for (int n = 0; n < Cfg::kRowChunks; ++n) {
+        const detail::MxQuad q = detail::QuantizeMxQuad(*reinterpret_cast<const uint4*>(
+            tile + (load_r0 + n * Cfg::kRowStep) * kCols + load_ch * 8));
+        const RowBlock b = slot.blocks[n * Cfg::kRowStep / kMxBlock];
+        const int rin = n * Cfg::kRowStep % kMxBlock + load_r0;
+        if (col < cols && rin < b.live) {
+          const int64_t at = static_cast<int64_t>(b.source_row + rin) * cols + col;
+          *reinterpret_cast<uint2*>(row_data + at) = q.data;
+          if ((load_ch & 3) == 0) row_scales[at / kMxBlock] = static_cast<uint8_t>(q.scale);
+        }
+      }
+    }
 
     // Column-wise MX blocks into the transposed shared tile.
 #pragma unroll
@@ -291,6 +328,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         if (scale_lo == kE8M0Nan) lo[q] = 0x7f7f7f7fu;
         if (scale_hi == kE8M0Nan) hi[q] = 0x7f7f7f7fu;
       }
+      if constexpr (Cfg::kAliasOut) {
+        static_assert(!Cfg::kAliasOut || Cfg::kColItems == 1, "aliasing: one column item per thread");
+        resolve(i + Cfg::kStages);
+        __syncthreads();  // every read of stage i is done: the transposed tile may overwrite it
+      }
       const int c = 2 * p;
       *reinterpret_cast<uint4*>(out_tile + OutChunkOffset<Cfg>(c, 2 * w)) =
           make_uint4(lo[0], lo[1], lo[2], lo[3]);
@@ -300,52 +342,46 @@ __global__ void __launch_bounds__(Cfg::kThreads)
           make_uint4(hi[0], hi[1], hi[2], hi[3]);
       *reinterpret_cast<uint4*>(out_tile + OutChunkOffset<Cfg>(c + 1, 2 * w + 1)) =
           make_uint4(hi[4], hi[5], hi[6], hi[7]);
-      scale_tile[c * Cfg::kBlocks + w] = static_cast<uint8_t>(scale_lo);
-      scale_tile[(c + 1) * Cfg::kBlocks + w] = static_cast<uint8_t>(scale_hi);
+      scale_tile[c * kBlocks + w] = static_cast<uint8_t>(scale_lo);
+      scale_tile[(c + 1) * kBlocks + w] = static_cast<uint8_t>(scale_hi);
     }
 
-    // Row-wise straight from the staged tile (every lane reaches the quad shuffles).
-    if constexpr (kRowwise) {
-      const int64_t blocks_per_row = cols / kMxBlock;
-#pragma unroll
-      for (int n = 0; n < Cfg::kRowChunks; ++n) {
-        const int idx = tid + n * kThreads;
-        const int r = idx / Cfg::kChunksPerRow, ch = idx % Cfg::kChunksPerRow;
-        const detail::MxQuad q =
-            detail::QuantizeMxQuad(*reinterpret_cast<const uint4*>(tile + r * kCols + ch * 8));
-        const RowBlock b = blocks[r / kMxBlock];
-        const int64_t col = tile_col + ch * 8;
-        if (col < cols && b.source_row >= 0 && (r % kMxBlock) < b.live) {
-          const int64_t row = b.source_row + r % kMxBlock;
-          *reinterpret_cast<uint2*>(row_data + row * cols + col) = q.data;
-          if ((ch & 3) == 0) {
-            row_scales[row * blocks_per_row + col / kMxBlock] = static_cast<uint8_t>(q.scale);
-          }
-        }
-      }
-    }
-    __syncthreads();
+    if constexpr (!Cfg::kAliasOut) resolve(i + Cfg::kStages);  // into tile i - 1's slot
+    __syncthreads();  // transposed tile complete; slot i + kStages visible
 
     // The transposed tile leaves as kRows-byte runs per column; rows past the last group and
     // columns past `cols` stay untouched.
+    const bool out_rows_live = slot.blocks[out_k / 2].source_row >= 0;
 #pragma unroll
     for (int n = 0; n < Cfg::kOutChunks; ++n) {
-      const int idx = tid + n * kThreads;
-      const int c = idx / Cfg::kOutChunksPerCol, k = idx % Cfg::kOutChunksPerCol;
-      const int64_t col = tile_col + c;
-      if (col < cols && blocks[k / 2].source_row >= 0) {
-        *reinterpret_cast<uint4*>(col_data + col * padded_rows + tile_row + 16 * k) =
-            *reinterpret_cast<const uint4*>(out_tile + OutChunkOffset<Cfg>(c, k));
+      const int c = out_c0 + n * Cfg::kColStep;
+      const int32_t col = tile_col + c;
+      if (col < cols && out_rows_live) {
+        *reinterpret_cast<uint4*>(col_data + static_cast<int64_t>(col) * padded_rows + tile_row +
+                                  16 * out_k) =
+            *reinterpret_cast<const uint4*>(out_tile + OutChunkOffset<Cfg>(c, out_k));
       }
     }
     const int64_t scales_per_col = padded_rows / kMxBlock;
-    for (int idx = tid; idx < kCols * Cfg::kBlocks; idx += kThreads) {
-      const int c = idx / Cfg::kBlocks, w = idx % Cfg::kBlocks;
-      const int64_t col = tile_col + c;
-      if (col < cols && blocks[w].source_row >= 0) {
-        col_scales[col * scales_per_col + tile_row / kMxBlock + w] = scale_tile[idx];
+    if (kBlocks == 4 && word_scales && slot.blocks[kBlocks - 1].source_row >= 0) {
+      // All four row blocks live and 4-byte aligned scale runs: one word per column.
+      for (int c = tid; c < kCols; c += kThreads) {
+        if (tile_col + c < cols) {
+          *reinterpret_cast<uint32_t*>(col_scales + (tile_col + c) * scales_per_col +
+                                       tile_row / kMxBlock) =
+              *reinterpret_cast<const uint32_t*>(scale_tile + c * kBlocks);
+        }
+      }
+    } else {
+      for (int idx = tid; idx < kCols * kBlocks; idx += kThreads) {
+        const int c = idx / kBlocks, w = idx % kBlocks;
+        if (tile_col + c < cols && slot.blocks[w].source_row >= 0) {
+          col_scales[(tile_col + c) * scales_per_col + tile_row / kMxBlock + w] = scale_tile[idx];
+        }
       }
     }
+    // Stage i is free (everyone passed the barrier above): tile i + kStages goes into it.
+    if constexpr (!Cfg::kAliasOut) issue(i + Cfg::kStages);
   }
   detail::CpAsyncWait<0>();  // no copy may outlive the block (the empty tail groups)
 }
@@ -353,44 +389,43 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 // Launches the row+column kernel with config Cfg on a persistent grid (resident blocks only).
 template <class Cfg>
 absl::Status LaunchRowCol(const MxQuantizeShape& shape, const Bf16* x, const int32_t* offsets,
-                          const MxRowwise* rowwise, const MxColwise* colwise, int64_t band,
-                          Stream stream) {
-  auto kernel = rowwise != nullptr ? QuantizeRowColKernel<Cfg, true> : QuantizeRowColKernel<Cfg, false>;
-  // Per kernel instance: raise the dynamic shared-memory limit and size the grid once.
+                          const MxRowwise* rowwise, const MxColwise* colwise, Stream stream) {
+  // Per kernel instance, once: the shared-memory limit and carveout, and the resident grid.
   static const int resident = [] {
-    int per_sm = 0, device = 0, sms = 0;
     for (auto k : {QuantizeRowColKernel<Cfg, true>, QuantizeRowColKernel<Cfg, false>}) {
       if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(Cfg::kSmemBytes)) != cudaSuccess) {
+                               static_cast<int>(Cfg::kSmemBytes)) != cudaSuccess ||
+          cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
+        (void)cudaGetLastError();
         return 0;
       }
     }
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, QuantizeRowColKernel<Cfg, true>,
-                                                      Cfg::kThreads, Cfg::kSmemBytes) != cudaSuccess ||
-        cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      return 0;
-    }
-    return per_sm * sms;
+    return detail::ResidentBlocks(QuantizeRowColKernel<Cfg, true>, Cfg::kThreads, Cfg::kSmemBytes);
   }();
   if (resident <= 0) {
-    (void)cudaGetLastError();
     return absl::InternalError("QuantizeRowColKernel: shared-memory or occupancy setup failed");
   }
   const int64_t row_tiles = (colwise->padded_rows + Cfg::kRows - 1) / Cfg::kRows;
   const int64_t col_tiles = (shape.cols + Cfg::kCols - 1) / Cfg::kCols;
-  const int64_t items = (row_tiles + band - 1) / band * band * col_tiles;
-  const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(items, resident)));
+  if (row_tiles * col_tiles >= (int64_t{1} << 31) || shape.cols > INT32_MAX) {
+    return absl::InvalidArgumentError("cols: too many tiles for one launch");
+  }
+  const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(row_tiles * col_tiles, resident)));
+  // Column scales can go out as whole words when every column's run starts 4-byte aligned.
+  const bool word_scales = (colwise->padded_rows / kMxBlock) % 4 == 0 &&
+                           reinterpret_cast<uintptr_t>(colwise->scales) % 4 == 0;
+  auto kernel = rowwise != nullptr ? QuantizeRowColKernel<Cfg, true> : QuantizeRowColKernel<Cfg, false>;
   kernel<<<blocks, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
-      x, shape.rows, shape.cols, offsets, shape.num_groups,
-      rowwise == nullptr ? nullptr : rowwise->data, rowwise == nullptr ? nullptr : rowwise->scales,
-      colwise->data, colwise->scales, colwise->group_offsets, colwise->padded_rows, band);
+      x, static_cast<int32_t>(shape.rows), static_cast<int32_t>(shape.cols), offsets,
+      shape.num_groups, rowwise == nullptr ? nullptr : rowwise->data,
+      rowwise == nullptr ? nullptr : rowwise->scales, colwise->data, colwise->scales,
+      colwise->group_offsets, static_cast<int32_t>(colwise->padded_rows), word_scales);
   return LaunchStatus("QuantizeRowColKernel");
 }
 
 // The configuration measured best on an H200 (docs/kernels.md).
-using DefaultRowColConfig = RowColConfig<128, 128, 2, 256>;
-constexpr int64_t kDefaultBand = 1;
+using DefaultRowColConfig = RowColConfig<128, 128, 2, 256, false, 1>;
 
 // ---- Dequantize (row-wise) ----
 
@@ -466,8 +501,7 @@ absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
   PaddedOffsetsKernel<<<1, kScanThreads, 0, stream>>>(group_offsets, shape.num_groups, shape.rows,
                                                       colwise->group_offsets);
   if (absl::Status s = LaunchStatus("PaddedOffsetsKernel"); !s.ok()) return s;
-  return LaunchRowCol<DefaultRowColConfig>(shape, x, group_offsets, rowwise, colwise, kDefaultBand,
-                                           stream);
+  return LaunchRowCol<DefaultRowColConfig>(shape, x, group_offsets, rowwise, colwise, stream);
 }
 
 absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* num_rows,

@@ -62,34 +62,25 @@ __global__ void __launch_bounds__(kThreads)
 // Each thread owns pairs of vectors (16 elements): an MX block is 2 lanes, stores are 16 bytes.
 constexpr int kPairUnroll = 4;
 
-// One block per token. The row's loads are issued before the route's barrier, so the two reads'
-// latencies overlap.
+// One block per token: the route first, then the row (loaded once, quantized once, stored k times).
 __global__ void __launch_bounds__(kThreads)
     PermuteMxfp8Kernel(const uint4* __restrict__ x, int64_t vecs_per_row,
                        const int32_t* __restrict__ slot_of_choice, int top_k,
                        uint4* __restrict__ data, uint8_t* __restrict__ scales) {
   __shared__ TokenRoute route;
   const int64_t token = blockIdx.x;
+  LoadRoute(slot_of_choice, nullptr, token, top_k, &route);
   const int64_t pairs_per_row = vecs_per_row / 2;
   const int64_t scales_per_row = vecs_per_row / 4;
   const uint4* row = x + token * vecs_per_row;
-  uint4 a[kPairUnroll], b[kPairUnroll];
-#pragma unroll
-  for (int u = 0; u < kPairUnroll; ++u) {
-    const int64_t p = u * kThreads + threadIdx.x;
-    a[u] = p < pairs_per_row ? detail::LoadVecStreaming(row + 2 * p) : make_uint4(0, 0, 0, 0);
-    b[u] = p < pairs_per_row ? detail::LoadVecStreaming(row + 2 * p + 1) : make_uint4(0, 0, 0, 0);
-  }
-  LoadRoute(slot_of_choice, nullptr, token, top_k, &route);
   // Uniform trip count per block: every lane reaches the pair shuffles.
   for (int64_t base = 0; base < pairs_per_row; base += kThreads * kPairUnroll) {
-    if (base > 0) {
+    uint4 a[kPairUnroll], b[kPairUnroll];
 #pragma unroll
-      for (int u = 0; u < kPairUnroll; ++u) {
-        const int64_t p = base + u * kThreads + threadIdx.x;
-        a[u] = p < pairs_per_row ? detail::LoadVecStreaming(row + 2 * p) : make_uint4(0, 0, 0, 0);
-        b[u] = p < pairs_per_row ? detail::LoadVecStreaming(row + 2 * p + 1) : make_uint4(0, 0, 0, 0);
-      }
+    for (int u = 0; u < kPairUnroll; ++u) {
+      const int64_t p = base + u * kThreads + threadIdx.x;
+      a[u] = p < pairs_per_row ? detail::LoadVecStreaming(row + 2 * p) : make_uint4(0, 0, 0, 0);
+      b[u] = p < pairs_per_row ? detail::LoadVecStreaming(row + 2 * p + 1) : make_uint4(0, 0, 0, 0);
     }
     detail::MxPair q[kPairUnroll];
 #pragma unroll
@@ -292,7 +283,7 @@ struct LaunchCombineBackward {
 // Which PermuteMxfp8 kernel runs (both produce the same bytes): one block per token, or one warp
 // per token on a resident grid with kUnroll pairs per lane per pass.
 enum class PermuteMxfp8Variant { kBlockPerToken, kWarpPerToken2, kWarpPerToken4 };
-constexpr PermuteMxfp8Variant kDefaultPermuteMxfp8 = PermuteMxfp8Variant::kWarpPerToken4;
+constexpr PermuteMxfp8Variant kDefaultPermuteMxfp8 = PermuteMxfp8Variant::kBlockPerToken;
 
 template <int kUnroll>
 absl::Status LaunchWarpPerToken(const PermuteShape& shape, const Bf16* x, const int32_t* slots,
