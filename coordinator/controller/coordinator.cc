@@ -167,6 +167,15 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
     spec->name = request.name();
   }
   if (request.priority() != 0) spec->priority = request.priority();
+  if (!request.name().empty() || request.priority() != 0) {
+    // The overrides end up in the stored spec, which every rank parses again: they must pass the
+    // same rules as the file (name pattern, priority range), or the job would fail at its start.
+    absl::StatusOr<JobSpec> overridden = ParseJobSpec(JobSpecToYaml(*spec));
+    if (!overridden.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("invalid name or priority override: ",
+                                                     overridden.status().message()));
+    }
+  }
   if (spec->world_size() > (1 << 20)) {
     return absl::InvalidArgumentError("parallel: ep * dp must be at most 1048576 ranks");
   }

@@ -339,5 +339,26 @@ TEST(CoordinatorAbuseTest, SecondCoordinatorOnATakenPortRefusesToStart) {
   EXPECT_TRUE(Serving(*c));
 }
 
+// SubmitJob's name and priority overrides go into the stored spec that every rank parses again:
+// they must pass the spec's own rules, or the job is accepted and then fails at its start.
+TEST(CoordinatorAbuseTest, OverridesFollowTheSpecRules) {
+  auto c = CoordinatorUnderTest::Start();
+  absl::StatusOr<v1::Job> upper = c->Submit(TinySpec(1), "Not A Valid Name");
+  EXPECT_EQ(upper.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(upper.status().message(), HasSubstr("name"));
+  absl::StatusOr<v1::Job> priority = c->Submit(TinySpec(1), "", 5000);
+  EXPECT_EQ(priority.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(priority.status().message(), HasSubstr("priority"));
+  grpc::ClientContext context;
+  v1::ListJobsResponse listed;
+  ASSERT_TRUE(c->jobs().ListJobs(&context, v1::ListJobsRequest(), &listed).ok());
+  EXPECT_EQ(listed.jobs_size(), 0);
+  absl::StatusOr<v1::Job> fine = c->Submit(TinySpec(1), "renamed-job", -7);
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(fine->name(), "renamed-job");
+  EXPECT_EQ(fine->priority(), -7);
+  EXPECT_THAT(fine->spec_yaml(), HasSubstr("name: renamed-job"));
+}
+
 }  // namespace
 }  // namespace dropless::testing
