@@ -338,9 +338,17 @@ absl::StatusOr<LogStream> Coordinator::OpenLogs(const std::string& job_id,
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("coordinator is shutting down");
   auto it = jobs_.find(job_id);
+  int32_t world_size = 0;
   if (it == jobs_.end()) {
     absl::StatusOr<JobRecord> exists = store_->GetJobRecord(job_id);
     if (!exists.ok()) return exists.status();
+    world_size = exists->job.world_size();
+  } else {
+    world_size = it->second.record.job.world_size();
+  }
+  if (rank.has_value() && *rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrFormat("rank: job %s has ranks 0..%d (got %d)",
+                                                      job_id, world_size - 1, *rank));
   }
   LogStream stream;
   absl::StatusOr<std::vector<v1::LogLine>> backlog = store_->ListLogs(job_id, rank, 0);

@@ -360,5 +360,27 @@ TEST(CoordinatorAbuseTest, OverridesFollowTheSpecRules) {
   EXPECT_THAT(fine->spec_yaml(), HasSubstr("name: renamed-job"));
 }
 
+TEST(CoordinatorAbuseTest, LogsOfARankOutsideTheJobAreRefused) {
+  auto c = CoordinatorUnderTest::Start();
+  absl::StatusOr<v1::Job> job = c->Submit(TinySpec(2));
+  ASSERT_TRUE(job.ok());
+  auto logs = [&](int rank) {
+    grpc::ClientContext context;
+    v1::GetLogsRequest request;
+    request.set_job_id(job->id());
+    request.set_rank(rank);
+    auto reader = c->jobs().GetLogs(&context, request);
+    v1::LogLine line;
+    while (reader->Read(&line)) {
+    }
+    return reader->Finish();
+  };
+  EXPECT_TRUE(logs(1).ok());
+  grpc::Status outside = logs(2);
+  EXPECT_EQ(outside.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(outside.error_message(), HasSubstr("rank: job " + job->id() + " has ranks 0..1"));
+  EXPECT_EQ(logs(-1).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 }  // namespace
 }  // namespace dropless::testing
