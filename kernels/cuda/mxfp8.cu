@@ -425,7 +425,7 @@ absl::Status LaunchRowCol(const MxQuantizeShape& shape, const Bf16* x, const int
 }
 
 // The configuration measured best on an H200 (docs/kernels.md).
-using DefaultRowColConfig = RowColConfig<128, 128, 2, 256, true, 3>;
+using DefaultRowColConfig = RowColConfig<128, 128, 3, 256, false, 1>;
 
 // ---- Dequantize (row-wise) ----
 

@@ -3,8 +3,6 @@
 // slot rows are gathered and reduced in choice order with fp32 FMAs).
 #include <cuda_runtime.h>
 
-#include <algorithm>
-
 #include "absl/status/status.h"
 #include "dropless/kernels/permute.h"
 #include "dropless/kernels/routing.h"
@@ -62,7 +60,6 @@ __global__ void __launch_bounds__(kThreads)
 // Each thread owns pairs of vectors (16 elements): an MX block is 2 lanes, stores are 16 bytes.
 constexpr int kPairUnroll = 4;
 
-// One block per token: the route first, then the row (loaded once, quantized once, stored k times).
 __global__ void __launch_bounds__(kThreads)
     PermuteMxfp8Kernel(const uint4* __restrict__ x, int64_t vecs_per_row,
                        const int32_t* __restrict__ slot_of_choice, int top_k,
@@ -98,52 +95,6 @@ __global__ void __launch_bounds__(kThreads)
           data[slot * pairs_per_row + p] = q[u].data;
           if ((threadIdx.x & 1) == 0) {
             scales[slot * scales_per_row + p / 2] = static_cast<uint8_t>(q[u].scale);
-          }
-        }
-      }
-    }
-  }
-}
-
-// One warp per token, a resident grid striding over tokens: no barriers, every lane busy on rows of
-// 128 * kPairUnroll pairs, the token's slots in lanes 0..k-1 (read while the row loads fly).
-constexpr int kWarpBlockThreads = 256;
-
-template <int kUnroll>
-__global__ void __launch_bounds__(kWarpBlockThreads)
-    PermuteMxfp8WarpKernel(const uint4* __restrict__ x, int64_t num_tokens, int64_t vecs_per_row,
-                           const int32_t* __restrict__ slot_of_choice, int top_k,
-                           uint4* __restrict__ data, uint8_t* __restrict__ scales) {
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kWarpBlockThreads / 32);
-  const int64_t pairs_per_row = vecs_per_row / 2;
-  const int64_t scales_per_row = vecs_per_row / 4;
-  for (int64_t token = (static_cast<int64_t>(blockIdx.x) * kWarpBlockThreads + threadIdx.x) >> 5;
-       token < num_tokens; token += warps) {
-    const uint4* row = x + token * vecs_per_row;
-    const int32_t my_slot = lane < top_k ? slot_of_choice[token * top_k + lane] : -1;
-    for (int64_t base = 0; base < pairs_per_row; base += 32 * kUnroll) {  // warp-uniform
-      uint4 a[kUnroll], b[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t p = base + u * 32 + lane;
-        a[u] = p < pairs_per_row ? detail::LoadVecStreaming(row + 2 * p) : make_uint4(0, 0, 0, 0);
-        b[u] = p < pairs_per_row ? detail::LoadVecStreaming(row + 2 * p + 1) : make_uint4(0, 0, 0, 0);
-      }
-      detail::MxPair q[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (base + u * 32 < pairs_per_row) q[u] = detail::QuantizeMxPair(a[u], b[u]);
-      }
-      for (int j = 0; j < top_k; ++j) {
-        const int64_t slot = __shfl_sync(detail::kFullMask, my_slot, j);
-        if (slot < 0) continue;
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t p = base + u * 32 + lane;
-          if (p < pairs_per_row) {
-            data[slot * pairs_per_row + p] = q[u].data;
-            if ((lane & 1) == 0) scales[slot * scales_per_row + p / 2] = static_cast<uint8_t>(q[u].scale);
           }
         }
       }
@@ -280,42 +231,6 @@ struct LaunchCombineBackward {
   }
 };
 
-// Which PermuteMxfp8 kernel runs (both produce the same bytes): one block per token, or one warp
-// per token on a resident grid with kUnroll pairs per lane per pass.
-enum class PermuteMxfp8Variant { kBlockPerToken, kWarpPerToken2, kWarpPerToken4 };
-constexpr PermuteMxfp8Variant kDefaultPermuteMxfp8 = PermuteMxfp8Variant::kBlockPerToken;
-
-template <int kUnroll>
-absl::Status LaunchWarpPerToken(const PermuteShape& shape, const Bf16* x, const int32_t* slots,
-                                const MxRowwise& rows, Stream stream) {
-  auto kernel = PermuteMxfp8WarpKernel<kUnroll>;
-  static const int resident = detail::ResidentBlocks(kernel, kWarpBlockThreads, 0);
-  const int64_t needed = (shape.num_tokens + kWarpBlockThreads / 32 - 1) / (kWarpBlockThreads / 32);
-  const int blocks = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(needed, resident > 0 ? resident : needed)));
-  kernel<<<blocks, kWarpBlockThreads, 0, stream>>>(
-      reinterpret_cast<const uint4*>(x), shape.num_tokens, shape.hidden / 8, slots, shape.top_k,
-      reinterpret_cast<uint4*>(rows.data), rows.scales);
-  return LaunchStatus("PermuteMxfp8WarpKernel");
-}
-
-absl::Status LaunchPermuteMxfp8(PermuteMxfp8Variant variant, const PermuteShape& shape,
-                                const Bf16* x, const int32_t* slots, const MxRowwise& rows,
-                                Stream stream) {
-  switch (variant) {
-    case PermuteMxfp8Variant::kWarpPerToken2:
-      return LaunchWarpPerToken<2>(shape, x, slots, rows, stream);
-    case PermuteMxfp8Variant::kWarpPerToken4:
-      return LaunchWarpPerToken<4>(shape, x, slots, rows, stream);
-    case PermuteMxfp8Variant::kBlockPerToken:
-      break;
-  }
-  PermuteMxfp8Kernel<<<static_cast<unsigned>(shape.num_tokens), kThreads, 0, stream>>>(
-      reinterpret_cast<const uint4*>(x), shape.hidden / 8, slots, shape.top_k,
-      reinterpret_cast<uint4*>(rows.data), rows.scales);
-  return LaunchStatus("PermuteMxfp8Kernel");
-}
-
 }  // namespace
 
 absl::Status Permute(const PermuteShape& shape, const Bf16* x, const int32_t* slot_of_choice,
@@ -335,7 +250,10 @@ absl::Status PermuteMxfp8(const PermuteShape& shape, const Bf16* x, const int32_
     return s;
   }
   if (shape.num_tokens == 0) return absl::OkStatus();
-  return LaunchPermuteMxfp8(kDefaultPermuteMxfp8, shape, x, slot_of_choice, rows, stream);
+  PermuteMxfp8Kernel<<<static_cast<unsigned>(shape.num_tokens), kThreads, 0, stream>>>(
+      reinterpret_cast<const uint4*>(x), shape.hidden / 8, slot_of_choice, shape.top_k,
+      reinterpret_cast<uint4*>(rows.data), rows.scales);
+  return LaunchStatus("PermuteMxfp8Kernel");
 }
 
 absl::Status PermuteBackward(const PermuteShape& shape, const Bf16* d_rows,
