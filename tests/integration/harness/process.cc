@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -45,10 +46,14 @@ int DecodeWaitStatus(int status) {
 pid_t Spawn(std::vector<std::string> argv, const std::map<std::string, std::string>& env,
             int in_fd, int out_fd, int err_fd) {
   auto cargv = CArgv(argv);
+  pid_t parent = getpid();
   pid_t pid = fork();
   if (pid != 0) return pid;
-  // Child: new process group so that a test's kill reaches nothing else.
+  // Child: new process group so that a test's kill reaches nothing else, and killed when the test
+  // process dies (a crashed test must not leave coordinators and workers behind).
   setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);
   if (in_fd >= 0) dup2(in_fd, 0);
   dup2(out_fd, 1);
   dup2(err_fd, 2);

@@ -18,7 +18,8 @@ namespace dropless::testing {
 // A TCP port on 127.0.0.1 that was free a moment ago (bound, then released).
 int PickFreePort();
 
-// A child process whose stdout and stderr go to one temporary file.
+// A child process whose stdout and stderr go to one temporary file. It is SIGKILLed when the thread
+// that started it exits (PR_SET_PDEATHSIG), so start processes from the test's main thread.
 class Process {
  public:
   static absl::StatusOr<std::unique_ptr<Process>> Start(
