@@ -59,18 +59,24 @@ __global__ void __launch_bounds__(kThreads)
 
 // Each thread owns pairs of vectors (16 elements): an MX block is 2 lanes, stores are 16 bytes.
 constexpr int kPairUnroll = 4;
+constexpr int kPassScales = kThreads * kPairUnroll / 2;  // scale bytes one pass produces
 
+// The scale bytes of a pass are gathered in shared memory and leave as whole 16-byte (or 4-byte)
+// stores per slot: one byte store per MX block per slot, from half the lanes, cost ~6% of the
+// copy bandwidth at dsv3 (docs/kernels.md). `scale_unit` (16, 4 or 1) divides scales_per_row and
+// the alignment of `scales`.
 __global__ void __launch_bounds__(kThreads)
     PermuteMxfp8Kernel(const uint4* __restrict__ x, int64_t vecs_per_row,
                        const int32_t* __restrict__ slot_of_choice, int top_k,
-                       uint4* __restrict__ data, uint8_t* __restrict__ scales) {
+                       uint4* __restrict__ data, uint8_t* __restrict__ scales, int scale_unit) {
   __shared__ TokenRoute route;
+  __shared__ __align__(16) uint8_t pass_scales[kPassScales];
   const int64_t token = blockIdx.x;
   LoadRoute(slot_of_choice, nullptr, token, top_k, &route);
   const int64_t pairs_per_row = vecs_per_row / 2;
   const int64_t scales_per_row = vecs_per_row / 4;
   const uint4* row = x + token * vecs_per_row;
-  // Uniform trip count per block: every lane reaches the pair shuffles.
+  // Uniform trip count per block: every lane reaches the pair shuffles and the barriers.
   for (int64_t base = 0; base < pairs_per_row; base += kThreads * kPairUnroll) {
     uint4 a[kPairUnroll], b[kPairUnroll];
 #pragma unroll
@@ -83,22 +89,41 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < kPairUnroll; ++u) {
       // Skip passes no lane of the block needs (uniform across the block).
-      if (base + u * kThreads < pairs_per_row) q[u] = detail::QuantizeMxPair(a[u], b[u]);
+      if (base + u * kThreads < pairs_per_row) {
+        q[u] = detail::QuantizeMxPair(a[u], b[u]);
+        if ((threadIdx.x & 1) == 0) {
+          pass_scales[(u * kThreads + threadIdx.x) / 2] = static_cast<uint8_t>(q[u].scale);
+        }
+      }
     }
+    __syncthreads();  // pass_scales complete
     for (int j = 0; j < top_k; ++j) {
       const int64_t slot = route.slot[j];
       if (slot < 0) continue;
 #pragma unroll
       for (int u = 0; u < kPairUnroll; ++u) {
         const int64_t p = base + u * kThreads + threadIdx.x;
-        if (p < pairs_per_row) {
-          data[slot * pairs_per_row + p] = q[u].data;
-          if ((threadIdx.x & 1) == 0) {
-            scales[slot * scales_per_row + p / 2] = static_cast<uint8_t>(q[u].scale);
-          }
-        }
+        if (p < pairs_per_row) data[slot * pairs_per_row + p] = q[u].data;
       }
     }
+    const int64_t first_scale = base / 2;
+    const int pass_bytes = static_cast<int>(min(static_cast<int64_t>(kPassScales), scales_per_row - first_scale));
+    const int units = pass_bytes / scale_unit;  // scale_unit divides pass_bytes (see launcher)
+    for (int idx = threadIdx.x; idx < top_k * units; idx += kThreads) {
+      const int j = idx / units, n = idx - j * units;
+      const int64_t slot = route.slot[j];
+      if (slot < 0) continue;
+      uint8_t* dst = scales + slot * scales_per_row + first_scale + n * scale_unit;
+      const uint8_t* src = pass_scales + n * scale_unit;
+      if (scale_unit == 16) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+      } else if (scale_unit == 4) {
+        *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
+      } else {
+        *dst = *src;
+      }
+    }
+    __syncthreads();  // pass_scales is rewritten by the next pass
   }
 }
 
@@ -250,9 +275,16 @@ absl::Status PermuteMxfp8(const PermuteShape& shape, const Bf16* x, const int32_
     return s;
   }
   if (shape.num_tokens == 0) return absl::OkStatus();
+  // Widest scale store that every slot's scale row and every pass (kPassScales bytes, a multiple
+  // of 16) start aligned to.
+  const int64_t scales_per_row = shape.hidden / kMxBlock;
+  const uintptr_t scales_at = reinterpret_cast<uintptr_t>(rows.scales);
+  const int scale_unit = scales_per_row % 16 == 0 && scales_at % 16 == 0 ? 16
+                         : scales_per_row % 4 == 0 && scales_at % 4 == 0 ? 4
+                                                                          : 1;
   PermuteMxfp8Kernel<<<static_cast<unsigned>(shape.num_tokens), kThreads, 0, stream>>>(
       reinterpret_cast<const uint4*>(x), shape.hidden / 8, slot_of_choice, shape.top_k,
-      reinterpret_cast<uint4*>(rows.data), rows.scales);
+      reinterpret_cast<uint4*>(rows.data), rows.scales, scale_unit);
   return LaunchStatus("PermuteMxfp8Kernel");
 }
 

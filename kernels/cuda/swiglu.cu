@@ -22,7 +22,7 @@ struct SwigluConfig {
   bool prefetch_256;  // loads with the 256-byte L2 prefetch hint
   bool resident;      // grid = blocks resident at once (else 16 per multiprocessor)
 };
-constexpr SwigluConfig kDefaultConfig{4, true, false};
+constexpr SwigluConfig kDefaultConfig{4, false, false};  // H200 pick (docs/kernels.md)
 
 __device__ __forceinline__ int64_t LiveRows(int64_t rows, const int32_t* num_rows) {
   return num_rows == nullptr ? rows : min(rows, static_cast<int64_t>(max(0, *num_rows)));
