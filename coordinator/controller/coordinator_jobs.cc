@@ -54,9 +54,15 @@ absl::Status Coordinator::CommitLocked(StoreWrite& write) {
     write.jobs.push_back(it->second.record);
     if (it->second.attempt.has_value()) write.attempts.push_back(*it->second.attempt);
   }
-  dirty_jobs_.clear();
   absl::Status status = store_->Commit(write);
-  if (!status.ok()) LogError(absl::StrCat("job store write failed: ", status.ToString()));
+  if (status.ok()) {
+    dirty_jobs_.clear();
+  } else {
+    // Job rows are whole-record upserts: keeping them dirty makes the next commit store their
+    // latest state, so memory and store meet again once the store recovers (e.g. disk freed).
+    LogError(absl::StrCat("job store write failed (will retry with the next write): ",
+                          status.ToString()));
+  }
   // Workers hear about a change only once it is stored (or the store has failed loudly).
   for (auto& [worker_id, message] : pending_sends_) {
     auto worker = workers_.find(worker_id);
