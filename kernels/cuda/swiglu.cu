@@ -1,5 +1,6 @@
 // SwiGLU forward (bf16 and/or row-wise MXFP8 output) and backward (contracts: swiglu.h).
-// Memory-bound: fast exp and division keep the arithmetic under the memory time.
+// Memory-bound: fast exp and division keep the arithmetic under the memory time; outputs are
+// written with evict-first stores (nothing reads them back in the kernel).
 // One thread owns 8 consecutive output columns of a row; grid-stride over rows * F / 8.
 #include <cuda_runtime.h>
 
@@ -83,11 +84,11 @@ __global__ void __launch_bounds__(kThreads)
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = base + u * kThreads + threadIdx.x;
       const uint4 o = SwigluVec(gate[u], up[u]);
-      if (kBf16Out && i < total) out[i] = o;
+      if (kBf16Out && i < total) __stcs(out + i, o);
       if (kMxOut) {
         const detail::MxQuad q = detail::QuantizeMxQuad(o);
         if (i < total) {
-          mx_data[i] = q.data;
+          __stcs(mx_data + i, q.data);
           if ((threadIdx.x & 3) == 0) mx_scales[i / 4] = static_cast<uint8_t>(q.scale);
         }
       }
@@ -131,8 +132,8 @@ __global__ void __launch_bounds__(kThreads)
         dg[e] = dy_f[e] * up_f[e] * s * (1.0f + g[e] * (1.0f - s));
         du[e] = dy_f[e] * g[e] * s;
       }
-      d_h[gate_at[u]] = detail::Pack8(dg);
-      d_h[gate_at[u] + vecs_per_row] = detail::Pack8(du);
+      __stcs(d_h + gate_at[u], detail::Pack8(dg));
+      __stcs(d_h + gate_at[u] + vecs_per_row, detail::Pack8(du));
     }
   }
 }
