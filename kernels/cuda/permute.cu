@@ -1,6 +1,6 @@
 // Permute / unpermute + combine and their backward passes (contracts: dropless/kernels/permute.h).
-// One block per token: the token row is read once (permute: stored to its k slots; combine: the k
-// slot rows are gathered and reduced in choice order with fp32 FMAs).
+// One block per token: the token row is read once (permute: stored to its k slots with evict-first
+// stores; combine: the k slot rows are gathered and reduced in choice order with fp32 FMAs).
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t c = v0 + u * kThreads;
-        if (c < vecs_per_row) rows[slot * vecs_per_row + c] = v[u];
+        if (c < vecs_per_row) __stcs(rows + slot * vecs_per_row + c, v[u]);
       }
     }
   }
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int u = 0; u < kPairUnroll; ++u) {
         const int64_t p = base + u * kThreads + threadIdx.x;
-        if (p < pairs_per_row) data[slot * pairs_per_row + p] = q[u].data;
+        if (p < pairs_per_row) __stcs(data + slot * pairs_per_row + p, q[u].data);
       }
     }
     const int64_t first_scale = base / 2;
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads)
       uint8_t* dst = scales + slot * scales_per_row + first_scale + n * scale_unit;
       const uint8_t* src = pass_scales + n * scale_unit;
       if (scale_unit == 16) {
-        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        __stcs(reinterpret_cast<uint4*>(dst), *reinterpret_cast<const uint4*>(src));
       } else if (scale_unit == 4) {
         *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
       } else {
