@@ -1,6 +1,5 @@
 // MXFP8 quantization (row-wise, and row-wise + column-wise from one read, grouped) and
-// dequantization. Layouts and rounding: dropless/kernels/mxfp8.h. E4M3 outputs leave with
-// evict-first stores (nothing in the kernel reads them back).
+// dequantization. Layouts and rounding: dropless/kernels/mxfp8.h.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -58,7 +57,7 @@ __global__ void __launch_bounds__(kRowThreads)
       const int64_t i = base + u * kRowThreads + threadIdx.x;
       const detail::MxPair q = detail::QuantizeMxPair(a[u], b[u]);
       if (i < total) {
-        __stcs(data + i, q.data);
+        data[i] = q.data;
         if ((threadIdx.x & 1) == 0) scales[i / 2] = static_cast<uint8_t>(q.scale);
       }
       a[u] = next_a[u];
@@ -297,7 +296,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         const int rin = n * Cfg::kRowStep % kMxBlock + load_r0;
         if (col < cols && rin < b.live) {
           const int64_t at = static_cast<int64_t>(b.source_row + rin) * cols + col;
-          __stcs(reinterpret_cast<uint2*>(row_data + at), q.data);
+          *reinterpret_cast<uint2*>(row_data + at) = q.data;
           if ((load_ch & 3) == 0) row_scales[at / kMxBlock] = static_cast<uint8_t>(q.scale);
         }
       }
@@ -358,9 +357,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       const int c = out_c0 + n * Cfg::kColStep;
       const int32_t col = tile_col + c;
       if (col < cols && out_rows_live) {
-        __stcs(reinterpret_cast<uint4*>(col_data + static_cast<int64_t>(col) * padded_rows +
-                                        tile_row + 16 * out_k),
-               *reinterpret_cast<const uint4*>(out_tile + OutChunkOffset<Cfg>(c, out_k)));
+        *reinterpret_cast<uint4*>(col_data + static_cast<int64_t>(col) * padded_rows + tile_row +
+                                  16 * out_k) =
+            *reinterpret_cast<const uint4*>(out_tile + OutChunkOffset<Cfg>(c, out_k));
       }
     }
     const int64_t scales_per_col = padded_rows / kMxBlock;
