@@ -346,6 +346,9 @@ void RankManager::OnReport(RankSupervisor::ChildId id, absl::string_view line) {
   m->set_dispatch_seconds(report->dispatch_seconds);
   m->set_combine_seconds(report->combine_seconds);
   m->set_gemm_seconds(report->gemm_seconds);
+  m->set_gemm_forward_seconds(report->gemm_forward_seconds);
+  m->set_gemm_dgrad_seconds(report->gemm_dgrad_seconds);
+  m->set_gemm_wgrad_seconds(report->gemm_wgrad_seconds);
   m->set_load_imbalance(report->load_imbalance);
   m->set_device_memory_bytes(report->device_memory_bytes);
   m->set_time_ms(NowMs());

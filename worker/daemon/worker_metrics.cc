@@ -57,7 +57,8 @@ WorkerMetrics::WorkerMetrics(std::string node)
                            .Register(r);
   gemm_duration_ = &BuildHistogram()
                         .Name("dropless_rank_expert_gemm_duration_seconds")
-                        .Help("Expert GEMM time of one step (forward + backward)")
+                        .Help("Expert grouped-GEMM time of one step by phase: forward, "
+                              "backward-data (dgrad), backward-weight (wgrad)")
                         .Register(r);
   steps_ = &BuildCounter()
                 .Name("dropless_rank_steps_total")
@@ -139,7 +140,14 @@ WorkerMetrics::RankSeries& WorkerMetrics::SeriesFor(const std::string& job_id, i
   s.step_duration = &step_duration_->Add(labels, DurationBuckets());
   s.dispatch_duration = &dispatch_duration_->Add(labels, DurationBuckets());
   s.combine_duration = &combine_duration_->Add(labels, DurationBuckets());
-  s.gemm_duration = &gemm_duration_->Add(labels, DurationBuckets());
+  auto gemm_phase = [&](const char* phase) {
+    prometheus::Labels phase_labels = labels;
+    phase_labels.emplace("phase", phase);
+    return &gemm_duration_->Add(phase_labels, DurationBuckets());
+  };
+  s.gemm_forward_duration = gemm_phase("forward");
+  s.gemm_dgrad_duration = gemm_phase("dgrad");
+  s.gemm_wgrad_duration = gemm_phase("wgrad");
   s.steps = &steps_->Add(labels);
   s.flops_per_second = &flops_per_second_->Add(labels);
   s.mfu = &mfu_->Add(labels);
@@ -157,7 +165,9 @@ void WorkerMetrics::DropJob(const std::string& job_id) {
       step_duration_->Remove(s.step_duration);
       dispatch_duration_->Remove(s.dispatch_duration);
       combine_duration_->Remove(s.combine_duration);
-      gemm_duration_->Remove(s.gemm_duration);
+      gemm_duration_->Remove(s.gemm_forward_duration);
+      gemm_duration_->Remove(s.gemm_dgrad_duration);
+      gemm_duration_->Remove(s.gemm_wgrad_duration);
       steps_->Remove(s.steps);
       flops_per_second_->Remove(s.flops_per_second);
       mfu_->Remove(s.mfu);
@@ -182,7 +192,9 @@ void WorkerMetrics::RecordStep(const std::string& job_id, int rank, const StepRe
   s.step_duration->Observe(report.step_seconds);
   s.dispatch_duration->Observe(report.dispatch_seconds);
   s.combine_duration->Observe(report.combine_seconds);
-  s.gemm_duration->Observe(report.gemm_seconds);
+  s.gemm_forward_duration->Observe(report.gemm_forward_seconds);
+  s.gemm_dgrad_duration->Observe(report.gemm_dgrad_seconds);
+  s.gemm_wgrad_duration->Observe(report.gemm_wgrad_seconds);
   s.steps->Increment();
   s.flops_per_second->Set(report.FlopsPerSecond());
   s.mfu->Set(report.Mfu());

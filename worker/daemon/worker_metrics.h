@@ -1,7 +1,8 @@
 // WorkerMetrics: the worker daemon's Prometheus metrics, served on /metrics by prometheus-cpp.
 //
 // Per rank (labels job, rank, node): dropless_rank_step_duration_seconds, _dispatch_duration_seconds,
-// _combine_duration_seconds, _expert_gemm_duration_seconds (histograms, 1 ms .. 60 s),
+// _combine_duration_seconds, _expert_gemm_duration_seconds{phase=forward|dgrad|wgrad} (histograms,
+// 1 ms .. 60 s; every phase series exists from a rank's first report),
 // dropless_rank_steps_total, dropless_rank_model_flops_per_second, dropless_rank_mfu_ratio,
 // dropless_rank_tokens_per_second, dropless_rank_expert_load_imbalance_ratio, dropless_rank_loss,
 // dropless_rank_device_memory_bytes (gauges but steps_total).
@@ -59,7 +60,9 @@ class WorkerMetrics {
     prometheus::Histogram* step_duration;
     prometheus::Histogram* dispatch_duration;
     prometheus::Histogram* combine_duration;
-    prometheus::Histogram* gemm_duration;
+    prometheus::Histogram* gemm_forward_duration;
+    prometheus::Histogram* gemm_dgrad_duration;
+    prometheus::Histogram* gemm_wgrad_duration;
     prometheus::Counter* steps;
     prometheus::Gauge* flops_per_second;
     prometheus::Gauge* mfu;
@@ -81,7 +84,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Histogram>* step_duration_;
   prometheus::Family<prometheus::Histogram>* dispatch_duration_;
   prometheus::Family<prometheus::Histogram>* combine_duration_;
-  prometheus::Family<prometheus::Histogram>* gemm_duration_;
+  prometheus::Family<prometheus::Histogram>* gemm_duration_;  // label phase
   prometheus::Family<prometheus::Counter>* steps_;
   prometheus::Family<prometheus::Gauge>* flops_per_second_;
   prometheus::Family<prometheus::Gauge>* mfu_;

@@ -21,7 +21,12 @@ struct StepStats {
   double step_seconds = 0;
   double dispatch_seconds = 0;  // token dispatch all-to-all(s), fwd + bwd
   double combine_seconds = 0;   // token combine all-to-all(s), fwd + bwd
-  double gemm_seconds = 0;      // expert GEMMs, fwd + bwd
+  // Expert GEMMs (grouped over the rank's experts, shared experts included) by phase: forward,
+  // backward-data (dgrad) and backward-weight (wgrad); gemm_seconds is their sum.
+  double gemm_forward_seconds = 0;
+  double gemm_dgrad_seconds = 0;
+  double gemm_wgrad_seconds = 0;
+  double gemm_seconds = 0;
   double flops = 0;             // model FLOPs of this step on this rank (18*T*k*H*F per layer + router + shared)
   int64_t tokens = 0;           // tokens processed by this rank this step
   double load_imbalance = 1;    // max/mean tokens per expert over the EP group

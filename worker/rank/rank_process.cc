@@ -149,6 +149,9 @@ absl::Status RankRun::Run() {
     r.dispatch_seconds = stats->dispatch_seconds;
     r.combine_seconds = stats->combine_seconds;
     r.gemm_seconds = stats->gemm_seconds;
+    r.gemm_forward_seconds = stats->gemm_forward_seconds;
+    r.gemm_dgrad_seconds = stats->gemm_dgrad_seconds;
+    r.gemm_wgrad_seconds = stats->gemm_wgrad_seconds;
     r.load_imbalance = stats->load_imbalance;
     r.device_memory_bytes = stats->device_memory_bytes;
     r.peak_flops = peak;

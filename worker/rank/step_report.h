@@ -4,8 +4,9 @@
 //
 // Format: one line of space-separated key=value pairs, every key below present exactly once,
 //   step=3 steps=40 loss=0.51 aux_loss=1.02 step_seconds=0.012 flops=1.2e9 tokens=256
-//   dispatch_seconds=0.001 combine_seconds=0.001 gemm_seconds=0.006 load_imbalance=1.1
-//   device_memory_bytes=0 peak_flops=1e11
+//   dispatch_seconds=0.001 combine_seconds=0.001 gemm_seconds=0.006 gemm_forward_seconds=0.002
+//   gemm_dgrad_seconds=0.002 gemm_wgrad_seconds=0.002 load_imbalance=1.1 device_memory_bytes=0
+//   peak_flops=1e11
 // (one line; wrapped here). Doubles are written with 17 significant digits so they round-trip.
 // Unknown keys are ignored so a newer rank can report more than an older daemon reads.
 // The ready line is exactly "ready": the rank joined its groups and built its engine.
@@ -30,7 +31,10 @@ struct StepReport {
   int64_t tokens = 0;
   double dispatch_seconds = 0;
   double combine_seconds = 0;
-  double gemm_seconds = 0;
+  double gemm_seconds = 0;  // all expert GEMMs: the sum of the three phases below
+  double gemm_forward_seconds = 0;
+  double gemm_dgrad_seconds = 0;  // backward-data
+  double gemm_wgrad_seconds = 0;  // backward-weight
   double load_imbalance = 1;
   int64_t device_memory_bytes = 0;
   double peak_flops = 0;  // peak FLOP/s of the rank's device (MFU denominator); 0 = unknown

@@ -123,6 +123,15 @@ TEST_F(CliEndToEndTest, TinyCpuJobRunsToSucceededUnderWatch) {
   EXPECT_EQ(Str(job, "state"), "SUCCEEDED");
   EXPECT_EQ(Num(job, "step"), 40);
   EXPECT_EQ(job.fields().at("placement").list_value().values_size(), 2);
+  // The latest step's metrics carry the expert GEMM time by phase, summing to gemm_seconds.
+  const google::protobuf::Struct& latest = job.fields().at("latest").struct_value();
+  double phases = 0;
+  for (const char* phase : {"gemm_forward_seconds", "gemm_dgrad_seconds", "gemm_wgrad_seconds"}) {
+    ASSERT_TRUE(latest.fields().count(phase)) << phase << " missing in latest";
+    EXPECT_GT(Num(latest, phase), 0) << phase;
+    phases += Num(latest, phase);
+  }
+  EXPECT_NEAR(Num(latest, "gemm_seconds"), phases, 1e-9 + 1e-9 * phases);
 
   CommandResult described = Cli({"describe", "job", id});
   EXPECT_THAT(described.out, HasSubstr("SUCCEEDED"));

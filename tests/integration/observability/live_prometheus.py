@@ -8,7 +8,9 @@ real coordinator and two real workers while they run CPU jobs, then
      value: over the run for graphs (a range query), at the end for stat panels (an instant query);
   3. every alert rule of deploy/monitoring/alerts.rules.yaml, loaded by this Prometheus, evaluates
      with health "ok", and every metric it names exists;
-  4. killing a worker (daemon and ranks, like a lost node) makes the DroplessWorkerDown expression
+  4. each rank exposes its expert GEMM histogram once per phase (forward, dgrad, wgrad), every
+     phase observed once per step, and the dashboard's GEMM queries return a series per phase;
+  5. killing a worker (daemon and ranks, like a lost node) makes the DroplessWorkerDown expression
      return that worker, the alert go pending, and DroplessWorkerLost's expression return data.
 
 Skips (exit 77, "SKIPPED: ...") only when no prometheus binary is found.
@@ -38,6 +40,8 @@ SCRAPE_INTERVAL_S = 1
 RATE_INTERVAL = "%ds" % (4 * SCRAPE_INTERVAL_S)
 LONG_JOB_STEPS = 1000000  # cancelled by the test long before it ends
 MIN_LONG_JOB_SECONDS = 12  # of scraped rank data before the panels are evaluated
+GEMM_FAMILY = "dropless_rank_expert_gemm_duration_seconds"
+GEMM_PHASES = {"forward", "dgrad", "wgrad"}
 
 
 class Checks:
@@ -194,14 +198,43 @@ def check_dashboards(checks, prom, source_dir, job_id, start):
                                                                 selection["rank"])
                     try:
                         # Stat panels ask for the value now (instant), graphs for the whole range.
-                        values = finite_values(prom.query(expr, at=end) if target.get("instant")
-                                               else prom.query_range(expr, start, end))
+                        data = (prom.query(expr, at=end) if target.get("instant")
+                                else prom.query_range(expr, start, end))
                     except RuntimeError as e:
                         checks.ok(False, "%s: %s: %s" % (what, expr, e))
                         continue
-                    checks.ok(values, "%s returned no finite value: %s" % (what, expr))
+                    checks.ok(finite_values(data), "%s returned no finite value: %s" % (what, expr))
+                    if GEMM_FAMILY in expr and re.search(r"\bby\s*\([^)]*\bphase\b", expr):
+                        # Grouped by phase: a line for each of the three.
+                        phases = {series["metric"].get("phase", "") for series in data["result"]
+                                  if finite_values({"result": [series]})}
+                        checks.ok(phases == GEMM_PHASES, "%s: finite series for phases %s, want %s"
+                                  % (what, sorted(phases), sorted(GEMM_PHASES)))
             panels += 1
         print("%s: %d panels evaluated" % (name, panels), flush=True)
+
+
+def check_gemm_phases(checks, prom, job_id):
+    """Each rank of the job has one GEMM histogram per phase, and every step observed all three."""
+    result = prom.query('%s_count{job="%s"}' % (GEMM_FAMILY, job_id))["result"]
+    by_rank = {}
+    for series in result:
+        labels = series["metric"]
+        by_rank.setdefault(labels.get("rank"), {})[labels.get("phase")] = float(series["value"][1])
+    checks.ok(sorted(by_rank) == ["0", "1"], "%s_count of job %s: ranks %s, want 0 and 1"
+              % (GEMM_FAMILY, job_id, sorted(by_rank)))
+    for rank, counts in sorted(by_rank.items()):
+        checks.ok(set(counts) == GEMM_PHASES, "%s_count rank %s: phases %s, want %s"
+                  % (GEMM_FAMILY, rank, sorted(counts), sorted(GEMM_PHASES)))
+        # The three phases of a step are observed together (one scrape never splits them).
+        checks.ok(len(set(counts.values())) == 1 and min(counts.values()) > 0,
+                  "%s_count rank %s: per-phase step counts %s, want equal and > 0"
+                  % (GEMM_FAMILY, rank, counts))
+    for phase in sorted(GEMM_PHASES):
+        sums = finite_values(prom.query('%s_sum{job="%s",phase="%s"}' % (GEMM_FAMILY, job_id, phase)))
+        checks.ok(len(sums) == 2 and all(v > 0 for v in sums),
+                  "%s_sum phase %s: %s, want a positive value per rank" % (GEMM_FAMILY, phase, sums))
+    print("gemm phases: %s on ranks %s" % (sorted(GEMM_PHASES), sorted(by_rank)), flush=True)
 
 
 def check_rules(checks, prom):
@@ -282,6 +315,7 @@ def main():
 
         check_families(checks, documented, ports)
         check_dashboards(checks, prom, args.source_dir, job_id, start)
+        check_gemm_phases(checks, prom, job_id)
         rules = check_rules(checks, prom)
 
         # A node goes away: the worker daemon and its ranks die at once.

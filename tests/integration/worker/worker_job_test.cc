@@ -88,6 +88,17 @@ TEST_F(WorkerJobTest, TinyCpuRunsToSuccessAcrossTwoWorkers) {
   EXPECT_GT(last->tokens_per_second(), 0);
   EXPECT_GE(last->load_imbalance(), 1);
   EXPECT_FALSE(last->node().empty());
+  // Every step of every rank timed its expert GEMMs by phase; gemm_seconds is their sum.
+  for (const v1::StepMetrics& m : metrics) {
+    SCOPED_TRACE(absl::StrCat("rank ", m.rank(), " step ", m.step()));
+    EXPECT_GT(m.gemm_forward_seconds(), 0);
+    EXPECT_GT(m.gemm_dgrad_seconds(), 0);
+    EXPECT_GT(m.gemm_wgrad_seconds(), 0);
+    EXPECT_NEAR(m.gemm_seconds(),
+                m.gemm_forward_seconds() + m.gemm_dgrad_seconds() + m.gemm_wgrad_seconds(),
+                1e-12 * (1 + m.gemm_seconds()));
+    EXPECT_LE(m.gemm_seconds(), m.step_seconds());
+  }
 
   // Each worker's /metrics has the job's step series for the rank it ran, after the job ended.
   for (const v1::RankPlacement& p : job->placement()) {
@@ -97,6 +108,12 @@ TEST_F(WorkerJobTest, TinyCpuRunsToSuccessAcrossTwoWorkers) {
     EXPECT_TRUE(Has(text, "dropless_rank_step_duration_seconds_count" + labels + " 40")) << text;
     EXPECT_TRUE(Has(text, "dropless_rank_steps_total" + labels + " 40")) << text;
     EXPECT_TRUE(Has(text, "dropless_rank_loss" + labels)) << text;
+    for (const char* phase : {"forward", "dgrad", "wgrad"}) {
+      EXPECT_TRUE(Has(text, absl::StrCat("dropless_rank_expert_gemm_duration_seconds_count{job=\"",
+                                         job->id(), "\",node=\"", p.node(), "\",phase=\"",
+                                         phase, "\",rank=\"", p.rank(), "\"} 40")))
+          << phase << "\n" << text;
+    }
     EXPECT_TRUE(Has(text, absl::StrCat("dropless_worker_rank_exits_total{node=\"", p.node(),
                                        "\",result=\"succeeded\"} 1")))
         << text;

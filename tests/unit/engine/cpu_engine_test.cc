@@ -267,7 +267,11 @@ TEST(CpuEngineTest, StepStatsDescribeTheStep) {
       EXPECT_GE(st.load_imbalance, 1.0);
       EXPECT_LE(st.load_imbalance, static_cast<double>(s.model.experts));
       EXPECT_GT(st.step_seconds, 0);
-      EXPECT_GT(st.gemm_seconds, 0);
+      EXPECT_GT(st.gemm_forward_seconds, 0);
+      EXPECT_GT(st.gemm_dgrad_seconds, 0);
+      EXPECT_GT(st.gemm_wgrad_seconds, 0);
+      EXPECT_DOUBLE_EQ(st.gemm_seconds,
+                       st.gemm_forward_seconds + st.gemm_dgrad_seconds + st.gemm_wgrad_seconds);
       EXPECT_GT(st.dispatch_seconds, 0);
       EXPECT_GT(st.combine_seconds, 0);
       EXPECT_LE(st.gemm_seconds + st.dispatch_seconds + st.combine_seconds, st.step_seconds);

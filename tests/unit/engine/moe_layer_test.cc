@@ -143,6 +143,35 @@ INSTANTIATE_TEST_SUITE_P(Routers, LayerForwardTest,
                                             ::testing::Bool()),
                          testing::RouterParamName);
 
+// The expert GEMM time is split by phase: the forward pass adds only to forward, the backward
+// pass only to dgrad and wgrad; dispatch and combine are not GEMM time.
+TEST(LayerTimesTest, ExpertGemmPhasesAreTimedApart) {
+  const MoeLayerShape shape = SmallShape(RouterKind::kSoftmax, true);
+  const LayerParameters params = LayerParameters::Random(shape, 31);
+  const std::vector<double> x = RandomVector(shape.tokens * shape.hidden, 32);
+  const std::vector<double> out_grad = RandomVector(shape.tokens * shape.hidden, 33);
+  auto exchange = NewSingleRankExpertExchange();
+  MoeLayerCache<double> cache;
+  MoeLayerTimes times;
+  std::vector<double> y(x.size(), kNaN), x_grad(x.size(), kNaN);
+  ASSERT_TRUE(MoeLayerForward<double>(shape, params.Weights(), x.data(), true, exchange.get(),
+                                      &cache, &times, y.data()).ok());
+  EXPECT_GT(times.gemm_forward_seconds, 0);
+  EXPECT_EQ(times.gemm_dgrad_seconds, 0);
+  EXPECT_EQ(times.gemm_wgrad_seconds, 0);
+  const double forward = times.gemm_forward_seconds;
+
+  LayerParameters grads = params.Poisoned();
+  ASSERT_TRUE(MoeLayerBackward<double>(shape, params.Weights(), x.data(), out_grad.data(), 0.1,
+                                       exchange.get(), &cache, &times, grads.Grads(),
+                                       x_grad.data()).ok());
+  EXPECT_EQ(times.gemm_forward_seconds, forward);
+  EXPECT_GT(times.gemm_dgrad_seconds, 0);
+  EXPECT_GT(times.gemm_wgrad_seconds, 0);
+  EXPECT_EQ(times.gemm_seconds(),
+            times.gemm_forward_seconds + times.gemm_dgrad_seconds + times.gemm_wgrad_seconds);
+}
+
 TEST(RouterTest, EqualProbabilitiesGoToTheLowerExpertId) {
   const RouterShape shape{2, 5, 3, RouterKind::kSoftmax, false};
   const std::vector<double> probs = {0.1, 0.3, 0.1, 0.3, 0.2,    // ties at 0.3 and 0.1

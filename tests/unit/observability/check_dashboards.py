@@ -7,6 +7,9 @@
 - The panels the issue asks for are there (by title), with the job/rank variables on training.
 - Every metric a query or rule names is in docs/metrics.md (or is Prometheus' own `up`), and every
   documented metric is shown on some dashboard or used by some alert rule.
+- A panel query on a family documented with a `phase` label keeps the phases apart (groups by
+  `phase` or selects one): the GEMM phases are different operations, a quantile over them merged
+  describes none of them.
 - The provisioning files point where dashboards/kustomization.yaml and the docs say.
 
 Usage: check_dashboards.py --source-dir DIR
@@ -25,10 +28,12 @@ GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__interval_ms", "__range",
                     "__range_ms", "__from", "__to", "__dashboard"}
 REQUIRED_TITLES = {
     "training.json": ["Step time p50 / p99", "TFLOP/s per GPU", "MFU", "Tokens/s", "Loss",
-                      "Dispatch / combine latency p50 / p99", "Expert GEMM latency p50 / p99",
+                      "Dispatch / combine latency p50 / p99", "Expert GEMM latency by phase p50 / p99",
                       "Expert load imbalance", "Slowest rank"],
     "cluster.json": ["Workers by state", "Slots busy", "Jobs by state", "Scheduling latency p50 / p99"],
 }
+# Labels whose values are different operations, not shards of one: a panel must not merge them.
+SPLIT_LABELS = ("phase",)
 PROMQL_NON_METRICS = {"by", "without", "on", "ignoring", "group_left", "group_right", "offset",
                       "bool", "and", "or", "unless", "le", "inf", "nan"}
 
@@ -66,6 +71,20 @@ def check_metric(name, where, documented, used):
     if name == family and documented[family].type == "histogram":
         fail("%s: histogram %s must be queried through _bucket/_sum/_count" % (where, name))
     used.add(family)
+
+
+def check_split_labels(expr, metric, where, documented):
+    family = metrics_doc.family_of(metric, documented)
+    if family is None:
+        return
+    for label in SPLIT_LABELS:
+        if label not in documented[family].labels:
+            continue
+        grouped = re.search(r"\bby\s*\([^)]*\b%s\b" % label, expr)
+        selected = re.search(r"\b%s\s*=\s*\"" % label, expr)
+        if not grouped and not selected:
+            fail("%s: query on %s merges its `%s` series; group by %s or select one: %s"
+                 % (where, family, label, label, expr))
 
 
 def check_dashboard(path, documented, used):
@@ -142,6 +161,7 @@ def check_dashboard(path, documented, used):
                     fail("%s: query uses undefined variable $%s" % (where, var))
             for metric in metric_names(expr):
                 check_metric(metric, where, documented, used)
+                check_split_labels(expr, metric, where, documented)
     for title in REQUIRED_TITLES.get(name, []):
         if title not in titles:
             fail("%s: no panel titled %r" % (name, title))

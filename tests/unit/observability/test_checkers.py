@@ -84,6 +84,10 @@ CASES = [
     ("check_dashboards.py", "required panel missing", "dashboards/training.json",
      lambda d: d.update(panels=[p for p in d["panels"] if p["title"] != "Slowest rank"]),
      "no panel titled 'Slowest rank'"),
+    ("check_dashboards.py", "GEMM phases merged", "dashboards/training.json",
+     lambda d: [t.update(expr=t["expr"].replace("sum by (phase, le)", "sum by (le)"))
+                for p in d["panels"] for t in p.get("targets", [])],
+     "merges its `phase` series"),
     ("check_dashboards.py", "alert on an unknown metric", "deploy/monitoring/alerts.rules.yaml",
      lambda t: t.replace("dropless_rank_mfu_ratio[10m]", "dropless_rank_mfu[10m]", 1),
      "metric dropless_rank_mfu is not in docs/metrics.md"),

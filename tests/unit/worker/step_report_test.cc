@@ -21,6 +21,9 @@ StepReport Sample() {
   r.dispatch_seconds = 1e-4;
   r.combine_seconds = 2e-4;
   r.gemm_seconds = 3.3e-3;
+  r.gemm_forward_seconds = 1.1e-3;
+  r.gemm_dgrad_seconds = 1.2e-3;
+  r.gemm_wgrad_seconds = 1.0e-3;
   r.load_imbalance = 1.25;
   r.device_memory_bytes = 123456789;
   r.peak_flops = 1e11;
@@ -43,6 +46,9 @@ TEST(StepReportTest, RoundTripsExactly) {
   EXPECT_EQ(back->dispatch_seconds, r.dispatch_seconds);
   EXPECT_EQ(back->combine_seconds, r.combine_seconds);
   EXPECT_EQ(back->gemm_seconds, r.gemm_seconds);
+  EXPECT_EQ(back->gemm_forward_seconds, r.gemm_forward_seconds);
+  EXPECT_EQ(back->gemm_dgrad_seconds, r.gemm_dgrad_seconds);
+  EXPECT_EQ(back->gemm_wgrad_seconds, r.gemm_wgrad_seconds);
   EXPECT_EQ(back->load_imbalance, r.load_imbalance);
   EXPECT_EQ(back->device_memory_bytes, r.device_memory_bytes);
   EXPECT_EQ(back->peak_flops, r.peak_flops);
@@ -62,12 +68,17 @@ TEST(StepReportTest, DerivedRates) {
 TEST(StepReportTest, KeyOrderDoesNotMatterAndUnknownKeysAreIgnored) {
   absl::StatusOr<StepReport> r = ParseStepReport(
       "peak_flops=0 steps=2 step=1 loss=-0.5 aux_loss=0 step_seconds=1 flops=0 tokens=0 "
-      "dispatch_seconds=0 combine_seconds=0 gemm_seconds=0 load_imbalance=1 "
+      "dispatch_seconds=0 combine_seconds=0 gemm_wgrad_seconds=0.25 gemm_seconds=1 "
+      "gemm_dgrad_seconds=0.5 gemm_forward_seconds=0.25 load_imbalance=1 "
       "device_memory_bytes=0 future_field=7");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step, 1);
   EXPECT_EQ(r->steps, 2);
   EXPECT_EQ(r->loss, -0.5);
+  EXPECT_EQ(r->gemm_seconds, 1);
+  EXPECT_EQ(r->gemm_forward_seconds, 0.25);
+  EXPECT_EQ(r->gemm_dgrad_seconds, 0.5);
+  EXPECT_EQ(r->gemm_wgrad_seconds, 0.25);
 }
 
 TEST(StepReportTest, NanLossIsKeptSoDivergenceShows) {
@@ -108,6 +119,26 @@ TEST(StepReportTest, MalformedLinesAreRejectedNamingTheKey) {
   ExpectRejected(Replace(good, "step_seconds=", "step_seconds=-") , "step_seconds");
   ExpectRejected(Replace(good, "peak_flops=", "peak_flops=inf"), "peak_flops");
   ExpectRejected(Replace(good, "gemm_seconds=", "=1 gemm_seconds="), "=1");
+}
+
+// The rank and the daemon ship together: a line without the GEMM phases is refused, as is a
+// negative or non-finite phase time.
+TEST(StepReportTest, EveryGemmPhaseIsRequiredAndChecked) {
+  const StepReport r = Sample();
+  const std::string good = FormatStepReport(r);
+  for (const std::string key : {"gemm_forward_seconds", "gemm_dgrad_seconds",
+                                "gemm_wgrad_seconds"}) {
+    SCOPED_TRACE(key);
+    const size_t at = good.find(" " + key + "=");
+    ASSERT_NE(at, std::string::npos);
+    const size_t end = good.find(' ', at + 1);
+    std::string without = good;
+    without.erase(at, end - at);
+    ExpectRejected(without, key);
+    ExpectRejected(Replace(good, key + "=", key + "=-"), key);
+    ExpectRejected(Replace(good, key + "=", key + "=nan"), key);
+    ExpectRejected(good + " " + key + "=0", key);  // repeated
+  }
 }
 
 }  // namespace

@@ -22,7 +22,10 @@ StepReport Report(double loss) {
   r.tokens = 1000;
   r.dispatch_seconds = 0.003;
   r.combine_seconds = 0.004;
-  r.gemm_seconds = 0.2;
+  r.gemm_forward_seconds = 0.0625;
+  r.gemm_dgrad_seconds = 0.125;
+  r.gemm_wgrad_seconds = 0.25;
+  r.gemm_seconds = 0.4375;
   r.load_imbalance = 1.5;
   r.device_memory_bytes = 4096;
   r.peak_flops = 8e12;
@@ -81,7 +84,36 @@ TEST(WorkerMetricsTest, RankSeriesHaveJobRankNodeLabelsAndDerivedRates) {
       << text;
   EXPECT_TRUE(Has(text, "dropless_rank_dispatch_duration_seconds_count" + l + " 2")) << text;
   EXPECT_TRUE(Has(text, "dropless_rank_combine_duration_seconds_count" + l + " 2")) << text;
-  EXPECT_TRUE(Has(text, "dropless_rank_expert_gemm_duration_seconds_count" + l + " 2")) << text;
+}
+
+TEST(WorkerMetricsTest, ExpertGemmDurationIsObservedPerPhase) {
+  auto m = Make();
+  m->RecordStep("job-a", 1, Report(2.0));
+  m->RecordStep("job-a", 1, Report(1.0));
+  const std::string text = m->Serialize();
+  const std::string name = "dropless_rank_expert_gemm_duration_seconds";
+  auto labels = [](const std::string& phase, const std::string& le) {
+    return absl::StrCat("{job=\"job-a\",node=\"n1\",phase=\"", phase, "\",rank=\"1\"",
+                        le.empty() ? "" : absl::StrCat(",le=\"", le, "\""), "}");
+  };
+  // Each phase gets its own value: forward 62.5 ms, dgrad 125 ms, wgrad 250 ms per step.
+  const struct {
+    const char* phase;
+    const char* sum;
+    const char* le_below;  // the bucket just under the value: empty
+    const char* le_at;     // the first bucket holding it: both steps
+  } phases[] = {{"forward", "0.125", "0.05", "0.1"},
+                {"dgrad", "0.25", "0.1", "0.2"},
+                {"wgrad", "0.5", "0.2", "0.5"}};
+  for (const auto& p : phases) {
+    SCOPED_TRACE(p.phase);
+    EXPECT_TRUE(Has(text, name + "_count" + labels(p.phase, "") + " 2")) << text;
+    EXPECT_TRUE(Has(text, name + "_sum" + labels(p.phase, "") + " " + p.sum)) << text;
+    EXPECT_TRUE(Has(text, name + "_bucket" + labels(p.phase, p.le_below) + " 0")) << text;
+    EXPECT_TRUE(Has(text, name + "_bucket" + labels(p.phase, p.le_at) + " 2")) << text;
+  }
+  // No series without a phase (the sum over phases is the combined GEMM time).
+  EXPECT_FALSE(Has(text, name + "_count{job=\"job-a\",node=\"n1\",rank=\"1\"}")) << text;
 }
 
 TEST(WorkerMetricsTest, KeepsTheLastSixteenJobs) {
@@ -93,6 +125,12 @@ TEST(WorkerMetricsTest, KeepsTheLastSixteenJobs) {
   for (int j = 0; j < 20; ++j) {
     const bool kept = Has(text, absl::StrCat("dropless_rank_loss{job=\"job-", j, "\""));
     EXPECT_EQ(kept, j >= 4) << "job-" << j;
+    for (const char* phase : {"forward", "dgrad", "wgrad"}) {
+      const bool gemm_kept =
+          Has(text, absl::StrCat("dropless_rank_expert_gemm_duration_seconds_count{job=\"job-", j,
+                                 "\",node=\"n1\",phase=\"", phase, "\""));
+      EXPECT_EQ(gemm_kept, j >= 4) << "job-" << j << " " << phase;
+    }
   }
 }
 

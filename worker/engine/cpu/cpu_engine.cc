@@ -308,7 +308,10 @@ absl::StatusOr<StepStats> CpuEngine::Step() {
   stats.aux_loss = aux_loss;
   stats.dispatch_seconds = times.dispatch_seconds;
   stats.combine_seconds = times.combine_seconds;
-  stats.gemm_seconds = times.gemm_seconds;
+  stats.gemm_forward_seconds = times.gemm_forward_seconds;
+  stats.gemm_dgrad_seconds = times.gemm_dgrad_seconds;
+  stats.gemm_wgrad_seconds = times.gemm_wgrad_seconds;
+  stats.gemm_seconds = times.gemm_seconds();
   const double t = static_cast<double>(tokens), h = static_cast<double>(hidden);
   const double f = static_cast<double>(shape.ffn);
   stats.flops = static_cast<double>(layers) *

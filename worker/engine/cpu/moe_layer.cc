@@ -52,7 +52,7 @@ int64_t MoeLayerCache<T>::BytesHeld() const {
          VectorBytes(expert_h) + VectorBytes(expert_a) + VectorBytes(expert_out) +
          VectorBytes(shared_h) + VectorBytes(shared_a) + VectorBytes(job_routing_stats) +
          VectorBytes(token_rows) + VectorBytes(expert_rows) + VectorBytes(expert_rows_grad) +
-         VectorBytes(gate_grads) + VectorBytes(swiglu_scratch);
+         VectorBytes(gate_grads) + VectorBytes(h_grad) + VectorBytes(swiglu_scratch);
 }
 
 template <typename T>
@@ -129,7 +129,7 @@ absl::Status MoeLayerForward(const MoeLayerShape& shape, const MoeLayerWeights<T
                      c.expert_rows.data() + offset * hidden, T(0));
     offset += rows;
   }
-  times->gemm_seconds += SecondsSince(start);
+  times->gemm_forward_seconds += SecondsSince(start);
 
   // Combine: outputs back to their tokens' rank, weighted by the gates.
   start = Clock::now();
@@ -151,7 +151,7 @@ absl::Status MoeLayerForward(const MoeLayerShape& shape, const MoeLayerWeights<T
                      c.shared_h.data() + s * tokens * 2 * ffn,
                      c.shared_a.data() + s * tokens * ffn, x_next, T(1));
   }
-  times->gemm_seconds += SecondsSince(start);
+  times->gemm_forward_seconds += SecondsSince(start);
   return absl::OkStatus();
 }
 
@@ -185,21 +185,36 @@ absl::Status MoeLayerBackward(const MoeLayerShape& shape, const MoeLayerWeights<
   times->combine_seconds += SecondsSince(start);
   if (!status.ok()) return status;
 
-  // Local experts backward.
+  // Local experts backward: every group's data gradient, then every group's weight gradient.
   start = Clock::now();
   c.expert_rows_grad.resize(received * hidden);
+  c.h_grad.resize(received * 2 * ffn);
   int64_t offset = 0;
   for (int64_t e = 0; e < local_experts; ++e) {
     const int64_t rows = c.plan.rows_per_local_expert[e];
-    SwiGluBackward<T>(SwiGluShape{rows, hidden, ffn}, weights.expert_w1 + e * hidden * 2 * ffn,
-                      weights.expert_w2 + e * ffn * hidden, c.expert_in.data() + offset * hidden,
-                      c.expert_h.data() + offset * 2 * ffn, c.expert_a.data() + offset * ffn,
-                      c.expert_rows.data() + offset * hidden,
-                      grads.expert_w1 + e * hidden * 2 * ffn, grads.expert_w2 + e * ffn * hidden,
-                      c.expert_rows_grad.data() + offset * hidden, T(0), &c.swiglu_scratch);
+    SwiGluBackwardData<T>(SwiGluShape{rows, hidden, ffn},
+                          weights.expert_w1 + e * hidden * 2 * ffn,
+                          weights.expert_w2 + e * ffn * hidden,
+                          c.expert_h.data() + offset * 2 * ffn,
+                          c.expert_rows.data() + offset * hidden,
+                          c.h_grad.data() + offset * 2 * ffn,
+                          c.expert_rows_grad.data() + offset * hidden, T(0), &c.swiglu_scratch);
     offset += rows;
   }
-  times->gemm_seconds += SecondsSince(start);
+  times->gemm_dgrad_seconds += SecondsSince(start);
+  start = Clock::now();
+  offset = 0;
+  for (int64_t e = 0; e < local_experts; ++e) {
+    const int64_t rows = c.plan.rows_per_local_expert[e];
+    SwiGluBackwardWeights<T>(SwiGluShape{rows, hidden, ffn}, c.expert_in.data() + offset * hidden,
+                             c.expert_a.data() + offset * ffn,
+                             c.expert_rows.data() + offset * hidden,
+                             c.h_grad.data() + offset * 2 * ffn,
+                             grads.expert_w1 + e * hidden * 2 * ffn,
+                             grads.expert_w2 + e * ffn * hidden);
+    offset += rows;
+  }
+  times->gemm_wgrad_seconds += SecondsSince(start);
 
   // Dispatch backward: input-row gradients back to their tokens.
   start = Clock::now();
@@ -209,16 +224,27 @@ absl::Status MoeLayerBackward(const MoeLayerShape& shape, const MoeLayerWeights<
   std::copy(x_next_grad, x_next_grad + tokens * hidden, x_grad);  // the residual path
   ScatterAddTokenRows<T>(tokens, k, hidden, c.row_of_slot.data(), c.token_rows.data(), x_grad);
 
+  // Shared experts backward, the same two phases.
+  start = Clock::now();
+  c.h_grad.resize(shape.shared_experts * tokens * 2 * ffn);
+  for (int64_t s = 0; s < shape.shared_experts; ++s) {
+    SwiGluBackwardData<T>(SwiGluShape{tokens, hidden, ffn},
+                          weights.shared_w1 + s * hidden * 2 * ffn,
+                          weights.shared_w2 + s * ffn * hidden,
+                          c.shared_h.data() + s * tokens * 2 * ffn, x_next_grad,
+                          c.h_grad.data() + s * tokens * 2 * ffn, x_grad, T(1),
+                          &c.swiglu_scratch);
+  }
+  times->gemm_dgrad_seconds += SecondsSince(start);
   start = Clock::now();
   for (int64_t s = 0; s < shape.shared_experts; ++s) {
-    SwiGluBackward<T>(SwiGluShape{tokens, hidden, ffn}, weights.shared_w1 + s * hidden * 2 * ffn,
-                      weights.shared_w2 + s * ffn * hidden, x,
-                      c.shared_h.data() + s * tokens * 2 * ffn,
-                      c.shared_a.data() + s * tokens * ffn, x_next_grad,
-                      grads.shared_w1 + s * hidden * 2 * ffn, grads.shared_w2 + s * ffn * hidden,
-                      x_grad, T(1), &c.swiglu_scratch);
+    SwiGluBackwardWeights<T>(SwiGluShape{tokens, hidden, ffn}, x,
+                             c.shared_a.data() + s * tokens * ffn, x_next_grad,
+                             c.h_grad.data() + s * tokens * 2 * ffn,
+                             grads.shared_w1 + s * hidden * 2 * ffn,
+                             grads.shared_w2 + s * ffn * hidden);
   }
-  times->gemm_seconds += SecondsSince(start);
+  times->gemm_wgrad_seconds += SecondsSince(start);
 
   // Router backward; the logit gradients reuse the probability-sized scratch.
   std::vector<T>& logit_grads = c.expert_rows;

@@ -73,16 +73,25 @@ struct MoeLayerCache {
   std::vector<T> expert_rows;  // received rows x H
   std::vector<T> expert_rows_grad;
   std::vector<T> gate_grads;
+  std::vector<T> h_grad;  // (received rows or shared x tokens) x 2F, dgrad -> wgrad
   std::vector<T> swiglu_scratch;
 
   int64_t BytesHeld() const;
 };
 
-// Wall time of the layer's parts, accumulated (forward and backward).
+// Wall time of the layer's parts, accumulated (forward and backward). The expert GEMMs (routed
+// and shared, with their activations) are split by phase: forward, backward-data (dgrad: the
+// input gradients, with the activation's backward) and backward-weight (wgrad).
 struct MoeLayerTimes {
   double dispatch_seconds = 0;  // counts + rows to the experts (fwd), row gradients back (bwd)
   double combine_seconds = 0;   // rows back from the experts (fwd), output gradients to them (bwd)
-  double gemm_seconds = 0;      // routed and shared expert GEMMs with their activations
+  double gemm_forward_seconds = 0;
+  double gemm_dgrad_seconds = 0;
+  double gemm_wgrad_seconds = 0;
+
+  double gemm_seconds() const {
+    return gemm_forward_seconds + gemm_dgrad_seconds + gemm_wgrad_seconds;
+  }
 };
 
 // Forward pass. compute_aux_loss sums the router statistics over the job (a collective, so every

@@ -31,19 +31,13 @@ void SwiGluForward(const SwiGluShape& shape, const T* w1, const T* w2, const T* 
 }
 
 template <typename T>
-void SwiGluBackward(const SwiGluShape& shape, const T* w1, const T* w2, const T* x, const T* h,
-                    const T* a, const T* y_grad, T* w1_grad, T* w2_grad, T* x_grad,
-                    T x_grad_beta, std::vector<T>* scratch) {
+void SwiGluBackwardData(const SwiGluShape& shape, const T* w1, const T* w2, const T* h,
+                        const T* y_grad, T* h_grad, T* x_grad, T x_grad_beta,
+                        std::vector<T>* scratch) {
   const int64_t n = shape.rows, hid = shape.hidden, f = shape.ffn;
-  if (n == 0) {  // an empty group contributes nothing
-    std::fill(w1_grad, w1_grad + hid * 2 * f, T(0));
-    std::fill(w2_grad, w2_grad + f * hid, T(0));
-    return;
-  }
-  Gemm<T>(true, false, f, hid, n, T(1), a, f, y_grad, hid, T(0), w2_grad, hid);
-  scratch->resize(static_cast<size_t>(n * 3 * f));
-  T* a_grad = scratch->data();   // n x F
-  T* h_grad = a_grad + n * f;    // n x 2F: gate | up
+  if (n == 0) return;
+  scratch->resize(static_cast<size_t>(n * f));
+  T* a_grad = scratch->data();  // n x F
   Gemm<T>(false, true, n, f, hid, T(1), y_grad, hid, w2, hid, T(0), a_grad, f);
   for (int64_t r = 0; r < n; ++r) {
     const T* gate = h + r * 2 * f;
@@ -58,15 +52,29 @@ void SwiGluBackward(const SwiGluShape& shape, const T* w1, const T* w2, const T*
       dgate[i] = da[i] * up[i] * s * (T(1) + gate[i] * (T(1) - s));
     }
   }
-  Gemm<T>(true, false, hid, 2 * f, n, T(1), x, hid, h_grad, 2 * f, T(0), w1_grad, 2 * f);
   Gemm<T>(false, true, n, hid, 2 * f, T(1), h_grad, 2 * f, w1, 2 * f, x_grad_beta, x_grad, hid);
+}
+
+template <typename T>
+void SwiGluBackwardWeights(const SwiGluShape& shape, const T* x, const T* a, const T* y_grad,
+                           const T* h_grad, T* w1_grad, T* w2_grad) {
+  const int64_t n = shape.rows, hid = shape.hidden, f = shape.ffn;
+  if (n == 0) {  // an empty group contributes nothing
+    std::fill(w1_grad, w1_grad + hid * 2 * f, T(0));
+    std::fill(w2_grad, w2_grad + f * hid, T(0));
+    return;
+  }
+  Gemm<T>(true, false, f, hid, n, T(1), a, f, y_grad, hid, T(0), w2_grad, hid);
+  Gemm<T>(true, false, hid, 2 * f, n, T(1), x, hid, h_grad, 2 * f, T(0), w1_grad, 2 * f);
 }
 
 #define DROPLESS_INSTANTIATE_SWIGLU(T)                                                        \
   template void SwiGluForward<T>(const SwiGluShape&, const T*, const T*, const T*, T*, T*, T*, \
                                  T);                                                          \
-  template void SwiGluBackward<T>(const SwiGluShape&, const T*, const T*, const T*, const T*,  \
-                                  const T*, const T*, T*, T*, T*, T, std::vector<T>*);
+  template void SwiGluBackwardData<T>(const SwiGluShape&, const T*, const T*, const T*,        \
+                                      const T*, T*, T*, T, std::vector<T>*);                  \
+  template void SwiGluBackwardWeights<T>(const SwiGluShape&, const T*, const T*, const T*,     \
+                                         const T*, T*, T*);
 DROPLESS_INSTANTIATE_SWIGLU(float)
 DROPLESS_INSTANTIATE_SWIGLU(double)
 #undef DROPLESS_INSTANTIATE_SWIGLU

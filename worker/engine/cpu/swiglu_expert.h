@@ -20,12 +20,23 @@ template <typename T>
 void SwiGluForward(const SwiGluShape& shape, const T* w1, const T* w2, const T* x, T* h, T* a,
                    T* y, T y_beta);
 
-// From y_grad: overwrites w1_grad (H x 2F) and w2_grad (F x H); x_grad = dx + x_grad_beta * x_grad.
-// `scratch` is reused between calls to avoid reallocating rows x 3F values each time.
+// The backward pass is two independent halves so their GEMMs can be timed (and, on a GPU,
+// scheduled) apart: the data gradient (dgrad) is on the critical path to the previous layer, the
+// weight gradient (wgrad) only feeds the optimizer.
+//
+// Data gradient from y_grad: writes h_grad (rows x 2F: gate | up), kept for SwiGluBackwardWeights,
+// and x_grad = dx + x_grad_beta * x_grad. `scratch` is reused between calls to avoid reallocating
+// rows x F values each time.
 template <typename T>
-void SwiGluBackward(const SwiGluShape& shape, const T* w1, const T* w2, const T* x, const T* h,
-                    const T* a, const T* y_grad, T* w1_grad, T* w2_grad, T* x_grad,
-                    T x_grad_beta, std::vector<T>* scratch);
+void SwiGluBackwardData(const SwiGluShape& shape, const T* w1, const T* w2, const T* h,
+                        const T* y_grad, T* h_grad, T* x_grad, T x_grad_beta,
+                        std::vector<T>* scratch);
+
+// Weight gradient: overwrites w1_grad (H x 2F) = x^T h_grad and w2_grad (F x H) = a^T y_grad.
+// An empty group (rows = 0) writes zeros.
+template <typename T>
+void SwiGluBackwardWeights(const SwiGluShape& shape, const T* x, const T* a, const T* y_grad,
+                           const T* h_grad, T* w1_grad, T* w2_grad);
 
 }  // namespace dropless::cpu
 
