@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kScanThreads)
 //     E4M3 bytes go to a transposed shared tile [kCols][kRows] (16-byte chunks XOR-swizzled by
 //     column, so neither the writes nor the reads conflict on banks); the tile then leaves as
 //     kRows-byte runs per column, 16 bytes per lane, whole 128-byte lines per 8 lanes.
-//   row-wise: 2 lanes per MX block of a row (16 elements each), 16-byte stores.
+//   row-wise: 4 lanes per MX block of a row (conflict-free 16-byte reads), 8-byte stores.
 // Per-tile bookkeeping is kept off the critical path: a tile's coordinates and row blocks are
 // resolved one pipeline step ahead, during the quantization of an earlier tile, with 32-bit
 // arithmetic and a group search that resumes where the block's previous tile left it.
@@ -284,26 +284,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const Bf16* tile = reinterpret_cast<const Bf16*>(stage_bytes);
     uint8_t* const out_tile = Cfg::kAliasOut ? stage_bytes : out_region;
 
-    // Row-wise straight from the staged tile: a thread takes 16 consecutive elements of a row
-    // (two 16-byte reads), 2 lanes per MX block, one 16-byte E4M3 store; every lane reaches the
-    // pair shuffle.
+    // Row-wise straight from the staged tile, same chunk mapping as the copies (every lane
+    // reaches the quad shuffles).
     if constexpr (kRowwise) {
-      constexpr int kPairsPerRow = kCols / 16;
-      constexpr int kPairRowStep = kThreads / kPairsPerRow;
-      static_assert(kThreads % kPairsPerRow == 0 && kRows % kPairRowStep == 0, "row-wise mapping");
-      const int pc = tid % kPairsPerRow, pr0 = tid / kPairsPerRow;
-      const int32_t col = tile_col + pc * 16;
+      const int32_t col = tile_col + load_ch * 8;
 #pragma unroll
-      for (int n = 0; n < kRows / kPairRowStep; ++n) {
-        const int r = pr0 + n * kPairRowStep;
-        const uint4* src = reinterpret_cast<const uint4*>(tile + r * kCols + pc * 16);
-        const detail::MxPair q = detail::QuantizeMxPair(src[0], src[1]);
-        const RowBlock b = slot.blocks[r / kMxBlock];
-        const int rin = r % kMxBlock;
-        if (col < cols && rin < b.live) {  // cols % 32 == 0: both lanes of a block agree
+      for (int n = 0; n < Cfg::kRowChunks; ++n) {
+        const detail::MxQuad q = detail::QuantizeMxQuad(*reinterpret_cast<const uint4*>(
+            tile + (load_r0 + n * Cfg::kRowStep) * kCols + load_ch * 8));
+        const RowBlock b = slot.blocks[n * Cfg::kRowStep / kMxBlock];
+        const int rin = n * Cfg::kRowStep % kMxBlock + load_r0;
+        if (col < cols && rin < b.live) {
           const int64_t at = static_cast<int64_t>(b.source_row + rin) * cols + col;
-          *reinterpret_cast<uint4*>(row_data + at) = q.data;
-          if ((pc & 1) == 0) row_scales[at / kMxBlock] = static_cast<uint8_t>(q.scale);
+          *reinterpret_cast<uint2*>(row_data + at) = q.data;
+          if ((load_ch & 3) == 0) row_scales[at / kMxBlock] = static_cast<uint8_t>(q.scale);
         }
       }
     }
