@@ -428,7 +428,7 @@ absl::Status LaunchRowCol(const MxQuantizeShape& shape, const Bf16* x, const int
 // The configurations measured best on an H200 (docs/kernels.md): row-wise + column-wise, and
 // column-wise alone (taller tiles: 256-byte column runs; the row-wise half prefers 128 columns).
 using DefaultRowColConfig = RowColConfig<128, 128, 3, 256, false, 1>;
-using DefaultColwiseConfig = RowColConfig<256, 64, 3, 256, false, 1>;
+using DefaultColwiseConfig = RowColConfig<256, 64, 2, 256, false, 1>;
 
 // ---- Dequantize (row-wise) ----
 
