@@ -348,9 +348,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
     if constexpr (!Cfg::kAliasOut) resolve(i + Cfg::kStages);  // into tile i - 1's slot
     __syncthreads();  // transposed tile complete; slot i + kStages visible
-    // Stage i is no longer read (the write-out below reads the separate transposed tile): tile
-    // i + kStages goes into it now, so its loads overlap this tile's stores.
-    if constexpr (!Cfg::kAliasOut) issue(i + Cfg::kStages);
 
     // The transposed tile leaves as kRows-byte runs per column; rows past the last group and
     // columns past `cols` stay untouched.
@@ -383,6 +380,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         }
       }
     }
+    // Stage i is free (everyone passed the barrier above): tile i + kStages goes into it.
+    if constexpr (!Cfg::kAliasOut) issue(i + Cfg::kStages);
   }
   detail::CpAsyncWait<0>();  // no copy may outlive the block (the empty tail groups)
 }
