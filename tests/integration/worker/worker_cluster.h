@@ -32,6 +32,7 @@ class WorkerCluster {
   absl::Status StartCoordinator();
   // SIGKILLs the coordinator and waits for it.
   void KillCoordinator();
+  Process* coordinator() { return coordinator_.get(); }
   // Starts a worker daemon with one CPU slot and its own /metrics port.
   absl::Status StartWorker(const std::string& node);
   Process* worker(const std::string& node) { return workers_.at(node).process.get(); }

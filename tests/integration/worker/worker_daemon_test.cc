@@ -79,6 +79,33 @@ TEST(WorkerDaemonTest, ReconnectsToARestartedCoordinatorWithTheSameId) {
       << metrics;
 }
 
+TEST(WorkerDaemonTest, ASilentCoordinatorBreaksTheSessionThroughKeepalive) {
+  // A frozen coordinator is a silent partition: its kernel still takes the worker's heartbeats
+  // into the socket buffer, nobody answers. Only HTTP/2 keepalive notices; without it the old
+  // session would simply resume after SIGCONT and the worker would never reconnect.
+  WorkerCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  ASSERT_TRUE(cluster.StartWorker("node-k").ok()) << cluster.Diagnostics();
+  auto ready = [](const v1::Worker& w) { return w.state() == v1::WORKER_STATE_READY; };
+  std::optional<v1::Worker> before = cluster.WaitForWorker("node-k", ready, absl::Seconds(30));
+  ASSERT_TRUE(before.has_value()) << cluster.Diagnostics();
+
+  ASSERT_TRUE(cluster.coordinator()->Signal(SIGSTOP).ok());
+  absl::SleepFor(absl::Seconds(20));  // keepalive: a ping every 10 s, 5 s to answer
+  ASSERT_TRUE(cluster.coordinator()->Signal(SIGCONT).ok());
+  ASSERT_TRUE(cluster.worker("node-k")->Running());
+
+  const int64_t resumed_ms = absl::ToUnixMillis(absl::Now());
+  std::optional<v1::Worker> after = cluster.WaitForWorker(
+      "node-k", [&](const v1::Worker& w) { return ready(w) && w.last_heartbeat_ms() > resumed_ms; },
+      absl::Seconds(30));
+  ASSERT_TRUE(after.has_value()) << cluster.Diagnostics();
+  EXPECT_EQ(after->id(), before->id());
+  const std::string metrics = HttpGet(cluster.metrics_port("node-k"), "/metrics");
+  EXPECT_TRUE(Has(metrics, "dropless_worker_session_reconnects_total{node=\"node-k\"} 1"))
+      << metrics << cluster.Diagnostics();
+}
+
 TEST(WorkerDaemonTest, BadFlagsAreRejectedNamingTheField) {
   CommandResult r = RunCommand({BinaryPath("dropless-worker"), "--cpu-slots=0", "--metrics-port=0"},
                                absl::Seconds(30));
