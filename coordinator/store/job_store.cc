@@ -1,4 +1,5 @@
 #include "coordinator/store/job_store.h"
+#include "coordinator/store/proto_rows.h"
 
 #include <utility>
 
@@ -75,14 +76,6 @@ CREATE INDEX logs_by_job_rank ON logs(job_id, rank, id);
 
 constexpr absl::string_view kJobColumns =
     "id, seq, state, priority, max_attempts, queued_time_ms, data";
-
-template <typename Proto>
-absl::Status ParseBlob(const std::string& bytes, Proto* out, absl::string_view what) {
-  if (!out->ParseFromString(bytes)) {
-    return absl::DataLossError(absl::StrCat("corrupt ", what, " row in the job store"));
-  }
-  return absl::OkStatus();
-}
 
 // Reads a row selected with kJobColumns.
 absl::Status ReadJobRow(const SqliteStatement& st, JobRecord* record) {

@@ -4,20 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/store/job_store.h"
+#include "coordinator/store/proto_rows.h"
 
 namespace dropless::coordinator {
-namespace {
-
-template <typename Proto>
-absl::Status ParseBlob(const std::string& bytes, Proto* out, absl::string_view what) {
-  if (!out->ParseFromString(bytes)) {
-    return absl::DataLossError(absl::StrCat("corrupt ", what, " row in the job store"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::StatusOr<AttemptRecord> JobStore::GetAttempt(absl::string_view job_id, int32_t attempt) {
   absl::StatusOr<SqliteStatement> st = db_->Prepare(
       "SELECT state, create_time_ms, end_time_ms, message FROM attempts "
@@ -107,16 +96,7 @@ absl::StatusOr<std::vector<v1::Event>> JobStore::ListEvents(absl::string_view jo
 absl::StatusOr<std::vector<v1::Worker>> JobStore::ListWorkers() {
   absl::StatusOr<SqliteStatement> st = db_->Prepare("SELECT data FROM workers ORDER BY id");
   if (!st.ok()) return st.status();
-  std::vector<v1::Worker> out;
-  while (true) {
-    absl::StatusOr<bool> row = st->Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
-    if (absl::Status s = ParseBlob(st->ColumnText(0), &out.emplace_back(), "workers"); !s.ok()) {
-      return s;
-    }
-  }
-  return out;
+  return ReadBlobRows<v1::Worker>(*st, "workers");
 }
 
 absl::StatusOr<ActiveState> JobStore::LoadActive() {
@@ -180,17 +160,7 @@ absl::StatusOr<std::vector<v1::StepMetrics>> JobStore::LatestStepMetrics(absl::s
       db_->Prepare("SELECT data FROM step_metrics_latest WHERE job_id = ?1 ORDER BY rank");
   if (!st.ok()) return st.status();
   st->Bind(1, job_id);
-  std::vector<v1::StepMetrics> out;
-  while (true) {
-    absl::StatusOr<bool> row = st->Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
-    if (absl::Status s = ParseBlob(st->ColumnText(0), &out.emplace_back(), "step_metrics");
-        !s.ok()) {
-      return s;
-    }
-  }
-  return out;
+  return ReadBlobRows<v1::StepMetrics>(*st, "step_metrics");
 }
 
 absl::StatusOr<std::vector<v1::StepMetrics>> JobStore::StepMetricsHistory(absl::string_view job_id,
@@ -201,17 +171,7 @@ absl::StatusOr<std::vector<v1::StepMetrics>> JobStore::StepMetricsHistory(absl::
       limit > 0 ? limit : -1, ") ORDER BY id"));
   if (!st.ok()) return st.status();
   st->Bind(1, job_id);
-  std::vector<v1::StepMetrics> out;
-  while (true) {
-    absl::StatusOr<bool> row = st->Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
-    if (absl::Status s = ParseBlob(st->ColumnText(0), &out.emplace_back(), "step_metrics");
-        !s.ok()) {
-      return s;
-    }
-  }
-  return out;
+  return ReadBlobRows<v1::StepMetrics>(*st, "step_metrics");
 }
 
 absl::Status JobStore::AppendLogs(const std::vector<v1::LogLine>& lines) {
