@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Peers of `dropless-bench mxgemm`, run in the same job on the same GPU.
+
+Reads the JSON that `dropless-bench mxgemm --json` wrote (its rows and the exact group sizes it
+used) and measures on the same shapes and group sizes:
+  torch._grouped_mm            bf16 fwd / dgrad / wgrad
+  torch._scaled_grouped_mm     fp8 e4m3, row-wise fp32 scales (one per token row / weight column):
+                               fwd and dgrad; wgrad where torch takes the 2-D x 2-D (k-grouped) form
+  torch MX (BlockWise1x32)     torch.nn.functional.scaled_grouped_mm with e8m0 scales per 32, if the
+                               installed torch runs it on this GPU (recorded as an error otherwise)
+plus a dense fp8 ceiling (torch._scaled_mm 8192^3, tensor-wise scales). Writes the merged BENCH.md
+JSON. Failures of a peer are printed and recorded under "peer_errors", never fatal.
+
+  python3 bench/peers/mx_gemm_peer.py --base dropless.json --out mxgemm-h200-YYYYMMDD.json \
+      --command "exact command line"
+"""
+import argparse
+import json
+import statistics
+import sys
+
+SHAPES = {  # name: (tokens, hidden, ffn, experts, top_k), as in bench/mx_gemm_bench.cu
+    "dsv3": (8192, 7168, 2048, 256, 8),
+    "qwen3": (16384, 2048, 768, 128, 8),
+    "mixtral": (8192, 4096, 14336, 8, 2),
+}
+
+ERRORS = []
+
+
+def median_ms(torch, fn, warmup=3, iters=20):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def row(name, shape, impl, precision, ms, flop, nbytes, weight, groups, note, out="bf16"):
+    return {
+        "name": name, "shape": shape, "impl": impl, "precision": precision,
+        "ms": round(ms, 4), "tflops": round(flop / (ms * 1e-3) / 1e12, 1),
+        "gbps": round(nbytes / (ms * 1e-3) / 1e9, 1) if nbytes else None,
+        "weight": weight, "groups": groups, "kernel": "", "out": out, "note": note,
+    }
+
+
+def dense_fp8_ceiling():
+    import torch
+    d = 8192
+    a = (torch.rand(d, d, device="cuda") * 2 - 1).to(torch.float8_e4m3fn)
+    b = (torch.rand(d, d, device="cuda") * 2 - 1).to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device="cuda")
+    ms = median_ms(torch, lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16))
+    return 2.0 * d ** 3 / (ms * 1e-3) / 1e12
+
+
+def torch_rows(shape, weight, k, n, dist, sizes):
+    import torch
+
+    rows_total, e, dev = sum(sizes), len(sizes), "cuda"
+    g = torch.Generator(device=dev).manual_seed(1)
+    x = torch.rand(rows_total, k, device=dev, generator=g, dtype=torch.bfloat16) * 2 - 1
+    w = torch.rand(e, k, n, device=dev, generator=g, dtype=torch.bfloat16) * 2 - 1
+    dy = torch.rand(rows_total, n, device=dev, generator=g, dtype=torch.bfloat16) * 2 - 1
+    offs = torch.cumsum(torch.tensor(sizes, device=dev, dtype=torch.int32), 0, dtype=torch.int32)
+    flop = 2.0 * rows_total * k * n
+    nonempty = sum(1 for s in sizes if s > 0)
+    note = f"{weight} (k={k}, n={n}), {dist} groups, E={e}, {rows_total} rows"
+    out = []
+
+    def add(name, impl, precision, fn, nbytes, extra="", out_type="bf16", iters=20):
+        try:
+            ms = median_ms(torch, fn, iters=iters)
+            out.append(row(name, shape, impl, precision, ms, flop, nbytes, weight, dist,
+                           note + extra, out_type))
+        except Exception as exc:  # a peer that cannot run this layout is recorded, not fatal
+            msg = f"{impl} {precision} {name} {shape} {weight} {dist}: {str(exc).splitlines()[0][:300]}"
+            print("peer error: " + msg, file=sys.stderr)
+            ERRORS.append(msg)
+
+    b16 = lambda m: 2.0 * m  # noqa: E731
+    add("fwd", "torch._grouped_mm", "bf16", lambda: torch._grouped_mm(x, w, offs=offs),
+        b16(rows_total * k + nonempty * k * n + rows_total * n))
+    add("dgrad", "torch._grouped_mm", "bf16",
+        lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=offs),
+        b16(rows_total * n + nonempty * k * n + rows_total * k))
+    add("wgrad", "torch._grouped_mm", "bf16", lambda: torch._grouped_mm(x.t(), dy, offs=offs),
+        b16(rows_total * (k + n) + e * k * n))
+
+    # fp8 row-wise: e4m3 operands, fp32 scale per token row and per weight output column.
+    f8 = torch.float8_e4m3fn
+    xq = x.to(f8)
+    dyq = dy.to(f8)
+    wq = w.transpose(-2, -1).contiguous().to(f8).transpose(-2, -1)   # [E, k, n], k contiguous
+    wtq = w.contiguous().to(f8).transpose(-2, -1)                     # [E, n, k], n contiguous
+    ones_m = torch.ones(rows_total, device=dev)
+    ones_en, ones_ek = torch.ones(e, n, device=dev), torch.ones(e, k, device=dev)
+    ones_ek1, ones_en1 = torch.ones(e * k, device=dev), torch.ones(e * n, device=dev)
+    fwd_bytes = rows_total * k + nonempty * k * n + 2.0 * rows_total * n
+    add("fwd", "torch._scaled_grouped_mm", "fp8-rowwise",
+        lambda: torch._scaled_grouped_mm(
+            xq, wq, ones_m, ones_en, offs=offs,
+            out_dtype=torch.bfloat16), fwd_bytes, ", e4m3, row-wise fp32 scales")
+    add("dgrad", "torch._scaled_grouped_mm", "fp8-rowwise",
+        lambda: torch._scaled_grouped_mm(
+            dyq, wtq, ones_m, ones_ek, offs=offs,
+            out_dtype=torch.bfloat16), rows_total * n + nonempty * k * n + 2.0 * rows_total * k,
+        ", e4m3, row-wise fp32 scales")
+    if all(s % 16 == 0 for s in sizes):
+        xtq = x.t().contiguous().to(f8)             # [k, rows], tokens contiguous
+        dycq = dy.t().contiguous().to(f8).t()       # [rows, n], column-major
+        add("wgrad", "torch._scaled_grouped_mm", "fp8-rowwise",
+            lambda: torch._scaled_grouped_mm(
+                xtq, dycq, ones_ek1, ones_en1, offs=offs,
+                out_dtype=torch.bfloat16), rows_total * (k + n) + 2.0 * e * k * n,
+            ", e4m3, per-group row-wise fp32 scales (k-grouped)")
+        del xtq, dycq
+    else:  # torch asserts on the device (and poisons the context) for such sizes
+        ERRORS.append(f"torch._scaled_grouped_mm fp8-rowwise wgrad {shape} {weight} {dist}: "
+                      "skipped, torch needs every group size to be a multiple of 16 for the "
+                      "k-grouped fp8 form")
+
+    # MX: e8m0 scales per 32 along K (torch's BlockWise1x32 recipe), if this torch runs it here.
+    try:
+        import torch.nn.functional as F
+        from torch.nn.functional import ScalingType, SwizzleType
+        up = lambda v, m: (v + m - 1) // m * m  # noqa: E731
+        # torch's blocked layout: per group, scales padded to (128 rows) x (4 K blocks).
+        sa = torch.full((up(rows_total, 128) + 128 * e, up(k // 32, 4)), 127, device=dev,
+                        dtype=torch.uint8).view(torch.float8_e8m0fnu)
+        sb = torch.full((e, up(n, 128) * up(k // 32, 4)), 127, device=dev,
+                        dtype=torch.uint8).view(torch.float8_e8m0fnu)
+        add("fwd", "torch.scaled_grouped_mm", "mxfp8",
+            lambda: F.scaled_grouped_mm(xq, wq, sa, ScalingType.BlockWise1x32, sb,
+                                        ScalingType.BlockWise1x32, swizzle_a=SwizzleType.SWIZZLE_32_4_4,
+                                        swizzle_b=SwizzleType.SWIZZLE_32_4_4, offs=offs,
+                                        output_dtype=torch.bfloat16),
+            rows_total * k * (1 + 1 / 32) + nonempty * k * n * (1 + 1 / 32) + 2.0 * rows_total * n,
+            ", e4m3 + e8m0 per 32 (BlockWise1x32)")
+    except Exception as exc:
+        msg = f"torch MX scaled_grouped_mm {shape} {weight} {dist}: {str(exc).splitlines()[0][:300]}"
+        print("peer error: " + msg, file=sys.stderr)
+        ERRORS.append(msg)
+    del x, w, dy, xq, dyq, wq, wtq
+    torch.cuda.empty_cache()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", required=True, help="JSON written by dropless-bench mxgemm --json")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--command", default="")
+    args = ap.parse_args()
+
+    with open(args.base) as f:
+        result = json.load(f)
+    import torch
+    result["peer_versions"] = {"torch": torch.__version__}
+    try:
+        result["ceilings"]["dense_fp8_tflops"] = round(dense_fp8_ceiling(), 1)
+        print(f"ceiling: dense fp8 8192^3 (torch._scaled_mm) {result['ceilings']['dense_fp8_tflops']} TFLOP/s")
+    except Exception as exc:
+        ERRORS.append(f"dense fp8 ceiling: {exc}")
+    for key, sizes in result["group_sizes"].items():
+        shape, dist = key.split("/")
+        _, hidden, ffn, _, _ = SHAPES[shape]
+        for weight, k, n in (("w13", hidden, 2 * ffn), ("w2", ffn, hidden)):
+            try:
+                rows = torch_rows(shape, weight, k, n, dist, sizes)
+            except Exception as exc:
+                ERRORS.append(f"{shape} {weight} {dist}: {exc}")
+                print(f"peer {shape} {weight} {dist}: {exc}", file=sys.stderr)
+                continue
+            result["rows"].extend(rows)
+            for r in rows:
+                print(f"{r['name']:6} {shape:8} {weight:4} {dist:8} {r['impl']:26} {r['precision']:11} "
+                      f"{r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s", flush=True)
+    result["peer_errors"] = ERRORS
+    if args.command:
+        result["command"] = args.command
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,474 @@
+// The MXFP8 grouped GEMM kernel (sm_90a): persistent, warp-specialized, one 128 x 128 output tile
+// per CTA at a time, K in stages of 128 (four 32-element scale blocks).
+//
+// Warp roles (384 threads = 3 warpgroups):
+//   warpgroup 0, warp 0, lane 0   TMA: A tile [128 rows][128 k] and B tile [128 cols][128 k] per
+//                                 stage (128-byte swizzle, K-major, the layout wgmma reads)
+//   warpgroup 0, warps 1..3       scale loaders, round robin over stages: read the E8M0 bytes of the
+//                                 stage's 128 A rows and 128 B columns x 4 K blocks, convert them to
+//                                 fp32 once per CTA, store them where the consumers read them
+//   warpgroups 1, 2               consumers, 64 rows each: per 32-element K block one
+//                                 m64n128k32 e4m3 wgmma into a fresh temporary (scale-d = 0), then
+//                                 acc += tmp * (sa * sb) in fp32. The temporaries are double
+//                                 buffered: block i's wgmma runs while block i-1 is promoted.
+// Stages are guarded by full / empty mbarriers; every role walks the same tile sequence from the
+// device offsets, so no role needs to tell another which tile comes next.
+#ifndef DROPLESS_KERNELS_CUDA_GROUPED_GEMM_MXFP8_MX_GEMM_KERNEL_CUH_
+#define DROPLESS_KERNELS_CUDA_GROUPED_GEMM_MXFP8_MX_GEMM_KERNEL_CUH_
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dropless::kernels::mxgemm {
+
+inline constexpr int kBlockM = 128;
+inline constexpr int kBlockN = 128;
+inline constexpr int kBlockK = 128;          // bytes = elements (E4M3)
+inline constexpr int kStages = 6;
+inline constexpr int kThreads = 384;
+inline constexpr int kTileBytes = kBlockM * kBlockK;  // 16 KiB, same for B
+// B scales per stage: [kb 4][quad 4][36 floats]; quad q holds the 32 columns a consumer thread with
+// lane % 4 == q owns (8 i + 2 q + b), contiguous, padded to 36 so the four quads hit other banks.
+inline constexpr int kSbQuadStride = 36;
+inline constexpr int kSbKbStride = 4 * kSbQuadStride;
+inline constexpr int kSaStageFloats = kBlockM * 4;
+inline constexpr int kSbStageFloats = 4 * kSbKbStride;
+inline constexpr int kSmemBytes = 1024 /*alignment slack*/ + kStages * (2 * kTileBytes) +
+                                  kStages * (kSaStageFloats + kSbStageFloats) * 4 +
+                                  2 * kStages * 8;
+
+struct Params {
+  // A: 2-D [a_rows][k_extent] uint8; B: 3-D [b_batches][n][k_extent] uint8 (K-major).
+  const uint8_t* a_scales;   // [a_rows][a_scale_stride]
+  const uint8_t* b_scales;   // [b_batches][n][b_scale_stride]
+  int64_t a_scale_stride;    // bytes per A row of scales (k_extent / 32)
+  int64_t b_scale_stride;
+  int64_t b_scale_batch_stride;
+  int64_t a_rows;            // rows of A (bound for the scale reads)
+  const int32_t* offsets;    // [num_groups + 1]
+  int num_groups;
+  int m;                     // k-grouped: output rows per group (fixed); m-grouped: unused
+  int n;                     // output columns
+  int k;                     // m-grouped: reduction length (fixed)
+  int64_t offset_limit;      // clamp for offsets: max_rows (m-grouped) or P (k-grouped)
+  void* out;
+  int64_t ldc;               // elements per output row
+  int64_t out_group_stride;  // k-grouped: elements per group's output
+  const uint8_t* a_scales_end;  // one past the last byte of each scale buffer
+  const uint8_t* b_scales_end;
+};
+
+// ---- PTX wrappers ----
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(SmemAddr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void TmaLoad2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
+                                          int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
+      "%4}], [%2];" ::"r"(SmemAddr(dst)),
+      "l"(map), "r"(SmemAddr(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+__device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
+                                          int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
+      "%4, %5}], [%2];" ::"r"(SmemAddr(dst)),
+      "l"(map), "r"(SmemAddr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128 bytes, 8-row
+// groups 1024 bytes apart (stride byte offset), layout type 1 (SWIZZLE_128B) in bits 62-63.
+__device__ __forceinline__ uint64_t SmemDescriptor(const void* tile) {
+  const uint64_t addr = SmemAddr(tile);
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Keeps the compiler from moving accesses of the accumulator registers across wgmma fences/waits.
+__device__ __forceinline__ void FenceRegs(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D[64 x 128] = A[64 x 32] . B[128 x 32]^T, e4m3 inputs, fp32 result (scale-d = 0: D is not read).
+__device__ __forceinline__ void WgmmaM64N128K32(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(0));
+}
+
+// 2^(b - 127) for an E8M0 byte; 0xFF is NaN, 0x00 the subnormal 2^-127.
+__device__ __forceinline__ float E8M0ToFloat(uint32_t b) {
+  if (b == 0xFFu) return __int_as_float(0x7fc00000);
+  return b == 0 ? __int_as_float(0x00400000) : __int_as_float(static_cast<int>(b << 23));
+}
+
+// ---- Tile walk ----
+
+// One tile: group g, tile (m_tile, n_tile) of that group's output.
+struct Tile {
+  int g;
+  int m_tile, n_tile;
+  int a_row0;     // A row coordinate of the tile's first row
+  int rows;       // valid rows of this group (m-grouped) / output rows (k-grouped)
+  int k0;         // first K element of the group (k-grouped: its padded offset)
+  int nk32;       // 32-element K blocks to reduce
+};
+
+// Walks tiles in increasing linear order; every role of a CTA calls Next with the same sequence.
+// Within a group the M tiles of one N tile are adjacent, so CTAs running side by side share B.
+template <bool kGroupedK>
+struct TileWalker {
+  const Params& p;
+  int g = -1;
+  int first = 0;   // linear index of group g's first tile
+  int count = 0;   // tiles of group g
+  int lo = 0, hi = 0, m_tiles = 0;
+  int n_tiles;
+
+  __device__ explicit TileWalker(const Params& params)
+      : p(params), n_tiles((params.n + kBlockN - 1) / kBlockN) {}
+
+  __device__ int Clamp(int v) const {
+    return static_cast<int>(min(max(static_cast<int64_t>(v), int64_t{0}), p.offset_limit));
+  }
+
+  __device__ void Enter(int group) {
+    g = group;
+    lo = Clamp(__ldg(p.offsets + group));
+    hi = max(lo, Clamp(__ldg(p.offsets + group + 1)));
+    m_tiles = kGroupedK ? (p.m + kBlockM - 1) / kBlockM : (hi - lo + kBlockM - 1) / kBlockM;
+    count = m_tiles * n_tiles;
+  }
+
+  // False once t is past the last group's tiles.
+  __device__ bool Next(int t, Tile* tile) {
+    if (g < 0) Enter(0);
+    while (t >= first + count) {
+      if (g + 1 >= p.num_groups) return false;
+      first += count;
+      Enter(g + 1);
+    }
+    const int local = t - first;
+    tile->g = g;
+    tile->m_tile = local % m_tiles;
+    tile->n_tile = local / m_tiles;
+    if (kGroupedK) {
+      tile->a_row0 = tile->m_tile * kBlockM;
+      tile->rows = p.m;
+      tile->k0 = lo;
+      tile->nk32 = (hi - lo) / 32;
+    } else {
+      tile->a_row0 = lo + tile->m_tile * kBlockM;
+      tile->rows = hi - lo;
+      tile->k0 = 0;
+      tile->nk32 = p.k / 32;
+    }
+    return true;
+  }
+};
+
+
+// ---- Roles ----
+
+// Scale bytes of one stage (4 K blocks starting at kb0) for the tile's 128 A rows and 128 B columns,
+// converted to fp32. Blocks at or past kb_end and rows / columns outside the operands read as 0.
+// Each lane owns 4 rows and 4 columns; all 16 loads are issued before the first is used (the loads
+// miss in L2 more often than not, so their latency, not their number, sets this warp's pace). The
+// 4 bytes of a row need not be 4-byte aligned: the two aligned words around them are loaded and
+// funnel-shifted. A word is loaded only if it holds a byte before `end` (an aligned word never
+// crosses a page, so the bytes after `end` in it cannot fault); those bytes belong to K blocks past
+// kb_end and are dropped.
+__device__ __forceinline__ void LoadScaleWords(const uint8_t* src, const uint8_t* end, bool valid,
+                                               uint32_t (&w)[2], uint32_t* shift) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(src);
+  const uint32_t* aligned = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
+  *shift = static_cast<uint32_t>(a & 3) * 8;
+  w[0] = valid ? __ldg(aligned) : 0u;
+  w[1] = valid && *shift != 0 && reinterpret_cast<const uint8_t*>(aligned + 1) < end
+             ? __ldg(aligned + 1)
+             : 0u;
+}
+
+__device__ __forceinline__ void ScaleFloats(const uint32_t (&w)[2], uint32_t shift, int kb0,
+                                            int kb_end, float (&v)[4]) {
+  const uint32_t bytes = __funnelshift_r(w[0], w[1], shift);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = kb0 + j < kb_end ? E8M0ToFloat((bytes >> (8 * j)) & 0xFFu) : 0.0f;
+}
+
+template <bool kGroupedK>
+__device__ __forceinline__ void LoadStageScales(const Params& p, const Tile& tile, int kb0,
+                                                int kb_end, int lane, float* sa_dst,
+                                                float* sb_dst) {
+  uint32_t wa[4][2], wb[4][2], sha[4], shb[4];
+  const uint8_t* b_base =
+      p.b_scales + (kGroupedK ? int64_t{0} : static_cast<int64_t>(tile.g) * p.b_scale_batch_stride);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int r = lane + 32 * q;
+    const int64_t row = static_cast<int64_t>(tile.a_row0) + r;
+    LoadScaleWords(p.a_scales + row * p.a_scale_stride + kb0, p.a_scales_end, row < p.a_rows,
+                   wa[q], &sha[q]);
+    const int col = tile.n_tile * kBlockN + r;
+    LoadScaleWords(b_base + static_cast<int64_t>(col) * p.b_scale_stride + kb0, p.b_scales_end,
+                   col < p.n, wb[q], &shb[q]);
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int r = lane + 32 * q;
+    float v[4];
+    ScaleFloats(wa[q], sha[q], kb0, kb_end, v);
+    *reinterpret_cast<float4*>(sa_dst + r * 4) = make_float4(v[0], v[1], v[2], v[3]);
+    ScaleFloats(wb[q], shb[q], kb0, kb_end, v);
+    const int pos = ((r % 8) / 2) * kSbQuadStride + (r / 8) * 2 + (r % 2);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sb_dst[j * kSbKbStride + pos] = v[j];
+  }
+}
+
+// acc += tmp * (sa * sb) for K block j of a stage; rows r0 and r0 + 8, the 32 columns of `quad`.
+__device__ __forceinline__ void Promote(float (&acc)[64], const float (&tmp)[64], const float* sa,
+                                       const float* sb, int j, int r0, int quad) {
+  const float sa0 = sa[r0 * 4 + j];
+  const float sa1 = sa[(r0 + 8) * 4 + j];
+  const float4* b4 = reinterpret_cast<const float4*>(sb + j * kSbKbStride + quad * kSbQuadStride);
+#pragma unroll
+  for (int v = 0; v < 8; ++v) {
+    const float4 b = b4[v];
+    const int d = 8 * v;
+    acc[d + 0] = fmaf(tmp[d + 0], sa0 * b.x, acc[d + 0]);
+    acc[d + 1] = fmaf(tmp[d + 1], sa0 * b.y, acc[d + 1]);
+    acc[d + 2] = fmaf(tmp[d + 2], sa1 * b.x, acc[d + 2]);
+    acc[d + 3] = fmaf(tmp[d + 3], sa1 * b.y, acc[d + 3]);
+    acc[d + 4] = fmaf(tmp[d + 4], sa0 * b.z, acc[d + 4]);
+    acc[d + 5] = fmaf(tmp[d + 5], sa0 * b.w, acc[d + 5]);
+    acc[d + 6] = fmaf(tmp[d + 6], sa1 * b.z, acc[d + 6]);
+    acc[d + 7] = fmaf(tmp[d + 7], sa1 * b.w, acc[d + 7]);
+  }
+}
+
+__device__ __forceinline__ void StorePair(__nv_bfloat16* dst, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ void StorePair(float* dst, float a, float b) {
+  *reinterpret_cast<float2*>(dst) = make_float2(a, b);
+}
+
+template <typename OutT, bool kGroupedK>
+__global__ void __launch_bounds__(kThreads, 1)
+    MxGroupedGemmKernel(const __grid_constant__ CUtensorMap map_a,
+                        const __grid_constant__ CUtensorMap map_b, const __grid_constant__ Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  uint8_t* s_a = smem;
+  uint8_t* s_b = s_a + kStages * kTileBytes;
+  float* s_sa = reinterpret_cast<float*>(s_b + kStages * kTileBytes);
+  float* s_sb = s_sa + kStages * kSaStageFloats;
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_sb + kStages * kSbStageFloats);
+  uint64_t* empty = full + kStages;
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int warpgroup = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(&full[s], 1 + 32);  // TMA's expect-tx arrival + the 32 lanes of a scale loader
+      MbarInit(&empty[s], 8);      // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  TileWalker<kGroupedK> walk(p);
+  Tile tile;
+  int it = 0;  // stages walked so far (slot = it % kStages, phase = (it / kStages) & 1)
+
+  if (warpgroup == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+    if (warp == 0) {
+      if (lane != 0) return;
+      for (int t = blockIdx.x; walk.Next(t, &tile); t += gridDim.x) {
+        const int stages = (tile.nk32 + 3) / 4;
+        for (int s = 0; s < stages; ++s, ++it) {
+          const int slot = it % kStages;
+          MbarWait(&empty[slot], ((it / kStages) & 1) ^ 1);
+          MbarArriveExpectTx(&full[slot], 2 * kTileBytes);
+          const int kc = tile.k0 + s * kBlockK;
+          TmaLoad2d(s_a + slot * kTileBytes, &map_a, &full[slot], kc, tile.a_row0);
+          TmaLoad3d(s_b + slot * kTileBytes, &map_b, &full[slot], kc, tile.n_tile * kBlockN,
+                    kGroupedK ? 0 : tile.g);
+        }
+      }
+    } else {
+      const int loader = warp - 1;  // stages it with it % 3 == loader
+      for (int t = blockIdx.x; walk.Next(t, &tile); t += gridDim.x) {
+        const int stages = (tile.nk32 + 3) / 4;
+        const int kb_end = tile.k0 / 32 + tile.nk32;
+        for (int s = 0; s < stages; ++s, ++it) {
+          if (it % 3 != loader) continue;
+          const int slot = it % kStages;
+          MbarWait(&empty[slot], ((it / kStages) & 1) ^ 1);
+          LoadStageScales<kGroupedK>(p, tile, tile.k0 / 32 + 4 * s, kb_end, lane,
+                                     s_sa + slot * kSaStageFloats, s_sb + slot * kSbStageFloats);
+          MbarArrive(&full[slot]);
+        }
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
+  const int consumer = warpgroup - 1;
+  const int r0 = consumer * 64 + (warp % 4) * 16 + lane / 4;  // rows r0, r0 + 8 of the tile
+  const int quad = lane % 4;
+  float acc[64], t0[64], t1[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) t0[i] = t1[i] = 0.0f;
+
+  auto release = [&](int slot) {
+    __syncwarp();
+    if (lane == 0) MbarArrive(&empty[slot]);
+  };
+
+  for (int t = blockIdx.x; walk.Next(t, &tile); t += gridDim.x) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    const int stages = (tile.nk32 + 3) / 4;
+    for (int s = 0; s < stages; ++s, ++it) {
+      const int slot = it % kStages;
+      MbarWait(&full[slot], (it / kStages) & 1);
+      // K block j starts 32 bytes further into each 128-byte row: +2 in descriptor units.
+      const uint64_t desc_a = SmemDescriptor(s_a + slot * kTileBytes + consumer * 64 * kBlockK);
+      const uint64_t desc_b = SmemDescriptor(s_b + slot * kTileBytes);
+      const float* sa = s_sa + slot * kSaStageFloats;
+      const float* sb = s_sb + slot * kSbStageFloats;
+      if (4 * s + 4 <= tile.nk32) {
+        // Full stage, straight-line so that the compiler sees each temporary's wgmma complete
+        // before its promotion: block j + 1 runs on the tensor cores while block j is promoted.
+        WgmmaFence();
+        FenceRegs(t0);
+        WgmmaM64N128K32(t0, desc_a + 0, desc_b + 0);
+        WgmmaCommit();
+        FenceRegs(t1);
+        WgmmaM64N128K32(t1, desc_a + 2, desc_b + 2);
+        WgmmaCommit();
+        WgmmaWait<1>();
+        FenceRegs(t0);
+        Promote(acc, t0, sa, sb, 0, r0, quad);
+        WgmmaFence();
+        FenceRegs(t0);
+        WgmmaM64N128K32(t0, desc_a + 4, desc_b + 4);
+        WgmmaCommit();
+        WgmmaWait<1>();
+        FenceRegs(t1);
+        Promote(acc, t1, sa, sb, 1, r0, quad);
+        WgmmaFence();
+        FenceRegs(t1);
+        WgmmaM64N128K32(t1, desc_a + 6, desc_b + 6);
+        WgmmaCommit();
+        WgmmaWait<1>();
+        FenceRegs(t0);
+        Promote(acc, t0, sa, sb, 2, r0, quad);
+        WgmmaWait<0>();
+        FenceRegs(t1);
+        Promote(acc, t1, sa, sb, 3, r0, quad);
+      } else {
+        // Last, partial stage of a group whose reduction is not a multiple of 128.
+        for (int j = 0; 4 * s + j < tile.nk32; ++j) {
+          WgmmaFence();
+          FenceRegs(t0);
+          WgmmaM64N128K32(t0, desc_a + 2 * j, desc_b + 2 * j);
+          WgmmaCommit();
+          WgmmaWait<0>();
+          FenceRegs(t0);
+          Promote(acc, t0, sa, sb, j, r0, quad);
+        }
+      }
+      release(slot);
+    }
+
+    // Direct stores: two adjacent columns per register pair; rows past the group are not written.
+    OutT* out = static_cast<OutT*>(p.out) +
+                (kGroupedK ? static_cast<int64_t>(tile.g) * p.out_group_stride : int64_t{0});
+    const int local_row = tile.m_tile * kBlockM + r0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (local_row + 8 * h >= tile.rows) continue;
+      OutT* row_ptr = out + (static_cast<int64_t>(tile.a_row0) + r0 + 8 * h) * p.ldc;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int col = tile.n_tile * kBlockN + 8 * i + 2 * quad;
+        if (col < p.n) StorePair(row_ptr + col, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace dropless::kernels::mxgemm
+
+#endif  // DROPLESS_KERNELS_CUDA_GROUPED_GEMM_MXFP8_MX_GEMM_KERNEL_CUH_

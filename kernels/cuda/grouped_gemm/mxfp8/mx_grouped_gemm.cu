@@ -1,0 +1,252 @@
+// MxGroupedGemm (kernels/include/dropless/kernels/mx_grouped_gemm.h): option and pointer checks,
+// tensor maps, launches of the kernel in mx_gemm_kernel.cuh.
+//
+// Tensor maps are encoded on the host at each call (pure host arithmetic on the pointers, no device
+// work and no synchronization) and passed by value as kernel parameters, so a captured graph keeps
+// the maps of its capture.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "dropless/kernels/mx_grouped_gemm.h"
+#include "kernels/cuda/grouped_gemm/mxfp8/mx_gemm_kernel.cuh"
+
+namespace dropless::kernels {
+namespace {
+
+using mxgemm::kBlockK;
+using mxgemm::kBlockM;
+using mxgemm::kBlockN;
+using mxgemm::kSmemBytes;
+using mxgemm::kThreads;
+using mxgemm::Params;
+
+absl::Status CudaStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// E4M3 bytes, K-major: dims {k_extent, rows, batches}, boxes of 128 (k) x 128 (rows), 128-byte
+// swizzle (the layout wgmma's K-major descriptors read); elements outside read as zero.
+// A operands are 2-D maps (batches = 0), B operands 3-D (the kernel issues 3-D copies for B).
+absl::Status EncodeOperand(CUtensorMap* map, const uint8_t* data, uint64_t k_extent, uint64_t rows,
+                           uint64_t batches, const char* field) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr) return absl::InternalError("cuTensorMapEncodeTiled not found in the driver");
+  const cuuint64_t dims[3] = {k_extent, rows, batches > 0 ? batches : 1};
+  const cuuint64_t strides[2] = {k_extent, k_extent * rows};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kBlockK), static_cast<cuuint32_t>(kBlockM), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, batches > 0 ? 3 : 2,
+                            const_cast<uint8_t*>(data), dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat(field, ": cuTensorMapEncodeTiled failed (CUresult ", r, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOperand(const MxOperand& op, const char* field) {
+  if (op.data == nullptr) return absl::InvalidArgumentError(absl::StrCat(field, ".data is null"));
+  if (op.scales == nullptr) return absl::InvalidArgumentError(absl::StrCat(field, ".scales is null"));
+  if (reinterpret_cast<uintptr_t>(op.data) % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".data must be 16-byte aligned"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOutput(const void* out, const int32_t* offsets, const char* out_field,
+                         const char* offsets_field) {
+  if (out == nullptr) return absl::InvalidArgumentError(absl::StrCat(out_field, " is null"));
+  if (reinterpret_cast<uintptr_t>(out) % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(out_field, " must be 8-byte aligned"));
+  }
+  if (offsets == nullptr) return absl::InvalidArgumentError(absl::StrCat(offsets_field, " is null"));
+  return absl::OkStatus();
+}
+
+template <typename OutT, bool kGroupedK>
+absl::Status Launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const Params& params,
+                    int grid, cudaStream_t stream) {
+  mxgemm::MxGroupedGemmKernel<OutT, kGroupedK><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b,
+                                                                                      params);
+  return CudaStatus(cudaGetLastError(), "MxGroupedGemmKernel launch");
+}
+
+template <typename OutT, bool kGroupedK>
+absl::Status AllowSmem() {
+  return CudaStatus(cudaFuncSetAttribute(mxgemm::MxGroupedGemmKernel<OutT, kGroupedK>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+                    "cudaFuncSetAttribute(max dynamic shared memory)");
+}
+
+class MxGroupedGemmImpl final : public MxGroupedGemm {
+ public:
+  MxGroupedGemmImpl(const MxGroupedGemmOptions& o, int sms) : o_(o), sms_(sms) {}
+
+  absl::Status Forward(const MxOperand& x, const MxOperand& w_t, const int32_t* offsets, Bf16* y,
+                       Stream stream) override {
+    return MGrouped(x, w_t, offsets, y, /*k=*/o_.k, /*n=*/o_.n, "x", "w_t", "y", stream);
+  }
+
+  absl::Status BackwardData(const MxOperand& dy, const MxOperand& w, const int32_t* offsets,
+                            Bf16* dx, Stream stream) override {
+    return MGrouped(dy, w, offsets, dx, /*k=*/o_.n, /*n=*/o_.k, "dy", "w", "dx", stream);
+  }
+
+  absl::Status BackwardWeight(const MxOperand& x_colwise, const MxOperand& dy_colwise,
+                              const int32_t* padded_offsets, float* dw, Stream stream) override {
+    return KGrouped<float>(x_colwise, dy_colwise, padded_offsets, dw, stream);
+  }
+  absl::Status BackwardWeight(const MxOperand& x_colwise, const MxOperand& dy_colwise,
+                              const int32_t* padded_offsets, Bf16* dw, Stream stream) override {
+    return KGrouped<__nv_bfloat16>(x_colwise, dy_colwise, padded_offsets, dw, stream);
+  }
+
+  std::string KernelName() const override {
+    return absl::StrCat("mx_ws_", kBlockM, "x", kBlockN, "x", kBlockK, "_s", mxgemm::kStages);
+  }
+
+ private:
+  // C[rows][n] = A[rows][k] . B[e][n][k]^T per group (k the reduction here).
+  absl::Status MGrouped(const MxOperand& a, const MxOperand& b, const int32_t* offsets, Bf16* c,
+                        int k, int n, const char* a_field, const char* b_field,
+                        const char* c_field, Stream stream) {
+    if (absl::Status s = CheckOperand(a, a_field); !s.ok()) return s;
+    if (absl::Status s = CheckOperand(b, b_field); !s.ok()) return s;
+    if (absl::Status s = CheckOutput(c, offsets, c_field, "offsets"); !s.ok()) return s;
+    CUtensorMap map_a, map_b;
+    if (absl::Status s = EncodeOperand(&map_a, a.data, k, o_.max_rows, 0, a_field); !s.ok()) return s;
+    if (absl::Status s = EncodeOperand(&map_b, b.data, k, n, o_.num_groups, b_field); !s.ok()) return s;
+    Params p{};
+    p.a_scales = a.scales;
+    p.b_scales = b.scales;
+    p.a_scale_stride = k / 32;
+    p.b_scale_stride = k / 32;
+    p.b_scale_batch_stride = static_cast<int64_t>(n) * (k / 32);
+    p.a_scales_end = a.scales + o_.max_rows * (k / 32);
+    p.b_scales_end = b.scales + o_.num_groups * p.b_scale_batch_stride;
+    p.a_rows = o_.max_rows;
+    p.offsets = offsets;
+    p.num_groups = o_.num_groups;
+    p.m = 0;
+    p.n = n;
+    p.k = k;
+    p.offset_limit = o_.max_rows;
+    p.out = c;
+    p.ldc = n;
+    p.out_group_stride = 0;
+    return Launch<__nv_bfloat16, false>(map_a, map_b, p, sms_, stream);
+  }
+
+  // dW[e][k][n] = X_e^T . dY_e over the group's padded token range.
+  template <typename OutT>
+  absl::Status KGrouped(const MxOperand& x, const MxOperand& dy, const int32_t* padded_offsets,
+                        void* dw, Stream stream) {
+    if (absl::Status s = CheckOperand(x, "x_colwise"); !s.ok()) return s;
+    if (absl::Status s = CheckOperand(dy, "dy_colwise"); !s.ok()) return s;
+    if (absl::Status s = CheckOutput(dw, padded_offsets, "dw", "padded_offsets"); !s.ok()) return s;
+    const int64_t padded = PaddedRows();
+    CUtensorMap map_a, map_b;
+    if (absl::Status s = EncodeOperand(&map_a, x.data, padded, o_.k, 0, "x_colwise"); !s.ok()) return s;
+    if (absl::Status s = EncodeOperand(&map_b, dy.data, padded, o_.n, 1, "dy_colwise"); !s.ok()) return s;
+    Params p{};
+    p.a_scales = x.scales;
+    p.b_scales = dy.scales;
+    p.a_scale_stride = padded / 32;
+    p.b_scale_stride = padded / 32;
+    p.b_scale_batch_stride = 0;
+    p.a_scales_end = x.scales + o_.k * (padded / 32);
+    p.b_scales_end = dy.scales + o_.n * (padded / 32);
+    p.a_rows = o_.k;
+    p.offsets = padded_offsets;
+    p.num_groups = o_.num_groups;
+    p.m = o_.k;
+    p.n = o_.n;
+    p.k = 0;
+    p.offset_limit = padded;
+    p.out = dw;
+    p.ldc = o_.n;
+    p.out_group_stride = static_cast<int64_t>(o_.k) * o_.n;
+    return Launch<OutT, true>(map_a, map_b, p, sms_, stream);
+  }
+
+  int64_t PaddedRows() const {
+    if (o_.padded_rows > 0) return o_.padded_rows;
+    const int64_t bound = o_.max_rows + 31 * static_cast<int64_t>(o_.num_groups);
+    return (bound + 31) / 32 * 32;
+  }
+
+  MxGroupedGemmOptions o_;
+  int sms_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MxGroupedGemm>> MxGroupedGemm::Create(
+    const MxGroupedGemmOptions& options) {
+  if (options.num_groups < 1) return absl::InvalidArgumentError("num_groups must be >= 1");
+  if (options.k < 32 || options.k % 32 != 0) {
+    return absl::InvalidArgumentError("k must be a positive multiple of 32");
+  }
+  if (options.n < 32 || options.n % 32 != 0) {
+    return absl::InvalidArgumentError("n must be a positive multiple of 32");
+  }
+  if (options.max_rows < 1 || options.max_rows >= (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError("max_rows must be in [1, 2^31)");
+  }
+  if (options.padded_rows < 0 || options.padded_rows % 32 != 0 ||
+      options.padded_rows >= (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError("padded_rows must be 0 or a multiple of 32 below 2^31");
+  }
+  if (options.expected_rows_per_group < 0) {
+    return absl::InvalidArgumentError("expected_rows_per_group must be >= 0");
+  }
+  int device = 0;
+  if (absl::Status s = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
+  int major = 0, sms = 0;
+  if (absl::Status s = CudaStatus(
+          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "device query");
+      !s.ok()) {
+    return s;
+  }
+  if (major != 9) {
+    return absl::FailedPreconditionError("MxGroupedGemm needs a Hopper (sm_90) device");
+  }
+  if (absl::Status s = CudaStatus(
+          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "device query");
+      !s.ok()) {
+    return s;
+  }
+  for (absl::Status s : {AllowSmem<__nv_bfloat16, false>(), AllowSmem<__nv_bfloat16, true>(),
+                         AllowSmem<float, true>()}) {
+    if (!s.ok()) return s;
+  }
+  return std::unique_ptr<MxGroupedGemm>(new MxGroupedGemmImpl(options, sms));
+}
+
+}  // namespace dropless::kernels

@@ -1,0 +1,95 @@
+// MXFP8 grouped GEMM over expert-contiguous token groups (Hopper sm_90a, E4M3 x E4M3, fp32
+// accumulation), with the operands in the layouts the MXFP8 quantize kernels produce (mxfp8.h).
+//
+// Semantics. Every operand element is an E4M3 byte with one E8M0 scale byte per 32 consecutive
+// elements along the reduction dimension K (scale byte b means 2^(b - 127), 0xFF is NaN). Per
+// output element and per 32-element K block kb:
+//   C[m][n] = sum_kb (sa[m][kb] * sb[n][kb]) * (sum_{k in kb} A[m][k] * B[n][k])
+// The inner sum runs on the fp8 tensor cores (one k32 wgmma); its fp32 result is multiplied by the
+// fp32 product of the two scales and added to an fp32 accumulator after every K block, so the
+// result equals the fp64 product of the dequantized operands up to fp32 rounding (NaN scales and
+// NaN elements give NaN outputs in their rows / columns).
+//
+// Products (group e owns token rows [offsets[e], offsets[e+1])):
+//   Forward        Y_e   = X_e . W[e]         A = X   row-wise  [rows][k]  (+ scales [rows][k/32])
+//                                             B = W^T quantized along k: [E][n][k] (+ [E][n][k/32])
+//                                             C = Y [rows][n] bf16
+//   BackwardData   dX_e  = dY_e . W[e]^T      A = dY  row-wise  [rows][n]  (+ scales [rows][n/32])
+//                                             B = W quantized along n:   [E][k][n] (+ [E][k][n/32])
+//                                             C = dX [rows][k] bf16
+//   BackwardWeight dW[e] = X_e^T . dY_e       A = X   column-wise [k][P]  (+ scales [k][P/32])
+//                                             B = dY  column-wise [n][P]  (+ scales [n][P/32])
+//                                             C = dW [E][k][n] fp32 or bf16; zeros for an empty group
+// The forward and data-gradient products are m-grouped (group e's rows of A against B[e]); the
+// weight gradient is k-grouped: the reduction runs over the group's padded token range
+// [padded_offsets[e], padded_offsets[e+1]) of the column-wise buffers (P = padded_rows, padding
+// elements are zero), exactly as QuantizeMxfp8 writes them.
+//
+// Offsets live on the device (int32, num_groups + 1 entries) and are never read by the host:
+// calls only launch (no host synchronization) and can be captured in a CUDA graph. Offsets are
+// clamped to [0, max_rows] (row offsets) or [0, padded_rows] (padded offsets) on the device. Rows
+// of Y / dX at or past offsets[num_groups] are never written.
+//
+// Data pointers must be 16-byte aligned (the tensor-memory-access engine reads them), output
+// pointers 8-byte aligned; k and n are multiples of 32.
+#ifndef DROPLESS_KERNELS_MX_GROUPED_GEMM_H_
+#define DROPLESS_KERNELS_MX_GROUPED_GEMM_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dropless/kernels/types.h"
+
+namespace dropless::kernels {
+
+// One MXFP8 operand as the kernel reads it: E4M3 data and its E8M0 scales (layouts per product
+// above). Device pointers.
+struct MxOperand {
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;
+};
+
+enum class MxGradType { kFloat32, kBFloat16 };
+
+struct MxGroupedGemmOptions {
+  int num_groups = 0;     // E, experts on this rank
+  int k = 0;              // forward reduction dimension (hidden); multiple of 32
+  int n = 0;              // forward output width; multiple of 32
+  int64_t max_rows = 0;   // rows the X / Y / dX / dY buffers hold
+  // P of the column-wise buffers the weight gradient reads (mxfp8.h's MxColwise::padded_rows);
+  // 0 means ColwisePaddedRows(max_rows, num_groups).
+  int64_t padded_rows = 0;
+  // Tokens an expert is expected to get; reserved for picking a tile shape class.
+  int64_t expected_rows_per_group = 0;
+};
+
+class MxGroupedGemm {
+ public:
+  // Needs a Hopper (sm_90) device current on the calling thread. Checks the options (errors name
+  // the field) and picks the kernel configuration once.
+  static absl::StatusOr<std::unique_ptr<MxGroupedGemm>> Create(const MxGroupedGemmOptions& options);
+
+  virtual ~MxGroupedGemm() = default;
+
+  // y [max_rows][n] bf16.
+  virtual absl::Status Forward(const MxOperand& x, const MxOperand& w_t, const int32_t* offsets,
+                               Bf16* y, Stream stream) = 0;
+  // dx [max_rows][k] bf16; w is W quantized along n ([E][k][n] + scales [E][k][n/32]).
+  virtual absl::Status BackwardData(const MxOperand& dy, const MxOperand& w, const int32_t* offsets,
+                                    Bf16* dx, Stream stream) = 0;
+  // x_colwise [k][P], dy_colwise [n][P]; padded_offsets as QuantizeMxfp8 wrote them.
+  virtual absl::Status BackwardWeight(const MxOperand& x_colwise, const MxOperand& dy_colwise,
+                                      const int32_t* padded_offsets, float* dw, Stream stream) = 0;
+  virtual absl::Status BackwardWeight(const MxOperand& x_colwise, const MxOperand& dy_colwise,
+                                      const int32_t* padded_offsets, Bf16* dw, Stream stream) = 0;
+
+  // The compiled configuration chosen at creation (tile, stages), for benchmarks and logs.
+  virtual std::string KernelName() const = 0;
+};
+
+}  // namespace dropless::kernels
+
+#endif  // DROPLESS_KERNELS_MX_GROUPED_GEMM_H_

@@ -1,0 +1,410 @@
+// GPU tests of the MXFP8 grouped GEMM (kernels/include/dropless/kernels/mx_grouped_gemm.h): all
+// three products against an fp64 CPU reference computed from the dequantized operands (the CPU
+// MXFP8 quantizer of kernels/cpu), on fresh random data with a wide exponent range (so scales differ
+// from block to block), outputs poisoned, group sizes including 0 and odd values, NaN scales, a
+// captured CUDA graph, and the option / pointer checks. Without a Hopper GPU the device tests skip.
+//
+// Bounds. Per element |out - ref| <= tol_rel * |ref| + tol_abs * sum_k |a_k b_k|, where the first
+// term is the output rounding (bf16: 2^-8 relative, written here as 1e-2 with margin; fp32 1e-5)
+// and the second the accumulation inside the fp8 tensor cores and the fp32 promotion (relative to
+// the magnitude sum of the products; the tensor cores add a k32 block's products with a reduced
+// alignment width). The norm-wise relative error must also stay below 1e-2 (bf16) / 1e-3 (fp32).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "dropless/kernels/mx_grouped_gemm.h"
+#include "dropless/kernels/mxfp8.h"
+#include "tests/gpu/gemm/gemm_test_util.h"
+
+namespace dropless::kernels {
+namespace {
+
+using gemm_test::DeviceBuffer;
+
+constexpr double kBf16Rel = 1e-2, kBf16Abs = 2e-3, kBf16Norm = 1e-2;
+constexpr double kF32Rel = 1e-5, kF32Abs = 2e-3, kF32Norm = 1e-3;
+
+// Values u * 2^e with u uniform in (-1, 1) and e uniform in [-12, 12] per element: every 32-element
+// block (along rows and along columns) gets its own scale, most blocks a different one.
+std::vector<Bf16> RandomWide(size_t count, std::mt19937_64* rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> e(-12, 12);
+  std::vector<Bf16> v(count);
+  for (auto& x : v) x = FloatToBf16(std::ldexp(u(*rng), e(*rng)));
+  return v;
+}
+
+struct MxHost {
+  std::vector<uint8_t> data, scales;
+  std::vector<float> values;  // dequantized, [rows][cols]
+};
+
+MxHost QuantizeRows(const std::vector<Bf16>& x, int64_t rows, int64_t cols) {
+  MxHost h;
+  h.data.resize(rows * cols);
+  h.scales.resize(rows * cols / 32);
+  h.values.resize(rows * cols);
+  MxRowwise out{h.data.data(), h.scales.data()};
+  MxQuantizeShape shape{rows, cols, 1};
+  EXPECT_TRUE(cpu::QuantizeMxfp8(shape, x.data(), nullptr, &out, nullptr).ok());
+  EXPECT_TRUE(cpu::DequantizeMxfp8Rowwise(rows, cols, nullptr, h.data.data(), h.scales.data(),
+                                          h.values.data())
+                  .ok());
+  return h;
+}
+
+// Column-wise: data [cols][P], values [cols][P] dequantized, padded offsets.
+struct MxColHost {
+  std::vector<uint8_t> data, scales;
+  std::vector<int32_t> padded_offsets;
+  std::vector<float> values;
+  int64_t padded_rows = 0;
+};
+
+MxColHost QuantizeCols(const std::vector<Bf16>& x, int64_t rows, int64_t cols,
+                       const std::vector<int32_t>& offsets) {
+  const int groups = static_cast<int>(offsets.size()) - 1;
+  MxColHost h;
+  h.padded_rows = ColwisePaddedRows(rows, groups);
+  h.data.assign(cols * h.padded_rows, 0x5A);  // columns past the last group keep garbage
+  h.scales.assign(cols * h.padded_rows / 32, 0x85);
+  h.padded_offsets.resize(groups + 1);
+  MxColwise out{h.data.data(), h.scales.data(), h.padded_offsets.data(), h.padded_rows};
+  MxQuantizeShape shape{rows, cols, groups};
+  EXPECT_TRUE(cpu::QuantizeMxfp8(shape, x.data(), offsets.data(), nullptr, &out).ok());
+  h.values.resize(cols * h.padded_rows);
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t p = 0; p < h.padded_rows; ++p) {
+      h.values[c * h.padded_rows + p] = MxElementValue(
+          h.data[c * h.padded_rows + p], h.scales[(c * h.padded_rows + p) / 32]);
+    }
+  }
+  return h;
+}
+
+std::vector<int32_t> Offsets(const std::vector<int>& sizes) {
+  std::vector<int32_t> o(1, 0);
+  for (int s : sizes) o.push_back(o.back() + s);
+  return o;
+}
+
+template <class T>
+std::unique_ptr<DeviceBuffer> Upload(const std::vector<T>& v) {
+  auto b = std::make_unique<DeviceBuffer>(v.size() * sizeof(T), sizeof(T));
+  b->Upload(v.data(), v.size() * sizeof(T));
+  return b;
+}
+
+// Reference and magnitude sum of one output element.
+struct Ref {
+  std::vector<double> value, magnitude;
+};
+
+// Compares out (count elements) against ref; NaN positions must agree. Prints the observed errors.
+void ExpectClose(const std::vector<float>& out, const Ref& ref, size_t count, double rel,
+                 double abs_of_magnitude, double norm_bound, const char* what) {
+  ASSERT_GE(out.size(), count);
+  double diff2 = 0, ref2 = 0, worst = 0;
+  size_t bad = 0, nan_mismatch = 0, first_bad = count;
+  for (size_t i = 0; i < count; ++i) {
+    const double r = ref.value[i];
+    const double o = out[i];
+    if (std::isnan(r) || std::isnan(o)) {
+      if (std::isnan(r) != std::isnan(o)) ++nan_mismatch;
+      continue;
+    }
+    const double d = std::fabs(o - r);
+    const double bound = rel * std::fabs(r) + abs_of_magnitude * ref.magnitude[i];
+    if (!(d <= bound)) {
+      ++bad;
+      first_bad = std::min(first_bad, i);
+    }
+    if (ref.magnitude[i] > 0) worst = std::max(worst, d / ref.magnitude[i]);
+    diff2 += d * d;
+    ref2 += r * r;
+  }
+  const double norm_err = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+  std::printf("[%s] norm-relative error %.3g, worst |err| / sum|ab| %.3g\n", what, norm_err, worst);
+  EXPECT_EQ(nan_mismatch, 0u) << what << ": NaN where the reference has none, or the reverse";
+  EXPECT_EQ(bad, 0u) << what << ": first bad element " << first_bad << " out "
+                     << (first_bad < count ? out[first_bad] : 0.0f) << " ref "
+                     << (first_bad < count ? ref.value[first_bad] : 0.0);
+  EXPECT_LE(norm_err, norm_bound) << what;
+}
+
+// m-grouped: C[r][c] = sum_k A[r][k] B[e][c][k] for the rows r of group e.
+Ref MGroupedReference(const std::vector<float>& a, const std::vector<float>& b,
+                      const std::vector<int32_t>& offsets, int kred, int nout) {
+  Ref ref;
+  const size_t rows = offsets.back();
+  ref.value.assign(rows * nout, 0.0);
+  ref.magnitude.assign(rows * nout, 0.0);
+  for (size_t e = 0; e + 1 < offsets.size(); ++e) {
+    for (int r = offsets[e]; r < offsets[e + 1]; ++r) {
+      const float* ar = &a[static_cast<size_t>(r) * kred];
+      for (int c = 0; c < nout; ++c) {
+        const float* bc = &b[(e * nout + c) * static_cast<size_t>(kred)];
+        double sum = 0, mag = 0;
+        for (int k = 0; k < kred; ++k) {
+          const double p = static_cast<double>(ar[k]) * bc[k];
+          sum += p;
+          mag += std::fabs(p);
+        }
+        ref.value[static_cast<size_t>(r) * nout + c] = sum;
+        ref.magnitude[static_cast<size_t>(r) * nout + c] = mag;
+      }
+    }
+  }
+  return ref;
+}
+
+class MxGroupedGemmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!gemm_test::HasHopperDevice()) GTEST_SKIP() << "SKIPPED: no CUDA device (Hopper sm_90)";
+  }
+};
+
+// k = 352: eleven K blocks (two full stages and a partial one), scale rows not 4-byte aligned;
+// n = 256: K blocks of the data gradient 4-byte aligned, its output (k) ends in a partial tile.
+constexpr int kK = 352, kN = 256;
+const std::vector<int> kMixedSizes = {0, 1, 37, 0, 200, 129, 300, 3, 0, 64, 255, 0};
+
+struct MGroupedCase {
+  std::vector<int32_t> offsets;
+  int64_t max_rows;
+  MxHost a, b;
+};
+
+// A [max_rows][kred] row-wise, B [E][nout][kred] row-wise (B K-major).
+MGroupedCase MakeMGrouped(const std::vector<int>& sizes, int kred, int nout, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  MGroupedCase c;
+  c.offsets = Offsets(sizes);
+  c.max_rows = c.offsets.back() + 16;
+  c.a = QuantizeRows(RandomWide(c.max_rows * kred, &rng), c.max_rows, kred);
+  c.b = QuantizeRows(RandomWide(sizes.size() * nout * static_cast<size_t>(kred), &rng),
+                     static_cast<int64_t>(sizes.size()) * nout, kred);
+  return c;
+}
+
+MxGroupedGemmOptions Options(int groups, int64_t max_rows) {
+  MxGroupedGemmOptions o;
+  o.num_groups = groups;
+  o.k = kK;
+  o.n = kN;
+  o.max_rows = max_rows;
+  return o;
+}
+
+// Runs Forward (dgrad = false) or BackwardData and checks it, rows past offsets[E] untouched.
+void RunMGrouped(const MGroupedCase& c, bool dgrad, const char* what) {
+  const int kred = dgrad ? kN : kK, nout = dgrad ? kK : kN;
+  const int groups = static_cast<int>(c.offsets.size()) - 1;
+  auto gemm = MxGroupedGemm::Create(Options(groups, c.max_rows));
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  auto a_data = Upload(c.a.data), a_scales = Upload(c.a.scales);
+  auto b_data = Upload(c.b.data), b_scales = Upload(c.b.scales);
+  auto offsets = Upload(c.offsets);
+  DeviceBuffer out(static_cast<size_t>(c.max_rows) * nout * 2, 2);  // poisoned (NaN)
+  const MxOperand a{static_cast<const uint8_t*>(static_cast<void*>(a_data->i32())),
+                    static_cast<const uint8_t*>(static_cast<void*>(a_scales->i32()))};
+  const MxOperand b{static_cast<const uint8_t*>(static_cast<void*>(b_data->i32())),
+                    static_cast<const uint8_t*>(static_cast<void*>(b_scales->i32()))};
+  Bf16* y = reinterpret_cast<Bf16*>(out.bf16());
+  const absl::Status s = dgrad ? (*gemm)->BackwardData(a, b, offsets->i32(), y, nullptr)
+                               : (*gemm)->Forward(a, b, offsets->i32(), y, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> host = out.ToHostBf16();
+  const Ref ref = MGroupedReference(c.a.values, c.b.values, c.offsets, kred, nout);
+  const size_t valid = static_cast<size_t>(c.offsets.back()) * nout;
+  ExpectClose(host, ref, valid, kBf16Rel, kBf16Abs, kBf16Norm, what);
+  size_t touched = 0;
+  for (size_t i = valid; i < host.size(); ++i) touched += std::isnan(host[i]) ? 0 : 1;
+  EXPECT_EQ(touched, 0u) << what << ": rows past offsets[E] were written";
+}
+
+TEST_F(MxGroupedGemmTest, ForwardMatchesFp64OfDequantized) {
+  std::random_device rd;
+  RunMGrouped(MakeMGrouped(kMixedSizes, kK, kN, rd()), false, "forward mixed");
+  std::mt19937_64 rng(rd());
+  std::vector<int> sizes(20);
+  for (int& s : sizes) s = rng() % 4 == 0 ? 0 : static_cast<int>(rng() % 400);
+  RunMGrouped(MakeMGrouped(sizes, kK, kN, rd()), false, "forward random");
+}
+
+TEST_F(MxGroupedGemmTest, BackwardDataMatchesFp64OfDequantized) {
+  std::random_device rd;
+  RunMGrouped(MakeMGrouped(kMixedSizes, kN, kK, rd()), true, "dgrad mixed");
+}
+
+// NaN scales: one A scale (a token row's block) and one B scale (an expert's output column's
+// block) set to 0xFF; that row and that column of the expert's rows are NaN, the rest exact.
+TEST_F(MxGroupedGemmTest, NanScalesPropagateToTheirRowAndColumn) {
+  std::random_device rd;
+  MGroupedCase c = MakeMGrouped(kMixedSizes, kK, kN, rd());
+  const int nan_row = c.offsets[4] + 17;       // group 4 (200 rows)
+  const int nan_group = 6, nan_col = 131;      // group 6 (300 rows), second N tile
+  c.a.scales[static_cast<size_t>(nan_row) * (kK / 32) + 5] = kE8M0Nan;
+  c.b.scales[(static_cast<size_t>(nan_group) * kN + nan_col) * (kK / 32) + 9] = kE8M0Nan;
+  for (int k = 0; k < 32; ++k) {
+    c.a.values[static_cast<size_t>(nan_row) * kK + 5 * 32 + k] = std::numeric_limits<float>::quiet_NaN();
+    c.b.values[(static_cast<size_t>(nan_group) * kN + nan_col) * kK + 9 * 32 + k] =
+        std::numeric_limits<float>::quiet_NaN();
+  }
+  RunMGrouped(c, false, "forward NaN scales");  // NaN positions must match the reference's
+}
+
+// Weight gradient from the column-wise (token-contiguous) operands, fp32 and bf16 outputs; empty
+// groups give exact zeros.
+TEST_F(MxGroupedGemmTest, BackwardWeightMatchesFp64OfDequantized) {
+  std::random_device rd;
+  std::mt19937_64 rng(rd());
+  const std::vector<int> sizes = {0, 1, 37, 0, 200, 129, 600, 3, 0, 64, 255, 33};
+  const std::vector<int32_t> offsets = Offsets(sizes);
+  const int64_t rows = offsets.back() + 16;
+  const int groups = static_cast<int>(sizes.size());
+  const MxColHost x = QuantizeCols(RandomWide(rows * kK, &rng), rows, kK, offsets);
+  const MxColHost dy = QuantizeCols(RandomWide(rows * kN, &rng), rows, kN, offsets);
+  const int64_t p = x.padded_rows;
+
+  Ref ref;
+  ref.value.assign(static_cast<size_t>(groups) * kK * kN, 0.0);
+  ref.magnitude.assign(ref.value.size(), 0.0);
+  for (int e = 0; e < groups; ++e) {
+    for (int i = 0; i < kK; ++i) {
+      for (int j = 0; j < kN; ++j) {
+        double sum = 0, mag = 0;
+        for (int t = x.padded_offsets[e]; t < x.padded_offsets[e + 1]; ++t) {
+          const double prod = static_cast<double>(x.values[i * p + t]) * dy.values[j * p + t];
+          sum += prod;
+          mag += std::fabs(prod);
+        }
+        ref.value[(static_cast<size_t>(e) * kK + i) * kN + j] = sum;
+        ref.magnitude[(static_cast<size_t>(e) * kK + i) * kN + j] = mag;
+      }
+    }
+  }
+
+  MxGroupedGemmOptions o = Options(groups, rows);
+  o.padded_rows = p;
+  auto gemm = MxGroupedGemm::Create(o);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  auto xd = Upload(x.data), xs = Upload(x.scales), dyd = Upload(dy.data), dys = Upload(dy.scales);
+  auto poffsets = Upload(x.padded_offsets);
+  auto as_u8 = [](DeviceBuffer* b) {
+    return static_cast<const uint8_t*>(static_cast<void*>(b->i32()));
+  };
+  const MxOperand xa{as_u8(xd.get()), as_u8(xs.get())}, dya{as_u8(dyd.get()), as_u8(dys.get())};
+  const size_t count = ref.value.size();
+  DeviceBuffer dw32(count * 4, 4), dw16(count * 2, 2);
+  ASSERT_TRUE((*gemm)->BackwardWeight(xa, dya, poffsets->i32(), dw32.f32(), nullptr).ok());
+  ASSERT_TRUE((*gemm)->BackwardWeight(xa, dya, poffsets->i32(), reinterpret_cast<Bf16*>(dw16.bf16()),
+                                      nullptr)
+                  .ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> out32 = dw32.ToHostF32(), out16 = dw16.ToHostBf16();
+  ExpectClose(out32, ref, count, kF32Rel, kF32Abs, kF32Norm, "wgrad fp32");
+  ExpectClose(out16, ref, count, kBf16Rel, kBf16Abs, kBf16Norm, "wgrad bf16");
+  for (int e = 0; e < groups; ++e) {
+    if (sizes[e] != 0) continue;
+    size_t nonzero = 0;
+    for (size_t i = 0; i < static_cast<size_t>(kK) * kN; ++i) {
+      nonzero += out32[e * static_cast<size_t>(kK) * kN + i] != 0.0f;
+      nonzero += out16[e * static_cast<size_t>(kK) * kN + i] != 0.0f;
+    }
+    EXPECT_EQ(nonzero, 0u) << "empty group " << e << " gradient not zero";
+  }
+}
+
+// One forward and one data-gradient launch captured in a graph; replays follow new device offsets.
+TEST_F(MxGroupedGemmTest, CapturedGraphFollowsDeviceOffsets) {
+  std::random_device rd;
+  const std::vector<std::vector<int>> plans = {{5, 0, 140, 33, 0, 300, 1, 90},
+                                               {0, 260, 7, 0, 129, 64, 100, 9}};
+  const int64_t max_rows = 600;
+  MGroupedCase fwd = MakeMGrouped(std::vector<int>(8, 0), kK, kN, rd());
+  MGroupedCase bwd = MakeMGrouped(std::vector<int>(8, 0), kN, kK, rd());
+  std::mt19937_64 rng(rd());
+  fwd.a = QuantizeRows(RandomWide(max_rows * kK, &rng), max_rows, kK);
+  bwd.a = QuantizeRows(RandomWide(max_rows * kN, &rng), max_rows, kN);
+  auto gemm = MxGroupedGemm::Create(Options(8, max_rows));
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;
+  auto op = [&](const MxHost& h) {
+    keep.push_back(Upload(h.data));
+    keep.push_back(Upload(h.scales));
+    return MxOperand{static_cast<const uint8_t*>(static_cast<void*>(keep[keep.size() - 2]->i32())),
+                     static_cast<const uint8_t*>(static_cast<void*>(keep.back()->i32()))};
+  };
+  const MxOperand fa = op(fwd.a), fb = op(fwd.b), ba = op(bwd.a), bb = op(bwd.b);
+  DeviceBuffer offsets(9 * 4, 4), y(max_rows * kN * 2, 2), dx(max_rows * kK * 2, 2);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_TRUE((*gemm)->Forward(fa, fb, offsets.i32(), reinterpret_cast<Bf16*>(y.bf16()), stream).ok());
+  ASSERT_TRUE(
+      (*gemm)->BackwardData(ba, bb, offsets.i32(), reinterpret_cast<Bf16*>(dx.bf16()), stream).ok());
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (const std::vector<int>& sizes : plans) {
+    const std::vector<int32_t> o = Offsets(sizes);
+    offsets.Upload(o.data(), o.size() * 4);
+    y.Poison();
+    dx.Poison();
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const size_t fv = static_cast<size_t>(o.back()) * kN, bv = static_cast<size_t>(o.back()) * kK;
+    const std::vector<float> yh = y.ToHostBf16(), dxh = dx.ToHostBf16();
+    ExpectClose(yh, MGroupedReference(fwd.a.values, fwd.b.values, o, kK, kN), fv, kBf16Rel,
+                kBf16Abs, kBf16Norm, "graph forward");
+    ExpectClose(dxh, MGroupedReference(bwd.a.values, bwd.b.values, o, kN, kK), bv, kBf16Rel,
+                kBf16Abs, kBf16Norm, "graph dgrad");
+    size_t touched = 0;
+    for (size_t i = fv; i < yh.size(); ++i) touched += std::isnan(yh[i]) ? 0 : 1;
+    for (size_t i = bv; i < dxh.size(); ++i) touched += std::isnan(dxh[i]) ? 0 : 1;
+    EXPECT_EQ(touched, 0u) << "rows past offsets[E] were written";
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST_F(MxGroupedGemmTest, BadOptionsAndPointersNameTheField) {
+  MxGroupedGemmOptions o = Options(4, 128);
+  o.k = 48;
+  auto bad = MxGroupedGemm::Create(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("k must"), std::string::npos) << bad.status();
+  o = Options(0, 128);
+  EXPECT_NE(MxGroupedGemm::Create(o).status().message().find("num_groups"), std::string::npos);
+  auto gemm = MxGroupedGemm::Create(Options(4, 128));
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  DeviceBuffer buf(1 << 20, 1);
+  const uint8_t* base = static_cast<const uint8_t*>(static_cast<void*>(buf.i32()));
+  Bf16* y = reinterpret_cast<Bf16*>(buf.bf16());
+  const absl::Status null_x = (*gemm)->Forward(MxOperand{nullptr, base}, MxOperand{base, base},
+                                               buf.i32(), y, nullptr);
+  EXPECT_NE(null_x.message().find("x.data"), std::string::npos) << null_x;
+  const absl::Status misaligned = (*gemm)->Forward(MxOperand{base, base},
+                                                   MxOperand{base + 8, base}, buf.i32(), y, nullptr);
+  EXPECT_NE(misaligned.message().find("w_t.data"), std::string::npos) << misaligned;
+  const absl::Status no_offsets = (*gemm)->BackwardWeight(MxOperand{base, base},
+                                                          MxOperand{base, base}, nullptr,
+                                                          buf.f32(), nullptr);
+  EXPECT_NE(no_offsets.message().find("padded_offsets"), std::string::npos) << no_offsets;
+}
+
+}  // namespace
+}  // namespace dropless::kernels
