@@ -31,13 +31,13 @@ using kernels::MxGroupedGemm;
 using kernels::MxGroupedGemmOptions;
 using kernels::MxOperand;
 
-#define MX_BENCH_CUDA(expr)                                                              \
-  do {                                                                                   \
-    cudaError_t e_ = (expr);                                                             \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "mxgemm bench: %s: %s\n", #expr, cudaGetErrorString(e_));    \
-      std::exit(1);                                                                      \
-    }                                                                                    \
+#define MX_BENCH_CUDA(expr)                                                          \
+  do {                                                                               \
+    cudaError_t e_ = (expr);                                                         \
+    if (e_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "mxgemm bench: %s: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                  \
+    }                                                                                \
   } while (0)
 
 void MxCheck(const absl::Status& status, const char* what) {
@@ -145,6 +145,8 @@ struct MxFlags {
   std::string json, commit = "unknown";
   std::vector<std::string> shapes = {"dsv3", "qwen3", "mixtral"};
   std::vector<std::string> dists = {"uniform", "zipf"};
+  std::vector<std::string> ops = {"fwd", "dgrad", "wgrad"};
+  std::vector<std::string> kernels;  // empty: the default kernel; "all": every compiled one
   int iters = 20, warmup = 3;
 };
 
@@ -152,15 +154,26 @@ MxFlags ParseMxFlags(const std::vector<std::string>& args) {
   MxFlags f;
   for (const std::string& a : args) {
     std::pair<std::string, std::string> kv = absl::StrSplit(a, absl::MaxSplits('=', 1));
-    if (kv.first == "--json") f.json = kv.second;
-    else if (kv.first == "--commit") f.commit = kv.second;
-    else if (kv.first == "--shapes") f.shapes = absl::StrSplit(kv.second, ',');
-    else if (kv.first == "--dists") f.dists = absl::StrSplit(kv.second, ',');
-    else if (kv.first == "--iters") f.iters = std::max(1, std::atoi(kv.second.c_str()));
+    if (kv.first == "--json")
+      f.json = kv.second;
+    else if (kv.first == "--commit")
+      f.commit = kv.second;
+    else if (kv.first == "--shapes")
+      f.shapes = absl::StrSplit(kv.second, ',');
+    else if (kv.first == "--dists")
+      f.dists = absl::StrSplit(kv.second, ',');
+    else if (kv.first == "--ops")
+      f.ops = absl::StrSplit(kv.second, ',');
+    else if (kv.first == "--kernels") {
+      f.kernels = kv.second == "all" ? MxGroupedGemm::KernelNames()
+                                     : std::vector<std::string>(absl::StrSplit(kv.second, ','));
+    } else if (kv.first == "--iters")
+      f.iters = std::max(1, std::atoi(kv.second.c_str()));
     else {
       std::fprintf(stderr,
                    "mxgemm bench: unknown flag %s\nflags: --json=PATH --commit=SHA "
-                   "--shapes=dsv3,qwen3,mixtral --dists=uniform,zipf --iters=N\n",
+                   "--shapes=dsv3,qwen3,mixtral --dists=uniform,zipf --ops=fwd,dgrad,wgrad "
+                   "--kernels=NAME,...|all --iters=N\n",
                    a.c_str());
       std::exit(2);
     }
@@ -181,13 +194,16 @@ class MxGemmBench {
       Buffer src(bytes), dst(bytes);
       MX_BENCH_CUDA(cudaMemset(src.ptr, 1, bytes));
       const double ms = MxMedianMs(
-          [&] { MX_BENCH_CUDA(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice)); },
+          [&] {
+            MX_BENCH_CUDA(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice));
+          },
           2, 10);
       copy_gbps_ = 2.0 * bytes / (ms * 1e-3) / 1e9;
       std::printf("ceiling: d2d copy %.0f GB/s\n", copy_gbps_);
     }
     for (const MxShape& s : kMxShapes) {
-      if (std::find(flags_.shapes.begin(), flags_.shapes.end(), s.name) == flags_.shapes.end()) continue;
+      if (std::find(flags_.shapes.begin(), flags_.shapes.end(), s.name) == flags_.shapes.end())
+        continue;
       BenchShape(s, "w13", s.hidden, 2 * s.ffn);
       BenchShape(s, "w2", s.ffn, s.hidden);
     }
@@ -219,56 +235,93 @@ class MxGemmBench {
     o.max_rows = rows;
     o.padded_rows = padded;
     o.expected_rows_per_group = rows / experts;
-    auto created = MxGroupedGemm::Create(o);
-    MxCheck(created.status(), "create");
-    MxGroupedGemm* g = created->get();
+    const std::vector<std::string> kernels =
+        flags_.kernels.empty() ? std::vector<std::string>{""} : flags_.kernels;
+    for (const std::string& kernel : kernels) {
+      o.kernel = kernel;
+      auto created = MxGroupedGemm::Create(o);
+      MxCheck(created.status(), "create");
+      MxGroupedGemm* g = created->get();
+      const bool is_default = kernel.empty() || kernel == MxGroupedGemm::KernelNames()[0];
 
-    for (const std::string& dist : flags_.dists) {
-      const std::vector<int> sizes = MxGroupSizes(rows, experts, dist);
-      if (weight == "w13") group_sizes_.emplace_back(absl::StrCat(s.name, "/", dist), sizes);
-      std::vector<int32_t> host(1, 0), host_padded(1, 0);
-      int nonempty = 0;
-      for (int v : sizes) {
-        host.push_back(host.back() + v);
-        host_padded.push_back(host_padded.back() + (v + 31) / 32 * 32);
-        nonempty += v > 0;
+      for (const std::string& dist : flags_.dists) {
+        const std::vector<int> sizes = MxGroupSizes(rows, experts, dist);
+        if (weight == "w13" && (kernel.empty() || kernel == kernels[0])) {
+          group_sizes_.emplace_back(absl::StrCat(s.name, "/", dist), sizes);
+        }
+        std::vector<int32_t> host(1, 0), host_padded(1, 0);
+        int nonempty = 0;
+        for (int v : sizes) {
+          host.push_back(host.back() + v);
+          host_padded.push_back(host_padded.back() + (v + 31) / 32 * 32);
+          nonempty += v > 0;
+        }
+        MX_BENCH_CUDA(
+            cudaMemcpy(offsets.ptr, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+        MX_BENCH_CUDA(cudaMemcpy(padded_offsets.ptr, host_padded.data(), host_padded.size() * 4,
+                                 cudaMemcpyHostToDevice));
+        const int32_t* off = static_cast<const int32_t*>(offsets.ptr);
+        const int32_t* poff = static_cast<const int32_t*>(padded_offsets.ptr);
+        const double flop = 2.0 * rows * k * double(n);
+        // fp8 bytes plus 1/32 for the scales, each read once; weights of empty experts untouched.
+        const double q = 1.0 + 1.0 / 32;
+        const double act_k = q * rows * k, act_n = q * rows * n,
+                     wbytes = q * nonempty * k * double(n);
+        auto want = [&](const char* op) {
+          return std::find(flags_.ops.begin(), flags_.ops.end(), op) != flags_.ops.end();
+        };
+        auto add = [&](const char* name, const char* out, double ms, double bytes) {
+          rows_.push_back({name, s.name, weight, dist, g->KernelName(), out,
+                           absl::StrCat(weight, " (k=", k, ", n=", n, "), ", dist, " groups, E=",
+                                        experts, ", ", rows, " rows, MXFP8 e4m3 + e8m0/32",
+                                        is_default ? ", default kernel" : ""),
+                           ms, flop / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9});
+          const MxRow& r = rows_.back();
+          std::printf("%-6s %-8s %-4s %-8s %-4s %-28s %9.3f ms %8.1f TFLOP/s\n", name, s.name,
+                      weight.c_str(), dist.c_str(), out, r.kernel.c_str(), r.ms, r.tflops);
+          std::fflush(stdout);
+        };
+        const int wu = flags_.warmup, it = flags_.iters;
+        if (want("fwd"))
+          add("fwd", "bf16",
+              MxMedianMs(
+                  [&] {
+                    MxCheck(g->Forward(x.op(), w_t.op(), off, static_cast<Bf16*>(y.ptr), nullptr),
+                            "fwd");
+                  },
+                  wu, it),
+              act_k + wbytes + 2.0 * rows * n);
+        if (want("dgrad"))
+          add("dgrad", "bf16",
+              MxMedianMs(
+                  [&] {
+                    MxCheck(
+                        g->BackwardData(dy.op(), w.op(), off, static_cast<Bf16*>(dx.ptr), nullptr),
+                        "dgrad");
+                  },
+                  wu, it),
+              act_n + wbytes + 2.0 * rows * k);
+        if (want("wgrad"))
+          add("wgrad", "fp32",
+              MxMedianMs(
+                  [&] {
+                    MxCheck(g->BackwardWeight(x_col.op(), dy_col.op(), poff,
+                                              static_cast<float*>(dw32.ptr), nullptr),
+                            "wgrad");
+                  },
+                  wu, it),
+              act_k + act_n + 4.0 * wsize);
+        if (want("wgrad"))
+          add("wgrad", "bf16",
+              MxMedianMs(
+                  [&] {
+                    MxCheck(g->BackwardWeight(x_col.op(), dy_col.op(), poff,
+                                              static_cast<Bf16*>(dw16.ptr), nullptr),
+                            "wgrad");
+                  },
+                  wu, it),
+              act_k + act_n + 2.0 * wsize);
       }
-      MX_BENCH_CUDA(cudaMemcpy(offsets.ptr, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
-      MX_BENCH_CUDA(cudaMemcpy(padded_offsets.ptr, host_padded.data(), host_padded.size() * 4,
-                               cudaMemcpyHostToDevice));
-      const int32_t* off = static_cast<const int32_t*>(offsets.ptr);
-      const int32_t* poff = static_cast<const int32_t*>(padded_offsets.ptr);
-      const double flop = 2.0 * rows * k * double(n);
-      // fp8 bytes plus 1/32 for the scales, each read once; weights of empty experts untouched.
-      const double q = 1.0 + 1.0 / 32;
-      const double act_k = q * rows * k, act_n = q * rows * n, wbytes = q * nonempty * k * double(n);
-      auto add = [&](const char* name, const char* out, double ms, double bytes) {
-        rows_.push_back({name, s.name, weight, dist, g->KernelName(), out,
-                         absl::StrCat(weight, " (k=", k, ", n=", n, "), ", dist, " groups, E=",
-                                      experts, ", ", rows, " rows, MXFP8 e4m3 + e8m0/32"),
-                         ms, flop / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9});
-        const MxRow& r = rows_.back();
-        std::printf("%-6s %-8s %-4s %-8s %-4s %9.3f ms %8.1f TFLOP/s\n", name, s.name,
-                    weight.c_str(), dist.c_str(), out, r.ms, r.tflops);
-        std::fflush(stdout);
-      };
-      const int wu = flags_.warmup, it = flags_.iters;
-      add("fwd", "bf16",
-          MxMedianMs([&] { MxCheck(g->Forward(x.op(), w_t.op(), off, static_cast<Bf16*>(y.ptr), nullptr), "fwd"); },
-                     wu, it),
-          act_k + wbytes + 2.0 * rows * n);
-      add("dgrad", "bf16",
-          MxMedianMs([&] { MxCheck(g->BackwardData(dy.op(), w.op(), off, static_cast<Bf16*>(dx.ptr), nullptr), "dgrad"); },
-                     wu, it),
-          act_n + wbytes + 2.0 * rows * k);
-      add("wgrad", "fp32",
-          MxMedianMs([&] { MxCheck(g->BackwardWeight(x_col.op(), dy_col.op(), poff, static_cast<float*>(dw32.ptr), nullptr), "wgrad"); },
-                     wu, it),
-          act_k + act_n + 4.0 * wsize);
-      add("wgrad", "bf16",
-          MxMedianMs([&] { MxCheck(g->BackwardWeight(x_col.op(), dy_col.op(), poff, static_cast<Bf16*>(dw16.ptr), nullptr), "wgrad"); },
-                     wu, it),
-          act_k + act_n + 2.0 * wsize);
     }
   }
 
@@ -298,7 +351,8 @@ class MxGemmBench {
                  "  \"ceilings\": {\"copy_gbps\": %.0f},\n"
                  "  \"rows\": [\n%s\n  ],\n  \"group_sizes\": {\n%s\n  }\n}\n",
                  device_.c_str(), date, absl::StrJoin(args, " ").c_str(), flags_.commit.c_str(),
-                 copy_gbps_, absl::StrJoin(rows, ",\n").c_str(), absl::StrJoin(sizes, ",\n").c_str());
+                 copy_gbps_, absl::StrJoin(rows, ",\n").c_str(),
+                 absl::StrJoin(sizes, ",\n").c_str());
     std::fclose(f);
     std::printf("wrote %s\n", flags_.json.c_str());
   }

@@ -7,7 +7,8 @@ used) and measures on the same shapes and group sizes:
   torch._scaled_grouped_mm     fp8 e4m3, row-wise fp32 scales (one per token row / weight column):
                                fwd and dgrad; wgrad where torch takes the 2-D x 2-D (k-grouped) form
   torch MX (BlockWise1x32)     torch.nn.functional.scaled_grouped_mm with e8m0 scales per 32, if the
-                               installed torch runs it on this GPU (recorded as an error otherwise)
+                               installed torch runs it on this GPU (recorded as an error otherwise);
+                               tried once, last (dsv3 w13 uniform)
 plus a dense fp8 ceiling (torch._scaled_mm 8192^3, tensor-wise scales). Writes the merged BENCH.md
 JSON. Failures of a peer are printed and recorded under "peer_errors", never fatal.
 
@@ -127,30 +128,39 @@ def torch_rows(shape, weight, k, n, dist, sizes):
                       "skipped, torch needs every group size to be a multiple of 16 for the "
                       "k-grouped fp8 form")
 
-    # MX: e8m0 scales per 32 along K (torch's BlockWise1x32 recipe), if this torch runs it here.
-    try:
-        import torch.nn.functional as F
-        from torch.nn.functional import ScalingType, SwizzleType
-        up = lambda v, m: (v + m - 1) // m * m  # noqa: E731
-        # torch's blocked layout: per group, scales padded to (128 rows) x (4 K blocks).
-        sa = torch.full((up(rows_total, 128) + 128 * e, up(k // 32, 4)), 127, device=dev,
-                        dtype=torch.uint8).view(torch.float8_e8m0fnu)
-        sb = torch.full((e, up(n, 128) * up(k // 32, 4)), 127, device=dev,
-                        dtype=torch.uint8).view(torch.float8_e8m0fnu)
-        add("fwd", "torch.scaled_grouped_mm", "mxfp8",
-            lambda: F.scaled_grouped_mm(xq, wq, sa, ScalingType.BlockWise1x32, sb,
-                                        ScalingType.BlockWise1x32, swizzle_a=SwizzleType.SWIZZLE_32_4_4,
-                                        swizzle_b=SwizzleType.SWIZZLE_32_4_4, offs=offs,
-                                        output_dtype=torch.bfloat16),
-            rows_total * k * (1 + 1 / 32) + nonempty * k * n * (1 + 1 / 32) + 2.0 * rows_total * n,
-            ", e4m3 + e8m0 per 32 (BlockWise1x32)")
-    except Exception as exc:
-        msg = f"torch MX scaled_grouped_mm {shape} {weight} {dist}: {str(exc).splitlines()[0][:300]}"
-        print("peer error: " + msg, file=sys.stderr)
-        ERRORS.append(msg)
     del x, w, dy, xq, dyq, wq, wtq
     torch.cuda.empty_cache()
     return out
+
+
+def torch_mx_rows(shape, weight, k, n, dist, sizes):
+    """torch's MXFP8 grouped GEMM (e8m0 scales per 32 along K, BlockWise1x32), if this torch runs it
+    on this GPU. Run once, last: a device-side assert would poison the CUDA context."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.functional import ScalingType, SwizzleType
+
+    rows_total, e, dev = sum(sizes), len(sizes), "cuda"
+    f8 = torch.float8_e4m3fn
+    xq = (torch.rand(rows_total, k, device=dev) * 2 - 1).to(f8)
+    wq = (torch.rand(e, n, k, device=dev) * 2 - 1).to(f8).transpose(-2, -1)  # [E, k, n], k-major
+    offs = torch.cumsum(torch.tensor(sizes, device=dev, dtype=torch.int32), 0, dtype=torch.int32)
+    up = lambda v, m: (v + m - 1) // m * m  # noqa: E731
+    # torch's blocked layout: per group, scales padded to (128 rows) x (4 K blocks).
+    sa = torch.full((up(rows_total, 128) + 128 * e, up(k // 32, 4)), 127, device=dev,
+                    dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    sb = torch.full((e, up(n, 128) * up(k // 32, 4)), 127, device=dev,
+                    dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    fn = lambda: F.scaled_grouped_mm(  # noqa: E731
+        xq, wq, sa, ScalingType.BlockWise1x32, sb, ScalingType.BlockWise1x32,
+        swizzle_a=SwizzleType.SWIZZLE_32_4_4, swizzle_b=SwizzleType.SWIZZLE_32_4_4, offs=offs,
+        output_dtype=torch.bfloat16)
+    ms = median_ms(torch, fn)
+    nonempty = sum(1 for s in sizes if s > 0)
+    nbytes = (rows_total * k + nonempty * k * n) * (1 + 1 / 32) + 2.0 * rows_total * n
+    note = f"{weight} (k={k}, n={n}), {dist} groups, E={e}, {rows_total} rows, e4m3 + e8m0 per 32"
+    return [row("fwd", shape, "torch.scaled_grouped_mm", "mxfp8", ms, 2.0 * rows_total * k * n,
+                nbytes, weight, dist, note)]
 
 
 def main():
@@ -183,12 +193,30 @@ def main():
             for r in rows:
                 print(f"{r['name']:6} {shape:8} {weight:4} {dist:8} {r['impl']:26} {r['precision']:11} "
                       f"{r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s", flush=True)
-    result["peer_errors"] = ERRORS
     if args.command:
         result["command"] = args.command
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {args.out}")
+
+    def write():
+        result["peer_errors"] = ERRORS
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.out}", flush=True)
+
+    write()
+    key = next((k for k in result["group_sizes"] if k.endswith("/uniform")), None)
+    if key:
+        shape, dist = key.split("/")
+        _, hidden, ffn, _, _ = SHAPES[shape]
+        try:
+            rows = torch_mx_rows(shape, "w13", hidden, 2 * ffn, dist, result["group_sizes"][key])
+            result["rows"].extend(rows)
+            print(f"fwd    {shape:8} w13  {dist:8} torch.scaled_grouped_mm mxfp8 "
+                  f"{rows[0]['ms']:9.3f} ms {rows[0]['tflops']:7.1f} TFLOP/s", flush=True)
+        except Exception as exc:
+            msg = f"torch MX scaled_grouped_mm {shape} w13 {dist}: {str(exc).splitlines()[0][:300]}"
+            print("peer error: " + msg, file=sys.stderr)
+            ERRORS.append(msg)
+        write()
 
 
 if __name__ == "__main__":

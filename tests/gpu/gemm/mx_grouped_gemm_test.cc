@@ -1,14 +1,17 @@
 // GPU tests of the MXFP8 grouped GEMM (kernels/include/dropless/kernels/mx_grouped_gemm.h): all
 // three products against an fp64 CPU reference computed from the dequantized operands (the CPU
-// MXFP8 quantizer of kernels/cpu), on fresh random data with a wide exponent range (so scales differ
-// from block to block), outputs poisoned, group sizes including 0 and odd values, NaN scales, a
-// captured CUDA graph, and the option / pointer checks. Without a Hopper GPU the device tests skip.
+// MXFP8 quantizer of kernels/cpu), on fresh random data with a wide exponent range (so scales
+// differ from block to block), outputs poisoned, group sizes including 0 and odd values, NaN
+// scales, a captured CUDA graph, and the option / pointer checks. Without a Hopper GPU the device
+// tests skip.
 //
 // Bounds. Per element |out - ref| <= tol_rel * |ref| + tol_abs * sum_k |a_k b_k|, where the first
 // term is the output rounding (bf16: 2^-8 relative, written here as 1e-2 with margin; fp32 1e-5)
 // and the second the accumulation inside the fp8 tensor cores and the fp32 promotion (relative to
 // the magnitude sum of the products; the tensor cores add a k32 block's products with a reduced
 // alignment width). The norm-wise relative error must also stay below 1e-2 (bf16) / 1e-3 (fp32).
+#include "dropless/kernels/mx_grouped_gemm.h"
+
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -18,9 +21,9 @@
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
-#include "dropless/kernels/mx_grouped_gemm.h"
 #include "dropless/kernels/mxfp8.h"
 #include "tests/gpu/gemm/gemm_test_util.h"
 
@@ -83,8 +86,8 @@ MxColHost QuantizeCols(const std::vector<Bf16>& x, int64_t rows, int64_t cols,
   h.values.resize(cols * h.padded_rows);
   for (int64_t c = 0; c < cols; ++c) {
     for (int64_t p = 0; p < h.padded_rows; ++p) {
-      h.values[c * h.padded_rows + p] = MxElementValue(
-          h.data[c * h.padded_rows + p], h.scales[(c * h.padded_rows + p) / 32]);
+      h.values[c * h.padded_rows + p] =
+          MxElementValue(h.data[c * h.padded_rows + p], h.scales[(c * h.padded_rows + p) / 32]);
     }
   }
   return h;
@@ -206,10 +209,13 @@ MxGroupedGemmOptions Options(int groups, int64_t max_rows) {
 }
 
 // Runs Forward (dgrad = false) or BackwardData and checks it, rows past offsets[E] untouched.
-void RunMGrouped(const MGroupedCase& c, bool dgrad, const char* what) {
+void RunMGrouped(const MGroupedCase& c, bool dgrad, const char* what, const std::string& kernel) {
+  SCOPED_TRACE(kernel);
   const int kred = dgrad ? kN : kK, nout = dgrad ? kK : kN;
   const int groups = static_cast<int>(c.offsets.size()) - 1;
-  auto gemm = MxGroupedGemm::Create(Options(groups, c.max_rows));
+  MxGroupedGemmOptions options = Options(groups, c.max_rows);
+  options.kernel = kernel;
+  auto gemm = MxGroupedGemm::Create(options);
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   auto a_data = Upload(c.a.data), a_scales = Upload(c.a.scales);
   auto b_data = Upload(c.b.data), b_scales = Upload(c.b.scales);
@@ -235,16 +241,20 @@ void RunMGrouped(const MGroupedCase& c, bool dgrad, const char* what) {
 
 TEST_F(MxGroupedGemmTest, ForwardMatchesFp64OfDequantized) {
   std::random_device rd;
-  RunMGrouped(MakeMGrouped(kMixedSizes, kK, kN, rd()), false, "forward mixed");
-  std::mt19937_64 rng(rd());
-  std::vector<int> sizes(20);
-  for (int& s : sizes) s = rng() % 4 == 0 ? 0 : static_cast<int>(rng() % 400);
-  RunMGrouped(MakeMGrouped(sizes, kK, kN, rd()), false, "forward random");
+  for (const std::string& kernel : MxGroupedGemm::KernelNames()) {
+    RunMGrouped(MakeMGrouped(kMixedSizes, kK, kN, rd()), false, "forward mixed", kernel);
+    std::mt19937_64 rng(rd());
+    std::vector<int> sizes(20);
+    for (int& s : sizes) s = rng() % 4 == 0 ? 0 : static_cast<int>(rng() % 400);
+    RunMGrouped(MakeMGrouped(sizes, kK, kN, rd()), false, "forward random", kernel);
+  }
 }
 
 TEST_F(MxGroupedGemmTest, BackwardDataMatchesFp64OfDequantized) {
   std::random_device rd;
-  RunMGrouped(MakeMGrouped(kMixedSizes, kN, kK, rd()), true, "dgrad mixed");
+  for (const std::string& kernel : MxGroupedGemm::KernelNames()) {
+    RunMGrouped(MakeMGrouped(kMixedSizes, kN, kK, rd()), true, "dgrad mixed", kernel);
+  }
 }
 
 // NaN scales: one A scale (a token row's block) and one B scale (an expert's output column's
@@ -252,16 +262,20 @@ TEST_F(MxGroupedGemmTest, BackwardDataMatchesFp64OfDequantized) {
 TEST_F(MxGroupedGemmTest, NanScalesPropagateToTheirRowAndColumn) {
   std::random_device rd;
   MGroupedCase c = MakeMGrouped(kMixedSizes, kK, kN, rd());
-  const int nan_row = c.offsets[4] + 17;       // group 4 (200 rows)
-  const int nan_group = 6, nan_col = 131;      // group 6 (300 rows), second N tile
+  const int nan_row = c.offsets[4] + 17;   // group 4 (200 rows)
+  const int nan_group = 6, nan_col = 131;  // group 6 (300 rows), second N tile
   c.a.scales[static_cast<size_t>(nan_row) * (kK / 32) + 5] = kE8M0Nan;
   c.b.scales[(static_cast<size_t>(nan_group) * kN + nan_col) * (kK / 32) + 9] = kE8M0Nan;
   for (int k = 0; k < 32; ++k) {
-    c.a.values[static_cast<size_t>(nan_row) * kK + 5 * 32 + k] = std::numeric_limits<float>::quiet_NaN();
+    c.a.values[static_cast<size_t>(nan_row) * kK + 5 * 32 + k] =
+        std::numeric_limits<float>::quiet_NaN();
     c.b.values[(static_cast<size_t>(nan_group) * kN + nan_col) * kK + 9 * 32 + k] =
         std::numeric_limits<float>::quiet_NaN();
   }
-  RunMGrouped(c, false, "forward NaN scales");  // NaN positions must match the reference's
+  for (const std::string& kernel : MxGroupedGemm::KernelNames()) {
+    RunMGrouped(c, false, "forward NaN scales",
+                kernel);  // NaN positions must match the reference's
+  }
 }
 
 // Weight gradient from the column-wise (token-contiguous) operands, fp32 and bf16 outputs; empty
@@ -295,10 +309,6 @@ TEST_F(MxGroupedGemmTest, BackwardWeightMatchesFp64OfDequantized) {
     }
   }
 
-  MxGroupedGemmOptions o = Options(groups, rows);
-  o.padded_rows = p;
-  auto gemm = MxGroupedGemm::Create(o);
-  ASSERT_TRUE(gemm.ok()) << gemm.status();
   auto xd = Upload(x.data), xs = Upload(x.scales), dyd = Upload(dy.data), dys = Upload(dy.scales);
   auto poffsets = Upload(x.padded_offsets);
   auto as_u8 = [](DeviceBuffer* b) {
@@ -306,23 +316,32 @@ TEST_F(MxGroupedGemmTest, BackwardWeightMatchesFp64OfDequantized) {
   };
   const MxOperand xa{as_u8(xd.get()), as_u8(xs.get())}, dya{as_u8(dyd.get()), as_u8(dys.get())};
   const size_t count = ref.value.size();
-  DeviceBuffer dw32(count * 4, 4), dw16(count * 2, 2);
-  ASSERT_TRUE((*gemm)->BackwardWeight(xa, dya, poffsets->i32(), dw32.f32(), nullptr).ok());
-  ASSERT_TRUE((*gemm)->BackwardWeight(xa, dya, poffsets->i32(), reinterpret_cast<Bf16*>(dw16.bf16()),
-                                      nullptr)
-                  .ok());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> out32 = dw32.ToHostF32(), out16 = dw16.ToHostBf16();
-  ExpectClose(out32, ref, count, kF32Rel, kF32Abs, kF32Norm, "wgrad fp32");
-  ExpectClose(out16, ref, count, kBf16Rel, kBf16Abs, kBf16Norm, "wgrad bf16");
-  for (int e = 0; e < groups; ++e) {
-    if (sizes[e] != 0) continue;
-    size_t nonzero = 0;
-    for (size_t i = 0; i < static_cast<size_t>(kK) * kN; ++i) {
-      nonzero += out32[e * static_cast<size_t>(kK) * kN + i] != 0.0f;
-      nonzero += out16[e * static_cast<size_t>(kK) * kN + i] != 0.0f;
+  for (const std::string& kernel : MxGroupedGemm::KernelNames()) {
+    SCOPED_TRACE(kernel);
+    MxGroupedGemmOptions o = Options(groups, rows);
+    o.padded_rows = p;
+    o.kernel = kernel;
+    auto gemm = MxGroupedGemm::Create(o);
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    DeviceBuffer dw32(count * 4, 4), dw16(count * 2, 2);
+    ASSERT_TRUE((*gemm)->BackwardWeight(xa, dya, poffsets->i32(), dw32.f32(), nullptr).ok());
+    ASSERT_TRUE((*gemm)
+                    ->BackwardWeight(xa, dya, poffsets->i32(), reinterpret_cast<Bf16*>(dw16.bf16()),
+                                     nullptr)
+                    .ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> out32 = dw32.ToHostF32(), out16 = dw16.ToHostBf16();
+    ExpectClose(out32, ref, count, kF32Rel, kF32Abs, kF32Norm, "wgrad fp32");
+    ExpectClose(out16, ref, count, kBf16Rel, kBf16Abs, kBf16Norm, "wgrad bf16");
+    for (int e = 0; e < groups; ++e) {
+      if (sizes[e] != 0) continue;
+      size_t nonzero = 0;
+      for (size_t i = 0; i < static_cast<size_t>(kK) * kN; ++i) {
+        nonzero += out32[e * static_cast<size_t>(kK) * kN + i] != 0.0f;
+        nonzero += out16[e * static_cast<size_t>(kK) * kN + i] != 0.0f;
+      }
+      EXPECT_EQ(nonzero, 0u) << "empty group " << e << " gradient not zero";
     }
-    EXPECT_EQ(nonzero, 0u) << "empty group " << e << " gradient not zero";
   }
 }
 
@@ -352,9 +371,11 @@ TEST_F(MxGroupedGemmTest, CapturedGraphFollowsDeviceOffsets) {
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   cudaGraph_t graph;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  ASSERT_TRUE((*gemm)->Forward(fa, fb, offsets.i32(), reinterpret_cast<Bf16*>(y.bf16()), stream).ok());
   ASSERT_TRUE(
-      (*gemm)->BackwardData(ba, bb, offsets.i32(), reinterpret_cast<Bf16*>(dx.bf16()), stream).ok());
+      (*gemm)->Forward(fa, fb, offsets.i32(), reinterpret_cast<Bf16*>(y.bf16()), stream).ok());
+  ASSERT_TRUE((*gemm)
+                  ->BackwardData(ba, bb, offsets.i32(), reinterpret_cast<Bf16*>(dx.bf16()), stream)
+                  .ok());
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   cudaGraphExec_t exec;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
@@ -389,20 +410,22 @@ TEST_F(MxGroupedGemmTest, BadOptionsAndPointersNameTheField) {
   EXPECT_NE(bad.status().message().find("k must"), std::string::npos) << bad.status();
   o = Options(0, 128);
   EXPECT_NE(MxGroupedGemm::Create(o).status().message().find("num_groups"), std::string::npos);
+  o = Options(4, 128);
+  o.kernel = "no_such_kernel";
+  EXPECT_NE(MxGroupedGemm::Create(o).status().message().find("kernel"), std::string::npos);
   auto gemm = MxGroupedGemm::Create(Options(4, 128));
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   DeviceBuffer buf(1 << 20, 1);
   const uint8_t* base = static_cast<const uint8_t*>(static_cast<void*>(buf.i32()));
   Bf16* y = reinterpret_cast<Bf16*>(buf.bf16());
-  const absl::Status null_x = (*gemm)->Forward(MxOperand{nullptr, base}, MxOperand{base, base},
-                                               buf.i32(), y, nullptr);
+  const absl::Status null_x =
+      (*gemm)->Forward(MxOperand{nullptr, base}, MxOperand{base, base}, buf.i32(), y, nullptr);
   EXPECT_NE(null_x.message().find("x.data"), std::string::npos) << null_x;
-  const absl::Status misaligned = (*gemm)->Forward(MxOperand{base, base},
-                                                   MxOperand{base + 8, base}, buf.i32(), y, nullptr);
+  const absl::Status misaligned =
+      (*gemm)->Forward(MxOperand{base, base}, MxOperand{base + 8, base}, buf.i32(), y, nullptr);
   EXPECT_NE(misaligned.message().find("w_t.data"), std::string::npos) << misaligned;
-  const absl::Status no_offsets = (*gemm)->BackwardWeight(MxOperand{base, base},
-                                                          MxOperand{base, base}, nullptr,
-                                                          buf.f32(), nullptr);
+  const absl::Status no_offsets = (*gemm)->BackwardWeight(
+      MxOperand{base, base}, MxOperand{base, base}, nullptr, buf.f32(), nullptr);
   EXPECT_NE(no_offsets.message().find("padded_offsets"), std::string::npos) << no_offsets;
 }
 

@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace dropless::kernels::mxgemm {
 
@@ -34,6 +35,10 @@ inline constexpr int kTileBytes = kBlockM * kBlockK;  // 16 KiB, same for B
 // lane % 4 == q owns (8 i + 2 q + b), contiguous, padded to 36 so the four quads hit other banks.
 inline constexpr int kSbQuadStride = 36;
 inline constexpr int kSbKbStride = 4 * kSbQuadStride;
+// Packed variant: the same columns as bf16 bit patterns (exact for powers of two and NaN), quad
+// stride 40 halves (80 bytes: the four quads' 16-byte reads start in banks 0, 20, 8, 28).
+inline constexpr int kSbhQuadStride = 40;
+inline constexpr int kSbhKbStride = 4 * kSbhQuadStride;
 inline constexpr int kSaStageFloats = kBlockM * 4;
 inline constexpr int kSbStageFloats = 4 * kSbKbStride;
 inline constexpr int kSmemBytes = 1024 /*alignment slack*/ + kStages * (2 * kTileBytes) +
@@ -65,6 +70,39 @@ struct Params {
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Shared-memory accesses through the shared window (a generic pointer that reached a helper would
+// otherwise compile to generic loads, which wait on the long scoreboard).
+__device__ __forceinline__ float LdsF32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float4 LdsV4F32(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint4 LdsV4U32(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void StsV4F32(uint32_t addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c),
+               "f"(d)
+               : "memory");
+}
+__device__ __forceinline__ void StsF32(uint32_t addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ void StsU16(uint32_t addr, uint16_t v) {
+  asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
 }
 
 __device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
@@ -260,7 +298,7 @@ __device__ __forceinline__ void ScaleFloats(const uint32_t (&w)[2], uint32_t shi
   for (int j = 0; j < 4; ++j) v[j] = kb0 + j < kb_end ? E8M0ToFloat((bytes >> (8 * j)) & 0xFFu) : 0.0f;
 }
 
-template <bool kGroupedK>
+template <bool kGroupedK, bool kPackedSb>
 __device__ __forceinline__ void LoadStageScales(const Params& p, const Tile& tile, int kb0,
                                                 int kb_end, int lane, float* sa_dst,
                                                 float* sb_dst) {
@@ -282,32 +320,91 @@ __device__ __forceinline__ void LoadStageScales(const Params& p, const Tile& til
     const int r = lane + 32 * q;
     float v[4];
     ScaleFloats(wa[q], sha[q], kb0, kb_end, v);
-    *reinterpret_cast<float4*>(sa_dst + r * 4) = make_float4(v[0], v[1], v[2], v[3]);
+    StsV4F32(SmemAddr(sa_dst + r * 4), v[0], v[1], v[2], v[3]);
     ScaleFloats(wb[q], shb[q], kb0, kb_end, v);
-    const int pos = ((r % 8) / 2) * kSbQuadStride + (r / 8) * 2 + (r % 2);
+    if (kPackedSb) {
+      uint16_t* sbh = reinterpret_cast<uint16_t*>(sb_dst);
+      const int pos = ((r % 8) / 2) * kSbhQuadStride + (r / 8) * 2 + (r % 2);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) sb_dst[j * kSbKbStride + pos] = v[j];
+      for (int j = 0; j < 4; ++j) {
+        StsU16(SmemAddr(sbh + j * kSbhKbStride + pos), static_cast<uint16_t>(__float_as_uint(v[j]) >> 16));
+      }
+    } else {
+      const int pos = ((r % 8) / 2) * kSbQuadStride + (r / 8) * 2 + (r % 2);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) StsF32(SmemAddr(sb_dst + j * kSbKbStride + pos), v[j]);
+    }
   }
 }
 
-// acc += tmp * (sa * sb) for K block j of a stage; rows r0 and r0 + 8, the 32 columns of `quad`.
-__device__ __forceinline__ void Promote(float (&acc)[64], const float (&tmp)[64], const float* sa,
-                                       const float* sb, int j, int r0, int quad) {
-  const float sa0 = sa[r0 * 4 + j];
-  const float sa1 = sa[(r0 + 8) * 4 + j];
-  const float4* b4 = reinterpret_cast<const float4*>(sb + j * kSbKbStride + quad * kSbQuadStride);
+// fp32 scales read ahead of the wait (float4s of 8): all 8 would not fit in registers beside the
+// two temporaries.
+inline constexpr int kPrefetchF32 = 4;
+
+// The scales one thread needs for K block j of a stage: rows r0 and r0 + 8, the 32 columns of
+// `quad` (fp32, or bf16 pairs in the packed variant). Loaded before the wait for the block's wgmma,
+// so the shared-memory latency hides under it.
+struct BlockScalesF32 {
+  float sa0, sa1;
+  float4 b[kPrefetchF32];  // the first columns' scales; the rest are read during the promotion
+  uint32_t rest;           // shared address of the remaining ones
+};
+struct BlockScalesBf16 {
+  float sa0, sa1;
+  uint4 w[4];
+};
+template <bool kPackedSb>
+using BlockScales = typename std::conditional<kPackedSb, BlockScalesBf16, BlockScalesF32>::type;
+
+template <bool kPackedSb>
+__device__ __forceinline__ BlockScales<kPackedSb> LoadBlockScales(const float* sa, const float* sb,
+                                                                 int j, int r0, int quad) {
+  BlockScales<kPackedSb> sc;
+  sc.sa0 = LdsF32(SmemAddr(sa + r0 * 4 + j));
+  sc.sa1 = LdsF32(SmemAddr(sa + (r0 + 8) * 4 + j));
+  if constexpr (kPackedSb) {
+    const uint32_t h4 = SmemAddr(reinterpret_cast<const uint16_t*>(sb) + j * kSbhKbStride +
+                                 quad * kSbhQuadStride);
 #pragma unroll
-  for (int v = 0; v < 8; ++v) {
-    const float4 b = b4[v];
-    const int d = 8 * v;
-    acc[d + 0] = fmaf(tmp[d + 0], sa0 * b.x, acc[d + 0]);
-    acc[d + 1] = fmaf(tmp[d + 1], sa0 * b.y, acc[d + 1]);
-    acc[d + 2] = fmaf(tmp[d + 2], sa1 * b.x, acc[d + 2]);
-    acc[d + 3] = fmaf(tmp[d + 3], sa1 * b.y, acc[d + 3]);
-    acc[d + 4] = fmaf(tmp[d + 4], sa0 * b.z, acc[d + 4]);
-    acc[d + 5] = fmaf(tmp[d + 5], sa0 * b.w, acc[d + 5]);
-    acc[d + 6] = fmaf(tmp[d + 6], sa1 * b.z, acc[d + 6]);
-    acc[d + 7] = fmaf(tmp[d + 7], sa1 * b.w, acc[d + 7]);
+    for (int v = 0; v < 4; ++v) sc.w[v] = LdsV4U32(h4 + 16 * v);
+  } else {
+    const uint32_t b4 = SmemAddr(sb + j * kSbKbStride + quad * kSbQuadStride);
+#pragma unroll
+    for (int v = 0; v < kPrefetchF32; ++v) sc.b[v] = LdsV4F32(b4 + 16 * v);
+    sc.rest = b4 + 16 * kPrefetchF32;
+  }
+  return sc;
+}
+
+// acc += tmp * (sa * sb): one multiply and one fused multiply-add per element.
+// Register d = 4 i + 2 h + b holds row r0 + 8 h, column 8 i + 2 quad + b (wgmma's D layout).
+template <bool kPackedSb>
+__device__ __forceinline__ void Promote(float (&acc)[64], const float (&tmp)[64],
+                                        const BlockScales<kPackedSb>& sc) {
+  auto apply = [&](int i, float b0, float b1) {
+    const int d = 4 * i;
+    acc[d + 0] = fmaf(tmp[d + 0], sc.sa0 * b0, acc[d + 0]);
+    acc[d + 1] = fmaf(tmp[d + 1], sc.sa0 * b1, acc[d + 1]);
+    acc[d + 2] = fmaf(tmp[d + 2], sc.sa1 * b0, acc[d + 2]);
+    acc[d + 3] = fmaf(tmp[d + 3], sc.sa1 * b1, acc[d + 3]);
+  };
+  if constexpr (kPackedSb) {
+    // Half the shared-memory bytes per thread; one bit operation per scale to widen it.
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const uint32_t words[4] = {sc.w[v].x, sc.w[v].y, sc.w[v].z, sc.w[v].w};
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        apply(4 * v + u, __uint_as_float(words[u] << 16), __uint_as_float(words[u] & 0xFFFF0000u));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int v = 0; v < 8; ++v) {
+      const float4 b = v < kPrefetchF32 ? sc.b[v] : LdsV4F32(sc.rest + 16 * (v - kPrefetchF32));
+      apply(2 * v, b.x, b.y);
+      apply(2 * v + 1, b.z, b.w);
+    }
   }
 }
 
@@ -318,7 +415,7 @@ __device__ __forceinline__ void StorePair(float* dst, float a, float b) {
   *reinterpret_cast<float2*>(dst) = make_float2(a, b);
 }
 
-template <typename OutT, bool kGroupedK>
+template <typename OutT, bool kGroupedK, bool kPackedSb>
 __global__ void __launch_bounds__(kThreads, 1)
     MxGroupedGemmKernel(const __grid_constant__ CUtensorMap map_a,
                         const __grid_constant__ CUtensorMap map_b, const __grid_constant__ Params p) {
@@ -349,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int it = 0;  // stages walked so far (slot = it % kStages, phase = (it / kStages) & 1)
 
   if (warpgroup == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (warp == 0) {
       if (lane != 0) return;
       for (int t = blockIdx.x; walk.Next(t, &tile); t += gridDim.x) {
@@ -373,7 +470,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (it % 3 != loader) continue;
           const int slot = it % kStages;
           MbarWait(&empty[slot], ((it / kStages) & 1) ^ 1);
-          LoadStageScales<kGroupedK>(p, tile, tile.k0 / 32 + 4 * s, kb_end, lane,
+          LoadStageScales<kGroupedK, kPackedSb>(p, tile, tile.k0 / 32 + 4 * s, kb_end, lane,
                                      s_sa + slot * kSaStageFloats, s_sb + slot * kSbStageFloats);
           MbarArrive(&full[slot]);
         }
@@ -382,7 +479,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
   const int consumer = warpgroup - 1;
   const int r0 = consumer * 64 + (warp % 4) * 16 + lane / 4;  // rows r0, r0 + 8 of the tile
   const int quad = lane % 4;
@@ -417,26 +514,38 @@ __global__ void __launch_bounds__(kThreads, 1)
         FenceRegs(t1);
         WgmmaM64N128K32(t1, desc_a + 2, desc_b + 2);
         WgmmaCommit();
-        WgmmaWait<1>();
-        FenceRegs(t0);
-        Promote(acc, t0, sa, sb, 0, r0, quad);
+        {
+          const auto sc = LoadBlockScales<kPackedSb>(sa, sb, 0, r0, quad);
+          WgmmaWait<1>();
+          FenceRegs(t0);
+          Promote<kPackedSb>(acc, t0, sc);
+        }
         WgmmaFence();
         FenceRegs(t0);
         WgmmaM64N128K32(t0, desc_a + 4, desc_b + 4);
         WgmmaCommit();
-        WgmmaWait<1>();
-        FenceRegs(t1);
-        Promote(acc, t1, sa, sb, 1, r0, quad);
+        {
+          const auto sc = LoadBlockScales<kPackedSb>(sa, sb, 1, r0, quad);
+          WgmmaWait<1>();
+          FenceRegs(t1);
+          Promote<kPackedSb>(acc, t1, sc);
+        }
         WgmmaFence();
         FenceRegs(t1);
         WgmmaM64N128K32(t1, desc_a + 6, desc_b + 6);
         WgmmaCommit();
-        WgmmaWait<1>();
-        FenceRegs(t0);
-        Promote(acc, t0, sa, sb, 2, r0, quad);
-        WgmmaWait<0>();
-        FenceRegs(t1);
-        Promote(acc, t1, sa, sb, 3, r0, quad);
+        {
+          const auto sc = LoadBlockScales<kPackedSb>(sa, sb, 2, r0, quad);
+          WgmmaWait<1>();
+          FenceRegs(t0);
+          Promote<kPackedSb>(acc, t0, sc);
+        }
+        {
+          const auto sc = LoadBlockScales<kPackedSb>(sa, sb, 3, r0, quad);
+          WgmmaWait<0>();
+          FenceRegs(t1);
+          Promote<kPackedSb>(acc, t1, sc);
+        }
       } else {
         // Last, partial stage of a group whose reduction is not a multiple of 128.
         for (int j = 0; 4 * s + j < tile.nk32; ++j) {
@@ -444,9 +553,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           FenceRegs(t0);
           WgmmaM64N128K32(t0, desc_a + 2 * j, desc_b + 2 * j);
           WgmmaCommit();
+          const auto sc = LoadBlockScales<kPackedSb>(sa, sb, j, r0, quad);
           WgmmaWait<0>();
           FenceRegs(t0);
-          Promote(acc, t0, sa, sb, j, r0, quad);
+          Promote<kPackedSb>(acc, t0, sc);
         }
       }
       release(slot);

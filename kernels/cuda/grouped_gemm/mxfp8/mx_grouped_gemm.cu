@@ -11,7 +11,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -89,24 +91,41 @@ absl::Status CheckOutput(const void* out, const int32_t* offsets, const char* ou
   return absl::OkStatus();
 }
 
+// Compiled configurations (KernelNames order); the scale format of B in shared memory differs.
+constexpr const char* kKernelNames[] = {"mx_ws_128x128x128_s6_sbf32", "mx_ws_128x128x128_s6_sbbf16"};
+constexpr int kDefaultKernel = 0;
+
 template <typename OutT, bool kGroupedK>
 absl::Status Launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const Params& params,
-                    int grid, cudaStream_t stream) {
-  mxgemm::MxGroupedGemmKernel<OutT, kGroupedK><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b,
-                                                                                      params);
+                    int grid, bool packed, cudaStream_t stream) {
+  if (packed) {
+    mxgemm::MxGroupedGemmKernel<OutT, kGroupedK, true>
+        <<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, params);
+  } else {
+    mxgemm::MxGroupedGemmKernel<OutT, kGroupedK, false>
+        <<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, params);
+  }
   return CudaStatus(cudaGetLastError(), "MxGroupedGemmKernel launch");
 }
 
 template <typename OutT, bool kGroupedK>
 absl::Status AllowSmem() {
-  return CudaStatus(cudaFuncSetAttribute(mxgemm::MxGroupedGemmKernel<OutT, kGroupedK>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
-                    "cudaFuncSetAttribute(max dynamic shared memory)");
+  for (auto* kernel : {mxgemm::MxGroupedGemmKernel<OutT, kGroupedK, false>,
+                       mxgemm::MxGroupedGemmKernel<OutT, kGroupedK, true>}) {
+    if (absl::Status s = CudaStatus(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+            "cudaFuncSetAttribute(max dynamic shared memory)");
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 class MxGroupedGemmImpl final : public MxGroupedGemm {
  public:
-  MxGroupedGemmImpl(const MxGroupedGemmOptions& o, int sms) : o_(o), sms_(sms) {}
+  MxGroupedGemmImpl(const MxGroupedGemmOptions& o, int sms, int kernel)
+      : o_(o), sms_(sms), kernel_(kernel) {}
 
   absl::Status Forward(const MxOperand& x, const MxOperand& w_t, const int32_t* offsets, Bf16* y,
                        Stream stream) override {
@@ -127,9 +146,7 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
     return KGrouped<__nv_bfloat16>(x_colwise, dy_colwise, padded_offsets, dw, stream);
   }
 
-  std::string KernelName() const override {
-    return absl::StrCat("mx_ws_", kBlockM, "x", kBlockN, "x", kBlockK, "_s", mxgemm::kStages);
-  }
+  std::string KernelName() const override { return kKernelNames[kernel_]; }
 
  private:
   // C[rows][n] = A[rows][k] . B[e][n][k]^T per group (k the reduction here).
@@ -160,7 +177,7 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
     p.out = c;
     p.ldc = n;
     p.out_group_stride = 0;
-    return Launch<__nv_bfloat16, false>(map_a, map_b, p, sms_, stream);
+    return Launch<__nv_bfloat16, false>(map_a, map_b, p, sms_, kernel_ == 1, stream);
   }
 
   // dW[e][k][n] = X_e^T . dY_e over the group's padded token range.
@@ -192,7 +209,7 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
     p.out = dw;
     p.ldc = o_.n;
     p.out_group_stride = static_cast<int64_t>(o_.k) * o_.n;
-    return Launch<OutT, true>(map_a, map_b, p, sms_, stream);
+    return Launch<OutT, true>(map_a, map_b, p, sms_, kernel_ == 1, stream);
   }
 
   int64_t PaddedRows() const {
@@ -203,6 +220,7 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
 
   MxGroupedGemmOptions o_;
   int sms_;
+  int kernel_;  // index into kKernelNames
 };
 
 }  // namespace
@@ -226,6 +244,17 @@ absl::StatusOr<std::unique_ptr<MxGroupedGemm>> MxGroupedGemm::Create(
   if (options.expected_rows_per_group < 0) {
     return absl::InvalidArgumentError("expected_rows_per_group must be >= 0");
   }
+  int kernel = kDefaultKernel;
+  if (!options.kernel.empty()) {
+    kernel = -1;
+    for (int i = 0; i < 2; ++i) {
+      if (options.kernel == kKernelNames[i]) kernel = i;
+    }
+    if (kernel < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("kernel: no compiled kernel named '",
+                                                     options.kernel, "'"));
+    }
+  }
   int device = 0;
   if (absl::Status s = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
   int major = 0, sms = 0;
@@ -246,7 +275,11 @@ absl::StatusOr<std::unique_ptr<MxGroupedGemm>> MxGroupedGemm::Create(
                          AllowSmem<float, true>()}) {
     if (!s.ok()) return s;
   }
-  return std::unique_ptr<MxGroupedGemm>(new MxGroupedGemmImpl(options, sms));
+  return std::unique_ptr<MxGroupedGemm>(new MxGroupedGemmImpl(options, sms, kernel));
+}
+
+std::vector<std::string> MxGroupedGemm::KernelNames() {
+  return std::vector<std::string>(std::begin(kKernelNames), std::end(kKernelNames));
 }
 
 }  // namespace dropless::kernels

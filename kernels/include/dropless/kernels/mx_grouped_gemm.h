@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -64,6 +65,9 @@ struct MxGroupedGemmOptions {
   int64_t padded_rows = 0;
   // Tokens an expert is expected to get; reserved for picking a tile shape class.
   int64_t expected_rows_per_group = 0;
+  // Force a compiled kernel by name (one of KernelNames(), for benchmarks and tests); empty: the
+  // default.
+  std::string kernel;
 };
 
 class MxGroupedGemm {
@@ -71,6 +75,9 @@ class MxGroupedGemm {
   // Needs a Hopper (sm_90) device current on the calling thread. Checks the options (errors name
   // the field) and picks the kernel configuration once.
   static absl::StatusOr<std::unique_ptr<MxGroupedGemm>> Create(const MxGroupedGemmOptions& options);
+
+  // Names of the compiled kernels (they differ in how B's scales are staged in shared memory).
+  static std::vector<std::string> KernelNames();
 
   virtual ~MxGroupedGemm() = default;
 
