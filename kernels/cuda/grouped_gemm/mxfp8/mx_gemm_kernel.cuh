@@ -4,9 +4,10 @@
 // Warp roles (384 threads = 3 warpgroups):
 //   warpgroup 0, warp 0, lane 0   TMA: A tile [128 rows][128 k] and B tile [128 cols][128 k] per
 //                                 stage (128-byte swizzle, K-major, the layout wgmma reads)
-//   warpgroup 0, warps 1..3       scale loaders, round robin over stages: read the E8M0 bytes of the
-//                                 stage's 128 A rows and 128 B columns x 4 K blocks, convert them to
-//                                 fp32 once per CTA, store them where the consumers read them
+//   warpgroup 0, warps 1..3       scale loaders, round robin over stages: read the E8M0 bytes of
+//   the
+//                                 stage's 128 A rows and 128 B columns x 4 K blocks, convert them
+//                                 to fp32 once per CTA, store them where the consumers read them
 //   warpgroups 1, 2               consumers, 64 rows each: per 32-element K block one
 //                                 m64n128k32 e4m3 wgmma into a fresh temporary (scale-d = 0), then
 //                                 acc += tmp * (sa * sb) in fp32. The temporaries are double
@@ -27,7 +28,7 @@ namespace dropless::kernels::mxgemm {
 
 inline constexpr int kBlockM = 128;
 inline constexpr int kBlockN = 128;
-inline constexpr int kBlockK = 128;          // bytes = elements (E4M3)
+inline constexpr int kBlockK = 128;  // bytes = elements (E4M3)
 inline constexpr int kStages = 6;
 inline constexpr int kThreads = 384;
 inline constexpr int kTileBytes = kBlockM * kBlockK;  // 16 KiB, same for B
@@ -42,26 +43,25 @@ inline constexpr int kSbhKbStride = 4 * kSbhQuadStride;
 inline constexpr int kSaStageFloats = kBlockM * 4;
 inline constexpr int kSbStageFloats = 4 * kSbKbStride;
 inline constexpr int kSmemBytes = 1024 /*alignment slack*/ + kStages * (2 * kTileBytes) +
-                                  kStages * (kSaStageFloats + kSbStageFloats) * 4 +
-                                  2 * kStages * 8;
+                                  kStages * (kSaStageFloats + kSbStageFloats) * 4 + 2 * kStages * 8;
 
 struct Params {
   // A: 2-D [a_rows][k_extent] uint8; B: 3-D [b_batches][n][k_extent] uint8 (K-major).
-  const uint8_t* a_scales;   // [a_rows][a_scale_stride]
-  const uint8_t* b_scales;   // [b_batches][n][b_scale_stride]
-  int64_t a_scale_stride;    // bytes per A row of scales (k_extent / 32)
+  const uint8_t* a_scales;  // [a_rows][a_scale_stride]
+  const uint8_t* b_scales;  // [b_batches][n][b_scale_stride]
+  int64_t a_scale_stride;   // bytes per A row of scales (k_extent / 32)
   int64_t b_scale_stride;
   int64_t b_scale_batch_stride;
-  int64_t a_rows;            // rows of A (bound for the scale reads)
-  const int32_t* offsets;    // [num_groups + 1]
+  int64_t a_rows;          // rows of A (bound for the scale reads)
+  const int32_t* offsets;  // [num_groups + 1]
   int num_groups;
-  int m;                     // k-grouped: output rows per group (fixed); m-grouped: unused
-  int n;                     // output columns
-  int k;                     // m-grouped: reduction length (fixed)
-  int64_t offset_limit;      // clamp for offsets: max_rows (m-grouped) or P (k-grouped)
+  int m;                 // k-grouped: output rows per group (fixed); m-grouped: unused
+  int n;                 // output columns
+  int k;                 // m-grouped: reduction length (fixed)
+  int64_t offset_limit;  // clamp for offsets: max_rows (m-grouped) or P (k-grouped)
   void* out;
-  int64_t ldc;               // elements per output row
-  int64_t out_group_stride;  // k-grouped: elements per group's output
+  int64_t ldc;                  // elements per output row
+  int64_t out_group_stride;     // k-grouped: elements per group's output
   const uint8_t* a_scales_end;  // one past the last byte of each scale buffer
   const uint8_t* b_scales_end;
 };
@@ -157,7 +157,9 @@ __device__ __forceinline__ uint64_t SmemDescriptor(const void* tile) {
          (uint64_t{1} << 62);
 }
 
-__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
 __device__ __forceinline__ void WgmmaCommit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
@@ -210,10 +212,10 @@ __device__ __forceinline__ float E8M0ToFloat(uint32_t b) {
 struct Tile {
   int g;
   int m_tile, n_tile;
-  int a_row0;     // A row coordinate of the tile's first row
-  int rows;       // valid rows of this group (m-grouped) / output rows (k-grouped)
-  int k0;         // first K element of the group (k-grouped: its padded offset)
-  int nk32;       // 32-element K blocks to reduce
+  int a_row0;  // A row coordinate of the tile's first row
+  int rows;    // valid rows of this group (m-grouped) / output rows (k-grouped)
+  int k0;      // first K element of the group (k-grouped: its padded offset)
+  int nk32;    // 32-element K blocks to reduce
 };
 
 // Walks tiles in increasing linear order; every role of a CTA calls Next with the same sequence.
@@ -222,8 +224,8 @@ template <bool kGroupedK>
 struct TileWalker {
   const Params& p;
   int g = -1;
-  int first = 0;   // linear index of group g's first tile
-  int count = 0;   // tiles of group g
+  int first = 0;  // linear index of group g's first tile
+  int count = 0;  // tiles of group g
   int lo = 0, hi = 0, m_tiles = 0;
   int n_tiles;
 
@@ -269,14 +271,13 @@ struct TileWalker {
   }
 };
 
-
 // ---- Roles ----
 
-// Scale bytes of one stage (4 K blocks starting at kb0) for the tile's 128 A rows and 128 B columns,
-// converted to fp32. Blocks at or past kb_end and rows / columns outside the operands read as 0.
-// Each lane owns 4 rows and 4 columns; all 16 loads are issued before the first is used (the loads
-// miss in L2 more often than not, so their latency, not their number, sets this warp's pace). The
-// 4 bytes of a row need not be 4-byte aligned: the two aligned words around them are loaded and
+// Scale bytes of one stage (4 K blocks starting at kb0) for the tile's 128 A rows and 128 B
+// columns, converted to fp32. Blocks at or past kb_end and rows / columns outside the operands read
+// as 0. Each lane owns 4 rows and 4 columns; all 16 loads are issued before the first is used (the
+// loads miss in L2 more often than not, so their latency, not their number, sets this warp's pace).
+// The 4 bytes of a row need not be 4-byte aligned: the two aligned words around them are loaded and
 // funnel-shifted. A word is loaded only if it holds a byte before `end` (an aligned word never
 // crosses a page, so the bytes after `end` in it cannot fault); those bytes belong to K blocks past
 // kb_end and are dropped.
@@ -295,7 +296,8 @@ __device__ __forceinline__ void ScaleFloats(const uint32_t (&w)[2], uint32_t shi
                                             int kb_end, float (&v)[4]) {
   const uint32_t bytes = __funnelshift_r(w[0], w[1], shift);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) v[j] = kb0 + j < kb_end ? E8M0ToFloat((bytes >> (8 * j)) & 0xFFu) : 0.0f;
+  for (int j = 0; j < 4; ++j)
+    v[j] = kb0 + j < kb_end ? E8M0ToFloat((bytes >> (8 * j)) & 0xFFu) : 0.0f;
 }
 
 template <bool kGroupedK, bool kPackedSb>
@@ -309,8 +311,8 @@ __device__ __forceinline__ void LoadStageScales(const Params& p, const Tile& til
   for (int q = 0; q < 4; ++q) {
     const int r = lane + 32 * q;
     const int64_t row = static_cast<int64_t>(tile.a_row0) + r;
-    LoadScaleWords(p.a_scales + row * p.a_scale_stride + kb0, p.a_scales_end, row < p.a_rows,
-                   wa[q], &sha[q]);
+    LoadScaleWords(p.a_scales + row * p.a_scale_stride + kb0, p.a_scales_end, row < p.a_rows, wa[q],
+                   &sha[q]);
     const int col = tile.n_tile * kBlockN + r;
     LoadScaleWords(b_base + static_cast<int64_t>(col) * p.b_scale_stride + kb0, p.b_scales_end,
                    col < p.n, wb[q], &shb[q]);
@@ -327,7 +329,8 @@ __device__ __forceinline__ void LoadStageScales(const Params& p, const Tile& til
       const int pos = ((r % 8) / 2) * kSbhQuadStride + (r / 8) * 2 + (r % 2);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        StsU16(SmemAddr(sbh + j * kSbhKbStride + pos), static_cast<uint16_t>(__float_as_uint(v[j]) >> 16));
+        StsU16(SmemAddr(sbh + j * kSbhKbStride + pos),
+               static_cast<uint16_t>(__float_as_uint(v[j]) >> 16));
       }
     } else {
       const int pos = ((r % 8) / 2) * kSbQuadStride + (r / 8) * 2 + (r % 2);
@@ -358,13 +361,13 @@ using BlockScales = typename std::conditional<kPackedSb, BlockScalesBf16, BlockS
 
 template <bool kPackedSb>
 __device__ __forceinline__ BlockScales<kPackedSb> LoadBlockScales(const float* sa, const float* sb,
-                                                                 int j, int r0, int quad) {
+                                                                  int j, int r0, int quad) {
   BlockScales<kPackedSb> sc;
   sc.sa0 = LdsF32(SmemAddr(sa + r0 * 4 + j));
   sc.sa1 = LdsF32(SmemAddr(sa + (r0 + 8) * 4 + j));
   if constexpr (kPackedSb) {
-    const uint32_t h4 = SmemAddr(reinterpret_cast<const uint16_t*>(sb) + j * kSbhKbStride +
-                                 quad * kSbhQuadStride);
+    const uint32_t h4 =
+        SmemAddr(reinterpret_cast<const uint16_t*>(sb) + j * kSbhKbStride + quad * kSbhQuadStride);
 #pragma unroll
     for (int v = 0; v < 4; ++v) sc.w[v] = LdsV4U32(h4 + 16 * v);
   } else {
@@ -418,10 +421,11 @@ __device__ __forceinline__ void StorePair(float* dst, float a, float b) {
 template <typename OutT, bool kGroupedK, bool kPackedSb>
 __global__ void __launch_bounds__(kThreads, 1)
     MxGroupedGemmKernel(const __grid_constant__ CUtensorMap map_a,
-                        const __grid_constant__ CUtensorMap map_b, const __grid_constant__ Params p) {
+                        const __grid_constant__ CUtensorMap map_b,
+                        const __grid_constant__ Params p) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
   uint8_t* s_a = smem;
   uint8_t* s_b = s_a + kStages * kTileBytes;
   float* s_sa = reinterpret_cast<float*>(s_b + kStages * kTileBytes);
@@ -471,7 +475,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int slot = it % kStages;
           MbarWait(&empty[slot], ((it / kStages) & 1) ^ 1);
           LoadStageScales<kGroupedK, kPackedSb>(p, tile, tile.k0 / 32 + 4 * s, kb_end, lane,
-                                     s_sa + slot * kSaStageFloats, s_sb + slot * kSbStageFloats);
+                                                s_sa + slot * kSaStageFloats,
+                                                s_sb + slot * kSbStageFloats);
           MbarArrive(&full[slot]);
         }
       }

@@ -10,8 +10,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <memory>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -57,7 +57,8 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 absl::Status EncodeOperand(CUtensorMap* map, const uint8_t* data, uint64_t k_extent, uint64_t rows,
                            uint64_t batches, const char* field) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
-  if (encode == nullptr) return absl::InternalError("cuTensorMapEncodeTiled not found in the driver");
+  if (encode == nullptr)
+    return absl::InternalError("cuTensorMapEncodeTiled not found in the driver");
   const cuuint64_t dims[3] = {k_extent, rows, batches > 0 ? batches : 1};
   const cuuint64_t strides[2] = {k_extent, k_extent * rows};
   const cuuint32_t box[3] = {static_cast<cuuint32_t>(kBlockK), static_cast<cuuint32_t>(kBlockM), 1};
@@ -67,14 +68,16 @@ absl::Status EncodeOperand(CUtensorMap* map, const uint8_t* data, uint64_t k_ext
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
-    return absl::InternalError(absl::StrCat(field, ": cuTensorMapEncodeTiled failed (CUresult ", r, ")"));
+    return absl::InternalError(
+        absl::StrCat(field, ": cuTensorMapEncodeTiled failed (CUresult ", r, ")"));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckOperand(const MxOperand& op, const char* field) {
   if (op.data == nullptr) return absl::InvalidArgumentError(absl::StrCat(field, ".data is null"));
-  if (op.scales == nullptr) return absl::InvalidArgumentError(absl::StrCat(field, ".scales is null"));
+  if (op.scales == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat(field, ".scales is null"));
   if (reinterpret_cast<uintptr_t>(op.data) % 16 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".data must be 16-byte aligned"));
   }
@@ -87,12 +90,14 @@ absl::Status CheckOutput(const void* out, const int32_t* offsets, const char* ou
   if (reinterpret_cast<uintptr_t>(out) % 8 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(out_field, " must be 8-byte aligned"));
   }
-  if (offsets == nullptr) return absl::InvalidArgumentError(absl::StrCat(offsets_field, " is null"));
+  if (offsets == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat(offsets_field, " is null"));
   return absl::OkStatus();
 }
 
 // Compiled configurations (KernelNames order); the scale format of B in shared memory differs.
-constexpr const char* kKernelNames[] = {"mx_ws_128x128x128_s6_sbf32", "mx_ws_128x128x128_s6_sbbf16"};
+constexpr const char* kKernelNames[] = {"mx_ws_128x128x128_s6_sbf32",
+                                        "mx_ws_128x128x128_s6_sbbf16"};
 constexpr int kDefaultKernel = 0;
 
 template <typename OutT, bool kGroupedK>
@@ -151,14 +156,16 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
  private:
   // C[rows][n] = A[rows][k] . B[e][n][k]^T per group (k the reduction here).
   absl::Status MGrouped(const MxOperand& a, const MxOperand& b, const int32_t* offsets, Bf16* c,
-                        int k, int n, const char* a_field, const char* b_field,
-                        const char* c_field, Stream stream) {
+                        int k, int n, const char* a_field, const char* b_field, const char* c_field,
+                        Stream stream) {
     if (absl::Status s = CheckOperand(a, a_field); !s.ok()) return s;
     if (absl::Status s = CheckOperand(b, b_field); !s.ok()) return s;
     if (absl::Status s = CheckOutput(c, offsets, c_field, "offsets"); !s.ok()) return s;
     CUtensorMap map_a, map_b;
-    if (absl::Status s = EncodeOperand(&map_a, a.data, k, o_.max_rows, 0, a_field); !s.ok()) return s;
-    if (absl::Status s = EncodeOperand(&map_b, b.data, k, n, o_.num_groups, b_field); !s.ok()) return s;
+    if (absl::Status s = EncodeOperand(&map_a, a.data, k, o_.max_rows, 0, a_field); !s.ok())
+      return s;
+    if (absl::Status s = EncodeOperand(&map_b, b.data, k, n, o_.num_groups, b_field); !s.ok())
+      return s;
     Params p{};
     p.a_scales = a.scales;
     p.b_scales = b.scales;
@@ -189,8 +196,10 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
     if (absl::Status s = CheckOutput(dw, padded_offsets, "dw", "padded_offsets"); !s.ok()) return s;
     const int64_t padded = PaddedRows();
     CUtensorMap map_a, map_b;
-    if (absl::Status s = EncodeOperand(&map_a, x.data, padded, o_.k, 0, "x_colwise"); !s.ok()) return s;
-    if (absl::Status s = EncodeOperand(&map_b, dy.data, padded, o_.n, 1, "dy_colwise"); !s.ok()) return s;
+    if (absl::Status s = EncodeOperand(&map_a, x.data, padded, o_.k, 0, "x_colwise"); !s.ok())
+      return s;
+    if (absl::Status s = EncodeOperand(&map_b, dy.data, padded, o_.n, 1, "dy_colwise"); !s.ok())
+      return s;
     Params p{};
     p.a_scales = x.scales;
     p.b_scales = dy.scales;
@@ -251,15 +260,16 @@ absl::StatusOr<std::unique_ptr<MxGroupedGemm>> MxGroupedGemm::Create(
       if (options.kernel == kKernelNames[i]) kernel = i;
     }
     if (kernel < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("kernel: no compiled kernel named '",
-                                                     options.kernel, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("kernel: no compiled kernel named '", options.kernel, "'"));
     }
   }
   int device = 0;
   if (absl::Status s = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
   int major = 0, sms = 0;
-  if (absl::Status s = CudaStatus(
-          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "device query");
+  if (absl::Status s =
+          CudaStatus(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+                     "device query");
       !s.ok()) {
     return s;
   }

@@ -19,7 +19,8 @@
 //                                             C = dX [rows][k] bf16
 //   BackwardWeight dW[e] = X_e^T . dY_e       A = X   column-wise [k][P]  (+ scales [k][P/32])
 //                                             B = dY  column-wise [n][P]  (+ scales [n][P/32])
-//                                             C = dW [E][k][n] fp32 or bf16; zeros for an empty group
+//                                             C = dW [E][k][n] fp32 or bf16; zeros for an empty
+//                                             group
 // The forward and data-gradient products are m-grouped (group e's rows of A against B[e]); the
 // weight gradient is k-grouped: the reduction runs over the group's padded token range
 // [padded_offsets[e], padded_offsets[e+1]) of the column-wise buffers (P = padded_rows, padding
@@ -56,10 +57,10 @@ struct MxOperand {
 enum class MxGradType { kFloat32, kBFloat16 };
 
 struct MxGroupedGemmOptions {
-  int num_groups = 0;     // E, experts on this rank
-  int k = 0;              // forward reduction dimension (hidden); multiple of 32
-  int n = 0;              // forward output width; multiple of 32
-  int64_t max_rows = 0;   // rows the X / Y / dX / dY buffers hold
+  int num_groups = 0;    // E, experts on this rank
+  int k = 0;             // forward reduction dimension (hidden); multiple of 32
+  int n = 0;             // forward output width; multiple of 32
+  int64_t max_rows = 0;  // rows the X / Y / dX / dY buffers hold
   // P of the column-wise buffers the weight gradient reads (mxfp8.h's MxColwise::padded_rows);
   // 0 means ColwisePaddedRows(max_rows, num_groups).
   int64_t padded_rows = 0;
