@@ -1,5 +1,5 @@
 // Streaming row chunks through shared memory with bulk copies: the skeleton of the memory-bound
-// kernels whose rows are contiguous (swiglu.cu, permute.cu). A persistent grid walks chunks of
+// kernels whose rows are contiguous (swiglu.cu). A persistent grid walks chunks of
 // whole rows (or, for wide rows, row segments). Per block, one producer thread (the first lane of
 // the last warp) loads chunk i into stage i % stages of a ring once the consumers have released
 // it (mbarrier full / empty per stage, several chunks in flight); the consumer warps compute
