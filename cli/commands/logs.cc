@@ -1,16 +1,25 @@
 // dropless logs ID [--rank R] [-f]: the output of a job's rank processes, as forwarded by the
-// workers. Without --rank every line carries "[rank R]"; -f follows until the job ends;
+// workers. Without --rank every line carries "[rank R]"; -f follows until the job ends, across
+// coordinator restarts (it resumes after the last line it printed, for up to 60 s of outage);
 // -o json prints one object per line: {"job_id","attempt","rank","time","text"}.
 #include <iostream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "cli/client.h"
 #include "cli/commands/commands.h"
 #include "cli/exit_codes.h"
 #include "cli/output/views.h"
 
 namespace dropless::cli {
+namespace {
+
+// How long a follow keeps trying to reach a coordinator it lost.
+constexpr absl::Duration kReconnectWindow = absl::Seconds(60);
+
+}  // namespace
 
 int RunLogs(const Invocation& inv) {
   std::vector<std::string> pos = inv.args.positional();
@@ -28,29 +37,48 @@ int RunLogs(const Invocation& inv) {
     request.set_rank(rank);
   }
   Client client(inv.options);
-  std::unique_ptr<grpc::ClientContext> context =
-      request.follow() ? client.StreamContext() : client.UnaryContext();
-  std::unique_ptr<grpc::ClientReader<v1::LogLine>> reader =
-      client.jobs().GetLogs(context.get(), request);
-  v1::LogLine line;
-  while (reader->Read(&line)) {
-    if (inv.options.output != OutputFormat::kText) {
-      Value v = Value::Object();
-      v.Set("job_id", Value::String(line.job_id()))
-          .Set("attempt", Value::Int(line.attempt()))
-          .Set("rank", Value::Int(line.rank()))
-          .Set("time", TimeValue(line.time_ms()))
-          .Set("text", Value::String(line.text()));
-      PrintStructured(v, inv.options.output);
-      continue;
+  int64_t last_seq = 0;
+  bool received = false;
+  absl::Time lost_since = absl::InfiniteFuture();
+  while (true) {
+    request.set_after_seq(last_seq);
+    std::unique_ptr<grpc::ClientContext> context =
+        request.follow() ? client.StreamContext() : client.UnaryContext();
+    std::unique_ptr<grpc::ClientReader<v1::LogLine>> reader =
+        client.jobs().GetLogs(context.get(), request);
+    v1::LogLine line;
+    while (reader->Read(&line)) {
+      received = true;
+      lost_since = absl::InfiniteFuture();
+      if (line.seq() > 0) last_seq = line.seq();
+      if (inv.options.output != OutputFormat::kText) {
+        Value v = Value::Object();
+        v.Set("job_id", Value::String(line.job_id()))
+            .Set("attempt", Value::Int(line.attempt()))
+            .Set("rank", Value::Int(line.rank()))
+            .Set("time", TimeValue(line.time_ms()))
+            .Set("text", Value::String(line.text()));
+        PrintStructured(v, inv.options.output);
+        continue;
+      }
+      if (!one_rank) std::cout << "[rank " << line.rank() << "] ";
+      std::cout << line.text();
+      if (line.text().empty() || line.text().back() != '\n') std::cout << "\n";
+      std::cout.flush();
     }
-    if (!one_rank) std::cout << "[rank " << line.rank() << "] ";
-    std::cout << line.text();
-    if (line.text().empty() || line.text().back() != '\n') std::cout << "\n";
-    std::cout.flush();
+    grpc::Status status = reader->Finish();
+    if (status.ok()) return kExitOk;
+    // Following, and the coordinator went away (restart, network): the job lives on, and its
+    // lines are stored; resume after the last one printed.
+    const bool retry = request.follow() && received && status.error_code() == grpc::UNAVAILABLE;
+    if (!retry) return client.Fail(status);
+    if (lost_since == absl::InfiniteFuture()) {
+      lost_since = absl::Now();
+      std::cerr << "logs: lost the coordinator (" << status.error_message() << "); reconnecting\n";
+    }
+    if (absl::Now() - lost_since > kReconnectWindow) return client.Fail(status);
+    absl::SleepFor(absl::Seconds(1));
   }
-  grpc::Status status = reader->Finish();
-  return status.ok() ? kExitOk : client.Fail(status);
 }
 
 }  // namespace dropless::cli

@@ -332,8 +332,10 @@ void Coordinator::EndWatch(const std::string& id,
 }
 
 absl::StatusOr<LogStream> Coordinator::OpenLogs(const std::string& job_id,
-                                                std::optional<int32_t> rank, bool follow) {
+                                                std::optional<int32_t> rank, bool follow,
+                                                int64_t after_seq) {
   if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
+  if (after_seq < 0) return absl::InvalidArgumentError("after_seq: must not be negative");
   if (rank.has_value() && *rank < 0) return absl::InvalidArgumentError("rank: must not be negative");
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("coordinator is shutting down");
@@ -351,7 +353,7 @@ absl::StatusOr<LogStream> Coordinator::OpenLogs(const std::string& job_id,
                                                       job_id, world_size - 1, *rank));
   }
   LogStream stream;
-  absl::StatusOr<std::vector<v1::LogLine>> backlog = store_->ListLogs(job_id, rank, 0);
+  absl::StatusOr<std::vector<v1::LogLine>> backlog = store_->ListLogs(job_id, rank, 0, after_seq);
   if (!backlog.ok()) return backlog.status();
   stream.backlog = std::move(*backlog);
   if (follow && it != jobs_.end() && !IsTerminal(it->second.record.job.state())) {

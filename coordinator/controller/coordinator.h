@@ -99,8 +99,9 @@ class Coordinator {
   std::vector<v1::Worker> ListWorkers();
   absl::StatusOr<JobWatch> WatchJob(const std::string& id);
   void EndWatch(const std::string& id, const std::shared_ptr<Mailbox<v1::JobUpdate>>& updates);
+  // The lines after after_seq (LogLine.seq), then, when following, the live ones.
   absl::StatusOr<LogStream> OpenLogs(const std::string& job_id, std::optional<int32_t> rank,
-                                     bool follow);
+                                     bool follow, int64_t after_seq = 0);
   void EndLogs(const std::string& job_id, const std::shared_ptr<Mailbox<v1::LogLine>>& live);
 
   // WorkerService.

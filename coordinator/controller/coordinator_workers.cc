@@ -412,8 +412,11 @@ void Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
     LogWarning(absl::StrFormat("%s sent log lines of %d unknown jobs; dropped", worker.info.id(),
                                unknown.size()));
   }
-  if (absl::Status s = store_->AppendLogs(lines); !s.ok()) {
-    LogError(absl::StrCat("storing log lines failed: ", s.ToString()));
+  absl::StatusOr<int64_t> first_seq = store_->AppendLogs(lines);
+  if (!first_seq.ok()) {
+    LogError(absl::StrCat("storing log lines failed: ", first_seq.status().ToString()));
+  } else {
+    for (size_t i = 0; i < lines.size(); ++i) lines[i].set_seq(*first_seq + static_cast<int64_t>(i));
   }
   for (const v1::LogLine& line : lines) {
     auto it = jobs_.find(line.job_id());

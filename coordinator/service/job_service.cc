@@ -110,7 +110,7 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
   std::optional<int32_t> rank;
   if (request->has_rank()) rank = request->rank();
   absl::StatusOr<LogStream> stream =
-      coordinator_->OpenLogs(request->job_id(), rank, request->follow());
+      coordinator_->OpenLogs(request->job_id(), rank, request->follow(), request->after_seq());
   if (!stream.ok()) return ToGrpcStatus(stream.status());
   bool open = true;
   for (const v1::LogLine& line : stream->backlog) {

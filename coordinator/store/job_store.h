@@ -117,10 +117,14 @@ class JobStore {
                                                                   int limit);
 
   // Keeps the most recent Limits::max_logs_per_job lines per job (trimmed in batches).
-  absl::Status AppendLogs(const std::vector<v1::LogLine>& lines);
-  // Oldest first; with limit > 0 the most recent `limit`; rank unset: every rank.
+  // Stores the lines in one transaction; returns the seq of the first (the others follow it
+  // consecutively), 0 when there are none.
+  absl::StatusOr<int64_t> AppendLogs(const std::vector<v1::LogLine>& lines);
+  // Oldest first, each with its seq; only lines with seq > after_seq; with limit > 0 the most
+  // recent `limit`; rank unset: every rank.
   absl::StatusOr<std::vector<v1::LogLine>> ListLogs(absl::string_view job_id,
-                                                    std::optional<int32_t> rank, int limit);
+                                                    std::optional<int32_t> rank, int limit,
+                                                    int64_t after_seq = 0);
 
  private:
   JobStore(std::unique_ptr<SqliteDb> db, Limits limits) : db_(std::move(db)), limits_(limits) {}

@@ -174,8 +174,9 @@ absl::StatusOr<std::vector<v1::StepMetrics>> JobStore::StepMetricsHistory(absl::
   return ReadBlobRows<v1::StepMetrics>(*st, "step_metrics");
 }
 
-absl::Status JobStore::AppendLogs(const std::vector<v1::LogLine>& lines) {
-  if (lines.empty()) return absl::OkStatus();
+absl::StatusOr<int64_t> JobStore::AppendLogs(const std::vector<v1::LogLine>& lines) {
+  if (lines.empty()) return 0;
+  int64_t first_seq = 0;
   if (absl::Status s = SetDurable(false); !s.ok()) return s;
   if (absl::Status s = db_->Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
   absl::Status status = [&]() -> absl::Status {
@@ -189,6 +190,8 @@ absl::Status JobStore::AppendLogs(const std::vector<v1::LogLine>& lines) {
           .Bind(4, line.time_ms())
           .Bind(5, line.text());
       if (absl::Status s = st->Run(); !s.ok()) return s;
+      // One writer and AUTOINCREMENT: the rows of this transaction get consecutive ids.
+      if (first_seq == 0) first_seq = db_->LastInsertRowId();
       int& since = logs_since_trim_[line.job_id()];
       if (++since > limits_.max_logs_per_job / 10) {
         since = 0;
@@ -200,20 +203,25 @@ absl::Status JobStore::AppendLogs(const std::vector<v1::LogLine>& lines) {
     return absl::OkStatus();
   }();
   if (status.ok()) status = db_->Exec("COMMIT");
-  if (!status.ok()) (void)db_->Exec("ROLLBACK");
-  return status;
+  if (!status.ok()) {
+    (void)db_->Exec("ROLLBACK");
+    return status;
+  }
+  return first_seq;
 }
 
 absl::StatusOr<std::vector<v1::LogLine>> JobStore::ListLogs(absl::string_view job_id,
                                                             std::optional<int32_t> rank,
-                                                            int limit) {
-  std::string filter = rank.has_value() ? "WHERE job_id = ?1 AND rank = ?2 " : "WHERE job_id = ?1 ";
+                                                            int limit, int64_t after_seq) {
+  std::string filter = rank.has_value() ? "WHERE job_id = ?1 AND id > ?3 AND rank = ?2 "
+                                        : "WHERE job_id = ?1 AND id > ?3 ";
   absl::StatusOr<SqliteStatement> st = db_->Prepare(absl::StrCat(
-      "SELECT job_id, attempt, rank, time_ms, text FROM logs WHERE id IN (SELECT id FROM logs ",
+      "SELECT job_id, attempt, rank, time_ms, text, id FROM logs WHERE id IN (SELECT id FROM logs ",
       filter, "ORDER BY id DESC LIMIT ", limit > 0 ? limit : -1, ") ORDER BY id"));
   if (!st.ok()) return st.status();
   st->Bind(1, job_id);
   if (rank.has_value()) st->Bind(2, static_cast<int64_t>(*rank));
+  st->Bind(3, after_seq);
   std::vector<v1::LogLine> out;
   while (true) {
     absl::StatusOr<bool> row = st->Step();
@@ -225,6 +233,7 @@ absl::StatusOr<std::vector<v1::LogLine>> JobStore::ListLogs(absl::string_view jo
     line.set_rank(static_cast<int32_t>(st->ColumnInt(2)));
     line.set_time_ms(st->ColumnInt(3));
     line.set_text(st->ColumnText(4));
+    line.set_seq(st->ColumnInt(5));
   }
   return out;
 }

@@ -2,9 +2,13 @@
 // with `dropless submit` and followed with `dropless watch -o json` to SUCCEEDED.
 #include <signal.h>
 
+#include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -191,6 +195,56 @@ TEST_F(CliEndToEndTest, WatchExitsFiveWhenTheJobFails) {
   google::protobuf::Struct job = ParseJson(Cli({"get", "job", id, "-o", "json"}).out);
   EXPECT_EQ(Str(job, "state"), "FAILED");
   EXPECT_FALSE(Str(job, "message").empty());
+}
+
+
+// `logs -f` across a coordinator kill -9 and restart: it reconnects, resumes after the last line it
+// printed (LogLine.seq), and ends when the job does, with every rank's progress lines once each and
+// in order, through the last one.
+TEST_F(CliEndToEndTest, LogsFollowResumesAcrossACoordinatorRestart) {
+  std::string spec = ReadFile(SourcePath("configs/jobs/tiny-cpu.yaml"));
+  spec.replace(spec.find("steps: 40"), 9, "steps: 2000");  // a progress line every 200 steps
+  CommandResult submitted = Cli({"submit", "-f", WriteFile("follow.yaml", spec), "--name", "follow"});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  const std::string id = Trimmed(submitted.out);
+  auto logs = Process::Start(CliArgv({"logs", id, "-f", "-o", "json"}));
+  ASSERT_TRUE(logs.ok()) << logs.status();
+  // The ranks are past their rendezvous once they print a step.
+  bool stepping = false;
+  for (int i = 0; i < 600 && !stepping; ++i) {
+    stepping = (*logs)->Output().find("\"text\":\"step ") != std::string::npos;
+    if (!stepping) absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(stepping) << (*logs)->Output();
+  RestartCoordinator();
+  absl::StatusOr<int> code = (*logs)->Wait(absl::Seconds(180));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << (*logs)->Output();
+  EXPECT_EQ(*code, 0) << (*logs)->Output();
+  const std::string out = (*logs)->Output();
+  EXPECT_THAT(out, HasSubstr("logs: lost the coordinator"));
+  std::map<int, std::vector<int>> steps;  // rank -> steps of its progress lines, as printed
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (!absl::StartsWith(line, "{")) continue;  // the reconnect notice (stderr)
+    google::protobuf::Struct entry = ParseJson(std::string(line));
+    EXPECT_EQ(Str(entry, "job_id"), id);
+    const std::string text = Str(entry, "text");
+    int step = 0;
+    if (absl::StartsWith(text, "step ") &&
+        absl::SimpleAtoi(text.substr(5, text.find('/') - 5), &step)) {
+      steps[static_cast<int>(Num(entry, "rank"))].push_back(step);
+    }
+  }
+  ASSERT_EQ(steps.size(), 2u) << out;
+  for (const auto& [rank, seen] : steps) {
+    SCOPED_TRACE(::testing::Message() << "rank " << rank);
+    EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()) &&
+                std::adjacent_find(seen.begin(), seen.end()) == seen.end())
+        << "progress lines repeated or out of order: " << ::testing::PrintToString(seen);
+    EXPECT_EQ(seen.front(), 1);
+    EXPECT_EQ(seen.back(), 2000);
+    // 1, 200, 400, ..., 2000: none lost across the restart.
+    EXPECT_EQ(seen.size(), 11u) << ::testing::PrintToString(seen);
+  }
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #ifndef DROPLESS_TESTS_INTEGRATION_CLI_CLI_FIXTURE_H_
 #define DROPLESS_TESTS_INTEGRATION_CLI_CLI_FIXTURE_H_
 
+#include <signal.h>
+
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -55,6 +57,11 @@ class CliTest : public ::testing::Test {
   void SetUp() override {
     dir_ = MakeTempDir();
     port_ = PickFreePort();
+    StartCoordinator();
+  }
+
+  // A coordinator on port_ with the database in dir_ (a restart finds the state it left).
+  void StartCoordinator() {
     const int metrics_port = PickFreePort();
     auto started = Process::Start({BinaryPath("dropless-coordinator"), "--listen",
                                    absl::StrCat("127.0.0.1:", port_), "--db", dir_ + "/state.db",
@@ -63,6 +70,13 @@ class CliTest : public ::testing::Test {
     coordinator_ = *std::move(started);
     ASSERT_TRUE(WaitForTcpPort(port_, absl::Seconds(30)))
         << "coordinator did not listen:\n" << coordinator_->Output();
+  }
+
+  // kill -9, then a new coordinator on the same port and database.
+  void RestartCoordinator() {
+    ASSERT_TRUE(coordinator_->Signal(SIGKILL).ok());
+    ASSERT_TRUE(coordinator_->Wait(absl::Seconds(10)).ok());
+    StartCoordinator();
   }
 
   void TearDown() override {

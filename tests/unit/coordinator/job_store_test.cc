@@ -237,6 +237,33 @@ TEST(JobStoreTest, LogsAndMetricsHistoryAreBoundedPerJob) {
   ASSERT_EQ(rank1->size(), 3u);
   EXPECT_EQ((*rank1)[0].text(), "line 95");
   EXPECT_EQ((*rank1)[2].text(), "line 99");
+  // Every line carries its seq; a reader resumes strictly after the last one it saw.
+  for (size_t i = 1; i < logs->size(); ++i) EXPECT_GT((*logs)[i].seq(), (*logs)[i - 1].seq());
+  const int64_t resume = (*logs)[logs->size() - 3].seq();
+  auto after = store.ListLogs("job-000001", std::nullopt, 0, resume);
+  ASSERT_TRUE(after.ok());
+  ASSERT_EQ(after->size(), 2u);
+  EXPECT_EQ((*after)[0].text(), "line 98");
+  EXPECT_EQ((*after)[1].text(), "line 99");
+  auto rank1_after = store.ListLogs("job-000001", 1, 0, resume);
+  ASSERT_TRUE(rank1_after.ok());
+  ASSERT_EQ(rank1_after->size(), 1u);
+  EXPECT_EQ((*rank1_after)[0].text(), "line 99");
+  // AppendLogs returns the first new line's seq; a batch's lines follow it consecutively.
+  v1::LogLine a, b;
+  a.set_job_id("job-000001");
+  a.set_text("batch a");
+  b = a;
+  b.set_text("batch b");
+  absl::StatusOr<int64_t> first = store.AppendLogs({a, b});
+  ASSERT_TRUE(first.ok());
+  EXPECT_GT(*first, logs->back().seq());
+  auto batch = store.ListLogs("job-000001", std::nullopt, 0, *first - 1);
+  ASSERT_TRUE(batch.ok());
+  ASSERT_EQ(batch->size(), 2u);
+  EXPECT_EQ((*batch)[0].seq(), *first);
+  EXPECT_EQ((*batch)[1].seq(), *first + 1);
+  EXPECT_EQ((*batch)[1].text(), "batch b");
 
   auto history = store.StepMetricsHistory("job-000001", 0);
   ASSERT_TRUE(history.ok());
