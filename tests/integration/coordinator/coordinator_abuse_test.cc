@@ -199,24 +199,10 @@ TEST(CoordinatorAbuseTest, RendezvousMisuseGetsNamedErrorsAndBoundedMemory) {
   scope.set_job_id(job->id());
   scope.set_attempt(1);
   auto put = [&](const v1::Scope& s, const std::string& key, const std::string& value) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    v1::PutRequest request;
-    *request.mutable_scope() = s;
-    request.set_key(key);
-    request.set_value(value);
-    v1::PutResponse response;
-    return c->rendezvous().Put(&context, request, &response);
+    return RendezvousPut(c->rendezvous(), s, key, value);
   };
   auto wait = [&](const v1::Scope& s, const std::vector<std::string>& keys, int64_t timeout_ms) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    v1::WaitRequest request;
-    *request.mutable_scope() = s;
-    for (const std::string& k : keys) request.add_keys(k);
-    request.set_timeout_ms(timeout_ms);
-    v1::WaitResponse response;
-    return c->rendezvous().Wait(&context, request, &response);
+    return RendezvousWait(c->rendezvous(), s, keys, timeout_ms);
   };
 
   grpc::Status empty_key = put(scope, "", "v");

@@ -281,29 +281,13 @@ TEST(CoordinatorApiTest, RendezvousPutGetWaitAndTimeout) {
   scope.set_job_id(job->id());
   scope.set_attempt(1);
   auto put = [&](const v1::Scope& s, const std::string& key, const std::string& value) {
-    grpc::ClientContext context;
-    v1::PutRequest request;
-    *request.mutable_scope() = s;
-    request.set_key(key);
-    request.set_value(value);
-    v1::PutResponse response;
-    return c->rendezvous().Put(&context, request, &response);
+    return RendezvousPut(c->rendezvous(), s, key, value);
   };
   auto get = [&](const v1::Scope& s, const std::string& key, v1::GetResponse* response) {
-    grpc::ClientContext context;
-    v1::GetRequest request;
-    *request.mutable_scope() = s;
-    request.set_key(key);
-    return c->rendezvous().Get(&context, request, response);
+    return RendezvousGet(c->rendezvous(), s, key, response);
   };
   auto wait = [&](const std::vector<std::string>& keys, int64_t timeout_ms) {
-    grpc::ClientContext context;
-    v1::WaitRequest request;
-    *request.mutable_scope() = scope;
-    for (const std::string& k : keys) request.add_keys(k);
-    request.set_timeout_ms(timeout_ms);
-    v1::WaitResponse response;
-    return c->rendezvous().Wait(&context, request, &response);
+    return RendezvousWait(c->rendezvous(), scope, keys, timeout_ms);
   };
 
   const std::string nccl_id(128, '\x07');

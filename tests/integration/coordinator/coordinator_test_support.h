@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
@@ -83,6 +84,41 @@ class CoordinatorUnderTest {
 };
 
 // A worker daemon reduced to its protocol: the test decides what its ranks report.
+// RendezvousService calls with a 30 s deadline (a hung coordinator fails the test, not CI).
+inline grpc::Status RendezvousPut(v1::RendezvousService::Stub& stub, const v1::Scope& scope,
+                                  const std::string& key, const std::string& value) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::PutRequest request;
+  *request.mutable_scope() = scope;
+  request.set_key(key);
+  request.set_value(value);
+  v1::PutResponse response;
+  return stub.Put(&context, request, &response);
+}
+
+inline grpc::Status RendezvousGet(v1::RendezvousService::Stub& stub, const v1::Scope& scope,
+                                  const std::string& key, v1::GetResponse* response) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::GetRequest request;
+  *request.mutable_scope() = scope;
+  request.set_key(key);
+  return stub.Get(&context, request, response);
+}
+
+inline grpc::Status RendezvousWait(v1::RendezvousService::Stub& stub, const v1::Scope& scope,
+                                   const std::vector<std::string>& keys, int64_t timeout_ms) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::WaitRequest request;
+  *request.mutable_scope() = scope;
+  for (const std::string& k : keys) request.add_keys(k);
+  request.set_timeout_ms(timeout_ms);
+  v1::WaitResponse response;
+  return stub.Wait(&context, request, &response);
+}
+
 class FakeWorker {
  public:
   FakeWorker(std::shared_ptr<grpc::Channel> channel, std::string node, int slots,
