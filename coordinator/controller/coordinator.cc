@@ -99,6 +99,16 @@ absl::Status Coordinator::Load() {
       }
     }
     rendezvous_.Open(attempt.job_id, attempt.attempt);
+    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> keys =
+        store_->RendezvousKeys(attempt.job_id, attempt.attempt);
+    if (!keys.ok()) return keys.status();
+    for (auto& [key, value] : *keys) {
+      if (absl::Status s = rendezvous_.Put(attempt.job_id, attempt.attempt, key, std::move(value));
+          !s.ok()) {
+        LogWarning(absl::StrCat("rendezvous key \"", key, "\" of job ", attempt.job_id,
+                                " not restored: ", s.message()));
+      }
+    }
     job.attempt = std::move(attempt);
   }
   int attempts = 0;
@@ -361,6 +371,19 @@ absl::StatusOr<LogStream> Coordinator::OpenLogs(const std::string& job_id,
     it->second.log_followers.emplace_back(rank, stream.live);
   }
   return stream;
+}
+
+absl::Status Coordinator::RendezvousPut(const std::string& job_id, int32_t attempt,
+                                        const std::string& key, std::string value) {
+  // Under mu_, so the attempt cannot end (and its stored keys be deleted) between the write and
+  // the put.
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = rendezvous_.CheckPut(job_id, attempt, key, value.size()); !s.ok()) return s;
+  if (absl::Status s = store_->PutRendezvousKey(job_id, attempt, key, value); !s.ok()) {
+    LogError(absl::StrCat("storing a rendezvous key failed: ", s.ToString()));
+    return absl::UnavailableError(absl::StrCat("rendezvous key not stored: ", s.message()));
+  }
+  return rendezvous_.Put(job_id, attempt, key, std::move(value));
 }
 
 void Coordinator::EndLogs(const std::string& job_id,

@@ -119,6 +119,10 @@ class Coordinator {
     return shutting_down_;
   }
   RendezvousStore& rendezvous() { return rendezvous_; }
+  // RendezvousService.Put: checked, written to the store, then visible to Get and Wait; the keys
+  // of an attempt that is still active after a restart are put back from the store.
+  absl::Status RendezvousPut(const std::string& job_id, int32_t attempt, const std::string& key,
+                             std::string value);
   const CoordinatorOptions& options() const { return options_; }
 
  private:

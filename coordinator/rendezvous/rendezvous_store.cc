@@ -65,22 +65,20 @@ absl::Status RendezvousStore::CheckKey(const std::string& key) const {
   return absl::OkStatus();
 }
 
-absl::Status RendezvousStore::Put(const std::string& job_id, int32_t attempt,
-                                  const std::string& key, std::string value) {
+absl::Status RendezvousStore::CheckPutLocked(const Scope& scope, const std::string& key,
+                                             size_t value_bytes, size_t* bytes) const {
   if (absl::Status s = CheckKey(key); !s.ok()) return s;
-  if (value.size() > limits_.max_value_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("value: ", value.size(),
+  if (value_bytes > limits_.max_value_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("value: ", value_bytes,
                                                    " bytes exceeds the limit of ",
                                                    limits_.max_value_bytes));
   }
-  absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("coordinator is shutting down");
-  Scope scope(job_id, attempt);
   auto space = spaces_.find(scope);
   if (space == spaces_.end()) {
     return absl::FailedPreconditionError(absl::StrCat(Name(scope), " is not active"));
   }
-  Keyspace& keys = space->second;
+  const Keyspace& keys = space->second;
   auto existing = keys.values.find(key);
   if (existing == keys.values.end() && keys.values.size() >= limits_.max_keys_per_attempt) {
     return absl::ResourceExhaustedError(absl::StrCat(Name(scope), " already holds ",
@@ -88,12 +86,29 @@ absl::Status RendezvousStore::Put(const std::string& job_id, int32_t attempt,
   }
   const size_t replaced =
       existing == keys.values.end() ? 0 : existing->first.size() + existing->second.size();
-  const size_t bytes = keys.bytes - replaced + key.size() + value.size();
-  if (bytes > limits_.max_bytes_per_attempt) {
+  *bytes = keys.bytes - replaced + key.size() + value_bytes;
+  if (*bytes > limits_.max_bytes_per_attempt) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(Name(scope), " would hold ", bytes, " bytes of keys and values, over the "
+        absl::StrCat(Name(scope), " would hold ", *bytes, " bytes of keys and values, over the "
                      "limit of ", limits_.max_bytes_per_attempt));
   }
+  return absl::OkStatus();
+}
+
+absl::Status RendezvousStore::CheckPut(const std::string& job_id, int32_t attempt,
+                                       const std::string& key, size_t value_bytes) const {
+  absl::MutexLock lock(&mu_);
+  size_t bytes = 0;
+  return CheckPutLocked(Scope(job_id, attempt), key, value_bytes, &bytes);
+}
+
+absl::Status RendezvousStore::Put(const std::string& job_id, int32_t attempt,
+                                  const std::string& key, std::string value) {
+  absl::MutexLock lock(&mu_);
+  const Scope scope(job_id, attempt);
+  size_t bytes = 0;
+  if (absl::Status s = CheckPutLocked(scope, key, value.size(), &bytes); !s.ok()) return s;
+  Keyspace& keys = spaces_[scope];
   keys.bytes = bytes;
   keys.values[key] = std::move(value);
   changed_.SignalAll();

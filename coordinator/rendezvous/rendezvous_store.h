@@ -1,8 +1,9 @@
 // RendezvousStore: the in-memory key-value store behind RendezvousService, one keyspace per job
 // attempt. A keyspace exists only while its attempt is active: the coordinator opens it when it
 // places the attempt and closes it when the attempt ends, which drops the keys and wakes every
-// waiter. Keys are not persisted: after a coordinator restart the ranks of a surviving attempt
-// have already rendezvoused, and a new attempt starts from an empty keyspace.
+// waiter. The coordinator also writes every accepted Put to its SQLite store first
+// (Coordinator::RendezvousPut, after CheckPut) and puts the stored keys back after a restart, so
+// ranks still rendezvousing then find what their peers put before it.
 //
 // Thread-safe.
 #ifndef DROPLESS_COORDINATOR_RENDEZVOUS_RENDEZVOUS_STORE_H_
@@ -49,6 +50,9 @@ class RendezvousStore {
   // an existing key.
   absl::Status Put(const std::string& job_id, int32_t attempt, const std::string& key,
                    std::string value);
+  // Whether Put would accept the key and value now (the same errors), without storing anything.
+  absl::Status CheckPut(const std::string& job_id, int32_t attempt, const std::string& key,
+                        size_t value_bytes) const;
   // NotFound when the key does not exist (yet).
   absl::StatusOr<std::string> Get(const std::string& job_id, int32_t attempt,
                                   const std::string& key);
@@ -69,6 +73,9 @@ class RendezvousStore {
   };
 
   absl::Status CheckKey(const std::string& key) const;
+  // Put's checks; on success *bytes is the attempt's byte count after the put.
+  absl::Status CheckPutLocked(const Scope& scope, const std::string& key, size_t value_bytes,
+                              size_t* bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static std::string Name(const Scope& scope);
 
   const Limits limits_;

@@ -54,7 +54,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   server->job_service_ = std::make_unique<JobServiceImpl>(server->coordinator_.get());
   server->worker_service_ = std::make_unique<WorkerServiceImpl>(server->coordinator_.get());
   server->rendezvous_service_ =
-      std::make_unique<RendezvousServiceImpl>(&server->coordinator_->rendezvous());
+      std::make_unique<RendezvousServiceImpl>(server->coordinator_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -18,8 +18,9 @@ absl::Status CheckScope(const v1::Scope& scope) {
 grpc::Status RendezvousServiceImpl::Put(grpc::ServerContext*, const v1::PutRequest* request,
                                         v1::PutResponse*) {
   if (absl::Status s = CheckScope(request->scope()); !s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(store_->Put(request->scope().job_id(), request->scope().attempt(),
-                                  request->key(), request->value()));
+  return ToGrpcStatus(coordinator_->RendezvousPut(request->scope().job_id(),
+                                                  request->scope().attempt(), request->key(),
+                                                  request->value()));
 }
 
 grpc::Status RendezvousServiceImpl::Get(grpc::ServerContext*, const v1::GetRequest* request,

@@ -1,16 +1,18 @@
 // RendezvousService over the coordinator's RendezvousStore: the per-attempt key-value store the
-// ranks use for the NCCL unique id and the Gloo store.
+// ranks use for the NCCL unique id and the Gloo store. Puts go through the coordinator, which
+// stores them before they are visible.
 #ifndef DROPLESS_COORDINATOR_SERVICE_RENDEZVOUS_SERVICE_H_
 #define DROPLESS_COORDINATOR_SERVICE_RENDEZVOUS_SERVICE_H_
 
-#include "coordinator/rendezvous/rendezvous_store.h"
+#include "coordinator/controller/coordinator.h"
 #include "dropless/v1/rendezvous_service.grpc.pb.h"
 
 namespace dropless::coordinator {
 
 class RendezvousServiceImpl final : public v1::RendezvousService::Service {
  public:
-  explicit RendezvousServiceImpl(RendezvousStore* store) : store_(store) {}
+  explicit RendezvousServiceImpl(Coordinator* coordinator)
+      : coordinator_(coordinator), store_(&coordinator->rendezvous()) {}
 
   grpc::Status Put(grpc::ServerContext* context, const v1::PutRequest* request,
                    v1::PutResponse* response) override;
@@ -22,7 +24,8 @@ class RendezvousServiceImpl final : public v1::RendezvousService::Service {
                     v1::WaitResponse* response) override;
 
  private:
-  RendezvousStore* const store_;
+  Coordinator* const coordinator_;
+  RendezvousStore* const store_;  // Get and Wait
 };
 
 }  // namespace dropless::coordinator

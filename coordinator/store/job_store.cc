@@ -74,6 +74,17 @@ CREATE INDEX logs_by_job ON logs(job_id, id);
 CREATE INDEX logs_by_job_rank ON logs(job_id, rank, id);
 )sql";
 
+// The rendezvous keys of active attempts (RendezvousStore), so that ranks still rendezvousing
+// when the coordinator restarts find what their peers put before it.
+constexpr absl::string_view kRendezvousTable = R"sql(
+CREATE TABLE IF NOT EXISTS rendezvous_keys(
+  job_id TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  key TEXT NOT NULL,
+  value BLOB NOT NULL,
+  PRIMARY KEY(job_id, attempt, key));
+)sql";
+
 constexpr absl::string_view kJobColumns =
     "id, seq, state, priority, max_attempts, queued_time_ms, data";
 
@@ -162,6 +173,8 @@ absl::Status JobStore::Initialize() {
     });
     if (!s.ok()) return s;
   }
+  // Added after schema version 1 shipped; a table of its own, so older files gain it in place.
+  if (absl::Status s = db_->Exec(kRendezvousTable); !s.ok()) return s;
 
   absl::StatusOr<SqliteStatement> max_seq = db_->Prepare("SELECT COALESCE(MAX(seq), 0) FROM jobs");
   if (!max_seq.ok()) return max_seq.status();
@@ -219,6 +232,14 @@ absl::Status JobStore::WriteAttempt(const AttemptRecord& attempt) {
   if (!clear.ok()) return clear.status();
   clear->Bind(1, attempt.job_id).Bind(2, static_cast<int64_t>(attempt.attempt));
   if (absl::Status s = clear->Run(); !s.ok()) return s;
+  if (attempt.state != v1::JOB_STATE_SCHEDULED && attempt.state != v1::JOB_STATE_RUNNING) {
+    // The attempt is over: its rendezvous keys go with the write that ends it.
+    absl::StatusOr<SqliteStatement> drop =
+        db_->Prepare("DELETE FROM rendezvous_keys WHERE job_id = ?1 AND attempt = ?2");
+    if (!drop.ok()) return drop.status();
+    drop->Bind(1, attempt.job_id).Bind(2, static_cast<int64_t>(attempt.attempt));
+    if (absl::Status s = drop->Run(); !s.ok()) return s;
+  }
   for (const RankRecord& rank : attempt.ranks) {
     absl::StatusOr<SqliteStatement> ins = db_->Prepare(
         "INSERT INTO rank_assignments(job_id, attempt, rank, worker_id, node, slot, state, "

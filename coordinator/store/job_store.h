@@ -117,6 +117,14 @@ class JobStore {
                                                                   int limit);
 
   // Keeps the most recent Limits::max_logs_per_job lines per job (trimmed in batches).
+  // Rendezvous keys of active attempts (RendezvousStore), written without fsync like log lines (a
+  // killed process keeps them in the WAL); an attempt's keys are deleted by the Commit that writes
+  // it ended.
+  absl::Status PutRendezvousKey(absl::string_view job_id, int32_t attempt, absl::string_view key,
+                                absl::string_view value);
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> RendezvousKeys(
+      absl::string_view job_id, int32_t attempt);
+
   // Stores the lines in one transaction; returns the seq of the first (the others follow it
   // consecutively), 0 when there are none.
   absl::StatusOr<int64_t> AppendLogs(const std::vector<v1::LogLine>& lines);

@@ -174,6 +174,32 @@ absl::StatusOr<std::vector<v1::StepMetrics>> JobStore::StepMetricsHistory(absl::
   return ReadBlobRows<v1::StepMetrics>(*st, "step_metrics");
 }
 
+absl::Status JobStore::PutRendezvousKey(absl::string_view job_id, int32_t attempt,
+                                        absl::string_view key, absl::string_view value) {
+  if (absl::Status s = SetDurable(false); !s.ok()) return s;
+  absl::StatusOr<SqliteStatement> st = db_->Prepare(
+      "INSERT OR REPLACE INTO rendezvous_keys(job_id, attempt, key, value) VALUES(?1, ?2, ?3, ?4)");
+  if (!st.ok()) return st.status();
+  st->Bind(1, job_id).Bind(2, static_cast<int64_t>(attempt)).Bind(3, key).BindBlob(4, value);
+  return st->Run();
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> JobStore::RendezvousKeys(
+    absl::string_view job_id, int32_t attempt) {
+  absl::StatusOr<SqliteStatement> st = db_->Prepare(
+      "SELECT key, value FROM rendezvous_keys WHERE job_id = ?1 AND attempt = ?2 ORDER BY key");
+  if (!st.ok()) return st.status();
+  st->Bind(1, job_id).Bind(2, static_cast<int64_t>(attempt));
+  std::vector<std::pair<std::string, std::string>> out;
+  while (true) {
+    absl::StatusOr<bool> row = st->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    out.emplace_back(st->ColumnText(0), st->ColumnText(1));
+  }
+  return out;
+}
+
 absl::StatusOr<int64_t> JobStore::AppendLogs(const std::vector<v1::LogLine>& lines) {
   if (lines.empty()) return 0;
   int64_t first_seq = 0;

@@ -375,6 +375,46 @@ TEST(CoordinatorLifecycleTest, KillNineAndRestartKeepsEveryAcceptedJob) {
   EXPECT_GT(fresh->id(), ids[2]);
 }
 
+// A rank that put its rendezvous key before a coordinator restart, and a peer that reads it after:
+// the key was stored before the Put returned and is back once the attempt is reloaded.
+TEST(CoordinatorLifecycleTest, RendezvousKeysSurviveKillNineWhileTheAttemptRuns) {
+  auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
+  FakeWorker worker(coordinator->channel(), "node-rdv", 2);
+  ASSERT_TRUE(worker.Register().ok() && worker.Connect().ok());
+  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(worker.NextAssignment().has_value());
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(worker.ReportRank(job->id(), 1, r, v1::RANK_STATE_RUNNING).ok());
+  }
+  coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+  v1::Scope scope;
+  scope.set_job_id(job->id());
+  scope.set_attempt(1);
+  const std::string nccl_id(128, '\0');
+  ASSERT_TRUE(RendezvousPut(coordinator->rendezvous(), scope, "nccl_unique_id", nccl_id).ok());
+  ASSERT_TRUE(RendezvousPut(coordinator->rendezvous(), scope, "rank0", "10.0.0.1:5000").ok());
+
+  coordinator->KillAndRestart();
+  v1::GetResponse got;
+  ASSERT_TRUE(RendezvousGet(coordinator->rendezvous(), scope, "nccl_unique_id", &got).ok());
+  EXPECT_TRUE(got.found());
+  EXPECT_EQ(got.value(), nccl_id);
+  EXPECT_TRUE(RendezvousWait(coordinator->rendezvous(), scope, {"nccl_unique_id", "rank0"}, 0).ok());
+  ASSERT_TRUE(RendezvousPut(coordinator->rendezvous(), scope, "rank1", "10.0.0.2:5000").ok());
+
+  // The worker comes back with its ranks and they finish: the attempt's keys are gone with it,
+  // also across another restart.
+  ASSERT_TRUE(worker.Register().ok() && worker.Connect().ok());
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(worker.ReportRank(job->id(), 1, r, v1::RANK_STATE_SUCCEEDED).ok());
+  }
+  coordinator->WaitForState(job->id(), v1::JOB_STATE_SUCCEEDED);
+  coordinator->KillAndRestart();
+  EXPECT_EQ(RendezvousGet(coordinator->rendezvous(), scope, "rank0", &got).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
 TEST(CoordinatorLifecycleTest, WorkerThatReconnectsWithoutItsRanksFailsTheAttempt) {
   // The worker must come back within the lease, or the attempt fails for the lease instead.
   auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);

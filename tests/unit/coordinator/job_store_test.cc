@@ -325,6 +325,40 @@ TEST(JobStoreTest, AttemptUpsertReplacesRankStates) {
   EXPECT_EQ((*read)[0].ranks[0].state, v1::RANK_STATE_FAILED);
 }
 
+TEST(JobStoreTest, RendezvousKeysOutliveTheStoreUntilTheirAttemptEnds) {
+  const std::string path = TempDbPath();
+  const std::string nccl_id("\0\x01\xff\0id", 6);  // binary, with NUL bytes
+  {
+    auto opened = JobStore::Open(path);
+    ASSERT_TRUE(opened.ok());
+    AttemptRecord attempt{"job-000001", 1, v1::JOB_STATE_RUNNING, 1, 0, "", {}};
+    StoreWrite write;
+    write.attempts = {attempt};
+    ASSERT_TRUE((*opened)->Commit(write).ok());
+    ASSERT_TRUE((*opened)->PutRendezvousKey("job-000001", 1, "nccl_unique_id", nccl_id).ok());
+    ASSERT_TRUE((*opened)->PutRendezvousKey("job-000001", 1, "rank0", "addr-a").ok());
+    ASSERT_TRUE((*opened)->PutRendezvousKey("job-000001", 1, "rank0", "addr-b").ok());  // overwrite
+    ASSERT_TRUE((*opened)->PutRendezvousKey("job-000001", 2, "rank0", "other attempt").ok());
+  }
+  auto reopened = JobStore::Open(path);  // a restart
+  ASSERT_TRUE(reopened.ok());
+  JobStore& store = **reopened;
+  auto keys = store.RendezvousKeys("job-000001", 1);
+  ASSERT_TRUE(keys.ok());
+  ASSERT_EQ(keys->size(), 2u);
+  EXPECT_EQ((*keys)[0].first, "nccl_unique_id");
+  EXPECT_EQ((*keys)[0].second, nccl_id);
+  EXPECT_EQ((*keys)[1].first, "rank0");
+  EXPECT_EQ((*keys)[1].second, "addr-b");
+  // Writing the attempt ended deletes its keys (only its own).
+  AttemptRecord ended{"job-000001", 1, v1::JOB_STATE_SUCCEEDED, 1, 2, "", {}};
+  StoreWrite write;
+  write.attempts = {ended};
+  ASSERT_TRUE(store.Commit(write).ok());
+  EXPECT_TRUE(store.RendezvousKeys("job-000001", 1)->empty());
+  EXPECT_EQ(store.RendezvousKeys("job-000001", 2)->size(), 1u);
+}
+
 TEST(JobStoreTest, ClusterEventsListedWithJobEvents) {
   auto opened = JobStore::Open(TempDbPath());
   ASSERT_TRUE(opened.ok());

@@ -29,6 +29,22 @@ TEST(RendezvousStoreTest, PutThenGetWithinTheAttemptOnly) {
   EXPECT_EQ(*store.Get("job-1", 1, "nccl_id"), "overwritten");
 }
 
+TEST(RendezvousStoreTest, CheckPutAnswersLikePutWithoutStoring) {
+  RendezvousStore::Limits limits;
+  limits.max_keys_per_attempt = 1;
+  RendezvousStore store(limits);
+  EXPECT_EQ(store.CheckPut("job-1", 1, "k", 1).code(), absl::StatusCode::kFailedPrecondition);
+  store.Open("job-1", 1);
+  EXPECT_TRUE(store.CheckPut("job-1", 1, "k", 1).ok());
+  EXPECT_EQ(store.Get("job-1", 1, "k").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.CheckPut("job-1", 1, "", 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.CheckPut("job-1", 1, "k", (1 << 20) + 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(store.Put("job-1", 1, "k", "v").ok());
+  EXPECT_TRUE(store.CheckPut("job-1", 1, "k", 3).ok());  // an overwrite fits
+  EXPECT_EQ(store.CheckPut("job-1", 1, "k2", 1).code(), absl::StatusCode::kResourceExhausted);
+}
+
 TEST(RendezvousStoreTest, InactiveAttemptIsRefused) {
   RendezvousStore store;
   absl::Status put = store.Put("job-9", 1, "k", "v");
