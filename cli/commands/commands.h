@@ -32,6 +32,7 @@ int RunGet(const Invocation& inv);
 int RunDescribe(const Invocation& inv);
 int RunWatch(const Invocation& inv);
 int RunLogs(const Invocation& inv);
+int RunMetrics(const Invocation& inv);
 int RunCancel(const Invocation& inv);
 
 // Prints "error: <message>" and a pointer to --help on stderr; returns kExitUsage.

@@ -24,6 +24,11 @@ const std::vector<Command>& AllCommands() {
        {{{"--rank"}, true, "R", "only this rank"},
         {{"-f", "--follow"}, false, "", "keep printing until the job ends"}},
        RunLogs},
+      {"metrics", "metrics ID [--rank R] [--limit N]",
+       "a job's stored step metrics, oldest first (loss, step time, TFLOP/s, MFU)",
+       {{{"--rank"}, true, "R", "only this rank"},
+        {{"--limit"}, true, "N", "only the most recent N"}},
+       RunMetrics},
       {"cancel", "cancel ID [--reason TEXT]", "cancel a job",
        {{{"--reason"}, true, "TEXT", "recorded in the job's events"}}, RunCancel},
   };

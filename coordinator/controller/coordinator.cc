@@ -302,6 +302,38 @@ absl::StatusOr<std::vector<v1::Event>> Coordinator::ListEvents(const std::string
   return store_->ListEvents(job_id, limit);
 }
 
+absl::StatusOr<std::vector<v1::StepMetrics>> Coordinator::ListStepMetrics(
+    const std::string& job_id, std::optional<int32_t> rank, int limit) {
+  if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
+  if (limit < 0) return absl::InvalidArgumentError("limit: must not be negative");
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  int32_t world_size = 0;
+  if (it == jobs_.end()) {
+    absl::StatusOr<JobRecord> exists = store_->GetJobRecord(job_id);
+    if (!exists.ok()) return exists.status();
+    world_size = exists->job.world_size();
+  } else {
+    world_size = it->second.record.job.world_size();
+  }
+  if (rank.has_value() && (*rank < 0 || *rank >= world_size)) {
+    return absl::InvalidArgumentError(absl::StrFormat("rank: job %s has ranks 0..%d (got %d)",
+                                                      job_id, world_size - 1, *rank));
+  }
+  // The history is bounded per job, so one rank's rows are filtered here rather than in SQL.
+  absl::StatusOr<std::vector<v1::StepMetrics>> all =
+      store_->StepMetricsHistory(job_id, rank.has_value() ? 0 : limit);
+  if (!all.ok() || !rank.has_value()) return all;
+  std::vector<v1::StepMetrics> out;
+  for (v1::StepMetrics& m : *all) {
+    if (m.rank() == *rank) out.push_back(std::move(m));
+  }
+  if (limit > 0 && out.size() > static_cast<size_t>(limit)) {
+    out.erase(out.begin(), out.end() - limit);
+  }
+  return out;
+}
+
 std::vector<v1::Worker> Coordinator::ListWorkers() {
   absl::MutexLock lock(&mu_);
   std::vector<v1::Worker> out;

@@ -97,6 +97,10 @@ class Coordinator {
   absl::StatusOr<v1::Job> CancelJob(const std::string& id, const std::string& reason);
   absl::StatusOr<std::vector<v1::Event>> ListEvents(const std::string& job_id, int limit);
   std::vector<v1::Worker> ListWorkers();
+  // Oldest first; rank unset: every rank; limit 0: every stored one.
+  absl::StatusOr<std::vector<v1::StepMetrics>> ListStepMetrics(const std::string& job_id,
+                                                               std::optional<int32_t> rank,
+                                                               int limit);
   absl::StatusOr<JobWatch> WatchJob(const std::string& id);
   void EndWatch(const std::string& id, const std::shared_ptr<Mailbox<v1::JobUpdate>>& updates);
   // The lines after after_seq (LogLine.seq), then, when following, the live ones.

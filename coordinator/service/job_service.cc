@@ -104,6 +104,18 @@ grpc::Status JobServiceImpl::ListEvents(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+grpc::Status JobServiceImpl::ListStepMetrics(grpc::ServerContext*,
+                                             const v1::ListStepMetricsRequest* request,
+                                             v1::ListStepMetricsResponse* response) {
+  std::optional<int32_t> rank;
+  if (request->has_rank()) rank = request->rank();
+  absl::StatusOr<std::vector<v1::StepMetrics>> metrics =
+      coordinator_->ListStepMetrics(request->job_id(), rank, request->limit());
+  if (!metrics.ok()) return ToGrpcStatus(metrics.status());
+  for (v1::StepMetrics& m : *metrics) *response->add_metrics() = std::move(m);
+  return grpc::Status::OK;
+}
+
 grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
                                      const v1::GetLogsRequest* request,
                                      grpc::ServerWriter<v1::LogLine>* writer) {

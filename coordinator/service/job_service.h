@@ -25,6 +25,9 @@ class JobServiceImpl final : public v1::JobService::Service {
                         grpc::ServerWriter<v1::JobUpdate>* writer) override;
   grpc::Status ListEvents(grpc::ServerContext* context, const v1::ListEventsRequest* request,
                           v1::ListEventsResponse* response) override;
+  grpc::Status ListStepMetrics(grpc::ServerContext* context,
+                               const v1::ListStepMetricsRequest* request,
+                               v1::ListStepMetricsResponse* response) override;
   // Stored lines (the most recent per job are kept), then with follow the new ones until the job
   // ends.
   grpc::Status GetLogs(grpc::ServerContext* context, const v1::GetLogsRequest* request,

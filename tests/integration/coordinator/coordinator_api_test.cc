@@ -270,6 +270,56 @@ TEST(CoordinatorApiTest, MetricsExposeEveryFamily) {
   EXPECT_TRUE(get_not_found) << text;
 }
 
+// The stored step metrics of a job, oldest first, filtered by rank and cut to the most recent;
+// unknown jobs and ranks get errors naming them.
+TEST(CoordinatorApiTest, ListStepMetricsServesTheStoredHistory) {
+  auto c = CoordinatorUnderTest::Start();
+  FakeWorker w(c->channel(), "node-metrics", 2);
+  ASSERT_TRUE(w.Register().ok() && w.Connect().ok());
+  absl::StatusOr<v1::Job> job = c->Submit(TinySpec(2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(w.NextAssignment().has_value());
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(w.ReportRank(job->id(), 1, r, v1::RANK_STATE_RUNNING).ok());
+  for (int step = 1; step <= 5; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(w.ReportMetrics(job->id(), 1, r, step, 5, 1.0 / step + r).ok());
+    }
+  }
+  c->WaitForJob(job->id(), [](const v1::Job& j) { return j.latest().step() == 5; });
+  auto list = [&](std::optional<int32_t> rank, int limit, v1::ListStepMetricsResponse* response,
+                  const std::string& id) {
+    grpc::ClientContext context;
+    v1::ListStepMetricsRequest request;
+    request.set_job_id(id);
+    if (rank.has_value()) request.set_rank(*rank);
+    request.set_limit(limit);
+    return c->jobs().ListStepMetrics(&context, request, response);
+  };
+  v1::ListStepMetricsResponse all;
+  ASSERT_TRUE(list(std::nullopt, 0, &all, job->id()).ok());
+  ASSERT_EQ(all.metrics_size(), 10);
+  EXPECT_EQ(all.metrics(0).step(), 1);
+  EXPECT_EQ(all.metrics(9).step(), 5);
+  v1::ListStepMetricsResponse rank1;
+  ASSERT_TRUE(list(1, 3, &rank1, job->id()).ok());
+  ASSERT_EQ(rank1.metrics_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(rank1.metrics(i).rank(), 1);
+    EXPECT_EQ(rank1.metrics(i).step(), 3 + i);
+    EXPECT_DOUBLE_EQ(rank1.metrics(i).loss(), 1.0 / (3 + i) + 1);
+  }
+  v1::ListStepMetricsResponse none;
+  grpc::Status unknown = list(std::nullopt, 0, &none, "job-999999");
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(unknown.error_message(), HasSubstr("job-999999"));
+  grpc::Status bad_rank = list(2, 0, &none, job->id());
+  EXPECT_EQ(bad_rank.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad_rank.error_message(), HasSubstr("rank"));
+  grpc::Status bad_limit = list(std::nullopt, -1, &none, job->id());
+  EXPECT_EQ(bad_limit.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad_limit.error_message(), HasSubstr("limit"));
+}
+
 TEST(CoordinatorApiTest, RendezvousPutGetWaitAndTimeout) {
   auto c = CoordinatorUnderTest::Start();
   FakeWorker w(c->channel(), "node-rdv", 2);
