@@ -295,11 +295,28 @@ absl::StatusOr<std::vector<v1::Event>> Coordinator::ListEvents(const std::string
   if (limit == 0) limit = kDefaultEventLimit;
   limit = std::min(limit, kMaxEventLimit);
   absl::MutexLock lock(&mu_);
-  if (!job_id.empty() && jobs_.count(job_id) == 0) {
-    absl::StatusOr<JobRecord> exists = store_->GetJobRecord(job_id);
-    if (!exists.ok()) return exists.status();
+  if (!job_id.empty()) {
+    if (absl::Status s = CheckJobRankLocked(job_id, std::nullopt); !s.ok()) return s;
   }
   return store_->ListEvents(job_id, limit);
+}
+
+absl::Status Coordinator::CheckJobRankLocked(const std::string& job_id,
+                                             std::optional<int32_t> rank) {
+  int32_t world_size = 0;
+  auto it = jobs_.find(job_id);
+  if (it != jobs_.end()) {
+    world_size = it->second.record.job.world_size();
+  } else {
+    absl::StatusOr<JobRecord> stored = store_->GetJobRecord(job_id);
+    if (!stored.ok()) return stored.status();
+    world_size = stored->job.world_size();
+  }
+  if (rank.has_value() && (*rank < 0 || *rank >= world_size)) {
+    return absl::InvalidArgumentError(absl::StrFormat("rank: job %s has ranks 0..%d (got %d)",
+                                                      job_id, world_size - 1, *rank));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<v1::StepMetrics>> Coordinator::ListStepMetrics(
@@ -307,19 +324,7 @@ absl::StatusOr<std::vector<v1::StepMetrics>> Coordinator::ListStepMetrics(
   if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
   if (limit < 0) return absl::InvalidArgumentError("limit: must not be negative");
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  int32_t world_size = 0;
-  if (it == jobs_.end()) {
-    absl::StatusOr<JobRecord> exists = store_->GetJobRecord(job_id);
-    if (!exists.ok()) return exists.status();
-    world_size = exists->job.world_size();
-  } else {
-    world_size = it->second.record.job.world_size();
-  }
-  if (rank.has_value() && (*rank < 0 || *rank >= world_size)) {
-    return absl::InvalidArgumentError(absl::StrFormat("rank: job %s has ranks 0..%d (got %d)",
-                                                      job_id, world_size - 1, *rank));
-  }
+  if (absl::Status s = CheckJobRankLocked(job_id, rank); !s.ok()) return s;
   // The history is bounded per job, so one rank's rows are filtered here rather than in SQL.
   absl::StatusOr<std::vector<v1::StepMetrics>> all =
       store_->StepMetricsHistory(job_id, rank.has_value() ? 0 : limit);
@@ -378,22 +383,10 @@ absl::StatusOr<LogStream> Coordinator::OpenLogs(const std::string& job_id,
                                                 int64_t after_seq) {
   if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
   if (after_seq < 0) return absl::InvalidArgumentError("after_seq: must not be negative");
-  if (rank.has_value() && *rank < 0) return absl::InvalidArgumentError("rank: must not be negative");
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("coordinator is shutting down");
+  if (absl::Status s = CheckJobRankLocked(job_id, rank); !s.ok()) return s;
   auto it = jobs_.find(job_id);
-  int32_t world_size = 0;
-  if (it == jobs_.end()) {
-    absl::StatusOr<JobRecord> exists = store_->GetJobRecord(job_id);
-    if (!exists.ok()) return exists.status();
-    world_size = exists->job.world_size();
-  } else {
-    world_size = it->second.record.job.world_size();
-  }
-  if (rank.has_value() && *rank >= world_size) {
-    return absl::InvalidArgumentError(absl::StrFormat("rank: job %s has ranks 0..%d (got %d)",
-                                                      job_id, world_size - 1, *rank));
-  }
   LogStream stream;
   absl::StatusOr<std::vector<v1::LogLine>> backlog = store_->ListLogs(job_id, rank, 0, after_seq);
   if (!backlog.ok()) return backlog.status();

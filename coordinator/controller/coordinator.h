@@ -166,6 +166,10 @@ class Coordinator {
                       std::string type, std::string message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the dirty jobs with `write` in one transaction, then sends the queued worker messages.
   absl::Status CommitLocked(StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // NotFound for an unknown job (live or stored); InvalidArgument naming the rank when it is set
+  // and outside the job's ranks.
+  absl::Status CheckJobRankLocked(const std::string& job_id, std::optional<int32_t> rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's record and current attempt go into the next CommitLocked.
   void MarkDirty(const ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
