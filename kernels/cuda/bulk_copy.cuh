@@ -54,8 +54,8 @@ __device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
 // Global -> shared, completing on `bar`. dst, src and bytes: multiples of 16.
 __device__ __forceinline__ void Load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          SmemAddress(dst)),
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(SmemAddress(dst)),
       "l"(src), "r"(bytes), "r"(SmemAddress(bar))
       : "memory");
 }
@@ -67,14 +67,18 @@ __device__ __forceinline__ void Store(void* dst, const void* src, uint32_t bytes
                "r"(SmemAddress(src)), "r"(bytes)
                : "memory");
 }
-__device__ __forceinline__ void Commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void Commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
 // Until at most kPending of this thread's bulk groups still read their shared memory.
 template <int kPending>
 __device__ __forceinline__ void WaitRead() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
 }
 // Until every bulk group of this thread has completed.
-__device__ __forceinline__ void WaitAll() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void WaitAll() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
 
 // Orders this thread's shared-memory writes before later bulk copies that read them.
 __device__ __forceinline__ void FenceSharedForCopies() {

@@ -28,14 +28,14 @@ constexpr int kSmemCap = 160 * 1024;
 
 // Rows [0, rows) of `cols` columns; a chunk is rows [r0, r0 + nr) x columns [c0, c0 + width).
 struct Plan {
-  int64_t rows;          // rows the buffers hold (the live count may be lower, read on the device)
+  int64_t rows;  // rows the buffers hold (the live count may be lower, read on the device)
   int32_t cols;
   int32_t rows_per_chunk;
-  int32_t seg_width;     // columns per segment; == cols for whole rows
-  int32_t segs;          // segments per row
+  int32_t seg_width;  // columns per segment; == cols for whole rows
+  int32_t segs;       // segments per row
   int32_t stages;
-  uint32_t in_chunk;     // stage bytes
-  uint32_t out_chunk;    // output buffer bytes
+  uint32_t in_chunk;   // stage bytes
+  uint32_t out_chunk;  // output buffer bytes
 };
 
 // Whole rows when a row's input fits the chunk target, else segments of a multiple of
@@ -190,7 +190,8 @@ __device__ __forceinline__ void StoreRows(T* dst, const void* tile, int64_t row,
     bulk::Store(dst + k.r0 * row + col, tile, bytes * k.nr);
   } else {
     for (int r = 0; r < k.nr; ++r) {
-      bulk::Store(dst + (k.r0 + r) * row + col, static_cast<const uint8_t*>(tile) + r * bytes, bytes);
+      bulk::Store(dst + (k.r0 + r) * row + col, static_cast<const uint8_t*>(tile) + r * bytes,
+                  bytes);
     }
   }
 }
@@ -210,8 +211,8 @@ absl::Status Launch(const char* name, const Plan& plan, Stream stream, Args... a
   if (row_chunks * plan.segs >= (int64_t{1} << 31)) {
     return absl::InvalidArgumentError("rows: too many for one launch");
   }
-  const int grid = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(row_chunks * plan.segs, ResidentGrid(smem, kThreads))));
+  const int grid = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(row_chunks * plan.segs, ResidentGrid(smem, kThreads))));
   kKernel<<<grid, kThreads, smem, stream>>>(plan, args...);
   return LaunchStatus(name);
 }

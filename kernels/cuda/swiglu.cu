@@ -22,7 +22,8 @@ using streaming::Plan;
 // Measured on an H200 (docs/kernels.md).
 constexpr int kConsumers = 128;
 constexpr int kMxConsumers = 256;
-constexpr uint32_t kBlockBudget = 56 * 1024;  // shared memory per block: about four per multiprocessor
+constexpr uint32_t kBlockBudget =
+    56 * 1024;  // shared memory per block: about four per multiprocessor
 
 __device__ __forceinline__ int64_t LiveRows(int64_t rows, const int32_t* num_rows) {
   return num_rows == nullptr ? rows : min(rows, static_cast<int64_t>(max(0, *num_rows)));
@@ -41,6 +42,22 @@ __device__ __forceinline__ uint4 SwigluVec(uint4 gate, uint4 up) {
   return detail::Pack8(o);
 }
 
+// The chunk's gate and up segments of h [M][2F] into the stage as [nr][2 * width] (each row's gate
+// segment, then its up segment): one copy for whole rows, where gate and up are one contiguous run.
+__device__ __forceinline__ void LoadGateUp(uint8_t* stage, const Bf16* h, int64_t F, const Chunk& k,
+                                           bool whole, uint64_t* full) {
+  const uint32_t bytes = static_cast<uint32_t>(k.width) * 2;
+  if (whole) {
+    bulk::Load(stage, h + k.r0 * 2 * F, 2 * bytes * k.nr, full);
+    return;
+  }
+  for (int r = 0; r < k.nr; ++r) {
+    const Bf16* row = h + (k.r0 + r) * 2 * F + k.c0;
+    bulk::Load(stage + 2 * r * bytes, row, bytes, full);
+    bulk::Load(stage + (2 * r + 1) * bytes, row + F, bytes, full);
+  }
+}
+
 // Forward stage: [nr][2 * width] bf16 (each row's gate segment, then its up segment); output
 // buffer: [nr][width] bf16 then [nr][width] E4M3 (either may be absent).
 template <bool kBf16Out, bool kMxOut, int kConsumers = kMxOut && !kBf16Out ? kMxConsumers : 128>
@@ -56,16 +73,7 @@ __global__ void __launch_bounds__(kConsumers + 32)
       [&](const Chunk& k, uint8_t* stage, uint64_t* full) {
         const uint32_t half = static_cast<uint32_t>(k.width) * 2 * k.nr;
         bulk::BarrierArriveExpectBytes(full, 2 * half);
-        if (whole) {  // gate and up of whole rows are one contiguous run
-          bulk::Load(stage, h + k.r0 * 2 * F, 2 * half, full);
-        } else {
-          const uint32_t bytes = static_cast<uint32_t>(k.width) * 2;
-          for (int r = 0; r < k.nr; ++r) {
-            const Bf16* row = h + (k.r0 + r) * 2 * F + k.c0;
-            bulk::Load(stage + 2 * r * bytes, row, bytes, full);
-            bulk::Load(stage + (2 * r + 1) * bytes, row + F, bytes, full);
-          }
-        }
+        LoadGateUp(stage, h, F, k, whole, full);
       },
       [&](const Chunk& k, const uint8_t* stage, uint8_t* buf) {
         const uint32_t vpr = static_cast<uint32_t>(k.width) / 8;  // vectors per row segment
@@ -81,7 +89,8 @@ __global__ void __launch_bounds__(kConsumers + 32)
           // A thread takes a pair of vectors (16 values), two lanes an MX block. Uniform trip
           // count: every lane reaches the pair shuffle (n / 2 and the block are even, so a lane
           // pair is live or dead together).
-          uint4* q = reinterpret_cast<uint4*>(buf + (kBf16Out ? 2 * static_cast<size_t>(p.rows_per_chunk) * p.seg_width : 0));
+          uint4* q = reinterpret_cast<uint4*>(
+              buf + (kBf16Out ? 2 * static_cast<size_t>(p.rows_per_chunk) * p.seg_width : 0));
           const uint32_t pairs = n / 2, ppr = vpr / 2;
           for (uint32_t base = 0; base < pairs; base += kConsumers) {
             const uint32_t pv = base + threadIdx.x;
@@ -101,7 +110,8 @@ __global__ void __launch_bounds__(kConsumers + 32)
               }
               q[pv] = mq.data;
               if ((threadIdx.x & 1) == 0) {
-                mx_scales[((k.r0 + r) * F + k.c0 + 16 * cp) / kMxBlock] = static_cast<uint8_t>(mq.scale);
+                mx_scales[((k.r0 + r) * F + k.c0 + 16 * cp) / kMxBlock] =
+                    static_cast<uint8_t>(mq.scale);
               }
             }
           }
@@ -111,8 +121,10 @@ __global__ void __launch_bounds__(kConsumers + 32)
         if (lane != 0) return;
         if constexpr (kBf16Out) streaming::StoreRows(out, buf, F, k, k.c0, whole);
         if constexpr (kMxOut) {
-          streaming::StoreRows(mx_data, buf + (kBf16Out ? 2 * static_cast<size_t>(p.rows_per_chunk) * p.seg_width : 0), F, k,
-                    k.c0, whole);
+          streaming::StoreRows(
+              mx_data,
+              buf + (kBf16Out ? 2 * static_cast<size_t>(p.rows_per_chunk) * p.seg_width : 0), F, k,
+              k.c0, whole);
         }
       });
 }
@@ -125,22 +137,14 @@ __global__ void __launch_bounds__(kConsumers + 32)
   const int64_t live = LiveRows(p.rows, num_rows);
   const bool whole = p.segs == 1;
   const int64_t F = p.cols;
-  const size_t dy_at = 4 * static_cast<size_t>(p.rows_per_chunk) * p.seg_width;  // d_out's place in the stage
+  const size_t dy_at =
+      4 * static_cast<size_t>(p.rows_per_chunk) * p.seg_width;  // d_out's place in the stage
   streaming::StreamChunks<kConsumers>(
       p, live,
       [&](const Chunk& k, uint8_t* stage, uint64_t* full) {
         const uint32_t seg = static_cast<uint32_t>(k.width) * 2 * k.nr;
         bulk::BarrierArriveExpectBytes(full, 3 * seg);
-        if (whole) {
-          bulk::Load(stage, h + k.r0 * 2 * F, 2 * seg, full);
-        } else {
-          const uint32_t bytes = static_cast<uint32_t>(k.width) * 2;
-          for (int r = 0; r < k.nr; ++r) {
-            const Bf16* row = h + (k.r0 + r) * 2 * F + k.c0;
-            bulk::Load(stage + 2 * r * bytes, row, bytes, full);
-            bulk::Load(stage + (2 * r + 1) * bytes, row + F, bytes, full);
-          }
-        }
+        LoadGateUp(stage, h, F, k, whole, full);
         streaming::LoadRows(stage + dy_at, d_out, F, k, k.c0, whole, full);
       },
       [&](const Chunk& k, const uint8_t* stage, uint8_t* buf) {
@@ -206,15 +210,15 @@ absl::Status SwigluForward(const SwigluShape& shape, const int32_t* num_rows, co
   const uint32_t out_per_col = (out != nullptr ? 2 : 0) + (out_mx != nullptr ? 1 : 0);
   const Plan plan = streaming::MakePlan(shape.rows, shape.ffn, 4, out_per_col, kBlockBudget, 32);
   if (out != nullptr && out_mx != nullptr) {
-    return streaming::Launch<SwigluForwardKernel<true, true>, kConsumers + 32>("SwigluForwardKernel", plan, stream, h,
-                           num_rows, out, mx_data, mx_scales);
+    return streaming::Launch<SwigluForwardKernel<true, true>, kConsumers + 32>(
+        "SwigluForwardKernel", plan, stream, h, num_rows, out, mx_data, mx_scales);
   }
   if (out != nullptr) {
-    return streaming::Launch<SwigluForwardKernel<true, false>, kConsumers + 32>("SwigluForwardKernel", plan, stream, h,
-                           num_rows, out, mx_data, mx_scales);
+    return streaming::Launch<SwigluForwardKernel<true, false>, kConsumers + 32>(
+        "SwigluForwardKernel", plan, stream, h, num_rows, out, mx_data, mx_scales);
   }
-  return streaming::Launch<SwigluForwardKernel<false, true>, kMxConsumers + 32>("SwigluForwardKernel", plan, stream, h,
-                         num_rows, out, mx_data, mx_scales);
+  return streaming::Launch<SwigluForwardKernel<false, true>, kMxConsumers + 32>(
+      "SwigluForwardKernel", plan, stream, h, num_rows, out, mx_data, mx_scales);
 }
 
 absl::Status SwigluBackward(const SwigluShape& shape, const int32_t* num_rows, const Bf16* h,
@@ -228,9 +232,9 @@ absl::Status SwigluBackward(const SwigluShape& shape, const int32_t* num_rows, c
   if (!Aligned16(h) || !Aligned16(d_out) || !Aligned16(d_h)) {
     return absl::InvalidArgumentError("h, d_out, d_h: must be 16-byte aligned");
   }
-  return streaming::Launch<SwigluBackwardKernel, kConsumers + 32>("SwigluBackwardKernel",
-      streaming::MakePlan(shape.rows, shape.ffn, 6, 4, kBlockBudget, 32), stream, h,
-                                              d_out, num_rows, d_h);
+  return streaming::Launch<SwigluBackwardKernel, kConsumers + 32>(
+      "SwigluBackwardKernel", streaming::MakePlan(shape.rows, shape.ffn, 6, 4, kBlockBudget, 32),
+      stream, h, d_out, num_rows, d_h);
 }
 
 }  // namespace dropless::kernels::cuda

@@ -24,7 +24,11 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/bulk_copy.cuh"
+
 namespace dropless::kernels::mxgemm {
+
+namespace bulk = cuda::bulk;  // shared-memory barriers (mbarrier)
 
 inline constexpr int kBlockM = 128;
 inline constexpr int kBlockN = 128;
@@ -103,32 +107,6 @@ __device__ __forceinline__ void StsF32(uint32_t addr, float v) {
 }
 __device__ __forceinline__ void StsU16(uint32_t addr, uint16_t v) {
   asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
-}
-
-__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count));
-}
-
-__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
-}
-
-__device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(SmemAddr(bar)),
-      "r"(parity)
-      : "memory");
 }
 
 __device__ __forceinline__ void TmaLoad2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
@@ -438,10 +416,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      MbarInit(&full[s], 1 + 32);  // TMA's expect-tx arrival + the 32 lanes of a scale loader
-      MbarInit(&empty[s], 8);      // one arrival per consumer warp
+      // TMA's expect-tx arrival + the 32 lanes of a scale loader
+      bulk::BarrierInit(&full[s], 1 + 32);
+      bulk::BarrierInit(&empty[s], 8);  // one arrival per consumer warp
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    bulk::BarrierInitFence();
   }
   __syncthreads();
 
@@ -457,8 +436,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int stages = (tile.nk32 + 3) / 4;
         for (int s = 0; s < stages; ++s, ++it) {
           const int slot = it % kStages;
-          MbarWait(&empty[slot], ((it / kStages) & 1) ^ 1);
-          MbarArriveExpectTx(&full[slot], 2 * kTileBytes);
+          bulk::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
+          bulk::BarrierArriveExpectBytes(&full[slot], 2 * kTileBytes);
           const int kc = tile.k0 + s * kBlockK;
           TmaLoad2d(s_a + slot * kTileBytes, &map_a, &full[slot], kc, tile.a_row0);
           TmaLoad3d(s_b + slot * kTileBytes, &map_b, &full[slot], kc, tile.n_tile * kBlockN,
@@ -473,11 +452,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int s = 0; s < stages; ++s, ++it) {
           if (it % 3 != loader) continue;
           const int slot = it % kStages;
-          MbarWait(&empty[slot], ((it / kStages) & 1) ^ 1);
+          bulk::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
           LoadStageScales<kGroupedK, kPackedSb>(p, tile, tile.k0 / 32 + 4 * s, kb_end, lane,
                                                 s_sa + slot * kSaStageFloats,
                                                 s_sb + slot * kSbStageFloats);
-          MbarArrive(&full[slot]);
+          bulk::BarrierArrive(&full[slot]);
         }
       }
     }
@@ -494,7 +473,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   auto release = [&](int slot) {
     __syncwarp();
-    if (lane == 0) MbarArrive(&empty[slot]);
+    if (lane == 0) bulk::BarrierArrive(&empty[slot]);
   };
 
   for (int t = blockIdx.x; walk.Next(t, &tile); t += gridDim.x) {
@@ -503,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int stages = (tile.nk32 + 3) / 4;
     for (int s = 0; s < stages; ++s, ++it) {
       const int slot = it % kStages;
-      MbarWait(&full[slot], (it / kStages) & 1);
+      bulk::BarrierWait(&full[slot], (it / kStages) & 1);
       // K block j starts 32 bytes further into each 128-byte row: +2 in descriptor units.
       const uint64_t desc_a = SmemDescriptor(s_a + slot * kTileBytes + consumer * 64 * kBlockK);
       const uint64_t desc_b = SmemDescriptor(s_b + slot * kTileBytes);
