@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_registry.h"
+#include "bench/gemm_bench_common.h"
 #include "dropless/kernels/grouped_gemm.h"
 
 namespace dropless::bench {
@@ -32,50 +33,9 @@ using kernels::GroupedGemm;
 using kernels::GroupedGemmOp;
 using kernels::GroupedGemmOptions;
 
-#define BENCH_CUDA(expr)                                                                   \
-  do {                                                                                     \
-    cudaError_t e_ = (expr);                                                               \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "gemm bench: %s: %s\n", #expr, cudaGetErrorString(e_));        \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
+#define BENCH_CUDA(expr) CheckCuda((expr), "gemm", #expr)
 
-void Check(const absl::Status& status, const char* what) {
-  if (!status.ok()) {
-    std::fprintf(stderr, "gemm bench: %s: %s\n", what, status.ToString().c_str());
-    std::exit(1);
-  }
-}
-
-struct MoeShape {
-  const char* name;
-  int64_t tokens, hidden, ffn, experts, top_k;
-};
-constexpr MoeShape kShapes[] = {
-    {"dsv3", 8192, 7168, 2048, 256, 8},
-    {"qwen3", 16384, 2048, 768, 128, 8},
-    {"mixtral", 8192, 4096, 14336, 8, 2},
-};
-
-// uniform: rows / E each (remainder to the first experts). zipf: expert e gets a share
-// proportional to 1 / (e + 1), floored, remainder one row each to the first experts.
-std::vector<int> GroupSizes(int64_t rows, int experts, const std::string& dist) {
-  std::vector<int> sizes(experts, 0);
-  int64_t assigned = 0;
-  if (dist == "uniform") {
-    for (int e = 0; e < experts; ++e) sizes[e] = static_cast<int>(rows / experts);
-  } else {
-    double harmonic = 0.0;
-    for (int e = 0; e < experts; ++e) harmonic += 1.0 / (e + 1);
-    for (int e = 0; e < experts; ++e) {
-      sizes[e] = static_cast<int>(static_cast<double>(rows) / (e + 1) / harmonic);
-    }
-  }
-  for (int s : sizes) assigned += s;
-  for (int e = 0; assigned < rows; e = (e + 1) % experts, ++assigned) ++sizes[e];
-  return sizes;
-}
+void Check(const absl::Status& status, const char* what) { CheckStatus(status, "gemm", what); }
 
 __global__ void FillRandomBf16(__nv_bfloat16* p, int64_t count, uint64_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
@@ -96,28 +56,8 @@ struct DeviceMemory {
   T* ptr = nullptr;
 };
 
-// Median milliseconds per call over `iters` event-timed calls after `warmup` untimed ones.
 double MedianMs(const std::function<void()>& call, int warmup, int iters) {
-  for (int i = 0; i < warmup; ++i) call();
-  BENCH_CUDA(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> events(iters + 1);
-  for (auto& e : events) BENCH_CUDA(cudaEventCreate(&e));
-  BENCH_CUDA(cudaEventRecord(events[0]));
-  for (int i = 0; i < iters; ++i) {
-    call();
-    BENCH_CUDA(cudaEventRecord(events[i + 1]));
-  }
-  BENCH_CUDA(cudaEventSynchronize(events[iters]));
-  BENCH_CUDA(cudaGetLastError());
-  std::vector<double> ms(iters);
-  for (int i = 0; i < iters; ++i) {
-    float t = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&t, events[i], events[i + 1]));
-    ms[i] = t;
-  }
-  for (auto& e : events) cudaEventDestroy(e);
-  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
-  return ms[iters / 2];
+  return bench::MedianMs(call, warmup, iters, "gemm");
 }
 
 struct Row {
@@ -173,7 +113,7 @@ class GemmBench {
     BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
     device_ = absl::StrCat(prop.name, " (1 GPU)");
     MeasureCeilings();
-    for (const MoeShape& shape : kShapes) {
+    for (const MoeShape& shape : kMoeShapes) {
       if (std::find(flags_.shapes.begin(), flags_.shapes.end(), shape.name) == flags_.shapes.end()) continue;
       BenchShape(shape, "w13", shape.hidden, 2 * shape.ffn);
       BenchShape(shape, "w2", shape.ffn, shape.hidden);

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_registry.h"
+#include "bench/gemm_bench_common.h"
 #include "dropless/kernels/mx_grouped_gemm.h"
 
 namespace dropless::bench {
@@ -31,49 +32,9 @@ using kernels::MxGroupedGemm;
 using kernels::MxGroupedGemmOptions;
 using kernels::MxOperand;
 
-#define MX_BENCH_CUDA(expr)                                                          \
-  do {                                                                               \
-    cudaError_t e_ = (expr);                                                         \
-    if (e_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "mxgemm bench: %s: %s\n", #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
+#define MX_BENCH_CUDA(expr) CheckCuda((expr), "mxgemm", #expr)
 
-void MxCheck(const absl::Status& status, const char* what) {
-  if (!status.ok()) {
-    std::fprintf(stderr, "mxgemm bench: %s: %s\n", what, status.ToString().c_str());
-    std::exit(1);
-  }
-}
-
-struct MxShape {
-  const char* name;
-  int64_t tokens, hidden, ffn, experts, top_k;
-};
-constexpr MxShape kMxShapes[] = {
-    {"dsv3", 8192, 7168, 2048, 256, 8},
-    {"qwen3", 16384, 2048, 768, 128, 8},
-    {"mixtral", 8192, 4096, 14336, 8, 2},
-};
-
-// Same group sizes as `dropless-bench gemm`: uniform rows / E; zipf share 1 / (e + 1).
-std::vector<int> MxGroupSizes(int64_t rows, int experts, const std::string& dist) {
-  std::vector<int> sizes(experts, 0);
-  if (dist == "uniform") {
-    for (int e = 0; e < experts; ++e) sizes[e] = static_cast<int>(rows / experts);
-  } else {
-    double harmonic = 0.0;
-    for (int e = 0; e < experts; ++e) harmonic += 1.0 / (e + 1);
-    for (int e = 0; e < experts; ++e) {
-      sizes[e] = static_cast<int>(static_cast<double>(rows) / (e + 1) / harmonic);
-    }
-  }
-  int64_t assigned = 0;
-  for (int s : sizes) assigned += s;
-  for (int e = 0; assigned < rows; e = (e + 1) % experts, ++assigned) ++sizes[e];
-  return sizes;
-}
+void MxCheck(const absl::Status& status, const char* what) { CheckStatus(status, "mxgemm", what); }
 
 // Random E4M3 bytes without the NaN codes; scale bytes within 2^-4 .. 2^4.
 __global__ void FillMx(uint8_t* p, int64_t count, uint64_t seed, int scales) {
@@ -114,26 +75,7 @@ struct MxBuffer {
 };
 
 double MxMedianMs(const std::function<void()>& call, int warmup, int iters) {
-  for (int i = 0; i < warmup; ++i) call();
-  MX_BENCH_CUDA(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> events(iters + 1);
-  for (auto& e : events) MX_BENCH_CUDA(cudaEventCreate(&e));
-  MX_BENCH_CUDA(cudaEventRecord(events[0]));
-  for (int i = 0; i < iters; ++i) {
-    call();
-    MX_BENCH_CUDA(cudaEventRecord(events[i + 1]));
-  }
-  MX_BENCH_CUDA(cudaEventSynchronize(events[iters]));
-  MX_BENCH_CUDA(cudaGetLastError());
-  std::vector<double> ms(iters);
-  for (int i = 0; i < iters; ++i) {
-    float t = 0;
-    MX_BENCH_CUDA(cudaEventElapsedTime(&t, events[i], events[i + 1]));
-    ms[i] = t;
-  }
-  for (auto& e : events) cudaEventDestroy(e);
-  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
-  return ms[iters / 2];
+  return MedianMs(call, warmup, iters, "mxgemm");
 }
 
 struct MxRow {
@@ -201,7 +143,7 @@ class MxGemmBench {
       copy_gbps_ = 2.0 * bytes / (ms * 1e-3) / 1e9;
       std::printf("ceiling: d2d copy %.0f GB/s\n", copy_gbps_);
     }
-    for (const MxShape& s : kMxShapes) {
+    for (const MoeShape& s : kMoeShapes) {
       if (std::find(flags_.shapes.begin(), flags_.shapes.end(), s.name) == flags_.shapes.end())
         continue;
       BenchShape(s, "w13", s.hidden, 2 * s.ffn);
@@ -218,7 +160,7 @@ class MxGemmBench {
   }
 
  private:
-  void BenchShape(const MxShape& s, const std::string& weight, int k, int n) {
+  void BenchShape(const MoeShape& s, const std::string& weight, int k, int n) {
     const int64_t rows = s.tokens * s.top_k;
     const int experts = static_cast<int>(s.experts);
     const int64_t padded = (rows + 31 * int64_t{experts} + 31) / 32 * 32;
@@ -245,7 +187,7 @@ class MxGemmBench {
       const bool is_default = kernel.empty() || kernel == MxGroupedGemm::KernelNames()[0];
 
       for (const std::string& dist : flags_.dists) {
-        const std::vector<int> sizes = MxGroupSizes(rows, experts, dist);
+        const std::vector<int> sizes = GroupSizes(rows, experts, dist);
         if (weight == "w13" && (kernel.empty() || kernel == kernels[0])) {
           group_sizes_.emplace_back(absl::StrCat(s.name, "/", dist), sizes);
         }

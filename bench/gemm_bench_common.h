@@ -1,0 +1,91 @@
+// What the grouped-GEMM benchmarks share (`dropless-bench gemm` and `mxgemm`): the MoE expert
+// shapes, the group sizes both use (so their rows and the torch peers' line up), fatal checks and
+// the event-timed median.
+#ifndef DROPLESS_BENCH_GEMM_BENCH_COMMON_H_
+#define DROPLESS_BENCH_GEMM_BENCH_COMMON_H_
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace dropless::bench {
+
+struct MoeShape {
+  const char* name;
+  int64_t tokens, hidden, ffn, experts, top_k;
+};
+inline constexpr MoeShape kMoeShapes[] = {
+    {"dsv3", 8192, 7168, 2048, 256, 8},
+    {"qwen3", 16384, 2048, 768, 128, 8},
+    {"mixtral", 8192, 4096, 14336, 8, 2},
+};
+
+// Exits with "<bench> bench: <what>: <error>" (a benchmark has nothing to recover).
+inline void CheckCuda(cudaError_t error, const char* bench, const char* what) {
+  if (error != cudaSuccess) {
+    std::fprintf(stderr, "%s bench: %s: %s\n", bench, what, cudaGetErrorString(error));
+    std::exit(1);
+  }
+}
+inline void CheckStatus(const absl::Status& status, const char* bench, const char* what) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s bench: %s: %s\n", bench, what, status.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+// uniform: rows / E each (remainder to the first experts). zipf: expert e gets a share
+// proportional to 1 / (e + 1), floored, remainder one row each to the first experts.
+inline std::vector<int> GroupSizes(int64_t rows, int experts, const std::string& dist) {
+  std::vector<int> sizes(experts, 0);
+  int64_t assigned = 0;
+  if (dist == "uniform") {
+    for (int e = 0; e < experts; ++e) sizes[e] = static_cast<int>(rows / experts);
+  } else {
+    double harmonic = 0.0;
+    for (int e = 0; e < experts; ++e) harmonic += 1.0 / (e + 1);
+    for (int e = 0; e < experts; ++e) {
+      sizes[e] = static_cast<int>(static_cast<double>(rows) / (e + 1) / harmonic);
+    }
+  }
+  for (int s : sizes) assigned += s;
+  for (int e = 0; assigned < rows; e = (e + 1) % experts, ++assigned) ++sizes[e];
+  return sizes;
+}
+
+// Median milliseconds per call over `iters` event-timed calls after `warmup` untimed ones.
+inline double MedianMs(const std::function<void()>& call, int warmup, int iters,
+                       const char* bench) {
+  for (int i = 0; i < warmup; ++i) call();
+  CheckCuda(cudaDeviceSynchronize(), bench, "warm-up");
+  std::vector<cudaEvent_t> events(iters + 1);
+  for (auto& e : events) CheckCuda(cudaEventCreate(&e), bench, "cudaEventCreate");
+  CheckCuda(cudaEventRecord(events[0]), bench, "cudaEventRecord");
+  for (int i = 0; i < iters; ++i) {
+    call();
+    CheckCuda(cudaEventRecord(events[i + 1]), bench, "cudaEventRecord");
+  }
+  CheckCuda(cudaEventSynchronize(events[iters]), bench, "cudaEventSynchronize");
+  CheckCuda(cudaGetLastError(), bench, "timed calls");
+  std::vector<double> ms(iters);
+  for (int i = 0; i < iters; ++i) {
+    float t = 0;
+    CheckCuda(cudaEventElapsedTime(&t, events[i], events[i + 1]), bench, "cudaEventElapsedTime");
+    ms[i] = t;
+  }
+  for (auto& e : events) cudaEventDestroy(e);
+  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
+  return ms[iters / 2];
+}
+
+}  // namespace dropless::bench
+
+#endif  // DROPLESS_BENCH_GEMM_BENCH_COMMON_H_
