@@ -17,39 +17,13 @@ JSON. Failures of a peer are printed and recorded under "peer_errors", never fat
 """
 import argparse
 import json
-import statistics
 import sys
 
-SHAPES = {  # name: (tokens, hidden, ffn, experts, top_k), as in bench/mx_gemm_bench.cu
-    "dsv3": (8192, 7168, 2048, 256, 8),
-    "qwen3": (16384, 2048, 768, 128, 8),
-    "mixtral": (8192, 4096, 14336, 8, 2),
-}
+# The shapes, the timing and the row format are gemm_peer.py's (this directory is on sys.path when
+# the script runs), so both peers' rows line up with the dropless benches'.
+from gemm_peer import SHAPES, median_ms, row  # noqa: E402
 
 ERRORS = []
-
-
-def median_ms(torch, fn, warmup=3, iters=20):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-
-
-def row(name, shape, impl, precision, ms, flop, nbytes, weight, groups, note, out="bf16"):
-    return {
-        "name": name, "shape": shape, "impl": impl, "precision": precision,
-        "ms": round(ms, 4), "tflops": round(flop / (ms * 1e-3) / 1e12, 1),
-        "gbps": round(nbytes / (ms * 1e-3) / 1e9, 1) if nbytes else None,
-        "weight": weight, "groups": groups, "kernel": "", "out": out, "note": note,
-    }
 
 
 def dense_fp8_ceiling():
