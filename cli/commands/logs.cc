@@ -6,20 +6,13 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "cli/client.h"
 #include "cli/commands/commands.h"
 #include "cli/exit_codes.h"
 #include "cli/output/views.h"
+#include "cli/reconnect.h"
 
 namespace dropless::cli {
-namespace {
-
-// How long a follow keeps trying to reach a coordinator it lost.
-constexpr absl::Duration kReconnectWindow = absl::Seconds(60);
-
-}  // namespace
 
 int RunLogs(const Invocation& inv) {
   std::vector<std::string> pos = inv.args.positional();
@@ -39,7 +32,7 @@ int RunLogs(const Invocation& inv) {
   Client client(inv.options);
   int64_t last_seq = 0;
   bool received = false;
-  absl::Time lost_since = absl::InfiniteFuture();
+  Reconnection reconnection("logs");
   while (true) {
     request.set_after_seq(last_seq);
     std::unique_ptr<grpc::ClientContext> context =
@@ -49,7 +42,7 @@ int RunLogs(const Invocation& inv) {
     v1::LogLine line;
     while (reader->Read(&line)) {
       received = true;
-      lost_since = absl::InfiniteFuture();
+      reconnection.Connected();
       if (line.seq() > 0) last_seq = line.seq();
       if (inv.options.output != OutputFormat::kText) {
         Value v = Value::Object();
@@ -71,13 +64,7 @@ int RunLogs(const Invocation& inv) {
     // Following, and the coordinator went away (restart, network): the job lives on, and its
     // lines are stored; resume after the last one printed.
     const bool retry = request.follow() && received && status.error_code() == grpc::UNAVAILABLE;
-    if (!retry) return client.Fail(status);
-    if (lost_since == absl::InfiniteFuture()) {
-      lost_since = absl::Now();
-      std::cerr << "logs: lost the coordinator (" << status.error_message() << "); reconnecting\n";
-    }
-    if (absl::Now() - lost_since > kReconnectWindow) return client.Fail(status);
-    absl::SleepFor(absl::Seconds(1));
+    if (!retry || !reconnection.Retry(status)) return client.Fail(status);
   }
 }
 

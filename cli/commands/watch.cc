@@ -11,18 +11,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
 #include "cli/client.h"
 #include "cli/commands/commands.h"
 #include "cli/exit_codes.h"
 #include "cli/output/views.h"
 #include "cli/progress/progress_bar.h"
+#include "cli/reconnect.h"
 
 namespace dropless::cli {
 namespace {
-
-// How long a watch keeps trying to re-open its stream after the coordinator went away mid-job.
-constexpr absl::Duration kReconnectWindow = absl::Seconds(60);
 
 int TerminalWidth() {
   struct winsize ws {};
@@ -131,7 +128,7 @@ int RunWatch(const Invocation& inv) {
   request.set_id(pos[0]);
   UpdatePrinter printer(inv.options.output);
   bool received = false;
-  absl::Time lost_since = absl::InfiniteFuture();
+  Reconnection reconnection("watch");
   while (true) {
     std::unique_ptr<grpc::ClientContext> context = client.StreamContext();
     std::unique_ptr<grpc::ClientReader<v1::JobUpdate>> reader =
@@ -139,7 +136,7 @@ int RunWatch(const Invocation& inv) {
     v1::JobUpdate update;
     while (reader->Read(&update)) {
       received = true;
-      lost_since = absl::InfiniteFuture();
+      reconnection.Connected();
       printer.Show(update);
       if (IsTerminal(update.job().state())) {
         const v1::JobState end_state = update.job().state();
@@ -159,13 +156,7 @@ int RunWatch(const Invocation& inv) {
       printer.Finish();
       return client.Fail(status);
     }
-    if (lost_since == absl::InfiniteFuture()) {
-      lost_since = absl::Now();
-      printer.Finish();
-      std::cerr << "watch: lost the coordinator (" << status.error_message()
-                << "); reconnecting\n";
-    }
-    if (absl::Now() - lost_since > kReconnectWindow) {
+    if (!reconnection.Retry(status, [&] { printer.Finish(); })) {
       if (status.ok()) {
         std::cerr << "error: the watch stream ended before the job finished (last state "
                   << JobStateName(printer.last_state()) << ")\n";
@@ -173,7 +164,6 @@ int RunWatch(const Invocation& inv) {
       }
       return client.Fail(status);
     }
-    absl::SleepFor(absl::Seconds(1));
   }
 }
 
