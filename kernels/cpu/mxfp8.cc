@@ -78,7 +78,6 @@ absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
     }
   }
   if (colwise != nullptr) {
-    const int64_t padded = colwise->padded_rows;
     int32_t padded_offset = 0;
     Bf16 block[kMxBlock];
     for (int g = 0; g < num_groups; ++g) {
@@ -91,9 +90,8 @@ absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
             const int64_t local = b + i;
             block[i] = local < count ? x[(offsets[g] + local) * cols + c] : Bf16{0};
           }
-          const int64_t out_row = padded_offset + b;
-          QuantizeMxBlock(block, 1, colwise->data + c * padded + out_row, 1,
-                          colwise->scales + c * (padded / kMxBlock) + out_row / kMxBlock);
+          const int64_t at = (padded_offset + b) / kMxBlock * cols + c;  // block row, column
+          QuantizeMxBlock(block, 1, colwise->data + at * kMxBlock, 1, colwise->scales + at);
         }
       }
       padded_offset += static_cast<int32_t>(padded_count);

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "dropless/kernels/mxfp8.h"
+#include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_utils.cuh"
 
@@ -15,6 +16,7 @@ namespace dropless::kernels::cuda {
 namespace {
 
 using detail::kFullMask;
+namespace bulk = ::dropless::kernels::cuda::bulk;
 
 // ---- Row-wise only: 16 elements (two vectors) per thread, 2 lanes per block, 16-byte stores;
 // the next pass's loads are issued before this pass is quantized. ----
@@ -113,70 +115,27 @@ __global__ void __launch_bounds__(kScanThreads)
   if (threadIdx.x == 0) padded_offsets[num_groups] = carry;
 }
 
-// ---- Row-wise + column-wise tile kernel ----
+// ---- Row-wise + column-wise streaming kernel ----
 //
-// A persistent grid walks tiles of kRows padded rows x kCols columns, column tiles fastest (the
-// blocks running at once read whole input rows). Each tile is copied to shared memory with
-// 16-byte cp.async (padding rows and rows past the last group arrive as zeros); kStages - 1 tiles
-// are in flight while one is quantized. From the staged tile:
-//   column-wise: thread -> (column pair, 32-row block); its 32 words give two MX blocks, whose
-//     E4M3 bytes go to a transposed shared tile [kCols][kRows] (16-byte chunks XOR-swizzled by
-//     column, so neither the writes nor the reads conflict on banks); the tile then leaves as
-//     kRows-byte runs per column, 16 bytes per lane, whole 128-byte lines per 8 lanes.
-//   row-wise: 4 lanes per MX block of a row (conflict-free 16-byte reads), 8-byte stores.
-// Per-tile bookkeeping is kept off the critical path: a tile's coordinates and row blocks are
-// resolved one pipeline step ahead, during the quantization of an earlier tile, with 32-bit
-// arithmetic and a group search that resumes where the block's previous tile left it.
+// A persistent grid walks items = (one padded 32-row block of one group) x (a segment of kW
+// columns), segments fastest, so the blocks running at once read whole input rows. Per block one
+// producer warp resolves an item's group and copies its live rows into a stage of a ring with one
+// bulk copy per row (kW * 2 contiguous bytes; cp.async.bulk completing on the stage's mbarrier),
+// kStages - 1 items ahead; kConsumerWarps warps quantize from the stage, each on its own (no block
+// barrier), and release it through the stage's empty barrier:
+//   column-wise: lanes i and i + 16 take rows 0-15 and 16-31 of column pair i of 16; their amax
+//     meet in one shuffle; each lane stores 16 E4M3 bytes per column, so a warp writes 16 whole
+//     32-byte column runs per store, and a block writes its item's block-major output run
+//     (kW * 32 contiguous bytes) and its kW scale bytes without gaps;
+//   row-wise: 2 lanes per MX block of a row (QuantizeMxPair), 16-byte stores.
+// Rows 16-31 of a stage start 64 bytes later than a dense layout would put them, so the column
+// reads of lanes i and i + 16 fall in different banks.
 
 struct RowBlock {
   int32_t source_row;  // input row of the block's first padded row; -1: past the last group
   int32_t live;        // rows of the block that hold data (the rest is group padding)
 };
 
-template <int kBlocks>
-struct TileSlot {
-  int32_t tile_row;  // first padded row
-  int32_t tile_col;  // first column
-  RowBlock blocks[kBlocks];
-};
-
-// kAliasOutT: the transposed tile is written over the staged tile it comes from (one more barrier
-// per tile, 16 KB less shared memory, so one more block fits per multiprocessor).
-template <int kRowsT, int kColsT, int kStagesT, int kThreadsT, bool kAliasOutT, int kMinBlocksT>
-struct RowColConfig {
-  static constexpr int kRows = kRowsT, kCols = kColsT, kStages = kStagesT, kThreads = kThreadsT;
-  static constexpr bool kAliasOut = kAliasOutT;
-  static constexpr int kMinBlocks = kMinBlocksT;  // __launch_bounds__ occupancy target
-  static constexpr int kBlocks = kRows / kMxBlock;          // 32-row blocks per tile
-  static constexpr int kChunksPerRow = kCols / 8;           // 16-byte bf16 chunks per tile row
-  static constexpr int kRowStep = kThreads / kChunksPerRow; // rows between one thread's chunks
-  static constexpr int kRowChunks = kRows / kRowStep;       // chunks per thread
-  static constexpr int kPairs = kCols / 2;                  // column pairs per tile
-  static constexpr int kColItems = kPairs * kBlocks / kThreads;         // per thread
-  static constexpr int kOutChunksPerCol = kRows / 16;       // 16-byte E4M3 chunks per column
-  static constexpr int kColStep = kThreads / kOutChunksPerCol;  // columns between a thread's chunks
-  static constexpr int kOutChunks = kCols / kColStep;       // per thread
-  static constexpr int kRing = kStages + 1;                 // tile slots (see the main loop)
-  static constexpr size_t kStageBytes = size_t{kRows} * kCols * 2;
-  static constexpr size_t kOutBytes = size_t{kCols} * kRows;
-  static constexpr size_t kOutRegion = kAliasOut ? 0 : kOutBytes;  // separate transposed tile
-  static constexpr size_t kSmemBytes = kStages * kStageBytes + kOutRegion + kCols * kBlocks;
-  static_assert(kRows % 128 == 0 && kCols % 64 == 0, "tile: 128k rows, 64k columns");
-  static_assert(kStages >= 2, "at least one tile in flight");
-  static_assert(kOutBytes <= kStageBytes, "the transposed tile fits in a stage");
-  static_assert(kThreads / 32 >= kBlocks, "one warp resolves each row block");
-  static_assert(kThreads % kChunksPerRow == 0 && kMxBlock % kRowStep == 0, "load mapping");
-  static_assert(kColItems >= 1 && kColItems * kThreads == kPairs * kBlocks, "column items");
-  static_assert(kThreads % kOutChunksPerCol == 0 && kCols % kColStep == 0, "output mapping");
-};
-
-// Position of column c's 16-byte chunk k in the transposed shared tile: chunks XOR-swizzled by
-// (c / 2) % 8, so 8 consecutive column pairs (a quarter warp's writes) and the 8 chunks of one
-// column (a quarter warp's reads) each fall in 8 different bank groups.
-template <class Cfg>
-__device__ __forceinline__ int OutChunkOffset(int c, int k) {
-  return c * Cfg::kRows + ((k ^ ((c >> 1) & 7)) << 4);
-}
 
 // Warp-collective: the group holding padded rows [padded_row, padded_row + 32). `group` is the
 // warp's previous answer (0 at first): padded rows only grow along a block's tiles, so the search
@@ -202,197 +161,169 @@ __device__ __forceinline__ RowBlock ResolveRowBlock(int32_t padded_row, int& gro
   return {begin + local, live < 0 ? 0 : (live > kMxBlock ? kMxBlock : live)};
 }
 
+template <int kW, int kStagesT, int kConsumerWarpsT>
+struct StreamConfig {
+  static constexpr int kWidth = kW, kStages = kStagesT, kConsumerWarps = kConsumerWarpsT;
+  static constexpr int kPitch = kW * 2;  // bytes of a staged row
+  static constexpr int kHalfShift = 64;  // extra offset of rows 16-31
+  static constexpr int kStageStride = (32 * kPitch + kHalfShift + 127) / 128 * 128;
+  static constexpr int kThreads = (kConsumerWarps + 1) * 32;
+  static constexpr size_t kSmemBytes = size_t{kStages} * kStageStride + kStages * (16 + 16);
+  static_assert(kW % 256 == 0, "segment: a multiple of 256 columns");
+  static_assert(kStages >= 2, "at least one item in flight");
+  __device__ static constexpr int RowOffset(int r) { return r * kPitch + (r >= 16 ? kHalfShift : 0); }
+};
+
+struct StreamSlot {
+  int32_t source_row;  // input row of the block's first row
+  int32_t live;        // rows holding data, 1..32
+  int32_t padded_row;  // first padded row (column-wise position)
+  int32_t c0;          // first column of the segment
+};
+
+template <class Cfg, bool kMasked>
+__device__ __forceinline__ void StreamColumnPair(const uint8_t* stage, const StreamSlot& slot,
+                                                 int g, int lane, int32_t cols,
+                                                 uint8_t* __restrict__ col_data,
+                                                 uint8_t* __restrict__ col_scales) {
+  const int h = lane >> 4, pair = g * 16 + (lane & 15);
+  const uint8_t* base = stage + Cfg::RowOffset(16 * h) + pair * 4;
+  const int lim = slot.live - 16 * h;
+  uint32_t word[16];
+  uint32_t amax = 0;
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    uint32_t w = *reinterpret_cast<const uint32_t*>(base + e * Cfg::kPitch);
+    if (kMasked && e >= lim) w = 0;
+    word[e] = w;
+    amax = __vmaxu2(amax, w & 0x7fff7fffu);
+  }
+  amax = __vmaxu2(amax, __shfl_xor_sync(kFullMask, amax, 16));
+  const uint32_t scale_lo = detail::ScaleByteForAmaxBits(amax & 0xffffu);
+  const uint32_t scale_hi = detail::ScaleByteForAmaxBits(amax >> 16);
+  const float inv_lo = detail::InverseScale(scale_lo), inv_hi = detail::InverseScale(scale_hi);
+  uint32_t lo[4], hi[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t* v = word + 4 * q;
+    lo[q] = detail::E4M3x2(detail::BfLo(v[0]) * inv_lo, detail::BfLo(v[1]) * inv_lo) |
+            (detail::E4M3x2(detail::BfLo(v[2]) * inv_lo, detail::BfLo(v[3]) * inv_lo) << 16);
+    hi[q] = detail::E4M3x2(detail::BfHi(v[0]) * inv_hi, detail::BfHi(v[1]) * inv_hi) |
+            (detail::E4M3x2(detail::BfHi(v[2]) * inv_hi, detail::BfHi(v[3]) * inv_hi) << 16);
+    if (scale_lo == kE8M0Nan) lo[q] = 0x7f7f7f7fu;
+    if (scale_hi == kE8M0Nan) hi[q] = 0x7f7f7f7fu;
+  }
+  // Block-major output: block row j = padded_row / 32 is [cols][32] bytes.
+  const int64_t at = static_cast<int64_t>(slot.padded_row / kMxBlock) * cols + slot.c0 + 2 * pair;
+  uint8_t* dst = col_data + at * kMxBlock + 16 * h;
+  *reinterpret_cast<uint4*>(dst) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  *reinterpret_cast<uint4*>(dst + kMxBlock) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  col_scales[at + h] = static_cast<uint8_t>(h == 0 ? scale_lo : scale_hi);
+}
+
 template <class Cfg, bool kRowwise>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
-    QuantizeRowColKernel(const Bf16* __restrict__ x, int32_t rows, int32_t cols,
+__global__ void __launch_bounds__(Cfg::kThreads)
+    QuantizeStreamKernel(const Bf16* __restrict__ x, int32_t rows, int32_t cols,
                          const int32_t* __restrict__ offsets, int num_groups,
                          uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scales,
                          uint8_t* __restrict__ col_data, uint8_t* __restrict__ col_scales,
-                         const int32_t* __restrict__ padded_offsets, int32_t padded_rows,
-                         bool word_scales) {
-  constexpr int kRows = Cfg::kRows, kCols = Cfg::kCols, kThreads = Cfg::kThreads;
-  constexpr int kBlocks = Cfg::kBlocks;
+                         const int32_t* __restrict__ padded_offsets) {
+  constexpr int kW = Cfg::kWidth, kStages = Cfg::kStages, kWarps = Cfg::kConsumerWarps;
   extern __shared__ __align__(128) uint8_t smem[];
-  // Transposed tile [kCols][kRows] (swizzled): its own region, or the stage it comes from.
-  uint8_t* const out_region = smem + Cfg::kStages * Cfg::kStageBytes;
-  uint8_t* const scale_tile = out_region + Cfg::kOutRegion;  // [kCols][kBlocks]
-  __shared__ TileSlot<kBlocks> ring[Cfg::kRing];
-
-  const int tid = threadIdx.x, warp = tid >> 5;
+  StreamSlot* const slots = reinterpret_cast<StreamSlot*>(smem + size_t{kStages} * Cfg::kStageStride);
+  uint64_t* const full = reinterpret_cast<uint64_t*>(slots + kStages);
+  uint64_t* const empty = full + kStages;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int32_t live_padded = padded_offsets[num_groups];
-  const uint32_t col_tiles = (cols + kCols - 1) / kCols;
-  const uint32_t items = (live_padded + kRows - 1) / kRows * col_tiles;  // < 2^31 (launcher)
-  const uint32_t my_items = items > blockIdx.x ? (items - blockIdx.x - 1) / gridDim.x + 1 : 0;
-  int group = 0;  // resolve warps: the group search's resume point
-
-  // Warps 0..kBlocks-1: coordinates and row blocks of the block's i-th tile into ring slot.
-  auto resolve = [&](uint32_t i) {
-    if (i >= my_items || warp >= kBlocks) return;
-    const uint32_t item = blockIdx.x + i * gridDim.x;
-    const uint32_t row_tile = item / col_tiles;
-    const int32_t tile_row = static_cast<int32_t>(row_tile) * kRows;
-    TileSlot<kBlocks>& slot = ring[i % Cfg::kRing];
-    const RowBlock b = ResolveRowBlock(tile_row + warp * kMxBlock, group, offsets, padded_offsets,
-                                       num_groups, rows, live_padded);
-    if ((tid & 31) == 0) {
-      slot.blocks[warp] = b;
-      if (warp == 0) {
-        slot.tile_row = tile_row;
-        slot.tile_col = static_cast<int32_t>(item - row_tile * col_tiles) * kCols;
-      }
+  const uint32_t segs = static_cast<uint32_t>(cols + kW - 1) / kW;
+  const uint32_t items = static_cast<uint32_t>(live_padded / kMxBlock) * segs;  // < 2^31 (launcher)
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      bulk::BarrierInit(&full[s], 1);
+      bulk::BarrierInit(&empty[s], kWarps);
     }
-  };
-  // This thread's chunks of the i-th tile: column chunk tid % kChunksPerRow of rows
-  // tid / kChunksPerRow + n * kRowStep. Always commits a group (empty past the end) so the wait
-  // count stays uniform.
-  const int load_ch = tid % Cfg::kChunksPerRow, load_r0 = tid / Cfg::kChunksPerRow;
-  auto issue = [&](uint32_t i) {
-    if (i < my_items) {
-      const TileSlot<kBlocks>& slot = ring[i % Cfg::kRing];
-      const int32_t col = slot.tile_col + load_ch * 8;
-      Bf16* stage = reinterpret_cast<Bf16*>(smem + (i % Cfg::kStages) * Cfg::kStageBytes) +
-                    load_r0 * kCols + load_ch * 8;
-#pragma unroll
-      for (int n = 0; n < Cfg::kRowChunks; ++n) {
-        const RowBlock b = slot.blocks[n * Cfg::kRowStep / kMxBlock];
-        const int rin = n * Cfg::kRowStep % kMxBlock + load_r0;
-        const bool ok = col < cols && rin < b.live;  // live == 0 past the last group
-        const Bf16* src = ok ? x + static_cast<int64_t>(b.source_row + rin) * cols + col : x;
-        detail::CpAsync16(stage + n * Cfg::kRowStep * kCols, src, ok);
-      }
-    }
-    detail::CpAsyncCommit();
-  };
-
-  // Tiles 0..kStages-1 are resolved up front; tile i + kStages during tile i. Without aliasing,
-  // tile i + kStages is copied into stage i at the end of tile i; with aliasing, stage i still
-  // holds the transposed tile then, so tile i + kStages - 1 is copied into stage i - 1 at the
-  // start of tile i. Either way kStages - 1 tiles are in flight while one is quantized.
-  constexpr int kAhead = Cfg::kAliasOut ? Cfg::kStages - 1 : Cfg::kStages;
-  for (int s = 0; s < Cfg::kStages; ++s) resolve(s);
-  __syncthreads();
-  for (int s = 0; s < kAhead; ++s) issue(s);
-
-  const int out_k = tid % Cfg::kOutChunksPerCol, out_c0 = tid / Cfg::kOutChunksPerCol;
-  for (uint32_t i = 0; i < my_items; ++i) {
-    detail::CpAsyncWait<kAhead - 1>();  // tile i has landed (this thread's copies)
-    __syncthreads();                     // ... and everyone's; tile i - 1 is written out
-    if constexpr (Cfg::kAliasOut) issue(i + Cfg::kStages - 1);  // into stage i - 1
-    const TileSlot<kBlocks>& slot = ring[i % Cfg::kRing];
-    const int32_t tile_row = slot.tile_row, tile_col = slot.tile_col;
-    uint8_t* const stage_bytes = smem + (i % Cfg::kStages) * Cfg::kStageBytes;
-    const Bf16* tile = reinterpret_cast<const Bf16*>(stage_bytes);
-    uint8_t* const out_tile = Cfg::kAliasOut ? stage_bytes : out_region;
-
-    // Row-wise straight from the staged tile, same chunk mapping as the copies (every lane
-    // reaches the quad shuffles).
-    if constexpr (kRowwise) {
-      const int32_t col = tile_col + load_ch * 8;
-#pragma unroll
-      for (int n = 0; n < Cfg::kRowChunks; ++n) {
-        const detail::MxQuad q = detail::QuantizeMxQuad(*reinterpret_cast<const uint4*>(
-            tile + (load_r0 + n * Cfg::kRowStep) * kCols + load_ch * 8));
-        const RowBlock b = slot.blocks[n * Cfg::kRowStep / kMxBlock];
-        const int rin = n * Cfg::kRowStep % kMxBlock + load_r0;
-        if (col < cols && rin < b.live) {
-          const int64_t at = static_cast<int64_t>(b.source_row + rin) * cols + col;
-          *reinterpret_cast<uint2*>(row_data + at) = q.data;
-          if ((load_ch & 3) == 0) row_scales[at / kMxBlock] = static_cast<uint8_t>(q.scale);
-        }
-      }
-    }
-
-    // Column-wise MX blocks into the transposed shared tile.
-#pragma unroll
-    for (int n = 0; n < Cfg::kColItems; ++n) {
-      const int idx = tid + n * kThreads;
-      const int p = idx % Cfg::kPairs, w = idx / Cfg::kPairs;
-      uint32_t word[kMxBlock];
-      uint32_t amax = 0;
-#pragma unroll
-      for (int e = 0; e < kMxBlock; ++e) {
-        word[e] = *reinterpret_cast<const uint32_t*>(tile + (w * kMxBlock + e) * kCols + 2 * p);
-        amax = __vmaxu2(amax, word[e] & 0x7fff7fffu);
-      }
-      const uint32_t scale_lo = detail::ScaleByteForAmaxBits(amax & 0xffffu);
-      const uint32_t scale_hi = detail::ScaleByteForAmaxBits(amax >> 16);
-      const float inv_lo = detail::InverseScale(scale_lo), inv_hi = detail::InverseScale(scale_hi);
-      uint32_t lo[8], hi[8];
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        const uint32_t* v = word + 4 * q;
-        lo[q] = detail::E4M3x2(detail::BfLo(v[0]) * inv_lo, detail::BfLo(v[1]) * inv_lo) |
-                (detail::E4M3x2(detail::BfLo(v[2]) * inv_lo, detail::BfLo(v[3]) * inv_lo) << 16);
-        hi[q] = detail::E4M3x2(detail::BfHi(v[0]) * inv_hi, detail::BfHi(v[1]) * inv_hi) |
-                (detail::E4M3x2(detail::BfHi(v[2]) * inv_hi, detail::BfHi(v[3]) * inv_hi) << 16);
-        if (scale_lo == kE8M0Nan) lo[q] = 0x7f7f7f7fu;
-        if (scale_hi == kE8M0Nan) hi[q] = 0x7f7f7f7fu;
-      }
-      if constexpr (Cfg::kAliasOut) {
-        static_assert(!Cfg::kAliasOut || Cfg::kColItems == 1, "aliasing: one column item per thread");
-        resolve(i + Cfg::kStages);
-        __syncthreads();  // every read of stage i is done: the transposed tile may overwrite it
-      }
-      const int c = 2 * p;
-      *reinterpret_cast<uint4*>(out_tile + OutChunkOffset<Cfg>(c, 2 * w)) =
-          make_uint4(lo[0], lo[1], lo[2], lo[3]);
-      *reinterpret_cast<uint4*>(out_tile + OutChunkOffset<Cfg>(c, 2 * w + 1)) =
-          make_uint4(lo[4], lo[5], lo[6], lo[7]);
-      *reinterpret_cast<uint4*>(out_tile + OutChunkOffset<Cfg>(c + 1, 2 * w)) =
-          make_uint4(hi[0], hi[1], hi[2], hi[3]);
-      *reinterpret_cast<uint4*>(out_tile + OutChunkOffset<Cfg>(c + 1, 2 * w + 1)) =
-          make_uint4(hi[4], hi[5], hi[6], hi[7]);
-      scale_tile[c * kBlocks + w] = static_cast<uint8_t>(scale_lo);
-      scale_tile[(c + 1) * kBlocks + w] = static_cast<uint8_t>(scale_hi);
-    }
-
-    if constexpr (!Cfg::kAliasOut) resolve(i + Cfg::kStages);  // into tile i - 1's slot
-    __syncthreads();  // transposed tile complete; slot i + kStages visible
-
-    // The transposed tile leaves as kRows-byte runs per column; rows past the last group and
-    // columns past `cols` stay untouched.
-    const bool out_rows_live = slot.blocks[out_k / 2].source_row >= 0;
-#pragma unroll
-    for (int n = 0; n < Cfg::kOutChunks; ++n) {
-      const int c = out_c0 + n * Cfg::kColStep;
-      const int32_t col = tile_col + c;
-      if (col < cols && out_rows_live) {
-        *reinterpret_cast<uint4*>(col_data + static_cast<int64_t>(col) * padded_rows + tile_row +
-                                  16 * out_k) =
-            *reinterpret_cast<const uint4*>(out_tile + OutChunkOffset<Cfg>(c, out_k));
-      }
-    }
-    const int64_t scales_per_col = padded_rows / kMxBlock;
-    if (kBlocks == 4 && word_scales && slot.blocks[kBlocks - 1].source_row >= 0) {
-      // All four row blocks live and 4-byte aligned scale runs: one word per column.
-      for (int c = tid; c < kCols; c += kThreads) {
-        if (tile_col + c < cols) {
-          *reinterpret_cast<uint32_t*>(col_scales + (tile_col + c) * scales_per_col +
-                                       tile_row / kMxBlock) =
-              *reinterpret_cast<const uint32_t*>(scale_tile + c * kBlocks);
-        }
-      }
-    } else {
-      for (int idx = tid; idx < kCols * kBlocks; idx += kThreads) {
-        const int c = idx / kBlocks, w = idx % kBlocks;
-        if (tile_col + c < cols && slot.blocks[w].source_row >= 0) {
-          col_scales[(tile_col + c) * scales_per_col + tile_row / kMxBlock + w] = scale_tile[idx];
-        }
-      }
-    }
-    // Stage i is free (everyone passed the barrier above): tile i + kStages goes into it.
-    if constexpr (!Cfg::kAliasOut) issue(i + Cfg::kStages);
+    bulk::BarrierInitFence();
   }
-  detail::CpAsyncWait<0>();  // no copy may outlive the block (the empty tail groups)
+  __syncthreads();
+  int s = 0;
+  uint32_t phase = 0;
+  auto advance = [&] {
+    if (++s == kStages) {
+      s = 0;
+      phase ^= 1;
+    }
+  };
+  if (warp == kWarps) {  // producer warp
+    int group = 0;
+    for (uint32_t c = blockIdx.x; c < items; c += gridDim.x, advance()) {
+      const uint32_t rb = c / segs, seg = c - rb * segs;
+      const int32_t padded_row = static_cast<int32_t>(rb) * kMxBlock;
+      const RowBlock b = ResolveRowBlock(padded_row, group, offsets, padded_offsets, num_groups,
+                                         rows, live_padded);
+      const int32_t c0 = static_cast<int32_t>(seg) * kW;
+      const uint32_t bytes = static_cast<uint32_t>(min(kW, cols - c0)) * 2;
+      bulk::BarrierWait(&empty[s], phase ^ 1);
+      if (lane == 0) {
+        slots[s] = StreamSlot{b.source_row, b.live, padded_row, c0};
+        bulk::BarrierArriveExpectBytes(&full[s], bytes * static_cast<uint32_t>(b.live));
+      }
+      __syncwarp();
+      if (lane < b.live) {
+        bulk::Load(smem + size_t{Cfg::kStageStride} * s + Cfg::RowOffset(lane),
+                   x + (static_cast<int64_t>(b.source_row) + lane) * cols + c0, bytes, &full[s]);
+      }
+    }
+    return;
+  }
+  for (uint32_t c = blockIdx.x; c < items; c += gridDim.x, advance()) {
+    bulk::BarrierWait(&full[s], phase);
+    const StreamSlot slot = slots[s];
+    const uint8_t* const stage = smem + size_t{Cfg::kStageStride} * s;
+    const int32_t width = min(kW, cols - slot.c0);
+    for (int g = warp; g < kW / 32 && g * 32 < width; g += kWarps) {
+      if (slot.live == kMxBlock) {
+        StreamColumnPair<Cfg, false>(stage, slot, g, lane, cols, col_data, col_scales);
+      } else {
+        StreamColumnPair<Cfg, true>(stage, slot, g, lane, cols, col_data, col_scales);
+      }
+    }
+    if constexpr (kRowwise) {
+      constexpr int kLanesPerRow = kW / 16 < 32 ? kW / 16 : 32;
+      constexpr int kRowsPerPass = 32 / kLanesPerRow;
+      const int lr = lane / kLanesPerRow, lc = lane % kLanesPerRow;
+      for (int r0 = warp * kRowsPerPass; r0 < slot.live; r0 += kWarps * kRowsPerPass) {
+        const int r = r0 + lr;
+        const uint8_t* rowp = stage + Cfg::RowOffset(r);
+#pragma unroll
+        for (int cb = 0; cb < kW; cb += kLanesPerRow * 16) {
+          if (cb >= width) break;
+          const int col = cb + 16 * lc;
+          const uint4 a = *reinterpret_cast<const uint4*>(rowp + 2 * col);
+          const uint4 b = *reinterpret_cast<const uint4*>(rowp + 2 * col + 16);
+          const detail::MxPair q = detail::QuantizeMxPair(a, b);
+          if (r < slot.live && col < width) {
+            const uint64_t at =
+                static_cast<uint64_t>(slot.source_row + r) * static_cast<uint32_t>(cols) + slot.c0 + col;
+            *reinterpret_cast<uint4*>(row_data + at) = q.data;
+            if ((lc & 1) == 0) row_scales[at / kMxBlock] = static_cast<uint8_t>(q.scale);
+          }
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) bulk::BarrierArrive(&empty[s]);
+  }
 }
 
-// Launches the row+column kernel with config Cfg on a persistent grid (resident blocks only).
+// Measured best on an H200 (docs/kernels.md): 2 KB row copies, two items in flight while one is
+// quantized, 16 consumer warps, one block per multiprocessor.
+using DefaultStreamConfig = StreamConfig<1024, 3, 16>;
+
 template <class Cfg>
-absl::Status LaunchRowCol(const MxQuantizeShape& shape, const Bf16* x, const int32_t* offsets,
+absl::Status LaunchStream(const MxQuantizeShape& shape, const Bf16* x, const int32_t* offsets,
                           const MxRowwise* rowwise, const MxColwise* colwise, Stream stream) {
-  // Per kernel instance, once: the shared-memory limit and carveout, and the resident grid.
   static const int resident = [] {
-    for (auto k : {QuantizeRowColKernel<Cfg, true>, QuantizeRowColKernel<Cfg, false>}) {
+    for (auto k : {QuantizeStreamKernel<Cfg, true>, QuantizeStreamKernel<Cfg, false>}) {
       if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(Cfg::kSmemBytes)) != cudaSuccess ||
           cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -401,33 +332,25 @@ absl::Status LaunchRowCol(const MxQuantizeShape& shape, const Bf16* x, const int
         return 0;
       }
     }
-    return detail::ResidentBlocks(QuantizeRowColKernel<Cfg, true>, Cfg::kThreads, Cfg::kSmemBytes);
+    return detail::ResidentBlocks(QuantizeStreamKernel<Cfg, true>, Cfg::kThreads, Cfg::kSmemBytes);
   }();
   if (resident <= 0) {
-    return absl::InternalError("QuantizeRowColKernel: shared-memory or occupancy setup failed");
+    return absl::InternalError("QuantizeStreamKernel: shared-memory or occupancy setup failed");
   }
-  const int64_t row_tiles = (colwise->padded_rows + Cfg::kRows - 1) / Cfg::kRows;
-  const int64_t col_tiles = (shape.cols + Cfg::kCols - 1) / Cfg::kCols;
-  if (row_tiles * col_tiles >= (int64_t{1} << 31) || shape.cols > INT32_MAX) {
-    return absl::InvalidArgumentError("cols: too many tiles for one launch");
+  const int64_t segs = (shape.cols + Cfg::kWidth - 1) / Cfg::kWidth;
+  const int64_t max_items = colwise->padded_rows / kMxBlock * segs;
+  if (max_items >= (int64_t{1} << 31) || shape.cols > INT32_MAX) {
+    return absl::InvalidArgumentError("cols: too many items for one launch");
   }
-  const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(row_tiles * col_tiles, resident)));
-  // Column scales can go out as whole words when every column's run starts 4-byte aligned.
-  const bool word_scales = (colwise->padded_rows / kMxBlock) % 4 == 0 &&
-                           reinterpret_cast<uintptr_t>(colwise->scales) % 4 == 0;
-  auto kernel = rowwise != nullptr ? QuantizeRowColKernel<Cfg, true> : QuantizeRowColKernel<Cfg, false>;
+  const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_items, resident)));
+  auto kernel = rowwise != nullptr ? QuantizeStreamKernel<Cfg, true> : QuantizeStreamKernel<Cfg, false>;
   kernel<<<blocks, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
       x, static_cast<int32_t>(shape.rows), static_cast<int32_t>(shape.cols), offsets,
       shape.num_groups, rowwise == nullptr ? nullptr : rowwise->data,
       rowwise == nullptr ? nullptr : rowwise->scales, colwise->data, colwise->scales,
-      colwise->group_offsets, static_cast<int32_t>(colwise->padded_rows), word_scales);
-  return LaunchStatus("QuantizeRowColKernel");
+      colwise->group_offsets);
+  return LaunchStatus("QuantizeStreamKernel");
 }
-
-// The configurations measured best on an H200 (docs/kernels.md): row-wise + column-wise, and
-// column-wise alone (taller tiles: 256-byte column runs; the row-wise half prefers 128 columns).
-using DefaultRowColConfig = RowColConfig<128, 128, 3, 256, false, 1>;
-using DefaultColwiseConfig = RowColConfig<256, 64, 2, 256, false, 1>;
 
 // ---- Dequantize (row-wise) ----
 
@@ -503,10 +426,7 @@ absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
   PaddedOffsetsKernel<<<1, kScanThreads, 0, stream>>>(group_offsets, shape.num_groups, shape.rows,
                                                       colwise->group_offsets);
   if (absl::Status s = LaunchStatus("PaddedOffsetsKernel"); !s.ok()) return s;
-  if (rowwise == nullptr) {
-    return LaunchRowCol<DefaultColwiseConfig>(shape, x, group_offsets, rowwise, colwise, stream);
-  }
-  return LaunchRowCol<DefaultRowColConfig>(shape, x, group_offsets, rowwise, colwise, stream);
+  return LaunchStream<DefaultStreamConfig>(shape, x, group_offsets, rowwise, colwise, stream);
 }
 
 absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* num_rows,

@@ -213,11 +213,15 @@ TEST(Mxfp8Layout, RowwiseAndColwiseWithGroups) {
           want.v[i] = local < count ? x[(offsets[g] + local) * cols + c] : Bf16{0};
         }
         want.Quantize();
-        const int64_t at = c * padded + padded_offsets[g] + 32 * b;
-        for (int i = 0; i < 32; ++i) ASSERT_EQ(col_data[at + i], want.p[i]) << g << " " << c;
-        ASSERT_EQ(col_scales[at / 32], want.scale);
+        // Block-major: block row (padded_offsets[g] / 32 + b), column c, 32 bytes.
+        const int64_t at = (padded_offsets[g] / 32 + b) * cols + c;
+        for (int i = 0; i < 32; ++i) ASSERT_EQ(col_data[at * 32 + i], want.p[i]) << g << " " << c;
+        ASSERT_EQ(col_scales[at], want.scale);
       }
-      for (int64_t pr = 192; pr < padded; ++pr) ASSERT_EQ(col_data[c * padded + pr], 0xAA);
+      for (int64_t pr = 192; pr < padded; ++pr) {  // block rows past the last group: untouched
+        ASSERT_EQ(col_data[(pr / 32) * cols * 32 + c * 32 + pr % 32], 0xAA);
+        ASSERT_EQ(col_scales[(pr / 32) * cols + c], 0xAA);
+      }
     }
   }
 }

@@ -28,16 +28,22 @@
 //     The input's rows form G groups (experts): group g owns rows [offsets[g], offsets[g+1]). A
 //     block must not straddle two groups, so each group is padded to a multiple of 32 rows:
 //       padded_offsets[0] = 0, padded_offsets[g+1] = padded_offsets[g] + RoundUp32(count_g).
-//     The output is stored transposed (K-major for the GEMM: tokens contiguous), with
-//     P = padded_rows (a multiple of 32, ColwisePaddedRows()):
-//       data   [cols][P]              E4M3, element (row r of group g, col c) at
-//                                     data[c * P + padded_offsets[g] + (r - offsets[g])]
-//       scales [cols][P / 32]         E8M0, scale of data[c][32*j .. 32*j+31] at scales[c * P/32 + j]
+//     The output is stored block-major, P = padded_rows (a multiple of 32, ColwisePaddedRows()):
+//     padded rows [32j, 32j + 32) form block row j, one run of cols * 32 bytes in which column c's
+//     32 elements (rows in order: K-contiguous for the GEMM) follow column c - 1's:
+//       data   [P / 32][cols][32]     E4M3, element (row r of group g, col c), with padded row
+//                                     p = padded_offsets[g] + (r - offsets[g]), at
+//                                     data[(p / 32) * cols * 32 + c * 32 + p % 32]
+//       scales [P / 32][cols]         E8M0, scale of data[j][c][0..31] at scales[j * cols + c]
 //       group_offsets [G + 1]         int32, the padded_offsets above (written by the kernel)
+//     Why block-major and not [cols][P]: the quantizer then writes each block row as one
+//     contiguous run (a transposed [cols][P] output scatters one 32-byte piece per column and
+//     block, which held the kernel to ~80% of the copy bandwidth), and a GEMM reducing over tokens
+//     takes one 32-byte K slice per row for each k32 fp8 wgmma: exactly one block row.
 //     Padding rows (past a group's count, up to its padded end) are written as +0 (0x00; 0x7F in a
 //     block whose scale is NaN); they take no part in their block's amax, so a group's GEMM may
 //     run over its whole padded range.
-//     Columns [padded_offsets[G], P) are left untouched.
+//     Block rows [padded_offsets[G] / 32, P / 32) are left untouched.
 //
 // Group offsets (input): int32 [G + 1], offsets[0] = 0, non-decreasing, offsets[G] <= rows; they
 // live in device memory for the CUDA kernels (no host synchronization), host memory for the CPU
@@ -121,8 +127,8 @@ struct MxRowwise {
 };
 
 struct MxColwise {
-  uint8_t* data = nullptr;            // [cols][padded_rows]
-  uint8_t* scales = nullptr;          // [cols][padded_rows / 32]
+  uint8_t* data = nullptr;            // [padded_rows / 32][cols][32]
+  uint8_t* scales = nullptr;          // [padded_rows / 32][cols]
   int32_t* group_offsets = nullptr;   // [num_groups + 1], padded offsets (output)
   int64_t padded_rows = 0;            // P, at least ColwisePaddedRows(rows, num_groups)
 };
