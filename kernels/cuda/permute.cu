@@ -1,7 +1,10 @@
 // Permute / unpermute + combine and their backward passes (contracts: dropless/kernels/permute.h).
-// One block per token: the token row is read once (permute: stored to its k slots with evict-first
-// stores; combine: the k slot rows are gathered and reduced in choice order with fp32 FMAs).
+// One block per token (PermuteMxfp8: several tokens when rows are short): the token row is read
+// once (permute: stored to its k slots with evict-first stores; combine: the k slot rows are
+// gathered and reduced in choice order with fp32 FMAs).
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include "absl/status/status.h"
 #include "dropless/kernels/permute.h"
@@ -59,62 +62,101 @@ __global__ void __launch_bounds__(kThreads)
 
 // Each thread owns pairs of vectors (16 elements): an MX block is 2 lanes, stores are 16 bytes.
 constexpr int kPairUnroll = 4;
-constexpr int kPassScales = kThreads * kPairUnroll / 2;  // scale bytes one pass produces
+constexpr int kPassPairs = kThreads * kPairUnroll;       // pairs one pass covers
+constexpr int kPassScales = kPassPairs / 2;              // scale bytes one pass produces
+constexpr int kMaxTokensPerBlock = 8;
+
+// Tokens one block takes: rows of at most a pass's pairs that divide it share one pass (qwen3's
+// 2048 columns: four tokens per block), so short rows do not leave most lanes idle and each block
+// pays its route load and barriers once for several tokens.
+inline int TokensPerBlock(int64_t pairs_per_row) {
+  if (pairs_per_row > kPassPairs || kPassPairs % pairs_per_row != 0) return 1;
+  return static_cast<int>(std::min<int64_t>(kMaxTokensPerBlock, kPassPairs / pairs_per_row));
+}
 
 // The scale bytes of a pass are gathered in shared memory and leave as whole 16-byte (or 4-byte)
 // stores per slot: one byte store per MX block per slot, from half the lanes, cost ~6% of the
 // copy bandwidth at dsv3 (docs/kernels.md). `scale_unit` (16, 4 or 1) divides scales_per_row and
-// the alignment of `scales`.
+// the alignment of `scales`. With several tokens per block (one pass), pair q of the pass belongs
+// to token q / pairs_per_row.
 __global__ void __launch_bounds__(kThreads)
-    PermuteMxfp8Kernel(const uint4* __restrict__ x, int64_t vecs_per_row,
+    PermuteMxfp8Kernel(const uint4* __restrict__ x, int64_t num_tokens, int64_t vecs_per_row,
                        const int32_t* __restrict__ slot_of_choice, int top_k,
-                       uint4* __restrict__ data, uint8_t* __restrict__ scales, int scale_unit) {
-  __shared__ TokenRoute route;
+                       uint4* __restrict__ data, uint8_t* __restrict__ scales, int scale_unit,
+                       int tokens_per_block) {
+  __shared__ int32_t route[kMaxTokensPerBlock][kMaxRoutingTopK];
   __shared__ __align__(16) uint8_t pass_scales[kPassScales];
-  const int64_t token = blockIdx.x;
-  LoadRoute(slot_of_choice, nullptr, token, top_k, &route);
+  const int64_t token0 = static_cast<int64_t>(blockIdx.x) * tokens_per_block;
   const int64_t pairs_per_row = vecs_per_row / 2;
   const int64_t scales_per_row = vecs_per_row / 4;
-  const uint4* row = x + token * vecs_per_row;
-  // Uniform trip count per block: every lane reaches the pair shuffles and the barriers.
-  for (int64_t base = 0; base < pairs_per_row; base += kThreads * kPairUnroll) {
-    uint4 a[kPairUnroll], b[kPairUnroll];
+  const int64_t block_pairs = pairs_per_row * tokens_per_block;  // one row, or one pass
+  uint4 a[kPairUnroll], b[kPairUnroll];
+  int tok[kPairUnroll];      // token of the block (0..tokens_per_block-1) of pair u
+  int32_t pair[kPairUnroll]; // pair within its token's row; -1 when past the row or the tokens
+  auto locate = [&](int64_t base) {
 #pragma unroll
     for (int u = 0; u < kPairUnroll; ++u) {
-      const int64_t p = base + u * kThreads + threadIdx.x;
-      a[u] = p < pairs_per_row ? detail::LoadVecStreaming(row + 2 * p) : make_uint4(0, 0, 0, 0);
-      b[u] = p < pairs_per_row ? detail::LoadVecStreaming(row + 2 * p + 1) : make_uint4(0, 0, 0, 0);
+      const int64_t q = base + u * kThreads + threadIdx.x;
+      const int t = tokens_per_block == 1 ? 0 : static_cast<int>(q / pairs_per_row);
+      const int64_t p = q - t * pairs_per_row;
+      tok[u] = t;
+      pair[u] = q < block_pairs && token0 + t < num_tokens ? static_cast<int32_t>(p) : -1;
+    }
+  };
+  auto load = [&] {
+#pragma unroll
+    for (int u = 0; u < kPairUnroll; ++u) {
+      const uint4* v = x + (token0 + tok[u]) * vecs_per_row + 2 * pair[u];
+      a[u] = pair[u] >= 0 ? detail::LoadVecStreaming(v) : make_uint4(0, 0, 0, 0);
+      b[u] = pair[u] >= 0 ? detail::LoadVecStreaming(v + 1) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  // The first pass's row loads go out before the route's (they do not depend on it), so the block
+  // waits for one memory latency instead of two in a row.
+  locate(0);
+  load();
+  if (threadIdx.x < tokens_per_block * top_k) {
+    const int t = threadIdx.x / top_k, j = threadIdx.x - t * top_k;
+    route[t][j] = token0 + t < num_tokens ? slot_of_choice[(token0 + t) * top_k + j] : -1;
+  }
+  // Uniform trip count per block: every lane reaches the pair shuffles and the barriers.
+  for (int64_t base = 0; base < block_pairs; base += kPassPairs) {
+    if (base > 0) {
+      locate(base);
+      load();
     }
     detail::MxPair q[kPairUnroll];
 #pragma unroll
     for (int u = 0; u < kPairUnroll; ++u) {
       // Skip passes no lane of the block needs (uniform across the block).
-      if (base + u * kThreads < pairs_per_row) {
+      if (base + u * kThreads < block_pairs) {
         q[u] = detail::QuantizeMxPair(a[u], b[u]);
         if ((threadIdx.x & 1) == 0) {
           pass_scales[(u * kThreads + threadIdx.x) / 2] = static_cast<uint8_t>(q[u].scale);
         }
       }
     }
-    __syncthreads();  // pass_scales complete
+    __syncthreads();  // pass_scales (and, first time, the route) complete
     for (int j = 0; j < top_k; ++j) {
-      const int64_t slot = route.slot[j];
-      if (slot < 0) continue;
 #pragma unroll
       for (int u = 0; u < kPairUnroll; ++u) {
-        const int64_t p = base + u * kThreads + threadIdx.x;
-        if (p < pairs_per_row) __stcs(data + slot * pairs_per_row + p, q[u].data);
+        if (pair[u] < 0) continue;
+        const int64_t slot = route[tok[u]][j];
+        if (slot >= 0) __stcs(data + slot * pairs_per_row + pair[u], q[u].data);
       }
     }
-    const int64_t first_scale = base / 2;
-    const int pass_bytes = static_cast<int>(min(static_cast<int64_t>(kPassScales), scales_per_row - first_scale));
-    const int units = pass_bytes / scale_unit;  // scale_unit divides pass_bytes (see launcher)
-    for (int idx = threadIdx.x; idx < top_k * units; idx += kThreads) {
-      const int j = idx / units, n = idx - j * units;
-      const int64_t slot = route.slot[j];
+    // This pass's scale bytes: per token of the pass, its run of scales from first_scale.
+    const int64_t first_scale = base / 2;  // within the row (base is 0 with several tokens)
+    const int token_bytes = static_cast<int>(
+        min(static_cast<int64_t>(kPassScales), scales_per_row - first_scale));
+    const int units = token_bytes / scale_unit;  // scale_unit divides token_bytes (see launcher)
+    for (int idx = threadIdx.x; idx < tokens_per_block * top_k * units; idx += kThreads) {
+      const int tj = idx / units, n = idx - tj * units;
+      const int t = tj / top_k, j = tj - t * top_k;
+      const int64_t slot = route[t][j];
       if (slot < 0) continue;
       uint8_t* dst = scales + slot * scales_per_row + first_scale + n * scale_unit;
-      const uint8_t* src = pass_scales + n * scale_unit;
+      const uint8_t* src = pass_scales + t * scales_per_row + n * scale_unit;
       if (scale_unit == 16) {
         __stcs(reinterpret_cast<uint4*>(dst), *reinterpret_cast<const uint4*>(src));
       } else if (scale_unit == 4) {
@@ -282,9 +324,11 @@ absl::Status PermuteMxfp8(const PermuteShape& shape, const Bf16* x, const int32_
   const int scale_unit = scales_per_row % 16 == 0 && scales_at % 16 == 0 ? 16
                          : scales_per_row % 4 == 0 && scales_at % 4 == 0 ? 4
                                                                           : 1;
-  PermuteMxfp8Kernel<<<static_cast<unsigned>(shape.num_tokens), kThreads, 0, stream>>>(
-      reinterpret_cast<const uint4*>(x), shape.hidden / 8, slot_of_choice, shape.top_k,
-      reinterpret_cast<uint4*>(rows.data), rows.scales, scale_unit);
+  const int tpb = TokensPerBlock(shape.hidden / 16);
+  const int64_t blocks = (shape.num_tokens + tpb - 1) / tpb;
+  PermuteMxfp8Kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      reinterpret_cast<const uint4*>(x), shape.num_tokens, shape.hidden / 8, slot_of_choice,
+      shape.top_k, reinterpret_cast<uint4*>(rows.data), rows.scales, scale_unit, tpb);
   return LaunchStatus("PermuteMxfp8Kernel");
 }
 
