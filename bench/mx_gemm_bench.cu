@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -165,9 +166,29 @@ class MxGemmBench {
     const int experts = static_cast<int>(s.experts);
     const int64_t padded = (rows + 31 * int64_t{experts} + 31) / 32 * 32;
     const size_t wsize = static_cast<size_t>(experts) * k * n;
-    MxBuffer x(rows * k, 1), w_t(wsize, 2), dy(rows * n, 3), w(wsize, 4);
-    MxBuffer x_col(static_cast<size_t>(k) * padded, 5), dy_col(static_cast<size_t>(n) * padded, 6);
-    Buffer y(rows * n * 2), dx(rows * k * 2), dw32(wsize * 4), dw16(wsize * 2);
+    auto want = [&](const char* op) {
+      return std::find(flags_.ops.begin(), flags_.ops.end(), op) != flags_.ops.end();
+    };
+    // Only the operands of the requested products (a profiler saves and restores every allocation
+    // on each replay pass).
+    std::unique_ptr<MxBuffer> x, w_t, dy, w, x_col, dy_col;
+    std::unique_ptr<Buffer> y, dx, dw32, dw16;
+    if (want("fwd")) {
+      x = std::make_unique<MxBuffer>(rows * k, 1);
+      w_t = std::make_unique<MxBuffer>(wsize, 2);
+      y = std::make_unique<Buffer>(rows * n * 2);
+    }
+    if (want("dgrad")) {
+      dy = std::make_unique<MxBuffer>(rows * n, 3);
+      w = std::make_unique<MxBuffer>(wsize, 4);
+      dx = std::make_unique<Buffer>(rows * k * 2);
+    }
+    if (want("wgrad")) {
+      x_col = std::make_unique<MxBuffer>(static_cast<size_t>(k) * padded, 5);
+      dy_col = std::make_unique<MxBuffer>(static_cast<size_t>(n) * padded, 6);
+      dw32 = std::make_unique<Buffer>(wsize * 4);
+      dw16 = std::make_unique<Buffer>(wsize * 2);
+    }
     Buffer offsets((experts + 1) * 4), padded_offsets((experts + 1) * 4);
 
     MxGroupedGemmOptions o;
@@ -179,12 +200,20 @@ class MxGemmBench {
     o.expected_rows_per_group = rows / experts;
     const std::vector<std::string> kernels =
         flags_.kernels.empty() ? std::vector<std::string>{""} : flags_.kernels;
+    // What Create picks for these options: "<fwd/dgrad kernel>[+<wgrad kernel>]".
+    std::string default_m, default_k;
+    {
+      auto created = MxGroupedGemm::Create(o);
+      MxCheck(created.status(), "create");
+      const std::vector<std::string> parts = absl::StrSplit((*created)->KernelName(), '+');
+      default_m = parts[0];
+      default_k = parts.back();
+    }
     for (const std::string& kernel : kernels) {
       o.kernel = kernel;
       auto created = MxGroupedGemm::Create(o);
       MxCheck(created.status(), "create");
       MxGroupedGemm* g = created->get();
-      const bool is_default = kernel.empty() || kernel == MxGroupedGemm::KernelNames()[0];
 
       for (const std::string& dist : flags_.dists) {
         const std::vector<int> sizes = GroupSizes(rows, experts, dist);
@@ -209,10 +238,9 @@ class MxGemmBench {
         const double q = 1.0 + 1.0 / 32;
         const double act_k = q * rows * k, act_n = q * rows * n,
                      wbytes = q * nonempty * k * double(n);
-        auto want = [&](const char* op) {
-          return std::find(flags_.ops.begin(), flags_.ops.end(), op) != flags_.ops.end();
-        };
         auto add = [&](const char* name, const char* out, double ms, double bytes) {
+          const bool is_default =
+              g->KernelName() == (std::string(name) == "wgrad" ? default_k : default_m);
           rows_.push_back({name, s.name, weight, dist, g->KernelName(), out,
                            absl::StrCat(weight, " (k=", k, ", n=", n, "), ", dist, " groups, E=",
                                         experts, ", ", rows, " rows, MXFP8 e4m3 + e8m0/32",
@@ -228,8 +256,9 @@ class MxGemmBench {
           add("fwd", "bf16",
               MxMedianMs(
                   [&] {
-                    MxCheck(g->Forward(x.op(), w_t.op(), off, static_cast<Bf16*>(y.ptr), nullptr),
-                            "fwd");
+                    MxCheck(
+                        g->Forward(x->op(), w_t->op(), off, static_cast<Bf16*>(y->ptr), nullptr),
+                        "fwd");
                   },
                   wu, it),
               act_k + wbytes + 2.0 * rows * n);
@@ -237,9 +266,9 @@ class MxGemmBench {
           add("dgrad", "bf16",
               MxMedianMs(
                   [&] {
-                    MxCheck(
-                        g->BackwardData(dy.op(), w.op(), off, static_cast<Bf16*>(dx.ptr), nullptr),
-                        "dgrad");
+                    MxCheck(g->BackwardData(dy->op(), w->op(), off, static_cast<Bf16*>(dx->ptr),
+                                            nullptr),
+                            "dgrad");
                   },
                   wu, it),
               act_n + wbytes + 2.0 * rows * k);
@@ -247,8 +276,8 @@ class MxGemmBench {
           add("wgrad", "fp32",
               MxMedianMs(
                   [&] {
-                    MxCheck(g->BackwardWeight(x_col.op(), dy_col.op(), poff,
-                                              static_cast<float*>(dw32.ptr), nullptr),
+                    MxCheck(g->BackwardWeight(x_col->op(), dy_col->op(), poff,
+                                              static_cast<float*>(dw32->ptr), nullptr),
                             "wgrad");
                   },
                   wu, it),
@@ -257,8 +286,8 @@ class MxGemmBench {
           add("wgrad", "bf16",
               MxMedianMs(
                   [&] {
-                    MxCheck(g->BackwardWeight(x_col.op(), dy_col.op(), poff,
-                                              static_cast<Bf16*>(dw16.ptr), nullptr),
+                    MxCheck(g->BackwardWeight(x_col->op(), dy_col->op(), poff,
+                                              static_cast<Bf16*>(dw16->ptr), nullptr),
                             "wgrad");
                   },
                   wu, it),

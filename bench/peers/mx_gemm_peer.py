@@ -153,6 +153,14 @@ def main():
         print(f"ceiling: dense fp8 8192^3 (torch._scaled_mm) {result['ceilings']['dense_fp8_tflops']} TFLOP/s")
     except Exception as exc:
         ERRORS.append(f"dense fp8 ceiling: {exc}")
+    def write():
+        result["peer_errors"] = ERRORS
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.out}", flush=True)
+
+    if args.command:
+        result["command"] = args.command
     for key, sizes in result["group_sizes"].items():
         shape, dist = key.split("/")
         _, hidden, ffn, _, _ = SHAPES[shape]
@@ -167,15 +175,7 @@ def main():
             for r in rows:
                 print(f"{r['name']:6} {shape:8} {weight:4} {dist:8} {r['impl']:26} {r['precision']:11} "
                       f"{r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s", flush=True)
-    if args.command:
-        result["command"] = args.command
-
-    def write():
-        result["peer_errors"] = ERRORS
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"wrote {args.out}", flush=True)
-
+            write()  # after every shape: a run cut short keeps what it measured
     write()
     key = next((k for k in result["group_sizes"] if k.endswith("/uniform")), None)
     if key:

@@ -143,15 +143,17 @@ void ExpectClose(const std::vector<float>& out, const Ref& ref, size_t count, do
   EXPECT_LE(norm_err, norm_bound) << what;
 }
 
-// m-grouped: C[r][c] = sum_k A[r][k] B[e][c][k] for the rows r of group e.
+// m-grouped: C[r][c] = sum_k A[r][k] B[e][c][k] for the rows r of group e. With row_stride > 1
+// only rows r % row_stride == 0 are computed, stored compactly (row r at r / row_stride).
 Ref MGroupedReference(const std::vector<float>& a, const std::vector<float>& b,
-                      const std::vector<int32_t>& offsets, int kred, int nout) {
+                      const std::vector<int32_t>& offsets, int kred, int nout, int row_stride = 1) {
   Ref ref;
-  const size_t rows = offsets.back();
+  const size_t rows = (offsets.back() + row_stride - 1) / row_stride;
   ref.value.assign(rows * nout, 0.0);
   ref.magnitude.assign(rows * nout, 0.0);
   for (size_t e = 0; e + 1 < offsets.size(); ++e) {
     for (int r = offsets[e]; r < offsets[e + 1]; ++r) {
+      if (r % row_stride != 0) continue;
       const float* ar = &a[static_cast<size_t>(r) * kred];
       for (int c = 0; c < nout; ++c) {
         const float* bc = &b[(e * nout + c) * static_cast<size_t>(kred)];
@@ -161,8 +163,8 @@ Ref MGroupedReference(const std::vector<float>& a, const std::vector<float>& b,
           sum += p;
           mag += std::fabs(p);
         }
-        ref.value[static_cast<size_t>(r) * nout + c] = sum;
-        ref.magnitude[static_cast<size_t>(r) * nout + c] = mag;
+        ref.value[static_cast<size_t>(r / row_stride) * nout + c] = sum;
+        ref.magnitude[static_cast<size_t>(r / row_stride) * nout + c] = mag;
       }
     }
   }
@@ -184,6 +186,7 @@ const std::vector<int> kMixedSizes = {0, 1, 37, 0, 200, 129, 300, 3, 0, 64, 255,
 struct MGroupedCase {
   std::vector<int32_t> offsets;
   int64_t max_rows;
+  int kred = 0, nout = 0;  // reduction length and output width of this product
   MxHost a, b;
 };
 
@@ -193,6 +196,8 @@ MGroupedCase MakeMGrouped(const std::vector<int>& sizes, int kred, int nout, uin
   MGroupedCase c;
   c.offsets = Offsets(sizes);
   c.max_rows = c.offsets.back() + 16;
+  c.kred = kred;
+  c.nout = nout;
   c.a = QuantizeRows(RandomWide(c.max_rows * kred, &rng), c.max_rows, kred);
   c.b = QuantizeRows(RandomWide(sizes.size() * nout * static_cast<size_t>(kred), &rng),
                      static_cast<int64_t>(sizes.size()) * nout, kred);
@@ -208,12 +213,16 @@ MxGroupedGemmOptions Options(int groups, int64_t max_rows) {
   return o;
 }
 
-// Runs Forward (dgrad = false) or BackwardData and checks it, rows past offsets[E] untouched.
-void RunMGrouped(const MGroupedCase& c, bool dgrad, const char* what, const std::string& kernel) {
+// Runs Forward (dgrad = false) or BackwardData and checks it (every row_stride-th row against the
+// reference, all rows for NaN poison), rows past offsets[E] untouched.
+void RunMGrouped(const MGroupedCase& c, bool dgrad, const char* what, const std::string& kernel,
+                 int row_stride = 1, const Ref* precomputed = nullptr) {
   SCOPED_TRACE(kernel);
-  const int kred = dgrad ? kN : kK, nout = dgrad ? kK : kN;
+  const int kred = c.kred, nout = c.nout;
   const int groups = static_cast<int>(c.offsets.size()) - 1;
   MxGroupedGemmOptions options = Options(groups, c.max_rows);
+  options.k = dgrad ? nout : kred;  // the forward's k and n
+  options.n = dgrad ? kred : nout;
   options.kernel = kernel;
   auto gemm = MxGroupedGemm::Create(options);
   ASSERT_TRUE(gemm.ok()) << gemm.status();
@@ -231,11 +240,21 @@ void RunMGrouped(const MGroupedCase& c, bool dgrad, const char* what, const std:
   ASSERT_TRUE(s.ok()) << s;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> host = out.ToHostBf16();
-  const Ref ref = MGroupedReference(c.a.values, c.b.values, c.offsets, kred, nout);
+  const Ref ref = precomputed != nullptr ? *precomputed
+                                         : MGroupedReference(c.a.values, c.b.values, c.offsets,
+                                                             kred, nout, row_stride);
   const size_t valid = static_cast<size_t>(c.offsets.back()) * nout;
-  ExpectClose(host, ref, valid, kBf16Rel, kBf16Abs, kBf16Norm, what);
-  size_t touched = 0;
+  std::vector<float> sampled;
+  for (size_t r = 0; r < static_cast<size_t>(c.offsets.back()); r += row_stride) {
+    sampled.insert(sampled.end(), host.begin() + r * nout, host.begin() + (r + 1) * nout);
+  }
+  ExpectClose(sampled, ref, sampled.size(), kBf16Rel, kBf16Abs, kBf16Norm, what);
+  size_t unwritten = 0, touched = 0;
+  if (row_stride > 1) {  // rows the reference skipped must still be written (no NaN inputs here)
+    for (size_t i = 0; i < valid; ++i) unwritten += std::isnan(host[i]) ? 1 : 0;
+  }
   for (size_t i = valid; i < host.size(); ++i) touched += std::isnan(host[i]) ? 0 : 1;
+  EXPECT_EQ(unwritten, 0u) << what << ": outputs left NaN (unwritten) in the groups' rows";
   EXPECT_EQ(touched, 0u) << what << ": rows past offsets[E] were written";
 }
 
@@ -254,6 +273,22 @@ TEST_F(MxGroupedGemmTest, BackwardDataMatchesFp64OfDequantized) {
   std::random_device rd;
   for (const std::string& kernel : MxGroupedGemm::KernelNames()) {
     RunMGrouped(MakeMGrouped(kMixedSizes, kN, kK, rd()), true, "dgrad mixed", kernel);
+  }
+}
+
+// Long reductions (many stages, the stage ring wraps many times) and several tiles per CTA (the
+// 8 N tiles of ~50 M tiles exceed the SM count), so every role's walk crosses tile and group
+// boundaries; k = 1056 ends in one odd K block. Every 5th row is checked against the reference.
+TEST_F(MxGroupedGemmTest, LongReductionsAndManyTilesPerCta) {
+  std::random_device rd;
+  const std::vector<int> sizes = {700, 0, 1300, 513, 2048, 300, 1, 1100};
+  const MGroupedCase fwd = MakeMGrouped(sizes, 1056, 1024, rd());
+  const MGroupedCase bwd = MakeMGrouped(sizes, 1024, 1056, rd());
+  const Ref fwd_ref = MGroupedReference(fwd.a.values, fwd.b.values, fwd.offsets, 1056, 1024, 5);
+  const Ref bwd_ref = MGroupedReference(bwd.a.values, bwd.b.values, bwd.offsets, 1024, 1056, 5);
+  for (const std::string& kernel : MxGroupedGemm::KernelNames()) {
+    RunMGrouped(fwd, false, "forward long", kernel, 5, &fwd_ref);
+    RunMGrouped(bwd, true, "dgrad long", kernel, 5, &bwd_ref);
   }
 }
 
@@ -400,6 +435,29 @@ TEST_F(MxGroupedGemmTest, CapturedGraphFollowsDeviceOffsets) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// The default choice: 256 x 128 tiles (KernelNames()[0]) for the m-grouped products once the
+// token buffers hold 256 rows; the weight gradient of short groups on 128 x 128 tiles
+// (KernelNames()[2]); forcing a kernel by name applies it to every product.
+TEST_F(MxGroupedGemmTest, DefaultKernelFollowsShapes) {
+  const std::vector<std::string> names = MxGroupedGemm::KernelNames();
+  ASSERT_GE(names.size(), 3u);
+  auto name = [](int64_t max_rows, int k, int64_t expected, const std::string& kernel) {
+    MxGroupedGemmOptions o = Options(8, max_rows);
+    o.k = k;
+    o.expected_rows_per_group = expected;
+    o.kernel = kernel;
+    auto gemm = MxGroupedGemm::Create(o);
+    EXPECT_TRUE(gemm.ok()) << gemm.status();
+    return gemm.ok() ? (*gemm)->KernelName() : std::string();
+  };
+  EXPECT_EQ(name(4096, 1024, 0, ""), names[0]);
+  EXPECT_EQ(name(4096, 1024, 2048, ""), names[0]);
+  EXPECT_EQ(name(4096, 1024, 256, ""), names[0] + "+" + names[2]);
+  EXPECT_EQ(name(100, 1024, 0, ""), names[2] + "+" + names[0]);
+  EXPECT_EQ(name(100, 128, 0, ""), names[2]);
+  EXPECT_EQ(name(4096, 1024, 256, names[1]), names[1]);
 }
 
 TEST_F(MxGroupedGemmTest, BadOptionsAndPointersNameTheField) {

@@ -1,13 +1,14 @@
-// The MXFP8 grouped GEMM kernel (sm_90a): persistent, warp-specialized, one 128 x 128 output tile
-// per CTA at a time, K in stages of 128 (four 32-element scale blocks).
+// The MXFP8 grouped GEMM: what both kernels share (parameters, PTX wrappers, the tile walk) and the
+// 128 x 128 kernel (sm_90a): persistent, warp-specialized, one 128 x 128 output tile per CTA at a
+// time, K in stages of 128 (four 32-element scale blocks). The 256 x 128 kernel, the default where
+// the token buffers hold 256 rows, is in mx_gemm_wide_kernel.cuh.
 //
 // Warp roles (384 threads = 3 warpgroups):
 //   warpgroup 0, warp 0, lane 0   TMA: A tile [128 rows][128 k] and B tile [128 cols][128 k] per
 //                                 stage (128-byte swizzle, K-major, the layout wgmma reads)
 //   warpgroup 0, warps 1..3       scale loaders, round robin over stages: read the E8M0 bytes of
-//   the
-//                                 stage's 128 A rows and 128 B columns x 4 K blocks, convert them
-//                                 to fp32 once per CTA, store them where the consumers read them
+//                                 the stage's 128 A rows and 128 B columns x 4 K blocks, convert
+//                                 them to fp32 once per CTA, store them where the consumers read
 //   warpgroups 1, 2               consumers, 64 rows each: per 32-element K block one
 //                                 m64n128k32 e4m3 wgmma into a fresh temporary (scale-d = 0), then
 //                                 acc += tmp * (sa * sb) in fp32. The temporaries are double
@@ -22,7 +23,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/cuda/bulk_copy.cuh"
 
@@ -40,14 +40,14 @@ inline constexpr int kTileBytes = kBlockM * kBlockK;  // 16 KiB, same for B
 // lane % 4 == q owns (8 i + 2 q + b), contiguous, padded to 36 so the four quads hit other banks.
 inline constexpr int kSbQuadStride = 36;
 inline constexpr int kSbKbStride = 4 * kSbQuadStride;
-// Packed variant: the same columns as bf16 bit patterns (exact for powers of two and NaN), quad
-// stride 40 halves (80 bytes: the four quads' 16-byte reads start in banks 0, 20, 8, 28).
-inline constexpr int kSbhQuadStride = 40;
-inline constexpr int kSbhKbStride = 4 * kSbhQuadStride;
 inline constexpr int kSaStageFloats = kBlockM * 4;
 inline constexpr int kSbStageFloats = 4 * kSbKbStride;
 inline constexpr int kSmemBytes = 1024 /*alignment slack*/ + kStages * (2 * kTileBytes) +
                                   kStages * (kSaStageFloats + kSbStageFloats) * 4 + 2 * kStages * 8;
+
+// Variant bit: pairs of full stages run as one straight-line pipeline of 8 K blocks (the wgmma
+// pipeline drains every 8 blocks instead of every 4).
+inline constexpr int kXStage = 1;
 
 struct Params {
   // A: 2-D [a_rows][k_extent] uint8; B: 3-D [b_batches][n][k_extent] uint8 (K-major).
@@ -90,13 +90,6 @@ __device__ __forceinline__ float4 LdsV4F32(uint32_t addr) {
                : "r"(addr));
   return v;
 }
-__device__ __forceinline__ uint4 LdsV4U32(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr));
-  return v;
-}
 __device__ __forceinline__ void StsV4F32(uint32_t addr, float a, float b, float c, float d) {
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c),
                "f"(d)
@@ -105,10 +98,6 @@ __device__ __forceinline__ void StsV4F32(uint32_t addr, float a, float b, float 
 __device__ __forceinline__ void StsF32(uint32_t addr, float v) {
   asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
-__device__ __forceinline__ void StsU16(uint32_t addr, uint16_t v) {
-  asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
-}
-
 __device__ __forceinline__ void TmaLoad2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
                                           int c1) {
   asm volatile(
@@ -152,8 +141,10 @@ __device__ __forceinline__ void FenceRegs(float (&d)[64]) {
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// D[64 x 128] = A[64 x 32] . B[128 x 32]^T, e4m3 inputs, fp32 result (scale-d = 0: D is not read).
-__device__ __forceinline__ void WgmmaM64N128K32(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+// D[64 x 128] = A[64 x 32] . B[128 x 32]^T (+ D when accumulate), e4m3 inputs, fp32 result
+// (scale-d = 0: D is not read).
+__device__ __forceinline__ void WgmmaM64N128K32(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                int accumulate = 0) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -175,7 +166,7 @@ __device__ __forceinline__ void WgmmaM64N128K32(float (&d)[64], uint64_t desc_a,
         "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
         "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(0));
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
 // 2^(b - 127) for an E8M0 byte; 0xFF is NaN, 0x00 the subnormal 2^-127.
@@ -198,7 +189,7 @@ struct Tile {
 
 // Walks tiles in increasing linear order; every role of a CTA calls Next with the same sequence.
 // Within a group the M tiles of one N tile are adjacent, so CTAs running side by side share B.
-template <bool kGroupedK>
+template <bool kGroupedK, int kTileM = kBlockM>
 struct TileWalker {
   const Params& p;
   int g = -1;
@@ -218,7 +209,7 @@ struct TileWalker {
     g = group;
     lo = Clamp(__ldg(p.offsets + group));
     hi = max(lo, Clamp(__ldg(p.offsets + group + 1)));
-    m_tiles = kGroupedK ? (p.m + kBlockM - 1) / kBlockM : (hi - lo + kBlockM - 1) / kBlockM;
+    m_tiles = kGroupedK ? (p.m + kTileM - 1) / kTileM : (hi - lo + kTileM - 1) / kTileM;
     count = m_tiles * n_tiles;
   }
 
@@ -235,12 +226,12 @@ struct TileWalker {
     tile->m_tile = local % m_tiles;
     tile->n_tile = local / m_tiles;
     if (kGroupedK) {
-      tile->a_row0 = tile->m_tile * kBlockM;
+      tile->a_row0 = tile->m_tile * kTileM;
       tile->rows = p.m;
       tile->k0 = lo;
       tile->nk32 = (hi - lo) / 32;
     } else {
-      tile->a_row0 = lo + tile->m_tile * kBlockM;
+      tile->a_row0 = lo + tile->m_tile * kTileM;
       tile->rows = hi - lo;
       tile->k0 = 0;
       tile->nk32 = p.k / 32;
@@ -278,7 +269,7 @@ __device__ __forceinline__ void ScaleFloats(const uint32_t (&w)[2], uint32_t shi
     v[j] = kb0 + j < kb_end ? E8M0ToFloat((bytes >> (8 * j)) & 0xFFu) : 0.0f;
 }
 
-template <bool kGroupedK, bool kPackedSb>
+template <bool kGroupedK>
 __device__ __forceinline__ void LoadStageScales(const Params& p, const Tile& tile, int kb0,
                                                 int kb_end, int lane, float* sa_dst,
                                                 float* sb_dst) {
@@ -302,19 +293,9 @@ __device__ __forceinline__ void LoadStageScales(const Params& p, const Tile& til
     ScaleFloats(wa[q], sha[q], kb0, kb_end, v);
     StsV4F32(SmemAddr(sa_dst + r * 4), v[0], v[1], v[2], v[3]);
     ScaleFloats(wb[q], shb[q], kb0, kb_end, v);
-    if (kPackedSb) {
-      uint16_t* sbh = reinterpret_cast<uint16_t*>(sb_dst);
-      const int pos = ((r % 8) / 2) * kSbhQuadStride + (r / 8) * 2 + (r % 2);
+    const int pos = ((r % 8) / 2) * kSbQuadStride + (r / 8) * 2 + (r % 2);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        StsU16(SmemAddr(sbh + j * kSbhKbStride + pos),
-               static_cast<uint16_t>(__float_as_uint(v[j]) >> 16));
-      }
-    } else {
-      const int pos = ((r % 8) / 2) * kSbQuadStride + (r / 8) * 2 + (r % 2);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) StsF32(SmemAddr(sb_dst + j * kSbKbStride + pos), v[j]);
-    }
+    for (int j = 0; j < 4; ++j) StsF32(SmemAddr(sb_dst + j * kSbKbStride + pos), v[j]);
   }
 }
 
@@ -323,45 +304,31 @@ __device__ __forceinline__ void LoadStageScales(const Params& p, const Tile& til
 inline constexpr int kPrefetchF32 = 4;
 
 // The scales one thread needs for K block j of a stage: rows r0 and r0 + 8, the 32 columns of
-// `quad` (fp32, or bf16 pairs in the packed variant). Loaded before the wait for the block's wgmma,
-// so the shared-memory latency hides under it.
-struct BlockScalesF32 {
+// `quad`. Loaded before the wait for the block's wgmma, so the shared-memory latency hides under
+// it. (bf16 bit patterns instead of fp32 halve the shared-memory bytes but cost one integer
+// operation per scale: 8-12% slower, 2026-11-30.)
+struct BlockScales {
   float sa0, sa1;
   float4 b[kPrefetchF32];  // the first columns' scales; the rest are read during the promotion
   uint32_t rest;           // shared address of the remaining ones
 };
-struct BlockScalesBf16 {
-  float sa0, sa1;
-  uint4 w[4];
-};
-template <bool kPackedSb>
-using BlockScales = typename std::conditional<kPackedSb, BlockScalesBf16, BlockScalesF32>::type;
 
-template <bool kPackedSb>
-__device__ __forceinline__ BlockScales<kPackedSb> LoadBlockScales(const float* sa, const float* sb,
-                                                                  int j, int r0, int quad) {
-  BlockScales<kPackedSb> sc;
+__device__ __forceinline__ BlockScales LoadBlockScales(const float* sa, const float* sb, int j,
+                                                       int r0, int quad) {
+  BlockScales sc;
   sc.sa0 = LdsF32(SmemAddr(sa + r0 * 4 + j));
   sc.sa1 = LdsF32(SmemAddr(sa + (r0 + 8) * 4 + j));
-  if constexpr (kPackedSb) {
-    const uint32_t h4 =
-        SmemAddr(reinterpret_cast<const uint16_t*>(sb) + j * kSbhKbStride + quad * kSbhQuadStride);
+  const uint32_t b4 = SmemAddr(sb + j * kSbKbStride + quad * kSbQuadStride);
 #pragma unroll
-    for (int v = 0; v < 4; ++v) sc.w[v] = LdsV4U32(h4 + 16 * v);
-  } else {
-    const uint32_t b4 = SmemAddr(sb + j * kSbKbStride + quad * kSbQuadStride);
-#pragma unroll
-    for (int v = 0; v < kPrefetchF32; ++v) sc.b[v] = LdsV4F32(b4 + 16 * v);
-    sc.rest = b4 + 16 * kPrefetchF32;
-  }
+  for (int v = 0; v < kPrefetchF32; ++v) sc.b[v] = LdsV4F32(b4 + 16 * v);
+  sc.rest = b4 + 16 * kPrefetchF32;
   return sc;
 }
 
 // acc += tmp * (sa * sb): one multiply and one fused multiply-add per element.
 // Register d = 4 i + 2 h + b holds row r0 + 8 h, column 8 i + 2 quad + b (wgmma's D layout).
-template <bool kPackedSb>
 __device__ __forceinline__ void Promote(float (&acc)[64], const float (&tmp)[64],
-                                        const BlockScales<kPackedSb>& sc) {
+                                        const BlockScales& sc) {
   auto apply = [&](int i, float b0, float b1) {
     const int d = 4 * i;
     acc[d + 0] = fmaf(tmp[d + 0], sc.sa0 * b0, acc[d + 0]);
@@ -369,23 +336,11 @@ __device__ __forceinline__ void Promote(float (&acc)[64], const float (&tmp)[64]
     acc[d + 2] = fmaf(tmp[d + 2], sc.sa1 * b0, acc[d + 2]);
     acc[d + 3] = fmaf(tmp[d + 3], sc.sa1 * b1, acc[d + 3]);
   };
-  if constexpr (kPackedSb) {
-    // Half the shared-memory bytes per thread; one bit operation per scale to widen it.
 #pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      const uint32_t words[4] = {sc.w[v].x, sc.w[v].y, sc.w[v].z, sc.w[v].w};
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        apply(4 * v + u, __uint_as_float(words[u] << 16), __uint_as_float(words[u] & 0xFFFF0000u));
-      }
-    }
-  } else {
-#pragma unroll
-    for (int v = 0; v < 8; ++v) {
-      const float4 b = v < kPrefetchF32 ? sc.b[v] : LdsV4F32(sc.rest + 16 * (v - kPrefetchF32));
-      apply(2 * v, b.x, b.y);
-      apply(2 * v + 1, b.z, b.w);
-    }
+  for (int v = 0; v < 8; ++v) {
+    const float4 b = v < kPrefetchF32 ? sc.b[v] : LdsV4F32(sc.rest + 16 * (v - kPrefetchF32));
+    apply(2 * v, b.x, b.y);
+    apply(2 * v + 1, b.z, b.w);
   }
 }
 
@@ -396,7 +351,7 @@ __device__ __forceinline__ void StorePair(float* dst, float a, float b) {
   *reinterpret_cast<float2*>(dst) = make_float2(a, b);
 }
 
-template <typename OutT, bool kGroupedK, bool kPackedSb>
+template <typename OutT, bool kGroupedK, int kVariant = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     MxGroupedGemmKernel(const __grid_constant__ CUtensorMap map_a,
                         const __grid_constant__ CUtensorMap map_b,
@@ -453,9 +408,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (it % 3 != loader) continue;
           const int slot = it % kStages;
           bulk::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
-          LoadStageScales<kGroupedK, kPackedSb>(p, tile, tile.k0 / 32 + 4 * s, kb_end, lane,
-                                                s_sa + slot * kSaStageFloats,
-                                                s_sb + slot * kSbStageFloats);
+          LoadStageScales<kGroupedK>(p, tile, tile.k0 / 32 + 4 * s, kb_end, lane,
+                                     s_sa + slot * kSaStageFloats, s_sb + slot * kSbStageFloats);
           bulk::BarrierArrive(&full[slot]);
         }
       }
@@ -471,79 +425,173 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 64; ++i) t0[i] = t1[i] = 0.0f;
 
+  // Lane 0's arrival through a predicate rather than a branch: a divergent path while a wgmma is in
+  // flight makes ptxas serialize every wgmma of the kernel (C7518). The scale values and the
+  // wgmma reads of the slot have all been consumed by the time a warp gets here.
   auto release = [&](int slot) {
-    __syncwarp();
-    if (lane == 0) bulk::BarrierArrive(&empty[slot]);
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, "
+        "[%0];\n}\n" ::"r"(SmemAddr(&empty[slot])),
+        "r"(lane)
+        : "memory");
+  };
+
+  auto promote = [&](float(&tmp)[64], const BlockScales& sc) { Promote(acc, tmp, sc); };
+  auto scales = [&](int slot, int j) {
+    return LoadBlockScales(s_sa + slot * kSaStageFloats, s_sb + slot * kSbStageFloats, j, r0, quad);
   };
 
   for (int t = blockIdx.x; walk.Next(t, &tile); t += gridDim.x) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
     const int stages = (tile.nk32 + 3) / 4;
-    for (int s = 0; s < stages; ++s, ++it) {
-      const int slot = it % kStages;
-      bulk::BarrierWait(&full[slot], (it / kStages) & 1);
-      // K block j starts 32 bytes further into each 128-byte row: +2 in descriptor units.
-      const uint64_t desc_a = SmemDescriptor(s_a + slot * kTileBytes + consumer * 64 * kBlockK);
-      const uint64_t desc_b = SmemDescriptor(s_b + slot * kTileBytes);
-      const float* sa = s_sa + slot * kSaStageFloats;
-      const float* sb = s_sb + slot * kSbStageFloats;
-      if (4 * s + 4 <= tile.nk32) {
-        // Full stage, straight-line so that the compiler sees each temporary's wgmma complete
-        // before its promotion: block j + 1 runs on the tensor cores while block j is promoted.
+    if constexpr ((kVariant & kXStage) != 0) {
+      int s = 0;
+      // Pairs of full stages: 8 blocks, block j + 1's wgmma issued before block j is promoted,
+      // across the stage boundary; both stages are waited for before the first wgmma (no barrier
+      // spin while a wgmma is in flight).
+      for (; 4 * (s + 2) <= tile.nk32; s += 2, it += 2) {
+        const int slot0 = it % kStages, slot1 = (it + 1) % kStages;
+        bulk::BarrierWait(&full[slot0], (it / kStages) & 1);
+        bulk::BarrierWait(&full[slot1], ((it + 1) / kStages) & 1);
+        const uint64_t da0 = SmemDescriptor(s_a + slot0 * kTileBytes + consumer * 64 * kBlockK);
+        const uint64_t db0 = SmemDescriptor(s_b + slot0 * kTileBytes);
+        const uint64_t da1 = SmemDescriptor(s_a + slot1 * kTileBytes + consumer * 64 * kBlockK);
+        const uint64_t db1 = SmemDescriptor(s_b + slot1 * kTileBytes);
         WgmmaFence();
         FenceRegs(t0);
-        WgmmaM64N128K32(t0, desc_a + 0, desc_b + 0);
+        WgmmaM64N128K32(t0, da0 + 0, db0 + 0);
         WgmmaCommit();
         FenceRegs(t1);
-        WgmmaM64N128K32(t1, desc_a + 2, desc_b + 2);
+        WgmmaM64N128K32(t1, da0 + 2, db0 + 2);
         WgmmaCommit();
-        {
-          const auto sc = LoadBlockScales<kPackedSb>(sa, sb, 0, r0, quad);
-          WgmmaWait<1>();
-          FenceRegs(t0);
-          Promote<kPackedSb>(acc, t0, sc);
-        }
-        WgmmaFence();
-        FenceRegs(t0);
-        WgmmaM64N128K32(t0, desc_a + 4, desc_b + 4);
+        // clang-format off
+        // Promote block J of SLOT from TD, then issue block JN (descriptors DA, DB) into TD.
+#define MXGEMM_STEP(TD, J, DA, DB, SLOT, JN)             \
+        {                                                \
+          const auto sc = scales(SLOT, J);               \
+          WgmmaWait<1>();                                \
+          FenceRegs(TD);                                 \
+          promote(TD, sc);                               \
+        }                                                \
+        WgmmaFence();                                    \
+        FenceRegs(TD);                                   \
+        WgmmaM64N128K32(TD, DA + 2 * (JN), DB + 2 * (JN)); \
         WgmmaCommit();
+        MXGEMM_STEP(t0, 0, da0, db0, slot0, 2)
+        MXGEMM_STEP(t1, 1, da0, db0, slot0, 3)
+        MXGEMM_STEP(t0, 2, da1, db1, slot0, 0)
+        // clang-format on
         {
-          const auto sc = LoadBlockScales<kPackedSb>(sa, sb, 1, r0, quad);
+          const auto sc = scales(slot0, 3);
           WgmmaWait<1>();
           FenceRegs(t1);
-          Promote<kPackedSb>(acc, t1, sc);
+          promote(t1, sc);
         }
+        release(slot0);
         WgmmaFence();
         FenceRegs(t1);
-        WgmmaM64N128K32(t1, desc_a + 6, desc_b + 6);
+        WgmmaM64N128K32(t1, da1 + 2, db1 + 2);
         WgmmaCommit();
+        MXGEMM_STEP(t0, 0, da1, db1, slot1, 2)
+        MXGEMM_STEP(t1, 1, da1, db1, slot1, 3)
+#undef MXGEMM_STEP
         {
-          const auto sc = LoadBlockScales<kPackedSb>(sa, sb, 2, r0, quad);
+          const auto sc = scales(slot1, 2);
           WgmmaWait<1>();
           FenceRegs(t0);
-          Promote<kPackedSb>(acc, t0, sc);
+          promote(t0, sc);
         }
         {
-          const auto sc = LoadBlockScales<kPackedSb>(sa, sb, 3, r0, quad);
+          const auto sc = scales(slot1, 3);
           WgmmaWait<0>();
           FenceRegs(t1);
-          Promote<kPackedSb>(acc, t1, sc);
+          promote(t1, sc);
         }
-      } else {
-        // Last, partial stage of a group whose reduction is not a multiple of 128.
-        for (int j = 0; 4 * s + j < tile.nk32; ++j) {
+        release(slot1);
+      }
+      // The rest (at most one full stage and a partial one) block by block.
+      for (; s < stages; ++s, ++it) {
+        const int slot = it % kStages;
+        bulk::BarrierWait(&full[slot], (it / kStages) & 1);
+        const uint64_t desc_a = SmemDescriptor(s_a + slot * kTileBytes + consumer * 64 * kBlockK);
+        const uint64_t desc_b = SmemDescriptor(s_b + slot * kTileBytes);
+        for (int j = 0; 4 * s + j < tile.nk32 && j < 4; ++j) {
           WgmmaFence();
           FenceRegs(t0);
           WgmmaM64N128K32(t0, desc_a + 2 * j, desc_b + 2 * j);
           WgmmaCommit();
-          const auto sc = LoadBlockScales<kPackedSb>(sa, sb, j, r0, quad);
+          const auto sc = scales(slot, j);
           WgmmaWait<0>();
           FenceRegs(t0);
-          Promote<kPackedSb>(acc, t0, sc);
+          promote(t0, sc);
         }
+        release(slot);
       }
-      release(slot);
+    } else {
+      for (int s = 0; s < stages; ++s, ++it) {
+        const int slot = it % kStages;
+        bulk::BarrierWait(&full[slot], (it / kStages) & 1);
+        // K block j starts 32 bytes further into each 128-byte row: +2 in descriptor units.
+        const uint64_t desc_a = SmemDescriptor(s_a + slot * kTileBytes + consumer * 64 * kBlockK);
+        const uint64_t desc_b = SmemDescriptor(s_b + slot * kTileBytes);
+        if (4 * s + 4 <= tile.nk32) {
+          // Full stage, straight-line so that the compiler sees each temporary's wgmma complete
+          // before its promotion: block j + 1 runs on the tensor cores while block j is promoted.
+          WgmmaFence();
+          FenceRegs(t0);
+          WgmmaM64N128K32(t0, desc_a + 0, desc_b + 0);
+          WgmmaCommit();
+          FenceRegs(t1);
+          WgmmaM64N128K32(t1, desc_a + 2, desc_b + 2);
+          WgmmaCommit();
+          {
+            const auto sc = scales(slot, 0);
+            WgmmaWait<1>();
+            FenceRegs(t0);
+            promote(t0, sc);
+          }
+          WgmmaFence();
+          FenceRegs(t0);
+          WgmmaM64N128K32(t0, desc_a + 4, desc_b + 4);
+          WgmmaCommit();
+          {
+            const auto sc = scales(slot, 1);
+            WgmmaWait<1>();
+            FenceRegs(t1);
+            promote(t1, sc);
+          }
+          WgmmaFence();
+          FenceRegs(t1);
+          WgmmaM64N128K32(t1, desc_a + 6, desc_b + 6);
+          WgmmaCommit();
+          {
+            const auto sc = scales(slot, 2);
+            WgmmaWait<1>();
+            FenceRegs(t0);
+            promote(t0, sc);
+          }
+          {
+            const auto sc = scales(slot, 3);
+            WgmmaWait<0>();
+            FenceRegs(t1);
+            promote(t1, sc);
+          }
+        } else {
+          // Last, partial stage of a group whose reduction is not a multiple of 128.
+          for (int j = 0; 4 * s + j < tile.nk32; ++j) {
+            WgmmaFence();
+            FenceRegs(t0);
+            WgmmaM64N128K32(t0, desc_a + 2 * j, desc_b + 2 * j);
+            WgmmaCommit();
+            const auto sc = scales(slot, j);
+            WgmmaWait<0>();
+            FenceRegs(t0);
+            promote(t0, sc);
+          }
+        }
+        release(slot);
+      }
     }
 
     // Direct stores: two adjacent columns per register pair; rows past the group are not written.

@@ -1,5 +1,6 @@
 // MxGroupedGemm (kernels/include/dropless/kernels/mx_grouped_gemm.h): option and pointer checks,
-// tensor maps, launches of the kernel in mx_gemm_kernel.cuh.
+// the kernel choice, tensor maps, launches of the kernels in mx_gemm_kernel.cuh (128 x 128 tiles)
+// and mx_gemm_wide_kernel.cuh (256 x 128 tiles).
 //
 // Tensor maps are encoded on the host at each call (pure host arithmetic on the pointers, no device
 // work and no synchronization) and passed by value as kernel parameters, so a captured graph keeps
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "dropless/kernels/mx_grouped_gemm.h"
 #include "kernels/cuda/grouped_gemm/mxfp8/mx_gemm_kernel.cuh"
+#include "kernels/cuda/grouped_gemm/mxfp8/mx_gemm_wide_kernel.cuh"
 
 namespace dropless::kernels {
 namespace {
@@ -55,13 +57,13 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 // swizzle (the layout wgmma's K-major descriptors read); elements outside read as zero.
 // A operands are 2-D maps (batches = 0), B operands 3-D (the kernel issues 3-D copies for B).
 absl::Status EncodeOperand(CUtensorMap* map, const uint8_t* data, uint64_t k_extent, uint64_t rows,
-                           uint64_t batches, const char* field) {
+                           uint64_t batches, uint32_t box_rows, const char* field) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr)
     return absl::InternalError("cuTensorMapEncodeTiled not found in the driver");
   const cuuint64_t dims[3] = {k_extent, rows, batches > 0 ? batches : 1};
   const cuuint64_t strides[2] = {k_extent, k_extent * rows};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kBlockK), static_cast<cuuint32_t>(kBlockM), 1};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kBlockK), box_rows, 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, batches > 0 ? 3 : 2,
                             const_cast<uint8_t*>(data), dims, strides, box, element_strides,
@@ -95,42 +97,61 @@ absl::Status CheckOutput(const void* out, const int32_t* offsets, const char* ou
   return absl::OkStatus();
 }
 
-// Compiled configurations (KernelNames order); the scale format of B in shared memory differs.
-constexpr const char* kKernelNames[] = {"mx_ws_128x128x128_s6_sbf32",
-                                        "mx_ws_128x128x128_s6_sbbf16"};
-constexpr int kDefaultKernel = 0;
+// Compiled configurations (KernelNames() order): tile shape and the variant bits of the kernel
+// headers. _ps: m64 pieces past the group are skipped; _xs: two stages per straight-line wgmma
+// pipeline; the last one is the kernel of 2026-11-30 (kept for comparison).
+struct KernelConfig {
+  const char* name;
+  bool wide;  // 256 x 128 tiles (mx_gemm_wide_kernel.cuh), else 128 x 128 (mx_gemm_kernel.cuh)
+  int variant;
+};
+constexpr KernelConfig kKernels[] = {
+    {"mx_wide_256x128x128_s3_ps", true, mxgemm::wide::kWidePieceSkip},
+    {"mx_wide_256x128x128_s3", true, 0},
+    {"mx_ws_128x128x128_s6_sbf32_xs", false, mxgemm::kXStage},
+    {"mx_ws_128x128x128_s6_sbf32", false, 0},
+};
+constexpr int kKernelCount = sizeof(kKernels) / sizeof(kKernels[0]);
+constexpr int kWideKernel = 0;
+constexpr int kNarrowKernel = 2;  // 128 x 128 tiles: operands with fewer than 256 rows
+
+template <typename OutT, bool kGroupedK, int kIndex = 0>
+auto KernelAt(int index) {
+  constexpr KernelConfig c = kKernels[kIndex];
+  if constexpr (kIndex + 1 < kKernelCount) {
+    if (index != kIndex) return KernelAt<OutT, kGroupedK, kIndex + 1>(index);
+  }
+  if constexpr (c.wide) {
+    return &mxgemm::wide::MxGroupedGemmWideKernel<OutT, kGroupedK, c.variant>;
+  } else {
+    return &mxgemm::MxGroupedGemmKernel<OutT, kGroupedK, c.variant>;
+  }
+}
+
+int SmemBytes(int kernel) { return kKernels[kernel].wide ? mxgemm::wide::kSmemBytes : kSmemBytes; }
+uint32_t ARows(int kernel) { return kKernels[kernel].wide ? mxgemm::wide::kBM : kBlockM; }
 
 template <typename OutT, bool kGroupedK>
 absl::Status Launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const Params& params,
-                    int grid, bool packed, cudaStream_t stream) {
-  if (packed) {
-    mxgemm::MxGroupedGemmKernel<OutT, kGroupedK, true>
-        <<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, params);
-  } else {
-    mxgemm::MxGroupedGemmKernel<OutT, kGroupedK, false>
-        <<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, params);
-  }
+                    int grid, int kernel, cudaStream_t stream) {
+  KernelAt<OutT, kGroupedK>(kernel)<<<grid, kThreads, SmemBytes(kernel), stream>>>(map_a, map_b,
+                                                                                   params);
   return CudaStatus(cudaGetLastError(), "MxGroupedGemmKernel launch");
 }
 
 template <typename OutT, bool kGroupedK>
-absl::Status AllowSmem() {
-  for (auto* kernel : {mxgemm::MxGroupedGemmKernel<OutT, kGroupedK, false>,
-                       mxgemm::MxGroupedGemmKernel<OutT, kGroupedK, true>}) {
-    if (absl::Status s = CudaStatus(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
-            "cudaFuncSetAttribute(max dynamic shared memory)");
-        !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
+absl::Status AllowSmem(int kernel) {
+  return CudaStatus(
+      cudaFuncSetAttribute(KernelAt<OutT, kGroupedK>(kernel),
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes(kernel)),
+      "cudaFuncSetAttribute(max dynamic shared memory)");
 }
 
 class MxGroupedGemmImpl final : public MxGroupedGemm {
  public:
-  MxGroupedGemmImpl(const MxGroupedGemmOptions& o, int sms, int kernel)
-      : o_(o), sms_(sms), kernel_(kernel) {}
+  // m_kernel runs Forward and BackwardData, k_kernel BackwardWeight (indices into kKernels).
+  MxGroupedGemmImpl(const MxGroupedGemmOptions& o, int sms, int m_kernel, int k_kernel)
+      : o_(o), sms_(sms), m_kernel_(m_kernel), k_kernel_(k_kernel) {}
 
   absl::Status Forward(const MxOperand& x, const MxOperand& w_t, const int32_t* offsets, Bf16* y,
                        Stream stream) override {
@@ -151,7 +172,12 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
     return KGrouped<__nv_bfloat16>(x_colwise, dy_colwise, padded_offsets, dw, stream);
   }
 
-  std::string KernelName() const override { return kKernelNames[kernel_]; }
+  // "<forward and data-gradient kernel>" or, where the weight gradient runs another one,
+  // "<forward and data-gradient kernel>+<weight-gradient kernel>".
+  std::string KernelName() const override {
+    if (m_kernel_ == k_kernel_) return kKernels[m_kernel_].name;
+    return absl::StrCat(kKernels[m_kernel_].name, "+", kKernels[k_kernel_].name);
+  }
 
  private:
   // C[rows][n] = A[rows][k] . B[e][n][k]^T per group (k the reduction here).
@@ -162,9 +188,12 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
     if (absl::Status s = CheckOperand(b, b_field); !s.ok()) return s;
     if (absl::Status s = CheckOutput(c, offsets, c_field, "offsets"); !s.ok()) return s;
     CUtensorMap map_a, map_b;
-    if (absl::Status s = EncodeOperand(&map_a, a.data, k, o_.max_rows, 0, a_field); !s.ok())
+    if (absl::Status s =
+            EncodeOperand(&map_a, a.data, k, o_.max_rows, 0, ARows(m_kernel_), a_field);
+        !s.ok())
       return s;
-    if (absl::Status s = EncodeOperand(&map_b, b.data, k, n, o_.num_groups, b_field); !s.ok())
+    if (absl::Status s = EncodeOperand(&map_b, b.data, k, n, o_.num_groups, kBlockN, b_field);
+        !s.ok())
       return s;
     Params p{};
     p.a_scales = a.scales;
@@ -184,7 +213,7 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
     p.out = c;
     p.ldc = n;
     p.out_group_stride = 0;
-    return Launch<__nv_bfloat16, false>(map_a, map_b, p, sms_, kernel_ == 1, stream);
+    return Launch<__nv_bfloat16, false>(map_a, map_b, p, sms_, m_kernel_, stream);
   }
 
   // dW[e][k][n] = X_e^T . dY_e over the group's padded token range.
@@ -196,9 +225,12 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
     if (absl::Status s = CheckOutput(dw, padded_offsets, "dw", "padded_offsets"); !s.ok()) return s;
     const int64_t padded = PaddedRows();
     CUtensorMap map_a, map_b;
-    if (absl::Status s = EncodeOperand(&map_a, x.data, padded, o_.k, 0, "x_colwise"); !s.ok())
+    if (absl::Status s =
+            EncodeOperand(&map_a, x.data, padded, o_.k, 0, ARows(k_kernel_), "x_colwise");
+        !s.ok())
       return s;
-    if (absl::Status s = EncodeOperand(&map_b, dy.data, padded, o_.n, 1, "dy_colwise"); !s.ok())
+    if (absl::Status s = EncodeOperand(&map_b, dy.data, padded, o_.n, 1, kBlockN, "dy_colwise");
+        !s.ok())
       return s;
     Params p{};
     p.a_scales = x.scales;
@@ -218,7 +250,7 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
     p.out = dw;
     p.ldc = o_.n;
     p.out_group_stride = static_cast<int64_t>(o_.k) * o_.n;
-    return Launch<OutT, true>(map_a, map_b, p, sms_, kernel_ == 1, stream);
+    return Launch<OutT, true>(map_a, map_b, p, sms_, k_kernel_, stream);
   }
 
   int64_t PaddedRows() const {
@@ -229,7 +261,7 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
 
   MxGroupedGemmOptions o_;
   int sms_;
-  int kernel_;  // index into kKernelNames
+  int m_kernel_, k_kernel_;
 };
 
 }  // namespace
@@ -253,16 +285,25 @@ absl::StatusOr<std::unique_ptr<MxGroupedGemm>> MxGroupedGemm::Create(
   if (options.expected_rows_per_group < 0) {
     return absl::InvalidArgumentError("expected_rows_per_group must be >= 0");
   }
-  int kernel = kDefaultKernel;
+  // Default: 256 x 128 tiles where the A operand has at least 256 rows (its TMA box; forward and
+  // data gradient: max_rows, weight gradient: k). The weight gradient of short groups (fewer than
+  // 512 expected rows: at most 4 stages per tile) runs the 128 x 128 kernel, whose smaller tiles
+  // amortize the per-tile start and store better.
+  int m_kernel = options.max_rows >= 256 ? kWideKernel : kNarrowKernel;
+  int k_kernel = options.k >= 256 && !(options.expected_rows_per_group > 0 &&
+                                       options.expected_rows_per_group < 512)
+                     ? kWideKernel
+                     : kNarrowKernel;
   if (!options.kernel.empty()) {
-    kernel = -1;
-    for (int i = 0; i < 2; ++i) {
-      if (options.kernel == kKernelNames[i]) kernel = i;
+    m_kernel = -1;
+    for (int i = 0; i < kKernelCount; ++i) {
+      if (options.kernel == kKernels[i].name) m_kernel = i;
     }
-    if (kernel < 0) {
+    if (m_kernel < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("kernel: no compiled kernel named '", options.kernel, "'"));
     }
+    k_kernel = m_kernel;
   }
   int device = 0;
   if (absl::Status s = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
@@ -281,15 +322,18 @@ absl::StatusOr<std::unique_ptr<MxGroupedGemm>> MxGroupedGemm::Create(
       !s.ok()) {
     return s;
   }
-  for (absl::Status s : {AllowSmem<__nv_bfloat16, false>(), AllowSmem<__nv_bfloat16, true>(),
-                         AllowSmem<float, true>()}) {
+  for (absl::Status s :
+       {AllowSmem<__nv_bfloat16, false>(m_kernel), AllowSmem<__nv_bfloat16, true>(k_kernel),
+        AllowSmem<float, true>(k_kernel)}) {
     if (!s.ok()) return s;
   }
-  return std::unique_ptr<MxGroupedGemm>(new MxGroupedGemmImpl(options, sms, kernel));
+  return std::unique_ptr<MxGroupedGemm>(new MxGroupedGemmImpl(options, sms, m_kernel, k_kernel));
 }
 
 std::vector<std::string> MxGroupedGemm::KernelNames() {
-  return std::vector<std::string>(std::begin(kKernelNames), std::end(kKernelNames));
+  std::vector<std::string> names;
+  for (const KernelConfig& c : kKernels) names.emplace_back(c.name);
+  return names;
 }
 
 }  // namespace dropless::kernels
