@@ -5,10 +5,9 @@
 //
 //   warpgroup 0, warp 0, lane 0   TMA: A [256 rows][128 k] and B [128 cols][128 k] per stage,
 //                                 3 stages (48 KiB each)
-//   warpgroup 0, warps 1..3       scale loaders: per chunk of 16 K blocks (4 stages), the 256 A
-//   rows
-//                                 and 128 B columns, 16 scale bytes each (one 16-byte load per row
-//                                 where aligned), converted to fp32 into a 2-slot chunk ring
+//   warpgroup 0, warps 1..3       scale loaders: per chunk of 16 K blocks (4 stages), the 256
+//                                 A rows and 128 B columns, 16 scale bytes each (one 16-byte load
+//                                 per row where aligned), converted to fp32 into a 2-slot ring
 //   warpgroups 1, 2               consumers; warpgroup h owns columns [64 h, 64 h + 64) of all 256
 //                                 rows, as four m64n64 pieces (rows 64 m ..). Per K block and piece
 //                                 one m64n64k32 wgmma into a 32-register temporary (double
@@ -16,8 +15,8 @@
 //                                 acc += tmp * (sa * sb) in fp32. A thread's 16 B-column scales of
 //                                 a K block are read once (4 x 16 bytes) and used for its 8 rows.
 //
-// Per 256 x 128 x 32 block and SM this reads 8 x 36 shared-memory wavefronts of scales (the 128 x
-// 128 kernel: 8 x 34 per half the work) and issues 512 fp32 instructions per scheduler.
+// Per 256 x 128 x 32 block and SM this reads 8 x 24 shared-memory wavefronts of scales (the 128 x
+// 128 kernel: 8 x 34 for half the work) and issues 512 fp32 instructions per scheduler.
 #ifndef DROPLESS_KERNELS_CUDA_GROUPED_GEMM_MXFP8_MX_GEMM_WIDE_KERNEL_CUH_
 #define DROPLESS_KERNELS_CUDA_GROUPED_GEMM_MXFP8_MX_GEMM_WIDE_KERNEL_CUH_
 
