@@ -64,7 +64,9 @@ MxHost QuantizeRows(const std::vector<Bf16>& x, int64_t rows, int64_t cols) {
   return h;
 }
 
-// Column-wise: data [cols][P], values [cols][P] dequantized, padded offsets.
+// Column-wise: data and scales block-major as the quantizer writes them ([P/32][cols][32] and
+// [P/32][cols], mxfp8.h); values [cols][P] dequantized (column c, padded row p at c * P + p);
+// padded offsets.
 struct MxColHost {
   std::vector<uint8_t> data, scales;
   std::vector<int32_t> padded_offsets;
@@ -77,7 +79,7 @@ MxColHost QuantizeCols(const std::vector<Bf16>& x, int64_t rows, int64_t cols,
   const int groups = static_cast<int>(offsets.size()) - 1;
   MxColHost h;
   h.padded_rows = ColwisePaddedRows(rows, groups);
-  h.data.assign(cols * h.padded_rows, 0x5A);  // columns past the last group keep garbage
+  h.data.assign(cols * h.padded_rows, 0x5A);  // block rows past the last group keep garbage
   h.scales.assign(cols * h.padded_rows / 32, 0x85);
   h.padded_offsets.resize(groups + 1);
   MxColwise out{h.data.data(), h.scales.data(), h.padded_offsets.data(), h.padded_rows};
@@ -86,8 +88,9 @@ MxColHost QuantizeCols(const std::vector<Bf16>& x, int64_t rows, int64_t cols,
   h.values.resize(cols * h.padded_rows);
   for (int64_t c = 0; c < cols; ++c) {
     for (int64_t p = 0; p < h.padded_rows; ++p) {
+      const int64_t block = (p / 32) * cols + c;  // block row p / 32, column c
       h.values[c * h.padded_rows + p] =
-          MxElementValue(h.data[c * h.padded_rows + p], h.scales[(c * h.padded_rows + p) / 32]);
+          MxElementValue(h.data[block * 32 + p % 32], h.scales[block]);
     }
   }
   return h;

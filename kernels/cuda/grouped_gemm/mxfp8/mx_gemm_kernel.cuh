@@ -53,8 +53,13 @@ struct Params {
   // A: 2-D [a_rows][k_extent] uint8; B: 3-D [b_batches][n][k_extent] uint8 (K-major).
   const uint8_t* a_scales;  // [a_rows][a_scale_stride]
   const uint8_t* b_scales;  // [b_batches][n][b_scale_stride]
-  int64_t a_scale_stride;   // bytes per A row of scales (k_extent / 32)
+  // Scale of (row, K block kb) at row * *_scale_stride + kb * *_scale_kb_stride: row-major
+  // operands (forward, data gradient) have kb stride 1; the weight gradient's block-major
+  // column-wise operands (mxfp8.h) have row stride 1 and kb stride = rows.
+  int64_t a_scale_stride;
   int64_t b_scale_stride;
+  int64_t a_scale_kb_stride;
+  int64_t b_scale_kb_stride;
   int64_t b_scale_batch_stride;
   int64_t a_rows;          // rows of A (bound for the scale reads)
   const int32_t* offsets;  // [num_groups + 1]
@@ -116,6 +121,20 @@ __device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, uin
       : "memory");
 }
 
+template <bool kBlockedK>
+__device__ __forceinline__ void LoadStageOperands(uint8_t* a_dst, uint8_t* b_dst,
+                                                  const CUtensorMap* map_a,
+                                                  const CUtensorMap* map_b, uint64_t* bar, int kc,
+                                                  int a_row0, int n0, int batch) {
+  if constexpr (kBlockedK) {
+    TmaLoad3d(a_dst, map_a, bar, 0, a_row0, kc / 32);
+    TmaLoad3d(b_dst, map_b, bar, 0, n0, kc / 32);
+  } else {
+    TmaLoad2d(a_dst, map_a, bar, kc, a_row0);
+    TmaLoad3d(b_dst, map_b, bar, kc, n0, batch);
+  }
+}
+
 // Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128 bytes, 8-row
 // groups 1024 bytes apart (stride byte offset), layout type 1 (SWIZZLE_128B) in bits 62-63.
 __device__ __forceinline__ uint64_t SmemDescriptor(const void* tile) {
@@ -123,6 +142,35 @@ __device__ __forceinline__ uint64_t SmemDescriptor(const void* tile) {
   return ((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
          (uint64_t{1} << 62);
 }
+
+// The same for a block-major K slice [rows][32 bytes] with 32-byte swizzle (the weight gradient's
+// column-wise operands, one TMA box per K block): 8-row groups 256 bytes apart, layout type 3
+// (SWIZZLE_32B).
+__device__ __forceinline__ uint64_t SmemDescriptor32(const void* tile) {
+  const uint64_t addr = SmemAddr(tile);
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{256 >> 4} << 32) |
+         (uint64_t{3} << 62);
+}
+
+// Operand tiles of one stage. Row-major operands: [rows][128 bytes], 128-byte swizzle, K block j at
+// +32 bytes (2 descriptor units). Block-major (kBlockedK): [4 K blocks][rows][32 bytes], 32-byte
+// swizzle, K block j at + rows * 32 bytes.
+template <bool kBlockedK>
+__device__ __forceinline__ uint64_t OperandDescriptor(const uint8_t* tile, int row) {
+  return kBlockedK ? SmemDescriptor32(tile + row * 32) : SmemDescriptor(tile + row * 128);
+}
+template <bool kBlockedK>
+constexpr uint64_t KBlockUnits(int rows) {
+  return kBlockedK ? static_cast<uint64_t>(rows) * 32 / 16 : 2;
+}
+
+// The stage's A and B boxes: row-major operands are K-major 2-D / 3-D maps at (k, row[, batch]);
+// block-major operands 3-D maps {32, rows, P / 32} at (0, row, k / 32).
+template <bool kBlockedK>
+__device__ __forceinline__ void LoadStageOperands(uint8_t* a_dst, uint8_t* b_dst,
+                                                  const CUtensorMap* map_a,
+                                                  const CUtensorMap* map_b, uint64_t* bar, int kc,
+                                                  int a_row0, int n0, int batch);
 
 __device__ __forceinline__ void WgmmaFence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -261,12 +309,51 @@ __device__ __forceinline__ void LoadScaleWords(const uint8_t* src, const uint8_t
              : 0u;
 }
 
+// 16 scale bytes of one K block of a block-major scale buffer ([P / 32][rows], mxfp8.h): rows
+// row0 .. row0 + 15 of K block kb, one 16-byte load (row0 is a multiple of 16, rows a multiple of
+// 32, the buffer 16-byte aligned: checked by the launcher); zeros when the K block is past the
+// reduction or the rows past the operand.
+__device__ __forceinline__ uint4 LoadBlockScales16(const uint8_t* scales, int64_t rows, int kb,
+                                                   int kb_end, int64_t row0) {
+  if (kb >= kb_end || row0 >= rows) return make_uint4(0, 0, 0, 0);
+  return __ldg(reinterpret_cast<const uint4*>(scales + static_cast<int64_t>(kb) * rows + row0));
+}
+
+__device__ __forceinline__ float ScaleByte(const uint4& v, int i) {
+  const uint32_t w = i < 4 ? v.x : i < 8 ? v.y : i < 12 ? v.z : v.w;
+  return E8M0ToFloat((w >> (8 * (i % 4))) & 0xFFu);
+}
+
 __device__ __forceinline__ void ScaleFloats(const uint32_t (&w)[2], uint32_t shift, int kb0,
                                             int kb_end, float (&v)[4]) {
   const uint32_t bytes = __funnelshift_r(w[0], w[1], shift);
 #pragma unroll
   for (int j = 0; j < 4; ++j)
     v[j] = kb0 + j < kb_end ? E8M0ToFloat((bytes >> (8 * j)) & 0xFFu) : 0.0f;
+}
+
+// The weight gradient's block-major scales for one stage: 4 K blocks x (128 A rows + 128 B
+// columns) = 64 vectors of 16 rows, two per lane; one 16-byte load each (a K block's rows are
+// contiguous), 16 fp32 stores in the layouts LoadStageScales writes.
+__device__ __forceinline__ void LoadStageBlockScales(const Params& p, const Tile& tile, int kb0,
+                                                     int kb_end, int lane, float* sa_dst,
+                                                     float* sb_dst) {
+  uint4 v[2];
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int j = lane % 4, r16 = 16 * (lane / 4);  // K block, first row of the vector
+    v[q] = q == 0 ? LoadBlockScales16(p.a_scales, p.a_rows, kb0 + j, kb_end, tile.a_row0 + r16)
+                  : LoadBlockScales16(p.b_scales, p.n, kb0 + j, kb_end,
+                                      int64_t{tile.n_tile} * kBlockN + r16);
+  }
+  const int j = lane % 4, r16 = 16 * (lane / 4);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int r = r16 + i;
+    StsF32(SmemAddr(sa_dst + r * 4 + j), ScaleByte(v[0], i));
+    const int pos = ((r % 8) / 2) * kSbQuadStride + (r / 8) * 2 + (r % 2);
+    StsF32(SmemAddr(sb_dst + j * kSbKbStride + pos), ScaleByte(v[1], i));
+  }
 }
 
 template <bool kGroupedK>
@@ -280,11 +367,13 @@ __device__ __forceinline__ void LoadStageScales(const Params& p, const Tile& til
   for (int q = 0; q < 4; ++q) {
     const int r = lane + 32 * q;
     const int64_t row = static_cast<int64_t>(tile.a_row0) + r;
-    LoadScaleWords(p.a_scales + row * p.a_scale_stride + kb0, p.a_scales_end, row < p.a_rows, wa[q],
-                   &sha[q]);
     const int col = tile.n_tile * kBlockN + r;
-    LoadScaleWords(b_base + static_cast<int64_t>(col) * p.b_scale_stride + kb0, p.b_scales_end,
-                   col < p.n, wb[q], &shb[q]);
+    {
+      LoadScaleWords(p.a_scales + row * p.a_scale_stride + kb0, p.a_scales_end, row < p.a_rows,
+                     wa[q], &sha[q]);
+      LoadScaleWords(b_base + static_cast<int64_t>(col) * p.b_scale_stride + kb0, p.b_scales_end,
+                     col < p.n, wb[q], &shb[q]);
+    }
   }
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
@@ -394,9 +483,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           bulk::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
           bulk::BarrierArriveExpectBytes(&full[slot], 2 * kTileBytes);
           const int kc = tile.k0 + s * kBlockK;
-          TmaLoad2d(s_a + slot * kTileBytes, &map_a, &full[slot], kc, tile.a_row0);
-          TmaLoad3d(s_b + slot * kTileBytes, &map_b, &full[slot], kc, tile.n_tile * kBlockN,
-                    kGroupedK ? 0 : tile.g);
+          LoadStageOperands<kGroupedK>(s_a + slot * kTileBytes, s_b + slot * kTileBytes, &map_a,
+                                       &map_b, &full[slot], kc, tile.a_row0,
+                                       tile.n_tile * kBlockN, kGroupedK ? 0 : tile.g);
         }
       }
     } else {
@@ -408,8 +497,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (it % 3 != loader) continue;
           const int slot = it % kStages;
           bulk::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
-          LoadStageScales<kGroupedK>(p, tile, tile.k0 / 32 + 4 * s, kb_end, lane,
-                                     s_sa + slot * kSaStageFloats, s_sb + slot * kSbStageFloats);
+          if constexpr (kGroupedK) {
+            LoadStageBlockScales(p, tile, tile.k0 / 32 + 4 * s, kb_end, lane,
+                                 s_sa + slot * kSaStageFloats, s_sb + slot * kSbStageFloats);
+          } else {
+            LoadStageScales<false>(p, tile, tile.k0 / 32 + 4 * s, kb_end, lane,
+                                   s_sa + slot * kSaStageFloats, s_sb + slot * kSbStageFloats);
+          }
           bulk::BarrierArrive(&full[slot]);
         }
       }
@@ -418,6 +512,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  // Descriptor units from one K block to the next in a stage's A and B tiles (both 128 rows).
+  constexpr uint64_t kKb = KBlockUnits<kGroupedK>(kBlockM);
   const int consumer = warpgroup - 1;
   const int r0 = consumer * 64 + (warp % 4) * 16 + lane / 4;  // rows r0, r0 + 8 of the tile
   const int quad = lane % 4;
@@ -454,16 +550,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int slot0 = it % kStages, slot1 = (it + 1) % kStages;
         bulk::BarrierWait(&full[slot0], (it / kStages) & 1);
         bulk::BarrierWait(&full[slot1], ((it + 1) / kStages) & 1);
-        const uint64_t da0 = SmemDescriptor(s_a + slot0 * kTileBytes + consumer * 64 * kBlockK);
-        const uint64_t db0 = SmemDescriptor(s_b + slot0 * kTileBytes);
-        const uint64_t da1 = SmemDescriptor(s_a + slot1 * kTileBytes + consumer * 64 * kBlockK);
-        const uint64_t db1 = SmemDescriptor(s_b + slot1 * kTileBytes);
+        const uint64_t da0 = OperandDescriptor<kGroupedK>(s_a + slot0 * kTileBytes, consumer * 64);
+        const uint64_t db0 = OperandDescriptor<kGroupedK>(s_b + slot0 * kTileBytes, 0);
+        const uint64_t da1 = OperandDescriptor<kGroupedK>(s_a + slot1 * kTileBytes, consumer * 64);
+        const uint64_t db1 = OperandDescriptor<kGroupedK>(s_b + slot1 * kTileBytes, 0);
         WgmmaFence();
         FenceRegs(t0);
-        WgmmaM64N128K32(t0, da0 + 0, db0 + 0);
+        WgmmaM64N128K32(t0, da0, db0);
         WgmmaCommit();
         FenceRegs(t1);
-        WgmmaM64N128K32(t1, da0 + 2, db0 + 2);
+        WgmmaM64N128K32(t1, da0 + kKb, db0 + kKb);
         WgmmaCommit();
         // clang-format off
         // Promote block J of SLOT from TD, then issue block JN (descriptors DA, DB) into TD.
@@ -476,7 +572,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }                                                \
         WgmmaFence();                                    \
         FenceRegs(TD);                                   \
-        WgmmaM64N128K32(TD, DA + 2 * (JN), DB + 2 * (JN)); \
+        WgmmaM64N128K32(TD, DA + kKb * (JN), DB + kKb * (JN)); \
         WgmmaCommit();
         MXGEMM_STEP(t0, 0, da0, db0, slot0, 2)
         MXGEMM_STEP(t1, 1, da0, db0, slot0, 3)
@@ -491,7 +587,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         release(slot0);
         WgmmaFence();
         FenceRegs(t1);
-        WgmmaM64N128K32(t1, da1 + 2, db1 + 2);
+        WgmmaM64N128K32(t1, da1 + kKb, db1 + kKb);
         WgmmaCommit();
         MXGEMM_STEP(t0, 0, da1, db1, slot1, 2)
         MXGEMM_STEP(t1, 1, da1, db1, slot1, 3)
@@ -514,12 +610,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (; s < stages; ++s, ++it) {
         const int slot = it % kStages;
         bulk::BarrierWait(&full[slot], (it / kStages) & 1);
-        const uint64_t desc_a = SmemDescriptor(s_a + slot * kTileBytes + consumer * 64 * kBlockK);
-        const uint64_t desc_b = SmemDescriptor(s_b + slot * kTileBytes);
+        const uint64_t desc_a = OperandDescriptor<kGroupedK>(s_a + slot * kTileBytes, consumer * 64);
+        const uint64_t desc_b = OperandDescriptor<kGroupedK>(s_b + slot * kTileBytes, 0);
         for (int j = 0; 4 * s + j < tile.nk32 && j < 4; ++j) {
           WgmmaFence();
           FenceRegs(t0);
-          WgmmaM64N128K32(t0, desc_a + 2 * j, desc_b + 2 * j);
+          WgmmaM64N128K32(t0, desc_a + kKb * j, desc_b + kKb * j);
           WgmmaCommit();
           const auto sc = scales(slot, j);
           WgmmaWait<0>();
@@ -533,17 +629,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int slot = it % kStages;
         bulk::BarrierWait(&full[slot], (it / kStages) & 1);
         // K block j starts 32 bytes further into each 128-byte row: +2 in descriptor units.
-        const uint64_t desc_a = SmemDescriptor(s_a + slot * kTileBytes + consumer * 64 * kBlockK);
-        const uint64_t desc_b = SmemDescriptor(s_b + slot * kTileBytes);
+        const uint64_t desc_a = OperandDescriptor<kGroupedK>(s_a + slot * kTileBytes, consumer * 64);
+        const uint64_t desc_b = OperandDescriptor<kGroupedK>(s_b + slot * kTileBytes, 0);
         if (4 * s + 4 <= tile.nk32) {
           // Full stage, straight-line so that the compiler sees each temporary's wgmma complete
           // before its promotion: block j + 1 runs on the tensor cores while block j is promoted.
           WgmmaFence();
           FenceRegs(t0);
-          WgmmaM64N128K32(t0, desc_a + 0, desc_b + 0);
+          WgmmaM64N128K32(t0, desc_a, desc_b);
           WgmmaCommit();
           FenceRegs(t1);
-          WgmmaM64N128K32(t1, desc_a + 2, desc_b + 2);
+          WgmmaM64N128K32(t1, desc_a + kKb, desc_b + kKb);
           WgmmaCommit();
           {
             const auto sc = scales(slot, 0);
@@ -553,7 +649,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           WgmmaFence();
           FenceRegs(t0);
-          WgmmaM64N128K32(t0, desc_a + 4, desc_b + 4);
+          WgmmaM64N128K32(t0, desc_a + 2 * kKb, desc_b + 2 * kKb);
           WgmmaCommit();
           {
             const auto sc = scales(slot, 1);
@@ -563,7 +659,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           WgmmaFence();
           FenceRegs(t1);
-          WgmmaM64N128K32(t1, desc_a + 6, desc_b + 6);
+          WgmmaM64N128K32(t1, desc_a + 3 * kKb, desc_b + 3 * kKb);
           WgmmaCommit();
           {
             const auto sc = scales(slot, 2);
@@ -582,7 +678,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int j = 0; 4 * s + j < tile.nk32; ++j) {
             WgmmaFence();
             FenceRegs(t0);
-            WgmmaM64N128K32(t0, desc_a + 2 * j, desc_b + 2 * j);
+            WgmmaM64N128K32(t0, desc_a + kKb * j, desc_b + kKb * j);
             WgmmaCommit();
             const auto sc = scales(slot, j);
             WgmmaWait<0>();

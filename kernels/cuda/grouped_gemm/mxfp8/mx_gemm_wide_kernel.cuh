@@ -162,9 +162,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           bulk::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
           bulk::BarrierArriveExpectBytes(&full[slot], kATileBytes + kBTileBytes);
           const int kc = tile.k0 + s * kBK;
-          TmaLoad2d(s_a + slot * kATileBytes, &map_a, &full[slot], kc, tile.a_row0);
-          TmaLoad3d(s_b + slot * kBTileBytes, &map_b, &full[slot], kc, tile.n_tile * kBN,
-                    kGroupedK ? 0 : tile.g);
+          LoadStageOperands<kGroupedK>(s_a + slot * kATileBytes, s_b + slot * kBTileBytes, &map_a,
+                                       &map_b, &full[slot], kc, tile.a_row0, tile.n_tile * kBN,
+                                       kGroupedK ? 0 : tile.g);
         }
       }
     } else {
@@ -184,6 +184,48 @@ __global__ void __launch_bounds__(kThreads, 1)
           bulk::BarrierWait(&sempty[slot], ((ci / kChunks) & 1) ^ 1);
           float* sa = s_sa + slot * kSaChunkFloats;
           float* sb = s_sb + slot * kSbChunkFloats;
+          if constexpr (kGroupedK) {
+            // Block-major scales: per K block the tile's rows are contiguous. 16 K blocks x (256
+            // A rows + 128 B columns) = 384 vectors of 16 rows, 4 per lane, one 16-byte load each.
+            // All four loads are issued before the first is used.
+            uint4 v[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const int idx = l + 96 * q;
+              const bool is_a = idx < 16 * (kBM / 16);
+              const int rel = is_a ? idx : idx - 16 * (kBM / 16);
+              const int per_kb = is_a ? kBM / 16 : kBN / 16;
+              const int j = rel / per_kb, r16 = 16 * (rel % per_kb);
+              v[q] = is_a ? LoadBlockScales16(p.a_scales, p.a_rows, kb0 + j, kb_end,
+                                              int64_t{tile.a_row0} + r16)
+                          : LoadBlockScales16(p.b_scales, p.n, kb0 + j, kb_end,
+                                              int64_t{tile.n_tile} * kBN + r16);
+            }
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const int idx = l + 96 * q;
+              const bool is_a = idx < 16 * (kBM / 16);
+              const int rel = is_a ? idx : idx - 16 * (kBM / 16);
+              const int per_kb = is_a ? kBM / 16 : kBN / 16;
+              const int j = rel / per_kb, r16 = 16 * (rel % per_kb);
+              if (is_a) {
+                const uint32_t dst = SmemAddr(sa + j * kBM + r16);
+#pragma unroll
+                for (int i = 0; i < 16; i += 4) {
+                  StsV4F32(dst + 4 * i, ScaleByte(v[q], i), ScaleByte(v[q], i + 1),
+                           ScaleByte(v[q], i + 2), ScaleByte(v[q], i + 3));
+                }
+              } else {
+#pragma unroll
+                for (int i = 0; i < 16; ++i) {
+                  const int c = r16 + i, half = c / 64, cc = c % 64;
+                  StsF32(SmemAddr(sb + j * kSbKb + half * kSbHalf + ((cc % 8) / 2) * kSbQuad +
+                                  (cc / 8) * 2 + (cc % 2)),
+                         ScaleByte(v[q], i));
+                }
+              }
+            }
+          } else {
           // Two rows' loads in flight at a time (the producers run on 40 registers).
 #pragma unroll
           for (int q0 = 0; q0 < 4; q0 += 2) {
@@ -224,6 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               }
             }
           }
+          }
           bulk::BarrierArrive(&sfull[slot]);
         }
       }
@@ -232,6 +275,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  // Descriptor units: from one m64 piece of A to the next, and from one K block to the next in the
+  // A and B tiles (row-major tiles: 64 rows x 128 bytes and 32 bytes; block-major tiles: 64 rows x
+  // 32 bytes and a whole K block of the tile).
+  constexpr uint64_t kPiece = kGroupedK ? 64 * 32 / 16 : 64 * kBK / 16;
+  constexpr uint64_t kAKb = KBlockUnits<kGroupedK>(kBM);
+  constexpr uint64_t kBKb = KBlockUnits<kGroupedK>(kBN);
   const int h = warpgroup - 1;                // column half of the tile
   const int r0 = (warp % 4) * 16 + lane / 4;  // rows r0, r0 + 8 of each m64 piece
   const int quad = lane % 4;
@@ -287,10 +336,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       const int slot = it % kStages;
       bulk::BarrierWait(&full[slot], (it / kStages) & 1);
-      // Piece m of K block j: A rows 64 m (+ 8 KiB per piece), B columns 64 h; +32 bytes (2
-      // descriptor units) per K block.
-      const uint64_t da = SmemDescriptor(s_a + slot * kATileBytes);
-      const uint64_t db = SmemDescriptor(s_b + slot * kBTileBytes + h * 64 * kBK);
+      // Piece m of K block j: A rows 64 m (kPiece units per piece), B columns 64 h; kAKb / kBKb
+      // units per K block.
+      const uint64_t da = OperandDescriptor<kGroupedK>(s_a + slot * kATileBytes, 0);
+      const uint64_t db = OperandDescriptor<kGroupedK>(s_b + slot * kBTileBytes, 64 * h);
       const float* sa_c = s_sa + cslot * kSaChunkFloats + r0;
       const float* sb_c = s_sb + cslot * kSbChunkFloats;
       const int jb = (s % 4) * 4;  // the stage's first K block within the chunk
@@ -303,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         WgmmaM64N64K32(t0, da, db);
         WgmmaCommit();
         FenceRegs32(t1);
-        WgmmaM64N64K32(t1, da + 512, db);
+        WgmmaM64N64K32(t1, da + kPiece, db);
         WgmmaCommit();
         auto step = [&](auto ic) {
           constexpr int u = decltype(ic)::value;
@@ -323,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               constexpr int j2 = (u + 2) / 4, m2 = (u + 2) % 4;
               WgmmaFence();
               FenceRegs32(tt);
-              WgmmaM64N64K32(tt, da + 512 * m2 + 2 * j2, db + 2 * j2);
+              WgmmaM64N64K32(tt, da + kPiece * m2 + kAKb * j2, db + kBKb * j2);
               WgmmaCommit();
             }
           };
@@ -345,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (m >= pieces) continue;
             WgmmaFence();
             FenceRegs32(t0);
-            WgmmaM64N64K32(t0, da + 512 * m + 2 * j, db + 2 * j);
+            WgmmaM64N64K32(t0, da + kPiece * m + kAKb * j, db + kBKb * j);
             WgmmaCommit();
             const float sa0 = LdsF32(SmemAddr(sa_c + (jb + j) * kBM + 64 * m));
             const float sa1 = LdsF32(SmemAddr(sa_c + (jb + j) * kBM + 64 * m + 8));

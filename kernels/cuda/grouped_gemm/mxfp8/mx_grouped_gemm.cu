@@ -76,6 +76,29 @@ absl::Status EncodeOperand(CUtensorMap* map, const uint8_t* data, uint64_t k_ext
   return absl::OkStatus();
 }
 
+// A block-major column-wise operand (mxfp8.h: [P / 32][rows][32] E4M3): dims {32, rows, P / 32},
+// boxes of 32 bytes x box_rows x 4 K blocks (one stage; it lands as [4][box_rows][32]), 32-byte
+// swizzle (the layout of SmemDescriptor32); elements outside read as zero.
+absl::Status EncodeBlockedOperand(CUtensorMap* map, const uint8_t* data, uint64_t padded,
+                                  uint64_t rows, uint32_t box_rows, const char* field) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr)
+    return absl::InternalError("cuTensorMapEncodeTiled not found in the driver");
+  const cuuint64_t dims[3] = {32, rows, padded / 32};
+  const cuuint64_t strides[2] = {32, 32 * rows};
+  const cuuint32_t box[3] = {32, box_rows, static_cast<cuuint32_t>(kBlockK / 32)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(data),
+                            dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_32B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(
+        absl::StrCat(field, ": cuTensorMapEncodeTiled failed (CUresult ", r, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckOperand(const MxOperand& op, const char* field) {
   if (op.data == nullptr) return absl::InvalidArgumentError(absl::StrCat(field, ".data is null"));
   if (op.scales == nullptr)
@@ -200,6 +223,8 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
     p.b_scales = b.scales;
     p.a_scale_stride = k / 32;
     p.b_scale_stride = k / 32;
+    p.a_scale_kb_stride = 1;
+    p.b_scale_kb_stride = 1;
     p.b_scale_batch_stride = static_cast<int64_t>(n) * (k / 32);
     p.a_scales_end = a.scales + o_.max_rows * (k / 32);
     p.b_scales_end = b.scales + o_.num_groups * p.b_scale_batch_stride;
@@ -224,19 +249,29 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
     if (absl::Status s = CheckOperand(dy, "dy_colwise"); !s.ok()) return s;
     if (absl::Status s = CheckOutput(dw, padded_offsets, "dw", "padded_offsets"); !s.ok()) return s;
     const int64_t padded = PaddedRows();
+    // The kernels read a K block's scales 16 rows at a time.
+    if (reinterpret_cast<uintptr_t>(x.scales) % 16 != 0) {
+      return absl::InvalidArgumentError("x_colwise.scales must be 16-byte aligned");
+    }
+    if (reinterpret_cast<uintptr_t>(dy.scales) % 16 != 0) {
+      return absl::InvalidArgumentError("dy_colwise.scales must be 16-byte aligned");
+    }
     CUtensorMap map_a, map_b;
     if (absl::Status s =
-            EncodeOperand(&map_a, x.data, padded, o_.k, 0, ARows(k_kernel_), "x_colwise");
+            EncodeBlockedOperand(&map_a, x.data, padded, o_.k, ARows(k_kernel_), "x_colwise");
         !s.ok())
       return s;
-    if (absl::Status s = EncodeOperand(&map_b, dy.data, padded, o_.n, 1, kBlockN, "dy_colwise");
+    if (absl::Status s = EncodeBlockedOperand(&map_b, dy.data, padded, o_.n, kBlockN, "dy_colwise");
         !s.ok())
       return s;
+    // Block-major scales [P / 32][rows]: (row, kb) at kb * rows + row.
     Params p{};
     p.a_scales = x.scales;
     p.b_scales = dy.scales;
-    p.a_scale_stride = padded / 32;
-    p.b_scale_stride = padded / 32;
+    p.a_scale_stride = 1;
+    p.b_scale_stride = 1;
+    p.a_scale_kb_stride = o_.k;
+    p.b_scale_kb_stride = o_.n;
     p.b_scale_batch_stride = 0;
     p.a_scales_end = x.scales + o_.k * (padded / 32);
     p.b_scales_end = dy.scales + o_.n * (padded / 32);

@@ -17,8 +17,10 @@
 //   BackwardData   dX_e  = dY_e . W[e]^T      A = dY  row-wise  [rows][n]  (+ scales [rows][n/32])
 //                                             B = W quantized along n:   [E][k][n] (+ [E][k][n/32])
 //                                             C = dX [rows][k] bf16
-//   BackwardWeight dW[e] = X_e^T . dY_e       A = X   column-wise [k][P]  (+ scales [k][P/32])
-//                                             B = dY  column-wise [n][P]  (+ scales [n][P/32])
+//   BackwardWeight dW[e] = X_e^T . dY_e       A = X   column-wise, block-major [P/32][k][32]
+//                                                     (+ scales [P/32][k], 16-byte aligned)
+//                                             B = dY  column-wise, block-major [P/32][n][32]
+//                                                     (+ scales [P/32][n], 16-byte aligned)
 //                                             C = dW [E][k][n] fp32 or bf16; zeros for an empty
 //                                             group
 // The forward and data-gradient products are m-grouped (group e's rows of A against B[e]); the
@@ -88,7 +90,8 @@ class MxGroupedGemm {
   // dx [max_rows][k] bf16; w is W quantized along n ([E][k][n] + scales [E][k][n/32]).
   virtual absl::Status BackwardData(const MxOperand& dy, const MxOperand& w, const int32_t* offsets,
                                     Bf16* dx, Stream stream) = 0;
-  // x_colwise [k][P], dy_colwise [n][P]; padded_offsets as QuantizeMxfp8 wrote them.
+  // x_colwise and dy_colwise as QuantizeMxfp8 writes them (block-major, mxfp8.h); padded_offsets
+  // as it wrote them.
   virtual absl::Status BackwardWeight(const MxOperand& x_colwise, const MxOperand& dy_colwise,
                                       const int32_t* padded_offsets, float* dw, Stream stream) = 0;
   virtual absl::Status BackwardWeight(const MxOperand& x_colwise, const MxOperand& dy_colwise,
