@@ -84,8 +84,8 @@ __global__ void __launch_bounds__(kScanThreads)
     const int g = base + threadIdx.x;
     int32_t padded = 0;
     if (g < num_groups) {
-      const int32_t count =
-          group_offsets == nullptr ? static_cast<int32_t>(rows) : group_offsets[g + 1] - group_offsets[g];
+      const int32_t count = group_offsets == nullptr ? static_cast<int32_t>(rows)
+                                                     : group_offsets[g + 1] - group_offsets[g];
       padded = (max(count, 0) + kMxBlock - 1) / kMxBlock * kMxBlock;
     }
     int32_t inclusive = padded;
@@ -136,7 +136,6 @@ struct RowBlock {
   int32_t live;        // rows of the block that hold data (the rest is group padding)
 };
 
-
 // Warp-collective: the group holding padded rows [padded_row, padded_row + 32). `group` is the
 // warp's previous answer (0 at first): padded rows only grow along a block's tiles, so the search
 // resumes there and usually takes one ballot.
@@ -150,7 +149,8 @@ __device__ __forceinline__ RowBlock ResolveRowBlock(int32_t padded_row, int& gro
   // group = number of j in [1, G] with padded_offsets[j] <= padded_row (a prefix of [1, G]).
   for (;;) {
     const int j = group + 1 + lane;
-    const unsigned le = __ballot_sync(kFullMask, j <= num_groups && padded_offsets[j] <= padded_row);
+    const unsigned le =
+        __ballot_sync(kFullMask, j <= num_groups && padded_offsets[j] <= padded_row);
     group += __popc(le);
     if (le != kFullMask) break;
   }
@@ -171,7 +171,9 @@ struct StreamConfig {
   static constexpr size_t kSmemBytes = size_t{kStages} * kStageStride + kStages * (16 + 16);
   static_assert(kW % 256 == 0, "segment: a multiple of 256 columns");
   static_assert(kStages >= 2, "at least one item in flight");
-  __device__ static constexpr int RowOffset(int r) { return r * kPitch + (r >= 16 ? kHalfShift : 0); }
+  __device__ static constexpr int RowOffset(int r) {
+    return r * kPitch + (r >= 16 ? kHalfShift : 0);
+  }
 };
 
 struct StreamSlot {
@@ -230,7 +232,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                          const int32_t* __restrict__ padded_offsets) {
   constexpr int kW = Cfg::kWidth, kStages = Cfg::kStages, kWarps = Cfg::kConsumerWarps;
   extern __shared__ __align__(128) uint8_t smem[];
-  StreamSlot* const slots = reinterpret_cast<StreamSlot*>(smem + size_t{kStages} * Cfg::kStageStride);
+  StreamSlot* const slots =
+      reinterpret_cast<StreamSlot*>(smem + size_t{kStages} * Cfg::kStageStride);
   uint64_t* const full = reinterpret_cast<uint64_t*>(slots + kStages);
   uint64_t* const empty = full + kStages;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -303,7 +306,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
           const detail::MxPair q = detail::QuantizeMxPair(a, b);
           if (r < slot.live && col < width) {
             const uint64_t at =
-                static_cast<uint64_t>(slot.source_row + r) * static_cast<uint32_t>(cols) + slot.c0 + col;
+                static_cast<uint64_t>(slot.source_row + r) * static_cast<uint32_t>(cols) + slot.c0 +
+                col;
             *reinterpret_cast<uint4*>(row_data + at) = q.data;
             if ((lc & 1) == 0) row_scales[at / kMxBlock] = static_cast<uint8_t>(q.scale);
           }
@@ -343,7 +347,8 @@ absl::Status LaunchStream(const MxQuantizeShape& shape, const Bf16* x, const int
     return absl::InvalidArgumentError("cols: too many items for one launch");
   }
   const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_items, resident)));
-  auto kernel = rowwise != nullptr ? QuantizeStreamKernel<Cfg, true> : QuantizeStreamKernel<Cfg, false>;
+  auto kernel =
+      rowwise != nullptr ? QuantizeStreamKernel<Cfg, true> : QuantizeStreamKernel<Cfg, false>;
   kernel<<<blocks, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
       x, static_cast<int32_t>(shape.rows), static_cast<int32_t>(shape.cols), offsets,
       shape.num_groups, rowwise == nullptr ? nullptr : rowwise->data,
@@ -359,13 +364,15 @@ __global__ void __launch_bounds__(256)
     DequantizeKernel(const uint2* __restrict__ data, const uint8_t* __restrict__ scales,
                      int64_t rows, int64_t cols, const int32_t* __restrict__ num_rows,
                      Out* __restrict__ out) {
-  const int64_t live = num_rows == nullptr ? rows : min(rows, static_cast<int64_t>(max(0, *num_rows)));
+  const int64_t live =
+      num_rows == nullptr ? rows : min(rows, static_cast<int64_t>(max(0, *num_rows)));
   const int64_t total = live * (cols / 8);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint2 q = data[i];
     const uint8_t s = scales[i / 4];
-    const float x = s == kE8M0Nan ? __uint_as_float(0x7fc00000u) : __uint_as_float(static_cast<uint32_t>(s) << 23);
+    const float x = s == kE8M0Nan ? __uint_as_float(0x7fc00000u)
+                                  : __uint_as_float(static_cast<uint32_t>(s) << 23);
     const uint32_t bytes[2] = {q.x, q.y};
     float f[8];
 #pragma unroll
@@ -419,8 +426,8 @@ absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
     if (shape.rows == 0) return absl::OkStatus();
     const int blocks = GridStrideBlocks(shape.rows * shape.cols / 16, kRowThreads * kRowUnroll);
     QuantizeRowwiseKernel<<<blocks, kRowThreads, 0, stream>>>(
-        reinterpret_cast<const uint4*>(x), shape.rows, shape.cols, group_offsets,
-        shape.num_groups, reinterpret_cast<uint4*>(rowwise->data), rowwise->scales);
+        reinterpret_cast<const uint4*>(x), shape.rows, shape.cols, group_offsets, shape.num_groups,
+        reinterpret_cast<uint4*>(rowwise->data), rowwise->scales);
     return LaunchStatus("QuantizeRowwiseKernel");
   }
   PaddedOffsetsKernel<<<1, kScanThreads, 0, stream>>>(group_offsets, shape.num_groups, shape.rows,

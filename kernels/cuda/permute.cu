@@ -36,8 +36,7 @@ __device__ __forceinline__ void LoadRoute(const int32_t* __restrict__ slot_of_ch
 
 __global__ void __launch_bounds__(kThreads)
     PermuteKernel(const uint4* __restrict__ x, int64_t vecs_per_row,
-                  const int32_t* __restrict__ slot_of_choice, int top_k,
-                  uint4* __restrict__ rows) {
+                  const int32_t* __restrict__ slot_of_choice, int top_k, uint4* __restrict__ rows) {
   __shared__ TokenRoute route;
   const int64_t token = blockIdx.x;
   LoadRoute(slot_of_choice, nullptr, token, top_k, &route);
@@ -62,8 +61,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // Each thread owns pairs of vectors (16 elements): an MX block is 2 lanes, stores are 16 bytes.
 constexpr int kPairUnroll = 4;
-constexpr int kPassPairs = kThreads * kPairUnroll;       // pairs one pass covers
-constexpr int kPassScales = kPassPairs / 2;              // scale bytes one pass produces
+constexpr int kPassPairs = kThreads * kPairUnroll;  // pairs one pass covers
+constexpr int kPassScales = kPassPairs / 2;         // scale bytes one pass produces
 constexpr int kMaxTokensPerBlock = 8;
 
 // Tokens one block takes: rows of at most a pass's pairs that divide it share one pass (qwen3's
@@ -91,8 +90,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t scales_per_row = vecs_per_row / 4;
   const int64_t block_pairs = pairs_per_row * tokens_per_block;  // one row, or one pass
   uint4 a[kPairUnroll], b[kPairUnroll];
-  int tok[kPairUnroll];      // token of the block (0..tokens_per_block-1) of pair u
-  int32_t pair[kPairUnroll]; // pair within its token's row; -1 when past the row or the tokens
+  int tok[kPairUnroll];       // token of the block (0..tokens_per_block-1) of pair u
+  int32_t pair[kPairUnroll];  // pair within its token's row; -1 when past the row or the tokens
   auto locate = [&](int64_t base) {
 #pragma unroll
     for (int u = 0; u < kPairUnroll; ++u) {
@@ -147,8 +146,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     // This pass's scale bytes: per token of the pass, its run of scales from first_scale.
     const int64_t first_scale = base / 2;  // within the row (base is 0 with several tokens)
-    const int token_bytes = static_cast<int>(
-        min(static_cast<int64_t>(kPassScales), scales_per_row - first_scale));
+    const int token_bytes =
+        static_cast<int>(min(static_cast<int64_t>(kPassScales), scales_per_row - first_scale));
     const int units = token_bytes / scale_unit;  // scale_unit divides token_bytes (see launcher)
     for (int idx = threadIdx.x; idx < tokens_per_block * top_k * units; idx += kThreads) {
       const int tj = idx / units, n = idx - tj * units;
@@ -183,7 +182,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < kMaxK; ++j) {
       if (j < top_k && route.slot[j] >= 0) {
-        v[j] = detail::LoadVecStreaming(rows + static_cast<int64_t>(route.slot[j]) * vecs_per_row + c);
+        v[j] =
+            detail::LoadVecStreaming(rows + static_cast<int64_t>(route.slot[j]) * vecs_per_row + c);
       }
     }
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -206,8 +206,8 @@ template <int kMaxK>
 __global__ void __launch_bounds__(kThreads)
     CombineBackwardKernel(const uint4* __restrict__ d_y, const uint4* __restrict__ rows,
                           int64_t vecs_per_row, const int32_t* __restrict__ slot_of_choice,
-                          const float* __restrict__ weights, int top_k,
-                          uint4* __restrict__ d_rows, float* __restrict__ d_weights) {
+                          const float* __restrict__ weights, int top_k, uint4* __restrict__ d_rows,
+                          float* __restrict__ d_weights) {
   __shared__ TokenRoute route;
   __shared__ float partial[kThreads / 32][kMaxK];
   const int64_t token = blockIdx.x;
@@ -221,7 +221,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < kMaxK; ++j) {
       if (j < top_k && route.slot[j] >= 0) {
-        v[j] = detail::LoadVecStreaming(rows + static_cast<int64_t>(route.slot[j]) * vecs_per_row + c);
+        v[j] =
+            detail::LoadVecStreaming(rows + static_cast<int64_t>(route.slot[j]) * vecs_per_row + c);
       }
     }
     float gf[8];
@@ -292,8 +293,8 @@ struct LaunchCombineBackward {
                           const int32_t* slots, const float* weights, Bf16* d_rows,
                           float* d_weights, Stream stream) {
     CombineBackwardKernel<kMaxK><<<static_cast<unsigned>(shape.num_tokens), kThreads, 0, stream>>>(
-        reinterpret_cast<const uint4*>(d_y), reinterpret_cast<const uint4*>(rows),
-        shape.hidden / 8, slots, weights, shape.top_k, reinterpret_cast<uint4*>(d_rows), d_weights);
+        reinterpret_cast<const uint4*>(d_y), reinterpret_cast<const uint4*>(rows), shape.hidden / 8,
+        slots, weights, shape.top_k, reinterpret_cast<uint4*>(d_rows), d_weights);
     return LaunchStatus("CombineBackwardKernel");
   }
 };
@@ -323,7 +324,7 @@ absl::Status PermuteMxfp8(const PermuteShape& shape, const Bf16* x, const int32_
   const uintptr_t scales_at = reinterpret_cast<uintptr_t>(rows.scales);
   const int scale_unit = scales_per_row % 16 == 0 && scales_at % 16 == 0 ? 16
                          : scales_per_row % 4 == 0 && scales_at % 4 == 0 ? 4
-                                                                          : 1;
+                                                                         : 1;
   const int tpb = TokensPerBlock(shape.hidden / 16);
   const int64_t blocks = (shape.num_tokens + tpb - 1) / tpb;
   PermuteMxfp8Kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
@@ -359,8 +360,8 @@ absl::Status UnpermuteCombineBackward(const PermuteShape& shape, const Bf16* d_y
     return s;
   }
   if (shape.num_tokens == 0) return absl::OkStatus();
-  return DispatchTopK<LaunchCombineBackward>(shape.top_k, shape, d_y, rows, slot_of_choice,
-                                             weights, d_rows, d_weights, stream);
+  return DispatchTopK<LaunchCombineBackward>(shape.top_k, shape, d_y, rows, slot_of_choice, weights,
+                                             d_rows, d_weights, stream);
 }
 
 }  // namespace dropless::kernels::cuda

@@ -484,8 +484,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           bulk::BarrierArriveExpectBytes(&full[slot], 2 * kTileBytes);
           const int kc = tile.k0 + s * kBlockK;
           LoadStageOperands<kGroupedK>(s_a + slot * kTileBytes, s_b + slot * kTileBytes, &map_a,
-                                       &map_b, &full[slot], kc, tile.a_row0,
-                                       tile.n_tile * kBlockN, kGroupedK ? 0 : tile.g);
+                                       &map_b, &full[slot], kc, tile.a_row0, tile.n_tile * kBlockN,
+                                       kGroupedK ? 0 : tile.g);
         }
       }
     } else {
@@ -610,7 +610,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (; s < stages; ++s, ++it) {
         const int slot = it % kStages;
         bulk::BarrierWait(&full[slot], (it / kStages) & 1);
-        const uint64_t desc_a = OperandDescriptor<kGroupedK>(s_a + slot * kTileBytes, consumer * 64);
+        const uint64_t desc_a =
+            OperandDescriptor<kGroupedK>(s_a + slot * kTileBytes, consumer * 64);
         const uint64_t desc_b = OperandDescriptor<kGroupedK>(s_b + slot * kTileBytes, 0);
         for (int j = 0; 4 * s + j < tile.nk32 && j < 4; ++j) {
           WgmmaFence();
@@ -628,8 +629,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int s = 0; s < stages; ++s, ++it) {
         const int slot = it % kStages;
         bulk::BarrierWait(&full[slot], (it / kStages) & 1);
-        // K block j starts 32 bytes further into each 128-byte row: +2 in descriptor units.
-        const uint64_t desc_a = OperandDescriptor<kGroupedK>(s_a + slot * kTileBytes, consumer * 64);
+        // K block j starts kKb descriptor units further: 32 bytes into each 128-byte row, or
+        // (block- major operands) one K block slice of the tile further.
+        const uint64_t desc_a =
+            OperandDescriptor<kGroupedK>(s_a + slot * kTileBytes, consumer * 64);
         const uint64_t desc_b = OperandDescriptor<kGroupedK>(s_b + slot * kTileBytes, 0);
         if (4 * s + 4 <= tile.nk32) {
           // Full stage, straight-line so that the compiler sees each temporary's wgmma complete

@@ -187,27 +187,31 @@ __global__ void __launch_bounds__(kThreads, 1)
           if constexpr (kGroupedK) {
             // Block-major scales: per K block the tile's rows are contiguous. 16 K blocks x (256
             // A rows + 128 B columns) = 384 vectors of 16 rows, 4 per lane, one 16-byte load each.
+            // Vector q of lane l: A rows (256 per K block) first, then B columns (128 per K block).
+            struct Vec {
+              bool is_a;
+              int j, r16;  // K block within the chunk, first row of the 16
+            };
+            auto locate = [&](int q) {
+              const int idx = l + 96 * q;
+              const bool is_a = idx < 16 * (kBM / 16);
+              const int rel = is_a ? idx : idx - 16 * (kBM / 16);
+              const int per_kb = is_a ? kBM / 16 : kBN / 16;
+              return Vec{is_a, rel / per_kb, 16 * (rel % per_kb)};
+            };
             // All four loads are issued before the first is used.
             uint4 v[4];
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-              const int idx = l + 96 * q;
-              const bool is_a = idx < 16 * (kBM / 16);
-              const int rel = is_a ? idx : idx - 16 * (kBM / 16);
-              const int per_kb = is_a ? kBM / 16 : kBN / 16;
-              const int j = rel / per_kb, r16 = 16 * (rel % per_kb);
-              v[q] = is_a ? LoadBlockScales16(p.a_scales, p.a_rows, kb0 + j, kb_end,
-                                              int64_t{tile.a_row0} + r16)
-                          : LoadBlockScales16(p.b_scales, p.n, kb0 + j, kb_end,
-                                              int64_t{tile.n_tile} * kBN + r16);
+              const Vec w = locate(q);
+              v[q] = w.is_a ? LoadBlockScales16(p.a_scales, p.a_rows, kb0 + w.j, kb_end,
+                                                int64_t{tile.a_row0} + w.r16)
+                            : LoadBlockScales16(p.b_scales, p.n, kb0 + w.j, kb_end,
+                                                int64_t{tile.n_tile} * kBN + w.r16);
             }
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-              const int idx = l + 96 * q;
-              const bool is_a = idx < 16 * (kBM / 16);
-              const int rel = is_a ? idx : idx - 16 * (kBM / 16);
-              const int per_kb = is_a ? kBM / 16 : kBN / 16;
-              const int j = rel / per_kb, r16 = 16 * (rel % per_kb);
+              const auto [is_a, j, r16] = locate(q);
               if (is_a) {
                 const uint32_t dst = SmemAddr(sa + j * kBM + r16);
 #pragma unroll
@@ -226,46 +230,47 @@ __global__ void __launch_bounds__(kThreads, 1)
               }
             }
           } else {
-          // Two rows' loads in flight at a time (the producers run on 40 registers).
+            // Two rows' loads in flight at a time (the producers run on 40 registers).
 #pragma unroll
-          for (int q0 = 0; q0 < 4; q0 += 2) {
-            uint4 raw[2];
+            for (int q0 = 0; q0 < 4; q0 += 2) {
+              uint4 raw[2];
 #pragma unroll
-            for (int qq = 0; qq < 2; ++qq) {
-              const int row = l + 96 * (q0 + qq);
-              if (row < kBM) {
-                const int64_t r = static_cast<int64_t>(tile.a_row0) + row;
-                raw[qq] = LoadScaleRow(p.a_scales + r * p.a_scale_stride + kb0, p.a_scales_end,
-                                       r < p.a_rows, count);
-              } else {
-                const int col = tile.n_tile * kBN + (row - kBM);
-                raw[qq] = LoadScaleRow(b_base + static_cast<int64_t>(col) * p.b_scale_stride + kb0,
-                                       p.b_scales_end, col < p.n, count);
+              for (int qq = 0; qq < 2; ++qq) {
+                const int row = l + 96 * (q0 + qq);
+                if (row < kBM) {
+                  const int64_t r = static_cast<int64_t>(tile.a_row0) + row;
+                  raw[qq] = LoadScaleRow(p.a_scales + r * p.a_scale_stride + kb0, p.a_scales_end,
+                                         r < p.a_rows, count);
+                } else {
+                  const int col = tile.n_tile * kBN + (row - kBM);
+                  raw[qq] =
+                      LoadScaleRow(b_base + static_cast<int64_t>(col) * p.b_scale_stride + kb0,
+                                   p.b_scales_end, col < p.n, count);
+                }
+              }
+#pragma unroll
+              for (int qq = 0; qq < 2; ++qq) {
+                const int row = l + 96 * (q0 + qq);
+                uint32_t dst, kb_stride;
+                if (row < kBM) {
+                  dst = SmemAddr(sa + row);
+                  kb_stride = kBM * 4;
+                } else {
+                  const int c = row - kBM;
+                  const int half = c / 64, cc = c % 64;
+                  dst = SmemAddr(sb + half * kSbHalf + ((cc % 8) / 2) * kSbQuad + (cc / 8) * 2 +
+                                 (cc % 2));
+                  kb_stride = kSbKb * 4;
+                }
+                const uint32_t words[4] = {raw[qq].x, raw[qq].y, raw[qq].z, raw[qq].w};
+#pragma unroll
+                for (int j = 0; j < kChunkKb; ++j) {
+                  const float v =
+                      j < count ? E8M0ToFloat((words[j / 4] >> (8 * (j % 4))) & 0xFFu) : 0.0f;
+                  StsF32(dst + j * kb_stride, v);
+                }
               }
             }
-#pragma unroll
-            for (int qq = 0; qq < 2; ++qq) {
-              const int row = l + 96 * (q0 + qq);
-              uint32_t dst, kb_stride;
-              if (row < kBM) {
-                dst = SmemAddr(sa + row);
-                kb_stride = kBM * 4;
-              } else {
-                const int c = row - kBM;
-                const int half = c / 64, cc = c % 64;
-                dst = SmemAddr(sb + half * kSbHalf + ((cc % 8) / 2) * kSbQuad + (cc / 8) * 2 +
-                               (cc % 2));
-                kb_stride = kSbKb * 4;
-              }
-              const uint32_t words[4] = {raw[qq].x, raw[qq].y, raw[qq].z, raw[qq].w};
-#pragma unroll
-              for (int j = 0; j < kChunkKb; ++j) {
-                const float v =
-                    j < count ? E8M0ToFloat((words[j / 4] >> (8 * (j % 4))) & 0xFFu) : 0.0f;
-                StsF32(dst + j * kb_stride, v);
-              }
-            }
-          }
           }
           bulk::BarrierArrive(&sfull[slot]);
         }

@@ -88,10 +88,10 @@ absl::Status EncodeBlockedOperand(CUtensorMap* map, const uint8_t* data, uint64_
   const cuuint64_t strides[2] = {32, 32 * rows};
   const cuuint32_t box[3] = {32, box_rows, static_cast<cuuint32_t>(kBlockK / 32)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(data),
-                            dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_32B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(data), dims, strides, box,
+             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_32B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return absl::InternalError(
         absl::StrCat(field, ": cuTensorMapEncodeTiled failed (CUresult ", r, ")"));
