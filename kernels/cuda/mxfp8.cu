@@ -422,6 +422,15 @@ absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
   if (group_offsets == nullptr && shape.num_groups != 1) {
     return absl::InvalidArgumentError("num_groups: must be 1 when group_offsets is null");
   }
+  // The kernels read x in 16-byte vectors / bulk copies and store E4M3 in 16-byte units.
+  auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!aligned16(x)) return absl::InvalidArgumentError("x: must be 16-byte aligned");
+  if (rowwise != nullptr && !aligned16(rowwise->data)) {
+    return absl::InvalidArgumentError("rowwise.data: must be 16-byte aligned");
+  }
+  if (colwise != nullptr && !aligned16(colwise->data)) {
+    return absl::InvalidArgumentError("colwise.data: must be 16-byte aligned");
+  }
   if (colwise == nullptr) {
     if (shape.rows == 0) return absl::OkStatus();
     const int blocks = GridStrideBlocks(shape.rows * shape.cols / 16, kRowThreads * kRowUnroll);

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "dropless/kernels/mxfp8.h"
 #include "tests/gpu/kernels/gpu_test_util.h"
 #include "tests/unit/kernels/test_data.h"
@@ -189,6 +191,14 @@ TEST_F(Mxfp8Gpu, RejectsBadArguments) {
   MxRowwise rowwise{data.get(), scales.get()};
   EXPECT_FALSE(cuda::QuantizeMxfp8({1, 48, 1}, x.get(), nullptr, &rowwise, nullptr, nullptr).ok());
   EXPECT_FALSE(cuda::QuantizeMxfp8({1, 64, 2}, x.get(), nullptr, &rowwise, nullptr, nullptr).ok());
+  // Misaligned buffers are refused by name before any launch.
+  const absl::Status bad_x =
+      cuda::QuantizeMxfp8({1, 32, 1}, x.get() + 1, nullptr, &rowwise, nullptr, nullptr);
+  EXPECT_NE(bad_x.message().find("x:"), std::string::npos) << bad_x;
+  MxRowwise shifted{data.get() + 4, scales.get()};
+  const absl::Status bad_out =
+      cuda::QuantizeMxfp8({1, 32, 1}, x.get(), nullptr, &shifted, nullptr, nullptr);
+  EXPECT_NE(bad_out.message().find("rowwise.data"), std::string::npos) << bad_out;
 }
 
 }  // namespace
