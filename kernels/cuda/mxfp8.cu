@@ -16,7 +16,6 @@ namespace dropless::kernels::cuda {
 namespace {
 
 using detail::kFullMask;
-namespace bulk = ::dropless::kernels::cuda::bulk;
 
 // ---- Row-wise only: 16 elements (two vectors) per thread, 2 lanes per block, 16-byte stores;
 // the next pass's loads are issued before this pass is quantized. ----
