@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <ctime>
 #include <functional>
 #include <memory>
 #include <string>
@@ -51,7 +50,9 @@ __global__ void FillRandomBf16(__nv_bfloat16* p, int64_t count, uint64_t seed) {
 
 template <class T>
 struct DeviceMemory {
-  explicit DeviceMemory(size_t count) { BENCH_CUDA(cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T))); }
+  explicit DeviceMemory(size_t count) {
+    BENCH_CUDA(cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T)));
+  }
   ~DeviceMemory() { cudaFree(ptr); }
   T* ptr = nullptr;
 };
@@ -86,18 +87,26 @@ Flags ParseFlags(const std::vector<std::string>& args) {
   Flags f;
   for (const std::string& a : args) {
     std::pair<std::string, std::string> kv = absl::StrSplit(a, absl::MaxSplits('=', 1));
-    if (kv.first == "--json") f.json = kv.second;
-    else if (kv.first == "--commit") f.commit = kv.second;
-    else if (kv.first == "--shapes") f.shapes = absl::StrSplit(kv.second, ',');
-    else if (kv.first == "--dists") f.dists = absl::StrSplit(kv.second, ',');
-    else if (kv.first == "--sweep") f.sweep = true;
-    else if (kv.first == "--no-cublas") f.cublas = false;
-    else if (kv.first == "--iters") f.iters = std::max(1, std::atoi(kv.second.c_str()));
+    if (kv.first == "--json")
+      f.json = kv.second;
+    else if (kv.first == "--commit")
+      f.commit = kv.second;
+    else if (kv.first == "--shapes")
+      f.shapes = absl::StrSplit(kv.second, ',');
+    else if (kv.first == "--dists")
+      f.dists = absl::StrSplit(kv.second, ',');
+    else if (kv.first == "--sweep")
+      f.sweep = true;
+    else if (kv.first == "--no-cublas")
+      f.cublas = false;
+    else if (kv.first == "--iters")
+      f.iters = std::max(1, std::atoi(kv.second.c_str()));
     else {
-      std::fprintf(stderr,
-                   "gemm bench: unknown flag %s\nflags: --json=PATH --commit=SHA "
-                   "--shapes=dsv3,qwen3,mixtral --dists=uniform,zipf --sweep --no-cublas --iters=N\n",
-                   a.c_str());
+      std::fprintf(
+          stderr,
+          "gemm bench: unknown flag %s\nflags: --json=PATH --commit=SHA "
+          "--shapes=dsv3,qwen3,mixtral --dists=uniform,zipf --sweep --no-cublas --iters=N\n",
+          a.c_str());
       std::exit(2);
     }
   }
@@ -114,7 +123,8 @@ class GemmBench {
     device_ = absl::StrCat(prop.name, " (1 GPU)");
     MeasureCeilings();
     for (const MoeShape& shape : kMoeShapes) {
-      if (std::find(flags_.shapes.begin(), flags_.shapes.end(), shape.name) == flags_.shapes.end()) continue;
+      if (std::find(flags_.shapes.begin(), flags_.shapes.end(), shape.name) == flags_.shapes.end())
+        continue;
       BenchShape(shape, "w13", shape.hidden, 2 * shape.ffn);
       BenchShape(shape, "w2", shape.ffn, shape.hidden);
     }
@@ -129,7 +139,8 @@ class GemmBench {
     DeviceMemory<char> src(bytes), dst(bytes);
     BENCH_CUDA(cudaMemset(src.ptr, 1, bytes));
     const double copy_ms = MedianMs(
-        [&] { BENCH_CUDA(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice)); }, 2, 10);
+        [&] { BENCH_CUDA(cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice)); }, 2,
+        10);
     copy_gbps_ = 2.0 * bytes / (copy_ms * 1e-3) / 1e9;
 
     const int d = 8192;
@@ -178,8 +189,8 @@ class GemmBench {
       auto add = [&](const char* name, const std::string& impl, const std::string& kernel,
                      const char* out, double ms, double bytes, const std::string& note) {
         rows_.push_back({name, s.name, impl, "bf16", weight, dist, kernel, out,
-                         absl::StrCat(weight, " (k=", k, ", n=", n, "), ", dist, " groups, E=",
-                                      experts, ", ", rows, " rows", note),
+                         absl::StrCat(weight, " (k=", k, ", n=", n, "), ", dist,
+                                      " groups, E=", experts, ", ", rows, " rows", note),
                          ms, flop / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9});
       };
 
@@ -218,19 +229,24 @@ class GemmBench {
           Check(gemm.status(), "create forced");
           GroupedGemm* g = gemm->get();
           auto tag = [&](GroupedGemmOp op, const std::string& name) {
-            return name == (*chosen)->KernelName(op) ? std::string(", default kernel") : std::string();
+            return name == (*chosen)->KernelName(op) ? std::string(", default kernel")
+                                                     : std::string();
           };
           // The bf16 object re-measures forward and dgrad only when sweeping would repeat them.
           if (f32 && i < fwd.size()) {
             add("fwd", "dropless", forced.forward_kernel, "bf16",
-                MedianMs([&] { Check(g->Forward(x.ptr, w.ptr, offsets.ptr, y.ptr, nullptr), "fwd"); },
-                         warmup, iters),
+                MedianMs(
+                    [&] { Check(g->Forward(x.ptr, w.ptr, offsets.ptr, y.ptr, nullptr), "fwd"); },
+                    warmup, iters),
                 act_in + wbytes + act_out, tag(GroupedGemmOp::kForward, forced.forward_kernel));
           }
           if (f32 && i < dgrad.size()) {
             add("dgrad", "dropless", forced.backward_data_kernel, "bf16",
-                MedianMs([&] { Check(g->BackwardData(dy.ptr, w.ptr, offsets.ptr, dx.ptr, nullptr), "dgrad"); },
-                         warmup, iters),
+                MedianMs(
+                    [&] {
+                      Check(g->BackwardData(dy.ptr, w.ptr, offsets.ptr, dx.ptr, nullptr), "dgrad");
+                    },
+                    warmup, iters),
                 act_out + wbytes + act_in,
                 tag(GroupedGemmOp::kBackwardData, forced.backward_data_kernel));
           }
@@ -255,13 +271,25 @@ class GemmBench {
         CublasLtGroupedGemm* l = loop->get();
         const int it = 5;
         add("fwd", "cublaslt-loop", "per-group cublasLtMatmul", "bf16",
-            MedianMs([&] { Check(l->Forward(x.ptr, w.ptr, host_offsets, y.ptr, nullptr), "loop fwd"); }, 1, it),
+            MedianMs(
+                [&] { Check(l->Forward(x.ptr, w.ptr, host_offsets, y.ptr, nullptr), "loop fwd"); },
+                1, it),
             act_in + wbytes + act_out, "");
         add("dgrad", "cublaslt-loop", "per-group cublasLtMatmul", "bf16",
-            MedianMs([&] { Check(l->BackwardData(dy.ptr, w.ptr, host_offsets, dx.ptr, nullptr), "loop dgrad"); }, 1, it),
+            MedianMs(
+                [&] {
+                  Check(l->BackwardData(dy.ptr, w.ptr, host_offsets, dx.ptr, nullptr),
+                        "loop dgrad");
+                },
+                1, it),
             act_out + wbytes + act_in, "");
         add("wgrad", "cublaslt-loop", "per-group cublasLtMatmul", "bf16",
-            MedianMs([&] { Check(l->BackwardWeight(x.ptr, dy.ptr, host_offsets, dw16.ptr, nullptr), "loop wgrad"); }, 1, it),
+            MedianMs(
+                [&] {
+                  Check(l->BackwardWeight(x.ptr, dy.ptr, host_offsets, dw16.ptr, nullptr),
+                        "loop wgrad");
+                },
+                1, it),
             act_in + act_out + gbytes16, "");
       }
       std::fflush(stdout);
@@ -279,29 +307,12 @@ class GemmBench {
   }
 
   void WriteJson(const std::vector<std::string>& args) const {
-    std::FILE* f = std::fopen(flags_.json.c_str(), "w");
-    if (f == nullptr) {
-      std::fprintf(stderr, "gemm bench: cannot write %s\n", flags_.json.c_str());
-      std::exit(1);
-    }
-    char date[16];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
-    std::vector<std::string> rows, sizes;
+    std::vector<std::string> rows;
     for (const Row& r : rows_) rows.push_back(RowJson(r));
-    for (const auto& [key, v] : group_sizes_) {
-      sizes.push_back(absl::StrCat("    \"", key, "\": [", absl::StrJoin(v, ", "), "]"));
-    }
-    std::fprintf(f,
-                 "{\n  \"bench\": \"gemm\",\n  \"device\": \"%s\",\n  \"date\": \"%s\",\n"
-                 "  \"command\": \"dropless-bench gemm %s\",\n  \"commit\": \"%s\",\n"
-                 "  \"ceilings\": {\"copy_gbps\": %.0f, \"dense_bf16_tflops\": %.1f},\n"
-                 "  \"rows\": [\n%s\n  ],\n  \"group_sizes\": {\n%s\n  }\n}\n",
-                 device_.c_str(), date, absl::StrJoin(args, " ").c_str(), flags_.commit.c_str(),
-                 copy_gbps_, dense_tflops_, absl::StrJoin(rows, ",\n").c_str(),
-                 absl::StrJoin(sizes, ",\n").c_str());
-    std::fclose(f);
-    std::printf("wrote %s\n", flags_.json.c_str());
+    WriteBenchJson(flags_.json, "gemm", device_, args, flags_.commit,
+                   absl::StrFormat("\"copy_gbps\": %.0f, \"dense_bf16_tflops\": %.1f", copy_gbps_,
+                                   dense_tflops_),
+                   rows, group_sizes_);
   }
 
   Flags flags_;
@@ -312,11 +323,7 @@ class GemmBench {
 };
 
 int GemmBenchMain(const std::vector<std::string>& args) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::fprintf(stderr, "gemm bench: no CUDA device\n");
-    return 1;
-  }
+  RequireCudaDevice("gemm");
   return GemmBench(ParseFlags(args)).Run(args);
 }
 

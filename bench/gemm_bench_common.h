@@ -1,6 +1,6 @@
 // What the grouped-GEMM benchmarks share (`dropless-bench gemm` and `mxgemm`): the MoE expert
-// shapes, the group sizes both use (so their rows and the torch peers' line up), fatal checks and
-// the event-timed median.
+// shapes, the group sizes both use (so their rows and the torch peers' line up), fatal checks, the
+// event-timed median and the BENCH.md JSON file.
 #ifndef DROPLESS_BENCH_GEMM_BENCH_COMMON_H_
 #define DROPLESS_BENCH_GEMM_BENCH_COMMON_H_
 
@@ -10,11 +10,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace dropless::bench {
 
@@ -84,6 +88,46 @@ inline double MedianMs(const std::function<void()>& call, int warmup, int iters,
   for (auto& e : events) cudaEventDestroy(e);
   std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
   return ms[iters / 2];
+}
+
+// Exits with "<bench> bench: no CUDA device" unless one is visible.
+inline void RequireCudaDevice(const char* bench) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "%s bench: no CUDA device\n", bench);
+    std::exit(1);
+  }
+}
+
+// Writes the BENCH.md JSON: `rows` are JSON objects already, `ceilings` the members of the
+// "ceilings" object; the group sizes every row used go under "group_sizes". Exits when the file
+// cannot be written.
+inline void WriteBenchJson(const std::string& path, const char* bench, const std::string& device,
+                           const std::vector<std::string>& args, const std::string& commit,
+                           const std::string& ceilings, const std::vector<std::string>& rows,
+                           const std::vector<std::pair<std::string, std::vector<int>>>& groups) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "%s bench: cannot write %s\n", bench, path.c_str());
+    std::exit(1);
+  }
+  char date[16];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+  std::vector<std::string> sizes;
+  for (const auto& [key, v] : groups) {
+    sizes.push_back(absl::StrCat("    \"", key, "\": [", absl::StrJoin(v, ", "), "]"));
+  }
+  std::fprintf(f,
+               "{\n  \"bench\": \"%s\",\n  \"device\": \"%s\",\n  \"date\": \"%s\",\n"
+               "  \"command\": \"dropless-bench %s %s\",\n  \"commit\": \"%s\",\n"
+               "  \"ceilings\": {%s},\n"
+               "  \"rows\": [\n%s\n  ],\n  \"group_sizes\": {\n%s\n  }\n}\n",
+               bench, device.c_str(), date, bench, absl::StrJoin(args, " ").c_str(), commit.c_str(),
+               ceilings.c_str(), absl::StrJoin(rows, ",\n").c_str(),
+               absl::StrJoin(sizes, ",\n").c_str());
+  std::fclose(f);
+  std::printf("wrote %s\n", path.c_str());
 }
 
 }  // namespace dropless::bench

@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <functional>
 #include <memory>
 #include <string>
@@ -297,15 +296,7 @@ class MxGemmBench {
   }
 
   void WriteJson(const std::vector<std::string>& args) const {
-    std::FILE* f = std::fopen(flags_.json.c_str(), "w");
-    if (f == nullptr) {
-      std::fprintf(stderr, "mxgemm bench: cannot write %s\n", flags_.json.c_str());
-      std::exit(1);
-    }
-    char date[16];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
-    std::vector<std::string> rows, sizes;
+    std::vector<std::string> rows;
     for (const MxRow& r : rows_) {
       rows.push_back(absl::StrFormat(
           "    {\"name\": \"%s\", \"shape\": \"%s\", \"impl\": \"dropless\", \"precision\": "
@@ -313,19 +304,8 @@ class MxGemmBench {
           "\"groups\": \"%s\", \"kernel\": \"%s\", \"out\": \"%s\", \"note\": \"%s\"}",
           r.name, r.shape, r.ms, r.tflops, r.gbps, r.weight, r.groups, r.kernel, r.out, r.note));
     }
-    for (const auto& [key, v] : group_sizes_) {
-      sizes.push_back(absl::StrCat("    \"", key, "\": [", absl::StrJoin(v, ", "), "]"));
-    }
-    std::fprintf(f,
-                 "{\n  \"bench\": \"mxgemm\",\n  \"device\": \"%s\",\n  \"date\": \"%s\",\n"
-                 "  \"command\": \"dropless-bench mxgemm %s\",\n  \"commit\": \"%s\",\n"
-                 "  \"ceilings\": {\"copy_gbps\": %.0f},\n"
-                 "  \"rows\": [\n%s\n  ],\n  \"group_sizes\": {\n%s\n  }\n}\n",
-                 device_.c_str(), date, absl::StrJoin(args, " ").c_str(), flags_.commit.c_str(),
-                 copy_gbps_, absl::StrJoin(rows, ",\n").c_str(),
-                 absl::StrJoin(sizes, ",\n").c_str());
-    std::fclose(f);
-    std::printf("wrote %s\n", flags_.json.c_str());
+    WriteBenchJson(flags_.json, "mxgemm", device_, args, flags_.commit,
+                   absl::StrFormat("\"copy_gbps\": %.0f", copy_gbps_), rows, group_sizes_);
   }
 
   MxFlags flags_;
@@ -336,11 +316,7 @@ class MxGemmBench {
 };
 
 int MxGemmBenchMain(const std::vector<std::string>& args) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::fprintf(stderr, "mxgemm bench: no CUDA device\n");
-    return 1;
-  }
+  RequireCudaDevice("mxgemm");
   return MxGemmBench(ParseMxFlags(args)).Run(args);
 }
 
