@@ -46,37 +46,65 @@ def row(name, shape, impl, precision, ms, flop, nbytes, weight, groups, note, ou
     }
 
 
+class GroupedCase:
+    """One shape's random bf16 operands (x [rows, k], w [E, k, n], dy [rows, n]) and group offsets
+    on the GPU, and the rows measured on them. Both peers (gemm_peer.py, mx_gemm_peer.py) use it,
+    so their bf16 torch rows are the same measurement."""
+
+    def __init__(self, torch, shape, weight, k, n, dist, sizes, errors=None):
+        self.torch, self.shape, self.weight, self.dist, self.errors = torch, shape, weight, dist, errors
+        self.k, self.n, self.sizes = k, n, sizes
+        self.rows_total, self.e, dev = sum(sizes), len(sizes), "cuda"
+        g = torch.Generator(device=dev).manual_seed(1)
+        bf16 = torch.bfloat16
+        self.x = torch.rand(self.rows_total, k, device=dev, generator=g, dtype=bf16) * 2 - 1
+        self.w = torch.rand(self.e, k, n, device=dev, generator=g, dtype=bf16) * 2 - 1
+        self.dy = torch.rand(self.rows_total, n, device=dev, generator=g, dtype=bf16) * 2 - 1
+        self.offs = torch.cumsum(torch.tensor(sizes, device=dev, dtype=torch.int32), 0,
+                                 dtype=torch.int32)
+        self.flop = 2.0 * self.rows_total * k * n
+        self.nonempty = sum(1 for s in sizes if s > 0)
+        self.note = f"{weight} (k={k}, n={n}), {dist} groups, E={self.e}, {self.rows_total} rows"
+        self.out = []
+
+    def add(self, name, impl, precision, fn, nbytes, extra="", out_type="bf16", iters=20):
+        """Times fn and records a row; a peer that cannot run this layout is reported, not fatal."""
+        try:
+            ms = median_ms(self.torch, fn, iters=iters)
+            self.out.append(row(name, self.shape, impl, precision, ms, self.flop, nbytes,
+                                self.weight, self.dist, self.note + extra, out_type))
+        except Exception as exc:
+            msg = (f"{impl} {precision} {name} {self.shape} {self.weight} {self.dist}: "
+                   f"{str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}")
+            print("peer error: " + msg, file=sys.stderr)
+            if self.errors is not None:
+                self.errors.append(msg)
+
+    def add_grouped_mm_bf16(self):
+        """torch._grouped_mm fwd / dgrad / wgrad (bytes: activations in and out, non-empty
+        experts' weights; wgrad writes every expert's gradient)."""
+        torch, x, w, dy, offs = self.torch, self.x, self.w, self.dy, self.offs
+        act_in, act_out = 2.0 * self.rows_total * self.k, 2.0 * self.rows_total * self.n
+        wbytes = 2.0 * self.nonempty * self.k * self.n
+        self.add("fwd", "torch._grouped_mm", "bf16", lambda: torch._grouped_mm(x, w, offs=offs),
+                 act_in + wbytes + act_out)
+        self.add("dgrad", "torch._grouped_mm", "bf16",
+                 lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=offs),
+                 act_out + wbytes + act_in)
+        self.add("wgrad", "torch._grouped_mm", "bf16",
+                 lambda: torch._grouped_mm(x.t(), dy, offs=offs),
+                 act_in + act_out + 2.0 * self.e * self.k * self.n)
+
+
 def torch_rows(shape, weight, k, n, dist, sizes):
     import torch
 
-    rows_total = sum(sizes)
-    e = len(sizes)
-    dev = "cuda"
-    g = torch.Generator(device=dev).manual_seed(1)
-    x = torch.rand(rows_total, k, device=dev, generator=g, dtype=torch.bfloat16) * 2 - 1
-    w = torch.rand(e, k, n, device=dev, generator=g, dtype=torch.bfloat16) * 2 - 1
-    dy = torch.rand(rows_total, n, device=dev, generator=g, dtype=torch.bfloat16) * 2 - 1
-    offs = torch.cumsum(torch.tensor(sizes, device=dev, dtype=torch.int32), 0, dtype=torch.int32)
-    flop = 2.0 * rows_total * k * n
-    nonempty = sum(1 for s in sizes if s > 0)
-    act_in, act_out, wbytes = 2.0 * rows_total * k, 2.0 * rows_total * n, 2.0 * nonempty * k * n
-    note = f"{weight} (k={k}, n={n}), {dist} groups, E={e}, {rows_total} rows"
-    out = []
-
-    def add(name, impl, precision, fn, nbytes, extra="", out_type="bf16", iters=20):
-        try:
-            ms = median_ms(torch, fn, iters=iters)
-            out.append(row(name, shape, impl, precision, ms, flop, nbytes, weight, dist,
-                           note + extra, out_type))
-        except Exception as exc:  # a peer that cannot run this layout is recorded, not fatal
-            print(f"peer {impl} {name} {shape} {weight} {dist}: {exc}", file=sys.stderr)
-
-    add("fwd", "torch._grouped_mm", "bf16", lambda: torch._grouped_mm(x, w, offs=offs),
-        act_in + wbytes + act_out)
-    add("dgrad", "torch._grouped_mm", "bf16",
-        lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=offs), act_out + wbytes + act_in)
-    add("wgrad", "torch._grouped_mm", "bf16", lambda: torch._grouped_mm(x.t(), dy, offs=offs),
-        act_in + act_out + 2.0 * e * k * n)
+    c = GroupedCase(torch, shape, weight, k, n, dist, sizes)
+    c.add_grouped_mm_bf16()
+    x, w, offs, add, dev = c.x, c.w, c.offs, c.add, "cuda"
+    rows_total, e = c.rows_total, c.e
+    act_in, act_out = 2.0 * rows_total * k, 2.0 * rows_total * n
+    wbytes = 2.0 * c.nonempty * k * n
 
     bounds = [0]
     for s in sizes:
@@ -102,7 +130,8 @@ def torch_rows(shape, weight, k, n, dist, sizes):
         del xq, wq
     except Exception as exc:
         print(f"peer torch._scaled_grouped_mm {shape}: {exc}", file=sys.stderr)
-    del x, w, dy, y
+    out = c.out
+    del x, w, y, c
     torch.cuda.empty_cache()
     return out
 

@@ -21,7 +21,7 @@ import sys
 
 # The shapes, the timing and the row format are gemm_peer.py's (this directory is on sys.path when
 # the script runs), so both peers' rows line up with the dropless benches'.
-from gemm_peer import SHAPES, median_ms, row  # noqa: E402
+from gemm_peer import SHAPES, GroupedCase, median_ms, row  # noqa: E402
 
 ERRORS = []
 
@@ -39,35 +39,10 @@ def dense_fp8_ceiling():
 def torch_rows(shape, weight, k, n, dist, sizes):
     import torch
 
-    rows_total, e, dev = sum(sizes), len(sizes), "cuda"
-    g = torch.Generator(device=dev).manual_seed(1)
-    x = torch.rand(rows_total, k, device=dev, generator=g, dtype=torch.bfloat16) * 2 - 1
-    w = torch.rand(e, k, n, device=dev, generator=g, dtype=torch.bfloat16) * 2 - 1
-    dy = torch.rand(rows_total, n, device=dev, generator=g, dtype=torch.bfloat16) * 2 - 1
-    offs = torch.cumsum(torch.tensor(sizes, device=dev, dtype=torch.int32), 0, dtype=torch.int32)
-    flop = 2.0 * rows_total * k * n
-    nonempty = sum(1 for s in sizes if s > 0)
-    note = f"{weight} (k={k}, n={n}), {dist} groups, E={e}, {rows_total} rows"
-    out = []
-
-    def add(name, impl, precision, fn, nbytes, extra="", out_type="bf16", iters=20):
-        try:
-            ms = median_ms(torch, fn, iters=iters)
-            out.append(row(name, shape, impl, precision, ms, flop, nbytes, weight, dist,
-                           note + extra, out_type))
-        except Exception as exc:  # a peer that cannot run this layout is recorded, not fatal
-            msg = f"{impl} {precision} {name} {shape} {weight} {dist}: {str(exc).splitlines()[0][:300]}"
-            print("peer error: " + msg, file=sys.stderr)
-            ERRORS.append(msg)
-
-    b16 = lambda m: 2.0 * m  # noqa: E731
-    add("fwd", "torch._grouped_mm", "bf16", lambda: torch._grouped_mm(x, w, offs=offs),
-        b16(rows_total * k + nonempty * k * n + rows_total * n))
-    add("dgrad", "torch._grouped_mm", "bf16",
-        lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=offs),
-        b16(rows_total * n + nonempty * k * n + rows_total * k))
-    add("wgrad", "torch._grouped_mm", "bf16", lambda: torch._grouped_mm(x.t(), dy, offs=offs),
-        b16(rows_total * (k + n) + e * k * n))
+    c = GroupedCase(torch, shape, weight, k, n, dist, sizes, errors=ERRORS)
+    c.add_grouped_mm_bf16()
+    x, w, dy, offs, add, dev = c.x, c.w, c.dy, c.offs, c.add, "cuda"
+    rows_total, e, nonempty = c.rows_total, c.e, c.nonempty
 
     # fp8 row-wise: e4m3 operands, fp32 scale per token row and per weight output column.
     f8 = torch.float8_e4m3fn
@@ -102,7 +77,8 @@ def torch_rows(shape, weight, k, n, dist, sizes):
                       "skipped, torch needs every group size to be a multiple of 16 for the "
                       "k-grouped fp8 form")
 
-    del x, w, dy, xq, dyq, wq, wtq
+    out = c.out
+    del x, w, dy, xq, dyq, wq, wtq, c
     torch.cuda.empty_cache()
     return out
 
