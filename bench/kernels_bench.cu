@@ -4,6 +4,7 @@
 // the bytes it must write, once each (BENCH.md). Writes the BENCH.md JSON with --json PATH.
 //
 //   dropless-bench kernels [--json PATH] [--shapes dsv3,qwen3] [--reps 20] [--commit SHA]
+//                          [--timing queued|synced]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -65,6 +66,36 @@ struct DeviceBuffer {
   T* as() const { return static_cast<T*>(ptr); }
 };
 
+// A per-run buffer small enough to stay in L2 from one timed run to the next (the MXFP8 scale
+// arrays: 3-15 MB against the H200's 50 MB L2). Back to back, a run would find the previous run's
+// lines of it in L2 and write (or read) them there instead of in DRAM: an L2 policy that keeps
+// them (evict-last stores) then reads faster than the kernel is in a training step, where each
+// layer has its own buffers. Each run takes the next of enough copies that together they exceed
+// kRotationBytes, several times the L2. Copies start as `init`'s bytes when given (inputs).
+class Rotation {
+ public:
+  static constexpr size_t kRotationBytes = size_t{256} << 20;
+  explicit Rotation(size_t bytes, const void* init = nullptr) {
+    const size_t n = std::max<size_t>(2, (kRotationBytes + bytes - 1) / std::max<size_t>(bytes, 1));
+    for (size_t i = 0; i < n; ++i) {
+      copies_.push_back(std::make_unique<DeviceBuffer>(bytes));
+      if (init != nullptr) {
+        KB_CUDA(cudaMemcpy(copies_.back()->ptr, init, bytes, cudaMemcpyDeviceToDevice));
+      }
+    }
+  }
+  template <typename T>
+  T* Next() {
+    T* p = copies_[next_]->as<T>();
+    next_ = (next_ + 1) % copies_.size();
+    return p;
+  }
+
+ private:
+  std::vector<std::unique_ptr<DeviceBuffer>> copies_;
+  size_t next_ = 0;
+};
+
 __global__ void FillBf16(uint16_t* p, int64_t n, uint64_t seed, float scale) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -101,41 +132,68 @@ void RandomFloat(float* p, int64_t n, float scale = 1.0f) {
   KB_CUDA(cudaGetLastError());
 }
 
+// How a kernel's runs are timed.
+//  kQueued (default): the timed runs are enqueued back to back, an event between each two, and the
+//    host waits once at the end (as gemm_bench_common.h's MedianMs and the torch peers do). Each
+//    interval is one run on the GPU plus the stream's gap between two launches: the host's launch
+//    cost overlaps the previous run, as it does in a training step.
+//  kSynced: the host waits after every run, so each interval also holds the host-side time from
+//    the start event to the launch reaching the GPU (a few microseconds: a visible share of a
+//    0.1 ms kernel, nothing of the 2 GiB copy). Kept to measure that difference.
+enum class Timing { kQueued, kSynced };
+
 class Timer {
  public:
-  explicit Timer(int reps) : reps_(reps) {
-    KB_CUDA(cudaEventCreate(&start_));
-    KB_CUDA(cudaEventCreate(&stop_));
+  Timer(int reps, Timing timing) : reps_(reps), timing_(timing), events_(reps + 1) {
+    for (cudaEvent_t& e : events_) KB_CUDA(cudaEventCreate(&e));
   }
   ~Timer() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
   }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+
   // Median milliseconds of `reps` timed runs after 3 warm-up runs; fails on the first bad status.
   absl::StatusOr<double> Median(const std::function<absl::Status()>& run) {
     for (int i = 0; i < 3; ++i) {
       if (absl::Status s = run(); !s.ok()) return s;
     }
+    KB_CUDA(cudaDeviceSynchronize());
     std::vector<float> ms(reps_);
-    for (int i = 0; i < reps_; ++i) {
-      KB_CUDA(cudaEventRecord(start_));
-      if (absl::Status s = run(); !s.ok()) return s;
-      KB_CUDA(cudaEventRecord(stop_));
-      KB_CUDA(cudaEventSynchronize(stop_));
-      KB_CUDA(cudaEventElapsedTime(&ms[i], start_, stop_));
+    if (timing_ == Timing::kQueued) {
+      KB_CUDA(cudaEventRecord(events_[0]));
+      for (int i = 0; i < reps_; ++i) {
+        if (absl::Status s = run(); !s.ok()) return s;
+        KB_CUDA(cudaEventRecord(events_[i + 1]));
+      }
+      KB_CUDA(cudaEventSynchronize(events_[reps_]));
+      for (int i = 0; i < reps_; ++i) {
+        KB_CUDA(cudaEventElapsedTime(&ms[i], events_[i], events_[i + 1]));
+      }
+    } else {
+      for (int i = 0; i < reps_; ++i) {
+        KB_CUDA(cudaEventRecord(events_[0]));
+        if (absl::Status s = run(); !s.ok()) return s;
+        KB_CUDA(cudaEventRecord(events_[1]));
+        KB_CUDA(cudaEventSynchronize(events_[1]));
+        KB_CUDA(cudaEventElapsedTime(&ms[i], events_[0], events_[1]));
+      }
     }
+    KB_CUDA(cudaGetLastError());
     std::sort(ms.begin(), ms.end());
     return static_cast<double>(ms[reps_ / 2]);
   }
 
  private:
   int reps_;
-  cudaEvent_t start_, stop_;
+  Timing timing_;
+  std::vector<cudaEvent_t> events_;
 };
 
 class KernelsBench {
  public:
-  KernelsBench(int reps) : timer_(reps) {}
+  KernelsBench(int reps, Timing timing)
+      : timer_(reps, timing), timing_name_(timing == Timing::kQueued ? "queued" : "synced") {}
 
   // The ceiling: a large device-to-device copy (bytes read + written).
   void MeasureCopy() {
@@ -149,8 +207,9 @@ class KernelsBench {
     });
     if (!ms.ok()) Fail(ms.status(), "d2d copy");
     copy_gbps_ = 2.0 * bytes / (*ms * 1e6);
-    Add({"d2d_copy", "2GiB", "d2d-copy", "bf16", "cudaMemcpyAsync device to device, 2 GiB",
-         *ms, copy_gbps_, 0, true, false});
+    Add({"d2d_copy", "2GiB", "d2d-copy", "bf16",
+         absl::StrCat("cudaMemcpyAsync device to device, 2 GiB; timing ", timing_name_), *ms,
+         copy_gbps_, 0, true, false});
   }
 
   void Time(const Shape& s, const std::string& name, const std::string& precision, double bytes,
@@ -189,6 +248,7 @@ class KernelsBench {
   }
 
   Timer timer_;
+  const char* timing_name_;
   double copy_gbps_ = 0;
   std::vector<Row> rows_;
 };
@@ -262,10 +322,11 @@ void KernelsBench::RunShape(const Shape& s) {
   const double token_bytes = 2.0 * T * H, row_bytes = 2.0 * M * H, mx_bytes = M * H * (1 + 1 / 32.0);
   Time(s, "permute", "bf16", token_bytes + row_bytes + 4.0 * M, params,
        [&] { return k::cuda::Permute(ps, xb, slot_of.as<int32_t>(), rows.as<k::Bf16>(), nullptr); });
-  Time(s, "permute_mxfp8", "mxfp8", token_bytes + mx_bytes + 4.0 * M, params + "; row-wise",
-       [&] {
-         return k::cuda::PermuteMxfp8(ps, xb, slot_of.as<int32_t>(), {q.as<uint8_t>(), q_scales.as<uint8_t>()},
-                                      nullptr);
+  Rotation perm_scales(M * H / 32);
+  Time(s, "permute_mxfp8", "mxfp8", token_bytes + mx_bytes + 4.0 * M,
+       params + "; row-wise; scales rotated", [&] {
+         return k::cuda::PermuteMxfp8(ps, xb, slot_of.as<int32_t>(),
+                                      {q.as<uint8_t>(), perm_scales.Next<uint8_t>()}, nullptr);
        });
   Time(s, "unpermute_combine", "bf16", row_bytes + token_bytes + 8.0 * M, params, [&] {
     return k::cuda::UnpermuteCombine(ps, rows.as<k::Bf16>(), slot_of.as<int32_t>(),
@@ -282,19 +343,24 @@ void KernelsBench::RunShape(const Shape& s) {
                                                   d_rows.as<k::Bf16>(), d_weights.as<float>(), nullptr);
        });
 
+  // Scale arrays (written, or read by the dequantize) rotate through copies: see Rotation.
   const k::SwigluShape ss{M, F};
-  const k::MxRowwise act_mx{act_q.as<uint8_t>(), act_q_scales.as<uint8_t>()};
+  Rotation act_scales(M * F / 32);
+  auto act_mx = [&] { return k::MxRowwise{act_q.as<uint8_t>(), act_scales.Next<uint8_t>()}; };
   const double h_bytes = 2.0 * M * 2 * F, act_bytes = 2.0 * M * F, act_mx_bytes = M * F * (1 + 1 / 32.0);
   const std::string swiglu_note = absl::StrFormat("M=T*k=%d F=%d", M, F);
   Time(s, "swiglu_forward", "bf16", h_bytes + act_bytes, swiglu_note, [&] {
     return k::cuda::SwigluForward(ss, nullptr, h.as<k::Bf16>(), act.as<k::Bf16>(), nullptr, nullptr);
   });
-  Time(s, "swiglu_forward_mxfp8", "mxfp8", h_bytes + act_mx_bytes, swiglu_note + "; MXFP8 only", [&] {
-    return k::cuda::SwigluForward(ss, nullptr, h.as<k::Bf16>(), nullptr, &act_mx, nullptr);
-  });
+  Time(s, "swiglu_forward_mxfp8", "mxfp8", h_bytes + act_mx_bytes,
+       swiglu_note + "; MXFP8 only; scales rotated", [&] {
+         const k::MxRowwise out = act_mx();
+         return k::cuda::SwigluForward(ss, nullptr, h.as<k::Bf16>(), nullptr, &out, nullptr);
+       });
   Time(s, "swiglu_forward_bf16_mxfp8", "mxfp8", h_bytes + act_bytes + act_mx_bytes,
-       swiglu_note + "; bf16 and MXFP8", [&] {
-         return k::cuda::SwigluForward(ss, nullptr, h.as<k::Bf16>(), act.as<k::Bf16>(), &act_mx, nullptr);
+       swiglu_note + "; bf16 and MXFP8; scales rotated", [&] {
+         const k::MxRowwise out = act_mx();
+         return k::cuda::SwigluForward(ss, nullptr, h.as<k::Bf16>(), act.as<k::Bf16>(), &out, nullptr);
        });
   Time(s, "swiglu_backward", "bf16", h_bytes + act_bytes + h_bytes, swiglu_note, [&] {
     return k::cuda::SwigluBackward(ss, nullptr, h.as<k::Bf16>(), d_act.as<k::Bf16>(), d_h.as<k::Bf16>(),
@@ -303,24 +369,41 @@ void KernelsBench::RunShape(const Shape& s) {
 
   // MXFP8 of the permuted activations [M, H], grouped by the plan's expert offsets.
   const k::MxQuantizeShape qs{M, H, static_cast<int>(E)};
-  const k::MxRowwise rw{q.as<uint8_t>(), q_scales.as<uint8_t>()};
-  const k::MxColwise cw{cq.as<uint8_t>(), cq_scales.as<uint8_t>(), padded_offsets.as<int32_t>(), padded};
+  Rotation row_scales(M * H / 32), col_scales(H * padded / 32);
+  auto rw = [&] { return k::MxRowwise{q.as<uint8_t>(), row_scales.Next<uint8_t>()}; };
+  auto cw = [&] {
+    return k::MxColwise{cq.as<uint8_t>(), col_scales.Next<uint8_t>(), padded_offsets.as<int32_t>(),
+                        padded};
+  };
   const std::string q_note = absl::StrFormat("[%d x %d], %d groups", M, H, E);
-  Time(s, "mxfp8_quantize_rowwise", "mxfp8", row_bytes + mx_bytes, q_note, [&] {
-    return k::cuda::QuantizeMxfp8(qs, rows.as<k::Bf16>(), offsets.as<int32_t>(), &rw, nullptr, nullptr);
+  Time(s, "mxfp8_quantize_rowwise", "mxfp8", row_bytes + mx_bytes, q_note + "; scales rotated", [&] {
+    const k::MxRowwise r = rw();
+    return k::cuda::QuantizeMxfp8(qs, rows.as<k::Bf16>(), offsets.as<int32_t>(), &r, nullptr, nullptr);
   });
-  Time(s, "mxfp8_quantize_colwise", "mxfp8", row_bytes + mx_bytes, q_note + "; padded to 32 per group",
-       [&] {
-         return k::cuda::QuantizeMxfp8(qs, rows.as<k::Bf16>(), offsets.as<int32_t>(), nullptr, &cw, nullptr);
+  Time(s, "mxfp8_quantize_colwise", "mxfp8", row_bytes + mx_bytes,
+       q_note + "; padded to 32 per group; scales rotated", [&] {
+         const k::MxColwise c = cw();
+         return k::cuda::QuantizeMxfp8(qs, rows.as<k::Bf16>(), offsets.as<int32_t>(), nullptr, &c, nullptr);
        });
   Time(s, "mxfp8_quantize_row_and_colwise", "mxfp8", row_bytes + 2 * mx_bytes,
-       q_note + "; one read, both layouts", [&] {
-         return k::cuda::QuantizeMxfp8(qs, rows.as<k::Bf16>(), offsets.as<int32_t>(), &rw, &cw, nullptr);
+       q_note + "; one read, both layouts; scales rotated", [&] {
+         const k::MxRowwise r = rw();
+         const k::MxColwise c = cw();
+         return k::cuda::QuantizeMxfp8(qs, rows.as<k::Bf16>(), offsets.as<int32_t>(), &r, &c, nullptr);
        });
-  Time(s, "mxfp8_dequantize_rowwise", "mxfp8", mx_bytes + row_bytes, q_note + "; to bf16", [&] {
-    return k::cuda::DequantizeMxfp8Rowwise(M, H, nullptr, q.as<uint8_t>(), q_scales.as<uint8_t>(),
-                                           d_rows.as<k::Bf16>(), nullptr);
-  });
+  // The dequantize reads real MXFP8 (the row-wise quantization of `rows`), its scales rotated.
+  {
+    const k::MxRowwise r{q.as<uint8_t>(), q_scales.as<uint8_t>()};
+    absl::Status st = k::cuda::QuantizeMxfp8(qs, rows.as<k::Bf16>(), offsets.as<int32_t>(), &r, nullptr, nullptr);
+    if (!st.ok()) Fail(st, "QuantizeMxfp8 (dequantize input)");
+    KB_CUDA(cudaDeviceSynchronize());
+  }
+  Rotation deq_scales(M * H / 32, q_scales.ptr);
+  Time(s, "mxfp8_dequantize_rowwise", "mxfp8", mx_bytes + row_bytes, q_note + "; to bf16; scales rotated",
+       [&] {
+         return k::cuda::DequantizeMxfp8Rowwise(M, H, nullptr, q.as<uint8_t>(), deq_scales.Next<uint8_t>(),
+                                                d_rows.as<k::Bf16>(), nullptr);
+       });
   KB_CUDA(cudaDeviceSynchronize());
 }
 
@@ -360,6 +443,7 @@ std::string KernelsBench::Json(const std::string& command, const std::string& co
 int KernelsMain(const std::vector<std::string>& args) {
   std::string json_path, commit = "unknown", shapes = "dsv3,qwen3";
   int reps = 20;
+  Timing timing = Timing::kQueued;
   for (size_t i = 0; i < args.size(); ++i) {
     const bool has_value = i + 1 < args.size();
     if (args[i] == "--json" && has_value) {
@@ -368,6 +452,13 @@ int KernelsMain(const std::vector<std::string>& args) {
       commit = args[++i];
     } else if (args[i] == "--shapes" && has_value) {
       shapes = args[++i];
+    } else if (args[i] == "--timing" && has_value) {
+      const std::string& t = args[++i];
+      if (t != "queued" && t != "synced") {
+        std::fprintf(stderr, "kernels bench: --timing must be queued or synced, got %s\n", t.c_str());
+        return 2;
+      }
+      timing = t == "queued" ? Timing::kQueued : Timing::kSynced;
     } else if (args[i] == "--reps" && has_value) {
       reps = std::max(3, std::atoi(args[++i].c_str()));
     } else {
@@ -375,7 +466,7 @@ int KernelsMain(const std::vector<std::string>& args) {
       return 2;
     }
   }
-  KernelsBench bench(reps);
+  KernelsBench bench(reps, timing);
   bench.MeasureCopy();
   for (absl::string_view name : absl::StrSplit(shapes, ',')) {
     const Shape* shape = nullptr;

@@ -136,15 +136,10 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncthreads();  // pass_scales (and, first time, the route) complete
-    for (int j = 0; j < top_k; ++j) {
-#pragma unroll
-      for (int u = 0; u < kPairUnroll; ++u) {
-        if (pair[u] < 0) continue;
-        const int64_t slot = route[tok[u]][j];
-        if (slot >= 0) __stcs(data + slot * pairs_per_row + pair[u], q[u].data);
-      }
-    }
-    // This pass's scale bytes: per token of the pass, its run of scales from first_scale.
+    // This pass's scale bytes first, per token of the pass its run of scales from first_scale, then
+    // the E4M3 rows: the small scattered scale stores leave at the start of the block's store
+    // burst instead of queueing behind its 56 KB (dsv3) or 64 KB (qwen3) of row stores: 0.6-1%
+    // faster, also with the scale buffers rotated (docs/kernels.md).
     const int64_t first_scale = base / 2;  // within the row (base is 0 with several tokens)
     const int token_bytes =
         static_cast<int>(min(static_cast<int64_t>(kPassScales), scales_per_row - first_scale));
@@ -162,6 +157,14 @@ __global__ void __launch_bounds__(kThreads)
         *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
       } else {
         *dst = *src;
+      }
+    }
+    for (int j = 0; j < top_k; ++j) {
+#pragma unroll
+      for (int u = 0; u < kPairUnroll; ++u) {
+        if (pair[u] < 0) continue;
+        const int64_t slot = route[tok[u]][j];
+        if (slot >= 0) __stcs(data + slot * pairs_per_row + pair[u], q[u].data);
       }
     }
     __syncthreads();  // pass_scales is rewritten by the next pass
