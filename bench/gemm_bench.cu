@@ -79,8 +79,10 @@ struct Flags {
   std::string json, commit = "unknown";
   std::vector<std::string> shapes = {"dsv3", "qwen3", "mixtral"};
   std::vector<std::string> dists = {"uniform", "zipf"};
+  std::vector<std::string> ops = {"fwd", "dgrad", "wgrad"};
   bool sweep = false, cublas = true;
   int iters = 20, warmup = 3;
+  bool Op(const char* op) const { return std::find(ops.begin(), ops.end(), op) != ops.end(); }
 };
 
 Flags ParseFlags(const std::vector<std::string>& args) {
@@ -95,6 +97,10 @@ Flags ParseFlags(const std::vector<std::string>& args) {
       f.shapes = absl::StrSplit(kv.second, ',');
     else if (kv.first == "--dists")
       f.dists = absl::StrSplit(kv.second, ',');
+    else if (kv.first == "--ops")
+      f.ops = absl::StrSplit(kv.second, ',');
+    else if (kv.first == "--cooldown-ms")
+      CooldownMs() = std::max(0, std::atoi(kv.second.c_str()));
     else if (kv.first == "--sweep")
       f.sweep = true;
     else if (kv.first == "--no-cublas")
@@ -105,7 +111,8 @@ Flags ParseFlags(const std::vector<std::string>& args) {
       std::fprintf(
           stderr,
           "gemm bench: unknown flag %s\nflags: --json=PATH --commit=SHA "
-          "--shapes=dsv3,qwen3,mixtral --dists=uniform,zipf --sweep --no-cublas --iters=N\n",
+          "--shapes=dsv3,qwen3,mixtral --dists=uniform,zipf --ops=fwd,dgrad,wgrad --sweep --no-cublas "
+          "--iters=N --cooldown-ms=N\n",
           a.c_str());
       std::exit(2);
     }
@@ -233,14 +240,14 @@ class GemmBench {
                                                      : std::string();
           };
           // The bf16 object re-measures forward and dgrad only when sweeping would repeat them.
-          if (f32 && i < fwd.size()) {
+          if (f32 && i < fwd.size() && flags_.Op("fwd")) {
             add("fwd", "dropless", forced.forward_kernel, "bf16",
                 MedianMs(
                     [&] { Check(g->Forward(x.ptr, w.ptr, offsets.ptr, y.ptr, nullptr), "fwd"); },
                     warmup, iters),
                 act_in + wbytes + act_out, tag(GroupedGemmOp::kForward, forced.forward_kernel));
           }
-          if (f32 && i < dgrad.size()) {
+          if (f32 && i < dgrad.size() && flags_.Op("dgrad")) {
             add("dgrad", "dropless", forced.backward_data_kernel, "bf16",
                 MedianMs(
                     [&] {
@@ -250,7 +257,7 @@ class GemmBench {
                 act_out + wbytes + act_in,
                 tag(GroupedGemmOp::kBackwardData, forced.backward_data_kernel));
           }
-          if (i < wgrad.size()) {
+          if (i < wgrad.size() && flags_.Op("wgrad")) {
             const double ms = MedianMs(
                 [&] {
                   Check(f32 ? g->BackwardWeight(x.ptr, dy.ptr, offsets.ptr, dw32.ptr, nullptr)
@@ -270,27 +277,35 @@ class GemmBench {
         Check(loop.status(), "cublasLt loop");
         CublasLtGroupedGemm* l = loop->get();
         const int it = 5;
-        add("fwd", "cublaslt-loop", "per-group cublasLtMatmul", "bf16",
-            MedianMs(
-                [&] { Check(l->Forward(x.ptr, w.ptr, host_offsets, y.ptr, nullptr), "loop fwd"); },
-                1, it),
-            act_in + wbytes + act_out, "");
-        add("dgrad", "cublaslt-loop", "per-group cublasLtMatmul", "bf16",
-            MedianMs(
-                [&] {
-                  Check(l->BackwardData(dy.ptr, w.ptr, host_offsets, dx.ptr, nullptr),
-                        "loop dgrad");
-                },
-                1, it),
-            act_out + wbytes + act_in, "");
-        add("wgrad", "cublaslt-loop", "per-group cublasLtMatmul", "bf16",
-            MedianMs(
-                [&] {
-                  Check(l->BackwardWeight(x.ptr, dy.ptr, host_offsets, dw16.ptr, nullptr),
-                        "loop wgrad");
-                },
-                1, it),
-            act_in + act_out + gbytes16, "");
+        if (flags_.Op("fwd")) {
+          add("fwd", "cublaslt-loop", "per-group cublasLtMatmul", "bf16",
+              MedianMs(
+                  [&] {
+                    Check(l->Forward(x.ptr, w.ptr, host_offsets, y.ptr, nullptr), "loop fwd");
+                  },
+                  1, it),
+              act_in + wbytes + act_out, "");
+        }
+        if (flags_.Op("dgrad")) {
+          add("dgrad", "cublaslt-loop", "per-group cublasLtMatmul", "bf16",
+              MedianMs(
+                  [&] {
+                    Check(l->BackwardData(dy.ptr, w.ptr, host_offsets, dx.ptr, nullptr),
+                          "loop dgrad");
+                  },
+                  1, it),
+              act_out + wbytes + act_in, "");
+        }
+        if (flags_.Op("wgrad")) {
+          add("wgrad", "cublaslt-loop", "per-group cublasLtMatmul", "bf16",
+              MedianMs(
+                  [&] {
+                    Check(l->BackwardWeight(x.ptr, dy.ptr, host_offsets, dw16.ptr, nullptr),
+                          "loop wgrad");
+                  },
+                  1, it),
+              act_in + act_out + gbytes16, "");
+        }
       }
       std::fflush(stdout);
     }

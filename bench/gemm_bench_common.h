@@ -7,12 +7,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <functional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -65,9 +67,23 @@ inline std::vector<int> GroupSizes(int64_t rows, int experts, const std::string&
   return sizes;
 }
 
-// Median milliseconds per call over `iters` event-timed calls after `warmup` untimed ones.
+// Idle milliseconds before each measurement (--cooldown-ms, default 0). An H200 running GEMMs back
+// to back lowers its clock within seconds (docs/grouped_gemm.md, "Measuring"), so in a long run a
+// row reads lower the later it comes; a cool-down before every row (the torch peers take the same
+// flag) measures each one from the same idle state.
+inline int& CooldownMs() {
+  static int ms = 0;
+  return ms;
+}
+
+// Median milliseconds per call over `iters` event-timed calls after `warmup` untimed ones (and
+// CooldownMs() of idle time before those).
 inline double MedianMs(const std::function<void()>& call, int warmup, int iters,
                        const char* bench) {
+  if (CooldownMs() > 0) {
+    CheckCuda(cudaDeviceSynchronize(), bench, "before the cool-down");
+    std::this_thread::sleep_for(std::chrono::milliseconds(CooldownMs()));
+  }
   for (int i = 0; i < warmup; ++i) call();
   CheckCuda(cudaDeviceSynchronize(), bench, "warm-up");
   std::vector<cudaEvent_t> events(iters + 1);

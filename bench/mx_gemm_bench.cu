@@ -106,6 +106,8 @@ MxFlags ParseMxFlags(const std::vector<std::string>& args) {
       f.dists = absl::StrSplit(kv.second, ',');
     else if (kv.first == "--ops")
       f.ops = absl::StrSplit(kv.second, ',');
+    else if (kv.first == "--cooldown-ms")
+      CooldownMs() = std::max(0, std::atoi(kv.second.c_str()));
     else if (kv.first == "--kernels") {
       f.kernels = kv.second == "all" ? MxGroupedGemm::KernelNames()
                                      : std::vector<std::string>(absl::StrSplit(kv.second, ','));
@@ -115,7 +117,7 @@ MxFlags ParseMxFlags(const std::vector<std::string>& args) {
       std::fprintf(stderr,
                    "mxgemm bench: unknown flag %s\nflags: --json=PATH --commit=SHA "
                    "--shapes=dsv3,qwen3,mixtral --dists=uniform,zipf --ops=fwd,dgrad,wgrad "
-                   "--kernels=NAME,...|all --iters=N\n",
+                   "--kernels=NAME,...|all --iters=N --cooldown-ms=N\n",
                    a.c_str());
       std::exit(2);
     }

@@ -23,7 +23,16 @@ SHAPES = {  # name: (tokens, hidden, ffn, experts, top_k), as in bench/gemm_benc
 }
 
 
+# Idle seconds before each measurement and the ops measured (--cooldown-ms, --ops): the same
+# meaning as dropless-bench's flags of those names, so both sides measure from the same GPU state.
+COOLDOWN_S = 0.0
+OPS = None
+
+
 def median_ms(torch, fn, warmup=3, iters=20):
+    if COOLDOWN_S > 0:
+        torch.cuda.synchronize()
+        time.sleep(COOLDOWN_S)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -69,6 +78,8 @@ class GroupedCase:
 
     def add(self, name, impl, precision, fn, nbytes, extra="", out_type="bf16", iters=20):
         """Times fn and records a row; a peer that cannot run this layout is reported, not fatal."""
+        if OPS is not None and name not in OPS:
+            return
         try:
             ms = median_ms(self.torch, fn, iters=iters)
             self.out.append(row(name, self.shape, impl, precision, ms, self.flop, nbytes,
@@ -161,13 +172,27 @@ def jax_rows(shape, weight, k, n, dist, sizes):
                 weight, dist, note)]
 
 
+def add_state_flags(ap):
+    ap.add_argument("--cooldown-ms", type=int, default=0,
+                    help="idle milliseconds before each measurement (as dropless-bench's flag)")
+    ap.add_argument("--ops", default="fwd,dgrad,wgrad", help="ops to measure")
+
+
+def apply_state_flags(args):
+    global COOLDOWN_S, OPS
+    COOLDOWN_S = max(0, args.cooldown_ms) / 1000.0
+    OPS = set(args.ops.split(","))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True, help="JSON written by dropless-bench gemm --json")
     ap.add_argument("--out", required=True)
     ap.add_argument("--command", default="")
     ap.add_argument("--jax", action="store_true", help="only jax.ragged_dot rows (own process)")
+    add_state_flags(ap)
     args = ap.parse_args()
+    apply_state_flags(args)
 
     with open(args.base) as f:
         result = json.load(f)

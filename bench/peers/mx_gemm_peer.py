@@ -21,6 +21,7 @@ import sys
 
 # The shapes, the timing and the row format are gemm_peer.py's (this directory is on sys.path when
 # the script runs), so both peers' rows line up with the dropless benches'.
+import gemm_peer  # noqa: E402
 from gemm_peer import SHAPES, GroupedCase, median_ms, row  # noqa: E402
 
 ERRORS = []
@@ -118,7 +119,9 @@ def main():
     ap.add_argument("--base", required=True, help="JSON written by dropless-bench mxgemm --json")
     ap.add_argument("--out", required=True)
     ap.add_argument("--command", default="")
+    gemm_peer.add_state_flags(ap)
     args = ap.parse_args()
+    gemm_peer.apply_state_flags(args)
 
     with open(args.base) as f:
         result = json.load(f)

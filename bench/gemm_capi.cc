@@ -1,0 +1,151 @@
+// libdropless_gemm_capi.so: a C entry point to the grouped GEMMs (bf16 GroupedGemm and
+// MxGroupedGemm) for bench/peers/interleaved_gemm.py, which times them and torch's grouped GEMMs
+// in one process, alternating round by round, so both see the same GPU clock and temperature (an
+// H200's clock moves by 15-20% between an idle start and a few seconds of sustained GEMMs, which
+// two processes run one after the other do not share). Benchmark-only: not part of the runtime.
+//
+// Every pointer is a device pointer (a torch tensor's data_ptr()); `stream` is a cudaStream_t or 0.
+// Functions return 0 on success; on failure, non-zero and the message in dl_last_error().
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "dropless/kernels/grouped_gemm.h"
+#include "dropless/kernels/mx_grouped_gemm.h"
+
+namespace {
+
+namespace k = ::dropless::kernels;
+
+thread_local std::string last_error;
+
+int Report(const absl::Status& status) {
+  if (status.ok()) return 0;
+  last_error = status.ToString();
+  return 1;
+}
+
+struct Bf16Gemm {
+  std::unique_ptr<k::GroupedGemm> gemm;
+  bool fp32_wgrad = false;
+  std::string names[3];
+};
+
+struct MxGemm {
+  std::unique_ptr<k::MxGroupedGemm> gemm;
+  std::string name;
+};
+
+cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+const __nv_bfloat16* Bf16In(const void* p) { return static_cast<const __nv_bfloat16*>(p); }
+const uint8_t* Bytes(const void* p) { return static_cast<const uint8_t*>(p); }
+
+}  // namespace
+
+extern "C" {
+
+const char* dl_last_error() { return last_error.c_str(); }
+
+// bf16 grouped GEMM over `experts` groups, W[e] of k x n; the weight gradient is fp32 when
+// fp32_wgrad, else bf16. `kernel` (may be null or "") forces one kernel for all three products.
+void* dl_gemm_create(int experts, int k, int n, int64_t max_rows, int64_t expected_rows,
+                     int fp32_wgrad, const char* kernel) {
+  k::GroupedGemmOptions options;
+  options.num_groups = experts;
+  options.k = k;
+  options.n = n;
+  options.max_rows = max_rows;
+  options.expected_rows_per_group = expected_rows;
+  options.weight_grad_type = fp32_wgrad ? k::GradType::kFloat32 : k::GradType::kBFloat16;
+  if (kernel != nullptr && kernel[0] != '\0') {
+    options.forward_kernel = options.backward_data_kernel = options.backward_weight_kernel = kernel;
+  }
+  absl::StatusOr<std::unique_ptr<k::GroupedGemm>> gemm = k::GroupedGemm::Create(options);
+  if (!gemm.ok()) {
+    Report(gemm.status());
+    return nullptr;
+  }
+  auto* h = new Bf16Gemm{std::move(*gemm), fp32_wgrad != 0, {}};
+  h->names[0] = h->gemm->KernelName(k::GroupedGemmOp::kForward);
+  h->names[1] = h->gemm->KernelName(k::GroupedGemmOp::kBackwardData);
+  h->names[2] = h->gemm->KernelName(k::GroupedGemmOp::kBackwardWeight);
+  return h;
+}
+
+// op: 0 forward, 1 data gradient, 2 weight gradient.
+const char* dl_gemm_kernel(void* handle, int op) {
+  return op >= 0 && op < 3 ? static_cast<Bf16Gemm*>(handle)->names[op].c_str() : "";
+}
+
+int dl_gemm_forward(void* handle, const void* x, const void* w, const void* offsets, void* y,
+                    void* stream) {
+  return Report(static_cast<Bf16Gemm*>(handle)->gemm->Forward(
+      Bf16In(x), Bf16In(w), static_cast<const int32_t*>(offsets), static_cast<__nv_bfloat16*>(y),
+      AsStream(stream)));
+}
+
+int dl_gemm_backward_data(void* handle, const void* dy, const void* w, const void* offsets,
+                          void* dx, void* stream) {
+  return Report(static_cast<Bf16Gemm*>(handle)->gemm->BackwardData(
+      Bf16In(dy), Bf16In(w), static_cast<const int32_t*>(offsets),
+      static_cast<__nv_bfloat16*>(dx), AsStream(stream)));
+}
+
+// dw is fp32 or bf16 as chosen at creation.
+int dl_gemm_backward_weight(void* handle, const void* x, const void* dy, const void* offsets,
+                            void* dw, void* stream) {
+  auto* h = static_cast<Bf16Gemm*>(handle);
+  const auto* off = static_cast<const int32_t*>(offsets);
+  return Report(h->fp32_wgrad ? h->gemm->BackwardWeight(Bf16In(x), Bf16In(dy), off,
+                                                        static_cast<float*>(dw), AsStream(stream))
+                              : h->gemm->BackwardWeight(Bf16In(x), Bf16In(dy), off,
+                                                        static_cast<__nv_bfloat16*>(dw),
+                                                        AsStream(stream)));
+}
+
+void dl_gemm_destroy(void* handle) { delete static_cast<Bf16Gemm*>(handle); }
+
+// MXFP8 grouped GEMM (mx_grouped_gemm.h); `kernel` as for dl_gemm_create.
+void* dl_mxgemm_create(int experts, int k, int n, int64_t max_rows, int64_t padded_rows,
+                       int64_t expected_rows, const char* kernel) {
+  k::MxGroupedGemmOptions options;
+  options.num_groups = experts;
+  options.k = k;
+  options.n = n;
+  options.max_rows = max_rows;
+  options.padded_rows = padded_rows;
+  options.expected_rows_per_group = expected_rows;
+  if (kernel != nullptr) options.kernel = kernel;
+  absl::StatusOr<std::unique_ptr<k::MxGroupedGemm>> gemm = k::MxGroupedGemm::Create(options);
+  if (!gemm.ok()) {
+    Report(gemm.status());
+    return nullptr;
+  }
+  auto* h = new MxGemm{std::move(*gemm), {}};
+  h->name = h->gemm->KernelName();
+  return h;
+}
+
+const char* dl_mxgemm_kernel(void* handle) { return static_cast<MxGemm*>(handle)->name.c_str(); }
+
+int dl_mxgemm_forward(void* handle, const void* x, const void* x_scales, const void* w_t,
+                      const void* w_t_scales, const void* offsets, void* y, void* stream) {
+  return Report(static_cast<MxGemm*>(handle)->gemm->Forward(
+      {Bytes(x), Bytes(x_scales)}, {Bytes(w_t), Bytes(w_t_scales)},
+      static_cast<const int32_t*>(offsets), static_cast<k::Bf16*>(y), AsStream(stream)));
+}
+
+int dl_mxgemm_backward_data(void* handle, const void* dy, const void* dy_scales, const void* w,
+                            const void* w_scales, const void* offsets, void* dx, void* stream) {
+  return Report(static_cast<MxGemm*>(handle)->gemm->BackwardData(
+      {Bytes(dy), Bytes(dy_scales)}, {Bytes(w), Bytes(w_scales)},
+      static_cast<const int32_t*>(offsets), static_cast<k::Bf16*>(dx), AsStream(stream)));
+}
+
+void dl_mxgemm_destroy(void* handle) { delete static_cast<MxGemm*>(handle); }
+
+}  // extern "C"

@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""dropless's grouped GEMMs and torch's, timed in one process, alternating round by round.
+
+An H200's clock and temperature move within seconds of sustained GEMMs (torch._grouped_mm forward
+on qwen3 w13 read 741 TFLOP/s after 3 s idle and 597 after 3 s of back-to-back calls in one job),
+so two processes run one after the other (dropless-bench, then gemm_peer.py) do not measure from
+the same state. Here the dropless kernels are called through libdropless_gemm_capi.so (ctypes, the
+same kernels as dropless-bench) on the same torch tensors, and each case alternates its
+implementations (A B B A ...) after a shared warm-up: every implementation sees the same clock.
+
+Rows (BENCH.md format) per shape, weight, group distribution:
+  bf16  fwd / dgrad / wgrad: dropless (bf16 out) vs torch._grouped_mm
+  mxfp8 fwd / dgrad: dropless MXFP8 (per-32 E8M0 scales) vs torch._scaled_grouped_mm (fp8,
+        row-wise scales: no per-block promotion) vs torch._grouped_mm (bf16)
+
+  python3 bench/peers/interleaved_gemm.py --lib build/bench/libdropless_gemm_capi.so \
+      --out gemm-h200-YYYYMMDD-interleaved.json [--shapes dsv3,qwen3,mixtral] [--dists uniform,zipf]
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from gemm_peer import SHAPES
+
+c_void_p, c_int, c_int64, c_char_p = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_char_p
+
+
+def load_lib(path):
+    lib = ctypes.CDLL(path)
+    lib.dl_last_error.restype = c_char_p
+    lib.dl_gemm_create.restype = c_void_p
+    lib.dl_gemm_create.argtypes = [c_int, c_int, c_int, c_int64, c_int64, c_int, c_char_p]
+    lib.dl_gemm_kernel.restype = c_char_p
+    lib.dl_gemm_kernel.argtypes = [c_void_p, c_int]
+    for f in (lib.dl_gemm_forward, lib.dl_gemm_backward_data, lib.dl_gemm_backward_weight):
+        f.restype = c_int
+        f.argtypes = [c_void_p] * 6
+    lib.dl_gemm_destroy.argtypes = [c_void_p]
+    lib.dl_mxgemm_create.restype = c_void_p
+    lib.dl_mxgemm_create.argtypes = [c_int, c_int, c_int, c_int64, c_int64, c_int64, c_char_p]
+    lib.dl_mxgemm_kernel.restype = c_char_p
+    lib.dl_mxgemm_kernel.argtypes = [c_void_p]
+    for f in (lib.dl_mxgemm_forward, lib.dl_mxgemm_backward_data):
+        f.restype = c_int
+        f.argtypes = [c_void_p] * 8
+    lib.dl_mxgemm_destroy.argtypes = [c_void_p]
+    return lib
+
+
+def check(lib, rc, what):
+    if rc != 0:
+        raise RuntimeError(f"{what}: {lib.dl_last_error().decode()}")
+
+
+def group_sizes(rows, experts, dist):
+    """As GroupSizes in bench/gemm_bench_common.h (the same sizes dropless-bench uses)."""
+    if dist == "uniform":
+        sizes = [rows // experts] * experts
+    else:
+        harmonic = sum(1.0 / (e + 1) for e in range(experts))
+        sizes = [int(rows / (e + 1) / harmonic) for e in range(experts)]
+    e = 0
+    while sum(sizes) < rows:
+        sizes[e] += 1
+        e = (e + 1) % experts
+    return sizes
+
+
+def median_ms(torch, fn, iters):
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    fn()
+    for i in range(iters):
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def interleave(torch, fns, rounds, iters, warm_s):
+    """Median over rounds of each implementation's median ms; rounds alternate the order."""
+    t0 = time.time()
+    while time.time() - t0 < warm_s:
+        for fn in fns.values():
+            fn()
+        torch.cuda.synchronize()
+    per = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            per[name].append(median_ms(torch, fns[name], iters))
+    return {name: (statistics.median(v), min(v), max(v)) for name, v in per.items()}
+
+
+def random_e4m3(torch, shape, g):
+    b = torch.randint(0, 256, shape, device="cuda", dtype=torch.uint8, generator=g)
+    return torch.where((b & 0x7F) == 0x7F, b ^ 1, b)  # no NaN codes
+
+
+def random_e8m0(torch, shape, g):
+    return torch.randint(118, 137, shape, device="cuda", dtype=torch.uint8, generator=g)
+
+
+def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
+    tokens, _, _, experts, top_k = SHAPES[shape]
+    rows = tokens * top_k
+    sizes = group_sizes(rows, experts, dist)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    bf16 = torch.bfloat16
+    x = torch.rand(rows, k, device="cuda", generator=g, dtype=bf16) * 2 - 1
+    w = torch.rand(experts, k, n, device="cuda", generator=g, dtype=bf16) * 2 - 1
+    dy = torch.rand(rows, n, device="cuda", generator=g, dtype=bf16) * 2 - 1
+    ends = torch.cumsum(torch.tensor(sizes, device="cuda", dtype=torch.int32), 0, dtype=torch.int32)
+    offsets = torch.cat([torch.zeros(1, device="cuda", dtype=torch.int32), ends])
+    y, dx = torch.empty(rows, n, device="cuda", dtype=bf16), torch.empty(rows, k, device="cuda", dtype=bf16)
+    dw = torch.empty(experts, k, n, device="cuda", dtype=bf16)
+    flop = 2.0 * rows * k * n
+    note = (f"{weight} (k={k}, n={n}), {dist} groups, E={experts}, {rows} rows; interleaved in one "
+            f"process, median of {args.rounds} rounds of {args.iters}")
+
+    def add(name, impl, precision, res, kernel=""):
+        ms, lo, hi = res
+        out_rows.append({
+            "name": name, "shape": shape, "impl": impl, "precision": precision, "ms": round(ms, 4),
+            "tflops": round(flop / (ms * 1e-3) / 1e12, 1), "gbps": None, "weight": weight,
+            "groups": dist, "kernel": kernel, "out": "bf16",
+            "note": f"{note} (round medians {flop / (hi * 1e9):.0f}-{flop / (lo * 1e9):.0f} TFLOP/s)"})
+        print(f"{name:6} {shape:8} {weight:4} {dist:8} {impl:26} {precision:6} {ms:8.3f} ms "
+              f"{flop / (ms * 1e9):7.1f} TFLOP/s  {kernel}", flush=True)
+
+    ops = args.ops.split(",")
+    if "bf16" in args.precisions:
+        h = lib.dl_gemm_create(experts, k, n, rows, rows // experts, 0, None)
+        if not h:
+            raise RuntimeError(lib.dl_last_error().decode())
+        try:
+            cases = {
+                "fwd": (lambda: check(lib, lib.dl_gemm_forward(h, x.data_ptr(), w.data_ptr(),
+                                                               offsets.data_ptr(), y.data_ptr(), None), "fwd"),
+                        lambda: torch._grouped_mm(x, w, offs=ends), 0),
+                "dgrad": (lambda: check(lib, lib.dl_gemm_backward_data(h, dy.data_ptr(), w.data_ptr(),
+                                                                       offsets.data_ptr(), dx.data_ptr(), None), "dgrad"),
+                          lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=ends), 1),
+                "wgrad": (lambda: check(lib, lib.dl_gemm_backward_weight(h, x.data_ptr(), dy.data_ptr(),
+                                                                         offsets.data_ptr(), dw.data_ptr(), None), "wgrad"),
+                          lambda: torch._grouped_mm(x.t(), dy, offs=ends), 2),
+            }
+            for op in ops:
+                ours, theirs, idx = cases[op]
+                res = interleave(torch, {"dropless": ours, "torch": theirs}, args.rounds, args.iters, args.warm_s)
+                add(op, "dropless", "bf16", res["dropless"], lib.dl_gemm_kernel(h, idx).decode())
+                add(op, "torch._grouped_mm", "bf16", res["torch"])
+        finally:
+            lib.dl_gemm_destroy(h)
+
+    if "mxfp8" in args.precisions:
+        fp8 = torch.float8_e4m3fn
+        xq, xs = random_e4m3(torch, (rows, k), g), random_e8m0(torch, (rows, k // 32), g)
+        wtq, wts = random_e4m3(torch, (experts, n, k), g), random_e8m0(torch, (experts, n, k // 32), g)
+        dyq, dys = random_e4m3(torch, (rows, n), g), random_e8m0(torch, (rows, n // 32), g)
+        wq, ws = random_e4m3(torch, (experts, k, n), g), random_e8m0(torch, (experts, k, n // 32), g)
+        ones_rows = torch.ones(rows, device="cuda", dtype=torch.float32)
+        h = lib.dl_mxgemm_create(experts, k, n, rows, 0, rows // experts, None)
+        if not h:
+            raise RuntimeError(lib.dl_last_error().decode())
+        kernel = lib.dl_mxgemm_kernel(h).decode()
+        try:
+            cases = {
+                "fwd": (lambda: check(lib, lib.dl_mxgemm_forward(
+                            h, xq.data_ptr(), xs.data_ptr(), wtq.data_ptr(), wts.data_ptr(),
+                            offsets.data_ptr(), y.data_ptr(), None), "mx fwd"),
+                        (xq.view(fp8), wtq.view(fp8).transpose(-2, -1),
+                         torch.ones(experts, n, device="cuda", dtype=torch.float32)),
+                        lambda: torch._grouped_mm(x, w, offs=ends)),
+                "dgrad": (lambda: check(lib, lib.dl_mxgemm_backward_data(
+                              h, dyq.data_ptr(), dys.data_ptr(), wq.data_ptr(), ws.data_ptr(),
+                              offsets.data_ptr(), dx.data_ptr(), None), "mx dgrad"),
+                          (dyq.view(fp8), wq.view(fp8).transpose(-2, -1),
+                           torch.ones(experts, k, device="cuda", dtype=torch.float32)),
+                          lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=ends)),
+            }
+            for op in ops:
+                if op not in cases:
+                    continue
+                ours, (a, b, sb), bf16_fn = cases[op]
+                fns = {"dropless": ours, "bf16": bf16_fn}
+                try:
+                    torch._scaled_grouped_mm(a, b, ones_rows, sb, offs=ends, out_dtype=bf16)
+                    fns["fp8"] = lambda: torch._scaled_grouped_mm(a, b, ones_rows, sb, offs=ends,
+                                                                  out_dtype=bf16)
+                except Exception as exc:  # a peer that cannot run this layout is reported
+                    print(f"peer error: torch._scaled_grouped_mm {op} {shape} {weight} {dist}: "
+                          f"{str(exc).splitlines()[0][:200]}", file=sys.stderr)
+                res = interleave(torch, fns, args.rounds, args.iters, args.warm_s)
+                add(op, "dropless", "mxfp8", res["dropless"], kernel)
+                if "fp8" in res:
+                    add(op, "torch._scaled_grouped_mm", "fp8-rowwise", res["fp8"])
+                add(op, "torch._grouped_mm", "bf16", res["bf16"])
+        finally:
+            lib.dl_mxgemm_destroy(h)
+    torch.cuda.synchronize()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True, help="libdropless_gemm_capi.so")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="dsv3,qwen3,mixtral")
+    ap.add_argument("--dists", default="uniform,zipf")
+    ap.add_argument("--ops", default="fwd,dgrad,wgrad")
+    ap.add_argument("--precisions", default="bf16,mxfp8")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warm-s", type=float, default=0.3)
+    ap.add_argument("--commit", default="unknown")
+    args = ap.parse_args()
+
+    import torch
+    lib = load_lib(args.lib)
+    rows = []
+    for shape in args.shapes.split(","):
+        _, hidden, ffn, _, _ = SHAPES[shape]
+        for weight, k, n in (("w13", hidden, 2 * ffn), ("w2", ffn, hidden)):
+            for dist in args.dists.split(","):
+                run_case(torch, lib, args, shape, weight, k, n, dist, rows)
+                torch.cuda.empty_cache()
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,temperature.gpu,power.draw",
+                              "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        smi = ""
+    result = {
+        "bench": "gemm", "device": f"{torch.cuda.get_device_name()} (1 GPU)",
+        "date": datetime.date.today().isoformat(),
+        "command": "python3 bench/peers/interleaved_gemm.py " + " ".join(sys.argv[1:]),
+        "commit": args.commit, "ceilings": {}, "peer_versions": {"torch": torch.__version__},
+        "gpu_state_at_end": smi, "rows": rows,
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
