@@ -51,9 +51,10 @@ extern "C" {
 const char* dl_last_error() { return last_error.c_str(); }
 
 // bf16 grouped GEMM over `experts` groups, W[e] of k x n; the weight gradient is fp32 when
-// fp32_wgrad, else bf16. `kernel` (may be null or "") forces one kernel for all three products.
+// fp32_wgrad, else bf16. Each kernel name (null or "": the default) forces that product's kernel.
 void* dl_gemm_create(int experts, int k, int n, int64_t max_rows, int64_t expected_rows,
-                     int fp32_wgrad, const char* kernel) {
+                     int fp32_wgrad, const char* fwd_kernel, const char* dgrad_kernel,
+                     const char* wgrad_kernel) {
   k::GroupedGemmOptions options;
   options.num_groups = experts;
   options.k = k;
@@ -61,9 +62,9 @@ void* dl_gemm_create(int experts, int k, int n, int64_t max_rows, int64_t expect
   options.max_rows = max_rows;
   options.expected_rows_per_group = expected_rows;
   options.weight_grad_type = fp32_wgrad ? k::GradType::kFloat32 : k::GradType::kBFloat16;
-  if (kernel != nullptr && kernel[0] != '\0') {
-    options.forward_kernel = options.backward_data_kernel = options.backward_weight_kernel = kernel;
-  }
+  if (fwd_kernel != nullptr) options.forward_kernel = fwd_kernel;
+  if (dgrad_kernel != nullptr) options.backward_data_kernel = dgrad_kernel;
+  if (wgrad_kernel != nullptr) options.backward_weight_kernel = wgrad_kernel;
   absl::StatusOr<std::unique_ptr<k::GroupedGemm>> gemm = k::GroupedGemm::Create(options);
   if (!gemm.ok()) {
     Report(gemm.status());

@@ -35,7 +35,8 @@ def load_lib(path):
     lib = ctypes.CDLL(path)
     lib.dl_last_error.restype = c_char_p
     lib.dl_gemm_create.restype = c_void_p
-    lib.dl_gemm_create.argtypes = [c_int, c_int, c_int, c_int64, c_int64, c_int, c_char_p]
+    lib.dl_gemm_create.argtypes = [c_int, c_int, c_int, c_int64, c_int64, c_int,
+                                   c_char_p, c_char_p, c_char_p]
     lib.dl_gemm_kernel.restype = c_char_p
     lib.dl_gemm_kernel.argtypes = [c_void_p, c_int]
     for f in (lib.dl_gemm_forward, lib.dl_gemm_backward_data, lib.dl_gemm_backward_weight):
@@ -137,28 +138,47 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
 
     ops = args.ops.split(",")
     if "bf16" in args.precisions:
-        h = lib.dl_gemm_create(experts, k, n, rows, rows // experts, 0, None)
-        if not h:
-            raise RuntimeError(lib.dl_last_error().decode())
-        try:
-            cases = {
-                "fwd": (lambda: check(lib, lib.dl_gemm_forward(h, x.data_ptr(), w.data_ptr(),
-                                                               offsets.data_ptr(), y.data_ptr(), None), "fwd"),
-                        lambda: torch._grouped_mm(x, w, offs=ends), 0),
-                "dgrad": (lambda: check(lib, lib.dl_gemm_backward_data(h, dy.data_ptr(), w.data_ptr(),
-                                                                       offsets.data_ptr(), dx.data_ptr(), None), "dgrad"),
-                          lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=ends), 1),
-                "wgrad": (lambda: check(lib, lib.dl_gemm_backward_weight(h, x.data_ptr(), dy.data_ptr(),
-                                                                         offsets.data_ptr(), dw.data_ptr(), None), "wgrad"),
-                          lambda: torch._grouped_mm(x.t(), dy, offs=ends), 2),
-            }
-            for op in ops:
-                ours, theirs, idx = cases[op]
-                res = interleave(torch, {"dropless": ours, "torch": theirs}, args.rounds, args.iters, args.warm_s)
-                add(op, "dropless", "bf16", res["dropless"], lib.dl_gemm_kernel(h, idx).decode())
+        op_index = {"fwd": 0, "dgrad": 1, "wgrad": 2}
+        sweep = {op: [""] + [kn for kn in getattr(args, f"{op}_kernels").split(",") if kn]
+                 for op in op_index}
+        for op in ops:
+            handles = {}
+            try:
+                for kn in sweep[op]:
+                    names = [None, None, None]
+                    names[op_index[op]] = kn.encode() or None
+                    h = lib.dl_gemm_create(experts, k, n, rows, rows // experts, 0, *names)
+                    if not h:
+                        print(f"skip {op} {kn}: {lib.dl_last_error().decode()}", file=sys.stderr)
+                        continue
+                    handles[kn] = h
+                fns = {}
+                for kn, h in handles.items():
+                    if op == "fwd":
+                        fns[kn] = (lambda h=h: check(lib, lib.dl_gemm_forward(
+                            h, x.data_ptr(), w.data_ptr(), offsets.data_ptr(), y.data_ptr(), None), "fwd"))
+                    elif op == "dgrad":
+                        fns[kn] = (lambda h=h: check(lib, lib.dl_gemm_backward_data(
+                            h, dy.data_ptr(), w.data_ptr(), offsets.data_ptr(), dx.data_ptr(), None), "dgrad"))
+                    else:
+                        fns[kn] = (lambda h=h: check(lib, lib.dl_gemm_backward_weight(
+                            h, x.data_ptr(), dy.data_ptr(), offsets.data_ptr(), dw.data_ptr(), None), "wgrad"))
+                torch_fn = {"fwd": lambda: torch._grouped_mm(x, w, offs=ends),
+                            "dgrad": lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=ends),
+                            "wgrad": lambda: torch._grouped_mm(x.t(), dy, offs=ends)}[op]
+                fns["torch"] = torch_fn
+                res = interleave(torch, fns, args.rounds, args.iters, args.warm_s)
+                default_kernel = lib.dl_gemm_kernel(handles[""], op_index[op]).decode()
+                for kn in handles:
+                    name = kn or default_kernel
+                    if kn and kn == default_kernel:
+                        continue  # the default, already measured as ""
+                    add(op, "dropless", "bf16", res[kn],
+                        name + (", default kernel" if not kn else ""))
                 add(op, "torch._grouped_mm", "bf16", res["torch"])
-        finally:
-            lib.dl_gemm_destroy(h)
+            finally:
+                for h in handles.values():
+                    lib.dl_gemm_destroy(h)
 
     if "mxfp8" in args.precisions:
         fp8 = torch.float8_e4m3fn
@@ -216,6 +236,9 @@ def main():
     ap.add_argument("--dists", default="uniform,zipf")
     ap.add_argument("--ops", default="fwd,dgrad,wgrad")
     ap.add_argument("--precisions", default="bf16,mxfp8")
+    ap.add_argument("--fwd-kernels", default="", help="bf16 kernels to time next to the default")
+    ap.add_argument("--dgrad-kernels", default="")
+    ap.add_argument("--wgrad-kernels", default="")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warm-s", type=float, default=0.3)
