@@ -110,11 +110,14 @@ template <GroupedGemmOp Op, class Def>
 __global__ void FillGroupArrays(GroupArrays<Def> arrays, const int32_t* __restrict__ offsets,
                                 int num_groups, int k, int n, int64_t max_rows,
                                 const typename Def::ElementAB* a, const typename Def::ElementAB* b,
-                                typename Def::ElementD* d) {
+                                typename Def::ElementD* d, const int32_t* __restrict__ gate,
+                                int32_t gate_value) {
+  // Not chosen (RunnerCall::gate): every group gets M = 0, so the GEMM finds no tile.
+  const bool off = gate != nullptr && *gate != gate_value;
   for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < num_groups;
        e += blockDim.x * gridDim.x) {
     const int64_t begin = min(max(static_cast<int64_t>(offsets[e]), int64_t{0}), max_rows);
-    const int64_t end = min(max(static_cast<int64_t>(offsets[e + 1]), begin), max_rows);
+    const int64_t end = off ? begin : min(max(static_cast<int64_t>(offsets[e + 1]), begin), max_rows);
     const int m = static_cast<int>(end - begin);
     const int64_t weight = static_cast<int64_t>(e) * k * n;
     if constexpr (Op == GroupedGemmOp::kForward) {
@@ -182,7 +185,7 @@ class CutlassRunner final : public GroupedGemmRunner {
         arrays_, call.offsets, shape_.num_groups, shape_.k, shape_.n, shape_.max_rows,
         static_cast<const typename Def::ElementAB*>(call.a),
         static_cast<const typename Def::ElementAB*>(call.b),
-        static_cast<typename Def::ElementD*>(call.d));
+        static_cast<typename Def::ElementD*>(call.d), call.gate, call.gate_value);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) {
       return absl::InternalError(absl::StrCat("grouped gemm: fill launch: ", cudaGetErrorString(err)));

@@ -27,13 +27,27 @@ absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradF32Coop128x256(const
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradF32Pingpong128x128(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradBf16Pingpong128x128(const RunnerShape&);
 
+namespace {
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdCoopPaired(const RunnerShape& shape) {
+  return MakePairedRunner(shape, MakeFwdCoop128x256C2x1, MakeFwdCoop128x256);
+}
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradCoopPaired(const RunnerShape& shape) {
+  return MakePairedRunner(shape, MakeDgradCoop128x256C2x1, MakeDgradCoop128x256);
+}
+}  // namespace
+
+// The 2x1 / 1x2 cluster pair of the 128x256 cooperative kernel, chosen per call on the device.
+constexpr char kPairedName[] = "coop_128x256x64_c2x1_or_c1x2";
+
 const KernelEntry* KernelTable(int* count) {
   using Op = GroupedGemmOp;
   static const KernelEntry kTable[] = {
       {"coop_128x256x64_c1x2", Op::kForward, OutType::kBFloat16, MakeFwdCoop128x256},
       {"coop_128x256x64_c2x1", Op::kForward, OutType::kBFloat16, MakeFwdCoop128x256C2x1},
+      {kPairedName, Op::kForward, OutType::kBFloat16, MakeFwdCoopPaired},
       {"coop_128x256x64_c1x2", Op::kBackwardData, OutType::kBFloat16, MakeDgradCoop128x256},
       {"coop_128x256x64_c2x1", Op::kBackwardData, OutType::kBFloat16, MakeDgradCoop128x256C2x1},
+      {kPairedName, Op::kBackwardData, OutType::kBFloat16, MakeDgradCoopPaired},
       {"pingpong_128x128x64_c1x2", Op::kBackwardData, OutType::kBFloat16,
        MakeDgradPingpong128x128},
       {"coop_128x256x64_c2x1", Op::kBackwardWeight, OutType::kFloat32, MakeWgradF32Coop128x256},
@@ -78,28 +92,31 @@ const KernelEntry* FindKernel(GroupedGemmOp op, OutType out, const std::string& 
   return nullptr;
 }
 
-// The shape-class choice, made once at creation, from the kernel sweep on an H200
-// (bench/results/gemm-h200-20261130-sweep.json; table in docs/grouped_gemm.md):
-// - forward: the 128x256 cooperative tile with a 1x2 cluster (the A tile multicast to two N tiles)
-//   was best or within 3% on every shape and group distribution;
-// - data gradient: the same tile, except the 128x128 pingpong kernel for narrow outputs (k <= 1024)
-//   and for large groups with a short reduction (n <= 8192);
-// - weight gradient: its reduction runs over a group's rows, so small groups give short main loops
-//   and the store of the k x n gradient dominates: the 128x256 cooperative tile for fp32 outputs of
-//   small groups, the pingpong kernel (epilogue of one warpgroup under the other's main loop)
-//   otherwise.
+// The shape-class choice, made once at creation, from H200 runs that timed every kernel next to
+// torch._grouped_mm in one process, alternating (bench/results/gemm-h200-20261130-kernels-
+// interleaved.json; docs/grouped_gemm.md):
+// - forward: the 128x256 cooperative tile, its cluster (2x1 or 1x2) chosen per call on the device
+//   from the group sizes (cluster_choice.h);
+// - data gradient: the 128x128 pingpong kernel for narrow outputs (k <= 1024) and for groups of
+//   >= 1024 rows with a short reduction (n <= 8192: qwen3, mixtral w2; 5-19% faster there), else
+//   the cooperative pair as for the forward;
+// - weight gradient: its reduction runs over a group's rows, so small groups (<= 512 rows, dsv3)
+//   give short main loops and the store of the k x n gradient dominates: the 128x256 cooperative
+//   tile there (1-10% faster for bf16 and fp32 outputs), the pingpong kernel (epilogue of one
+//   warpgroup under the other's main loop) otherwise.
 std::string DefaultKernel(GroupedGemmOp op, OutType out, const GroupedGemmOptions& options) {
+  (void)out;
   const int64_t rows = options.expected_rows_per_group;
   switch (op) {
     case GroupedGemmOp::kForward:
-      return "coop_128x256x64_c1x2";
+      return kPairedName;
     case GroupedGemmOp::kBackwardData:
-      if (options.k <= 1024 || (rows >= 2048 && options.n <= 8192)) {
+      if (options.k <= 1024 || (rows >= 1024 && options.n <= 8192)) {
         return "pingpong_128x128x64_c1x2";
       }
-      return "coop_128x256x64_c1x2";
+      return kPairedName;
     case GroupedGemmOp::kBackwardWeight:
-      if (out == OutType::kFloat32 && rows > 0 && rows <= 512) return "coop_128x256x64_c2x1";
+      if (rows > 0 && rows <= 512) return "coop_128x256x64_c2x1";
       return "pingpong_128x128x64_c2x1";
   }
   return "";

@@ -34,6 +34,10 @@ struct RunnerCall {
   const void* b = nullptr;
   void* d = nullptr;
   const int32_t* offsets = nullptr;
+  // When set (device int32), the runner computes nothing unless *gate == gate_value: its fill
+  // kernel gives every group M = 0 (MakePairedRunner's choice between two kernels).
+  const int32_t* gate = nullptr;
+  int32_t gate_value = 0;
 };
 
 class GroupedGemmRunner {
@@ -55,6 +59,12 @@ struct KernelEntry {
 
 // Every compiled kernel (defined in grouped_gemm.cc).
 const KernelEntry* KernelTable(int* count);
+
+// The forward / data-gradient pair of the 2x1- and 1x2-cluster kernels, chosen on the device per
+// call from the group sizes (paired_runner.cu, cluster_choice.h).
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakePairedRunner(const RunnerShape& shape,
+                                                                    RunnerFactory cluster_2x1,
+                                                                    RunnerFactory cluster_1x2);
 
 // Shared by the runners: the launches that surround the GEMM.
 // Zeroes dW[e] of every empty group e (a group with no rows has no tile to write it).

@@ -177,6 +177,50 @@ TEST_F(GroupedGemmTest, CapturedGraphFollowsDeviceOffsets) {
   cudaStreamDestroy(stream);
 }
 
+// The paired kernel chooses its cluster on the device from each call's offsets
+// (cluster_choice.h): even tile counts take the 2x1-cluster kernel, a skewed split of the same rows
+// the 1x2 one. One captured graph replays both, forward and data gradient, against fp64.
+TEST_F(GroupedGemmTest, PairedClusterKernelFollowsEachCallsGroups) {
+  Problem even = gemm_test::MakeProblem({256, 0, 130, 200, 512, 256}, 264, 392, 61);  // no padding
+  Problem skewed = even;
+  skewed.sizes = {1, 129, 0, 3, 1000, 221};  // 14 tiles, 2 of padding under a 2x1 cluster
+  gemm_test::SetOffsets(&skewed);
+  ASSERT_EQ(even.offsets.back(), skewed.offsets.back());
+
+  GroupedGemmOptions o = Options(even, GradType::kFloat32);
+  o.forward_kernel = o.backward_data_kernel = "coop_128x256x64_c2x1_or_c1x2";
+  auto gemm = GroupedGemm::Create(o);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  EXPECT_EQ((*gemm)->KernelName(GroupedGemmOp::kForward), "coop_128x256x64_c2x1_or_c1x2");
+  gemm_test::Operands d(even);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  absl::Status fwd = (*gemm)->Forward(d.x.bf16(), d.w.bf16(), d.offsets.i32(), d.y.bf16(), stream);
+  absl::Status dgrad =
+      (*gemm)->BackwardData(d.dy.bf16(), d.w.bf16(), d.offsets.i32(), d.dx.bf16(), stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(fwd.ok()) << fwd;
+  ASSERT_TRUE(dgrad.ok()) << dgrad;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (const Problem* p : {&even, &skewed, &even}) {
+    d.offsets.Upload(p->offsets.data(), p->offsets.size() * sizeof(int32_t));
+    d.y.Poison();
+    d.dx.Poison();
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    gemm_test::ExpectRowsMatch(d.y.ToHostBf16(), gemm_test::ReferenceForward(*p), *p, p->n,
+                               kTolerance);
+    gemm_test::ExpectRowsMatch(d.dx.ToHostBf16(), gemm_test::ReferenceBackwardData(*p), *p, p->k,
+                               kTolerance);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 TEST_F(GroupedGemmTest, AllGroupsEmptyWritesOnlyZeroGradients) {
   const Problem p = gemm_test::MakeProblem({0, 0, 0, 0}, 64, 64, 61);
   gemm_test::Operands d(p);

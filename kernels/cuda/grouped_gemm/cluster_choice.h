@@ -1,0 +1,38 @@
+// The forward / data-gradient kernel pair "coop_128x256x64_c2x1_or_c1x2" picks its cluster on the
+// device, per call, from the group sizes (paired_runner.cu); this is the rule, shared with a CPU
+// unit test. Header-only, no CUDA headers.
+//
+// A 2x1 cluster (two M tiles share each weight tile through TMA multicast) halves the weight
+// traffic from L2, but CUTLASS's grouped scheduler rounds every group's M tiles up to a multiple
+// of 2, so a group with an odd tile count computes one tile of padding. Measured on an H200 with
+// dropless and torch interleaved in one process (docs/grouped_gemm.md): with no padding the 2x1
+// cluster is 0-10% faster than the 1x2 cluster (dsv3 uniform forward +10%, mixtral +2%); with
+// 5% padding (qwen3 zipf) 3-5% slower, with 31% (dsv3 zipf) 7-14% slower. The rule takes the 2x1
+// cluster while the padding is at most 2% of the tiles.
+#ifndef DROPLESS_KERNELS_CUDA_GROUPED_GEMM_CLUSTER_CHOICE_H_
+#define DROPLESS_KERNELS_CUDA_GROUPED_GEMM_CLUSTER_CHOICE_H_
+
+#include <cstdint>
+
+#include "dropless/kernels/types.h"
+
+namespace dropless::kernels::grouped_gemm_internal {
+
+inline constexpr int kPairedTileM = 128;
+
+// Tiles of one group of `rows` rows, and its padding tiles under a 2x1 cluster.
+DROPLESS_KERNELS_HD inline int64_t GroupTilesM(int64_t rows) {
+  return (rows + kPairedTileM - 1) / kPairedTileM;
+}
+DROPLESS_KERNELS_HD inline int64_t ClusterPaddingTiles(int64_t rows) {
+  return GroupTilesM(rows) % 2;
+}
+
+// True: the 2x1 cluster (padding <= 2% of the tiles, and some work); false: the 1x2 cluster.
+DROPLESS_KERNELS_HD inline bool PreferClusterAlongM(int64_t tiles, int64_t padding_tiles) {
+  return tiles > 0 && padding_tiles * 50 <= tiles;
+}
+
+}  // namespace dropless::kernels::grouped_gemm_internal
+
+#endif  // DROPLESS_KERNELS_CUDA_GROUPED_GEMM_CLUSTER_CHOICE_H_

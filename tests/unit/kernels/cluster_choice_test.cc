@@ -1,0 +1,76 @@
+// The device-side cluster choice of the paired grouped-GEMM kernel (cluster_choice.h), on the
+// benchmark's group-size distributions and on edge cases.
+#include "kernels/cuda/grouped_gemm/cluster_choice.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace dropless::kernels::grouped_gemm_internal {
+namespace {
+
+// The rule as paired_runner.cu's kernel applies it: tiles and padding summed over the groups.
+bool Choose(const std::vector<int64_t>& sizes) {
+  int64_t tiles = 0, padding = 0;
+  for (int64_t s : sizes) {
+    tiles += GroupTilesM(s);
+    padding += ClusterPaddingTiles(s);
+  }
+  return PreferClusterAlongM(tiles, padding);
+}
+
+// As GroupSizes in bench/gemm_bench_common.h.
+std::vector<int64_t> Sizes(int64_t rows, int experts, bool zipf) {
+  std::vector<int64_t> sizes(experts, zipf ? 0 : rows / experts);
+  if (zipf) {
+    double harmonic = 0;
+    for (int e = 0; e < experts; ++e) harmonic += 1.0 / (e + 1);
+    for (int e = 0; e < experts; ++e) {
+      sizes[e] = static_cast<int64_t>(static_cast<double>(rows) / (e + 1) / harmonic);
+    }
+  }
+  int64_t assigned = 0;
+  for (int64_t s : sizes) assigned += s;
+  for (int e = 0; assigned < rows; e = (e + 1) % experts, ++assigned) ++sizes[e];
+  return sizes;
+}
+
+TEST(ClusterChoice, TilesAndPaddingPerGroup) {
+  EXPECT_EQ(GroupTilesM(0), 0);
+  EXPECT_EQ(GroupTilesM(1), 1);
+  EXPECT_EQ(GroupTilesM(128), 1);
+  EXPECT_EQ(GroupTilesM(129), 2);
+  EXPECT_EQ(ClusterPaddingTiles(0), 0);
+  EXPECT_EQ(ClusterPaddingTiles(100), 1);
+  EXPECT_EQ(ClusterPaddingTiles(256), 0);
+  EXPECT_EQ(ClusterPaddingTiles(257), 1);
+}
+
+TEST(ClusterChoice, BenchmarkShapesTakeTheMeasuredFasterCluster) {
+  // Uniform groups of even tile counts: no padding, the 2x1 cluster.
+  EXPECT_TRUE(Choose(Sizes(8192 * 8, 256, false)));   // dsv3: 256 rows, 2 tiles each
+  EXPECT_TRUE(Choose(Sizes(16384 * 8, 128, false)));  // qwen3: 1024 rows
+  EXPECT_TRUE(Choose(Sizes(8192 * 2, 8, false)));     // mixtral: 2048 rows
+  // zipf: dsv3 31% and qwen3 5.4% padding tiles take the 1x2 cluster; mixtral's 0.8% the 2x1.
+  EXPECT_FALSE(Choose(Sizes(8192 * 8, 256, true)));
+  EXPECT_FALSE(Choose(Sizes(16384 * 8, 128, true)));
+  EXPECT_TRUE(Choose(Sizes(8192 * 2, 8, true)));
+}
+
+TEST(ClusterChoice, ThresholdAndEmptyCalls) {
+  EXPECT_FALSE(Choose({}));
+  EXPECT_FALSE(Choose({0, 0, 0}));    // no tiles: either kernel does nothing; the 1x2 one runs
+  EXPECT_FALSE(Choose({1}));          // 1 tile, 1 padding
+  // 51 tiles with one padding tile (under 2%) take the 2x1 cluster; 49 (over 2%) do not.
+  std::vector<int64_t> fifty(24, 256);
+  fifty.push_back(128 * 2);
+  fifty.push_back(128);  // 24 * 2 + 2 + 1 = 51 tiles, 1 padding
+  EXPECT_TRUE(Choose(fifty));
+  std::vector<int64_t> fortynine(24, 256);
+  fortynine.push_back(128);  // 49 tiles, 1 padding
+  EXPECT_FALSE(Choose(fortynine));
+}
+
+}  // namespace
+}  // namespace dropless::kernels::grouped_gemm_internal
