@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""CPU checks of the benchmark peers' own logic (bench/peers/): the group sizes the same-process
+comparison builds, its alternating rounds, and the --ops / --cooldown-ms flags of gemm_peer.py.
+A fake torch stands in for the GPU: these test the scripts, not torch."""
+import argparse
+import os
+import sys
+import unittest
+from unittest import mock
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "peers"))
+import gemm_peer  # noqa: E402
+import interleaved_gemm  # noqa: E402
+
+
+class FakeTorch:
+    """Events timestamp a fake clock that each timed function advances by its own duration."""
+
+    def __init__(self, durations):
+        self.durations, self.now, self.calls, self.syncs = durations, 0.0, [], 0
+        torch = self
+
+        class _Event:
+            def __init__(self, enable_timing=True):
+                self.t = None
+
+            def record(self):
+                self.t = torch.now
+
+            def elapsed_time(self, other):
+                return other.t - self.t
+
+        class Cuda:
+            Event = _Event
+
+            @staticmethod
+            def synchronize():
+                torch.syncs += 1
+
+        self.cuda = Cuda
+
+    def fn(self, name):
+        def call():
+            self.calls.append(name)
+            self.now += self.durations[name]
+        return call
+
+
+class GroupSizesTest(unittest.TestCase):
+    def test_uniform_and_zipf_cover_every_row(self):
+        for rows, experts in ((65536, 256), (131072, 128), (16384, 8), (1000, 7)):
+            for dist in ("uniform", "zipf"):
+                sizes = interleaved_gemm.group_sizes(rows, experts, dist)
+                self.assertEqual(len(sizes), experts)
+                self.assertEqual(sum(sizes), rows)
+                self.assertTrue(all(s >= 0 for s in sizes))
+        self.assertEqual(interleaved_gemm.group_sizes(131072, 128, "uniform"), [1024] * 128)
+        self.assertEqual(interleaved_gemm.group_sizes(10, 4, "uniform"), [3, 3, 2, 2])
+
+    def test_zipf_shares_fall_as_one_over_rank(self):
+        sizes = interleaved_gemm.group_sizes(65536, 256, "zipf")
+        self.assertEqual(sizes[:5], [10701, 5351, 3567, 2676, 2141])
+        self.assertTrue(all(a >= b for a, b in zip(sizes, sizes[1:])))
+
+
+class InterleaveTest(unittest.TestCase):
+    def test_rounds_alternate_and_report_each_implementations_median(self):
+        torch = FakeTorch({"a": 2.0, "b": 5.0})
+        with mock.patch.object(interleaved_gemm.time, "time", side_effect=[0.0, 0.1, 1.0]):
+            res = interleaved_gemm.interleave(torch, {"a": torch.fn("a"), "b": torch.fn("b")},
+                                              rounds=4, iters=3, warm_s=0.5)
+        self.assertEqual(res["a"], (2.0, 2.0, 2.0))
+        self.assertEqual(res["b"], (5.0, 5.0, 5.0))
+        # warm-up a b, then rounds a b | b a | a b | b a, each 1 untimed + 3 timed calls
+        order = [c for i, c in enumerate(torch.calls[2:]) if i % 4 == 0]
+        self.assertEqual(order, ["a", "b", "b", "a", "a", "b", "b", "a"])
+        self.assertEqual(len(torch.calls), 2 + 4 * 2 * 4)
+
+
+class GemmPeerFlagsTest(unittest.TestCase):
+    def tearDown(self):
+        gemm_peer.COOLDOWN_S, gemm_peer.OPS = 0.0, None
+
+    def test_cooldown_sleeps_before_each_measurement(self):
+        ap = argparse.ArgumentParser()
+        gemm_peer.add_state_flags(ap)
+        gemm_peer.apply_state_flags(ap.parse_args(["--cooldown-ms", "250", "--ops", "fwd"]))
+        torch = FakeTorch({"f": 1.0})
+        with mock.patch.object(gemm_peer.time, "sleep") as sleep:
+            ms = gemm_peer.median_ms(torch, torch.fn("f"), warmup=2, iters=5)
+        sleep.assert_called_once_with(0.25)
+        self.assertEqual(ms, 1.0)
+        self.assertEqual(len(torch.calls), 7)
+
+    def test_ops_filter_skips_other_products(self):
+        gemm_peer.OPS = {"fwd"}
+        case = gemm_peer.GroupedCase.__new__(gemm_peer.GroupedCase)
+        case.torch, case.out, case.errors = FakeTorch({"f": 1.0}), [], None
+        case.shape, case.weight, case.dist, case.flop, case.note = "s", "w13", "uniform", 2e9, "n"
+        with mock.patch.object(gemm_peer, "median_ms", return_value=1.0) as timed:
+            case.add("dgrad", "torch._grouped_mm", "bf16", lambda: None, 1e6)
+            case.add("fwd", "torch._grouped_mm", "bf16", lambda: None, 1e6)
+        self.assertEqual(timed.call_count, 1)
+        self.assertEqual([r["name"] for r in case.out], ["fwd"])
+
+
+if __name__ == "__main__":
+    unittest.main()
