@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from gemm_peer import SHAPES
+from gemm_peer import SHAPES, median_ms
 
 c_void_p, c_int, c_int64, c_char_p = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_char_p
 
@@ -73,18 +73,6 @@ def group_sizes(rows, experts, dist):
     return sizes
 
 
-def median_ms(torch, fn, iters):
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    fn()
-    for i in range(iters):
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-
-
 def interleave(torch, fns, rounds, iters, warm_s):
     """Median over rounds of each implementation's median ms; rounds alternate the order."""
     t0 = time.time()
@@ -96,7 +84,7 @@ def interleave(torch, fns, rounds, iters, warm_s):
     names = list(fns)
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
-            per[name].append(median_ms(torch, fns[name], iters))
+            per[name].append(median_ms(torch, fns[name], warmup=1, iters=iters))
     return {name: (statistics.median(v), min(v), max(v)) for name, v in per.items()}
 
 
