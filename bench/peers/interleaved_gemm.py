@@ -216,6 +216,28 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
     torch.cuda.synchronize()
 
 
+def ceilings(torch):
+    """Dense 8192^3 GEMMs (torch.mm bf16, torch._scaled_mm fp8 with tensor-wise scales) and a 2 GiB
+    device copy, each measured as one case of interleave() (so from the same warm state)."""
+    d = 8192
+    a = torch.rand(d, d, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    b = torch.rand(d, d, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device="cuda")
+    src = torch.empty(1 << 30, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    res = interleave(torch, {"bf16": lambda: torch.mm(a, b),
+                             "fp8": lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16),
+                             "copy": lambda: dst.copy_(src)}, rounds=3, iters=10, warm_s=0.3)
+    flop = 2.0 * d ** 3
+    out = {"dense_bf16_tflops": round(flop / (res["bf16"][0] * 1e9), 1),
+           "dense_fp8_tflops": round(flop / (res["fp8"][0] * 1e9), 1),
+           "copy_gbps": round(2.0 * src.numel() * 2 / (res["copy"][0] * 1e6), 1)}
+    del a, b, a8, b8, src, dst
+    torch.cuda.empty_cache()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True, help="libdropless_gemm_capi.so")
@@ -235,6 +257,8 @@ def main():
 
     import torch
     lib = load_lib(args.lib)
+    start = ceilings(torch)
+    print(f"ceilings: {start}", flush=True)
     rows = []
     for shape in args.shapes.split(","):
         _, hidden, ffn, _, _ = SHAPES[shape]
@@ -251,7 +275,8 @@ def main():
         "bench": "gemm", "device": f"{torch.cuda.get_device_name()} (1 GPU)",
         "date": datetime.date.today().isoformat(),
         "command": "python3 bench/peers/interleaved_gemm.py " + " ".join(sys.argv[1:]),
-        "commit": args.commit, "ceilings": {}, "peer_versions": {"torch": torch.__version__},
+        "commit": args.commit, "ceilings": start, "ceilings_at_end": ceilings(torch),
+        "peer_versions": {"torch": torch.__version__},
         "gpu_state_at_end": smi, "rows": rows,
     }
     with open(args.out, "w") as f:
