@@ -21,7 +21,9 @@
 // or past offsets[num_groups] of Y / dX are left untouched.
 //
 // A GroupedGemm picks one kernel (tile shape, schedule) per product when it is created, from the
-// shape class (expected rows per group, k, n); calls do no host work beyond two launches. Calls of
+// shape class (expected rows per group, k, n); the forward's and some data gradients' kernel is a
+// pair of cluster shapes chosen on the device per call from the offsets. Calls do no host work
+// beyond launching (two to five small launches and the GEMM). Calls of
 // the same product on one object must be ordered on one stream (each product owns the device
 // arrays its launch reads); different products may run on different streams concurrently.
 #ifndef DROPLESS_KERNELS_GROUPED_GEMM_H_
