@@ -147,6 +147,20 @@ int dl_mxgemm_backward_data(void* handle, const void* dy, const void* dy_scales,
       static_cast<const int32_t*>(offsets), static_cast<k::Bf16*>(dx), AsStream(stream)));
 }
 
+// Column-wise block-major operands and padded offsets (mx_grouped_gemm.h); dw is fp32 when
+// fp32_out, else bf16.
+int dl_mxgemm_backward_weight(void* handle, const void* x, const void* x_scales, const void* dy,
+                              const void* dy_scales, const void* padded_offsets, void* dw,
+                              int fp32_out, void* stream) {
+  auto* h = static_cast<MxGemm*>(handle);
+  const k::MxOperand xa{Bytes(x), Bytes(x_scales)}, dya{Bytes(dy), Bytes(dy_scales)};
+  const auto* off = static_cast<const int32_t*>(padded_offsets);
+  return Report(fp32_out ? h->gemm->BackwardWeight(xa, dya, off, static_cast<float*>(dw),
+                                                   AsStream(stream))
+                         : h->gemm->BackwardWeight(xa, dya, off, static_cast<k::Bf16*>(dw),
+                                                   AsStream(stream)));
+}
+
 void dl_mxgemm_destroy(void* handle) { delete static_cast<MxGemm*>(handle); }
 
 }  // extern "C"

@@ -10,6 +10,8 @@ implementations (A B B A ...) after a shared warm-up: every implementation sees 
 
 Rows (BENCH.md format) per shape, weight, group distribution:
   bf16  fwd / dgrad / wgrad: dropless (bf16 out) vs torch._grouped_mm
+  mxfp8-wgrad (opt-in): the MXFP8 weight gradient's default and --mx-kernels, fp32 and bf16 out
+        (no torch MX peer: torch's fp8 k-grouped form needs groups of multiples of 16)
   mxfp8 fwd / dgrad: dropless MXFP8 (per-32 E8M0 scales) vs torch._scaled_grouped_mm (fp8,
         row-wise scales: no per-block promotion) vs torch._grouped_mm (bf16)
 
@@ -50,6 +52,8 @@ def load_lib(path):
     for f in (lib.dl_mxgemm_forward, lib.dl_mxgemm_backward_data):
         f.restype = c_int
         f.argtypes = [c_void_p] * 8
+    lib.dl_mxgemm_backward_weight.restype = c_int
+    lib.dl_mxgemm_backward_weight.argtypes = [c_void_p] * 7 + [c_int, c_void_p]
     lib.dl_mxgemm_destroy.argtypes = [c_void_p]
     return lib
 
@@ -213,6 +217,36 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                 add(op, "torch._grouped_mm", "bf16", res["bf16"])
         finally:
             lib.dl_mxgemm_destroy(h)
+    if "mxfp8-wgrad" in args.precisions:
+        # Column-wise block-major operands ([P/32][cols][32] + [P/32][cols] scales) over the padded
+        # group layout the quantizer writes (groups padded to 32 rows, P as MxGroupedGemm's bound).
+        padded = [(s_ + 31) // 32 * 32 for s_ in sizes]
+        p_rows = (rows + 31 * experts + 31) // 32 * 32
+        pends = torch.cumsum(torch.tensor(padded, device="cuda", dtype=torch.int32), 0, dtype=torch.int32)
+        poffsets = torch.cat([torch.zeros(1, device="cuda", dtype=torch.int32), pends])
+        xc, xcs = random_e4m3(torch, (k * p_rows,), g), random_e8m0(torch, (k * p_rows // 32,), g)
+        dyc, dycs = random_e4m3(torch, (n * p_rows,), g), random_e8m0(torch, (n * p_rows // 32,), g)
+        dw32 = torch.empty(experts, k, n, device="cuda", dtype=torch.float32)
+        handles = {}
+        try:
+            for kn in [""] + [x_ for x_ in args.mx_kernels.split(",") if x_]:
+                h = lib.dl_mxgemm_create(experts, k, n, rows, p_rows, rows // experts, kn.encode() or None)
+                if not h:
+                    raise RuntimeError(lib.dl_last_error().decode())
+                handles[kn] = h
+            for fp32_out, out in ((1, dw32), (0, dw)):
+                fns = {kn: (lambda h=h, out=out, fp32_out=fp32_out: check(lib, lib.dl_mxgemm_backward_weight(
+                    h, xc.data_ptr(), xcs.data_ptr(), dyc.data_ptr(), dycs.data_ptr(),
+                    poffsets.data_ptr(), out.data_ptr(), fp32_out, None), "mx wgrad"))
+                    for kn, h in handles.items()}
+                res = interleave(torch, fns, args.rounds, args.iters, args.warm_s)
+                for kn, h in handles.items():
+                    name = lib.dl_mxgemm_kernel(h).decode()
+                    add("wgrad", "dropless", "mxfp8", res[kn],
+                        f"{name}{', default kernel' if not kn else ''}; {'fp32' if fp32_out else 'bf16'} out")
+        finally:
+            for h in handles.values():
+                lib.dl_mxgemm_destroy(h)
     torch.cuda.synchronize()
 
 
@@ -249,6 +283,8 @@ def main():
     ap.add_argument("--fwd-kernels", default="", help="bf16 kernels to time next to the default")
     ap.add_argument("--dgrad-kernels", default="")
     ap.add_argument("--wgrad-kernels", default="")
+    ap.add_argument("--mx-kernels", default="",
+                    help="MXFP8 kernels to time next to the default (mxfp8-wgrad precision)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warm-s", type=float, default=0.3)

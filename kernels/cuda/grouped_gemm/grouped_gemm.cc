@@ -96,7 +96,7 @@ const KernelEntry* FindKernel(GroupedGemmOp op, OutType out, const std::string& 
 // torch._grouped_mm in one process, alternating (bench/results/gemm-h200-20261130-kernels-
 // interleaved.json; docs/grouped_gemm.md):
 // - forward: the 128x256 cooperative tile, its cluster (2x1 or 1x2) chosen per call on the device
-//   from the group sizes (cluster_choice.h);
+//   from the group sizes (kernel_choice.h);
 // - data gradient: the 128x128 pingpong kernel for narrow outputs (k <= 1024) and for groups of
 //   >= 1024 rows with a short reduction (n <= 8192: qwen3, mixtral w2; 5-19% faster there), else
 //   the cooperative pair as for the forward;

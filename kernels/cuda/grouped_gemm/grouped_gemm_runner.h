@@ -61,7 +61,7 @@ struct KernelEntry {
 const KernelEntry* KernelTable(int* count);
 
 // The forward / data-gradient pair of the 2x1- and 1x2-cluster kernels, chosen on the device per
-// call from the group sizes (paired_runner.cu, cluster_choice.h).
+// call from the group sizes (paired_runner.cu, kernel_choice.h).
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakePairedRunner(const RunnerShape& shape,
                                                                     RunnerFactory cluster_2x1,
                                                                     RunnerFactory cluster_1x2);

@@ -1,5 +1,5 @@
 // Two compiled kernels of one product, the 2x1- and 1x2-cluster tiles, chosen on the device per
-// call (cluster_choice.h has the rule and the measurements behind it). Each call launches a
+// call (kernel_choice.h has the rule and the measurements behind it). Each call launches a
 // one-block kernel that sums the groups' tiles and padding from the device offsets and writes the
 // choice, then both runners: the one not chosen gives every group M = 0 in its fill kernel, so its
 // CUTLASS kernel finds no tile and exits (a few microseconds). No host synchronization; a captured
@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/grouped_gemm/cluster_choice.h"
+#include "kernels/cuda/grouped_gemm/kernel_choice.h"
 #include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
 
 namespace dropless::kernels::grouped_gemm_internal {

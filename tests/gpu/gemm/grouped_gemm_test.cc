@@ -178,7 +178,7 @@ TEST_F(GroupedGemmTest, CapturedGraphFollowsDeviceOffsets) {
 }
 
 // The paired kernel chooses its cluster on the device from each call's offsets
-// (cluster_choice.h): even tile counts take the 2x1-cluster kernel, a skewed split of the same rows
+// (kernel_choice.h): even tile counts take the 2x1-cluster kernel, a skewed split of the same rows
 // the 1x2 one. One captured graph replays both, forward and data gradient, against fp64.
 TEST_F(GroupedGemmTest, PairedClusterKernelFollowsEachCallsGroups) {
   Problem even = gemm_test::MakeProblem({256, 0, 130, 200, 512, 256}, 264, 392, 61);  // no padding

@@ -440,9 +440,85 @@ TEST_F(MxGroupedGemmTest, CapturedGraphFollowsDeviceOffsets) {
   cudaStreamDestroy(stream);
 }
 
+// The default weight gradient picks its tile shape on the device from each call's padded group
+// sizes (kernel_choice.h): long groups take the 256 x 128 kernel, short ones the 128 x 128 kernel.
+// One captured graph replays both choices against fp64; the gradient is poisoned before each run.
+TEST_F(MxGroupedGemmTest, DefaultWeightGradientFollowsEachCallsGroups) {
+  std::random_device rd;
+  std::mt19937_64 rng(rd());
+  const std::vector<std::vector<int>> plans = {
+      {600, 520, 0, 700, 512, 60},   // 97% of the padded rows in groups of >= 512: wide
+      {40, 300, 0, 7, 600, 129}};    // 51%: 128 x 128
+  const int groups = 6;
+  const int64_t rows = 2400;
+  const std::vector<Bf16> xv = RandomWide(rows * kK, &rng), dyv = RandomWide(rows * kN, &rng);
+  MxGroupedGemmOptions o = Options(groups, rows);
+  o.padded_rows = ColwisePaddedRows(rows, groups);
+  auto gemm = MxGroupedGemm::Create(o);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  const std::vector<std::string> names = MxGroupedGemm::KernelNames();
+  ASSERT_NE((*gemm)->KernelName().find(names[0] + "|" + names[2]), std::string::npos);
+
+  const size_t count = static_cast<size_t>(groups) * kK * kN;
+  const size_t data_bytes = static_cast<size_t>(kK) * o.padded_rows;
+  DeviceBuffer xd(data_bytes, 4), xs(data_bytes / 32, 4), dyd(data_bytes / kK * kN, 4),
+      dys(data_bytes / kK * kN / 32, 4), poffsets((groups + 1) * 4, 4), dw(count * 4, 4);
+  auto u8 = [](DeviceBuffer& b) { return static_cast<const uint8_t*>(static_cast<void*>(b.i32())); };
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_TRUE((*gemm)
+                  ->BackwardWeight({u8(xd), u8(xs)}, {u8(dyd), u8(dys)}, poffsets.i32(), dw.f32(),
+                                   stream)
+                  .ok());
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int round = 0; round < 3; ++round) {
+    const std::vector<int>& sizes = plans[round % 2];
+    SCOPED_TRACE(round);
+    const std::vector<int32_t> offsets = Offsets(sizes);
+    const MxColHost x = QuantizeCols(xv, rows, kK, offsets);
+    const MxColHost dy = QuantizeCols(dyv, rows, kN, offsets);
+    ASSERT_EQ(x.padded_rows, o.padded_rows);
+    xd.Upload(x.data.data(), x.data.size());
+    xs.Upload(x.scales.data(), x.scales.size());
+    dyd.Upload(dy.data.data(), dy.data.size());
+    dys.Upload(dy.scales.data(), dy.scales.size());
+    poffsets.Upload(x.padded_offsets.data(), x.padded_offsets.size() * 4);
+    dw.Poison();
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const int64_t p = x.padded_rows;
+    Ref ref;
+    ref.value.assign(count, 0.0);
+    ref.magnitude.assign(count, 0.0);
+    for (int e = 0; e < groups; ++e) {
+      for (int i = 0; i < kK; ++i) {
+        for (int j = 0; j < kN; ++j) {
+          double sum = 0, mag = 0;
+          for (int t = x.padded_offsets[e]; t < x.padded_offsets[e + 1]; ++t) {
+            const double prod = static_cast<double>(x.values[i * p + t]) * dy.values[j * p + t];
+            sum += prod;
+            mag += std::fabs(prod);
+          }
+          ref.value[(static_cast<size_t>(e) * kK + i) * kN + j] = sum;
+          ref.magnitude[(static_cast<size_t>(e) * kK + i) * kN + j] = mag;
+        }
+      }
+    }
+    ExpectClose(dw.ToHostF32(), ref, count, kF32Rel, kF32Abs, kF32Norm, "paired wgrad fp32");
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 // The default choice: 256 x 128 tiles (KernelNames()[0]) for the m-grouped products once the
-// token buffers hold 256 rows; the weight gradient of short groups on 128 x 128 tiles
-// (KernelNames()[2]); forcing a kernel by name applies it to every product.
+// token buffers hold 256 rows; the weight gradient chooses between 256 x 128 and 128 x 128 tiles
+// (KernelNames()[2]) per call on the device when k >= 256, else runs 128 x 128; forcing a kernel by
+// name applies it to every product.
 TEST_F(MxGroupedGemmTest, DefaultKernelFollowsShapes) {
   const std::vector<std::string> names = MxGroupedGemm::KernelNames();
   ASSERT_GE(names.size(), 3u);
@@ -455,10 +531,11 @@ TEST_F(MxGroupedGemmTest, DefaultKernelFollowsShapes) {
     EXPECT_TRUE(gemm.ok()) << gemm.status();
     return gemm.ok() ? (*gemm)->KernelName() : std::string();
   };
-  EXPECT_EQ(name(4096, 1024, 0, ""), names[0]);
-  EXPECT_EQ(name(4096, 1024, 2048, ""), names[0]);
-  EXPECT_EQ(name(4096, 1024, 256, ""), names[0] + "+" + names[2]);
-  EXPECT_EQ(name(100, 1024, 0, ""), names[2] + "+" + names[0]);
+  const std::string paired = names[0] + "|" + names[2];
+  EXPECT_EQ(name(4096, 1024, 0, ""), names[0] + "+" + paired);
+  EXPECT_EQ(name(4096, 1024, 2048, ""), names[0] + "+" + paired);
+  EXPECT_EQ(name(4096, 1024, 256, ""), names[0] + "+" + paired);
+  EXPECT_EQ(name(100, 1024, 0, ""), names[2] + "+" + paired);
   EXPECT_EQ(name(100, 128, 0, ""), names[2]);
   EXPECT_EQ(name(4096, 1024, 256, names[1]), names[1]);
 }

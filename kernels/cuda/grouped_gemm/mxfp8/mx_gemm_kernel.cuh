@@ -73,6 +73,10 @@ struct Params {
   int64_t out_group_stride;     // k-grouped: elements per group's output
   const uint8_t* a_scales_end;  // one past the last byte of each scale buffer
   const uint8_t* b_scales_end;
+  // When set (device int32), the launch does nothing unless *gate == gate_value: the weight
+  // gradient launches both tile shapes and a choice kernel picks one (mx_grouped_gemm.cu).
+  const int32_t* gate;
+  int32_t gate_value;
 };
 
 // ---- PTX wrappers ----
@@ -445,6 +449,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     MxGroupedGemmKernel(const __grid_constant__ CUtensorMap map_a,
                         const __grid_constant__ CUtensorMap map_b,
                         const __grid_constant__ Params p) {
+  if (p.gate != nullptr && *p.gate != p.gate_value) return;  // the other kernel was chosen
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));

@@ -119,6 +119,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     MxGroupedGemmWideKernel(const __grid_constant__ CUtensorMap map_a,
                             const __grid_constant__ CUtensorMap map_b,
                             const __grid_constant__ Params p) {
+  if (p.gate != nullptr && *p.gate != p.gate_value) return;  // the other kernel was chosen
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "dropless/kernels/mx_grouped_gemm.h"
+#include "kernels/cuda/grouped_gemm/kernel_choice.h"
 #include "kernels/cuda/grouped_gemm/mxfp8/mx_gemm_kernel.cuh"
 #include "kernels/cuda/grouped_gemm/mxfp8/mx_gemm_wide_kernel.cuh"
 
@@ -137,6 +138,38 @@ constexpr KernelConfig kKernels[] = {
 constexpr int kKernelCount = sizeof(kKernels) / sizeof(kKernels[0]);
 constexpr int kWideKernel = 0;
 constexpr int kNarrowKernel = 2;  // 128 x 128 tiles: operands with fewer than 256 rows
+// The default weight gradient where both tile shapes fit (k >= 256): kWideKernel or kNarrowKernel
+// chosen on the device per call from the padded group sizes (kernel_choice.h). Both launch; the
+// one not chosen returns at once (Params::gate).
+constexpr int kPairedWeightGradient = -1;
+
+constexpr int kChooseThreads = 256;
+
+__global__ void __launch_bounds__(kChooseThreads)
+    ChooseWeightGradientKernel(const int32_t* __restrict__ padded_offsets, int num_groups,
+                               int64_t limit, int32_t* __restrict__ choice) {
+  __shared__ long long rows[kChooseThreads], long_rows[kChooseThreads];
+  long long r = 0, l = 0;
+  for (int e = threadIdx.x; e < num_groups; e += kChooseThreads) {
+    const int64_t begin = min(max(static_cast<int64_t>(padded_offsets[e]), int64_t{0}), limit);
+    const int64_t end = min(max(static_cast<int64_t>(padded_offsets[e + 1]), begin), limit);
+    r += end - begin;
+    l += end - begin >= grouped_gemm_internal::kWideWgradGroupRows ? end - begin : 0;
+  }
+  rows[threadIdx.x] = r;
+  long_rows[threadIdx.x] = l;
+  __syncthreads();
+  for (int s = kChooseThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      rows[threadIdx.x] += rows[threadIdx.x + s];
+      long_rows[threadIdx.x] += long_rows[threadIdx.x + s];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    *choice = grouped_gemm_internal::PreferWideWeightGradient(long_rows[0], rows[0]) ? 1 : 0;
+  }
+}
 
 template <typename OutT, bool kGroupedK, int kIndex = 0>
 auto KernelAt(int index) {
@@ -173,8 +206,16 @@ absl::Status AllowSmem(int kernel) {
 class MxGroupedGemmImpl final : public MxGroupedGemm {
  public:
   // m_kernel runs Forward and BackwardData, k_kernel BackwardWeight (indices into kKernels).
-  MxGroupedGemmImpl(const MxGroupedGemmOptions& o, int sms, int m_kernel, int k_kernel)
-      : o_(o), sms_(sms), m_kernel_(m_kernel), k_kernel_(k_kernel) {}
+  // choice: a device int32 for the paired weight gradient (k_kernel == kPairedWeightGradient),
+  // owned from here on; null otherwise.
+  MxGroupedGemmImpl(const MxGroupedGemmOptions& o, int sms, int m_kernel, int k_kernel,
+                    int32_t* choice)
+      : o_(o), sms_(sms), m_kernel_(m_kernel), k_kernel_(k_kernel), choice_(choice) {}
+  ~MxGroupedGemmImpl() override {
+    if (choice_ != nullptr) cudaFree(choice_);
+  }
+  MxGroupedGemmImpl(const MxGroupedGemmImpl&) = delete;
+  MxGroupedGemmImpl& operator=(const MxGroupedGemmImpl&) = delete;
 
   absl::Status Forward(const MxOperand& x, const MxOperand& w_t, const int32_t* offsets, Bf16* y,
                        Stream stream) override {
@@ -197,7 +238,12 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
 
   // "<forward and data-gradient kernel>" or, where the weight gradient runs another one,
   // "<forward and data-gradient kernel>+<weight-gradient kernel>".
+  // "<wide>|<narrow>" for the weight gradient chosen per call.
   std::string KernelName() const override {
+    if (k_kernel_ == kPairedWeightGradient) {
+      return absl::StrCat(kKernels[m_kernel_].name, "+", kKernels[kWideKernel].name, "|",
+                          kKernels[kNarrowKernel].name);
+    }
     if (m_kernel_ == k_kernel_) return kKernels[m_kernel_].name;
     return absl::StrCat(kKernels[m_kernel_].name, "+", kKernels[k_kernel_].name);
   }
@@ -256,11 +302,19 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
     if (reinterpret_cast<uintptr_t>(dy.scales) % 16 != 0) {
       return absl::InvalidArgumentError("dy_colwise.scales must be 16-byte aligned");
     }
-    CUtensorMap map_a, map_b;
+    const bool paired = k_kernel_ == kPairedWeightGradient;
+    const int first = paired ? kWideKernel : k_kernel_;
+    CUtensorMap map_a, map_a_narrow, map_b;
     if (absl::Status s =
-            EncodeBlockedOperand(&map_a, x.data, padded, o_.k, ARows(k_kernel_), "x_colwise");
+            EncodeBlockedOperand(&map_a, x.data, padded, o_.k, ARows(first), "x_colwise");
         !s.ok())
       return s;
+    if (paired) {
+      if (absl::Status s = EncodeBlockedOperand(&map_a_narrow, x.data, padded, o_.k,
+                                                ARows(kNarrowKernel), "x_colwise");
+          !s.ok())
+        return s;
+    }
     if (absl::Status s = EncodeBlockedOperand(&map_b, dy.data, padded, o_.n, kBlockN, "dy_colwise");
         !s.ok())
       return s;
@@ -285,7 +339,19 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
     p.out = dw;
     p.ldc = o_.n;
     p.out_group_stride = static_cast<int64_t>(o_.k) * o_.n;
-    return Launch<OutT, true>(map_a, map_b, p, sms_, k_kernel_, stream);
+    if (!paired) return Launch<OutT, true>(map_a, map_b, p, sms_, k_kernel_, stream);
+    ChooseWeightGradientKernel<<<1, kChooseThreads, 0, stream>>>(padded_offsets, o_.num_groups,
+                                                                 padded, choice_);
+    if (absl::Status s = CudaStatus(cudaGetLastError(), "weight-gradient choice launch"); !s.ok()) {
+      return s;
+    }
+    p.gate = choice_;
+    p.gate_value = 1;
+    if (absl::Status s = Launch<OutT, true>(map_a, map_b, p, sms_, kWideKernel, stream); !s.ok()) {
+      return s;
+    }
+    p.gate_value = 0;
+    return Launch<OutT, true>(map_a_narrow, map_b, p, sms_, kNarrowKernel, stream);
   }
 
   int64_t PaddedRows() const {
@@ -297,6 +363,7 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
   MxGroupedGemmOptions o_;
   int sms_;
   int m_kernel_, k_kernel_;
+  int32_t* choice_;
 };
 
 }  // namespace
@@ -321,14 +388,12 @@ absl::StatusOr<std::unique_ptr<MxGroupedGemm>> MxGroupedGemm::Create(
     return absl::InvalidArgumentError("expected_rows_per_group must be >= 0");
   }
   // Default: 256 x 128 tiles where the A operand has at least 256 rows (its TMA box; forward and
-  // data gradient: max_rows, weight gradient: k). The weight gradient of short groups (fewer than
-  // 512 expected rows: at most 4 stages per tile) runs the 128 x 128 kernel, whose smaller tiles
-  // amortize the per-tile start and store better.
+  // data gradient: max_rows). The weight gradient (A rows: k) chooses between 256 x 128 and
+  // 128 x 128 tiles on the device per call when both fit (k >= 256): short groups (few stages per
+  // tile) run faster on the smaller tiles, which amortize the per-tile start and store better
+  // (kernel_choice.h); with k < 256 it runs the 128 x 128 kernel.
   int m_kernel = options.max_rows >= 256 ? kWideKernel : kNarrowKernel;
-  int k_kernel = options.k >= 256 && !(options.expected_rows_per_group > 0 &&
-                                       options.expected_rows_per_group < 512)
-                     ? kWideKernel
-                     : kNarrowKernel;
+  int k_kernel = options.k >= 256 ? kPairedWeightGradient : kNarrowKernel;
   if (!options.kernel.empty()) {
     m_kernel = -1;
     for (int i = 0; i < kKernelCount; ++i) {
@@ -357,12 +422,22 @@ absl::StatusOr<std::unique_ptr<MxGroupedGemm>> MxGroupedGemm::Create(
       !s.ok()) {
     return s;
   }
-  for (absl::Status s :
-       {AllowSmem<__nv_bfloat16, false>(m_kernel), AllowSmem<__nv_bfloat16, true>(k_kernel),
-        AllowSmem<float, true>(k_kernel)}) {
-    if (!s.ok()) return s;
+  for (int kk : {k_kernel == kPairedWeightGradient ? kWideKernel : k_kernel,
+                 k_kernel == kPairedWeightGradient ? kNarrowKernel : k_kernel}) {
+    for (absl::Status s : {AllowSmem<__nv_bfloat16, false>(m_kernel),
+                           AllowSmem<__nv_bfloat16, true>(kk), AllowSmem<float, true>(kk)}) {
+      if (!s.ok()) return s;
+    }
   }
-  return std::unique_ptr<MxGroupedGemm>(new MxGroupedGemmImpl(options, sms, m_kernel, k_kernel));
+  int32_t* choice = nullptr;
+  if (k_kernel == kPairedWeightGradient) {
+    if (absl::Status s = CudaStatus(cudaMalloc(&choice, sizeof(int32_t)), "cudaMalloc(choice)");
+        !s.ok()) {
+      return s;
+    }
+  }
+  return std::unique_ptr<MxGroupedGemm>(
+      new MxGroupedGemmImpl(options, sms, m_kernel, k_kernel, choice));
 }
 
 std::vector<std::string> MxGroupedGemm::KernelNames() {

@@ -1,6 +1,7 @@
-// The device-side cluster choice of the paired grouped-GEMM kernel (cluster_choice.h), on the
-// benchmark's group-size distributions and on edge cases.
-#include "kernels/cuda/grouped_gemm/cluster_choice.h"
+// The device-side kernel choices of the grouped GEMMs (kernel_choice.h): the bf16 cluster pair and
+// the MXFP8 weight gradient's tile shape, on the benchmark's group-size distributions and on edge
+// cases.
+#include "kernels/cuda/grouped_gemm/kernel_choice.h"
 
 #include <cstdint>
 #include <vector>
@@ -70,6 +71,38 @@ TEST(ClusterChoice, ThresholdAndEmptyCalls) {
   std::vector<int64_t> fortynine(24, 256);
   fortynine.push_back(128);  // 49 tiles, 1 padding
   EXPECT_FALSE(Choose(fortynine));
+}
+
+// The MXFP8 weight-gradient rule as ChooseWeightGradientKernel applies it, over padded sizes.
+bool ChooseWide(const std::vector<int64_t>& sizes) {
+  int64_t rows = 0, long_rows = 0;
+  for (int64_t s : sizes) {
+    const int64_t padded = (s + 31) / 32 * 32;
+    rows += padded;
+    long_rows += padded >= kWideWgradGroupRows ? padded : 0;
+  }
+  return PreferWideWeightGradient(long_rows, rows);
+}
+
+TEST(WeightGradientChoice, BenchmarkShapesTakeTheMeasuredFasterTiles) {
+  EXPECT_FALSE(ChooseWide(Sizes(8192 * 8, 256, false)));  // dsv3: 256-row groups
+  EXPECT_FALSE(ChooseWide(Sizes(8192 * 8, 256, true)));   // 57% of rows in long groups
+  EXPECT_TRUE(ChooseWide(Sizes(16384 * 8, 128, false)));  // qwen3: 1024-row groups
+  EXPECT_FALSE(ChooseWide(Sizes(16384 * 8, 128, true)));  // 82%
+  EXPECT_TRUE(ChooseWide(Sizes(8192 * 2, 8, false)));     // mixtral
+  EXPECT_TRUE(ChooseWide(Sizes(8192 * 2, 8, true)));
+}
+
+TEST(WeightGradientChoice, ThresholdAndEmptyCalls) {
+  EXPECT_FALSE(ChooseWide({}));
+  EXPECT_FALSE(ChooseWide({0, 0}));
+  EXPECT_TRUE(ChooseWide({512}));
+  EXPECT_FALSE(ChooseWide({480}));  // pads to 480: a short group
+  EXPECT_TRUE(ChooseWide({481}));   // pads to 512: a long one
+  EXPECT_TRUE(PreferWideWeightGradient(900, 1000));   // exactly 90%
+  EXPECT_FALSE(PreferWideWeightGradient(899, 1000));
+  EXPECT_TRUE(ChooseWide({600, 520, 0, 700, 512, 60}));  // the GPU test's two plans
+  EXPECT_FALSE(ChooseWide({40, 300, 0, 7, 600, 129}));
 }
 
 }  // namespace
