@@ -129,7 +129,8 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
               f"{flop / (ms * 1e9):7.1f} TFLOP/s  {kernel}", flush=True)
 
     ops = args.ops.split(",")
-    if "bf16" in args.precisions:
+    precisions = set(args.precisions.split(","))
+    if "bf16" in precisions:
         op_index = {"fwd": 0, "dgrad": 1, "wgrad": 2}
         sweep = {op: [""] + [kn for kn in getattr(args, f"{op}_kernels").split(",") if kn]
                  for op in op_index}
@@ -172,7 +173,7 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                 for h in handles.values():
                     lib.dl_gemm_destroy(h)
 
-    if "mxfp8" in args.precisions:
+    if "mxfp8" in precisions:
         fp8 = torch.float8_e4m3fn
         xq, xs = random_e4m3(torch, (rows, k), g), random_e8m0(torch, (rows, k // 32), g)
         wtq, wts = random_e4m3(torch, (experts, n, k), g), random_e8m0(torch, (experts, n, k // 32), g)
@@ -217,7 +218,7 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                 add(op, "torch._grouped_mm", "bf16", res["bf16"])
         finally:
             lib.dl_mxgemm_destroy(h)
-    if "mxfp8-wgrad" in args.precisions:
+    if "mxfp8-wgrad" in precisions:
         # Column-wise block-major operands ([P/32][cols][32] + [P/32][cols] scales) over the padded
         # group layout the quantizer writes (groups padded to 32 rows, P as MxGroupedGemm's bound).
         padded = [(s_ + 31) // 32 * 32 for s_ in sizes]
