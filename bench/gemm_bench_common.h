@@ -106,6 +106,17 @@ inline double MedianMs(const std::function<void()>& call, int warmup, int iters,
   return ms[iters / 2];
 }
 
+// Exits (status 2) naming the first --ops entry that is not fwd, dgrad or wgrad.
+inline void CheckOps(const std::vector<std::string>& ops, const char* bench) {
+  for (const std::string& op : ops) {
+    if (op != "fwd" && op != "dgrad" && op != "wgrad") {
+      std::fprintf(stderr, "%s bench: --ops: unknown '%s' (fwd, dgrad, wgrad)\n", bench,
+                   op.c_str());
+      std::exit(2);
+    }
+  }
+}
+
 // Exits with "<bench> bench: no CUDA device" unless one is visible.
 inline void RequireCudaDevice(const char* bench) {
   int count = 0;

@@ -104,9 +104,10 @@ MxFlags ParseMxFlags(const std::vector<std::string>& args) {
       f.shapes = absl::StrSplit(kv.second, ',');
     else if (kv.first == "--dists")
       f.dists = absl::StrSplit(kv.second, ',');
-    else if (kv.first == "--ops")
+    else if (kv.first == "--ops") {
       f.ops = absl::StrSplit(kv.second, ',');
-    else if (kv.first == "--cooldown-ms")
+      CheckOps(f.ops, "mxgemm");
+    } else if (kv.first == "--cooldown-ms")
       CooldownMs() = std::max(0, std::atoi(kv.second.c_str()));
     else if (kv.first == "--kernels") {
       f.kernels = kv.second == "all" ? MxGroupedGemm::KernelNames()

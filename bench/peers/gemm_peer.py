@@ -182,6 +182,9 @@ def apply_state_flags(args):
     global COOLDOWN_S, OPS
     COOLDOWN_S = max(0, args.cooldown_ms) / 1000.0
     OPS = set(args.ops.split(","))
+    unknown = OPS - {"fwd", "dgrad", "wgrad"}
+    if unknown:
+        sys.exit(f"--ops: unknown {', '.join(sorted(unknown))} (fwd, dgrad, wgrad)")
 
 
 def main():

@@ -142,7 +142,12 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                     names[op_index[op]] = kn.encode() or None
                     h = lib.dl_gemm_create(experts, k, n, rows, rows // experts, 0, *names)
                     if not h:
+                        if not kn:  # the default must exist
+                            raise RuntimeError(f"{op}: {lib.dl_last_error().decode()}")
                         print(f"skip {op} {kn}: {lib.dl_last_error().decode()}", file=sys.stderr)
+                        continue
+                    if kn and kn == lib.dl_gemm_kernel(handles[""], op_index[op]).decode():
+                        lib.dl_gemm_destroy(h)  # the default itself: measured as ""
                         continue
                     handles[kn] = h
                 fns = {}
@@ -164,8 +169,6 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                 default_kernel = lib.dl_gemm_kernel(handles[""], op_index[op]).decode()
                 for kn in handles:
                     name = kn or default_kernel
-                    if kn and kn == default_kernel:
-                        continue  # the default, already measured as ""
                     add(op, "dropless", "bf16", res[kn],
                         name + (", default kernel" if not kn else ""))
                 add(op, "torch._grouped_mm", "bf16", res["torch"])
@@ -291,6 +294,9 @@ def main():
     ap.add_argument("--warm-s", type=float, default=0.3)
     ap.add_argument("--commit", default="unknown")
     args = ap.parse_args()
+    unknown = set(args.ops.split(",")) - {"fwd", "dgrad", "wgrad"}
+    if unknown:
+        sys.exit(f"--ops: unknown {', '.join(sorted(unknown))} (fwd, dgrad, wgrad)")
 
     import torch
     lib = load_lib(args.lib)

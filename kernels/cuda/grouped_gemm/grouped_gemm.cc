@@ -98,7 +98,7 @@ const KernelEntry* FindKernel(GroupedGemmOp op, OutType out, const std::string& 
 // - forward: the 128x256 cooperative tile, its cluster (2x1 or 1x2) chosen per call on the device
 //   from the group sizes (kernel_choice.h);
 // - data gradient: the 128x128 pingpong kernel for narrow outputs (k <= 1024) and for groups of
-//   >= 1024 rows with a short reduction (n <= 8192: qwen3, mixtral w2; 5-19% faster there), else
+//   >= 1024 rows with a short reduction (n <= 8192: qwen3, mixtral w2; 5-12% faster there), else
 //   the cooperative pair as for the forward;
 // - weight gradient: its reduction runs over a group's rows, so small groups (<= 512 rows, dsv3)
 //   give short main loops and the store of the k x n gradient dominates: the 128x256 cooperative
@@ -153,7 +153,10 @@ class GroupedGemmImpl final : public GroupedGemm {
       const std::string name = forced[i]->empty() ? DefaultKernel(op, out, options_) : *forced[i];
       grouped_gemm_internal::RunnerShape variant = shape;
       std::string base;
-      const bool parsed = ParseVariant(name, &base, &variant);
+      // The pair's choice rule assumes CUTLASS's default visiting order (padding to the cluster's
+      // 2 M tiles); it takes no visiting-order suffix.
+      const bool parsed = ParseVariant(name, &base, &variant) &&
+                          !(base == kPairedName && name.find('@') != std::string::npos);
       const auto* entry = parsed ? FindKernel(op, out, base) : nullptr;
       if (entry == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(

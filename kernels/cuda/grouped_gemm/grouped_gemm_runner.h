@@ -34,8 +34,9 @@ struct RunnerCall {
   const void* b = nullptr;
   void* d = nullptr;
   const int32_t* offsets = nullptr;
-  // When set (device int32), the runner computes nothing unless *gate == gate_value: its fill
-  // kernel gives every group M = 0 (MakePairedRunner's choice between two kernels).
+  // When set (device int32), the GEMM computes nothing unless *gate == gate_value: its fill kernel
+  // gives every group M = 0 (MakePairedRunner's choice between two kernels). Forward and data
+  // gradient only: a weight-gradient runner's ZeroEmptyGroups launch does not look at the gate.
   const int32_t* gate = nullptr;
   int32_t gate_value = 0;
 };
@@ -61,10 +62,21 @@ struct KernelEntry {
 const KernelEntry* KernelTable(int* count);
 
 // The forward / data-gradient pair of the 2x1- and 1x2-cluster kernels, chosen on the device per
-// call from the group sizes (paired_runner.cu, kernel_choice.h).
+// call from the group sizes (paired_runner.cu, kernel_choice.h). Not for the weight gradient
+// (RunnerCall::gate).
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakePairedRunner(const RunnerShape& shape,
                                                                     RunnerFactory cluster_2x1,
                                                                     RunnerFactory cluster_1x2);
+
+// The pair's choice alone (what MakePairedRunner's runner launches first): writes 1 (2x1 cluster)
+// or 0 (1x2) to *choice from the device offsets. Exposed for the GPU test of the device rule.
+absl::Status LaunchClusterChoice(const int32_t* offsets, int num_groups, int64_t max_rows,
+                                 int32_t* choice, cudaStream_t stream);
+// The MXFP8 weight gradient's choice (mxfp8/mx_grouped_gemm.cu): writes 1 (256 x 128 tiles) or 0
+// (128 x 128) to *choice from the device padded offsets. Exposed for the same test.
+absl::Status LaunchWeightGradientChoice(const int32_t* padded_offsets, int num_groups,
+                                        int64_t padded_rows, int32_t* choice,
+                                        cudaStream_t stream);
 
 // Shared by the runners: the launches that surround the GEMM.
 // Zeroes dW[e] of every empty group e (a group with no rows has no tile to write it).

@@ -51,12 +51,10 @@ class PairedRunner final : public GroupedGemmRunner {
   ~PairedRunner() override { cudaFree(choice_); }
 
   absl::Status Run(const RunnerCall& call, cudaStream_t stream) override {
-    ChooseClusterKernel<<<1, kChooseThreads, 0, stream>>>(call.offsets, shape_.num_groups,
-                                                          shape_.max_rows, choice_);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) {
-      return absl::InternalError(
-          absl::StrCat("grouped gemm: cluster-choice launch: ", cudaGetErrorString(err)));
+    if (absl::Status s = LaunchClusterChoice(call.offsets, shape_.num_groups, shape_.max_rows,
+                                             choice_, stream);
+        !s.ok()) {
+      return s;
     }
     RunnerCall gated = call;
     gated.gate = choice_;
@@ -73,6 +71,17 @@ class PairedRunner final : public GroupedGemmRunner {
 };
 
 }  // namespace
+
+absl::Status LaunchClusterChoice(const int32_t* offsets, int num_groups, int64_t max_rows,
+                                 int32_t* choice, cudaStream_t stream) {
+  ChooseClusterKernel<<<1, kChooseThreads, 0, stream>>>(offsets, num_groups, max_rows, choice);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("grouped gemm: cluster-choice launch: ", cudaGetErrorString(err)));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakePairedRunner(const RunnerShape& shape,
                                                                     RunnerFactory cluster_2x1,

@@ -8,12 +8,15 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "dropless/kernels/grouped_gemm.h"
+#include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
+#include "kernels/cuda/grouped_gemm/kernel_choice.h"
 #include "tests/gpu/gemm/gemm_test_util.h"
 
 namespace dropless::kernels {
@@ -233,6 +236,102 @@ TEST_F(GroupedGemmTest, AllGroupsEmptyWritesOnlyZeroGradients) {
   // The rows past offsets[E] keep their poison; every gradient is exactly zero.
   gemm_test::ExpectRowsMatch(d.y.ToHostBf16(), gemm_test::ReferenceForward(p), p, p.n, kTolerance);
   for (float v : d.dw32.ToHostF32()) ASSERT_EQ(v, 0.0f);
+}
+
+// The device-side choices (the bf16 cluster pair, the MXFP8 weight gradient's tile shape) equal
+// the host rules of kernel_choice.h on random group splits: zeros, tiny and long groups, offsets
+// past max_rows clamped.
+TEST_F(GroupedGemmTest, DeviceChoicesMatchTheHostRules) {
+  using namespace grouped_gemm_internal;
+  std::random_device rd;
+  const uint64_t seed = rd();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  gemm_test::DeviceBuffer offsets(4 * 1025, 4), choice(4, 4);
+  int taken[2][2] = {{0, 0}, {0, 0}};
+  for (int trial = 0; trial < 300; ++trial) {
+    const int groups = 1 + static_cast<int>(rng() % 1024);
+    const int kind = static_cast<int>(rng() % 4);
+    std::vector<int32_t> o(1, 0);
+    for (int e = 0; e < groups; ++e) {
+      int64_t size = 0;
+      if (kind == 0) size = 256 * (1 + static_cast<int64_t>(rng() % 4));  // even tile counts
+      if (kind == 1) size = static_cast<int64_t>(rng() % 3) == 0 ? 0 : rng() % 200;
+      if (kind == 2) size = 32 * static_cast<int64_t>(rng() % 40);  // padded: 0-1248 rows
+      if (kind == 3) size = static_cast<int64_t>(rng() % 2000);
+      o.push_back(o.back() + static_cast<int32_t>(size));
+    }
+    const int64_t max_rows = rng() % 8 == 0 ? o.back() / 2 : o.back();  // some calls clamp
+    offsets.Upload(o.data(), o.size() * 4);
+    int64_t tiles = 0, padding = 0, rows = 0, long_rows = 0;
+    for (int e = 0; e < groups; ++e) {
+      const int64_t begin = std::min<int64_t>(o[e], max_rows), end = std::min<int64_t>(o[e + 1], max_rows);
+      tiles += GroupTilesM(end - begin);
+      padding += ClusterPaddingTiles(end - begin);
+      rows += end - begin;
+      long_rows += end - begin >= kWideWgradGroupRows ? end - begin : 0;
+    }
+    int32_t got = -1;
+    ASSERT_TRUE(LaunchClusterChoice(offsets.i32(), groups, max_rows, choice.i32(), nullptr).ok());
+    ASSERT_EQ(cudaMemcpy(&got, choice.i32(), 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(got, PreferClusterAlongM(tiles, padding) ? 1 : 0) << "cluster, trial " << trial;
+    ++taken[0][got];
+    ASSERT_TRUE(
+        LaunchWeightGradientChoice(offsets.i32(), groups, max_rows, choice.i32(), nullptr).ok());
+    ASSERT_EQ(cudaMemcpy(&got, choice.i32(), 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(got, PreferWideWeightGradient(long_rows, rows) ? 1 : 0) << "wgrad, trial " << trial;
+    ++taken[1][got];
+  }
+  // Both answers of both rules occurred.
+  for (const auto& t : taken) {
+    EXPECT_GT(t[0], 0);
+    EXPECT_GT(t[1], 0);
+  }
+}
+
+// The shape-class defaults of grouped_gemm.cc on the benchmark's expert shapes.
+TEST_F(GroupedGemmTest, DefaultKernelsFollowTheShapeRules) {
+  struct Case {
+    int k, n;
+    int64_t rows;
+    GradType grad;
+    const char *fwd, *dgrad, *wgrad;
+  };
+  const char* pair = "coop_128x256x64_c2x1_or_c1x2";
+  const Case cases[] = {
+      // dsv3 w13: short groups, wide output: the pair; cooperative weight gradient either type.
+      {7168, 4096, 256, GradType::kBFloat16, pair, pair, "coop_128x256x64_c2x1"},
+      {7168, 4096, 256, GradType::kFloat32, pair, pair, "coop_128x256x64_c2x1"},
+      // qwen3 w13 / w2: 1024-row groups, short reductions: pingpong data gradient.
+      {2048, 1536, 1024, GradType::kBFloat16, pair, "pingpong_128x128x64_c1x2",
+       "pingpong_128x128x64_c2x1"},
+      {768, 2048, 1024, GradType::kFloat32, pair, "pingpong_128x128x64_c1x2",
+       "pingpong_128x128x64_c2x1"},
+      // mixtral w13: long reduction (n = 28672): the pair for the data gradient.
+      {4096, 28672, 2048, GradType::kBFloat16, pair, pair, "pingpong_128x128x64_c2x1"},
+  };
+  for (const Case& c : cases) {
+    GroupedGemmOptions o;
+    o.num_groups = 8;
+    o.k = c.k;
+    o.n = c.n;
+    o.max_rows = c.rows * 8;
+    o.expected_rows_per_group = c.rows;
+    o.weight_grad_type = c.grad;
+    auto gemm = GroupedGemm::Create(o);
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    SCOPED_TRACE(testing::Message() << "k=" << c.k << " n=" << c.n << " rows=" << c.rows);
+    EXPECT_EQ((*gemm)->KernelName(GroupedGemmOp::kForward), c.fwd);
+    EXPECT_EQ((*gemm)->KernelName(GroupedGemmOp::kBackwardData), c.dgrad);
+    EXPECT_EQ((*gemm)->KernelName(GroupedGemmOp::kBackwardWeight), c.wgrad);
+  }
+  // The pair takes no visiting-order suffix.
+  GroupedGemmOptions o;
+  o.num_groups = 2;
+  o.k = o.n = 64;
+  o.max_rows = 64;
+  o.forward_kernel = std::string(pair) + "@N1";
+  EXPECT_FALSE(GroupedGemm::Create(o).ok());
 }
 
 TEST(GroupedGemmOptionsTest, RejectsBadShapesWithTheFieldName) {

@@ -445,7 +445,9 @@ TEST_F(MxGroupedGemmTest, CapturedGraphFollowsDeviceOffsets) {
 // One captured graph replays both choices against fp64; the gradient is poisoned before each run.
 TEST_F(MxGroupedGemmTest, DefaultWeightGradientFollowsEachCallsGroups) {
   std::random_device rd;
-  std::mt19937_64 rng(rd());
+  const uint64_t seed = rd();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
   const std::vector<std::vector<int>> plans = {
       {600, 520, 0, 700, 512, 60},   // 97% of the padded rows in groups of >= 512: wide
       {40, 300, 0, 7, 600, 129}};    // 51%: 128 x 128

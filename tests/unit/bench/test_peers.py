@@ -86,9 +86,12 @@ class GemmPeerFlagsTest(unittest.TestCase):
         gemm_peer.add_state_flags(ap)
         gemm_peer.apply_state_flags(ap.parse_args(["--cooldown-ms", "250", "--ops", "fwd"]))
         torch = FakeTorch({"f": 1.0})
-        with mock.patch.object(gemm_peer.time, "sleep") as sleep:
+        calls_before_sleep = []
+        with mock.patch.object(gemm_peer.time, "sleep",
+                               side_effect=lambda s: calls_before_sleep.append(len(torch.calls))) as sleep:
             ms = gemm_peer.median_ms(torch, torch.fn("f"), warmup=2, iters=5)
         sleep.assert_called_once_with(0.25)
+        self.assertEqual(calls_before_sleep, [0])  # idle first, then the warm-up calls
         self.assertEqual(ms, 1.0)
         self.assertEqual(len(torch.calls), 7)
 

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "dropless/kernels/mx_grouped_gemm.h"
+#include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
 #include "kernels/cuda/grouped_gemm/kernel_choice.h"
 #include "kernels/cuda/grouped_gemm/mxfp8/mx_gemm_kernel.cuh"
 #include "kernels/cuda/grouped_gemm/mxfp8/mx_gemm_wide_kernel.cuh"
@@ -340,9 +341,9 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
     p.ldc = o_.n;
     p.out_group_stride = static_cast<int64_t>(o_.k) * o_.n;
     if (!paired) return Launch<OutT, true>(map_a, map_b, p, sms_, k_kernel_, stream);
-    ChooseWeightGradientKernel<<<1, kChooseThreads, 0, stream>>>(padded_offsets, o_.num_groups,
-                                                                 padded, choice_);
-    if (absl::Status s = CudaStatus(cudaGetLastError(), "weight-gradient choice launch"); !s.ok()) {
+    if (absl::Status s = grouped_gemm_internal::LaunchWeightGradientChoice(
+            padded_offsets, o_.num_groups, padded, choice_, stream);
+        !s.ok()) {
       return s;
     }
     p.gate = choice_;
@@ -367,6 +368,18 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
 };
 
 }  // namespace
+
+namespace grouped_gemm_internal {
+
+absl::Status LaunchWeightGradientChoice(const int32_t* padded_offsets, int num_groups,
+                                        int64_t padded_rows, int32_t* choice,
+                                        cudaStream_t stream) {
+  ChooseWeightGradientKernel<<<1, kChooseThreads, 0, stream>>>(padded_offsets, num_groups,
+                                                               padded_rows, choice);
+  return CudaStatus(cudaGetLastError(), "weight-gradient choice launch");
+}
+
+}  // namespace grouped_gemm_internal
 
 absl::StatusOr<std::unique_ptr<MxGroupedGemm>> MxGroupedGemm::Create(
     const MxGroupedGemmOptions& options) {

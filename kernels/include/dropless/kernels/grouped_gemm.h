@@ -23,7 +23,8 @@
 // A GroupedGemm picks one kernel (tile shape, schedule) per product when it is created, from the
 // shape class (expected rows per group, k, n); the forward's and some data gradients' kernel is a
 // pair of cluster shapes chosen on the device per call from the offsets. Calls do no host work
-// beyond launching (two to five small launches and the GEMM). Calls of
+// beyond launching: one or two small kernels and the GEMM (the pair: three small kernels and two
+// GEMMs, the one not chosen finding no tile). Calls of
 // the same product on one object must be ordered on one stream (each product owns the device
 // arrays its launch reads); different products may run on different streams concurrently.
 #ifndef DROPLESS_KERNELS_GROUPED_GEMM_H_

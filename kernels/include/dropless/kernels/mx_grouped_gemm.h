@@ -33,6 +33,10 @@
 // clamped to [0, max_rows] (row offsets) or [0, padded_rows] (padded offsets) on the device. Rows
 // of Y / dX at or past offsets[num_groups] are never written.
 //
+// Weight-gradient calls on one object must be ordered on one stream: the default picks its tile
+// shape on the device per call through a choice word the object owns (the other products keep no
+// device state between calls).
+//
 // Data pointers must be 16-byte aligned (the tensor-memory-access engine reads them), output
 // pointers 8-byte aligned; k and n are multiples of 32.
 #ifndef DROPLESS_KERNELS_MX_GROUPED_GEMM_H_
