@@ -137,8 +137,10 @@ TEST(CoordinatorLifecycleTest, TwoRankJobSplitAcrossTwoWorkersRunsAndSucceeds) {
   }
   ASSERT_TRUE(rank0.ReportLog(id, 1, 0, "rank 0 says hello").ok());
   ASSERT_TRUE(rank1.ReportLog(id, 1, 1, "rank 1 says hello").ok());
-  v1::Job with_metrics =
-      coordinator->WaitForJob(id, [](const v1::Job& j) { return j.latest().step() == 5; });
+  // The two fake workers report on separate streams, so rank 1's reports may all land before rank
+  // 0's first one: until then the lowest rank seen so far (1) is the job's latest.
+  v1::Job with_metrics = coordinator->WaitForJob(
+      id, [](const v1::Job& j) { return j.latest().step() == 5 && j.latest().rank() == 0; });
   EXPECT_EQ(with_metrics.latest().rank(), 0);  // rank 0's metrics are the job's
   EXPECT_DOUBLE_EQ(with_metrics.latest().loss(), 2.5);
   EXPECT_FALSE(with_metrics.latest().node().empty());
