@@ -280,12 +280,15 @@ TEST(CoordinatorApiTest, ListStepMetricsServesTheStoredHistory) {
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(w.NextAssignment().has_value());
   for (int r = 0; r < 2; ++r) ASSERT_TRUE(w.ReportRank(job->id(), 1, r, v1::RANK_STATE_RUNNING).ok());
+  // Rank 1 first at each step: rank 0's step 5 (the job's latest once it lands) is then the last
+  // report on the stream, so every report is stored when the wait below returns.
   for (int step = 1; step <= 5; ++step) {
-    for (int r = 0; r < 2; ++r) {
+    for (int r : {1, 0}) {
       ASSERT_TRUE(w.ReportMetrics(job->id(), 1, r, step, 5, 1.0 / step + r).ok());
     }
   }
-  c->WaitForJob(job->id(), [](const v1::Job& j) { return j.latest().step() == 5; });
+  c->WaitForJob(job->id(),
+                [](const v1::Job& j) { return j.latest().step() == 5 && j.latest().rank() == 0; });
   auto list = [&](std::optional<int32_t> rank, int limit, v1::ListStepMetricsResponse* response,
                   const std::string& id) {
     grpc::ClientContext context;
