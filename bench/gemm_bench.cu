@@ -75,40 +75,20 @@ std::string RowJson(const Row& r) {
       r.out, r.note);
 }
 
-struct Flags {
-  std::string json, commit = "unknown";
-  std::vector<std::string> shapes = {"dsv3", "qwen3", "mixtral"};
-  std::vector<std::string> dists = {"uniform", "zipf"};
-  std::vector<std::string> ops = {"fwd", "dgrad", "wgrad"};
+struct Flags : CommonGemmFlags {
   bool sweep = false, cublas = true;
-  int iters = 20, warmup = 3;
-  bool Op(const char* op) const { return std::find(ops.begin(), ops.end(), op) != ops.end(); }
 };
 
 Flags ParseFlags(const std::vector<std::string>& args) {
   Flags f;
   for (const std::string& a : args) {
     std::pair<std::string, std::string> kv = absl::StrSplit(a, absl::MaxSplits('=', 1));
-    if (kv.first == "--json")
-      f.json = kv.second;
-    else if (kv.first == "--commit")
-      f.commit = kv.second;
-    else if (kv.first == "--shapes")
-      f.shapes = absl::StrSplit(kv.second, ',');
-    else if (kv.first == "--dists")
-      f.dists = absl::StrSplit(kv.second, ',');
-    else if (kv.first == "--ops") {
-      f.ops = absl::StrSplit(kv.second, ',');
-      CheckOps(f.ops, "gemm");
-    } else if (kv.first == "--cooldown-ms")
-      CooldownMs() = std::max(0, std::atoi(kv.second.c_str()));
-    else if (kv.first == "--sweep")
+    if (ParseCommonGemmFlag(kv.first, kv.second, &f, "gemm")) continue;
+    if (kv.first == "--sweep") {
       f.sweep = true;
-    else if (kv.first == "--no-cublas")
+    } else if (kv.first == "--no-cublas") {
       f.cublas = false;
-    else if (kv.first == "--iters")
-      f.iters = std::max(1, std::atoi(kv.second.c_str()));
-    else {
+    } else {
       std::fprintf(
           stderr,
           "gemm bench: unknown flag %s\nflags: --json=PATH --commit=SHA "

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace dropless::bench {
 
@@ -115,6 +116,41 @@ inline void CheckOps(const std::vector<std::string>& ops, const char* bench) {
       std::exit(2);
     }
   }
+}
+
+// The flags both grouped-GEMM benches take.
+struct CommonGemmFlags {
+  std::string json, commit = "unknown";
+  std::vector<std::string> shapes = {"dsv3", "qwen3", "mixtral"};
+  std::vector<std::string> dists = {"uniform", "zipf"};
+  std::vector<std::string> ops = {"fwd", "dgrad", "wgrad"};
+  int iters = 20, warmup = 3;
+  bool Op(const char* op) const { return std::find(ops.begin(), ops.end(), op) != ops.end(); }
+};
+
+// Applies one of the shared flags (--json, --commit, --shapes, --dists, --ops, --iters,
+// --cooldown-ms); false when `key` is none of them.
+inline bool ParseCommonGemmFlag(const std::string& key, const std::string& value,
+                                CommonGemmFlags* f, const char* bench) {
+  if (key == "--json") {
+    f->json = value;
+  } else if (key == "--commit") {
+    f->commit = value;
+  } else if (key == "--shapes") {
+    f->shapes = absl::StrSplit(value, ',');
+  } else if (key == "--dists") {
+    f->dists = absl::StrSplit(value, ',');
+  } else if (key == "--ops") {
+    f->ops = absl::StrSplit(value, ',');
+    CheckOps(f->ops, bench);
+  } else if (key == "--iters") {
+    f->iters = std::max(1, std::atoi(value.c_str()));
+  } else if (key == "--cooldown-ms") {
+    CooldownMs() = std::max(0, std::atoi(value.c_str()));
+  } else {
+    return false;
+  }
+  return true;
 }
 
 // Exits with "<bench> bench: no CUDA device" unless one is visible.

@@ -83,38 +83,19 @@ struct MxRow {
   double ms = 0, tflops = 0, gbps = 0;
 };
 
-struct MxFlags {
-  std::string json, commit = "unknown";
-  std::vector<std::string> shapes = {"dsv3", "qwen3", "mixtral"};
-  std::vector<std::string> dists = {"uniform", "zipf"};
-  std::vector<std::string> ops = {"fwd", "dgrad", "wgrad"};
+struct MxFlags : CommonGemmFlags {
   std::vector<std::string> kernels;  // empty: the default kernel; "all": every compiled one
-  int iters = 20, warmup = 3;
 };
 
 MxFlags ParseMxFlags(const std::vector<std::string>& args) {
   MxFlags f;
   for (const std::string& a : args) {
     std::pair<std::string, std::string> kv = absl::StrSplit(a, absl::MaxSplits('=', 1));
-    if (kv.first == "--json")
-      f.json = kv.second;
-    else if (kv.first == "--commit")
-      f.commit = kv.second;
-    else if (kv.first == "--shapes")
-      f.shapes = absl::StrSplit(kv.second, ',');
-    else if (kv.first == "--dists")
-      f.dists = absl::StrSplit(kv.second, ',');
-    else if (kv.first == "--ops") {
-      f.ops = absl::StrSplit(kv.second, ',');
-      CheckOps(f.ops, "mxgemm");
-    } else if (kv.first == "--cooldown-ms")
-      CooldownMs() = std::max(0, std::atoi(kv.second.c_str()));
-    else if (kv.first == "--kernels") {
+    if (ParseCommonGemmFlag(kv.first, kv.second, &f, "mxgemm")) continue;
+    if (kv.first == "--kernels") {
       f.kernels = kv.second == "all" ? MxGroupedGemm::KernelNames()
                                      : std::vector<std::string>(absl::StrSplit(kv.second, ','));
-    } else if (kv.first == "--iters")
-      f.iters = std::max(1, std::atoi(kv.second.c_str()));
-    else {
+    } else {
       std::fprintf(stderr,
                    "mxgemm bench: unknown flag %s\nflags: --json=PATH --commit=SHA "
                    "--shapes=dsv3,qwen3,mixtral --dists=uniform,zipf --ops=fwd,dgrad,wgrad "
@@ -168,9 +149,7 @@ class MxGemmBench {
     const int experts = static_cast<int>(s.experts);
     const int64_t padded = (rows + 31 * int64_t{experts} + 31) / 32 * 32;
     const size_t wsize = static_cast<size_t>(experts) * k * n;
-    auto want = [&](const char* op) {
-      return std::find(flags_.ops.begin(), flags_.ops.end(), op) != flags_.ops.end();
-    };
+    auto want = [&](const char* op) { return flags_.Op(op); };
     // Only the operands of the requested products (a profiler saves and restores every allocation
     // on each replay pass).
     std::unique_ptr<MxBuffer> x, w_t, dy, w, x_col, dy_col;

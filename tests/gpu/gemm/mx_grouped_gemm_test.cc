@@ -318,17 +318,10 @@ TEST_F(MxGroupedGemmTest, NanScalesPropagateToTheirRowAndColumn) {
 
 // Weight gradient from the column-wise (token-contiguous) operands, fp32 and bf16 outputs; empty
 // groups give exact zeros.
-TEST_F(MxGroupedGemmTest, BackwardWeightMatchesFp64OfDequantized) {
-  std::random_device rd;
-  std::mt19937_64 rng(rd());
-  const std::vector<int> sizes = {0, 1, 37, 0, 200, 129, 600, 3, 0, 64, 255, 33};
-  const std::vector<int32_t> offsets = Offsets(sizes);
-  const int64_t rows = offsets.back() + 16;
-  const int groups = static_cast<int>(sizes.size());
-  const MxColHost x = QuantizeCols(RandomWide(rows * kK, &rng), rows, kK, offsets);
-  const MxColHost dy = QuantizeCols(RandomWide(rows * kN, &rng), rows, kN, offsets);
+// dW[e] = X_e^T . dY_e in fp64 over each group's padded rows of the dequantized column-wise
+// operands ([kK][P] and [kN][P] values), with the magnitude sums of the error bound.
+Ref WeightGradientReference(const MxColHost& x, const MxColHost& dy, int groups) {
   const int64_t p = x.padded_rows;
-
   Ref ref;
   ref.value.assign(static_cast<size_t>(groups) * kK * kN, 0.0);
   ref.magnitude.assign(ref.value.size(), 0.0);
@@ -346,6 +339,21 @@ TEST_F(MxGroupedGemmTest, BackwardWeightMatchesFp64OfDequantized) {
       }
     }
   }
+  return ref;
+}
+
+TEST_F(MxGroupedGemmTest, BackwardWeightMatchesFp64OfDequantized) {
+  std::random_device rd;
+  std::mt19937_64 rng(rd());
+  const std::vector<int> sizes = {0, 1, 37, 0, 200, 129, 600, 3, 0, 64, 255, 33};
+  const std::vector<int32_t> offsets = Offsets(sizes);
+  const int64_t rows = offsets.back() + 16;
+  const int groups = static_cast<int>(sizes.size());
+  const MxColHost x = QuantizeCols(RandomWide(rows * kK, &rng), rows, kK, offsets);
+  const MxColHost dy = QuantizeCols(RandomWide(rows * kN, &rng), rows, kN, offsets);
+  const int64_t p = x.padded_rows;
+
+  const Ref ref = WeightGradientReference(x, dy, groups);
 
   auto xd = Upload(x.data), xs = Upload(x.scales), dyd = Upload(dy.data), dys = Upload(dy.scales);
   auto poffsets = Upload(x.padded_offsets);
@@ -492,25 +500,7 @@ TEST_F(MxGroupedGemmTest, DefaultWeightGradientFollowsEachCallsGroups) {
     dw.Poison();
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    const int64_t p = x.padded_rows;
-    Ref ref;
-    ref.value.assign(count, 0.0);
-    ref.magnitude.assign(count, 0.0);
-    for (int e = 0; e < groups; ++e) {
-      for (int i = 0; i < kK; ++i) {
-        for (int j = 0; j < kN; ++j) {
-          double sum = 0, mag = 0;
-          for (int t = x.padded_offsets[e]; t < x.padded_offsets[e + 1]; ++t) {
-            const double prod = static_cast<double>(x.values[i * p + t]) * dy.values[j * p + t];
-            sum += prod;
-            mag += std::fabs(prod);
-          }
-          ref.value[(static_cast<size_t>(e) * kK + i) * kN + j] = sum;
-          ref.magnitude[(static_cast<size_t>(e) * kK + i) * kN + j] = mag;
-        }
-      }
-    }
-    ExpectClose(dw.ToHostF32(), ref, count, kF32Rel, kF32Abs, kF32Norm, "paired wgrad fp32");
+    ExpectClose(dw.ToHostF32(), WeightGradientReference(x, dy, groups), count, kF32Rel, kF32Abs, kF32Norm, "paired wgrad fp32");
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
