@@ -165,6 +165,15 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                             "dgrad": lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=ends),
                             "wgrad": lambda: torch._grouped_mm(x.t(), dy, offs=ends)}[op]
                 fns["torch"] = torch_fn
+                # Ceilings for the same FLOPs without grouping, uniform forward only: cuBLAS's
+                # batched GEMM (the same weight traffic, no per-group descriptors) and one dense
+                # GEMM of the whole token buffer with expert 0's weight (no weight traffic).
+                batched = (args.ceiling_peers and op == "fwd" and dist == "uniform"
+                           and rows % experts == 0)
+                if batched:
+                    xb, yb = x.view(experts, rows // experts, k), y.view(experts, rows // experts, n)
+                    fns["torch.bmm"] = lambda: torch.bmm(xb, w, out=yb)
+                    fns["cublas-dense"] = lambda: torch.mm(x, w[0], out=y)
                 res = interleave(torch, fns, args.rounds, args.iters, args.warm_s)
                 default_kernel = lib.dl_gemm_kernel(handles[""], op_index[op]).decode()
                 for kn in handles:
@@ -172,6 +181,11 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                     add(op, "dropless", "bf16", res[kn],
                         name + (", default kernel" if not kn else ""))
                 add(op, "torch._grouped_mm", "bf16", res["torch"])
+                if batched:
+                    add(op, "torch.bmm", "bf16", res["torch.bmm"],
+                        "cuBLAS batched GEMM, same groups and weights (uniform groups only)")
+                    add(op, "cublas-dense", "bf16", res["cublas-dense"],
+                        "torch.mm of all rows with one expert's weight: the same FLOPs, one weight")
             finally:
                 for h in handles.values():
                     lib.dl_gemm_destroy(h)
@@ -289,6 +303,8 @@ def main():
     ap.add_argument("--wgrad-kernels", default="")
     ap.add_argument("--mx-kernels", default="",
                     help="MXFP8 kernels to time next to the default (mxfp8-wgrad precision)")
+    ap.add_argument("--ceiling-peers", action=argparse.BooleanOptionalAction, default=True,
+                    help="uniform forward: also time torch.bmm and a dense GEMM of the same FLOPs")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warm-s", type=float, default=0.3)
