@@ -1,0 +1,424 @@
+// The bf16 m-grouped GEMM with fixed tensor maps (sm_90a), for the forward and the data gradient:
+// persistent, warp-specialized, one 128 x 256 output tile per CTA at a time, K in stages of 64.
+//
+// CUTLASS's ptr-array grouped kernel keeps one TMA descriptor per operand and rewrites it on the
+// device whenever a persistent CTA moves to another group; with tens of tiles per group and 132
+// CTAs striding through them, that is nearly every tile, and the rewrite (global write, proxy
+// fence, acquire) stalls the TMA producer each time. Here the operands need no per-group
+// descriptor: A (the expert-contiguous token rows) is one 2-D map over all rows, and a tile's A
+// box starts at its group's first row plus the tile's offset (rows past the group are loaded and
+// not stored); B (the weights) is one 3-D map [E][.][.] whose outer coordinate is the expert.
+// The tile walk is computed by every role from the device offsets (no host synchronization; the
+// maps are encoded on the host from pointers alone, so a call is one launch and graph-capturable).
+//
+//   warpgroup 0, warp 0, lane 0   TMA: per stage the A box [128 rows][64 k] and the B tile
+//                                 (forward: W[e] is [k][n], N-major: four [64 k][64 n] boxes;
+//                                 data gradient: W[e] read as [k out][n red], K-major: one
+//                                 [256][64] box), 128-byte swizzle, 4 stages of 48 KiB
+//   warpgroups 1, 2               consumers: rows [64 h, 64 h + 64) x all 256 columns, four
+//                                 m64n256k16 wgmmas per stage, one stage in flight; the tile's
+//                                 epilogue stores bf16 pairs straight from the registers (rows
+//                                 past the group are skipped) while the producer already loads
+//                                 the next tile's stages.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/bulk_copy.cuh"
+#include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
+
+namespace dropless::kernels::grouped_gemm_internal {
+namespace {
+
+namespace bulk = cuda::bulk;
+
+constexpr int kBM = 128;
+constexpr int kBN = 256;
+constexpr int kBK = 64;  // elements: 128 bytes of bf16 (one swizzle row)
+constexpr int kStages = 4;
+constexpr int kThreads = 384;
+constexpr int kATileBytes = kBM * kBK * 2;  // 16 KiB
+constexpr int kBTileBytes = kBN * kBK * 2;  // 32 KiB
+constexpr int kSmemBytes = 1024 + kStages * (kATileBytes + kBTileBytes) + 2 * kStages * 8;
+
+struct Params {
+  const int32_t* offsets;  // [num_groups + 1], clamped to [0, max_rows]
+  int num_groups;
+  int n_out;  // output columns
+  int k_red;  // reduction length
+  int64_t max_rows;
+  __nv_bfloat16* out;  // [rows][n_out]
+  const int32_t* gate;  // when set, the launch does nothing unless *gate == gate_value
+  int32_t gate_value;
+};
+
+struct Tile {
+  int g, m_tile, n_tile;
+  int a_row0;  // first A row of the tile
+  int rows;    // rows of the group
+};
+
+// Tiles in increasing linear order, group by group; within a group the M tiles of one N tile are
+// adjacent (CTAs running side by side share the B tile in L2).
+struct Walker {
+  const Params& p;
+  int g = -1, first = 0, count = 0, lo = 0, hi = 0, m_tiles = 0;
+  int n_tiles;
+
+  __device__ explicit Walker(const Params& params)
+      : p(params), n_tiles((params.n_out + kBN - 1) / kBN) {}
+
+  __device__ int Clamp(int v) const {
+    return static_cast<int>(min(max(static_cast<int64_t>(v), int64_t{0}), p.max_rows));
+  }
+  __device__ void Enter(int group) {
+    g = group;
+    lo = Clamp(__ldg(p.offsets + group));
+    hi = max(lo, Clamp(__ldg(p.offsets + group + 1)));
+    m_tiles = (hi - lo + kBM - 1) / kBM;
+    count = m_tiles * n_tiles;
+  }
+  __device__ bool Next(int t, Tile* tile) {
+    if (g < 0) Enter(0);
+    while (t >= first + count) {
+      if (g + 1 >= p.num_groups) return false;
+      first += count;
+      Enter(g + 1);
+    }
+    const int local = t - first;
+    tile->g = g;
+    tile->m_tile = local % m_tiles;
+    tile->n_tile = local / m_tiles;
+    tile->a_row0 = lo + tile->m_tile * kBM;
+    tile->rows = hi - lo;
+    return true;
+  }
+};
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void TmaLoad2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
+                                          int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
+      "%4}], [%2];" ::"r"(SmemAddr(dst)),
+      "l"(map), "r"(SmemAddr(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
+                                          int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
+      "%4, %5}], [%2];" ::"r"(SmemAddr(dst)),
+      "l"(map), "r"(SmemAddr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// Shared-memory matrix descriptor with 128-byte swizzle (layout type 1, bits 62-63); leading and
+// stride byte offsets in 16-byte units. K-major tiles ([rows][128 bytes]): 8-row groups 1024 bytes
+// apart (SBO), LBO unused. N-major tiles (the forward's B: [64 k][64 n] boxes 8 KiB apart): LBO =
+// 8 KiB between 64-column chunks, SBO = 1024 bytes between 8-row K groups.
+__device__ __forceinline__ uint64_t Descriptor(const void* tile, uint32_t lbo, uint32_t sbo) {
+  const uint64_t addr = SmemAddr(tile);
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t{lbo >> 4} << 16) | (uint64_t{sbo >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void FenceRegs(float (&d)[128]) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D[64 x 256] (+)= A[64 x 16] . B[16 x 256], bf16 inputs, fp32 accumulators; A K-major, B K-major
+// (kTransB = 0) or N-major (kTransB = 1). scale-d = accumulate (0: D is not read).
+template <int kTransB>
+__device__ __forceinline__ void WgmmaM64N256K16(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
+                                                int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, 0, %131;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+        "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+        "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+        "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+        "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
+        "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
+        "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]),
+        "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
+        "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]),
+        "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
+        "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),
+        "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]),
+        "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]),
+        "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]),
+        "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
+        "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),
+        "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+}
+
+// kNMajorB: the forward (B = W[e] as stored, [k][n]); else the data gradient (B = W[e] read as
+// [k out][n red], K-major).
+template <bool kNMajorB>
+__global__ void __launch_bounds__(kThreads, 1)
+    TmaGroupedGemmKernel(const __grid_constant__ CUtensorMap map_a,
+                         const __grid_constant__ CUtensorMap map_b, const __grid_constant__ Params p) {
+  if (p.gate != nullptr && *p.gate != p.gate_value) return;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
+  uint8_t* s_a = smem;
+  uint8_t* s_b = s_a + kStages * kATileBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_b + kStages * kBTileBytes);
+  uint64_t* empty = full + kStages;
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int warpgroup = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      bulk::BarrierInit(&full[s], 1);   // the producer's expect-tx arrival
+      bulk::BarrierInit(&empty[s], 8);  // one arrival per consumer warp
+    }
+    bulk::BarrierInitFence();
+  }
+  __syncthreads();
+
+  Walker walk(p);
+  Tile tile;
+  const int k_tiles = (p.k_red + kBK - 1) / kBK;
+
+  if (warpgroup == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (warp != 0 || lane != 0) return;
+    int it = 0;
+    for (int t = blockIdx.x; walk.Next(t, &tile); t += gridDim.x) {
+      const int n0 = tile.n_tile * kBN;
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int slot = it % kStages;
+        bulk::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
+        bulk::BarrierArriveExpectBytes(&full[slot], kATileBytes + kBTileBytes);
+        const int kc = kt * kBK;
+        TmaLoad2d(s_a + slot * kATileBytes, &map_a, &full[slot], kc, tile.a_row0);
+        uint8_t* b = s_b + slot * kBTileBytes;
+        if constexpr (kNMajorB) {
+#pragma unroll
+          for (int j = 0; j < kBN / 64; ++j) {
+            TmaLoad3d(b + j * (kBK * 128), &map_b, &full[slot], n0 + 64 * j, kc, tile.g);
+          }
+        } else {
+          TmaLoad3d(b, &map_b, &full[slot], kc, n0, tile.g);
+        }
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int h = warpgroup - 1;
+  const int r0 = (warp % 4) * 16 + lane / 4;  // rows r0 and r0 + 8 of the warpgroup's 64
+  const int quad = lane % 4;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  auto release = [&](int slot) {
+    if (lane == 0) bulk::BarrierArrive(&empty[slot]);
+  };
+  // Per k16 step: A moves 32 bytes along its swizzled rows; B 32 bytes (K-major) or 16 rows of 128
+  // bytes (N-major).
+  constexpr uint32_t kBStep = kNMajorB ? 16 * 128 : 32;
+
+  int it = 0;
+  for (int t = blockIdx.x; walk.Next(t, &tile); t += gridDim.x) {
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      const int slot = it % kStages;
+      bulk::BarrierWait(&full[slot], (it / kStages) & 1);
+      const uint64_t da = Descriptor(s_a + slot * kATileBytes + h * 64 * 128, 16, 1024);
+      const uint64_t db = kNMajorB ? Descriptor(s_b + slot * kBTileBytes, kBK * 128, 1024)
+                                   : Descriptor(s_b + slot * kBTileBytes, 16, 1024);
+      WgmmaFence();
+      FenceRegs(acc);
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        WgmmaM64N256K16<kNMajorB ? 1 : 0>(acc, da + (32 * kk >> 4), db + (kBStep * kk >> 4),
+                                          (kt > 0 || kk > 0) ? 1 : 0);
+      }
+      WgmmaCommit();
+      FenceRegs(acc);
+      if (kt > 0) {
+        WgmmaWait<1>();  // the previous stage's wgmmas are done: hand its buffers back
+        release((it - 1) % kStages);
+      }
+    }
+    WgmmaWait<0>();
+    FenceRegs(acc);
+    release((it - 1) % kStages);
+
+    // Epilogue: bf16 pairs straight from the accumulators. Register 4 i + 2 hh + b holds row
+    // r0 + 8 hh, column 8 i + 2 quad + b of the warpgroup's 64 x 256.
+    const int n0 = tile.n_tile * kBN;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int local = tile.m_tile * kBM + 64 * h + r0 + 8 * hh;
+      if (local >= tile.rows) continue;
+      __nv_bfloat16* row =
+          p.out + (static_cast<int64_t>(tile.a_row0) + 64 * h + r0 + 8 * hh) * p.n_out;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int col = n0 + 8 * i + 2 * quad;
+        if (col < p.n_out) {
+          *reinterpret_cast<__nv_bfloat162*>(row + col) =
+              __floats2bfloat162_rn(acc[4 * i + 2 * hh], acc[4 * i + 2 * hh + 1]);
+        }
+      }
+    }
+  }
+}
+
+absl::Status CudaStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("grouped gemm (tma): ", what, ": ", cudaGetErrorString(e)));
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 Encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// A bf16 tensor of `rank` dims (innermost first, row-major strides), 128-byte-swizzled boxes;
+// elements outside read as zero.
+absl::Status Encode(CUtensorMap* map, const void* data, int rank, const uint64_t* dims,
+                    const uint32_t* box, const char* what) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = Encoder();
+  if (encode == nullptr) {
+    return absl::InternalError("grouped gemm (tma): cuTensorMapEncodeTiled not found in the driver");
+  }
+  cuuint64_t d[3], strides[2];
+  cuuint32_t b[3], element_strides[3] = {1, 1, 1};
+  uint64_t stride = 2;
+  for (int i = 0; i < rank; ++i) {
+    d[i] = dims[i];
+    b[i] = box[i];
+    if (i > 0) strides[i - 1] = stride;
+    stride *= dims[i];
+  }
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(data), d,
+                            strides, b, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(
+        absl::StrCat("grouped gemm (tma): cuTensorMapEncodeTiled failed for ", what, " (CUresult ",
+                     r, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// kForward: a = X [max_rows][k], b = W [E][k][n], d = Y [rows][n].
+// kBackwardData: a = dY [max_rows][n], b = W [E][k][n] (reduction over n), d = dX [rows][k].
+template <bool kNMajorB>
+class TmaRunner final : public GroupedGemmRunner {
+ public:
+  explicit TmaRunner(const RunnerShape& shape) : shape_(shape) {}
+
+  absl::Status Init() {
+    auto kernel = TmaGroupedGemmKernel<kNMajorB>;
+    return CudaStatus(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+        "cudaFuncSetAttribute");
+  }
+
+  absl::Status Run(const RunnerCall& call, cudaStream_t stream) override {
+    const uint64_t k = shape_.k, n = shape_.n, e = shape_.num_groups;
+    const uint64_t rows = shape_.max_rows > 0 ? shape_.max_rows : 1;
+    const uint64_t red = kNMajorB ? k : n, out = kNMajorB ? n : k;
+    CUtensorMap map_a, map_b;
+    const uint64_t a_dims[2] = {red, rows};
+    const uint32_t a_box[2] = {kBK, kBM};
+    // B = W [E][k][n]: the forward reads [64 k][64 n] boxes of it, the data gradient [256 k][64 n].
+    const uint64_t b_dims[3] = {n, k, e};
+    const uint32_t b_box[3] = {64, kNMajorB ? static_cast<uint32_t>(kBK) : kBN, 1};
+    if (absl::Status s = Encode(&map_a, call.a, 2, a_dims, a_box, "A"); !s.ok()) return s;
+    if (absl::Status s = Encode(&map_b, call.b, 3, b_dims, b_box, "B"); !s.ok()) return s;
+    Params p{call.offsets,
+             shape_.num_groups,
+             static_cast<int>(out),
+             static_cast<int>(red),
+             shape_.max_rows,
+             static_cast<__nv_bfloat16*>(call.d),
+             call.gate,
+             call.gate_value};
+    if (shape_.max_rows == 0) return absl::OkStatus();
+    TmaGroupedGemmKernel<kNMajorB>
+        <<<shape_.sm_count, kThreads, kSmemBytes, stream>>>(map_a, map_b, p);
+    return CudaStatus(cudaGetLastError(), "launch");
+  }
+
+ private:
+  RunnerShape shape_;
+};
+
+template <bool kNMajorB>
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeTma(const RunnerShape& shape) {
+  auto runner = std::make_unique<TmaRunner<kNMajorB>>(shape);
+  absl::Status s = runner->Init();
+  if (!s.ok()) return s;
+  return std::unique_ptr<GroupedGemmRunner>(std::move(runner));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTma128x256(const RunnerShape& shape) {
+  return MakeTma<true>(shape);
+}
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradTma128x256(const RunnerShape& shape) {
+  return MakeTma<false>(shape);
+}
+
+}  // namespace dropless::kernels::grouped_gemm_internal
