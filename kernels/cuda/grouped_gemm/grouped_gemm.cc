@@ -29,6 +29,8 @@ absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradBf16Pingpong128x128(
 // Own kernel with fixed tensor maps (tma/tma_grouped_gemm.cu).
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTma128x256(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradTma128x256(const RunnerShape&);
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTma128x256C2x1(const RunnerShape&);
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradTma128x256C2x1(const RunnerShape&);
 
 namespace {
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdCoopPaired(const RunnerShape& shape) {
@@ -49,8 +51,10 @@ const KernelEntry* KernelTable(int* count) {
       {"coop_128x256x64_c2x1", Op::kForward, OutType::kBFloat16, MakeFwdCoop128x256C2x1},
       {kPairedName, Op::kForward, OutType::kBFloat16, MakeFwdCoopPaired},
       {"tma_128x256x64", Op::kForward, OutType::kBFloat16, MakeFwdTma128x256},
+      {"tma_128x256x64_c2x1", Op::kForward, OutType::kBFloat16, MakeFwdTma128x256C2x1},
       {"coop_128x256x64_c1x2", Op::kBackwardData, OutType::kBFloat16, MakeDgradCoop128x256},
       {"tma_128x256x64", Op::kBackwardData, OutType::kBFloat16, MakeDgradTma128x256},
+      {"tma_128x256x64_c2x1", Op::kBackwardData, OutType::kBFloat16, MakeDgradTma128x256C2x1},
       {"coop_128x256x64_c2x1", Op::kBackwardData, OutType::kBFloat16, MakeDgradCoop128x256C2x1},
       {kPairedName, Op::kBackwardData, OutType::kBFloat16, MakeDgradCoopPaired},
       {"pingpong_128x128x64_c1x2", Op::kBackwardData, OutType::kBFloat16,

@@ -25,6 +25,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 
@@ -42,11 +43,13 @@ namespace bulk = cuda::bulk;
 constexpr int kBM = 128;
 constexpr int kBN = 256;
 constexpr int kBK = 64;  // elements: 128 bytes of bf16 (one swizzle row)
-constexpr int kStages = 4;
+constexpr int kStages = 3;
 constexpr int kThreads = 384;
 constexpr int kATileBytes = kBM * kBK * 2;  // 16 KiB
 constexpr int kBTileBytes = kBN * kBK * 2;  // 32 KiB
-constexpr int kSmemBytes = 1024 + kStages * (kATileBytes + kBTileBytes) + 2 * kStages * 8;
+constexpr int kEpilogueBytes = 2 * 64 * kBN * 2;  // both warpgroups' 64 x 256 bf16, 64 KiB
+constexpr int kSmemBytes =
+    1024 + kStages * (kATileBytes + kBTileBytes) + kEpilogueBytes + 2 * kStages * 8;
 
 struct Params {
   const int32_t* offsets;  // [num_groups + 1], clamped to [0, max_rows]
@@ -71,9 +74,10 @@ struct Walker {
   const Params& p;
   int g = -1, first = 0, count = 0, lo = 0, hi = 0, m_tiles = 0;
   int n_tiles;
+  int pair;  // M tiles per unit: 1, or 2 for a 2 x 1 cluster
 
-  __device__ explicit Walker(const Params& params)
-      : p(params), n_tiles((params.n_out + kBN - 1) / kBN) {}
+  __device__ Walker(const Params& params, int cluster)
+      : p(params), n_tiles((params.n_out + kBN - 1) / kBN), pair(cluster) {}
 
   __device__ int Clamp(int v) const {
     return static_cast<int>(min(max(static_cast<int64_t>(v), int64_t{0}), p.max_rows));
@@ -83,9 +87,11 @@ struct Walker {
     lo = Clamp(__ldg(p.offsets + group));
     hi = max(lo, Clamp(__ldg(p.offsets + group + 1)));
     m_tiles = (hi - lo + kBM - 1) / kBM;
-    count = m_tiles * n_tiles;
+    count = (m_tiles + pair - 1) / pair * n_tiles;
   }
-  __device__ bool Next(int t, Tile* tile) {
+  // t counts (group, N tile, M tile pair) units when kPair (a 2 x 1 cluster: CTA `rank` takes the
+  // pair's M tile 2 p + rank, which may lie past the group), else single tiles.
+  __device__ bool Next(int t, Tile* tile, uint32_t rank) {
     if (g < 0) Enter(0);
     while (t >= first + count) {
       if (g + 1 >= p.num_groups) return false;
@@ -93,9 +99,10 @@ struct Walker {
       Enter(g + 1);
     }
     const int local = t - first;
+    const int m_units = (m_tiles + pair - 1) / pair;
     tile->g = g;
-    tile->m_tile = local % m_tiles;
-    tile->n_tile = local / m_tiles;
+    tile->m_tile = pair * (local % m_units) + static_cast<int>(rank);
+    tile->n_tile = local / m_units;
     tile->a_row0 = lo + tile->m_tile * kBM;
     tile->rows = hi - lo;
     return true;
@@ -193,122 +200,227 @@ __device__ __forceinline__ void WgmmaM64N256K16(float (&d)[128], uint64_t desc_a
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
 }
 
+__device__ __forceinline__ uint32_t ClusterRank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
+}
+// The same copy, written to the same shared-memory offset of every CTA in `mask` (and completing
+// bytes on each one's barrier at the same offset).
+__device__ __forceinline__ void TmaLoad3dMulticast(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                                   int c0, int c1, int c2, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+      "cluster [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(SmemAddr(dst)),
+      "l"(map), "r"(SmemAddr(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
+      : "memory");
+}
+// Arrives on the barrier at `bar`'s offset in CTA `rank` of the cluster.
+__device__ __forceinline__ void ArriveCluster(uint64_t* bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(SmemAddr(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
+               : "memory");
+}
+__device__ __forceinline__ void TmaStore2d(const CUtensorMap* map, const void* src, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(map),
+      "r"(c0), "r"(c1), "r"(SmemAddr(src))
+      : "memory");
+}
+
 // kNMajorB: the forward (B = W[e] as stored, [k][n]); else the data gradient (B = W[e] read as
-// [k out][n red], K-major).
-template <bool kNMajorB>
+// [k out][n red], K-major). kCluster 2: two CTAs (a 2 x 1 cluster) take the two M tiles of one
+// (group, N tile) pair and share the B tile: each loads half of it into both (TMA multicast), so
+// the weights cross from L2 once per pair; a group with an odd number of M tiles gives one CTA an
+// empty tile (it multiplies rows it does not store).
+template <bool kNMajorB, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     TmaGroupedGemmKernel(const __grid_constant__ CUtensorMap map_a,
-                         const __grid_constant__ CUtensorMap map_b, const __grid_constant__ Params p) {
-  if (p.gate != nullptr && *p.gate != p.gate_value) return;
+                         const __grid_constant__ CUtensorMap map_b,
+                         const __grid_constant__ CUtensorMap map_c, const __grid_constant__ Params p) {
+  if (p.gate != nullptr && *p.gate != p.gate_value) return;  // uniform over the grid
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
   uint8_t* s_a = smem;
   uint8_t* s_b = s_a + kStages * kATileBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(s_b + kStages * kBTileBytes);
+  uint8_t* s_c = s_b + kStages * kBTileBytes;  // [2 warpgroups][4 boxes][64 rows][128 bytes]
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_c + kEpilogueBytes);
   uint64_t* empty = full + kStages;
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int warpgroup = threadIdx.x / 128;
+  const uint32_t rank = kCluster > 1 ? ClusterRank() : 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      bulk::BarrierInit(&full[s], 1);   // the producer's expect-tx arrival
-      bulk::BarrierInit(&empty[s], 8);  // one arrival per consumer warp
+      bulk::BarrierInit(&full[s], 1);              // the producer's expect-tx arrival
+      bulk::BarrierInit(&empty[s], 8 * kCluster);  // every consumer warp of the cluster
     }
     bulk::BarrierInitFence();
   }
-  __syncthreads();
+  if constexpr (kCluster > 1) {
+    ClusterSync();
+  } else {
+    __syncthreads();
+  }
 
-  Walker walk(p);
+  Walker walk(p, kCluster);
   Tile tile;
   const int k_tiles = (p.k_red + kBK - 1) / kBK;
+  const int cluster_id = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
 
   if (warpgroup == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (warp != 0 || lane != 0) return;
+    if (warp == 0 && lane == 0) {
+      int it = 0;
+      for (int t = cluster_id; walk.Next(t, &tile, rank); t += clusters) {
+        const int n0 = tile.n_tile * kBN;
+        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+          const int slot = it % kStages;
+          bulk::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
+          bulk::BarrierArriveExpectBytes(&full[slot], kATileBytes + kBTileBytes);
+          const int kc = kt * kBK;
+          TmaLoad2d(s_a + slot * kATileBytes, &map_a, &full[slot], kc, tile.a_row0);
+          uint8_t* b = s_b + slot * kBTileBytes;
+          if constexpr (kCluster == 1) {
+            if constexpr (kNMajorB) {
+#pragma unroll
+              for (int j = 0; j < kBN / 64; ++j) {
+                TmaLoad3d(b + j * (kBK * 128), &map_b, &full[slot], n0 + 64 * j, kc, tile.g);
+              }
+            } else {
+              TmaLoad3d(b, &map_b, &full[slot], kc, n0, tile.g);
+            }
+          } else {
+            // This CTA's half of B, into both CTAs.
+            if constexpr (kNMajorB) {
+#pragma unroll
+              for (int jj = 0; jj < 2; ++jj) {
+                const int j = 2 * rank + jj;
+                TmaLoad3dMulticast(b + j * (kBK * 128), &map_b, &full[slot], n0 + 64 * j, kc,
+                                   tile.g, 0x3);
+              }
+            } else {
+              TmaLoad3dMulticast(b + rank * (kBTileBytes / 2), &map_b, &full[slot], kc,
+                                 n0 + 128 * rank, tile.g, 0x3);
+            }
+          }
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int h = warpgroup - 1;
+    const int r0 = (warp % 4) * 16 + lane / 4;  // rows r0 and r0 + 8 of the warpgroup's 64
+    const int quad = lane % 4;
+    const bool leader = threadIdx.x % 128 == 0;
+    uint8_t* s_ch = s_c + h * (kEpilogueBytes / 2);
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+    auto release = [&](int slot) {
+      if (lane == 0) {
+        if constexpr (kCluster == 1) {
+          bulk::BarrierArrive(&empty[slot]);
+        } else {
+#pragma unroll
+          for (int c = 0; c < kCluster; ++c) ArriveCluster(&empty[slot], c);
+        }
+      }
+    };
+    // Per k16 step: A moves 32 bytes along its swizzled rows; B 32 bytes (K-major) or 16 rows of
+    // 128 bytes (N-major).
+    constexpr uint32_t kBStep = kNMajorB ? 16 * 128 : 32;
+
     int it = 0;
-    for (int t = blockIdx.x; walk.Next(t, &tile); t += gridDim.x) {
-      const int n0 = tile.n_tile * kBN;
+    for (int t = cluster_id; walk.Next(t, &tile, rank); t += clusters) {
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int slot = it % kStages;
-        bulk::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
-        bulk::BarrierArriveExpectBytes(&full[slot], kATileBytes + kBTileBytes);
-        const int kc = kt * kBK;
-        TmaLoad2d(s_a + slot * kATileBytes, &map_a, &full[slot], kc, tile.a_row0);
-        uint8_t* b = s_b + slot * kBTileBytes;
-        if constexpr (kNMajorB) {
+        bulk::BarrierWait(&full[slot], (it / kStages) & 1);
+        const uint64_t da = Descriptor(s_a + slot * kATileBytes + h * 64 * 128, 16, 1024);
+        const uint64_t db = kNMajorB ? Descriptor(s_b + slot * kBTileBytes, kBK * 128, 1024)
+                                     : Descriptor(s_b + slot * kBTileBytes, 16, 1024);
+        WgmmaFence();
+        FenceRegs(acc);
 #pragma unroll
-          for (int j = 0; j < kBN / 64; ++j) {
-            TmaLoad3d(b + j * (kBK * 128), &map_b, &full[slot], n0 + 64 * j, kc, tile.g);
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          WgmmaM64N256K16<kNMajorB ? 1 : 0>(acc, da + (32 * kk >> 4), db + (kBStep * kk >> 4),
+                                            (kt > 0 || kk > 0) ? 1 : 0);
+        }
+        WgmmaCommit();
+        FenceRegs(acc);
+        if (kt > 0) {
+          WgmmaWait<1>();  // the previous stage's wgmmas are done: hand its buffers back
+          release((it - 1) % kStages);
+        }
+      }
+      WgmmaWait<0>();
+      FenceRegs(acc);
+      release((it - 1) % kStages);
+
+      // Epilogue: the warpgroup's 64 x 256 as bf16 into shared memory, in the 128-byte-swizzled
+      // layout of four [64 rows][64 columns] TMA boxes (register 4 i + 2 hh + b holds row r0 + 8 hh,
+      // column 8 i + 2 quad + b; 16-byte chunk c of a row lands at c ^ (row % 8): a warp's 32
+      // 4-byte writes hit 32 banks). Then one thread stores the boxes with TMA when all 64 rows
+      // are the group's; otherwise every thread copies the group's rows in 16-byte pieces.
+      const int valid = min(64, tile.rows - (tile.m_tile * kBM + 64 * h));
+      if (valid > 0) {
+        if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        bulk::NamedBarrier(1 + h, 128);  // the previous tile's stores have read the buffer
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = r0 + 8 * hh, c = i % 8;
+            const uint32_t addr = SmemAddr(s_ch + (i / 8) * (64 * 128) + r * 128) +
+                                  ((c ^ (r % 8)) << 4) + quad * 4;
+            const __nv_bfloat162 v = __floats2bfloat162_rn(acc[4 * i + 2 * hh], acc[4 * i + 2 * hh + 1]);
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr),
+                         "r"(*reinterpret_cast<const uint32_t*>(&v))
+                         : "memory");
+          }
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        bulk::NamedBarrier(1 + h, 128);
+        const int n0 = tile.n_tile * kBN;
+        const int row0 = tile.a_row0 + 64 * h;
+        if (valid == 64) {
+          if (leader) {
+#pragma unroll
+            for (int j = 0; j < kBN / 64; ++j) {
+              if (n0 + 64 * j < p.n_out) TmaStore2d(&map_c, s_ch + j * (64 * 128), n0 + 64 * j, row0);
+            }
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
           }
         } else {
-          TmaLoad3d(b, &map_b, &full[slot], kc, n0, tile.g);
+          const int tid = threadIdx.x % 128;
+#pragma unroll 4
+          for (int idx = tid; idx < 64 * 32; idx += 128) {
+            const int r = idx / 32, chunk = idx % 32, c = chunk % 8;
+            const int col = n0 + 8 * chunk;
+            if (r < valid && col < p.n_out) {
+              uint4 v;
+              asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                           : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                           : "r"(SmemAddr(s_ch + (chunk / 8) * (64 * 128) + r * 128) +
+                                 ((c ^ (r % 8)) << 4)));
+              *reinterpret_cast<uint4*>(p.out + static_cast<int64_t>(row0 + r) * p.n_out + col) = v;
+            }
+          }
         }
       }
     }
-    return;
+    if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
   }
-
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-  const int h = warpgroup - 1;
-  const int r0 = (warp % 4) * 16 + lane / 4;  // rows r0 and r0 + 8 of the warpgroup's 64
-  const int quad = lane % 4;
-  float acc[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-  auto release = [&](int slot) {
-    if (lane == 0) bulk::BarrierArrive(&empty[slot]);
-  };
-  // Per k16 step: A moves 32 bytes along its swizzled rows; B 32 bytes (K-major) or 16 rows of 128
-  // bytes (N-major).
-  constexpr uint32_t kBStep = kNMajorB ? 16 * 128 : 32;
-
-  int it = 0;
-  for (int t = blockIdx.x; walk.Next(t, &tile); t += gridDim.x) {
-    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-      const int slot = it % kStages;
-      bulk::BarrierWait(&full[slot], (it / kStages) & 1);
-      const uint64_t da = Descriptor(s_a + slot * kATileBytes + h * 64 * 128, 16, 1024);
-      const uint64_t db = kNMajorB ? Descriptor(s_b + slot * kBTileBytes, kBK * 128, 1024)
-                                   : Descriptor(s_b + slot * kBTileBytes, 16, 1024);
-      WgmmaFence();
-      FenceRegs(acc);
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        WgmmaM64N256K16<kNMajorB ? 1 : 0>(acc, da + (32 * kk >> 4), db + (kBStep * kk >> 4),
-                                          (kt > 0 || kk > 0) ? 1 : 0);
-      }
-      WgmmaCommit();
-      FenceRegs(acc);
-      if (kt > 0) {
-        WgmmaWait<1>();  // the previous stage's wgmmas are done: hand its buffers back
-        release((it - 1) % kStages);
-      }
-    }
-    WgmmaWait<0>();
-    FenceRegs(acc);
-    release((it - 1) % kStages);
-
-    // Epilogue: bf16 pairs straight from the accumulators. Register 4 i + 2 hh + b holds row
-    // r0 + 8 hh, column 8 i + 2 quad + b of the warpgroup's 64 x 256.
-    const int n0 = tile.n_tile * kBN;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int local = tile.m_tile * kBM + 64 * h + r0 + 8 * hh;
-      if (local >= tile.rows) continue;
-      __nv_bfloat16* row =
-          p.out + (static_cast<int64_t>(tile.a_row0) + 64 * h + r0 + 8 * hh) * p.n_out;
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int col = n0 + 8 * i + 2 * quad;
-        if (col < p.n_out) {
-          *reinterpret_cast<__nv_bfloat162*>(row + col) =
-              __floats2bfloat162_rn(acc[4 * i + 2 * hh], acc[4 * i + 2 * hh + 1]);
-        }
-      }
-    }
-  }
+  // A CTA of a cluster leaves only when its peer no longer multicasts into it or arrives on its
+  // barriers.
+  if constexpr (kCluster > 1) ClusterSync();
 }
 
 absl::Status CudaStatus(cudaError_t e, const char* what) {
@@ -362,30 +474,54 @@ absl::Status Encode(CUtensorMap* map, const void* data, int rank, const uint64_t
 
 // kForward: a = X [max_rows][k], b = W [E][k][n], d = Y [rows][n].
 // kBackwardData: a = dY [max_rows][n], b = W [E][k][n] (reduction over n), d = dX [rows][k].
-template <bool kNMajorB>
+template <bool kNMajorB, int kCluster>
 class TmaRunner final : public GroupedGemmRunner {
  public:
   explicit TmaRunner(const RunnerShape& shape) : shape_(shape) {}
 
   absl::Status Init() {
-    auto kernel = TmaGroupedGemmKernel<kNMajorB>;
-    return CudaStatus(
+    auto kernel = TmaGroupedGemmKernel<kNMajorB, kCluster>;
+    absl::Status s = CudaStatus(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
         "cudaFuncSetAttribute");
+    if (!s.ok()) return s;
+    grid_ = shape_.sm_count;
+    if constexpr (kCluster > 1) {
+      // As many clusters as can be resident at once (a GPC's SM count need not be even): a
+      // persistent cluster that had to wait for another to exit would run its tiles last.
+      cudaLaunchConfig_t config = Config(nullptr);
+      cudaLaunchAttribute attr = ClusterAttr();
+      config.attrs = &attr;
+      config.numAttrs = 1;
+      int clusters = 0;
+      if (absl::Status st = CudaStatus(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config),
+                                       "cudaOccupancyMaxActiveClusters");
+          !st.ok()) {
+        return st;
+      }
+      if (clusters <= 0) return absl::InternalError("grouped gemm (tma): no 2x1 cluster fits");
+      grid_ = std::min(clusters, shape_.sm_count / kCluster) * kCluster;
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Run(const RunnerCall& call, cudaStream_t stream) override {
+    if (shape_.max_rows == 0) return absl::OkStatus();
     const uint64_t k = shape_.k, n = shape_.n, e = shape_.num_groups;
-    const uint64_t rows = shape_.max_rows > 0 ? shape_.max_rows : 1;
+    const uint64_t rows = shape_.max_rows;
     const uint64_t red = kNMajorB ? k : n, out = kNMajorB ? n : k;
-    CUtensorMap map_a, map_b;
+    CUtensorMap map_a, map_b, map_c;
     const uint64_t a_dims[2] = {red, rows};
     const uint32_t a_box[2] = {kBK, kBM};
-    // B = W [E][k][n]: the forward reads [64 k][64 n] boxes of it, the data gradient [256 k][64 n].
+    // B = W [E][k][n]: the forward reads [64 k][64 n] boxes of it, the data gradient [256 or 128
+    // k][64 n] (the 2 x 1 cluster's CTAs load half each).
     const uint64_t b_dims[3] = {n, k, e};
-    const uint32_t b_box[3] = {64, kNMajorB ? static_cast<uint32_t>(kBK) : kBN, 1};
+    const uint32_t b_box[3] = {64, kNMajorB ? static_cast<uint32_t>(kBK) : kBN / kCluster, 1};
+    const uint64_t c_dims[2] = {out, rows};
+    const uint32_t c_box[2] = {64, 64};
     if (absl::Status s = Encode(&map_a, call.a, 2, a_dims, a_box, "A"); !s.ok()) return s;
     if (absl::Status s = Encode(&map_b, call.b, 3, b_dims, b_box, "B"); !s.ok()) return s;
+    if (absl::Status s = Encode(&map_c, call.d, 2, c_dims, c_box, "D"); !s.ok()) return s;
     Params p{call.offsets,
              shape_.num_groups,
              static_cast<int>(out),
@@ -394,19 +530,42 @@ class TmaRunner final : public GroupedGemmRunner {
              static_cast<__nv_bfloat16*>(call.d),
              call.gate,
              call.gate_value};
-    if (shape_.max_rows == 0) return absl::OkStatus();
-    TmaGroupedGemmKernel<kNMajorB>
-        <<<shape_.sm_count, kThreads, kSmemBytes, stream>>>(map_a, map_b, p);
-    return CudaStatus(cudaGetLastError(), "launch");
+    cudaLaunchConfig_t config = Config(stream);
+    cudaLaunchAttribute attr = ClusterAttr();
+    if (kCluster > 1) {
+      config.attrs = &attr;
+      config.numAttrs = 1;
+    }
+    return CudaStatus(
+        cudaLaunchKernelEx(&config, TmaGroupedGemmKernel<kNMajorB, kCluster>, map_a, map_b, map_c, p),
+        "launch");
   }
 
  private:
+  cudaLaunchConfig_t Config(cudaStream_t stream) const {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(grid_ > 0 ? grid_ : shape_.sm_count);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kSmemBytes;
+    config.stream = stream;
+    return config;
+  }
+  static cudaLaunchAttribute ClusterAttr() {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = kCluster;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    return attr;
+  }
+
   RunnerShape shape_;
+  int grid_ = 0;
 };
 
-template <bool kNMajorB>
+template <bool kNMajorB, int kCluster>
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeTma(const RunnerShape& shape) {
-  auto runner = std::make_unique<TmaRunner<kNMajorB>>(shape);
+  auto runner = std::make_unique<TmaRunner<kNMajorB, kCluster>>(shape);
   absl::Status s = runner->Init();
   if (!s.ok()) return s;
   return std::unique_ptr<GroupedGemmRunner>(std::move(runner));
@@ -415,10 +574,17 @@ absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeTma(const RunnerShape& sh
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTma128x256(const RunnerShape& shape) {
-  return MakeTma<true>(shape);
+  return MakeTma<true, 1>(shape);
 }
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradTma128x256(const RunnerShape& shape) {
-  return MakeTma<false>(shape);
+  return MakeTma<false, 1>(shape);
+}
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTma128x256C2x1(const RunnerShape& shape) {
+  return MakeTma<true, 2>(shape);
+}
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradTma128x256C2x1(
+    const RunnerShape& shape) {
+  return MakeTma<false, 2>(shape);
 }
 
 }  // namespace dropless::kernels::grouped_gemm_internal
