@@ -298,17 +298,16 @@ TEST_F(GroupedGemmTest, DefaultKernelsFollowTheShapeRules) {
     const char *fwd, *dgrad, *wgrad;
   };
   const char* pair = "coop_128x256x64_c2x1_or_c1x2";
+  const char* tma = "tma_128x256x64";
   const Case cases[] = {
-      // dsv3 w13: short groups, wide output: the pair; cooperative weight gradient either type.
-      {7168, 4096, 256, GradType::kBFloat16, pair, pair, "coop_128x256x64_c2x1"},
-      {7168, 4096, 256, GradType::kFloat32, pair, pair, "coop_128x256x64_c2x1"},
-      // qwen3 w13 / w2: 1024-row groups, short reductions: pingpong data gradient.
-      {2048, 1536, 1024, GradType::kBFloat16, pair, "pingpong_128x128x64_c1x2",
-       "pingpong_128x128x64_c2x1"},
-      {768, 2048, 1024, GradType::kFloat32, pair, "pingpong_128x128x64_c1x2",
-       "pingpong_128x128x64_c2x1"},
-      // mixtral w13: long reduction (n = 28672): the pair for the data gradient.
-      {4096, 28672, 2048, GradType::kBFloat16, pair, pair, "pingpong_128x128x64_c2x1"},
+      // dsv3 w13: short groups: cooperative weight gradient at either output type.
+      {7168, 4096, 256, GradType::kBFloat16, tma, tma, "coop_128x256x64_c2x1"},
+      {7168, 4096, 256, GradType::kFloat32, tma, tma, "coop_128x256x64_c2x1"},
+      // qwen3 w13 / w2: 1024-row groups: pingpong weight gradient.
+      {2048, 1536, 1024, GradType::kBFloat16, tma, tma, "pingpong_128x128x64_c2x1"},
+      {768, 2048, 1024, GradType::kFloat32, tma, tma, "pingpong_128x128x64_c2x1"},
+      // mixtral w13.
+      {4096, 28672, 2048, GradType::kBFloat16, tma, tma, "pingpong_128x128x64_c2x1"},
   };
   for (const Case& c : cases) {
     GroupedGemmOptions o;
@@ -325,13 +324,15 @@ TEST_F(GroupedGemmTest, DefaultKernelsFollowTheShapeRules) {
     EXPECT_EQ((*gemm)->KernelName(GroupedGemmOp::kBackwardData), c.dgrad);
     EXPECT_EQ((*gemm)->KernelName(GroupedGemmOp::kBackwardWeight), c.wgrad);
   }
-  // The pair takes no visiting-order suffix.
-  GroupedGemmOptions o;
-  o.num_groups = 2;
-  o.k = o.n = 64;
-  o.max_rows = 64;
-  o.forward_kernel = std::string(pair) + "@N1";
-  EXPECT_FALSE(GroupedGemm::Create(o).ok());
+  // The pair and the tma kernels take no visiting-order suffix.
+  for (const char* name : {pair, tma}) {
+    GroupedGemmOptions o;
+    o.num_groups = 2;
+    o.k = o.n = 64;
+    o.max_rows = 64;
+    o.forward_kernel = std::string(name) + "@N1";
+    EXPECT_FALSE(GroupedGemm::Create(o).ok()) << name;
+  }
 }
 
 TEST(GroupedGemmOptionsTest, RejectsBadShapesWithTheFieldName) {
