@@ -30,6 +30,8 @@ absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradBf16Pingpong128x128(
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTma128x256(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradTma128x256(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTma128x256C2x1(const RunnerShape&);
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTmaPingpong128x128(const RunnerShape&);
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradTmaPingpong128x128(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradTma128x256C2x1(const RunnerShape&);
 
 namespace {
@@ -52,9 +54,12 @@ const KernelEntry* KernelTable(int* count) {
       {kPairedName, Op::kForward, OutType::kBFloat16, MakeFwdCoopPaired},
       {"tma_128x256x64", Op::kForward, OutType::kBFloat16, MakeFwdTma128x256},
       {"tma_128x256x64_c2x1", Op::kForward, OutType::kBFloat16, MakeFwdTma128x256C2x1},
+      {"tma_pingpong_128x128x64", Op::kForward, OutType::kBFloat16, MakeFwdTmaPingpong128x128},
       {"coop_128x256x64_c1x2", Op::kBackwardData, OutType::kBFloat16, MakeDgradCoop128x256},
       {"tma_128x256x64", Op::kBackwardData, OutType::kBFloat16, MakeDgradTma128x256},
       {"tma_128x256x64_c2x1", Op::kBackwardData, OutType::kBFloat16, MakeDgradTma128x256C2x1},
+      {"tma_pingpong_128x128x64", Op::kBackwardData, OutType::kBFloat16,
+       MakeDgradTmaPingpong128x128},
       {"coop_128x256x64_c2x1", Op::kBackwardData, OutType::kBFloat16, MakeDgradCoop128x256C2x1},
       {kPairedName, Op::kBackwardData, OutType::kBFloat16, MakeDgradCoopPaired},
       {"pingpong_128x128x64_c1x2", Op::kBackwardData, OutType::kBFloat16,

@@ -70,6 +70,7 @@ struct Tile {
 
 // Tiles in increasing linear order, group by group; within a group the M tiles of one N tile are
 // adjacent (CTAs running side by side share the B tile in L2).
+template <int kTileN>
 struct Walker {
   const Params& p;
   int g = -1, first = 0, count = 0, lo = 0, hi = 0, m_tiles = 0;
@@ -77,7 +78,7 @@ struct Walker {
   int pair;  // M tiles per unit: 1, or 2 for a 2 x 1 cluster
 
   __device__ Walker(const Params& params, int cluster)
-      : p(params), n_tiles((params.n_out + kBN - 1) / kBN), pair(cluster) {}
+      : p(params), n_tiles((params.n_out + kTileN - 1) / kTileN), pair(cluster) {}
 
   __device__ int Clamp(int v) const {
     return static_cast<int>(min(max(static_cast<int64_t>(v), int64_t{0}), p.max_rows));
@@ -200,6 +201,39 @@ __device__ __forceinline__ void WgmmaM64N256K16(float (&d)[128], uint64_t desc_a
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
 }
 
+// D[64 x 128] (+)= A[64 x 16] . B[16 x 128], as WgmmaM64N256K16.
+template <int kTransB>
+__device__ __forceinline__ void WgmmaM64N128K16(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, %67;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+        "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+        "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+        "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+        "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
+        "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
+        "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+}
+__device__ __forceinline__ void FenceRegs64(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
 __device__ __forceinline__ uint32_t ClusterRank() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -272,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
   }
 
-  Walker walk(p, kCluster);
+  Walker<kBN> walk(p, kCluster);
   Tile tile;
   const int k_tiles = (p.k_red + kBK - 1) / kBK;
   const int cluster_id = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
@@ -432,6 +466,189 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kCluster > 1) ClusterSync();
 }
 
+
+// ---- The ping-pong variant: one 128 x 128 tile per consumer warpgroup ----
+//
+// The cooperative kernel above multiplies with both warpgroups on one tile, so the tensor cores
+// idle while they store it (about 2.5 stage times per tile on an H200: 8% of a qwen3 tile with
+// 32 stages, 18% at K = 768). Here each consumer warpgroup owns every other tile of the CTA's
+// sequence (128 x 128, two m64n128k16 per k16 step); the producer fills the stage ring in tile
+// order, and a turn barrier lets a warpgroup start its main loop only once the other has waited on
+// all of its stages (so a stage's full-barrier phase is never more than one ahead of its waiter),
+// which runs one warpgroup's epilogue under the other's main loop.
+constexpr int kPBN = 128;
+constexpr int kPStages = 6;
+constexpr int kPBTileBytes = kPBN * kBK * 2;       // 16 KiB
+constexpr int kPEpilogueBytes = 2 * 64 * 128 * 2;  // per warpgroup 64 x 128 bf16 (half a tile)
+constexpr int kPSmemBytes =
+    1024 + kPStages * (kATileBytes + kPBTileBytes) + kPEpilogueBytes + (2 * kPStages + 2) * 8;
+
+template <bool kNMajorB>
+__global__ void __launch_bounds__(kThreads, 1)
+    TmaPingpongKernel(const __grid_constant__ CUtensorMap map_a,
+                      const __grid_constant__ CUtensorMap map_b,
+                      const __grid_constant__ CUtensorMap map_c, const __grid_constant__ Params p) {
+  if (p.gate != nullptr && *p.gate != p.gate_value) return;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
+  uint8_t* s_a = smem;
+  uint8_t* s_b = s_a + kPStages * kATileBytes;
+  uint8_t* s_c = s_b + kPStages * kPBTileBytes;  // [2 warpgroups][2 boxes][64 rows][128 bytes]
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_c + kPEpilogueBytes);
+  uint64_t* empty = full + kPStages;
+  uint64_t* turn = empty + kPStages;  // turn[h]: warpgroup h may start its next main loop
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int warpgroup = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kPStages; ++s) {
+      bulk::BarrierInit(&full[s], 1);
+      bulk::BarrierInit(&empty[s], 4);  // the consuming warpgroup's four warps
+    }
+    bulk::BarrierInit(&turn[0], 1);
+    bulk::BarrierInit(&turn[1], 1);
+    bulk::BarrierInitFence();
+  }
+  __syncthreads();
+
+  Walker<kPBN> walk(p, 1);
+  Tile tile;
+  const int k_tiles = (p.k_red + kBK - 1) / kBK;
+
+  if (warpgroup == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (warp == 0 && lane == 0) {
+      int it = 0;
+      for (int t = blockIdx.x; walk.Next(t, &tile, 0); t += gridDim.x) {
+        const int n0 = tile.n_tile * kPBN;
+        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+          const int slot = it % kPStages;
+          bulk::BarrierWait(&empty[slot], ((it / kPStages) & 1) ^ 1);
+          bulk::BarrierArriveExpectBytes(&full[slot], kATileBytes + kPBTileBytes);
+          const int kc = kt * kBK;
+          TmaLoad2d(s_a + slot * kATileBytes, &map_a, &full[slot], kc, tile.a_row0);
+          uint8_t* b = s_b + slot * kPBTileBytes;
+          if constexpr (kNMajorB) {
+            TmaLoad3d(b, &map_b, &full[slot], n0, kc, tile.g);
+            TmaLoad3d(b + kBK * 128, &map_b, &full[slot], n0 + 64, kc, tile.g);
+          } else {
+            TmaLoad3d(b, &map_b, &full[slot], kc, n0, tile.g);
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int h = warpgroup - 1;
+  const int r0 = (warp % 4) * 16 + lane / 4;
+  const int quad = lane % 4;
+  const bool leader = threadIdx.x % 128 == 0;
+  uint8_t* s_ch = s_c + h * (kPEpilogueBytes / 2);
+  float acc0[64], acc1[64];  // rows [0, 64) and [64, 128) of the warpgroup's tile
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
+  auto release = [&](int slot) {
+    if (lane == 0) bulk::BarrierArrive(&empty[slot]);
+  };
+  constexpr uint32_t kBStep = kNMajorB ? 16 * 128 : 32;
+
+  int it = 0, own = 0;
+  for (int t = blockIdx.x, j = 0; walk.Next(t, &tile, 0); t += gridDim.x, ++j) {
+    if (j % 2 != h) {  // the other warpgroup's tile: its stages come first in the ring
+      it += k_tiles;
+      continue;
+    }
+    bulk::BarrierWait(&turn[h], (own & 1) ^ (h == 0 ? 1 : 0));
+    ++own;
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      const int slot = it % kPStages;
+      bulk::BarrierWait(&full[slot], (it / kPStages) & 1);
+      if (kt == k_tiles - 1 && leader) bulk::BarrierArrive(&turn[h ^ 1]);
+      const uint64_t da = Descriptor(s_a + slot * kATileBytes, 16, 1024);
+      const uint64_t db = kNMajorB ? Descriptor(s_b + slot * kPBTileBytes, kBK * 128, 1024)
+                                   : Descriptor(s_b + slot * kPBTileBytes, 16, 1024);
+      WgmmaFence();
+      FenceRegs64(acc0);
+      FenceRegs64(acc1);
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        const int accumulate = (kt > 0 || kk > 0) ? 1 : 0;
+        WgmmaM64N128K16<kNMajorB ? 1 : 0>(acc0, da + (32 * kk >> 4), db + (kBStep * kk >> 4),
+                                          accumulate);
+        WgmmaM64N128K16<kNMajorB ? 1 : 0>(acc1, da + ((64 * 128 + 32 * kk) >> 4),
+                                          db + (kBStep * kk >> 4), accumulate);
+      }
+      WgmmaCommit();
+      FenceRegs64(acc0);
+      FenceRegs64(acc1);
+      if (kt > 0) {
+        WgmmaWait<1>();
+        release((it - 1) % kPStages);
+      }
+    }
+    WgmmaWait<0>();
+    FenceRegs64(acc0);
+    FenceRegs64(acc1);
+    release((it - 1) % kPStages);
+
+    const int n0 = tile.n_tile * kPBN;
+    auto store_half = [&](const float(&a)[64], int half) {
+      const int valid = min(64, tile.rows - (tile.m_tile * kBM + 64 * half));
+      if (valid <= 0) return;
+      const int row0 = tile.a_row0 + 64 * half;
+      if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      bulk::NamedBarrier(1 + h, 128);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = r0 + 8 * hh, c = i % 8;
+          const uint32_t addr = SmemAddr(s_ch + (i / 8) * (64 * 128) + r * 128) +
+                                ((c ^ (r % 8)) << 4) + quad * 4;
+          const __nv_bfloat162 v = __floats2bfloat162_rn(a[4 * i + 2 * hh], a[4 * i + 2 * hh + 1]);
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr),
+                       "r"(*reinterpret_cast<const uint32_t*>(&v))
+                       : "memory");
+        }
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      bulk::NamedBarrier(1 + h, 128);
+      if (valid == 64) {
+        if (leader) {
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const int col = n0 + 64 * jj;
+            if (col < p.n_out) TmaStore2d(&map_c, s_ch + jj * (64 * 128), col, row0);
+          }
+          asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        }
+      } else {
+        const int tid = threadIdx.x % 128;
+#pragma unroll 4
+        for (int idx = tid; idx < 64 * 16; idx += 128) {
+          const int r = idx / 16, chunk = idx % 16, c = chunk % 8;
+          const int col = n0 + 8 * chunk;
+          if (r < valid && col < p.n_out) {
+            uint4 v;
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                         : "r"(SmemAddr(s_ch + (chunk / 8) * (64 * 128) + r * 128) +
+                               ((c ^ (r % 8)) << 4)));
+            *reinterpret_cast<uint4*>(p.out + static_cast<int64_t>(row0 + r) * p.n_out + col) = v;
+          }
+        }
+      }
+    };
+    store_half(acc0, 0);
+    store_half(acc1, 1);
+  }
+  if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
 absl::Status CudaStatus(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return absl::OkStatus();
   return absl::InternalError(absl::StrCat("grouped gemm (tma): ", what, ": ", cudaGetErrorString(e)));
@@ -483,15 +700,27 @@ absl::Status Encode(CUtensorMap* map, const void* data, int rank, const uint64_t
 
 // kForward: a = X [max_rows][k], b = W [E][k][n], d = Y [rows][n].
 // kBackwardData: a = dY [max_rows][n], b = W [E][k][n] (reduction over n), d = dX [rows][k].
-template <bool kNMajorB, int kCluster>
+// kPingpong: TmaPingpongKernel (128 x 128 tiles per warpgroup), else TmaGroupedGemmKernel.
+template <bool kNMajorB, int kCluster, bool kPingpong = false>
 class TmaRunner final : public GroupedGemmRunner {
  public:
   explicit TmaRunner(const RunnerShape& shape) : shape_(shape) {}
 
+  static constexpr auto Kernel() {
+    if constexpr (kPingpong) {
+      return TmaPingpongKernel<kNMajorB>;
+    } else {
+      return TmaGroupedGemmKernel<kNMajorB, kCluster>;
+    }
+  }
+  static constexpr int kSmem = kPingpong ? kPSmemBytes : kSmemBytes;
+  static constexpr int kTileN = kPingpong ? kPBN : kBN;
+
   absl::Status Init() {
-    auto kernel = TmaGroupedGemmKernel<kNMajorB, kCluster>;
+    static_assert(!kPingpong || kCluster == 1, "the ping-pong kernel has no cluster variant");
+    auto kernel = Kernel();
     absl::Status s = CudaStatus(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
         "cudaFuncSetAttribute");
     if (!s.ok()) return s;
     grid_ = shape_.sm_count;
@@ -525,7 +754,7 @@ class TmaRunner final : public GroupedGemmRunner {
     // B = W [E][k][n]: the forward reads [64 k][64 n] boxes of it, the data gradient [256 or 128
     // k][64 n] (the 2 x 1 cluster's CTAs load half each).
     const uint64_t b_dims[3] = {n, k, e};
-    const uint32_t b_box[3] = {64, kNMajorB ? static_cast<uint32_t>(kBK) : kBN / kCluster, 1};
+    const uint32_t b_box[3] = {64, kNMajorB ? static_cast<uint32_t>(kBK) : kTileN / kCluster, 1};
     const uint64_t c_dims[2] = {out, rows};
     const uint32_t c_box[2] = {64, 64};
     if (absl::Status s = Encode(&map_a, call.a, 2, a_dims, a_box, "A"); !s.ok()) return s;
@@ -546,7 +775,7 @@ class TmaRunner final : public GroupedGemmRunner {
       config.numAttrs = 1;
     }
     return CudaStatus(
-        cudaLaunchKernelEx(&config, TmaGroupedGemmKernel<kNMajorB, kCluster>, map_a, map_b, map_c, p),
+        cudaLaunchKernelEx(&config, Kernel(), map_a, map_b, map_c, p),
         "launch");
   }
 
@@ -555,7 +784,7 @@ class TmaRunner final : public GroupedGemmRunner {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(grid_ > 0 ? grid_ : shape_.sm_count);
     config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = kSmemBytes;
+    config.dynamicSmemBytes = kSmem;
     config.stream = stream;
     return config;
   }
@@ -572,9 +801,9 @@ class TmaRunner final : public GroupedGemmRunner {
   int grid_ = 0;
 };
 
-template <bool kNMajorB, int kCluster>
+template <bool kNMajorB, int kCluster, bool kPingpong = false>
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeTma(const RunnerShape& shape) {
-  auto runner = std::make_unique<TmaRunner<kNMajorB, kCluster>>(shape);
+  auto runner = std::make_unique<TmaRunner<kNMajorB, kCluster, kPingpong>>(shape);
   absl::Status s = runner->Init();
   if (!s.ok()) return s;
   return std::unique_ptr<GroupedGemmRunner>(std::move(runner));
@@ -587,6 +816,14 @@ absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTma128x256(const Runne
 }
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradTma128x256(const RunnerShape& shape) {
   return MakeTma<false, 1>(shape);
+}
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTmaPingpong128x128(
+    const RunnerShape& shape) {
+  return MakeTma<true, 1, true>(shape);
+}
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradTmaPingpong128x128(
+    const RunnerShape& shape) {
+  return MakeTma<false, 1, true>(shape);
 }
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTma128x256C2x1(const RunnerShape& shape) {
   return MakeTma<true, 2>(shape);
