@@ -109,10 +109,13 @@ const KernelEntry* FindKernel(GroupedGemmOp op, OutType out, const std::string& 
 // The shape-class choice, made once at creation, from H200 runs that timed every kernel next to
 // torch._grouped_mm in one process, alternating (bench/results/gemm-h200-20261130-tma-kernels.json,
 // docs/grouped_gemm.md):
-// - forward and data gradient: the own kernel with fixed tensor maps (tma/tma_grouped_gemm.cu),
-//   which needs no per-group descriptor rewrite: 10-21% faster than the CUTLASS kernels on qwen3's
-//   1024-row groups, 2-4% on dsv3 and mixtral within the run-to-run spread, as fast as the
-//   pingpong kernel that used to be the data gradient's choice on qwen3;
+// - forward and data gradient: the own kernels with fixed tensor maps (tma/tma_grouped_gemm.cu),
+//   which need no per-group descriptor rewrite (up to 30% faster than the CUTLASS kernels on
+//   qwen3's 1024-row groups). Reductions of at most 2048 (qwen3; dsv3 w2 forward, where both tie)
+//   take the ping-pong kernel, whose epilogue runs under the other warpgroup's main loop (3-12%
+//   faster there); longer ones (dsv3, mixtral) the cooperative 128x256 tile (5-14% faster than
+//   the ping-pong kernel there: half the operand traffic per FLOP, and the epilogue is a smaller
+//   share of a long tile);
 // - weight gradient: its reduction runs over a group's rows, so small groups (<= 512 rows, dsv3)
 //   give short main loops and the store of the k x n gradient dominates: the 128x256 cooperative
 //   tile there (1-10% faster for bf16 and fp32 outputs), the pingpong kernel (epilogue of one
@@ -122,8 +125,9 @@ std::string DefaultKernel(GroupedGemmOp op, OutType out, const GroupedGemmOption
   const int64_t rows = options.expected_rows_per_group;
   switch (op) {
     case GroupedGemmOp::kForward:
-    case GroupedGemmOp::kBackwardData:
-      return "tma_128x256x64";
+      return options.k <= 2048 ? "tma_pingpong_128x128x64" : "tma_128x256x64";
+    case GroupedGemmOp::kBackwardData:  // reduces over n
+      return options.n <= 2048 ? "tma_pingpong_128x128x64" : "tma_128x256x64";
     case GroupedGemmOp::kBackwardWeight:
       if (rows > 0 && rows <= 512) return "coop_128x256x64_c2x1";
       return "pingpong_128x128x64_c2x1";

@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -54,6 +56,24 @@ inline void SetOffsets(Problem* p) {
   for (int s : p->sizes) p->offsets.push_back(p->offsets.back() + s);
 }
 
+// Mixed into every problem's seed: fresh data each run, printed once so that a failure can be
+// repeated with DROPLESS_TEST_SEED=<value>.
+inline uint64_t RunSeed() {
+  static const uint64_t seed = [] {
+    uint64_t s = 0;
+    if (const char* env = std::getenv("DROPLESS_TEST_SEED")) {
+      s = std::strtoull(env, nullptr, 0);
+    } else {
+      std::random_device rd;
+      s = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    }
+    std::printf("grouped gemm test data seed: %llu (set DROPLESS_TEST_SEED to repeat)\n",
+                static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
 inline Problem MakeProblem(std::vector<int> sizes, int k, int n, uint64_t seed) {
   Problem p;
   p.sizes = std::move(sizes);
@@ -61,7 +81,7 @@ inline Problem MakeProblem(std::vector<int> sizes, int k, int n, uint64_t seed) 
   p.n = n;
   SetOffsets(&p);
   p.max_rows = p.offsets.back() + 16;
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng(seed ^ (RunSeed() * 0x9E3779B97F4A7C15ull));
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   auto fill = [&](std::vector<uint16_t>* v, size_t count) {
     v->resize(count);

@@ -50,7 +50,7 @@ Problem MixedProblem(uint64_t seed) {
 }
 
 Problem RandomProblem(uint64_t seed) {
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng(seed ^ gemm_test::RunSeed());
   std::vector<int> sizes(24);
   for (int& s : sizes) s = (rng() % 4 == 0) ? 0 : static_cast<int>(rng() % 300);
   return gemm_test::MakeProblem(sizes, 512, 200, seed + 1);
@@ -299,13 +299,17 @@ TEST_F(GroupedGemmTest, DefaultKernelsFollowTheShapeRules) {
   };
   const char* pair = "coop_128x256x64_c2x1_or_c1x2";
   const char* tma = "tma_128x256x64";
+  const char* pp = "tma_pingpong_128x128x64";
   const Case cases[] = {
-      // dsv3 w13: short groups: cooperative weight gradient at either output type.
+      // dsv3 w13: long reductions (k = 7168, n = 4096): the cooperative tile; short groups: the
+      // cooperative weight gradient at either output type.
       {7168, 4096, 256, GradType::kBFloat16, tma, tma, "coop_128x256x64_c2x1"},
       {7168, 4096, 256, GradType::kFloat32, tma, tma, "coop_128x256x64_c2x1"},
-      // qwen3 w13 / w2: 1024-row groups: pingpong weight gradient.
-      {2048, 1536, 1024, GradType::kBFloat16, tma, tma, "pingpong_128x128x64_c2x1"},
-      {768, 2048, 1024, GradType::kFloat32, tma, tma, "pingpong_128x128x64_c2x1"},
+      // dsv3 w2: the forward reduces over 2048 (ping-pong), the data gradient over 7168.
+      {2048, 7168, 256, GradType::kFloat32, pp, tma, "coop_128x256x64_c2x1"},
+      // qwen3 w13 / w2: short reductions: ping-pong; 1024-row groups: pingpong weight gradient.
+      {2048, 1536, 1024, GradType::kBFloat16, pp, pp, "pingpong_128x128x64_c2x1"},
+      {768, 2048, 1024, GradType::kFloat32, pp, pp, "pingpong_128x128x64_c2x1"},
       // mixtral w13.
       {4096, 28672, 2048, GradType::kBFloat16, tma, tma, "pingpong_128x128x64_c2x1"},
   };
