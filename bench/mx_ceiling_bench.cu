@@ -98,24 +98,22 @@ __global__ void __launch_bounds__(256, 1) PromotionCeilingKernel(int chunks, uin
 #pragma unroll
     for (int m = 0; m < 4; ++m) acc[m][i] = 0.0f;
   }
+  // The real promotion is the kernel's own (wide::PromotePiece); this one is the ffma-only loop.
   auto promote = [&](float(&a)[32], const float(&t)[32], float sa0, float sa1,
                      const float4(&b)[4]) {
+    if constexpr (kMode != kWgmmaFfmaOnly) {
+      wide::PromotePiece(a, t, sa0, sa1, b);
+    } else {
 #pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      const float bb[4] = {b[v].x, b[v].y, b[v].z, b[v].w};
+      for (int v = 0; v < 4; ++v) {
+        const float bb[4] = {b[v].x, b[v].y, b[v].z, b[v].w};
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int d = 4 * (2 * v + u);
-        if constexpr (kMode == kWgmmaFfmaOnly) {
+        for (int u = 0; u < 2; ++u) {
+          const int d = 4 * (2 * v + u);
           a[d + 0] = fmaf(t[d + 0], bb[2 * u], a[d + 0]);
           a[d + 1] = fmaf(t[d + 1], bb[2 * u + 1], a[d + 1]);
           a[d + 2] = fmaf(t[d + 2], sa0, a[d + 2]);
           a[d + 3] = fmaf(t[d + 3], sa1, a[d + 3]);
-        } else {
-          a[d + 0] = fmaf(t[d + 0], sa0 * bb[2 * u], a[d + 0]);
-          a[d + 1] = fmaf(t[d + 1], sa0 * bb[2 * u + 1], a[d + 1]);
-          a[d + 2] = fmaf(t[d + 2], sa1 * bb[2 * u], a[d + 2]);
-          a[d + 3] = fmaf(t[d + 3], sa1 * bb[2 * u + 1], a[d + 3]);
         }
       }
     }

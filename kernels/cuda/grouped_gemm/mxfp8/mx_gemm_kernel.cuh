@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/bulk_copy.cuh"
+#include "kernels/cuda/grouped_gemm/sm90.cuh"
 
 namespace dropless::kernels::mxgemm {
 
@@ -81,9 +82,12 @@ struct Params {
 
 // ---- PTX wrappers ----
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using sm90::SmemAddr;
+using sm90::TmaLoad2d;
+using sm90::TmaLoad3d;
+using sm90::WgmmaCommit;
+using sm90::WgmmaFence;
+using sm90::WgmmaWait;
 
 // Shared-memory accesses through the shared window (a generic pointer that reached a helper would
 // otherwise compile to generic loads, which wait on the long scoreboard).
@@ -107,24 +111,6 @@ __device__ __forceinline__ void StsV4F32(uint32_t addr, float a, float b, float 
 __device__ __forceinline__ void StsF32(uint32_t addr, float v) {
   asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
-__device__ __forceinline__ void TmaLoad2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
-                                          int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
-      "%4}], [%2];" ::"r"(SmemAddr(dst)),
-      "l"(map), "r"(SmemAddr(bar)), "r"(c0), "r"(c1)
-      : "memory");
-}
-
-__device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
-                                          int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
-      "%4, %5}], [%2];" ::"r"(SmemAddr(dst)),
-      "l"(map), "r"(SmemAddr(bar)), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
-
 template <bool kBlockedK>
 __device__ __forceinline__ void LoadStageOperands(uint8_t* a_dst, uint8_t* b_dst,
                                                   const CUtensorMap* map_a,
@@ -175,17 +161,6 @@ __device__ __forceinline__ void LoadStageOperands(uint8_t* a_dst, uint8_t* b_dst
                                                   const CUtensorMap* map_a,
                                                   const CUtensorMap* map_b, uint64_t* bar, int kc,
                                                   int a_row0, int n0, int batch);
-
-__device__ __forceinline__ void WgmmaFence() {
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaCommit() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void WgmmaWait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
 
 // Keeps the compiler from moving accesses of the accumulator registers across wgmma fences/waits.
 __device__ __forceinline__ void FenceRegs(float (&d)[64]) {

@@ -114,6 +114,24 @@ __device__ __forceinline__ uint4 LoadScaleRow(const uint8_t* src, const uint8_t*
   return r;
 }
 
+// One m64n64 piece's promotion: a += t * (sa * sb). Register d = 4 i + 2 hh + b: row r0 + 8 hh
+// (scale sa0 / sa1), column 8 i + 2 quad + b (scale b[i / 2], component 2 (i % 2) + b).
+__device__ __forceinline__ void PromotePiece(float (&a)[32], const float (&t)[32], float sa0,
+                                             float sa1, const float4 (&b)[4]) {
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    const float bb[4] = {b[v].x, b[v].y, b[v].z, b[v].w};
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int d = 4 * (2 * v + u);
+      a[d + 0] = fmaf(t[d + 0], sa0 * bb[2 * u], a[d + 0]);
+      a[d + 1] = fmaf(t[d + 1], sa0 * bb[2 * u + 1], a[d + 1]);
+      a[d + 2] = fmaf(t[d + 2], sa1 * bb[2 * u], a[d + 2]);
+      a[d + 3] = fmaf(t[d + 3], sa1 * bb[2 * u + 1], a[d + 3]);
+    }
+  }
+}
+
 template <typename OutT, bool kGroupedK, int kVariant = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     MxGroupedGemmWideKernel(const __grid_constant__ CUtensorMap map_a,
@@ -301,22 +319,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         "r"(lane)
         : "memory");
   };
-  // acc[m] += t * (sa * sb). Register d = 4 i + 2 hh + b: row r0 + 8 hh, column 8 i + 2 quad + b.
-  auto promote = [&](float(&a)[32], const float(&t)[32], float sa0, float sa1,
-                     const float4(&b)[4]) {
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      const float bb[4] = {b[v].x, b[v].y, b[v].z, b[v].w};
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int d = 4 * (2 * v + u);
-        a[d + 0] = fmaf(t[d + 0], sa0 * bb[2 * u], a[d + 0]);
-        a[d + 1] = fmaf(t[d + 1], sa0 * bb[2 * u + 1], a[d + 1]);
-        a[d + 2] = fmaf(t[d + 2], sa1 * bb[2 * u], a[d + 2]);
-        a[d + 3] = fmaf(t[d + 3], sa1 * bb[2 * u + 1], a[d + 3]);
-      }
-    }
-  };
   auto load_sb = [&](const float* sb_chunk, int j, float4(&b)[4]) {
     const uint32_t base = SmemAddr(sb_chunk + j * kSbKb + h * kSbHalf + quad * kSbQuad);
 #pragma unroll
@@ -373,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           auto body = [&](float(&tt)[32]) {
             FenceRegs32(tt);
-            promote(acc[m], tt, sa0, sa1, sb);
+            PromotePiece(acc[m], tt, sa0, sa1, sb);
             if constexpr (u + 2 < 16) {
               constexpr int j2 = (u + 2) / 4, m2 = (u + 2) % 4;
               WgmmaFence();
@@ -406,7 +408,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const float sa1 = LdsF32(SmemAddr(sa_c + (jb + j) * kBM + 64 * m + 8));
             WgmmaWait<0>();
             FenceRegs32(t0);
-            promote(acc[m], t0, sa0, sa1, sb);
+            PromotePiece(acc[m], t0, sa0, sa1, sb);
           }
         }
       }

@@ -40,20 +40,7 @@ absl::Status CudaStatus(cudaError_t e, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      fn = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
-}
+using sm90::TensorMapEncoder;
 
 // E4M3 bytes, K-major: dims {k_extent, rows, batches}, boxes of 128 (k) x 128 (rows), 128-byte
 // swizzle (the layout wgmma's K-major descriptors read); elements outside read as zero.

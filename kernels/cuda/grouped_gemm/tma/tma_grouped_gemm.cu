@@ -21,7 +21,6 @@
 //                                 past the group are skipped) while the producer already loads
 //                                 the next tile's stages.
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -34,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
+#include "kernels/cuda/grouped_gemm/sm90.cuh"
 
 namespace dropless::kernels::grouped_gemm_internal {
 namespace {
@@ -110,26 +110,12 @@ struct Walker {
   }
 };
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void TmaLoad2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
-                                          int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
-      "%4}], [%2];" ::"r"(SmemAddr(dst)),
-      "l"(map), "r"(SmemAddr(bar)), "r"(c0), "r"(c1)
-      : "memory");
-}
-__device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
-                                          int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
-      "%4, %5}], [%2];" ::"r"(SmemAddr(dst)),
-      "l"(map), "r"(SmemAddr(bar)), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
+using sm90::SmemAddr;
+using sm90::TmaLoad2d;
+using sm90::TmaLoad3d;
+using sm90::WgmmaCommit;
+using sm90::WgmmaFence;
+using sm90::WgmmaWait;
 
 // Shared-memory matrix descriptor with 128-byte swizzle (layout type 1, bits 62-63); leading and
 // stride byte offsets in 16-byte units. K-major tiles ([rows][128 bytes]): 8-row groups 1024 bytes
@@ -141,16 +127,6 @@ __device__ __forceinline__ uint64_t Descriptor(const void* tile, uint32_t lbo, u
          (uint64_t{1} << 62);
 }
 
-__device__ __forceinline__ void WgmmaFence() {
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaCommit() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void WgmmaWait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
 __device__ __forceinline__ void FenceRegs(float (&d)[128]) {
 #pragma unroll
   for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
@@ -267,6 +243,61 @@ __device__ __forceinline__ void TmaStore2d(const CUtensorMap* map, const void* s
       "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(map),
       "r"(c0), "r"(c1), "r"(SmemAddr(src))
       : "memory");
+}
+
+// Stores 64 rows x 128 columns of a warpgroup's accumulators (registers 4 (kI0 + i) + 2 hh + b,
+// i < 16: row r0 + 8 hh, column 8 i + 2 quad + b of the block) to out rows [row0, row0 + valid)
+// and columns [col0, col0 + 128) (clipped to n_out): as bf16 into the warpgroup's 16 KiB of
+// shared memory in the 128-byte-swizzled layout of two [64 rows][64 columns] TMA boxes (16-byte
+// chunk c of a row at c ^ (row % 8): a warp's 32 4-byte writes hit 32 banks), then one thread
+// stores the boxes with TMA when all 64 rows are the group's, else every thread copies the valid
+// rows in 16-byte pieces. The buffer is reused only after the previous TMA stores have read it.
+template <int kRegs, int kI0>
+__device__ __forceinline__ void StoreBlock(const float (&acc)[kRegs], uint8_t* buf,
+                                           const CUtensorMap* map_c, __nv_bfloat16* out, int n_out,
+                                           int row0, int col0, int valid, int barrier_id, int r0,
+                                           int quad, bool leader) {
+  if (valid <= 0) return;
+  if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  bulk::NamedBarrier(barrier_id, 128);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = r0 + 8 * hh, c = i % 8;
+      const uint32_t addr =
+          SmemAddr(buf + (i / 8) * (64 * 128) + r * 128) + ((c ^ (r % 8)) << 4) + quad * 4;
+      const __nv_bfloat162 v =
+          __floats2bfloat162_rn(acc[4 * (kI0 + i) + 2 * hh], acc[4 * (kI0 + i) + 2 * hh + 1]);
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&v))
+                   : "memory");
+    }
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  bulk::NamedBarrier(barrier_id, 128);
+  if (valid == 64) {
+    if (leader) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (col0 + 64 * j < n_out) TmaStore2d(map_c, buf + j * (64 * 128), col0 + 64 * j, row0);
+      }
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+    return;
+  }
+  const int tid = threadIdx.x % 128;
+#pragma unroll 4
+  for (int idx = tid; idx < 64 * 16; idx += 128) {
+    const int r = idx / 16, chunk = idx % 16, c = chunk % 8;
+    const int col = col0 + 8 * chunk;
+    if (r < valid && col < n_out) {
+      uint4 v;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(SmemAddr(buf + (chunk / 8) * (64 * 128) + r * 128) + ((c ^ (r % 8)) << 4)));
+      *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row0 + r) * n_out + col) = v;
+    }
+  }
 }
 
 // kNMajorB: the forward (B = W[e] as stored, [k][n]); else the data gradient (B = W[e] read as
@@ -400,64 +431,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       FenceRegs(acc);
       release((it - 1) % kStages);
 
-      // Epilogue: the warpgroup's 64 x 256 as bf16 into shared memory, in the 128-byte-swizzled
-      // layout of four [64 rows][64 columns] TMA boxes (register 4 i + 2 hh + b holds row r0 + 8 hh,
-      // column 8 i + 2 quad + b; 16-byte chunk c of a row lands at c ^ (row % 8): a warp's 32
-      // 4-byte writes hit 32 banks). Then one thread stores the boxes with TMA when all 64 rows
-      // are the group's; otherwise every thread copies the group's rows in 16-byte pieces.
+      // Epilogue: the warpgroup's 64 x 256 in two column halves through its 16 KiB buffer.
       const int valid = min(64, tile.rows - (tile.m_tile * kBM + 64 * h));
-      if (valid > 0) {
-        const int n0 = tile.n_tile * kBN;
-        const int row0 = tile.a_row0 + 64 * h;
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {  // column halves [128 q, 128 q + 128): two boxes each
-          if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-          bulk::NamedBarrier(1 + h, 128);  // the previous stores have read the buffer
-#pragma unroll
-          for (int ii = 0; ii < 16; ++ii) {
-            const int i = 16 * q + ii;
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              const int r = r0 + 8 * hh, c = ii % 8;
-              const uint32_t addr = SmemAddr(s_ch + (ii / 8) * (64 * 128) + r * 128) +
-                                    ((c ^ (r % 8)) << 4) + quad * 4;
-              const __nv_bfloat162 v =
-                  __floats2bfloat162_rn(acc[4 * i + 2 * hh], acc[4 * i + 2 * hh + 1]);
-              asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr),
-                           "r"(*reinterpret_cast<const uint32_t*>(&v))
-                           : "memory");
-            }
-          }
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-          bulk::NamedBarrier(1 + h, 128);
-          if (valid == 64) {
-            if (leader) {
-#pragma unroll
-              for (int jj = 0; jj < 2; ++jj) {
-                const int col = n0 + 128 * q + 64 * jj;
-                if (col < p.n_out) TmaStore2d(&map_c, s_ch + jj * (64 * 128), col, row0);
-              }
-              asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-            }
-          } else {
-            const int tid = threadIdx.x % 128;
-#pragma unroll 4
-            for (int idx = tid; idx < 64 * 16; idx += 128) {
-              const int r = idx / 16, chunk = idx % 16, c = chunk % 8;
-              const int col = n0 + 128 * q + 8 * chunk;
-              if (r < valid && col < p.n_out) {
-                uint4 v;
-                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                             : "r"(SmemAddr(s_ch + (chunk / 8) * (64 * 128) + r * 128) +
-                                   ((c ^ (r % 8)) << 4)));
-                *reinterpret_cast<uint4*>(p.out + static_cast<int64_t>(row0 + r) * p.n_out + col) =
-                    v;
-              }
-            }
-          }
-        }
-      }
+      const int row0 = tile.a_row0 + 64 * h, n0 = tile.n_tile * kBN;
+      StoreBlock<128, 0>(acc, s_ch, &map_c, p.out, p.n_out, row0, n0, valid, 1 + h, r0, quad,
+                         leader);
+      StoreBlock<128, 16>(acc, s_ch, &map_c, p.out, p.n_out, row0, n0 + 128, valid, 1 + h, r0,
+                          quad, leader);
     }
     if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
   }
@@ -596,55 +576,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     release((it - 1) % kPStages);
 
     const int n0 = tile.n_tile * kPBN;
-    auto store_half = [&](const float(&a)[64], int half) {
-      const int valid = min(64, tile.rows - (tile.m_tile * kBM + 64 * half));
-      if (valid <= 0) return;
-      const int row0 = tile.a_row0 + 64 * half;
-      if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-      bulk::NamedBarrier(1 + h, 128);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = r0 + 8 * hh, c = i % 8;
-          const uint32_t addr = SmemAddr(s_ch + (i / 8) * (64 * 128) + r * 128) +
-                                ((c ^ (r % 8)) << 4) + quad * 4;
-          const __nv_bfloat162 v = __floats2bfloat162_rn(a[4 * i + 2 * hh], a[4 * i + 2 * hh + 1]);
-          asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr),
-                       "r"(*reinterpret_cast<const uint32_t*>(&v))
-                       : "memory");
-        }
-      }
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      bulk::NamedBarrier(1 + h, 128);
-      if (valid == 64) {
-        if (leader) {
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            const int col = n0 + 64 * jj;
-            if (col < p.n_out) TmaStore2d(&map_c, s_ch + jj * (64 * 128), col, row0);
-          }
-          asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-        }
-      } else {
-        const int tid = threadIdx.x % 128;
-#pragma unroll 4
-        for (int idx = tid; idx < 64 * 16; idx += 128) {
-          const int r = idx / 16, chunk = idx % 16, c = chunk % 8;
-          const int col = n0 + 8 * chunk;
-          if (r < valid && col < p.n_out) {
-            uint4 v;
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                         : "r"(SmemAddr(s_ch + (chunk / 8) * (64 * 128) + r * 128) +
-                               ((c ^ (r % 8)) << 4)));
-            *reinterpret_cast<uint4*>(p.out + static_cast<int64_t>(row0 + r) * p.n_out + col) = v;
-          }
-        }
-      }
-    };
-    store_half(acc0, 0);
-    store_half(acc1, 1);
+    const int rows_left = tile.rows - tile.m_tile * kBM;
+    StoreBlock<64, 0>(acc0, s_ch, &map_c, p.out, p.n_out, tile.a_row0, n0, min(64, rows_left),
+                      1 + h, r0, quad, leader);
+    StoreBlock<64, 0>(acc1, s_ch, &map_c, p.out, p.n_out, tile.a_row0 + 64, n0,
+                      min(64, rows_left - 64), 1 + h, r0, quad, leader);
   }
   if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
@@ -654,26 +590,12 @@ absl::Status CudaStatus(cudaError_t e, const char* what) {
   return absl::InternalError(absl::StrCat("grouped gemm (tma): ", what, ": ", cudaGetErrorString(e)));
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 Encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      fn = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
-}
 
 // A bf16 tensor of `rank` dims (innermost first, row-major strides), 128-byte-swizzled boxes;
 // elements outside read as zero.
 absl::Status Encode(CUtensorMap* map, const void* data, int rank, const uint64_t* dims,
                     const uint32_t* box, const char* what) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode = Encoder();
+  PFN_cuTensorMapEncodeTiled_v12000 encode = sm90::TensorMapEncoder();
   if (encode == nullptr) {
     return absl::InternalError("grouped gemm (tma): cuTensorMapEncodeTiled not found in the driver");
   }
