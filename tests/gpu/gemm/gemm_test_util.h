@@ -74,13 +74,15 @@ inline uint64_t RunSeed() {
   return seed;
 }
 
-inline Problem MakeProblem(std::vector<int> sizes, int k, int n, uint64_t seed) {
+// max_rows = the groups' rows + pad_rows (the padding rows must stay untouched).
+inline Problem MakeProblem(std::vector<int> sizes, int k, int n, uint64_t seed,
+                           int64_t pad_rows = 16) {
   Problem p;
   p.sizes = std::move(sizes);
   p.k = k;
   p.n = n;
   SetOffsets(&p);
-  p.max_rows = p.offsets.back() + 16;
+  p.max_rows = p.offsets.back() + pad_rows;
   std::mt19937_64 rng(seed ^ (RunSeed() * 0x9E3779B97F4A7C15ull));
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   auto fill = [&](std::vector<uint16_t>* v, size_t count) {

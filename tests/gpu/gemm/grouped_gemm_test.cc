@@ -92,6 +92,39 @@ TEST_F(GroupedGemmTest, BackwardDataEveryKernelMatchesFp64) {
   }
 }
 
+// The fixed-map kernels over many tiles per CTA: every persistent CTA walks several tiles and
+// groups (its producer runs ahead into the next tile, the accumulators restart, the epilogue
+// buffer is reused across tiles), the ping-pong kernel's two warpgroups alternate (k = 40: one K
+// stage per tile, so the turn barrier flips every tile), the 2x1 cluster pads odd M-tile counts,
+// the stage ring wraps, K and N tails, and the last group ends exactly at max_rows.
+TEST_F(GroupedGemmTest, FixedMapKernelsWalkManyTilesPerCta) {
+  std::mt19937_64 rng(gemm_test::RunSeed() ^ 0x7a11);
+  std::vector<int> sizes(64);
+  for (int& s : sizes) s = (rng() % 5 == 0) ? 0 : static_cast<int>(rng() % 700);
+  sizes.back() = 383;  // an odd M-tile count, ending at max_rows
+  for (const Problem& p : {gemm_test::MakeProblem(sizes, 520, 392, 51, /*pad_rows=*/0),
+                           gemm_test::MakeProblem(sizes, 40, 136, 52, /*pad_rows=*/0)}) {
+    SCOPED_TRACE(testing::Message() << "k=" << p.k << " n=" << p.n << " rows=" << p.max_rows);
+    const std::vector<double> ref_fwd = gemm_test::ReferenceForward(p);
+    const std::vector<double> ref_dgrad = gemm_test::ReferenceBackwardData(p);
+    for (const char* name : {"tma_128x256x64", "tma_pingpong_128x128x64", "tma_128x256x64_c2x1"}) {
+      SCOPED_TRACE(name);
+      GroupedGemmOptions o = Options(p, GradType::kFloat32);
+      o.forward_kernel = o.backward_data_kernel = name;
+      auto gemm = GroupedGemm::Create(o);
+      ASSERT_TRUE(gemm.ok()) << gemm.status();
+      gemm_test::Operands d(p);
+      ASSERT_TRUE(
+          (*gemm)->Forward(d.x.bf16(), d.w.bf16(), d.offsets.i32(), d.y.bf16(), nullptr).ok());
+      ASSERT_TRUE(
+          (*gemm)->BackwardData(d.dy.bf16(), d.w.bf16(), d.offsets.i32(), d.dx.bf16(), nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      gemm_test::ExpectRowsMatch(d.y.ToHostBf16(), ref_fwd, p, p.n, kTolerance);
+      gemm_test::ExpectRowsMatch(d.dx.ToHostBf16(), ref_dgrad, p, p.k, kTolerance);
+    }
+  }
+}
+
 TEST_F(GroupedGemmTest, BackwardWeightEveryKernelMatchesFp64) {
   for (GradType grad : {GradType::kFloat32, GradType::kBFloat16}) {
     for (const std::string& name : GroupedGemm::KernelNames(GroupedGemmOp::kBackwardWeight, grad)) {

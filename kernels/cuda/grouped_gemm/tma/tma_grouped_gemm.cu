@@ -17,9 +17,12 @@
 //                                 [256][64] box), 128-byte swizzle, 4 stages of 48 KiB
 //   warpgroups 1, 2               consumers: rows [64 h, 64 h + 64) x all 256 columns, four
 //                                 m64n256k16 wgmmas per stage, one stage in flight; the tile's
-//                                 epilogue stores bf16 pairs straight from the registers (rows
-//                                 past the group are skipped) while the producer already loads
-//                                 the next tile's stages.
+//                                 epilogue (StoreBlock) goes through swizzled shared memory and
+//                                 TMA stores (masked 16-byte stores for a group's partial tile)
+//                                 while the producer already loads the next tile's stages.
+//
+// Below it, the 2 x 1 cluster variant and the ping-pong kernel (128 x 128 tiles, one per consumer
+// warpgroup, for short reductions).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -442,8 +445,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
   }
   // A CTA of a cluster leaves only when its peer no longer multicasts into it or arrives on its
-  // barriers.
-  if constexpr (kCluster > 1) ClusterSync();
+  // barriers (every warp converged first: the barrier is .aligned).
+  if constexpr (kCluster > 1) {
+    __syncwarp();
+    ClusterSync();
+  }
 }
 
 
@@ -640,6 +646,17 @@ class TmaRunner final : public GroupedGemmRunner {
 
   absl::Status Init() {
     static_assert(!kPingpong || kCluster == 1, "the ping-pong kernel has no cluster variant");
+    // The tile walk counts tiles in int32: at most (max_rows / 128 + one partial tile per group)
+    // M tiles times the N tiles.
+    const int64_t out = kNMajorB ? shape_.n : shape_.k;
+    // Row coordinates (up to max_rows plus a cluster's padding tile) are int32 too.
+    const int64_t m_tiles = shape_.max_rows / kBM + shape_.num_groups;
+    if (m_tiles * ((out + kTileN - 1) / kTileN) >= (int64_t{1} << 31) - (int64_t{1} << 20) ||
+        shape_.max_rows >= (int64_t{1} << 31) - 2 * kBM) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "grouped gemm (tma): max_rows ", shape_.max_rows, " with ", out,
+          " output columns: tile or row indices past the int32 range"));
+    }
     auto kernel = Kernel();
     absl::Status s = CudaStatus(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
