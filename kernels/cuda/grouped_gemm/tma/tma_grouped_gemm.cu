@@ -135,9 +135,10 @@ __device__ __forceinline__ void FenceRegs(float (&d)[128]) {
   for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// D[64 x 256] (+)= A[64 x 16] . B[16 x 256], bf16 inputs, fp32 accumulators; A K-major, B K-major
-// (kTransB = 0) or N-major (kTransB = 1). scale-d = accumulate (0: D is not read).
-template <int kTransB>
+// D[64 x 256] (+)= A[64 x 16] . B[16 x 256], bf16 inputs, fp32 accumulators; A K-major
+// (kTransA = 0) or M-major (1), B K-major (kTransB = 0) or N-major (1). scale-d = accumulate (0: D
+// is not read).
+template <int kTransB, int kTransA = 0>
 __device__ __forceinline__ void WgmmaM64N256K16(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
                                                 int accumulate) {
   asm volatile(
@@ -153,7 +154,7 @@ __device__ __forceinline__ void WgmmaM64N256K16(float (&d)[128], uint64_t desc_a
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p, 1, 1, 0, %131;\n"
+      "}, %128, %129, p, 1, 1, %132, %131;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
@@ -177,7 +178,7 @@ __device__ __forceinline__ void WgmmaM64N256K16(float (&d)[128], uint64_t desc_a
         "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
         "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),
         "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB), "n"(kTransA));
 }
 
 // D[64 x 128] (+)= A[64 x 16] . B[16 x 128], as WgmmaM64N256K16.
@@ -248,32 +249,43 @@ __device__ __forceinline__ void TmaStore2d(const CUtensorMap* map, const void* s
       : "memory");
 }
 
-// Stores 64 rows x 128 columns of a warpgroup's accumulators (registers 4 (kI0 + i) + 2 hh + b,
-// i < 16: row r0 + 8 hh, column 8 i + 2 quad + b of the block) to out rows [row0, row0 + valid)
-// and columns [col0, col0 + 128) (clipped to n_out): as bf16 into the warpgroup's 16 KiB of
-// shared memory in the 128-byte-swizzled layout of two [64 rows][64 columns] TMA boxes (16-byte
-// chunk c of a row at c ^ (row % 8): a warp's 32 4-byte writes hit 32 banks), then one thread
+// Stores a 64-row block of a warpgroup's accumulators, 256 bytes of output per row (128 bf16 or
+// 64 fp32 columns: column groups i = kI0 .. kI0 + kGroups - 1 of 8, registers 4 i + 2 hh + b hold
+// row r0 + 8 hh, column 8 i + 2 quad + b), to out rows [row0, row0 + valid) and columns [col0,
+// col0 + 256 / sizeof(OutT)) (clipped to n_out). The values go into the warpgroup's 16 KiB of
+// shared memory in the 128-byte-swizzled layout of two [64 rows][128 bytes] TMA boxes (16-byte
+// chunk c of a row at c ^ (row % 8): a warp's writes spread over all banks), then one thread
 // stores the boxes with TMA when all 64 rows are the group's, else every thread copies the valid
 // rows in 16-byte pieces. The buffer is reused only after the previous TMA stores have read it.
-template <int kRegs, int kI0>
+template <typename OutT, int kRegs, int kI0>
 __device__ __forceinline__ void StoreBlock(const float (&acc)[kRegs], uint8_t* buf,
-                                           const CUtensorMap* map_c, __nv_bfloat16* out, int n_out,
+                                           const CUtensorMap* map_c, OutT* out, int n_out,
                                            int row0, int col0, int valid, int barrier_id, int r0,
                                            int quad, bool leader) {
+  constexpr int kBytes = sizeof(OutT);
+  constexpr int kGroups = 256 / (8 * kBytes);
+  constexpr int kBoxCols = 128 / kBytes;
   if (valid <= 0) return;
   if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
   bulk::NamedBarrier(barrier_id, 128);
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < kGroups; ++i) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int r = r0 + 8 * hh, c = i % 8;
-      const uint32_t addr =
-          SmemAddr(buf + (i / 8) * (64 * 128) + r * 128) + ((c ^ (r % 8)) << 4) + quad * 4;
-      const __nv_bfloat162 v =
-          __floats2bfloat162_rn(acc[4 * (kI0 + i) + 2 * hh], acc[4 * (kI0 + i) + 2 * hh + 1]);
-      asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&v))
-                   : "memory");
+      const int r = r0 + 8 * hh;
+      const int byte = (8 * i + 2 * quad) * kBytes;  // within the block's 256-byte row
+      const int c = (byte % 128) / 16;
+      const uint32_t addr = SmemAddr(buf + (byte / 128) * (64 * 128) + r * 128) +
+                            ((c ^ (r % 8)) << 4) + byte % 16;
+      const float v0 = acc[4 * (kI0 + i) + 2 * hh], v1 = acc[4 * (kI0 + i) + 2 * hh + 1];
+      if constexpr (kBytes == 2) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(v0, v1);
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr),
+                     "r"(*reinterpret_cast<const uint32_t*>(&v))
+                     : "memory");
+      } else {
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
+      }
     }
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -282,7 +294,8 @@ __device__ __forceinline__ void StoreBlock(const float (&acc)[kRegs], uint8_t* b
     if (leader) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        if (col0 + 64 * j < n_out) TmaStore2d(map_c, buf + j * (64 * 128), col0 + 64 * j, row0);
+        const int col = col0 + kBoxCols * j;
+        if (col < n_out) TmaStore2d(map_c, buf + j * (64 * 128), col, row0);
       }
       asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     }
@@ -292,7 +305,7 @@ __device__ __forceinline__ void StoreBlock(const float (&acc)[kRegs], uint8_t* b
 #pragma unroll 4
   for (int idx = tid; idx < 64 * 16; idx += 128) {
     const int r = idx / 16, chunk = idx % 16, c = chunk % 8;
-    const int col = col0 + 8 * chunk;
+    const int col = col0 + chunk * (16 / kBytes);
     if (r < valid && col < n_out) {
       uint4 v;
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -437,9 +450,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Epilogue: the warpgroup's 64 x 256 in two column halves through its 16 KiB buffer.
       const int valid = min(64, tile.rows - (tile.m_tile * kBM + 64 * h));
       const int row0 = tile.a_row0 + 64 * h, n0 = tile.n_tile * kBN;
-      StoreBlock<128, 0>(acc, s_ch, &map_c, p.out, p.n_out, row0, n0, valid, 1 + h, r0, quad,
+      StoreBlock<__nv_bfloat16, 128, 0>(acc, s_ch, &map_c, p.out, p.n_out, row0, n0, valid, 1 + h, r0, quad,
                          leader);
-      StoreBlock<128, 16>(acc, s_ch, &map_c, p.out, p.n_out, row0, n0 + 128, valid, 1 + h, r0,
+      StoreBlock<__nv_bfloat16, 128, 16>(acc, s_ch, &map_c, p.out, p.n_out, row0, n0 + 128, valid, 1 + h, r0,
                           quad, leader);
     }
     if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -583,10 +596,197 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     const int n0 = tile.n_tile * kPBN;
     const int rows_left = tile.rows - tile.m_tile * kBM;
-    StoreBlock<64, 0>(acc0, s_ch, &map_c, p.out, p.n_out, tile.a_row0, n0, min(64, rows_left),
+    StoreBlock<__nv_bfloat16, 64, 0>(acc0, s_ch, &map_c, p.out, p.n_out, tile.a_row0, n0, min(64, rows_left),
                       1 + h, r0, quad, leader);
-    StoreBlock<64, 0>(acc1, s_ch, &map_c, p.out, p.n_out, tile.a_row0 + 64, n0,
+    StoreBlock<__nv_bfloat16, 64, 0>(acc1, s_ch, &map_c, p.out, p.n_out, tile.a_row0 + 64, n0,
                       min(64, rows_left - 64), 1 + h, r0, quad, leader);
+  }
+  if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
+
+// ---- The weight gradient: dW[e] = X_e^T . dY_e, reducing over each group's rows ----
+//
+// The same cooperative 128 x 256 tile, over (k, n) of one expert's gradient, with both operands
+// read M- / N-major from fixed 2-D maps: per stage two [64 rows][64 k] boxes of X and four
+// [64 rows][64 n] boxes of dY at the group's rows. The last stage of a group usually holds rows of
+// the next group (or of the unused buffer past offsets[E], whose bytes may be anything): the
+// consumers zero those rows of all six boxes before its wgmmas, so they add exactly nothing. An
+// empty group's gradient is zeroed by ZeroEmptyGroups before the launch.
+struct WParams {
+  const int32_t* offsets;
+  int num_groups;
+  int m_out;  // k: rows of dW[e]
+  int n_out;  // n: columns of dW[e]
+  int64_t max_rows;
+  void* out;  // [E * k][n]
+};
+
+struct WTile {
+  int g, m_tile, n_tile, lo, hi;
+};
+
+struct WWalker {
+  const WParams& p;
+  int g = -1, first = 0, count = 0, lo = 0, hi = 0;
+  int m_tiles, n_tiles;
+
+  __device__ explicit WWalker(const WParams& params)
+      : p(params), m_tiles((params.m_out + kBM - 1) / kBM), n_tiles((params.n_out + kBN - 1) / kBN) {}
+  __device__ int Clamp(int v) const {
+    return static_cast<int>(min(max(static_cast<int64_t>(v), int64_t{0}), p.max_rows));
+  }
+  __device__ void Enter(int group) {
+    g = group;
+    lo = Clamp(__ldg(p.offsets + group));
+    hi = max(lo, Clamp(__ldg(p.offsets + group + 1)));
+    count = hi > lo ? m_tiles * n_tiles : 0;
+  }
+  __device__ bool Next(int t, WTile* tile) {
+    if (g < 0) Enter(0);
+    while (t >= first + count) {
+      if (g + 1 >= p.num_groups) return false;
+      first += count;
+      Enter(g + 1);
+    }
+    const int local = t - first;
+    *tile = WTile{g, local % m_tiles, local / m_tiles, lo, hi};
+    return true;
+  }
+};
+
+template <typename OutT>
+__global__ void __launch_bounds__(kThreads, 1)
+    TmaWgradKernel(const __grid_constant__ CUtensorMap map_x,
+                   const __grid_constant__ CUtensorMap map_dy,
+                   const __grid_constant__ CUtensorMap map_c, const __grid_constant__ WParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
+  uint8_t* s_a = smem;
+  uint8_t* s_b = s_a + kStages * kATileBytes;
+  uint8_t* s_c = s_b + kStages * kBTileBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_c + kEpilogueBytes);
+  uint64_t* empty = full + kStages;
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int warpgroup = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      bulk::BarrierInit(&full[s], 1);
+      bulk::BarrierInit(&empty[s], 8);
+    }
+    bulk::BarrierInitFence();
+  }
+  __syncthreads();
+
+  WWalker walk(p);
+  WTile tile;
+
+  if (warpgroup == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (warp == 0 && lane == 0) {
+      int it = 0;
+      for (int t = blockIdx.x; walk.Next(t, &tile); t += gridDim.x) {
+        const int m0 = tile.m_tile * kBM, n0 = tile.n_tile * kBN;
+        const int k_tiles = (tile.hi - tile.lo + kBK - 1) / kBK;
+        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+          const int slot = it % kStages;
+          bulk::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
+          bulk::BarrierArriveExpectBytes(&full[slot], kATileBytes + kBTileBytes);
+          const int r = tile.lo + kt * kBK;
+#pragma unroll
+          for (int j = 0; j < kBM / 64; ++j) {
+            TmaLoad2d(s_a + slot * kATileBytes + j * (kBK * 128), &map_x, &full[slot], m0 + 64 * j,
+                      r);
+          }
+#pragma unroll
+          for (int j = 0; j < kBN / 64; ++j) {
+            TmaLoad2d(s_b + slot * kBTileBytes + j * (kBK * 128), &map_dy, &full[slot],
+                      n0 + 64 * j, r);
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int h = warpgroup - 1;
+  const int r0 = (warp % 4) * 16 + lane / 4;
+  const int quad = lane % 4;
+  const bool leader = threadIdx.x % 128 == 0;
+  uint8_t* s_ch = s_c + h * (kEpilogueBytes / 2);
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  auto release = [&](int slot) {
+    if (lane == 0) bulk::BarrierArrive(&empty[slot]);
+  };
+
+  int it = 0;
+  for (int t = blockIdx.x; walk.Next(t, &tile); t += gridDim.x) {
+    const int k_tiles = (tile.hi - tile.lo + kBK - 1) / kBK;
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      const int slot = it % kStages;
+      bulk::BarrierWait(&full[slot], (it / kStages) & 1);
+      const int valid_rows = tile.hi - (tile.lo + kt * kBK);
+      if (valid_rows < kBK) {
+        // Rows [valid_rows, 64) of the six boxes (two of X, four of dY) belong to no row of this
+        // group: zero them (whole 128-byte rows, so the swizzle does not matter).
+        const int per_box = (kBK - valid_rows) * 8;  // 16-byte chunks
+        for (int idx = threadIdx.x - 128; idx < 6 * per_box; idx += 256) {
+          const int box = idx / per_box, rem = idx % per_box;
+          uint8_t* base = box < 2 ? s_a + slot * kATileBytes + box * (kBK * 128)
+                                  : s_b + slot * kBTileBytes + (box - 2) * (kBK * 128);
+          const uint32_t addr = SmemAddr(base + (valid_rows + rem / 8) * 128 + (rem % 8) * 16);
+          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        bulk::NamedBarrier(3, 256);  // both consumer warpgroups read every box of the stage
+      }
+      // M-major X boxes: warpgroup h's 64 k rows are box h; N-major dY: 64-column boxes 8 KiB
+      // apart. A k16 step is 16 rows of 128 bytes in both.
+      const uint64_t da = Descriptor(s_a + slot * kATileBytes + h * (kBK * 128), kBK * 128, 1024);
+      const uint64_t db = Descriptor(s_b + slot * kBTileBytes, kBK * 128, 1024);
+      WgmmaFence();
+      FenceRegs(acc);
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        WgmmaM64N256K16<1, 1>(acc, da + (16 * 128 * kk >> 4), db + (16 * 128 * kk >> 4),
+                              (kt > 0 || kk > 0) ? 1 : 0);
+      }
+      WgmmaCommit();
+      FenceRegs(acc);
+      if (kt > 0) {
+        WgmmaWait<1>();
+        release((it - 1) % kStages);
+      }
+    }
+    WgmmaWait<0>();
+    FenceRegs(acc);
+    release((it - 1) % kStages);
+
+    // dW[e] rows are rows g * k + ... of the [E * k][n] output.
+    const int valid = min(64, p.m_out - (tile.m_tile * kBM + 64 * h));
+    const int row0 = tile.g * p.m_out + tile.m_tile * kBM + 64 * h, n0 = tile.n_tile * kBN;
+    OutT* out = static_cast<OutT*>(p.out);
+    if constexpr (sizeof(OutT) == 2) {
+      StoreBlock<OutT, 128, 0>(acc, s_ch, &map_c, out, p.n_out, row0, n0, valid, 1 + h, r0, quad,
+                               leader);
+      StoreBlock<OutT, 128, 16>(acc, s_ch, &map_c, out, p.n_out, row0, n0 + 128, valid, 1 + h,
+                                r0, quad, leader);
+    } else {
+      StoreBlock<OutT, 128, 0>(acc, s_ch, &map_c, out, p.n_out, row0, n0, valid, 1 + h, r0, quad,
+                               leader);
+      StoreBlock<OutT, 128, 8>(acc, s_ch, &map_c, out, p.n_out, row0, n0 + 64, valid, 1 + h, r0,
+                               quad, leader);
+      StoreBlock<OutT, 128, 16>(acc, s_ch, &map_c, out, p.n_out, row0, n0 + 128, valid, 1 + h,
+                                r0, quad, leader);
+      StoreBlock<OutT, 128, 24>(acc, s_ch, &map_c, out, p.n_out, row0, n0 + 192, valid, 1 + h,
+                                r0, quad, leader);
+    }
   }
   if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
@@ -600,21 +800,22 @@ absl::Status CudaStatus(cudaError_t e, const char* what) {
 // A bf16 tensor of `rank` dims (innermost first, row-major strides), 128-byte-swizzled boxes;
 // elements outside read as zero.
 absl::Status Encode(CUtensorMap* map, const void* data, int rank, const uint64_t* dims,
-                    const uint32_t* box, const char* what) {
+                    const uint32_t* box, const char* what, bool fp32 = false) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = sm90::TensorMapEncoder();
   if (encode == nullptr) {
     return absl::InternalError("grouped gemm (tma): cuTensorMapEncodeTiled not found in the driver");
   }
   cuuint64_t d[3], strides[2];
   cuuint32_t b[3], element_strides[3] = {1, 1, 1};
-  uint64_t stride = 2;
+  uint64_t stride = fp32 ? 4 : 2;
   for (int i = 0; i < rank; ++i) {
     d[i] = dims[i];
     b[i] = box[i];
     if (i > 0) strides[i - 1] = stride;
     stride *= dims[i];
   }
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(data), d,
+  const CUresult r = encode(map, fp32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                            rank, const_cast<void*>(data), d,
                             strides, b, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -748,6 +949,63 @@ absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeTma(const RunnerShape& sh
   return std::unique_ptr<GroupedGemmRunner>(std::move(runner));
 }
 
+
+// kBackwardWeight: a = X [max_rows][k], b = dY [max_rows][n], d = dW [E][k][n] (OutT).
+template <typename OutT>
+class TmaWgradRunner final : public GroupedGemmRunner {
+ public:
+  explicit TmaWgradRunner(const RunnerShape& shape) : shape_(shape) {}
+
+  absl::Status Init() {
+    const int64_t tiles = int64_t{shape_.num_groups} * ((shape_.k + kBM - 1) / kBM) *
+                          ((shape_.n + kBN - 1) / kBN);
+    if (tiles >= (int64_t{1} << 31) - (int64_t{1} << 20) ||
+        int64_t{shape_.num_groups} * shape_.k >= (int64_t{1} << 31)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "grouped gemm (tma): ", shape_.num_groups, " groups of ", shape_.k, " x ", shape_.n,
+          " weight gradients: tile or row indices past the int32 range"));
+    }
+    return CudaStatus(cudaFuncSetAttribute(TmaWgradKernel<OutT>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+                      "cudaFuncSetAttribute");
+  }
+
+  absl::Status Run(const RunnerCall& call, cudaStream_t stream) override {
+    const uint64_t k = shape_.k, n = shape_.n, e = shape_.num_groups;
+    // Every group is empty when there are no rows: only the zeroing runs.
+    if (absl::Status s = ZeroEmptyGroups(call.offsets, shape_.num_groups, shape_.max_rows,
+                                         static_cast<int64_t>(k * n), sizeof(OutT), call.d, stream);
+        !s.ok()) {
+      return s;
+    }
+    if (shape_.max_rows == 0) return absl::OkStatus();
+    const uint64_t rows = shape_.max_rows;
+    CUtensorMap map_x, map_dy, map_c;
+    const uint64_t x_dims[2] = {k, rows}, dy_dims[2] = {n, rows}, c_dims[2] = {n, e * k};
+    const uint32_t box[2] = {64, kBK};
+    const uint32_t c_box[2] = {static_cast<uint32_t>(128 / sizeof(OutT)), 64};
+    constexpr bool kF32 = sizeof(OutT) == 4;
+    if (absl::Status s = Encode(&map_x, call.a, 2, x_dims, box, "X"); !s.ok()) return s;
+    if (absl::Status s = Encode(&map_dy, call.b, 2, dy_dims, box, "dY"); !s.ok()) return s;
+    if (absl::Status s = Encode(&map_c, call.d, 2, c_dims, c_box, "dW", kF32); !s.ok()) return s;
+    WParams p{call.offsets, shape_.num_groups, shape_.k, shape_.n, shape_.max_rows, call.d};
+    TmaWgradKernel<OutT><<<shape_.sm_count, kThreads, kSmemBytes, stream>>>(map_x, map_dy, map_c,
+                                                                            p);
+    return CudaStatus(cudaGetLastError(), "launch");
+  }
+
+ private:
+  RunnerShape shape_;
+};
+
+template <typename OutT>
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeTmaWgrad(const RunnerShape& shape) {
+  auto runner = std::make_unique<TmaWgradRunner<OutT>>(shape);
+  absl::Status s = runner->Init();
+  if (!s.ok()) return s;
+  return std::unique_ptr<GroupedGemmRunner>(std::move(runner));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTma128x256(const RunnerShape& shape) {
@@ -770,6 +1028,15 @@ absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTma128x256C2x1(const R
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradTma128x256C2x1(
     const RunnerShape& shape) {
   return MakeTma<false, 2>(shape);
+}
+
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradF32Tma128x256(
+    const RunnerShape& shape) {
+  return MakeTmaWgrad<float>(shape);
+}
+absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradBf16Tma128x256(
+    const RunnerShape& shape) {
+  return MakeTmaWgrad<__nv_bfloat16>(shape);
 }
 
 }  // namespace dropless::kernels::grouped_gemm_internal
