@@ -113,17 +113,18 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
     ends = torch.cumsum(torch.tensor(sizes, device="cuda", dtype=torch.int32), 0, dtype=torch.int32)
     offsets = torch.cat([torch.zeros(1, device="cuda", dtype=torch.int32), ends])
     y, dx = torch.empty(rows, n, device="cuda", dtype=bf16), torch.empty(rows, k, device="cuda", dtype=bf16)
-    dw = torch.empty(experts, k, n, device="cuda", dtype=bf16)
+    fp32_wgrad = args.wgrad_out == "fp32"
+    dw = torch.empty(experts, k, n, device="cuda", dtype=torch.float32 if fp32_wgrad else bf16)
     flop = 2.0 * rows * k * n
     note = (f"{weight} (k={k}, n={n}), {dist} groups, E={experts}, {rows} rows; interleaved in one "
             f"process, median of {args.rounds} rounds of {args.iters}")
 
-    def add(name, impl, precision, res, kernel=""):
+    def add(name, impl, precision, res, kernel="", out="bf16"):
         ms, lo, hi = res
         out_rows.append({
             "name": name, "shape": shape, "impl": impl, "precision": precision, "ms": round(ms, 4),
             "tflops": round(flop / (ms * 1e-3) / 1e12, 1), "gbps": None, "weight": weight,
-            "groups": dist, "kernel": kernel, "out": "bf16",
+            "groups": dist, "kernel": kernel, "out": out,
             "note": f"{note} (round medians {flop / (hi * 1e9):.0f}-{flop / (lo * 1e9):.0f} TFLOP/s)"})
         print(f"{name:6} {shape:8} {weight:4} {dist:8} {impl:26} {precision:6} {ms:8.3f} ms "
               f"{flop / (ms * 1e9):7.1f} TFLOP/s  {kernel}", flush=True)
@@ -140,7 +141,8 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                 for kn in sweep[op]:
                     names = [None, None, None]
                     names[op_index[op]] = kn.encode() or None
-                    h = lib.dl_gemm_create(experts, k, n, rows, rows // experts, 0, *names)
+                    h = lib.dl_gemm_create(experts, k, n, rows, rows // experts,
+                                           1 if fp32_wgrad else 0, *names)
                     if not h:
                         if not kn:  # the default must exist
                             raise RuntimeError(f"{op}: {lib.dl_last_error().decode()}")
@@ -179,7 +181,8 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                 for kn in handles:
                     name = kn or default_kernel
                     add(op, "dropless", "bf16", res[kn],
-                        name + (", default kernel" if not kn else ""))
+                        name + (", default kernel" if not kn else ""),
+                        out=args.wgrad_out if op == "wgrad" else "bf16")
                 add(op, "torch._grouped_mm", "bf16", res["torch"])
                 if batched:
                     add(op, "torch.bmm", "bf16", res["torch.bmm"],
@@ -305,6 +308,8 @@ def main():
                     help="MXFP8 kernels to time next to the default (mxfp8-wgrad precision)")
     ap.add_argument("--ceiling-peers", action=argparse.BooleanOptionalAction, default=True,
                     help="uniform forward: also time torch.bmm and a dense GEMM of the same FLOPs")
+    ap.add_argument("--wgrad-out", choices=("bf16", "fp32"), default="bf16",
+                    help="dropless's weight-gradient output type (torch's is bf16 either way)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warm-s", type=float, default=0.3)
