@@ -120,12 +120,14 @@ const KernelEntry* FindKernel(GroupedGemmOp op, OutType out, const std::string& 
 //   faster there); longer ones (dsv3, mixtral) the cooperative 128x256 tile (5-14% faster than
 //   the ping-pong kernel there: half the operand traffic per FLOP, and the epilogue is a smaller
 //   share of a long tile);
-// - weight gradient: its reduction runs over a group's rows, so small groups (<= 512 rows, dsv3)
-//   give short main loops and the store of the k x n gradient dominates: the 128x256 cooperative
-//   tile there (1-10% faster for bf16 and fp32 outputs), the pingpong kernel (epilogue of one
-//   warpgroup under the other's main loop) otherwise.
+// - weight gradient to bf16: the fixed-map kernel (+2-17% over the CUTLASS kernels on uniform
+//   groups, +8.5% on mixtral w2's skewed ones; -2 to -4% on qwen3 w2 and mixtral w13 zipf:
+//   bench/results/gemm-h200-20261130-tma-wgrad.json). To fp32 its epilogue (four 64-column
+//   blocks through 16 KiB of shared memory each) is no faster, so the CUTLASS rule stays: small
+//   groups (<= 512 rows, dsv3) give short main loops and the store of the k x n gradient
+//   dominates: the 128x256 cooperative tile there, the pingpong kernel (epilogue of one warpgroup
+//   under the other's main loop) otherwise.
 std::string DefaultKernel(GroupedGemmOp op, OutType out, const GroupedGemmOptions& options) {
-  (void)out;
   const int64_t rows = options.expected_rows_per_group;
   switch (op) {
     case GroupedGemmOp::kForward:
@@ -133,6 +135,7 @@ std::string DefaultKernel(GroupedGemmOp op, OutType out, const GroupedGemmOption
     case GroupedGemmOp::kBackwardData:  // reduces over n
       return options.n <= 2048 ? "tma_pingpong_128x128x64" : "tma_128x256x64";
     case GroupedGemmOp::kBackwardWeight:
+      if (out == OutType::kBFloat16) return "tma_128x256x64";
       if (rows > 0 && rows <= 512) return "coop_128x256x64_c2x1";
       return "pingpong_128x128x64_c2x1";
   }

@@ -369,17 +369,18 @@ TEST_F(GroupedGemmTest, DefaultKernelsFollowTheShapeRules) {
   const char* tma = "tma_128x256x64";
   const char* pp = "tma_pingpong_128x128x64";
   const Case cases[] = {
-      // dsv3 w13: long reductions (k = 7168, n = 4096): the cooperative tile; short groups: the
-      // cooperative weight gradient at either output type.
-      {7168, 4096, 256, GradType::kBFloat16, tma, tma, "coop_128x256x64_c2x1"},
+      // dsv3 w13: long reductions (k = 7168, n = 4096): the cooperative tile; the weight
+      // gradient: the fixed-map kernel to bf16, CUTLASS's cooperative tile to fp32 (short groups).
+      {7168, 4096, 256, GradType::kBFloat16, tma, tma, tma},
       {7168, 4096, 256, GradType::kFloat32, tma, tma, "coop_128x256x64_c2x1"},
       // dsv3 w2: the forward reduces over 2048 (ping-pong), the data gradient over 7168.
       {2048, 7168, 256, GradType::kFloat32, pp, tma, "coop_128x256x64_c2x1"},
-      // qwen3 w13 / w2: short reductions: ping-pong; 1024-row groups: pingpong weight gradient.
-      {2048, 1536, 1024, GradType::kBFloat16, pp, pp, "pingpong_128x128x64_c2x1"},
+      // qwen3 w13 / w2: short reductions: ping-pong; to fp32, 1024-row groups: CUTLASS pingpong.
+      {2048, 1536, 1024, GradType::kBFloat16, pp, pp, tma},
       {768, 2048, 1024, GradType::kFloat32, pp, pp, "pingpong_128x128x64_c2x1"},
       // mixtral w13.
-      {4096, 28672, 2048, GradType::kBFloat16, tma, tma, "pingpong_128x128x64_c2x1"},
+      {4096, 28672, 2048, GradType::kBFloat16, tma, tma, tma},
+      {4096, 28672, 2048, GradType::kFloat32, tma, tma, "pingpong_128x128x64_c2x1"},
   };
   for (const Case& c : cases) {
     GroupedGemmOptions o;
