@@ -34,7 +34,6 @@ absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTmaPingpong128x128(con
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradTmaPingpong128x128(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradF32Tma128x256(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradBf16Tma128x256(const RunnerShape&);
-absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradF32TmaDirect128x256(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradTma128x256C2x1(const RunnerShape&);
 
 namespace {
@@ -74,7 +73,6 @@ const KernelEntry* KernelTable(int* count) {
        MakeWgradBf16Pingpong128x128},
       {"coop_128x256x64_c2x1", Op::kBackwardWeight, OutType::kBFloat16, MakeWgradBf16Coop128x256},
       {"tma_128x256x64", Op::kBackwardWeight, OutType::kFloat32, MakeWgradF32Tma128x256},
-      {"tma_128x256x64_ds", Op::kBackwardWeight, OutType::kFloat32, MakeWgradF32TmaDirect128x256},
       {"tma_128x256x64", Op::kBackwardWeight, OutType::kBFloat16, MakeWgradBf16Tma128x256},
   };
   *count = static_cast<int>(sizeof(kTable) / sizeof(kTable[0]));

@@ -655,9 +655,7 @@ struct WWalker {
   }
 };
 
-// kDirect (fp32 only): the epilogue stores straight from the registers instead of through shared
-// memory and TMA.
-template <typename OutT, bool kDirect = false>
+template <typename OutT>
 __global__ void __launch_bounds__(kThreads, 1)
     TmaWgradKernel(const __grid_constant__ CUtensorMap map_x,
                    const __grid_constant__ CUtensorMap map_dy,
@@ -779,22 +777,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                                leader);
       StoreBlock<OutT, 128, 16>(acc, s_ch, &map_c, out, p.n_out, row0, n0 + 128, valid, 1 + h,
                                 r0, quad, leader);
-    } else if constexpr (kDirect) {
-      // fp32 pairs straight from the registers: a warp's store covers 8 rows x 32 bytes, whole
-      // sectors, and nothing waits on shared memory or on the previous tile's stores.
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        if (r0 + 8 * hh >= valid) continue;
-        float* dst = reinterpret_cast<float*>(out) + static_cast<int64_t>(row0 + r0 + 8 * hh) * p.n_out;
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          const int col = n0 + 8 * i + 2 * quad;
-          if (col < p.n_out) {
-            *reinterpret_cast<float2*>(dst + col) =
-                make_float2(acc[4 * i + 2 * hh], acc[4 * i + 2 * hh + 1]);
-          }
-        }
-      }
     } else {
       StoreBlock<OutT, 128, 0>(acc, s_ch, &map_c, out, p.n_out, row0, n0, valid, 1 + h, r0, quad,
                                leader);
@@ -969,7 +951,7 @@ absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeTma(const RunnerShape& sh
 
 
 // kBackwardWeight: a = X [max_rows][k], b = dY [max_rows][n], d = dW [E][k][n] (OutT).
-template <typename OutT, bool kDirect = false>
+template <typename OutT>
 class TmaWgradRunner final : public GroupedGemmRunner {
  public:
   explicit TmaWgradRunner(const RunnerShape& shape) : shape_(shape) {}
@@ -983,7 +965,7 @@ class TmaWgradRunner final : public GroupedGemmRunner {
           "grouped gemm (tma): ", shape_.num_groups, " groups of ", shape_.k, " x ", shape_.n,
           " weight gradients: tile or row indices past the int32 range"));
     }
-    return CudaStatus(cudaFuncSetAttribute(TmaWgradKernel<OutT, kDirect>,
+    return CudaStatus(cudaFuncSetAttribute(TmaWgradKernel<OutT>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
                       "cudaFuncSetAttribute");
   }
@@ -1007,8 +989,8 @@ class TmaWgradRunner final : public GroupedGemmRunner {
     if (absl::Status s = Encode(&map_dy, call.b, 2, dy_dims, box, "dY"); !s.ok()) return s;
     if (absl::Status s = Encode(&map_c, call.d, 2, c_dims, c_box, "dW", kF32); !s.ok()) return s;
     WParams p{call.offsets, shape_.num_groups, shape_.k, shape_.n, shape_.max_rows, call.d};
-    TmaWgradKernel<OutT, kDirect>
-        <<<shape_.sm_count, kThreads, kSmemBytes, stream>>>(map_x, map_dy, map_c, p);
+    TmaWgradKernel<OutT><<<shape_.sm_count, kThreads, kSmemBytes, stream>>>(map_x, map_dy, map_c,
+                                                                            p);
     return CudaStatus(cudaGetLastError(), "launch");
   }
 
@@ -1016,10 +998,9 @@ class TmaWgradRunner final : public GroupedGemmRunner {
   RunnerShape shape_;
 };
 
-template <typename OutT, bool kDirect = false>
+template <typename OutT>
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeTmaWgrad(const RunnerShape& shape) {
-  static_assert(!kDirect || sizeof(OutT) == 4, "direct stores are the fp32 epilogue");
-  auto runner = std::make_unique<TmaWgradRunner<OutT, kDirect>>(shape);
+  auto runner = std::make_unique<TmaWgradRunner<OutT>>(shape);
   absl::Status s = runner->Init();
   if (!s.ok()) return s;
   return std::unique_ptr<GroupedGemmRunner>(std::move(runner));
@@ -1052,10 +1033,6 @@ absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradTma128x256C2x1(
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradF32Tma128x256(
     const RunnerShape& shape) {
   return MakeTmaWgrad<float>(shape);
-}
-absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradF32TmaDirect128x256(
-    const RunnerShape& shape) {
-  return MakeTmaWgrad<float, true>(shape);
 }
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradBf16Tma128x256(
     const RunnerShape& shape) {
