@@ -149,6 +149,10 @@ class Coordinator {
     int64_t last_message_ms = 0;
     bool lease_expired = false;              // handled; cleared by the next Hello
     std::map<int32_t, RankKey> occupied;     // slot -> the rank process holding it
+    // The worker daemon's run (Hello.boot_id) and the highest queued-message seq handled from it:
+    // a message sent again after a reconnect is acknowledged but not stored twice.
+    std::string boot_id;
+    uint64_t last_seq = 0;
   };
   struct SessionEntry {
     std::string worker_id;  // empty until Hello
@@ -196,6 +200,8 @@ class Coordinator {
   void HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendAckLocked(const std::shared_ptr<WorkerSession>& session, uint64_t seq)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

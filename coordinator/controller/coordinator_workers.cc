@@ -104,6 +104,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   response.set_worker_id(id);
   response.set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
   response.set_lease_timeout_ms(options_.lease_timeout_ms);
+  response.set_acknowledges(true);
   return response;
 }
 
@@ -149,6 +150,12 @@ absl::Status Coordinator::HandleWorkerMessage(const std::shared_ptr<WorkerSessio
     return absl::AbortedError("superseded by a newer session of this worker");
   }
   worker.last_message_ms = NowMs();
+  const uint64_t seq = message.seq();
+  if (seq != 0 && seq <= worker.last_seq) {
+    // Sent again after a reconnect, already stored: acknowledge it again, store nothing.
+    SendAckLocked(session, seq);
+    return absl::OkStatus();
+  }
   switch (message.msg_case()) {
     case v1::WorkerMessage::kHeartbeat:
       HandleHeartbeatLocked(worker, message.heartbeat());
@@ -165,7 +172,18 @@ absl::Status Coordinator::HandleWorkerMessage(const std::shared_ptr<WorkerSessio
     default:
       break;  // a newer worker's message kind: the lease renewal is all it means to us
   }
+  if (seq != 0) {
+    // The handlers above wrote to the store synchronously: the message is stored.
+    worker.last_seq = seq;
+    SendAckLocked(session, seq);
+  }
   return absl::OkStatus();
+}
+
+void Coordinator::SendAckLocked(const std::shared_ptr<WorkerSession>& session, uint64_t seq) {
+  v1::CoordinatorMessage ack;
+  ack.mutable_ack()->set_seq(seq);
+  session->Send(std::move(ack));
 }
 
 absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>& session,
@@ -180,6 +198,10 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
   }
   WorkerEntry& worker = found->second;
   if (worker.session != nullptr && worker.session != session) worker.session->Close();
+  if (hello.boot_id() != worker.boot_id) {  // a restarted daemon numbers its messages from 1
+    worker.boot_id = hello.boot_id();
+    worker.last_seq = 0;
+  }
   sessions_[session].worker_id = worker.info.id();
   worker.session = session;
   worker.last_message_ms = NowMs();

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "worker/daemon/daemon_log.h"
 
@@ -76,6 +77,11 @@ bool CoordinatorSession::SleepUnlessShutdown(absl::Duration d) {
   return !shutdown_;
 }
 
+std::string CoordinatorSession::NewBootId() {
+  std::random_device rd;
+  return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+}
+
 bool CoordinatorSession::WaitUntilFlushed(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
@@ -121,6 +127,7 @@ absl::Status CoordinatorSession::Register() {
   heartbeat_interval_ = response.heartbeat_interval_ms() > 0
                             ? absl::Milliseconds(response.heartbeat_interval_ms())
                             : absl::Seconds(1);
+  acknowledged_ = response.acknowledges();
   DaemonLog(absl::StrCat("registered with ", options_.coordinator, " as worker ", worker_id_,
                          " (node ", options_.registration.node(), ", ",
                          options_.registration.devices_size(), " ",
@@ -172,6 +179,9 @@ absl::Status CoordinatorSession::RunSession() {
 
   v1::WorkerMessage hello;
   hello.mutable_hello()->set_worker_id(worker_id);
+  hello.mutable_hello()->set_boot_id(boot_id_);
+  // Whatever the last session wrote but the coordinator did not acknowledge goes again.
+  outbound_->Rewind();
   for (v1::RankStatus& r : ranks_->LiveRanks()) *hello.mutable_hello()->add_ranks() = std::move(r);
   bool opened = false;
   std::atomic<bool> write_failed{false};
@@ -193,7 +203,9 @@ absl::Status CoordinatorSession::RunSession() {
     });
     v1::CoordinatorMessage message;
     while (stream->Read(&message)) {
-      if (message.has_assignment()) {
+      if (message.has_ack()) {
+        outbound_->Acknowledge(message.ack().seq());
+      } else if (message.has_assignment()) {
         ranks_->HandleAssignment(message.assignment());
       } else if (message.has_cancellation()) {
         ranks_->HandleCancellation(message.cancellation());
@@ -222,9 +234,11 @@ bool CoordinatorSession::WriteLoop(
     grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream,
     std::atomic<bool>* stop) {
   absl::Duration interval;
+  bool acknowledged;
   {
     absl::MutexLock lock(&mu_);
     interval = heartbeat_interval_;
+    acknowledged = acknowledged_;
   }
   absl::Time next_heartbeat = absl::Now() + interval;
   while (!stop->load()) {
@@ -242,8 +256,15 @@ bool CoordinatorSession::WriteLoop(
     std::optional<OutboundQueue::Entry> entry =
         outbound_->Peek(std::min(kWriterTick, next_heartbeat - now));
     if (!entry.has_value()) continue;
+    entry->message.set_seq(entry->sequence);
     if (!stream->Write(entry->message)) return false;
-    outbound_->Pop(entry->sequence);
+    // An acknowledging coordinator removes it from the queue once stored; an older one never
+    // will, so it goes now (at most once, as before acknowledgements).
+    if (acknowledged) {
+      outbound_->MarkSent(entry->sequence);
+    } else {
+      outbound_->Pop(entry->sequence);
+    }
   }
   return true;
 }

@@ -51,6 +51,8 @@ class CoordinatorSession {
   bool connected() const;
 
  private:
+  // 128 random bits in hex.
+  static std::string NewBootId();
   absl::Status Register();
   // One session: Hello, then until the stream breaks or Shutdown(). Returns why it ended.
   absl::Status RunSession();
@@ -72,6 +74,8 @@ class CoordinatorSession {
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  bool acknowledged_ ABSL_GUARDED_BY(mu_) = false;  // the coordinator acknowledges (Register)
+  const std::string boot_id_ = NewBootId();          // this daemon run (Hello.boot_id)
   grpc::ClientContext* open_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   int sessions_ ABSL_GUARDED_BY(mu_) = 0;
 };

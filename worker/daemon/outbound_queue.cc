@@ -1,5 +1,6 @@
 #include "worker/daemon/outbound_queue.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace dropless {
@@ -51,24 +52,42 @@ std::optional<OutboundQueue::Entry> OutboundQueue::Peek(absl::Duration timeout) 
   absl::MutexLock lock(&mu_);
   const absl::Time deadline = absl::Now() + timeout;
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !messages_.empty() ||
+    return HasUnsent() ||
            (open_batch_.lines_size() > 0 && absl::Now() - open_batch_since_ >= kLogBatchDelay);
   };
   while (!ready()) {
     absl::Time wake = deadline;
     if (open_batch_.lines_size() > 0) wake = std::min(wake, open_batch_since_ + kLogBatchDelay);
     if (absl::Now() >= deadline) break;
-    mu_.AwaitWithDeadline(
-        absl::Condition(+[](std::deque<Entry>* m) { return !m->empty(); }, &messages_), wake);
+    mu_.AwaitWithDeadline(absl::Condition(this, &OutboundQueue::HasUnsent), wake);
   }
-  if (messages_.empty() && ready()) SealLogBatch();
-  if (messages_.empty()) return std::nullopt;
-  return messages_.front();
+  if (!HasUnsent() && ready()) SealLogBatch();
+  if (!HasUnsent()) return std::nullopt;
+  for (const Entry& entry : messages_) {
+    if (entry.sequence > sent_through_) return entry;
+  }
+  return std::nullopt;
+}
+
+void OutboundQueue::MarkSent(uint64_t sequence) {
+  absl::MutexLock lock(&mu_);
+  sent_through_ = std::max(sent_through_, sequence);
+}
+
+void OutboundQueue::Acknowledge(uint64_t sequence) {
+  absl::MutexLock lock(&mu_);
+  while (!messages_.empty() && messages_.front().sequence <= sequence) messages_.pop_front();
 }
 
 void OutboundQueue::Pop(uint64_t sequence) {
   absl::MutexLock lock(&mu_);
-  if (!messages_.empty() && messages_.front().sequence == sequence) messages_.pop_front();
+  sent_through_ = std::max(sent_through_, sequence);
+  while (!messages_.empty() && messages_.front().sequence <= sequence) messages_.pop_front();
+}
+
+void OutboundQueue::Rewind() {
+  absl::MutexLock lock(&mu_);
+  sent_through_ = 0;
 }
 
 size_t OutboundQueue::size() const {

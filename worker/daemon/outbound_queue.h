@@ -6,8 +6,11 @@
 // (or about kMaxLogBatchBytes) or its first line is kLogBatchDelay old, and any other message seals the open batch first, so a
 // rank's last lines go out before its exit status.
 //
-// One consumer (the session writer) uses Peek/Pop: a message leaves the queue only after it was
-// written, so a write that failed is retried on the next session.
+// One consumer (the session writer) uses Peek / MarkSent / Acknowledge: Peek returns the oldest
+// message not yet sent on this session, and a message leaves the queue only when the coordinator
+// acknowledges it (or, with a coordinator that does not acknowledge, once written: Pop). Rewind at
+// the start of a session sends every unacknowledged message again, so a message in flight when
+// the coordinator died is not lost; its sequence lets the coordinator store it once.
 #ifndef DROPLESS_WORKER_DAEMON_OUTBOUND_QUEUE_H_
 #define DROPLESS_WORKER_DAEMON_OUTBOUND_QUEUE_H_
 
@@ -37,11 +40,17 @@ class OutboundQueue {
     uint64_t sequence = 0;
     dropless::v1::WorkerMessage message;
   };
-  // A copy of the oldest message, waiting up to `timeout` for one (an open log batch counts once
-  // it is kLogBatchDelay old). nullopt when none is ready in time.
+  // A copy of the oldest message not yet sent on this session, waiting up to `timeout` for one
+  // (an open log batch counts once it is kLogBatchDelay old). nullopt when none is ready in time.
   std::optional<Entry> Peek(absl::Duration timeout);
-  // Removes the entry Peek returned, unless it was dropped meanwhile.
+  // The entry Peek returned was written: Peek moves on to the next one.
+  void MarkSent(uint64_t sequence);
+  // The coordinator stored every message up to `sequence`: they leave the queue.
+  void Acknowledge(uint64_t sequence);
+  // Written and done with (a coordinator that does not acknowledge): MarkSent + Acknowledge.
   void Pop(uint64_t sequence);
+  // A new session: every message still queued is sent again, oldest first.
+  void Rewind();
 
   size_t size() const;
   // Messages (or log lines) dropped because the queue was full.
@@ -49,12 +58,16 @@ class OutboundQueue {
 
  private:
   void SealLogBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasUnsent() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !messages_.empty() && messages_.back().sequence > sent_through_;
+  }
   void Append(dropless::v1::WorkerMessage message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t max_messages_;
   mutable absl::Mutex mu_;
   std::deque<Entry> messages_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t sent_through_ ABSL_GUARDED_BY(mu_) = 0;  // highest sequence written this session
   dropless::v1::LogBatch open_batch_ ABSL_GUARDED_BY(mu_);
   absl::Time open_batch_since_ ABSL_GUARDED_BY(mu_);
   size_t open_batch_bytes_ ABSL_GUARDED_BY(mu_) = 0;

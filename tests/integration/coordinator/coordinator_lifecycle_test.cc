@@ -247,6 +247,73 @@ TEST(CoordinatorLifecycleTest, CancelSendsCancellationAndIsFinal) {
   EXPECT_EQ(coordinator->Get(job->id())->state(), v1::JOB_STATE_CANCELLED);
 }
 
+std::vector<std::string> StoredLogTexts(CoordinatorUnderTest& coordinator, const std::string& id) {
+  grpc::ClientContext context;
+  v1::GetLogsRequest request;
+  request.set_job_id(id);
+  auto reader = coordinator.jobs().GetLogs(&context, request);
+  std::vector<std::string> texts;
+  v1::LogLine line;
+  while (reader->Read(&line)) texts.push_back(line.text());
+  EXPECT_TRUE(reader->Finish().ok());
+  return texts;
+}
+
+// Queued worker messages carry a seq (WorkerMessage.seq): the coordinator acknowledges each one
+// once it is stored, and a message that comes again (the same daemon run resending what it wrote
+// before a reconnect whose acknowledgement it never got) is acknowledged again but stored once. A
+// daemon that restarted (a new boot_id) numbers its messages from 1 again, and they are stored.
+TEST(CoordinatorLifecycleTest, QueuedMessagesAreAcknowledgedAndStoredOnce) {
+  auto coordinator = CoordinatorUnderTest::Start();
+  FakeWorker w(coordinator->channel(), "node-ack", 1);
+  ASSERT_TRUE(w.Register().ok());
+  ASSERT_TRUE(w.Connect().ok());
+  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(1));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(w.NextAssignment().has_value());
+  ASSERT_TRUE(w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_RUNNING).ok());
+  coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+
+  auto log_message = [&](uint64_t seq, const std::string& text) {
+    v1::WorkerMessage m;
+    v1::LogLine* line = m.mutable_logs()->add_lines();
+    line->set_job_id(job->id());
+    line->set_attempt(1);
+    line->set_rank(0);
+    line->set_text(text);
+    m.set_seq(seq);
+    return m;
+  };
+  auto next_ack = [&](uint64_t seq) {
+    return w.Next([seq](const v1::CoordinatorMessage& m) {
+      return m.has_ack() && m.ack().seq() == seq;
+    }, absl::Seconds(5)).has_value();
+  };
+  ASSERT_TRUE(w.Send(log_message(7, "first")).ok());
+  EXPECT_TRUE(next_ack(7));
+  ASSERT_TRUE(w.Send(log_message(7, "first")).ok());  // sent again: acknowledged, not stored
+  EXPECT_TRUE(next_ack(7));
+  ASSERT_TRUE(w.Send(log_message(8, "second")).ok());
+  EXPECT_TRUE(next_ack(8));
+  EXPECT_EQ(StoredLogTexts(*coordinator, job->id()), (std::vector<std::string>{"first", "second"}));
+
+  // Messages without a seq (hello, heartbeats, older workers) are neither acknowledged nor
+  // deduplicated. (One stream is handled in order: once seq 9 is acknowledged, both are stored.)
+  ASSERT_TRUE(w.ReportLog(job->id(), 1, 0, "unnumbered").ok());
+  ASSERT_TRUE(w.ReportLog(job->id(), 1, 0, "unnumbered").ok());
+  ASSERT_TRUE(w.Send(log_message(9, "third")).ok());
+  EXPECT_TRUE(next_ack(9));
+  EXPECT_EQ(StoredLogTexts(*coordinator, job->id()),
+            (std::vector<std::string>{"first", "second", "unnumbered", "unnumbered", "third"}));
+
+  // A restarted daemon (new boot_id) starts from seq 1 again.
+  w.Disconnect();
+  ASSERT_TRUE(w.Connect("boot-2").ok());
+  ASSERT_TRUE(w.Send(log_message(1, "after restart")).ok());
+  EXPECT_TRUE(next_ack(1));
+  EXPECT_EQ(StoredLogTexts(*coordinator, job->id()).back(), "after restart");
+}
+
 TEST(CoordinatorLifecycleTest, SilentWorkerIsLostAndItsAttemptFails) {
   auto coordinator = CoordinatorUnderTest::Start();
   FakeWorker a(coordinator->channel(), "node-a", 1);

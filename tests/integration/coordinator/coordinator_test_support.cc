@@ -180,7 +180,7 @@ absl::Status FakeWorker::Register() {
   return absl::OkStatus();
 }
 
-absl::Status FakeWorker::Connect() {
+absl::Status FakeWorker::Connect(const std::string& boot_id) {
   Disconnect();
   stop_ = false;
   context_ = std::make_unique<grpc::ClientContext>();
@@ -192,6 +192,7 @@ absl::Status FakeWorker::Connect() {
   }
   v1::WorkerMessage hello;
   hello.mutable_hello()->set_worker_id(worker_id_);
+  hello.mutable_hello()->set_boot_id(boot_id);
   for (const v1::RankStatus& rank : LiveRanks()) *hello.mutable_hello()->add_ranks() = rank;
   absl::Status sent = Send(hello);
   reader_ = std::thread([this] {

@@ -126,8 +126,9 @@ class FakeWorker {
   ~FakeWorker();
 
   absl::Status Register();
-  // Opens the session and says Hello with the ranks it still runs; heartbeats start.
-  absl::Status Connect();
+  // Opens the session and says Hello with the ranks it still runs (and boot_id: a new one is a
+  // restarted daemon); heartbeats start.
+  absl::Status Connect(const std::string& boot_id = "");
   // Ends the session from the worker's side (the stream is cancelled).
   void Disconnect();
   // Keeps the stream open but sends nothing more: a hung worker.

@@ -40,6 +40,60 @@ std::vector<v1::WorkerMessage> Drain(OutboundQueue& q, absl::Duration wait = abs
   return out;
 }
 
+// The acknowledging protocol: a written message stays until acknowledged; a new session (Rewind)
+// sends every unacknowledged one again, with its sequence, before anything newer.
+TEST(OutboundQueueTest, UnacknowledgedMessagesGoAgainAfterRewind) {
+  OutboundQueue q;
+  q.Push(Status(1));
+  q.Push(Metrics(2));
+  q.Push(Metrics(3));
+  auto a = q.Peek(absl::ZeroDuration());
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->message.rank_status().rank(), 1);
+  q.MarkSent(a->sequence);
+  auto b = q.Peek(absl::ZeroDuration());
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->message.metrics().step(), 2);
+  q.MarkSent(b->sequence);
+  q.Acknowledge(a->sequence);  // the coordinator stored the first only
+  EXPECT_EQ(q.size(), 2u);
+  auto c = q.Peek(absl::ZeroDuration());
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->message.metrics().step(), 3);  // the next one not yet written
+
+  q.Rewind();  // the session broke before 2 was acknowledged
+  auto again = q.Peek(absl::ZeroDuration());
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->sequence, b->sequence);  // the same message, the same sequence
+  EXPECT_EQ(again->message.metrics().step(), 2);
+  q.MarkSent(again->sequence);
+  auto last = q.Peek(absl::ZeroDuration());
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->message.metrics().step(), 3);
+  q.MarkSent(last->sequence);
+  EXPECT_FALSE(q.Peek(absl::Milliseconds(5)).has_value());  // all written, none acknowledged
+  EXPECT_EQ(q.size(), 2u);
+  q.Acknowledge(last->sequence);
+  EXPECT_EQ(q.size(), 0u);
+}
+
+TEST(OutboundQueueTest, PeekWaitsForAnUnsentMessage) {
+  OutboundQueue q;
+  q.Push(Status(1));
+  auto a = q.Peek(absl::ZeroDuration());
+  ASSERT_TRUE(a.has_value());
+  q.MarkSent(a->sequence);
+  std::thread pusher([&q] {
+    absl::SleepFor(absl::Milliseconds(50));
+    q.Push(Metrics(9));
+  });
+  auto b = q.Peek(absl::Seconds(5));
+  pusher.join();
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->message.metrics().step(), 9);
+  EXPECT_GT(b->sequence, a->sequence);
+}
+
 TEST(OutboundQueueTest, KeepsOrderAndPeekDoesNotRemove) {
   OutboundQueue q;
   q.Push(Status(1));
