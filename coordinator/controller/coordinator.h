@@ -199,11 +199,10 @@ class Coordinator {
                               bool from_heartbeat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics)
+  bool HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SendAckLocked(const std::shared_ptr<WorkerSession>& session, uint64_t seq)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batch)
+  // Both return false when the store write failed (the message is not acknowledged).
+  bool HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatus& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

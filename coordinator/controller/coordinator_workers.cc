@@ -153,9 +153,10 @@ absl::Status Coordinator::HandleWorkerMessage(const std::shared_ptr<WorkerSessio
   const uint64_t seq = message.seq();
   if (seq != 0 && seq <= worker.last_seq) {
     // Sent again after a reconnect, already stored: acknowledge it again, store nothing.
-    SendAckLocked(session, seq);
+    session->Acknowledge(seq);
     return absl::OkStatus();
   }
+  bool stored = true;
   switch (message.msg_case()) {
     case v1::WorkerMessage::kHeartbeat:
       HandleHeartbeatLocked(worker, message.heartbeat());
@@ -164,26 +165,25 @@ absl::Status Coordinator::HandleWorkerMessage(const std::shared_ptr<WorkerSessio
       HandleRankStatusLocked(worker, message.rank_status(), /*from_list=*/false);
       break;
     case v1::WorkerMessage::kMetrics:
-      HandleMetricsLocked(worker, message.metrics());
+      stored = HandleMetricsLocked(worker, message.metrics());
       break;
     case v1::WorkerMessage::kLogs:
-      HandleLogsLocked(worker, message.logs());
+      stored = HandleLogsLocked(worker, message.logs());
       break;
     default:
       break;  // a newer worker's message kind: the lease renewal is all it means to us
   }
+  if (!stored) {
+    // Not acknowledged (acknowledgements are cumulative, so nothing after it may be either): the
+    // session ends and the worker sends it again from its queue on the next one.
+    return absl::UnavailableError("the coordinator could not store a message; send it again");
+  }
   if (seq != 0) {
     // The handlers above wrote to the store synchronously: the message is stored.
     worker.last_seq = seq;
-    SendAckLocked(session, seq);
+    session->Acknowledge(seq);
   }
   return absl::OkStatus();
-}
-
-void Coordinator::SendAckLocked(const std::shared_ptr<WorkerSession>& session, uint64_t seq) {
-  v1::CoordinatorMessage ack;
-  ack.mutable_ack()->set_seq(seq);
-  session->Send(std::move(ack));
 }
 
 absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>& session,
@@ -278,7 +278,8 @@ void Coordinator::HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStat
     return;
   }
   if (RankEnded(rank->state)) return;                          // no way back from an end
-  if (from_list && status.state() <= rank->state) return;      // lists only move ranks forward
+  if (status.state() < rank->state) return;  // a late or resent older report (STARTING after RUNNING)
+  if (from_list && status.state() == rank->state) return;      // lists only move ranks forward
   rank->state = status.state();
   rank->exit_code = status.exit_code();
   if (RankEnded(status.state())) worker.occupied.erase(rank->slot);
@@ -385,14 +386,14 @@ void Coordinator::HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat
   if (released) ScheduleLocked();
 }
 
-void Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics) {
+bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics) {
   ActiveJob* job = FindActiveAttempt(metrics.job_id(), metrics.attempt());
-  if (job == nullptr) return;  // a late report of an attempt that ended
+  if (job == nullptr) return true;  // a late report of an attempt that ended
   bool placed_here = false;
   for (const RankRecord& r : job->attempt->ranks) {
     placed_here |= r.rank == metrics.rank() && r.worker_id == worker.info.id();
   }
-  if (!placed_here) return;
+  if (!placed_here) return true;
   if (metrics.node().empty()) metrics.set_node(worker.info.node());
   if (metrics.time_ms() == 0) metrics.set_time_ms(NowMs());
   v1::Job& j = job->record.job;
@@ -400,17 +401,20 @@ void Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metri
       metrics.rank() <= j.latest().rank()) {
     *j.mutable_latest() = metrics;
   }
+  bool stored = true;
   if (absl::Status s = store_->PutStepMetrics(metrics); !s.ok()) {
     LogError(absl::StrCat("storing step metrics failed: ", s.ToString()));
+    stored = false;
   }
-  if (job->watchers.empty()) return;
+  if (job->watchers.empty()) return stored;
   v1::JobUpdate update;
   *update.mutable_job() = j;
   *update.mutable_metrics() = std::move(metrics);
   PublishToJob(*job, std::move(update));
+  return stored;
 }
 
-void Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batch) {
+bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batch) {
   std::vector<v1::LogLine> lines;
   std::set<std::string> known, unknown;
   for (const v1::LogLine& in : batch.lines()) {
@@ -435,11 +439,13 @@ void Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
                                unknown.size()));
   }
   absl::StatusOr<int64_t> first_seq = store_->AppendLogs(lines);
+  const bool stored = first_seq.ok();
   if (!first_seq.ok()) {
     LogError(absl::StrCat("storing log lines failed: ", first_seq.status().ToString()));
   } else {
     for (size_t i = 0; i < lines.size(); ++i) lines[i].set_seq(*first_seq + static_cast<int64_t>(i));
   }
+  if (!stored) return false;  // the worker sends them again; followers see them then
   for (const v1::LogLine& line : lines) {
     auto it = jobs_.find(line.job_id());
     if (it == jobs_.end()) continue;
@@ -447,6 +453,7 @@ void Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
       if (!rank.has_value() || *rank == line.rank()) follower->Push(line);
     }
   }
+  return true;
 }
 
 void Coordinator::MarkWorkerLostLocked(WorkerEntry& worker, const std::string& why,

@@ -5,6 +5,7 @@
 #ifndef DROPLESS_COORDINATOR_CONTROLLER_WORKER_SESSION_H_
 #define DROPLESS_COORDINATOR_CONTROLLER_WORKER_SESSION_H_
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
@@ -30,6 +31,29 @@ class WorkerSession {
     if (!outbox_.Push(std::move(message))) Close();
   }
 
+  // Acknowledges every queued message of the worker up to `seq` (cumulative). At most one Ack
+  // waits in the outbox at a time, and the writer sends it with the highest seq acknowledged by
+  // then (TakeAck), so acknowledgements never fill the outbox however fast messages come.
+  void Acknowledge(uint64_t seq) {
+    bool queue = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (seq > ack_through_) ack_through_ = seq;
+      if (!ack_queued_) ack_queued_ = queue = true;
+    }
+    if (queue) {
+      v1::CoordinatorMessage ack;
+      ack.mutable_ack();
+      Send(std::move(ack));
+    }
+  }
+  // For the writer, taking an Ack from the outbox: the seq it should carry.
+  uint64_t TakeAck() {
+    absl::MutexLock lock(&mu_);
+    ack_queued_ = false;
+    return ack_through_;
+  }
+
   void Close() {
     outbox_.Close();
     absl::MutexLock lock(&mu_);
@@ -49,6 +73,8 @@ class WorkerSession {
   const std::string peer_;
   absl::Mutex mu_;
   std::function<void()> cancel_rpc_ ABSL_GUARDED_BY(mu_);
+  uint64_t ack_through_ ABSL_GUARDED_BY(mu_) = 0;
+  bool ack_queued_ ABSL_GUARDED_BY(mu_) = false;
   Mailbox<v1::CoordinatorMessage> outbox_;
 };
 

@@ -34,6 +34,7 @@ grpc::Status WorkerServiceImpl::Session(
         if (context->IsCancelled()) return;
         continue;
       }
+      if (message.has_ack()) message.mutable_ack()->set_seq(session->TakeAck());
       if (!stream->Write(message)) {
         session->Close();  // the peer is gone: end the reader too
         return;

@@ -183,6 +183,21 @@ absl::Status CoordinatorSession::RunSession() {
   // Whatever the last session wrote but the coordinator did not acknowledge goes again.
   outbound_->Rewind();
   for (v1::RankStatus& r : ranks_->LiveRanks()) *hello.mutable_hello()->add_ranks() = std::move(r);
+  // Ranks that ended while no session was up (their exit status still queued, unacknowledged):
+  // listed with it, or the coordinator would see them missing and fail their attempt.
+  for (const v1::RankStatus& pending : outbound_->PendingRankStatuses()) {
+    const v1::RankState state = pending.state();
+    if (state != v1::RANK_STATE_SUCCEEDED && state != v1::RANK_STATE_FAILED &&
+        state != v1::RANK_STATE_KILLED) {
+      continue;
+    }
+    bool listed = false;
+    for (const v1::RankStatus& r : hello.hello().ranks()) {
+      listed |= r.job_id() == pending.job_id() && r.attempt() == pending.attempt() &&
+                r.rank() == pending.rank();
+    }
+    if (!listed) *hello.mutable_hello()->add_ranks() = pending;
+  }
   bool opened = false;
   std::atomic<bool> write_failed{false};
   if (stream->Write(hello)) {

@@ -90,6 +90,25 @@ void OutboundQueue::Rewind() {
   sent_through_ = 0;
 }
 
+std::vector<dropless::v1::RankStatus> OutboundQueue::PendingRankStatuses() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<dropless::v1::RankStatus> latest;
+  for (const Entry& entry : messages_) {
+    if (!entry.message.has_rank_status()) continue;
+    const dropless::v1::RankStatus& status = entry.message.rank_status();
+    auto same = std::find_if(latest.begin(), latest.end(), [&](const dropless::v1::RankStatus& s) {
+      return s.job_id() == status.job_id() && s.attempt() == status.attempt() &&
+             s.rank() == status.rank();
+    });
+    if (same == latest.end()) {
+      latest.push_back(status);
+    } else {
+      *same = status;
+    }
+  }
+  return latest;
+}
+
 size_t OutboundQueue::size() const {
   absl::MutexLock lock(&mu_);
   return messages_.size() + (open_batch_.lines_size() > 0 ? 1 : 0);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -51,6 +52,10 @@ class OutboundQueue {
   void Pop(uint64_t sequence);
   // A new session: every message still queued is sent again, oldest first.
   void Rewind();
+  // The latest queued (unacknowledged) RankStatus of every (job, attempt, rank), oldest first.
+  // The next Hello lists the ended ones next to the live ranks: a rank that exited while the
+  // session was down is then known to have ended before the coordinator reconciles the Hello.
+  std::vector<dropless::v1::RankStatus> PendingRankStatuses() const;
 
   size_t size() const;
   // Messages (or log lines) dropped because the queue was full.

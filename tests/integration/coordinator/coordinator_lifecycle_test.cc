@@ -314,6 +314,88 @@ TEST(CoordinatorLifecycleTest, QueuedMessagesAreAcknowledgedAndStoredOnce) {
   EXPECT_EQ(StoredLogTexts(*coordinator, job->id()).back(), "after restart");
 }
 
+// Every queued message gets an acknowledgement, but they are cumulative and coalesced: a worker
+// that sends messages far faster than one Write per acknowledgement does not fill the session's
+// outbox (which would end the session).
+TEST(CoordinatorLifecycleTest, AcknowledgementsDoNotFillTheOutbox) {
+  auto coordinator = CoordinatorUnderTest::Start();
+  FakeWorker w(coordinator->channel(), "node-flood", 1);
+  ASSERT_TRUE(w.Register().ok());
+  ASSERT_TRUE(w.Connect("boot-1").ok());
+  v1::WorkerMessage m;
+  m.mutable_logs();
+  m.set_seq(1);
+  ASSERT_TRUE(w.Send(m).ok());
+  for (int i = 0; i < 10000; ++i) ASSERT_TRUE(w.Send(m).ok()) << i;  // resends of seq 1
+  m.set_seq(2);
+  ASSERT_TRUE(w.Send(m).ok());
+  EXPECT_TRUE(w.Next([](const v1::CoordinatorMessage& c) { return c.has_ack() && c.ack().seq() == 2; },
+                     absl::Seconds(10))
+                  .has_value());
+  EXPECT_TRUE(w.SessionOpen());
+  EXPECT_EQ(coordinator->Workers()[0].state(), v1::WORKER_STATE_READY);
+}
+
+// A rank that ended while its worker had no session: the worker's next Hello lists it with its
+// final state (still unacknowledged in its queue), so the coordinator finishes the attempt instead
+// of failing it for a rank that is not running any more.
+TEST(CoordinatorLifecycleTest, HelloListingAnEndedRankCompletesItsAttempt) {
+  auto coordinator = CoordinatorUnderTest::Start();
+  FakeWorker w(coordinator->channel(), "node-end", 1);
+  ASSERT_TRUE(w.Register().ok());
+  ASSERT_TRUE(w.Connect("boot-1").ok());
+  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(1));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(w.NextAssignment().has_value());
+  ASSERT_TRUE(w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_RUNNING).ok());
+  coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+  w.Disconnect();
+  ASSERT_TRUE(w.Register().ok());
+  (void)w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_SUCCEEDED);  // no session: not delivered
+  v1::RankStatus ended;
+  ended.set_job_id(job->id());
+  ended.set_attempt(1);
+  ended.set_rank(0);
+  ended.set_state(v1::RANK_STATE_SUCCEEDED);
+  ASSERT_TRUE(w.Connect("boot-1", {ended}).ok());
+  v1::Job done = coordinator->WaitForJob(job->id(), [](const v1::Job& j) {
+    return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED;
+  });
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.message();
+}
+
+// Dedupe state lives as long as the daemon run: a reconnect with the same boot_id keeps it.
+TEST(CoordinatorLifecycleTest, ResendAfterReconnectIsStoredOnce) {
+  auto coordinator = CoordinatorUnderTest::Start();
+  FakeWorker w(coordinator->channel(), "node-resend", 1);
+  ASSERT_TRUE(w.Register().ok());
+  ASSERT_TRUE(w.Connect("boot-1").ok());
+  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(1));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(w.NextAssignment().has_value());
+  ASSERT_TRUE(w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_RUNNING).ok());
+  coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+  v1::WorkerMessage m;
+  v1::LogLine* line = m.mutable_logs()->add_lines();
+  line->set_job_id(job->id());
+  line->set_attempt(1);
+  line->set_text("once");
+  m.set_seq(3);
+  auto acked = [&](uint64_t seq) {
+    return w.Next([seq](const v1::CoordinatorMessage& c) { return c.has_ack() && c.ack().seq() == seq; },
+                  absl::Seconds(5))
+        .has_value();
+  };
+  ASSERT_TRUE(w.Send(m).ok());
+  ASSERT_TRUE(acked(3));
+  w.Disconnect();
+  ASSERT_TRUE(w.Register().ok());
+  ASSERT_TRUE(w.Connect("boot-1").ok());
+  ASSERT_TRUE(w.Send(m).ok());  // the acknowledgement was "lost": the worker sends it again
+  ASSERT_TRUE(acked(3));
+  EXPECT_EQ(StoredLogTexts(*coordinator, job->id()), (std::vector<std::string>{"once"}));
+}
+
 TEST(CoordinatorLifecycleTest, SilentWorkerIsLostAndItsAttemptFails) {
   auto coordinator = CoordinatorUnderTest::Start();
   FakeWorker a(coordinator->channel(), "node-a", 1);

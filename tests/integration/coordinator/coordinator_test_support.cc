@@ -180,7 +180,8 @@ absl::Status FakeWorker::Register() {
   return absl::OkStatus();
 }
 
-absl::Status FakeWorker::Connect(const std::string& boot_id) {
+absl::Status FakeWorker::Connect(const std::string& boot_id,
+                                 const std::vector<v1::RankStatus>& also_list) {
   Disconnect();
   stop_ = false;
   context_ = std::make_unique<grpc::ClientContext>();
@@ -194,6 +195,7 @@ absl::Status FakeWorker::Connect(const std::string& boot_id) {
   hello.mutable_hello()->set_worker_id(worker_id_);
   hello.mutable_hello()->set_boot_id(boot_id);
   for (const v1::RankStatus& rank : LiveRanks()) *hello.mutable_hello()->add_ranks() = rank;
+  for (const v1::RankStatus& rank : also_list) *hello.mutable_hello()->add_ranks() = rank;
   absl::Status sent = Send(hello);
   reader_ = std::thread([this] {
     v1::CoordinatorMessage message;

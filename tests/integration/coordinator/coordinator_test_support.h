@@ -128,7 +128,10 @@ class FakeWorker {
   absl::Status Register();
   // Opens the session and says Hello with the ranks it still runs (and boot_id: a new one is a
   // restarted daemon); heartbeats start.
-  absl::Status Connect(const std::string& boot_id = "");
+  // also_list: more RankStatus entries for the Hello (the daemon lists ranks that ended while it
+  // had no session, from its unacknowledged queue).
+  absl::Status Connect(const std::string& boot_id = "",
+                       const std::vector<v1::RankStatus>& also_list = {});
   // Ends the session from the worker's side (the stream is cancelled).
   void Disconnect();
   // Keeps the stream open but sends nothing more: a hung worker.

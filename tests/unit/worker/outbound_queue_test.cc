@@ -77,6 +77,34 @@ TEST(OutboundQueueTest, UnacknowledgedMessagesGoAgainAfterRewind) {
   EXPECT_EQ(q.size(), 0u);
 }
 
+TEST(OutboundQueueTest, PendingRankStatusesKeepTheLatestPerRankUntilAcknowledged) {
+  auto status = [](const std::string& job, int rank, v1::RankState state) {
+    v1::WorkerMessage m;
+    m.mutable_rank_status()->set_job_id(job);
+    m.mutable_rank_status()->set_attempt(1);
+    m.mutable_rank_status()->set_rank(rank);
+    m.mutable_rank_status()->set_state(state);
+    return m;
+  };
+  OutboundQueue q;
+  q.Push(status("j", 0, v1::RANK_STATE_RUNNING));
+  q.Push(Metrics(5));
+  q.Push(status("j", 1, v1::RANK_STATE_RUNNING));
+  q.Push(status("j", 0, v1::RANK_STATE_SUCCEEDED));
+  std::vector<v1::RankStatus> pending = q.PendingRankStatuses();
+  ASSERT_EQ(pending.size(), 2u);
+  EXPECT_EQ(pending[0].rank(), 0);
+  EXPECT_EQ(pending[0].state(), v1::RANK_STATE_SUCCEEDED);  // the latest of rank 0
+  EXPECT_EQ(pending[1].rank(), 1);
+  EXPECT_EQ(pending[1].state(), v1::RANK_STATE_RUNNING);
+  auto first = q.Peek(absl::ZeroDuration());
+  ASSERT_TRUE(first.has_value());
+  q.Acknowledge(first->sequence + 2);  // rank 0 RUNNING, the metrics, rank 1 RUNNING stored
+  pending = q.PendingRankStatuses();
+  ASSERT_EQ(pending.size(), 1u);
+  EXPECT_EQ(pending[0].state(), v1::RANK_STATE_SUCCEEDED);
+}
+
 TEST(OutboundQueueTest, PeekWaitsForAnUnsentMessage) {
   OutboundQueue q;
   q.Push(Status(1));
