@@ -63,10 +63,13 @@ std::optional<OutboundQueue::Entry> OutboundQueue::Peek(absl::Duration timeout) 
   }
   if (!HasUnsent() && ready()) SealLogBatch();
   if (!HasUnsent()) return std::nullopt;
-  for (const Entry& entry : messages_) {
-    if (entry.sequence > sent_through_) return entry;
-  }
-  return std::nullopt;
+  // Sequences increase along the queue: the first unsent one by binary search (many may be sent
+  // and waiting for their acknowledgement).
+  auto first_unsent = std::upper_bound(
+      messages_.begin(), messages_.end(), sent_through_,
+      [](uint64_t sent, const Entry& entry) { return sent < entry.sequence; });
+  if (first_unsent == messages_.end()) return std::nullopt;
+  return *first_unsent;
 }
 
 void OutboundQueue::MarkSent(uint64_t sequence) {
