@@ -14,19 +14,7 @@ import statistics
 import sys
 import time
 
-SHAPES = {"dsv3": (8192, 7168, 2048, 256, 8), "qwen3": (16384, 2048, 768, 128, 8),
-          "mixtral": (8192, 4096, 14336, 8, 2)}
-
-
-def median_ms(torch, fn, iters=20):
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+from gemm_peer import SHAPES, median_ms
 
 
 def main():
@@ -72,13 +60,13 @@ def main():
             for impl in (names if r % 2 == 0 else names[::-1]):
                 fn = impls[impl]
                 time.sleep(args.idle_s)
-                res[(impl, "cold")].append(median_ms(torch, fn))
+                res[(impl, "cold")].append(median_ms(torch, fn, warmup=0))
                 t0 = time.time()
                 while time.time() - t0 < args.load_s:
                     for _ in range(20):
                         fn()
                     torch.cuda.synchronize()
-                res[(impl, "hot")].append(median_ms(torch, fn))
+                res[(impl, "hot")].append(median_ms(torch, fn, warmup=0))
         flop = 2.0 * rows * k * n
         for (impl, state), v in res.items():
             ms = statistics.median(v)

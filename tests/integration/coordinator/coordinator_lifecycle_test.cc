@@ -259,6 +259,38 @@ std::vector<std::string> StoredLogTexts(CoordinatorUnderTest& coordinator, const
   return texts;
 }
 
+// Registers and connects `w` (daemon run `boot_id`) and runs a one-rank job on it to RUNNING.
+void StartOneRankJob(CoordinatorUnderTest& coordinator, FakeWorker& w, const std::string& boot_id,
+                     std::string* job_id) {
+  ASSERT_TRUE(w.Register().ok());
+  ASSERT_TRUE(w.Connect(boot_id).ok());
+  absl::StatusOr<v1::Job> job = coordinator.Submit(TinySpec(1));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(w.NextAssignment().has_value());
+  ASSERT_TRUE(w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_RUNNING).ok());
+  coordinator.WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+  *job_id = job->id();
+}
+
+// A queued log batch of one line of rank 0, attempt 1.
+v1::WorkerMessage LogMessage(const std::string& job_id, uint64_t seq, const std::string& text) {
+  v1::WorkerMessage m;
+  v1::LogLine* line = m.mutable_logs()->add_lines();
+  line->set_job_id(job_id);
+  line->set_attempt(1);
+  line->set_rank(0);
+  line->set_text(text);
+  m.set_seq(seq);
+  return m;
+}
+
+bool NextAck(FakeWorker& w, uint64_t seq, absl::Duration timeout = absl::Seconds(5)) {
+  auto is_ack = [seq](const v1::CoordinatorMessage& m) {
+    return m.has_ack() && m.ack().seq() == seq;
+  };
+  return w.Next(is_ack, timeout).has_value();
+}
+
 // Queued worker messages carry a seq (WorkerMessage.seq): the coordinator acknowledges each one
 // once it is stored, and a message that comes again (the same daemon run resending what it wrote
 // before a reconnect whose acknowledgement it never got) is acknowledged again but stored once. A
@@ -266,44 +298,27 @@ std::vector<std::string> StoredLogTexts(CoordinatorUnderTest& coordinator, const
 TEST(CoordinatorLifecycleTest, QueuedMessagesAreAcknowledgedAndStoredOnce) {
   auto coordinator = CoordinatorUnderTest::Start();
   FakeWorker w(coordinator->channel(), "node-ack", 1);
-  ASSERT_TRUE(w.Register().ok());
-  ASSERT_TRUE(w.Connect().ok());
-  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(1));
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(w.NextAssignment().has_value());
-  ASSERT_TRUE(w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_RUNNING).ok());
-  coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
-
+  std::string id;
+  ASSERT_NO_FATAL_FAILURE(StartOneRankJob(*coordinator, w, "", &id));
   auto log_message = [&](uint64_t seq, const std::string& text) {
-    v1::WorkerMessage m;
-    v1::LogLine* line = m.mutable_logs()->add_lines();
-    line->set_job_id(job->id());
-    line->set_attempt(1);
-    line->set_rank(0);
-    line->set_text(text);
-    m.set_seq(seq);
-    return m;
+    return LogMessage(id, seq, text);
   };
-  auto next_ack = [&](uint64_t seq) {
-    return w.Next([seq](const v1::CoordinatorMessage& m) {
-      return m.has_ack() && m.ack().seq() == seq;
-    }, absl::Seconds(5)).has_value();
-  };
+  auto next_ack = [&](uint64_t seq) { return NextAck(w, seq); };
   ASSERT_TRUE(w.Send(log_message(7, "first")).ok());
   EXPECT_TRUE(next_ack(7));
   ASSERT_TRUE(w.Send(log_message(7, "first")).ok());  // sent again: acknowledged, not stored
   EXPECT_TRUE(next_ack(7));
   ASSERT_TRUE(w.Send(log_message(8, "second")).ok());
   EXPECT_TRUE(next_ack(8));
-  EXPECT_EQ(StoredLogTexts(*coordinator, job->id()), (std::vector<std::string>{"first", "second"}));
+  EXPECT_EQ(StoredLogTexts(*coordinator, id), (std::vector<std::string>{"first", "second"}));
 
   // Messages without a seq (hello, heartbeats, older workers) are neither acknowledged nor
   // deduplicated. (One stream is handled in order: once seq 9 is acknowledged, both are stored.)
-  ASSERT_TRUE(w.ReportLog(job->id(), 1, 0, "unnumbered").ok());
-  ASSERT_TRUE(w.ReportLog(job->id(), 1, 0, "unnumbered").ok());
+  ASSERT_TRUE(w.ReportLog(id, 1, 0, "unnumbered").ok());
+  ASSERT_TRUE(w.ReportLog(id, 1, 0, "unnumbered").ok());
   ASSERT_TRUE(w.Send(log_message(9, "third")).ok());
   EXPECT_TRUE(next_ack(9));
-  EXPECT_EQ(StoredLogTexts(*coordinator, job->id()),
+  EXPECT_EQ(StoredLogTexts(*coordinator, id),
             (std::vector<std::string>{"first", "second", "unnumbered", "unnumbered", "third"}));
 
   // A restarted daemon (new boot_id) starts from seq 1 again.
@@ -311,7 +326,7 @@ TEST(CoordinatorLifecycleTest, QueuedMessagesAreAcknowledgedAndStoredOnce) {
   ASSERT_TRUE(w.Connect("boot-2").ok());
   ASSERT_TRUE(w.Send(log_message(1, "after restart")).ok());
   EXPECT_TRUE(next_ack(1));
-  EXPECT_EQ(StoredLogTexts(*coordinator, job->id()).back(), "after restart");
+  EXPECT_EQ(StoredLogTexts(*coordinator, id).back(), "after restart");
 }
 
 // Every queued message gets an acknowledgement, but they are cumulative and coalesced: a worker
@@ -329,9 +344,7 @@ TEST(CoordinatorLifecycleTest, AcknowledgementsDoNotFillTheOutbox) {
   for (int i = 0; i < 10000; ++i) ASSERT_TRUE(w.Send(m).ok()) << i;  // resends of seq 1
   m.set_seq(2);
   ASSERT_TRUE(w.Send(m).ok());
-  EXPECT_TRUE(w.Next([](const v1::CoordinatorMessage& c) { return c.has_ack() && c.ack().seq() == 2; },
-                     absl::Seconds(10))
-                  .has_value());
+  EXPECT_TRUE(NextAck(w, 2, absl::Seconds(10)));
   EXPECT_TRUE(w.SessionOpen());
   EXPECT_EQ(coordinator->Workers()[0].state(), v1::WORKER_STATE_READY);
 }
@@ -342,23 +355,18 @@ TEST(CoordinatorLifecycleTest, AcknowledgementsDoNotFillTheOutbox) {
 TEST(CoordinatorLifecycleTest, HelloListingAnEndedRankCompletesItsAttempt) {
   auto coordinator = CoordinatorUnderTest::Start();
   FakeWorker w(coordinator->channel(), "node-end", 1);
-  ASSERT_TRUE(w.Register().ok());
-  ASSERT_TRUE(w.Connect("boot-1").ok());
-  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(1));
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(w.NextAssignment().has_value());
-  ASSERT_TRUE(w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_RUNNING).ok());
-  coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+  std::string id;
+  ASSERT_NO_FATAL_FAILURE(StartOneRankJob(*coordinator, w, "boot-1", &id));
   w.Disconnect();
   ASSERT_TRUE(w.Register().ok());
-  (void)w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_SUCCEEDED);  // no session: not delivered
+  (void)w.ReportRank(id, 1, 0, v1::RANK_STATE_SUCCEEDED);  // no session: not delivered
   v1::RankStatus ended;
-  ended.set_job_id(job->id());
+  ended.set_job_id(id);
   ended.set_attempt(1);
   ended.set_rank(0);
   ended.set_state(v1::RANK_STATE_SUCCEEDED);
   ASSERT_TRUE(w.Connect("boot-1", {ended}).ok());
-  v1::Job done = coordinator->WaitForJob(job->id(), [](const v1::Job& j) {
+  v1::Job done = coordinator->WaitForJob(id, [](const v1::Job& j) {
     return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED;
   });
   EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.message();
@@ -368,32 +376,17 @@ TEST(CoordinatorLifecycleTest, HelloListingAnEndedRankCompletesItsAttempt) {
 TEST(CoordinatorLifecycleTest, ResendAfterReconnectIsStoredOnce) {
   auto coordinator = CoordinatorUnderTest::Start();
   FakeWorker w(coordinator->channel(), "node-resend", 1);
-  ASSERT_TRUE(w.Register().ok());
-  ASSERT_TRUE(w.Connect("boot-1").ok());
-  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(1));
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(w.NextAssignment().has_value());
-  ASSERT_TRUE(w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_RUNNING).ok());
-  coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
-  v1::WorkerMessage m;
-  v1::LogLine* line = m.mutable_logs()->add_lines();
-  line->set_job_id(job->id());
-  line->set_attempt(1);
-  line->set_text("once");
-  m.set_seq(3);
-  auto acked = [&](uint64_t seq) {
-    return w.Next([seq](const v1::CoordinatorMessage& c) { return c.has_ack() && c.ack().seq() == seq; },
-                  absl::Seconds(5))
-        .has_value();
-  };
+  std::string id;
+  ASSERT_NO_FATAL_FAILURE(StartOneRankJob(*coordinator, w, "boot-1", &id));
+  const v1::WorkerMessage m = LogMessage(id, 3, "once");
   ASSERT_TRUE(w.Send(m).ok());
-  ASSERT_TRUE(acked(3));
+  ASSERT_TRUE(NextAck(w, 3));
   w.Disconnect();
   ASSERT_TRUE(w.Register().ok());
   ASSERT_TRUE(w.Connect("boot-1").ok());
   ASSERT_TRUE(w.Send(m).ok());  // the acknowledgement was "lost": the worker sends it again
-  ASSERT_TRUE(acked(3));
-  EXPECT_EQ(StoredLogTexts(*coordinator, job->id()), (std::vector<std::string>{"once"}));
+  ASSERT_TRUE(NextAck(w, 3));
+  EXPECT_EQ(StoredLogTexts(*coordinator, id), (std::vector<std::string>{"once"}));
 }
 
 TEST(CoordinatorLifecycleTest, SilentWorkerIsLostAndItsAttemptFails) {
