@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "common/engine_config.h"
 #include "common/job_spec.h"
 #include "common/job_spec_internal.h"
 
@@ -142,6 +143,9 @@ absl::Status CheckPlacementRules(const JobSpec& s) {
                                           kMxfp8Block, v));
       }
     }
+  }
+  if (absl::Status st = CheckEngineSupport(s.resources.backend, EngineConfigFromSpec(s)); !st.ok()) {
+    return st;
   }
   if (s.resources.backend == Backend::kCpu) {
     const double bytes = CpuBytesPerRank(s);

@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/job_spec.h"
+#include "common/engine_config.h"
 #include "worker/transport/communicator.h"
 
 namespace dropless {
@@ -34,7 +34,7 @@ struct StepStats {
 };
 
 struct EngineContext {
-  JobSpec spec;
+  EngineConfig config;
   int rank = 0;
   int world_size = 1;
   RankGroups* groups = nullptr;  // owned by the caller, outlives the engine

@@ -17,7 +17,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/job_spec.h"
+#include "common/engine_config.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/engine_registry.h"
 #include "worker/rank/step_report.h"
 #include "worker/transport/transport_factory.h"
 
@@ -86,11 +88,6 @@ absl::Status RankRun::Run() {
         "--world-size ", options_.world_size, " does not match the spec's parallel.ep * parallel.dp = ",
         spec->world_size()));
   }
-  if (spec->resources.backend == Backend::kCuda) {
-    return absl::UnimplementedError(
-        "cuda engine not built: this dropless-worker runs only resources.backend: cpu jobs");
-  }
-
   Say(absl::StrFormat("job %s attempt %d: joining %d rank(s) (ep=%d, dp=%d) on %s, slot %d",
                       options_.job_id, options_.attempt, options_.world_size, spec->parallel.ep,
                       spec->parallel.dp, options_.host, options_.slot));
@@ -109,14 +106,15 @@ absl::Status RankRun::Run() {
   }
 
   EngineContext context;
-  context.spec = *spec;
+  context.config = EngineConfigFromSpec(*spec);
   context.rank = options_.rank;
   context.world_size = options_.world_size;
   context.groups = &*groups;
-  absl::StatusOr<std::unique_ptr<Engine>> engine = CreateCpuEngine(context);
+  const std::string backend(ToString(spec->resources.backend));
+  absl::StatusOr<std::unique_ptr<Engine>> engine = CreateEngine(spec->resources.backend, context);
   if (!engine.ok()) {
-    return absl::Status(engine.status().code(),
-                        absl::StrCat("building the cpu engine: ", engine.status().message()));
+    return absl::Status(engine.status().code(), absl::StrCat("building the ", backend,
+                                                             " engine: ", engine.status().message()));
   }
 
   ReportPipe report(options_.report_fd);
@@ -124,7 +122,8 @@ absl::Status RankRun::Run() {
   const int64_t steps = spec->steps;
   const int64_t progress_every = std::max<int64_t>(1, steps / 10);
   const double peak = (*engine)->PeakFlops();
-  Say(absl::StrFormat("ready: cpu engine, %d steps of %d tokens", steps, spec->tokens_per_rank));
+  Say(absl::StrFormat("ready: %s engine, %d steps of %d tokens", backend, steps,
+                      spec->tokens_per_rank));
 
   const absl::Time start = absl::Now();
   const std::string& checkpoint_dir = spec->checkpoint.dir;

@@ -64,7 +64,7 @@ std::vector<std::vector<StepStats>> RunJob(JobSpec spec, int ep, int dp, int ste
         ASSERT_TRUE(gloo.ok()) << gloo.status();
         groups[rank] = *std::move(gloo);
       }
-      EngineContext ctx{spec, rank, ep * dp, &groups[rank]};
+      EngineContext ctx{EngineConfigFromSpec(spec), rank, ep * dp, &groups[rank]};
       absl::StatusOr<std::unique_ptr<Engine>> engine = CreateCpuEngine(ctx);
       ASSERT_TRUE(engine.ok()) << engine.status();
       for (int i = 0; i < steps; ++i) {

@@ -52,7 +52,7 @@ struct ParameterBuffer {
 };
 
 absl::Status CheckContext(const EngineContext& ctx) {
-  const JobSpec& spec = ctx.spec;
+  const EngineConfig& spec = ctx.config;
   const ModelSpec& m = spec.model;
   if (m.hidden <= 0 || m.ffn <= 0 || m.experts <= 0 || m.topk <= 0 || m.topk > m.experts ||
       m.shared_experts < 0 || m.layers <= 0) {
@@ -105,7 +105,7 @@ absl::StatusOr<double> PeakFlopsFromEnvironment() {
 class CpuEngine final : public Engine {
  public:
   CpuEngine(const EngineContext& ctx, double peak_flops)
-      : spec_(ctx.spec),
+      : spec_(ctx.config),
         rank_(ctx.rank),
         world_size_(ctx.world_size),
         groups_(ctx.groups),
@@ -171,7 +171,7 @@ class CpuEngine final : public Engine {
   absl::Status TeacherForward(const float* x, float* target);
   int64_t BytesHeld() const;
 
-  const JobSpec spec_;
+  const EngineConfig spec_;
   const int rank_;
   const int world_size_;
   RankGroups* const groups_;

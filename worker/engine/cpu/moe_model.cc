@@ -9,16 +9,6 @@ namespace {
 
 enum TensorTag : uint64_t { kRouter = 1, kExpertW1 = 2, kExpertW2 = 3, kSharedW1 = 4, kSharedW2 = 5 };
 
-template <typename T>
-void FillNormal(uint64_t seed, int64_t layer, uint64_t tag, int64_t index, int64_t count,
-                double scale, T* out) {
-  const uint64_t stream =
-      MixSeed(MixSeed(MixSeed(seed, static_cast<uint64_t>(layer)), tag), static_cast<uint64_t>(index));
-  for (int64_t i = 0; i < count; ++i) {
-    out[i] = static_cast<T>(scale * NormalAt(stream, static_cast<uint64_t>(i)));
-  }
-}
-
 }  // namespace
 
 MoeParameterLayout::MoeParameterLayout(const ModelSpec& model, int64_t ep, int64_t ep_rank,
@@ -69,26 +59,44 @@ MoeLayerGrads<T> MoeParameterLayout::Grads(T* replicated, T* experts, int64_t la
   return g;
 }
 
-template <typename T>
-void MoeParameterLayout::Initialize(uint64_t seed, T* replicated, T* experts) const {
+std::vector<MoeParameterLayout::NormalFill> MoeParameterLayout::InitialFills(uint64_t seed) const {
   const double hidden_scale = 1.0 / std::sqrt(static_cast<double>(shape_.hidden));
   // Each layer adds its routed and shared experts' outputs to the residual stream: scaling w2
   // by 1/sqrt(layers * (1 + shared)) keeps the stream's variance of order one at any depth.
   const double ffn_scale =
       1.0 / std::sqrt(static_cast<double>(shape_.ffn * layers_ * (1 + shape_.shared_experts)));
+  std::vector<NormalFill> fills;
+  auto add = [&](int buffer, int64_t offset, int64_t layer, uint64_t tag, int64_t index,
+                 int64_t count, double scale) {
+    const uint64_t stream = MixSeed(MixSeed(MixSeed(seed, static_cast<uint64_t>(layer)), tag),
+                                    static_cast<uint64_t>(index));
+    fills.push_back(NormalFill{buffer, offset, stream, count, scale});
+  };
+  const int64_t shared_w1 = shape_.hidden * shape_.experts;
+  const int64_t shared_w2 = shared_w1 + shape_.shared_experts * w1_size_;
   for (int64_t layer = 0; layer < layers_; ++layer) {
-    MoeLayerGrads<T> w = Grads(replicated, experts, layer);  // writable views
-    FillNormal(seed, layer, kRouter, 0, shape_.hidden * shape_.experts, hidden_scale, w.router);
+    const int64_t rep = layer * replicated_per_layer_, exp = layer * experts_per_layer_;
+    add(0, rep, layer, kRouter, 0, shape_.hidden * shape_.experts, hidden_scale);
     for (int64_t s = 0; s < shape_.shared_experts; ++s) {
-      FillNormal(seed, layer, kSharedW1, s, w1_size_, hidden_scale, w.shared_w1 + s * w1_size_);
-      FillNormal(seed, layer, kSharedW2, s, w2_size_, ffn_scale, w.shared_w2 + s * w2_size_);
+      add(0, rep + shared_w1 + s * w1_size_, layer, kSharedW1, s, w1_size_, hidden_scale);
+      add(0, rep + shared_w2 + s * w2_size_, layer, kSharedW2, s, w2_size_, ffn_scale);
     }
     for (int64_t e = 0; e < local_experts_; ++e) {
       const int64_t expert_id = first_expert_ + e;
-      FillNormal(seed, layer, kExpertW1, expert_id, w1_size_, hidden_scale,
-                 w.expert_w1 + e * w1_size_);
-      FillNormal(seed, layer, kExpertW2, expert_id, w2_size_, ffn_scale,
-                 w.expert_w2 + e * w2_size_);
+      add(1, exp + e * w1_size_, layer, kExpertW1, expert_id, w1_size_, hidden_scale);
+      add(1, exp + local_experts_ * w1_size_ + e * w2_size_, layer, kExpertW2, expert_id, w2_size_,
+          ffn_scale);
+    }
+  }
+  return fills;
+}
+
+template <typename T>
+void MoeParameterLayout::Initialize(uint64_t seed, T* replicated, T* experts) const {
+  for (const NormalFill& fill : InitialFills(seed)) {
+    T* out = (fill.buffer == 0 ? replicated : experts) + fill.offset;
+    for (int64_t i = 0; i < fill.count; ++i) {
+      out[i] = static_cast<T>(fill.scale * NormalAt(fill.stream, static_cast<uint64_t>(i)));
     }
   }
 }

@@ -10,6 +10,7 @@
 #define DROPLESS_WORKER_ENGINE_CPU_MOE_MODEL_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "common/job_spec.h"
 #include "worker/engine/cpu/moe_layer.h"
@@ -39,6 +40,18 @@ class MoeParameterLayout {
   // 1/sqrt(F * layers * (1 + shared_experts)) (residual-stream scaling).
   template <typename T>
   void Initialize(uint64_t seed, T* replicated, T* experts) const;
+
+  // The draws behind Initialize, one run of consecutive values each: values [offset, offset +
+  // count) of the replicated (buffer 0) or experts (buffer 1) buffer are scale * NormalAt(stream,
+  // i) for i < count. The CUDA engine fills its device buffers from this list.
+  struct NormalFill {
+    int buffer = 0;
+    int64_t offset = 0;
+    uint64_t stream = 0;
+    int64_t count = 0;
+    double scale = 0;
+  };
+  std::vector<NormalFill> InitialFills(uint64_t seed) const;
 
  private:
   MoeLayerShape shape_;

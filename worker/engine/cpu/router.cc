@@ -59,8 +59,15 @@ void AccumulateRoutingStats(const RouterShape& shape, const T* probs, const int3
                             double* slots_per_expert, double* prob_sum_per_expert) {
   for (int64_t t = 0; t < shape.tokens; ++t) {
     for (int64_t j = 0; j < shape.topk; ++j) slots_per_expert[expert_ids[t * shape.topk + j]] += 1;
+    // The aux loss's routing distribution: the probabilities, or the sigmoids normalized per
+    // token (the kernels' contract, dropless/kernels/routing.h).
+    double total = 1;
+    if (shape.kind == RouterKind::kSigmoid) {
+      total = 0;
+      for (int64_t e = 0; e < shape.experts; ++e) total += static_cast<double>(probs[t * shape.experts + e]);
+    }
     for (int64_t e = 0; e < shape.experts; ++e) {
-      prob_sum_per_expert[e] += static_cast<double>(probs[t * shape.experts + e]);
+      prob_sum_per_expert[e] += static_cast<double>(probs[t * shape.experts + e]) / total;
     }
   }
 }
@@ -82,7 +89,7 @@ void RouterBackward(const RouterShape& shape, const T* probs, const int32_t* exp
                     double tokens, double aux_scale, T* logit_grads) {
   const int64_t num_experts = shape.experts;
   const int64_t k = shape.topk;
-  // d aux / d probs[t, e] = E * f_e / tokens, the same for every token.
+  // d aux / d q[t, e] = E * f_e / tokens, the same for every token.
   std::vector<T> aux_grad(num_experts, T(0));
   if (aux_scale != 0 && tokens > 0) {
     for (int64_t e = 0; e < num_experts; ++e) {
@@ -96,7 +103,15 @@ void RouterBackward(const RouterShape& shape, const T* probs, const int32_t* exp
     const int32_t* ids = expert_ids + t * k;
     const T* g = gates + t * k;
     const T* dg = gate_grads + t * k;
-    std::copy(aux_grad.begin(), aux_grad.end(), prob_grads.begin());
+    if (shape.kind == RouterKind::kSigmoid) {
+      // q_e = p_e / sum p: dp_e = (dq_e - sum_e' q_e' dq_e') / sum p.
+      T total = 0, dot = 0;
+      for (int64_t e = 0; e < num_experts; ++e) total += p[e];
+      for (int64_t e = 0; e < num_experts; ++e) dot += (p[e] / total) * aux_grad[e];
+      for (int64_t e = 0; e < num_experts; ++e) prob_grads[e] = (aux_grad[e] - dot) / total;
+    } else {
+      std::copy(aux_grad.begin(), aux_grad.end(), prob_grads.begin());
+    }
     if (shape.renormalize) {
       // g_j = p_j / s with s = sum of chosen p: dp_j = (dg_j - sum_i dg_i g_i) / s.
       T chosen_sum = 0;

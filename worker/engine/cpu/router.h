@@ -30,7 +30,9 @@ template <typename T>
 void SelectTopK(const RouterShape& shape, const T* probs, int32_t* expert_ids, T* gates);
 
 // Adds this rank's share of the statistics of the auxiliary loss: slots_per_expert[e] += number of
-// (token, slot) pairs routed to e; prob_sum_per_expert[e] += sum over tokens of probs[t, e].
+// (token, slot) pairs routed to e; prob_sum_per_expert[e] += sum over tokens of q[t, e], the
+// routing distribution: probs for softmax, the sigmoids normalized per token for sigmoid (as the
+// kernels define it, dropless/kernels/routing.h).
 template <typename T>
 void AccumulateRoutingStats(const RouterShape& shape, const T* probs, const int32_t* expert_ids,
                             double* slots_per_expert, double* prob_sum_per_expert);

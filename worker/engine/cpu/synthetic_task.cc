@@ -8,13 +8,6 @@
 namespace dropless::cpu {
 namespace {
 
-uint64_t SplitMix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 // Stream tags: any distinct constants.
 constexpr uint64_t kStudentTag = 0x73747564656e7431ULL;
 constexpr uint64_t kTeacherTag = 0x7465616368657231ULL;
@@ -22,17 +15,6 @@ constexpr uint64_t kTokensTag = 0x746f6b656e733031ULL;
 constexpr uint64_t kBasisTag = 0x6261736973303031ULL;
 
 }  // namespace
-
-uint64_t MixSeed(uint64_t a, uint64_t b) { return SplitMix64(SplitMix64(a) ^ (b * 0xd6e8feb86659fd93ULL)); }
-
-double NormalAt(uint64_t stream, uint64_t index) {
-  const uint64_t bits = SplitMix64(stream ^ SplitMix64(index));
-  // u1 in (0, 1] keeps the log finite; u2 in [0, 1).
-  const double u1 = (static_cast<double>(bits >> 32) + 1.0) / 4294967296.0;
-  const double u2 = static_cast<double>(bits & 0xffffffffULL) / 4294967296.0;
-  constexpr double kTwoPi = 6.283185307179586476925286766559;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2);
-}
 
 TaskSeeds DeriveTaskSeeds(uint64_t data_seed) {
   return TaskSeeds{MixSeed(data_seed, kStudentTag), MixSeed(data_seed, kTeacherTag),

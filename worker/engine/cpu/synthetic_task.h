@@ -17,14 +17,9 @@
 #include <vector>
 
 #include "common/job_spec.h"
+#include "worker/engine/cpu/counter_rng.h"
 
 namespace dropless::cpu {
-
-// Well-mixed 64-bit hash of a and b (splitmix64 finalizer over a combination).
-uint64_t MixSeed(uint64_t a, uint64_t b);
-
-// Standard normal sample number `index` of stream `stream` (Box-Muller on two 32-bit halves).
-double NormalAt(uint64_t stream, uint64_t index);
 
 // Seeds of the parts of a job, derived from data.seed.
 struct TaskSeeds {
@@ -43,6 +38,12 @@ class TokenGenerator {
   // x[t, :] for the global tokens [first_token, first_token + tokens) of `step`.
   template <typename T>
   void Generate(int64_t step, int64_t first_token, int64_t tokens, T* x) const;
+
+  // What a device generator needs to draw the same tokens: x[t] = latent(t) . basis, with
+  // latent(t)[i] = NormalAt(MixSeed(MixSeed(seed, step), t), i) for i < latent_rank.
+  uint64_t seed() const { return seed_; }
+  int64_t latent_rank() const { return rank_; }
+  const std::vector<double>& basis() const { return basis_; }  // latent_rank x hidden
 
  private:
   uint64_t seed_;

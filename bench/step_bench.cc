@@ -1,0 +1,174 @@
+// dropless-bench step: the CUDA engine's whole training step (forward, backward, AdamW) on one GPU
+// for the MoE layer shapes, with its breakdown (data, forward, backward, optimizer; dispatch,
+// combine and the expert GEMMs' phases inside the step) and the step's own expert GEMMs timed
+// alone (gemm_tflops: their harmonic mean, BENCH.md). The peers (torch._grouped_mm step, naive
+// torch loop, JAX ragged_dot) run next to the same engine in one process, alternating rounds, in
+// bench/peers/step_peer.py (through the engine's C entry, worker/engine/cuda/step_capi.cc); that
+// script's JSON is what backs a claim. This one prints the engine's own table.
+//
+// Shapes: BENCH.md's, one GPU's share. dsv3 holds 256 experts of 7168 x 2048 x 3: with fp32
+// master weights and AdamW moments (18 bytes a parameter) that is 203 GB, more than one H200, so
+// `dsv3` here is one GPU's share of the layer at EP=8 (32 experts, each receiving T*k/32 rows; the
+// same T, k, H, F and FLOPs); qwen3 and mixtral fit whole.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "bench/bench_registry.h"
+#include "bench/gemm_bench_common.h"
+#include "common/engine_config.h"
+#include "worker/engine/cuda/cuda_engine.h"
+
+namespace dropless::bench {
+namespace {
+
+struct StepShape {
+  const char* name;
+  int64_t tokens, hidden, ffn, experts, top_k;
+  const char* note;
+};
+constexpr StepShape kStepShapes[] = {
+    {"dsv3", 8192, 7168, 2048, 32, 8, "one GPU's share at EP=8: 32 of 256 experts"},
+    {"qwen3", 16384, 2048, 768, 128, 8, ""},
+    {"mixtral", 8192, 4096, 14336, 8, 2, ""},
+};
+
+struct Flags {
+  std::vector<std::string> shapes = {"dsv3", "qwen3", "mixtral"};
+  std::vector<std::string> precisions = {"bf16"};
+  int steps = 10;
+  int warmup = 3;
+  int layers = 1;
+  std::string json, commit;
+};
+
+Flags ParseStepFlags(const std::vector<std::string>& args) {
+  Flags f;
+  for (const std::string& a : args) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(a, absl::MaxSplits('=', 1));
+    if (kv.first == "--shapes") {
+      f.shapes = absl::StrSplit(kv.second, ',');
+    } else if (kv.first == "--precision") {
+      f.precisions = absl::StrSplit(kv.second, ',');
+    } else if (kv.first == "--steps") {
+      f.steps = std::max(1, std::atoi(kv.second.c_str()));
+    } else if (kv.first == "--warmup") {
+      f.warmup = std::max(1, std::atoi(kv.second.c_str()));
+    } else if (kv.first == "--layers") {
+      f.layers = std::max(1, std::atoi(kv.second.c_str()));
+    } else if (kv.first == "--json") {
+      f.json = kv.second;
+    } else if (kv.first == "--commit") {
+      f.commit = kv.second;
+    } else {
+      std::fprintf(stderr,
+                   "step bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
+                   "--precision=bf16,mxfp8 --steps=N --warmup=N --layers=N --json=PATH "
+                   "--commit=SHA\n",
+                   a.c_str());
+      std::exit(2);
+    }
+  }
+  return f;
+}
+
+EngineConfig ConfigOf(const StepShape& s, const std::string& precision, int layers) {
+  EngineConfig c;
+  c.model.hidden = s.hidden;
+  c.model.ffn = s.ffn;
+  c.model.experts = s.experts;
+  c.model.topk = s.top_k;
+  c.model.shared_experts = 0;
+  c.model.layers = layers;
+  c.model.router = RouterKind::kSoftmax;
+  c.model.aux_loss_coeff = 0.01;
+  c.precision = precision == "mxfp8" ? Precision::kMxfp8 : Precision::kBf16;
+  c.tokens_per_rank = s.tokens;
+  c.steps = 1000000;
+  c.optimizer.lr = 1e-4;
+  c.data.seed = 1;
+  return c;
+}
+
+int RunStepBench(const std::vector<std::string>& args) {
+  const Flags f = ParseStepFlags(args);
+  RequireCudaDevice("step");
+  cudaDeviceProp prop{};
+  CheckCuda(cudaGetDeviceProperties(&prop, 0), "step", "cudaGetDeviceProperties");
+  const double peak = cuda_engine::kHopperDenseBf16PeakFlops;
+  std::printf("step bench on %s; MFU against %.1f TFLOP/s (dense bf16, H100/H200 SXM datasheet)\n",
+              prop.name, peak / 1e12);
+  std::printf("%-8s %-6s %9s %8s %6s %8s | %7s %7s %7s %7s | %8s %8s %8s %8s\n", "shape", "prec",
+              "step ms", "TFLOP/s", "MFU", "mem GiB", "fwd ms", "bwd ms", "opt ms", "data ms",
+              "gemm TF", "fwd TF", "dgrad TF", "wgrad TF");
+  std::vector<std::string> rows;
+  for (const std::string& name : f.shapes) {
+    const StepShape* shape = nullptr;
+    for (const StepShape& s : kStepShapes) {
+      if (name == s.name) shape = &s;
+    }
+    if (shape == nullptr) {
+      std::fprintf(stderr, "step bench: unknown shape %s\n", name.c_str());
+      return 2;
+    }
+    for (const std::string& precision : f.precisions) {
+      absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> engine =
+          cuda_engine::CreateCudaEngine(ConfigOf(*shape, precision, f.layers), 0, 1, nullptr);
+      CheckStatus(engine.status(), "step", "creating the engine");
+      std::vector<double> ms;
+      StepStats last;
+      cuda_engine::CudaStepDetails details;
+      for (int i = 0; i < f.warmup + f.steps; ++i) {
+        absl::StatusOr<StepStats> s = (*engine)->Step();
+        CheckStatus(s.status(), "step", "step");
+        if (i >= f.warmup) {
+          ms.push_back(s->step_seconds * 1e3);
+          last = *s;
+          details = (*engine)->LastStepDetails();
+        }
+      }
+      std::sort(ms.begin(), ms.end());
+      const double median = ms[ms.size() / 2];
+      absl::StatusOr<cuda_engine::CudaEngine::GemmSeconds> g = (*engine)->TimeExpertGemms(5);
+      CheckStatus(g.status(), "step", "timing the expert GEMMs");
+      const double routed = 6.0 * shape->tokens * shape->top_k * shape->hidden * shape->ffn * f.layers;
+      const double step_flops = 18.0 * shape->tokens * shape->top_k * shape->hidden * shape->ffn * f.layers;
+      const double tflops = step_flops / (median * 1e-3) / 1e12;
+      const double fwd = routed / g->forward / 1e12, dgrad = routed / g->dgrad / 1e12;
+      const double wgrad = routed / g->wgrad / 1e12;
+      const double gemm_tflops = 3.0 / (1.0 / fwd + 1.0 / dgrad + 1.0 / wgrad);
+      const double mem_gib = static_cast<double>(last.device_memory_bytes) / (1 << 30);
+      std::printf("%-8s %-6s %9.3f %8.1f %5.1f%% %8.1f | %7.3f %7.3f %7.3f %7.3f | %8.1f %8.1f %8.1f %8.1f\n",
+                  shape->name, precision.c_str(), median, tflops, 100 * tflops * 1e12 / peak,
+                  mem_gib, details.forward_seconds * 1e3, details.backward_seconds * 1e3,
+                  details.optimizer_seconds * 1e3, details.data_seconds * 1e3, gemm_tflops, fwd,
+                  dgrad, wgrad);
+      rows.push_back(absl::StrFormat(
+          "    {\"name\": \"step\", \"shape\": \"%s\", \"impl\": \"dropless\", \"precision\": "
+          "\"%s\", \"ms\": %.4f, \"tflops\": %.1f, \"gbps\": null, \"mfu\": %.4f, "
+          "\"peak_mem_gib\": %.2f, \"ep\": 1, \"backend\": \"local\", \"offload\": false, "
+          "\"gemm_tflops\": %.1f, \"forward_ms\": %.4f, \"backward_ms\": %.4f, "
+          "\"optimizer_ms\": %.4f, \"data_ms\": %.4f, \"layers\": %d, \"note\": \"%s\"}",
+          shape->name, precision, median, tflops, tflops * 1e12 / peak, mem_gib, gemm_tflops,
+          details.forward_seconds * 1e3, details.backward_seconds * 1e3,
+          details.optimizer_seconds * 1e3, details.data_seconds * 1e3, f.layers, shape->note));
+    }
+  }
+  if (!f.json.empty()) {
+    WriteBenchJson(f.json, "step", std::string(prop.name) + " (1 GPU)", args, f.commit,
+                   "\"dense_bf16_peak_tflops\": 989.5", rows, {});
+  }
+  return 0;
+}
+
+}  // namespace
+
+DROPLESS_REGISTER_BENCH(step, "step", "the CUDA engine's training step (one GPU)", RunStepBench);
+
+}  // namespace dropless::bench

@@ -1,0 +1,85 @@
+// CheckEngineSupport (engine_config.h): the capabilities of the cpu and cuda engines.
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/engine_config.h"
+
+namespace dropless {
+namespace {
+
+absl::Status Refuse(const char* field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+absl::Status CheckCpu(const EngineConfig& c) {
+  if (c.precision == Precision::kMxfp8) {
+    return Refuse("precision", "mxfp8 needs resources.backend cuda (the cpu engine computes in "
+                               "float32)");
+  }
+  if (c.overlap) {
+    return Refuse("overlap", "the cpu engine's Gloo exchange is blocking; overlap is not "
+                             "available with resources.backend cpu");
+  }
+  if (c.activation_offload) {
+    return Refuse("activation_offload", "needs resources.backend cuda (the cpu engine keeps "
+                                        "activations in host memory already)");
+  }
+  if (c.dispatcher != Dispatcher::kAuto && c.dispatcher != Dispatcher::kGloo) {
+    return Refuse("dispatcher", absl::StrCat(std::string(ToString(c.dispatcher)),
+                                             " needs resources.backend cuda"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCuda(const EngineConfig& c) {
+  const ModelSpec& m = c.model;
+  if (c.parallel.ep != 1 || c.parallel.dp != 1) {
+    return Refuse("parallel.ep",
+                  absl::StrFormat("the cuda engine runs one rank per job until the GPU expert-"
+                                  "parallel transport exists (got ep %d, dp %d)",
+                                  c.parallel.ep, c.parallel.dp));
+  }
+  if (c.dispatcher != Dispatcher::kAuto) {
+    return Refuse("dispatcher",
+                  absl::StrCat(std::string(ToString(c.dispatcher)),
+                               " is not available to the cuda engine yet; use auto (one rank: "
+                               "tokens are permuted on its GPU)"));
+  }
+  if (c.overlap) {
+    return Refuse("overlap", "needs expert parallelism across ranks (parallel.ep > 1), which the "
+                             "cuda engine does not run yet");
+  }
+  if (c.activation_offload) {
+    return Refuse("activation_offload", "not supported by the cuda engine yet");
+  }
+  const int64_t align = c.precision == Precision::kMxfp8 ? 32 : 8;
+  if (m.hidden % align != 0) {
+    return Refuse("model.hidden", absl::StrFormat("the cuda engine needs a multiple of %d (got %d)",
+                                                  align, m.hidden));
+  }
+  if (m.ffn % align != 0) {
+    return Refuse("model.ffn", absl::StrFormat("the cuda engine needs a multiple of %d (got %d)",
+                                               align, m.ffn));
+  }
+  if (m.experts % 8 != 0 || m.experts > 512) {
+    return Refuse("model.experts", absl::StrFormat("the cuda engine needs a multiple of 8, at most "
+                                                   "512 (got %d)", m.experts));
+  }
+  if (m.topk > 16) {
+    return Refuse("model.topk", absl::StrFormat("the cuda engine routes at most 16 experts per "
+                                                "token (got %d)", m.topk));
+  }
+  if (c.tokens_per_rank * m.topk >= (int64_t{1} << 31)) {
+    return Refuse("tokens_per_rank", "tokens_per_rank * model.topk must stay below 2^31");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckEngineSupport(Backend backend, const EngineConfig& config) {
+  return backend == Backend::kCuda ? CheckCuda(config) : CheckCpu(config);
+}
+
+}  // namespace dropless

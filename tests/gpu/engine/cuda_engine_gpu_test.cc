@@ -1,0 +1,368 @@
+// The CUDA engine against the CPU engine (the float32 reference) on small shapes with the same
+// seed: the step-1 loss, and every gradient recovered from the weights after one AdamW step (with
+// eps = 1 and lr = 1 the first update of a parameter is d = g / (|g| + 1), so g = d / (1 - |d|)),
+// in bf16 and mxfp8, softmax and sigmoid routers, skewed routing and experts that receive no
+// token. Then: the synthetic task learns over 500 steps in both precisions; a run stopped and
+// resumed from its checkpoint continues the uninterrupted loss curve; a CPU-engine checkpoint
+// resumes on the CUDA engine.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/gpu/kernels/gpu_test_util.h"
+#include "worker/engine/checkpoint/moe_checkpoint.h"
+#include "worker/engine/cpu/moe_model.h"
+#include "worker/engine/cuda/cuda_engine.h"
+#include "worker/engine/engine.h"
+#include "worker/transport/transport_factory.h"
+
+namespace dropless {
+namespace {
+
+using kernels::testing::GpuTest;
+
+class CudaEngineGpu : public GpuTest {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
+    dir_ = std::filesystem::temp_directory_path() /
+           absl::StrCat("dropless-cuda-engine-", getpid(), "-", counter_++);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  std::string Dir(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::filesystem::path dir_;
+  static inline int counter_ = 0;
+};
+
+// Experts that receive no token: 40 tokens x top-2 over 64 experts leaves most experts empty,
+// and the zipf teacher skews the targets.
+EngineConfig SmallConfig() {
+  EngineConfig c;
+  c.model.hidden = 128;
+  c.model.ffn = 64;
+  c.model.experts = 64;
+  c.model.topk = 2;
+  c.model.shared_experts = 1;
+  c.model.layers = 2;
+  c.model.router = RouterKind::kSoftmax;
+  c.model.renormalize = true;
+  c.model.aux_loss_coeff = 0.01;
+  c.tokens_per_rank = 40;
+  c.steps = 1000;
+  c.optimizer.lr = 1e-3;
+  c.data.seed = 77;
+  c.data.distribution = RoutingDistribution::kZipf;
+  c.data.zipf_exponent = 1.2;
+  return c;
+}
+
+struct Engines {
+  std::vector<RankGroups> groups;
+  std::unique_ptr<Engine> engine;
+};
+
+Engines MakeCpu(const EngineConfig& c) {
+  Engines e;
+  e.groups = CreateLocalGroups(1, 1);
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      CreateCpuEngine(EngineContext{c, 0, 1, &e.groups[0]});
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (engine.ok()) e.engine = *std::move(engine);
+  return e;
+}
+
+std::unique_ptr<Engine> MakeCuda(const EngineConfig& c) {
+  absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> engine =
+      cuda_engine::CreateCudaEngine(c, 0, 1, nullptr);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return nullptr;
+  return std::unique_ptr<Engine>(std::move(*engine));
+}
+
+// The parameters in a rank-0 checkpoint.
+struct Params {
+  std::vector<float> replicated, experts;
+};
+
+Params ReadParams(const EngineConfig& c, const std::string& dir) {
+  const cpu::MoeParameterLayout layout(c.model, 1, 0, c.tokens_per_rank);
+  Params p;
+  p.replicated.resize(layout.replicated_size());
+  p.experts.resize(layout.experts_size());
+  std::vector<float> m1(p.replicated.size()), v1(p.replicated.size()), m2(p.experts.size()),
+      v2(p.experts.size());
+  engine::MoeCheckpointIdentity id;
+  id.rank = 0;
+  id.world_size = 1;
+  id.ep = 1;
+  id.dp = 1;
+  id.hidden = c.model.hidden;
+  id.ffn = c.model.ffn;
+  id.experts = c.model.experts;
+  id.topk = c.model.topk;
+  id.shared_experts = c.model.shared_experts;
+  id.layers = c.model.layers;
+  id.seed = c.data.seed;
+  absl::StatusOr<int64_t> step = engine::ReadMoeCheckpoint(
+      dir, id, layout, {absl::MakeSpan(p.replicated), absl::MakeSpan(m1), absl::MakeSpan(v1)},
+      {absl::MakeSpan(p.experts), absl::MakeSpan(m2), absl::MakeSpan(v2)});
+  EXPECT_TRUE(step.ok()) << step.status();
+  return p;
+}
+
+// g = d / (1 - |d|) with d = (before - after) / lr: the first AdamW step with eps 1, no decay.
+std::vector<double> RecoverGradient(const std::vector<float>& before, const std::vector<float>& after,
+                                    double lr) {
+  std::vector<double> g(before.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    const double d = (static_cast<double>(before[i]) - after[i]) / lr;
+    g[i] = d / (1.0 - std::fabs(d));
+  }
+  return g;
+}
+
+// Relative error of a against the reference b in the 2-norm.
+double RelativeError(const std::vector<double>& a, const std::vector<double>& b, size_t begin,
+                     size_t end) {
+  double diff = 0, norm = 0;
+  for (size_t i = begin; i < end; ++i) {
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += b[i] * b[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+struct MatchCase {
+  const char* name;
+  Precision precision;
+  RouterKind router;
+  double loss_tolerance;      // relative, step-1 loss
+  double gradient_tolerance;  // relative 2-norm, per tensor
+};
+
+class CudaMatchesCpu : public CudaEngineGpu, public ::testing::WithParamInterface<MatchCase> {};
+
+TEST_P(CudaMatchesCpu, LossAndGradientsOfOneStep) {
+  const MatchCase& mc = GetParam();
+  EngineConfig c = SmallConfig();
+  c.precision = mc.precision;
+  c.model.router = mc.router;
+  c.optimizer.lr = 1.0;
+  c.optimizer.eps = 1.0;
+  c.optimizer.weight_decay = 0.0;
+  c.optimizer.warmup_steps = 0;
+
+  Engines cpu = MakeCpu(c);
+  std::unique_ptr<Engine> gpu = MakeCuda(c);
+  ASSERT_TRUE(cpu.engine && gpu);
+  ASSERT_TRUE(cpu.engine->SaveCheckpoint(Dir("cpu0")).ok());
+  ASSERT_TRUE(gpu->SaveCheckpoint(Dir("gpu0")).ok());
+  absl::StatusOr<StepStats> cpu_step = cpu.engine->Step();
+  absl::StatusOr<StepStats> gpu_step = gpu->Step();
+  ASSERT_TRUE(cpu_step.ok()) << cpu_step.status();
+  ASSERT_TRUE(gpu_step.ok()) << gpu_step.status();
+  std::printf("%s: step-1 loss cpu %.6f cuda %.6f, aux %.5f / %.5f\n", mc.name, cpu_step->loss,
+              gpu_step->loss, cpu_step->aux_loss, gpu_step->aux_loss);
+  EXPECT_NEAR(gpu_step->loss, cpu_step->loss, mc.loss_tolerance * cpu_step->loss);
+  EXPECT_NEAR(gpu_step->aux_loss, cpu_step->aux_loss, 0.05 * cpu_step->aux_loss + 1e-3);
+  ASSERT_TRUE(cpu.engine->SaveCheckpoint(Dir("cpu1")).ok());
+  ASSERT_TRUE(gpu->SaveCheckpoint(Dir("gpu1")).ok());
+
+  // Both engines start from the same weights.
+  const Params c0 = ReadParams(c, Dir("cpu0")), g0 = ReadParams(c, Dir("gpu0"));
+  const Params c1 = ReadParams(c, Dir("cpu1")), g1 = ReadParams(c, Dir("gpu1"));
+  for (size_t i = 0; i < c0.experts.size(); ++i) ASSERT_NEAR(c0.experts[i], g0.experts[i], 1e-6f);
+  for (size_t i = 0; i < c0.replicated.size(); ++i) {
+    ASSERT_NEAR(c0.replicated[i], g0.replicated[i], 1e-6f);
+  }
+
+  // Gradients, tensor by tensor (router, shared experts, routed experts w1 and w2, per layer).
+  const std::vector<double> rep_cpu = RecoverGradient(c0.replicated, c1.replicated, 1.0);
+  const std::vector<double> rep_gpu = RecoverGradient(g0.replicated, g1.replicated, 1.0);
+  const std::vector<double> exp_cpu = RecoverGradient(c0.experts, c1.experts, 1.0);
+  const std::vector<double> exp_gpu = RecoverGradient(g0.experts, g1.experts, 1.0);
+  const int64_t H = c.model.hidden, F = c.model.ffn, E = c.model.experts;
+  const int64_t S = c.model.shared_experts, L = c.model.layers;
+  const size_t rep_layer = rep_cpu.size() / L, exp_layer = exp_cpu.size() / L;
+  for (int64_t l = 0; l < L; ++l) {
+    const size_t r0 = l * rep_layer, e0 = l * exp_layer;
+    const size_t router_end = r0 + H * E, shared_end = r0 + rep_layer;
+    const size_t w1_end = e0 + E * H * 2 * F, w2_end = e0 + exp_layer;
+    const double router = RelativeError(rep_gpu, rep_cpu, r0, router_end);
+    const double shared = S > 0 ? RelativeError(rep_gpu, rep_cpu, router_end, shared_end) : 0;
+    const double w1 = RelativeError(exp_gpu, exp_cpu, e0, w1_end);
+    const double w2 = RelativeError(exp_gpu, exp_cpu, w1_end, w2_end);
+    std::printf("%s layer %ld: gradient relative error router %.4f shared %.4f w1 %.4f w2 %.4f\n",
+                mc.name, static_cast<long>(l), router, shared, w1, w2);
+    EXPECT_LT(router, mc.gradient_tolerance) << "layer " << l << " router";
+    EXPECT_LT(shared, mc.gradient_tolerance) << "layer " << l << " shared experts";
+    EXPECT_LT(w1, mc.gradient_tolerance) << "layer " << l << " experts w1";
+    EXPECT_LT(w2, mc.gradient_tolerance) << "layer " << l << " experts w2";
+  }
+}
+
+// Tolerances: bf16 operands and a bf16 residual stream give ~1% relative gradient error on these
+// shapes; MXFP8 (e4m3, 3 mantissa bits) several percent.
+INSTANTIATE_TEST_SUITE_P(
+    Precisions, CudaMatchesCpu,
+    ::testing::Values(MatchCase{"bf16_softmax", Precision::kBf16, RouterKind::kSoftmax, 0.02, 0.05},
+                      MatchCase{"bf16_sigmoid", Precision::kBf16, RouterKind::kSigmoid, 0.02, 0.05},
+                      MatchCase{"mxfp8_softmax", Precision::kMxfp8, RouterKind::kSoftmax, 0.05, 0.15}),
+    [](const ::testing::TestParamInfo<MatchCase>& info) { return std::string(info.param.name); });
+
+std::vector<double> Losses(Engine* engine, int steps) {
+  std::vector<double> losses;
+  for (int i = 0; i < steps; ++i) {
+    absl::StatusOr<StepStats> s = engine->Step();
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) break;
+    losses.push_back(s->loss);
+  }
+  return losses;
+}
+
+EngineConfig LearningConfig(Precision precision) {
+  EngineConfig c;
+  c.model.hidden = 256;
+  c.model.ffn = 128;
+  c.model.experts = 16;
+  c.model.topk = 2;
+  c.model.shared_experts = 1;
+  c.model.layers = 1;
+  c.model.aux_loss_coeff = 0.01;
+  c.tokens_per_rank = 1024;
+  c.steps = 500;
+  c.optimizer.lr = 3e-3;
+  c.optimizer.warmup_steps = 20;
+  c.data.seed = 5;
+  c.precision = precision;
+  return c;
+}
+
+TEST_F(CudaEngineGpu, LearnsIn500StepsInBothPrecisionsWithMxfp8WithinOnePercent) {
+  std::vector<double> bf16, mxfp8;
+  {
+    std::unique_ptr<Engine> e = MakeCuda(LearningConfig(Precision::kBf16));
+    ASSERT_TRUE(e);
+    bf16 = Losses(e.get(), 500);
+  }
+  {
+    std::unique_ptr<Engine> e = MakeCuda(LearningConfig(Precision::kMxfp8));
+    ASSERT_TRUE(e);
+    mxfp8 = Losses(e.get(), 500);
+  }
+  ASSERT_EQ(bf16.size(), 500u);
+  ASSERT_EQ(mxfp8.size(), 500u);
+  auto tail_mean = [](const std::vector<double>& v) {
+    double s = 0;
+    for (size_t i = v.size() - 20; i < v.size(); ++i) s += v[i];
+    return s / 20;
+  };
+  std::printf("500 steps: bf16 loss %.5f -> %.5f, mxfp8 %.5f -> %.5f (last-20 means %.5f / %.5f)\n",
+              bf16.front(), bf16.back(), mxfp8.front(), mxfp8.back(), tail_mean(bf16),
+              tail_mean(mxfp8));
+  EXPECT_LT(tail_mean(bf16), 0.5 * bf16.front());
+  EXPECT_LT(tail_mean(mxfp8), 0.5 * mxfp8.front());
+  EXPECT_NEAR(tail_mean(mxfp8), tail_mean(bf16), 0.01 * tail_mean(bf16));
+}
+
+TEST_F(CudaEngineGpu, ResumedRunContinuesTheLossCurve) {
+  EngineConfig c = LearningConfig(Precision::kBf16);
+  std::vector<double> straight;
+  {
+    std::unique_ptr<Engine> e = MakeCuda(c);
+    ASSERT_TRUE(e);
+    straight = Losses(e.get(), 30);
+  }
+  c.checkpoint.dir = Dir("resume");
+  std::vector<double> first, second;
+  {
+    std::unique_ptr<Engine> e = MakeCuda(c);
+    ASSERT_TRUE(e);
+    first = Losses(e.get(), 15);
+    ASSERT_TRUE(e->SaveCheckpoint(c.checkpoint.dir).ok());
+  }  // the "killed" run
+  {
+    std::unique_ptr<Engine> e = MakeCuda(c);
+    ASSERT_TRUE(e);
+    ASSERT_EQ(e->StepsDone(), 15);
+    second = Losses(e.get(), 15);
+  }
+  ASSERT_EQ(straight.size(), 30u);
+  ASSERT_EQ(second.size(), 15u);
+  for (int i = 0; i < 15; ++i) {
+    // Routing statistics use fp32 atomics (order unspecified): equal to a few ulps, not bits.
+    EXPECT_NEAR(first[i], straight[i], 1e-4 * straight[i]) << "step " << i + 1;
+    EXPECT_NEAR(second[i], straight[15 + i], 1e-3 * straight[15 + i]) << "step " << 16 + i;
+  }
+}
+
+TEST_F(CudaEngineGpu, CpuCheckpointResumesOnTheCudaEngine) {
+  EngineConfig c = SmallConfig();
+  c.checkpoint.dir = Dir("shared");
+  Engines cpu = MakeCpu(c);
+  ASSERT_TRUE(cpu.engine);
+  Losses(cpu.engine.get(), 5);
+  ASSERT_TRUE(cpu.engine->SaveCheckpoint(c.checkpoint.dir).ok());
+  const std::vector<double> cpu_next = Losses(cpu.engine.get(), 1);
+  std::unique_ptr<Engine> gpu = MakeCuda(c);
+  ASSERT_TRUE(gpu);
+  EXPECT_EQ(gpu->StepsDone(), 5);
+  const std::vector<double> gpu_next = Losses(gpu.get(), 1);
+  ASSERT_EQ(cpu_next.size(), 1u);
+  ASSERT_EQ(gpu_next.size(), 1u);
+  std::printf("step 6 after a cpu checkpoint: cpu %.6f cuda %.6f\n", cpu_next[0], gpu_next[0]);
+  EXPECT_NEAR(gpu_next[0], cpu_next[0], 0.02 * cpu_next[0]);
+}
+
+TEST_F(CudaEngineGpu, GraphReplayMatchesEagerSteps) {
+  const EngineConfig c = LearningConfig(Precision::kBf16);
+  std::vector<double> graph, eager;
+  {
+    std::unique_ptr<Engine> e = MakeCuda(c);
+    ASSERT_TRUE(e);
+    graph = Losses(e.get(), 5);
+  }
+  setenv("DROPLESS_CUDA_GRAPH", "0", 1);
+  {
+    std::unique_ptr<Engine> e = MakeCuda(c);
+    ASSERT_TRUE(e);
+    eager = Losses(e.get(), 5);
+  }
+  unsetenv("DROPLESS_CUDA_GRAPH");
+  ASSERT_EQ(graph.size(), 5u);
+  ASSERT_EQ(eager.size(), 5u);
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(graph[i], eager[i], 1e-4 * eager[i]) << "step " << i + 1;
+}
+
+TEST_F(CudaEngineGpu, StepStatisticsAreFilled) {
+  std::unique_ptr<Engine> e = MakeCuda(LearningConfig(Precision::kBf16));
+  ASSERT_TRUE(e);
+  absl::StatusOr<StepStats> s = e->Step();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_GT(s->step_seconds, 0);
+  EXPECT_GT(s->gemm_forward_seconds, 0);
+  EXPECT_GT(s->gemm_dgrad_seconds, 0);
+  EXPECT_GT(s->gemm_wgrad_seconds, 0);
+  EXPECT_GT(s->dispatch_seconds, 0);
+  EXPECT_GT(s->combine_seconds, 0);
+  EXPECT_GT(s->device_memory_bytes, 0);
+  EXPECT_GE(s->load_imbalance, 1.0);
+  EXPECT_EQ(s->tokens, 1024);
+  EXPECT_GT(s->flops, 0);
+}
+
+}  // namespace
+}  // namespace dropless

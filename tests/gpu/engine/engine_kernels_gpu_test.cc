@@ -1,0 +1,168 @@
+// The CUDA engine's own kernels against host references on fresh random data each run, outputs
+// poisoned first: parameter fills and tokens against the CPU engine's generators, fused AdamW
+// (with bf16 and transposed bf16 copies) against cpu::AdamWUpdate over several steps, the sum,
+// squared-error, transpose and bias kernels against plain loops.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/gpu/kernels/gpu_test_util.h"
+#include "tests/unit/kernels/test_data.h"
+#include "worker/engine/cpu/adamw.h"
+#include "worker/engine/cpu/moe_model.h"
+#include "worker/engine/cpu/synthetic_task.h"
+#include "worker/engine/cuda/engine_kernels.h"
+
+namespace dropless::cuda_engine {
+namespace {
+
+using kernels::Bf16;
+using kernels::Bf16ToFloat;
+using kernels::FloatToBf16;
+using kernels::testing::DeviceArray;
+using kernels::testing::GpuTest;
+using kernels::testing::RandomBf16;
+using kernels::testing::RandomFloat;
+using kernels::testing::Rng;
+
+class EngineKernelsGpu : public GpuTest {};
+
+TEST_F(EngineKernelsGpu, FillNormalDrawsTheCpuInitialization) {
+  ModelSpec m;
+  m.hidden = 96;
+  m.ffn = 40;
+  m.experts = 8;
+  m.topk = 2;
+  m.shared_experts = 2;
+  m.layers = 2;
+  const cpu::MoeParameterLayout layout(m, 2, 1, 16);
+  const uint64_t seed = Rng()();
+  std::vector<float> rep(layout.replicated_size()), exp(layout.experts_size());
+  layout.Initialize(seed, rep.data(), exp.data());
+  DeviceArray<float> d_rep(rep.size()), d_exp(exp.size());
+  std::vector<DeviceNormalFill> fills;
+  for (const auto& f : layout.InitialFills(seed)) {
+    fills.push_back(DeviceNormalFill{f.buffer, f.offset, f.stream, f.count, f.scale});
+  }
+  STATUS_ASSERT(FillNormal(fills, d_rep.get(), d_exp.get(), nullptr));
+  const std::vector<float> got_rep = d_rep.Download(), got_exp = d_exp.Download();
+  for (size_t i = 0; i < rep.size(); ++i) ASSERT_NEAR(got_rep[i], rep[i], 1e-6f * (1 + std::fabs(rep[i]))) << i;
+  for (size_t i = 0; i < exp.size(); ++i) ASSERT_NEAR(got_exp[i], exp[i], 1e-6f * (1 + std::fabs(exp[i]))) << i;
+}
+
+TEST_F(EngineKernelsGpu, GenerateTokensDrawsTheCpuTokens) {
+  const int64_t hidden = 136, tokens = 77, first = 1000, step = 1 + Rng()() % 1000;
+  const cpu::TokenGenerator gen(Rng()(), hidden);
+  std::vector<float> want(tokens * hidden);
+  gen.Generate<float>(step, first, tokens, want.data());
+  DeviceArray<double> basis(gen.basis().size());
+  basis.Upload(gen.basis());
+  const int64_t counter = step - 1;
+  DeviceArray<int64_t> d_counter(std::vector<int64_t>{counter});
+  DeviceArray<Bf16> x(tokens * hidden);
+  TokenSource src;
+  src.seed = gen.seed();
+  src.first_token = first;
+  src.tokens = tokens;
+  src.hidden = hidden;
+  src.latent_rank = static_cast<int>(gen.latent_rank());
+  src.basis = basis.get();
+  src.step_counter = d_counter.get();
+  STATUS_ASSERT(GenerateTokens(src, x.get(), nullptr));
+  const std::vector<Bf16> got = x.Download();
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].bits, FloatToBf16(want[i]).bits) << i << ": " << want[i];
+  }
+}
+
+TEST_F(EngineKernelsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
+  OptimizerSpec o;
+  o.lr = 3e-3;
+  o.beta1 = 0.9;
+  o.beta2 = 0.95;
+  o.eps = 1e-8;
+  o.weight_decay = 0.1;
+  o.warmup_steps = 3;
+  const int64_t rows = 37, cols = 45, n2 = 70001;  // a transposed copy; a tensor of many chunks
+  std::vector<float> p1 = RandomFloat(rows * cols), p2 = RandomFloat(n2);
+  std::vector<float> m1(p1.size(), 0), v1(p1.size(), 0), m2(p2.size(), 0), v2(p2.size(), 0);
+  DeviceArray<float> dp1(p1), dp2(p2), dm1(m1), dv1(v1), dm2(m2), dv2(v2);
+  DeviceArray<float> dg1(p1.size()), dg2(p2.size());
+  DeviceArray<Bf16> copy1(p1.size()), copy2(p2.size());
+  DeviceArray<int64_t> counter(std::vector<int64_t>{0});
+  absl::StatusOr<std::unique_ptr<FusedAdamW>> adamw = FusedAdamW::Create(
+      o,
+      {AdamWTensor{dp1.get(), dg1.get(), dm1.get(), dv1.get(), rows * cols, copy1.get(), rows, cols},
+       AdamWTensor{dp2.get(), dg2.get(), dm2.get(), dv2.get(), n2, copy2.get(), 0, 0}},
+      counter.get());
+  ASSERT_TRUE(adamw.ok()) << adamw.status();
+  for (int step = 1; step <= 5; ++step) {
+    const std::vector<float> g1 = RandomFloat(p1.size(), 1e-2f), g2 = RandomFloat(p2.size(), 1e-2f);
+    dg1.Upload(g1);
+    dg2.Upload(g2);
+    STATUS_ASSERT((*adamw)->Step(nullptr));
+    cpu::AdamWUpdate<float>(o, step, static_cast<int64_t>(p1.size()), g1.data(), p1.data(), m1.data(), v1.data());
+    cpu::AdamWUpdate<float>(o, step, static_cast<int64_t>(p2.size()), g2.data(), p2.data(), m2.data(), v2.data());
+  }
+  EXPECT_EQ(counter.Download()[0], 5);
+  const std::vector<float> got1 = dp1.Download(), got2 = dp2.Download();
+  for (size_t i = 0; i < p1.size(); ++i) ASSERT_NEAR(got1[i], p1[i], 2e-6f * (1 + std::fabs(p1[i]))) << i;
+  for (size_t i = 0; i < p2.size(); ++i) ASSERT_NEAR(got2[i], p2[i], 2e-6f * (1 + std::fabs(p2[i]))) << i;
+  const std::vector<Bf16> c1 = copy1.Download(), c2 = copy2.Download();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      ASSERT_EQ(c1[c * rows + r].bits, FloatToBf16(got1[r * cols + c]).bits) << r << "," << c;
+    }
+  }
+  for (size_t i = 0; i < p2.size(); ++i) ASSERT_EQ(c2[i].bits, FloatToBf16(got2[i]).bits) << i;
+}
+
+TEST_F(EngineKernelsGpu, SumSquaredErrorTransposeAndBias) {
+  const int64_t n = 100003;
+  const std::vector<Bf16> a = RandomBf16(n), b = RandomBf16(n), c = RandomBf16(n);
+  DeviceArray<Bf16> da(a), db(b), dc(c), out(n);
+  STATUS_ASSERT(SumBf16(n, {da.get(), db.get(), dc.get()}, out.get(), nullptr));
+  const std::vector<Bf16> sum = out.Download();
+  for (int64_t i = 0; i < n; ++i) {
+    const float want = (Bf16ToFloat(a[i]) + Bf16ToFloat(b[i])) + Bf16ToFloat(c[i]);
+    ASSERT_EQ(sum[i].bits, FloatToBf16(want).bits) << i;
+  }
+
+  DeviceArray<double> sq(std::vector<double>{0.0});
+  DeviceArray<Bf16> grad(n);
+  STATUS_ASSERT(SquaredErrorAndGrad(n, da.get(), db.get(), 0.5f, sq.get(), grad.get(), nullptr));
+  double want_sq = 0;
+  const std::vector<Bf16> g = grad.Download();
+  for (int64_t i = 0; i < n; ++i) {
+    const float diff = Bf16ToFloat(a[i]) - Bf16ToFloat(b[i]);
+    want_sq += static_cast<double>(diff) * diff;
+    ASSERT_EQ(g[i].bits, FloatToBf16(0.5f * diff).bits) << i;
+  }
+  EXPECT_NEAR(sq.Download()[0], want_sq, 1e-9 * want_sq);
+
+  const int64_t batch = 3, rows = 70, cols = 33;
+  const std::vector<float> m = RandomFloat(batch * rows * cols);
+  DeviceArray<float> dm(m), dt(m.size());
+  STATUS_ASSERT(Transpose(batch, rows, cols, dm.get(), dt.get(), nullptr));
+  const std::vector<float> t = dt.Download();
+  for (int64_t z = 0; z < batch; ++z) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t col = 0; col < cols; ++col) {
+        ASSERT_EQ(t[z * rows * cols + col * rows + r], m[z * rows * cols + r * cols + col]);
+      }
+    }
+  }
+  const std::vector<float> bias = RandomFloat(cols);
+  DeviceArray<float> dbias(bias);
+  STATUS_ASSERT(AddRowBias(rows, cols, dbias.get(), dm.get(), nullptr));
+  const std::vector<float> biased = dm.Download();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t col = 0; col < cols; ++col) {
+      ASSERT_EQ(biased[r * cols + col], m[r * cols + col] + bias[col]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dropless::cuda_engine

@@ -1,0 +1,40 @@
+// Checkpoints of the CUDA engine: its fp32 master weights and AdamW moments live on the device in
+// the CPU engine's flat layout (MoeParameterLayout), so they are copied to the host and written,
+// or read and copied back, through the one model checkpoint format both engines share
+// (worker/engine/checkpoint/moe_checkpoint.h): a CPU checkpoint resumes a CUDA job and back.
+#ifndef DROPLESS_WORKER_ENGINE_CUDA_CUDA_CHECKPOINT_H_
+#define DROPLESS_WORKER_ENGINE_CUDA_CUDA_CHECKPOINT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/engine/cpu/moe_model.h"
+#include "common/engine_config.h"
+
+namespace dropless::cuda_engine {
+
+// Device pointers of one flat parameter buffer and its moments, `size` floats each.
+struct DeviceOptimizerBuffers {
+  float* value = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  int64_t size = 0;
+};
+
+absl::Status WriteCudaCheckpoint(const std::string& dir, const EngineConfig& config, int rank,
+                                 int world_size, const cpu::MoeParameterLayout& layout,
+                                 int64_t step, const DeviceOptimizerBuffers& replicated,
+                                 const DeviceOptimizerBuffers& experts);
+
+// The step restored; NotFound when `dir` holds no checkpoint of this rank.
+absl::StatusOr<int64_t> ReadCudaCheckpoint(const std::string& dir, const EngineConfig& config,
+                                           int rank, int world_size,
+                                           const cpu::MoeParameterLayout& layout,
+                                           const DeviceOptimizerBuffers& replicated,
+                                           const DeviceOptimizerBuffers& experts);
+
+}  // namespace dropless::cuda_engine
+
+#endif  // DROPLESS_WORKER_ENGINE_CUDA_CUDA_CHECKPOINT_H_

@@ -1,0 +1,54 @@
+// The CUDA engine: the CPU engine's model, synthetic task, optimizer and checkpoints on one
+// Hopper GPU. bf16 operands with fp32 accumulation and fp32 master weights (AdamW in one fused
+// multi-tensor kernel that also refreshes the bf16 working copies); precision mxfp8 runs the
+// routed experts' GEMMs in MXFP8. The whole step (batch, teacher targets, forward, loss, backward,
+// optimizer) is captured once as a CUDA graph and replayed; no host synchronization inside a step
+// (the host waits once at its end to read the loss).
+//
+// Built into libdropless_engine_cuda.so, which the rank process loads only for cuda jobs
+// (engine_registry.h); the bench links the same library through its C entry (step_capi.cc).
+#ifndef DROPLESS_WORKER_ENGINE_CUDA_CUDA_ENGINE_H_
+#define DROPLESS_WORKER_ENGINE_CUDA_CUDA_ENGINE_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/engine/engine.h"
+#include "common/engine_config.h"
+
+namespace dropless::cuda_engine {
+
+// Dense bf16 peak of an H100/H200 SXM (datasheet), the MFU denominator on Hopper.
+inline constexpr double kHopperDenseBf16PeakFlops = 989.5e12;
+
+// Why the CUDA engine cannot run `config` (one message naming the field), or OK. Needs no GPU.
+absl::Status CheckCudaEngineConfig(const EngineConfig& config, int world_size);
+
+// Measurements beyond StepStats, for dropless-bench.
+struct CudaStepDetails {
+  double data_seconds = 0;        // the synthetic batch: tokens and the teacher's targets
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+  double optimizer_seconds = 0;   // AdamW (+ MXFP8 weight quantization)
+  int64_t engine_bytes = 0;       // device memory the engine allocated itself
+};
+
+class CudaEngine : public Engine {
+ public:
+  // The step's own expert GEMMs timed alone (forward w1+w2, dgrad w2+w1, wgrad w2+w1 of every
+  // layer, on the last step's routing), `iterations` times each; seconds per step's worth.
+  struct GemmSeconds {
+    double forward = 0, dgrad = 0, wgrad = 0;
+  };
+  virtual absl::StatusOr<GemmSeconds> TimeExpertGemms(int iterations) = 0;
+  virtual CudaStepDetails LastStepDetails() const = 0;
+};
+
+absl::StatusOr<std::unique_ptr<CudaEngine>> CreateCudaEngine(const EngineConfig& config, int rank,
+                                                             int world_size, RankGroups* groups);
+
+}  // namespace dropless::cuda_engine
+
+#endif  // DROPLESS_WORKER_ENGINE_CUDA_CUDA_ENGINE_H_

@@ -1,0 +1,106 @@
+#include "worker/engine/cuda/device_memory.h"
+
+#include "absl/strings/str_format.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace dropless::cuda_engine {
+
+using kernels::cuda::CudaStatus;
+
+DeviceArena::~DeviceArena() {
+  for (void* p : device_) (void)cudaFree(p);
+  for (void* p : pinned_) (void)cudaFreeHost(p);
+}
+
+absl::StatusOr<void*> DeviceArena::AllocateBytes(size_t bytes, const char* what) {
+  void* p = nullptr;
+  const cudaError_t error = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+  if (error != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "cuda engine: allocating %s (%.2f GiB; %.2f GiB allocated before): %s", what,
+        static_cast<double>(bytes) / (1 << 30), static_cast<double>(device_bytes_) / (1 << 30),
+        cudaGetErrorString(error)));
+  }
+  device_.push_back(p);
+  device_bytes_ += static_cast<int64_t>(bytes);
+  return p;
+}
+
+absl::StatusOr<void*> DeviceArena::AllocatePinnedHost(size_t bytes, const char* what) {
+  void* p = nullptr;
+  const cudaError_t error = cudaMallocHost(&p, bytes == 0 ? 1 : bytes);
+  if (error != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "cuda engine: allocating pinned host memory for %s (%.2f GiB): %s", what,
+        static_cast<double>(bytes) / (1 << 30), cudaGetErrorString(error)));
+  }
+  pinned_.push_back(p);
+  pinned_bytes_ += static_cast<int64_t>(bytes);
+  return p;
+}
+
+StreamLinks::~StreamLinks() {
+  for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+}
+
+absl::Status StreamLinks::Link(cudaStream_t from, cudaStream_t to) {
+  if (from == to) return absl::OkStatus();
+  if (next_ == events_.size()) {
+    cudaEvent_t e = nullptr;
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    events_.push_back(e);
+  }
+  cudaEvent_t e = events_[next_++];
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, from));
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(to, e, 0));
+  return absl::OkStatus();
+}
+
+PhaseTimer::~PhaseTimer() {
+  for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+}
+
+absl::StatusOr<cudaEvent_t> PhaseTimer::NextEvent() {
+  if (next_ == events_.size()) {
+    cudaEvent_t e = nullptr;
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  return events_[next_++];
+}
+
+absl::Status PhaseTimer::Begin(Phase phase, cudaStream_t stream) {
+  absl::StatusOr<cudaEvent_t> e = NextEvent();
+  if (!e.ok()) return e.status();
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventRecord(*e, stream));
+  marks_.push_back(Mark{phase, *e, nullptr});
+  return absl::OkStatus();
+}
+
+absl::Status PhaseTimer::End(Phase phase, cudaStream_t stream) {
+  for (auto it = marks_.rbegin(); it != marks_.rend(); ++it) {
+    if (it->phase == phase && it->end == nullptr) {
+      absl::StatusOr<cudaEvent_t> e = NextEvent();
+      if (!e.ok()) return e.status();
+      DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventRecord(*e, stream));
+      it->end = *e;
+      return absl::OkStatus();
+    }
+  }
+  return absl::InternalError(absl::StrFormat("PhaseTimer: End(%d) without Begin", phase));
+}
+
+absl::StatusOr<std::vector<double>> PhaseTimer::Collect() const {
+  std::vector<double> seconds(kNumPhases, 0.0);
+  for (const Mark& m : marks_) {
+    if (m.end == nullptr) continue;
+    float ms = 0;
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, m.begin, m.end));
+    seconds[m.phase] += ms * 1e-3;
+  }
+  return seconds;
+}
+
+}  // namespace dropless::cuda_engine

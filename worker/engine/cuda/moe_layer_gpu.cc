@@ -1,0 +1,470 @@
+#include "worker/engine/cuda/moe_layer_gpu.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <functional>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "dropless/kernels/dispatch_plan.h"
+#include "dropless/kernels/permute.h"
+#include "dropless/kernels/swiglu.h"
+#include "kernels/cuda/cuda_check.h"
+#include "worker/engine/cuda/engine_kernels.h"
+
+namespace dropless::cuda_engine {
+namespace {
+
+namespace kc = kernels::cuda;
+using Phase = PhaseTimer::Phase;
+
+const __nv_bfloat16* Nv(const Bf16* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
+__nv_bfloat16* Nv(Bf16* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+
+#define RETURN_IF_ERROR(expr)                        \
+  do {                                               \
+    if (absl::Status _st = (expr); !_st.ok()) return _st; \
+  } while (0)
+
+// Phase spans are optional (the timer may be null).
+absl::Status Begin(const LayerStreams& s, Phase phase, cudaStream_t stream) {
+  return s.timer == nullptr ? absl::OkStatus() : s.timer->Begin(phase, stream);
+}
+absl::Status End(const LayerStreams& s, Phase phase, cudaStream_t stream) {
+  return s.timer == nullptr ? absl::OkStatus() : s.timer->End(phase, stream);
+}
+
+template <typename T>
+absl::Status Alloc(DeviceArena* arena, int64_t count, const char* what, T** out) {
+  absl::StatusOr<T*> p = arena->Allocate<T>(count, what);
+  if (!p.ok()) return p.status();
+  *out = *p;
+  return absl::OkStatus();
+}
+
+absl::Status AllocRowwise(DeviceArena* arena, int64_t rows, int64_t cols, kernels::MxRowwise* out) {
+  RETURN_IF_ERROR(Alloc(arena, rows * cols, "mxfp8 rows", &out->data));
+  return Alloc(arena, rows * (cols / kernels::kMxBlock), "mxfp8 row scales", &out->scales);
+}
+
+absl::Status AllocColwise(DeviceArena* arena, int64_t padded_rows, int64_t cols, int groups,
+                          kernels::MxColwise* out) {
+  out->padded_rows = padded_rows;
+  RETURN_IF_ERROR(Alloc(arena, padded_rows * cols, "mxfp8 columns", &out->data));
+  RETURN_IF_ERROR(Alloc(arena, padded_rows / kernels::kMxBlock * cols, "mxfp8 column scales",
+                        &out->scales));
+  return Alloc(arena, groups + 1, "mxfp8 padded offsets", &out->group_offsets);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDims& d,
+                                                                   DeviceArena* arena) {
+  auto k = std::unique_ptr<LayerKernels>(new LayerKernels());
+  k->dims_ = d;
+  const int64_t T = d.tokens, H = d.hidden, F = d.ffn, Tk = d.rows();
+  absl::StatusOr<std::unique_ptr<kc::RouterGemm>> router =
+      kc::RouterGemm::Create(kernels::RouterGemmShape{T, H, d.experts});
+  if (!router.ok()) return router.status();
+  k->router_ = *std::move(router);
+
+  auto grouped = [&](int groups, int64_t kdim, int64_t ndim, int64_t max_rows,
+                     std::unique_ptr<kernels::GroupedGemm>* out) -> absl::Status {
+    kernels::GroupedGemmOptions o;
+    o.num_groups = groups;
+    o.k = static_cast<int>(kdim);
+    o.n = static_cast<int>(ndim);
+    o.max_rows = max_rows;
+    o.expected_rows_per_group = std::max<int64_t>(1, max_rows / groups);
+    o.weight_grad_type = kernels::GradType::kFloat32;
+    absl::StatusOr<std::unique_ptr<kernels::GroupedGemm>> g = kernels::GroupedGemm::Create(o);
+    if (!g.ok()) return g.status();
+    *out = *std::move(g);
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(grouped(d.experts, H, 2 * F, Tk, &k->w1_));
+  RETURN_IF_ERROR(grouped(d.experts, F, H, Tk, &k->w2_));
+  if (d.shared > 0) {
+    RETURN_IF_ERROR(grouped(1, H, 2 * F, T, &k->shared_w1_));
+    RETURN_IF_ERROR(grouped(1, F, H, T, &k->shared_w2_));
+    RETURN_IF_ERROR(Alloc(arena, 2, "shared expert offsets", &k->shared_offsets_));
+    const int32_t offsets[2] = {0, static_cast<int32_t>(T)};
+    DROPLESS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(k->shared_offsets_, offsets, sizeof(offsets), cudaMemcpyHostToDevice));
+  }
+  const kernels::DispatchPlanShape plan_shape{T, d.experts, d.topk};
+  RETURN_IF_ERROR(kernels::ValidateDispatchPlanShape(plan_shape));
+  RETURN_IF_ERROR(Alloc(arena, static_cast<int64_t>(kernels::DispatchPlanWorkspaceBytes(plan_shape)),
+                        "dispatch plan workspace", reinterpret_cast<uint8_t**>(&k->plan_workspace_)));
+
+  RETURN_IF_ERROR(Alloc(arena, T * H, "combined output", &k->combined_));
+  k->shared_out_.resize(d.shared);
+  k->d_x_shared_.resize(d.shared);
+  for (int s = 0; s < d.shared; ++s) {
+    RETURN_IF_ERROR(Alloc(arena, T * H, "shared expert output", &k->shared_out_[s]));
+    RETURN_IF_ERROR(Alloc(arena, T * H, "shared expert input gradient", &k->d_x_shared_[s]));
+  }
+  RETURN_IF_ERROR(Alloc(arena, Tk * H, "expert output gradient", &k->d_out_rows_));
+  RETURN_IF_ERROR(Alloc(arena, Tk * F, "activation gradient", &k->d_a_));
+  RETURN_IF_ERROR(Alloc(arena, Tk * 2 * F, "w1 output gradient", &k->d_h_));
+  RETURN_IF_ERROR(Alloc(arena, Tk * H, "expert input gradient", &k->d_rows_));
+  RETURN_IF_ERROR(Alloc(arena, T * H, "routed input gradient", &k->d_x_routed_));
+  RETURN_IF_ERROR(Alloc(arena, T * H, "router input gradient", &k->d_x_router_));
+  RETURN_IF_ERROR(Alloc(arena, T * d.topk, "gate gradient", &k->d_weights_));
+  RETURN_IF_ERROR(Alloc(arena, T * d.experts, "logit gradient", &k->d_logits_));
+  RETURN_IF_ERROR(Alloc(arena, int64_t{d.experts} * H, "router weight gradient", &k->d_router_));
+  if (d.shared > 0) {
+    RETURN_IF_ERROR(Alloc(arena, T * F, "shared activation gradient", &k->d_shared_a_));
+    RETURN_IF_ERROR(Alloc(arena, T * 2 * F, "shared w1 output gradient", &k->d_shared_h_));
+  }
+
+  if (d.mxfp8) {
+    auto mx = [&](int64_t kdim, int64_t ndim, std::unique_ptr<kernels::MxGroupedGemm>* out) {
+      kernels::MxGroupedGemmOptions o;
+      o.num_groups = d.experts;
+      o.k = static_cast<int>(kdim);
+      o.n = static_cast<int>(ndim);
+      o.max_rows = Tk;
+      o.expected_rows_per_group = std::max<int64_t>(1, Tk / d.experts);
+      absl::StatusOr<std::unique_ptr<kernels::MxGroupedGemm>> g = kernels::MxGroupedGemm::Create(o);
+      if (!g.ok()) return g.status();
+      *out = *std::move(g);
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(mx(H, 2 * F, &k->mx_w1_));
+    RETURN_IF_ERROR(mx(F, H, &k->mx_w2_));
+    k->padded_rows_ = kernels::ColwisePaddedRows(Tk, d.experts);
+    RETURN_IF_ERROR(AllocRowwise(arena, Tk, H, &k->mx_rows_));
+    RETURN_IF_ERROR(AllocRowwise(arena, Tk, F, &k->mx_a_));
+    RETURN_IF_ERROR(AllocRowwise(arena, Tk, H, &k->mx_d_out_));
+    RETURN_IF_ERROR(AllocRowwise(arena, Tk, 2 * F, &k->mx_d_h_));
+    RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, H, d.experts, &k->col_rows_));
+    RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, F, d.experts, &k->col_a_));
+    RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, H, d.experts, &k->col_d_out_));
+    RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, 2 * F, d.experts, &k->col_d_h_));
+    RETURN_IF_ERROR(Alloc(arena, int64_t{d.experts} * H * 2 * F, "weight transpose scratch",
+                          &k->transpose_scratch_));
+  }
+  return k;
+}
+
+absl::StatusOr<MxWeight> LayerKernels::AllocateMxWeight(int64_t kdim, int64_t ndim,
+                                                        DeviceArena* arena) const {
+  const int64_t n = int64_t{dims_.experts} * kdim * ndim;
+  MxWeight w;
+  RETURN_IF_ERROR(Alloc(arena, n, "mxfp8 weight (along n)", &w.along_n));
+  RETURN_IF_ERROR(Alloc(arena, n / kernels::kMxBlock, "mxfp8 weight scales", &w.along_n_scales));
+  RETURN_IF_ERROR(Alloc(arena, n, "mxfp8 weight (along k)", &w.along_k));
+  RETURN_IF_ERROR(Alloc(arena, n / kernels::kMxBlock, "mxfp8 weight scales", &w.along_k_scales));
+  return w;
+}
+
+absl::Status LayerKernels::QuantizeWeight(const Bf16* w, int64_t kdim, int64_t ndim,
+                                          const MxWeight& out, cudaStream_t stream) {
+  const int64_t E = dims_.experts;
+  kernels::MxRowwise along_n{out.along_n, out.along_n_scales};
+  RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{E * kdim, ndim, 1}, w, nullptr,
+                                    &along_n, nullptr, stream));
+  RETURN_IF_ERROR(Transpose(E, kdim, ndim, w, transpose_scratch_, stream));
+  kernels::MxRowwise along_k{out.along_k, out.along_k_scales};
+  return kc::QuantizeMxfp8(kernels::MxQuantizeShape{E * ndim, kdim, 1}, transpose_scratch_,
+                           nullptr, &along_k, nullptr, stream);
+}
+
+absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* kernels,
+                                                                 DeviceArena* arena) {
+  auto layer = std::unique_ptr<MoeLayerGpu>(new MoeLayerGpu(kernels));
+  const LayerDims& d = kernels->dims_;
+  const int64_t T = d.tokens, H = d.hidden, F = d.ffn, Tk = d.rows(), E = d.experts;
+  MoeLayerGpu& l = *layer;
+  RETURN_IF_ERROR(Alloc(arena, T * E, "router logits", &l.logits_));
+  RETURN_IF_ERROR(Alloc(arena, Tk, "expert ids", &l.expert_ids_));
+  RETURN_IF_ERROR(Alloc(arena, Tk, "gates", &l.gates_));
+  RETURN_IF_ERROR(Alloc(arena, E, "expert counts", &l.counts_));
+  RETURN_IF_ERROR(Alloc(arena, E, "probability sums", &l.prob_sums_));
+  RETURN_IF_ERROR(Alloc(arena, E + 1, "expert offsets", &l.offsets_));
+  RETURN_IF_ERROR(Alloc(arena, Tk, "slot of choice", &l.slot_of_choice_));
+  RETURN_IF_ERROR(Alloc(arena, Tk, "choice of slot", &l.choice_of_slot_));
+  RETURN_IF_ERROR(Alloc(arena, Tk * H, "permuted rows", &l.rows_));
+  RETURN_IF_ERROR(Alloc(arena, Tk * 2 * F, "w1 output", &l.h_));
+  RETURN_IF_ERROR(Alloc(arena, Tk * F, "SwiGLU output", &l.a_));
+  RETURN_IF_ERROR(Alloc(arena, Tk * H, "expert output", &l.out_rows_));
+  l.shared_h_.resize(d.shared);
+  l.shared_a_.resize(d.shared);
+  for (int s = 0; s < d.shared; ++s) {
+    RETURN_IF_ERROR(Alloc(arena, T * 2 * F, "shared w1 output", &l.shared_h_[s]));
+    RETURN_IF_ERROR(Alloc(arena, T * F, "shared SwiGLU output", &l.shared_a_[s]));
+  }
+  return layer;
+}
+
+kernels::RoutingShape MoeLayerGpu::RoutingShape() const {
+  const LayerDims& d = k_->dims_;
+  return kernels::RoutingShape{d.tokens, d.experts, d.topk, d.score, d.renormalize};
+}
+
+absl::Status MoeLayerGpu::SharedForward(const LayerWeights& w, const Bf16* x,
+                                        const LayerStreams& s) {
+  const LayerDims& d = k_->dims_;
+  const int64_t H = d.hidden, F = d.ffn;
+  const int32_t* live_rows = k_->shared_offsets_ + 1;
+  RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmForward, s.side));
+  for (int e = 0; e < d.shared; ++e) {
+    RETURN_IF_ERROR(k_->shared_w1_->Forward(Nv(x), Nv(w.shared_w1 + e * H * 2 * F),
+                                            k_->shared_offsets_, Nv(shared_h_[e]), s.side));
+    RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{d.tokens, F}, live_rows, shared_h_[e],
+                                      shared_a_[e], nullptr, s.side));
+    RETURN_IF_ERROR(k_->shared_w2_->Forward(Nv(shared_a_[e]), Nv(w.shared_w2 + e * F * H),
+                                            k_->shared_offsets_, Nv(k_->shared_out_[e]), s.side));
+  }
+  return End(s, PhaseTimer::kGemmForward, s.side);
+}
+
+absl::Status MoeLayerGpu::RoutedGemmsForward(const LayerWeights& w, const LayerStreams& s) {
+  const LayerDims& d = k_->dims_;
+  const int64_t Tk = d.rows(), H = d.hidden, F = d.ffn;
+  const int32_t* live_rows = offsets_ + d.experts;
+  RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmForward, s.main));
+  if (d.mxfp8) {
+    RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{Tk, H, 1}, rows_, nullptr,
+                                      &k_->mx_rows_, nullptr, s.main));
+    RETURN_IF_ERROR(k_->mx_w1_->Forward({k_->mx_rows_.data, k_->mx_rows_.scales},
+                                        {w.mx_w1.along_k, w.mx_w1.along_k_scales}, offsets_, h_,
+                                        s.main));
+    RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{Tk, F}, live_rows, h_, a_, &k_->mx_a_,
+                                      s.main));
+    RETURN_IF_ERROR(k_->mx_w2_->Forward({k_->mx_a_.data, k_->mx_a_.scales},
+                                        {w.mx_w2.along_k, w.mx_w2.along_k_scales}, offsets_,
+                                        out_rows_, s.main));
+  } else {
+    RETURN_IF_ERROR(k_->w1_->Forward(Nv(rows_), Nv(w.w1), offsets_, Nv(h_), s.main));
+    RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{Tk, F}, live_rows, h_, a_, nullptr,
+                                      s.main));
+    RETURN_IF_ERROR(k_->w2_->Forward(Nv(a_), Nv(w.w2), offsets_, Nv(out_rows_), s.main));
+  }
+  return End(s, PhaseTimer::kGemmForward, s.main);
+}
+
+absl::Status MoeLayerGpu::Forward(const LayerWeights& w, const Bf16* x, Bf16* x_next,
+                                  float* aux_loss, const LayerStreams& s) {
+  const LayerDims& d = k_->dims_;
+  const int64_t T = d.tokens, H = d.hidden;
+  if (d.shared > 0) {
+    RETURN_IF_ERROR(s.links->Link(s.main, s.side));
+    RETURN_IF_ERROR(SharedForward(w, x, s));
+  }
+  // Router, top-k, aux loss statistics and the dispatch plan.
+  RETURN_IF_ERROR(k_->router_->Logits(T, x, w.router, logits_, s.main));
+  if (w.router_bias != nullptr) RETURN_IF_ERROR(AddRowBias(T, d.experts, w.router_bias, logits_, s.main));
+  const kernels::RoutingShape routing = RoutingShape();
+  RETURN_IF_ERROR(kc::RouteTopK(routing, logits_,
+                                kernels::RoutingOutputs{expert_ids_, gates_, counts_, prob_sums_},
+                                s.main));
+  if (aux_loss != nullptr) RETURN_IF_ERROR(kc::AuxLoss(routing, counts_, prob_sums_, aux_loss, s.main));
+  RETURN_IF_ERROR(kc::BuildDispatchPlan(kernels::DispatchPlanShape{T, d.experts, d.topk}, expert_ids_,
+                                        kernels::DispatchPlan{offsets_, slot_of_choice_, choice_of_slot_},
+                                        k_->plan_workspace_, s.main));
+  // Dispatch (on one GPU: the permutation into expert order), experts, combine.
+  const kernels::PermuteShape permute{T, H, d.topk};
+  RETURN_IF_ERROR(Begin(s, PhaseTimer::kDispatch, s.main));
+  RETURN_IF_ERROR(kc::Permute(permute, x, slot_of_choice_, rows_, s.main));
+  RETURN_IF_ERROR(End(s, PhaseTimer::kDispatch, s.main));
+  RETURN_IF_ERROR(RoutedGemmsForward(w, s));
+  RETURN_IF_ERROR(Begin(s, PhaseTimer::kCombine, s.main));
+  RETURN_IF_ERROR(kc::UnpermuteCombine(permute, out_rows_, slot_of_choice_, gates_, k_->combined_,
+                                       s.main));
+  RETURN_IF_ERROR(End(s, PhaseTimer::kCombine, s.main));
+  // Residual stream.
+  std::vector<const Bf16*> terms = {x, k_->combined_};
+  if (d.shared > 0) {
+    RETURN_IF_ERROR(s.links->Link(s.side, s.main));
+    for (int e = 0; e < d.shared; ++e) terms.push_back(k_->shared_out_[e]);
+  }
+  return SumBf16(T * H, terms, x_next, s.main);
+}
+
+absl::Status MoeLayerGpu::RoutedGemmsBackward(const LayerWeights& w, const LayerGrads& grads,
+                                              const LayerStreams& s) {
+  const LayerDims& d = k_->dims_;
+  const int64_t Tk = d.rows(), H = d.hidden, F = d.ffn;
+  const int32_t* live_rows = offsets_ + d.experts;
+  LayerKernels& k = *k_;
+  // w2: data gradient on main, weight gradient beside it.
+  if (d.mxfp8) {
+    RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{Tk, H, d.experts}, k.d_out_rows_,
+                                      offsets_, &k.mx_d_out_, &k.col_d_out_, s.main));
+  }
+  RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
+  RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmWgrad, s.wgrad));
+  if (d.mxfp8) {
+    RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{Tk, F, d.experts}, a_, offsets_,
+                                      nullptr, &k.col_a_, s.wgrad));
+    RETURN_IF_ERROR(k.mx_w2_->BackwardWeight({k.col_a_.data, k.col_a_.scales},
+                                             {k.col_d_out_.data, k.col_d_out_.scales},
+                                             k.col_a_.group_offsets, grads.w2, s.wgrad));
+  } else {
+    RETURN_IF_ERROR(k.w2_->BackwardWeight(Nv(a_), Nv(k.d_out_rows_), offsets_, grads.w2, s.wgrad));
+  }
+  RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.wgrad));
+  RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.main));
+  if (d.mxfp8) {
+    RETURN_IF_ERROR(k.mx_w2_->BackwardData({k.mx_d_out_.data, k.mx_d_out_.scales},
+                                           {w.mx_w2.along_n, w.mx_w2.along_n_scales}, offsets_,
+                                           k.d_a_, s.main));
+  } else {
+    RETURN_IF_ERROR(k.w2_->BackwardData(Nv(k.d_out_rows_), Nv(w.w2), offsets_, Nv(k.d_a_), s.main));
+  }
+  RETURN_IF_ERROR(kc::SwigluBackward(kernels::SwigluShape{Tk, F}, live_rows, h_, k.d_a_, k.d_h_,
+                                     s.main));
+  if (d.mxfp8) {
+    RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{Tk, 2 * F, d.experts}, k.d_h_,
+                                      offsets_, &k.mx_d_h_, &k.col_d_h_, s.main));
+  }
+  // w1: the same split.
+  RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
+  RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmWgrad, s.wgrad));
+  if (d.mxfp8) {
+    RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{Tk, H, d.experts}, rows_, offsets_,
+                                      nullptr, &k.col_rows_, s.wgrad));
+    RETURN_IF_ERROR(k.mx_w1_->BackwardWeight({k.col_rows_.data, k.col_rows_.scales},
+                                             {k.col_d_h_.data, k.col_d_h_.scales},
+                                             k.col_rows_.group_offsets, grads.w1, s.wgrad));
+  } else {
+    RETURN_IF_ERROR(k.w1_->BackwardWeight(Nv(rows_), Nv(k.d_h_), offsets_, grads.w1, s.wgrad));
+  }
+  RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.wgrad));
+  if (d.mxfp8) {
+    RETURN_IF_ERROR(k.mx_w1_->BackwardData({k.mx_d_h_.data, k.mx_d_h_.scales},
+                                           {w.mx_w1.along_n, w.mx_w1.along_n_scales}, offsets_,
+                                           k.d_rows_, s.main));
+  } else {
+    RETURN_IF_ERROR(k.w1_->BackwardData(Nv(k.d_h_), Nv(w.w1), offsets_, Nv(k.d_rows_), s.main));
+  }
+  return End(s, PhaseTimer::kGemmDgrad, s.main);
+}
+
+absl::Status MoeLayerGpu::SharedBackward(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next,
+                                         const LayerGrads& grads, const LayerStreams& s) {
+  const LayerDims& d = k_->dims_;
+  const int64_t H = d.hidden, F = d.ffn;
+  LayerKernels& k = *k_;
+  const int32_t* live_rows = k.shared_offsets_ + 1;
+  for (int e = 0; e < d.shared; ++e) {
+    RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.side));
+    RETURN_IF_ERROR(k.shared_w2_->BackwardData(Nv(d_x_next), Nv(w.shared_w2 + e * F * H),
+                                               k.shared_offsets_, Nv(k.d_shared_a_), s.side));
+    RETURN_IF_ERROR(kc::SwigluBackward(kernels::SwigluShape{d.tokens, F}, live_rows, shared_h_[e],
+                                       k.d_shared_a_, k.d_shared_h_, s.side));
+    RETURN_IF_ERROR(k.shared_w1_->BackwardData(Nv(k.d_shared_h_), Nv(w.shared_w1 + e * H * 2 * F),
+                                               k.shared_offsets_, Nv(k.d_x_shared_[e]), s.side));
+    RETURN_IF_ERROR(End(s, PhaseTimer::kGemmDgrad, s.side));
+    RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmWgrad, s.side));
+    RETURN_IF_ERROR(k.shared_w2_->BackwardWeight(Nv(shared_a_[e]), Nv(d_x_next), k.shared_offsets_,
+                                                 grads.shared_w2 + e * F * H, s.side));
+    RETURN_IF_ERROR(k.shared_w1_->BackwardWeight(Nv(x), Nv(k.d_shared_h_), k.shared_offsets_,
+                                                 grads.shared_w1 + e * H * 2 * F, s.side));
+    RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.side));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeLayerGpu::Backward(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next,
+                                   float aux_coef, const LayerGrads& grads, Bf16* d_x,
+                                   const LayerStreams& s) {
+  const LayerDims& d = k_->dims_;
+  const int64_t T = d.tokens, H = d.hidden;
+  LayerKernels& k = *k_;
+  // Shared experts beside the routed path.
+  RETURN_IF_ERROR(s.links->Link(s.main, s.side));
+  if (d.shared > 0) RETURN_IF_ERROR(SharedBackward(w, x, d_x_next, grads, s));
+
+  // Combine backward: gate gradients and the expert outputs' gradients.
+  const kernels::PermuteShape permute{T, H, d.topk};
+  RETURN_IF_ERROR(Begin(s, PhaseTimer::kCombine, s.main));
+  RETURN_IF_ERROR(kc::UnpermuteCombineBackward(permute, d_x_next, out_rows_, slot_of_choice_,
+                                               gates_, k.d_out_rows_, k.d_weights_, s.main));
+  RETURN_IF_ERROR(End(s, PhaseTimer::kCombine, s.main));
+
+  // Router backward on the side stream once the gate gradients exist.
+  RETURN_IF_ERROR(s.links->Link(s.main, s.side));
+  RETURN_IF_ERROR(kc::RouteTopKBackward(RoutingShape(), logits_, expert_ids_, counts_, k.d_weights_,
+                                        aux_coef, k.d_logits_, s.side));
+  RETURN_IF_ERROR(k.router_->LogitsBackward(T, x, w.router, k.d_logits_, k.d_x_router_,
+                                            /*accumulate_d_x=*/false, k.d_router_, s.side));
+  RETURN_IF_ERROR(Transpose(1, d.experts, H, k.d_router_, grads.router, s.side));
+
+  RETURN_IF_ERROR(RoutedGemmsBackward(w, grads, s));
+  RETURN_IF_ERROR(Begin(s, PhaseTimer::kDispatch, s.main));
+  RETURN_IF_ERROR(kc::PermuteBackward(permute, k.d_rows_, slot_of_choice_, k.d_x_routed_, s.main));
+  RETURN_IF_ERROR(End(s, PhaseTimer::kDispatch, s.main));
+
+  RETURN_IF_ERROR(s.links->Link(s.side, s.main));
+  RETURN_IF_ERROR(s.links->Link(s.wgrad, s.main));
+  std::vector<const Bf16*> terms = {d_x_next, k.d_x_routed_, k.d_x_router_};
+  for (int e = 0; e < d.shared; ++e) terms.push_back(k.d_x_shared_[e]);
+  return SumBf16(T * H, terms, d_x, s.main);
+}
+
+absl::Status MoeLayerGpu::TimeExpertGemms(const LayerWeights& w, const LayerGrads& grads,
+                                          int iterations, cudaStream_t stream, double seconds[3]) {
+  const LayerDims& d = k_->dims_;
+  LayerKernels& k = *k_;
+  auto forward = [&]() -> absl::Status {
+    if (d.mxfp8) {
+      RETURN_IF_ERROR(k.mx_w1_->Forward({k.mx_rows_.data, k.mx_rows_.scales},
+                                        {w.mx_w1.along_k, w.mx_w1.along_k_scales}, offsets_, h_,
+                                        stream));
+      return k.mx_w2_->Forward({k.mx_a_.data, k.mx_a_.scales},
+                               {w.mx_w2.along_k, w.mx_w2.along_k_scales}, offsets_, out_rows_,
+                               stream);
+    }
+    RETURN_IF_ERROR(k.w1_->Forward(Nv(rows_), Nv(w.w1), offsets_, Nv(h_), stream));
+    return k.w2_->Forward(Nv(a_), Nv(w.w2), offsets_, Nv(out_rows_), stream);
+  };
+  auto dgrad = [&]() -> absl::Status {
+    if (d.mxfp8) {
+      RETURN_IF_ERROR(k.mx_w2_->BackwardData({k.mx_d_out_.data, k.mx_d_out_.scales},
+                                             {w.mx_w2.along_n, w.mx_w2.along_n_scales}, offsets_,
+                                             k.d_a_, stream));
+      return k.mx_w1_->BackwardData({k.mx_d_h_.data, k.mx_d_h_.scales},
+                                    {w.mx_w1.along_n, w.mx_w1.along_n_scales}, offsets_,
+                                    k.d_rows_, stream);
+    }
+    RETURN_IF_ERROR(k.w2_->BackwardData(Nv(k.d_out_rows_), Nv(w.w2), offsets_, Nv(k.d_a_), stream));
+    return k.w1_->BackwardData(Nv(k.d_h_), Nv(w.w1), offsets_, Nv(k.d_rows_), stream);
+  };
+  auto wgrad = [&]() -> absl::Status {
+    if (d.mxfp8) {
+      RETURN_IF_ERROR(k.mx_w2_->BackwardWeight({k.col_a_.data, k.col_a_.scales},
+                                               {k.col_d_out_.data, k.col_d_out_.scales},
+                                               k.col_a_.group_offsets, grads.w2, stream));
+      return k.mx_w1_->BackwardWeight({k.col_rows_.data, k.col_rows_.scales},
+                                      {k.col_d_h_.data, k.col_d_h_.scales},
+                                      k.col_rows_.group_offsets, grads.w1, stream);
+    }
+    RETURN_IF_ERROR(k.w2_->BackwardWeight(Nv(a_), Nv(k.d_out_rows_), offsets_, grads.w2, stream));
+    return k.w1_->BackwardWeight(Nv(rows_), Nv(k.d_h_), offsets_, grads.w1, stream);
+  };
+  cudaEvent_t begin = nullptr, end = nullptr;
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&begin));
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&end));
+  absl::Status status;
+  int product = 0;
+  const std::function<absl::Status()> products[3] = {forward, dgrad, wgrad};
+  for (product = 0; product < 3 && status.ok(); ++product) {
+    status = products[product]();  // warm
+    if (status.ok()) status = kc::CudaStatus(cudaEventRecord(begin, stream), "cudaEventRecord");
+    for (int i = 0; i < iterations && status.ok(); ++i) status = products[product]();
+    if (status.ok()) status = kc::CudaStatus(cudaEventRecord(end, stream), "cudaEventRecord");
+    if (status.ok()) status = kc::CudaStatus(cudaEventSynchronize(end), "cudaEventSynchronize");
+    float ms = 0;
+    if (status.ok()) status = kc::CudaStatus(cudaEventElapsedTime(&ms, begin, end), "cudaEventElapsedTime");
+    seconds[product] = ms * 1e-3 / std::max(1, iterations);
+  }
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+  return status;
+}
+
+}  // namespace dropless::cuda_engine

@@ -1,0 +1,190 @@
+// One MoE layer of the CUDA engine, forward and backward, on one GPU (every expert local: the
+// layer of an EP=1 rank):
+//   x_next = x + sum_j gate[t, j] * Expert_{id[t, j]}(x[t]) + sum_s Shared_s(x[t])
+// composed from the kernel library: router GEMM (cuBLASLt), top-k routing and aux-loss
+// statistics, the dispatch plan, permute, grouped GEMM w1, SwiGLU, grouped GEMM w2, unpermute with
+// the weighted combine; shared experts are grouped GEMMs of one group. Backward runs through all
+// of it, router included. Expert GEMMs run in bf16 or MXFP8 (precision mxfp8: operands quantized
+// by the MXFP8 kernels, the weights once per step by QuantizeWeights).
+//
+// Streams: `main` carries the routed path; `side` runs the shared experts beside it (and, in
+// backward, the router's backward); `wgrad` runs the weight-gradient GEMMs beside the data
+// gradients. Every call ends with side and wgrad joined into main, so successive layers may reuse
+// the scratch buffers. Nothing here synchronizes with the host: group sizes stay on the device.
+#ifndef DROPLESS_WORKER_ENGINE_CUDA_MOE_LAYER_GPU_H_
+#define DROPLESS_WORKER_ENGINE_CUDA_MOE_LAYER_GPU_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dropless/kernels/grouped_gemm.h"
+#include "dropless/kernels/mx_grouped_gemm.h"
+#include "dropless/kernels/mxfp8.h"
+#include "dropless/kernels/router_gemm.h"
+#include "dropless/kernels/routing.h"
+#include "dropless/kernels/types.h"
+#include "worker/engine/cuda/device_memory.h"
+
+namespace dropless::cuda_engine {
+
+using kernels::Bf16;
+
+struct LayerDims {
+  int64_t tokens = 0;  // T
+  int64_t hidden = 0;  // H
+  int64_t ffn = 0;     // F
+  int experts = 0;     // E (all local)
+  int topk = 0;
+  int shared = 0;      // shared experts
+  kernels::ScoreFunction score = kernels::ScoreFunction::kSoftmax;
+  bool renormalize = true;
+  bool mxfp8 = false;
+
+  int64_t rows() const { return tokens * topk; }  // T*k routed rows
+};
+
+// MXFP8 copies of one expert weight W [E][k][n]: quantized along n (the data gradient's operand,
+// [E][k][n] + scales [E][k][n/32]) and along k (the forward's, W^T [E][n][k] + [E][n][k/32]).
+struct MxWeight {
+  uint8_t* along_n = nullptr;
+  uint8_t* along_n_scales = nullptr;
+  uint8_t* along_k = nullptr;
+  uint8_t* along_k_scales = nullptr;
+};
+
+// Device weights of one layer (bf16 working copies of the fp32 master weights).
+struct LayerWeights {
+  const Bf16* router = nullptr;       // [E][H]
+  const float* router_bias = nullptr; // [E] logit offsets or null (the teacher's skew)
+  const Bf16* w1 = nullptr;           // [E][H][2F]
+  const Bf16* w2 = nullptr;           // [E][F][H]
+  const Bf16* shared_w1 = nullptr;    // [S][H][2F]
+  const Bf16* shared_w2 = nullptr;    // [S][F][H]
+  MxWeight mx_w1, mx_w2;              // precision mxfp8 only
+};
+
+// fp32 gradients, overwritten by Backward (the flat buffers' layout of MoeParameterLayout).
+struct LayerGrads {
+  float* router = nullptr;     // [H][E]
+  float* w1 = nullptr;         // [E][H][2F]
+  float* w2 = nullptr;         // [E][F][H]
+  float* shared_w1 = nullptr;  // [S][H][2F]
+  float* shared_w2 = nullptr;  // [S][F][H]
+};
+
+struct LayerStreams {
+  cudaStream_t main = nullptr;
+  cudaStream_t side = nullptr;
+  cudaStream_t wgrad = nullptr;
+  StreamLinks* links = nullptr;
+  PhaseTimer* timer = nullptr;  // may be null
+};
+
+// Kernel objects and scratch shared by every layer of an engine (teacher included).
+class LayerKernels {
+ public:
+  static absl::StatusOr<std::unique_ptr<LayerKernels>> Create(const LayerDims& dims,
+                                                              DeviceArena* arena);
+
+  // Quantizes a bf16 expert weight [E][k][n] into both MXFP8 forms (uses the scratch transpose).
+  absl::Status QuantizeWeight(const Bf16* w, int64_t k, int64_t n, const MxWeight& out,
+                              cudaStream_t stream);
+  // Allocates the two MXFP8 forms of an [E][k][n] weight.
+  absl::StatusOr<MxWeight> AllocateMxWeight(int64_t k, int64_t n, DeviceArena* arena) const;
+
+ private:
+  friend class MoeLayerGpu;
+  LayerKernels() = default;
+
+  LayerDims dims_;
+  std::unique_ptr<kernels::cuda::RouterGemm> router_;
+  std::unique_ptr<kernels::GroupedGemm> w1_, w2_, shared_w1_, shared_w2_;
+  std::unique_ptr<kernels::MxGroupedGemm> mx_w1_, mx_w2_;
+  int32_t* shared_offsets_ = nullptr;  // {0, T}
+  void* plan_workspace_ = nullptr;
+  int64_t padded_rows_ = 0;            // MXFP8 column-wise rows
+
+  // Forward scratch.
+  Bf16* combined_ = nullptr;            // [T][H] routed output
+  std::vector<Bf16*> shared_out_;       // [S][T][H]
+  // Backward scratch.
+  Bf16* d_out_rows_ = nullptr;          // [Tk][H]
+  Bf16* d_a_ = nullptr;                 // [Tk][F]
+  Bf16* d_h_ = nullptr;                 // [Tk][2F]
+  Bf16* d_rows_ = nullptr;              // [Tk][H]
+  Bf16* d_x_routed_ = nullptr;          // [T][H]
+  Bf16* d_x_router_ = nullptr;          // [T][H]
+  float* d_weights_ = nullptr;          // [T][k]
+  float* d_logits_ = nullptr;           // [T][E]
+  float* d_router_ = nullptr;           // [E][H]
+  Bf16* d_shared_a_ = nullptr;          // [T][F]
+  Bf16* d_shared_h_ = nullptr;          // [T][2F]
+  std::vector<Bf16*> d_x_shared_;       // [S][T][H]
+  // MXFP8 scratch (precision mxfp8).
+  kernels::MxRowwise mx_rows_, mx_a_, mx_d_out_, mx_d_h_;
+  kernels::MxColwise col_rows_, col_a_, col_d_out_, col_d_h_;
+  Bf16* transpose_scratch_ = nullptr;   // the largest [E][n][k] weight
+};
+
+class MoeLayerGpu {
+ public:
+  // Allocates what the forward keeps for the backward (the layer's activations).
+  static absl::StatusOr<std::unique_ptr<MoeLayerGpu>> Create(LayerKernels* kernels,
+                                                             DeviceArena* arena);
+
+  // x [T][H] -> x_next [T][H] (must not alias x). With train, keeps what Backward needs;
+  // aux_loss (device float) receives the layer's aux loss (before its coefficient) and counts
+  // (device int32 [E]) the tokens routed to each expert. Either may be null for the teacher.
+  absl::Status Forward(const LayerWeights& w, const Bf16* x, Bf16* x_next, float* aux_loss,
+                       const LayerStreams& s);
+
+  // d_x_next -> d_x (both [T][H], no alias), every gradient in `grads`. aux_coef: d objective /
+  // d aux_loss of this layer.
+  absl::Status Backward(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next, float aux_coef,
+                        const LayerGrads& grads, Bf16* d_x, const LayerStreams& s);
+
+  const int32_t* expert_counts() const { return counts_; }
+
+  // The routed experts' GEMMs of the last forward and backward, each product timed alone on
+  // `stream` over `iterations` runs: seconds of one run of forward (w1 + w2), dgrad (w2 + w1)
+  // and wgrad (w2 + w1). For the benchmark's step-vs-GEMM comparison.
+  absl::Status TimeExpertGemms(const LayerWeights& w, const LayerGrads& grads, int iterations,
+                               cudaStream_t stream, double seconds[3]);
+
+ private:
+  explicit MoeLayerGpu(LayerKernels* kernels) : k_(kernels) {}
+  kernels::RoutingShape RoutingShape() const;
+
+  absl::Status SharedForward(const LayerWeights& w, const Bf16* x, const LayerStreams& s);
+  absl::Status SharedBackward(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next,
+                              const LayerGrads& grads, const LayerStreams& s);
+  absl::Status RoutedGemmsForward(const LayerWeights& w, const LayerStreams& s);
+  absl::Status RoutedGemmsBackward(const LayerWeights& w, const LayerGrads& grads,
+                                   const LayerStreams& s);
+
+  LayerKernels* const k_;
+  // Saved activations.
+  float* logits_ = nullptr;        // [T][E]
+  int32_t* expert_ids_ = nullptr;  // [T][k]
+  float* gates_ = nullptr;         // [T][k]
+  int32_t* counts_ = nullptr;      // [E]
+  float* prob_sums_ = nullptr;     // [E]
+  int32_t* offsets_ = nullptr;     // [E + 1]
+  int32_t* slot_of_choice_ = nullptr;
+  int32_t* choice_of_slot_ = nullptr;
+  Bf16* rows_ = nullptr;           // [Tk][H] permuted input
+  Bf16* h_ = nullptr;              // [Tk][2F]
+  Bf16* a_ = nullptr;              // [Tk][F]
+  Bf16* out_rows_ = nullptr;       // [Tk][H] expert outputs
+  std::vector<Bf16*> shared_h_;    // [S][T][2F]
+  std::vector<Bf16*> shared_a_;    // [S][T][F]
+};
+
+}  // namespace dropless::cuda_engine
+
+#endif  // DROPLESS_WORKER_ENGINE_CUDA_MOE_LAYER_GPU_H_

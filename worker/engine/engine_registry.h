@@ -1,0 +1,25 @@
+// The engines by backend. cpu is linked into the rank executable; cuda is the loadable module
+// libdropless_engine_cuda.so (engine_module.h), opened on first use so that CPU jobs, the worker
+// daemon and CPU-only builds never load a CUDA library.
+#ifndef DROPLESS_WORKER_ENGINE_ENGINE_REGISTRY_H_
+#define DROPLESS_WORKER_ENGINE_ENGINE_REGISTRY_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/job_spec.h"
+#include "worker/engine/engine.h"
+
+namespace dropless {
+
+// Checks the config against the backend's capabilities (CheckEngineSupport), then builds it.
+absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(Backend backend, const EngineContext& ctx);
+
+// Where the cuda module is looked for: $DROPLESS_CUDA_ENGINE_LIBRARY when set, else
+// libdropless_engine_cuda.so in the running executable's directory.
+std::string CudaEngineLibraryPath();
+
+}  // namespace dropless
+
+#endif  // DROPLESS_WORKER_ENGINE_ENGINE_REGISTRY_H_
