@@ -13,6 +13,7 @@
 
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "worker/engine/checkpoint/moe_checkpoint.h"
 #include "worker/engine/engine.h"
 #include "worker/transport/transport_factory.h"
 
@@ -188,8 +189,10 @@ TEST(CpuEngineTest, ResumeFromCheckpointContinuesTheSameCurve) {
   spec.checkpoint.dir = TempDir("resume");
   spec.checkpoint.every = 4;
   const auto first_half = RunJob(spec, 2, 1, 5);  // checkpoint at 4; step 5 is lost
-  ASSERT_TRUE(std::filesystem::exists(spec.checkpoint.dir + "/rank-0.ckpt"));
-  ASSERT_TRUE(std::filesystem::exists(spec.checkpoint.dir + "/rank-1.ckpt"));
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(std::filesystem::exists(engine::MoeCheckpointManifestPath(spec.checkpoint.dir, rank)));
+    ASSERT_TRUE(std::filesystem::exists(engine::MoeCheckpointDataPath(spec.checkpoint.dir, rank, 4)));
+  }
 
   spec.parallel.ep = 2;
   std::vector<RankGroups> groups = CreateLocalGroups(2, 1);
@@ -225,7 +228,7 @@ TEST(CpuEngineTest, DamagedOrForeignCheckpointIsRefused) {
   spec.checkpoint.dir = TempDir("damaged");
   spec.steps = 2;
   RunJob(spec, 1, 1, 2);
-  const std::string path = spec.checkpoint.dir + "/rank-0.ckpt";
+  const std::string path = engine::MoeCheckpointDataPath(spec.checkpoint.dir, 0, 2);
   ASSERT_TRUE(std::filesystem::exists(path));
 
   std::vector<RankGroups> groups = CreateLocalGroups(1, 1);

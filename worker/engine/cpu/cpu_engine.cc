@@ -11,9 +11,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "worker/engine/checkpoint/moe_checkpoint.h"
 #include "worker/engine/cpu/adamw.h"
 #include "worker/engine/cpu/blas_gemm.h"
-#include "worker/engine/cpu/checkpoint.h"
 #include "worker/engine/cpu/expert_exchange.h"
 #include "worker/engine/cpu/moe_layer.h"
 #include "worker/engine/cpu/moe_model.h"
@@ -151,20 +151,8 @@ class CpuEngine final : public Engine {
   int64_t StepsDone() const override { return steps_done_; }
 
  private:
-  cpu::CheckpointIdentity Identity() const {
-    cpu::CheckpointIdentity id;
-    id.rank = rank_;
-    id.world_size = world_size_;
-    id.ep = spec_.parallel.ep;
-    id.dp = spec_.parallel.dp;
-    id.hidden = spec_.model.hidden;
-    id.ffn = spec_.model.ffn;
-    id.experts = spec_.model.experts;
-    id.topk = spec_.model.topk;
-    id.shared_experts = spec_.model.shared_experts;
-    id.layers = spec_.model.layers;
-    id.seed = spec_.data.seed;
-    return id;
+  static engine::MoeOptimizerBuffers Buffers(ParameterBuffer& buffer) {
+    return {absl::MakeSpan(buffer.value), absl::MakeSpan(buffer.m), absl::MakeSpan(buffer.v)};
   }
 
   absl::Status Restore(const std::string& dir);
@@ -334,19 +322,15 @@ absl::StatusOr<StepStats> CpuEngine::Step() {
 }
 
 absl::Status CpuEngine::SaveCheckpoint(const std::string& dir) {
-  using Span = absl::Span<const float>;
-  const std::vector<Span> tensors = {
-      Span(student_replicated_.value), Span(student_replicated_.m), Span(student_replicated_.v),
-      Span(student_experts_.value),    Span(student_experts_.m),    Span(student_experts_.v)};
-  return cpu::WriteRankCheckpoint(dir, Identity(), steps_done_, tensors);
+  return engine::WriteMoeCheckpoint(dir, engine::MoeCheckpointIdentityOf(spec_, rank_), steps_done_,
+                                    layout_, Buffers(student_replicated_),
+                                    Buffers(student_experts_));
 }
 
 absl::Status CpuEngine::Restore(const std::string& dir) {
-  using Span = absl::Span<float>;
-  const std::vector<Span> tensors = {
-      Span(student_replicated_.value), Span(student_replicated_.m), Span(student_replicated_.v),
-      Span(student_experts_.value),    Span(student_experts_.m),    Span(student_experts_.v)};
-  absl::StatusOr<int64_t> step = cpu::ReadRankCheckpoint(dir, Identity(), tensors);
+  absl::StatusOr<int64_t> step = engine::ReadMoeCheckpoint(
+      dir, engine::MoeCheckpointIdentityOf(spec_, rank_), layout_, Buffers(student_replicated_),
+      Buffers(student_experts_));
   int64_t restored = 0;
   if (step.ok()) {
     restored = *step;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "worker/engine/cpu/blas_gemm.h"
 
 namespace dropless::cpu {
 namespace {
@@ -41,10 +40,17 @@ void TokenGenerator::Generate(int64_t step, int64_t first_token, int64_t tokens,
       latent[t * rank_ + i] = NormalAt(token_stream, static_cast<uint64_t>(i));
     }
   }
-  std::vector<double> values(tokens * hidden_);
-  Gemm<double>(false, false, tokens, hidden_, rank_, 1.0, latent.data(), rank_, basis_.data(),
-               hidden_, 0.0, values.data(), hidden_);
-  for (int64_t i = 0; i < tokens * hidden_; ++i) x[i] = static_cast<T>(values[i]);
+  // x = latent basis as a plain loop (rank <= 8): the model library links no BLAS.
+  std::vector<double> row(hidden_);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::fill(row.begin(), row.end(), 0.0);
+    for (int64_t i = 0; i < rank_; ++i) {
+      const double z = latent[t * rank_ + i];
+      const double* b = basis_.data() + i * hidden_;
+      for (int64_t j = 0; j < hidden_; ++j) row[j] += z * b[j];
+    }
+    for (int64_t j = 0; j < hidden_; ++j) x[t * hidden_ + j] = static_cast<T>(row[j]);
+  }
 }
 
 std::vector<double> TeacherRouterBias(const DataSpec& data, int64_t experts) {

@@ -1,0 +1,85 @@
+// The checkpoint library's building blocks: CRC-32C against published check values and the
+// table implementation, and the strict JSON parser / quoting.
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/engine/checkpoint/crc32c.h"
+#include "worker/engine/checkpoint/json.h"
+
+namespace dropless::engine {
+namespace {
+
+TEST(Crc32cTest, MatchesPublishedCheckValues) {
+  EXPECT_EQ(Crc32c("123456789", 9), 0xe3069283u);
+  const std::string zeros(32, '\0'), ones(32, '\xff');
+  EXPECT_EQ(Crc32c(zeros.data(), zeros.size()), 0x8a9136aau);  // RFC 3720 B.4
+  EXPECT_EQ(Crc32c(ones.data(), ones.size()), 0x62a8ab43u);
+  EXPECT_EQ(Crc32c(nullptr, 0), 0u);
+}
+
+TEST(Crc32cTest, HardwareAndTablesAgreeAndExtendConcatenates) {
+  std::mt19937_64 rng(7);
+  std::vector<unsigned char> data(4099);
+  for (auto& b : data) b = static_cast<unsigned char>(rng());
+  for (size_t offset : {0, 1, 3, 8}) {
+    for (size_t size : {0, 1, 7, 8, 9, 63, 64, 65, 4000}) {
+      const unsigned char* p = data.data() + offset;
+      const uint32_t whole = Crc32c(p, size);
+      EXPECT_EQ(whole, crc32c_internal::ExtendPortable(0, p, size)) << offset << " " << size;
+      for (size_t cut : {size_t{0}, size / 3, size}) {
+        EXPECT_EQ(Crc32cExtend(Crc32c(p, cut), p + cut, size - cut), whole);
+      }
+    }
+  }
+}
+
+TEST(JsonTest, ParsesAValueTreeKeepingIntegersExact) {
+  absl::StatusOr<json::Value> v = json::Parse(
+      " {\"a\": [1, -2.5e3, 18446744073709551615], \"b\": {\"c\": \"x\\u00e9\\ud83d\\ude00\\n\"},"
+      " \"t\": true, \"n\": null} ");
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_TRUE(v->is_object());
+  EXPECT_EQ(v->keys(), (std::vector<std::string>{"a", "b", "t", "n"}));
+  const json::Value* a = v->Find("a");
+  ASSERT_NE(a, nullptr);
+  ASSERT_EQ(a->items().size(), 3u);
+  EXPECT_EQ(*json::ToUint64(a->items()[2]), UINT64_MAX);
+  EXPECT_EQ(a->items()[1].text(), "-2.5e3");
+  EXPECT_FALSE(json::ToUint64(a->items()[1]).ok());
+  EXPECT_FALSE(json::ToNonNegativeInt64(a->items()[2]).ok());
+  EXPECT_EQ(v->Find("b")->Find("c")->text(), "x\xc3\xa9\xf0\x9f\x98\x80\n");
+  EXPECT_TRUE(v->Find("t")->boolean());
+  EXPECT_EQ(v->Find("n")->kind(), json::Value::Kind::kNull);
+  EXPECT_EQ(v->Find("zz"), nullptr);
+}
+
+TEST(JsonTest, RefusesWhatRfc8259Refuses) {
+  const std::string deep = std::string(100, '[') + std::string(100, ']');
+  const std::vector<std::string> bad = {
+      "", " ", "{", "}", "{\"a\":1,}", "[1,]", "{\"a\" 1}", "{\"a\":1 \"b\":2}", "{a:1}",
+      "{\"a\":1}x", "01", "1.", ".5", "-", "1e", "+1", "tru", "nul", "\"abc", "\"a\\x\"",
+      "\"\\u12\"", "\"\\ud800\"", "\"\\udc00\"", "\"\\ud800\\u0041\"", std::string("\"a\x01\""),
+      "\"\xff\"", "\"\xc0\xaf\"", "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"", "\"\xe2\x82\"",
+      "{\"a\":1,\"a\":2}", deep, std::string("{\"a\":1}\0", 8), "[1] [2]", "'a'", "NaN"};
+  for (const std::string& text : bad) {
+    absl::StatusOr<json::Value> v = json::Parse(text);
+    EXPECT_FALSE(v.ok()) << "accepted: " << text;
+    if (!v.ok()) EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(json::Parse(std::string(60, '[') + std::string(60, ']')).ok());
+}
+
+TEST(JsonTest, QuoteEscapesLikeSerdeJsonAndRoundTrips) {
+  const std::string text = "a\"b\\c\b\f\n\r\t\x01\x1f\x7f/\xc3\xa9";
+  const std::string quoted = json::Quote(text);
+  EXPECT_EQ(quoted, "\"a\\\"b\\\\c\\b\\f\\n\\r\\t\\u0001\\u001f\x7f/\xc3\xa9\"");
+  absl::StatusOr<json::Value> back = json::Parse(quoted);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->text(), text);
+}
+
+}  // namespace
+}  // namespace dropless::engine

@@ -1,0 +1,294 @@
+// MoE rank checkpoints: round trip, the safetensors names/shapes/metadata other tools see, the
+// manifest, refusal of other jobs (naming the field), damage, and atomicity of replacement.
+#include "worker/engine/checkpoint/moe_checkpoint.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/engine/checkpoint/file_io.h"
+#include "worker/engine/checkpoint/json.h"
+#include "worker/engine/checkpoint/safetensors.h"
+
+namespace dropless::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+ModelSpec TinyModel() {
+  ModelSpec m;
+  m.hidden = 8;
+  m.ffn = 6;
+  m.experts = 4;
+  m.topk = 2;
+  m.shared_experts = 1;
+  m.layers = 2;
+  return m;
+}
+
+JobSpec TinyJob(int ep, int dp) {
+  JobSpec spec;
+  spec.model = TinyModel();
+  spec.parallel.ep = ep;
+  spec.parallel.dp = dp;
+  spec.data.seed = 99;
+  return spec;
+}
+
+// One rank's parameter and moment buffers, filled with random values.
+struct RankState {
+  RankState(const JobSpec& spec, int rank, uint32_t seed)
+      : id(MoeCheckpointIdentityOf(spec, rank)),
+        layout(spec.model, spec.parallel.ep, rank % spec.parallel.ep, 16) {
+    for (auto* v : {&rep_value, &rep_m, &rep_v}) v->resize(layout.replicated_size());
+    for (auto* v : {&exp_value, &exp_m, &exp_v}) v->resize(layout.experts_size());
+    Fill(seed);
+  }
+  void Fill(uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal;
+    for (auto* v : {&rep_value, &rep_m, &rep_v, &exp_value, &exp_m, &exp_v}) {
+      for (float& x : *v) x = normal(rng);
+    }
+  }
+  MoeOptimizerBuffers Replicated() {
+    return {absl::MakeSpan(rep_value), absl::MakeSpan(rep_m), absl::MakeSpan(rep_v)};
+  }
+  MoeOptimizerBuffers Experts() {
+    return {absl::MakeSpan(exp_value), absl::MakeSpan(exp_m), absl::MakeSpan(exp_v)};
+  }
+  absl::Status Write(const std::string& dir, int64_t step) {
+    return WriteMoeCheckpoint(dir, id, step, layout, Replicated(), Experts());
+  }
+  absl::StatusOr<int64_t> Read(const std::string& dir) {
+    return ReadMoeCheckpoint(dir, id, layout, Replicated(), Experts());
+  }
+  bool operator==(const RankState& o) const {
+    return rep_value == o.rep_value && rep_m == o.rep_m && rep_v == o.rep_v &&
+           exp_value == o.exp_value && exp_m == o.exp_m && exp_v == o.exp_v;
+  }
+
+  MoeCheckpointIdentity id;
+  cpu::MoeParameterLayout layout;
+  std::vector<float> rep_value, rep_m, rep_v, exp_value, exp_m, exp_v;
+};
+
+class MoeCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* base = std::getenv("TEST_TMPDIR");
+    dir_ = std::string(base ? base : "/tmp") + "/dropless-moe-ckpt-" + std::to_string(getpid()) +
+           "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string dir_;
+};
+
+TEST_F(MoeCheckpointTest, RoundTripsFreshRandomData) {
+  const JobSpec spec = TinyJob(2, 1);
+  RankState written(spec, 1, std::random_device{}());
+  ASSERT_TRUE(written.Write(dir_ + "/nested/dir", 12).ok());
+  RankState read(spec, 1, 0);
+  absl::StatusOr<int64_t> step = read.Read(dir_ + "/nested/dir");
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 12);
+  EXPECT_TRUE(read == written);
+}
+
+TEST_F(MoeCheckpointTest, FileHasEcosystemNamesShapesAndMetadata) {
+  const JobSpec spec = TinyJob(2, 1);  // rank 1 holds experts 2 and 3
+  RankState state(spec, 1, 3);
+  ASSERT_TRUE(state.Write(dir_, 7).ok());
+  absl::StatusOr<SafetensorsReader> reader =
+      SafetensorsReader::Open(MoeCheckpointDataPath(dir_, 1, 7));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const SafetensorsHeader& h = reader->header();
+  // Per layer: router, shared w1/w2, experts w1/w2; times value, exp_avg, exp_avg_sq.
+  EXPECT_EQ(h.tensors.size(), 2u * 5u * 3u);
+  const auto shape_of = [&](const std::string& name) {
+    const SafetensorsTensorInfo* t = h.Find(name);
+    return t ? t->shape : std::vector<int64_t>{-1};
+  };
+  using Shape = std::vector<int64_t>;
+  EXPECT_EQ(shape_of("layers.0.router.weight"), (Shape{8, 4}));
+  EXPECT_EQ(shape_of("layers.1.shared_experts.0.w1"), (Shape{8, 12}));
+  EXPECT_EQ(shape_of("layers.1.shared_experts.0.w2"), (Shape{6, 8}));
+  EXPECT_EQ(shape_of("layers.1.experts.w1"), (Shape{2, 8, 12}));
+  EXPECT_EQ(shape_of("optimizer.exp_avg.layers.0.experts.w2"), (Shape{2, 6, 8}));
+  EXPECT_EQ(shape_of("optimizer.exp_avg_sq.layers.1.router.weight"), (Shape{8, 4}));
+  EXPECT_EQ(h.metadata.at("step"), "7");
+  EXPECT_EQ(h.metadata.at("first_expert"), "2");
+  EXPECT_EQ(h.metadata.at("local_experts"), "2");
+  EXPECT_EQ(h.metadata.at("hidden"), "8");
+  EXPECT_EQ(h.metadata.at("seed"), "99");
+  EXPECT_EQ(h.metadata.at("rng_state"), R"({"seed":99,"step":7})");
+  EXPECT_EQ(h.metadata.at("format"), "pt");
+  // Layer 1's expert w2 is the second layer's tail of the experts buffer.
+  const int64_t per_layer = state.layout.experts_size() / 2;
+  std::vector<float> w2(2 * 6 * 8);
+  ASSERT_TRUE(reader->Read(*h.Find("optimizer.exp_avg_sq.layers.1.experts.w2"),
+                           absl::MakeSpan(reinterpret_cast<char*>(w2.data()), w2.size() * 4)).ok());
+  EXPECT_EQ(w2, std::vector<float>(state.exp_v.begin() + 2 * per_layer - w2.size(),
+                                   state.exp_v.begin() + 2 * per_layer));
+
+  absl::StatusOr<std::string> manifest_text = ReadSmallFile(MoeCheckpointManifestPath(dir_, 1), 1 << 20);
+  ASSERT_TRUE(manifest_text.ok());
+  absl::StatusOr<json::Value> manifest = json::Parse(*manifest_text);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->Find("step")->text(), "7");
+  EXPECT_EQ(manifest->Find("identity")->Find("ep")->text(), "2");
+  const json::Value& file = manifest->Find("files")->items().at(0);
+  EXPECT_EQ(file.Find("name")->text(), "rank-1-step-7.safetensors");
+  EXPECT_EQ(*json::ToUint64(*file.Find("bytes")), reader->file_size());
+}
+
+TEST_F(MoeCheckpointTest, NoCheckpointIsNotFound) {
+  RankState state(TinyJob(1, 1), 0, 1);
+  EXPECT_EQ(state.Read(dir_).status().code(), absl::StatusCode::kNotFound);
+  fs::create_directories(dir_);
+  EXPECT_EQ(state.Read(dir_).status().code(), absl::StatusCode::kNotFound);
+  std::ofstream(dir_ + "/rank-0.ckpt") << "old";  // the pre-safetensors format is not ignored
+  EXPECT_EQ(state.Read(dir_).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(MoeCheckpointTest, AnotherJobIsRefusedNamingTheFields) {
+  RankState written(TinyJob(2, 1), 0, 1);
+  ASSERT_TRUE(written.Write(dir_, 3).ok());
+  JobSpec wider = TinyJob(2, 1);
+  wider.model.hidden = 16;
+  absl::StatusOr<int64_t> step = RankState(wider, 0, 1).Read(dir_);
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(step.status().message().find("hidden is 8 there, 16 here"), std::string::npos)
+      << step.status();
+  JobSpec reseeded = TinyJob(2, 1);
+  reseeded.data.seed = 5;
+  reseeded.model.layers = 3;
+  step = RankState(reseeded, 0, 1).Read(dir_);
+  EXPECT_NE(step.status().message().find("layers is 2 there, 3 here; seed is 99 there, 5 here"),
+            std::string::npos) << step.status();
+  step = RankState(TinyJob(2, 2), 0, 1).Read(dir_);  // same rank 0, other layout
+  EXPECT_NE(step.status().message().find("world_size is 2 there, 4 here; dp is 1 there, 2 here"),
+            std::string::npos) << step.status();
+}
+
+TEST_F(MoeCheckpointTest, BuffersThatDoNotFitTheLayoutAreRefused) {
+  RankState state(TinyJob(2, 1), 0, 1);
+  state.exp_m.pop_back();
+  EXPECT_EQ(state.Write(dir_, 1).code(), absl::StatusCode::kInvalidArgument);
+  RankState other(TinyJob(2, 1), 0, 1);
+  other.id.ffn = 7;  // identity that does not describe the layout
+  EXPECT_EQ(other.Write(dir_, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(other.Write(dir_, -1).code(), absl::StatusCode::kInvalidArgument);
+}
+
+void Overwrite(const std::string& path, std::streamoff offset, const std::string& bytes) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  file.seekp(offset, offset < 0 ? std::ios::end : std::ios::beg);
+  file << bytes;
+}
+
+TEST_F(MoeCheckpointTest, DamageIsDataLoss) {
+  RankState state(TinyJob(1, 1), 0, 1);
+  const std::string data = MoeCheckpointDataPath(dir_, 0, 5);
+  const std::string manifest = MoeCheckpointManifestPath(dir_, 0);
+  const auto expect_code = [&](absl::StatusCode code, const char* what) {
+    EXPECT_EQ(state.Read(dir_).status().code(), code) << what << ": " << state.Read(dir_).status();
+    ASSERT_TRUE(state.Write(dir_, 5).ok());  // repair for the next case
+  };
+  ASSERT_TRUE(state.Write(dir_, 5).ok());
+  Overwrite(data, -100, "\x5a\x5a");
+  expect_code(absl::StatusCode::kDataLoss, "payload byte flipped");
+  fs::resize_file(data, fs::file_size(data) - 4);
+  expect_code(absl::StatusCode::kDataLoss, "data truncated");
+  fs::resize_file(data, 40);
+  expect_code(absl::StatusCode::kDataLoss, "header truncated");
+  Overwrite(data, 20, "\"");
+  expect_code(absl::StatusCode::kDataLoss, "header JSON damaged");
+  fs::remove(data);
+  expect_code(absl::StatusCode::kDataLoss, "data file missing");
+  Overwrite(manifest, 0, "{{");
+  expect_code(absl::StatusCode::kDataLoss, "manifest not JSON");
+  std::ofstream(manifest, std::ios::trunc) << R"({"format": "dropless-moe-checkpoint", "version": 2})";
+  expect_code(absl::StatusCode::kInvalidArgument, "manifest of a newer version");
+  std::string text = *ReadSmallFile(manifest, 1 << 20);
+  text.replace(text.find("rank-0-step-5"), 13, "../rank-0-step-5");
+  std::ofstream(manifest, std::ios::trunc) << text;
+  expect_code(absl::StatusCode::kDataLoss, "manifest names a file outside the directory");
+}
+
+TEST_F(MoeCheckpointTest, LeftoverOrFailedWritesLeaveThePreviousCheckpoint) {
+  const JobSpec spec = TinyJob(1, 1);
+  RankState saved(spec, 0, 1);
+  ASSERT_TRUE(saved.Write(dir_, 4).ok());
+  const auto expect_step_4 = [&](const char* what) {
+    RankState read(spec, 0, 2);
+    absl::StatusOr<int64_t> step = read.Read(dir_);
+    ASSERT_TRUE(step.ok()) << what << ": " << step.status();
+    EXPECT_EQ(*step, 4) << what;
+    EXPECT_TRUE(read == saved) << what;
+  };
+  // A crash while writing step 8 leaves temp files, or a data file that no manifest names yet.
+  const std::string data8 = MoeCheckpointDataPath(dir_, 0, 8);
+  const std::string manifest = MoeCheckpointManifestPath(dir_, 0);
+  std::ofstream(AtomicFileWriter::TempPath(data8)) << "partial";
+  std::ofstream(AtomicFileWriter::TempPath(manifest)) << "{\"partial";
+  std::ofstream(data8) << "garbage";
+  expect_step_4("leftover files");
+
+  RankState next(spec, 0, 3);
+  // Writes that fail: the data file's temp path, then the manifest's, cannot be created.
+  fs::remove(AtomicFileWriter::TempPath(data8));
+  fs::create_directory(AtomicFileWriter::TempPath(data8));
+  EXPECT_FALSE(next.Write(dir_, 8).ok());
+  expect_step_4("failed data write");
+  fs::remove(AtomicFileWriter::TempPath(data8));
+  fs::remove(AtomicFileWriter::TempPath(manifest));
+  fs::create_directory(AtomicFileWriter::TempPath(manifest));
+  EXPECT_FALSE(next.Write(dir_, 8).ok());
+  expect_step_4("failed manifest write");
+  fs::remove(AtomicFileWriter::TempPath(manifest));
+
+  // A write that succeeds replaces the checkpoint and removes this rank's other data files only.
+  std::ofstream(AtomicFileWriter::TempPath(MoeCheckpointDataPath(dir_, 0, 6))) << "partial";
+  std::ofstream(MoeCheckpointDataPath(dir_, 10, 4)) << "rank 10's";
+  ASSERT_TRUE(next.Write(dir_, 8).ok());
+  RankState read(spec, 0, 4);
+  EXPECT_EQ(*read.Read(dir_), 8);
+  EXPECT_TRUE(read == next);
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir_)) names.push_back(entry.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"manifest-rank-0.json", "rank-0-step-8.safetensors",
+                                             "rank-10-step-4.safetensors"}));
+}
+
+TEST_F(MoeCheckpointTest, RanksWriteTheSameDirectoryConcurrently) {
+  const JobSpec spec = TinyJob(2, 2);
+  std::vector<RankState> ranks;
+  for (int r = 0; r < 4; ++r) ranks.emplace_back(spec, r, 10 + r);
+  for (int round = 1; round <= 3; ++round) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 4; ++r) {
+      threads.emplace_back([&, r] { EXPECT_TRUE(ranks[r].Write(dir_, round).ok()); });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int r = 0; r < 4; ++r) {
+    RankState read(spec, r, 0);
+    EXPECT_EQ(*read.Read(dir_), 3);
+    EXPECT_TRUE(read == ranks[r]) << r;
+  }
+}
+
+}  // namespace
+}  // namespace dropless::engine

@@ -1,0 +1,78 @@
+// POSIX file plumbing of the checkpoint writers and readers: atomic replacement of a file (temp
+// file, fsync, rename, directory fsync), positional reads, and errno as absl::Status.
+#ifndef DROPLESS_WORKER_ENGINE_CHECKPOINT_FILE_IO_H_
+#define DROPLESS_WORKER_ENGINE_CHECKPOINT_FILE_IO_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace dropless::engine {
+
+// Creates `dir` and its missing parents.
+absl::Status MakeDirectories(const std::string& dir);
+
+// fsync of a directory, making the renames and unlinks inside it durable.
+absl::Status SyncDirectory(const std::string& dir);
+
+// The directory part of `path` ("." when it has none).
+std::string DirectoryOf(const std::string& path);
+
+// Writes `path` so that readers see either its previous content or the complete new one: the
+// bytes go to TempPath(path), which Commit fsyncs, renames over `path`, then fsyncs the directory.
+// A leftover temp file of an earlier attempt is overwritten; destroying the writer before Commit
+// removes the temp file. Tracks the size and CRC-32C of what was written.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  static std::string TempPath(const std::string& path) { return path + ".tmp"; }
+
+  absl::Status Open();
+  absl::Status Append(const void* data, size_t bytes);
+  absl::Status Commit();
+
+  uint64_t size() const { return size_; }
+  uint32_t crc32c() const { return crc32c_; }
+
+ private:
+  std::string path_;
+  std::string temp_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  uint32_t crc32c_ = 0;
+};
+
+// A file opened for reading. Open is NotFound when the file does not exist.
+class ReadOnlyFile {
+ public:
+  ReadOnlyFile() = default;
+  ~ReadOnlyFile();
+  ReadOnlyFile(ReadOnlyFile&& other) noexcept;
+  ReadOnlyFile& operator=(ReadOnlyFile&& other) noexcept;
+
+  static absl::StatusOr<ReadOnlyFile> Open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  uint64_t size() const { return size_; }
+  // Reads exactly `bytes` at `offset`; DataLoss when the file ends first.
+  absl::Status ReadAt(uint64_t offset, void* data, size_t bytes) const;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+// The whole content of a file of at most `max_bytes` (InvalidArgument when larger).
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes);
+
+}  // namespace dropless::engine
+
+#endif  // DROPLESS_WORKER_ENGINE_CHECKPOINT_FILE_IO_H_

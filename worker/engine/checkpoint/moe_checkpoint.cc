@@ -1,0 +1,372 @@
+#include "worker/engine/checkpoint/moe_checkpoint.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "worker/engine/checkpoint/file_io.h"
+#include "worker/engine/checkpoint/json.h"
+#include "worker/engine/checkpoint/safetensors.h"
+
+namespace dropless::engine {
+namespace {
+
+constexpr char kManifestFormat[] = "dropless-moe-checkpoint";
+constexpr char kVersionKey[] = "dropless_checkpoint_version";
+constexpr uint64_t kMaxManifestBytes = 1 << 20;
+
+using Fields = std::vector<std::pair<std::string, std::string>>;
+
+// The identity as (name, decimal text) pairs: what the manifest and the metadata record.
+Fields IdentityFields(const MoeCheckpointIdentity& id) {
+  return {{"rank", absl::StrCat(id.rank)},
+          {"world_size", absl::StrCat(id.world_size)},
+          {"ep", absl::StrCat(id.ep)},
+          {"dp", absl::StrCat(id.dp)},
+          {"hidden", absl::StrCat(id.hidden)},
+          {"ffn", absl::StrCat(id.ffn)},
+          {"experts", absl::StrCat(id.experts)},
+          {"topk", absl::StrCat(id.topk)},
+          {"shared_experts", absl::StrCat(id.shared_experts)},
+          {"layers", absl::StrCat(id.layers)},
+          {"seed", absl::StrCat(id.seed)}};
+}
+
+std::string DataFileName(int64_t rank, int64_t step) {
+  return absl::StrCat("rank-", rank, "-step-", step, ".safetensors");
+}
+
+std::string RngState(const MoeCheckpointIdentity& id, int64_t step) {
+  return absl::StrCat("{\"seed\":", id.seed, ",\"step\":", step, "}");
+}
+
+// A float32 tensor of the checkpoint and where it lives in the engine's buffers.
+struct MoeTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  float* data = nullptr;
+};
+
+// The parameter tensors of `replicated` and `experts` (flat buffers of `layout`), named `prefix` +
+// their parameter name.
+void AppendParameterTensors(const cpu::MoeParameterLayout& layout, const std::string& prefix,
+                            float* replicated, float* experts, std::vector<MoeTensor>* out) {
+  const cpu::MoeLayerShape& s = layout.layer_shape();
+  const int64_t h = s.hidden, f = s.ffn;
+  for (int64_t layer = 0; layer < layout.layers(); ++layer) {
+    const cpu::MoeLayerGrads<float> w = layout.Grads<float>(replicated, experts, layer);
+    const std::string base = absl::StrCat(prefix, "layers.", layer, ".");
+    out->push_back({base + "router.weight", {h, s.experts}, w.router});
+    for (int64_t e = 0; e < s.shared_experts; ++e) {
+      const std::string shared = absl::StrCat(base, "shared_experts.", e, ".");
+      out->push_back({shared + "w1", {h, 2 * f}, w.shared_w1 + e * h * 2 * f});
+      out->push_back({shared + "w2", {f, h}, w.shared_w2 + e * f * h});
+    }
+    out->push_back({base + "experts.w1", {layout.local_experts(), h, 2 * f}, w.expert_w1});
+    out->push_back({base + "experts.w2", {layout.local_experts(), f, h}, w.expert_w2});
+  }
+}
+
+absl::StatusOr<std::vector<MoeTensor>> CheckpointTensors(const MoeCheckpointIdentity& id,
+                                                         const cpu::MoeParameterLayout& layout,
+                                                         const MoeOptimizerBuffers& replicated,
+                                                         const MoeOptimizerBuffers& experts) {
+  const cpu::MoeLayerShape& s = layout.layer_shape();
+  const bool fits = id.ep > 0 && id.hidden == s.hidden && id.ffn == s.ffn &&
+                    id.experts == s.experts && id.topk == s.topk &&
+                    id.shared_experts == s.shared_experts && id.layers == layout.layers() &&
+                    layout.local_experts() == id.experts / id.ep &&
+                    layout.first_expert() == (id.rank % id.ep) * layout.local_experts();
+  if (!fits) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint: the identity (", absl::StrJoin(IdentityFields(id), ", ", absl::PairFormatter("=")),
+        ") does not describe the parameter layout"));
+  }
+  struct Kind {
+    const char* prefix;
+    const char* what;
+    absl::Span<float> replicated, experts;
+  };
+  const Kind kinds[] = {{"", "value", replicated.value, experts.value},
+                        {"optimizer.exp_avg.", "m", replicated.m, experts.m},
+                        {"optimizer.exp_avg_sq.", "v", replicated.v, experts.v}};
+  std::vector<MoeTensor> tensors;
+  for (const Kind& kind : kinds) {
+    if (static_cast<int64_t>(kind.replicated.size()) != layout.replicated_size() ||
+        static_cast<int64_t>(kind.experts.size()) != layout.experts_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint: buffers ", kind.what, " hold ", kind.replicated.size(), " replicated and ",
+          kind.experts.size(), " expert floats; the layout has ", layout.replicated_size(),
+          " and ", layout.experts_size()));
+    }
+    AppendParameterTensors(layout, kind.prefix, kind.replicated.data(), kind.experts.data(),
+                           &tensors);
+  }
+  return tensors;
+}
+
+SafetensorsMetadata Metadata(const MoeCheckpointIdentity& id, int64_t step,
+                             const cpu::MoeParameterLayout& layout) {
+  SafetensorsMetadata metadata;
+  for (auto& [name, value] : IdentityFields(id)) metadata[name] = value;
+  metadata["format"] = "pt";
+  metadata[kVersionKey] = absl::StrCat(kMoeCheckpointVersion);
+  metadata["step"] = absl::StrCat(step);
+  metadata["first_expert"] = absl::StrCat(layout.first_expert());
+  metadata["local_experts"] = absl::StrCat(layout.local_experts());
+  metadata["rng_state"] = RngState(id, step);
+  return metadata;
+}
+
+std::string ManifestText(const MoeCheckpointIdentity& id, int64_t step, const std::string& file,
+                         uint64_t bytes, uint32_t crc) {
+  std::vector<std::string> identity;
+  for (auto& [name, value] : IdentityFields(id)) {
+    identity.push_back(absl::StrCat(json::Quote(name), ": ", value));
+  }
+  char crc_text[9];
+  std::snprintf(crc_text, sizeof(crc_text), "%08" PRIx32, crc);
+  return absl::StrCat("{\n  \"format\": \"", kManifestFormat, "\",\n  \"version\": ",
+                      kMoeCheckpointVersion, ",\n  \"step\": ", step, ",\n  \"identity\": {",
+                      absl::StrJoin(identity, ", "), "},\n  \"files\": [{\"name\": ",
+                      json::Quote(file), ", \"bytes\": ", bytes, ", \"crc32c\": \"", crc_text,
+                      "\"}]\n}\n");
+}
+
+// This rank's data files (and their temp files) other than `keep`; best effort, after a commit.
+void RemoveStaleDataFiles(const std::string& dir, int64_t rank, const std::string& keep) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  const std::string prefix = absl::StrCat("rank-", rank, "-step-");
+  while (const dirent* entry = readdir(d)) {
+    const std::string name = entry->d_name;
+    if (name == keep || !absl::StartsWith(name, prefix)) continue;
+    if (absl::EndsWith(name, ".safetensors") || absl::EndsWith(name, ".safetensors.tmp")) {
+      unlink((dir + "/" + name).c_str());
+    }
+  }
+  closedir(d);
+}
+
+absl::Status DamagedError(const std::string& path, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("checkpoint: ", path, ": ", what));
+}
+
+// Compares the recorded identity (text_of(field) gives a field's text, or null when absent) with
+// the job's; InvalidArgument naming every field that differs.
+absl::Status CompareIdentity(const std::string& where, const MoeCheckpointIdentity& id,
+                             absl::FunctionRef<const std::string*(const std::string&)> text_of) {
+  std::vector<std::string> differences;
+  for (auto& [name, expected] : IdentityFields(id)) {
+    const std::string* recorded = text_of(name);
+    if (recorded == nullptr) return DamagedError(where, absl::StrCat("no identity field ", name));
+    if (*recorded != expected) {
+      differences.push_back(absl::StrCat(name, " is ", *recorded, " there, ", expected, " here"));
+    }
+  }
+  if (differences.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", where,
+                                                 " belongs to another job or layout: ",
+                                                 absl::StrJoin(differences, "; ")));
+}
+
+struct Manifest {
+  int64_t step = 0;
+  std::string file;
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
+};
+
+absl::StatusOr<Manifest> ParseManifest(const std::string& path, const std::string& text,
+                                       const MoeCheckpointIdentity& id) {
+  absl::StatusOr<json::Value> root = json::Parse(text);
+  if (!root.ok()) return DamagedError(path, root.status().message());
+  const json::Value* format = root->is_object() ? root->Find("format") : nullptr;
+  if (format == nullptr || format->text() != kManifestFormat) {
+    return DamagedError(path, absl::StrCat("not a ", kManifestFormat, " manifest"));
+  }
+  const json::Value* version = root->Find("version");
+  if (version == nullptr || version->text() != absl::StrCat(kMoeCheckpointVersion)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint: ", path, " has format version ", version ? version->text() : "(none)",
+        "; this build reads version ", kMoeCheckpointVersion));
+  }
+  const json::Value* identity = root->Find("identity");
+  if (identity == nullptr || !identity->is_object()) return DamagedError(path, "no identity");
+  absl::Status same = CompareIdentity(path, id, [&](const std::string& name) {
+    const json::Value* v = identity->Find(name);
+    return v != nullptr && v->is_number() ? &v->text() : nullptr;
+  });
+  if (!same.ok()) return same;
+  Manifest manifest;
+  const json::Value* step = root->Find("step");
+  absl::StatusOr<int64_t> step_value =
+      step ? json::ToNonNegativeInt64(*step) : absl::InvalidArgumentError("missing");
+  if (!step_value.ok()) return DamagedError(path, absl::StrCat("step: ", step_value.status().message()));
+  manifest.step = *step_value;
+  const json::Value* files = root->Find("files");
+  if (files == nullptr || !files->is_array() || files->items().size() != 1 ||
+      !files->items()[0].is_object()) {
+    return DamagedError(path, "files must list one data file");
+  }
+  const json::Value& file = files->items()[0];
+  const json::Value* name = file.Find("name");
+  const json::Value* bytes = file.Find("bytes");
+  const json::Value* crc = file.Find("crc32c");
+  absl::StatusOr<uint64_t> byte_count =
+      bytes ? json::ToUint64(*bytes) : absl::InvalidArgumentError("missing");
+  uint32_t crc_value = 0;
+  if (name == nullptr || !name->is_string() || name->text().empty() ||
+      name->text().find('/') != std::string::npos || name->text() == "." ||
+      name->text() == ".." || !byte_count.ok() || crc == nullptr || !crc->is_string() ||
+      crc->text().size() != 8 || !absl::SimpleHexAtoi(crc->text(), &crc_value)) {
+    return DamagedError(path, "the data file entry needs a plain name, bytes and an 8-digit crc32c");
+  }
+  manifest.file = name->text();
+  manifest.bytes = *byte_count;
+  manifest.crc = crc_value;
+  return manifest;
+}
+
+}  // namespace
+
+bool MoeCheckpointIdentity::operator==(const MoeCheckpointIdentity& other) const {
+  return IdentityFields(*this) == IdentityFields(other);
+}
+
+MoeCheckpointIdentity MoeCheckpointIdentityOf(const JobSpec& spec, int64_t rank) {
+  MoeCheckpointIdentity id;
+  id.rank = rank;
+  id.world_size = spec.world_size();
+  id.ep = spec.parallel.ep;
+  id.dp = spec.parallel.dp;
+  id.hidden = spec.model.hidden;
+  id.ffn = spec.model.ffn;
+  id.experts = spec.model.experts;
+  id.topk = spec.model.topk;
+  id.shared_experts = spec.model.shared_experts;
+  id.layers = spec.model.layers;
+  id.seed = spec.data.seed;
+  return id;
+}
+
+std::string MoeCheckpointManifestPath(const std::string& dir, int64_t rank) {
+  return absl::StrCat(dir, "/manifest-rank-", rank, ".json");
+}
+
+std::string MoeCheckpointDataPath(const std::string& dir, int64_t rank, int64_t step) {
+  return absl::StrCat(dir, "/", DataFileName(rank, step));
+}
+
+absl::Status WriteMoeCheckpoint(const std::string& dir, const MoeCheckpointIdentity& id,
+                                int64_t step, const cpu::MoeParameterLayout& layout,
+                                const MoeOptimizerBuffers& replicated,
+                                const MoeOptimizerBuffers& experts) {
+  if (step < 0) return absl::InvalidArgumentError("checkpoint: negative step");
+  absl::StatusOr<std::vector<MoeTensor>> tensors =
+      CheckpointTensors(id, layout, replicated, experts);
+  if (!tensors.ok()) return tensors.status();
+  if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
+
+  std::vector<SafetensorsTensorRef> refs;
+  for (const MoeTensor& t : *tensors) {
+    refs.push_back({t.name, SafetensorsDtype::kF32, t.shape, t.data});
+  }
+  const std::string file = DataFileName(id.rank, step);
+  AtomicFileWriter data(dir + "/" + file);
+  if (absl::Status s = data.Open(); !s.ok()) return s;
+  if (absl::Status s = WriteSafetensors(std::move(refs), Metadata(id, step, layout), &data);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = data.Commit(); !s.ok()) return s;
+
+  const std::string text = ManifestText(id, step, file, data.size(), data.crc32c());
+  AtomicFileWriter manifest(MoeCheckpointManifestPath(dir, id.rank));
+  if (absl::Status s = manifest.Open(); !s.ok()) return s;
+  if (absl::Status s = manifest.Append(text.data(), text.size()); !s.ok()) return s;
+  if (absl::Status s = manifest.Commit(); !s.ok()) return s;
+  RemoveStaleDataFiles(dir, id.rank, file);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ReadMoeCheckpoint(const std::string& dir, const MoeCheckpointIdentity& id,
+                                          const cpu::MoeParameterLayout& layout,
+                                          const MoeOptimizerBuffers& replicated,
+                                          const MoeOptimizerBuffers& experts) {
+  absl::StatusOr<std::vector<MoeTensor>> tensors =
+      CheckpointTensors(id, layout, replicated, experts);
+  if (!tensors.ok()) return tensors.status();
+  const std::string manifest_path = MoeCheckpointManifestPath(dir, id.rank);
+  absl::StatusOr<std::string> text = ReadSmallFile(manifest_path, kMaxManifestBytes);
+  if (absl::IsNotFound(text.status())) {
+    const std::string legacy = absl::StrCat(dir, "/rank-", id.rank, ".ckpt");
+    if (access(legacy.c_str(), F_OK) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint: ", legacy, " is in the pre-safetensors format, which this build no longer "
+          "reads; remove it or choose another checkpoint.dir"));
+    }
+    return absl::NotFoundError(absl::StrCat("checkpoint: no ", manifest_path));
+  }
+  if (!text.ok()) return text.status();
+  absl::StatusOr<Manifest> manifest = ParseManifest(manifest_path, *text, id);
+  if (!manifest.ok()) return manifest.status();
+
+  const std::string data_path = dir + "/" + manifest->file;
+  absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(data_path);
+  if (!reader.ok()) {
+    if (!absl::IsNotFound(reader.status())) return reader.status();
+    return DamagedError(manifest_path, absl::StrCat("its data file ", data_path, " is missing"));
+  }
+  if (reader->file_size() != manifest->bytes) {
+    return DamagedError(data_path, absl::StrCat("is ", reader->file_size(),
+                                                 " bytes, the manifest says ", manifest->bytes));
+  }
+  const SafetensorsMetadata& metadata = reader->header().metadata;
+  const SafetensorsMetadata expected_metadata = Metadata(id, manifest->step, layout);
+  for (const auto& [key, value] : expected_metadata) {
+    const auto it = metadata.find(key);
+    if (it == metadata.end() || it->second != value) {
+      return DamagedError(data_path, absl::StrCat("metadata ", key, " is ",
+                                                   it == metadata.end() ? "missing" : it->second,
+                                                   ", expected ", value));
+    }
+  }
+  std::map<std::string, const MoeTensor*> by_name;
+  for (const MoeTensor& t : *tensors) by_name[t.name] = &t;
+  if (reader->header().tensors.size() != by_name.size()) {
+    return DamagedError(data_path, absl::StrCat("holds ", reader->header().tensors.size(),
+                                                 " tensors, expected ", by_name.size()));
+  }
+  absl::StatusOr<uint32_t> crc = reader->ReadAll(
+      [&](const SafetensorsTensorInfo& info) -> absl::StatusOr<void*> {
+        const auto it = by_name.find(info.name);
+        if (it == by_name.end()) {
+          return DamagedError(data_path, absl::StrCat("unexpected tensor ", info.name));
+        }
+        if (info.dtype != SafetensorsDtype::kF32 || info.shape != it->second->shape) {
+          return DamagedError(data_path, absl::StrCat(
+              "tensor ", info.name, " is ", SafetensorsDtypeName(info.dtype), " [",
+              absl::StrJoin(info.shape, ","), "], expected F32 [",
+              absl::StrJoin(it->second->shape, ","), "]"));
+        }
+        return static_cast<void*>(it->second->data);
+      });
+  if (!crc.ok()) return crc.status();
+  if (*crc != manifest->crc) {
+    return DamagedError(data_path, "fails its checksum (the manifest's crc32c)");
+  }
+  return manifest->step;
+}
+
+}  // namespace dropless::engine
