@@ -19,7 +19,10 @@ Impls (names as in ../shared/docs/BENCH.md):
   torch._grouped_mm         both expert GEMMs with torch._grouped_mm(offs=int32 cumulative group ends)
   torch-naive-loop          a Python loop over experts, one matmul per expert (host sync for sizes)
   jax.ragged_dot            jax.lax.ragged_dot, jitted value_and_grad + hand-written AdamW
-                            (XLA_PYTHON_CLIENT_PREALLOCATE=false, MEM_FRACTION --jax-mem-fraction)
+                            (XLA_PYTHON_CLIENT_PREALLOCATE=false, MEM_FRACTION --jax-mem-fraction;
+                            XLA:GPU may lower ragged_dot to cuDNN or to a zero-padded batched dot
+                            whose temporaries grow as E/ep x T*k x H: a RESOURCE_EXHAUSTED failure
+                            line then asks for a larger --jax-mem-fraction)
   torch._scaled_grouped_mm  (precision fp8-rowwise; default with --precision mxfp8) forward expert
                             GEMMs in e4m3 with row-wise scales (activation rows, weight columns,
                             quantized every step), backward in bf16 torch._grouped_mm
@@ -32,8 +35,9 @@ Impls (names as in ../shared/docs/BENCH.md):
           // else the message is in err
       int   dl_step_stats(void* h, double* out, int n);
           // fills up to n doubles, in this order: peak_mem_bytes, loss, fwd_gemm_ms,
-          // dgrad_gemm_ms, wgrad_gemm_ms (the step's own grouped GEMMs timed alone),
-          // dispatch_ms, combine_ms; returns how many it wrote
+          // dgrad_gemm_ms, wgrad_gemm_ms (the step's own grouped GEMMs timed alone: each is
+          // both expert GEMMs, w1 and w2, of one step, 6*T*k*H*F FLOPs), dispatch_ms,
+          // combine_ms; returns how many it wrote
       void  dl_step_destroy(void* h);
 
   Each round creates the engine, runs 1 warm step and one timed dl_step_run(steps), reads
@@ -179,7 +183,7 @@ def preflight(args, ctx, impls, nparam):
         if name != DROPLESS and need > have:
             skip[name] = (f"skipped: needs > {need / 2 ** 30:.0f} GiB for weights, fp32 masters, "
                           f"grads and AdamW state, {have / 2 ** 30:.0f} GiB available"
-                          + ("; raise --jax-mem-fraction" if name == JAX else "; try --ep 8"))
+                          + ("; raise --jax-mem-fraction" if name == JAX else "; use a larger --ep for it"))
             print(f"  {name}: {skip[name]}", flush=True)
     return skip
 
@@ -280,9 +284,13 @@ def bench(args, impls):
 def write_json(args, rows, errors, ceil_start, ctx):
     torch = ctx["torch"]
     name = torch.cuda.get_device_name() if ctx["device"] == "cuda" else "cpu"
+    here = os.path.dirname(os.path.abspath(__file__))
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+                                cwd=here).stdout.strip()
+        if commit and subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                     capture_output=True, text=True, cwd=here).stdout.strip():
+            commit += "-dirty"
     except OSError:
         commit = ""
     versions = {"torch": torch.__version__}

@@ -50,21 +50,24 @@ def router_mm_fn(torch):
     return RouterMM.apply
 
 
+def swiglu(torch, h):
+    """silu(gate) * up, gate the first F columns (split, not slicing: one cat in backward)."""
+    gate, up = h.split(h.shape[-1] // 2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
 def experts_grouped(torch, xs, w1, w2, counts):
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    f = w2.shape[1]
-    h = torch._grouped_mm(xs, w1, offs=offs)
-    a = torch.nn.functional.silu(h[:, :f]) * h[:, f:]
-    return torch._grouped_mm(a, w2, offs=offs)
+    return torch._grouped_mm(swiglu(torch, torch._grouped_mm(xs, w1, offs=offs)), w2, offs=offs)
 
 
 def experts_naive(torch, xs, w1, w2, counts):
-    f, outs, start = w2.shape[1], [], 0
-    for e, n in enumerate(counts.tolist()):
-        if n:
-            h = xs[start:start + n] @ w1[e]
-            outs.append((torch.nn.functional.silu(h[:, :f]) * h[:, f:]) @ w2[e])
-            start += n
+    """One matmul per expert and GEMM. split/unbind rather than indexing, so that backward
+    gathers the pieces with one cat/stack instead of a full-size zero tensor per expert."""
+    sizes, outs = counts.tolist(), []
+    for xe, a, b in zip(xs.split(sizes), w1.unbind(0), w2.unbind(0)):
+        if xe.shape[0]:
+            outs.append(swiglu(torch, xe @ a) @ b)
     return torch.cat(outs) if outs else xs.new_zeros(0, w2.shape[2])
 
 
@@ -90,12 +93,9 @@ def experts_fp8(torch):
             return (torch._grouped_mm(dy, w.transpose(-2, -1), offs=offs),
                     torch._grouped_mm(x.t(), dy, offs=offs), None)
 
-    def fn(torch_, xs, w1, w2, counts):
+    def fn(_torch, xs, w1, w2, counts):
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
-        f = w2.shape[1]
-        h = ScaledGroupedMM.apply(xs, w1, offs)
-        a = torch.nn.functional.silu(h[:, :f]) * h[:, f:]
-        return ScaledGroupedMM.apply(a, w2, offs)
+        return ScaledGroupedMM.apply(swiglu(torch, ScaledGroupedMM.apply(xs, w1, offs)), w2, offs)
     return fn
 
 
