@@ -1,0 +1,19 @@
+"""The implementations that bench/peers/step_peer.py times and checks (see its docstring)."""
+from gemm_peer import SHAPES as _GEMM_SHAPES  # bench/peers is on sys.path (step_peer.py puts it)
+
+SHAPES = dict(_GEMM_SHAPES, tiny=(256, 128, 64, 8, 2))  # (T, H, F, E, k)
+PEAK = {"name": "NVIDIA H100/H200 SXM dense BF16 datasheet", "tflops": 989.5}
+AUX_COEFF, LR, BETAS, EPS = 0.01, 1e-4, (0.9, 0.999), 1e-8
+GROUPED, NAIVE, JAX, FP8, DROPLESS = ("torch._grouped_mm", "torch-naive-loop", "jax.ragged_dot",
+                                      "torch._scaled_grouped_mm", "dropless")
+DEFAULT_IMPLS = [DROPLESS, GROUPED, NAIVE, JAX]
+
+
+def step_flop(shape):
+    t, h, f, _, k = SHAPES[shape]
+    return 18.0 * t * k * h * f
+
+
+def short(exc):
+    s = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {s[0][:300] if s else ''}"
