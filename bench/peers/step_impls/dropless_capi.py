@@ -11,6 +11,8 @@ def load_lib(path):
     lib.dl_step_run.restype = ctypes.c_int
     lib.dl_step_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_double),
                                 ctypes.c_char_p, ctypes.c_int]
+    lib.dl_step_time_gemms.restype = ctypes.c_int
+    lib.dl_step_time_gemms.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
     lib.dl_step_stats.restype = ctypes.c_int
     lib.dl_step_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double), ctypes.c_int]
     lib.dl_step_destroy.restype = None
@@ -25,11 +27,16 @@ def yfloat(x):
 
 
 def dropless_spec(shape, args):
+    """The engine runs one GPU: with --ep N it gets one GPU's share of the layer, E/N experts that
+    receive all T*k routed rows (the peers' model of an EP rank); its router then scores E/N experts
+    instead of E (a negligible part of the step's FLOPs)."""
     t, h, f, e, k = SHAPES[shape]
+    ep = args.ep_of[shape]
+    e //= ep
     lines = [f"name: step-bench-{shape}", "model:", f"  hidden: {h}", f"  ffn: {f}",
              f"  experts: {e}", f"  topk: {k}", "  shared_experts: 0", "  layers: 1",
              "  router: softmax", "  renormalize: true", "  activation: swiglu",
-             f"  aux_loss_coeff: {AUX_COEFF}", "parallel:", f"  ep: {args.ep_of[shape]}", "  dp: 1",
+             f"  aux_loss_coeff: {AUX_COEFF}", "parallel:", "  ep: 1", "  dp: 1",
              f"precision: {args.precision}", f"tokens_per_rank: {t}", "steps: 1000000",
              "optimizer:", "  name: adamw", f"  lr: {yfloat(LR)}", f"  betas: [{BETAS[0]}, {BETAS[1]}]",
              f"  eps: {yfloat(EPS)}", f"  weight_decay: {yfloat(args.weight_decay)}"]
@@ -42,7 +49,7 @@ def dropless_spec(shape, args):
 
 
 STAT_NAMES = ["peak_mem_bytes", "loss", "fwd_gemm_ms", "dgrad_gemm_ms", "wgrad_gemm_ms",
-              "dispatch_ms", "combine_ms"]
+              "dispatch_ms", "combine_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms"]
 
 
 class DroplessStep:
@@ -59,7 +66,9 @@ class DroplessStep:
             raise RuntimeError(f"dl_step_run: {self.err.value.decode(errors='replace')}")
         self.engine_ms = ms.value
 
-    def stats(self):
+    def stats(self, gemm_iterations=5):
+        if self.lib.dl_step_time_gemms(self.h, gemm_iterations, self.err, len(self.err)) != 0:
+            raise RuntimeError(f"dl_step_time_gemms: {self.err.value.decode(errors='replace')}")
         buf = (ctypes.c_double * len(STAT_NAMES))()
         n = self.lib.dl_step_stats(self.h, buf, len(STAT_NAMES))
         return dict(zip(STAT_NAMES, list(buf)[:max(0, n)]))

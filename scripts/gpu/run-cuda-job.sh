@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The product on a GPU machine: a coordinator and a worker daemon (GPUs found by itself) on
+# loopback, a cuda job submitted with the CLI, watched live, the worker's /metrics read while it
+# runs and the stored step metrics printed at the end. Runs from a bundle made on the build
+# machine with ../shared/tools/device-bundle (bin/ holds dropless-coordinator, dropless-worker,
+# dropless-worker-rank, dropless and libdropless_engine_cuda.so; lib/ their libraries).
+#   usage: scripts/gpu/run-cuda-job.sh BUNDLE_DIR JOB_YAML [OUT_DIR]
+set -euo pipefail
+bundle=$(cd "$1" && pwd)
+job=$2
+out=${3:-$(mktemp -d /tmp/dropless-gpu-job.XXXXXX)}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0
+bin=$bundle/bin
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+  for _ in $(seq 1 200); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done
+  echo "port $1 never opened" >&2; return 1
+}
+grpc=$(free_port); cmetrics=$(free_port); wmetrics=$(free_port)
+export DROPLESS_COORDINATOR=127.0.0.1:$grpc
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+"$bin/dropless-coordinator" --listen "127.0.0.1:$grpc" --db "$out/dropless.db" \
+  --metrics-port "$cmetrics" --metrics-address 127.0.0.1 >"$out/coordinator.log" 2>&1 &
+pids+=($!)
+wait_port "$grpc"
+"$bin/dropless-worker" --coordinator "$DROPLESS_COORDINATOR" --node gpu-node-0 \
+  --metrics-port "$wmetrics" --metrics-address 127.0.0.1 --work-dir "$out/worker" \
+  >"$out/worker.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do
+  "$bin/dropless" get workers -o json 2>/dev/null | grep -q '"READY"' && break
+  sleep 0.1
+done
+"$bin/dropless" get workers
+
+id=$("$bin/dropless" submit -f "$job")
+echo "==> submitted $job as $id"
+"$bin/dropless" watch "$id" -o json >"$out/watch.json" 2>/dev/null &
+watcher=$!
+# /metrics of the worker while the job runs (the last sample before it ends).
+( while kill -0 "$watcher" 2>/dev/null; do
+    curl -s "http://127.0.0.1:$wmetrics/metrics" >"$out/metrics.tmp" && mv "$out/metrics.tmp" "$out/worker-metrics.txt"
+    sleep 1
+  done ) &
+status=0
+"$bin/dropless" watch "$id" || status=$?
+wait "$watcher" || true
+"$bin/dropless" describe job "$id" | tail -20
+"$bin/dropless" metrics "$id" --limit 5 || true
+echo "==> worker /metrics (last sample while running)"
+grep -E '^dropless_rank_(step_seconds|tflops|mfu|loss|steps_total|device_memory)' "$out/worker-metrics.txt" | head -20 || true
+tail -5 "$out/worker.log"
+exit $status
