@@ -58,12 +58,42 @@ TEST(JsonTest, ParsesAValueTreeKeepingIntegersExact) {
 
 TEST(JsonTest, RefusesWhatRfc8259Refuses) {
   const std::string deep = std::string(100, '[') + std::string(100, ']');
-  const std::vector<std::string> bad = {
-      "", " ", "{", "}", "{\"a\":1,}", "[1,]", "{\"a\" 1}", "{\"a\":1 \"b\":2}", "{a:1}",
-      "{\"a\":1}x", "01", "1.", ".5", "-", "1e", "+1", "tru", "nul", "\"abc", "\"a\\x\"",
-      "\"\\u12\"", "\"\\ud800\"", "\"\\udc00\"", "\"\\ud800\\u0041\"", std::string("\"a\x01\""),
-      "\"\xff\"", "\"\xc0\xaf\"", "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"", "\"\xe2\x82\"",
-      "{\"a\":1,\"a\":2}", deep, std::string("{\"a\":1}\0", 8), "[1] [2]", "'a'", "NaN"};
+  const std::vector<std::string> bad = {"",
+                                        " ",
+                                        "{",
+                                        "}",
+                                        "{\"a\":1,}",
+                                        "[1,]",
+                                        "{\"a\" 1}",
+                                        "{\"a\":1 \"b\":2}",
+                                        "{a:1}",
+                                        "{\"a\":1}x",
+                                        "01",
+                                        "1.",
+                                        ".5",
+                                        "-",
+                                        "1e",
+                                        "+1",
+                                        "tru",
+                                        "nul",
+                                        "\"abc",
+                                        "\"a\\x\"",
+                                        "\"\\u12\"",
+                                        "\"\\ud800\"",
+                                        "\"\\udc00\"",
+                                        "\"\\ud800\\u0041\"",
+                                        std::string("\"a\x01\""),
+                                        "\"\xff\"",
+                                        "\"\xc0\xaf\"",
+                                        "\"\xed\xa0\x80\"",
+                                        "\"\xf4\x90\x80\x80\"",
+                                        "\"\xe2\x82\"",
+                                        "{\"a\":1,\"a\":2}",
+                                        deep,
+                                        std::string("{\"a\":1}\0", 8),
+                                        "[1] [2]",
+                                        "'a'",
+                                        "NaN"};
   for (const std::string& text : bad) {
     absl::StatusOr<json::Value> v = json::Parse(text);
     EXPECT_FALSE(v.ok()) << "accepted: " << text;

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "worker/engine/checkpoint/moe_checkpoint.h"
+#include "worker/engine/cpu/moe_model.h"
 #include "worker/engine/engine.h"
 #include "worker/transport/transport_factory.h"
 
@@ -180,31 +181,20 @@ TEST(CpuEngineTest, TwoRunsGiveIdenticalLosses) {
   EXPECT_NE(other_seed[0][0].loss, first[0][0].loss);
 }
 
-TEST(CpuEngineTest, ResumeFromCheckpointContinuesTheSameCurve) {
-  constexpr int kSteps = 8;
-  JobSpec spec = TinySpec();
-  spec.steps = kSteps;
-  const auto uninterrupted = RunJob(spec, 2, 1, kSteps);
-
-  spec.checkpoint.dir = TempDir("resume");
-  spec.checkpoint.every = 4;
-  const auto first_half = RunJob(spec, 2, 1, 5);  // checkpoint at 4; step 5 is lost
-  for (int rank = 0; rank < 2; ++rank) {
-    ASSERT_TRUE(std::filesystem::exists(engine::MoeCheckpointManifestPath(spec.checkpoint.dir, rank)));
-    ASSERT_TRUE(std::filesystem::exists(engine::MoeCheckpointDataPath(spec.checkpoint.dir, rank, 4)));
-  }
-
-  spec.parallel.ep = 2;
-  std::vector<RankGroups> groups = CreateLocalGroups(2, 1);
-  std::vector<std::vector<double>> resumed(2);
+// Resumes the ep x 1 job `spec` from its checkpoint dir (which must hold step `from`) and runs it
+// to spec.steps; the losses of the resumed steps are checked against `uninterrupted`.
+void ExpectResumedCurve(const JobSpec& spec, int ep, int64_t from,
+                        const std::vector<std::vector<StepStats>>& uninterrupted) {
+  std::vector<RankGroups> groups = CreateLocalGroups(ep, 1);
+  std::vector<std::vector<double>> resumed(ep);
   std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
+  for (int rank = 0; rank < ep; ++rank) {
     threads.emplace_back([&, rank] {
       absl::StatusOr<std::unique_ptr<Engine>> engine =
-          CreateCpuEngine(EngineContext{spec, rank, 2, &groups[rank]});
+          CreateCpuEngine(EngineContext{spec, rank, ep, &groups[rank]});
       ASSERT_TRUE(engine.ok()) << engine.status();
-      EXPECT_EQ((*engine)->StepsDone(), 4);
-      while ((*engine)->StepsDone() < kSteps) {
+      EXPECT_EQ((*engine)->StepsDone(), from);
+      while ((*engine)->StepsDone() < spec.steps) {
         absl::StatusOr<StepStats> step = (*engine)->Step();
         ASSERT_TRUE(step.ok()) << step.status();
         EXPECT_EQ(step->step, (*engine)->StepsDone());
@@ -213,13 +203,67 @@ TEST(CpuEngineTest, ResumeFromCheckpointContinuesTheSameCurve) {
     });
   }
   for (auto& t : threads) t.join();
-  for (int rank = 0; rank < 2; ++rank) {
-    ASSERT_EQ(resumed[rank].size(), 4u);
-    for (int i = 0; i < 4; ++i) {
-      EXPECT_EQ(resumed[rank][i], uninterrupted[rank][4 + i].loss) << "step " << 5 + i;
+  for (int rank = 0; rank < ep; ++rank) {
+    ASSERT_EQ(resumed[rank].size(), static_cast<size_t>(spec.steps - from));
+    for (size_t i = 0; i < resumed[rank].size(); ++i) {
+      EXPECT_EQ(resumed[rank][i], uninterrupted[rank][from + i].loss) << "step " << from + i + 1;
     }
   }
+}
+
+TEST(CpuEngineTest, ResumeFromCheckpointContinuesTheSameCurve) {
+  JobSpec spec = TinySpec();
+  spec.steps = 8;
+  const auto uninterrupted = RunJob(spec, 2, 1, spec.steps);
+
+  spec.checkpoint.dir = TempDir("resume");
+  spec.checkpoint.every = 4;
+  RunJob(spec, 2, 1, 5);  // checkpoint at 4; step 5 is lost
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(
+        std::filesystem::exists(engine::MoeCheckpointManifestPath(spec.checkpoint.dir, rank)));
+    ASSERT_TRUE(
+        std::filesystem::exists(engine::MoeCheckpointDataPath(spec.checkpoint.dir, rank, 4)));
+  }
+  spec.parallel.ep = 2;
+  ExpectResumedCurve(spec, 2, 4, uninterrupted);
   // The last step (spec.steps) always writes a checkpoint.
+  std::filesystem::remove_all(spec.checkpoint.dir);
+}
+
+// What another engine (the CUDA engine) does: read a checkpoint into its own buffers through the
+// shared API and write one; the CPU engine resumes from it on the same curve.
+TEST(CpuEngineTest, ResumesFromACheckpointWrittenThroughTheSharedApi) {
+  JobSpec spec = TinySpec();
+  spec.steps = 6;
+  spec.parallel.ep = 2;
+  const auto uninterrupted = RunJob(spec, 2, 1, spec.steps);
+  spec.checkpoint.dir = TempDir("shared-api-source");
+  spec.checkpoint.every = 3;
+  RunJob(spec, 2, 1, 3);
+
+  const std::string source = spec.checkpoint.dir;
+  spec.checkpoint.dir = TempDir("shared-api");
+  for (int rank = 0; rank < 2; ++rank) {
+    const cpu::MoeParameterLayout layout(spec.model, 2, rank, spec.tokens_per_rank);
+    std::vector<float> buffers[6];
+    for (int i = 0; i < 6; ++i) {
+      buffers[i].resize(i < 3 ? layout.replicated_size() : layout.experts_size());
+    }
+    const engine::MoeOptimizerBuffers replicated{
+        absl::MakeSpan(buffers[0]), absl::MakeSpan(buffers[1]), absl::MakeSpan(buffers[2])};
+    const engine::MoeOptimizerBuffers experts{
+        absl::MakeSpan(buffers[3]), absl::MakeSpan(buffers[4]), absl::MakeSpan(buffers[5])};
+    const engine::MoeCheckpointIdentity id = engine::MoeCheckpointIdentityOf(spec, rank);
+    absl::StatusOr<int64_t> step =
+        engine::ReadMoeCheckpoint(source, id, layout, replicated, experts);
+    ASSERT_TRUE(step.ok()) << step.status();
+    ASSERT_EQ(*step, 3);
+    ASSERT_TRUE(
+        engine::WriteMoeCheckpoint(spec.checkpoint.dir, id, 3, layout, replicated, experts).ok());
+  }
+  ExpectResumedCurve(spec, 2, 3, uninterrupted);
+  std::filesystem::remove_all(source);
   std::filesystem::remove_all(spec.checkpoint.dir);
 }
 
@@ -237,6 +281,8 @@ TEST(CpuEngineTest, DamagedOrForeignCheckpointIsRefused) {
   absl::StatusOr<std::unique_ptr<Engine>> engine =
       CreateCpuEngine(EngineContext{other_shape, 0, 1, &groups[0]});
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();
+  EXPECT_NE(engine.status().message().find("hidden is 16 there, 32 here"), absl::string_view::npos)
+      << engine.status();
 
   {  // flip a byte in the payload
     std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);

@@ -136,12 +136,15 @@ TEST_F(MoeCheckpointTest, FileHasEcosystemNamesShapesAndMetadata) {
   // Layer 1's expert w2 is the second layer's tail of the experts buffer.
   const int64_t per_layer = state.layout.experts_size() / 2;
   std::vector<float> w2(2 * 6 * 8);
-  ASSERT_TRUE(reader->Read(*h.Find("optimizer.exp_avg_sq.layers.1.experts.w2"),
-                           absl::MakeSpan(reinterpret_cast<char*>(w2.data()), w2.size() * 4)).ok());
+  ASSERT_TRUE(reader
+                  ->Read(*h.Find("optimizer.exp_avg_sq.layers.1.experts.w2"),
+                         absl::MakeSpan(reinterpret_cast<char*>(w2.data()), w2.size() * 4))
+                  .ok());
   EXPECT_EQ(w2, std::vector<float>(state.exp_v.begin() + 2 * per_layer - w2.size(),
                                    state.exp_v.begin() + 2 * per_layer));
 
-  absl::StatusOr<std::string> manifest_text = ReadSmallFile(MoeCheckpointManifestPath(dir_, 1), 1 << 20);
+  absl::StatusOr<std::string> manifest_text =
+      ReadSmallFile(MoeCheckpointManifestPath(dir_, 1), 1 << 20);
   ASSERT_TRUE(manifest_text.ok());
   absl::StatusOr<json::Value> manifest = json::Parse(*manifest_text);
   ASSERT_TRUE(manifest.ok()) << manifest.status();
@@ -175,10 +178,12 @@ TEST_F(MoeCheckpointTest, AnotherJobIsRefusedNamingTheFields) {
   reseeded.model.layers = 3;
   step = RankState(reseeded, 0, 1).Read(dir_);
   EXPECT_NE(step.status().message().find("layers is 2 there, 3 here; seed is 99 there, 5 here"),
-            std::string::npos) << step.status();
+            std::string::npos)
+      << step.status();
   step = RankState(TinyJob(2, 2), 0, 1).Read(dir_);  // same rank 0, other layout
   EXPECT_NE(step.status().message().find("world_size is 2 there, 4 here; dp is 1 there, 2 here"),
-            std::string::npos) << step.status();
+            std::string::npos)
+      << step.status();
 }
 
 TEST_F(MoeCheckpointTest, BuffersThatDoNotFitTheLayoutAreRefused) {
@@ -218,7 +223,8 @@ TEST_F(MoeCheckpointTest, DamageIsDataLoss) {
   expect_code(absl::StatusCode::kDataLoss, "data file missing");
   Overwrite(manifest, 0, "{{");
   expect_code(absl::StatusCode::kDataLoss, "manifest not JSON");
-  std::ofstream(manifest, std::ios::trunc) << R"({"format": "dropless-moe-checkpoint", "version": 2})";
+  std::ofstream(manifest, std::ios::trunc)
+      << R"({"format": "dropless-moe-checkpoint", "version": 2})";
   expect_code(absl::StatusCode::kInvalidArgument, "manifest of a newer version");
   std::string text = *ReadSmallFile(manifest, 1 << 20);
   text.replace(text.find("rank-0-step-5"), 13, "../rank-0-step-5");

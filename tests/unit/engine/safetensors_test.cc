@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "worker/engine/checkpoint/crc32c.h"
 
@@ -22,8 +25,8 @@ namespace {
 
 std::string TestDir() {
   const char* base = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(base ? base : "/tmp") + "/dropless-safetensors-" +
-                          std::to_string(getpid());
+  const std::string dir =
+      std::string(base ? base : "/tmp") + "/dropless-safetensors-" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
   return dir;
 }
@@ -62,8 +65,10 @@ TEST(SafetensorsTest, OneTensorIsByteForByteTheSpecLayout) {
   // 64 header bytes: already a multiple of 8, no padding.
   const std::string header = R"({"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})";
   ASSERT_EQ(header.size(), 64u);
-  const std::string data("\x00\x00\x00\x00\x00\x00\x80\x3f\x00\x00\x00\x40"
-                         "\x00\x00\x40\x40\x00\x00\x80\x40\x00\x00\xa0\x40", 24);
+  const std::string data(
+      "\x00\x00\x00\x00\x00\x00\x80\x3f\x00\x00\x00\x40"
+      "\x00\x00\x40\x40\x00\x00\x80\x40\x00\x00\xa0\x40",
+      24);
   EXPECT_EQ(bytes, Le64(64) + header + data);
 }
 
@@ -80,7 +85,11 @@ TEST(SafetensorsTest, MetadataFirstTensorsByDescendingDtypeThenNameHeaderPaddedT
       R"("c":{"dtype":"F32","shape":[],"data_offsets":[8,12]},)"
       R"("a":{"dtype":"BF16","shape":[2],"data_offsets":[12,16]}})";
   ASSERT_EQ(header.size(), 194u);
-  const std::string data("\x07\0\0\0\0\0\0\0" "\x00\x00\x20\x40" "\x80\x3f\x00\xc0", 16);
+  const std::string data(
+      "\x07\0\0\0\0\0\0\0"
+      "\x00\x00\x20\x40"
+      "\x80\x3f\x00\xc0",
+      16);
   EXPECT_EQ(bytes, Le64(200) + header + std::string(6, ' ') + data);
   // An empty file: "{}" and six spaces.
   EXPECT_EQ(Serialize({}, {}, "empty.safetensors"), Le64(8) + "{}      ");
@@ -114,16 +123,19 @@ TEST(SafetensorsTest, RoundTripsRandomTensors) {
   ASSERT_NE(info, nullptr);
   EXPECT_EQ(info->shape, (std::vector<int64_t>{3, 5, 7}));
   std::vector<float> x_back(x.size());
-  ASSERT_TRUE(reader->Read(*info, absl::MakeSpan(reinterpret_cast<char*>(x_back.data()),
-                                                  x_back.size() * sizeof(float))).ok());
+  ASSERT_TRUE(reader
+                  ->Read(*info, absl::MakeSpan(reinterpret_cast<char*>(x_back.data()),
+                                               x_back.size() * sizeof(float)))
+                  .ok());
   EXPECT_EQ(x_back, x);
   EXPECT_FALSE(reader->Read(*info, absl::MakeSpan(reinterpret_cast<char*>(x_back.data()), 4)).ok());
   std::vector<int32_t> ids_back(ids.size());
-  absl::StatusOr<uint32_t> crc = reader->ReadAll([&](const SafetensorsTensorInfo& t) -> absl::StatusOr<void*> {
-    if (t.name == "x") return static_cast<void*>(x_back.data());
-    if (t.name == "ids") return static_cast<void*>(ids_back.data());
-    return static_cast<void*>(nullptr);
-  });
+  absl::StatusOr<uint32_t> crc =
+      reader->ReadAll([&](const SafetensorsTensorInfo& t) -> absl::StatusOr<void*> {
+        if (t.name == "x") return static_cast<void*>(x_back.data());
+        if (t.name == "ids") return static_cast<void*>(ids_back.data());
+        return static_cast<void*>(nullptr);
+      });
   ASSERT_TRUE(crc.ok()) << crc.status();
   EXPECT_EQ(ids_back, ids);
   const std::string bytes = ReadBytes(path);
@@ -151,7 +163,7 @@ struct DamagedCase {
   absl::StatusCode code = absl::StatusCode::kDataLoss;
 };
 
-// A file of header `json` (padded) and `data` bytes of buffer.
+// A file of header `json` (unpadded: padding is not required) and `data` bytes of buffer.
 std::string File(const std::string& json, size_t data) {
   return Le64(json.size()) + json + std::string(data, '\x01');
 }
@@ -175,22 +187,34 @@ TEST(SafetensorsTest, DamagedFilesAreRefusedWithoutCrashing) {
        absl::StatusCode::kInvalidArgument},
       {"dtype not a string", File(R"({"t":{"dtype":4,"shape":[2],"data_offsets":[0,8]}})", 8)},
       {"negative dimension", File(R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8)},
-      {"fractional dimension", File(R"({"t":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", 8)},
+      {"fractional dimension",
+       File(R"({"t":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", 8)},
       {"shape not an array", File(R"({"t":{"dtype":"F32","shape":2,"data_offsets":[0,8]}})", 8)},
       {"three offsets", File(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8,8]}})", 8)},
       {"end before begin", File(R"({"t":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8)},
-      {"size does not match shape", File(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)},
-      {"offset 2^64-1", File(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[18446744073709551615,7]}})", 8)},
-      {"offset above 2^64", File(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,18446744073709551616]}})", 8)},
-      {"shape overflows", File(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,0]}})", 0)},
-      {"overlap", File(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12)},
-      {"gap", File(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})", 12)},
+      {"size does not match shape",
+       File(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)},
+      {"offset 2^64-1",
+       File(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[18446744073709551615,7]}})", 8)},
+      {"offset above 2^64",
+       File(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,18446744073709551616]}})", 8)},
+      {"shape overflows",
+       File(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,0]}})", 0)},
+      {"overlap",
+       File(
+           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+           12)},
+      {"gap",
+       File(
+           R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+           12)},
       {"bytes past the last tensor", File("{" + ok_tensor + "}", 12)},
       {"data truncated", File("{" + ok_tensor + "}", 5)},
       {"data but no tensors", File("{}", 4)},
       {"metadata value not a string", File(R"({"__metadata__":{"step":3}})", 0)},
       {"metadata not an object", File(R"({"__metadata__":"x"})", 0)},
-      {"unknown tensor field", File(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", 8)},
+      {"unknown tensor field",
+       File(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", 8)},
       {"missing offsets", File(R"({"t":{"dtype":"F32","shape":[2]}})", 8)},
       {"tensor not an object", File(R"({"t":[1]})", 0)},
       {"nested too deeply", File("{\"t\":{\"shape\":[[[[[[1]]]]]]}}", 0)},
@@ -205,6 +229,23 @@ TEST(SafetensorsTest, DamagedFilesAreRefusedWithoutCrashing) {
             absl::StatusCode::kNotFound);
 }
 
+TEST(SafetensorsTest, HugeHeadersParseInLinearTime) {
+  std::string json = "{";
+  constexpr int kTensors = 100000;
+  for (int i = 0; i < kTensors; ++i) {
+    absl::StrAppend(&json, i ? "," : "", "\"t", i,
+                    R"(":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]})");
+  }
+  json += "}";
+  const absl::Time start = absl::Now();
+  absl::StatusOr<SafetensorsHeader> header = ParseSafetensorsHeader(json, 0);
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->tensors.size(), static_cast<size_t>(kTensors));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));  // quadratic would take hours
+  json.insert(json.size() - 1, R"(,"t7":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})");
+  EXPECT_EQ(ParseSafetensorsHeader(json, 0).status().code(), absl::StatusCode::kDataLoss);
+}
+
 TEST(SafetensorsTest, RandomDamageNeverCrashesTheReader) {
   std::vector<float> a(37, 1.5f), b(5, -2.f);
   const std::string good = Serialize({{"a", SafetensorsDtype::kF32, {37}, a.data()},
@@ -217,9 +258,14 @@ TEST(SafetensorsTest, RandomDamageNeverCrashesTheReader) {
   for (int i = 0; i < 1000; ++i) {
     std::string bytes = good;
     switch (i % 3) {
-      case 0: bytes[rng() % bytes.size()] = static_cast<char>(rng()); break;
-      case 1: bytes.resize(rng() % bytes.size()); break;
-      default: bytes.insert(rng() % bytes.size(), 1, static_cast<char>(rng()));
+      case 0:
+        bytes[rng() % bytes.size()] = static_cast<char>(rng());
+        break;
+      case 1:
+        bytes.resize(rng() % bytes.size());
+        break;
+      default:
+        bytes.insert(rng() % bytes.size(), 1, static_cast<char>(rng()));
     }
     WriteBytes(path, bytes);
     absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);

@@ -1,5 +1,6 @@
 // Helper of safetensors_reference_test.py:
-//   write_moe_checkpoint_example write DIR  writes rank 1 of a tiny ep=2 job's checkpoint at step 3,
+//   write_moe_checkpoint_example write DIR  writes rank 1 of a tiny ep=2 job's checkpoint at step
+//   3,
 //       every value its index in its flat buffer (value i, exp_avg -i, exp_avg_sq i + 0.5; experts
 //       buffer offset by 100000);
 //   write_moe_checkpoint_example read FILE  prints each tensor of a safetensors file as
@@ -37,16 +38,16 @@ int Write(const std::string& dir) {
     exp[k].resize(layout.experts_size());
     for (size_t i = 0; i < rep[k].size() + exp[k].size(); ++i) {
       const bool is_rep = i < rep[k].size();
-      const float index = is_rep ? static_cast<float>(i)
-                                 : 100000.f + static_cast<float>(i - rep[k].size());
+      const float index =
+          is_rep ? static_cast<float>(i) : 100000.f + static_cast<float>(i - rep[k].size());
       const float value = k == 0 ? index : k == 1 ? -index : index + 0.5f;
       (is_rep ? rep[k][i] : exp[k][i - rep[k].size()]) = value;
     }
   }
-  const absl::Status status = WriteMoeCheckpoint(
-      dir, MoeCheckpointIdentityOf(spec, rank), 3, layout,
-      {absl::MakeSpan(rep[0]), absl::MakeSpan(rep[1]), absl::MakeSpan(rep[2])},
-      {absl::MakeSpan(exp[0]), absl::MakeSpan(exp[1]), absl::MakeSpan(exp[2])});
+  const absl::Status status =
+      WriteMoeCheckpoint(dir, MoeCheckpointIdentityOf(spec, rank), 3, layout,
+                         {absl::MakeSpan(rep[0]), absl::MakeSpan(rep[1]), absl::MakeSpan(rep[2])},
+                         {absl::MakeSpan(exp[0]), absl::MakeSpan(exp[1]), absl::MakeSpan(exp[2])});
   if (!status.ok()) {
     std::fprintf(stderr, "%s\n", status.ToString().c_str());
     return 1;

@@ -35,7 +35,7 @@ constexpr Tables kTables = MakeTables();
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t crc, const void* data,
-                                                        size_t size) {
+                                                       size_t size) {
   const auto* p = static_cast<const unsigned char*>(data);
   uint64_t c = ~crc;
   for (; size >= 8; size -= 8, p += 8) {
@@ -65,10 +65,9 @@ uint32_t ExtendPortable(uint32_t crc, const void* data, size_t size) {
     uint64_t word;
     std::memcpy(&word, p, sizeof(word));
     word ^= c;
-    c = kTables[7][word & 0xff] ^ kTables[6][(word >> 8) & 0xff] ^
-        kTables[5][(word >> 16) & 0xff] ^ kTables[4][(word >> 24) & 0xff] ^
-        kTables[3][(word >> 32) & 0xff] ^ kTables[2][(word >> 40) & 0xff] ^
-        kTables[1][(word >> 48) & 0xff] ^ kTables[0][word >> 56];
+    c = kTables[7][word & 0xff] ^ kTables[6][(word >> 8) & 0xff] ^ kTables[5][(word >> 16) & 0xff] ^
+        kTables[4][(word >> 24) & 0xff] ^ kTables[3][(word >> 32) & 0xff] ^
+        kTables[2][(word >> 40) & 0xff] ^ kTables[1][(word >> 48) & 0xff] ^ kTables[0][word >> 56];
   }
   for (; size > 0; --size, ++p) c = (c >> 8) ^ kTables[0][(c ^ *p) & 0xff];
   return ~c;

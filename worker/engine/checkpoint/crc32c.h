@@ -1,5 +1,5 @@
-// CRC-32C (Castagnoli), the checksum of checkpoint files: SSE4.2 instructions on x86-64 when the CPU
-// has them, slicing-by-8 tables elsewhere; both give the same value.
+// CRC-32C (Castagnoli), the checksum of checkpoint files: SSE4.2 instructions on x86-64 when the
+// CPU has them, slicing-by-8 tables elsewhere; both give the same value.
 #ifndef DROPLESS_WORKER_ENGINE_CHECKPOINT_CRC32C_H_
 #define DROPLESS_WORKER_ENGINE_CHECKPOINT_CRC32C_H_
 

@@ -1,5 +1,6 @@
 #include "worker/engine/checkpoint/json.h"
 
+#include <unordered_set>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -17,12 +18,18 @@ const Value* Value::Find(absl::string_view key) const {
 
 const char* KindName(Value::Kind kind) {
   switch (kind) {
-    case Value::Kind::kNull: return "null";
-    case Value::Kind::kBool: return "a boolean";
-    case Value::Kind::kNumber: return "a number";
-    case Value::Kind::kString: return "a string";
-    case Value::Kind::kArray: return "an array";
-    case Value::Kind::kObject: return "an object";
+    case Value::Kind::kNull:
+      return "null";
+    case Value::Kind::kBool:
+      return "a boolean";
+    case Value::Kind::kNumber:
+      return "a number";
+    case Value::Kind::kString:
+      return "a string";
+    case Value::Kind::kArray:
+      return "an array";
+    case Value::Kind::kObject:
+      return "an object";
   }
   return "?";
 }
@@ -48,7 +55,8 @@ class Parser {
   char Peek() const { return text_[pos_]; }
 
   void SkipWhitespace() {
-    while (!AtEnd() && (Peek() == ' ' || Peek() == '\t' || Peek() == '\n' || Peek() == '\r')) ++pos_;
+    while (!AtEnd() && (Peek() == ' ' || Peek() == '\t' || Peek() == '\n' || Peek() == '\r'))
+      ++pos_;
   }
 
   bool Consume(absl::string_view literal) {
@@ -61,8 +69,10 @@ class Parser {
     if (depth > max_depth_) return Error("nested too deeply");
     if (AtEnd()) return Error("unexpected end of text");
     switch (Peek()) {
-      case '{': return ParseObject(depth, out);
-      case '[': return ParseArray(depth, out);
+      case '{':
+        return ParseObject(depth, out);
+      case '[':
+        return ParseArray(depth, out);
       case '"':
         out->kind_ = Value::Kind::kString;
         return ParseString(&out->text_);
@@ -88,12 +98,13 @@ class Parser {
       ++pos_;
       return absl::OkStatus();
     }
+    std::unordered_set<std::string> seen;  // a hash set: a huge object must not take n^2 time
     while (true) {
       SkipWhitespace();
       if (AtEnd() || Peek() != '"') return Error("expected a string key");
       std::string key;
       if (absl::Status s = ParseString(&key); !s.ok()) return s;
-      if (out->Find(key) != nullptr) return Error(absl::StrCat("duplicate key ", Quote(key)));
+      if (!seen.insert(key).second) return Error(absl::StrCat("duplicate key ", Quote(key)));
       SkipWhitespace();
       if (AtEnd() || Peek() != ':') return Error("expected ':'");
       ++pos_;
@@ -204,16 +215,34 @@ class Parser {
     if (AtEnd()) return Error("unterminated string");
     const char c = text_[pos_++];
     switch (c) {
-      case '"': out->push_back('"'); return absl::OkStatus();
-      case '\\': out->push_back('\\'); return absl::OkStatus();
-      case '/': out->push_back('/'); return absl::OkStatus();
-      case 'b': out->push_back('\b'); return absl::OkStatus();
-      case 'f': out->push_back('\f'); return absl::OkStatus();
-      case 'n': out->push_back('\n'); return absl::OkStatus();
-      case 'r': out->push_back('\r'); return absl::OkStatus();
-      case 't': out->push_back('\t'); return absl::OkStatus();
-      case 'u': break;
-      default: return Error("bad escape in string");
+      case '"':
+        out->push_back('"');
+        return absl::OkStatus();
+      case '\\':
+        out->push_back('\\');
+        return absl::OkStatus();
+      case '/':
+        out->push_back('/');
+        return absl::OkStatus();
+      case 'b':
+        out->push_back('\b');
+        return absl::OkStatus();
+      case 'f':
+        out->push_back('\f');
+        return absl::OkStatus();
+      case 'n':
+        out->push_back('\n');
+        return absl::OkStatus();
+      case 'r':
+        out->push_back('\r');
+        return absl::OkStatus();
+      case 't':
+        out->push_back('\t');
+        return absl::OkStatus();
+      case 'u':
+        break;
+      default:
+        return Error("bad escape in string");
     }
     absl::StatusOr<uint32_t> code = Hex4();
     if (!code.ok()) return code.status();
@@ -292,12 +321,12 @@ absl::StatusOr<Value> Parse(absl::string_view text, int max_depth) {
 absl::StatusOr<uint64_t> ToUint64(const Value& value) {
   uint64_t result = 0;
   const std::string& t = value.text();
-  const bool plain = value.is_number() && !t.empty() &&
-                     t.find_first_not_of("0123456789") == std::string::npos;
+  const bool plain =
+      value.is_number() && !t.empty() && t.find_first_not_of("0123456789") == std::string::npos;
   if (!plain || !absl::SimpleAtoi(t, &result)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expected a non-negative integer below 2^64, got ",
-        value.is_number() || value.is_string() ? Quote(t) : KindName(value.kind())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a non-negative integer below 2^64, got ",
+                     value.is_number() || value.is_string() ? Quote(t) : KindName(value.kind())));
   }
   return result;
 }
@@ -320,13 +349,27 @@ std::string Quote(absl::string_view text) {
   for (const char ch : text) {
     const unsigned char c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           out += "\\u00";

@@ -88,9 +88,10 @@ absl::StatusOr<std::vector<MoeTensor>> CheckpointTensors(const MoeCheckpointIden
                     layout.local_experts() == id.experts / id.ep &&
                     layout.first_expert() == (id.rank % id.ep) * layout.local_experts();
   if (!fits) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint: the identity (", absl::StrJoin(IdentityFields(id), ", ", absl::PairFormatter("=")),
-        ") does not describe the parameter layout"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint: the identity (",
+                     absl::StrJoin(IdentityFields(id), ", ", absl::PairFormatter("=")),
+                     ") does not describe the parameter layout"));
   }
   struct Kind {
     const char* prefix;
@@ -104,10 +105,10 @@ absl::StatusOr<std::vector<MoeTensor>> CheckpointTensors(const MoeCheckpointIden
   for (const Kind& kind : kinds) {
     if (static_cast<int64_t>(kind.replicated.size()) != layout.replicated_size() ||
         static_cast<int64_t>(kind.experts.size()) != layout.experts_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint: buffers ", kind.what, " hold ", kind.replicated.size(), " replicated and ",
-          kind.experts.size(), " expert floats; the layout has ", layout.replicated_size(),
-          " and ", layout.experts_size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint: buffers ", kind.what, " hold ", kind.replicated.size(),
+                       " replicated and ", kind.experts.size(), " expert floats; the layout has ",
+                       layout.replicated_size(), " and ", layout.experts_size()));
     }
     AppendParameterTensors(layout, kind.prefix, kind.replicated.data(), kind.experts.data(),
                            &tensors);
@@ -136,11 +137,11 @@ std::string ManifestText(const MoeCheckpointIdentity& id, int64_t step, const st
   }
   char crc_text[9];
   std::snprintf(crc_text, sizeof(crc_text), "%08" PRIx32, crc);
-  return absl::StrCat("{\n  \"format\": \"", kManifestFormat, "\",\n  \"version\": ",
-                      kMoeCheckpointVersion, ",\n  \"step\": ", step, ",\n  \"identity\": {",
-                      absl::StrJoin(identity, ", "), "},\n  \"files\": [{\"name\": ",
-                      json::Quote(file), ", \"bytes\": ", bytes, ", \"crc32c\": \"", crc_text,
-                      "\"}]\n}\n");
+  return absl::StrCat("{\n  \"format\": \"", kManifestFormat,
+                      "\",\n  \"version\": ", kMoeCheckpointVersion, ",\n  \"step\": ", step,
+                      ",\n  \"identity\": {", absl::StrJoin(identity, ", "),
+                      "},\n  \"files\": [{\"name\": ", json::Quote(file), ", \"bytes\": ", bytes,
+                      ", \"crc32c\": \"", crc_text, "\"}]\n}\n");
 }
 
 // This rank's data files (and their temp files) other than `keep`; best effort, after a commit.
@@ -175,9 +176,9 @@ absl::Status CompareIdentity(const std::string& where, const MoeCheckpointIdenti
     }
   }
   if (differences.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", where,
-                                                 " belongs to another job or layout: ",
-                                                 absl::StrJoin(differences, "; ")));
+  return absl::InvalidArgumentError(
+      absl::StrCat("checkpoint: ", where,
+                   " belongs to another job or layout: ", absl::StrJoin(differences, "; ")));
 }
 
 struct Manifest {
@@ -212,7 +213,8 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& path, const std::strin
   const json::Value* step = root->Find("step");
   absl::StatusOr<int64_t> step_value =
       step ? json::ToNonNegativeInt64(*step) : absl::InvalidArgumentError("missing");
-  if (!step_value.ok()) return DamagedError(path, absl::StrCat("step: ", step_value.status().message()));
+  if (!step_value.ok())
+    return DamagedError(path, absl::StrCat("step: ", step_value.status().message()));
   manifest.step = *step_value;
   const json::Value* files = root->Find("files");
   if (files == nullptr || !files->is_array() || files->items().size() != 1 ||
@@ -227,10 +229,11 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& path, const std::strin
       bytes ? json::ToUint64(*bytes) : absl::InvalidArgumentError("missing");
   uint32_t crc_value = 0;
   if (name == nullptr || !name->is_string() || name->text().empty() ||
-      name->text().find('/') != std::string::npos || name->text() == "." ||
-      name->text() == ".." || !byte_count.ok() || crc == nullptr || !crc->is_string() ||
-      crc->text().size() != 8 || !absl::SimpleHexAtoi(crc->text(), &crc_value)) {
-    return DamagedError(path, "the data file entry needs a plain name, bytes and an 8-digit crc32c");
+      name->text().find('/') != std::string::npos || name->text() == "." || name->text() == ".." ||
+      !byte_count.ok() || crc == nullptr || !crc->is_string() || crc->text().size() != 8 ||
+      !absl::SimpleHexAtoi(crc->text(), &crc_value)) {
+    return DamagedError(path,
+                        "the data file entry needs a plain name, bytes and an 8-digit crc32c");
   }
   manifest.file = name->text();
   manifest.bytes = *byte_count;
@@ -312,9 +315,10 @@ absl::StatusOr<int64_t> ReadMoeCheckpoint(const std::string& dir, const MoeCheck
   if (absl::IsNotFound(text.status())) {
     const std::string legacy = absl::StrCat(dir, "/rank-", id.rank, ".ckpt");
     if (access(legacy.c_str(), F_OK) == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint: ", legacy, " is in the pre-safetensors format, which this build no longer "
-          "reads; remove it or choose another checkpoint.dir"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint: ", legacy,
+                       " is in the pre-safetensors format, which this build no longer "
+                       "reads; remove it or choose another checkpoint.dir"));
     }
     return absl::NotFoundError(absl::StrCat("checkpoint: no ", manifest_path));
   }
@@ -330,7 +334,7 @@ absl::StatusOr<int64_t> ReadMoeCheckpoint(const std::string& dir, const MoeCheck
   }
   if (reader->file_size() != manifest->bytes) {
     return DamagedError(data_path, absl::StrCat("is ", reader->file_size(),
-                                                 " bytes, the manifest says ", manifest->bytes));
+                                                " bytes, the manifest says ", manifest->bytes));
   }
   const SafetensorsMetadata& metadata = reader->header().metadata;
   const SafetensorsMetadata expected_metadata = Metadata(id, manifest->step, layout);
@@ -338,27 +342,28 @@ absl::StatusOr<int64_t> ReadMoeCheckpoint(const std::string& dir, const MoeCheck
     const auto it = metadata.find(key);
     if (it == metadata.end() || it->second != value) {
       return DamagedError(data_path, absl::StrCat("metadata ", key, " is ",
-                                                   it == metadata.end() ? "missing" : it->second,
-                                                   ", expected ", value));
+                                                  it == metadata.end() ? "missing" : it->second,
+                                                  ", expected ", value));
     }
   }
   std::map<std::string, const MoeTensor*> by_name;
   for (const MoeTensor& t : *tensors) by_name[t.name] = &t;
   if (reader->header().tensors.size() != by_name.size()) {
     return DamagedError(data_path, absl::StrCat("holds ", reader->header().tensors.size(),
-                                                 " tensors, expected ", by_name.size()));
+                                                " tensors, expected ", by_name.size()));
   }
-  absl::StatusOr<uint32_t> crc = reader->ReadAll(
-      [&](const SafetensorsTensorInfo& info) -> absl::StatusOr<void*> {
+  absl::StatusOr<uint32_t> crc =
+      reader->ReadAll([&](const SafetensorsTensorInfo& info) -> absl::StatusOr<void*> {
         const auto it = by_name.find(info.name);
         if (it == by_name.end()) {
           return DamagedError(data_path, absl::StrCat("unexpected tensor ", info.name));
         }
         if (info.dtype != SafetensorsDtype::kF32 || info.shape != it->second->shape) {
-          return DamagedError(data_path, absl::StrCat(
-              "tensor ", info.name, " is ", SafetensorsDtypeName(info.dtype), " [",
-              absl::StrJoin(info.shape, ","), "], expected F32 [",
-              absl::StrJoin(it->second->shape, ","), "]"));
+          return DamagedError(
+              data_path,
+              absl::StrCat("tensor ", info.name, " is ", SafetensorsDtypeName(info.dtype), " [",
+                           absl::StrJoin(info.shape, ","), "], expected F32 [",
+                           absl::StrJoin(it->second->shape, ","), "]"));
         }
         return static_cast<void*>(it->second->data);
       });

@@ -67,9 +67,9 @@ absl::StatusOr<SafetensorsTensorInfo> ParseTensor(const std::string& name,
     }
   }
   if (!known) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "safetensors header: ", where, " has dtype ", json::Quote(dtype->text()),
-        ", which dropless does not read (BF16, I32, F32, I64)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors header: ", where, " has dtype ", json::Quote(dtype->text()),
+                     ", which dropless does not read (BF16, I32, F32, I64)"));
   }
   if (!shape->is_array()) return HeaderError(absl::StrCat(where, ": shape is not an array"));
   for (const json::Value& dim : shape->items()) {
@@ -83,8 +83,8 @@ absl::StatusOr<SafetensorsTensorInfo> ParseTensor(const std::string& name,
   absl::StatusOr<uint64_t> begin = json::ToUint64(offsets->items()[0]);
   absl::StatusOr<uint64_t> end = json::ToUint64(offsets->items()[1]);
   if (!begin.ok() || !end.ok()) {
-    return HeaderError(absl::StrCat(where, ": data_offsets: ",
-                                    (begin.ok() ? end : begin).status().message()));
+    return HeaderError(
+        absl::StrCat(where, ": data_offsets: ", (begin.ok() ? end : begin).status().message()));
   }
   info.begin = *begin;
   info.end = *end;
@@ -103,20 +103,28 @@ absl::StatusOr<SafetensorsTensorInfo> ParseTensor(const std::string& name,
 
 int64_t SafetensorsDtypeBytes(SafetensorsDtype dtype) {
   switch (dtype) {
-    case SafetensorsDtype::kBF16: return 2;
-    case SafetensorsDtype::kI32: return 4;
-    case SafetensorsDtype::kF32: return 4;
-    case SafetensorsDtype::kI64: return 8;
+    case SafetensorsDtype::kBF16:
+      return 2;
+    case SafetensorsDtype::kI32:
+      return 4;
+    case SafetensorsDtype::kF32:
+      return 4;
+    case SafetensorsDtype::kI64:
+      return 8;
   }
   return 0;
 }
 
 const char* SafetensorsDtypeName(SafetensorsDtype dtype) {
   switch (dtype) {
-    case SafetensorsDtype::kBF16: return "BF16";
-    case SafetensorsDtype::kI32: return "I32";
-    case SafetensorsDtype::kF32: return "F32";
-    case SafetensorsDtype::kI64: return "I64";
+    case SafetensorsDtype::kBF16:
+      return "BF16";
+    case SafetensorsDtype::kI32:
+      return "I32";
+    case SafetensorsDtype::kF32:
+      return "F32";
+    case SafetensorsDtype::kI64:
+      return "I64";
   }
   return "?";
 }
@@ -154,8 +162,8 @@ absl::StatusOr<SafetensorsLayout> LayOutSafetensors(std::vector<SafetensorsTenso
     }
     uint64_t bytes = 0;
     if (!ByteCount(t.shape, SafetensorsDtypeBytes(t.dtype), &bytes) || offset + bytes < offset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "safetensors: tensor ", json::Quote(t.name), " has a negative or too large shape"));
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor ", json::Quote(t.name),
+                                                     " has a negative or too large shape"));
     }
     if (bytes > 0 && t.data == nullptr) {
       return absl::InvalidArgumentError(
@@ -224,8 +232,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view json,
     if (info.begin != covered) {
       return HeaderError(absl::StrCat(
           "tensor ", json::Quote(info.name), " data_offsets [", info.begin, ", ", info.end, "] ",
-          info.begin < covered ? "overlap another tensor" : "leave a gap", " (expected to begin at ",
-          covered, ")"));
+          info.begin < covered ? "overlap another tensor" : "leave a gap",
+          " (expected to begin at ", covered, ")"));
     }
     covered = info.end;
   }
@@ -274,9 +282,9 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
 absl::Status SafetensorsReader::Read(const SafetensorsTensorInfo& info,
                                      absl::Span<char> out) const {
   if (out.size() != info.bytes() || info.end > header_.buffer_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path(), ": tensor ", json::Quote(info.name), " has ", info.bytes(),
-        " bytes in the file, the destination ", out.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path(), ": tensor ", json::Quote(info.name), " has ", info.bytes(),
+                     " bytes in the file, the destination ", out.size()));
   }
   return file_.ReadAt(header_.buffer_offset + info.begin, out.data(), out.size());
 }
