@@ -62,6 +62,12 @@ std::string CudaEngineLibraryPath() {
   return absl::StrCat(dir, "/", kCudaEngineLibrary);
 }
 
+absl::Status PrepareEngine(Backend backend, const EngineConfig& config) {
+  if (absl::Status st = CheckEngineSupport(backend, config); !st.ok()) return st;
+  if (backend == Backend::kCpu) return absl::OkStatus();
+  return LoadCudaModule().status();
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(Backend backend, const EngineContext& ctx) {
   if (absl::Status st = CheckEngineSupport(backend, ctx.config); !st.ok()) return st;
   if (backend == Backend::kCpu) return CreateCpuEngine(ctx);

@@ -8,10 +8,15 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/engine_config.h"
 #include "common/job_spec.h"
 #include "worker/engine/engine.h"
 
 namespace dropless {
+
+// Checks that the backend's engine can run `config` and is present (loads the cuda module), before
+// a rank spends time joining its groups: a worker without the module fails fast and clearly.
+absl::Status PrepareEngine(Backend backend, const EngineConfig& config);
 
 // Checks the config against the backend's capabilities (CheckEngineSupport), then builds it.
 absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(Backend backend, const EngineContext& ctx);

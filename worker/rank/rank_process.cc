@@ -88,6 +88,10 @@ absl::Status RankRun::Run() {
         "--world-size ", options_.world_size, " does not match the spec's parallel.ep * parallel.dp = ",
         spec->world_size()));
   }
+  const std::string backend(ToString(spec->resources.backend));
+  if (absl::Status st = PrepareEngine(spec->resources.backend, EngineConfigFromSpec(*spec)); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("the ", backend, " engine: ", st.message()));
+  }
   Say(absl::StrFormat("job %s attempt %d: joining %d rank(s) (ep=%d, dp=%d) on %s, slot %d",
                       options_.job_id, options_.attempt, options_.world_size, spec->parallel.ep,
                       spec->parallel.dp, options_.host, options_.slot));
@@ -110,7 +114,6 @@ absl::Status RankRun::Run() {
   context.rank = options_.rank;
   context.world_size = options_.world_size;
   context.groups = &*groups;
-  const std::string backend(ToString(spec->resources.backend));
   absl::StatusOr<std::unique_ptr<Engine>> engine = CreateEngine(spec->resources.backend, context);
   if (!engine.ok()) {
     return absl::Status(engine.status().code(), absl::StrCat("building the ", backend,

@@ -103,18 +103,7 @@ Params ReadParams(const EngineConfig& c, const std::string& dir) {
   p.experts.resize(layout.experts_size());
   std::vector<float> m1(p.replicated.size()), v1(p.replicated.size()), m2(p.experts.size()),
       v2(p.experts.size());
-  engine::MoeCheckpointIdentity id;
-  id.rank = 0;
-  id.world_size = 1;
-  id.ep = 1;
-  id.dp = 1;
-  id.hidden = c.model.hidden;
-  id.ffn = c.model.ffn;
-  id.experts = c.model.experts;
-  id.topk = c.model.topk;
-  id.shared_experts = c.model.shared_experts;
-  id.layers = c.model.layers;
-  id.seed = c.data.seed;
+  const engine::MoeCheckpointIdentity id = engine::MoeCheckpointIdentityOf(c, 0);
   absl::StatusOr<int64_t> step = engine::ReadMoeCheckpoint(
       dir, id, layout, {absl::MakeSpan(p.replicated), absl::MakeSpan(m1), absl::MakeSpan(v1)},
       {absl::MakeSpan(p.experts), absl::MakeSpan(m2), absl::MakeSpan(v2)});

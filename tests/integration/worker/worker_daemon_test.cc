@@ -133,22 +133,29 @@ TEST(WorkerDaemonTest, RankSubcommandReachesTheRankImage) {
   EXPECT_TRUE(Has(r.err, "--rank")) << r.err;
 }
 
+// A cuda job's rank loads libdropless_engine_cuda.so only then; a worker without it (a CPU-only
+// build, or the library not installed next to the executables) fails the rank with one clear line.
 TEST(WorkerDaemonTest, RankOfACudaJobFailsClearlyWithoutTheCudaEngine) {
   std::string spec = TinyCpuSpec();
-  const std::string from = "backend: cpu";
-  ASSERT_NE(spec.find(from), std::string::npos);
-  spec.replace(spec.find(from), from.size(), "backend: cuda");
-  const std::string path = MakeTempDir() + "/spec.yaml";
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"backend: cpu", "backend: cuda"},
+                                 {"ep: 2", "ep: 1"}}) {
+    ASSERT_NE(spec.find(from), std::string::npos) << from;
+    spec.replace(spec.find(from), from.size(), to);
+  }
+  const std::string dir = MakeTempDir();
+  const std::string path = dir + "/spec.yaml";
   {
     std::ofstream(path) << spec;
   }
-  CommandResult r = RunCommand({BinaryPath("dropless-worker"), "rank", "--coordinator",
+  CommandResult r = RunCommand({"env", "DROPLESS_CUDA_ENGINE_LIBRARY=" + dir + "/missing.so",
+                                BinaryPath("dropless-worker"), "rank", "--coordinator",
                                 "127.0.0.1:1", "--job", "j", "--attempt", "1", "--rank", "0",
-                                "--world-size", "2", "--slot", "0", "--spec", path, "--host",
+                                "--world-size", "1", "--slot", "0", "--spec", path, "--host",
                                 "127.0.0.1", "--node", "n"},
-                               absl::Seconds(30));
+                               absl::Seconds(60));
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_TRUE(Has(r.err, "cuda engine not built")) << r.err;
+  EXPECT_TRUE(Has(r.err, "the cuda engine module could not be loaded")) << r.err;
+  EXPECT_TRUE(Has(r.err, "missing.so")) << r.err;
 }
 
 // The daemon links no CUDA, BLAS, NCCL or Gloo library (docs/architecture.md): their static TLS

@@ -55,13 +55,16 @@ JobSpec RandomSpec(std::mt19937_64& rng) {
   s.name = "job-" + std::to_string(pick(0, 1'000'000));
   s.priority = static_cast<int32_t>(pick(-1000, 1000));
   s.max_attempts = static_cast<int32_t>(pick(1, 100));
-  s.resources.backend = pick(0, 1) ? Backend::kCuda : Backend::kCpu;
-  s.precision = pick(0, 1) ? Precision::kMxfp8 : Precision::kBf16;
+  // Within what the chosen backend's engine runs (CheckEngineSupport; engine_support_test.cc
+  // covers the refusals).
+  const bool cuda = pick(0, 1);
+  s.resources.backend = cuda ? Backend::kCuda : Backend::kCpu;
+  s.precision = cuda && pick(0, 1) ? Precision::kMxfp8 : Precision::kBf16;
   s.model.hidden = 32 * pick(1, 64);
   s.model.ffn = 32 * pick(1, 64);
-  s.parallel.ep = int64_t{1} << pick(0, 3);
-  s.parallel.dp = pick(1, 4);
-  s.model.experts = s.parallel.ep * pick(1, 16);
+  s.parallel.ep = cuda ? 1 : int64_t{1} << pick(0, 3);
+  s.parallel.dp = cuda ? 1 : pick(1, 4);
+  s.model.experts = cuda ? 8 * pick(1, 16) : s.parallel.ep * pick(1, 16);
   s.model.topk = pick(1, std::min<int64_t>(16, s.model.experts));
   s.model.shared_experts = pick(0, 2);
   s.model.layers = pick(1, 4);
@@ -76,11 +79,9 @@ JobSpec RandomSpec(std::mt19937_64& rng) {
   s.optimizer.eps = real(1e-12, 1e-6);
   s.optimizer.weight_decay = real(0, 0.5);
   s.optimizer.warmup_steps = pick(0, 1000);
-  s.dispatcher = s.resources.backend == Backend::kCuda
-                     ? static_cast<Dispatcher>(pick(0, 4))
-                     : static_cast<Dispatcher>(pick(0, 1));
-  s.overlap = pick(0, 1);
-  s.activation_offload = pick(0, 1);
+  s.dispatcher = cuda ? Dispatcher::kAuto : static_cast<Dispatcher>(pick(0, 1));
+  s.overlap = false;
+  s.activation_offload = false;
   if (pick(0, 1)) {
     s.checkpoint.dir = "/tmp/ckpt dir/\"quoted\" \\ back/" + std::to_string(pick(0, 99));
     s.checkpoint.every = pick(0, 500);

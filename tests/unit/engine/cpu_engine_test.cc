@@ -191,7 +191,7 @@ void ExpectResumedCurve(const JobSpec& spec, int ep, int64_t from,
   for (int rank = 0; rank < ep; ++rank) {
     threads.emplace_back([&, rank] {
       absl::StatusOr<std::unique_ptr<Engine>> engine =
-          CreateCpuEngine(EngineContext{spec, rank, ep, &groups[rank]});
+          CreateCpuEngine(EngineContext{EngineConfigFromSpec(spec), rank, ep, &groups[rank]});
       ASSERT_TRUE(engine.ok()) << engine.status();
       EXPECT_EQ((*engine)->StepsDone(), from);
       while ((*engine)->StepsDone() < spec.steps) {
@@ -254,7 +254,7 @@ TEST(CpuEngineTest, ResumesFromACheckpointWrittenThroughTheSharedApi) {
         absl::MakeSpan(buffers[0]), absl::MakeSpan(buffers[1]), absl::MakeSpan(buffers[2])};
     const engine::MoeOptimizerBuffers experts{
         absl::MakeSpan(buffers[3]), absl::MakeSpan(buffers[4]), absl::MakeSpan(buffers[5])};
-    const engine::MoeCheckpointIdentity id = engine::MoeCheckpointIdentityOf(spec, rank);
+    const engine::MoeCheckpointIdentity id = engine::MoeCheckpointIdentityOf(EngineConfigFromSpec(spec), rank);
     absl::StatusOr<int64_t> step =
         engine::ReadMoeCheckpoint(source, id, layout, replicated, experts);
     ASSERT_TRUE(step.ok()) << step.status();
@@ -279,7 +279,7 @@ TEST(CpuEngineTest, DamagedOrForeignCheckpointIsRefused) {
   JobSpec other_shape = spec;
   other_shape.model.hidden = 32;
   absl::StatusOr<std::unique_ptr<Engine>> engine =
-      CreateCpuEngine(EngineContext{other_shape, 0, 1, &groups[0]});
+      CreateCpuEngine(EngineContext{EngineConfigFromSpec(other_shape), 0, 1, &groups[0]});
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();
   EXPECT_NE(engine.status().message().find("hidden is 16 there, 32 here"), absl::string_view::npos)
       << engine.status();
@@ -289,10 +289,10 @@ TEST(CpuEngineTest, DamagedOrForeignCheckpointIsRefused) {
     file.seekp(-100, std::ios::end);
     file.put('\x5a');
   }
-  engine = CreateCpuEngine(EngineContext{spec, 0, 1, &groups[0]});
+  engine = CreateCpuEngine(EngineContext{EngineConfigFromSpec(spec), 0, 1, &groups[0]});
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kDataLoss) << engine.status();
   std::filesystem::resize_file(path, 40);
-  engine = CreateCpuEngine(EngineContext{spec, 0, 1, &groups[0]});
+  engine = CreateCpuEngine(EngineContext{EngineConfigFromSpec(spec), 0, 1, &groups[0]});
   EXPECT_FALSE(engine.ok());
   std::filesystem::remove_all(spec.checkpoint.dir);
 }
@@ -336,15 +336,15 @@ TEST(CpuEngineTest, PeakFlopsIsNominalUnlessOverridden) {
   JobSpec spec = TinySpec();
   std::vector<RankGroups> groups = CreateLocalGroups(1, 1);
   unsetenv("DROPLESS_CPU_PEAK_FLOPS");
-  auto engine = CreateCpuEngine(EngineContext{spec, 0, 1, &groups[0]});
+  auto engine = CreateCpuEngine(EngineContext{EngineConfigFromSpec(spec), 0, 1, &groups[0]});
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_DOUBLE_EQ((*engine)->PeakFlops(), 96e9);
   setenv("DROPLESS_CPU_PEAK_FLOPS", "2.5e11", 1);
-  engine = CreateCpuEngine(EngineContext{spec, 0, 1, &groups[0]});
+  engine = CreateCpuEngine(EngineContext{EngineConfigFromSpec(spec), 0, 1, &groups[0]});
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_DOUBLE_EQ((*engine)->PeakFlops(), 2.5e11);
   setenv("DROPLESS_CPU_PEAK_FLOPS", "fast", 1);
-  engine = CreateCpuEngine(EngineContext{spec, 0, 1, &groups[0]});
+  engine = CreateCpuEngine(EngineContext{EngineConfigFromSpec(spec), 0, 1, &groups[0]});
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(engine.status().message().find("DROPLESS_CPU_PEAK_FLOPS"), std::string::npos);
   unsetenv("DROPLESS_CPU_PEAK_FLOPS");
@@ -354,14 +354,14 @@ TEST(CpuEngineTest, ContextThatDoesNotMatchTheGroupsIsRefused) {
   JobSpec spec = TinySpec();
   spec.parallel.ep = 2;
   std::vector<RankGroups> groups = CreateLocalGroups(1, 1);  // one rank, but the spec wants two
-  auto engine = CreateCpuEngine(EngineContext{spec, 0, 2, &groups[0]});
+  auto engine = CreateCpuEngine(EngineContext{EngineConfigFromSpec(spec), 0, 2, &groups[0]});
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
-  engine = CreateCpuEngine(EngineContext{spec, 0, 2, nullptr});
+  engine = CreateCpuEngine(EngineContext{EngineConfigFromSpec(spec), 0, 2, nullptr});
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
   spec.parallel.ep = 1;
   spec.model.experts = 3;
   spec.parallel.ep = 2;
-  engine = CreateCpuEngine(EngineContext{spec, 0, 2, &groups[0]});
+  engine = CreateCpuEngine(EngineContext{EngineConfigFromSpec(spec), 0, 2, &groups[0]});
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -47,7 +47,7 @@ JobSpec TinyJob(int ep, int dp) {
 // One rank's parameter and moment buffers, filled with random values.
 struct RankState {
   RankState(const JobSpec& spec, int rank, uint32_t seed)
-      : id(MoeCheckpointIdentityOf(spec, rank)),
+      : id(MoeCheckpointIdentityOf(EngineConfigFromSpec(spec), rank)),
         layout(spec.model, spec.parallel.ep, rank % spec.parallel.ep, 16) {
     for (auto* v : {&rep_value, &rep_m, &rep_v}) v->resize(layout.replicated_size());
     for (auto* v : {&exp_value, &exp_m, &exp_v}) v->resize(layout.experts_size());

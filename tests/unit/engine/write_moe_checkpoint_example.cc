@@ -45,7 +45,7 @@ int Write(const std::string& dir) {
     }
   }
   const absl::Status status =
-      WriteMoeCheckpoint(dir, MoeCheckpointIdentityOf(spec, rank), 3, layout,
+      WriteMoeCheckpoint(dir, MoeCheckpointIdentityOf(EngineConfigFromSpec(spec), rank), 3, layout,
                          {absl::MakeSpan(rep[0]), absl::MakeSpan(rep[1]), absl::MakeSpan(rep[2])},
                          {absl::MakeSpan(exp[0]), absl::MakeSpan(exp[1]), absl::MakeSpan(exp[2])});
   if (!status.ok()) {

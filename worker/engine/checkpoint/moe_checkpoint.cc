@@ -247,7 +247,7 @@ bool MoeCheckpointIdentity::operator==(const MoeCheckpointIdentity& other) const
   return IdentityFields(*this) == IdentityFields(other);
 }
 
-MoeCheckpointIdentity MoeCheckpointIdentityOf(const JobSpec& spec, int64_t rank) {
+MoeCheckpointIdentity MoeCheckpointIdentityOf(const EngineConfig& spec, int64_t rank) {
   MoeCheckpointIdentity id;
   id.rank = rank;
   id.world_size = spec.world_size();

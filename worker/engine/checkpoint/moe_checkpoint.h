@@ -26,7 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/job_spec.h"
+#include "common/engine_config.h"
 #include "worker/engine/cpu/moe_model.h"
 
 namespace dropless::engine {
@@ -52,8 +52,8 @@ struct MoeCheckpointIdentity {
   bool operator!=(const MoeCheckpointIdentity& other) const { return !(*this == other); }
 };
 
-// The identity of `rank` in the job `spec` (world_size ep * dp, seed data.seed).
-MoeCheckpointIdentity MoeCheckpointIdentityOf(const JobSpec& spec, int64_t rank);
+// The identity of `rank` in the job of `config` (world_size ep * dp, seed data.seed).
+MoeCheckpointIdentity MoeCheckpointIdentityOf(const EngineConfig& config, int64_t rank);
 
 // One flat parameter buffer with its AdamW moments, each of the layout's size for that buffer.
 struct MoeOptimizerBuffers {

@@ -11,22 +11,6 @@
 namespace dropless::cuda_engine {
 namespace {
 
-engine::MoeCheckpointIdentity Identity(const EngineConfig& c, int rank, int world_size) {
-  engine::MoeCheckpointIdentity id;
-  id.rank = rank;
-  id.world_size = world_size;
-  id.ep = c.parallel.ep;
-  id.dp = c.parallel.dp;
-  id.hidden = c.model.hidden;
-  id.ffn = c.model.ffn;
-  id.experts = c.model.experts;
-  id.topk = c.model.topk;
-  id.shared_experts = c.model.shared_experts;
-  id.layers = c.model.layers;
-  id.seed = c.data.seed;
-  return id;
-}
-
 // Host copies of one device buffer with its moments.
 struct HostBuffers {
   std::vector<float> value, m, v;
@@ -57,7 +41,7 @@ absl::Status WriteCudaCheckpoint(const std::string& dir, const EngineConfig& con
   HostBuffers rep(replicated.size), exp(experts.size);
   if (absl::Status s = Copy(rep, replicated, cudaMemcpyDeviceToHost); !s.ok()) return s;
   if (absl::Status s = Copy(exp, experts, cudaMemcpyDeviceToHost); !s.ok()) return s;
-  return engine::WriteMoeCheckpoint(dir, Identity(config, rank, world_size), step, layout,
+  return engine::WriteMoeCheckpoint(dir, engine::MoeCheckpointIdentityOf(config, rank), step, layout,
                                     rep.Spans(), exp.Spans());
 }
 
@@ -68,7 +52,7 @@ absl::StatusOr<int64_t> ReadCudaCheckpoint(const std::string& dir, const EngineC
                                            const DeviceOptimizerBuffers& experts) {
   HostBuffers rep(replicated.size), exp(experts.size);
   absl::StatusOr<int64_t> step = engine::ReadMoeCheckpoint(
-      dir, Identity(config, rank, world_size), layout, rep.Spans(), exp.Spans());
+      dir, engine::MoeCheckpointIdentityOf(config, rank), layout, rep.Spans(), exp.Spans());
   if (!step.ok()) return step.status();
   if (absl::Status s = Copy(rep, replicated, cudaMemcpyHostToDevice); !s.ok()) return s;
   if (absl::Status s = Copy(exp, experts, cudaMemcpyHostToDevice); !s.ok()) return s;

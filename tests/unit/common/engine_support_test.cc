@@ -1,0 +1,89 @@
+// CheckEngineSupport: every spec field an engine cannot honour is refused at submit, with one
+// message naming the field, for the cpu and the cuda backends; what they can run passes.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_replace.h"
+#include "common/engine_config.h"
+#include "common/job_spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dropless {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr char kCudaJob[] = R"(name: gpu-job
+model: {hidden: 256, ffn: 128, experts: 16, topk: 2, shared_experts: 1, layers: 1}
+parallel: {ep: 1, dp: 1}
+precision: bf16
+tokens_per_rank: 1024
+steps: 10
+dispatcher: auto
+overlap: false
+activation_offload: false
+resources: {backend: cuda}
+)";
+
+std::string With(std::string yaml, const std::string& from, const std::string& to) {
+  const std::string out = absl::StrReplaceAll(yaml, {{from, to}});
+  EXPECT_NE(out, yaml) << "no line '" << from << "'";
+  return out;
+}
+
+TEST(EngineSupportTest, RunnableSpecsPass) {
+  EXPECT_TRUE(ParseJobSpec(kCudaJob).ok()) << ParseJobSpec(kCudaJob).status();
+  const std::string mxfp8 = With(kCudaJob, "precision: bf16", "precision: mxfp8");
+  EXPECT_TRUE(ParseJobSpec(mxfp8).ok()) << ParseJobSpec(mxfp8).status();
+  const std::string cpu = With(With(kCudaJob, "backend: cuda", "backend: cpu"), "ep: 1", "ep: 2");
+  EXPECT_TRUE(ParseJobSpec(cpu).ok()) << ParseJobSpec(cpu).status();
+}
+
+struct Refusal {
+  const char* name;
+  std::vector<std::pair<std::string, std::string>> edits;
+  const char* field;
+  const char* why;
+};
+
+TEST(EngineSupportTest, EachUnsupportedFieldIsRefusedNamingIt) {
+  const std::vector<Refusal> cases = {
+      {"cuda_ep", {{"ep: 1", "ep: 2"}, {"experts: 16", "experts: 16"}}, "parallel.ep", "one rank per job"},
+      {"cuda_dp", {{"dp: 1", "dp: 2"}}, "parallel.ep", "got ep 1, dp 2"},
+      {"cuda_dispatcher", {{"dispatcher: auto", "dispatcher: nccl-a2a"}}, "dispatcher", "nccl-a2a is not available"},
+      {"cuda_overlap", {{"overlap: false", "overlap: true"}}, "overlap", "needs expert parallelism"},
+      {"cuda_offload", {{"activation_offload: false", "activation_offload: true"}}, "activation_offload", "not supported"},
+      {"cuda_hidden", {{"hidden: 256", "hidden: 260"}}, "model.hidden", "multiple of 8"},
+      {"cuda_experts", {{"experts: 16", "experts: 12"}}, "model.experts", "multiple of 8"},
+      {"cpu_mxfp8", {{"backend: cuda", "backend: cpu"}, {"precision: bf16", "precision: mxfp8"}}, "precision", "needs resources.backend cuda"},
+      {"cpu_overlap", {{"backend: cuda", "backend: cpu"}, {"overlap: false", "overlap: true"}}, "overlap", "Gloo exchange is blocking"},
+      {"cpu_offload", {{"backend: cuda", "backend: cpu"}, {"activation_offload: false", "activation_offload: true"}}, "activation_offload", "needs resources.backend cuda"},
+  };
+  for (const Refusal& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::string yaml = kCudaJob;
+    for (const auto& [from, to] : c.edits) yaml = absl::StrReplaceAll(yaml, {{from, to}});
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml);
+    ASSERT_FALSE(spec.ok());
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(spec.status().message()), StartsWith(std::string(c.field) + ": "));
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr(c.why));
+  }
+}
+
+TEST(EngineSupportTest, EnginesCheckTheSameRulesOnTheirConfig) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(kCudaJob);
+  ASSERT_TRUE(spec.ok());
+  EngineConfig config = EngineConfigFromSpec(*spec);
+  EXPECT_TRUE(CheckEngineSupport(Backend::kCuda, config).ok());
+  config.activation_offload = true;
+  EXPECT_THAT(std::string(CheckEngineSupport(Backend::kCuda, config).message()),
+              StartsWith("activation_offload: "));
+  EXPECT_THAT(std::string(CheckEngineSupport(Backend::kCpu, config).message()),
+              StartsWith("activation_offload: "));
+}
+
+}  // namespace
+}  // namespace dropless
