@@ -29,3 +29,11 @@ if [ "${RUN_JOB:-1}" = 1 ]; then
   echo "cuda job exit $?"
   tail -40 "$out/job.log"
 fi
+if [ "${RUN_PEERS:-0}" = 1 ]; then
+  # The step next to its peers in one process, alternating rounds (bench/peers/step_peer.py).
+  timeout "${PEER_TIMEOUT:-300}" python3 bench/peers/step_peer.py --lib "$PWD/$bundle/bin/libdropless_engine_cuda.so" \
+    --ep dsv3=8 --rounds "${PEER_ROUNDS:-3}" --steps "${PEER_STEPS:-5}" --json "$out/step-h200.json" \
+    ${PEER_FLAGS:-} >"$out/step-peer.log" 2>&1
+  echo "step_peer exit $?"
+  tail -40 "$out/step-peer.log"
+fi

@@ -74,7 +74,9 @@ absl::StatusOr<cudaEvent_t> PhaseTimer::NextEvent() {
 absl::Status PhaseTimer::Begin(Phase phase, cudaStream_t stream) {
   absl::StatusOr<cudaEvent_t> e = NextEvent();
   if (!e.ok()) return e.status();
-  DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventRecord(*e, stream));
+  // External: inside a stream capture the record becomes a node that records the event when the
+  // graph runs (a plain record would only order the capture), so elapsed times can be read.
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventRecordWithFlags(*e, stream, cudaEventRecordExternal));
   marks_.push_back(Mark{phase, *e, nullptr});
   return absl::OkStatus();
 }
@@ -84,7 +86,7 @@ absl::Status PhaseTimer::End(Phase phase, cudaStream_t stream) {
     if (it->phase == phase && it->end == nullptr) {
       absl::StatusOr<cudaEvent_t> e = NextEvent();
       if (!e.ok()) return e.status();
-      DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventRecord(*e, stream));
+      DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventRecordWithFlags(*e, stream, cudaEventRecordExternal));
       it->end = *e;
       return absl::OkStatus();
     }
