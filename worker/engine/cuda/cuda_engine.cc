@@ -72,6 +72,12 @@ struct ModelWeights {
   std::vector<MxWeight> mx_w1, mx_w2;  // per layer, precision mxfp8
 };
 
+// The AdamW tensors of one layer (FusedAdamW's list indices).
+struct OptimizerGroups {
+  int router_first = 0, router_count = 0;  // the router and, when there are any, shared experts
+  int w1 = 0, w2 = 0;
+};
+
 class CudaEngineImpl final : public CudaEngine {
  public:
   explicit CudaEngineImpl(const EngineConfig& config, int rank, int world_size)
@@ -85,7 +91,7 @@ class CudaEngineImpl final : public CudaEngine {
 
   ~CudaEngineImpl() override {
     if (graph_exec_ != nullptr) cudaGraphExecDestroy(graph_exec_);
-    for (cudaStream_t s : {streams_.main, streams_.side, streams_.wgrad}) {
+    for (cudaStream_t s : {streams_.main, streams_.side, streams_.wgrad, streams_.optimizer}) {
       if (s != nullptr) cudaStreamDestroy(s);
     }
   }
@@ -126,6 +132,7 @@ class CudaEngineImpl final : public CudaEngine {
   std::unique_ptr<LayerKernels> kernels_;
   std::vector<std::unique_ptr<MoeLayerGpu>> layers_;
   std::unique_ptr<FusedAdamW> adamw_;
+  std::vector<OptimizerGroups> optimizer_groups_;
 
   TrainableBuffer replicated_, experts_;
   ModelWeights student_, teacher_;
@@ -214,7 +221,7 @@ absl::Status CudaEngineImpl::Initialize() {
   if (const char* g = std::getenv("DROPLESS_CUDA_GRAPH"); g != nullptr && std::strcmp(g, "0") == 0) {
     use_graph_ = false;
   }
-  for (cudaStream_t* s : {&streams_.main, &streams_.side, &streams_.wgrad}) {
+  for (cudaStream_t* s : {&streams_.main, &streams_.side, &streams_.wgrad, &streams_.optimizer}) {
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
   }
   streams_.links = &links_;
@@ -294,23 +301,31 @@ absl::Status CudaEngineImpl::Initialize() {
   RETURN_IF_ERROR(QuantizeExperts(&teacher_, streams_.main));
   RETURN_IF_ERROR(QuantizeExperts(&student_, streams_.main));
 
-  // One AdamW launch over every tensor: per layer the router (its bf16 copy transposed to
-  // [E][H]) and the shared experts; the experts buffer whole.
+  // AdamW over every tensor, in per-layer groups so that each weight is updated as soon as its
+  // gradient is complete (LayerOptimizerHooks): per layer the router (its bf16 copy transposed to
+  // [E][H]) and the shared experts, then the routed experts' w1 and w2.
   std::vector<AdamWTensor> tensors;
+  auto add = [&](TrainableBuffer& b, int64_t offset, int64_t n, Bf16* copy, int64_t rows,
+                 int64_t cols) {
+    tensors.push_back(AdamWTensor{b.value + offset, b.grad + offset, b.m + offset, b.v + offset, n,
+                                  copy, rows, cols});
+    return static_cast<int>(tensors.size()) - 1;
+  };
+  const int64_t w1_size = E * H * 2 * dims_.ffn;
   for (int64_t l = 0; l < L(); ++l) {
+    OptimizerGroups g;
     const int64_t base = l * RepPerLayer();
-    tensors.push_back(AdamWTensor{replicated_.value + base, replicated_.grad + base,
-                                  replicated_.m + base, replicated_.v + base, H * E,
-                                  student_.router + l * E * H, H, E});
-    const int64_t shared = RepPerLayer() - H * E;
-    if (shared > 0) {
-      tensors.push_back(AdamWTensor{replicated_.value + base + H * E, replicated_.grad + base + H * E,
-                                    replicated_.m + base + H * E, replicated_.v + base + H * E,
-                                    shared, replicated_.bf16 + base + H * E, 0, 0});
+    g.router_first = add(replicated_, base, H * E, student_.router + l * E * H, H, E);
+    g.router_count = 1;
+    if (RepPerLayer() > H * E) {
+      add(replicated_, base + H * E, RepPerLayer() - H * E, replicated_.bf16 + base + H * E, 0, 0);
+      g.router_count = 2;
     }
+    const int64_t exp = l * ExpPerLayer();
+    g.w1 = add(experts_, exp, w1_size, experts_.bf16 + exp, 0, 0);
+    g.w2 = add(experts_, exp + w1_size, ExpPerLayer() - w1_size, experts_.bf16 + exp + w1_size, 0, 0);
+    optimizer_groups_.push_back(g);
   }
-  tensors.push_back(AdamWTensor{experts_.value, experts_.grad, experts_.m, experts_.v,
-                                experts_.size, experts_.bf16, 0, 0});
   absl::StatusOr<std::unique_ptr<FusedAdamW>> adamw =
       FusedAdamW::Create(config_.optimizer, tensors, step_counter_);
   if (!adamw.ok()) return adamw.status();
@@ -360,20 +375,39 @@ absl::Status CudaEngineImpl::RecordStep() {
                                       reinterpret_cast<double*>(stats_), grad_a_, main));
   RETURN_IF_ERROR(timer_.End(PhaseTimer::kForward, main));
 
+  // Backward, with each weight's AdamW update (and MXFP8 re-quantization) on the optimizer
+  // stream as soon as its gradient is complete.
   RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kBackward, main));
+  RETURN_IF_ERROR(adamw_->PrepareStep(main));
   const float aux_coef = static_cast<float>(config_.model.aux_loss_coeff / static_cast<double>(L()));
   Bf16* grad_in = grad_a_;
   Bf16* grad_out = grad_b_;
   for (int64_t l = L() - 1; l >= 0; --l) {
-    RETURN_IF_ERROR(layers_[l]->Backward(Weights(student_, l), activations_[l], grad_in, aux_coef,
-                                         Grads(l), grad_out, streams_));
+    const OptimizerGroups& g = optimizer_groups_[l];
+    const LayerWeights w = Weights(student_, l);
+    LayerOptimizerHooks hooks;
+    hooks.router_and_shared = [&](cudaStream_t s) {
+      return adamw_->Update(g.router_first, g.router_count, s);
+    };
+    hooks.experts_w2 = [&](cudaStream_t s) -> absl::Status {
+      RETURN_IF_ERROR(adamw_->Update(g.w2, 1, s));
+      if (!dims_.mxfp8) return absl::OkStatus();
+      return kernels_->QuantizeWeight(w.w2, dims_.ffn, dims_.hidden, student_.mx_w2[l], s);
+    };
+    hooks.experts_w1 = [&](cudaStream_t s) -> absl::Status {
+      RETURN_IF_ERROR(adamw_->Update(g.w1, 1, s));
+      if (!dims_.mxfp8) return absl::OkStatus();
+      return kernels_->QuantizeWeight(w.w1, dims_.hidden, 2 * dims_.ffn, student_.mx_w1[l], s);
+    };
+    RETURN_IF_ERROR(layers_[l]->Backward(w, activations_[l], grad_in, aux_coef, Grads(l), grad_out,
+                                         streams_, hooks));
     std::swap(grad_in, grad_out);
   }
   RETURN_IF_ERROR(timer_.End(PhaseTimer::kBackward, main));
 
+  // What of the optimizer did not hide under the backward.
   RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kOptimizer, main));
-  RETURN_IF_ERROR(adamw_->Step(main));
-  RETURN_IF_ERROR(QuantizeExperts(&student_, main));
+  RETURN_IF_ERROR(links_.Link(streams_.optimizer, main));
   return timer_.End(PhaseTimer::kOptimizer, main);
 }
 

@@ -71,12 +71,20 @@ absl::StatusOr<cudaEvent_t> PhaseTimer::NextEvent() {
   return events_[next_++];
 }
 
+cudaError_t PhaseTimer::Record(cudaEvent_t event, cudaStream_t stream) {
+  // Inside a stream capture the record must be external to become a node that records the event
+  // when the graph runs (a plain record only orders the capture); outside one, a plain record.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaError_t e = cudaStreamIsCapturing(stream, &capture); e != cudaSuccess) return e;
+  return capture == cudaStreamCaptureStatusActive
+             ? cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal)
+             : cudaEventRecord(event, stream);
+}
+
 absl::Status PhaseTimer::Begin(Phase phase, cudaStream_t stream) {
   absl::StatusOr<cudaEvent_t> e = NextEvent();
   if (!e.ok()) return e.status();
-  // External: inside a stream capture the record becomes a node that records the event when the
-  // graph runs (a plain record would only order the capture), so elapsed times can be read.
-  DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventRecordWithFlags(*e, stream, cudaEventRecordExternal));
+  DROPLESS_CUDA_RETURN_IF_ERROR(Record(*e, stream));
   marks_.push_back(Mark{phase, *e, nullptr});
   return absl::OkStatus();
 }
@@ -86,7 +94,7 @@ absl::Status PhaseTimer::End(Phase phase, cudaStream_t stream) {
     if (it->phase == phase && it->end == nullptr) {
       absl::StatusOr<cudaEvent_t> e = NextEvent();
       if (!e.ok()) return e.status();
-      DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventRecordWithFlags(*e, stream, cudaEventRecordExternal));
+      DROPLESS_CUDA_RETURN_IF_ERROR(Record(*e, stream));
       it->end = *e;
       return absl::OkStatus();
     }

@@ -90,6 +90,7 @@ class PhaseTimer {
     cudaEvent_t end = nullptr;
   };
   absl::StatusOr<cudaEvent_t> NextEvent();
+  static cudaError_t Record(cudaEvent_t event, cudaStream_t stream);
 
   std::vector<cudaEvent_t> events_;
   size_t next_ = 0;

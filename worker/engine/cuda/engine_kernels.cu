@@ -210,10 +210,12 @@ class FusedAdamWImpl final : public FusedAdamW {
     step_counter_ = step_counter;
     std::vector<AdamWChunk> chunks;
     for (size_t i = 0; i < tensors.size(); ++i) {
+      first_chunk_.push_back(static_cast<int64_t>(chunks.size()));
       for (int64_t begin = 0; begin < tensors[i].n; begin += kAdamWChunk) {
         chunks.push_back(AdamWChunk{static_cast<int32_t>(i), begin});
       }
     }
+    first_chunk_.push_back(static_cast<int64_t>(chunks.size()));
     num_chunks_ = static_cast<int64_t>(chunks.size());
     if (num_chunks_ > (int64_t{1} << 31) - 1) {
       return absl::InvalidArgumentError("FusedAdamW: too many parameters for one launch");
@@ -230,13 +232,24 @@ class FusedAdamWImpl final : public FusedAdamW {
     return absl::OkStatus();
   }
 
-  absl::Status Step(Stream stream) override {
+  absl::Status PrepareStep(Stream stream) override {
     AdamWScalarsKernel<<<1, 1, 0, stream>>>(hyper_, step_counter_, scalars_);
-    if (absl::Status s = LaunchStatus("AdamWScalarsKernel"); !s.ok()) return s;
-    if (num_chunks_ == 0) return absl::OkStatus();
-    AdamWKernel<<<static_cast<unsigned>(num_chunks_), 512, 0, stream>>>(tensors_, chunks_, scalars_);
+    return LaunchStatus("AdamWScalarsKernel");
+  }
+
+  absl::Status Update(int first, int count, Stream stream) override {
+    if (first < 0 || count < 0 || first + count > num_tensors()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "FusedAdamW::Update: tensors [%d, %d) of %d", first, first + count, num_tensors()));
+    }
+    const int64_t begin = first_chunk_[first], end = first_chunk_[first + count];
+    if (end == begin) return absl::OkStatus();
+    AdamWKernel<<<static_cast<unsigned>(end - begin), 512, 0, stream>>>(tensors_, chunks_ + begin,
+                                                                         scalars_);
     return LaunchStatus("AdamWKernel");
   }
+
+  int num_tensors() const override { return static_cast<int>(first_chunk_.size()) - 1; }
 
  private:
   AdamWHyper hyper_{};
@@ -245,6 +258,7 @@ class FusedAdamWImpl final : public FusedAdamW {
   AdamWChunk* chunks_ = nullptr;
   AdamWScalars* scalars_ = nullptr;
   int64_t num_chunks_ = 0;
+  std::vector<int64_t> first_chunk_;  // per tensor, and the total at the end
 };
 
 }  // namespace

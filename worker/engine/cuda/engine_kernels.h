@@ -90,8 +90,18 @@ class FusedAdamW {
                                                             const std::vector<AdamWTensor>& tensors,
                                                             int64_t* step_counter);
   virtual ~FusedAdamW() = default;
-  // Increments the step counter, then updates every tensor: two launches.
-  virtual absl::Status Step(Stream stream) = 0;
+  // Increments the step counter and computes the step's scalars (one single-thread launch); every
+  // Update of the step must be ordered after it.
+  virtual absl::Status PrepareStep(Stream stream) = 0;
+  // Updates tensors [first, first + count) of the list given to Create (one launch), so that each
+  // tensor's update can run as soon as its gradient is complete, beside other work.
+  virtual absl::Status Update(int first, int count, Stream stream) = 0;
+  // PrepareStep, then every tensor.
+  absl::Status Step(Stream stream) {
+    if (absl::Status s = PrepareStep(stream); !s.ok()) return s;
+    return Update(0, num_tensors(), stream);
+  }
+  virtual int num_tensors() const = 0;
 };
 
 }  // namespace dropless::cuda_engine

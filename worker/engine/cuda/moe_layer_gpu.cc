@@ -284,8 +284,17 @@ absl::Status MoeLayerGpu::Forward(const LayerWeights& w, const Bf16* x, Bf16* x_
   return SumBf16(T * H, terms, x_next, s.main);
 }
 
+// Runs `hook` on the optimizer stream once everything queued so far on main and wgrad is done.
+absl::Status RunHook(const std::function<absl::Status(cudaStream_t)>& hook, const LayerStreams& s,
+                     std::initializer_list<cudaStream_t> after) {
+  if (!hook) return absl::OkStatus();
+  for (cudaStream_t from : after) RETURN_IF_ERROR(s.links->Link(from, s.optimizer));
+  return hook(s.optimizer);
+}
+
 absl::Status MoeLayerGpu::RoutedGemmsBackward(const LayerWeights& w, const LayerGrads& grads,
-                                              const LayerStreams& s) {
+                                              const LayerStreams& s,
+                                              const LayerOptimizerHooks& hooks) {
   const LayerDims& d = k_->dims_;
   const int64_t Tk = d.rows(), H = d.hidden, F = d.ffn;
   const int32_t* live_rows = offsets_ + d.experts;
@@ -315,6 +324,8 @@ absl::Status MoeLayerGpu::RoutedGemmsBackward(const LayerWeights& w, const Layer
   } else {
     RETURN_IF_ERROR(k.w2_->BackwardData(Nv(k.d_out_rows_), Nv(w.w2), offsets_, Nv(k.d_a_), s.main));
   }
+  // w2's gradient is complete and no later work reads w2: its update can start.
+  RETURN_IF_ERROR(RunHook(hooks.experts_w2, s, {s.main, s.wgrad}));
   RETURN_IF_ERROR(kc::SwigluBackward(kernels::SwigluShape{Tk, F}, live_rows, h_, k.d_a_, k.d_h_,
                                      s.main));
   if (d.mxfp8) {
@@ -341,7 +352,8 @@ absl::Status MoeLayerGpu::RoutedGemmsBackward(const LayerWeights& w, const Layer
   } else {
     RETURN_IF_ERROR(k.w1_->BackwardData(Nv(k.d_h_), Nv(w.w1), offsets_, Nv(k.d_rows_), s.main));
   }
-  return End(s, PhaseTimer::kGemmDgrad, s.main);
+  RETURN_IF_ERROR(End(s, PhaseTimer::kGemmDgrad, s.main));
+  return RunHook(hooks.experts_w1, s, {s.main, s.wgrad});
 }
 
 absl::Status MoeLayerGpu::SharedBackward(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next,
@@ -371,7 +383,7 @@ absl::Status MoeLayerGpu::SharedBackward(const LayerWeights& w, const Bf16* x, c
 
 absl::Status MoeLayerGpu::Backward(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next,
                                    float aux_coef, const LayerGrads& grads, Bf16* d_x,
-                                   const LayerStreams& s) {
+                                   const LayerStreams& s, const LayerOptimizerHooks& hooks) {
   const LayerDims& d = k_->dims_;
   const int64_t T = d.tokens, H = d.hidden;
   LayerKernels& k = *k_;
@@ -393,8 +405,9 @@ absl::Status MoeLayerGpu::Backward(const LayerWeights& w, const Bf16* x, const B
   RETURN_IF_ERROR(k.router_->LogitsBackward(T, x, w.router, k.d_logits_, k.d_x_router_,
                                             /*accumulate_d_x=*/false, k.d_router_, s.side));
   RETURN_IF_ERROR(Transpose(1, d.experts, H, k.d_router_, grads.router, s.side));
+  RETURN_IF_ERROR(RunHook(hooks.router_and_shared, s, {s.side}));
 
-  RETURN_IF_ERROR(RoutedGemmsBackward(w, grads, s));
+  RETURN_IF_ERROR(RoutedGemmsBackward(w, grads, s, hooks));
   RETURN_IF_ERROR(Begin(s, PhaseTimer::kDispatch, s.main));
   RETURN_IF_ERROR(kc::PermuteBackward(permute, k.d_rows_, slot_of_choice_, k.d_x_routed_, s.main));
   RETURN_IF_ERROR(End(s, PhaseTimer::kDispatch, s.main));

@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -81,8 +82,18 @@ struct LayerStreams {
   cudaStream_t main = nullptr;
   cudaStream_t side = nullptr;
   cudaStream_t wgrad = nullptr;
+  cudaStream_t optimizer = nullptr;  // where LayerOptimizerHooks run (joined by the caller)
   StreamLinks* links = nullptr;
   PhaseTimer* timer = nullptr;  // may be null
+};
+
+// Called by Backward on LayerStreams::optimizer as soon as a weight's gradient is complete and
+// the backward reads its working copy no more, so the caller's optimizer update of that weight
+// runs beside the rest of the backward. Empty hooks are skipped.
+struct LayerOptimizerHooks {
+  std::function<absl::Status(cudaStream_t)> experts_w2;
+  std::function<absl::Status(cudaStream_t)> experts_w1;
+  std::function<absl::Status(cudaStream_t)> router_and_shared;
 };
 
 // Kernel objects and scratch shared by every layer of an engine (teacher included).
@@ -144,9 +155,11 @@ class MoeLayerGpu {
                        const LayerStreams& s);
 
   // d_x_next -> d_x (both [T][H], no alias), every gradient in `grads`. aux_coef: d objective /
-  // d aux_loss of this layer.
+  // d aux_loss of this layer. Side and wgrad are joined into main at the end; the optimizer
+  // stream (the hooks' work) is not.
   absl::Status Backward(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next, float aux_coef,
-                        const LayerGrads& grads, Bf16* d_x, const LayerStreams& s);
+                        const LayerGrads& grads, Bf16* d_x, const LayerStreams& s,
+                        const LayerOptimizerHooks& hooks = {});
 
   const int32_t* expert_counts() const { return counts_; }
 
@@ -165,7 +178,7 @@ class MoeLayerGpu {
                               const LayerGrads& grads, const LayerStreams& s);
   absl::Status RoutedGemmsForward(const LayerWeights& w, const LayerStreams& s);
   absl::Status RoutedGemmsBackward(const LayerWeights& w, const LayerGrads& grads,
-                                   const LayerStreams& s);
+                                   const LayerStreams& s, const LayerOptimizerHooks& hooks);
 
   LayerKernels* const k_;
   // Saved activations.

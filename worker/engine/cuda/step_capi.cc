@@ -84,12 +84,13 @@ __attribute__((visibility("default"))) int dl_step_time_gemms(void* h, int itera
   return 0;
 }
 
-// Up to n doubles: peak_mem_bytes, loss, fwd_gemm_ms, dgrad_gemm_ms, wgrad_gemm_ms, dispatch_ms,
+// Up to n doubles: peak_mem_bytes (what the engine allocated), loss, fwd_gemm_ms, dgrad_gemm_ms, wgrad_gemm_ms, dispatch_ms,
 // combine_ms, data_ms, forward_ms, backward_ms, optimizer_ms, flops. Returns the count written.
 __attribute__((visibility("default"))) int dl_step_stats(void* h, double* out, int n) {
   auto* handle = static_cast<StepHandle*>(h);
   const dropless::cuda_engine::CudaStepDetails d = handle->engine->LastStepDetails();
-  const double values[] = {static_cast<double>(handle->last.device_memory_bytes),
+  // The engine's own allocations: the process may hold other frameworks' memory (the peers).
+  const double values[] = {static_cast<double>(d.engine_bytes),
                            handle->last.loss,
                            handle->gemm_seconds[0] * 1e3,
                            handle->gemm_seconds[1] * 1e3,
