@@ -45,6 +45,10 @@ struct Flags {
   int steps = 10;
   int warmup = 3;
   int layers = 1;
+  int rounds = 3;
+  // Engine settings compared in one run (engines held side by side, rounds alternating):
+  // "default", or "optimizer-overlap" / "optimizer-after-backward" (DROPLESS_OPTIMIZER_OVERLAP).
+  std::vector<std::string> variants = {"default"};
   std::string json, commit;
 };
 
@@ -60,6 +64,10 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
       f.steps = std::max(1, std::atoi(kv.second.c_str()));
     } else if (kv.first == "--warmup") {
       f.warmup = std::max(1, std::atoi(kv.second.c_str()));
+    } else if (kv.first == "--rounds") {
+      f.rounds = std::max(1, std::atoi(kv.second.c_str()));
+    } else if (kv.first == "--variants") {
+      f.variants = absl::StrSplit(kv.second, ',');
     } else if (kv.first == "--layers") {
       f.layers = std::max(1, std::atoi(kv.second.c_str()));
     } else if (kv.first == "--json") {
@@ -69,7 +77,8 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
     } else {
       std::fprintf(stderr,
                    "step bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
-                   "--precision=bf16,mxfp8 --steps=N --warmup=N --layers=N --json=PATH "
+                   "--precision=bf16,mxfp8 --steps=N --warmup=N --rounds=N --layers=N "
+                   "--variants=default|optimizer-overlap,optimizer-after-backward --json=PATH "
                    "--commit=SHA\n",
                    a.c_str());
       std::exit(2);
@@ -118,46 +127,72 @@ int RunStepBench(const std::vector<std::string>& args) {
       return 2;
     }
     for (const std::string& precision : f.precisions) {
-      absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> engine =
-          cuda_engine::CreateCudaEngine(ConfigOf(*shape, precision, f.layers), 0, 1, nullptr);
-      CheckStatus(engine.status(), "step", "creating the engine");
-      std::vector<double> ms;
-      StepStats last;
-      cuda_engine::CudaStepDetails details;
-      for (int i = 0; i < f.warmup + f.steps; ++i) {
-        absl::StatusOr<StepStats> s = (*engine)->Step();
-        CheckStatus(s.status(), "step", "step");
-        if (i >= f.warmup) {
-          ms.push_back(s->step_seconds * 1e3);
-          last = *s;
-          details = (*engine)->LastStepDetails();
+      // One engine per variant, held side by side; rounds alternate between them so the GPU's
+      // clock state (power cap) is shared; medians over every timed step of every round.
+      struct Run {
+        std::string variant;
+        std::unique_ptr<cuda_engine::CudaEngine> engine;
+        std::vector<double> ms;
+        StepStats last;
+        cuda_engine::CudaStepDetails details;
+      };
+      std::vector<Run> runs;
+      for (const std::string& variant : f.variants) {
+        if (variant == "optimizer-after-backward") {
+          setenv("DROPLESS_OPTIMIZER_OVERLAP", "0", 1);
+        } else if (variant == "optimizer-overlap" || variant == "default") {
+          unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
+        } else {
+          std::fprintf(stderr, "step bench: unknown variant %s\n", variant.c_str());
+          return 2;
+        }
+        absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> engine =
+            cuda_engine::CreateCudaEngine(ConfigOf(*shape, precision, f.layers), 0, 1, nullptr);
+        unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
+        CheckStatus(engine.status(), "step", "creating the engine");
+        runs.push_back(Run{variant, *std::move(engine), {}, {}, {}});
+      }
+      for (int round = 0; round < f.rounds; ++round) {
+        for (Run& run : runs) {
+          for (int i = 0; i < (round == 0 ? f.warmup : 0) + f.steps; ++i) {
+            absl::StatusOr<StepStats> s = run.engine->Step();
+            CheckStatus(s.status(), "step", "step");
+            if (round > 0 || i >= f.warmup) {
+              run.ms.push_back(s->step_seconds * 1e3);
+              run.last = *s;
+              run.details = run.engine->LastStepDetails();
+            }
+          }
         }
       }
-      std::sort(ms.begin(), ms.end());
-      const double median = ms[ms.size() / 2];
-      absl::StatusOr<cuda_engine::CudaEngine::GemmSeconds> g = (*engine)->TimeExpertGemms(5);
-      CheckStatus(g.status(), "step", "timing the expert GEMMs");
-      const double routed = 6.0 * shape->tokens * shape->top_k * shape->hidden * shape->ffn * f.layers;
-      const double step_flops = 18.0 * shape->tokens * shape->top_k * shape->hidden * shape->ffn * f.layers;
-      const double tflops = step_flops / (median * 1e-3) / 1e12;
-      const double fwd = routed / g->forward / 1e12, dgrad = routed / g->dgrad / 1e12;
-      const double wgrad = routed / g->wgrad / 1e12;
-      const double gemm_tflops = 3.0 / (1.0 / fwd + 1.0 / dgrad + 1.0 / wgrad);
-      const double mem_gib = static_cast<double>(last.device_memory_bytes) / (1 << 30);
-      std::printf("%-8s %-6s %9.3f %8.1f %5.1f%% %8.1f | %7.3f %7.3f %7.3f %7.3f | %8.1f %8.1f %8.1f %8.1f\n",
-                  shape->name, precision.c_str(), median, tflops, 100 * tflops * 1e12 / peak,
-                  mem_gib, details.forward_seconds * 1e3, details.backward_seconds * 1e3,
-                  details.optimizer_seconds * 1e3, details.data_seconds * 1e3, gemm_tflops, fwd,
-                  dgrad, wgrad);
-      rows.push_back(absl::StrFormat(
-          "    {\"name\": \"step\", \"shape\": \"%s\", \"impl\": \"dropless\", \"precision\": "
-          "\"%s\", \"ms\": %.4f, \"tflops\": %.1f, \"gbps\": null, \"mfu\": %.4f, "
-          "\"peak_mem_gib\": %.2f, \"ep\": 1, \"backend\": \"local\", \"offload\": false, "
-          "\"gemm_tflops\": %.1f, \"forward_ms\": %.4f, \"backward_ms\": %.4f, "
-          "\"optimizer_ms\": %.4f, \"data_ms\": %.4f, \"layers\": %d, \"note\": \"%s\"}",
-          shape->name, precision, median, tflops, tflops * 1e12 / peak, mem_gib, gemm_tflops,
-          details.forward_seconds * 1e3, details.backward_seconds * 1e3,
-          details.optimizer_seconds * 1e3, details.data_seconds * 1e3, f.layers, shape->note));
+      for (Run& run : runs) {
+        std::sort(run.ms.begin(), run.ms.end());
+        const double median = run.ms[run.ms.size() / 2];
+        absl::StatusOr<cuda_engine::CudaEngine::GemmSeconds> g = run.engine->TimeExpertGemms(5);
+        CheckStatus(g.status(), "step", "timing the expert GEMMs");
+        const double routed = 6.0 * shape->tokens * shape->top_k * shape->hidden * shape->ffn * f.layers;
+        const double tflops = 3.0 * routed / (median * 1e-3) / 1e12;
+        const double fwd = routed / g->forward / 1e12, dgrad = routed / g->dgrad / 1e12;
+        const double wgrad = routed / g->wgrad / 1e12;
+        const double gemm_tflops = 3.0 / (1.0 / fwd + 1.0 / dgrad + 1.0 / wgrad);
+        const double mem_gib = static_cast<double>(run.last.device_memory_bytes) / (1 << 30);
+        const cuda_engine::CudaStepDetails& d = run.details;
+        std::printf("%-8s %-6s %9.3f %8.1f %5.1f%% %8.1f | %7.3f %7.3f %7.3f %7.3f | %8.1f %8.1f %8.1f %8.1f  %s\n",
+                    shape->name, precision.c_str(), median, tflops, 100 * tflops * 1e12 / peak,
+                    mem_gib, d.forward_seconds * 1e3, d.backward_seconds * 1e3,
+                    d.optimizer_seconds * 1e3, d.data_seconds * 1e3, gemm_tflops, fwd, dgrad, wgrad,
+                    run.variant.c_str());
+        rows.push_back(absl::StrFormat(
+            "    {\"name\": \"step\", \"shape\": \"%s\", \"impl\": \"dropless\", \"precision\": "
+            "\"%s\", \"ms\": %.4f, \"tflops\": %.1f, \"gbps\": null, \"mfu\": %.4f, "
+            "\"peak_mem_gib\": %.2f, \"ep\": 1, \"backend\": \"local\", \"offload\": false, "
+            "\"gemm_tflops\": %.1f, \"forward_ms\": %.4f, \"backward_ms\": %.4f, "
+            "\"optimizer_ms\": %.4f, \"data_ms\": %.4f, \"layers\": %d, \"variant\": \"%s\", "
+            "\"note\": \"%s\"}",
+            shape->name, precision, median, tflops, tflops * 1e12 / peak, mem_gib, gemm_tflops,
+            d.forward_seconds * 1e3, d.backward_seconds * 1e3, d.optimizer_seconds * 1e3,
+            d.data_seconds * 1e3, f.layers, run.variant, shape->note));
+      }
     }
   }
   if (!f.json.empty()) {

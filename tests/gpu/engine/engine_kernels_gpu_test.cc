@@ -88,20 +88,44 @@ TEST_F(EngineKernelsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
   std::vector<float> p1 = RandomFloat(rows * cols), p2 = RandomFloat(n2);
   std::vector<float> m1(p1.size(), 0), v1(p1.size(), 0), m2(p2.size(), 0), v2(p2.size(), 0);
   DeviceArray<float> dp1(p1), dp2(p2), dm1(m1), dv1(v1), dm2(m2), dv2(v2);
-  DeviceArray<float> dg1(p1.size()), dg2(p2.size());
+  // Tensor 1 takes fp32 gradients, tensor 2 bf16 ones (the routed experts').
+  DeviceArray<float> dg1(p1.size());
+  DeviceArray<Bf16> dg2(p2.size());
   DeviceArray<Bf16> copy1(p1.size()), copy2(p2.size());
   DeviceArray<int64_t> counter(std::vector<int64_t>{0});
-  absl::StatusOr<std::unique_ptr<FusedAdamW>> adamw = FusedAdamW::Create(
-      o,
-      {AdamWTensor{dp1.get(), dg1.get(), dm1.get(), dv1.get(), rows * cols, copy1.get(), rows, cols},
-       AdamWTensor{dp2.get(), dg2.get(), dm2.get(), dv2.get(), n2, copy2.get(), 0, 0}},
-      counter.get());
+  AdamWTensor t1, t2;
+  t1.param = dp1.get();
+  t1.grad = dg1.get();
+  t1.m = dm1.get();
+  t1.v = dv1.get();
+  t1.n = rows * cols;
+  t1.bf16_copy = copy1.get();
+  t1.copy_rows = rows;
+  t1.copy_cols = cols;
+  t2.param = dp2.get();
+  t2.grad_bf16 = dg2.get();
+  t2.m = dm2.get();
+  t2.v = dv2.get();
+  t2.n = n2;
+  t2.bf16_copy = copy2.get();
+  absl::StatusOr<std::unique_ptr<FusedAdamW>> adamw = FusedAdamW::Create(o, {t1, t2}, counter.get());
   ASSERT_TRUE(adamw.ok()) << adamw.status();
   for (int step = 1; step <= 5; ++step) {
-    const std::vector<float> g1 = RandomFloat(p1.size(), 1e-2f), g2 = RandomFloat(p2.size(), 1e-2f);
+    const std::vector<float> g1 = RandomFloat(p1.size(), 1e-2f);
+    const std::vector<Bf16> g2_bf16 = RandomBf16(p2.size(), 1e-2f);
+    std::vector<float> g2(p2.size());
+    for (size_t i = 0; i < g2.size(); ++i) g2[i] = Bf16ToFloat(g2_bf16[i]);
     dg1.Upload(g1);
-    dg2.Upload(g2);
-    STATUS_ASSERT((*adamw)->Step(nullptr));
+    dg2.Upload(g2_bf16);
+    // The two tensors in separate launches on alternate steps, as the engine's overlapped
+    // optimizer updates them.
+    if (step % 2 == 0) {
+      STATUS_ASSERT((*adamw)->Step(nullptr));
+    } else {
+      STATUS_ASSERT((*adamw)->PrepareStep(nullptr));
+      STATUS_ASSERT((*adamw)->Update(1, 1, nullptr));
+      STATUS_ASSERT((*adamw)->Update(0, 1, nullptr));
+    }
     cpu::AdamWUpdate<float>(o, step, static_cast<int64_t>(p1.size()), g1.data(), p1.data(), m1.data(), v1.data());
     cpu::AdamWUpdate<float>(o, step, static_cast<int64_t>(p2.size()), g2.data(), p2.data(), m2.data(), v2.data());
   }

@@ -39,24 +39,30 @@ absl::Status Alloc(DeviceArena* arena, int64_t count, const char* what, T** out)
   return absl::OkStatus();
 }
 
-// A trainable flat buffer (MoeParameterLayout's replicated or experts buffer) with its fp32
-// gradient, AdamW moments and bf16 working copy.
+// A trainable flat buffer (MoeParameterLayout's replicated or experts buffer) with its gradient
+// (fp32, or bf16 for the routed experts: LayerGrads), AdamW moments and bf16 working copy.
 struct TrainableBuffer {
   float* value = nullptr;
   float* grad = nullptr;
+  Bf16* grad_bf16 = nullptr;
   float* m = nullptr;
   float* v = nullptr;
   Bf16* bf16 = nullptr;
   int64_t size = 0;
 
-  absl::Status Allocate(DeviceArena* arena, int64_t n) {
+  absl::Status Allocate(DeviceArena* arena, int64_t n, bool bf16_gradients) {
     size = n;
     RETURN_IF_ERROR(Alloc(arena, n, "master weights", &value));
-    RETURN_IF_ERROR(Alloc(arena, n, "weight gradients", &grad));
+    if (bf16_gradients) {
+      RETURN_IF_ERROR(Alloc(arena, n, "weight gradients", &grad_bf16));
+      DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(grad_bf16, 0, n * sizeof(Bf16)));
+    } else {
+      RETURN_IF_ERROR(Alloc(arena, n, "weight gradients", &grad));
+      DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(grad, 0, n * sizeof(float)));
+    }
     RETURN_IF_ERROR(Alloc(arena, n, "AdamW first moments", &m));
     RETURN_IF_ERROR(Alloc(arena, n, "AdamW second moments", &v));
     RETURN_IF_ERROR(Alloc(arena, n, "bf16 weights", &bf16));
-    DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(grad, 0, n * sizeof(float)));
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(m, 0, n * sizeof(float)));
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(v, 0, n * sizeof(float)));
     return absl::OkStatus();
@@ -147,6 +153,9 @@ class CudaEngineImpl final : public CudaEngine {
   std::vector<int32_t> host_counts_;
 
   bool use_graph_ = true;
+  // Each weight's update beside the backward (LayerOptimizerHooks) or all after it:
+  // DROPLESS_OPTIMIZER_OVERLAP=0 (for A/B runs of dropless-bench step --variants).
+  bool overlap_optimizer_ = true;
   cudaGraphExec_t graph_exec_ = nullptr;
   int64_t steps_done_ = 0;
   CudaStepDetails details_;
@@ -174,7 +183,7 @@ LayerGrads CudaEngineImpl::Grads(int64_t layer) const {
   g.router = replicated_.grad + layer * RepPerLayer();
   g.shared_w1 = g.router + H * E;
   g.shared_w2 = g.shared_w1 + S * H * 2 * F;
-  g.w1 = experts_.grad + layer * ExpPerLayer();
+  g.w1 = experts_.grad_bf16 + layer * ExpPerLayer();
   g.w2 = g.w1 + E * H * 2 * F;
   return g;
 }
@@ -221,6 +230,9 @@ absl::Status CudaEngineImpl::Initialize() {
   if (const char* g = std::getenv("DROPLESS_CUDA_GRAPH"); g != nullptr && std::strcmp(g, "0") == 0) {
     use_graph_ = false;
   }
+  if (const char* o = std::getenv("DROPLESS_OPTIMIZER_OVERLAP"); o != nullptr && std::strcmp(o, "0") == 0) {
+    overlap_optimizer_ = false;
+  }
   for (cudaStream_t* s : {&streams_.main, &streams_.side, &streams_.wgrad, &streams_.optimizer}) {
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
   }
@@ -249,8 +261,8 @@ absl::Status CudaEngineImpl::Initialize() {
   }
 
   const int64_t T = dims_.tokens, H = dims_.hidden, E = dims_.experts;
-  RETURN_IF_ERROR(replicated_.Allocate(&arena_, layout_.replicated_size()));
-  RETURN_IF_ERROR(experts_.Allocate(&arena_, layout_.experts_size()));
+  RETURN_IF_ERROR(replicated_.Allocate(&arena_, layout_.replicated_size(), /*bf16_gradients=*/false));
+  RETURN_IF_ERROR(experts_.Allocate(&arena_, layout_.experts_size(), /*bf16_gradients=*/true));
   for (ModelWeights* w : {&student_, &teacher_}) {
     RETURN_IF_ERROR(Alloc(&arena_, L() * E * H, "bf16 router", &w->router));
     if (dims_.mxfp8) {
@@ -307,8 +319,17 @@ absl::Status CudaEngineImpl::Initialize() {
   std::vector<AdamWTensor> tensors;
   auto add = [&](TrainableBuffer& b, int64_t offset, int64_t n, Bf16* copy, int64_t rows,
                  int64_t cols) {
-    tensors.push_back(AdamWTensor{b.value + offset, b.grad + offset, b.m + offset, b.v + offset, n,
-                                  copy, rows, cols});
+    AdamWTensor t;
+    t.param = b.value + offset;
+    if (b.grad != nullptr) t.grad = b.grad + offset;
+    if (b.grad_bf16 != nullptr) t.grad_bf16 = b.grad_bf16 + offset;
+    t.m = b.m + offset;
+    t.v = b.v + offset;
+    t.n = n;
+    t.bf16_copy = copy;
+    t.copy_rows = rows;
+    t.copy_cols = cols;
+    tensors.push_back(t);
     return static_cast<int>(tensors.size()) - 1;
   };
   const int64_t w1_size = E * H * 2 * dims_.ffn;
@@ -386,19 +407,21 @@ absl::Status CudaEngineImpl::RecordStep() {
     const OptimizerGroups& g = optimizer_groups_[l];
     const LayerWeights w = Weights(student_, l);
     LayerOptimizerHooks hooks;
-    hooks.router_and_shared = [&](cudaStream_t s) {
-      return adamw_->Update(g.router_first, g.router_count, s);
-    };
-    hooks.experts_w2 = [&](cudaStream_t s) -> absl::Status {
-      RETURN_IF_ERROR(adamw_->Update(g.w2, 1, s));
-      if (!dims_.mxfp8) return absl::OkStatus();
-      return kernels_->QuantizeWeight(w.w2, dims_.ffn, dims_.hidden, student_.mx_w2[l], s);
-    };
-    hooks.experts_w1 = [&](cudaStream_t s) -> absl::Status {
-      RETURN_IF_ERROR(adamw_->Update(g.w1, 1, s));
-      if (!dims_.mxfp8) return absl::OkStatus();
-      return kernels_->QuantizeWeight(w.w1, dims_.hidden, 2 * dims_.ffn, student_.mx_w1[l], s);
-    };
+    if (overlap_optimizer_) {
+      hooks.router_and_shared = [&](cudaStream_t s) {
+        return adamw_->Update(g.router_first, g.router_count, s);
+      };
+      hooks.experts_w2 = [&](cudaStream_t s) -> absl::Status {
+        RETURN_IF_ERROR(adamw_->Update(g.w2, 1, s));
+        if (!dims_.mxfp8) return absl::OkStatus();
+        return kernels_->QuantizeWeight(w.w2, dims_.ffn, dims_.hidden, student_.mx_w2[l], s);
+      };
+      hooks.experts_w1 = [&](cudaStream_t s) -> absl::Status {
+        RETURN_IF_ERROR(adamw_->Update(g.w1, 1, s));
+        if (!dims_.mxfp8) return absl::OkStatus();
+        return kernels_->QuantizeWeight(w.w1, dims_.hidden, 2 * dims_.ffn, student_.mx_w1[l], s);
+      };
+    }
     RETURN_IF_ERROR(layers_[l]->Backward(w, activations_[l], grad_in, aux_coef, Grads(l), grad_out,
                                          streams_, hooks));
     std::swap(grad_in, grad_out);
@@ -407,7 +430,12 @@ absl::Status CudaEngineImpl::RecordStep() {
 
   // What of the optimizer did not hide under the backward.
   RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kOptimizer, main));
-  RETURN_IF_ERROR(links_.Link(streams_.optimizer, main));
+  if (overlap_optimizer_) {
+    RETURN_IF_ERROR(links_.Link(streams_.optimizer, main));
+  } else {
+    RETURN_IF_ERROR(adamw_->Update(0, adamw_->num_tensors(), main));
+    RETURN_IF_ERROR(QuantizeExperts(&student_, main));
+  }
   return timer_.End(PhaseTimer::kOptimizer, main);
 }
 

@@ -176,7 +176,7 @@ __global__ void AdamWKernel(const AdamWTensor* tensors, const AdamWChunk* chunks
   const AdamWTensor t = tensors[chunk.tensor];
   const int64_t end = min(chunk.begin + kAdamWChunk, t.n);
   for (int64_t i = chunk.begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float g = t.grad[i];
+    const float g = t.grad != nullptr ? t.grad[i] : ToFloat(t.grad_bf16[i]);
     const float m = s.beta1 * t.m[i] + (1.0f - s.beta1) * g;
     const float v = s.beta2 * t.v[i] + (1.0f - s.beta2) * g * g;
     t.m[i] = m;
@@ -343,7 +343,7 @@ absl::StatusOr<std::unique_ptr<FusedAdamW>> FusedAdamW::Create(
     const OptimizerSpec& optimizer, const std::vector<AdamWTensor>& tensors, int64_t* step_counter) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const AdamWTensor& t = tensors[i];
-    if (t.n < 0 || (t.n > 0 && (!t.param || !t.grad || !t.m || !t.v)) ||
+    if (t.n < 0 || (t.n > 0 && (!t.param || (!t.grad == !t.grad_bf16) || !t.m || !t.v)) ||
         (t.copy_rows > 0 && t.copy_rows * t.copy_cols != t.n)) {
       return absl::InvalidArgumentError(absl::StrFormat("FusedAdamW: tensor %d is malformed", i));
     }

@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
   k->router_ = *std::move(router);
 
   auto grouped = [&](int groups, int64_t kdim, int64_t ndim, int64_t max_rows,
+                     kernels::GradType grad_type,
                      std::unique_ptr<kernels::GroupedGemm>* out) -> absl::Status {
     kernels::GroupedGemmOptions o;
     o.num_groups = groups;
@@ -77,17 +78,18 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
     o.n = static_cast<int>(ndim);
     o.max_rows = max_rows;
     o.expected_rows_per_group = std::max<int64_t>(1, max_rows / groups);
-    o.weight_grad_type = kernels::GradType::kFloat32;
+    o.weight_grad_type = grad_type;
     absl::StatusOr<std::unique_ptr<kernels::GroupedGemm>> g = kernels::GroupedGemm::Create(o);
     if (!g.ok()) return g.status();
     *out = *std::move(g);
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(grouped(d.experts, H, 2 * F, Tk, &k->w1_));
-  RETURN_IF_ERROR(grouped(d.experts, F, H, Tk, &k->w2_));
+  // Routed experts' weight gradients in bf16, shared experts' in fp32 (LayerGrads).
+  RETURN_IF_ERROR(grouped(d.experts, H, 2 * F, Tk, kernels::GradType::kBFloat16, &k->w1_));
+  RETURN_IF_ERROR(grouped(d.experts, F, H, Tk, kernels::GradType::kBFloat16, &k->w2_));
   if (d.shared > 0) {
-    RETURN_IF_ERROR(grouped(1, H, 2 * F, T, &k->shared_w1_));
-    RETURN_IF_ERROR(grouped(1, F, H, T, &k->shared_w2_));
+    RETURN_IF_ERROR(grouped(1, H, 2 * F, T, kernels::GradType::kFloat32, &k->shared_w1_));
+    RETURN_IF_ERROR(grouped(1, F, H, T, kernels::GradType::kFloat32, &k->shared_w2_));
     RETURN_IF_ERROR(Alloc(arena, 2, "shared expert offsets", &k->shared_offsets_));
     const int32_t offsets[2] = {0, static_cast<int32_t>(T)};
     DROPLESS_CUDA_RETURN_IF_ERROR(
@@ -313,7 +315,7 @@ absl::Status MoeLayerGpu::RoutedGemmsBackward(const LayerWeights& w, const Layer
                                              {k.col_d_out_.data, k.col_d_out_.scales},
                                              k.col_a_.group_offsets, grads.w2, s.wgrad));
   } else {
-    RETURN_IF_ERROR(k.w2_->BackwardWeight(Nv(a_), Nv(k.d_out_rows_), offsets_, grads.w2, s.wgrad));
+    RETURN_IF_ERROR(k.w2_->BackwardWeight(Nv(a_), Nv(k.d_out_rows_), offsets_, Nv(grads.w2), s.wgrad));
   }
   RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.wgrad));
   RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.main));
@@ -342,7 +344,7 @@ absl::Status MoeLayerGpu::RoutedGemmsBackward(const LayerWeights& w, const Layer
                                              {k.col_d_h_.data, k.col_d_h_.scales},
                                              k.col_rows_.group_offsets, grads.w1, s.wgrad));
   } else {
-    RETURN_IF_ERROR(k.w1_->BackwardWeight(Nv(rows_), Nv(k.d_h_), offsets_, grads.w1, s.wgrad));
+    RETURN_IF_ERROR(k.w1_->BackwardWeight(Nv(rows_), Nv(k.d_h_), offsets_, Nv(grads.w1), s.wgrad));
   }
   RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.wgrad));
   if (d.mxfp8) {
@@ -456,8 +458,8 @@ absl::Status MoeLayerGpu::TimeExpertGemms(const LayerWeights& w, const LayerGrad
                                       {k.col_d_h_.data, k.col_d_h_.scales},
                                       k.col_rows_.group_offsets, grads.w1, stream);
     }
-    RETURN_IF_ERROR(k.w2_->BackwardWeight(Nv(a_), Nv(k.d_out_rows_), offsets_, grads.w2, stream));
-    return k.w1_->BackwardWeight(Nv(rows_), Nv(k.d_h_), offsets_, grads.w1, stream);
+    RETURN_IF_ERROR(k.w2_->BackwardWeight(Nv(a_), Nv(k.d_out_rows_), offsets_, Nv(grads.w2), stream));
+    return k.w1_->BackwardWeight(Nv(rows_), Nv(k.d_h_), offsets_, Nv(grads.w1), stream);
   };
   cudaEvent_t begin = nullptr, end = nullptr;
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&begin));
