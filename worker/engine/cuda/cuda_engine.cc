@@ -183,7 +183,7 @@ LayerGrads CudaEngineImpl::Grads(int64_t layer) const {
   g.router = replicated_.grad + layer * RepPerLayer();
   g.shared_w1 = g.router + H * E;
   g.shared_w2 = g.shared_w1 + S * H * 2 * F;
-  g.w1 = experts_.grad_bf16 + layer * ExpPerLayer();
+  g.w1 = experts_.grad + layer * ExpPerLayer();
   g.w2 = g.w1 + E * H * 2 * F;
   return g;
 }
@@ -262,7 +262,7 @@ absl::Status CudaEngineImpl::Initialize() {
 
   const int64_t T = dims_.tokens, H = dims_.hidden, E = dims_.experts;
   RETURN_IF_ERROR(replicated_.Allocate(&arena_, layout_.replicated_size(), /*bf16_gradients=*/false));
-  RETURN_IF_ERROR(experts_.Allocate(&arena_, layout_.experts_size(), /*bf16_gradients=*/true));
+  RETURN_IF_ERROR(experts_.Allocate(&arena_, layout_.experts_size(), /*bf16_gradients=*/false));
   for (ModelWeights* w : {&student_, &teacher_}) {
     RETURN_IF_ERROR(Alloc(&arena_, L() * E * H, "bf16 router", &w->router));
     if (dims_.mxfp8) {

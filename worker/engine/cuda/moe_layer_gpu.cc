@@ -84,9 +84,8 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
     *out = *std::move(g);
     return absl::OkStatus();
   };
-  // Routed experts' weight gradients in bf16, shared experts' in fp32 (LayerGrads).
-  RETURN_IF_ERROR(grouped(d.experts, H, 2 * F, Tk, kernels::GradType::kBFloat16, &k->w1_));
-  RETURN_IF_ERROR(grouped(d.experts, F, H, Tk, kernels::GradType::kBFloat16, &k->w2_));
+  RETURN_IF_ERROR(grouped(d.experts, H, 2 * F, Tk, kernels::GradType::kFloat32, &k->w1_));
+  RETURN_IF_ERROR(grouped(d.experts, F, H, Tk, kernels::GradType::kFloat32, &k->w2_));
   if (d.shared > 0) {
     RETURN_IF_ERROR(grouped(1, H, 2 * F, T, kernels::GradType::kFloat32, &k->shared_w1_));
     RETURN_IF_ERROR(grouped(1, F, H, T, kernels::GradType::kFloat32, &k->shared_w2_));
@@ -315,7 +314,7 @@ absl::Status MoeLayerGpu::RoutedGemmsBackward(const LayerWeights& w, const Layer
                                              {k.col_d_out_.data, k.col_d_out_.scales},
                                              k.col_a_.group_offsets, grads.w2, s.wgrad));
   } else {
-    RETURN_IF_ERROR(k.w2_->BackwardWeight(Nv(a_), Nv(k.d_out_rows_), offsets_, Nv(grads.w2), s.wgrad));
+    RETURN_IF_ERROR(k.w2_->BackwardWeight(Nv(a_), Nv(k.d_out_rows_), offsets_, grads.w2, s.wgrad));
   }
   RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.wgrad));
   RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.main));
@@ -344,7 +343,7 @@ absl::Status MoeLayerGpu::RoutedGemmsBackward(const LayerWeights& w, const Layer
                                              {k.col_d_h_.data, k.col_d_h_.scales},
                                              k.col_rows_.group_offsets, grads.w1, s.wgrad));
   } else {
-    RETURN_IF_ERROR(k.w1_->BackwardWeight(Nv(rows_), Nv(k.d_h_), offsets_, Nv(grads.w1), s.wgrad));
+    RETURN_IF_ERROR(k.w1_->BackwardWeight(Nv(rows_), Nv(k.d_h_), offsets_, grads.w1, s.wgrad));
   }
   RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.wgrad));
   if (d.mxfp8) {
@@ -458,8 +457,8 @@ absl::Status MoeLayerGpu::TimeExpertGemms(const LayerWeights& w, const LayerGrad
                                       {k.col_d_h_.data, k.col_d_h_.scales},
                                       k.col_rows_.group_offsets, grads.w1, stream);
     }
-    RETURN_IF_ERROR(k.w2_->BackwardWeight(Nv(a_), Nv(k.d_out_rows_), offsets_, Nv(grads.w2), stream));
-    return k.w1_->BackwardWeight(Nv(rows_), Nv(k.d_h_), offsets_, Nv(grads.w1), stream);
+    RETURN_IF_ERROR(k.w2_->BackwardWeight(Nv(a_), Nv(k.d_out_rows_), offsets_, grads.w2, stream));
+    return k.w1_->BackwardWeight(Nv(rows_), Nv(k.d_h_), offsets_, grads.w1, stream);
   };
   cudaEvent_t begin = nullptr, end = nullptr;
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&begin));
