@@ -40,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "coordinator/controller/hang_watchdog.h"
 #include "coordinator/controller/worker_session.h"
 #include "coordinator/metrics/coordinator_metrics.h"
 #include "coordinator/rendezvous/rendezvous_store.h"
@@ -59,6 +60,7 @@ struct CoordinatorOptions {
   size_t max_log_line_bytes = 16 * 1024;  // longer lines are truncated
   size_t max_log_lines_per_batch = 10000;
   size_t watch_mailbox_capacity = 4096;
+  HangWatchdogOptions hang;
 };
 
 // A WatchJob stream: the job as of subscription and the updates after it.
@@ -91,7 +93,10 @@ class Coordinator {
   void Shutdown();
 
   // JobService. Errors name the offending field or id.
-  absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& request);
+  // A request_id seen before (for the same owner) returns the job it made; AlreadyExists when
+  // that job's spec differs from this request's.
+  absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& request,
+                                    const std::string& owner = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   absl::StatusOr<std::vector<v1::Job>> ListJobs(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> CancelJob(const std::string& id, const std::string& reason);
@@ -130,10 +135,21 @@ class Coordinator {
   const CoordinatorOptions& options() const { return options_; }
 
  private:
+  // Where a rank of an attempt is in its step (hang watchdog).
+  struct RankProgress {
+    int32_t attempt = 0;
+    std::string phase;
+    int64_t step = 0;
+    int64_t since_ms = 0;  // its worker's clock
+    std::string node;
+    std::string worker_id;
+  };
   struct ActiveJob {
     JobRecord record;  // record.job carries placement and latest as the API shows them
     std::optional<AttemptRecord> attempt;  // while SCHEDULED or RUNNING
     std::string waiting_reason;            // last reason recorded in a Waiting event
+    StepTimes step_times;                  // recent step times (hang watchdog)
+    std::map<int32_t, RankProgress> progress;  // by rank, as the last heartbeats said
     std::vector<std::shared_ptr<Mailbox<v1::JobUpdate>>> watchers;
     std::vector<std::pair<std::optional<int32_t>, std::shared_ptr<Mailbox<v1::LogLine>>>>
         log_followers;
@@ -164,6 +180,12 @@ class Coordinator {
       : store_(std::move(store)), options_(options), metrics_(metrics) {}
   absl::Status Load() ABSL_LOCKS_EXCLUDED(mu_);
   void TickLoop();
+
+  // The job an earlier submit with (owner, request_id) made, if any.
+  absl::StatusOr<std::optional<v1::Job>> FindSubmittedLocked(const std::string& owner,
+                                                             const std::string& request_id,
+                                                             const std::string& spec_yaml)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Job lifecycle (coordinator_jobs.cc).
   void AddEvent(StoreWrite& write, const std::string& job_id, int32_t attempt,
@@ -198,6 +220,10 @@ class Coordinator {
   void HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStatus& status,
                               bool from_heartbeat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The hang watchdog (coordinator_watchdog.cc): fails the attempt of a rank that stayed in one
+  // step phase too long.
+  void CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

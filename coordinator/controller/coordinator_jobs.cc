@@ -2,6 +2,7 @@
 // write path to the store and the fan-out to watchers.
 #include <algorithm>
 #include <map>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,12 @@ namespace {
 bool RankEnded(v1::RankState state) {
   return state == v1::RANK_STATE_SUCCEEDED || state == v1::RANK_STATE_FAILED ||
          state == v1::RANK_STATE_KILLED;
+}
+
+// 128 bits from the OS's random source, in hex.
+std::string NewRendezvousSecret() {
+  std::random_device rd;
+  return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
 }
 
 // "node-a[0,1] node-b[0]"
@@ -108,6 +115,7 @@ void Coordinator::PlaceLocked(ActiveJob& job, const JobPlacement& placement, Sto
   attempt.attempt = j.attempt() + 1;
   attempt.state = v1::JOB_STATE_SCHEDULED;
   attempt.create_time_ms = now;
+  attempt.rendezvous_secret = NewRendezvousSecret();
   j.set_state(v1::JOB_STATE_SCHEDULED);
   j.set_attempt(attempt.attempt);
   j.clear_placement();
@@ -133,6 +141,7 @@ void Coordinator::PlaceLocked(ActiveJob& job, const JobPlacement& placement, Sto
     a->set_spec_yaml(j.spec_yaml());
     a->set_world_size(j.world_size());
     *a->mutable_placement() = j.placement();
+    a->set_rendezvous_secret(attempt.rendezvous_secret);
     pending_sends_.emplace_back(worker_id, std::move(message));
   }
   if (metrics_ != nullptr) {
@@ -141,7 +150,7 @@ void Coordinator::PlaceLocked(ActiveJob& job, const JobPlacement& placement, Sto
     metrics_->ObservePending(waited);
   }
   job.waiting_reason.clear();
-  rendezvous_.Open(j.id(), attempt.attempt);
+  rendezvous_.Open(j.id(), attempt.attempt, attempt.rendezvous_secret);
   AddEvent(write, j.id(), attempt.attempt, "Scheduled",
            absl::StrFormat("attempt %d: %d ranks on %s", attempt.attempt, j.world_size(),
                            DescribePlacement(placement.ranks)));
