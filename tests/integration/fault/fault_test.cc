@@ -7,19 +7,26 @@
 #include <cmath>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
 #include <map>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "dropless/v1/job_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/integration/coordinator/coordinator_test_support.h"
 #include "tests/integration/worker/worker_cluster.h"
 
 namespace dropless::testing {
@@ -211,6 +218,123 @@ TEST(FaultTest, RankResultsQueuedWhenTheDaemonDiesAreDeliveredAfterItsRestart) {
   Figure(absl::StrFormat("worker daemons SIGKILLed with undelivered results: job SUCCEEDED "
                          "%.2f s after the restarts",
                          absl::ToDoubleSeconds(absl::Now() - restart)));
+}
+
+// pid's parent, from /proc; 0 when it is gone.
+pid_t ParentOf(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (absl::StartsWith(line, "PPid:")) return static_cast<pid_t>(std::atoi(line.c_str() + 5));
+  }
+  return 0;
+}
+
+// A worker whose daemon stops answering (SIGSTOP: its connection stays open, silent) for longer
+// than the lease: its attempt fails and is retried on the other workers; once it is back, the rank
+// it still had is cancelled as a stray of an attempt that is over.
+TEST(FaultTest, AWorkerSilentForLongerThanTheLeaseIsReplacedAndItsStrayRankStopped) {
+  WorkerCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok()) << cluster.Diagnostics();
+  StartWorkers(cluster, {"node-1", "node-2", "node-3"});
+  std::string spec = TinyCpuSpec(300);
+  spec.replace(spec.find("max_attempts: 1"), 15, "max_attempts: 2");
+  absl::StatusOr<v1::Job> job = cluster.Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(WaitForStepPast(cluster, job->id(), 10, absl::Seconds(60)).has_value())
+      << cluster.Diagnostics();
+  absl::StatusOr<v1::Job> running = cluster.Get(job->id());
+  ASSERT_TRUE(running.ok());
+  const std::string victim = running->placement(1).node();
+  Process* daemon = cluster.worker(victim);
+  pid_t stray = 0;
+  for (pid_t pid : cluster.RankPidsOf(job->id())) {
+    if (ParentOf(pid) == daemon->pid()) stray = pid;
+  }
+  ASSERT_NE(stray, 0) << "no rank of " << victim;
+
+  ASSERT_TRUE(daemon->Signal(SIGSTOP).ok());
+  const absl::Time stopped = absl::Now();
+  std::optional<absl::Duration> replaced =
+      WaitForStepPast(cluster, job->id(), 0, absl::Seconds(60), /*attempt=*/2);
+  const double replaced_s = absl::ToDoubleSeconds(absl::Now() - stopped);
+  ASSERT_TRUE(daemon->Signal(SIGCONT).ok());
+  ASSERT_TRUE(replaced.has_value()) << cluster.Diagnostics();
+  absl::StatusOr<v1::Job> retried = cluster.Get(job->id());
+  ASSERT_TRUE(retried.ok());
+  for (const v1::RankPlacement& p : retried->placement()) EXPECT_NE(p.node(), victim);
+
+  // Back from its stall, the daemon reconnects and its rank of the failed attempt is stopped.
+  const absl::Time resumed = absl::Now();
+  EXPECT_TRUE(WaitGone({stray}, absl::Seconds(30))) << cluster.Diagnostics();
+  EXPECT_TRUE(cluster
+                  .WaitForWorker(victim, ReadyWorker, absl::Seconds(30))
+                  .has_value());
+  Figure(absl::StrFormat("worker silent (SIGSTOP) past the 5 s lease: attempt 2 stepping on the "
+                         "other workers %.2f s after the stall began; its stray rank gone %.2f s "
+                         "after it resumed",
+                         replaced_s, absl::ToDoubleSeconds(absl::Now() - resumed)));
+  absl::StatusOr<v1::Job> done = cluster.WaitForState(
+      job->id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, absl::Seconds(120));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->message() << cluster.Diagnostics();
+  EXPECT_EQ(done->attempt(), 2);
+}
+
+// Clients that vanish mid-watch (SIGKILLed `dropless watch` processes) free their streams on the
+// coordinator at once, and the job and the server carry on.
+TEST(FaultTest, WatchersKilledMidStreamAreReleased) {
+  constexpr int kWatchers = 20;
+  auto c = CoordinatorUnderTest::Start();
+  FakeWorker worker(c->channel(), "node-watch", 1);
+  ASSERT_TRUE(worker.Register().ok() && worker.Connect().ok());
+  absl::StatusOr<v1::Job> job = c->Submit(TinySpec(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(worker.NextAssignment().has_value());
+  ASSERT_TRUE(worker.ReportRank(job->id(), 1, 0, v1::RANK_STATE_RUNNING).ok());
+  c->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+
+  std::vector<std::unique_ptr<Process>> watchers;
+  for (int i = 0; i < kWatchers; ++i) {
+    absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(
+        {BinaryPath("dropless"), "--coordinator", c->address(), "watch", job->id()});
+    ASSERT_TRUE(p.ok()) << p.status();
+    watchers.push_back(std::move(*p));
+  }
+  // Every watcher has its stream open once it printed the job's first line.
+  const absl::Time open_deadline = absl::Now() + absl::Seconds(30);
+  for (auto& w : watchers) {
+    while (w->Output().empty() && absl::Now() < open_deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_FALSE(w->Output().empty()) << "a watcher never started";
+  }
+  const absl::Time killed = absl::Now();
+  for (auto& w : watchers) ASSERT_TRUE(w->Signal(SIGKILL).ok());
+
+  // The coordinator counts a WatchJob call when its stream ends.
+  auto ended_watches = [&] {
+    int ended = 0;
+    for (absl::string_view line : absl::StrSplit(HttpGet(c->metrics_port(), "/metrics"), '\n')) {
+      if (!absl::StartsWith(line, "dropless_coordinator_rpcs_total{") ||
+          !absl::StrContains(line, "method=\"JobService/WatchJob\"")) {
+        continue;
+      }
+      double n = 0;
+      if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &n)) ended += static_cast<int>(n);
+    }
+    return ended;
+  };
+  while (ended_watches() < kWatchers && absl::Now() - killed < absl::Seconds(20)) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(ended_watches(), kWatchers) << "streams of dead watchers still open";
+  Figure(absl::StrFormat("%d watchers SIGKILLed mid-stream: all %d streams released within "
+                         "%.2f s",
+                         kWatchers, kWatchers, absl::ToDoubleSeconds(absl::Now() - killed)));
+  ASSERT_TRUE(worker.ReportRank(job->id(), 1, 0, v1::RANK_STATE_SUCCEEDED).ok());
+  EXPECT_EQ(c->WaitForState(job->id(), v1::JOB_STATE_SUCCEEDED).state(),
+            v1::JOB_STATE_SUCCEEDED);
 }
 
 TEST(FaultTest, AThousandSubmitsFromFiftyClientsAreAllAccountedForOnce) {
