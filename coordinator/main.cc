@@ -24,6 +24,8 @@ ABSL_FLAG(std::string, metrics_address, "0.0.0.0", "address the /metrics endpoin
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000, "heartbeat interval the workers are told to use");
 ABSL_FLAG(int64_t, lease_timeout_ms, 10000,
           "a worker with no message for this long is LOST and its attempts fail");
+ABSL_FLAG(int64_t, max_message_bytes, 4 << 20,
+          "largest request message accepted (RESOURCE_EXHAUSTED beyond); at least 2 MiB");
 ABSL_FLAG(double, hang_step_multiple, 20,
           "hang watchdog: abort an attempt whose rank stays in one step phase for this many "
           "median step times (0: off)");
@@ -104,6 +106,9 @@ int main(int argc, char** argv) {
   }
   if (FlagGiven(given, "lease_timeout_ms")) {
     config.lease_timeout_ms = absl::GetFlag(FLAGS_lease_timeout_ms);
+  }
+  if (FlagGiven(given, "max_message_bytes")) {
+    config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   }
   if (FlagGiven(given, "hang_step_multiple")) {
     config.hang_step_multiple = absl::GetFlag(FLAGS_hang_step_multiple);

@@ -61,6 +61,8 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
       s = Read(value, key, &base.heartbeat_interval_ms);
     } else if (key == "lease_timeout_ms") {
       s = Read(value, key, &base.lease_timeout_ms);
+    } else if (key == "max_message_bytes") {
+      s = Read(value, key, &base.max_message_bytes);
     } else if (key == "hang_step_multiple") {
       s = Read(value, key, &base.hang_step_multiple);
     } else if (key == "hang_min_stall_ms") {
@@ -71,8 +73,8 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
       return absl::InvalidArgumentError(absl::StrCat(
           "coordinator config: unknown key \"", key,
           "\" (known: listen, worker_listen, db, metrics_port, metrics_address, "
-          "heartbeat_interval_ms, lease_timeout_ms, hang_step_multiple, hang_min_stall_ms, "
-          "hang_first_step_ms)"));
+          "heartbeat_interval_ms, lease_timeout_ms, max_message_bytes, hang_step_multiple, "
+          "hang_min_stall_ms, hang_first_step_ms)"));
     }
     if (!s.ok()) return s;
   }
@@ -110,6 +112,11 @@ absl::Status ValidateConfig(const CoordinatorConfig& config) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "lease_timeout_ms: must be larger than heartbeat_interval_ms (got %d <= %d)",
         config.lease_timeout_ms, config.heartbeat_interval_ms));
+  }
+  if (config.max_message_bytes < (2 << 20) || config.max_message_bytes > (1 << 30)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max_message_bytes: must be 2 MiB..1 GiB (a rendezvous value alone may be 1 MiB; got %d)",
+        config.max_message_bytes));
   }
   if (!(config.hang_step_multiple >= 0)) {
     return absl::InvalidArgumentError("hang_step_multiple: must not be negative (0: off)");

@@ -21,6 +21,9 @@ struct CoordinatorConfig {
   std::string metrics_address = "0.0.0.0";
   int64_t heartbeat_interval_ms = 1000;
   int64_t lease_timeout_ms = 10000;
+  // Largest request message a listener accepts (RESOURCE_EXHAUSTED beyond): the largest legitimate
+  // ones are a rendezvous value (1 MiB) and a worker's log batch (about 512 KiB).
+  int64_t max_message_bytes = 4 << 20;
   // Hang watchdog (coordinator/controller/hang_watchdog.h): a rank in one step phase for longer
   // than hang_step_multiple x the median step time (at least hang_min_stall_ms; before any step
   // time is known, hang_first_step_ms) has its attempt aborted. 0 multiple: off.

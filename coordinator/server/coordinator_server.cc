@@ -18,8 +18,10 @@ namespace {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> CoordinatorServer::Listen(
-    const std::string& address, const std::vector<NamedService>& services, int* port) {
+    const std::string& address, const std::vector<NamedService>& services, int max_message_bytes,
+    int* port) {
   grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(max_message_bytes);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
   // gRPC binds with SO_REUSEPORT by default: a second coordinator on a taken port would start and
   // silently share the connections with the first. Refuse the port instead.
@@ -100,12 +102,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     worker_services.clear();
   }
   absl::StatusOr<std::unique_ptr<grpc::Server>> user =
-      server->Listen(config.listen, user_services, &server->grpc_port_);
+      server->Listen(config.listen, user_services, static_cast<int>(config.max_message_bytes),
+                     &server->grpc_port_);
   if (!user.ok()) return user.status();
   server->server_ = std::move(*user);
   if (!worker_services.empty()) {
     absl::StatusOr<std::unique_ptr<grpc::Server>> workers =
-        server->Listen(config.worker_listen, worker_services, &server->worker_port_);
+        server->Listen(config.worker_listen, worker_services,
+                       static_cast<int>(config.max_message_bytes), &server->worker_port_);
     if (!workers.ok()) return workers.status();
     server->worker_server_ = std::move(*workers);
   }

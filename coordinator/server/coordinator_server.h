@@ -46,7 +46,7 @@ class CoordinatorServer {
   CoordinatorServer() = default;
   absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const std::string& address,
                                                        const std::vector<NamedService>& services,
-                                                       int* port);
+                                                       int max_message_bytes, int* port);
 
   std::unique_ptr<CoordinatorMetrics> metrics_;
   std::unique_ptr<Coordinator> coordinator_;

@@ -75,6 +75,25 @@ TEST(CoordinatorSecurityTest, RendezvousKeysAreRefusedWithoutTheAttemptsSecret) 
             grpc::StatusCode::PERMISSION_DENIED);
 }
 
+// Oversized requests are refused before any handler runs, and the server stays up.
+TEST(CoordinatorSecurityTest, MessagesOverTheSizeLimitAreRefused) {
+  auto c = CoordinatorUnderTest::Start();
+  grpc::Status too_big;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::SubmitJobRequest request;
+    request.set_spec_yaml(TinySpec(1) + "# " + std::string(5 << 20, 'x') + "\n");
+    v1::Job job;
+    too_big = c->jobs().SubmitJob(&context, request, &job);
+  }
+  EXPECT_EQ(too_big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << too_big.error_message();
+  // Under the message limit but over the spec limit (64 KiB): refused naming the size.
+  absl::StatusOr<v1::Job> big_spec = c->Submit(TinySpec(1) + "# " + std::string(100 << 10, 'x'));
+  EXPECT_EQ(big_spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(c->Submit(TinySpec(1)).ok());
+}
+
 TEST(CoordinatorSecurityTest, UserAndWorkerApisAnswerOnlyOnTheirOwnListener) {
   const int user_port = PickFreePort(), worker_port = PickFreePort();
   absl::StatusOr<std::unique_ptr<Process>> coordinator = Process::Start(
