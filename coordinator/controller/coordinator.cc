@@ -19,7 +19,6 @@ namespace {
 
 constexpr int kDefaultEventLimit = 1000;
 constexpr int kMaxEventLimit = 100000;
-constexpr size_t kLogMailboxCapacity = 65536;
 constexpr size_t kMaxJobNameBytes = 253;
 
 constexpr size_t kMaxRequestIdBytes = 128;
@@ -163,10 +162,7 @@ void Coordinator::Shutdown() {
     if (!shutting_down_) {
       shutting_down_ = true;
       for (auto& [session, entry] : sessions_) session->Close();
-      for (auto& [id, job] : jobs_) {
-        for (auto& watcher : job.watchers) watcher->Close();
-        for (auto& [rank, follower] : job.log_followers) follower->Close();
-      }
+      hub_.CloseAll();
     }
   }
   rendezvous_.Shutdown();
@@ -418,18 +414,13 @@ absl::StatusOr<JobWatch> Coordinator::WatchJob(const std::string& id) {
     return watch;
   }
   watch.snapshot = it->second.record.job;
-  watch.updates = std::make_shared<Mailbox<v1::JobUpdate>>(options_.watch_mailbox_capacity);
-  it->second.watchers.push_back(watch.updates);
+  watch.updates = hub_.Watch(id);  // under mu_: the job cannot be retired in between
   return watch;
 }
 
 void Coordinator::EndWatch(const std::string& id,
                            const std::shared_ptr<Mailbox<v1::JobUpdate>>& updates) {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return;
-  auto& watchers = it->second.watchers;
-  watchers.erase(std::remove(watchers.begin(), watchers.end(), updates), watchers.end());
+  hub_.EndWatch(id, updates);
 }
 
 absl::StatusOr<LogStream> Coordinator::OpenLogs(const std::string& job_id,
@@ -446,8 +437,7 @@ absl::StatusOr<LogStream> Coordinator::OpenLogs(const std::string& job_id,
   if (!backlog.ok()) return backlog.status();
   stream.backlog = std::move(*backlog);
   if (follow && it != jobs_.end() && !IsTerminal(it->second.record.job.state())) {
-    stream.live = std::make_shared<Mailbox<v1::LogLine>>(kLogMailboxCapacity);
-    it->second.log_followers.emplace_back(rank, stream.live);
+    stream.live = hub_.FollowLogs(job_id, rank);
   }
   return stream;
 }
@@ -467,13 +457,7 @@ absl::Status Coordinator::RendezvousPut(const std::string& job_id, int32_t attem
 
 void Coordinator::EndLogs(const std::string& job_id,
                           const std::shared_ptr<Mailbox<v1::LogLine>>& live) {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return;
-  auto& followers = it->second.log_followers;
-  followers.erase(std::remove_if(followers.begin(), followers.end(),
-                                 [&](const auto& f) { return f.second == live; }),
-                  followers.end());
+  hub_.EndLogs(job_id, live);
 }
 
 }  // namespace dropless::coordinator

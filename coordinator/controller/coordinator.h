@@ -1,7 +1,8 @@
 // Coordinator: the control loop of dropless. It owns the job state machine
 // (PENDING -> SCHEDULED -> RUNNING -> SUCCEEDED | FAILED | CANCELLED, with attempts), the worker
-// registry and leases, placement through the gang scheduler, and the fan-out of job updates and
-// logs to watchers. The gRPC services are thin adapters over it.
+// registry and leases, placement through the gang scheduler, and what job updates and log lines
+// are published to the streams that follow a job (the WatchHub holds those subscribers, with a
+// lock of its own). The gRPC services are thin adapters over it.
 //
 // Every accepted change is written to the JobStore before anyone hears about it (the RPC
 // answer, a watcher, a worker's Assignment). One mutex guards all state, SQLite included: the
@@ -41,6 +42,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "coordinator/controller/hang_watchdog.h"
+#include "coordinator/controller/watch_hub.h"
 #include "coordinator/controller/worker_session.h"
 #include "coordinator/metrics/coordinator_metrics.h"
 #include "coordinator/rendezvous/rendezvous_store.h"
@@ -60,6 +62,7 @@ struct CoordinatorOptions {
   size_t max_log_line_bytes = 16 * 1024;  // longer lines are truncated
   size_t max_log_lines_per_batch = 10000;
   size_t watch_mailbox_capacity = 4096;
+  size_t log_mailbox_capacity = 65536;
   HangWatchdogOptions hang;
 };
 
@@ -150,9 +153,6 @@ class Coordinator {
     std::string waiting_reason;            // last reason recorded in a Waiting event
     StepTimes step_times;                  // recent step times (hang watchdog)
     std::map<int32_t, RankProgress> progress;  // by rank, as the last heartbeats said
-    std::vector<std::shared_ptr<Mailbox<v1::JobUpdate>>> watchers;
-    std::vector<std::pair<std::optional<int32_t>, std::shared_ptr<Mailbox<v1::LogLine>>>>
-        log_followers;
   };
   struct RankKey {
     std::string job_id;
@@ -210,7 +210,6 @@ class Coordinator {
   void SendCancellationsLocked(const AttemptRecord& attempt, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(const StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PublishToJob(ActiveJob& job, v1::JobUpdate update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireFinishedJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -245,6 +244,7 @@ class Coordinator {
   const CoordinatorOptions options_;
   CoordinatorMetrics* const metrics_;
   RendezvousStore rendezvous_;
+  WatchHub hub_{options_.watch_mailbox_capacity, options_.log_mailbox_capacity};  // WatchJob, GetLogs -f
 
   absl::Mutex mu_;
   std::map<std::string, ActiveJob> jobs_ ABSL_GUARDED_BY(mu_);  // non-terminal jobs

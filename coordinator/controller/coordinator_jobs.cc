@@ -1,5 +1,5 @@
 // Coordinator: the job state machine (placement, attempt ends, retries, terminal states), the
-// write path to the store and the fan-out to watchers.
+// write path to the store and what is published to watchers (WatchHub).
 #include <algorithm>
 #include <map>
 #include <random>
@@ -233,21 +233,11 @@ void Coordinator::PublishLocked(const StoreWrite& write) {
   for (const v1::Event& event : write.events) {
     if (event.job_id().empty()) continue;
     auto it = jobs_.find(event.job_id());
-    if (it == jobs_.end() || it->second.watchers.empty()) continue;
+    if (it == jobs_.end() || !hub_.Watched(event.job_id())) continue;
     v1::JobUpdate update;
     *update.mutable_job() = it->second.record.job;
     *update.mutable_event() = event;
-    PublishToJob(it->second, std::move(update));
-  }
-}
-
-void Coordinator::PublishToJob(ActiveJob& job, v1::JobUpdate update) {
-  for (size_t i = 0; i < job.watchers.size(); ++i) {
-    if (i + 1 == job.watchers.size()) {
-      job.watchers[i]->Push(std::move(update));
-    } else {
-      job.watchers[i]->Push(update);
-    }
+    hub_.Publish(event.job_id(), std::move(update));
   }
 }
 
@@ -259,8 +249,7 @@ void Coordinator::RetireFinishedJobsLocked() {
       continue;
     }
     // Watchers drain what they have (the terminal update last) and end; so do log followers.
-    for (auto& watcher : job.watchers) watcher->Close();
-    for (auto& [rank, follower] : job.log_followers) follower->Close();
+    hub_.CloseJob(it->first);
     it = jobs_.erase(it);
   }
 }

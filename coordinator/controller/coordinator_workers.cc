@@ -409,11 +409,11 @@ bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metri
     LogError(absl::StrCat("storing step metrics failed: ", s.ToString()));
     stored = false;
   }
-  if (job->watchers.empty()) return stored;
+  if (!hub_.Watched(j.id())) return stored;
   v1::JobUpdate update;
   *update.mutable_job() = j;
   *update.mutable_metrics() = std::move(metrics);
-  PublishToJob(*job, std::move(update));
+  hub_.Publish(j.id(), std::move(update));
   return stored;
 }
 
@@ -450,11 +450,8 @@ bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
   }
   if (!stored) return false;  // the worker sends them again; followers see them then
   for (const v1::LogLine& line : lines) {
-    auto it = jobs_.find(line.job_id());
-    if (it == jobs_.end()) continue;
-    for (auto& [rank, follower] : it->second.log_followers) {
-      if (!rank.has_value() || *rank == line.rank()) follower->Push(line);
-    }
+    if (jobs_.count(line.job_id()) == 0) continue;
+    hub_.PublishLog(line);
   }
   return true;
 }
