@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -69,6 +70,18 @@ absl::StatusOr<std::unique_ptr<OutboundJournal>> OutboundJournal::Open(
   *recovered = Recovered{};
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  std::unique_ptr<OutboundJournal> journal(new OutboundJournal(path));
+  const std::string lock_path = path + ".lock";
+  journal->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (journal->lock_fd_ < 0) {
+    return absl::UnavailableError(absl::StrCat("outbound journal: cannot open ", lock_path, ": ",
+                                               strerror(errno)));
+  }
+  if (::flock(journal->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "outbound journal ", path, " is in use by another process (another dropless-worker with "
+        "the same work_dir?)"));
+  }
   std::string content;
   {
     std::ifstream in(path, std::ios::binary);
@@ -114,7 +127,6 @@ absl::StatusOr<std::unique_ptr<OutboundJournal>> OutboundJournal::Open(
   if (recovered->boot_id.empty()) recovered->boot_id = new_boot_id;
 
   // Start from a compact file: the boot id, the acknowledgement and what is still pending.
-  std::unique_ptr<OutboundJournal> journal(new OutboundJournal(path));
   journal->boot_id_ = recovered->boot_id;
   journal->acknowledged_ = recovered->acknowledged;
   std::vector<std::pair<uint64_t, const v1::WorkerMessage*>> live;
@@ -125,6 +137,7 @@ absl::StatusOr<std::unique_ptr<OutboundJournal>> OutboundJournal::Open(
 
 OutboundJournal::~OutboundJournal() {
   if (fd_ >= 0) ::close(fd_);
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
 }
 
 void OutboundJournal::Disable(const std::string& why) {

@@ -40,7 +40,9 @@ class OutboundJournal {
   };
 
   // Opens `path` (creating it and its directory), replays it into *recovered and, when it held no
-  // boot id, records `new_boot_id` (then recovered->boot_id is that one).
+  // boot id, records `new_boot_id` (then recovered->boot_id is that one). The journal is locked
+  // (flock on <path>.lock) while this object lives: FailedPrecondition when another process holds
+  // it (a second daemon on the same work dir); other errors are Unavailable.
   static absl::StatusOr<std::unique_ptr<OutboundJournal>> Open(const std::string& path,
                                                                const std::string& new_boot_id,
                                                                Recovered* recovered);
@@ -70,6 +72,7 @@ class OutboundJournal {
   static std::string Record(char kind, uint64_t sequence, const std::string& payload);
 
   const std::string path_;
+  int lock_fd_ = -1;
   int fd_ = -1;
   std::string boot_id_;
   uint64_t acknowledged_ = 0;

@@ -79,6 +79,9 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
                                " (acknowledged through ", recovered.acknowledged, ")"));
       }
       outbound.Restore(*std::move(journal), std::move(recovered));
+    } else if (absl::IsFailedPrecondition(journal.status())) {
+      DaemonLog(absl::StrCat("error: work_dir: ", journal.status().message()));
+      return 2;
     } else {
       DaemonLog(absl::StrCat("warning: ", journal.status().message(),
                              "; undelivered messages will not survive a restart"));

@@ -55,20 +55,22 @@ TEST(OutboundJournalTest, UnacknowledgedMessagesAndTheNumberingSurviveARestart) 
     for (int step = 1; step <= 5; ++step) first.queue.Push(Metrics(step));
     first.queue.Acknowledge(2);
   }  // the daemon dies
-  DaemonRun second(path, "boot-2");
-  EXPECT_EQ(second.recovered.boot_id, "boot-1");  // the same numbering goes on
-  EXPECT_EQ(second.recovered.acknowledged, 2u);
-  EXPECT_EQ(second.recovered.last_sequence, 5u);
-  ASSERT_EQ(second.queue.size(), 3u);
-  auto next = second.queue.Peek(absl::ZeroDuration());
-  ASSERT_TRUE(next.has_value());
-  EXPECT_EQ(next->sequence, 3u);
-  EXPECT_EQ(next->message.metrics().step(), 3);
-  second.queue.Push(Metrics(6));
-  second.queue.Acknowledge(5);
-  auto fresh = second.queue.Peek(absl::ZeroDuration());
-  ASSERT_TRUE(fresh.has_value());
-  EXPECT_EQ(fresh->sequence, 6u);  // after the old run's last, never reusing one
+  {
+    DaemonRun second(path, "boot-2");
+    EXPECT_EQ(second.recovered.boot_id, "boot-1");  // the same numbering goes on
+    EXPECT_EQ(second.recovered.acknowledged, 2u);
+    EXPECT_EQ(second.recovered.last_sequence, 5u);
+    ASSERT_EQ(second.queue.size(), 3u);
+    auto next = second.queue.Peek(absl::ZeroDuration());
+    ASSERT_TRUE(next.has_value());
+    EXPECT_EQ(next->sequence, 3u);
+    EXPECT_EQ(next->message.metrics().step(), 3);
+    second.queue.Push(Metrics(6));
+    second.queue.Acknowledge(5);
+    auto fresh = second.queue.Peek(absl::ZeroDuration());
+    ASSERT_TRUE(fresh.has_value());
+    EXPECT_EQ(fresh->sequence, 6u);  // after the old run's last, never reusing one
+  }
 
   DaemonRun third(path);
   EXPECT_EQ(third.recovered.acknowledged, 5u);
@@ -83,10 +85,12 @@ TEST(OutboundJournalTest, ARecordCutByACrashEndsTheReplay) {
     std::ofstream out(path, std::ios::binary | std::ios::app);
     out << "M\x03";  // half a header
   }
-  DaemonRun second(path);
-  EXPECT_EQ(second.recovered.boot_id, "boot-1");
-  EXPECT_EQ(second.recovered.pending.size(), 2u);
-  second.queue.Push(Metrics(3));  // appends after the compact rewrite, not after the torn bytes
+  {
+    DaemonRun second(path);
+    EXPECT_EQ(second.recovered.boot_id, "boot-1");
+    EXPECT_EQ(second.recovered.pending.size(), 2u);
+    second.queue.Push(Metrics(3));  // appends after the compact rewrite, not after the torn bytes
+  }
   DaemonRun third(path);
   EXPECT_EQ(third.recovered.pending.size(), 3u);
 }
@@ -113,6 +117,22 @@ TEST(OutboundJournalTest, DroppedMessagesStayDroppedAndAcknowledgedOnesAreCompac
   DaemonRun third(path);
   EXPECT_TRUE(third.recovered.pending.empty());
   EXPECT_EQ(third.recovered.last_sequence, 20004u);
+}
+
+TEST(OutboundJournalTest, OneProcessAtATimeHoldsAJournal) {
+  const std::string path = TempJournalPath();
+  OutboundJournal::Recovered recovered;
+  absl::StatusOr<std::unique_ptr<OutboundJournal>> first =
+      OutboundJournal::Open(path, "boot-1", &recovered);
+  ASSERT_TRUE(first.ok()) << first.status();
+  // flock is per open file description: a second Open in this process stands for another daemon.
+  absl::StatusOr<std::unique_ptr<OutboundJournal>> second =
+      OutboundJournal::Open(path, "boot-2", &recovered);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("work_dir"), absl::string_view::npos);
+  first->reset();
+  EXPECT_TRUE(OutboundJournal::Open(path, "boot-2", &recovered).ok());
+  EXPECT_EQ(recovered.boot_id, "boot-1");
 }
 
 TEST(OutboundJournalTest, AnUnwritableDirectoryIsAnError) {
