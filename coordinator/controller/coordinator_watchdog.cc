@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/utf8.h"
 #include "coordinator/controller/coordinator.h"
 #include "coordinator/util/log.h"
 
@@ -20,7 +21,7 @@ void Coordinator::CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& 
     }
     if (!placed_here) continue;
     job->progress[status.rank()] =
-        RankProgress{status.attempt(), status.phase().substr(0, 32), status.step(),
+        RankProgress{status.attempt(), TruncateUtf8(status.phase(), 32), status.step(),
                      status.phase_since_ms(), worker.info.node(), worker.info.id()};
 
     const std::optional<double> median = job->step_times.Median();
