@@ -15,12 +15,23 @@
 #include "coordinator/util/log.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070", "gRPC listen address (host:port; port 0 picks one)");
+ABSL_FLAG(std::string, worker_listen, "",
+          "gRPC address of the worker and rendezvous APIs (workers' --coordinator); empty: "
+          "--listen serves them too");
 ABSL_FLAG(std::string, db, "dropless.db", "SQLite file holding jobs, attempts, workers, events");
 ABSL_FLAG(int, metrics_port, 9090, "port of the Prometheus /metrics endpoint; 0 disables it");
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0", "address the /metrics endpoint binds to");
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000, "heartbeat interval the workers are told to use");
 ABSL_FLAG(int64_t, lease_timeout_ms, 10000,
           "a worker with no message for this long is LOST and its attempts fail");
+ABSL_FLAG(int64_t, max_message_bytes, 4 << 20,
+          "largest request message accepted (RESOURCE_EXHAUSTED beyond); at least 2 MiB");
+ABSL_FLAG(double, hang_step_multiple, 20,
+          "hang watchdog: abort an attempt whose rank stays in one step phase for this many "
+          "median step times (0: off)");
+ABSL_FLAG(int64_t, hang_min_stall_ms, 60000, "hang watchdog: never abort before this long");
+ABSL_FLAG(int64_t, hang_first_step_ms, 600000,
+          "hang watchdog: the limit while no step time of the job is known");
 ABSL_FLAG(std::string, config, "",
           "optional YAML file with the same keys as the flags (flags given explicitly win)");
 
@@ -84,6 +95,7 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> given(args.begin() + 1, args.end());
   if (FlagGiven(given, "listen")) config.listen = absl::GetFlag(FLAGS_listen);
+  if (FlagGiven(given, "worker_listen")) config.worker_listen = absl::GetFlag(FLAGS_worker_listen);
   if (FlagGiven(given, "db")) config.db = absl::GetFlag(FLAGS_db);
   if (FlagGiven(given, "metrics_port")) config.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   if (FlagGiven(given, "metrics_address")) {
@@ -94,6 +106,18 @@ int main(int argc, char** argv) {
   }
   if (FlagGiven(given, "lease_timeout_ms")) {
     config.lease_timeout_ms = absl::GetFlag(FLAGS_lease_timeout_ms);
+  }
+  if (FlagGiven(given, "max_message_bytes")) {
+    config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  }
+  if (FlagGiven(given, "hang_step_multiple")) {
+    config.hang_step_multiple = absl::GetFlag(FLAGS_hang_step_multiple);
+  }
+  if (FlagGiven(given, "hang_min_stall_ms")) {
+    config.hang_min_stall_ms = absl::GetFlag(FLAGS_hang_min_stall_ms);
+  }
+  if (FlagGiven(given, "hang_first_step_ms")) {
+    config.hang_first_step_ms = absl::GetFlag(FLAGS_hang_first_step_ms);
   }
   if (absl::Status s = dropless::coordinator::ValidateConfig(config); !s.ok()) {
     dropless::coordinator::LogError(std::string(s.message()));

@@ -7,11 +7,14 @@ namespace dropless::cli {
 
 const std::vector<Command>& AllCommands() {
   static const std::vector<Command>* commands = new std::vector<Command>{
-      {"submit", "submit -f FILE [--name NAME] [--priority N]",
+      {"submit", "submit -f FILE [--name NAME] [--priority N] [--request-id ID]",
        "validate a job spec (YAML) locally, submit it, print the job id",
        {{{"-f", "--filename"}, true, "FILE", "job spec YAML; - reads stdin"},
         {{"--name"}, true, "NAME", "override the spec's name"},
-        {{"--priority"}, true, "N", "override the spec's priority (higher runs first)"}},
+        {{"--priority"}, true, "N", "override the spec's priority (higher runs first)"},
+        {{"--request-id"}, true, "ID",
+         "idempotency key: a submit repeated with the same ID returns the first one's job "
+         "(default: a fresh random id, kept across this command's retries)"}},
        RunSubmit},
       {"get", "get jobs [ID] | get job ID | get workers [ID]",
        "list jobs or workers, or show one (table; -o json|yaml)", {}, RunGet},

@@ -1,13 +1,20 @@
 // dropless submit -f FILE [--name NAME] [--priority N]: validates the spec locally with the same
 // parser the coordinator uses (so a bad spec fails before any network call, with the same message),
 // then submits it and prints the new job's id alone on stdout.
+//
+// Every submit carries a request id (--request-id, else 128 random bits): a submit whose answer
+// was lost (coordinator restart, network) is sent again with the same id until --timeout runs
+// out, and the coordinator answers with the job the first one made instead of making a second.
 #include <fstream>
+#include <random>
 #include <iostream>
 #include <iterator>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "cli/client.h"
 #include "cli/commands/commands.h"
 #include "cli/exit_codes.h"
@@ -37,6 +44,31 @@ bool ReadSpecFile(const std::string& path, std::string* text, std::string* error
   }
   text->resize(static_cast<size_t>(in->gcount()));
   return true;
+}
+
+std::string NewRequestId() {
+  std::random_device rd;
+  return absl::StrFormat("cli-%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+}
+
+bool Retryable(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+// Sends the request until it is answered or --timeout has passed since the first try.
+grpc::Status SubmitWithRetries(Client& client, absl::Duration timeout,
+                               const v1::SubmitJobRequest& request, v1::Job* job) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(200);
+  while (true) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    grpc::Status status = client.jobs().SubmitJob(&context, request, job);
+    if (status.ok() || !Retryable(status) || absl::Now() + backoff >= deadline) return status;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
 }
 
 }  // namespace
@@ -84,9 +116,11 @@ int RunSubmit(const Invocation& inv) {
     if (inv.args.Has("priority") && spec->priority == 0) request.set_spec_yaml(JobSpecToYaml(*spec));
   }
 
+  request.set_request_id(inv.args.Has("request-id") ? inv.args.Get("request-id") : NewRequestId());
+
   Client client(inv.options);
   v1::Job job;
-  grpc::Status status = client.jobs().SubmitJob(client.UnaryContext().get(), request, &job);
+  grpc::Status status = SubmitWithRetries(client, inv.options.timeout, request, &job);
   if (!status.ok()) return client.Fail(status);
   if (inv.options.output == OutputFormat::kText) {
     std::cout << job.id() << "\n";

@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/job_spec.h"
+#include "common/utf8.h"
 #include "coordinator/util/clock.h"
 #include "coordinator/util/log.h"
 
@@ -17,8 +19,23 @@ namespace {
 
 constexpr int kDefaultEventLimit = 1000;
 constexpr int kMaxEventLimit = 100000;
-constexpr size_t kLogMailboxCapacity = 65536;
 constexpr size_t kMaxJobNameBytes = 253;
+
+constexpr size_t kMaxRequestIdBytes = 128;
+
+absl::Status CheckRequestId(const std::string& id) {
+  if (id.size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id: longer than ", kMaxRequestIdBytes, " bytes"));
+  }
+  for (char c : id) {
+    if (!absl::ascii_isalnum(c) && c != '.' && c != '_' && c != ':' && c != '-') {
+      return absl::InvalidArgumentError(
+          "request_id: only letters, digits and . _ : - are allowed");
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status RequireId(const std::string& id, absl::string_view field) {
   if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": must not be empty"));
@@ -98,7 +115,7 @@ absl::Status Coordinator::Load() {
         worker->second.occupied[rank.slot] = RankKey{attempt.job_id, attempt.attempt, rank.rank};
       }
     }
-    rendezvous_.Open(attempt.job_id, attempt.attempt);
+    rendezvous_.Open(attempt.job_id, attempt.attempt, attempt.rendezvous_secret);
     absl::StatusOr<std::vector<std::pair<std::string, std::string>>> keys =
         store_->RendezvousKeys(attempt.job_id, attempt.attempt);
     if (!keys.ok()) return keys.status();
@@ -145,10 +162,7 @@ void Coordinator::Shutdown() {
     if (!shutting_down_) {
       shutting_down_ = true;
       for (auto& [session, entry] : sessions_) session->Close();
-      for (auto& [id, job] : jobs_) {
-        for (auto& watcher : job.watchers) watcher->Close();
-        for (auto& [rank, follower] : job.log_followers) follower->Close();
-      }
+      hub_.CloseAll();
     }
   }
   rendezvous_.Shutdown();
@@ -156,10 +170,12 @@ void Coordinator::Shutdown() {
   if (ticker_.joinable()) ticker_.join();
 }
 
-absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
+absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& request,
+                                               const std::string& owner) {
   if (request.spec_yaml().empty()) {
     return absl::InvalidArgumentError("spec_yaml: must not be empty");
   }
+  if (absl::Status s = CheckRequestId(request.request_id()); !s.ok()) return s;
   absl::StatusOr<JobSpec> spec = ParseJobSpec(request.spec_yaml());
   if (!spec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("invalid job spec: ", spec.status().message()));
@@ -190,8 +206,16 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
     return absl::InvalidArgumentError("parallel: ep * dp must be at most 1048576 ranks");
   }
 
+  std::string spec_yaml = JobSpecToYaml(*spec);
+
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("coordinator is shutting down");
+  if (!request.request_id().empty()) {
+    absl::StatusOr<std::optional<v1::Job>> earlier =
+        FindSubmittedLocked(owner, request.request_id(), spec_yaml);
+    if (!earlier.ok()) return earlier.status();
+    if (earlier->has_value()) return **earlier;
+  }
   const int64_t now = NowMs();
   ActiveJob job;
   JobRecord& record = job.record;
@@ -200,7 +224,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   j.set_name(spec->name.empty() ? j.id() : spec->name);
   j.set_priority(spec->priority);
   j.set_state(v1::JOB_STATE_PENDING);
-  j.set_spec_yaml(JobSpecToYaml(*spec));
+  j.set_spec_yaml(std::move(spec_yaml));
   j.set_world_size(static_cast<int32_t>(spec->world_size()));
   j.set_steps(spec->steps);
   j.set_backend(std::string(ToString(spec->resources.backend)));
@@ -215,6 +239,9 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
                            "up to %d attempts",
                            j.world_size(), spec->parallel.ep, spec->parallel.dp, j.backend(),
                            j.steps(), j.priority(), record.max_attempts));
+  if (!request.request_id().empty()) {
+    write.submit_requests.push_back(SubmitRequestRecord{owner, request.request_id(), id});
+  }
   ActiveJob& stored = jobs_[id] = std::move(job);
   MarkDirty(stored);
   if (absl::Status s = CommitLocked(write); !s.ok()) {
@@ -227,6 +254,29 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   auto it = jobs_.find(id);
   if (it != jobs_.end()) return it->second.record.job;
   return store_->GetJob(id);
+}
+
+absl::StatusOr<std::optional<v1::Job>> Coordinator::FindSubmittedLocked(
+    const std::string& owner, const std::string& request_id, const std::string& spec_yaml) {
+  absl::StatusOr<std::optional<std::string>> job_id =
+      store_->FindSubmitRequest(owner, request_id);
+  if (!job_id.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("request_id: the earlier submits could not be read: ",
+                     job_id.status().message()));
+  }
+  if (!job_id->has_value()) return std::optional<v1::Job>();
+  auto it = jobs_.find(**job_id);
+  absl::StatusOr<v1::Job> job =
+      it != jobs_.end() ? absl::StatusOr<v1::Job>(it->second.record.job) : store_->GetJob(**job_id);
+  if (!job.ok()) return job.status();
+  if (job->spec_yaml() != spec_yaml) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id: \"", request_id,
+                                                 "\" already submitted job ", job->id(),
+                                                 " with a different spec"));
+  }
+  LogInfo(absl::StrFormat("submit with request_id %s repeated: job %s", request_id, job->id()));
+  return std::optional<v1::Job>(*std::move(job));
 }
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& id) {
@@ -269,7 +319,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std:
   }
   ActiveJob& job = it->second;
   std::string message = reason.empty() ? "cancelled by user" : absl::StrCat("cancelled: ", reason);
-  if (message.size() > 1024) message.resize(1024);
+  message = TruncateUtf8(message, 1024);
   StoreWrite write;
   if (job.record.job.state() == v1::JOB_STATE_PENDING && metrics_ != nullptr) {
     metrics_->ObservePending(
@@ -364,18 +414,13 @@ absl::StatusOr<JobWatch> Coordinator::WatchJob(const std::string& id) {
     return watch;
   }
   watch.snapshot = it->second.record.job;
-  watch.updates = std::make_shared<Mailbox<v1::JobUpdate>>(options_.watch_mailbox_capacity);
-  it->second.watchers.push_back(watch.updates);
+  watch.updates = hub_.Watch(id);  // under mu_: the job cannot be retired in between
   return watch;
 }
 
 void Coordinator::EndWatch(const std::string& id,
                            const std::shared_ptr<Mailbox<v1::JobUpdate>>& updates) {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return;
-  auto& watchers = it->second.watchers;
-  watchers.erase(std::remove(watchers.begin(), watchers.end(), updates), watchers.end());
+  hub_.EndWatch(id, updates);
 }
 
 absl::StatusOr<LogStream> Coordinator::OpenLogs(const std::string& job_id,
@@ -392,8 +437,7 @@ absl::StatusOr<LogStream> Coordinator::OpenLogs(const std::string& job_id,
   if (!backlog.ok()) return backlog.status();
   stream.backlog = std::move(*backlog);
   if (follow && it != jobs_.end() && !IsTerminal(it->second.record.job.state())) {
-    stream.live = std::make_shared<Mailbox<v1::LogLine>>(kLogMailboxCapacity);
-    it->second.log_followers.emplace_back(rank, stream.live);
+    stream.live = hub_.FollowLogs(job_id, rank);
   }
   return stream;
 }
@@ -413,13 +457,7 @@ absl::Status Coordinator::RendezvousPut(const std::string& job_id, int32_t attem
 
 void Coordinator::EndLogs(const std::string& job_id,
                           const std::shared_ptr<Mailbox<v1::LogLine>>& live) {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return;
-  auto& followers = it->second.log_followers;
-  followers.erase(std::remove_if(followers.begin(), followers.end(),
-                                 [&](const auto& f) { return f.second == live; }),
-                  followers.end());
+  hub_.EndLogs(job_id, live);
 }
 
 }  // namespace dropless::coordinator

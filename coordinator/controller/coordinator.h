@@ -1,7 +1,8 @@
 // Coordinator: the control loop of dropless. It owns the job state machine
 // (PENDING -> SCHEDULED -> RUNNING -> SUCCEEDED | FAILED | CANCELLED, with attempts), the worker
-// registry and leases, placement through the gang scheduler, and the fan-out of job updates and
-// logs to watchers. The gRPC services are thin adapters over it.
+// registry and leases, placement through the gang scheduler, and what job updates and log lines
+// are published to the streams that follow a job (the WatchHub holds those subscribers, with a
+// lock of its own). The gRPC services are thin adapters over it.
 //
 // Every accepted change is written to the JobStore before anyone hears about it (the RPC
 // answer, a watcher, a worker's Assignment). One mutex guards all state, SQLite included: the
@@ -40,6 +41,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "coordinator/controller/hang_watchdog.h"
+#include "coordinator/controller/watch_hub.h"
 #include "coordinator/controller/worker_session.h"
 #include "coordinator/metrics/coordinator_metrics.h"
 #include "coordinator/rendezvous/rendezvous_store.h"
@@ -59,6 +62,8 @@ struct CoordinatorOptions {
   size_t max_log_line_bytes = 16 * 1024;  // longer lines are truncated
   size_t max_log_lines_per_batch = 10000;
   size_t watch_mailbox_capacity = 4096;
+  size_t log_mailbox_capacity = 65536;
+  HangWatchdogOptions hang;
 };
 
 // A WatchJob stream: the job as of subscription and the updates after it.
@@ -91,7 +96,10 @@ class Coordinator {
   void Shutdown();
 
   // JobService. Errors name the offending field or id.
-  absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& request);
+  // A request_id seen before (for the same owner) returns the job it made; AlreadyExists when
+  // that job's spec differs from this request's.
+  absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& request,
+                                    const std::string& owner = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   absl::StatusOr<std::vector<v1::Job>> ListJobs(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> CancelJob(const std::string& id, const std::string& reason);
@@ -130,13 +138,21 @@ class Coordinator {
   const CoordinatorOptions& options() const { return options_; }
 
  private:
+  // Where a rank of an attempt is in its step (hang watchdog).
+  struct RankProgress {
+    int32_t attempt = 0;
+    std::string phase;
+    int64_t step = 0;
+    int64_t since_ms = 0;  // its worker's clock
+    std::string node;
+    std::string worker_id;
+  };
   struct ActiveJob {
     JobRecord record;  // record.job carries placement and latest as the API shows them
     std::optional<AttemptRecord> attempt;  // while SCHEDULED or RUNNING
     std::string waiting_reason;            // last reason recorded in a Waiting event
-    std::vector<std::shared_ptr<Mailbox<v1::JobUpdate>>> watchers;
-    std::vector<std::pair<std::optional<int32_t>, std::shared_ptr<Mailbox<v1::LogLine>>>>
-        log_followers;
+    StepTimes step_times;                  // recent step times (hang watchdog)
+    std::map<int32_t, RankProgress> progress;  // by rank, as the last heartbeats said
   };
   struct RankKey {
     std::string job_id;
@@ -165,6 +181,12 @@ class Coordinator {
   absl::Status Load() ABSL_LOCKS_EXCLUDED(mu_);
   void TickLoop();
 
+  // The job an earlier submit with (owner, request_id) made, if any.
+  absl::StatusOr<std::optional<v1::Job>> FindSubmittedLocked(const std::string& owner,
+                                                             const std::string& request_id,
+                                                             const std::string& spec_yaml)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Job lifecycle (coordinator_jobs.cc).
   void AddEvent(StoreWrite& write, const std::string& job_id, int32_t attempt,
                       std::string type, std::string message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -188,7 +210,6 @@ class Coordinator {
   void SendCancellationsLocked(const AttemptRecord& attempt, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(const StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PublishToJob(ActiveJob& job, v1::JobUpdate update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireFinishedJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -198,6 +219,10 @@ class Coordinator {
   void HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStatus& status,
                               bool from_heartbeat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The hang watchdog (coordinator_watchdog.cc): fails the attempt of a rank that stayed in one
+  // step phase too long.
+  void CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -219,6 +244,7 @@ class Coordinator {
   const CoordinatorOptions options_;
   CoordinatorMetrics* const metrics_;
   RendezvousStore rendezvous_;
+  WatchHub hub_{options_.watch_mailbox_capacity, options_.log_mailbox_capacity};  // WatchJob, GetLogs -f
 
   absl::Mutex mu_;
   std::map<std::string, ActiveJob> jobs_ ABSL_GUARDED_BY(mu_);  // non-terminal jobs

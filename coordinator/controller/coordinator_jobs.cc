@@ -1,7 +1,8 @@
 // Coordinator: the job state machine (placement, attempt ends, retries, terminal states), the
-// write path to the store and the fan-out to watchers.
+// write path to the store and what is published to watchers (WatchHub).
 #include <algorithm>
 #include <map>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,12 @@ namespace {
 bool RankEnded(v1::RankState state) {
   return state == v1::RANK_STATE_SUCCEEDED || state == v1::RANK_STATE_FAILED ||
          state == v1::RANK_STATE_KILLED;
+}
+
+// 128 bits from the OS's random source, in hex.
+std::string NewRendezvousSecret() {
+  std::random_device rd;
+  return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
 }
 
 // "node-a[0,1] node-b[0]"
@@ -108,6 +115,7 @@ void Coordinator::PlaceLocked(ActiveJob& job, const JobPlacement& placement, Sto
   attempt.attempt = j.attempt() + 1;
   attempt.state = v1::JOB_STATE_SCHEDULED;
   attempt.create_time_ms = now;
+  attempt.rendezvous_secret = NewRendezvousSecret();
   j.set_state(v1::JOB_STATE_SCHEDULED);
   j.set_attempt(attempt.attempt);
   j.clear_placement();
@@ -133,6 +141,7 @@ void Coordinator::PlaceLocked(ActiveJob& job, const JobPlacement& placement, Sto
     a->set_spec_yaml(j.spec_yaml());
     a->set_world_size(j.world_size());
     *a->mutable_placement() = j.placement();
+    a->set_rendezvous_secret(attempt.rendezvous_secret);
     pending_sends_.emplace_back(worker_id, std::move(message));
   }
   if (metrics_ != nullptr) {
@@ -141,7 +150,7 @@ void Coordinator::PlaceLocked(ActiveJob& job, const JobPlacement& placement, Sto
     metrics_->ObservePending(waited);
   }
   job.waiting_reason.clear();
-  rendezvous_.Open(j.id(), attempt.attempt);
+  rendezvous_.Open(j.id(), attempt.attempt, attempt.rendezvous_secret);
   AddEvent(write, j.id(), attempt.attempt, "Scheduled",
            absl::StrFormat("attempt %d: %d ranks on %s", attempt.attempt, j.world_size(),
                            DescribePlacement(placement.ranks)));
@@ -224,21 +233,11 @@ void Coordinator::PublishLocked(const StoreWrite& write) {
   for (const v1::Event& event : write.events) {
     if (event.job_id().empty()) continue;
     auto it = jobs_.find(event.job_id());
-    if (it == jobs_.end() || it->second.watchers.empty()) continue;
+    if (it == jobs_.end() || !hub_.Watched(event.job_id())) continue;
     v1::JobUpdate update;
     *update.mutable_job() = it->second.record.job;
     *update.mutable_event() = event;
-    PublishToJob(it->second, std::move(update));
-  }
-}
-
-void Coordinator::PublishToJob(ActiveJob& job, v1::JobUpdate update) {
-  for (size_t i = 0; i < job.watchers.size(); ++i) {
-    if (i + 1 == job.watchers.size()) {
-      job.watchers[i]->Push(std::move(update));
-    } else {
-      job.watchers[i]->Push(update);
-    }
+    hub_.Publish(event.job_id(), std::move(update));
   }
 }
 
@@ -250,8 +249,7 @@ void Coordinator::RetireFinishedJobsLocked() {
       continue;
     }
     // Watchers drain what they have (the terminal update last) and end; so do log followers.
-    for (auto& watcher : job.watchers) watcher->Close();
-    for (auto& [rank, follower] : job.log_followers) follower->Close();
+    hub_.CloseJob(it->first);
     it = jobs_.erase(it);
   }
 }

@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/utf8.h"
 #include "coordinator/controller/coordinator.h"
 #include "coordinator/util/clock.h"
 #include "coordinator/util/log.h"
@@ -198,7 +199,7 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
   }
   WorkerEntry& worker = found->second;
   if (worker.session != nullptr && worker.session != session) worker.session->Close();
-  if (hello.boot_id() != worker.boot_id) {  // a restarted daemon numbers its messages from 1
+  if (hello.boot_id() != worker.boot_id) {  // a new numbering: seq starts from 1 again
     worker.boot_id = hello.boot_id();
     worker.last_seq = 0;
   }
@@ -295,7 +296,7 @@ void Coordinator::HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStat
             ? absl::StrFormat("rank %d on node %s failed with exit code %d", rank_number,
                               worker.info.node(), status.exit_code())
             : absl::StrFormat("rank %d on node %s was killed", rank_number, worker.info.node());
-    if (!status.message().empty()) absl::StrAppend(&reason, ": ", status.message().substr(0, 512));
+    if (!status.message().empty()) absl::StrAppend(&reason, ": ", TruncateUtf8(status.message(), 512));
     AddEvent(write, j.id(), status.attempt(), "RankExited", reason);
     FailAttemptLocked(*job, reason, write);
     write.durable = true;
@@ -372,6 +373,7 @@ void Coordinator::HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat
     alive.insert({status.job_id(), status.attempt(), status.rank()});
     HandleRankStatusLocked(worker, status, /*from_list=*/true);
   }
+  CheckProgressLocked(worker, heartbeat);
   bool released = false;
   for (auto slot = worker.occupied.begin(); slot != worker.occupied.end();) {
     const RankKey& key = slot->second;
@@ -396,6 +398,7 @@ bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metri
   if (!placed_here) return true;
   if (metrics.node().empty()) metrics.set_node(worker.info.node());
   if (metrics.time_ms() == 0) metrics.set_time_ms(NowMs());
+  job->step_times.Add(metrics.step_seconds());
   v1::Job& j = job->record.job;
   if (!j.has_latest() || j.latest().attempt() != metrics.attempt() ||
       metrics.rank() <= j.latest().rank()) {
@@ -406,11 +409,11 @@ bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metri
     LogError(absl::StrCat("storing step metrics failed: ", s.ToString()));
     stored = false;
   }
-  if (job->watchers.empty()) return stored;
+  if (!hub_.Watched(j.id())) return stored;
   v1::JobUpdate update;
   *update.mutable_job() = j;
   *update.mutable_metrics() = std::move(metrics);
-  PublishToJob(*job, std::move(update));
+  hub_.Publish(j.id(), std::move(update));
   return stored;
 }
 
@@ -430,7 +433,7 @@ bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
     }
     v1::LogLine& line = lines.emplace_back(in);
     if (line.text().size() > options_.max_log_line_bytes) {
-      line.mutable_text()->resize(options_.max_log_line_bytes);
+      line.set_text(TruncateUtf8(line.text(), options_.max_log_line_bytes));
     }
     if (line.time_ms() == 0) line.set_time_ms(NowMs());
   }
@@ -447,11 +450,8 @@ bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
   }
   if (!stored) return false;  // the worker sends them again; followers see them then
   for (const v1::LogLine& line : lines) {
-    auto it = jobs_.find(line.job_id());
-    if (it == jobs_.end()) continue;
-    for (auto& [rank, follower] : it->second.log_followers) {
-      if (!rank.has_value() || *rank == line.rank()) follower->Push(line);
-    }
+    if (jobs_.count(line.job_id()) == 0) continue;
+    hub_.PublishLog(line);
   }
   return true;
 }

@@ -33,9 +33,32 @@ std::string RendezvousStore::Name(const Scope& scope) {
   return absl::StrCat("job \"", scope.first, "\" attempt ", scope.second);
 }
 
-void RendezvousStore::Open(const std::string& job_id, int32_t attempt) {
+void RendezvousStore::Open(const std::string& job_id, int32_t attempt, const std::string& secret) {
   absl::MutexLock lock(&mu_);
-  spaces_.try_emplace(Scope(job_id, attempt));
+  spaces_[Scope(job_id, attempt)].secret = secret;
+}
+
+absl::Status RendezvousStore::Authorize(const std::string& job_id, int32_t attempt,
+                                        const std::string& secret) const {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("coordinator is shutting down");
+  auto it = spaces_.find(Scope(job_id, attempt));
+  if (it == spaces_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Name(Scope(job_id, attempt)), " is not active"));
+  }
+  const std::string& expected = it->second.secret;
+  // Compared in constant time: the time taken says nothing about how much of a guess matched.
+  unsigned char diff = expected.size() == secret.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    diff |= static_cast<unsigned char>(expected[i] ^ (i < secret.size() ? secret[i] : 0));
+  }
+  if (diff != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("scope.secret: not the rendezvous secret of ", Name(Scope(job_id, attempt)),
+                     " (only that attempt's ranks may use its keys)"));
+  }
+  return absl::OkStatus();
 }
 
 void RendezvousStore::Close(const std::string& job_id, int32_t attempt) {

@@ -39,11 +39,18 @@ class RendezvousStore {
   RendezvousStore() : RendezvousStore(Limits{}) {}
   explicit RendezvousStore(Limits limits) : limits_(limits) {}
 
-  void Open(const std::string& job_id, int32_t attempt);
+  // `secret` is the attempt's credential (Assignment.rendezvous_secret); empty: none is asked
+  // (an attempt placed by a coordinator that predates secrets).
+  void Open(const std::string& job_id, int32_t attempt, const std::string& secret = "");
   // Drops the attempt's keys; waiters on it return FailedPrecondition.
   void Close(const std::string& job_id, int32_t attempt);
   // Wakes every waiter with Unavailable; later calls fail the same way.
   void Shutdown();
+
+  // Whether a caller presenting `secret` may use the attempt's keys: FailedPrecondition when the
+  // attempt is not active, PermissionDenied when the secret is not the attempt's.
+  absl::Status Authorize(const std::string& job_id, int32_t attempt,
+                         const std::string& secret) const;
 
   // Errors: InvalidArgument for an empty or oversize key or value, ResourceExhausted past the key
   // count or the attempt's bytes, FailedPrecondition when the attempt is not active. Overwrites
@@ -70,6 +77,7 @@ class RendezvousStore {
   struct Keyspace {
     std::map<std::string, std::string> values;
     size_t bytes = 0;  // sum of key and value sizes
+    std::string secret;
   };
 
   absl::Status CheckKey(const std::string& key) const;

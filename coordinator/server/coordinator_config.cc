@@ -49,6 +49,8 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
     absl::Status s;
     if (key == "listen") {
       s = Read(value, key, &base.listen);
+    } else if (key == "worker_listen") {
+      s = Read(value, key, &base.worker_listen);
     } else if (key == "db") {
       s = Read(value, key, &base.db);
     } else if (key == "metrics_port") {
@@ -59,11 +61,20 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
       s = Read(value, key, &base.heartbeat_interval_ms);
     } else if (key == "lease_timeout_ms") {
       s = Read(value, key, &base.lease_timeout_ms);
+    } else if (key == "max_message_bytes") {
+      s = Read(value, key, &base.max_message_bytes);
+    } else if (key == "hang_step_multiple") {
+      s = Read(value, key, &base.hang_step_multiple);
+    } else if (key == "hang_min_stall_ms") {
+      s = Read(value, key, &base.hang_min_stall_ms);
+    } else if (key == "hang_first_step_ms") {
+      s = Read(value, key, &base.hang_first_step_ms);
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "coordinator config: unknown key \"", key,
-          "\" (known: listen, db, metrics_port, metrics_address, heartbeat_interval_ms, "
-          "lease_timeout_ms)"));
+          "\" (known: listen, worker_listen, db, metrics_port, metrics_address, "
+          "heartbeat_interval_ms, lease_timeout_ms, max_message_bytes, hang_step_multiple, "
+          "hang_min_stall_ms, hang_first_step_ms)"));
     }
     if (!s.ok()) return s;
   }
@@ -86,6 +97,9 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigFile(const std::string& path,
 
 absl::Status ValidateConfig(const CoordinatorConfig& config) {
   if (config.listen.empty()) return absl::InvalidArgumentError("listen: must not be empty");
+  if (!config.worker_listen.empty() && config.worker_listen == config.listen) {
+    return absl::InvalidArgumentError("worker_listen: must differ from listen (or be empty)");
+  }
   if (config.db.empty()) return absl::InvalidArgumentError("db: must not be empty");
   if (config.metrics_port < 0 || config.metrics_port > 65535) {
     return absl::InvalidArgumentError(
@@ -98,6 +112,20 @@ absl::Status ValidateConfig(const CoordinatorConfig& config) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "lease_timeout_ms: must be larger than heartbeat_interval_ms (got %d <= %d)",
         config.lease_timeout_ms, config.heartbeat_interval_ms));
+  }
+  if (config.max_message_bytes < (2 << 20) || config.max_message_bytes > (1 << 30)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max_message_bytes: must be 2 MiB..1 GiB (a rendezvous value alone may be 1 MiB; got %d)",
+        config.max_message_bytes));
+  }
+  if (!(config.hang_step_multiple >= 0)) {
+    return absl::InvalidArgumentError("hang_step_multiple: must not be negative (0: off)");
+  }
+  if (config.hang_min_stall_ms <= 0) {
+    return absl::InvalidArgumentError("hang_min_stall_ms: must be positive");
+  }
+  if (config.hang_first_step_ms <= 0) {
+    return absl::InvalidArgumentError("hang_first_step_ms: must be positive");
   }
   return absl::OkStatus();
 }

@@ -13,11 +13,23 @@ namespace dropless::coordinator {
 
 struct CoordinatorConfig {
   std::string listen = "0.0.0.0:7070";  // gRPC address
+  // Where WorkerService and RendezvousService listen (workers' --coordinator); empty: on `listen`
+  // with JobService.
+  std::string worker_listen;
   std::string db = "dropless.db";       // SQLite file
   int metrics_port = 9090;              // /metrics; 0 disables
   std::string metrics_address = "0.0.0.0";
   int64_t heartbeat_interval_ms = 1000;
   int64_t lease_timeout_ms = 10000;
+  // Largest request message a listener accepts (RESOURCE_EXHAUSTED beyond): the largest legitimate
+  // ones are a rendezvous value (1 MiB) and a worker's log batch (about 512 KiB).
+  int64_t max_message_bytes = 4 << 20;
+  // Hang watchdog (coordinator/controller/hang_watchdog.h): a rank in one step phase for longer
+  // than hang_step_multiple x the median step time (at least hang_min_stall_ms; before any step
+  // time is known, hang_first_step_ms) has its attempt aborted. 0 multiple: off.
+  double hang_step_multiple = 20;
+  int64_t hang_min_stall_ms = 60000;
+  int64_t hang_first_step_ms = 600000;
 };
 
 // Overlays the keys present in a YAML mapping onto base. Unknown keys, wrong types and files

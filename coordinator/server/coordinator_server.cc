@@ -15,10 +15,40 @@
 namespace dropless::coordinator {
 namespace {
 
-constexpr const char* kServices[] = {"dropless.v1.JobService", "dropless.v1.WorkerService",
-                                     "dropless.v1.RendezvousService"};
-
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> CoordinatorServer::Listen(
+    const std::string& address, const std::vector<NamedService>& services, int max_message_bytes,
+    int* port) {
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(max_message_bytes);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  // gRPC binds with SO_REUSEPORT by default: a second coordinator on a taken port would start and
+  // silently share the connections with the first. Refuse the port instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  for (const NamedService& service : services) builder.RegisterService(service.service);
+  // Workers keep their session alive with HTTP/2 pings; accept them as often as every 5 s.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // The coordinator pings its clients too, so a watcher or log follower whose host vanished frees
+  // its server thread within ~40 s instead of when TCP gives up.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<RpcMetricsInterceptorFactory>(metrics_.get()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *port == 0) {
+    return absl::UnavailableError(absl::StrCat("gRPC server could not listen on ", address,
+                                               " (address in use or not valid?)"));
+  }
+  if (grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService()) {
+    health->SetServingStatus(true);
+    for (const NamedService& service : services) health->SetServingStatus(service.name, true);
+  }
+  return server;
+}
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const CoordinatorConfig& config) {
@@ -31,6 +61,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   CoordinatorOptions options;
   options.heartbeat_interval_ms = config.heartbeat_interval_ms;
   options.lease_timeout_ms = config.lease_timeout_ms;
+  options.hang.step_multiple = config.hang_step_multiple;
+  options.hang.min_stall_ms = config.hang_min_stall_ms;
+  options.hang.first_step_ms = config.hang_first_step_ms;
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
       Coordinator::Create(std::move(*store), options, server->metrics_.get());
   if (!coordinator.ok()) return coordinator.status();
@@ -58,39 +91,36 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &server->grpc_port_);
-  // gRPC binds with SO_REUSEPORT by default: a second coordinator on a taken port would start and
-  // silently share the connections with the first. Refuse the port instead.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.RegisterService(server->job_service_.get());
-  builder.RegisterService(server->worker_service_.get());
-  builder.RegisterService(server->rendezvous_service_.get());
-  // Workers keep their session alive with HTTP/2 pings; accept them as often as every 5 s.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // The coordinator pings its clients too, so a watcher or log follower whose host vanished frees
-  // its server thread within ~40 s instead of when TCP gives up.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(std::make_unique<RpcMetricsInterceptorFactory>(server->metrics_.get()));
-  builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || server->grpc_port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("gRPC server could not listen on ", config.listen,
-                     " (address in use or not valid?)"));
+  std::vector<NamedService> user_services = {
+      {"dropless.v1.JobService", server->job_service_.get()}};
+  std::vector<NamedService> worker_services = {
+      {"dropless.v1.WorkerService", server->worker_service_.get()},
+      {"dropless.v1.RendezvousService", server->rendezvous_service_.get()}};
+  if (config.worker_listen.empty()) {
+    // One listener for everything.
+    user_services.insert(user_services.end(), worker_services.begin(), worker_services.end());
+    worker_services.clear();
   }
-  grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
-  if (health != nullptr) {
-    health->SetServingStatus(true);
-    for (const char* service : kServices) health->SetServingStatus(service, true);
+  absl::StatusOr<std::unique_ptr<grpc::Server>> user =
+      server->Listen(config.listen, user_services, static_cast<int>(config.max_message_bytes),
+                     &server->grpc_port_);
+  if (!user.ok()) return user.status();
+  server->server_ = std::move(*user);
+  if (!worker_services.empty()) {
+    absl::StatusOr<std::unique_ptr<grpc::Server>> workers =
+        server->Listen(config.worker_listen, worker_services,
+                       static_cast<int>(config.max_message_bytes), &server->worker_port_);
+    if (!workers.ok()) return workers.status();
+    server->worker_server_ = std::move(*workers);
   }
   server->coordinator_->Start();
   LogInfo(absl::StrCat("dropless-coordinator serving gRPC on port ", server->grpc_port_,
-                       " (", config.listen, "), /metrics on port ",
+                       " (", config.listen, ")",
+                       server->worker_port_ == 0
+                           ? std::string()
+                           : absl::StrCat(", workers and ranks on port ", server->worker_port_,
+                                          " (", config.worker_listen, ")"),
+                       ", /metrics on port ",
                        server->metrics_port_ == 0 ? std::string("(disabled)")
                                                   : absl::StrCat(server->metrics_port_),
                        ", job store ", config.db));
@@ -100,17 +130,20 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 void CoordinatorServer::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
-  if (server_ != nullptr) {
-    if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+  for (grpc::Server* server : {server_.get(), worker_server_.get()}) {
+    if (server == nullptr) continue;
+    if (grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService()) {
       health->SetServingStatus(false);
     }
   }
   if (coordinator_ != nullptr) coordinator_->Shutdown();
-  if (server_ != nullptr) {
-    server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(grace));
-    server_->Wait();
-    LogInfo("gRPC server stopped");
+  const auto deadline = std::chrono::system_clock::now() + absl::ToChronoSeconds(grace);
+  for (grpc::Server* server : {server_.get(), worker_server_.get()}) {
+    if (server == nullptr) continue;
+    server->Shutdown(deadline);
+    server->Wait();
   }
+  if (server_ != nullptr) LogInfo("gRPC server stopped");
   exposer_.reset();
   coordinator_.reset();  // closes the job store
   LogInfo("dropless-coordinator stopped");

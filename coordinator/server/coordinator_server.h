@@ -1,10 +1,14 @@
 // CoordinatorServer: dropless-coordinator assembled. Opens the job store, reconciles, serves
-// JobService, WorkerService and RendezvousService with gRPC health checking and reflection on
-// one port, and /metrics on another.
+// JobService, WorkerService and RendezvousService with gRPC health checking and reflection, and
+// /metrics on a port of its own. With worker_listen set, the users' API (JobService) and the
+// workers' and ranks' (WorkerService, RendezvousService) are on separate listeners, so a network
+// policy can keep users off the worker port.
 #ifndef DROPLESS_COORDINATOR_SERVER_COORDINATOR_SERVER_H_
 #define DROPLESS_COORDINATOR_SERVER_COORDINATOR_SERVER_H_
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <grpcpp/server.h>
 #include <prometheus/exposer.h>
@@ -27,6 +31,7 @@ class CoordinatorServer {
   ~CoordinatorServer();
 
   int grpc_port() const { return grpc_port_; }
+  int worker_port() const { return worker_port_; }  // 0 without worker_listen
   int metrics_port() const { return metrics_port_; }  // 0 when disabled
 
   // Health goes NOT_SERVING, every stream ends, in-flight calls get `grace` to finish.
@@ -34,7 +39,14 @@ class CoordinatorServer {
   void Shutdown(absl::Duration grace);
 
  private:
+  struct NamedService {
+    const char* name;  // for health checks
+    grpc::Service* service;
+  };
   CoordinatorServer() = default;
+  absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const std::string& address,
+                                                       const std::vector<NamedService>& services,
+                                                       int max_message_bytes, int* port);
 
   std::unique_ptr<CoordinatorMetrics> metrics_;
   std::unique_ptr<Coordinator> coordinator_;
@@ -42,8 +54,10 @@ class CoordinatorServer {
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<RendezvousServiceImpl> rendezvous_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> worker_server_;  // null without worker_listen
   std::unique_ptr<prometheus::Exposer> exposer_;
   int grpc_port_ = 0;
+  int worker_port_ = 0;
   int metrics_port_ = 0;
   bool shut_down_ = false;
 };

@@ -7,13 +7,18 @@
 namespace dropless::coordinator {
 namespace {
 
-absl::Status CheckScope(const v1::Scope& scope) {
+absl::Status CheckScopeFields(const v1::Scope& scope) {
   if (scope.job_id().empty()) return absl::InvalidArgumentError("scope.job_id: must not be empty");
   if (scope.attempt() <= 0) return absl::InvalidArgumentError("scope.attempt: must be positive");
   return absl::OkStatus();
 }
 
 }  // namespace
+
+absl::Status RendezvousServiceImpl::CheckScope(const v1::Scope& scope) const {
+  if (absl::Status s = CheckScopeFields(scope); !s.ok()) return s;
+  return store_->Authorize(scope.job_id(), scope.attempt(), scope.secret());
+}
 
 grpc::Status RendezvousServiceImpl::Put(grpc::ServerContext*, const v1::PutRequest* request,
                                         v1::PutResponse*) {

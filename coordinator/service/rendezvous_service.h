@@ -24,6 +24,9 @@ class RendezvousServiceImpl final : public v1::RendezvousService::Service {
                     v1::WaitResponse* response) override;
 
  private:
+  // The scope's fields, then the attempt's secret (PermissionDenied for another attempt's).
+  absl::Status CheckScope(const v1::Scope& scope) const;
+
   Coordinator* const coordinator_;
   RendezvousStore* const store_;  // Get and Wait
 };

@@ -85,6 +85,24 @@ CREATE TABLE IF NOT EXISTS rendezvous_keys(
   PRIMARY KEY(job_id, attempt, key));
 )sql";
 
+// The rendezvous secret of each active attempt (AttemptRecord.rendezvous_secret).
+constexpr absl::string_view kRendezvousSecretsTable = R"sql(
+CREATE TABLE IF NOT EXISTS rendezvous_secrets(
+  job_id TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  secret TEXT NOT NULL,
+  PRIMARY KEY(job_id, attempt));
+)sql";
+
+// SubmitJobRequest.request_id -> the job that request made, per owner (idempotent submits).
+constexpr absl::string_view kSubmitRequestsTable = R"sql(
+CREATE TABLE IF NOT EXISTS submit_requests(
+  owner TEXT NOT NULL,
+  request_id TEXT NOT NULL,
+  job_id TEXT NOT NULL,
+  PRIMARY KEY(owner, request_id));
+)sql";
+
 constexpr absl::string_view kJobColumns =
     "id, seq, state, priority, max_attempts, queued_time_ms, data";
 
@@ -175,6 +193,8 @@ absl::Status JobStore::Initialize() {
   }
   // Added after schema version 1 shipped; a table of its own, so older files gain it in place.
   if (absl::Status s = db_->Exec(kRendezvousTable); !s.ok()) return s;
+  if (absl::Status s = db_->Exec(kSubmitRequestsTable); !s.ok()) return s;
+  if (absl::Status s = db_->Exec(kRendezvousSecretsTable); !s.ok()) return s;
 
   absl::StatusOr<SqliteStatement> max_seq = db_->Prepare("SELECT COALESCE(MAX(seq), 0) FROM jobs");
   if (!max_seq.ok()) return max_seq.status();
@@ -233,12 +253,22 @@ absl::Status JobStore::WriteAttempt(const AttemptRecord& attempt) {
   clear->Bind(1, attempt.job_id).Bind(2, static_cast<int64_t>(attempt.attempt));
   if (absl::Status s = clear->Run(); !s.ok()) return s;
   if (attempt.state != v1::JOB_STATE_SCHEDULED && attempt.state != v1::JOB_STATE_RUNNING) {
-    // The attempt is over: its rendezvous keys go with the write that ends it.
-    absl::StatusOr<SqliteStatement> drop =
-        db_->Prepare("DELETE FROM rendezvous_keys WHERE job_id = ?1 AND attempt = ?2");
-    if (!drop.ok()) return drop.status();
-    drop->Bind(1, attempt.job_id).Bind(2, static_cast<int64_t>(attempt.attempt));
-    if (absl::Status s = drop->Run(); !s.ok()) return s;
+    // The attempt is over: its rendezvous keys and secret go with the write that ends it.
+    for (const char* table : {"rendezvous_keys", "rendezvous_secrets"}) {
+      absl::StatusOr<SqliteStatement> drop = db_->Prepare(
+          absl::StrCat("DELETE FROM ", table, " WHERE job_id = ?1 AND attempt = ?2"));
+      if (!drop.ok()) return drop.status();
+      drop->Bind(1, attempt.job_id).Bind(2, static_cast<int64_t>(attempt.attempt));
+      if (absl::Status s = drop->Run(); !s.ok()) return s;
+    }
+  } else if (!attempt.rendezvous_secret.empty()) {
+    absl::StatusOr<SqliteStatement> put = db_->Prepare(
+        "INSERT OR REPLACE INTO rendezvous_secrets(job_id, attempt, secret) VALUES(?1, ?2, ?3)");
+    if (!put.ok()) return put.status();
+    put->Bind(1, attempt.job_id)
+        .Bind(2, static_cast<int64_t>(attempt.attempt))
+        .Bind(3, attempt.rendezvous_secret);
+    if (absl::Status s = put->Run(); !s.ok()) return s;
   }
   for (const RankRecord& rank : attempt.ranks) {
     absl::StatusOr<SqliteStatement> ins = db_->Prepare(
@@ -283,6 +313,14 @@ absl::Status JobStore::WriteEvent(v1::Event& event) {
   return absl::OkStatus();
 }
 
+absl::Status JobStore::WriteSubmitRequest(const SubmitRequestRecord& request) {
+  absl::StatusOr<SqliteStatement> st = db_->Prepare(
+      "INSERT INTO submit_requests(owner, request_id, job_id) VALUES(?1, ?2, ?3)");
+  if (!st.ok()) return st.status();
+  st->Bind(1, request.owner).Bind(2, request.request_id).Bind(3, request.job_id);
+  return st->Run();
+}
+
 absl::Status JobStore::Commit(StoreWrite& write) {
   if (write.empty()) return absl::OkStatus();
   if (absl::Status s = SetDurable(write.durable); !s.ok()) return s;
@@ -298,6 +336,9 @@ absl::Status JobStore::Commit(StoreWrite& write) {
     }
     for (v1::Event& event : write.events) {
       if (absl::Status s = WriteEvent(event); !s.ok()) return s;
+    }
+    for (const SubmitRequestRecord& request : write.submit_requests) {
+      if (absl::Status s = WriteSubmitRequest(request); !s.ok()) return s;
     }
     return absl::OkStatus();
   });

@@ -44,6 +44,9 @@ struct AttemptRecord {
   int64_t end_time_ms = 0;
   std::string message;
   std::vector<RankRecord> ranks;  // ordered by rank
+  // Assignment.rendezvous_secret: only the attempt's ranks may use its rendezvous keys. Kept
+  // while the attempt is active (table rendezvous_secrets), so a restarted coordinator knows it.
+  std::string rendezvous_secret;
 };
 
 struct JobRecord {
@@ -53,15 +56,24 @@ struct JobRecord {
   int64_t queued_time_ms = 0;  // when it last became PENDING (submit or requeue)
 };
 
+// A SubmitJobRequest.request_id and the job it made.
+struct SubmitRequestRecord {
+  std::string owner;  // who submitted; request ids are per owner
+  std::string request_id;
+  std::string job_id;
+};
+
 // Rows that change together; committed in one transaction.
 struct StoreWrite {
   std::vector<JobRecord> jobs;          // upserted
   std::vector<AttemptRecord> attempts;  // upserted with all their ranks
   std::vector<v1::Worker> workers;      // upserted
   std::vector<v1::Event> events;        // appended; Commit assigns their ids
+  std::vector<SubmitRequestRecord> submit_requests;  // inserted (a second use of an id fails)
   bool durable = true;                  // fsync before returning (synchronous=FULL)
   bool empty() const {
-    return jobs.empty() && attempts.empty() && workers.empty() && events.empty();
+    return jobs.empty() && attempts.empty() && workers.empty() && events.empty() &&
+           submit_requests.empty();
   }
 };
 
@@ -110,6 +122,10 @@ class JobStore {
 
   absl::StatusOr<std::vector<v1::Worker>> ListWorkers();
 
+  // The job a submit with this (owner, request_id) made; nullopt when none did.
+  absl::StatusOr<std::optional<std::string>> FindSubmitRequest(absl::string_view owner,
+                                                               absl::string_view request_id);
+
   // Keeps the latest metrics per (job, rank) and a bounded history per job.
   absl::Status PutStepMetrics(const v1::StepMetrics& metrics);
   absl::StatusOr<std::vector<v1::StepMetrics>> LatestStepMetrics(absl::string_view job_id);
@@ -142,6 +158,7 @@ class JobStore {
   absl::Status WriteAttempt(const AttemptRecord& attempt);
   absl::Status WriteWorker(const v1::Worker& worker);
   absl::Status WriteEvent(v1::Event& event);
+  absl::Status WriteSubmitRequest(const SubmitRequestRecord& request);
   absl::StatusOr<std::vector<JobRecord>> QueryJobs(absl::string_view where_and_order,
                                                    const std::vector<int64_t>& args);
   absl::Status FillView(const JobRecord& record, v1::Job* job);

@@ -27,6 +27,14 @@ absl::StatusOr<AttemptRecord> JobStore::GetAttempt(absl::string_view job_id, int
   record.end_time_ms = st->ColumnInt(2);
   record.message = st->ColumnText(3);
 
+  absl::StatusOr<SqliteStatement> secret = db_->Prepare(
+      "SELECT secret FROM rendezvous_secrets WHERE job_id = ?1 AND attempt = ?2");
+  if (!secret.ok()) return secret.status();
+  secret->Bind(1, job_id).Bind(2, static_cast<int64_t>(attempt));
+  absl::StatusOr<bool> has_secret = secret->Step();
+  if (!has_secret.ok()) return has_secret.status();
+  if (*has_secret) record.rendezvous_secret = secret->ColumnText(0);
+
   absl::StatusOr<SqliteStatement> ranks = db_->Prepare(
       "SELECT rank, worker_id, node, slot, state, exit_code FROM rank_assignments "
       "WHERE job_id = ?1 AND attempt = ?2 ORDER BY rank");
@@ -97,6 +105,18 @@ absl::StatusOr<std::vector<v1::Worker>> JobStore::ListWorkers() {
   absl::StatusOr<SqliteStatement> st = db_->Prepare("SELECT data FROM workers ORDER BY id");
   if (!st.ok()) return st.status();
   return ReadBlobRows<v1::Worker>(*st, "workers");
+}
+
+absl::StatusOr<std::optional<std::string>> JobStore::FindSubmitRequest(
+    absl::string_view owner, absl::string_view request_id) {
+  absl::StatusOr<SqliteStatement> st = db_->Prepare(
+      "SELECT job_id FROM submit_requests WHERE owner = ?1 AND request_id = ?2");
+  if (!st.ok()) return st.status();
+  st->Bind(1, owner).Bind(2, request_id);
+  absl::StatusOr<bool> row = st->Step();
+  if (!row.ok()) return row.status();
+  if (!*row) return std::optional<std::string>();
+  return std::optional<std::string>(st->ColumnText(0));
 }
 
 absl::StatusOr<ActiveState> JobStore::LoadActive() {

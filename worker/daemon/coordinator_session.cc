@@ -52,6 +52,7 @@ CoordinatorSession::CoordinatorSession(SessionOptions options, RankManager* rank
       ranks_(ranks),
       outbound_(outbound),
       metrics_(metrics),
+      boot_id_(options_.boot_id.empty() ? NewBootId() : options_.boot_id),
       channel_(MakeChannel(options_.coordinator)),
       stub_(v1::WorkerService::NewStub(channel_)) {}
 

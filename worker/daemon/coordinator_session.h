@@ -31,6 +31,9 @@ struct SessionOptions {
   absl::Duration min_backoff = absl::Milliseconds(200);
   absl::Duration max_backoff = absl::Seconds(3);
   absl::Duration rpc_timeout = absl::Seconds(10);  // RegisterWorker deadline
+  // Hello.boot_id: names the numbering of the outbound queue's messages. Empty: a new one (the
+  // daemon passes the one its outbound journal kept, so a restart continues the numbering).
+  std::string boot_id;
 };
 
 class CoordinatorSession {
@@ -50,9 +53,10 @@ class CoordinatorSession {
   std::string worker_id() const;
   bool connected() const;
 
- private:
   // 128 random bits in hex.
   static std::string NewBootId();
+
+ private:
   absl::Status Register();
   // One session: Hello, then until the stream breaks or Shutdown(). Returns why it ended.
   absl::Status RunSession();
@@ -66,6 +70,7 @@ class CoordinatorSession {
   RankManager* const ranks_;
   OutboundQueue* const outbound_;
   WorkerMetrics* const metrics_;
+  const std::string boot_id_;  // Hello.boot_id
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<dropless::v1::WorkerService::Stub> stub_;
 
@@ -75,7 +80,6 @@ class CoordinatorSession {
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   bool acknowledged_ ABSL_GUARDED_BY(mu_) = false;  // the coordinator acknowledges (Register)
-  const std::string boot_id_ = NewBootId();          // this daemon run (Hello.boot_id)
   grpc::ClientContext* open_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   int sessions_ ABSL_GUARDED_BY(mu_) = 0;
 };

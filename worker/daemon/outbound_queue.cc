@@ -18,9 +18,32 @@ void OutboundQueue::Append(dropless::v1::WorkerMessage message) {
       }
     }
     dropped_ += victim->message.has_logs() ? victim->message.logs().lines_size() : 1;
+    if (journal_ != nullptr) journal_->Dropped(victim->sequence);
     messages_.erase(victim);
   }
   messages_.push_back(Entry{next_sequence_++, std::move(message)});
+  if (journal_ != nullptr) journal_->Appended(messages_.back().sequence, messages_.back().message);
+}
+
+void OutboundQueue::Restore(std::unique_ptr<OutboundJournal> journal,
+                            OutboundJournal::Recovered recovered) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [sequence, message] : recovered.pending) {
+    messages_.push_back(Entry{sequence, std::move(message)});
+  }
+  next_sequence_ = std::max(next_sequence_, recovered.last_sequence + 1);
+  journal_ = std::move(journal);
+}
+
+void OutboundQueue::AcknowledgeLocked(uint64_t sequence) {
+  while (!messages_.empty() && messages_.front().sequence <= sequence) messages_.pop_front();
+  if (journal_ == nullptr) return;
+  journal_->Acknowledged(sequence);
+  if (!journal_->WantsRewrite()) return;
+  std::vector<std::pair<uint64_t, const dropless::v1::WorkerMessage*>> pending;
+  pending.reserve(messages_.size());
+  for (const Entry& entry : messages_) pending.emplace_back(entry.sequence, &entry.message);
+  journal_->Rewrite(pending);
 }
 
 void OutboundQueue::SealLogBatch() {
@@ -79,13 +102,13 @@ void OutboundQueue::MarkSent(uint64_t sequence) {
 
 void OutboundQueue::Acknowledge(uint64_t sequence) {
   absl::MutexLock lock(&mu_);
-  while (!messages_.empty() && messages_.front().sequence <= sequence) messages_.pop_front();
+  AcknowledgeLocked(sequence);
 }
 
 void OutboundQueue::Pop(uint64_t sequence) {
   absl::MutexLock lock(&mu_);
   sent_through_ = std::max(sent_through_, sequence);
-  while (!messages_.empty() && messages_.front().sequence <= sequence) messages_.pop_front();
+  AcknowledgeLocked(sequence);
 }
 
 void OutboundQueue::Rewind() {

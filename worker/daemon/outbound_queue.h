@@ -10,12 +10,15 @@
 // message not yet sent on this session, and a message leaves the queue only when the coordinator
 // acknowledges it (or, with a coordinator that does not acknowledge, once written: Pop). Rewind at
 // the start of a session sends every unacknowledged message again, so a message in flight when
-// the coordinator died is not lost; its sequence lets the coordinator store it once.
+// the coordinator died is not lost; its sequence lets the coordinator store it once. With a
+// journal (Restore) the queue also survives a restart of the daemon (outbound_journal.h); the
+// open log batch, at most kLogBatchDelay of lines, does not.
 #ifndef DROPLESS_WORKER_DAEMON_OUTBOUND_QUEUE_H_
 #define DROPLESS_WORKER_DAEMON_OUTBOUND_QUEUE_H_
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -23,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "dropless/v1/worker_service.pb.h"
+#include "worker/daemon/outbound_journal.h"
 
 namespace dropless {
 
@@ -33,6 +37,10 @@ class OutboundQueue {
   static constexpr absl::Duration kLogBatchDelay = absl::Milliseconds(200);
 
   explicit OutboundQueue(size_t max_messages = 10000);
+
+  // Before any other call: takes the messages a previous run left (sequences continue after
+  // recovered.last_sequence) and records every change in `journal` from now on.
+  void Restore(std::unique_ptr<OutboundJournal> journal, OutboundJournal::Recovered recovered);
 
   void Push(dropless::v1::WorkerMessage message);
   void PushLogLine(dropless::v1::LogLine line);
@@ -67,6 +75,7 @@ class OutboundQueue {
     return !messages_.empty() && messages_.back().sequence > sent_through_;
   }
   void Append(dropless::v1::WorkerMessage message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AcknowledgeLocked(uint64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t max_messages_;
   mutable absl::Mutex mu_;
@@ -77,6 +86,7 @@ class OutboundQueue {
   absl::Time open_batch_since_ ABSL_GUARDED_BY(mu_);
   size_t open_batch_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<OutboundJournal> journal_ ABSL_GUARDED_BY(mu_);  // null: memory only
 };
 
 }  // namespace dropless

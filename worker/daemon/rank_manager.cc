@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/step_phase.h"
+#include "common/utf8.h"
 #include "worker/daemon/daemon_log.h"
 #include "worker/rank/step_report.h"
 
@@ -237,6 +239,9 @@ void RankManager::StartRank(const v1::Assignment& assignment, int rank, int slot
     // One slot is one core: BLAS and OpenMP pools would oversubscribe the node.
     spec.env = {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"};
   }
+  // Only this attempt's ranks may use its rendezvous keys; the environment keeps it off `ps`.
+  spec.env.push_back(
+      absl::StrCat("DROPLESS_RENDEZVOUS_SECRET=", assignment.rendezvous_secret()));
   spec.log_path = absl::StrCat(attempt_dir, "/rank-", rank, ".log");
   spec.report_pipe = true;
 
@@ -292,17 +297,21 @@ void RankManager::OnOutput(RankSupervisor::ChildId id, absl::string_view line) {
     auto it = ranks_.find(id);
     if (it == ranks_.end()) return;
     RankEntry& entry = it->second;
-    if (!line.empty()) entry.last_output = std::string(line.substr(0, kMaxQuotedOutput));
+    if (!line.empty()) entry.last_output = ToValidUtf8(TruncateUtf8(line, kMaxQuotedOutput));
     log.set_job_id(entry.job_id);
     log.set_attempt(entry.attempt);
     log.set_rank(entry.rank);
   }
   log.set_time_ms(NowMs());
-  log.set_text(std::string(line));
+  log.set_text(ToValidUtf8(line));  // rank output is any bytes; a proto3 string must be UTF-8
   outbound_->PushLogLine(std::move(log));
 }
 
 void RankManager::OnReport(RankSupervisor::ChildId id, absl::string_view line) {
+  if (IsPhaseLine(line)) {
+    OnPhaseLine(id, line);
+    return;
+  }
   const bool ready = line == kReadyLine;
   absl::StatusOr<StepReport> report;
   if (!ready) report = ParseStepReport(line);
@@ -356,6 +365,22 @@ void RankManager::OnReport(RankSupervisor::ChildId id, absl::string_view line) {
   outbound_->Push(std::move(msg));
 }
 
+void RankManager::OnPhaseLine(RankSupervisor::ChildId id, absl::string_view line) {
+  absl::StatusOr<PhaseReport> phase = ParsePhaseLine(line);
+  absl::MutexLock lock(&mu_);
+  auto it = ranks_.find(id);
+  if (it == ranks_.end()) return;
+  if (!phase.ok()) {
+    if (!it->second.bad_report_logged) {
+      it->second.bad_report_logged = true;
+      DaemonLog(absl::StrCat("job ", it->second.job_id, " rank ", it->second.rank,
+                             ": ignoring bad report line: ", phase.status().message()));
+    }
+    return;
+  }
+  it->second.phase = *phase;  // the heartbeats carry it to the coordinator's hang watchdog
+}
+
 void RankManager::OnExit(RankSupervisor::ChildId id, const ChildExit& exit) {
   RankEntry entry;
   {
@@ -397,6 +422,11 @@ std::vector<v1::RankStatus> RankManager::LiveRanks() const {
     s.set_attempt(entry.attempt);
     s.set_rank(entry.rank);
     s.set_state(entry.state);
+    if (entry.phase.has_value()) {
+      s.set_phase(std::string(StepPhaseName(entry.phase->phase)));
+      s.set_phase_since_ms(entry.phase->since_ms);
+      s.set_step(entry.phase->step);
+    }
     live.push_back(std::move(s));
   }
   return live;

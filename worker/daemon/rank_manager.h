@@ -13,6 +13,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/step_phase.h"
 #include "dropless/v1/worker_service.pb.h"
 #include "worker/daemon/outbound_queue.h"
 #include "worker/daemon/rank_supervisor.h"
@@ -71,12 +73,14 @@ class RankManager {
     bool cancelled = false;
     bool bad_report_logged = false;
     std::string last_output;  // last line it printed, quoted in failure messages
+    std::optional<PhaseReport> phase;  // the step phase it reported last (hang watchdog)
   };
 
   void StartRank(const dropless::v1::Assignment& assignment, int rank, int slot,
                  const std::string& spec_path, const std::string& attempt_dir);
   void OnOutput(RankSupervisor::ChildId id, absl::string_view line);
   void OnReport(RankSupervisor::ChildId id, absl::string_view line);
+  void OnPhaseLine(RankSupervisor::ChildId id, absl::string_view line);
   void OnExit(RankSupervisor::ChildId id, const ChildExit& exit);
   void PushStatus(const RankEntry& entry, dropless::v1::RankState state, int exit_code,
                   const std::string& message);

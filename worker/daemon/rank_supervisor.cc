@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/utf8.h"
 
 extern char** environ;
 
@@ -355,7 +356,9 @@ void RankSupervisor::EmitLines(ChildId id, LineBuffer* lines, bool report, bool 
       end = newline;
       next = newline + 1;
     } else if (buffer->size() - start >= kMaxLineBytes) {
-      end = next = start + kMaxLineBytes;  // too long: split
+      // Too long: split, but never inside a UTF-8 character.
+      end = next = start + Utf8PrefixLength(absl::string_view(*buffer).substr(start),
+                                            kMaxLineBytes);
       if (next < buffer->size() && (*buffer)[next] == '\n') {
         ++next;
       } else if (next == buffer->size()) {

@@ -13,6 +13,7 @@
 #include "worker/daemon/coordinator_session.h"
 #include "worker/daemon/daemon_log.h"
 #include "worker/daemon/gpu_discovery.h"
+#include "worker/daemon/outbound_journal.h"
 #include "worker/daemon/outbound_queue.h"
 #include "worker/daemon/rank_binary.h"
 #include "worker/daemon/rank_manager.h"
@@ -64,6 +65,28 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   }
 
   OutboundQueue outbound;
+  // What the previous run of this daemon had not delivered, and its message numbering.
+  std::string boot_id = CoordinatorSession::NewBootId();
+  {
+    OutboundJournal::Recovered recovered;
+    absl::StatusOr<std::unique_ptr<OutboundJournal>> journal = OutboundJournal::Open(
+        absl::StrCat(config.work_dir, "/outbound.journal"), boot_id, &recovered);
+    if (journal.ok()) {
+      boot_id = recovered.boot_id;
+      if (!recovered.pending.empty()) {
+        DaemonLog(absl::StrCat("outbound journal: ", recovered.pending.size(),
+                               " message(s) of the previous run not acknowledged yet; sending them"
+                               " (acknowledged through ", recovered.acknowledged, ")"));
+      }
+      outbound.Restore(*std::move(journal), std::move(recovered));
+    } else if (absl::IsFailedPrecondition(journal.status())) {
+      DaemonLog(absl::StrCat("error: work_dir: ", journal.status().message()));
+      return 2;
+    } else {
+      DaemonLog(absl::StrCat("warning: ", journal.status().message(),
+                             "; undelivered messages will not survive a restart"));
+    }
+  }
   RankManagerOptions rank_options;
   // /proc/self/exe in the child still names this binary (fork precedes exec), even if the file on
   // disk was replaced since the daemon started.
@@ -79,6 +102,7 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
 
   SessionOptions session_options;
   session_options.coordinator = config.coordinator;
+  session_options.boot_id = boot_id;
   dropless::v1::RegisterWorkerRequest& reg = session_options.registration;
   reg.set_node(config.node);
   reg.set_address(config.advertise_address);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -20,6 +21,8 @@
 #include "common/engine_config.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_registry.h"
+#include "common/step_phase.h"
+#include "worker/rank/phase_reporter.h"
 #include "worker/rank/step_report.h"
 #include "worker/transport/transport_factory.h"
 
@@ -95,8 +98,12 @@ absl::Status RankRun::Run() {
   Say(absl::StrFormat("job %s attempt %d: joining %d rank(s) (ep=%d, dp=%d) on %s, slot %d",
                       options_.job_id, options_.attempt, options_.world_size, spec->parallel.ep,
                       spec->parallel.dp, options_.host, options_.slot));
-  std::unique_ptr<KeyValueStore> store =
-      NewRendezvousKvStore(options_.coordinator, options_.job_id, options_.attempt);
+  RendezvousClientOptions rendezvous;
+  if (const char* secret = std::getenv("DROPLESS_RENDEZVOUS_SECRET"); secret != nullptr) {
+    rendezvous.secret = secret;  // from the daemon: the environment, not the visible command line
+  }
+  std::unique_ptr<KeyValueStore> store = NewRendezvousKvStore(
+      options_.coordinator, options_.job_id, options_.attempt, rendezvous);
   GlooOptions gloo;
   gloo.layout.rank = options_.rank;
   gloo.layout.world_size = options_.world_size;
@@ -122,6 +129,14 @@ absl::Status RankRun::Run() {
 
   ReportPipe report(options_.report_fd);
   if (absl::Status st = report.WriteLine(std::string(kReadyLine)); !st.ok()) return st;
+  // Phase lines for the hang watchdog (phase_reporter.h), until Run returns.
+  if (absl::Status st = PhaseReporter::Start(options_.report_fd, options_.rank, options_.attempt);
+      !st.ok()) {
+    return st;
+  }
+  struct StopPhases {
+    ~StopPhases() { PhaseReporter::Stop(); }
+  } stop_phases;
   const int64_t steps = spec->steps;
   const int64_t progress_every = std::max<int64_t>(1, steps / 10);
   const double peak = (*engine)->PeakFlops();
@@ -135,6 +150,7 @@ absl::Status RankRun::Run() {
   if (first_step > 1) Say(absl::StrFormat("resuming from a checkpoint at step %d", first_step));
   int64_t last_checkpoint = first_step - 1;
   for (int64_t step = first_step; step <= steps; ++step) {
+    PhaseReporter::SetStep(step);
     absl::StatusOr<StepStats> stats = (*engine)->Step();
     if (!stats.ok()) {
       return absl::Status(stats.status().code(),
@@ -164,6 +180,7 @@ absl::Status RankRun::Run() {
                           r.FlopsPerSecond() / 1e9, r.TokensPerSecond()));
     }
     if (!checkpoint_dir.empty() && spec->checkpoint.every > 0 && step % spec->checkpoint.every == 0) {
+      EnterStepPhase(StepPhase::kCheckpoint);
       if (absl::Status st = (*engine)->SaveCheckpoint(checkpoint_dir); !st.ok()) {
         return absl::Status(st.code(), absl::StrCat("checkpoint at step ", step, ": ", st.message()));
       }
@@ -171,6 +188,7 @@ absl::Status RankRun::Run() {
     }
   }
   if (!checkpoint_dir.empty() && last_checkpoint != steps) {
+    EnterStepPhase(StepPhase::kCheckpoint);
     if (absl::Status st = (*engine)->SaveCheckpoint(checkpoint_dir); !st.ok()) {
       return absl::Status(st.code(), absl::StrCat("final checkpoint: ", st.message()));
     }

@@ -63,6 +63,7 @@ class RendezvousKvStore : public KeyValueStore {
         rng_(std::random_device{}()) {
     scope_.set_job_id(job_id);
     scope_.set_attempt(attempt);
+    scope_.set_secret(options.secret);
   }
 
   absl::Status Put(const std::string& key, const std::string& value) override {

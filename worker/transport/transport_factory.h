@@ -53,6 +53,9 @@ struct RendezvousClientOptions {
   absl::Duration retry_budget = absl::Minutes(2);
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(2);
+  // The attempt's rendezvous secret (Assignment.rendezvous_secret; a rank finds it in
+  // $DROPLESS_RENDEZVOUS_SECRET). Calls without the right one are refused (PermissionDenied).
+  std::string secret;
 };
 std::unique_ptr<KeyValueStore> NewRendezvousKvStore(const std::string& coordinator_address,
                                                     const std::string& job_id, int attempt,

@@ -329,10 +329,12 @@ TEST(CoordinatorApiTest, RendezvousPutGetWaitAndTimeout) {
   ASSERT_TRUE(w.Register().ok() && w.Connect().ok());
   absl::StatusOr<v1::Job> job = c->Submit(TinySpec(2));
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(w.NextAssignment().has_value());
+  std::optional<v1::Assignment> assignment = w.NextAssignment();
+  ASSERT_TRUE(assignment.has_value());
   v1::Scope scope;
   scope.set_job_id(job->id());
   scope.set_attempt(1);
+  scope.set_secret(assignment->rendezvous_secret());
   auto put = [&](const v1::Scope& s, const std::string& key, const std::string& value) {
     return RendezvousPut(c->rendezvous(), s, key, value);
   };

@@ -527,7 +527,8 @@ TEST(CoordinatorLifecycleTest, RendezvousKeysSurviveKillNineWhileTheAttemptRuns)
   ASSERT_TRUE(worker.Register().ok() && worker.Connect().ok());
   absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(2));
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(worker.NextAssignment().has_value());
+  std::optional<v1::Assignment> assignment = worker.NextAssignment();
+  ASSERT_TRUE(assignment.has_value());
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(worker.ReportRank(job->id(), 1, r, v1::RANK_STATE_RUNNING).ok());
   }
@@ -535,6 +536,7 @@ TEST(CoordinatorLifecycleTest, RendezvousKeysSurviveKillNineWhileTheAttemptRuns)
   v1::Scope scope;
   scope.set_job_id(job->id());
   scope.set_attempt(1);
+  scope.set_secret(assignment->rendezvous_secret());
   const std::string nccl_id(128, '\0');
   ASSERT_TRUE(RendezvousPut(coordinator->rendezvous(), scope, "nccl_unique_id", nccl_id).ok());
   ASSERT_TRUE(RendezvousPut(coordinator->rendezvous(), scope, "rank0", "10.0.0.1:5000").ok());

@@ -102,7 +102,7 @@ absl::StatusOr<AttemptScope> FakeCpuWorker::WaitForAssignment(absl::Duration tim
     status->set_state(v1::RANK_STATE_RUNNING);
     if (!Write(message)) return absl::UnavailableError("Session: could not send RankStatus");
   }
-  return AttemptScope{assignment.job_id(), assignment.attempt()};
+  return AttemptScope{assignment.job_id(), assignment.attempt(), assignment.rendezvous_secret()};
 }
 
 }  // namespace dropless::testing

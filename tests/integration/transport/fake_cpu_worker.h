@@ -23,6 +23,7 @@ namespace dropless::testing {
 struct AttemptScope {
   std::string job_id;
   int attempt = 0;
+  std::string secret;  // Assignment.rendezvous_secret
 };
 
 class FakeCpuWorker {

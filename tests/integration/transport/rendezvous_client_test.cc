@@ -77,7 +77,9 @@ class RendezvousClientTest : public ::testing::Test {
   }
 
   std::unique_ptr<KeyValueStore> Client() {
-    return NewRendezvousKvStore(address_, scope_.job_id, scope_.attempt);
+    RendezvousClientOptions options;
+    options.secret = scope_.secret;  // as the daemon hands it to its ranks
+    return NewRendezvousKvStore(address_, scope_.job_id, scope_.attempt, options);
   }
 
   int port_ = 0;

@@ -58,16 +58,18 @@ WorkerCluster::~WorkerCluster() {
 
 std::string WorkerCluster::coordinator_address() const { return absl::StrCat("127.0.0.1:", port_); }
 
-absl::Status WorkerCluster::StartCoordinator() {
+absl::Status WorkerCluster::StartCoordinator(const std::vector<std::string>& extra_flags) {
   if (coordinator_) old_coordinator_output_.push_back(coordinator_->Output());
-  absl::StatusOr<std::unique_ptr<Process>> p = Process::Start({
+  std::vector<std::string> argv = {
       BinaryPath("dropless-coordinator"),
       absl::StrCat("--listen=", coordinator_address()),
       absl::StrCat("--db=", dir_, "/coordinator.db"),
       "--metrics-port=0",
       "--heartbeat-interval-ms=200",
       "--lease-timeout-ms=5000",
-  });
+  };
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+  absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(argv);
   if (!p.ok()) return p.status();
   coordinator_ = std::move(*p);
   if (!WaitForTcpPort(port_, absl::Seconds(30))) {
@@ -83,7 +85,8 @@ void WorkerCluster::KillCoordinator() {
   (void)coordinator_->Wait(absl::Seconds(10));
 }
 
-absl::Status WorkerCluster::StartWorker(const std::string& node) {
+absl::Status WorkerCluster::StartWorker(const std::string& node,
+                                        const std::map<std::string, std::string>& env) {
   Worker w;
   w.metrics_port = PickFreePort();
   absl::StatusOr<std::unique_ptr<Process>> p = Process::Start({
@@ -95,7 +98,7 @@ absl::Status WorkerCluster::StartWorker(const std::string& node) {
       "--metrics-address=127.0.0.1",
       absl::StrCat("--work-dir=", dir_, "/", node),
       "--kill-grace-ms=2000",
-  });
+  }, env);
   if (!p.ok()) return p.status();
   w.process = std::move(*p);
   workers_[node] = std::move(w);
@@ -209,6 +212,30 @@ std::string WorkerCluster::Diagnostics() const {
     absl::StrAppend(&out, "--- worker ", node, " ---\n", w.process->Output());
   }
   return out;
+}
+
+absl::StatusOr<std::vector<v1::Event>> WorkerCluster::Events(const std::string& job_id) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  v1::ListEventsRequest request;
+  request.set_job_id(job_id);
+  v1::ListEventsResponse response;
+  absl::Status st = FromGrpc(stub_->ListEvents(&ctx, request, &response), "ListEvents");
+  if (!st.ok()) return st;
+  return std::vector<v1::Event>(response.events().begin(), response.events().end());
+}
+
+absl::StatusOr<std::vector<v1::StepMetrics>> WorkerCluster::StepMetrics(
+    const std::string& job_id) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  v1::ListStepMetricsRequest request;
+  request.set_job_id(job_id);
+  v1::ListStepMetricsResponse response;
+  absl::Status st =
+      FromGrpc(stub_->ListStepMetrics(&ctx, request, &response), "ListStepMetrics");
+  if (!st.ok()) return st;
+  return std::vector<v1::StepMetrics>(response.metrics().begin(), response.metrics().end());
 }
 
 std::string TinyCpuSpec(int steps) {

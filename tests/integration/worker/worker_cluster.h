@@ -28,13 +28,16 @@ class WorkerCluster {
   WorkerCluster();
   ~WorkerCluster();
 
-  // Starts (or restarts, on the same port and database) the coordinator.
-  absl::Status StartCoordinator();
+  // Starts (or restarts, on the same port and database) the coordinator, with `extra_flags` after
+  // the cluster's own.
+  absl::Status StartCoordinator(const std::vector<std::string>& extra_flags = {});
   // SIGKILLs the coordinator and waits for it.
   void KillCoordinator();
   Process* coordinator() { return coordinator_.get(); }
-  // Starts a worker daemon with one CPU slot and its own /metrics port.
-  absl::Status StartWorker(const std::string& node);
+  // Starts a worker daemon with one CPU slot and its own /metrics port; `env` is added to its
+  // environment (and its ranks').
+  absl::Status StartWorker(const std::string& node,
+                           const std::map<std::string, std::string>& env = {});
   Process* worker(const std::string& node) { return workers_.at(node).process.get(); }
   int metrics_port(const std::string& node) const { return workers_.at(node).metrics_port; }
 
@@ -46,6 +49,9 @@ class WorkerCluster {
   absl::StatusOr<dropless::v1::Job> Submit(const std::string& spec_yaml);
   absl::StatusOr<dropless::v1::Job> Get(const std::string& job_id);
   absl::StatusOr<dropless::v1::Job> Cancel(const std::string& job_id);
+  absl::StatusOr<std::vector<dropless::v1::Event>> Events(const std::string& job_id);
+  // Every stored step metrics record of the job, oldest first.
+  absl::StatusOr<std::vector<dropless::v1::StepMetrics>> StepMetrics(const std::string& job_id);
   // The job once its state is one of `states` (or the last state seen at timeout).
   absl::StatusOr<dropless::v1::Job> WaitForState(const std::string& job_id,
                                                  std::vector<dropless::v1::JobState> states,

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/utf8.h"
 #include "gtest/gtest.h"
 
 namespace dropless {
@@ -290,6 +291,27 @@ TEST(RankSupervisorTest, LongLineArrivingInOneReadIsSplit) {
   EXPECT_EQ(lines[1], std::string(RankSupervisor::kMaxLineBytes, 'y'));
   EXPECT_EQ(lines[2], "yyyyy");
   EXPECT_EQ(lines[3], "end");
+}
+
+// A split at the limit never cuts a UTF-8 character: each part is valid UTF-8 on its own (a cut
+// one would make the LogBatch carrying it unparseable for the coordinator).
+TEST(RankSupervisorTest, LongLinesAreSplitBetweenUtf8Characters) {
+  Recorder rec;
+  RankSupervisor supervisor(rec.Callbacks());
+  // "x" and 20000 two-byte characters: the limit falls inside one.
+  ASSERT_TRUE(
+      supervisor.Start(12, Shell("printf x; yes \xc3\xa9 | head -n 20000 | tr -d '\\n'; echo"))
+          .ok());
+  ASSERT_TRUE(rec.WaitExit(12, absl::Seconds(10)));
+  std::vector<std::string> lines = rec.Output(12);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0].size(), RankSupervisor::kMaxLineBytes - 1);
+  std::string joined;
+  for (const std::string& line : lines) {
+    EXPECT_TRUE(IsValidUtf8(line));
+    joined += line;
+  }
+  EXPECT_EQ(joined.size(), 40001u);
 }
 
 TEST(RankSupervisorTest, LineOfExactlyTheLimitHasNoEmptyTail) {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "common/step_phase.h"
 #include "worker/engine/checkpoint/moe_checkpoint.h"
 #include "worker/engine/cpu/adamw.h"
 #include "worker/engine/cpu/blas_gemm.h"
@@ -209,6 +210,7 @@ absl::StatusOr<StepStats> CpuEngine::Step() {
   const int64_t layers = layout_.layers();
   const double job_tokens = static_cast<double>(tokens) * world_size_;
 
+  EnterStepPhase(StepPhase::kForward);
   token_generator_.Generate<float>(step, static_cast<int64_t>(rank_) * tokens, tokens,
                                    activations_[0].data());
   if (absl::Status status = TeacherForward(activations_[0].data(), target_.data()); !status.ok()) {
@@ -237,6 +239,7 @@ absl::StatusOr<StepStats> CpuEngine::Step() {
     grad_a_[i] = static_cast<float>(grad_scale * diff);
   }
   const double aux_scale = spec_.model.aux_loss_coeff / static_cast<double>(layers);
+  EnterStepPhase(StepPhase::kBackward);
   for (int64_t layer = layers - 1; layer >= 0; --layer) {
     const auto weights = layout_.Weights<float>(student_replicated_.value.data(),
                                                 student_experts_.value.data(), layer, nullptr);
@@ -250,6 +253,7 @@ absl::StatusOr<StepStats> CpuEngine::Step() {
   }
 
   // Gradient sums, the loss over the job, expert load over the EP group.
+  EnterStepPhase(StepPhase::kOptimizer);
   if (world_size_ > 1) {
     absl::Status status = groups_->world->AllReduceSum(student_replicated_.grad.data(),
                                                        student_replicated_.grad.size());
@@ -315,6 +319,7 @@ absl::StatusOr<StepStats> CpuEngine::Step() {
       !checkpoint.dir.empty() &&
       ((checkpoint.every > 0 && step % checkpoint.every == 0) || step == spec_.steps);
   if (checkpoint_due) {
+    EnterStepPhase(StepPhase::kCheckpoint);
     if (absl::Status status = SaveCheckpoint(checkpoint.dir); !status.ok()) return status;
   }
   stats.step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_format.h"
+#include "common/step_phase.h"
 #include "worker/engine/cpu/blas_gemm.h"
 #include "worker/engine/cpu/router.h"
 #include "worker/engine/cpu/swiglu_expert.h"
@@ -104,6 +105,7 @@ absl::Status MoeLayerForward(const MoeLayerShape& shape, const MoeLayerWeights<T
                    c.row_of_slot.data());
   c.token_rows.resize(tokens * k * hidden);
   GatherTokenRows<T>(tokens, k, hidden, c.row_of_slot.data(), x, c.token_rows.data());
+  EnterStepPhase(StepPhase::kDispatch);
   Clock::time_point start = Clock::now();
   absl::StatusOr<DispatchPlan> plan = exchange->Plan(c.rows_per_expert);
   if (!plan.ok()) return plan.status();
@@ -116,6 +118,7 @@ absl::Status MoeLayerForward(const MoeLayerShape& shape, const MoeLayerWeights<T
   if (!status.ok()) return status;
 
   // Local experts on their variable-size groups.
+  EnterStepPhase(StepPhase::kGemm);
   start = Clock::now();
   c.expert_h.resize(received * 2 * ffn);
   c.expert_a.resize(received * ffn);
@@ -132,11 +135,13 @@ absl::Status MoeLayerForward(const MoeLayerShape& shape, const MoeLayerWeights<T
   times->gemm_forward_seconds += SecondsSince(start);
 
   // Combine: outputs back to their tokens' rank, weighted by the gates.
+  EnterStepPhase(StepPhase::kCombine);
   start = Clock::now();
   c.expert_out.resize(tokens * k * hidden);
   status = exchange->Combine(c.plan, c.expert_rows.data(), row_bytes, c.expert_out.data());
   times->combine_seconds += SecondsSince(start);
   if (!status.ok()) return status;
+  EnterStepPhase(StepPhase::kForward);
   std::copy(x, x + tokens * hidden, x_next);
   CombineExpertRows<T>(tokens, k, hidden, c.row_of_slot.data(), c.gates.data(),
                        c.expert_out.data(), x_next);
@@ -178,6 +183,7 @@ absl::Status MoeLayerBackward(const MoeLayerShape& shape, const MoeLayerWeights<
   CombineExpertRowsBackward<T>(tokens, k, hidden, c.row_of_slot.data(), c.gates.data(),
                                c.expert_out.data(), x_next_grad, c.gate_grads.data(),
                                c.token_rows.data());
+  EnterStepPhase(StepPhase::kCombine);
   Clock::time_point start = Clock::now();
   c.expert_rows.resize(received * hidden);
   absl::Status status =
@@ -186,6 +192,7 @@ absl::Status MoeLayerBackward(const MoeLayerShape& shape, const MoeLayerWeights<
   if (!status.ok()) return status;
 
   // Local experts backward: every group's data gradient, then every group's weight gradient.
+  EnterStepPhase(StepPhase::kGemm);
   start = Clock::now();
   c.expert_rows_grad.resize(received * hidden);
   c.h_grad.resize(received * 2 * ffn);
@@ -217,10 +224,12 @@ absl::Status MoeLayerBackward(const MoeLayerShape& shape, const MoeLayerWeights<
   times->gemm_wgrad_seconds += SecondsSince(start);
 
   // Dispatch backward: input-row gradients back to their tokens.
+  EnterStepPhase(StepPhase::kDispatch);
   start = Clock::now();
   status = exchange->Combine(c.plan, c.expert_rows_grad.data(), row_bytes, c.token_rows.data());
   times->dispatch_seconds += SecondsSince(start);
   if (!status.ok()) return status;
+  EnterStepPhase(StepPhase::kBackward);
   std::copy(x_next_grad, x_next_grad + tokens * hidden, x_grad);  // the residual path
   ScatterAddTokenRows<T>(tokens, k, hidden, c.row_of_slot.data(), c.token_rows.data(), x_grad);
 

@@ -1,0 +1,30 @@
+// UTF-8 for text that crosses the API: proto3 `string` fields must hold valid UTF-8, and a
+// message with a bad one is refused whole by the receiver's parser. Rank output is arbitrary
+// bytes, and a cut at a byte limit can split a character, so both go through here first.
+#ifndef DROPLESS_COMMON_UTF8_H_
+#define DROPLESS_COMMON_UTF8_H_
+
+#include <cstddef>
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace dropless {
+
+// The longest prefix of `text` of at most `max_bytes` that does not end inside a multi-byte
+// character (of valid UTF-8 `text`, a valid UTF-8 prefix): its length.
+size_t Utf8PrefixLength(absl::string_view text, size_t max_bytes);
+
+// `text` cut to at most max_bytes without splitting a character.
+std::string TruncateUtf8(absl::string_view text, size_t max_bytes);
+
+// `text` with every byte that is not part of a well-formed UTF-8 sequence (stray continuation
+// bytes, overlong forms, surrogates, code points past U+10FFFF, cut sequences) replaced by
+// U+FFFD. Valid text comes back unchanged.
+std::string ToValidUtf8(absl::string_view text);
+
+bool IsValidUtf8(absl::string_view text);
+
+}  // namespace dropless
+
+#endif  // DROPLESS_COMMON_UTF8_H_

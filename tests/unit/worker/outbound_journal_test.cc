@@ -1,0 +1,144 @@
+// The outbound queue's journal: what the coordinator has not acknowledged, and the numbering,
+// survive a restart of the daemon (a new OutboundQueue on the same file).
+#include "worker/daemon/outbound_journal.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "worker/daemon/outbound_queue.h"
+
+namespace dropless {
+namespace {
+
+namespace v1 = dropless::v1;
+
+std::string TempJournalPath() {
+  std::string dir = absl::StrCat(getenv("TMPDIR") != nullptr ? getenv("TMPDIR") : "/tmp",
+                                 "/journal-test-XXXXXX");
+  EXPECT_NE(mkdtemp(dir.data()), nullptr);
+  return dir + "/outbound.journal";
+}
+
+v1::WorkerMessage Metrics(int step) {
+  v1::WorkerMessage m;
+  m.mutable_metrics()->set_step(step);
+  m.mutable_metrics()->set_job_id(std::string(100, 'j'));
+  return m;
+}
+
+// One daemon run: a queue restored from the journal at `path`.
+struct DaemonRun {
+  explicit DaemonRun(const std::string& path, const std::string& boot_id = "boot-new",
+               size_t max_messages = 10000)
+      : queue(max_messages) {
+    absl::StatusOr<std::unique_ptr<OutboundJournal>> journal =
+        OutboundJournal::Open(path, boot_id, &recovered);
+    EXPECT_TRUE(journal.ok()) << journal.status();
+    if (journal.ok()) queue.Restore(*std::move(journal), recovered);
+  }
+  OutboundJournal::Recovered recovered;
+  OutboundQueue queue;
+};
+
+TEST(OutboundJournalTest, UnacknowledgedMessagesAndTheNumberingSurviveARestart) {
+  const std::string path = TempJournalPath();
+  {
+    DaemonRun first(path, "boot-1");
+    EXPECT_EQ(first.recovered.boot_id, "boot-1");
+    EXPECT_TRUE(first.recovered.pending.empty());
+    for (int step = 1; step <= 5; ++step) first.queue.Push(Metrics(step));
+    first.queue.Acknowledge(2);
+  }  // the daemon dies
+  {
+    DaemonRun second(path, "boot-2");
+    EXPECT_EQ(second.recovered.boot_id, "boot-1");  // the same numbering goes on
+    EXPECT_EQ(second.recovered.acknowledged, 2u);
+    EXPECT_EQ(second.recovered.last_sequence, 5u);
+    ASSERT_EQ(second.queue.size(), 3u);
+    auto next = second.queue.Peek(absl::ZeroDuration());
+    ASSERT_TRUE(next.has_value());
+    EXPECT_EQ(next->sequence, 3u);
+    EXPECT_EQ(next->message.metrics().step(), 3);
+    second.queue.Push(Metrics(6));
+    second.queue.Acknowledge(5);
+    auto fresh = second.queue.Peek(absl::ZeroDuration());
+    ASSERT_TRUE(fresh.has_value());
+    EXPECT_EQ(fresh->sequence, 6u);  // after the old run's last, never reusing one
+  }
+
+  DaemonRun third(path);
+  EXPECT_EQ(third.recovered.acknowledged, 5u);
+  ASSERT_EQ(third.recovered.pending.size(), 1u);
+  EXPECT_EQ(third.recovered.pending[0].first, 6u);
+}
+
+TEST(OutboundJournalTest, ARecordCutByACrashEndsTheReplay) {
+  const std::string path = TempJournalPath();
+  { DaemonRun first(path, "boot-1"); first.queue.Push(Metrics(1)); first.queue.Push(Metrics(2)); }
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::app);
+    out << "M\x03";  // half a header
+  }
+  {
+    DaemonRun second(path);
+    EXPECT_EQ(second.recovered.boot_id, "boot-1");
+    EXPECT_EQ(second.recovered.pending.size(), 2u);
+    second.queue.Push(Metrics(3));  // appends after the compact rewrite, not after the torn bytes
+  }
+  DaemonRun third(path);
+  EXPECT_EQ(third.recovered.pending.size(), 3u);
+}
+
+TEST(OutboundJournalTest, DroppedMessagesStayDroppedAndAcknowledgedOnesAreCompactedAway) {
+  const std::string path = TempJournalPath();
+  {
+    DaemonRun first(path, "boot-1", /*max_messages=*/2);
+    for (int step = 1; step <= 4; ++step) first.queue.Push(Metrics(step));  // 1 and 2 dropped
+  }
+  {
+    DaemonRun second(path);
+    ASSERT_EQ(second.recovered.pending.size(), 2u);
+    EXPECT_EQ(second.recovered.pending[0].second.metrics().step(), 3);
+    // Many messages, each acknowledged: the file is rewritten instead of growing without end.
+    for (int step = 5; step < 20005; ++step) {
+      second.queue.Push(Metrics(step));
+      second.queue.Acknowledge(static_cast<uint64_t>(step));
+    }
+  }
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_LT(st.st_size, 2 << 20);
+  DaemonRun third(path);
+  EXPECT_TRUE(third.recovered.pending.empty());
+  EXPECT_EQ(third.recovered.last_sequence, 20004u);
+}
+
+TEST(OutboundJournalTest, OneProcessAtATimeHoldsAJournal) {
+  const std::string path = TempJournalPath();
+  OutboundJournal::Recovered recovered;
+  absl::StatusOr<std::unique_ptr<OutboundJournal>> first =
+      OutboundJournal::Open(path, "boot-1", &recovered);
+  ASSERT_TRUE(first.ok()) << first.status();
+  // flock is per open file description: a second Open in this process stands for another daemon.
+  absl::StatusOr<std::unique_ptr<OutboundJournal>> second =
+      OutboundJournal::Open(path, "boot-2", &recovered);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("work_dir"), absl::string_view::npos);
+  first->reset();
+  EXPECT_TRUE(OutboundJournal::Open(path, "boot-2", &recovered).ok());
+  EXPECT_EQ(recovered.boot_id, "boot-1");
+}
+
+TEST(OutboundJournalTest, AnUnwritableDirectoryIsAnError) {
+  OutboundJournal::Recovered recovered;
+  EXPECT_FALSE(OutboundJournal::Open("/proc/no-such-dir/outbound.journal", "b", &recovered).ok());
+}
+
+}  // namespace
+}  // namespace dropless

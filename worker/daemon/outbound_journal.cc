@@ -1,0 +1,228 @@
+#include "worker/daemon/outbound_journal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "worker/daemon/daemon_log.h"
+
+namespace dropless {
+namespace {
+
+namespace v1 = dropless::v1;
+
+constexpr char kBoot = 'B';
+constexpr char kMessage = 'M';
+constexpr char kAck = 'A';
+constexpr char kDrop = 'D';
+// kind (1) + sequence (8) + payload length (4)
+constexpr size_t kHeaderBytes = 13;
+constexpr uint32_t kMaxPayloadBytes = 64u << 20;
+// Rewrite once the file is this large and at least half of it is dead records.
+constexpr uint64_t kRewriteMinBytes = 1u << 20;
+
+bool WriteAll(int fd, const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+uint64_t ReadU64(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+uint32_t ReadU32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+std::string OutboundJournal::Record(char kind, uint64_t sequence, const std::string& payload) {
+  std::string out(kHeaderBytes, '\0');
+  out[0] = kind;
+  const uint32_t length = static_cast<uint32_t>(payload.size());
+  std::memcpy(&out[1], &sequence, sizeof sequence);
+  std::memcpy(&out[9], &length, sizeof length);
+  out += payload;
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<OutboundJournal>> OutboundJournal::Open(
+    const std::string& path, const std::string& new_boot_id, Recovered* recovered) {
+  *recovered = Recovered{};
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  std::unique_ptr<OutboundJournal> journal(new OutboundJournal(path));
+  const std::string lock_path = path + ".lock";
+  journal->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (journal->lock_fd_ < 0) {
+    return absl::UnavailableError(absl::StrCat("outbound journal: cannot open ", lock_path, ": ",
+                                               strerror(errno)));
+  }
+  if (::flock(journal->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "outbound journal ", path, " is in use by another process (another dropless-worker with "
+        "the same work_dir?)"));
+  }
+  std::string content;
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (in) {
+      std::stringstream buffer;
+      buffer << in.rdbuf();
+      content = buffer.str();
+    }
+  }
+  std::map<uint64_t, v1::WorkerMessage> pending;
+  size_t offset = 0;
+  while (offset + kHeaderBytes <= content.size()) {
+    const char kind = content[offset];
+    const uint64_t sequence = ReadU64(&content[offset + 1]);
+    const uint32_t length = ReadU32(&content[offset + 9]);
+    if (length > kMaxPayloadBytes || offset + kHeaderBytes + length > content.size()) break;
+    const std::string payload = content.substr(offset + kHeaderBytes, length);
+    if (kind == kBoot) {
+      recovered->boot_id = payload;
+    } else if (kind == kMessage) {
+      v1::WorkerMessage message;
+      if (!message.ParseFromString(payload)) break;
+      if (sequence > recovered->acknowledged) pending[sequence] = std::move(message);
+      recovered->last_sequence = std::max(recovered->last_sequence, sequence);
+    } else if (kind == kAck) {
+      recovered->acknowledged = std::max(recovered->acknowledged, sequence);
+      pending.erase(pending.begin(), pending.upper_bound(sequence));
+      recovered->last_sequence = std::max(recovered->last_sequence, sequence);
+    } else if (kind == kDrop) {
+      pending.erase(sequence);
+    } else {
+      break;  // not a record: the rest is unreadable
+    }
+    offset += kHeaderBytes + length;
+  }
+  if (offset != content.size()) {
+    DaemonLog(absl::StrCat("outbound journal ", path, ": ignoring ", content.size() - offset,
+                           " unreadable bytes at its end (cut by a crash?)"));
+  }
+  for (auto& [sequence, message] : pending) {
+    recovered->pending.emplace_back(sequence, std::move(message));
+  }
+  if (recovered->boot_id.empty()) recovered->boot_id = new_boot_id;
+
+  // Start from a compact file: the boot id, the acknowledgement and what is still pending.
+  journal->boot_id_ = recovered->boot_id;
+  journal->acknowledged_ = recovered->acknowledged;
+  std::vector<std::pair<uint64_t, const v1::WorkerMessage*>> live;
+  for (const auto& [sequence, message] : recovered->pending) live.emplace_back(sequence, &message);
+  if (absl::Status s = journal->RewriteFile(live); !s.ok()) return s;
+  return journal;
+}
+
+OutboundJournal::~OutboundJournal() {
+  if (fd_ >= 0) ::close(fd_);
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+}
+
+void OutboundJournal::Disable(const std::string& why) {
+  if (fd_ < 0) return;
+  DaemonLog(absl::StrCat("outbound journal ", path_, " off (", why,
+                         "); unacknowledged messages will not survive a restart"));
+  ::close(fd_);
+  fd_ = -1;
+}
+
+void OutboundJournal::Write(char kind, uint64_t sequence, const std::string& payload) {
+  if (fd_ < 0) return;
+  const std::string record = Record(kind, sequence, payload);
+  if (!WriteAll(fd_, record)) {
+    Disable(absl::StrCat("write failed: ", strerror(errno)));
+    return;
+  }
+  file_bytes_ += record.size();
+  if (kind == kMessage) {
+    live_[sequence] = record.size();
+    live_bytes_ += record.size();
+  }
+}
+
+void OutboundJournal::Appended(uint64_t sequence, const v1::WorkerMessage& message) {
+  Write(kMessage, sequence, message.SerializeAsString());
+}
+
+void OutboundJournal::Acknowledged(uint64_t sequence) {
+  if (sequence <= acknowledged_) return;
+  acknowledged_ = sequence;
+  Write(kAck, sequence, "");
+  for (auto it = live_.begin(); it != live_.end() && it->first <= sequence;) {
+    live_bytes_ -= it->second;
+    it = live_.erase(it);
+  }
+}
+
+void OutboundJournal::Dropped(uint64_t sequence) {
+  Write(kDrop, sequence, "");
+  auto it = live_.find(sequence);
+  if (it == live_.end()) return;
+  live_bytes_ -= it->second;
+  live_.erase(it);
+}
+
+bool OutboundJournal::WantsRewrite() const {
+  return fd_ >= 0 && file_bytes_ >= kRewriteMinBytes && file_bytes_ >= 2 * live_bytes_;
+}
+
+void OutboundJournal::Rewrite(
+    const std::vector<std::pair<uint64_t, const v1::WorkerMessage*>>& pending) {
+  if (fd_ < 0) return;
+  if (absl::Status s = RewriteFile(pending); !s.ok()) Disable(std::string(s.message()));
+}
+
+absl::Status OutboundJournal::RewriteFile(
+    const std::vector<std::pair<uint64_t, const v1::WorkerMessage*>>& pending) {
+  const std::string tmp = path_ + ".tmp";
+  std::string bytes = Record(kBoot, 0, boot_id_) + Record(kAck, acknowledged_, "");
+  std::map<uint64_t, uint64_t> live;
+  uint64_t live_bytes = 0;
+  for (const auto& [sequence, message] : pending) {
+    std::string record = Record(kMessage, sequence, message->SerializeAsString());
+    live[sequence] = record.size();
+    live_bytes += record.size();
+    bytes += record;
+  }
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot create ", tmp, ": ", strerror(errno)));
+  const bool written = WriteAll(fd, bytes);
+  ::close(fd);
+  if (!written || ::rename(tmp.c_str(), path_.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot write ", path_, ": ", strerror(errno)));
+  }
+  const int appender = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (appender < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot open ", path_, ": ", strerror(errno)));
+  }
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = appender;
+  file_bytes_ = bytes.size();
+  live_ = std::move(live);
+  live_bytes_ = live_bytes;
+  return absl::OkStatus();
+}
+
+}  // namespace dropless
