@@ -8,10 +8,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "common/step_phase.h"
 #include "kernels/cuda/cuda_check.h"
 #include "worker/engine/cpu/moe_model.h"
 #include "worker/engine/cpu/synthetic_task.h"
@@ -122,6 +124,10 @@ class CudaEngineImpl final : public CudaEngine {
   absl::Status QuantizeExperts(ModelWeights* weights, cudaStream_t stream);
   absl::Status RecordStep();
   absl::Status Restore(const std::string& dir);
+  absl::Status MarkPhase(StepPhase phase) {
+    return WriteMarker(phase_marker_, static_cast<int32_t>(phase), streams_.main);
+  }
+  absl::Status WaitForStep();
 
   const EngineConfig config_;
   const int rank_;
@@ -148,6 +154,9 @@ class CudaEngineImpl final : public CudaEngine {
   Bf16* grad_b_ = nullptr;
   double* basis_ = nullptr;
   int64_t* step_counter_ = nullptr;
+  // The step graph writes the phase it is entering here (mapped pinned memory); the host relays
+  // it to the hang watchdog (common/step_phase.h) while it waits for the step.
+  int32_t* phase_marker_ = nullptr;
   // Read back after every step: [squared error (double)] [aux loss per layer (float)].
   uint8_t* stats_ = nullptr;
   std::vector<int32_t> host_counts_;
@@ -298,6 +307,10 @@ absl::Status CudaEngineImpl::Initialize() {
                                            tokens_.basis().size() * sizeof(double),
                                            cudaMemcpyHostToDevice));
   RETURN_IF_ERROR(Alloc(&arena_, 1, "step counter", &step_counter_));
+  absl::StatusOr<void*> marker = arena_.AllocatePinnedHost(sizeof(int32_t), "phase marker");
+  if (!marker.ok()) return marker.status();
+  phase_marker_ = static_cast<int32_t*>(*marker);
+  *phase_marker_ = static_cast<int32_t>(StepPhase::kForward);
   RETURN_IF_ERROR(Alloc(&arena_, static_cast<int64_t>(sizeof(double) + L() * sizeof(float)),
                         "step statistics", &stats_));
   host_counts_.resize(static_cast<size_t>(L() * E));
@@ -385,6 +398,7 @@ absl::Status CudaEngineImpl::RecordStep() {
   RETURN_IF_ERROR(timer_.End(PhaseTimer::kData, main));
 
   RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kForward, main));
+  RETURN_IF_ERROR(MarkPhase(StepPhase::kForward));
   float* aux = reinterpret_cast<float*>(stats_ + sizeof(double));
   for (int64_t l = 0; l < L(); ++l) {
     RETURN_IF_ERROR(layers_[l]->Forward(Weights(student_, l), activations_[l], activations_[l + 1],
@@ -399,6 +413,7 @@ absl::Status CudaEngineImpl::RecordStep() {
   // Backward, with each weight's AdamW update (and MXFP8 re-quantization) on the optimizer
   // stream as soon as its gradient is complete.
   RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kBackward, main));
+  RETURN_IF_ERROR(MarkPhase(StepPhase::kBackward));
   RETURN_IF_ERROR(adamw_->PrepareStep(main));
   const float aux_coef = static_cast<float>(config_.model.aux_loss_coeff / static_cast<double>(L()));
   Bf16* grad_in = grad_a_;
@@ -430,6 +445,7 @@ absl::Status CudaEngineImpl::RecordStep() {
 
   // What of the optimizer did not hide under the backward.
   RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kOptimizer, main));
+  RETURN_IF_ERROR(MarkPhase(StepPhase::kOptimizer));
   if (overlap_optimizer_) {
     RETURN_IF_ERROR(links_.Link(streams_.optimizer, main));
   } else {
@@ -472,7 +488,7 @@ absl::StatusOr<StepStats> CudaEngineImpl::Step() {
                                                   layers_[l]->expert_counts(), E * sizeof(int32_t),
                                                   cudaMemcpyDeviceToHost, main));
   }
-  DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(main));
+  RETURN_IF_ERROR(WaitForStep());
   const double wall = std::chrono::duration<double>(Clock::now() - start).count();
   ++steps_done_;
 
@@ -524,6 +540,23 @@ absl::StatusOr<StepStats> CudaEngineImpl::Step() {
     out.device_memory_bytes = arena_.device_bytes();
   }
   return out;
+}
+
+// The one host wait of a step: polls the stream (every 50 us) instead of blocking in the driver,
+// relaying the graph's phase markers to the hang watchdog as they change.
+absl::Status CudaEngineImpl::WaitForStep() {
+  int32_t reported = -1;
+  while (true) {
+    const cudaError_t state = cudaStreamQuery(streams_.main);
+    const int32_t phase = *reinterpret_cast<volatile int32_t*>(phase_marker_);
+    if (phase != reported) {
+      EnterStepPhase(static_cast<StepPhase>(phase));
+      reported = phase;
+    }
+    if (state == cudaSuccess) return absl::OkStatus();
+    if (state != cudaErrorNotReady) return kernels::cuda::CudaStatus(state, "the step");
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 absl::StatusOr<CudaEngine::GemmSeconds> CudaEngineImpl::TimeExpertGemms(int iterations) {

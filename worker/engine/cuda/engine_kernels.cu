@@ -113,6 +113,11 @@ __global__ void TransposeKernel(int64_t rows, int64_t cols, const T* in, T* out)
   }
 }
 
+__global__ void WriteMarkerKernel(int32_t* marker, int32_t value) {
+  *reinterpret_cast<volatile int32_t*>(marker) = value;
+  __threadfence_system();
+}
+
 __global__ void AddRowBiasKernel(int64_t rows, int64_t cols, const float* bias, float* x) {
   const int64_t n = rows * cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -330,6 +335,11 @@ absl::Status Transpose(int64_t batch, int64_t rows, int64_t cols, const float* i
 absl::Status Transpose(int64_t batch, int64_t rows, int64_t cols, const Bf16* in, Bf16* out,
                        Stream stream) {
   return LaunchTranspose<Bf16>(batch, rows, cols, in, out, stream);
+}
+
+absl::Status WriteMarker(int32_t* marker, int32_t value, Stream stream) {
+  WriteMarkerKernel<<<1, 1, 0, stream>>>(marker, value);
+  return LaunchStatus("WriteMarkerKernel");
 }
 
 absl::Status AddRowBias(int64_t rows, int64_t cols, const float* bias, float* x, Stream stream) {

@@ -67,6 +67,10 @@ absl::Status Transpose(int64_t batch, int64_t rows, int64_t cols, const Bf16* in
 // x[r][c] += bias[c] for r < rows (fp32).
 absl::Status AddRowBias(int64_t rows, int64_t cols, const float* bias, float* x, Stream stream);
 
+// *marker = value, by one thread, in stream order: the step graph's phase markers. `marker` is
+// mapped pinned host memory, so the host reads where the GPU is while it waits for the step.
+absl::Status WriteMarker(int32_t* marker, int32_t value, Stream stream);
+
 // AdamW (worker/engine/cpu/adamw.h, same formula in fp32 with the step's scalars in fp64) over
 // several tensors in one launch. Gradients are fp32 or bf16 (the GEMM's fp32 accumulation rounded
 // once, as bf16 parameters' gradients are). Each tensor may also write a bf16 copy of its updated values,
