@@ -329,7 +329,14 @@ void RankManager::OnReport(RankSupervisor::ChildId id, absl::string_view line) {
   if (became_running) PushStatus(entry, v1::RANK_STATE_RUNNING, 0, "");
   if (ready) return;
 
-  metrics_->RecordStep(entry.job_id, entry.rank, *report);
+  RankIdentity identity{entry.job_id, entry.rank, "", ""};
+  if (options_.slot_kind == "cuda") {
+    identity.gpu = CudaDeviceOfSlot(entry.slot);
+    if (entry.slot < static_cast<int>(options_.slot_uuids.size())) {
+      identity.uuid = options_.slot_uuids[entry.slot];
+    }
+  }
+  metrics_->RecordStep(identity, *report);
   v1::WorkerMessage msg;
   v1::StepMetrics* m = msg.mutable_metrics();
   m->set_job_id(entry.job_id);

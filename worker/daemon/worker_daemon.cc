@@ -74,6 +74,7 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   rank_options.work_dir = config.work_dir;
   rank_options.slot_kind = plan->slot_kind;
   rank_options.slots = static_cast<int>(plan->devices.size());
+  rank_options.slot_uuids = plan->uuids;
   rank_options.kill_grace = absl::Milliseconds(config.kill_grace_ms);
   auto ranks = std::make_unique<RankManager>(rank_options, &outbound, metrics->get());
 
