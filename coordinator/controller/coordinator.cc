@@ -190,21 +190,27 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
     return absl::InvalidArgumentError("parallel: ep * dp must be at most 1048576 ranks");
   }
 
+  const int64_t now = NowMs();
+  // The job as it is created; a dry run answers it as it is (no id, nothing stored).
+  v1::Job proposed;
+  proposed.set_name(spec->name);
+  proposed.set_priority(spec->priority);
+  proposed.set_state(v1::JOB_STATE_PENDING);
+  proposed.set_spec_yaml(JobSpecToYaml(*spec));
+  proposed.set_world_size(static_cast<int32_t>(spec->world_size()));
+  proposed.set_steps(spec->steps);
+  proposed.set_backend(std::string(ToString(spec->resources.backend)));
+  proposed.set_create_time_ms(now);
+  if (request.dry_run()) return proposed;
+
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("coordinator is shutting down");
-  const int64_t now = NowMs();
   ActiveJob job;
   JobRecord& record = job.record;
   v1::Job& j = record.job;
+  j = std::move(proposed);
   j.set_id(store_->NextJobId(&record.seq));
-  j.set_name(spec->name.empty() ? j.id() : spec->name);
-  j.set_priority(spec->priority);
-  j.set_state(v1::JOB_STATE_PENDING);
-  j.set_spec_yaml(JobSpecToYaml(*spec));
-  j.set_world_size(static_cast<int32_t>(spec->world_size()));
-  j.set_steps(spec->steps);
-  j.set_backend(std::string(ToString(spec->resources.backend)));
-  j.set_create_time_ms(now);
+  if (j.name().empty()) j.set_name(j.id());
   record.max_attempts = std::max(1, spec->max_attempts);
   record.queued_time_ms = now;
 
