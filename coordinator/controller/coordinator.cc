@@ -10,7 +10,7 @@
 #include "absl/strings/strip.h"
 #include "common/job_spec.h"
 #include "coordinator/util/clock.h"
-#include "coordinator/util/log.h"
+#include "common/log.h"
 
 namespace dropless::coordinator {
 namespace {

@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "coordinator/controller/coordinator.h"
 #include "coordinator/util/clock.h"
-#include "coordinator/util/log.h"
+#include "common/log.h"
 
 namespace dropless::coordinator {
 namespace {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "coordinator/controller/coordinator.h"
 #include "coordinator/util/clock.h"
-#include "coordinator/util/log.h"
+#include "common/log.h"
 
 namespace dropless::coordinator {
 namespace {

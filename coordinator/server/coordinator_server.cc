@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/util/log.h"
+#include "common/log.h"
 
 namespace dropless::coordinator {
 namespace {
@@ -89,7 +89,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     for (const char* service : kServices) health->SetServingStatus(service, true);
   }
   server->coordinator_->Start();
-  LogInfo(absl::StrCat("dropless-coordinator serving gRPC on port ", server->grpc_port_,
+  LogInfo(absl::StrCat("serving gRPC on port ", server->grpc_port_,
                        " (", config.listen, "), /metrics on port ",
                        server->metrics_port_ == 0 ? std::string("(disabled)")
                                                   : absl::StrCat(server->metrics_port_),
@@ -113,7 +113,7 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   }
   exposer_.reset();
   coordinator_.reset();  // closes the job store
-  LogInfo("dropless-coordinator stopped");
+  LogInfo("stopped");
 }
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(absl::Seconds(5)); }

@@ -11,16 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "worker/daemon/coordinator_session.h"
-#include "worker/daemon/daemon_log.h"
+#include "common/log.h"
+#include "common/version.h"
 #include "worker/daemon/gpu_discovery.h"
 #include "worker/daemon/outbound_queue.h"
 #include "worker/daemon/rank_binary.h"
 #include "worker/daemon/rank_manager.h"
 #include "worker/daemon/worker_metrics.h"
-
-#ifndef DROPLESS_VERSION
-#define DROPLESS_VERSION "unknown"
-#endif
 
 namespace dropless {
 
@@ -32,7 +29,7 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   if (int rc = pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr); rc != 0) {
-    DaemonLog(absl::StrCat("pthread_sigmask: ", strerror(rc)));
+    LogError(absl::StrCat("pthread_sigmask: ", strerror(rc)));
     return 1;
   }
   signal(SIGPIPE, SIG_IGN);  // a rank closing its pipes must not kill the daemon
@@ -40,26 +37,26 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   std::string warning;
   absl::StatusOr<SlotPlan> plan =
       PlanSlots(config, host.cpu_count, [] { return DiscoverCudaDevices(); }, &warning);
-  if (!warning.empty()) DaemonLog(warning);
+  if (!warning.empty()) LogWarning(warning);
   if (!plan.ok()) {
-    DaemonLog(absl::StrCat("error: ", plan.status().message()));
+    LogError(plan.status().message());
     return 2;
   }
 
   if (absl::StatusOr<std::string> rank_binary = FindRankBinary(); !rank_binary.ok()) {
-    DaemonLog(absl::StrCat("warning: every rank will fail: ", rank_binary.status().message()));
+    LogWarning(absl::StrCat("every rank will fail: ", rank_binary.status().message()));
   }
   std::error_code ec;
   std::filesystem::create_directories(config.work_dir, ec);
   if (ec) {
-    DaemonLog(absl::StrCat("error: work_dir: cannot create ", config.work_dir, ": ", ec.message()));
+    LogError(absl::StrCat("work_dir: cannot create ", config.work_dir, ": ", ec.message()));
     return 2;
   }
 
   absl::StatusOr<std::unique_ptr<WorkerMetrics>> metrics =
       WorkerMetrics::Create(config.node, config.metrics_address, config.metrics_port);
   if (!metrics.ok()) {
-    DaemonLog(absl::StrCat("error: ", metrics.status().message()));
+    LogError(metrics.status().message());
     return 2;
   }
 
@@ -86,10 +83,10 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   reg.set_metrics_port(config.metrics_port);
   reg.set_slot_kind(plan->slot_kind);
   for (const std::string& d : plan->devices) reg.add_devices(d);
-  reg.set_version(DROPLESS_VERSION);
+  reg.set_version(DroplessVersion());
   CoordinatorSession session(session_options, ranks.get(), &outbound, metrics->get());
 
-  DaemonLog(absl::StrCat("node ", config.node, ": ", plan->devices.size(), " ", plan->slot_kind,
+  LogInfo(absl::StrCat("node ", config.node, ": ", plan->devices.size(), " ", plan->slot_kind,
                          " slot(s) [", absl::StrJoin(plan->devices, ", "), "], coordinator ",
                          config.coordinator, ", advertised as ", config.advertise_address,
                          config.metrics_port != 0
@@ -102,16 +99,16 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   int sig = 0;
   while (sigwait(&stop_signals, &sig) != 0) {
   }
-  DaemonLog(absl::StrCat("got ", strsignal(sig), ": stopping ranks"));
+  LogInfo(absl::StrCat("got ", strsignal(sig), ": stopping ranks"));
   const absl::Duration grace = absl::Milliseconds(config.kill_grace_ms);
   if (!ranks->StopAllAndWait(grace + absl::Seconds(2))) {
-    DaemonLog("some ranks did not end in time");
+    LogWarning("some ranks did not end in time");
   }
   session.WaitUntilFlushed(absl::Seconds(2));  // their final statuses, when connected
   session.Shutdown();
   session_thread.join();
   ranks.reset();
-  DaemonLog("stopped");
+  LogInfo("stopped");
   return 0;
 }
 
