@@ -11,8 +11,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "coordinator/server/coordinator_server.h"
 #include "common/log.h"
+#include "coordinator/server/coordinator_server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070", "gRPC listen address (host:port; port 0 picks one)");
 ABSL_FLAG(std::string, db, "dropless.db", "SQLite file holding jobs, attempts, workers, events");

@@ -4,13 +4,14 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/job_spec.h"
-#include "coordinator/util/clock.h"
 #include "common/log.h"
+#include "coordinator/util/clock.h"
 
 namespace dropless::coordinator {
 namespace {
@@ -19,6 +20,7 @@ constexpr int kDefaultEventLimit = 1000;
 constexpr int kMaxEventLimit = 100000;
 constexpr size_t kLogMailboxCapacity = 65536;
 constexpr size_t kMaxJobNameBytes = 253;
+constexpr int kMaxJobsPerPage = 1000;
 
 absl::Status RequireId(const std::string& id, absl::string_view field) {
   if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": must not be empty"));
@@ -133,6 +135,7 @@ void Coordinator::TickLoop() {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) break;
     ExpireLeasesLocked(NowMs());
+    EnforceTimeLimitsLocked(NowMs());
     ScheduleLocked();
     RetireFinishedJobsLocked();
     RefreshGaugesLocked();
@@ -201,6 +204,10 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   proposed.set_steps(spec->steps);
   proposed.set_backend(std::string(ToString(spec->resources.backend)));
   proposed.set_create_time_ms(now);
+  proposed.mutable_labels()->insert(spec->labels.begin(), spec->labels.end());
+  if (spec->time_limit_seconds > 0) {
+    proposed.mutable_time_limit()->set_seconds(spec->time_limit_seconds);
+  }
   if (request.dry_run()) return proposed;
 
   absl::MutexLock lock(&mu_);
@@ -243,8 +250,25 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& id) {
   return store_->GetJob(id);
 }
 
-absl::StatusOr<std::vector<v1::Job>> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
   if (request.limit() < 0) return absl::InvalidArgumentError("limit: must not be negative");
+  if (request.page_size() < 0 || request.page_size() > kMaxJobsPerPage) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: must be between 0 and ", kMaxJobsPerPage));
+  }
+  if (request.limit() > 0 && (request.page_size() > 0 || !request.page_token().empty())) {
+    return absl::InvalidArgumentError("limit: not with page_size or page_token");
+  }
+  int64_t after_seq = 0;
+  if (!request.page_token().empty()) {
+    std::string decoded;
+    const bool decodes = absl::WebSafeBase64Unescape(request.page_token(), &decoded);
+    absl::string_view seq = decoded;
+    if (!decodes || !absl::ConsumePrefix(&seq, "after:") || !absl::SimpleAtoi(seq, &after_seq) ||
+        after_seq <= 0) {
+      return absl::InvalidArgumentError("page_token: not a token of a previous ListJobs");
+    }
+  }
   std::vector<v1::JobState> states;
   for (int state : request.states()) {
     if (!v1::JobState_IsValid(state) || state == v1::JOB_STATE_UNSPECIFIED) {
@@ -253,13 +277,33 @@ absl::StatusOr<std::vector<v1::Job>> Coordinator::ListJobs(const v1::ListJobsReq
     states.push_back(static_cast<v1::JobState>(state));
   }
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<std::vector<v1::Job>> jobs = store_->ListJobs(states, request.limit());
+  std::vector<int64_t> seqs;
+  // Labels live in the job's stored blob: the rows after the token are read and filtered here.
+  absl::StatusOr<std::vector<v1::Job>> jobs =
+      store_->ListJobs(states, request.limit(), after_seq, &seqs);
   if (!jobs.ok()) return jobs.status();
-  for (v1::Job& job : *jobs) {
+  v1::ListJobsResponse response;
+  int64_t last_taken_seq = 0;
+  for (size_t i = 0; i < jobs->size(); ++i) {
+    v1::Job& job = (*jobs)[i];
     auto it = jobs_.find(job.id());
     if (it != jobs_.end()) job = it->second.record.job;  // the same, plus anything in flight
+    bool match = true;
+    for (const auto& [key, value] : request.labels()) {
+      auto label = job.labels().find(key);
+      match = match && label != job.labels().end() && label->second == value;
+    }
+    if (!match) continue;
+    if (request.page_size() > 0 && response.jobs_size() == request.page_size()) {
+      // One more matches: the page ends at the last job taken.
+      response.set_next_page_token(
+          absl::WebSafeBase64Escape(absl::StrCat("after:", last_taken_seq)));
+      break;
+    }
+    *response.add_jobs() = std::move(job);
+    last_taken_seq = seqs[i];
   }
-  return jobs;
+  return response;
 }
 
 absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std::string& reason) {
@@ -277,12 +321,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std:
   std::string message = reason.empty() ? "cancelled by user" : absl::StrCat("cancelled: ", reason);
   if (message.size() > 1024) message.resize(1024);
   StoreWrite write;
-  if (job.record.job.state() == v1::JOB_STATE_PENDING && metrics_ != nullptr) {
-    metrics_->ObservePending(
-        static_cast<double>(NowMs() - job.record.queued_time_ms) / 1000.0);
-  }
-  if (job.attempt.has_value()) EndAttemptLocked(job, v1::JOB_STATE_CANCELLED, message, write);
-  FinishJobLocked(job, v1::JOB_STATE_CANCELLED, message, write);
+  StopJobLocked(job, v1::JOB_STATE_CANCELLED, message, write);
   v1::Job result = job.record.job;
   absl::Status committed = CommitLocked(write);
   PublishLocked(write);

@@ -6,9 +6,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/log.h"
 #include "coordinator/controller/coordinator.h"
 #include "coordinator/util/clock.h"
-#include "common/log.h"
 
 namespace dropless::coordinator {
 namespace {

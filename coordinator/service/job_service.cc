@@ -56,9 +56,9 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobReques
 
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
-  absl::StatusOr<std::vector<v1::Job>> jobs = coordinator_->ListJobs(*request);
+  absl::StatusOr<v1::ListJobsResponse> jobs = coordinator_->ListJobs(*request);
   if (!jobs.ok()) return ToGrpcStatus(jobs.status());
-  for (v1::Job& job : *jobs) *response->add_jobs() = std::move(job);
+  *response = std::move(*jobs);
   return grpc::Status::OK;
 }
 

@@ -10,9 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "worker/daemon/coordinator_session.h"
 #include "common/log.h"
 #include "common/version.h"
+#include "worker/daemon/coordinator_session.h"
 #include "worker/daemon/gpu_discovery.h"
 #include "worker/daemon/outbound_queue.h"
 #include "worker/daemon/rank_binary.h"

@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_split.h"
@@ -175,6 +176,52 @@ TEST_F(CliTest, GetJobsWatchPrintsEachChange) {
   EXPECT_THAT(lines[3], ::testing::MatchesRegex("job-000001 +tiny-cpu +CANCELLED .*"));
   // Rows line up under the first listing's header.
   EXPECT_EQ(lines[3].find("CANCELLED"), lines[0].find("STATE"));
+}
+
+TEST_F(CliTest, GetJobsByLabelInChunks) {
+  const std::string base = ReadFile(SourcePath("configs/jobs/tiny-cpu.yaml"));
+  auto labelled = [&](const std::string& name, const std::string& labels) {
+    std::string spec = base;
+    spec.replace(spec.find("priority:"), 0, "labels: " + labels + "\n");
+    return WriteFile(name, spec);
+  };
+  for (const auto& [file, labels] : std::vector<std::pair<std::string, std::string>>{
+           {"a1.yaml", "{team: a}"}, {"b.yaml", "{team: b, tier: gold}"}, {"a2.yaml", "{team: a}"}}) {
+    CommandResult r = Cli({"submit", "-f", labelled(file, labels)});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  EXPECT_EQ(JobCount(Cli({"get", "jobs", "-l", "team=a", "-o", "json"})), 2);
+  EXPECT_EQ(JobCount(Cli({"get", "jobs", "-l", "team=b,tier=gold", "-o", "json"})), 1);
+  EXPECT_EQ(JobCount(Cli({"get", "jobs", "--selector", "team=c", "-o", "json"})), 0);
+  // One job per request: the CLI follows the page tokens to the end.
+  EXPECT_EQ(JobCount(Cli({"get", "jobs", "--chunk-size", "1", "-o", "json"})), 3);
+  CommandResult team_a = Cli({"get", "jobs", "-l", "team=a", "--chunk-size", "1"});
+  ASSERT_EQ(team_a.exit_code, 0) << team_a.err;
+  EXPECT_THAT(team_a.out, HasSubstr("job-000001"));
+  EXPECT_THAT(team_a.out, HasSubstr("job-000003"));
+  EXPECT_THAT(team_a.out, Not(HasSubstr("job-000002")));
+
+  google::protobuf::Struct job = ParseJson(Cli({"get", "job", "job-000002", "-o", "json"}).out);
+  EXPECT_EQ(Str(job.fields().at("labels").struct_value(), "tier"), "gold");
+  EXPECT_THAT(Cli({"describe", "job", "job-000002"}).out, HasSubstr("team=b,tier=gold"));
+
+  CommandResult bad = Cli({"get", "jobs", "-l", "team"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("-l: want key=value"));
+  EXPECT_EQ(Cli({"get", "jobs", "--chunk-size", "0"}).exit_code, 2);
+}
+
+// A job past its time_limit FAILS: `submit --wait` says so and exits 5.
+TEST_F(CliEndToEndTest, TimeLimitFailsTheJob) {
+  std::string spec = ReadFile(SourcePath("configs/jobs/tiny-cpu.yaml"));
+  spec.replace(spec.find("steps: 40"), 9, "steps: 1000000");
+  spec.replace(spec.find("priority:"), 0, "time_limit: 3s\n");
+  CommandResult run = Cli({"submit", "-f", WriteFile("limited.yaml", spec), "--wait"});
+  EXPECT_EQ(run.exit_code, 5) << run.out << run.err;
+  EXPECT_THAT(run.out, HasSubstr("time limit of 3s exceeded"));
+  google::protobuf::Struct job = ParseJson(Cli({"get", "job", "job-000001", "-o", "json"}).out);
+  EXPECT_EQ(Str(job, "state"), "FAILED");
+  EXPECT_EQ(Num(job, "time_limit_seconds"), 3);
 }
 
 // One job runs to its end under `submit --wait`; then its logs and its ranks' latest steps.
