@@ -337,10 +337,12 @@ absl::Status ReadDurationSeconds(const Node& n, const std::string& path, int64_t
   DROPLESS_RETURN_IF_ERROR(ToText(n, path, &text));
   absl::Duration d;
   if (!absl::ParseDuration(text, &d) || d == absl::InfiniteDuration()) {
-    return Invalid(path, n, absl::StrCat("must be a duration such as 90m or 2h30m, got ", Shown(n)));
+    return Invalid(path, n,
+                   absl::StrCat("must be a duration such as 90m or 2h30m, got ", Shown(n)));
   }
   if (d <= absl::ZeroDuration() || d != absl::Seconds(absl::ToInt64Seconds(d))) {
-    return Invalid(path, n, absl::StrCat("must be a positive whole number of seconds, got ", Shown(n)));
+    return Invalid(path, n,
+                   absl::StrCat("must be a positive whole number of seconds, got ", Shown(n)));
   }
   *seconds = absl::ToInt64Seconds(d);
   return absl::OkStatus();

@@ -79,7 +79,8 @@ bool IsLabelKey(absl::string_view key) {
 
 absl::Status CheckLabels(const JobSpec& s) {
   if (s.labels.size() > kMaxLabels) {
-    return Fail("labels", absl::StrFormat("at most %d labels (got %d)", kMaxLabels, s.labels.size()));
+    return Fail("labels",
+                absl::StrFormat("at most %d labels (got %d)", kMaxLabels, s.labels.size()));
   }
   for (const auto& [key, value] : s.labels) {
     const std::string path = absl::StrCat("labels.", key.substr(0, 80));
@@ -89,7 +90,8 @@ absl::Status CheckLabels(const JobSpec& s) {
     }
     if (!IsLabelName(value, true)) {
       return Fail(path, absl::StrCat("value must be empty or up to 63 of [A-Za-z0-9._-], "
-                                     "alphanumeric at both ends (got '", value.substr(0, 80), "')"));
+                                     "alphanumeric at both ends (got '",
+                                     value.substr(0, 80), "')"));
     }
   }
   return absl::OkStatus();

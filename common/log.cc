@@ -11,7 +11,8 @@ namespace {
 
 void Write(char level, absl::string_view message) {
   // glibc's short name of argv[0]: "dropless-coordinator", "dropless-worker".
-  const std::string line = FormatLogLine(absl::Now(), level, program_invocation_short_name, message);
+  const std::string line =
+      FormatLogLine(absl::Now(), level, program_invocation_short_name, message);
   size_t done = 0;
   while (done < line.size()) {
     ssize_t n = ::write(STDERR_FILENO, line.data() + done, line.size() - done);

@@ -63,7 +63,9 @@ Table JobTable(const std::vector<const v1::Job*>& jobs) {
   return table;
 }
 
-void PrintJobTable(const std::vector<const v1::Job*>& jobs) { std::cout << JobTable(jobs).Render(); }
+void PrintJobTable(const std::vector<const v1::Job*>& jobs) {
+  std::cout << JobTable(jobs).Render();
+}
 
 // Polls the list and prints what changed, until interrupted (or a call fails).
 int WatchJobs(const Invocation& inv, Client& client, const v1::ListJobsRequest& request) {

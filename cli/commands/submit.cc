@@ -88,7 +88,9 @@ int RunSubmit(const Invocation& inv) {
   }
 
   const bool dry_run = inv.args.Has("dry-run");
-  if (dry_run && inv.args.Has("wait")) return UsageError("submit: --dry-run and --wait exclude each other");
+  if (dry_run && inv.args.Has("wait")) {
+    return UsageError("submit: --dry-run and --wait exclude each other");
+  }
   request.set_dry_run(dry_run);
 
   Client client(inv.options);

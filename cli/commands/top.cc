@@ -81,7 +81,8 @@ bool Show(const Invocation& inv, Client& client, const std::string& id, v1::JobS
                   absl::StrFormat("%.1fms", m->step_seconds() * 1e3),
                   absl::StrFormat("%.3g", m->tflops()), absl::StrFormat("%.1f%%", m->mfu() * 100),
                   BytesText(m->device_memory_bytes()),
-                  absl::StrFormat("%.3f", m->load_imbalance()), absl::StrFormat("%.6g", m->loss())});
+                  absl::StrFormat("%.3f", m->load_imbalance()),
+                  absl::StrFormat("%.6g", m->loss())});
   }
   std::cout << table.Render();
   return true;

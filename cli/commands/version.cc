@@ -13,7 +13,8 @@ namespace dropless::cli {
 
 int RunVersion(const Invocation& inv) {
   if (!inv.args.positional().empty()) {
-    return UsageError(absl::StrCat("version: unexpected argument '", inv.args.positional()[0], "'"));
+    return UsageError(
+        absl::StrCat("version: unexpected argument '", inv.args.positional()[0], "'"));
   }
   Value client_view = Value::Object().Set("version", Value::String(DroplessVersion()));
   const bool text = inv.options.output == OutputFormat::kText;

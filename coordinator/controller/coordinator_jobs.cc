@@ -260,8 +260,8 @@ void Coordinator::EnforceTimeLimitsLocked(int64_t now_ms) {
     const int64_t limit_ms = j.time_limit().seconds() * 1000;
     if (now_ms - j.start_time_ms() <= limit_ms) continue;
     const std::string message =
-        absl::StrFormat("time limit of %ds exceeded (running since %d ms)", j.time_limit().seconds(),
-                        now_ms - j.start_time_ms());
+        absl::StrFormat("time limit of %ds exceeded (running since %d ms)",
+                        j.time_limit().seconds(), now_ms - j.start_time_ms());
     LogWarning(absl::StrCat("job ", id, ": ", message));
     StopJobLocked(job, v1::JOB_STATE_FAILED, message, write);
     stopped = true;

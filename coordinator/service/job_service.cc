@@ -10,23 +10,27 @@
 #include "absl/time/time.h"
 #include "common/version.h"
 #include "coordinator/util/grpc_status.h"
+#include "google/protobuf/util/time_util.h"
 
 namespace dropless::coordinator {
 namespace {
+
+using google::protobuf::util::TimeUtil;
 
 // How often a blocked stream looks at its RPC's cancellation.
 constexpr absl::Duration kPollInterval = absl::Milliseconds(200);
 
 // The stored lines a GetLogs request asks for: those at most `since` old, then the last tail_lines.
 absl::Status TrimBacklog(const v1::GetLogsRequest& request, std::vector<v1::LogLine>* lines) {
-  if (request.tail_lines() < 0) return absl::InvalidArgumentError("tail_lines: must not be negative");
+  if (request.tail_lines() < 0) {
+    return absl::InvalidArgumentError("tail_lines: must not be negative");
+  }
   if (request.has_since()) {
     if (request.since().seconds() < 0 || request.since().nanos() < 0) {
       return absl::InvalidArgumentError("since: must not be negative");
     }
-    const absl::Duration since =
-        absl::Seconds(request.since().seconds()) + absl::Nanoseconds(request.since().nanos());
-    const int64_t oldest_ms = absl::ToUnixMillis(absl::Now() - since);
+    const int64_t oldest_ms =
+        absl::ToUnixMillis(absl::Now()) - TimeUtil::DurationToMilliseconds(request.since());
     lines->erase(std::remove_if(lines->begin(), lines->end(),
                                 [&](const v1::LogLine& l) { return l.time_ms() < oldest_ms; }),
                  lines->end());

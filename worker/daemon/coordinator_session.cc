@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "google/protobuf/util/time_util.h"
 
 namespace dropless {
 namespace {
@@ -124,9 +125,11 @@ absl::Status CoordinatorSession::Register() {
                            " (was ", worker_id_, ")"));
   }
   worker_id_ = response.worker_id();
-  heartbeat_interval_ = response.heartbeat_interval_ms() > 0
-                            ? absl::Milliseconds(response.heartbeat_interval_ms())
-                            : absl::Seconds(1);
+  const int64_t heartbeat_ms =
+      response.has_heartbeat_interval()
+          ? google::protobuf::util::TimeUtil::DurationToMilliseconds(response.heartbeat_interval())
+          : response.heartbeat_interval_ms();  // a coordinator that predates the Duration
+  heartbeat_interval_ = heartbeat_ms > 0 ? absl::Milliseconds(heartbeat_ms) : absl::Seconds(1);
   acknowledged_ = response.acknowledges();
   LogInfo(absl::StrCat("registered with ", options_.coordinator, " as worker ", worker_id_,
                          " (node ", options_.registration.node(), ", ",

@@ -1,6 +1,6 @@
 // The CLI's kubectl habits against a real coordinator on loopback (and, for the verbs that need a
-// job to run, a real worker): version, completion, submit --dry-run / --wait, get jobs --state / -w,
-// logs --tail / --since, top.
+// job to run, a real worker): version, completion, submit --dry-run / --wait, get jobs --state /
+// -l / --chunk-size / -w, logs --tail / --since, top, and a job's time_limit.
 #include <signal.h>
 
 #include <fstream>
@@ -108,7 +108,8 @@ TEST_F(CliTest, SubmitDryRunIsValidatedByTheCoordinatorAndCreatesNothing) {
   CommandResult dry = Cli({"submit", "-f", spec, "--dry-run", "--name", "dry"});
   ASSERT_EQ(dry.exit_code, 0) << dry.err;
   EXPECT_THAT(dry.out, HasSubstr("dry validated (dry run): 2 cpu ranks, 40 steps"));
-  google::protobuf::Struct job = ParseJson(Cli({"submit", "-f", spec, "--dry-run", "-o", "json"}).out);
+  google::protobuf::Struct job =
+      ParseJson(Cli({"submit", "-f", spec, "--dry-run", "-o", "json"}).out);
   EXPECT_EQ(Str(job, "id"), "");
   EXPECT_EQ(Str(job, "state"), "PENDING");
   EXPECT_EQ(Num(job, "world_size"), 2);
@@ -185,8 +186,9 @@ TEST_F(CliTest, GetJobsByLabelInChunks) {
     spec.replace(spec.find("priority:"), 0, "labels: " + labels + "\n");
     return WriteFile(name, spec);
   };
-  for (const auto& [file, labels] : std::vector<std::pair<std::string, std::string>>{
-           {"a1.yaml", "{team: a}"}, {"b.yaml", "{team: b, tier: gold}"}, {"a2.yaml", "{team: a}"}}) {
+  const std::vector<std::pair<std::string, std::string>> specs = {
+      {"a1.yaml", "{team: a}"}, {"b.yaml", "{team: b, tier: gold}"}, {"a2.yaml", "{team: a}"}};
+  for (const auto& [file, labels] : specs) {
     CommandResult r = Cli({"submit", "-f", labelled(file, labels)});
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }

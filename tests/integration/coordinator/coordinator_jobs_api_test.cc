@@ -1,6 +1,7 @@
 // The job list and job limits against the real coordinator: ListJobs filtered by labels and read a
-// page at a time (page tokens), labels kept across a restart, and time_limit failing a job that
-// runs too long, attempts left or not.
+// page at a time (page tokens), labels kept across a restart, time_limit failing a job that runs
+// too long, attempts left or not; and durations as google.protobuf.Duration next to the older
+// millisecond fields.
 #include <chrono>
 #include <optional>
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
+#include "google/protobuf/util/time_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/coordinator/coordinator_test_support.h"
@@ -143,6 +145,58 @@ TEST(CoordinatorJobsApiTest, NoTimeLimitMeansNone) {
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_FALSE(job->has_time_limit());
   EXPECT_TRUE(job->labels().empty());
+}
+
+TEST(CoordinatorJobsApiTest, DurationsAreDurationsNextToTheirMillisecondFields) {
+  using google::protobuf::util::TimeUtil;
+  auto c = CoordinatorUnderTest::Start();
+  auto workers = v1::WorkerService::NewStub(c->channel());
+  v1::RegisterWorkerRequest registration;
+  registration.set_node("node-d");
+  registration.set_address("127.0.0.1");
+  registration.set_slot_kind("cpu");
+  registration.add_devices("cpu");
+  v1::RegisterWorkerResponse registered;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    ASSERT_OK(workers->RegisterWorker(&context, registration, &registered));
+  }
+  EXPECT_EQ(TimeUtil::DurationToMilliseconds(registered.heartbeat_interval()), kHeartbeatMs);
+  EXPECT_EQ(registered.heartbeat_interval_ms(), kHeartbeatMs);
+  EXPECT_EQ(TimeUtil::DurationToMilliseconds(registered.lease_timeout()), kLeaseMs);
+  EXPECT_EQ(registered.lease_timeout_ms(), kLeaseMs);
+
+  // Rendezvous Wait: the Duration wins over timeout_ms; a negative one is refused by name.
+  FakeWorker w(c->channel(), "node-rdv", 1);
+  ASSERT_TRUE(w.Register().ok() && w.Connect().ok());
+  absl::StatusOr<v1::Job> job = c->Submit(TinySpec(1));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(w.NextAssignment().has_value());
+  v1::WaitRequest wait;
+  wait.mutable_scope()->set_job_id(job->id());
+  wait.mutable_scope()->set_attempt(1);
+  wait.add_keys("never");
+  wait.set_timeout_ms(60000);
+  *wait.mutable_timeout() = TimeUtil::MillisecondsToDuration(300);
+  const absl::Time start = absl::Now();
+  v1::WaitResponse waited;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    grpc::Status status = c->rendezvous().Wait(&context, wait, &waited);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr("never"));
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // 300 ms, not the 60 s of timeout_ms
+  *wait.mutable_timeout() = TimeUtil::MillisecondsToDuration(-5);
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    grpc::Status status = c->rendezvous().Wait(&context, wait, &waited);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr("timeout: must not be negative"));
+  }
 }
 
 }  // namespace
