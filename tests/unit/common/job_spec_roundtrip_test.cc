@@ -57,11 +57,6 @@ JobSpec RandomSpec(std::mt19937_64& rng) {
   s.name = "job-" + std::to_string(pick(0, 1'000'000));
   s.priority = static_cast<int32_t>(pick(-1000, 1000));
   s.max_attempts = static_cast<int32_t>(pick(1, 100));
-  for (int64_t i = pick(0, 3); i > 0; --i) {
-    s.labels[pick(0, 1) ? "team" + std::to_string(i) : "example.com/k" + std::to_string(i)] =
-        pick(0, 1) ? "" : "v-" + std::to_string(pick(0, 1'000'000));
-  }
-  s.time_limit_seconds = pick(0, 1) ? 0 : pick(1, 366 * 24 * 3600);
   s.resources.backend = pick(0, 1) ? Backend::kCuda : Backend::kCpu;
   s.precision = pick(0, 1) ? Precision::kMxfp8 : Precision::kBf16;
   s.model.hidden = 32 * pick(1, 64);
@@ -95,6 +90,11 @@ JobSpec RandomSpec(std::mt19937_64& rng) {
   s.data.distribution = pick(0, 1) ? RoutingDistribution::kZipf : RoutingDistribution::kUniform;
   s.data.zipf_exponent = real(0.01, 3);
   s.data.seed = std::uniform_int_distribution<uint64_t>()(rng);
+  for (int64_t i = pick(0, 3); i > 0; --i) {
+    s.labels[pick(0, 1) ? "team" + std::to_string(i) : "example.com/k" + std::to_string(i)] =
+        pick(0, 1) ? "" : "v-" + std::to_string(pick(0, 1'000'000));
+  }
+  s.time_limit_seconds = pick(0, 1) ? 0 : pick(1, 366 * 24 * 3600);
   return s;
 }
 
