@@ -86,6 +86,19 @@ const std::vector<FlagSpec>& GlobalFlagSpecs() {
   return *specs;
 }
 
+absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& flag, const std::string& text) {
+  absl::Duration d;
+  double seconds = 0;
+  if (absl::SimpleAtod(text, &seconds)) {
+    d = absl::Seconds(seconds);
+  } else if (!absl::ParseDuration(text, &d)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": not a duration: '", text, "' (e.g. 10s, 500ms, 2m)"));
+  }
+  if (d <= absl::ZeroDuration()) return absl::InvalidArgumentError(flag + " must be positive");
+  return d;
+}
+
 absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args) {
   GlobalOptions options;
   options.help = args.Has("help");
@@ -96,17 +109,9 @@ absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args) {
     return absl::InvalidArgumentError("--coordinator must not be empty");
   }
   if (args.Has("timeout")) {
-    const std::string text = args.Get("timeout");
-    double seconds = 0;
-    if (absl::SimpleAtod(text, &seconds)) {
-      options.timeout = absl::Seconds(seconds);
-    } else if (!absl::ParseDuration(text, &options.timeout)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--timeout: not a duration: '", text, "' (e.g. 10s, 500ms, 2m)"));
-    }
-    if (options.timeout <= absl::ZeroDuration()) {
-      return absl::InvalidArgumentError("--timeout must be positive");
-    }
+    absl::StatusOr<absl::Duration> timeout = ParseDurationFlag("--timeout", args.Get("timeout"));
+    if (!timeout.ok()) return timeout.status();
+    options.timeout = *timeout;
   }
   const std::string output = args.Get("output", "text");
   if (output == "json") {

@@ -55,6 +55,9 @@ struct GlobalOptions {
 };
 
 const std::vector<FlagSpec>& GlobalFlagSpecs();
+// A duration flag's value: "10s", "500ms", "2m", "1h30m", or a bare number of seconds.
+// InvalidArgument naming the flag when it is not one or not positive.
+absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& flag, const std::string& text);
 // --coordinator, else $DROPLESS_COORDINATOR, else localhost:7070.
 absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args);
 

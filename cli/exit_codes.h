@@ -11,8 +11,8 @@ enum ExitCode : int {
   kExitUsage = 2,         // bad command line
   kExitNotFound = 3,      // no such job or worker
   kExitUnreachable = 4,   // the coordinator cannot be reached (or did not answer in --timeout)
-  kExitJobFailed = 5,     // watch: the job ended FAILED
-  kExitJobCancelled = 6,  // watch: the job ended CANCELLED
+  kExitJobFailed = 5,     // watch, submit --wait: the job ended FAILED
+  kExitJobCancelled = 6,  // watch, submit --wait: the job ended CANCELLED
 };
 
 }  // namespace dropless::cli

@@ -1,11 +1,11 @@
 // dropless: the command-line client of a dropless coordinator (kubectl style).
 //
-//   dropless submit -f FILE [--name NAME] [--priority N]   prints the new job's id
-//   dropless get jobs [ID] | get job ID | get workers [ID]
+//   dropless submit -f FILE [--name NAME] [--priority N] [--dry-run | --wait]
+//   dropless get jobs [ID] [--state S,...] [-w] | get job ID | get workers [ID]
 //   dropless describe job ID
 //   dropless watch ID                                       exits 0 / 5 / 6 by the job's end state
-//   dropless logs ID [--rank R] [-f]
-//   dropless cancel ID [--reason TEXT]
+//   dropless logs ID [--rank R] [--tail N] [--since DURATION] [-f]
+//   dropless metrics ID | top ID [-w] | cancel ID [--reason TEXT] | version | completion bash|zsh
 //
 // Global flags: --coordinator ADDR (else $DROPLESS_COORDINATOR, else localhost:7070),
 // --timeout DURATION (10s), -o json|yaml. Exit codes are in cli/exit_codes.h and `--help`;
@@ -24,14 +24,14 @@ namespace {
 
 constexpr char kExitCodeHelp[] =
     "Exit codes:\n"
-    "  0  success (watch: the job SUCCEEDED)\n"
+    "  0  success (watch, submit --wait: the job SUCCEEDED)\n"
     "  1  the coordinator refused or failed the request (its message is shown), or the spec is "
     "invalid\n"
     "  2  usage error (bad command line)\n"
     "  3  no such job or worker\n"
     "  4  the coordinator cannot be reached\n"
-    "  5  watch: the job FAILED\n"
-    "  6  watch: the job was CANCELLED\n";
+    "  5  watch, submit --wait: the job FAILED\n"
+    "  6  watch, submit --wait: the job was CANCELLED\n";
 
 std::string MainHelp() {
   std::string out =

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "common/job_spec_internal.h"
 #include "common/yaml_tree.h"
 
@@ -316,6 +317,37 @@ absl::Status ReadResources(const Node& node, ResourcesSpec* res) {
   return Optional(*m, "backend", &res->backend, backend);
 }
 
+absl::Status ReadLabels(const Node& node, const std::string& path,
+                        std::map<std::string, std::string>* labels) {
+  if (node.kind != Node::Kind::kMap) {
+    return Invalid(path, node, absl::StrCat("must be a map of key: value, got ", Shown(node)));
+  }
+  for (size_t i = 0; i < node.map_size(); ++i) {
+    const std::string& key = node.key(i).scalar;
+    std::string value;
+    DROPLESS_RETURN_IF_ERROR(ToText(node.value(i), Join(path, key), &value));
+    (*labels)[key] = value;
+  }
+  return absl::OkStatus();
+}
+
+// A duration as absl::ParseDuration reads it ("90m", "2h30m", "3600s"), in whole seconds.
+absl::Status ReadDurationSeconds(const Node& n, const std::string& path, int64_t* seconds) {
+  std::string text;
+  DROPLESS_RETURN_IF_ERROR(ToText(n, path, &text));
+  absl::Duration d;
+  if (!absl::ParseDuration(text, &d) || d == absl::InfiniteDuration()) {
+    return Invalid(path, n,
+                   absl::StrCat("must be a duration such as 90m or 2h30m, got ", Shown(n)));
+  }
+  if (d <= absl::ZeroDuration() || d != absl::Seconds(absl::ToInt64Seconds(d))) {
+    return Invalid(path, n,
+                   absl::StrCat("must be a positive whole number of seconds, got ", Shown(n)));
+  }
+  *seconds = absl::ToInt64Seconds(d);
+  return absl::OkStatus();
+}
+
 // Sections that are maps of their own: absent means "all defaults", except where required.
 template <typename T>
 absl::Status Section(const FieldMap& m, absl::string_view key, bool required, T* out,
@@ -331,14 +363,17 @@ absl::Status Section(const FieldMap& m, absl::string_view key, bool required, T*
 absl::StatusOr<JobSpec> ReadJobSpec(const Node& root) {
   absl::StatusOr<FieldMap> m = FieldMap::Open(
       root, "",
-      {"name", "priority", "max_attempts", "model", "parallel", "precision", "tokens_per_rank",
-       "steps", "optimizer", "dispatcher", "overlap", "activation_offload", "checkpoint", "data",
-       "resources"});
+      {"name", "labels", "priority", "max_attempts", "time_limit", "model", "parallel",
+       "precision", "tokens_per_rank", "steps", "optimizer", "dispatcher", "overlap",
+       "activation_offload", "checkpoint", "data", "resources"});
   if (!m.ok()) return m.status();
   JobSpec spec;
   DROPLESS_RETURN_IF_ERROR(Required(*m, "name", &spec.name, ToText));
+  DROPLESS_RETURN_IF_ERROR(Optional(*m, "labels", &spec.labels, ReadLabels));
   DROPLESS_RETURN_IF_ERROR(Optional(*m, "priority", &spec.priority, ToInt32));
   DROPLESS_RETURN_IF_ERROR(Optional(*m, "max_attempts", &spec.max_attempts, ToInt32));
+  DROPLESS_RETURN_IF_ERROR(
+      Optional(*m, "time_limit", &spec.time_limit_seconds, ReadDurationSeconds));
   DROPLESS_RETURN_IF_ERROR(Section(*m, "model", true, &spec.model, ReadModel));
   DROPLESS_RETURN_IF_ERROR(Section(*m, "parallel", true, &spec.parallel, ReadParallel));
   auto precision = [](const Node& n, const std::string& p, Precision* o) {

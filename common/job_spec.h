@@ -4,6 +4,7 @@
 #define DROPLESS_COMMON_JOB_SPEC_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 
@@ -63,8 +64,15 @@ struct ResourcesSpec {
 
 struct JobSpec {
   std::string name;
+  // Free key/value tags for selecting jobs (`dropless get jobs -l team=search`), kubectl's label
+  // syntax: keys [prefix/]name, names and values up to 63 of [A-Za-z0-9._-], alphanumeric at both
+  // ends; a prefix up to 253 of [a-z0-9.-]; at most 32 labels.
+  std::map<std::string, std::string> labels;
   int32_t priority = 0;      // higher is scheduled first
   int32_t max_attempts = 1;  // attempts before the job is FAILED
+  // Wall-clock limit from the job's first start (YAML: a duration such as 90m or 2h30m; absent or
+  // null: none). A job still running past it is FAILED, attempts left or not.
+  int64_t time_limit_seconds = 0;
   ModelSpec model;
   ParallelSpec parallel;
   Precision precision = Precision::kBf16;

@@ -27,6 +27,8 @@ constexpr int64_t kMaxTokensPerRank = int64_t{1} << 20;
 constexpr int64_t kMaxSteps = 1'000'000'000;
 constexpr int64_t kMaxPriority = 1000;
 constexpr int64_t kMaxAttempts = 100;
+constexpr size_t kMaxLabels = 32;
+constexpr int64_t kMaxTimeLimitSeconds = 366LL * 24 * 3600;
 constexpr int64_t kMxfp8Block = 32;  // MXFP8 scales one E8M0 exponent per 32 elements
 // A CPU rank computes in float32 on one core's share of a host; beyond this it is a typo.
 constexpr double kMaxCpuBytesPerRank = 32.0 * (int64_t{1} << 30);
@@ -49,6 +51,51 @@ bool IsValidName(const std::string& name) {
     if (!alnum && !(i > 0 && c == '-')) return false;
   }
   return true;
+}
+
+// kubectl's label rules: a name or value of up to 63 [A-Za-z0-9._-], alphanumeric at both ends
+// (a value may also be empty); a key is [prefix/]name, the prefix a DNS subdomain (<= 253).
+bool IsLabelName(absl::string_view s, bool allow_empty) {
+  if (s.empty()) return allow_empty;
+  if (s.size() > 63) return false;
+  auto alnum = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+  };
+  for (char c : s) {
+    if (!alnum(c) && c != '.' && c != '_' && c != '-') return false;
+  }
+  return alnum(s.front()) && alnum(s.back());
+}
+
+bool IsLabelKey(absl::string_view key) {
+  const size_t slash = key.find('/');
+  if (slash == absl::string_view::npos) return IsLabelName(key, false);
+  absl::string_view prefix = key.substr(0, slash);
+  if (prefix.empty() || prefix.size() > 253) return false;
+  for (char c : prefix) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-')) return false;
+  }
+  return IsLabelName(key.substr(slash + 1), false);
+}
+
+absl::Status CheckLabels(const JobSpec& s) {
+  if (s.labels.size() > kMaxLabels) {
+    return Fail("labels",
+                absl::StrFormat("at most %d labels (got %d)", kMaxLabels, s.labels.size()));
+  }
+  for (const auto& [key, value] : s.labels) {
+    const std::string path = absl::StrCat("labels.", key.substr(0, 80));
+    if (!IsLabelKey(key)) {
+      return Fail(path, "key must be [prefix/]name: a name of up to 63 of [A-Za-z0-9._-], "
+                        "alphanumeric at both ends");
+    }
+    if (!IsLabelName(value, true)) {
+      return Fail(path, absl::StrCat("value must be empty or up to 63 of [A-Za-z0-9._-], "
+                                     "alphanumeric at both ends (got '",
+                                     value.substr(0, 80), "')"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // Rough float32 footprint of one CPU rank: expert weights with their gradient and two AdamW
@@ -168,8 +215,10 @@ absl::Status CheckJobSpecRules(const JobSpec& s) {
     return Fail("name", absl::StrCat("must match [a-z0-9][a-z0-9-]{0,62} (got '",
                                      s.name.substr(0, 80), "')"));
   }
+  DROPLESS_CHECK(CheckLabels(s));
   DROPLESS_CHECK(CheckRange("priority", s.priority, -kMaxPriority, kMaxPriority));
   DROPLESS_CHECK(CheckRange("max_attempts", s.max_attempts, 1, kMaxAttempts));
+  DROPLESS_CHECK(CheckRange("time_limit (seconds)", s.time_limit_seconds, 0, kMaxTimeLimitSeconds));
   DROPLESS_CHECK(CheckModel(s));
   DROPLESS_CHECK(CheckParallel(s));
   DROPLESS_CHECK(CheckRange("tokens_per_rank", s.tokens_per_rank, 1, kMaxTokensPerRank));

@@ -57,8 +57,13 @@ std::string JobSpecToYaml(const JobSpec& s) {
   const ModelSpec& m = s.model;
   const OptimizerSpec& o = s.optimizer;
   std::string out;
-  absl::StrAppend(&out, "name: ", s.name, "\n", "priority: ", s.priority, "\n",
-                  "max_attempts: ", s.max_attempts, "\n");
+  absl::StrAppend(&out, "name: ", s.name, "\n", "labels:", s.labels.empty() ? " {}\n" : "\n");
+  for (const auto& [key, value] : s.labels) {
+    absl::StrAppend(&out, "  ", Quoted(key), ": ", Quoted(value), "\n");
+  }
+  absl::StrAppend(&out, "priority: ", s.priority, "\n", "max_attempts: ", s.max_attempts, "\n",
+                  "time_limit: ",
+                  s.time_limit_seconds > 0 ? absl::StrCat(s.time_limit_seconds, "s") : "null", "\n");
   absl::StrAppend(&out, "model:\n", "  hidden: ", m.hidden, "\n", "  ffn: ", m.ffn, "\n",
                   "  experts: ", m.experts, "\n", "  topk: ", m.topk, "\n",
                   "  shared_experts: ", m.shared_experts, "\n", "  layers: ", m.layers, "\n");

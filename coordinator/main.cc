@@ -11,8 +11,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "coordinator/server/coordinator_server.h"
-#include "coordinator/util/log.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070", "gRPC listen address (host:port; port 0 picks one)");
 ABSL_FLAG(std::string, worker_listen, "",
@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   if (int rc = pthread_sigmask(SIG_BLOCK, &signals, nullptr); rc != 0) {
-    dropless::coordinator::LogError(absl::StrCat("pthread_sigmask: ", strerror(rc)));
+    dropless::LogError(absl::StrCat("pthread_sigmask: ", strerror(rc)));
     return 1;
   }
   signal(SIGPIPE, SIG_IGN);
@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
   if (std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
     absl::StatusOr<CoordinatorConfig> loaded = dropless::coordinator::ApplyConfigFile(path, config);
     if (!loaded.ok()) {
-      dropless::coordinator::LogError(std::string(loaded.status().message()));
+      dropless::LogError(std::string(loaded.status().message()));
       return 2;
     }
     config = *loaded;
@@ -120,19 +120,19 @@ int main(int argc, char** argv) {
     config.hang_first_step_ms = absl::GetFlag(FLAGS_hang_first_step_ms);
   }
   if (absl::Status s = dropless::coordinator::ValidateConfig(config); !s.ok()) {
-    dropless::coordinator::LogError(std::string(s.message()));
+    dropless::LogError(std::string(s.message()));
     return 2;
   }
 
   auto server = dropless::coordinator::CoordinatorServer::Start(config);
   if (!server.ok()) {
-    dropless::coordinator::LogError(absl::StrCat("cannot start: ", server.status().ToString()));
+    dropless::LogError(absl::StrCat("cannot start: ", server.status().ToString()));
     return 1;
   }
   int received = 0;
   while (sigwait(&signals, &received) != 0) {
   }
-  dropless::coordinator::LogInfo(absl::StrCat("received ", strsignal(received), "; shutting down"));
+  dropless::LogInfo(absl::StrCat("received ", strsignal(received), "; shutting down"));
   (*server)->Shutdown(absl::Seconds(5));
   return 0;
 }

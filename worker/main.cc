@@ -21,6 +21,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "worker/daemon/rank_binary.h"
 #include "worker/daemon/worker_config.h"
 #include "worker/daemon/worker_daemon.h"
@@ -64,7 +65,7 @@ int Usage(const std::string& message) {
 int ExecRank(int argc, char** argv) {
   absl::StatusOr<std::string> binary = dropless::FindRankBinary();
   if (!binary.ok()) {
-    std::fprintf(stderr, "error: %s\n", std::string(binary.status().message()).c_str());
+    dropless::LogError(binary.status().message());
     return 127;
   }
   std::vector<char*> args;
@@ -72,7 +73,7 @@ int ExecRank(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
   args.push_back(nullptr);
   execv(binary->c_str(), args.data());
-  std::fprintf(stderr, "error: exec %s: %s\n", binary->c_str(), strerror(errno));
+  dropless::LogError(absl::StrCat("exec ", *binary, ": ", strerror(errno)));
   return 127;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "cli/client.h"
 #include "cli/output/value.h"
 
 namespace dropless::cli {
@@ -34,6 +35,16 @@ int RunWatch(const Invocation& inv);
 int RunLogs(const Invocation& inv);
 int RunMetrics(const Invocation& inv);
 int RunCancel(const Invocation& inv);
+int RunTop(const Invocation& inv);
+int RunVersion(const Invocation& inv);
+int RunCompletion(const Invocation& inv);
+
+// Follows job `id` to its end as `watch` shows it; returns 0 SUCCEEDED, 5 FAILED, 6 CANCELLED
+// (or the exit code of a failed call). Used by watch and submit --wait.
+int FollowJobToEnd(const GlobalOptions& options, Client& client, const std::string& id);
+// Parses a --state value: comma-separated job states, any case (running, PENDING, ...).
+// InvalidArgument naming the flag and the unknown state.
+absl::StatusOr<std::vector<v1::JobState>> ParseJobStates(const std::string& text);
 
 // Prints "error: <message>" and a pointer to --help on stderr; returns kExitUsage.
 int UsageError(const std::string& message);

@@ -1,9 +1,12 @@
 // dropless describe job ID: everything about one job for a human (spec summary, progress,
 // placement, events with times); -o json|yaml gives the job object plus "events".
 #include <iostream>
+#include <map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "cli/client.h"
 #include "cli/commands/commands.h"
 #include "cli/exit_codes.h"
@@ -72,7 +75,14 @@ void PrintText(const v1::Job& job, const v1::ListEventsResponse& events) {
   out += Field("ID", job.id());
   out += Field("State", JobStateName(job.state()));
   if (!job.message().empty()) out += Field("Message", job.message());
+  std::map<std::string, std::string> labels(job.labels().begin(), job.labels().end());
+  std::vector<std::string> pairs;
+  for (const auto& [key, value] : labels) pairs.push_back(absl::StrCat(key, "=", value));
+  out += Field("Labels", pairs.empty() ? "<none>" : absl::StrJoin(pairs, ","));
   out += Field("Priority", absl::StrCat(job.priority()));
+  if (job.has_time_limit()) {
+    out += Field("Time limit", DurationText(static_cast<double>(job.time_limit().seconds())));
+  }
   out += Field("Attempt", absl::StrCat(job.attempt()));
   out += Field("Backend", absl::StrCat(job.backend(), ", ", job.world_size(), " ranks"));
   out += Field("Created", when(job.create_time_ms()));

@@ -1,9 +1,18 @@
-// dropless get jobs [ID] | get job ID | get workers [ID]: tables by default, -o json|yaml for
-// scripts. A list prints {"jobs": [...]} / {"workers": [...]}; a single object prints itself.
+// dropless get jobs [ID] [--state S,...] [-l k=v,...] [--chunk-size N] [-w] | get job ID |
+// get workers [ID]: tables by default, -o json|yaml for scripts. A list prints {"jobs": [...]} /
+// {"workers": [...]}; a single object prints itself. The list is read a page (--chunk-size, 500)
+// at a time. -w (kubectl's watch): the list, then, polling every second until interrupted, a row
+// (or with -o one object) for each job that appeared or changed state, attempt or step.
 #include <iostream>
+#include <map>
+#include <memory>
+#include <thread>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "cli/client.h"
 #include "cli/commands/commands.h"
 #include "cli/exit_codes.h"
@@ -13,14 +22,78 @@
 namespace dropless::cli {
 namespace {
 
-void PrintJobTable(const std::vector<const v1::Job*>& jobs) {
+constexpr absl::Duration kWatchPollInterval = absl::Seconds(1);
+constexpr int kDefaultChunkSize = 500;
+
+// Every page of the list, following next_page_token.
+grpc::Status ListAllJobs(Client& client, v1::ListJobsRequest request, v1::ListJobsResponse* all) {
+  all->Clear();
+  do {
+    v1::ListJobsResponse page;
+    grpc::Status status = client.jobs().ListJobs(client.UnaryContext().get(), request, &page);
+    if (!status.ok()) return status;
+    for (v1::Job& job : *page.mutable_jobs()) *all->add_jobs() = std::move(job);
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty());
+  return grpc::Status::OK;
+}
+
+// -l team=search,tier=gold: jobs with every one of these labels.
+absl::Status ParseLabelSelector(const std::string& text, v1::ListJobsRequest* request) {
+  for (absl::string_view pair : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    std::vector<std::string> kv = absl::StrSplit(pair, absl::MaxSplits('=', 1));
+    if (kv.size() != 2 || absl::StripAsciiWhitespace(kv[0]).empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("-l: want key=value[,key=value...], got '", pair, "'"));
+    }
+    (*request->mutable_labels())[std::string(absl::StripAsciiWhitespace(kv[0]))] =
+        std::string(absl::StripAsciiWhitespace(kv[1]));
+  }
+  if (request->labels().empty()) return absl::InvalidArgumentError("-l: no label given");
+  return absl::OkStatus();
+}
+
+Table JobTable(const std::vector<const v1::Job*>& jobs) {
   Table table({"ID", "NAME", "STATE", "ATTEMPT", "STEP/STEPS", "AGE"});
   const int64_t now = NowMs();
   for (const v1::Job* job : jobs) {
     table.AddRow({job->id(), job->name(), JobStateName(job->state()), absl::StrCat(job->attempt()),
                   StepText(*job), AgeText(job->create_time_ms(), now)});
   }
-  std::cout << table.Render();
+  return table;
+}
+
+void PrintJobTable(const std::vector<const v1::Job*>& jobs) {
+  std::cout << JobTable(jobs).Render();
+}
+
+// Polls the list and prints what changed, until interrupted (or a call fails).
+int WatchJobs(const Invocation& inv, Client& client, const v1::ListJobsRequest& request) {
+  std::map<std::string, std::string> shown;  // job id -> what its last printed line showed
+  std::unique_ptr<Table> first;              // the first listing sets the columns
+  while (true) {
+    v1::ListJobsResponse response;
+    grpc::Status status = ListAllJobs(client, request, &response);
+    if (!status.ok()) return client.Fail(status);
+    std::vector<const v1::Job*> changed;
+    for (const v1::Job& job : response.jobs()) {
+      std::string key = absl::StrCat(job.state(), "/", job.attempt(), "/", StepText(job));
+      auto [it, added] = shown.emplace(job.id(), key);
+      if (!added && it->second == key) continue;
+      it->second = std::move(key);
+      changed.push_back(&job);
+    }
+    if (inv.options.output != OutputFormat::kText) {
+      for (const v1::Job* job : changed) PrintStructured(JobView(*job), inv.options.output);
+    } else if (first == nullptr) {
+      first = std::make_unique<Table>(JobTable(changed));
+      std::cout << first->Render();
+    } else if (!changed.empty()) {
+      std::cout << JobTable(changed).RenderRowsLike(*first);
+    }
+    std::cout.flush();
+    std::this_thread::sleep_for(absl::ToChronoMilliseconds(kWatchPollInterval));
+  }
 }
 
 void PrintWorkerTable(const std::vector<const v1::Worker*>& workers) {
@@ -54,8 +127,26 @@ int GetJobs(const Invocation& inv, Client& client) {
     return kExitOk;
   }
   v1::ListJobsRequest request;
+  if (inv.args.Has("state")) {
+    absl::StatusOr<std::vector<v1::JobState>> states = ParseJobStates(inv.args.Get("state"));
+    if (!states.ok()) return UsageError(std::string(states.status().message()));
+    for (v1::JobState s : *states) request.add_states(s);
+  }
+  if (inv.args.Has("selector")) {
+    if (absl::Status s = ParseLabelSelector(inv.args.Get("selector"), &request); !s.ok()) {
+      return UsageError(std::string(s.message()));
+    }
+  }
+  int32_t chunk = kDefaultChunkSize;
+  if (inv.args.Has("chunk-size") &&
+      (!absl::SimpleAtoi(inv.args.Get("chunk-size"), &chunk) || chunk < 1 || chunk > 1000)) {
+    return UsageError(absl::StrCat("--chunk-size: want 1..1000, got '", inv.args.Get("chunk-size"),
+                                   "'"));
+  }
+  request.set_page_size(chunk);
+  if (inv.args.Has("watch")) return WatchJobs(inv, client, request);
   v1::ListJobsResponse response;
-  grpc::Status status = client.jobs().ListJobs(client.UnaryContext().get(), request, &response);
+  grpc::Status status = ListAllJobs(client, request, &response);
   if (!status.ok()) return client.Fail(status);
   if (inv.options.output == OutputFormat::kText) {
     std::vector<const v1::Job*> jobs;
@@ -107,16 +198,39 @@ int GetWorkers(const Invocation& inv, Client& client) {
 
 }  // namespace
 
+absl::StatusOr<std::vector<v1::JobState>> ParseJobStates(const std::string& text) {
+  std::vector<v1::JobState> states;
+  for (absl::string_view word : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    v1::JobState state;
+    const std::string name =
+        absl::StrCat("JOB_STATE_", absl::AsciiStrToUpper(absl::StripAsciiWhitespace(word)));
+    if (!v1::JobState_Parse(name, &state) || state == v1::JOB_STATE_UNSPECIFIED) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--state: unknown job state '", word,
+          "' (pending, scheduled, running, succeeded, failed, cancelled)"));
+    }
+    states.push_back(state);
+  }
+  if (states.empty()) return absl::InvalidArgumentError("--state: no job state given");
+  return states;
+}
+
 int RunGet(const Invocation& inv) {
   const std::vector<std::string>& pos = inv.args.positional();
   if (pos.empty()) return UsageError("get needs a resource: jobs, job ID, workers");
   if (pos.size() > 2) return UsageError(absl::StrCat("get: unexpected argument '", pos[2], "'"));
   const std::string& resource = pos[0];
   Client client(inv.options);
+  const bool list_flags = inv.args.Has("state") || inv.args.Has("watch") ||
+                          inv.args.Has("selector") || inv.args.Has("chunk-size");
   if (resource == "jobs" || resource == "job") {
     if (resource == "job" && pos.size() < 2) return UsageError("get job needs a job ID");
+    if (pos.size() == 2 && list_flags) {
+      return UsageError("get: --state, -l, --chunk-size and -w list jobs; drop the ID");
+    }
     return GetJobs(inv, client);
   }
+  if (list_flags) return UsageError("get: --state, -l, --chunk-size and -w apply to `get jobs`");
   if (resource == "workers" || resource == "worker") return GetWorkers(inv, client);
   return UsageError(absl::StrCat("get: unknown resource '", resource, "' (jobs, job ID, workers)"));
 }

@@ -1,7 +1,9 @@
-// dropless logs ID [--rank R] [-f]: the output of a job's rank processes, as forwarded by the
-// workers. Without --rank every line carries "[rank R]"; -f follows until the job ends, across
-// coordinator restarts (it resumes after the last line it printed, for up to 60 s of outage);
-// -o json prints one object per line: {"job_id","attempt","rank","time","text"}.
+// dropless logs ID [--rank R] [--tail N] [--since DURATION] [-f]: the output of a job's rank
+// processes, as forwarded by the workers. Without --rank every line carries "[rank R]"; --tail and
+// --since pick the last N stored lines / those at most DURATION old (the coordinator filters);
+// -f follows until the job ends, across coordinator restarts (it resumes after the last line it
+// printed, for up to 60 s of outage); -o json prints one object per line:
+// {"job_id","attempt","rank","time","text"}.
 #include <iostream>
 
 #include "absl/strings/numbers.h"
@@ -17,7 +19,9 @@ namespace dropless::cli {
 int RunLogs(const Invocation& inv) {
   std::vector<std::string> pos = inv.args.positional();
   if (pos.size() == 2 && (pos[0] == "job" || pos[0] == "jobs")) pos.erase(pos.begin());
-  if (pos.size() != 1) return UsageError("usage: dropless logs ID [--rank R] [-f]");
+  if (pos.size() != 1) {
+    return UsageError("usage: dropless logs ID [--rank R] [--tail N] [--since DURATION] [-f]");
+  }
   v1::GetLogsRequest request;
   request.set_job_id(pos[0]);
   request.set_follow(inv.args.Has("follow"));
@@ -29,12 +33,31 @@ int RunLogs(const Invocation& inv) {
     }
     request.set_rank(rank);
   }
+  if (inv.args.Has("tail")) {
+    int32_t tail = 0;
+    if (!absl::SimpleAtoi(inv.args.Get("tail"), &tail) || tail < 0) {
+      return UsageError(absl::StrCat("--tail: not a line count: '", inv.args.Get("tail"), "'"));
+    }
+    request.set_tail_lines(tail);
+  }
+  if (inv.args.Has("since")) {
+    absl::StatusOr<absl::Duration> since = ParseDurationFlag("--since", inv.args.Get("since"));
+    if (!since.ok()) return UsageError(std::string(since.status().message()));
+    const int64_t nanos = absl::ToInt64Nanoseconds(*since);
+    request.mutable_since()->set_seconds(nanos / 1000000000);
+    request.mutable_since()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+  }
   Client client(inv.options);
   int64_t last_seq = 0;
   bool received = false;
   Reconnection reconnection("logs");
   while (true) {
     request.set_after_seq(last_seq);
+    if (received) {
+      // Resuming after the last line printed: every stored line after it, whatever --tail said.
+      request.set_tail_lines(0);
+      request.clear_since();
+    }
     std::unique_ptr<grpc::ClientContext> context =
         request.follow() ? client.StreamContext() : client.UnaryContext();
     std::unique_ptr<grpc::ClientReader<v1::LogLine>> reader =

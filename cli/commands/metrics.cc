@@ -49,14 +49,15 @@ int RunMetrics(const Invocation& inv) {
     return kExitOk;
   }
   Table table({"STEP", "RANK", "ATTEMPT", "LOSS", "AUX_LOSS", "STEP_TIME", "TFLOP/S", "MFU",
-               "TOKENS/S"});
+               "TOKENS/S", "LOAD_IMBALANCE"});
   for (const v1::StepMetrics& m : response.metrics()) {
     table.AddRow({absl::StrCat(m.step(), "/", m.steps()), absl::StrCat(m.rank()),
                   absl::StrCat(m.attempt()), absl::StrFormat("%.6g", m.loss()),
                   absl::StrFormat("%.4g", m.aux_loss()),
                   absl::StrFormat("%.1fms", m.step_seconds() * 1e3),
                   absl::StrFormat("%.3g", m.tflops()), absl::StrFormat("%.1f%%", m.mfu() * 100),
-                  absl::StrFormat("%.0f", m.tokens_per_second())});
+                  absl::StrFormat("%.0f", m.tokens_per_second()),
+                  absl::StrFormat("%.3f", m.load_imbalance())});
   }
   std::cout << table.Render();
   return kExitOk;

@@ -1,6 +1,9 @@
-// dropless submit -f FILE [--name NAME] [--priority N]: validates the spec locally with the same
-// parser the coordinator uses (so a bad spec fails before any network call, with the same message),
-// then submits it and prints the new job's id alone on stdout.
+// dropless submit -f FILE [--name NAME] [--priority N] [--dry-run | --wait]: validates the spec
+// locally with the same parser the coordinator uses (so a bad spec fails before any network call,
+// with the same message), then submits it and prints the new job's id alone on stdout.
+// --dry-run: the coordinator validates the spec and answers the job it would create; nothing is
+// created (prints "<name> validated (dry run)" or the job object with -o). --wait: after the id,
+// follows the job like `watch` and exits with its end state (0 / 5 / 6).
 //
 // Every submit carries a request id (--request-id, else 128 random bits): a submit whose answer
 // was lost (coordinator restart, network) is sent again with the same id until --timeout runs
@@ -117,17 +120,28 @@ int RunSubmit(const Invocation& inv) {
   }
 
   request.set_request_id(inv.args.Has("request-id") ? inv.args.Get("request-id") : NewRequestId());
+  const bool dry_run = inv.args.Has("dry-run");
+  if (dry_run && inv.args.Has("wait")) {
+    return UsageError("submit: --dry-run and --wait exclude each other");
+  }
+  request.set_dry_run(dry_run);
 
   Client client(inv.options);
   v1::Job job;
   grpc::Status status = SubmitWithRetries(client, inv.options.timeout, request, &job);
   if (!status.ok()) return client.Fail(status);
-  if (inv.options.output == OutputFormat::kText) {
-    std::cout << job.id() << "\n";
-  } else {
+  if (inv.options.output != OutputFormat::kText) {
     PrintStructured(JobView(job), inv.options.output);
+  } else if (dry_run) {
+    std::cout << (job.name().empty() ? "job" : job.name()) << " validated (dry run): "
+              << job.world_size() << " " << job.backend() << " ranks, " << job.steps()
+              << " steps; nothing created\n";
+  } else {
+    std::cout << job.id() << "\n";
   }
-  return kExitOk;
+  std::cout.flush();
+  if (!inv.args.Has("wait")) return kExitOk;
+  return FollowJobToEnd(inv.options, client, job.id());
 }
 
 }  // namespace dropless::cli

@@ -124,9 +124,13 @@ int RunWatch(const Invocation& inv) {
   if (pos.size() == 2 && (pos[0] == "job" || pos[0] == "jobs")) pos.erase(pos.begin());
   if (pos.size() != 1) return UsageError("usage: dropless watch ID");
   Client client(inv.options);
+  return FollowJobToEnd(inv.options, client, pos[0]);
+}
+
+int FollowJobToEnd(const GlobalOptions& options, Client& client, const std::string& id) {
   v1::WatchJobRequest request;
-  request.set_id(pos[0]);
-  UpdatePrinter printer(inv.options.output);
+  request.set_id(id);
+  UpdatePrinter printer(options.output);
   bool received = false;
   Reconnection reconnection("watch");
   while (true) {

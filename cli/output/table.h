@@ -13,8 +13,14 @@ class Table {
   // Rows shorter than the headers are padded with empty cells.
   void AddRow(std::vector<std::string> cells);
   std::string Render() const;
+  // The rows without the header line, each column at least as wide as in `like` (so rows of a
+  // later batch line up under an earlier table's header: `get -w`).
+  std::string RenderRowsLike(const Table& like) const;
 
  private:
+  std::vector<size_t> Widths() const;
+  std::string RenderFrom(size_t first_row, const std::vector<size_t>& width) const;
+
   std::vector<std::vector<std::string>> rows_;  // rows_[0]: headers
 };
 

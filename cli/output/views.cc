@@ -1,6 +1,7 @@
 #include "cli/output/views.h"
 
 #include <cmath>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -118,9 +119,14 @@ Value JobView(const v1::Job& job) {
     placement.Push(std::move(r));
   }
   const bool has_step = job.has_latest() && job.latest().step() > 0;
+  Value labels = Value::Object();
+  // Sorted, so that the output does not depend on the map's order.
+  std::map<std::string, std::string> sorted(job.labels().begin(), job.labels().end());
+  for (const auto& [key, value] : sorted) labels.Set(key, Value::String(value));
   Value v = Value::Object();
   v.Set("id", Value::String(job.id()))
       .Set("name", Value::String(job.name()))
+      .Set("labels", std::move(labels))
       .Set("state", Value::String(JobStateName(job.state())))
       .Set("priority", Value::Int(job.priority()))
       .Set("attempt", Value::Int(job.attempt()))
@@ -128,6 +134,8 @@ Value JobView(const v1::Job& job) {
       .Set("backend", Value::String(job.backend()))
       .Set("step", Value::Int(has_step ? job.latest().step() : 0))
       .Set("steps", Value::Int(job.steps()))
+      .Set("time_limit_seconds",
+           job.has_time_limit() ? Value::Int(job.time_limit().seconds()) : Value())
       .Set("create_time", TimeValue(job.create_time_ms()))
       .Set("start_time", TimeValue(job.start_time_ms()))
       .Set("end_time", TimeValue(job.end_time_ms()))

@@ -5,14 +5,15 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/job_spec.h"
 #include "common/utf8.h"
+#include "common/log.h"
 #include "coordinator/util/clock.h"
-#include "coordinator/util/log.h"
 
 namespace dropless::coordinator {
 namespace {
@@ -20,6 +21,7 @@ namespace {
 constexpr int kDefaultEventLimit = 1000;
 constexpr int kMaxEventLimit = 100000;
 constexpr size_t kMaxJobNameBytes = 253;
+constexpr int kMaxJobsPerPage = 1000;
 
 constexpr size_t kMaxRequestIdBytes = 128;
 
@@ -150,6 +152,7 @@ void Coordinator::TickLoop() {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) break;
     ExpireLeasesLocked(NowMs());
+    EnforceTimeLimitsLocked(NowMs());
     ScheduleLocked();
     RetireFinishedJobsLocked();
     RefreshGaugesLocked();
@@ -206,29 +209,37 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
     return absl::InvalidArgumentError("parallel: ep * dp must be at most 1048576 ranks");
   }
 
-  std::string spec_yaml = JobSpecToYaml(*spec);
+  const int64_t now = NowMs();
+  // The job as it is created; a dry run answers it as it is (no id, nothing stored).
+  v1::Job proposed;
+  proposed.set_name(spec->name);
+  proposed.set_priority(spec->priority);
+  proposed.set_state(v1::JOB_STATE_PENDING);
+  proposed.set_spec_yaml(JobSpecToYaml(*spec));
+  proposed.set_world_size(static_cast<int32_t>(spec->world_size()));
+  proposed.set_steps(spec->steps);
+  proposed.set_backend(std::string(ToString(spec->resources.backend)));
+  proposed.set_create_time_ms(now);
+  proposed.mutable_labels()->insert(spec->labels.begin(), spec->labels.end());
+  if (spec->time_limit_seconds > 0) {
+    proposed.mutable_time_limit()->set_seconds(spec->time_limit_seconds);
+  }
+  if (request.dry_run()) return proposed;
 
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("coordinator is shutting down");
   if (!request.request_id().empty()) {
     absl::StatusOr<std::optional<v1::Job>> earlier =
-        FindSubmittedLocked(owner, request.request_id(), spec_yaml);
+        FindSubmittedLocked(owner, request.request_id(), proposed.spec_yaml());
     if (!earlier.ok()) return earlier.status();
     if (earlier->has_value()) return **earlier;
   }
-  const int64_t now = NowMs();
   ActiveJob job;
   JobRecord& record = job.record;
   v1::Job& j = record.job;
+  j = std::move(proposed);
   j.set_id(store_->NextJobId(&record.seq));
-  j.set_name(spec->name.empty() ? j.id() : spec->name);
-  j.set_priority(spec->priority);
-  j.set_state(v1::JOB_STATE_PENDING);
-  j.set_spec_yaml(std::move(spec_yaml));
-  j.set_world_size(static_cast<int32_t>(spec->world_size()));
-  j.set_steps(spec->steps);
-  j.set_backend(std::string(ToString(spec->resources.backend)));
-  j.set_create_time_ms(now);
+  if (j.name().empty()) j.set_name(j.id());
   record.max_attempts = std::max(1, spec->max_attempts);
   record.queued_time_ms = now;
 
@@ -287,8 +298,25 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& id) {
   return store_->GetJob(id);
 }
 
-absl::StatusOr<std::vector<v1::Job>> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
   if (request.limit() < 0) return absl::InvalidArgumentError("limit: must not be negative");
+  if (request.page_size() < 0 || request.page_size() > kMaxJobsPerPage) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: must be between 0 and ", kMaxJobsPerPage));
+  }
+  if (request.limit() > 0 && (request.page_size() > 0 || !request.page_token().empty())) {
+    return absl::InvalidArgumentError("limit: not with page_size or page_token");
+  }
+  int64_t after_seq = 0;
+  if (!request.page_token().empty()) {
+    std::string decoded;
+    const bool decodes = absl::WebSafeBase64Unescape(request.page_token(), &decoded);
+    absl::string_view seq = decoded;
+    if (!decodes || !absl::ConsumePrefix(&seq, "after:") || !absl::SimpleAtoi(seq, &after_seq) ||
+        after_seq <= 0) {
+      return absl::InvalidArgumentError("page_token: not a token of a previous ListJobs");
+    }
+  }
   std::vector<v1::JobState> states;
   for (int state : request.states()) {
     if (!v1::JobState_IsValid(state) || state == v1::JOB_STATE_UNSPECIFIED) {
@@ -297,13 +325,33 @@ absl::StatusOr<std::vector<v1::Job>> Coordinator::ListJobs(const v1::ListJobsReq
     states.push_back(static_cast<v1::JobState>(state));
   }
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<std::vector<v1::Job>> jobs = store_->ListJobs(states, request.limit());
+  std::vector<int64_t> seqs;
+  // Labels live in the job's stored blob: the rows after the token are read and filtered here.
+  absl::StatusOr<std::vector<v1::Job>> jobs =
+      store_->ListJobs(states, request.limit(), after_seq, &seqs);
   if (!jobs.ok()) return jobs.status();
-  for (v1::Job& job : *jobs) {
+  v1::ListJobsResponse response;
+  int64_t last_taken_seq = 0;
+  for (size_t i = 0; i < jobs->size(); ++i) {
+    v1::Job& job = (*jobs)[i];
     auto it = jobs_.find(job.id());
     if (it != jobs_.end()) job = it->second.record.job;  // the same, plus anything in flight
+    bool match = true;
+    for (const auto& [key, value] : request.labels()) {
+      auto label = job.labels().find(key);
+      match = match && label != job.labels().end() && label->second == value;
+    }
+    if (!match) continue;
+    if (request.page_size() > 0 && response.jobs_size() == request.page_size()) {
+      // One more matches: the page ends at the last job taken.
+      response.set_next_page_token(
+          absl::WebSafeBase64Escape(absl::StrCat("after:", last_taken_seq)));
+      break;
+    }
+    *response.add_jobs() = std::move(job);
+    last_taken_seq = seqs[i];
   }
-  return jobs;
+  return response;
 }
 
 absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std::string& reason) {
@@ -321,12 +369,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std:
   std::string message = reason.empty() ? "cancelled by user" : absl::StrCat("cancelled: ", reason);
   message = TruncateUtf8(message, 1024);
   StoreWrite write;
-  if (job.record.job.state() == v1::JOB_STATE_PENDING && metrics_ != nullptr) {
-    metrics_->ObservePending(
-        static_cast<double>(NowMs() - job.record.queued_time_ms) / 1000.0);
-  }
-  if (job.attempt.has_value()) EndAttemptLocked(job, v1::JOB_STATE_CANCELLED, message, write);
-  FinishJobLocked(job, v1::JOB_STATE_CANCELLED, message, write);
+  StopJobLocked(job, v1::JOB_STATE_CANCELLED, message, write);
   v1::Job result = job.record.job;
   absl::Status committed = CommitLocked(write);
   PublishLocked(write);

@@ -101,7 +101,9 @@ class Coordinator {
   absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& request,
                                     const std::string& owner = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
-  absl::StatusOr<std::vector<v1::Job>> ListJobs(const v1::ListJobsRequest& request);
+  // Oldest first; filtered by states and labels; a page of page_size after page_token (an
+  // opaque token: the seq of the last job of the previous page). InvalidArgument names the field.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> CancelJob(const std::string& id, const std::string& reason);
   absl::StatusOr<std::vector<v1::Event>> ListEvents(const std::string& job_id, int limit);
   std::vector<v1::Worker> ListWorkers();
@@ -207,6 +209,12 @@ class Coordinator {
                        StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndAttemptLocked(ActiveJob& job, v1::JobState state, const std::string& message,
                         StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends an unfinished job now (cancel, time limit): its attempt (the ranks are cancelled) and the
+  // job, in `state`.
+  void StopJobLocked(ActiveJob& job, v1::JobState state, const std::string& message,
+                     StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILS every unfinished job running longer than its time_limit since its first start.
+  void EnforceTimeLimitsLocked(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendCancellationsLocked(const AttemptRecord& attempt, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(const StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

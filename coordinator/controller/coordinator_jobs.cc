@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/log.h"
 #include "coordinator/controller/coordinator.h"
 #include "coordinator/util/clock.h"
-#include "coordinator/util/log.h"
 
 namespace dropless::coordinator {
 namespace {
@@ -239,6 +239,36 @@ void Coordinator::PublishLocked(const StoreWrite& write) {
     *update.mutable_event() = event;
     hub_.Publish(event.job_id(), std::move(update));
   }
+}
+
+void Coordinator::StopJobLocked(ActiveJob& job, v1::JobState state, const std::string& message,
+                                StoreWrite& write) {
+  if (job.record.job.state() == v1::JOB_STATE_PENDING && metrics_ != nullptr) {
+    metrics_->ObservePending(static_cast<double>(NowMs() - job.record.queued_time_ms) / 1000.0);
+  }
+  if (job.attempt.has_value()) EndAttemptLocked(job, state, message, write);
+  FinishJobLocked(job, state, message, write);
+}
+
+void Coordinator::EnforceTimeLimitsLocked(int64_t now_ms) {
+  StoreWrite write;
+  bool stopped = false;
+  for (auto& [id, job] : jobs_) {
+    const v1::Job& j = job.record.job;
+    if (IsTerminal(j.state()) || !j.has_time_limit() || j.start_time_ms() == 0) continue;
+    const int64_t limit_ms = j.time_limit().seconds() * 1000;
+    if (now_ms - j.start_time_ms() <= limit_ms) continue;
+    const std::string message =
+        absl::StrFormat("time limit of %ds exceeded (running since %d ms)",
+                        j.time_limit().seconds(), now_ms - j.start_time_ms());
+    LogWarning(absl::StrCat("job ", id, ": ", message));
+    StopJobLocked(job, v1::JOB_STATE_FAILED, message, write);
+    stopped = true;
+  }
+  if (!stopped) return;
+  (void)CommitLocked(write);  // a failed write is retried with the next one (CommitLocked logs it)
+  PublishLocked(write);
+  RetireFinishedJobsLocked();
 }
 
 void Coordinator::RetireFinishedJobsLocked() {

@@ -7,11 +7,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/utf8.h"
+#include "common/log.h"
 #include "coordinator/controller/coordinator.h"
 #include "coordinator/util/clock.h"
-#include "coordinator/util/log.h"
+#include "google/protobuf/util/time_util.h"
 
 namespace dropless::coordinator {
+
+using google::protobuf::util::TimeUtil;
+
 namespace {
 
 constexpr size_t kMaxNameBytes = 253;
@@ -105,6 +109,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   response.set_worker_id(id);
   response.set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
   response.set_lease_timeout_ms(options_.lease_timeout_ms);
+  *response.mutable_heartbeat_interval() =
+      TimeUtil::MillisecondsToDuration(options_.heartbeat_interval_ms);
+  *response.mutable_lease_timeout() = TimeUtil::MillisecondsToDuration(options_.lease_timeout_ms);
   response.set_acknowledges(true);
   return response;
 }

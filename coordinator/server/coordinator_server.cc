@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/util/log.h"
+#include "common/log.h"
 
 namespace dropless::coordinator {
 namespace {
@@ -114,7 +114,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     server->worker_server_ = std::move(*workers);
   }
   server->coordinator_->Start();
-  LogInfo(absl::StrCat("dropless-coordinator serving gRPC on port ", server->grpc_port_,
+  LogInfo(absl::StrCat("serving gRPC on port ", server->grpc_port_,
                        " (", config.listen, ")",
                        server->worker_port_ == 0
                            ? std::string()
@@ -146,7 +146,7 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   if (server_ != nullptr) LogInfo("gRPC server stopped");
   exposer_.reset();
   coordinator_.reset();  // closes the job store
-  LogInfo("dropless-coordinator stopped");
+  LogInfo("stopped");
 }
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(absl::Seconds(5)); }

@@ -1,17 +1,44 @@
 #include "coordinator/service/job_service.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/version.h"
 #include "coordinator/util/grpc_status.h"
+#include "google/protobuf/util/time_util.h"
 
 namespace dropless::coordinator {
 namespace {
 
+using google::protobuf::util::TimeUtil;
+
 // How often a blocked stream looks at its RPC's cancellation.
 constexpr absl::Duration kPollInterval = absl::Milliseconds(200);
+
+// The stored lines a GetLogs request asks for: those at most `since` old, then the last tail_lines.
+absl::Status TrimBacklog(const v1::GetLogsRequest& request, std::vector<v1::LogLine>* lines) {
+  if (request.tail_lines() < 0) {
+    return absl::InvalidArgumentError("tail_lines: must not be negative");
+  }
+  if (request.has_since()) {
+    if (request.since().seconds() < 0 || request.since().nanos() < 0) {
+      return absl::InvalidArgumentError("since: must not be negative");
+    }
+    const int64_t oldest_ms =
+        absl::ToUnixMillis(absl::Now()) - TimeUtil::DurationToMilliseconds(request.since());
+    lines->erase(std::remove_if(lines->begin(), lines->end(),
+                                [&](const v1::LogLine& l) { return l.time_ms() < oldest_ms; }),
+                 lines->end());
+  }
+  const size_t tail = static_cast<size_t>(request.tail_lines());
+  if (tail > 0 && lines->size() > tail) lines->erase(lines->begin(), lines->end() - tail);
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -33,9 +60,9 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobReques
 
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
-  absl::StatusOr<std::vector<v1::Job>> jobs = coordinator_->ListJobs(*request);
+  absl::StatusOr<v1::ListJobsResponse> jobs = coordinator_->ListJobs(*request);
   if (!jobs.ok()) return ToGrpcStatus(jobs.status());
-  for (v1::Job& job : *jobs) *response->add_jobs() = std::move(job);
+  *response = std::move(*jobs);
   return grpc::Status::OK;
 }
 
@@ -124,6 +151,10 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
   absl::StatusOr<LogStream> stream =
       coordinator_->OpenLogs(request->job_id(), rank, request->follow(), request->after_seq());
   if (!stream.ok()) return ToGrpcStatus(stream.status());
+  if (absl::Status s = TrimBacklog(*request, &stream->backlog); !s.ok()) {
+    if (stream->live != nullptr) coordinator_->EndLogs(request->job_id(), stream->live);
+    return ToGrpcStatus(s);
+  }
   bool open = true;
   for (const v1::LogLine& line : stream->backlog) {
     if (!(open = writer->Write(line))) break;
@@ -158,6 +189,13 @@ grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext*, const v1::ListWor
   for (v1::Worker& worker : coordinator_->ListWorkers()) {
     *response->add_workers() = std::move(worker);
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
+                                        v1::GetVersionResponse* response) {
+  response->set_version(DroplessVersion());
+  response->set_api_version(v1::GetVersionRequest::descriptor()->file()->package());
   return grpc::Status::OK;
 }
 

@@ -28,12 +28,14 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status ListStepMetrics(grpc::ServerContext* context,
                                const v1::ListStepMetricsRequest* request,
                                v1::ListStepMetricsResponse* response) override;
-  // Stored lines (the most recent per job are kept), then with follow the new ones until the job
-  // ends.
+  // Stored lines (the most recent per job are kept; of them the last tail_lines, at most `since`
+  // old), then with follow the new ones until the job ends.
   grpc::Status GetLogs(grpc::ServerContext* context, const v1::GetLogsRequest* request,
                        grpc::ServerWriter<v1::LogLine>* writer) override;
   grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
                            v1::ListWorkersResponse* response) override;
+  grpc::Status GetVersion(grpc::ServerContext* context, const v1::GetVersionRequest* request,
+                          v1::GetVersionResponse* response) override;
 
  private:
   Coordinator* const coordinator_;

@@ -1,10 +1,15 @@
 #include "coordinator/service/rendezvous_service.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "coordinator/util/grpc_status.h"
+#include "google/protobuf/util/time_util.h"
 
 namespace dropless::coordinator {
+
+using google::protobuf::util::TimeUtil;
+
 namespace {
 
 absl::Status CheckScopeFields(const v1::Scope& scope) {
@@ -46,12 +51,18 @@ grpc::Status RendezvousServiceImpl::Get(grpc::ServerContext*, const v1::GetReque
 grpc::Status RendezvousServiceImpl::Wait(grpc::ServerContext* context,
                                          const v1::WaitRequest* request, v1::WaitResponse*) {
   if (absl::Status s = CheckScope(request->scope()); !s.ok()) return ToGrpcStatus(s);
-  if (request->timeout_ms() < 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "timeout_ms: must not be negative");
+  const bool has_timeout = request->has_timeout();
+  const int64_t timeout_ms =
+      has_timeout ? TimeUtil::DurationToMilliseconds(request->timeout()) : request->timeout_ms();
+  if (timeout_ms < 0 ||
+      (has_timeout && (request->timeout().seconds() < 0 || request->timeout().nanos() < 0))) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat(has_timeout ? "timeout" : "timeout_ms",
+                                     ": must not be negative"));
   }
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
   return ToGrpcStatus(store_->Wait(request->scope().job_id(), request->scope().attempt(), keys,
-                                   absl::Milliseconds(request->timeout_ms()),
+                                   absl::Milliseconds(timeout_ms),
                                    [context] { return context->IsCancelled(); }));
 }
 

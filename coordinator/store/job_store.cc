@@ -411,8 +411,9 @@ absl::StatusOr<v1::Job> JobStore::GetJob(absl::string_view id) {
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const std::vector<v1::JobState>& states,
-                                                        int limit) {
-  std::string where;
+                                                        int limit, int64_t after_seq,
+                                                        std::vector<int64_t>* seqs) {
+  std::vector<std::string> conditions;
   std::vector<int64_t> args;
   if (!states.empty()) {
     std::vector<std::string> marks;
@@ -420,8 +421,14 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const std::vector<v1::Jo
       args.push_back(state);
       marks.push_back(absl::StrCat("?", args.size()));
     }
-    where = absl::StrCat("WHERE state IN (", absl::StrJoin(marks, ", "), ") ");
+    conditions.push_back(absl::StrCat("state IN (", absl::StrJoin(marks, ", "), ")"));
   }
+  if (after_seq > 0) {
+    args.push_back(after_seq);
+    conditions.push_back(absl::StrCat("seq > ?", args.size()));
+  }
+  const std::string where =
+      conditions.empty() ? "" : absl::StrCat("WHERE ", absl::StrJoin(conditions, " AND "), " ");
   std::string suffix;
   if (limit > 0) {
     args.push_back(limit);
@@ -435,6 +442,7 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const std::vector<v1::Jo
   std::vector<v1::Job> jobs(records->size());
   for (size_t i = 0; i < records->size(); ++i) {
     if (absl::Status s = FillView((*records)[i], &jobs[i]); !s.ok()) return s;
+    if (seqs != nullptr) seqs->push_back((*records)[i].seq);
   }
   return jobs;
 }

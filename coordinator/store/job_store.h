@@ -109,9 +109,11 @@ class JobStore {
   // else the lowest rank's). NotFound names the id.
   absl::StatusOr<v1::Job> GetJob(absl::string_view id);
   absl::StatusOr<JobRecord> GetJobRecord(absl::string_view id);
-  // Submission order; with limit > 0 the most recent `limit` jobs. Empty states: all.
+  // Submission order; with limit > 0 the most recent `limit` jobs; with after_seq > 0 only jobs
+  // submitted after the one of that seq. Empty states: all. `seqs`, when given, gets each job's seq.
   absl::StatusOr<std::vector<v1::Job>> ListJobs(const std::vector<v1::JobState>& states,
-                                                int limit);
+                                                int limit, int64_t after_seq = 0,
+                                                std::vector<int64_t>* seqs = nullptr);
   absl::StatusOr<std::map<v1::JobState, int64_t>> CountJobsByState();
 
   absl::StatusOr<AttemptRecord> GetAttempt(absl::string_view job_id, int32_t attempt);

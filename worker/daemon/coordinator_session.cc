@@ -9,7 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "worker/daemon/daemon_log.h"
+#include "common/log.h"
+#include "google/protobuf/util/time_util.h"
 
 namespace dropless {
 namespace {
@@ -121,15 +122,17 @@ absl::Status CoordinatorSession::Register() {
   }
   absl::MutexLock lock(&mu_);
   if (!worker_id_.empty() && worker_id_ != response.worker_id()) {
-    DaemonLog(absl::StrCat("coordinator gave a new worker id ", response.worker_id(),
+    LogInfo(absl::StrCat("coordinator gave a new worker id ", response.worker_id(),
                            " (was ", worker_id_, ")"));
   }
   worker_id_ = response.worker_id();
-  heartbeat_interval_ = response.heartbeat_interval_ms() > 0
-                            ? absl::Milliseconds(response.heartbeat_interval_ms())
-                            : absl::Seconds(1);
+  const int64_t heartbeat_ms =
+      response.has_heartbeat_interval()
+          ? google::protobuf::util::TimeUtil::DurationToMilliseconds(response.heartbeat_interval())
+          : response.heartbeat_interval_ms();  // a coordinator that predates the Duration
+  heartbeat_interval_ = heartbeat_ms > 0 ? absl::Milliseconds(heartbeat_ms) : absl::Seconds(1);
   acknowledged_ = response.acknowledges();
-  DaemonLog(absl::StrCat("registered with ", options_.coordinator, " as worker ", worker_id_,
+  LogInfo(absl::StrCat("registered with ", options_.coordinator, " as worker ", worker_id_,
                          " (node ", options_.registration.node(), ", ",
                          options_.registration.devices_size(), " ",
                          options_.registration.slot_kind(), " slots, heartbeat every ",
@@ -159,7 +162,7 @@ void CoordinatorSession::Run() {
     // Repeated identical failures (coordinator down) are logged once, not every retry.
     // While the coordinator stays down, only the first failed attempt is logged.
     if (!last_failed) {
-      DaemonLog(absl::StrCat("no session with the coordinator: ", status.message(), "; retrying"));
+      LogWarning(absl::StrCat("no session with the coordinator: ", status.message(), "; retrying"));
     }
     last_failed = !registered;
     if (!SleepUnlessShutdown(Jittered(backoff))) return;
@@ -210,7 +213,7 @@ absl::Status CoordinatorSession::RunSession() {
       reconnect = ++sessions_ > 1;
     }
     if (reconnect) metrics_->RecordSessionReconnect();
-    DaemonLog(absl::StrCat("session open (", hello.hello().ranks_size(), " live rank(s) reported)"));
+    LogInfo(absl::StrCat("session open (", hello.hello().ranks_size(), " live rank(s) reported)"));
 
     std::atomic<bool> stop{false};
     std::thread writer([&] {

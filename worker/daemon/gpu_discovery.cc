@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace dropless {
 namespace {
@@ -14,6 +15,8 @@ using CuInitFn = int (*)(unsigned int flags);
 using CuDeviceGetCountFn = int (*)(int* count);
 using CuDeviceGetFn = int (*)(int* device, int ordinal);
 using CuDeviceGetNameFn = int (*)(char* name, int len, int device);
+// CUuuid is a struct of 16 chars.
+using CuDeviceGetUuidFn = int (*)(unsigned char* uuid, int device);
 
 constexpr int kCudaSuccess = 0;
 constexpr int kCudaErrorNoDevice = 100;
@@ -36,16 +39,27 @@ class LibraryHandle {
   bool keep_ = false;
 };
 
+std::string FormatUuid(const unsigned char (&b)[16]) {
+  return absl::StrFormat("GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                         b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+                         b[12], b[13], b[14], b[15]);
+}
+
 }  // namespace
 
-absl::StatusOr<std::vector<std::string>> DiscoverCudaDevices(const std::string& driver_library) {
+absl::StatusOr<std::vector<CudaDevice>> DiscoverCudaDevices(const std::string& driver_library) {
   LibraryHandle lib(dlopen(driver_library.c_str(), RTLD_NOW | RTLD_LOCAL));
-  if (lib.get() == nullptr) return std::vector<std::string>{};
+  if (lib.get() == nullptr) return std::vector<CudaDevice>{};
 
   auto cu_init = reinterpret_cast<CuInitFn>(dlsym(lib.get(), "cuInit"));
   auto cu_count = reinterpret_cast<CuDeviceGetCountFn>(dlsym(lib.get(), "cuDeviceGetCount"));
   auto cu_get = reinterpret_cast<CuDeviceGetFn>(dlsym(lib.get(), "cuDeviceGet"));
   auto cu_name = reinterpret_cast<CuDeviceGetNameFn>(dlsym(lib.get(), "cuDeviceGetName"));
+  // _v2 (CUDA 11.4+) names MIG instances by their own UUID; either is optional.
+  auto cu_uuid = reinterpret_cast<CuDeviceGetUuidFn>(dlsym(lib.get(), "cuDeviceGetUuid_v2"));
+  if (cu_uuid == nullptr) {
+    cu_uuid = reinterpret_cast<CuDeviceGetUuidFn>(dlsym(lib.get(), "cuDeviceGetUuid"));
+  }
   if (cu_init == nullptr || cu_count == nullptr || cu_get == nullptr || cu_name == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(driver_library, ": missing driver API symbols (cuInit, cuDeviceGetCount, "
@@ -53,7 +67,7 @@ absl::StatusOr<std::vector<std::string>> DiscoverCudaDevices(const std::string& 
   }
   lib.Keep();
   int rc = cu_init(0);
-  if (rc == kCudaErrorNoDevice) return std::vector<std::string>{};
+  if (rc == kCudaErrorNoDevice) return std::vector<CudaDevice>{};
   if (rc != kCudaSuccess) {
     return absl::FailedPreconditionError(absl::StrCat("cuInit failed with CUresult ", rc));
   }
@@ -62,7 +76,7 @@ absl::StatusOr<std::vector<std::string>> DiscoverCudaDevices(const std::string& 
   if (rc != kCudaSuccess) {
     return absl::FailedPreconditionError(absl::StrCat("cuDeviceGetCount failed with CUresult ", rc));
   }
-  std::vector<std::string> names;
+  std::vector<CudaDevice> devices;
   for (int ordinal = 0; ordinal < count; ++ordinal) {
     int device = 0;
     rc = cu_get(&device, ordinal);
@@ -76,9 +90,19 @@ absl::StatusOr<std::vector<std::string>> DiscoverCudaDevices(const std::string& 
       return absl::FailedPreconditionError(
           absl::StrCat("cuDeviceGetName(", ordinal, ") failed with CUresult ", rc));
     }
-    names.emplace_back(name);
+    CudaDevice found{name, ""};
+    if (cu_uuid != nullptr) {
+      unsigned char uuid[16] = {};
+      rc = cu_uuid(uuid, device);
+      if (rc != kCudaSuccess) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("cuDeviceGetUuid(", ordinal, ") failed with CUresult ", rc));
+      }
+      found.uuid = FormatUuid(uuid);
+    }
+    devices.push_back(std::move(found));
   }
-  return names;
+  return devices;
 }
 
 }  // namespace dropless

@@ -13,7 +13,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
-#include "worker/daemon/daemon_log.h"
+#include "common/log.h"
 
 namespace dropless {
 namespace {
@@ -118,7 +118,7 @@ absl::StatusOr<std::unique_ptr<OutboundJournal>> OutboundJournal::Open(
     offset += kHeaderBytes + length;
   }
   if (offset != content.size()) {
-    DaemonLog(absl::StrCat("outbound journal ", path, ": ignoring ", content.size() - offset,
+    LogInfo(absl::StrCat("outbound journal ", path, ": ignoring ", content.size() - offset,
                            " unreadable bytes at its end (cut by a crash?)"));
   }
   for (auto& [sequence, message] : pending) {
@@ -142,7 +142,7 @@ OutboundJournal::~OutboundJournal() {
 
 void OutboundJournal::Disable(const std::string& why) {
   if (fd_ < 0) return;
-  DaemonLog(absl::StrCat("outbound journal ", path_, " off (", why,
+  LogInfo(absl::StrCat("outbound journal ", path_, " off (", why,
                          "); unacknowledged messages will not survive a restart"));
   ::close(fd_);
   fd_ = -1;

@@ -15,7 +15,7 @@
 #include "absl/time/clock.h"
 #include "common/step_phase.h"
 #include "common/utf8.h"
-#include "worker/daemon/daemon_log.h"
+#include "common/log.h"
 #include "worker/rank/step_report.h"
 
 namespace dropless {
@@ -111,7 +111,7 @@ void RankManager::HandleAssignment(const v1::Assignment& assignment) {
   base.job_id = assignment.job_id();
   base.attempt = assignment.attempt();
   auto reject_all = [&](const std::string& why) {
-    DaemonLog(absl::StrCat("assignment of job ", assignment.job_id(), " attempt ",
+    LogWarning(absl::StrCat("assignment of job ", assignment.job_id(), " attempt ",
                            assignment.attempt(), " rejected: ", why));
     for (const v1::RankAssignment& ra : assignment.ranks()) {
       RankEntry e = base;
@@ -161,14 +161,14 @@ void RankManager::HandleAssignment(const v1::Assignment& assignment) {
         if (entry.job_id == e.job_id && entry.attempt == e.attempt && entry.rank == e.rank) {
           duplicate = true;
         } else if (entry.slot == ra.slot()) {
-          DaemonLog(absl::StrCat("slot ", ra.slot(), " is still held by job ", entry.job_id,
+          LogWarning(absl::StrCat("slot ", ra.slot(), " is still held by job ", entry.job_id,
                                  " rank ", entry.rank, "; starting job ", e.job_id, " rank ",
                                  e.rank, " beside it"));
         }
       }
     }
     if (duplicate) {
-      DaemonLog(absl::StrCat("job ", e.job_id, " attempt ", e.attempt, " rank ", e.rank,
+      LogInfo(absl::StrCat("job ", e.job_id, " attempt ", e.attempt, " rank ", e.rank,
                              " is already running here; assignment ignored"));
       continue;
     }
@@ -197,7 +197,7 @@ void RankManager::PruneJobDirs(const std::string& keep) {
     if (excess == 0) break;
     if (live.count(path.filename().string()) > 0) continue;
     fs::remove_all(path, ec);
-    if (ec) DaemonLog(absl::StrCat("cannot remove ", path.string(), ": ", ec.message()));
+    if (ec) LogWarning(absl::StrCat("cannot remove ", path.string(), ": ", ec.message()));
     --excess;
   }
 }
@@ -252,7 +252,7 @@ void RankManager::StartRank(const v1::Assignment& assignment, int rank, int slot
       ranks_.erase(id);
       UpdateGauges();
     }
-    DaemonLog(absl::StrCat("job ", entry.job_id, " rank ", rank, ": cannot start: ",
+    LogError(absl::StrCat("job ", entry.job_id, " rank ", rank, ": cannot start: ",
                            pid.status().message()));
     PushStatus(entry, v1::RANK_STATE_FAILED, 127,
                absl::StrCat("cannot start rank process: ", pid.status().message()));
@@ -269,7 +269,7 @@ void RankManager::StartRank(const v1::Assignment& assignment, int rank, int slot
     }
   }
   if (cancelled) supervisor_->Stop(id, options_.kill_grace);
-  DaemonLog(absl::StrCat("job ", entry.job_id, " attempt ", entry.attempt, " rank ", rank,
+  LogInfo(absl::StrCat("job ", entry.job_id, " attempt ", entry.attempt, " rank ", rank,
                          " started on ", options_.slot_kind, " slot ", slot, " (pid ", *pid, ")"));
 }
 
@@ -284,7 +284,7 @@ void RankManager::HandleCancellation(const v1::Cancellation& cancellation) {
       to_stop.push_back(id);
     }
   }
-  DaemonLog(absl::StrCat("cancellation of job ", cancellation.job_id(), " attempt ",
+  LogInfo(absl::StrCat("cancellation of job ", cancellation.job_id(), " attempt ",
                          cancellation.attempt(), ": stopping ", to_stop.size(), " rank(s)",
                          cancellation.reason().empty() ? "" : ": ", cancellation.reason()));
   for (RankSupervisor::ChildId id : to_stop) supervisor_->Stop(id, options_.kill_grace);
@@ -324,7 +324,7 @@ void RankManager::OnReport(RankSupervisor::ChildId id, absl::string_view line) {
     if (!ready && !report.ok()) {
       if (!it->second.bad_report_logged) {
         it->second.bad_report_logged = true;
-        DaemonLog(absl::StrCat("job ", it->second.job_id, " rank ", it->second.rank,
+        LogWarning(absl::StrCat("job ", it->second.job_id, " rank ", it->second.rank,
                                ": ignoring bad report line: ", report.status().message()));
       }
       return;
@@ -338,7 +338,14 @@ void RankManager::OnReport(RankSupervisor::ChildId id, absl::string_view line) {
   if (became_running) PushStatus(entry, v1::RANK_STATE_RUNNING, 0, "");
   if (ready) return;
 
-  metrics_->RecordStep(entry.job_id, entry.rank, *report);
+  RankIdentity identity{entry.job_id, entry.rank, "", ""};
+  if (options_.slot_kind == "cuda") {
+    identity.gpu = CudaDeviceOfSlot(entry.slot);
+    if (entry.slot < static_cast<int>(options_.slot_uuids.size())) {
+      identity.uuid = options_.slot_uuids[entry.slot];
+    }
+  }
+  metrics_->RecordStep(identity, *report);
   v1::WorkerMessage msg;
   v1::StepMetrics* m = msg.mutable_metrics();
   m->set_job_id(entry.job_id);
@@ -373,7 +380,7 @@ void RankManager::OnPhaseLine(RankSupervisor::ChildId id, absl::string_view line
   if (!phase.ok()) {
     if (!it->second.bad_report_logged) {
       it->second.bad_report_logged = true;
-      DaemonLog(absl::StrCat("job ", it->second.job_id, " rank ", it->second.rank,
+      LogInfo(absl::StrCat("job ", it->second.job_id, " rank ", it->second.rank,
                              ": ignoring bad report line: ", phase.status().message()));
     }
     return;
@@ -407,7 +414,7 @@ void RankManager::OnExit(RankSupervisor::ChildId id, const ChildExit& exit) {
     message = exit.Describe();
     if (!entry.last_output.empty()) absl::StrAppend(&message, ": ", entry.last_output);
   }
-  DaemonLog(absl::StrCat("job ", entry.job_id, " attempt ", entry.attempt, " rank ", entry.rank,
+  LogInfo(absl::StrCat("job ", entry.job_id, " attempt ", entry.attempt, " rank ", entry.rank,
                          " (pid ", entry.pid, ") ended: ", exit.Describe()));
   PushStatus(entry, state, exit.shell_status(), message);
   metrics_->RecordRankExit(result);

@@ -37,6 +37,7 @@ struct RankManagerOptions {
   std::string work_dir;           // <work_dir>/jobs/<job>/attempt-<N>/{spec.yaml,rank-<R>.log}
   std::string slot_kind;          // cpu | cuda
   int slots = 0;
+  std::vector<std::string> slot_uuids;  // per slot: the GPU's UUID (for /metrics); may be empty
   absl::Duration kill_grace = absl::Seconds(5);
   // Job directories kept under <work_dir>/jobs (spec files, rank logs); older ones of jobs with no
   // live rank are removed when a new assignment arrives.

@@ -11,7 +11,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <map>
 
 #include "absl/strings/string_view.h"
@@ -20,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/utf8.h"
+#include "common/log.h"
 
 extern char** environ;
 
@@ -163,7 +163,7 @@ RankSupervisor::RankSupervisor(Callbacks callbacks) : callbacks_(std::move(callb
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) {
     // Without a wake fd the loop still works, polling every kPollIntervalMs.
-    std::fprintf(stderr, "rank supervisor: eventfd: %s\n", strerror(errno));
+    LogWarning(absl::StrCat("rank supervisor: eventfd: ", strerror(errno)));
   }
   thread_ = std::thread([this] { Loop(); });
 }

@@ -194,19 +194,28 @@ absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const WorkerSettings& file,
 
 absl::StatusOr<SlotPlan> PlanSlots(
     const WorkerConfig& config, int cpu_count,
-    const std::function<absl::StatusOr<std::vector<std::string>>()>& discover,
+    const std::function<absl::StatusOr<std::vector<CudaDevice>>()>& discover,
     std::string* warning) {
   auto cpu_plan = [&]() {
     SlotPlan plan;
     plan.slot_kind = "cpu";
     int n = config.cpu_slots_given ? config.cpu_slots : std::max(cpu_count, 1);
     plan.devices.assign(n, "cpu");
+    plan.uuids.assign(n, "");
     return plan;
   };
   if (config.gpus == "none") return cpu_plan();
   if (config.gpus == "auto" && config.cpu_slots_given) return cpu_plan();
 
-  absl::StatusOr<std::vector<std::string>> gpus = discover();
+  absl::StatusOr<std::vector<CudaDevice>> gpus = discover();
+  auto gpu_plan = [](const std::vector<CudaDevice>& found) {
+    SlotPlan plan{"cuda", {}, {}};
+    for (const CudaDevice& d : found) {
+      plan.devices.push_back(d.name);
+      plan.uuids.push_back(d.uuid);
+    }
+    return plan;
+  };
   if (config.gpus == "auto") {
     if (!gpus.ok()) {
       if (warning != nullptr) {
@@ -215,7 +224,7 @@ absl::StatusOr<SlotPlan> PlanSlots(
       return cpu_plan();
     }
     if (gpus->empty()) return cpu_plan();
-    return SlotPlan{"cuda", *gpus};
+    return gpu_plan(*gpus);
   }
   int wanted = 0;
   if (!absl::SimpleAtoi(config.gpus, &wanted) || wanted < 1) {
@@ -230,7 +239,7 @@ absl::StatusOr<SlotPlan> PlanSlots(
         absl::StrCat("gpus: ", wanted, " wanted but ", gpus->size(), " found"));
   }
   gpus->resize(wanted);
-  return SlotPlan{"cuda", *gpus};
+  return gpu_plan(*gpus);
 }
 
 }  // namespace dropless

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/daemon/gpu_discovery.h"
 
 namespace dropless {
 
@@ -70,15 +71,16 @@ bool IsLoopbackAddress(absl::string_view host_port);
 struct SlotPlan {
   std::string slot_kind;             // cpu | cuda
   std::vector<std::string> devices;  // one entry per slot
+  std::vector<std::string> uuids;    // one entry per slot: the GPU's UUID; empty for CPU slots
 };
 
 // gpus=none: CPU slots. gpus=N: the first N GPUs (error when fewer are found, or when cpu_slots
 // was also given). gpus=auto: CPU slots when cpu_slots was given, else every GPU found, else one
-// CPU slot per CPU. `discover` returns the GPU names; it is called only when GPUs are wanted, and
+// CPU slot per CPU. `discover` returns the GPUs; it is called only when GPUs are wanted, and
 // under auto a discovery error falls back to CPU slots (reported through `warning`).
 absl::StatusOr<SlotPlan> PlanSlots(
     const WorkerConfig& config, int cpu_count,
-    const std::function<absl::StatusOr<std::vector<std::string>>()>& discover,
+    const std::function<absl::StatusOr<std::vector<CudaDevice>>()>& discover,
     std::string* warning);
 
 }  // namespace dropless

@@ -10,18 +10,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/version.h"
 #include "worker/daemon/coordinator_session.h"
-#include "worker/daemon/daemon_log.h"
 #include "worker/daemon/gpu_discovery.h"
 #include "worker/daemon/outbound_journal.h"
 #include "worker/daemon/outbound_queue.h"
 #include "worker/daemon/rank_binary.h"
 #include "worker/daemon/rank_manager.h"
 #include "worker/daemon/worker_metrics.h"
-
-#ifndef DROPLESS_VERSION
-#define DROPLESS_VERSION "unknown"
-#endif
 
 namespace dropless {
 
@@ -33,7 +30,7 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   if (int rc = pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr); rc != 0) {
-    DaemonLog(absl::StrCat("pthread_sigmask: ", strerror(rc)));
+    LogError(absl::StrCat("pthread_sigmask: ", strerror(rc)));
     return 1;
   }
   signal(SIGPIPE, SIG_IGN);  // a rank closing its pipes must not kill the daemon
@@ -41,26 +38,26 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   std::string warning;
   absl::StatusOr<SlotPlan> plan =
       PlanSlots(config, host.cpu_count, [] { return DiscoverCudaDevices(); }, &warning);
-  if (!warning.empty()) DaemonLog(warning);
+  if (!warning.empty()) LogWarning(warning);
   if (!plan.ok()) {
-    DaemonLog(absl::StrCat("error: ", plan.status().message()));
+    LogError(plan.status().message());
     return 2;
   }
 
   if (absl::StatusOr<std::string> rank_binary = FindRankBinary(); !rank_binary.ok()) {
-    DaemonLog(absl::StrCat("warning: every rank will fail: ", rank_binary.status().message()));
+    LogWarning(absl::StrCat("every rank will fail: ", rank_binary.status().message()));
   }
   std::error_code ec;
   std::filesystem::create_directories(config.work_dir, ec);
   if (ec) {
-    DaemonLog(absl::StrCat("error: work_dir: cannot create ", config.work_dir, ": ", ec.message()));
+    LogError(absl::StrCat("work_dir: cannot create ", config.work_dir, ": ", ec.message()));
     return 2;
   }
 
   absl::StatusOr<std::unique_ptr<WorkerMetrics>> metrics =
       WorkerMetrics::Create(config.node, config.metrics_address, config.metrics_port);
   if (!metrics.ok()) {
-    DaemonLog(absl::StrCat("error: ", metrics.status().message()));
+    LogError(metrics.status().message());
     return 2;
   }
 
@@ -74,16 +71,16 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
     if (journal.ok()) {
       boot_id = recovered.boot_id;
       if (!recovered.pending.empty()) {
-        DaemonLog(absl::StrCat("outbound journal: ", recovered.pending.size(),
+        LogInfo(absl::StrCat("outbound journal: ", recovered.pending.size(),
                                " message(s) of the previous run not acknowledged yet; sending them"
                                " (acknowledged through ", recovered.acknowledged, ")"));
       }
       outbound.Restore(*std::move(journal), std::move(recovered));
     } else if (absl::IsFailedPrecondition(journal.status())) {
-      DaemonLog(absl::StrCat("error: work_dir: ", journal.status().message()));
+      LogError(absl::StrCat("work_dir: ", journal.status().message()));
       return 2;
     } else {
-      DaemonLog(absl::StrCat("warning: ", journal.status().message(),
+      LogWarning(absl::StrCat(journal.status().message(),
                              "; undelivered messages will not survive a restart"));
     }
   }
@@ -97,6 +94,7 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   rank_options.work_dir = config.work_dir;
   rank_options.slot_kind = plan->slot_kind;
   rank_options.slots = static_cast<int>(plan->devices.size());
+  rank_options.slot_uuids = plan->uuids;
   rank_options.kill_grace = absl::Milliseconds(config.kill_grace_ms);
   auto ranks = std::make_unique<RankManager>(rank_options, &outbound, metrics->get());
 
@@ -109,10 +107,10 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   reg.set_metrics_port(config.metrics_port);
   reg.set_slot_kind(plan->slot_kind);
   for (const std::string& d : plan->devices) reg.add_devices(d);
-  reg.set_version(DROPLESS_VERSION);
+  reg.set_version(DroplessVersion());
   CoordinatorSession session(session_options, ranks.get(), &outbound, metrics->get());
 
-  DaemonLog(absl::StrCat("node ", config.node, ": ", plan->devices.size(), " ", plan->slot_kind,
+  LogInfo(absl::StrCat("node ", config.node, ": ", plan->devices.size(), " ", plan->slot_kind,
                          " slot(s) [", absl::StrJoin(plan->devices, ", "), "], coordinator ",
                          config.coordinator, ", advertised as ", config.advertise_address,
                          config.metrics_port != 0
@@ -125,16 +123,16 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   int sig = 0;
   while (sigwait(&stop_signals, &sig) != 0) {
   }
-  DaemonLog(absl::StrCat("got ", strsignal(sig), ": stopping ranks"));
+  LogInfo(absl::StrCat("got ", strsignal(sig), ": stopping ranks"));
   const absl::Duration grace = absl::Milliseconds(config.kill_grace_ms);
   if (!ranks->StopAllAndWait(grace + absl::Seconds(2))) {
-    DaemonLog("some ranks did not end in time");
+    LogWarning("some ranks did not end in time");
   }
   session.WaitUntilFlushed(absl::Seconds(2));  // their final statuses, when connected
   session.Shutdown();
   session_thread.join();
   ranks.reset();
-  DaemonLog("stopped");
+  LogInfo("stopped");
   return 0;
 }
 

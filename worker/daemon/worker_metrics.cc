@@ -10,10 +10,19 @@
 namespace dropless {
 namespace {
 
-// 1 ms .. 60 s, roughly 1-2-5 per decade: CPU steps take seconds, GPU dispatches milliseconds.
-const prometheus::Histogram::BucketBoundaries& DurationBuckets() {
+// Steps: 1 ms .. 60 s, 1-2-5 per decade (CPU steps take seconds, GPU steps milliseconds).
+const prometheus::Histogram::BucketBoundaries& StepBuckets() {
   static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
       0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60};
+  return *buckets;
+}
+
+// Phases of a step (dispatch, combine, expert GEMMs): 10 us .. 60 s, 1-2-5 per decade; a
+// 128-token dispatch on a GPU takes tens of microseconds, the same phase on CPU seconds.
+const prometheus::Histogram::BucketBoundaries& PhaseBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
+      0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60};
   return *buckets;
 }
 
@@ -64,6 +73,14 @@ WorkerMetrics::WorkerMetrics(std::string node)
                 .Name("dropless_rank_steps_total")
                 .Help("Training steps finished by a rank")
                 .Register(r);
+  tokens_ = &BuildCounter()
+                 .Name("dropless_rank_tokens_total")
+                 .Help("Tokens a rank processed (its share of the global batch, every step)")
+                 .Register(r);
+  flops_ = &BuildCounter()
+                .Name("dropless_rank_model_flops_total")
+                .Help("Model FLOPs a rank computed (forward and backward, every step)")
+                .Register(r);
   flops_per_second_ = &BuildGauge()
                            .Name("dropless_rank_model_flops_per_second")
                            .Help("Model FLOP/s of the last step of a rank")
@@ -72,10 +89,6 @@ WorkerMetrics::WorkerMetrics(std::string node)
               .Name("dropless_rank_mfu_ratio")
               .Help("Model FLOP/s of the last step over the device peak (0..1)")
               .Register(r);
-  tokens_per_second_ = &BuildGauge()
-                            .Name("dropless_rank_tokens_per_second")
-                            .Help("Tokens per second of the last step of a rank")
-                            .Register(r);
   load_imbalance_ = &BuildGauge()
                          .Name("dropless_rank_expert_load_imbalance_ratio")
                          .Help("Max over mean tokens per expert in the last step (1 = balanced)")
@@ -123,7 +136,8 @@ WorkerMetrics::~WorkerMetrics() {
   exposer_.reset();
 }
 
-WorkerMetrics::RankSeries& WorkerMetrics::SeriesFor(const std::string& job_id, int rank) {
+WorkerMetrics::RankSeries& WorkerMetrics::SeriesFor(const RankIdentity& rank) {
+  const std::string& job_id = rank.job_id;
   auto job = jobs_.find(job_id);
   if (job == jobs_.end()) {
     while (job_order_.size() >= kRetainedJobs) {
@@ -132,30 +146,34 @@ WorkerMetrics::RankSeries& WorkerMetrics::SeriesFor(const std::string& job_id, i
     job_order_.push_back(job_id);
     job = jobs_.emplace(job_id, std::map<int, RankSeries>{}).first;
   }
-  auto series = job->second.find(rank);
+  auto series = job->second.find(rank.rank);
   if (series != job->second.end()) return series->second;
 
-  const prometheus::Labels labels{{"job", job_id}, {"rank", absl::StrCat(rank)}, {"node", node_}};
+  // `job` is the label Prometheus gives every scraped target: ours is job_id.
+  const prometheus::Labels labels{{"job_id", job_id},   {"rank", absl::StrCat(rank.rank)},
+                                  {"node", node_},      {"gpu", rank.gpu},
+                                  {"UUID", rank.uuid},  {"Hostname", node_}};
   RankSeries s{};
-  s.step_duration = &step_duration_->Add(labels, DurationBuckets());
-  s.dispatch_duration = &dispatch_duration_->Add(labels, DurationBuckets());
-  s.combine_duration = &combine_duration_->Add(labels, DurationBuckets());
+  s.step_duration = &step_duration_->Add(labels, StepBuckets());
+  s.dispatch_duration = &dispatch_duration_->Add(labels, PhaseBuckets());
+  s.combine_duration = &combine_duration_->Add(labels, PhaseBuckets());
   auto gemm_phase = [&](const char* phase) {
     prometheus::Labels phase_labels = labels;
     phase_labels.emplace("phase", phase);
-    return &gemm_duration_->Add(phase_labels, DurationBuckets());
+    return &gemm_duration_->Add(phase_labels, PhaseBuckets());
   };
   s.gemm_forward_duration = gemm_phase("forward");
   s.gemm_dgrad_duration = gemm_phase("dgrad");
   s.gemm_wgrad_duration = gemm_phase("wgrad");
   s.steps = &steps_->Add(labels);
+  s.tokens = &tokens_->Add(labels);
+  s.flops = &flops_->Add(labels);
   s.flops_per_second = &flops_per_second_->Add(labels);
   s.mfu = &mfu_->Add(labels);
-  s.tokens_per_second = &tokens_per_second_->Add(labels);
   s.load_imbalance = &load_imbalance_->Add(labels);
   s.loss = &loss_->Add(labels);
   s.device_memory = &device_memory_->Add(labels);
-  return job->second.emplace(rank, s).first->second;
+  return job->second.emplace(rank.rank, s).first->second;
 }
 
 void WorkerMetrics::DropJob(const std::string& job_id) {
@@ -169,9 +187,10 @@ void WorkerMetrics::DropJob(const std::string& job_id) {
       gemm_duration_->Remove(s.gemm_dgrad_duration);
       gemm_duration_->Remove(s.gemm_wgrad_duration);
       steps_->Remove(s.steps);
+      tokens_->Remove(s.tokens);
+      flops_->Remove(s.flops);
       flops_per_second_->Remove(s.flops_per_second);
       mfu_->Remove(s.mfu);
-      tokens_per_second_->Remove(s.tokens_per_second);
       load_imbalance_->Remove(s.load_imbalance);
       loss_->Remove(s.loss);
       device_memory_->Remove(s.device_memory);
@@ -186,9 +205,9 @@ void WorkerMetrics::DropJob(const std::string& job_id) {
   }
 }
 
-void WorkerMetrics::RecordStep(const std::string& job_id, int rank, const StepReport& report) {
+void WorkerMetrics::RecordStep(const RankIdentity& rank, const StepReport& report) {
   absl::MutexLock lock(&mu_);
-  RankSeries& s = SeriesFor(job_id, rank);
+  RankSeries& s = SeriesFor(rank);
   s.step_duration->Observe(report.step_seconds);
   s.dispatch_duration->Observe(report.dispatch_seconds);
   s.combine_duration->Observe(report.combine_seconds);
@@ -196,9 +215,10 @@ void WorkerMetrics::RecordStep(const std::string& job_id, int rank, const StepRe
   s.gemm_dgrad_duration->Observe(report.gemm_dgrad_seconds);
   s.gemm_wgrad_duration->Observe(report.gemm_wgrad_seconds);
   s.steps->Increment();
+  s.tokens->Increment(static_cast<double>(report.tokens));
+  s.flops->Increment(report.flops);
   s.flops_per_second->Set(report.FlopsPerSecond());
   s.mfu->Set(report.Mfu());
-  s.tokens_per_second->Set(report.TokensPerSecond());
   s.load_imbalance->Set(report.load_imbalance);
   s.loss->Set(report.loss);
   s.device_memory->Set(static_cast<double>(report.device_memory_bytes));

@@ -1,11 +1,12 @@
 // WorkerMetrics: the worker daemon's Prometheus metrics, served on /metrics by prometheus-cpp.
+// docs/metrics.md is the catalog (names, types, labels, buckets); this header only sketches it.
 //
-// Per rank (labels job, rank, node): dropless_rank_step_duration_seconds, _dispatch_duration_seconds,
-// _combine_duration_seconds, _expert_gemm_duration_seconds{phase=forward|dgrad|wgrad} (histograms,
-// 1 ms .. 60 s; every phase series exists from a rank's first report),
-// dropless_rank_steps_total, dropless_rank_model_flops_per_second, dropless_rank_mfu_ratio,
-// dropless_rank_tokens_per_second, dropless_rank_expert_load_imbalance_ratio, dropless_rank_loss,
-// dropless_rank_device_memory_bytes (gauges but steps_total).
+// Per rank (labels job_id, rank, node and DCGM's gpu, UUID, Hostname, so GPU power, clocks and
+// memory from DCGM's exporter join with step time on UUID): counters of steps, tokens and model
+// FLOPs; histograms of step time (1 ms .. 60 s) and of the dispatch, combine and expert GEMM
+// phases (10 us .. 60 s; GEMM by phase=forward|dgrad|wgrad, every phase series exists from a
+// rank's first report); gauges of the last step's FLOP/s, MFU, expert load imbalance, loss and
+// device memory.
 // Per daemon (label node): dropless_worker_slots{state=busy|free}, dropless_worker_ranks_running,
 // dropless_worker_rank_exits_total{result=succeeded|failed|killed},
 // dropless_worker_session_reconnects_total, dropless_worker_up.
@@ -35,6 +36,14 @@ namespace dropless {
 
 enum class RankExitResult { kSucceeded, kFailed, kKilled };
 
+// Which rank a step report is from, and the device it runs on.
+struct RankIdentity {
+  std::string job_id;
+  int rank = 0;
+  std::string gpu;   // CUDA device index on the node (DCGM's `gpu`); empty for a CPU slot
+  std::string uuid;  // the GPU's UUID (DCGM's `UUID`); empty for a CPU slot or when unknown
+};
+
 class WorkerMetrics {
  public:
   static constexpr size_t kRetainedJobs = 16;
@@ -46,7 +55,7 @@ class WorkerMetrics {
                                                                int port);
   ~WorkerMetrics();
 
-  void RecordStep(const std::string& job_id, int rank, const StepReport& report);
+  void RecordStep(const RankIdentity& rank, const StepReport& report);
   void SetSlots(int busy, int free);
   void SetRanksRunning(int running);
   void RecordRankExit(RankExitResult result);
@@ -64,16 +73,17 @@ class WorkerMetrics {
     prometheus::Histogram* gemm_dgrad_duration;
     prometheus::Histogram* gemm_wgrad_duration;
     prometheus::Counter* steps;
+    prometheus::Counter* tokens;
+    prometheus::Counter* flops;
     prometheus::Gauge* flops_per_second;
     prometheus::Gauge* mfu;
-    prometheus::Gauge* tokens_per_second;
     prometheus::Gauge* load_imbalance;
     prometheus::Gauge* loss;
     prometheus::Gauge* device_memory;
   };
 
   explicit WorkerMetrics(std::string node);
-  RankSeries& SeriesFor(const std::string& job_id, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  RankSeries& SeriesFor(const RankIdentity& rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string node_;
@@ -86,9 +96,10 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Histogram>* combine_duration_;
   prometheus::Family<prometheus::Histogram>* gemm_duration_;  // label phase
   prometheus::Family<prometheus::Counter>* steps_;
+  prometheus::Family<prometheus::Counter>* tokens_;
+  prometheus::Family<prometheus::Counter>* flops_;
   prometheus::Family<prometheus::Gauge>* flops_per_second_;
   prometheus::Family<prometheus::Gauge>* mfu_;
-  prometheus::Family<prometheus::Gauge>* tokens_per_second_;
   prometheus::Family<prometheus::Gauge>* load_imbalance_;
   prometheus::Family<prometheus::Gauge>* loss_;
   prometheus::Family<prometheus::Gauge>* device_memory_;

@@ -22,66 +22,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class CliEndToEndTest : public CliTest {
- protected:
-  void SetUp() override {
-    CliTest::SetUp();
-    if (HasFatalFailure()) return;
-    auto started = Process::Start({BinaryPath("dropless-worker"), "--coordinator", address(),
-                                   "--node", "cli-e2e-node", "--cpu-slots", "2", "--gpus", "none",
-                                   "--metrics-port", "0", "--work-dir", dir_ + "/worker"});
-    ASSERT_TRUE(started.ok()) << started.status();
-    worker_ = *std::move(started);
-    // The worker is READY once `get workers` lists it.
-    for (int i = 0; i < 300; ++i) {
-      CommandResult r = Cli({"get", "workers", "-o", "json"});
-      if (r.exit_code == 0 && r.out.find("\"READY\"") != std::string::npos) return;
-      ASSERT_TRUE(worker_->Running()) << "worker exited:\n" << worker_->Output();
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    FAIL() << "worker never became READY:\n" << worker_->Output();
-  }
-
-  void TearDown() override {
-    if (HasFailure() && worker_) std::cerr << "worker output:\n" << worker_->Output();
-    // SIGTERM first: the daemon stops its rank processes; a SIGKILL would orphan them.
-    if (worker_ && worker_->Running() && worker_->Signal(SIGTERM).ok()) {
-      worker_->Wait(absl::Seconds(15)).IgnoreError();
-    }
-    worker_.reset();  // before the coordinator, so that it does not spin on reconnects
-    CliTest::TearDown();
-  }
-
-  // Polls `get job -o json` until the job is in `state` (or 60 s pass).
-  bool WaitForState(const std::string& id, const std::string& state) {
-    for (int i = 0; i < 600; ++i) {
-      CommandResult r = Cli({"get", "job", id, "-o", "json"});
-      if (r.exit_code == 0 && r.out.find("\"state\":\"" + state + "\"") != std::string::npos) {
-        return true;
-      }
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    return false;
-  }
-
-  // tiny-cpu with enough steps to still be running when the test acts on it.
-  std::string SubmitLongJob(const std::string& name) {
-    std::string spec = ReadFile(SourcePath("configs/jobs/tiny-cpu.yaml"));
-    spec.replace(spec.find("steps: 40"), 9, "steps: 1000000");
-    CommandResult r = Cli({"submit", "-f", WriteFile(name + ".yaml", spec), "--name", name});
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    return Trimmed(r.out);
-  }
-
-  std::unique_ptr<Process> StartWatch(const std::string& id) {
-    auto watch = Process::Start(CliArgv({"watch", id, "-o", "json"}));
-    EXPECT_TRUE(watch.ok()) << watch.status();
-    return watch.ok() ? *std::move(watch) : nullptr;
-  }
-
-  std::unique_ptr<Process> worker_;
-};
-
 TEST_F(CliEndToEndTest, TinyCpuJobRunsToSucceededUnderWatch) {
   CommandResult workers = Cli({"get", "workers", "-o", "json"});
   google::protobuf::Struct list = ParseJson(workers.out);
@@ -170,6 +110,7 @@ TEST_F(CliEndToEndTest, TinyCpuJobRunsToSucceededUnderWatch) {
     google::protobuf::Struct m = ParseJson(std::string(line));
     EXPECT_EQ(Str(m, "job_id"), id);
     losses[static_cast<int>(Num(m, "rank"))].push_back(Num(m, "loss"));
+    EXPECT_GE(Num(m, "load_imbalance"), 1.0);  // max/mean tokens per expert, stored per step
   }
   ASSERT_EQ(losses.size(), 2u);
   for (const auto& [rank, curve] : losses) {
@@ -179,6 +120,7 @@ TEST_F(CliEndToEndTest, TinyCpuJobRunsToSucceededUnderWatch) {
   CommandResult last = Cli({"metrics", id, "--rank", "1", "--limit", "3"});
   ASSERT_EQ(last.exit_code, 0) << last.err;
   EXPECT_THAT(last.out, HasSubstr("STEP"));
+  EXPECT_THAT(last.out, HasSubstr("LOAD_IMBALANCE"));
   EXPECT_THAT(last.out, HasSubstr("38/40"));
   EXPECT_THAT(last.out, HasSubstr("40/40"));
   EXPECT_THAT(last.out, ::testing::Not(HasSubstr("37/40")));

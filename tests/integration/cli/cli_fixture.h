@@ -1,5 +1,6 @@
 // CliTest: a real dropless-coordinator on loopback with a fresh database per test, and helpers to
-// run the real dropless binary against it and read its JSON.
+// run the real dropless binary against it and read its JSON. CliEndToEndTest adds a real
+// dropless-worker offering 2 CPU slots.
 #ifndef DROPLESS_TESTS_INTEGRATION_CLI_CLI_FIXTURE_H_
 #define DROPLESS_TESTS_INTEGRATION_CLI_CLI_FIXTURE_H_
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -113,6 +115,67 @@ class CliTest : public ::testing::Test {
   std::string dir_;
   int port_ = 0;
   std::unique_ptr<Process> coordinator_;
+};
+
+// Plus one dropless-worker with 2 CPU slots, READY before the test starts.
+class CliEndToEndTest : public CliTest {
+ protected:
+  void SetUp() override {
+    CliTest::SetUp();
+    if (HasFatalFailure()) return;
+    auto started = Process::Start({BinaryPath("dropless-worker"), "--coordinator", address(),
+                                   "--node", "cli-e2e-node", "--cpu-slots", "2", "--gpus", "none",
+                                   "--metrics-port", "0", "--work-dir", dir_ + "/worker"});
+    ASSERT_TRUE(started.ok()) << started.status();
+    worker_ = *std::move(started);
+    // The worker is READY once `get workers` lists it.
+    for (int i = 0; i < 300; ++i) {
+      CommandResult r = Cli({"get", "workers", "-o", "json"});
+      if (r.exit_code == 0 && r.out.find("\"READY\"") != std::string::npos) return;
+      ASSERT_TRUE(worker_->Running()) << "worker exited:\n" << worker_->Output();
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    FAIL() << "worker never became READY:\n" << worker_->Output();
+  }
+
+  void TearDown() override {
+    if (HasFailure() && worker_) std::cerr << "worker output:\n" << worker_->Output();
+    // SIGTERM first: the daemon stops its rank processes; a SIGKILL would orphan them.
+    if (worker_ && worker_->Running() && worker_->Signal(SIGTERM).ok()) {
+      worker_->Wait(absl::Seconds(15)).IgnoreError();
+    }
+    worker_.reset();  // before the coordinator, so that it does not spin on reconnects
+    CliTest::TearDown();
+  }
+
+  // Polls `get job -o json` until the job is in `state` (or 60 s pass).
+  bool WaitForState(const std::string& id, const std::string& state) {
+    for (int i = 0; i < 600; ++i) {
+      CommandResult r = Cli({"get", "job", id, "-o", "json"});
+      if (r.exit_code == 0 && r.out.find("\"state\":\"" + state + "\"") != std::string::npos) {
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return false;
+  }
+
+  // tiny-cpu with enough steps to still be running when the test acts on it.
+  std::string SubmitLongJob(const std::string& name) {
+    std::string spec = ReadFile(SourcePath("configs/jobs/tiny-cpu.yaml"));
+    spec.replace(spec.find("steps: 40"), 9, "steps: 1000000");
+    CommandResult r = Cli({"submit", "-f", WriteFile(name + ".yaml", spec), "--name", name});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return Trimmed(r.out);
+  }
+
+  std::unique_ptr<Process> StartWatch(const std::string& id) {
+    auto watch = Process::Start(CliArgv({"watch", id, "-o", "json"}));
+    EXPECT_TRUE(watch.ok()) << watch.status();
+    return watch.ok() ? *std::move(watch) : nullptr;
+  }
+
+  std::unique_ptr<Process> worker_;
 };
 
 }  // namespace dropless::testing

@@ -94,8 +94,8 @@ TEST(EndToEndTest, TinyCpuThroughTheCliOnTwoWorkers) {
   EXPECT_NE(job->placement(0).node(), job->placement(1).node());
   for (const v1::RankPlacement& p : job->placement()) {
     std::string text = HttpGet(cluster.metrics_port(p.node()), "/metrics");
-    std::string labels =
-        absl::StrCat("{job=\"", id, "\",node=\"", p.node(), "\",rank=\"", p.rank(), "\"}");
+    std::string labels = absl::StrCat("{Hostname=\"", p.node(), "\",UUID=\"\",gpu=\"\",job_id=\"", id,
+                                      "\",node=\"", p.node(), "\",rank=\"", p.rank(), "\"}");
     EXPECT_NE(text.find("dropless_rank_step_duration_seconds_count" + labels + " 40"),
               std::string::npos)
         << p.node() << "\n" << text;

@@ -6,8 +6,9 @@ real coordinator and two real workers while they run CPU jobs, then
   2. every dashboard variable query finds the running job and its ranks, and every panel query of
      dashboards/*.json, with the variables substituted as Grafana would, returns at least one finite
      value: over the run for graphs (a range query), at the end for stat panels (an instant query);
-  3. every alert rule of deploy/monitoring/alerts.rules.yaml, loaded by this Prometheus, evaluates
-     with health "ok", and every metric it names exists;
+  3. every alert rule, as the PrometheusRule deploy/monitoring/prometheusrule.yaml holds it (generated
+     from alerts.rules.yaml), loaded by this Prometheus, evaluates with health "ok", and every metric
+     it names exists;
   4. each rank exposes its expert GEMM histogram once per phase (forward, dgrad, wgrad), every
      phase observed once per step, and the dashboard's GEMM queries return a series per phase;
   5. killing a worker (daemon and ranks, like a lost node) makes the DroplessWorkerDown expression
@@ -33,6 +34,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "unit", "observability"))
 import cluster  # noqa: E402
 import metrics_doc  # noqa: E402
+import prometheus_rule  # noqa: E402
 from check_dashboards import metric_names  # noqa: E402
 
 SCRAPE_INTERVAL_S = 1
@@ -114,15 +116,19 @@ def start_control_plane(procs, bins, tmp, ports):
 
 
 def start_prometheus(procs, binary, source_dir, tmp, ports):
+    # The rules as the Prometheus Operator would load them from the PrometheusRule.
+    rules = os.path.join(tmp, "dropless-prometheusrule.rules.yaml")
+    with open(os.path.join(source_dir, prometheus_rule.PROMETHEUS_RULE)) as f, open(rules, "w") as out:
+        out.write(prometheus_rule.rules_from(f.read()))
     config = {
         "global": {"scrape_interval": "%ds" % SCRAPE_INTERVAL_S, "scrape_timeout": "%ds" % SCRAPE_INTERVAL_S,
                    "evaluation_interval": "%ds" % SCRAPE_INTERVAL_S},
-        "rule_files": [os.path.join(source_dir, "deploy/monitoring/alerts.rules.yaml")],
+        "rule_files": [rules],
         "scrape_configs": [
             {"job_name": "dropless-coordinator",
              "static_configs": [{"targets": ["127.0.0.1:%d" % ports["coordinator"]]}]},
-            # The rank series carry their own `job` (the dropless job id): keep it (docs/metrics.md).
-            {"job_name": "dropless-worker", "honor_labels": True,
+            # No honor_labels: the dropless job id is job_id, `job` stays the scrape job.
+            {"job_name": "dropless-worker",
              "static_configs": [{"targets": ["127.0.0.1:%d" % ports["worker-0"],
                                              "127.0.0.1:%d" % ports["worker-1"]]}]},
         ],
@@ -174,21 +180,21 @@ def check_dashboards(checks, prom, source_dir, job_id, start):
         for v in dash["templating"]["list"]:
             if v["type"] != "query":
                 continue
-            query = substitute(v["definition"], dict(variables, job=job_id))
+            query = substitute(v["definition"], dict(variables, job_id=job_id))
             m = re.fullmatch(r"label_values\((.+),\s*([a-zA-Z_]+)\)", query)
             values = prom.api("label/%s/values" % m.group(2), **{"match[]": m.group(1),
                                                                   "start": "%.3f" % start, "end": "%.3f" % end})
-            if v["name"] == "job":
-                checks.ok(job_id in values, "%s variable job: %s does not list the running job %s"
+            if v["name"] == "job_id":
+                checks.ok(job_id in values, "%s variable job_id: %s does not list the running job %s"
                           % (name, query, job_id))
             if v["name"] == "rank":
                 rank_values = values
                 checks.ok(sorted(values) == ["0", "1"], "%s variable rank: %s gives %s, want ranks 0 and 1"
                           % (name, query, values))
         # All ranks (allValue .*) and one rank, as a user would pick them.
-        selections = [{"job": job_id, "rank": ".*"}]
+        selections = [{"job_id": job_id, "rank": ".*"}]
         if rank_values:
-            selections.append({"job": job_id, "rank": rank_values[0]})
+            selections.append({"job_id": job_id, "rank": rank_values[0]})
         panels = 0
         for panel in dash["panels"]:
             for target in panel.get("targets", []):
@@ -216,7 +222,7 @@ def check_dashboards(checks, prom, source_dir, job_id, start):
 
 def check_gemm_phases(checks, prom, job_id):
     """Each rank of the job has one GEMM histogram per phase, and every step observed all three."""
-    result = prom.query('%s_count{job="%s"}' % (GEMM_FAMILY, job_id))["result"]
+    result = prom.query('%s_count{job_id="%s"}' % (GEMM_FAMILY, job_id))["result"]
     by_rank = {}
     for series in result:
         labels = series["metric"]
@@ -231,7 +237,7 @@ def check_gemm_phases(checks, prom, job_id):
                   "%s_count rank %s: per-phase step counts %s, want equal and > 0"
                   % (GEMM_FAMILY, rank, counts))
     for phase in sorted(GEMM_PHASES):
-        sums = finite_values(prom.query('%s_sum{job="%s",phase="%s"}' % (GEMM_FAMILY, job_id, phase)))
+        sums = finite_values(prom.query('%s_sum{job_id="%s",phase="%s"}' % (GEMM_FAMILY, job_id, phase)))
         checks.ok(len(sums) == 2 and all(v > 0 for v in sums),
                   "%s_sum phase %s: %s, want a positive value per rank" % (GEMM_FAMILY, phase, sums))
     print("gemm phases: %s on ranks %s" % (sorted(GEMM_PHASES), sorted(by_rank)), flush=True)
@@ -304,7 +310,7 @@ def main():
             f.write(spec)
         job_id = cli.run("submit", "-f", long_spec, "--name", "observability-live").strip()
         cluster.wait_until("job %s ranks in Prometheus" % job_id, lambda: len(prom.query(
-            'dropless_rank_steps_total{job="%s"}' % job_id)["result"]) == 2, 120, 0.5)
+            'dropless_rank_steps_total{job_id="%s"}' % job_id)["result"]) == 2, 120, 0.5)
         # A user polls the job meanwhile, so the coordinator serves RPCs all along, as it would.
         first_seen = time.time()
         while time.time() - first_seen < MIN_LONG_JOB_SECONDS:
@@ -314,6 +320,12 @@ def main():
             time.sleep(0.5)
 
         check_families(checks, documented, ports)
+        # Scraped without honor_labels: `job` is the scrape job on the rank series too, the dropless
+        # job id is job_id, and nothing was renamed exported_job.
+        ranks = prom.query('dropless_rank_steps_total{job="dropless-worker",job_id="%s"}' % job_id)["result"]
+        checks.ok(len(ranks) == 2, "rank series of %s with job=dropless-worker: %d, want 2" % (job_id, len(ranks)))
+        renamed = prom.query('count({exported_job!=""})')["result"]
+        checks.ok(not renamed, "series with exported_job (a target label collision): %s" % renamed)
         check_dashboards(checks, prom, args.source_dir, job_id, start)
         check_gemm_phases(checks, prom, job_id)
         rules = check_rules(checks, prom)

@@ -103,15 +103,20 @@ TEST_F(WorkerJobTest, TinyCpuRunsToSuccessAcrossTwoWorkers) {
   // Each worker's /metrics has the job's step series for the rank it ran, after the job ended.
   for (const v1::RankPlacement& p : job->placement()) {
     const std::string text = HttpGet(cluster_.metrics_port(p.node()), "/metrics");
-    const std::string labels =
-        absl::StrCat("{job=\"", job->id(), "\",node=\"", p.node(), "\",rank=\"", p.rank(), "\"}");
+    // A CPU slot: DCGM's gpu and UUID labels are empty.
+    auto labels_with = [&](const std::string& extra) {
+      return absl::StrCat("{Hostname=\"", p.node(), "\",UUID=\"\",gpu=\"\",job_id=\"", job->id(),
+                          "\",node=\"", p.node(), "\"", extra, ",rank=\"", p.rank(), "\"}");
+    };
+    const std::string labels = labels_with("");
     EXPECT_TRUE(Has(text, "dropless_rank_step_duration_seconds_count" + labels + " 40")) << text;
     EXPECT_TRUE(Has(text, "dropless_rank_steps_total" + labels + " 40")) << text;
     EXPECT_TRUE(Has(text, "dropless_rank_loss" + labels)) << text;
+    EXPECT_TRUE(Has(text, "dropless_rank_tokens_total" + labels)) << text;
     for (const char* phase : {"forward", "dgrad", "wgrad"}) {
-      EXPECT_TRUE(Has(text, absl::StrCat("dropless_rank_expert_gemm_duration_seconds_count{job=\"",
-                                         job->id(), "\",node=\"", p.node(), "\",phase=\"",
-                                         phase, "\",rank=\"", p.rank(), "\"} 40")))
+      EXPECT_TRUE(Has(text, absl::StrCat("dropless_rank_expert_gemm_duration_seconds_count",
+                                         labels_with(absl::StrCat(",phase=\"", phase, "\"")),
+                                         " 40")))
           << phase << "\n" << text;
     }
     EXPECT_TRUE(Has(text, absl::StrCat("dropless_worker_rank_exits_total{node=\"", p.node(),

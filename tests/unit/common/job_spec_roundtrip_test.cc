@@ -10,8 +10,10 @@ namespace {
 
 void ExpectSameSpec(const JobSpec& a, const JobSpec& b) {
   EXPECT_EQ(a.name, b.name);
+  EXPECT_EQ(a.labels, b.labels);
   EXPECT_EQ(a.priority, b.priority);
   EXPECT_EQ(a.max_attempts, b.max_attempts);
+  EXPECT_EQ(a.time_limit_seconds, b.time_limit_seconds);
   EXPECT_EQ(a.model.hidden, b.model.hidden);
   EXPECT_EQ(a.model.ffn, b.model.ffn);
   EXPECT_EQ(a.model.experts, b.model.experts);
@@ -89,6 +91,11 @@ JobSpec RandomSpec(std::mt19937_64& rng) {
   s.data.distribution = pick(0, 1) ? RoutingDistribution::kZipf : RoutingDistribution::kUniform;
   s.data.zipf_exponent = real(0.01, 3);
   s.data.seed = std::uniform_int_distribution<uint64_t>()(rng);
+  for (int64_t i = pick(0, 3); i > 0; --i) {
+    s.labels[pick(0, 1) ? "team" + std::to_string(i) : "example.com/k" + std::to_string(i)] =
+        pick(0, 1) ? "" : "v-" + std::to_string(pick(0, 1'000'000));
+  }
+  s.time_limit_seconds = pick(0, 1) ? 0 : pick(1, 366 * 24 * 3600);
   return s;
 }
 

@@ -2,6 +2,7 @@
 #include "common/job_spec.h"
 
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,23 @@ void PrintTo(const BadCase& c, std::ostream* os) { *os << c.label; }
 
 std::vector<BadCase> BadCases() {
   return {
+      // Labels and time limit.
+      {"labels_not_a_map", With("priority: 0", "labels: [a, b]\npriority: 0"), "labels",
+       "must be a map of key: value"},
+      {"label_value_a_map", With("priority: 0", "labels: {team: {a: 1}}\npriority: 0"),
+       "labels.team", "must be a string"},
+      {"label_key_bad", With("priority: 0", "labels: {\"-team\": x}\npriority: 0"), "labels.-team",
+       "key must be [prefix/]name"},
+      {"label_value_bad", With("priority: 0", "labels: {team: \"a b\"}\npriority: 0"),
+       "labels.team", "value must be empty or up to 63"},
+      {"time_limit_not_a_duration", With("priority: 0", "time_limit: soon\npriority: 0"),
+       "time_limit", "must be a duration such as 90m or 2h30m, got 'soon'"},
+      {"time_limit_negative", With("priority: 0", "time_limit: -5m\npriority: 0"), "time_limit",
+       "must be a positive whole number of seconds"},
+      {"time_limit_fraction", With("priority: 0", "time_limit: 1.5s\npriority: 0"), "time_limit",
+       "must be a positive whole number of seconds"},
+      {"time_limit_too_long", With("priority: 0", "time_limit: 9000h\npriority: 0"),
+       "time_limit (seconds)", "must be <= 31622400"},
       // Cross-field rules.
       {"experts_not_divisible_by_ep", With("  experts: 8", "  experts: 9"), "model.experts",
        "must be divisible by parallel.ep (got 9 % 2 != 0)"},
@@ -309,6 +327,19 @@ TEST(JobSpecTest, OptionalSectionsTakeDefaults) {
   EXPECT_DOUBLE_EQ(spec->optimizer.lr, defaults.optimizer.lr);
   EXPECT_EQ(spec->resources.backend, Backend::kCpu);
   EXPECT_TRUE(spec->checkpoint.dir.empty());
+}
+
+TEST(JobSpecTest, LabelsAndTimeLimit) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(With(
+      "priority: 0",
+      "labels: {team: search, example.com/tier: \"\", run: 42}\ntime_limit: 1h30m\npriority: 0"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->labels, (std::map<std::string, std::string>{
+                              {"team", "search"}, {"example.com/tier", ""}, {"run", "42"}}));
+  EXPECT_EQ(spec->time_limit_seconds, 5400);
+  const JobSpec none = *ParseJobSpec(kBase);
+  EXPECT_TRUE(none.labels.empty());
+  EXPECT_EQ(none.time_limit_seconds, 0);  // no limit
 }
 
 TEST(JobSpecTest, NullMeansNotSetForOptionalFields) {

@@ -4,12 +4,18 @@
 - Each dashboard is well-formed Grafana JSON: unique panel ids, panels inside the 24-column grid and
   not overlapping, every panel and target on the ${datasource} variable, every target with an expr
   and a unique refId, every $variable in a query defined by the dashboard or built into Grafana.
-- The panels the issue asks for are there (by title), with the job/rank variables on training.
+- Every panel has a unit and thresholds (fieldConfig.defaults).
+- The panels the issue asks for are there (by title), with the job_id/rank variables on training; a
+  rank drill-down (a data link setting var-rank from the series) on training, and a link from the
+  cluster board to a job's training board (var-job_id from the series).
+- A query matches and groups dropless series only by their documented labels (and `instance`):
+  `job` is Prometheus' scrape job, never the dropless job id (that is `job_id`).
 - Every metric a query or rule names is in docs/metrics.md (or is Prometheus' own `up`), and every
   documented metric is shown on some dashboard or used by some alert rule.
 - A panel query on a family documented with a `phase` label keeps the phases apart (groups by
   `phase` or selects one): the GEMM phases are different operations, a quantile over them merged
   describes none of them.
+- Every alert rule has a runbook_url naming a section of docs/runbooks.md.
 - The provisioning files point where dashboards/kustomization.yaml and the docs say.
 
 Usage: check_dashboards.py --source-dir DIR
@@ -32,6 +38,14 @@ REQUIRED_TITLES = {
                       "Expert load imbalance", "Slowest rank"],
     "cluster.json": ["Workers by state", "Slots busy", "Jobs by state", "Scheduling latency p50 / p99"],
 }
+# Data links the drill-down needs: (dashboard, what, URL fragment that must appear in some link).
+REQUIRED_LINKS = [
+    ("training.json", "a rank drill-down link", "var-rank=${__field.labels.rank}"),
+    ("cluster.json", "a link to a job's training board", "/d/dropless-training/"),
+    ("cluster.json", "a link to a job's training board", "var-job_id=${__field.labels.job_id}"),
+]
+# Labels Prometheus adds to every scraped series; only `instance` may select dropless series.
+TARGET_LABELS = {"instance"}
 # Labels whose values are different operations, not shards of one: a panel must not merge them.
 SPLIT_LABELS = ("phase",)
 PROMQL_NON_METRICS = {"by", "without", "on", "ignoring", "group_left", "group_right", "offset",
@@ -87,6 +101,27 @@ def check_split_labels(expr, metric, where, documented):
                  % (where, family, label, label, expr))
 
 
+def check_labels(expr, where, documented):
+    """Label names in matchers and by/without/on/ignoring clauses exist on the dropless metrics of expr."""
+    families = [metrics_doc.family_of(m, documented) for m in metric_names(expr)]
+    families = [f for f in families if f is not None]
+    if not families:
+        return  # up{job=...} and the like
+    allowed = set(TARGET_LABELS) | {"le"}
+    for f in families:
+        allowed |= documented[f].labels
+    stripped = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    names = set()
+    for m in re.finditer(r"\{([^}]*)\}", stripped):
+        names |= set(re.findall(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)", m.group(1)))
+    for m in re.finditer(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)", stripped):
+        names |= set(re.findall(r"[a-zA-Z_][a-zA-Z0-9_]*", m.group(1)))
+    for name in sorted(names - allowed):
+        hint = " (the dropless job id is `job_id`; `job` is the scrape job)" if name == "job" else ""
+        fail("%s: label %s is not a label of %s%s: %s" % (where, name, ", ".join(sorted(set(families))),
+                                                          hint, expr.strip()))
+
+
 def check_dashboard(path, documented, used):
     name = os.path.basename(path)
     with open(path, encoding="utf-8") as f:
@@ -114,7 +149,7 @@ def check_dashboard(path, documented, used):
                 for metric in metric_names(m.group(1)):
                     check_metric(metric, "%s variable %s" % (name, vname), documented, used)
     if name == "training.json":
-        for vname in ("job", "rank"):
+        for vname in ("job_id", "rank"):
             if vname not in variables:
                 fail("training.json: no `%s` template variable" % vname)
         rank = variables.get("rank", {})
@@ -122,7 +157,7 @@ def check_dashboard(path, documented, used):
             fail("training.json: `rank` must be multi-value with All = .*")
 
     ids, cells = set(), {}
-    titles = []
+    titles, links = [], []
     for panel in d.get("panels", []):
         where = "%s panel %r" % (name, panel.get("title"))
         titles.append(panel.get("title"))
@@ -143,6 +178,15 @@ def check_dashboard(path, documented, used):
             fail("%s: datasource must be the ${datasource} variable" % where)
         if not panel.get("description"):
             fail("%s: no description" % where)
+        defaults = panel.get("fieldConfig", {}).get("defaults", {})
+        if not defaults.get("unit"):
+            fail("%s: no unit (fieldConfig.defaults.unit)" % where)
+        steps = defaults.get("thresholds", {}).get("steps", [])
+        if not steps or steps[0].get("value") is not None or \
+                any(not isinstance(s.get("value"), (int, float)) for s in steps[1:]):
+            fail("%s: no thresholds (fieldConfig.defaults.thresholds: a base step, then values)" % where)
+        for link in defaults.get("links", []) + panel.get("links", []):
+            links.append(link.get("url", ""))
         targets = panel.get("targets", [])
         if not targets:
             fail("%s: no queries" % where)
@@ -162,9 +206,13 @@ def check_dashboard(path, documented, used):
             for metric in metric_names(expr):
                 check_metric(metric, where, documented, used)
                 check_split_labels(expr, metric, where, documented)
+            check_labels(expr, where, documented)
     for title in REQUIRED_TITLES.get(name, []):
         if title not in titles:
             fail("%s: no panel titled %r" % (name, title))
+    for dashboard, what, fragment in REQUIRED_LINKS:
+        if dashboard == name and not any(fragment in url for url in links):
+            fail("%s: %s is missing (no panel data link contains %r)" % (name, what, fragment))
 
 
 def check_provisioning(source_dir, dashboard_files):
@@ -186,9 +234,32 @@ def check_provisioning(source_dir, dashboard_files):
         fail("provisioning/datasources/dropless.yaml: want a prometheus datasource")
 
 
-def check_rules(path, documented, used):
+def runbook_anchors(path):
+    """GitHub's anchors of the level-2 headings of docs/runbooks.md."""
+    with open(path, encoding="utf-8") as f:
+        headings = re.findall(r"^##\s+(.+?)\s*$", f.read(), re.M)
+    return {re.sub(r"[^a-z0-9 _-]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def check_runbooks(text, path, anchors):
+    """Every alert has a runbook_url naming a section of docs/runbooks.md."""
+    for block in re.split(r"^\s*-\s*alert:\s*", text, flags=re.M)[1:]:
+        alert = block.split()[0]
+        m = re.search(r"^\s*runbook_url:\s*(\S+)\s*$", block, re.M)
+        if not m:
+            fail("%s: alert %s has no runbook_url annotation" % (path, alert))
+            continue
+        url = m.group(1).strip("'\"")
+        doc, _, anchor = url.partition("#")
+        if doc != "docs/runbooks.md" or anchor not in anchors:
+            fail("%s: alert %s: runbook_url %s is not a section of docs/runbooks.md (sections: %s)"
+                 % (path, alert, url, ", ".join(sorted(anchors))))
+
+
+def check_rules(path, documented, used, anchors):
     with open(path, encoding="utf-8") as f:
         text = f.read()
+    check_runbooks(text, os.path.basename(path), anchors)
     alerts = re.findall(r"^\s*-\s*alert:\s*(\S+)", text, re.M)
     for wanted in ("DroplessWorkerDown", "DroplessJobStuck", "DroplessStepTimeRegression", "DroplessMfuDrop"):
         if wanted not in alerts:
@@ -196,8 +267,10 @@ def check_rules(path, documented, used):
     # expr: value (one line, or a | block up to the next key)
     for m in re.finditer(r"^(\s*)expr:\s*(\|[-+]?\s*\n((?:\1\s+.*\n)+)|(.+)\n)", text, re.M):
         expr = m.group(3) if m.group(3) is not None else m.group(4)
+        where = "%s expr %r" % (os.path.basename(path), expr.strip()[:40])
         for metric in metric_names(expr):
-            check_metric(metric, "%s expr %r" % (os.path.basename(path), expr.strip()[:40]), documented, used)
+            check_metric(metric, where, documented, used)
+        check_labels(expr, where, documented)
 
 
 def main():
@@ -216,7 +289,8 @@ def main():
     for path in files:
         check_dashboard(path, documented, used)
     check_provisioning(args.source_dir, files)
-    check_rules(os.path.join(args.source_dir, "deploy/monitoring/alerts.rules.yaml"), documented, used)
+    check_rules(os.path.join(args.source_dir, "deploy/monitoring/alerts.rules.yaml"), documented, used,
+                runbook_anchors(os.path.join(args.source_dir, "docs/runbooks.md")))
     for name in sorted(set(documented) - used):
         fail("docs/metrics.md: %s is on no dashboard and in no alert rule" % name)
     for f in failures:

@@ -3,7 +3,11 @@
 every object against the Kubernetes schemas (kubernetes-validate, strict), checks the Prometheus
 Operator objects (no schema there) by structure, and checks that the pieces agree with each other:
 selectors, named ports, probes, volumes, the ConfigMaps' contents against dashboards/ and the rule
-file, the scrape job names the rules assume, the NetworkPolicy, and the Dockerfile behind every image.
+file, the PrometheusRule's groups against the rule file, the scrape job names the rules assume, the
+NetworkPolicy, and the Dockerfile behind every image. And what a production cluster expects: every
+container with readiness and liveness probes, CPU and memory requests and a memory limit; priority
+classes with the coordinator above the workers above job pods; no hostIPC; the workers' checkpoints
+on a shared (ReadWriteMany) PersistentVolumeClaim.
 
 Usage: check_manifests.py --source-dir DIR --ops-tools DIR
 """
@@ -15,6 +19,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import manifests  # noqa: E402
+
+CHECKPOINT_CLAIM = "dropless-checkpoints"
+CHECKPOINT_PATH = "/var/lib/dropless/checkpoints"
+# PriorityClass of each pod (by workload name), highest first; job pods get the last.
+PRIORITY_ORDER = ["dropless-coordinator", "dropless-worker", "dropless-job"]
+CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
 
 failures = []
 
@@ -56,8 +66,9 @@ def check_monitor(where, obj, objects, cross_check):
             fail(where, "unknown endpoint field %r" % key)
         if e.get("path", "/metrics") != "/metrics":
             fail(where, "path must be /metrics")
-    if kind == "PodMonitor" and not all(e.get("honorLabels") for e in endpoints):
-        fail(where, "worker scrape needs honorLabels: true (the rank series' own `job` label)")
+    if any(e.get("honorLabels") for e in endpoints):
+        fail(where, "honorLabels must stay off: no dropless series carries a target label (`job` is "
+                    "the scrape job; the dropless job id is job_id)")
     if not cross_check:
         return
     selector = spec.get("selector", {}).get("matchLabels", {})
@@ -81,6 +92,62 @@ def check_monitor(where, obj, objects, cross_check):
     for e in endpoints:
         if e.get("port") not in ports:
             fail(where, "port %r is not a port of the selected objects %s" % (e.get("port"), ports))
+
+
+def check_prometheus_rule(where, obj, source_dir):
+    import yaml
+    if obj.get("apiVersion") != "monitoring.coreos.com/v1":
+        fail(where, "apiVersion must be monitoring.coreos.com/v1")
+    if set(obj.get("spec", {})) != {"groups"}:
+        fail(where, "spec must hold exactly `groups`")
+    with open(os.path.join(source_dir, "deploy/monitoring/alerts.rules.yaml"), encoding="utf-8") as f:
+        want = yaml.safe_load(f)["groups"]
+    if obj.get("spec", {}).get("groups") != want:
+        fail(where, "spec.groups differ from deploy/monitoring/alerts.rules.yaml")
+    for group in obj.get("spec", {}).get("groups", []):
+        for rule in group.get("rules", []):
+            if "alert" in rule and not rule.get("annotations", {}).get("runbook_url"):
+                fail(where, "alert %s has no runbook_url" % rule["alert"])
+
+
+def check_production(where, name, objects):
+    """Probes, resources, priority classes, hostIPC and the checkpoint volume."""
+    classes = {o["metadata"]["name"]: o.get("value") for o in objects if o["kind"] == "PriorityClass"}
+    values = [classes.get(c) for c in PRIORITY_ORDER]
+    if None in values:
+        fail(where, "PriorityClasses %s must all be rendered (got %s)" % (PRIORITY_ORDER, sorted(classes)))
+    elif values != sorted(values, reverse=True) or len(set(values)) != len(values):
+        fail(where, "priorities must fall strictly in the order %s, got %s" % (PRIORITY_ORDER, values))
+    claims = {o["metadata"]["name"]: o for o in objects if o["kind"] == "PersistentVolumeClaim"}
+    for obj, pod, c in manifests.containers(objects):
+        w = "%s %s/%s" % (where, obj["kind"], obj["metadata"]["name"])
+        workload = obj["metadata"]["name"]
+        if workload in PRIORITY_ORDER[:2] and pod.get("priorityClassName") != workload:
+            fail(w, "priorityClassName must be %s, got %r" % (workload, pod.get("priorityClassName")))
+        if pod.get("hostIPC") or pod.get("hostPID") or pod.get("hostNetwork"):
+            fail(w, "hostIPC/hostPID/hostNetwork: no backend needs them (a node's ranks share the pod)")
+        for probe in ("readinessProbe", "livenessProbe"):
+            if probe not in c:
+                fail(w, "no %s" % probe)
+        resources = c.get("resources", {})
+        for key in ("cpu", "memory"):
+            if key not in resources.get("requests", {}):
+                fail(w, "no %s request" % key)
+        if "memory" not in resources.get("limits", {}):
+            fail(w, "no memory limit")
+        if workload != "dropless-worker":
+            continue
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        mounts = [m for m in c.get("volumeMounts", []) if m["mountPath"] == CHECKPOINT_PATH]
+        claim = volumes.get(mounts[0]["name"], {}).get("persistentVolumeClaim", {}) if mounts else {}
+        if claim.get("claimName") != CHECKPOINT_CLAIM:
+            fail(w, "checkpoints (%s) must be the PersistentVolumeClaim %s" % (CHECKPOINT_PATH, CHECKPOINT_CLAIM))
+        elif CHECKPOINT_CLAIM not in claims:
+            fail(w, "PersistentVolumeClaim %s is not rendered" % CHECKPOINT_CLAIM)
+        elif name != "overlays/cpu-dev" and \
+                "ReadWriteMany" not in claims[CHECKPOINT_CLAIM]["spec"].get("accessModes", []):
+            fail(w, "%s must be ReadWriteMany: an attempt rescheduled to another node resumes from it"
+                 % CHECKPOINT_CLAIM)
 
 
 def check_workloads(where, objects):
@@ -184,8 +251,6 @@ def check_gpu_and_cpu(where, name, objects):
         else:
             if int(limits.get("nvidia.com/gpu", 0)) < 1:
                 fail(where, "the worker requests no nvidia.com/gpu")
-            if not pod.get("hostIPC"):
-                fail(where, "the GPU worker needs hostIPC")
             if env.get("NCCL_NVLS_ENABLE") != "0":
                 fail(where, "the GPU worker needs NCCL_NVLS_ENABLE=0")
             if "nvidia.com/gpu.present" not in pod.get("nodeSelector", {}):
@@ -252,11 +317,14 @@ def main():
         rendered += len(objects)
         for obj in objects:
             where = "%s %s/%s" % (name, obj.get("kind"), obj.get("metadata", {}).get("name"))
-            if obj["kind"] != "Namespace" and name != "monitoring" and \
+            if obj["kind"] not in CLUSTER_SCOPED and name != "monitoring" and \
                     obj["metadata"].get("namespace") != "dropless":
                 fail(where, "not in namespace dropless")
             if obj["kind"] in MONITOR_SCHEMA:
                 check_monitor(where, obj, objects, cross_check=name != "monitoring")
+                continue
+            if obj["kind"] == "PrometheusRule":
+                check_prometheus_rule(where, obj, args.source_dir)
                 continue
             try:
                 kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
@@ -267,6 +335,7 @@ def main():
         if name == "monitoring":
             continue
         check_workloads(name, objects)
+        check_production(name, name, objects)
         check_configmaps(name, objects, args.source_dir)
         check_gpu_and_cpu(name, name, objects)
         check_images(name, objects, stages, args.source_dir)

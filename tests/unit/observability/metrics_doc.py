@@ -42,6 +42,9 @@ def parse(path):
                 raise ValueError("%s: labels must be back-quoted names separated by commas, got %r"
                                  % (where, labels_cell))
             labels = set(re.findall(r"`([a-zA-Z_][a-zA-Z0-9_]*)`", labels_cell))
+            if "job" in labels:
+                raise ValueError("%s: no label may be named `job`: Prometheus sets `job` on every "
+                                 "scraped target (use job_id)" % where)
             if mtype == "counter" and not name.endswith("_total"):
                 raise ValueError("%s: a counter's name ends in _total" % where)
             if mtype == "histogram" and not name.endswith("_seconds") and unit == "seconds":

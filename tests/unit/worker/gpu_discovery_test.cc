@@ -8,7 +8,7 @@ namespace dropless {
 namespace {
 
 TEST(GpuDiscoveryTest, MissingDriverLibraryMeansNoGpus) {
-  absl::StatusOr<std::vector<std::string>> gpus =
+  absl::StatusOr<std::vector<CudaDevice>> gpus =
       DiscoverCudaDevices("libdropless-no-such-driver.so.1");
   ASSERT_TRUE(gpus.ok()) << gpus.status();
   EXPECT_TRUE(gpus->empty());
@@ -16,13 +16,13 @@ TEST(GpuDiscoveryTest, MissingDriverLibraryMeansNoGpus) {
 
 TEST(GpuDiscoveryTest, LibraryWithoutDriverSymbolsIsAnError) {
   // libm is loadable everywhere and has no cuInit.
-  absl::StatusOr<std::vector<std::string>> gpus = DiscoverCudaDevices("libm.so.6");
+  absl::StatusOr<std::vector<CudaDevice>> gpus = DiscoverCudaDevices("libm.so.6");
   EXPECT_EQ(gpus.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(gpus.status().message().find("cuInit"), std::string::npos);
 }
 
 TEST(GpuDiscoveryTest, ThisMachine) {
-  absl::StatusOr<std::vector<std::string>> gpus = DiscoverCudaDevices();
+  absl::StatusOr<std::vector<CudaDevice>> gpus = DiscoverCudaDevices();
   void* driver = dlopen(kCudaDriverLibrary, RTLD_NOW | RTLD_LOCAL);
   if (driver == nullptr) {
     // CPU machine: no driver, zero GPUs, no error.
@@ -31,8 +31,22 @@ TEST(GpuDiscoveryTest, ThisMachine) {
   } else {
     // GPU machine: every device has a name.
     ASSERT_TRUE(gpus.ok()) << gpus.status();
-    for (const std::string& name : *gpus) EXPECT_FALSE(name.empty());
+    for (const CudaDevice& gpu : *gpus) {
+      EXPECT_FALSE(gpu.name.empty());
+      EXPECT_EQ(gpu.uuid.rfind("GPU-", 0), 0u) << gpu.uuid;
+    }
   }
+}
+
+// A stand-in driver (tests/unit/worker/fake_cuda_driver.c) with two devices.
+TEST(GpuDiscoveryTest, NamesAndUuidsAsNvidiaSmiPrintsThem) {
+  absl::StatusOr<std::vector<CudaDevice>> gpus = DiscoverCudaDevices(DROPLESS_FAKE_CUDA_DRIVER);
+  ASSERT_TRUE(gpus.ok()) << gpus.status();
+  ASSERT_EQ(gpus->size(), 2u);
+  EXPECT_EQ((*gpus)[0].name, "Fake H200");
+  EXPECT_EQ((*gpus)[0].uuid, "GPU-00010203-0405-0607-0809-0a0b0c0d0eab");
+  EXPECT_EQ((*gpus)[1].name, "Fake H100");
+  EXPECT_EQ((*gpus)[1].uuid, "GPU-10111213-1415-1617-1819-1a1b1c1d1eab");
 }
 
 }  // namespace

@@ -201,7 +201,8 @@ TEST_F(RankManagerTest, RunsRanksToSuccessWithStatusMetricsAndLogs) {
 
   EXPECT_TRUE(manager_->LiveRanks().empty());
   const std::string exposition = metrics_->Serialize();
-  EXPECT_NE(exposition.find("dropless_rank_steps_total{job=\"ok\",node=\"node-a\",rank=\"1\"} 2"),
+  EXPECT_NE(exposition.find("dropless_rank_steps_total{Hostname=\"node-a\",UUID=\"\",gpu=\"\","
+                            "job_id=\"ok\",node=\"node-a\",rank=\"1\"} 2"),
             std::string::npos)
       << exposition;
   EXPECT_NE(exposition.find("dropless_worker_rank_exits_total{node=\"node-a\",result=\"succeeded\"} 2"),

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace dropless {
@@ -152,9 +153,14 @@ absl::StatusOr<SlotPlan> Plan(WorkerSettings flags, absl::StatusOr<std::vector<s
   absl::StatusOr<WorkerConfig> c = ResolveWorkerConfig({}, flags, Host());
   if (!c.ok()) return c.status();
   *discovered = false;
-  return PlanSlots(*c, 12, [&] {
+  return PlanSlots(*c, 12, [&]() -> absl::StatusOr<std::vector<CudaDevice>> {
     *discovered = true;
-    return gpus;
+    if (!gpus.ok()) return gpus.status();
+    std::vector<CudaDevice> devices;
+    for (size_t i = 0; i < gpus->size(); ++i) {
+      devices.push_back({(*gpus)[i], absl::StrCat("GPU-", i)});
+    }
+    return devices;
   }, warning);
 }
 
@@ -166,6 +172,7 @@ TEST(PlanSlotsTest, AutoUsesGpusWhenFound) {
   EXPECT_TRUE(discovered);
   EXPECT_EQ(p->slot_kind, "cuda");
   EXPECT_EQ(p->devices, (std::vector<std::string>{"NVIDIA H200", "NVIDIA H200"}));
+  EXPECT_EQ(p->uuids, (std::vector<std::string>{"GPU-0", "GPU-1"}));
 }
 
 TEST(PlanSlotsTest, AutoFallsBackToOneCpuSlotPerCpu) {
@@ -174,6 +181,7 @@ TEST(PlanSlotsTest, AutoFallsBackToOneCpuSlotPerCpu) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->slot_kind, "cpu");
   EXPECT_EQ(p->devices, std::vector<std::string>(12, "cpu"));
+  EXPECT_EQ(p->uuids, std::vector<std::string>(12, ""));
 }
 
 TEST(PlanSlotsTest, AutoFallsBackToCpuOnDiscoveryErrorWithAWarning) {
@@ -210,6 +218,7 @@ TEST(PlanSlotsTest, GpuCountTakesTheFirstAndFailsWhenShort) {
   absl::StatusOr<SlotPlan> p = Plan(s, std::vector<std::string>{"a", "b", "c"}, &discovered);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->devices, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(p->uuids, (std::vector<std::string>{"GPU-0", "GPU-1"}));
   p = Plan(s, std::vector<std::string>{"a"}, &discovered);
   EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(p.status().message().find("1 found"), std::string::npos) << p.status();

@@ -57,43 +57,78 @@ TEST(WorkerMetricsTest, DaemonSeries) {
   EXPECT_TRUE(Has(text, "dropless_worker_session_reconnects_total{node=\"n1\"} 1")) << text;
 }
 
-TEST(WorkerMetricsTest, RankSeriesHaveJobRankNodeLabelsAndDerivedRates) {
+// Labels of rank 1 of job-a on a CPU slot (prometheus-cpp sorts them by name; `le` goes last).
+std::string CpuLabels(const std::string& extra = "") {
+  return absl::StrCat("{Hostname=\"n1\",UUID=\"\",gpu=\"\",job_id=\"job-a\",node=\"n1\"",
+                      extra, ",rank=\"1\"");
+}
+
+TEST(WorkerMetricsTest, RankSeriesHaveJobIdRankNodeLabelsCountersAndLastStepGauges) {
   auto m = Make();
-  m->RecordStep("job-a", 1, Report(2.0));
+  m->RecordStep({"job-a", 1, "", ""}, Report(2.0));
   StepReport second = Report(1.0);
   second.step = 2;
   second.step_seconds = 2.0;
-  m->RecordStep("job-a", 1, second);
+  m->RecordStep({"job-a", 1, "", ""}, second);
   const std::string text = m->Serialize();
-  const std::string l = "{job=\"job-a\",node=\"n1\",rank=\"1\"}";
+  // Never a label named `job`: Prometheus sets it on every target.
+  EXPECT_FALSE(Has(text, "{job=")) << text;
+  EXPECT_FALSE(Has(text, ",job=")) << text;
+  const std::string l = CpuLabels() + "}";
   EXPECT_TRUE(Has(text, "dropless_rank_steps_total" + l + " 2")) << text;
+  // What users take rate() of are counters: 1000 tokens and 2e12 FLOPs per step.
+  EXPECT_TRUE(Has(text, "dropless_rank_tokens_total" + l + " 2000")) << text;
+  EXPECT_TRUE(Has(text, "dropless_rank_model_flops_total" + l + " 4000000000000")) << text;
+  EXPECT_FALSE(Has(text, "dropless_rank_tokens_per_second")) << text;
+  // Gauges hold the last step: 2e12 FLOPs in 2 s.
   EXPECT_TRUE(Has(text, "dropless_rank_loss" + l + " 1")) << text;
   EXPECT_TRUE(Has(text, "dropless_rank_model_flops_per_second" + l + " 1000000000000")) << text;
   EXPECT_TRUE(Has(text, "dropless_rank_mfu_ratio" + l + " 0.125")) << text;
-  EXPECT_TRUE(Has(text, "dropless_rank_tokens_per_second" + l + " 500")) << text;
   EXPECT_TRUE(Has(text, "dropless_rank_expert_load_imbalance_ratio" + l + " 1.5")) << text;
   EXPECT_TRUE(Has(text, "dropless_rank_device_memory_bytes" + l + " 4096")) << text;
   EXPECT_TRUE(Has(text, "dropless_rank_step_duration_seconds_count" + l + " 2")) << text;
   EXPECT_TRUE(Has(text, "dropless_rank_step_duration_seconds_sum" + l + " 2.5")) << text;
-  // Buckets reach from 1 ms to 60 s.
-  EXPECT_TRUE(Has(text, "dropless_rank_step_duration_seconds_bucket{job=\"job-a\",node=\"n1\",rank=\"1\",le=\"0.001\"} 0"))
-      << text;
-  EXPECT_TRUE(Has(text, "dropless_rank_step_duration_seconds_bucket{job=\"job-a\",node=\"n1\",rank=\"1\",le=\"0.5\"} 1"))
-      << text;
-  EXPECT_TRUE(Has(text, "dropless_rank_step_duration_seconds_bucket{job=\"job-a\",node=\"n1\",rank=\"1\",le=\"60\"} 2"))
-      << text;
+  // Step buckets reach from 1 ms to 60 s.
+  const std::string step = "dropless_rank_step_duration_seconds_bucket" + CpuLabels();
+  EXPECT_TRUE(Has(text, step + ",le=\"0.001\"} 0")) << text;
+  EXPECT_TRUE(Has(text, step + ",le=\"0.5\"} 1")) << text;
+  EXPECT_TRUE(Has(text, step + ",le=\"60\"} 2")) << text;
   EXPECT_TRUE(Has(text, "dropless_rank_dispatch_duration_seconds_count" + l + " 2")) << text;
   EXPECT_TRUE(Has(text, "dropless_rank_combine_duration_seconds_count" + l + " 2")) << text;
 }
 
+TEST(WorkerMetricsTest, PhaseHistogramsResolveMicroseconds) {
+  auto m = Make();
+  StepReport r = Report(1.0);
+  r.dispatch_seconds = 0.000015;  // 15 us: a small GPU dispatch
+  r.combine_seconds = 0.000004;   // 4 us
+  m->RecordStep({"job-a", 1, "", ""}, r);
+  const std::string text = m->Serialize();
+  const std::string dispatch = "dropless_rank_dispatch_duration_seconds_bucket" + CpuLabels();
+  EXPECT_TRUE(Has(text, dispatch + ",le=\"1e-05\"} 0")) << text;
+  EXPECT_TRUE(Has(text, dispatch + ",le=\"2e-05\"} 1")) << text;
+  const std::string combine = "dropless_rank_combine_duration_seconds_bucket" + CpuLabels();
+  EXPECT_TRUE(Has(text, combine + ",le=\"1e-05\"} 1")) << text;
+  EXPECT_TRUE(Has(text, combine + ",le=\"60\"} 1")) << text;
+}
+
+TEST(WorkerMetricsTest, GpuRanksCarryDcgmLabels) {
+  auto m = Make();
+  m->RecordStep({"job-g", 0, "3", "GPU-0a1b"}, Report(1.0));
+  const std::string text = m->Serialize();
+  EXPECT_TRUE(Has(text, "dropless_rank_mfu_ratio{Hostname=\"n1\",UUID=\"GPU-0a1b\",gpu=\"3\","
+                        "job_id=\"job-g\",node=\"n1\",rank=\"0\"} 0.5"))
+      << text;
+}
+
 TEST(WorkerMetricsTest, ExpertGemmDurationIsObservedPerPhase) {
   auto m = Make();
-  m->RecordStep("job-a", 1, Report(2.0));
-  m->RecordStep("job-a", 1, Report(1.0));
+  m->RecordStep({"job-a", 1, "", ""}, Report(2.0));
+  m->RecordStep({"job-a", 1, "", ""}, Report(1.0));
   const std::string text = m->Serialize();
   const std::string name = "dropless_rank_expert_gemm_duration_seconds";
   auto labels = [](const std::string& phase, const std::string& le) {
-    return absl::StrCat("{job=\"job-a\",node=\"n1\",phase=\"", phase, "\",rank=\"1\"",
+    return absl::StrCat(CpuLabels(absl::StrCat(",phase=\"", phase, "\"")),
                         le.empty() ? "" : absl::StrCat(",le=\"", le, "\""), "}");
   };
   // Each phase gets its own value: forward 62.5 ms, dgrad 125 ms, wgrad 250 ms per step.
@@ -113,22 +148,23 @@ TEST(WorkerMetricsTest, ExpertGemmDurationIsObservedPerPhase) {
     EXPECT_TRUE(Has(text, name + "_bucket" + labels(p.phase, p.le_at) + " 2")) << text;
   }
   // No series without a phase (the sum over phases is the combined GEMM time).
-  EXPECT_FALSE(Has(text, name + "_count{job=\"job-a\",node=\"n1\",rank=\"1\"}")) << text;
+  EXPECT_FALSE(Has(text, name + "_count" + CpuLabels() + "}")) << text;
 }
 
 TEST(WorkerMetricsTest, KeepsTheLastSixteenJobs) {
   auto m = Make();
-  for (int j = 0; j < 20; ++j) m->RecordStep(absl::StrCat("job-", j), 0, Report(j));
+  for (int j = 0; j < 20; ++j) m->RecordStep({absl::StrCat("job-", j), 0, "", ""}, Report(j));
   // Reporting again for a retained job does not evict anything.
-  m->RecordStep("job-10", 0, Report(10));
+  m->RecordStep({"job-10", 0, "", ""}, Report(10));
   const std::string text = m->Serialize();
   for (int j = 0; j < 20; ++j) {
-    const bool kept = Has(text, absl::StrCat("dropless_rank_loss{job=\"job-", j, "\""));
+    const bool kept = Has(text, absl::StrCat("job_id=\"job-", j, "\""));
     EXPECT_EQ(kept, j >= 4) << "job-" << j;
     for (const char* phase : {"forward", "dgrad", "wgrad"}) {
       const bool gemm_kept =
-          Has(text, absl::StrCat("dropless_rank_expert_gemm_duration_seconds_count{job=\"job-", j,
-                                 "\",node=\"n1\",phase=\"", phase, "\""));
+          Has(text, absl::StrCat("dropless_rank_expert_gemm_duration_seconds_count{Hostname=\"n1\","
+                                 "UUID=\"\",gpu=\"\",job_id=\"job-", j, "\",node=\"n1\",phase=\"",
+                                 phase, "\""));
       EXPECT_EQ(gemm_kept, j >= 4) << "job-" << j << " " << phase;
     }
   }
