@@ -6,7 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "common/utf8.h"
 #include "coordinator/controller/coordinator.h"
-#include "coordinator/util/log.h"
+#include "common/log.h"
 
 namespace dropless::coordinator {
 
