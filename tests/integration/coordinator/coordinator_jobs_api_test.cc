@@ -172,10 +172,12 @@ TEST(CoordinatorJobsApiTest, DurationsAreDurationsNextToTheirMillisecondFields) 
   ASSERT_TRUE(w.Register().ok() && w.Connect().ok());
   absl::StatusOr<v1::Job> job = c->Submit(TinySpec(1));
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(w.NextAssignment().has_value());
+  std::optional<v1::Assignment> assignment = w.NextAssignment();
+  ASSERT_TRUE(assignment.has_value());
   v1::WaitRequest wait;
   wait.mutable_scope()->set_job_id(job->id());
   wait.mutable_scope()->set_attempt(1);
+  wait.mutable_scope()->set_secret(assignment->rendezvous_secret());
   wait.add_keys("never");
   wait.set_timeout_ms(60000);
   *wait.mutable_timeout() = TimeUtil::MillisecondsToDuration(300);
