@@ -54,6 +54,6 @@ wait "$watcher" || true
 "$bin/dropless" describe job "$id" | tail -20
 "$bin/dropless" metrics "$id" --limit 5 || true
 echo "==> worker /metrics (last sample while running)"
-grep -E '^dropless_rank_(step_seconds|tflops|mfu|loss|steps_total|device_memory)' "$out/worker-metrics.txt" | head -20 || true
+grep -E '^dropless_rank_' "$out/worker-metrics.txt" | grep -v '_bucket' | head -30 || true
 tail -5 "$out/worker.log"
 exit $status
