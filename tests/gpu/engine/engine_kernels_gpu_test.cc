@@ -84,8 +84,13 @@ TEST_F(EngineKernelsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
   o.eps = 1e-8;
   o.weight_decay = 0.1;
   o.warmup_steps = 3;
-  const int64_t rows = 37, cols = 45, n2 = 70001;  // a transposed copy; a tensor of many chunks
-  std::vector<float> p1 = RandomFloat(rows * cols), p2 = RandomFloat(n2);
+  // A transposed copy; a tensor of many chunks with bf16 gradients; a vectorized one (fp32
+  // gradients, aligned, its last chunk ending off a multiple of four).
+  const int64_t rows = 37, cols = 45, n2 = 70001, n3 = 3 * 16384 + 4 * 1000 + 3;
+  std::vector<float> p1 = RandomFloat(rows * cols), p2 = RandomFloat(n2), p3 = RandomFloat(n3);
+  std::vector<float> m3(n3, 0), v3(n3, 0);
+  DeviceArray<float> dp3(p3), dm3(m3), dv3(v3), dg3(n3);
+  DeviceArray<Bf16> copy3(n3);
   std::vector<float> m1(p1.size(), 0), v1(p1.size(), 0), m2(p2.size(), 0), v2(p2.size(), 0);
   DeviceArray<float> dp1(p1), dp2(p2), dm1(m1), dv1(v1), dm2(m2), dv2(v2);
   // Tensor 1 takes fp32 gradients, tensor 2 bf16 ones (the routed experts').
@@ -108,26 +113,37 @@ TEST_F(EngineKernelsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
   t2.v = dv2.get();
   t2.n = n2;
   t2.bf16_copy = copy2.get();
-  absl::StatusOr<std::unique_ptr<FusedAdamW>> adamw = FusedAdamW::Create(o, {t1, t2}, counter.get());
+  AdamWTensor t3;
+  t3.param = dp3.get();
+  t3.grad = dg3.get();
+  t3.m = dm3.get();
+  t3.v = dv3.get();
+  t3.n = n3;
+  t3.bf16_copy = copy3.get();
+  absl::StatusOr<std::unique_ptr<FusedAdamW>> adamw =
+      FusedAdamW::Create(o, {t1, t2, t3}, counter.get());
   ASSERT_TRUE(adamw.ok()) << adamw.status();
   for (int step = 1; step <= 5; ++step) {
     const std::vector<float> g1 = RandomFloat(p1.size(), 1e-2f);
     const std::vector<Bf16> g2_bf16 = RandomBf16(p2.size(), 1e-2f);
     std::vector<float> g2(p2.size());
     for (size_t i = 0; i < g2.size(); ++i) g2[i] = Bf16ToFloat(g2_bf16[i]);
+    const std::vector<float> g3 = RandomFloat(n3, 1e-2f);
     dg1.Upload(g1);
     dg2.Upload(g2_bf16);
+    dg3.Upload(g3);
     // The two tensors in separate launches on alternate steps, as the engine's overlapped
     // optimizer updates them.
     if (step % 2 == 0) {
       STATUS_ASSERT((*adamw)->Step(nullptr));
     } else {
       STATUS_ASSERT((*adamw)->PrepareStep(nullptr));
-      STATUS_ASSERT((*adamw)->Update(1, 1, nullptr));
+      STATUS_ASSERT((*adamw)->Update(1, 2, nullptr));
       STATUS_ASSERT((*adamw)->Update(0, 1, nullptr));
     }
     cpu::AdamWUpdate<float>(o, step, static_cast<int64_t>(p1.size()), g1.data(), p1.data(), m1.data(), v1.data());
     cpu::AdamWUpdate<float>(o, step, static_cast<int64_t>(p2.size()), g2.data(), p2.data(), m2.data(), v2.data());
+    cpu::AdamWUpdate<float>(o, step, n3, g3.data(), p3.data(), m3.data(), v3.data());
   }
   EXPECT_EQ(counter.Download()[0], 5);
   const std::vector<float> got1 = dp1.Download(), got2 = dp2.Download();
@@ -140,6 +156,12 @@ TEST_F(EngineKernelsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
     }
   }
   for (size_t i = 0; i < p2.size(); ++i) ASSERT_EQ(c2[i].bits, FloatToBf16(got2[i]).bits) << i;
+  const std::vector<float> got3 = dp3.Download();
+  const std::vector<Bf16> c3 = copy3.Download();
+  for (int64_t i = 0; i < n3; ++i) {
+    ASSERT_NEAR(got3[i], p3[i], 2e-6f * (1 + std::fabs(p3[i]))) << i;
+    ASSERT_EQ(c3[i].bits, FloatToBf16(got3[i]).bits) << i;
+  }
 }
 
 TEST_F(EngineKernelsGpu, SumSquaredErrorTransposeAndBias) {
