@@ -21,18 +21,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/job_spec_internal.h"
+#include "common/status_macros.h"
 #include "common/yaml_tree.h"
 
 namespace dropless {
 namespace {
 
 using yaml::Node;
-
-#define DROPLESS_RETURN_IF_ERROR(expr)  \
-  do {                                  \
-    absl::Status status_ = (expr);      \
-    if (!status_.ok()) return status_;  \
-  } while (0)
 
 std::string Join(const std::string& path, absl::string_view key) {
   return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);

@@ -1,6 +1,6 @@
 // The CUDA engine's own kernels against host references on fresh random data each run, outputs
 // poisoned first: parameter fills and tokens against the CPU engine's generators, fused AdamW
-// (with bf16 and transposed bf16 copies) against cpu::AdamWUpdate over several steps, the sum,
+// (with bf16 and transposed bf16 copies, vectorized and scalar paths, updates in separate launches) against cpu::AdamWUpdate over several steps, the sum,
 // squared-error, transpose and bias kernels against plain loops.
 #include <cmath>
 #include <cstdint>
@@ -84,8 +84,8 @@ TEST_F(EngineKernelsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
   o.eps = 1e-8;
   o.weight_decay = 0.1;
   o.warmup_steps = 3;
-  // A transposed copy; a tensor of many chunks with bf16 gradients; a vectorized one (fp32
-  // gradients, aligned, its last chunk ending off a multiple of four).
+  // A transposed copy (scalar loop); a tensor of many chunks ending off a multiple of four (its
+  // last values in the scalar loop); a vectorized one ending on a partial chunk.
   const int64_t rows = 37, cols = 45, n2 = 70001, n3 = 3 * 16384 + 4 * 1000 + 3;
   std::vector<float> p1 = RandomFloat(rows * cols), p2 = RandomFloat(n2), p3 = RandomFloat(n3);
   std::vector<float> m3(n3, 0), v3(n3, 0);
@@ -93,9 +93,7 @@ TEST_F(EngineKernelsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
   DeviceArray<Bf16> copy3(n3);
   std::vector<float> m1(p1.size(), 0), v1(p1.size(), 0), m2(p2.size(), 0), v2(p2.size(), 0);
   DeviceArray<float> dp1(p1), dp2(p2), dm1(m1), dv1(v1), dm2(m2), dv2(v2);
-  // Tensor 1 takes fp32 gradients, tensor 2 bf16 ones (the routed experts').
-  DeviceArray<float> dg1(p1.size());
-  DeviceArray<Bf16> dg2(p2.size());
+  DeviceArray<float> dg1(p1.size()), dg2(p2.size());
   DeviceArray<Bf16> copy1(p1.size()), copy2(p2.size());
   DeviceArray<int64_t> counter(std::vector<int64_t>{0});
   AdamWTensor t1, t2;
@@ -108,7 +106,7 @@ TEST_F(EngineKernelsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
   t1.copy_rows = rows;
   t1.copy_cols = cols;
   t2.param = dp2.get();
-  t2.grad_bf16 = dg2.get();
+  t2.grad = dg2.get();
   t2.m = dm2.get();
   t2.v = dv2.get();
   t2.n = n2;
@@ -125,12 +123,10 @@ TEST_F(EngineKernelsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
   ASSERT_TRUE(adamw.ok()) << adamw.status();
   for (int step = 1; step <= 5; ++step) {
     const std::vector<float> g1 = RandomFloat(p1.size(), 1e-2f);
-    const std::vector<Bf16> g2_bf16 = RandomBf16(p2.size(), 1e-2f);
-    std::vector<float> g2(p2.size());
-    for (size_t i = 0; i < g2.size(); ++i) g2[i] = Bf16ToFloat(g2_bf16[i]);
+    const std::vector<float> g2 = RandomFloat(p2.size(), 1e-2f);
     const std::vector<float> g3 = RandomFloat(n3, 1e-2f);
     dg1.Upload(g1);
-    dg2.Upload(g2_bf16);
+    dg2.Upload(g2);
     dg3.Upload(g3);
     // The two tensors in separate launches on alternate steps, as the engine's overlapped
     // optimizer updates them.

@@ -35,7 +35,7 @@ absl::Status Copy(HostBuffers& host, const DeviceOptimizerBuffers& device, cudaM
 }  // namespace
 
 absl::Status WriteCudaCheckpoint(const std::string& dir, const EngineConfig& config, int rank,
-                                 int world_size, const cpu::MoeParameterLayout& layout,
+                                 const cpu::MoeParameterLayout& layout,
                                  int64_t step, const DeviceOptimizerBuffers& replicated,
                                  const DeviceOptimizerBuffers& experts) {
   HostBuffers rep(replicated.size), exp(experts.size);
@@ -46,8 +46,7 @@ absl::Status WriteCudaCheckpoint(const std::string& dir, const EngineConfig& con
 }
 
 absl::StatusOr<int64_t> ReadCudaCheckpoint(const std::string& dir, const EngineConfig& config,
-                                           int rank, int world_size,
-                                           const cpu::MoeParameterLayout& layout,
+                                           int rank, const cpu::MoeParameterLayout& layout,
                                            const DeviceOptimizerBuffers& replicated,
                                            const DeviceOptimizerBuffers& experts) {
   HostBuffers rep(replicated.size), exp(experts.size);

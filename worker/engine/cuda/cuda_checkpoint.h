@@ -24,14 +24,13 @@ struct DeviceOptimizerBuffers {
 };
 
 absl::Status WriteCudaCheckpoint(const std::string& dir, const EngineConfig& config, int rank,
-                                 int world_size, const cpu::MoeParameterLayout& layout,
+                                 const cpu::MoeParameterLayout& layout,
                                  int64_t step, const DeviceOptimizerBuffers& replicated,
                                  const DeviceOptimizerBuffers& experts);
 
 // The step restored; NotFound when `dir` holds no checkpoint of this rank.
 absl::StatusOr<int64_t> ReadCudaCheckpoint(const std::string& dir, const EngineConfig& config,
-                                           int rank, int world_size,
-                                           const cpu::MoeParameterLayout& layout,
+                                           int rank, const cpu::MoeParameterLayout& layout,
                                            const DeviceOptimizerBuffers& replicated,
                                            const DeviceOptimizerBuffers& experts);
 

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/step_phase.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
 #include "worker/engine/cpu/moe_model.h"
 #include "worker/engine/cpu/synthetic_task.h"
@@ -28,43 +29,24 @@ namespace {
 using kernels::cuda::CudaStatus;
 using Clock = std::chrono::steady_clock;
 
-#define RETURN_IF_ERROR(expr)                             \
-  do {                                                    \
-    if (absl::Status _st = (expr); !_st.ok()) return _st; \
-  } while (0)
-
-template <typename T>
-absl::Status Alloc(DeviceArena* arena, int64_t count, const char* what, T** out) {
-  absl::StatusOr<T*> p = arena->Allocate<T>(count, what);
-  if (!p.ok()) return p.status();
-  *out = *p;
-  return absl::OkStatus();
-}
-
-// A trainable flat buffer (MoeParameterLayout's replicated or experts buffer) with its gradient
-// (fp32, or bf16 for the routed experts: LayerGrads), AdamW moments and bf16 working copy.
+// A trainable flat buffer (MoeParameterLayout's replicated or experts buffer) with its fp32
+// gradient, AdamW moments and bf16 working copy.
 struct TrainableBuffer {
   float* value = nullptr;
   float* grad = nullptr;
-  Bf16* grad_bf16 = nullptr;
   float* m = nullptr;
   float* v = nullptr;
   Bf16* bf16 = nullptr;
   int64_t size = 0;
 
-  absl::Status Allocate(DeviceArena* arena, int64_t n, bool bf16_gradients) {
+  absl::Status Allocate(DeviceArena* arena, int64_t n) {
     size = n;
-    RETURN_IF_ERROR(Alloc(arena, n, "master weights", &value));
-    if (bf16_gradients) {
-      RETURN_IF_ERROR(Alloc(arena, n, "weight gradients", &grad_bf16));
-      DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(grad_bf16, 0, n * sizeof(Bf16)));
-    } else {
-      RETURN_IF_ERROR(Alloc(arena, n, "weight gradients", &grad));
-      DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(grad, 0, n * sizeof(float)));
-    }
-    RETURN_IF_ERROR(Alloc(arena, n, "AdamW first moments", &m));
-    RETURN_IF_ERROR(Alloc(arena, n, "AdamW second moments", &v));
-    RETURN_IF_ERROR(Alloc(arena, n, "bf16 weights", &bf16));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "master weights", &value));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "weight gradients", &grad));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "AdamW first moments", &m));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "AdamW second moments", &v));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "bf16 weights", &bf16));
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(grad, 0, n * sizeof(float)));
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(m, 0, n * sizeof(float)));
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(v, 0, n * sizeof(float)));
     return absl::OkStatus();
@@ -157,9 +139,13 @@ class CudaEngineImpl final : public CudaEngine {
   // The step graph writes the phase it is entering here (mapped pinned memory); the host relays
   // it to the hang watchdog (common/step_phase.h) while it waits for the step.
   int32_t* phase_marker_ = nullptr;
-  // Read back after every step: [squared error (double)] [aux loss per layer (float)].
+  // Read back after every step, in one copy to pinned memory: [squared error (double)]
+  // [aux loss per layer (float)] [tokens per expert per layer (int32)], gathered by the graph.
   uint8_t* stats_ = nullptr;
-  std::vector<int32_t> host_counts_;
+  uint8_t* host_stats_ = nullptr;
+  size_t StatsBytes() const { return sizeof(double) + L() * sizeof(float) + CountsBytes(); }
+  size_t CountsOffset() const { return sizeof(double) + L() * sizeof(float); }
+  size_t CountsBytes() const { return static_cast<size_t>(L() * dims_.experts) * sizeof(int32_t); }
 
   bool use_graph_ = true;
   // Each weight's update beside the backward (LayerOptimizerHooks) or all after it:
@@ -209,10 +195,10 @@ absl::Status CudaEngineImpl::InitializeWeights(uint64_t seed, float* replicated,
 absl::Status CudaEngineImpl::RefreshWorkingCopies(const float* replicated, const float* experts,
                                                   ModelWeights* weights, cudaStream_t stream) {
   const int64_t H = dims_.hidden, E = dims_.experts;
-  RETURN_IF_ERROR(CastToBf16(layout_.replicated_size(), replicated, weights->replicated, stream));
-  RETURN_IF_ERROR(CastToBf16(layout_.experts_size(), experts, weights->experts, stream));
+  DROPLESS_RETURN_IF_ERROR(CastToBf16(layout_.replicated_size(), replicated, weights->replicated, stream));
+  DROPLESS_RETURN_IF_ERROR(CastToBf16(layout_.experts_size(), experts, weights->experts, stream));
   for (int64_t l = 0; l < L(); ++l) {
-    RETURN_IF_ERROR(Transpose(1, H, E, weights->replicated + l * RepPerLayer(),
+    DROPLESS_RETURN_IF_ERROR(Transpose(1, H, E, weights->replicated + l * RepPerLayer(),
                               weights->router + l * E * H, stream));
   }
   return absl::OkStatus();
@@ -222,8 +208,8 @@ absl::Status CudaEngineImpl::QuantizeExperts(ModelWeights* weights, cudaStream_t
   if (!dims_.mxfp8) return absl::OkStatus();
   for (int64_t l = 0; l < L(); ++l) {
     const LayerWeights w = Weights(*weights, l);
-    RETURN_IF_ERROR(kernels_->QuantizeWeight(w.w1, dims_.hidden, 2 * dims_.ffn, weights->mx_w1[l], stream));
-    RETURN_IF_ERROR(kernels_->QuantizeWeight(w.w2, dims_.ffn, dims_.hidden, weights->mx_w2[l], stream));
+    DROPLESS_RETURN_IF_ERROR(kernels_->QuantizeWeight(w.w1, dims_.hidden, 2 * dims_.ffn, weights->mx_w1[l], stream));
+    DROPLESS_RETURN_IF_ERROR(kernels_->QuantizeWeight(w.w2, dims_.ffn, dims_.hidden, weights->mx_w2[l], stream));
   }
   return absl::OkStatus();
 }
@@ -270,10 +256,10 @@ absl::Status CudaEngineImpl::Initialize() {
   }
 
   const int64_t T = dims_.tokens, H = dims_.hidden, E = dims_.experts;
-  RETURN_IF_ERROR(replicated_.Allocate(&arena_, layout_.replicated_size(), /*bf16_gradients=*/false));
-  RETURN_IF_ERROR(experts_.Allocate(&arena_, layout_.experts_size(), /*bf16_gradients=*/false));
+  DROPLESS_RETURN_IF_ERROR(replicated_.Allocate(&arena_, layout_.replicated_size()));
+  DROPLESS_RETURN_IF_ERROR(experts_.Allocate(&arena_, layout_.experts_size()));
   for (ModelWeights* w : {&student_, &teacher_}) {
-    RETURN_IF_ERROR(Alloc(&arena_, L() * E * H, "bf16 router", &w->router));
+    DROPLESS_RETURN_IF_ERROR(arena_.Allocate(L() * E * H, "bf16 router", &w->router));
     if (dims_.mxfp8) {
       for (int64_t l = 0; l < L(); ++l) {
         absl::StatusOr<MxWeight> w1 = kernels_->AllocateMxWeight(H, 2 * dims_.ffn, &arena_);
@@ -287,44 +273,45 @@ absl::Status CudaEngineImpl::Initialize() {
   }
   student_.replicated = replicated_.bf16;
   student_.experts = experts_.bf16;
-  RETURN_IF_ERROR(Alloc(&arena_, layout_.replicated_size(), "teacher weights", &teacher_.replicated));
-  RETURN_IF_ERROR(Alloc(&arena_, layout_.experts_size(), "teacher weights", &teacher_.experts));
+  DROPLESS_RETURN_IF_ERROR(arena_.Allocate(layout_.replicated_size(), "teacher weights", &teacher_.replicated));
+  DROPLESS_RETURN_IF_ERROR(arena_.Allocate(layout_.experts_size(), "teacher weights", &teacher_.experts));
   const std::vector<double> bias = cpu::TeacherRouterBias(config_.data, E);
   if (config_.data.distribution == RoutingDistribution::kZipf) {
     const std::vector<float> bias_f(bias.begin(), bias.end());
-    RETURN_IF_ERROR(Alloc(&arena_, E, "teacher router bias", &teacher_.router_bias));
+    DROPLESS_RETURN_IF_ERROR(arena_.Allocate(E, "teacher router bias", &teacher_.router_bias));
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpy(teacher_.router_bias, bias_f.data(),
                                              E * sizeof(float), cudaMemcpyHostToDevice));
   }
 
   activations_.resize(L() + 1);
-  for (Bf16*& a : activations_) RETURN_IF_ERROR(Alloc(&arena_, T * H, "layer activations", &a));
-  RETURN_IF_ERROR(Alloc(&arena_, T * H, "targets", &target_));
-  RETURN_IF_ERROR(Alloc(&arena_, T * H, "output gradient", &grad_a_));
-  RETURN_IF_ERROR(Alloc(&arena_, T * H, "input gradient", &grad_b_));
-  RETURN_IF_ERROR(Alloc(&arena_, static_cast<int64_t>(tokens_.basis().size()), "token basis", &basis_));
+  for (Bf16*& a : activations_) DROPLESS_RETURN_IF_ERROR(arena_.Allocate(T * H, "layer activations", &a));
+  DROPLESS_RETURN_IF_ERROR(arena_.Allocate(T * H, "targets", &target_));
+  DROPLESS_RETURN_IF_ERROR(arena_.Allocate(T * H, "output gradient", &grad_a_));
+  DROPLESS_RETURN_IF_ERROR(arena_.Allocate(T * H, "input gradient", &grad_b_));
+  DROPLESS_RETURN_IF_ERROR(arena_.Allocate(static_cast<int64_t>(tokens_.basis().size()), "token basis", &basis_));
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpy(basis_, tokens_.basis().data(),
                                            tokens_.basis().size() * sizeof(double),
                                            cudaMemcpyHostToDevice));
-  RETURN_IF_ERROR(Alloc(&arena_, 1, "step counter", &step_counter_));
+  DROPLESS_RETURN_IF_ERROR(arena_.Allocate(1, "step counter", &step_counter_));
   absl::StatusOr<void*> marker = arena_.AllocatePinnedHost(sizeof(int32_t), "phase marker");
   if (!marker.ok()) return marker.status();
   phase_marker_ = static_cast<int32_t*>(*marker);
   *phase_marker_ = static_cast<int32_t>(StepPhase::kForward);
-  RETURN_IF_ERROR(Alloc(&arena_, static_cast<int64_t>(sizeof(double) + L() * sizeof(float)),
-                        "step statistics", &stats_));
-  host_counts_.resize(static_cast<size_t>(L() * E));
+  DROPLESS_RETURN_IF_ERROR(arena_.Allocate(static_cast<int64_t>(StatsBytes()), "step statistics", &stats_));
+  absl::StatusOr<void*> host_stats = arena_.AllocatePinnedHost(StatsBytes(), "step statistics");
+  if (!host_stats.ok()) return host_stats.status();
+  host_stats_ = static_cast<uint8_t*>(*host_stats);
 
   // The teacher: fp32 draws (in the student's not yet initialized buffers), kept in bf16.
-  RETURN_IF_ERROR(InitializeWeights(seeds_.teacher, replicated_.value, experts_.value));
-  RETURN_IF_ERROR(RefreshWorkingCopies(replicated_.value, experts_.value, &teacher_, streams_.main));
-  RETURN_IF_ERROR(InitializeWeights(seeds_.student, replicated_.value, experts_.value));
-  if (!config_.checkpoint.dir.empty()) RETURN_IF_ERROR(Restore(config_.checkpoint.dir));
+  DROPLESS_RETURN_IF_ERROR(InitializeWeights(seeds_.teacher, replicated_.value, experts_.value));
+  DROPLESS_RETURN_IF_ERROR(RefreshWorkingCopies(replicated_.value, experts_.value, &teacher_, streams_.main));
+  DROPLESS_RETURN_IF_ERROR(InitializeWeights(seeds_.student, replicated_.value, experts_.value));
+  if (!config_.checkpoint.dir.empty()) DROPLESS_RETURN_IF_ERROR(Restore(config_.checkpoint.dir));
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpy(step_counter_, &steps_done_, sizeof(int64_t),
                                            cudaMemcpyHostToDevice));
-  RETURN_IF_ERROR(RefreshWorkingCopies(replicated_.value, experts_.value, &student_, streams_.main));
-  RETURN_IF_ERROR(QuantizeExperts(&teacher_, streams_.main));
-  RETURN_IF_ERROR(QuantizeExperts(&student_, streams_.main));
+  DROPLESS_RETURN_IF_ERROR(RefreshWorkingCopies(replicated_.value, experts_.value, &student_, streams_.main));
+  DROPLESS_RETURN_IF_ERROR(QuantizeExperts(&teacher_, streams_.main));
+  DROPLESS_RETURN_IF_ERROR(QuantizeExperts(&student_, streams_.main));
 
   // AdamW over every tensor, in per-layer groups so that each weight is updated as soon as its
   // gradient is complete (LayerOptimizerHooks): per layer the router (its bf16 copy transposed to
@@ -332,17 +319,8 @@ absl::Status CudaEngineImpl::Initialize() {
   std::vector<AdamWTensor> tensors;
   auto add = [&](TrainableBuffer& b, int64_t offset, int64_t n, Bf16* copy, int64_t rows,
                  int64_t cols) {
-    AdamWTensor t;
-    t.param = b.value + offset;
-    if (b.grad != nullptr) t.grad = b.grad + offset;
-    if (b.grad_bf16 != nullptr) t.grad_bf16 = b.grad_bf16 + offset;
-    t.m = b.m + offset;
-    t.v = b.v + offset;
-    t.n = n;
-    t.bf16_copy = copy;
-    t.copy_rows = rows;
-    t.copy_cols = cols;
-    tensors.push_back(t);
+    tensors.push_back(AdamWTensor{b.value + offset, b.grad + offset, b.m + offset, b.v + offset, n,
+                                  copy, rows, cols});
     return static_cast<int>(tensors.size()) - 1;
   };
   const int64_t w1_size = E * H * 2 * dims_.ffn;
@@ -377,7 +355,7 @@ absl::Status CudaEngineImpl::RecordStep() {
   cudaStream_t main = streams_.main;
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats_, 0, sizeof(double), main));
 
-  RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kData, main));
+  DROPLESS_RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kData, main));
   TokenSource source;
   source.seed = tokens_.seed();
   source.first_token = static_cast<int64_t>(rank_) * T;
@@ -386,35 +364,40 @@ absl::Status CudaEngineImpl::RecordStep() {
   source.latent_rank = static_cast<int>(tokens_.latent_rank());
   source.basis = basis_;
   source.step_counter = step_counter_;
-  RETURN_IF_ERROR(GenerateTokens(source, activations_[0], main));
+  DROPLESS_RETURN_IF_ERROR(GenerateTokens(source, activations_[0], main));
   // Teacher forward: layer 0's buffers as scratch (the student's forward overwrites them after),
   // the student's activation buffers as the ping-pong between layers, the last into target_.
   LayerStreams untimed = streams_;
   untimed.timer = nullptr;
   for (int64_t l = 0; l < L(); ++l) {
     Bf16* out = l + 1 == L() ? target_ : activations_[l + 1];
-    RETURN_IF_ERROR(layers_[0]->Forward(Weights(teacher_, l), activations_[l], out, nullptr, untimed));
+    DROPLESS_RETURN_IF_ERROR(layers_[0]->Forward(Weights(teacher_, l), activations_[l], out, nullptr, untimed));
   }
-  RETURN_IF_ERROR(timer_.End(PhaseTimer::kData, main));
+  DROPLESS_RETURN_IF_ERROR(timer_.End(PhaseTimer::kData, main));
 
-  RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kForward, main));
-  RETURN_IF_ERROR(MarkPhase(StepPhase::kForward));
+  DROPLESS_RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kForward, main));
+  DROPLESS_RETURN_IF_ERROR(MarkPhase(StepPhase::kForward));
   float* aux = reinterpret_cast<float*>(stats_ + sizeof(double));
   for (int64_t l = 0; l < L(); ++l) {
-    RETURN_IF_ERROR(layers_[l]->Forward(Weights(student_, l), activations_[l], activations_[l + 1],
+    DROPLESS_RETURN_IF_ERROR(layers_[l]->Forward(Weights(student_, l), activations_[l], activations_[l + 1],
                                         aux + l, streams_));
   }
+  for (int64_t l = 0; l < L(); ++l) {
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        stats_ + CountsOffset() + l * dims_.experts * sizeof(int32_t), layers_[l]->expert_counts(),
+        dims_.experts * sizeof(int32_t), cudaMemcpyDeviceToDevice, main));
+  }
   const double job_tokens = static_cast<double>(T) * world_size_;
-  RETURN_IF_ERROR(SquaredErrorAndGrad(T * H, activations_[L()], target_,
+  DROPLESS_RETURN_IF_ERROR(SquaredErrorAndGrad(T * H, activations_[L()], target_,
                                       static_cast<float>(2.0 / (job_tokens * H)),
                                       reinterpret_cast<double*>(stats_), grad_a_, main));
-  RETURN_IF_ERROR(timer_.End(PhaseTimer::kForward, main));
+  DROPLESS_RETURN_IF_ERROR(timer_.End(PhaseTimer::kForward, main));
 
   // Backward, with each weight's AdamW update (and MXFP8 re-quantization) on the optimizer
   // stream as soon as its gradient is complete.
-  RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kBackward, main));
-  RETURN_IF_ERROR(MarkPhase(StepPhase::kBackward));
-  RETURN_IF_ERROR(adamw_->PrepareStep(main));
+  DROPLESS_RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kBackward, main));
+  DROPLESS_RETURN_IF_ERROR(MarkPhase(StepPhase::kBackward));
+  DROPLESS_RETURN_IF_ERROR(adamw_->PrepareStep(main));
   const float aux_coef = static_cast<float>(config_.model.aux_loss_coeff / static_cast<double>(L()));
   Bf16* grad_in = grad_a_;
   Bf16* grad_out = grad_b_;
@@ -427,30 +410,30 @@ absl::Status CudaEngineImpl::RecordStep() {
         return adamw_->Update(g.router_first, g.router_count, s);
       };
       hooks.experts_w2 = [&](cudaStream_t s) -> absl::Status {
-        RETURN_IF_ERROR(adamw_->Update(g.w2, 1, s));
+        DROPLESS_RETURN_IF_ERROR(adamw_->Update(g.w2, 1, s));
         if (!dims_.mxfp8) return absl::OkStatus();
         return kernels_->QuantizeWeight(w.w2, dims_.ffn, dims_.hidden, student_.mx_w2[l], s);
       };
       hooks.experts_w1 = [&](cudaStream_t s) -> absl::Status {
-        RETURN_IF_ERROR(adamw_->Update(g.w1, 1, s));
+        DROPLESS_RETURN_IF_ERROR(adamw_->Update(g.w1, 1, s));
         if (!dims_.mxfp8) return absl::OkStatus();
         return kernels_->QuantizeWeight(w.w1, dims_.hidden, 2 * dims_.ffn, student_.mx_w1[l], s);
       };
     }
-    RETURN_IF_ERROR(layers_[l]->Backward(w, activations_[l], grad_in, aux_coef, Grads(l), grad_out,
+    DROPLESS_RETURN_IF_ERROR(layers_[l]->Backward(w, activations_[l], grad_in, aux_coef, Grads(l), grad_out,
                                          streams_, hooks));
     std::swap(grad_in, grad_out);
   }
-  RETURN_IF_ERROR(timer_.End(PhaseTimer::kBackward, main));
+  DROPLESS_RETURN_IF_ERROR(timer_.End(PhaseTimer::kBackward, main));
 
   // What of the optimizer did not hide under the backward.
-  RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kOptimizer, main));
-  RETURN_IF_ERROR(MarkPhase(StepPhase::kOptimizer));
+  DROPLESS_RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kOptimizer, main));
+  DROPLESS_RETURN_IF_ERROR(MarkPhase(StepPhase::kOptimizer));
   if (overlap_optimizer_) {
-    RETURN_IF_ERROR(links_.Link(streams_.optimizer, main));
+    DROPLESS_RETURN_IF_ERROR(links_.Link(streams_.optimizer, main));
   } else {
-    RETURN_IF_ERROR(adamw_->Update(0, adamw_->num_tensors(), main));
-    RETURN_IF_ERROR(QuantizeExperts(&student_, main));
+    DROPLESS_RETURN_IF_ERROR(adamw_->Update(0, adamw_->num_tensors(), main));
+    DROPLESS_RETURN_IF_ERROR(QuantizeExperts(&student_, main));
   }
   return timer_.End(PhaseTimer::kOptimizer, main);
 }
@@ -459,7 +442,7 @@ absl::StatusOr<StepStats> CudaEngineImpl::Step() {
   const Clock::time_point start = Clock::now();
   cudaStream_t main = streams_.main;
   if (!use_graph_) {
-    RETURN_IF_ERROR(RecordStep());
+    DROPLESS_RETURN_IF_ERROR(RecordStep());
   } else {
     if (graph_exec_ == nullptr) {
       cudaGraph_t graph = nullptr;
@@ -479,33 +462,29 @@ absl::StatusOr<StepStats> CudaEngineImpl::Step() {
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph_exec_, main));
   }
   // The one host wait of a step: its loss and statistics.
-  std::vector<uint8_t> stats(sizeof(double) + L() * sizeof(float));
-  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(stats.data(), stats_, stats.size(),
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_stats_, stats_, StatsBytes(),
                                                 cudaMemcpyDeviceToHost, main));
-  const int64_t E = dims_.experts;
-  for (int64_t l = 0; l < L(); ++l) {
-    DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_counts_.data() + l * E,
-                                                  layers_[l]->expert_counts(), E * sizeof(int32_t),
-                                                  cudaMemcpyDeviceToHost, main));
-  }
-  RETURN_IF_ERROR(WaitForStep());
+  DROPLESS_RETURN_IF_ERROR(WaitForStep());
   const double wall = std::chrono::duration<double>(Clock::now() - start).count();
   ++steps_done_;
 
+  const int64_t E = dims_.experts;
   double squared_error = 0;
-  std::memcpy(&squared_error, stats.data(), sizeof(double));
+  std::memcpy(&squared_error, host_stats_, sizeof(double));
+  std::vector<int32_t> counts(static_cast<size_t>(L() * E));
+  std::memcpy(counts.data(), host_stats_ + CountsOffset(), CountsBytes());
   const double job_tokens = static_cast<double>(dims_.tokens) * world_size_;
   StepStats out;
   out.step = steps_done_;
   out.loss = squared_error / (job_tokens * static_cast<double>(dims_.hidden));
   for (int64_t l = 0; l < L(); ++l) {
     float aux = 0;
-    std::memcpy(&aux, stats.data() + sizeof(double) + l * sizeof(float), sizeof(float));
+    std::memcpy(&aux, host_stats_ + sizeof(double) + l * sizeof(float), sizeof(float));
     out.aux_loss += aux / static_cast<double>(L());
     int64_t max_load = 0, total = 0;
     for (int64_t e = 0; e < E; ++e) {
-      max_load = std::max<int64_t>(max_load, host_counts_[l * E + e]);
-      total += host_counts_[l * E + e];
+      max_load = std::max<int64_t>(max_load, counts[l * E + e]);
+      total += counts[l * E + e];
     }
     const double mean = static_cast<double>(total) / static_cast<double>(E);
     out.load_imbalance += (mean > 0 ? max_load / mean : 1.0) / static_cast<double>(L());
@@ -566,7 +545,7 @@ absl::StatusOr<CudaEngine::GemmSeconds> CudaEngineImpl::TimeExpertGemms(int iter
   GemmSeconds total;
   for (int64_t l = 0; l < L(); ++l) {
     double s[3] = {0, 0, 0};
-    RETURN_IF_ERROR(layers_[l]->TimeExpertGemms(Weights(student_, l), Grads(l), iterations,
+    DROPLESS_RETURN_IF_ERROR(layers_[l]->TimeExpertGemms(Weights(student_, l), Grads(l), iterations,
                                                 streams_.main, s));
     total.forward += s[0];
     total.dgrad += s[1];
@@ -577,7 +556,7 @@ absl::StatusOr<CudaEngine::GemmSeconds> CudaEngineImpl::TimeExpertGemms(int iter
 
 absl::Status CudaEngineImpl::SaveCheckpoint(const std::string& dir) {
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.main));
-  return WriteCudaCheckpoint(dir, config_, rank_, world_size_, layout_, steps_done_,
+  return WriteCudaCheckpoint(dir, config_, rank_, layout_, steps_done_,
                              DeviceOptimizerBuffers{replicated_.value, replicated_.m, replicated_.v,
                                                     replicated_.size},
                              DeviceOptimizerBuffers{experts_.value, experts_.m, experts_.v,
@@ -586,7 +565,7 @@ absl::Status CudaEngineImpl::SaveCheckpoint(const std::string& dir) {
 
 absl::Status CudaEngineImpl::Restore(const std::string& dir) {
   absl::StatusOr<int64_t> step = ReadCudaCheckpoint(
-      dir, config_, rank_, world_size_, layout_,
+      dir, config_, rank_, layout_,
       DeviceOptimizerBuffers{replicated_.value, replicated_.m, replicated_.v, replicated_.size},
       DeviceOptimizerBuffers{experts_.value, experts_.m, experts_.v, experts_.size});
   if (absl::IsNotFound(step.status())) return absl::OkStatus();
@@ -609,9 +588,9 @@ absl::Status CheckCudaEngineConfig(const EngineConfig& config, int world_size) {
 absl::StatusOr<std::unique_ptr<CudaEngine>> CreateCudaEngine(const EngineConfig& config, int rank,
                                                              int world_size, RankGroups* groups) {
   (void)groups;  // one rank: no peers to reach yet
-  RETURN_IF_ERROR(CheckCudaEngineConfig(config, world_size));
+  DROPLESS_RETURN_IF_ERROR(CheckCudaEngineConfig(config, world_size));
   auto engine = std::make_unique<CudaEngineImpl>(config, rank, world_size);
-  RETURN_IF_ERROR(engine->Initialize());
+  DROPLESS_RETURN_IF_ERROR(engine->Initialize());
   return std::unique_ptr<CudaEngine>(std::move(engine));
 }
 

@@ -31,7 +31,16 @@ class DeviceArena {
     return static_cast<T*>(*p);
   }
 
-  // Pinned host memory (for activation offload); counted separately.
+  // The same into *out: `DROPLESS_RETURN_IF_ERROR(arena.Allocate(n, "what", &ptr))`.
+  template <typename T>
+  absl::Status Allocate(int64_t count, const char* what, T** out) {
+    absl::StatusOr<T*> p = Allocate<T>(count, what);
+    if (!p.ok()) return p.status();
+    *out = *p;
+    return absl::OkStatus();
+  }
+
+  // Pinned host memory; counted separately.
   absl::StatusOr<void*> AllocatePinnedHost(size_t bytes, const char* what);
 
   int64_t device_bytes() const { return device_bytes_; }

@@ -182,17 +182,16 @@ __device__ __forceinline__ float AdamWElement(const AdamWScalars& s, float g, fl
   return p * s.decay - s.step_size * update;
 }
 
-// One block per chunk of one tensor. Memory-bound (28-30 bytes per parameter): tensors with fp32
-// gradients, a plain bf16 copy (or none) and 16-byte aligned pointers move four values per
-// thread with 16-byte loads and stores; the others (bf16 gradients, a transposed copy) take the
-// scalar loop.
+// One block per chunk of one tensor. Memory-bound (28 bytes per parameter): tensors with a plain
+// bf16 copy (or none) and 16-byte aligned pointers move four values per thread with 16-byte loads
+// and stores; the others (a transposed copy, unaligned) take the scalar loop.
 __global__ void AdamWKernel(const AdamWTensor* tensors, const AdamWChunk* chunks,
                             const AdamWScalars* scalars_ptr) {
   const AdamWScalars s = *scalars_ptr;
   const AdamWChunk chunk = chunks[blockIdx.x];
   const AdamWTensor t = tensors[chunk.tensor];
   const int64_t end = min(chunk.begin + kAdamWChunk, t.n);
-  const bool vector = t.grad != nullptr && t.copy_rows == 0 && chunk.begin % 4 == 0 &&
+  const bool vector = t.copy_rows == 0 && chunk.begin % 4 == 0 &&
                       ((reinterpret_cast<uintptr_t>(t.param) | reinterpret_cast<uintptr_t>(t.grad) |
                         reinterpret_cast<uintptr_t>(t.m) | reinterpret_cast<uintptr_t>(t.v)) % 16) == 0 &&
                       reinterpret_cast<uintptr_t>(t.bf16_copy) % 8 == 0;
@@ -222,7 +221,7 @@ __global__ void AdamWKernel(const AdamWTensor* tensors, const AdamWChunk* chunks
     scalar_begin = vector_end;
   }
   for (int64_t i = scalar_begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float g = t.grad != nullptr ? t.grad[i] : ToFloat(t.grad_bf16[i]);
+    const float g = t.grad[i];
     float m = t.m[i], v = t.v[i];
     const float p = AdamWElement(s, g, m, v, t.param[i]);
     t.m[i] = m;
@@ -392,7 +391,7 @@ absl::StatusOr<std::unique_ptr<FusedAdamW>> FusedAdamW::Create(
     const OptimizerSpec& optimizer, const std::vector<AdamWTensor>& tensors, int64_t* step_counter) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const AdamWTensor& t = tensors[i];
-    if (t.n < 0 || (t.n > 0 && (!t.param || (!t.grad == !t.grad_bf16) || !t.m || !t.v)) ||
+    if (t.n < 0 || (t.n > 0 && (!t.param || !t.grad || !t.m || !t.v)) ||
         (t.copy_rows > 0 && t.copy_rows * t.copy_cols != t.n)) {
       return absl::InvalidArgumentError(absl::StrFormat("FusedAdamW: tensor %d is malformed", i));
     }

@@ -10,6 +10,7 @@
 #include "dropless/kernels/dispatch_plan.h"
 #include "dropless/kernels/permute.h"
 #include "dropless/kernels/swiglu.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
 #include "worker/engine/cuda/engine_kernels.h"
 
@@ -22,11 +23,6 @@ using Phase = PhaseTimer::Phase;
 const __nv_bfloat16* Nv(const Bf16* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
 __nv_bfloat16* Nv(Bf16* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 
-#define RETURN_IF_ERROR(expr)                        \
-  do {                                               \
-    if (absl::Status _st = (expr); !_st.ok()) return _st; \
-  } while (0)
-
 // Phase spans are optional (the timer may be null).
 absl::Status Begin(const LayerStreams& s, Phase phase, cudaStream_t stream) {
   return s.timer == nullptr ? absl::OkStatus() : s.timer->Begin(phase, stream);
@@ -35,26 +31,18 @@ absl::Status End(const LayerStreams& s, Phase phase, cudaStream_t stream) {
   return s.timer == nullptr ? absl::OkStatus() : s.timer->End(phase, stream);
 }
 
-template <typename T>
-absl::Status Alloc(DeviceArena* arena, int64_t count, const char* what, T** out) {
-  absl::StatusOr<T*> p = arena->Allocate<T>(count, what);
-  if (!p.ok()) return p.status();
-  *out = *p;
-  return absl::OkStatus();
-}
-
 absl::Status AllocRowwise(DeviceArena* arena, int64_t rows, int64_t cols, kernels::MxRowwise* out) {
-  RETURN_IF_ERROR(Alloc(arena, rows * cols, "mxfp8 rows", &out->data));
-  return Alloc(arena, rows * (cols / kernels::kMxBlock), "mxfp8 row scales", &out->scales);
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(rows * cols, "mxfp8 rows", &out->data));
+  return arena->Allocate(rows * (cols / kernels::kMxBlock), "mxfp8 row scales", &out->scales);
 }
 
 absl::Status AllocColwise(DeviceArena* arena, int64_t padded_rows, int64_t cols, int groups,
                           kernels::MxColwise* out) {
   out->padded_rows = padded_rows;
-  RETURN_IF_ERROR(Alloc(arena, padded_rows * cols, "mxfp8 columns", &out->data));
-  RETURN_IF_ERROR(Alloc(arena, padded_rows / kernels::kMxBlock * cols, "mxfp8 column scales",
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(padded_rows * cols, "mxfp8 columns", &out->data));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(padded_rows / kernels::kMxBlock * cols, "mxfp8 column scales",
                         &out->scales));
-  return Alloc(arena, groups + 1, "mxfp8 padded offsets", &out->group_offsets);
+  return arena->Allocate(groups + 1, "mxfp8 padded offsets", &out->group_offsets);
 }
 
 }  // namespace
@@ -84,40 +72,40 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
     *out = *std::move(g);
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(grouped(d.experts, H, 2 * F, Tk, kernels::GradType::kFloat32, &k->w1_));
-  RETURN_IF_ERROR(grouped(d.experts, F, H, Tk, kernels::GradType::kFloat32, &k->w2_));
+  DROPLESS_RETURN_IF_ERROR(grouped(d.experts, H, 2 * F, Tk, kernels::GradType::kFloat32, &k->w1_));
+  DROPLESS_RETURN_IF_ERROR(grouped(d.experts, F, H, Tk, kernels::GradType::kFloat32, &k->w2_));
   if (d.shared > 0) {
-    RETURN_IF_ERROR(grouped(1, H, 2 * F, T, kernels::GradType::kFloat32, &k->shared_w1_));
-    RETURN_IF_ERROR(grouped(1, F, H, T, kernels::GradType::kFloat32, &k->shared_w2_));
-    RETURN_IF_ERROR(Alloc(arena, 2, "shared expert offsets", &k->shared_offsets_));
+    DROPLESS_RETURN_IF_ERROR(grouped(1, H, 2 * F, T, kernels::GradType::kFloat32, &k->shared_w1_));
+    DROPLESS_RETURN_IF_ERROR(grouped(1, F, H, T, kernels::GradType::kFloat32, &k->shared_w2_));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(2, "shared expert offsets", &k->shared_offsets_));
     const int32_t offsets[2] = {0, static_cast<int32_t>(T)};
     DROPLESS_CUDA_RETURN_IF_ERROR(
         cudaMemcpy(k->shared_offsets_, offsets, sizeof(offsets), cudaMemcpyHostToDevice));
   }
   const kernels::DispatchPlanShape plan_shape{T, d.experts, d.topk};
-  RETURN_IF_ERROR(kernels::ValidateDispatchPlanShape(plan_shape));
-  RETURN_IF_ERROR(Alloc(arena, static_cast<int64_t>(kernels::DispatchPlanWorkspaceBytes(plan_shape)),
+  DROPLESS_RETURN_IF_ERROR(kernels::ValidateDispatchPlanShape(plan_shape));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(static_cast<int64_t>(kernels::DispatchPlanWorkspaceBytes(plan_shape)),
                         "dispatch plan workspace", reinterpret_cast<uint8_t**>(&k->plan_workspace_)));
 
-  RETURN_IF_ERROR(Alloc(arena, T * H, "combined output", &k->combined_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "combined output", &k->combined_));
   k->shared_out_.resize(d.shared);
   k->d_x_shared_.resize(d.shared);
   for (int s = 0; s < d.shared; ++s) {
-    RETURN_IF_ERROR(Alloc(arena, T * H, "shared expert output", &k->shared_out_[s]));
-    RETURN_IF_ERROR(Alloc(arena, T * H, "shared expert input gradient", &k->d_x_shared_[s]));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "shared expert output", &k->shared_out_[s]));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "shared expert input gradient", &k->d_x_shared_[s]));
   }
-  RETURN_IF_ERROR(Alloc(arena, Tk * H, "expert output gradient", &k->d_out_rows_));
-  RETURN_IF_ERROR(Alloc(arena, Tk * F, "activation gradient", &k->d_a_));
-  RETURN_IF_ERROR(Alloc(arena, Tk * 2 * F, "w1 output gradient", &k->d_h_));
-  RETURN_IF_ERROR(Alloc(arena, Tk * H, "expert input gradient", &k->d_rows_));
-  RETURN_IF_ERROR(Alloc(arena, T * H, "routed input gradient", &k->d_x_routed_));
-  RETURN_IF_ERROR(Alloc(arena, T * H, "router input gradient", &k->d_x_router_));
-  RETURN_IF_ERROR(Alloc(arena, T * d.topk, "gate gradient", &k->d_weights_));
-  RETURN_IF_ERROR(Alloc(arena, T * d.experts, "logit gradient", &k->d_logits_));
-  RETURN_IF_ERROR(Alloc(arena, int64_t{d.experts} * H, "router weight gradient", &k->d_router_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "expert output gradient", &k->d_out_rows_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * F, "activation gradient", &k->d_a_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * 2 * F, "w1 output gradient", &k->d_h_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "expert input gradient", &k->d_rows_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "routed input gradient", &k->d_x_routed_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "router input gradient", &k->d_x_router_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * d.topk, "gate gradient", &k->d_weights_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * d.experts, "logit gradient", &k->d_logits_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(int64_t{d.experts} * H, "router weight gradient", &k->d_router_));
   if (d.shared > 0) {
-    RETURN_IF_ERROR(Alloc(arena, T * F, "shared activation gradient", &k->d_shared_a_));
-    RETURN_IF_ERROR(Alloc(arena, T * 2 * F, "shared w1 output gradient", &k->d_shared_h_));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * F, "shared activation gradient", &k->d_shared_a_));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * 2 * F, "shared w1 output gradient", &k->d_shared_h_));
   }
 
   if (d.mxfp8) {
@@ -133,18 +121,18 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
       *out = *std::move(g);
       return absl::OkStatus();
     };
-    RETURN_IF_ERROR(mx(H, 2 * F, &k->mx_w1_));
-    RETURN_IF_ERROR(mx(F, H, &k->mx_w2_));
+    DROPLESS_RETURN_IF_ERROR(mx(H, 2 * F, &k->mx_w1_));
+    DROPLESS_RETURN_IF_ERROR(mx(F, H, &k->mx_w2_));
     k->padded_rows_ = kernels::ColwisePaddedRows(Tk, d.experts);
-    RETURN_IF_ERROR(AllocRowwise(arena, Tk, H, &k->mx_rows_));
-    RETURN_IF_ERROR(AllocRowwise(arena, Tk, F, &k->mx_a_));
-    RETURN_IF_ERROR(AllocRowwise(arena, Tk, H, &k->mx_d_out_));
-    RETURN_IF_ERROR(AllocRowwise(arena, Tk, 2 * F, &k->mx_d_h_));
-    RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, H, d.experts, &k->col_rows_));
-    RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, F, d.experts, &k->col_a_));
-    RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, H, d.experts, &k->col_d_out_));
-    RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, 2 * F, d.experts, &k->col_d_h_));
-    RETURN_IF_ERROR(Alloc(arena, int64_t{d.experts} * H * 2 * F, "weight transpose scratch",
+    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, Tk, H, &k->mx_rows_));
+    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, Tk, F, &k->mx_a_));
+    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, Tk, H, &k->mx_d_out_));
+    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, Tk, 2 * F, &k->mx_d_h_));
+    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, H, d.experts, &k->col_rows_));
+    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, F, d.experts, &k->col_a_));
+    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, H, d.experts, &k->col_d_out_));
+    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, 2 * F, d.experts, &k->col_d_h_));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(int64_t{d.experts} * H * 2 * F, "weight transpose scratch",
                           &k->transpose_scratch_));
   }
   return k;
@@ -154,10 +142,10 @@ absl::StatusOr<MxWeight> LayerKernels::AllocateMxWeight(int64_t kdim, int64_t nd
                                                         DeviceArena* arena) const {
   const int64_t n = int64_t{dims_.experts} * kdim * ndim;
   MxWeight w;
-  RETURN_IF_ERROR(Alloc(arena, n, "mxfp8 weight (along n)", &w.along_n));
-  RETURN_IF_ERROR(Alloc(arena, n / kernels::kMxBlock, "mxfp8 weight scales", &w.along_n_scales));
-  RETURN_IF_ERROR(Alloc(arena, n, "mxfp8 weight (along k)", &w.along_k));
-  RETURN_IF_ERROR(Alloc(arena, n / kernels::kMxBlock, "mxfp8 weight scales", &w.along_k_scales));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight (along n)", &w.along_n));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n / kernels::kMxBlock, "mxfp8 weight scales", &w.along_n_scales));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight (along k)", &w.along_k));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n / kernels::kMxBlock, "mxfp8 weight scales", &w.along_k_scales));
   return w;
 }
 
@@ -165,9 +153,9 @@ absl::Status LayerKernels::QuantizeWeight(const Bf16* w, int64_t kdim, int64_t n
                                           const MxWeight& out, cudaStream_t stream) {
   const int64_t E = dims_.experts;
   kernels::MxRowwise along_n{out.along_n, out.along_n_scales};
-  RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{E * kdim, ndim, 1}, w, nullptr,
+  DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{E * kdim, ndim, 1}, w, nullptr,
                                     &along_n, nullptr, stream));
-  RETURN_IF_ERROR(Transpose(E, kdim, ndim, w, transpose_scratch_, stream));
+  DROPLESS_RETURN_IF_ERROR(Transpose(E, kdim, ndim, w, transpose_scratch_, stream));
   kernels::MxRowwise along_k{out.along_k, out.along_k_scales};
   return kc::QuantizeMxfp8(kernels::MxQuantizeShape{E * ndim, kdim, 1}, transpose_scratch_,
                            nullptr, &along_k, nullptr, stream);
@@ -179,23 +167,23 @@ absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* k
   const LayerDims& d = kernels->dims_;
   const int64_t T = d.tokens, H = d.hidden, F = d.ffn, Tk = d.rows(), E = d.experts;
   MoeLayerGpu& l = *layer;
-  RETURN_IF_ERROR(Alloc(arena, T * E, "router logits", &l.logits_));
-  RETURN_IF_ERROR(Alloc(arena, Tk, "expert ids", &l.expert_ids_));
-  RETURN_IF_ERROR(Alloc(arena, Tk, "gates", &l.gates_));
-  RETURN_IF_ERROR(Alloc(arena, E, "expert counts", &l.counts_));
-  RETURN_IF_ERROR(Alloc(arena, E, "probability sums", &l.prob_sums_));
-  RETURN_IF_ERROR(Alloc(arena, E + 1, "expert offsets", &l.offsets_));
-  RETURN_IF_ERROR(Alloc(arena, Tk, "slot of choice", &l.slot_of_choice_));
-  RETURN_IF_ERROR(Alloc(arena, Tk, "choice of slot", &l.choice_of_slot_));
-  RETURN_IF_ERROR(Alloc(arena, Tk * H, "permuted rows", &l.rows_));
-  RETURN_IF_ERROR(Alloc(arena, Tk * 2 * F, "w1 output", &l.h_));
-  RETURN_IF_ERROR(Alloc(arena, Tk * F, "SwiGLU output", &l.a_));
-  RETURN_IF_ERROR(Alloc(arena, Tk * H, "expert output", &l.out_rows_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * E, "router logits", &l.logits_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk, "expert ids", &l.expert_ids_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk, "gates", &l.gates_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(E, "expert counts", &l.counts_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(E, "probability sums", &l.prob_sums_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(E + 1, "expert offsets", &l.offsets_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk, "slot of choice", &l.slot_of_choice_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk, "choice of slot", &l.choice_of_slot_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "permuted rows", &l.rows_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * 2 * F, "w1 output", &l.h_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * F, "SwiGLU output", &l.a_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "expert output", &l.out_rows_));
   l.shared_h_.resize(d.shared);
   l.shared_a_.resize(d.shared);
   for (int s = 0; s < d.shared; ++s) {
-    RETURN_IF_ERROR(Alloc(arena, T * 2 * F, "shared w1 output", &l.shared_h_[s]));
-    RETURN_IF_ERROR(Alloc(arena, T * F, "shared SwiGLU output", &l.shared_a_[s]));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * 2 * F, "shared w1 output", &l.shared_h_[s]));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * F, "shared SwiGLU output", &l.shared_a_[s]));
   }
   return layer;
 }
@@ -210,40 +198,87 @@ absl::Status MoeLayerGpu::SharedForward(const LayerWeights& w, const Bf16* x,
   const LayerDims& d = k_->dims_;
   const int64_t H = d.hidden, F = d.ffn;
   const int32_t* live_rows = k_->shared_offsets_ + 1;
-  RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmForward, s.side));
+  DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmForward, s.side));
   for (int e = 0; e < d.shared; ++e) {
-    RETURN_IF_ERROR(k_->shared_w1_->Forward(Nv(x), Nv(w.shared_w1 + e * H * 2 * F),
+    DROPLESS_RETURN_IF_ERROR(k_->shared_w1_->Forward(Nv(x), Nv(w.shared_w1 + e * H * 2 * F),
                                             k_->shared_offsets_, Nv(shared_h_[e]), s.side));
-    RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{d.tokens, F}, live_rows, shared_h_[e],
+    DROPLESS_RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{d.tokens, F}, live_rows, shared_h_[e],
                                       shared_a_[e], nullptr, s.side));
-    RETURN_IF_ERROR(k_->shared_w2_->Forward(Nv(shared_a_[e]), Nv(w.shared_w2 + e * F * H),
+    DROPLESS_RETURN_IF_ERROR(k_->shared_w2_->Forward(Nv(shared_a_[e]), Nv(w.shared_w2 + e * F * H),
                                             k_->shared_offsets_, Nv(k_->shared_out_[e]), s.side));
   }
   return End(s, PhaseTimer::kGemmForward, s.side);
+}
+
+// The operands of one routed expert weight's three products (w1: rows -> h; w2: a -> out_rows).
+struct MoeLayerGpu::ExpertOperands {
+  kernels::GroupedGemm* gemm;
+  kernels::MxGroupedGemm* mx_gemm;
+  const Bf16* w;
+  const MxWeight* mx_w;
+  float* dw;
+  const Bf16* x;                   // forward input
+  const kernels::MxRowwise* x_mx;  // its row-wise MXFP8 (mxfp8)
+  const kernels::MxColwise* x_col; // its column-wise MXFP8 (mxfp8, weight gradient)
+  Bf16* y;                         // forward output
+  const Bf16* dy;                  // output gradient
+  const kernels::MxRowwise* dy_mx;
+  const kernels::MxColwise* dy_col;
+  Bf16* dx;                        // input gradient
+};
+
+MoeLayerGpu::ExpertOperands MoeLayerGpu::W1(const LayerWeights& w, const LayerGrads& g) {
+  LayerKernels& k = *k_;
+  return ExpertOperands{k.w1_.get(), k.mx_w1_.get(), w.w1, &w.mx_w1, g.w1, rows_, &k.mx_rows_,
+                        &k.col_rows_, h_, k.d_h_, &k.mx_d_h_, &k.col_d_h_, k.d_rows_};
+}
+
+MoeLayerGpu::ExpertOperands MoeLayerGpu::W2(const LayerWeights& w, const LayerGrads& g) {
+  LayerKernels& k = *k_;
+  return ExpertOperands{k.w2_.get(), k.mx_w2_.get(), w.w2, &w.mx_w2, g.w2, a_, &k.mx_a_,
+                        &k.col_a_, out_rows_, k.d_out_rows_, &k.mx_d_out_, &k.col_d_out_, k.d_a_};
+}
+
+absl::Status MoeLayerGpu::ExpertForward(const ExpertOperands& o, cudaStream_t stream) {
+  if (k_->dims_.mxfp8) {
+    return o.mx_gemm->Forward({o.x_mx->data, o.x_mx->scales},
+                              {o.mx_w->along_k, o.mx_w->along_k_scales}, offsets_, o.y, stream);
+  }
+  return o.gemm->Forward(Nv(o.x), Nv(o.w), offsets_, Nv(o.y), stream);
+}
+
+absl::Status MoeLayerGpu::ExpertBackwardData(const ExpertOperands& o, cudaStream_t stream) {
+  if (k_->dims_.mxfp8) {
+    return o.mx_gemm->BackwardData({o.dy_mx->data, o.dy_mx->scales},
+                                   {o.mx_w->along_n, o.mx_w->along_n_scales}, offsets_, o.dx,
+                                   stream);
+  }
+  return o.gemm->BackwardData(Nv(o.dy), Nv(o.w), offsets_, Nv(o.dx), stream);
+}
+
+absl::Status MoeLayerGpu::ExpertBackwardWeight(const ExpertOperands& o, cudaStream_t stream) {
+  if (k_->dims_.mxfp8) {
+    return o.mx_gemm->BackwardWeight({o.x_col->data, o.x_col->scales},
+                                     {o.dy_col->data, o.dy_col->scales},
+                                     o.x_col->group_offsets, o.dw, stream);
+  }
+  return o.gemm->BackwardWeight(Nv(o.x), Nv(o.dy), offsets_, o.dw, stream);
 }
 
 absl::Status MoeLayerGpu::RoutedGemmsForward(const LayerWeights& w, const LayerStreams& s) {
   const LayerDims& d = k_->dims_;
   const int64_t Tk = d.rows(), H = d.hidden, F = d.ffn;
   const int32_t* live_rows = offsets_ + d.experts;
-  RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmForward, s.main));
+  const ExpertOperands w1 = W1(w, {}), w2 = W2(w, {});
+  DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmForward, s.main));
   if (d.mxfp8) {
-    RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{Tk, H, 1}, rows_, nullptr,
+    DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{Tk, H, 1}, rows_, nullptr,
                                       &k_->mx_rows_, nullptr, s.main));
-    RETURN_IF_ERROR(k_->mx_w1_->Forward({k_->mx_rows_.data, k_->mx_rows_.scales},
-                                        {w.mx_w1.along_k, w.mx_w1.along_k_scales}, offsets_, h_,
-                                        s.main));
-    RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{Tk, F}, live_rows, h_, a_, &k_->mx_a_,
-                                      s.main));
-    RETURN_IF_ERROR(k_->mx_w2_->Forward({k_->mx_a_.data, k_->mx_a_.scales},
-                                        {w.mx_w2.along_k, w.mx_w2.along_k_scales}, offsets_,
-                                        out_rows_, s.main));
-  } else {
-    RETURN_IF_ERROR(k_->w1_->Forward(Nv(rows_), Nv(w.w1), offsets_, Nv(h_), s.main));
-    RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{Tk, F}, live_rows, h_, a_, nullptr,
-                                      s.main));
-    RETURN_IF_ERROR(k_->w2_->Forward(Nv(a_), Nv(w.w2), offsets_, Nv(out_rows_), s.main));
   }
+  DROPLESS_RETURN_IF_ERROR(ExpertForward(w1, s.main));
+  DROPLESS_RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{Tk, F}, live_rows, h_, a_,
+                                    d.mxfp8 ? &k_->mx_a_ : nullptr, s.main));
+  DROPLESS_RETURN_IF_ERROR(ExpertForward(w2, s.main));
   return End(s, PhaseTimer::kGemmForward, s.main);
 }
 
@@ -252,34 +287,34 @@ absl::Status MoeLayerGpu::Forward(const LayerWeights& w, const Bf16* x, Bf16* x_
   const LayerDims& d = k_->dims_;
   const int64_t T = d.tokens, H = d.hidden;
   if (d.shared > 0) {
-    RETURN_IF_ERROR(s.links->Link(s.main, s.side));
-    RETURN_IF_ERROR(SharedForward(w, x, s));
+    DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.side));
+    DROPLESS_RETURN_IF_ERROR(SharedForward(w, x, s));
   }
   // Router, top-k, aux loss statistics and the dispatch plan.
-  RETURN_IF_ERROR(k_->router_->Logits(T, x, w.router, logits_, s.main));
-  if (w.router_bias != nullptr) RETURN_IF_ERROR(AddRowBias(T, d.experts, w.router_bias, logits_, s.main));
+  DROPLESS_RETURN_IF_ERROR(k_->router_->Logits(T, x, w.router, logits_, s.main));
+  if (w.router_bias != nullptr) DROPLESS_RETURN_IF_ERROR(AddRowBias(T, d.experts, w.router_bias, logits_, s.main));
   const kernels::RoutingShape routing = RoutingShape();
-  RETURN_IF_ERROR(kc::RouteTopK(routing, logits_,
+  DROPLESS_RETURN_IF_ERROR(kc::RouteTopK(routing, logits_,
                                 kernels::RoutingOutputs{expert_ids_, gates_, counts_, prob_sums_},
                                 s.main));
-  if (aux_loss != nullptr) RETURN_IF_ERROR(kc::AuxLoss(routing, counts_, prob_sums_, aux_loss, s.main));
-  RETURN_IF_ERROR(kc::BuildDispatchPlan(kernels::DispatchPlanShape{T, d.experts, d.topk}, expert_ids_,
+  if (aux_loss != nullptr) DROPLESS_RETURN_IF_ERROR(kc::AuxLoss(routing, counts_, prob_sums_, aux_loss, s.main));
+  DROPLESS_RETURN_IF_ERROR(kc::BuildDispatchPlan(kernels::DispatchPlanShape{T, d.experts, d.topk}, expert_ids_,
                                         kernels::DispatchPlan{offsets_, slot_of_choice_, choice_of_slot_},
                                         k_->plan_workspace_, s.main));
   // Dispatch (on one GPU: the permutation into expert order), experts, combine.
   const kernels::PermuteShape permute{T, H, d.topk};
-  RETURN_IF_ERROR(Begin(s, PhaseTimer::kDispatch, s.main));
-  RETURN_IF_ERROR(kc::Permute(permute, x, slot_of_choice_, rows_, s.main));
-  RETURN_IF_ERROR(End(s, PhaseTimer::kDispatch, s.main));
-  RETURN_IF_ERROR(RoutedGemmsForward(w, s));
-  RETURN_IF_ERROR(Begin(s, PhaseTimer::kCombine, s.main));
-  RETURN_IF_ERROR(kc::UnpermuteCombine(permute, out_rows_, slot_of_choice_, gates_, k_->combined_,
+  DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kDispatch, s.main));
+  DROPLESS_RETURN_IF_ERROR(kc::Permute(permute, x, slot_of_choice_, rows_, s.main));
+  DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kDispatch, s.main));
+  DROPLESS_RETURN_IF_ERROR(RoutedGemmsForward(w, s));
+  DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kCombine, s.main));
+  DROPLESS_RETURN_IF_ERROR(kc::UnpermuteCombine(permute, out_rows_, slot_of_choice_, gates_, k_->combined_,
                                        s.main));
-  RETURN_IF_ERROR(End(s, PhaseTimer::kCombine, s.main));
+  DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kCombine, s.main));
   // Residual stream.
   std::vector<const Bf16*> terms = {x, k_->combined_};
   if (d.shared > 0) {
-    RETURN_IF_ERROR(s.links->Link(s.side, s.main));
+    DROPLESS_RETURN_IF_ERROR(s.links->Link(s.side, s.main));
     for (int e = 0; e < d.shared; ++e) terms.push_back(k_->shared_out_[e]);
   }
   return SumBf16(T * H, terms, x_next, s.main);
@@ -289,7 +324,7 @@ absl::Status MoeLayerGpu::Forward(const LayerWeights& w, const Bf16* x, Bf16* x_
 absl::Status RunHook(const std::function<absl::Status(cudaStream_t)>& hook, const LayerStreams& s,
                      std::initializer_list<cudaStream_t> after) {
   if (!hook) return absl::OkStatus();
-  for (cudaStream_t from : after) RETURN_IF_ERROR(s.links->Link(from, s.optimizer));
+  for (cudaStream_t from : after) DROPLESS_RETURN_IF_ERROR(s.links->Link(from, s.optimizer));
   return hook(s.optimizer);
 }
 
@@ -297,64 +332,35 @@ absl::Status MoeLayerGpu::RoutedGemmsBackward(const LayerWeights& w, const Layer
                                               const LayerStreams& s,
                                               const LayerOptimizerHooks& hooks) {
   const LayerDims& d = k_->dims_;
-  const int64_t Tk = d.rows(), H = d.hidden, F = d.ffn;
+  const int64_t Tk = d.rows(), F = d.ffn;
   const int32_t* live_rows = offsets_ + d.experts;
   LayerKernels& k = *k_;
-  // w2: data gradient on main, weight gradient beside it.
-  if (d.mxfp8) {
-    RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{Tk, H, d.experts}, k.d_out_rows_,
-                                      offsets_, &k.mx_d_out_, &k.col_d_out_, s.main));
-  }
-  RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
-  RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmWgrad, s.wgrad));
-  if (d.mxfp8) {
-    RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{Tk, F, d.experts}, a_, offsets_,
-                                      nullptr, &k.col_a_, s.wgrad));
-    RETURN_IF_ERROR(k.mx_w2_->BackwardWeight({k.col_a_.data, k.col_a_.scales},
-                                             {k.col_d_out_.data, k.col_d_out_.scales},
-                                             k.col_a_.group_offsets, grads.w2, s.wgrad));
-  } else {
-    RETURN_IF_ERROR(k.w2_->BackwardWeight(Nv(a_), Nv(k.d_out_rows_), offsets_, grads.w2, s.wgrad));
-  }
-  RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.wgrad));
-  RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.main));
-  if (d.mxfp8) {
-    RETURN_IF_ERROR(k.mx_w2_->BackwardData({k.mx_d_out_.data, k.mx_d_out_.scales},
-                                           {w.mx_w2.along_n, w.mx_w2.along_n_scales}, offsets_,
-                                           k.d_a_, s.main));
-  } else {
-    RETURN_IF_ERROR(k.w2_->BackwardData(Nv(k.d_out_rows_), Nv(w.w2), offsets_, Nv(k.d_a_), s.main));
-  }
-  // w2's gradient is complete and no later work reads w2: its update can start.
-  RETURN_IF_ERROR(RunHook(hooks.experts_w2, s, {s.main, s.wgrad}));
-  RETURN_IF_ERROR(kc::SwigluBackward(kernels::SwigluShape{Tk, F}, live_rows, h_, k.d_a_, k.d_h_,
+  // Each weight: its output gradient quantized (mxfp8) on main, the weight gradient on the wgrad
+  // stream beside the data gradient on main, then the weight's optimizer hook.
+  auto backward = [&](const ExpertOperands& o, int64_t in_cols, int64_t out_cols,
+                      const std::function<absl::Status(cudaStream_t)>& hook) -> absl::Status {
+    if (d.mxfp8) {
+      DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{Tk, out_cols, d.experts}, o.dy,
+                                        offsets_, o.dy_mx, o.dy_col, s.main));
+    }
+    DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
+    DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmWgrad, s.wgrad));
+    if (d.mxfp8) {
+      DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{Tk, in_cols, d.experts}, o.x,
+                                        offsets_, nullptr, o.x_col, s.wgrad));
+    }
+    DROPLESS_RETURN_IF_ERROR(ExpertBackwardWeight(o, s.wgrad));
+    DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.wgrad));
+    DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.main));
+    DROPLESS_RETURN_IF_ERROR(ExpertBackwardData(o, s.main));
+    DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kGemmDgrad, s.main));
+    // The gradient is complete and no later work reads the weight: its update can start.
+    return RunHook(hook, s, {s.main, s.wgrad});
+  };
+  DROPLESS_RETURN_IF_ERROR(backward(W2(w, grads), F, d.hidden, hooks.experts_w2));
+  DROPLESS_RETURN_IF_ERROR(kc::SwigluBackward(kernels::SwigluShape{Tk, F}, live_rows, h_, k.d_a_, k.d_h_,
                                      s.main));
-  if (d.mxfp8) {
-    RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{Tk, 2 * F, d.experts}, k.d_h_,
-                                      offsets_, &k.mx_d_h_, &k.col_d_h_, s.main));
-  }
-  // w1: the same split.
-  RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
-  RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmWgrad, s.wgrad));
-  if (d.mxfp8) {
-    RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{Tk, H, d.experts}, rows_, offsets_,
-                                      nullptr, &k.col_rows_, s.wgrad));
-    RETURN_IF_ERROR(k.mx_w1_->BackwardWeight({k.col_rows_.data, k.col_rows_.scales},
-                                             {k.col_d_h_.data, k.col_d_h_.scales},
-                                             k.col_rows_.group_offsets, grads.w1, s.wgrad));
-  } else {
-    RETURN_IF_ERROR(k.w1_->BackwardWeight(Nv(rows_), Nv(k.d_h_), offsets_, grads.w1, s.wgrad));
-  }
-  RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.wgrad));
-  if (d.mxfp8) {
-    RETURN_IF_ERROR(k.mx_w1_->BackwardData({k.mx_d_h_.data, k.mx_d_h_.scales},
-                                           {w.mx_w1.along_n, w.mx_w1.along_n_scales}, offsets_,
-                                           k.d_rows_, s.main));
-  } else {
-    RETURN_IF_ERROR(k.w1_->BackwardData(Nv(k.d_h_), Nv(w.w1), offsets_, Nv(k.d_rows_), s.main));
-  }
-  RETURN_IF_ERROR(End(s, PhaseTimer::kGemmDgrad, s.main));
-  return RunHook(hooks.experts_w1, s, {s.main, s.wgrad});
+  return backward(W1(w, grads), d.hidden, 2 * F, hooks.experts_w1);
 }
 
 absl::Status MoeLayerGpu::SharedBackward(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next,
@@ -364,20 +370,20 @@ absl::Status MoeLayerGpu::SharedBackward(const LayerWeights& w, const Bf16* x, c
   LayerKernels& k = *k_;
   const int32_t* live_rows = k.shared_offsets_ + 1;
   for (int e = 0; e < d.shared; ++e) {
-    RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.side));
-    RETURN_IF_ERROR(k.shared_w2_->BackwardData(Nv(d_x_next), Nv(w.shared_w2 + e * F * H),
+    DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.side));
+    DROPLESS_RETURN_IF_ERROR(k.shared_w2_->BackwardData(Nv(d_x_next), Nv(w.shared_w2 + e * F * H),
                                                k.shared_offsets_, Nv(k.d_shared_a_), s.side));
-    RETURN_IF_ERROR(kc::SwigluBackward(kernels::SwigluShape{d.tokens, F}, live_rows, shared_h_[e],
+    DROPLESS_RETURN_IF_ERROR(kc::SwigluBackward(kernels::SwigluShape{d.tokens, F}, live_rows, shared_h_[e],
                                        k.d_shared_a_, k.d_shared_h_, s.side));
-    RETURN_IF_ERROR(k.shared_w1_->BackwardData(Nv(k.d_shared_h_), Nv(w.shared_w1 + e * H * 2 * F),
+    DROPLESS_RETURN_IF_ERROR(k.shared_w1_->BackwardData(Nv(k.d_shared_h_), Nv(w.shared_w1 + e * H * 2 * F),
                                                k.shared_offsets_, Nv(k.d_x_shared_[e]), s.side));
-    RETURN_IF_ERROR(End(s, PhaseTimer::kGemmDgrad, s.side));
-    RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmWgrad, s.side));
-    RETURN_IF_ERROR(k.shared_w2_->BackwardWeight(Nv(shared_a_[e]), Nv(d_x_next), k.shared_offsets_,
+    DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kGemmDgrad, s.side));
+    DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmWgrad, s.side));
+    DROPLESS_RETURN_IF_ERROR(k.shared_w2_->BackwardWeight(Nv(shared_a_[e]), Nv(d_x_next), k.shared_offsets_,
                                                  grads.shared_w2 + e * F * H, s.side));
-    RETURN_IF_ERROR(k.shared_w1_->BackwardWeight(Nv(x), Nv(k.d_shared_h_), k.shared_offsets_,
+    DROPLESS_RETURN_IF_ERROR(k.shared_w1_->BackwardWeight(Nv(x), Nv(k.d_shared_h_), k.shared_offsets_,
                                                  grads.shared_w1 + e * H * 2 * F, s.side));
-    RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.side));
+    DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.side));
   }
   return absl::OkStatus();
 }
@@ -389,32 +395,32 @@ absl::Status MoeLayerGpu::Backward(const LayerWeights& w, const Bf16* x, const B
   const int64_t T = d.tokens, H = d.hidden;
   LayerKernels& k = *k_;
   // Shared experts beside the routed path.
-  RETURN_IF_ERROR(s.links->Link(s.main, s.side));
-  if (d.shared > 0) RETURN_IF_ERROR(SharedBackward(w, x, d_x_next, grads, s));
+  DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.side));
+  if (d.shared > 0) DROPLESS_RETURN_IF_ERROR(SharedBackward(w, x, d_x_next, grads, s));
 
   // Combine backward: gate gradients and the expert outputs' gradients.
   const kernels::PermuteShape permute{T, H, d.topk};
-  RETURN_IF_ERROR(Begin(s, PhaseTimer::kCombine, s.main));
-  RETURN_IF_ERROR(kc::UnpermuteCombineBackward(permute, d_x_next, out_rows_, slot_of_choice_,
+  DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kCombine, s.main));
+  DROPLESS_RETURN_IF_ERROR(kc::UnpermuteCombineBackward(permute, d_x_next, out_rows_, slot_of_choice_,
                                                gates_, k.d_out_rows_, k.d_weights_, s.main));
-  RETURN_IF_ERROR(End(s, PhaseTimer::kCombine, s.main));
+  DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kCombine, s.main));
 
   // Router backward on the side stream once the gate gradients exist.
-  RETURN_IF_ERROR(s.links->Link(s.main, s.side));
-  RETURN_IF_ERROR(kc::RouteTopKBackward(RoutingShape(), logits_, expert_ids_, counts_, k.d_weights_,
+  DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.side));
+  DROPLESS_RETURN_IF_ERROR(kc::RouteTopKBackward(RoutingShape(), logits_, expert_ids_, counts_, k.d_weights_,
                                         aux_coef, k.d_logits_, s.side));
-  RETURN_IF_ERROR(k.router_->LogitsBackward(T, x, w.router, k.d_logits_, k.d_x_router_,
+  DROPLESS_RETURN_IF_ERROR(k.router_->LogitsBackward(T, x, w.router, k.d_logits_, k.d_x_router_,
                                             /*accumulate_d_x=*/false, k.d_router_, s.side));
-  RETURN_IF_ERROR(Transpose(1, d.experts, H, k.d_router_, grads.router, s.side));
-  RETURN_IF_ERROR(RunHook(hooks.router_and_shared, s, {s.side}));
+  DROPLESS_RETURN_IF_ERROR(Transpose(1, d.experts, H, k.d_router_, grads.router, s.side));
+  DROPLESS_RETURN_IF_ERROR(RunHook(hooks.router_and_shared, s, {s.side}));
 
-  RETURN_IF_ERROR(RoutedGemmsBackward(w, grads, s, hooks));
-  RETURN_IF_ERROR(Begin(s, PhaseTimer::kDispatch, s.main));
-  RETURN_IF_ERROR(kc::PermuteBackward(permute, k.d_rows_, slot_of_choice_, k.d_x_routed_, s.main));
-  RETURN_IF_ERROR(End(s, PhaseTimer::kDispatch, s.main));
+  DROPLESS_RETURN_IF_ERROR(RoutedGemmsBackward(w, grads, s, hooks));
+  DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kDispatch, s.main));
+  DROPLESS_RETURN_IF_ERROR(kc::PermuteBackward(permute, k.d_rows_, slot_of_choice_, k.d_x_routed_, s.main));
+  DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kDispatch, s.main));
 
-  RETURN_IF_ERROR(s.links->Link(s.side, s.main));
-  RETURN_IF_ERROR(s.links->Link(s.wgrad, s.main));
+  DROPLESS_RETURN_IF_ERROR(s.links->Link(s.side, s.main));
+  DROPLESS_RETURN_IF_ERROR(s.links->Link(s.wgrad, s.main));
   std::vector<const Bf16*> terms = {d_x_next, k.d_x_routed_, k.d_x_router_};
   for (int e = 0; e < d.shared; ++e) terms.push_back(k.d_x_shared_[e]);
   return SumBf16(T * H, terms, d_x, s.main);
@@ -422,43 +428,18 @@ absl::Status MoeLayerGpu::Backward(const LayerWeights& w, const Bf16* x, const B
 
 absl::Status MoeLayerGpu::TimeExpertGemms(const LayerWeights& w, const LayerGrads& grads,
                                           int iterations, cudaStream_t stream, double seconds[3]) {
-  const LayerDims& d = k_->dims_;
-  LayerKernels& k = *k_;
+  const ExpertOperands w1 = W1(w, grads), w2 = W2(w, grads);
   auto forward = [&]() -> absl::Status {
-    if (d.mxfp8) {
-      RETURN_IF_ERROR(k.mx_w1_->Forward({k.mx_rows_.data, k.mx_rows_.scales},
-                                        {w.mx_w1.along_k, w.mx_w1.along_k_scales}, offsets_, h_,
-                                        stream));
-      return k.mx_w2_->Forward({k.mx_a_.data, k.mx_a_.scales},
-                               {w.mx_w2.along_k, w.mx_w2.along_k_scales}, offsets_, out_rows_,
-                               stream);
-    }
-    RETURN_IF_ERROR(k.w1_->Forward(Nv(rows_), Nv(w.w1), offsets_, Nv(h_), stream));
-    return k.w2_->Forward(Nv(a_), Nv(w.w2), offsets_, Nv(out_rows_), stream);
+    DROPLESS_RETURN_IF_ERROR(ExpertForward(w1, stream));
+    return ExpertForward(w2, stream);
   };
   auto dgrad = [&]() -> absl::Status {
-    if (d.mxfp8) {
-      RETURN_IF_ERROR(k.mx_w2_->BackwardData({k.mx_d_out_.data, k.mx_d_out_.scales},
-                                             {w.mx_w2.along_n, w.mx_w2.along_n_scales}, offsets_,
-                                             k.d_a_, stream));
-      return k.mx_w1_->BackwardData({k.mx_d_h_.data, k.mx_d_h_.scales},
-                                    {w.mx_w1.along_n, w.mx_w1.along_n_scales}, offsets_,
-                                    k.d_rows_, stream);
-    }
-    RETURN_IF_ERROR(k.w2_->BackwardData(Nv(k.d_out_rows_), Nv(w.w2), offsets_, Nv(k.d_a_), stream));
-    return k.w1_->BackwardData(Nv(k.d_h_), Nv(w.w1), offsets_, Nv(k.d_rows_), stream);
+    DROPLESS_RETURN_IF_ERROR(ExpertBackwardData(w2, stream));
+    return ExpertBackwardData(w1, stream);
   };
   auto wgrad = [&]() -> absl::Status {
-    if (d.mxfp8) {
-      RETURN_IF_ERROR(k.mx_w2_->BackwardWeight({k.col_a_.data, k.col_a_.scales},
-                                               {k.col_d_out_.data, k.col_d_out_.scales},
-                                               k.col_a_.group_offsets, grads.w2, stream));
-      return k.mx_w1_->BackwardWeight({k.col_rows_.data, k.col_rows_.scales},
-                                      {k.col_d_h_.data, k.col_d_h_.scales},
-                                      k.col_rows_.group_offsets, grads.w1, stream);
-    }
-    RETURN_IF_ERROR(k.w2_->BackwardWeight(Nv(a_), Nv(k.d_out_rows_), offsets_, grads.w2, stream));
-    return k.w1_->BackwardWeight(Nv(rows_), Nv(k.d_h_), offsets_, grads.w1, stream);
+    DROPLESS_RETURN_IF_ERROR(ExpertBackwardWeight(w2, stream));
+    return ExpertBackwardWeight(w1, stream);
   };
   cudaEvent_t begin = nullptr, end = nullptr;
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&begin));

@@ -178,6 +178,14 @@ class MoeLayerGpu {
   absl::Status SharedForward(const LayerWeights& w, const Bf16* x, const LayerStreams& s);
   absl::Status SharedBackward(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next,
                               const LayerGrads& grads, const LayerStreams& s);
+  // One routed expert weight's products, bf16 or MXFP8 (the operands of w1 or w2).
+  struct ExpertOperands;
+  ExpertOperands W1(const LayerWeights& w, const LayerGrads& g);
+  ExpertOperands W2(const LayerWeights& w, const LayerGrads& g);
+  absl::Status ExpertForward(const ExpertOperands& o, cudaStream_t stream);
+  absl::Status ExpertBackwardData(const ExpertOperands& o, cudaStream_t stream);
+  absl::Status ExpertBackwardWeight(const ExpertOperands& o, cudaStream_t stream);
+
   absl::Status RoutedGemmsForward(const LayerWeights& w, const LayerStreams& s);
   absl::Status RoutedGemmsBackward(const LayerWeights& w, const LayerGrads& grads,
                                    const LayerStreams& s, const LayerOptimizerHooks& hooks);
