@@ -1,6 +1,7 @@
-// The CUDA engine: the CPU engine's model, synthetic task, optimizer and checkpoints on one
-// Hopper GPU. bf16 operands with fp32 accumulation and fp32 master weights (AdamW in one fused
-// multi-tensor kernel that also refreshes the bf16 working copies); precision mxfp8 runs the
+// The CUDA engine: the CPU engine's model, synthetic task, optimizer and checkpoints on Hopper
+// GPUs, one EP rank per process or (the `local` dispatcher) every rank of an EP group in one.
+// bf16 operands with fp32 accumulation and fp32 master weights (AdamW in one fused multi-tensor
+// kernel that also refreshes the bf16 working copies); precision mxfp8 runs the
 // routed experts' GEMMs in MXFP8. The whole step (batch, teacher targets, forward, loss, backward,
 // optimizer) is captured once as a CUDA graph and replayed; no host synchronization inside a step
 // (the host waits once at its end to read the loss).
@@ -48,6 +49,12 @@ class CudaEngine : public Engine {
 
 absl::StatusOr<std::unique_ptr<CudaEngine>> CreateCudaEngine(const EngineConfig& config, int rank,
                                                              int world_size, RankGroups* groups);
+
+// Every rank of an EP group (config.parallel.ep of them, dp 1) in this process on one GPU, each
+// with its own model share, buffers and streams, tokens exchanged by the `local` dispatcher
+// (ep/expert_dispatcher.h); one step graph for all. Step() reports the group's step (loss over
+// the group's tokens, flops of all ranks). For tests and benchmarks of EP on one GPU.
+absl::StatusOr<std::unique_ptr<CudaEngine>> CreateLocalEpCudaEngine(const EngineConfig& config);
 
 }  // namespace dropless::cuda_engine
 

@@ -1,11 +1,15 @@
-// One MoE layer of the CUDA engine, forward and backward, on one GPU (every expert local: the
-// layer of an EP=1 rank):
+// One MoE layer of one EP rank of the CUDA engine, forward and backward:
 //   x_next = x + sum_j gate[t, j] * Expert_{id[t, j]}(x[t]) + sum_s Shared_s(x[t])
 // composed from the kernel library: router GEMM (cuBLASLt), top-k routing and aux-loss
 // statistics, the dispatch plan, permute, grouped GEMM w1, SwiGLU, grouped GEMM w2, unpermute with
 // the weighted combine; shared experts are grouped GEMMs of one group. Backward runs through all
 // of it, router included. Expert GEMMs run in bf16 or MXFP8 (precision mxfp8: operands quantized
 // by the MXFP8 kernels, the weights once per step by QuantizeWeights).
+//
+// At EP > 1 the routed rows go to the experts' owners through an ExpertDispatcher
+// (ep/expert_dispatcher.h): forward and backward then run in stages around the collective calls
+// (moe_layer_group.h drives every local rank through them); at EP = 1 the stages meet without any
+// copy (the received rows are the permuted rows).
 //
 // Streams: `main` carries the routed path; `side` runs the shared experts beside it (and, in
 // backward, the router's backward); `wgrad` runs the weight-gradient GEMMs beside the data
@@ -30,6 +34,7 @@
 #include "dropless/kernels/routing.h"
 #include "dropless/kernels/types.h"
 #include "worker/engine/cuda/device_memory.h"
+#include "worker/engine/cuda/ep/expert_dispatcher.h"
 
 namespace dropless::cuda_engine {
 
@@ -39,7 +44,8 @@ struct LayerDims {
   int64_t tokens = 0;  // T
   int64_t hidden = 0;  // H
   int64_t ffn = 0;     // F
-  int experts = 0;     // E (all local)
+  int experts = 0;     // E, global (the router's)
+  int ep = 1;          // EP ranks; this rank owns experts / ep of them
   int topk = 0;
   int shared = 0;      // shared experts
   kernels::ScoreFunction score = kernels::ScoreFunction::kSoftmax;
@@ -47,10 +53,14 @@ struct LayerDims {
   bool mxfp8 = false;
 
   int64_t rows() const { return tokens * topk; }  // T*k routed rows
+  int local_experts() const { return experts / ep; }
+  // Capacity of the received rows: every rank's rows routed to this one (dropless).
+  int64_t recv_rows() const { return rows() * ep; }
+  EpShape ep_shape() const { return EpShape{ep, experts, rows()}; }
 };
 
-// MXFP8 copies of one expert weight W [E][k][n]: quantized along n (the data gradient's operand,
-// [E][k][n] + scales [E][k][n/32]) and along k (the forward's, W^T [E][n][k] + [E][n][k/32]).
+// MXFP8 copies of one expert weight W [El][k][n]: quantized along n (the data gradient's operand,
+// [El][k][n] + scales [El][k][n/32]) and along k (the forward's, W^T [El][n][k] + [El][n][k/32]).
 struct MxWeight {
   uint8_t* along_n = nullptr;
   uint8_t* along_n_scales = nullptr;
@@ -62,8 +72,8 @@ struct MxWeight {
 struct LayerWeights {
   const Bf16* router = nullptr;       // [E][H]
   const float* router_bias = nullptr; // [E] logit offsets or null (the teacher's skew)
-  const Bf16* w1 = nullptr;           // [E][H][2F]
-  const Bf16* w2 = nullptr;           // [E][F][H]
+  const Bf16* w1 = nullptr;           // [El][H][2F] this rank's experts
+  const Bf16* w2 = nullptr;           // [El][F][H]
   const Bf16* shared_w1 = nullptr;    // [S][H][2F]
   const Bf16* shared_w2 = nullptr;    // [S][F][H]
   MxWeight mx_w1, mx_w2;              // precision mxfp8 only
@@ -74,8 +84,8 @@ struct LayerWeights {
 // the 500-step mxfp8-vs-bf16 loss drifted by 3%; bench/results/step-h200-20261202-*.json.)
 struct LayerGrads {
   float* router = nullptr;     // [H][E]
-  float* w1 = nullptr;         // [E][H][2F]
-  float* w2 = nullptr;         // [E][F][H]
+  float* w1 = nullptr;         // [El][H][2F]
+  float* w2 = nullptr;         // [El][F][H]
   float* shared_w1 = nullptr;  // [S][H][2F]
   float* shared_w2 = nullptr;  // [S][F][H]
 };
@@ -125,11 +135,13 @@ class LayerKernels {
   // Forward scratch.
   Bf16* combined_ = nullptr;            // [T][H] routed output
   std::vector<Bf16*> shared_out_;       // [S][T][H]
-  // Backward scratch.
-  Bf16* d_out_rows_ = nullptr;          // [Tk][H]
-  Bf16* d_a_ = nullptr;                 // [Tk][F]
-  Bf16* d_h_ = nullptr;                 // [Tk][2F]
-  Bf16* d_rows_ = nullptr;              // [Tk][H]
+  // Backward scratch (R = recv_rows(): the received side; at EP = 1 both sides are one buffer).
+  Bf16* d_out_rows_ = nullptr;          // [R][H] the experts' output gradients
+  Bf16* d_out_send_ = nullptr;          // [Tk][H] the same, as computed at the tokens' rank
+  Bf16* d_a_ = nullptr;                 // [R][F]
+  Bf16* d_h_ = nullptr;                 // [R][2F]
+  Bf16* d_rows_ = nullptr;              // [R][H] the experts' input gradients
+  Bf16* d_rows_send_ = nullptr;         // [Tk][H] the same, back at the tokens' rank
   Bf16* d_x_routed_ = nullptr;          // [T][H]
   Bf16* d_x_router_ = nullptr;          // [T][H]
   float* d_weights_ = nullptr;          // [T][k]
@@ -141,7 +153,7 @@ class LayerKernels {
   // MXFP8 scratch (precision mxfp8).
   kernels::MxRowwise mx_rows_, mx_a_, mx_d_out_, mx_d_h_;
   kernels::MxColwise col_rows_, col_a_, col_d_out_, col_d_h_;
-  Bf16* transpose_scratch_ = nullptr;   // the largest [E][n][k] weight
+  Bf16* transpose_scratch_ = nullptr;   // the largest [El][n][k] weight
 };
 
 class MoeLayerGpu {
@@ -150,20 +162,50 @@ class MoeLayerGpu {
   static absl::StatusOr<std::unique_ptr<MoeLayerGpu>> Create(LayerKernels* kernels,
                                                              DeviceArena* arena);
 
-  // x [T][H] -> x_next [T][H] (must not alias x). With train, keeps what Backward needs;
-  // aux_loss (device float) receives the layer's aux loss (before its coefficient) and counts
-  // (device int32 [E]) the tokens routed to each expert. Either may be null for the teacher.
+  // x [T][H] -> x_next [T][H] (must not alias x) at EP = 1 (the three stages below in a row).
+  // With train, keeps what Backward needs; aux_loss (device float) receives the layer's aux loss
+  // (before its coefficient). aux_loss may be null (the teacher).
   absl::Status Forward(const LayerWeights& w, const Bf16* x, Bf16* x_next, float* aux_loss,
                        const LayerStreams& s);
 
-  // d_x_next -> d_x (both [T][H], no alias), every gradient in `grads`. aux_coef: d objective /
-  // d aux_loss of this layer. Side and wgrad are joined into main at the end; the optimizer
-  // stream (the hooks' work) is not.
+  // Forward stages. Route: shared experts forked to side, router, top-k, the dispatch plan, the
+  // rows permuted into expert order (the exchange plan's send_offsets). Experts: the routed
+  // experts on the received rows. Combine: the weighted combine, the residual sum and (aux_loss
+  // not null) the aux loss from the group's statistics (job_counts() and prob_sums(), which the
+  // caller sums over the EP group first at EP > 1).
+  absl::Status ForwardRoute(const LayerWeights& w, const Bf16* x, const LayerStreams& s);
+  absl::Status ForwardExperts(const LayerWeights& w, const LayerStreams& s);
+  absl::Status ForwardCombine(const Bf16* x, Bf16* x_next, float* aux_loss, const LayerStreams& s);
+
+  // d_x_next -> d_x (both [T][H], no alias), every gradient in `grads`, at EP = 1. aux_coef:
+  // d objective / d aux_loss of this layer. Side and wgrad are joined into main at the end; the
+  // optimizer stream (the hooks' work) is not.
   absl::Status Backward(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next, float aux_coef,
                         const LayerGrads& grads, Bf16* d_x, const LayerStreams& s,
                         const LayerOptimizerHooks& hooks = {});
 
+  // Backward stages. Combine: shared experts' backward forked, the combine's backward (the
+  // experts' output gradients at the tokens' rank, the gate gradients), the router's backward on
+  // side. Experts: the routed experts' backward on the received rows (with the hooks). Route: the
+  // permutation's backward into d_x and the sum of every input gradient.
+  absl::Status BackwardCombine(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next,
+                               float aux_coef, const LayerGrads& grads, const LayerStreams& s,
+                               const LayerOptimizerHooks& hooks);
+  absl::Status BackwardExperts(const LayerWeights& w, const LayerGrads& grads,
+                               const LayerStreams& s, const LayerOptimizerHooks& hooks);
+  absl::Status BackwardRoute(const Bf16* d_x_next, Bf16* d_x, const LayerStreams& s);
+
+  // The exchanges of this rank (EP > 1): the plan, and the rows each stage moves.
+  enum class Rows { kTokens, kExpertOutputs, kOutputGradients, kInputGradients };
+  RankCall ExchangeCall(Rows rows, cudaStream_t stream);
+  const ExchangePlan& plan() const { return plan_; }
+  int64_t hidden() const { return k_->dims_.hidden; }
+
+  // Tokens per global expert of the last forward: this rank's, and the EP group's.
   const int32_t* expert_counts() const { return counts_; }
+  const int32_t* job_counts() const { return k_->dims_.ep > 1 ? plan_.job_counts : counts_; }
+  // Per-expert sums of the routing distribution; summed over the group in place at EP > 1.
+  float* prob_sums() { return prob_sums_; }
 
   // The routed experts' GEMMs of the last forward and backward, each product timed alone on
   // `stream` over `iterations` runs: seconds of one run of forward (w1 + w2), dgrad (w2 + w1)
@@ -174,36 +216,54 @@ class MoeLayerGpu {
  private:
   explicit MoeLayerGpu(LayerKernels* kernels) : k_(kernels) {}
   kernels::RoutingShape RoutingShape() const;
+  // The received rows' groups: [El + 1] offsets per local expert.
+  const int32_t* ExpertOffsets() const {
+    return k_->dims_.ep > 1 ? plan_.recv_offsets : offsets_;
+  }
 
   absl::Status SharedForward(const LayerWeights& w, const Bf16* x, const LayerStreams& s);
   absl::Status SharedBackward(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next,
                               const LayerGrads& grads, const LayerStreams& s);
-  // One routed expert weight's products, bf16 or MXFP8 (the operands of w1 or w2).
-  struct ExpertOperands;
+  // The operands of one routed expert weight's three products, bf16 or MXFP8 (w1: rows -> h;
+  // w2: a -> out_rows).
+  struct ExpertOperands {
+    kernels::GroupedGemm* gemm;
+    kernels::MxGroupedGemm* mx_gemm;
+    const Bf16* w;
+    const MxWeight* mx_w;
+    float* dw;
+    const Bf16* x;                   // forward input
+    const kernels::MxRowwise* x_mx;  // its row-wise MXFP8 (mxfp8)
+    const kernels::MxColwise* x_col; // its column-wise MXFP8 (mxfp8, weight gradient)
+    Bf16* y;                         // forward output
+    const Bf16* dy;                  // output gradient
+    const kernels::MxRowwise* dy_mx;
+    const kernels::MxColwise* dy_col;
+    Bf16* dx;                        // input gradient
+  };
   ExpertOperands W1(const LayerWeights& w, const LayerGrads& g);
   ExpertOperands W2(const LayerWeights& w, const LayerGrads& g);
   absl::Status ExpertForward(const ExpertOperands& o, cudaStream_t stream);
   absl::Status ExpertBackwardData(const ExpertOperands& o, cudaStream_t stream);
   absl::Status ExpertBackwardWeight(const ExpertOperands& o, cudaStream_t stream);
 
-  absl::Status RoutedGemmsForward(const LayerWeights& w, const LayerStreams& s);
-  absl::Status RoutedGemmsBackward(const LayerWeights& w, const LayerGrads& grads,
-                                   const LayerStreams& s, const LayerOptimizerHooks& hooks);
-
   LayerKernels* const k_;
-  // Saved activations.
+  // Saved activations (R = recv_rows(); at EP = 1 the send and receive sides are one buffer).
   float* logits_ = nullptr;        // [T][E]
   int32_t* expert_ids_ = nullptr;  // [T][k]
   float* gates_ = nullptr;         // [T][k]
   int32_t* counts_ = nullptr;      // [E]
   float* prob_sums_ = nullptr;     // [E]
-  int32_t* offsets_ = nullptr;     // [E + 1]
+  int32_t* offsets_ = nullptr;     // [E + 1] this rank's rows per global expert
   int32_t* slot_of_choice_ = nullptr;
   int32_t* choice_of_slot_ = nullptr;
   Bf16* rows_ = nullptr;           // [Tk][H] permuted input
-  Bf16* h_ = nullptr;              // [Tk][2F]
-  Bf16* a_ = nullptr;              // [Tk][F]
-  Bf16* out_rows_ = nullptr;       // [Tk][H] expert outputs
+  Bf16* recv_rows_ = nullptr;      // [R][H] the experts' input
+  Bf16* h_ = nullptr;              // [R][2F]
+  Bf16* a_ = nullptr;              // [R][F]
+  Bf16* out_rows_ = nullptr;       // [R][H] expert outputs
+  Bf16* out_send_ = nullptr;       // [Tk][H] expert outputs back at the tokens' rank
+  ExchangePlan plan_;              // EP > 1
   std::vector<Bf16*> shared_h_;    // [S][T][2F]
   std::vector<Bf16*> shared_a_;    // [S][T][F]
 };

@@ -1,0 +1,183 @@
+// The `local` ExpertDispatcher against a host reference: fresh random per-(rank, expert) counts
+// with skew, a rank that receives no rows and a rank that sends none; every received row, the
+// plan's offsets and counts, the combine back into poisoned buffers, and the all-reduce sums.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/gpu/kernels/gpu_test_util.h"
+#include "worker/engine/cuda/device_memory.h"
+#include "worker/engine/cuda/ep/expert_dispatcher.h"
+
+namespace dropless::cuda_engine {
+namespace {
+
+using kernels::testing::BitEqual;
+using kernels::testing::DeviceArray;
+using kernels::testing::GpuTest;
+
+class LocalDispatcherGpu : public GpuTest, public ::testing::WithParamInterface<int> {};
+
+// counts[s][e]: rows rank s sends to global expert e.
+std::vector<std::vector<int32_t>> RandomCounts(int ep, int experts, int64_t rows, std::mt19937* rng) {
+  const int local = experts / ep;
+  std::vector<std::vector<int32_t>> counts(ep, std::vector<int32_t>(experts, 0));
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int s = 0; s < ep; ++s) {
+    if (ep > 2 && s == 1) continue;  // a rank that sends nothing
+    // Zipf-like skew over experts; the experts of rank ep - 1 get nothing (it receives no rows).
+    std::vector<double> weight(experts);
+    for (int e = 0; e < experts; ++e) {
+      weight[e] = (ep > 1 && e / local == ep - 1) ? 0.0 : 1.0 / std::pow(1 + ((e * 7 + s) % experts), 1.1);
+    }
+    std::discrete_distribution<int> pick(weight.begin(), weight.end());
+    const int64_t n = static_cast<int64_t>(rows * (0.5 + 0.5 * u(*rng)));
+    for (int64_t i = 0; i < n; ++i) ++counts[s][pick(*rng)];
+  }
+  return counts;
+}
+
+TEST_P(LocalDispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
+  const int ep = GetParam();
+  const int experts = 64, local = experts / ep;
+  const int64_t rows = 300;           // T * k per rank
+  const int64_t row_bytes = 48;       // 24 bf16 values
+  std::mt19937 rng(std::random_device{}());
+  const std::vector<std::vector<int32_t>> counts = RandomCounts(ep, experts, rows, &rng);
+  const EpShape shape{ep, experts, rows};
+
+  DeviceArena arena;
+  StreamLinks links;
+  absl::StatusOr<std::unique_ptr<ExpertDispatcher>> dispatcher = NewLocalDispatcher(shape, &links);
+  ASSERT_TRUE(dispatcher.ok()) << dispatcher.status();
+  EXPECT_EQ((*dispatcher)->name(), "local");
+  EXPECT_EQ((*dispatcher)->local_ranks(), ep);
+
+  std::vector<cudaStream_t> streams(ep);
+  for (cudaStream_t& s : streams) ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<std::unique_ptr<DeviceArray<int32_t>>> offsets;
+  std::vector<std::unique_ptr<DeviceArray<uint8_t>>> send, recv;
+  std::vector<std::vector<uint8_t>> send_host(ep);
+  std::vector<ExchangePlan> plans(ep);
+  std::vector<RankCall> calls(ep);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int s = 0; s < ep; ++s) {
+    std::vector<int32_t> off(experts + 1, 0);
+    for (int e = 0; e < experts; ++e) off[e + 1] = off[e] + counts[s][e];
+    offsets.push_back(std::make_unique<DeviceArray<int32_t>>(off));
+    send_host[s].resize(rows * row_bytes);
+    for (uint8_t& b : send_host[s]) b = static_cast<uint8_t>(byte(rng));
+    send.push_back(std::make_unique<DeviceArray<uint8_t>>(send_host[s]));
+    recv.push_back(std::make_unique<DeviceArray<uint8_t>>(shape.max_recv_rows() * row_bytes));
+    ASSERT_TRUE(AllocateExchangePlan(shape, &arena, &plans[s]).ok());
+    plans[s].send_offsets = offsets[s]->get();
+    calls[s] = RankCall{&plans[s], send[s]->get(), recv[s]->get(), streams[s]};
+  }
+  ASSERT_TRUE((*dispatcher)->Plan(calls).ok());
+  ASSERT_TRUE((*dispatcher)->Dispatch(calls, row_bytes).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  // Host reference: receiver p's rows grouped by local expert, each group by source rank.
+  for (int p = 0; p < ep; ++p) {
+    std::vector<int32_t> want_offsets(local + 1, 0);
+    std::vector<uint8_t> want;
+    for (int l = 0; l < local; ++l) {
+      const int e = p * local + l;
+      for (int s = 0; s < ep; ++s) {
+        int32_t first = 0;
+        for (int x = 0; x < e; ++x) first += counts[s][x];
+        want.insert(want.end(), send_host[s].begin() + first * row_bytes,
+                    send_host[s].begin() + (first + counts[s][e]) * row_bytes);
+      }
+      want_offsets[l + 1] = static_cast<int32_t>(want.size() / row_bytes);
+    }
+    std::vector<int32_t> got_offsets(local + 1);
+    ASSERT_EQ(cudaMemcpy(got_offsets.data(), plans[p].recv_offsets, (local + 1) * sizeof(int32_t),
+                         cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(got_offsets, want_offsets) << "receive offsets of rank " << p;
+    std::vector<uint8_t> got = recv[p]->Download();
+    got.resize(want.size());
+    EXPECT_TRUE(BitEqual(got, want)) << "rows received by rank " << p;
+    if (p == ep - 1 && ep > 1) EXPECT_EQ(want_offsets[local], 0) << "rank " << p << " receives nothing";
+    std::vector<int32_t> job(experts);
+    ASSERT_EQ(cudaMemcpy(job.data(), plans[p].job_counts, experts * sizeof(int32_t),
+                         cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int e = 0; e < experts; ++e) {
+      int32_t sum = 0;
+      for (int s = 0; s < ep; ++s) sum += counts[s][e];
+      ASSERT_EQ(job[e], sum) << "job count of expert " << e << " at rank " << p;
+    }
+  }
+
+  // Combine back into poisoned send buffers: every sent row returns to its place.
+  for (int s = 0; s < ep; ++s) send[s]->Poison(0x5A);
+  ASSERT_TRUE((*dispatcher)->Combine(calls, row_bytes).ok());
+  for (int s = 0; s < ep; ++s) {
+    const int64_t sent = std::accumulate(counts[s].begin(), counts[s].end(), int64_t{0});
+    std::vector<uint8_t> got = send[s]->Download();
+    got.resize(sent * row_bytes);
+    std::vector<uint8_t> want(send_host[s].begin(), send_host[s].begin() + sent * row_bytes);
+    EXPECT_TRUE(BitEqual(got, want)) << "rows combined back to rank " << s;
+  }
+
+  // All-reduce sums, float and double, in rank order.
+  const size_t n = 1000;
+  std::vector<std::unique_ptr<DeviceArray<float>>> f;
+  std::vector<std::unique_ptr<DeviceArray<double>>> d;
+  std::vector<std::vector<float>> fh(ep);
+  std::vector<std::vector<double>> dh(ep);
+  std::normal_distribution<double> normal;
+  std::vector<float*> fp;
+  std::vector<double*> dp;
+  for (int r = 0; r < ep; ++r) {
+    fh[r].resize(n);
+    dh[r].resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      fh[r][i] = static_cast<float>(normal(rng));
+      dh[r][i] = normal(rng);
+    }
+    f.push_back(std::make_unique<DeviceArray<float>>(fh[r]));
+    d.push_back(std::make_unique<DeviceArray<double>>(dh[r]));
+    fp.push_back(f.back()->get());
+    dp.push_back(d.back()->get());
+  }
+  ASSERT_TRUE((*dispatcher)->AllReduceSum(absl::MakeConstSpan(fp), n, streams).ok());
+  ASSERT_TRUE((*dispatcher)->AllReduceSum(absl::MakeConstSpan(dp), n, streams).ok());
+  for (int r = 0; r < ep; ++r) {
+    const std::vector<float> gf = f[r]->Download();
+    const std::vector<double> gd = d[r]->Download();
+    for (size_t i = 0; i < n; ++i) {
+      float sf = fh[0][i];
+      double sd = dh[0][i];
+      for (int x = 1; x < ep; ++x) {
+        sf += fh[x][i];
+        sd += dh[x][i];
+      }
+      ASSERT_EQ(gf[i], sf) << "float sum " << i << " at rank " << r;
+      ASSERT_EQ(gd[i], sd) << "double sum " << i << " at rank " << r;
+    }
+  }
+  for (cudaStream_t s : streams) cudaStreamDestroy(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(EpSizes, LocalDispatcherGpu, ::testing::Values(1, 2, 4, 8),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "ep" + std::to_string(info.param);
+                         });
+
+TEST(LocalDispatcherShape, RefusesShapesItCannotRun) {
+  StreamLinks links;
+  EXPECT_FALSE(NewLocalDispatcher(EpShape{3, 64, 10}, &links).ok());   // 64 experts over 3
+  EXPECT_FALSE(NewLocalDispatcher(EpShape{16, 64, 10}, &links).ok());  // more ranks than 8
+  EXPECT_FALSE(NewLocalDispatcher(EpShape{2, 64, 10}, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace dropless::cuda_engine

@@ -1,0 +1,185 @@
+// EP exchange kernels (contracts: exchange_kernels.h).
+#include "worker/engine/cuda/ep/exchange_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace dropless::cuda_engine {
+namespace {
+
+using kernels::cuda::GridStrideBlocks;
+using kernels::cuda::LaunchStatus;
+
+constexpr int kPlanThreads = 256;
+constexpr int kMaxExperts = 512;
+constexpr int kRowThreads = 256;
+
+// One block per rank p: the count matrix in shared memory, then p's plan.
+__global__ void PlanGroupKernel(GroupPlans plans, int ranks, int experts) {
+  __shared__ int32_t counts[kMaxLocalRanks * kMaxExperts];
+  __shared__ int32_t job[kMaxExperts];
+  __shared__ int32_t owner_prefix[kMaxExperts];  // exclusive prefix of job within each owner
+  const int p = blockIdx.x;
+  const int local_experts = experts / ranks;
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+    int32_t sum = 0;
+    for (int s = 0; s < ranks; ++s) {
+      const int32_t c = plans.send_offsets[s][e + 1] - plans.send_offsets[s][e];
+      counts[s * experts + e] = c;
+      plans.count_matrix[p][s * experts + e] = c;
+      sum += c;
+    }
+    job[e] = sum;
+    plans.job_counts[p][e] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t running = 0;
+    for (int e = 0; e < experts; ++e) {
+      if (e % local_experts == 0) running = 0;
+      owner_prefix[e] = running;
+      running += job[e];
+    }
+    // p as a receiver: its local experts' groups.
+    int32_t* recv = plans.recv_offsets[p];
+    const int first = p * local_experts;
+    for (int l = 0; l < local_experts; ++l) recv[l] = owner_prefix[first + l];
+    recv[local_experts] = local_experts == 0 ? 0 : owner_prefix[first + local_experts - 1] +
+                                                       job[first + local_experts - 1];
+  }
+  __syncthreads();
+  // p as a sender: where its rows of expert e start in the owner's buffer.
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+    int32_t before = owner_prefix[e];
+    for (int s = 0; s < p; ++s) before += counts[s * experts + e];
+    plans.dest_rows[p][e] = before;
+  }
+}
+
+// blockIdx.y: the sending rank; one warp per row, 16-byte accesses.
+__global__ void ExchangeGroupRowsKernel(GroupRows rows, int experts, int local_experts,
+                                        int64_t row_vectors, bool to_owner) {
+  __shared__ int32_t offsets[kMaxExperts + 1];
+  const int s = blockIdx.y;
+  for (int e = threadIdx.x; e <= experts; e += blockDim.x) offsets[e] = rows.send_offsets[s][e];
+  __syncthreads();
+  const int64_t total = offsets[experts];
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+       i < total; i += warps) {
+    // The expert of row i: the last e with offsets[e] <= i.
+    int lo = 0, hi = experts;  // offsets[lo] <= i < offsets[hi]
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (offsets[mid] <= i) lo = mid; else hi = mid;
+    }
+    const int owner = lo / local_experts;
+    const int64_t dst = rows.dest_rows[s][lo] + (i - offsets[lo]);
+    uint4* send = reinterpret_cast<uint4*>(rows.send[s]) + i * row_vectors;
+    uint4* recv = reinterpret_cast<uint4*>(rows.recv[owner]) + dst * row_vectors;
+    const uint4* from = to_owner ? send : recv;
+    uint4* to = to_owner ? recv : send;
+    for (int64_t v = lane; v < row_vectors; v += 32) to[v] = from[v];
+  }
+}
+
+template <typename T>
+struct RankPointers {
+  T* data[kMaxLocalRanks];
+};
+
+template <typename T>
+__global__ void SumAcrossRanksKernel(RankPointers<T> p, int ranks, size_t count) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    T sum = p.data[0][i];
+    for (int r = 1; r < ranks; ++r) sum += p.data[r][i];
+    for (int r = 0; r < ranks; ++r) p.data[r][i] = sum;
+  }
+}
+
+template <typename T>
+absl::Status SumAcrossRanksImpl(T* const* data, int ranks, size_t count, cudaStream_t stream) {
+  if (ranks < 1 || ranks > kMaxLocalRanks) {
+    return absl::InvalidArgumentError(absl::StrFormat("SumAcrossRanks: %d ranks", ranks));
+  }
+  if (ranks == 1 || count == 0) return absl::OkStatus();
+  RankPointers<T> p{};
+  for (int r = 0; r < ranks; ++r) p.data[r] = data[r];
+  SumAcrossRanksKernel<T><<<GridStrideBlocks(static_cast<int64_t>(count), 256), 256, 0, stream>>>(
+      p, ranks, count);
+  return LaunchStatus("SumAcrossRanksKernel");
+}
+
+}  // namespace
+
+absl::Status ValidateEpShape(const EpShape& shape) {
+  if (shape.ep < 1 || shape.ep > kMaxLocalRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("EP size %d: must be 1 to %d", shape.ep, kMaxLocalRanks));
+  }
+  if (shape.experts < 1 || shape.experts > kMaxExperts || shape.experts % shape.ep != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "EP exchange: %d experts must be 1 to %d and split evenly over %d ranks", shape.experts,
+        kMaxExperts, shape.ep));
+  }
+  if (shape.rows < 0 || shape.max_recv_rows() > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("EP exchange: %d rows per rank x %d ranks exceed int32 row indices",
+                        shape.rows, shape.ep));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AllocateExchangePlan(const EpShape& shape, DeviceArena* arena, ExchangePlan* plan) {
+  DROPLESS_RETURN_IF_ERROR(ValidateEpShape(shape));
+  const int64_t E = shape.experts;
+  absl::Status s = arena->Allocate(shape.ep * E, "EP count matrix", &plan->count_matrix);
+  if (s.ok()) s = arena->Allocate(E, "EP job counts", &plan->job_counts);
+  if (s.ok()) s = arena->Allocate(E, "EP destination rows", &plan->dest_rows);
+  if (s.ok()) s = arena->Allocate(shape.local_experts() + 1, "EP receive offsets", &plan->recv_offsets);
+  return s;
+}
+
+absl::Status PlanGroupExchange(const GroupPlans& plans, const EpShape& shape, cudaStream_t stream) {
+  DROPLESS_RETURN_IF_ERROR(ValidateEpShape(shape));
+  PlanGroupKernel<<<shape.ep, kPlanThreads, 0, stream>>>(plans, shape.ep, shape.experts);
+  return LaunchStatus("PlanGroupKernel");
+}
+
+absl::Status ExchangeGroupRows(const GroupRows& rows, const EpShape& shape, size_t row_bytes,
+                               bool to_owner, cudaStream_t stream) {
+  DROPLESS_RETURN_IF_ERROR(ValidateEpShape(shape));
+  if (row_bytes == 0 || row_bytes % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("EP exchange: row of %d bytes is not a positive multiple of 16", row_bytes));
+  }
+  if (shape.rows == 0) return absl::OkStatus();
+  // Enough warps per sender to cover the GPU about four times over with all senders together.
+  int device = 0, sms = 132;
+  if (cudaGetDevice(&device) == cudaSuccess) {
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  }
+  const int warps_per_block = kRowThreads / 32;
+  const int64_t wanted = std::max<int64_t>(1, 4 * sms / shape.ep);
+  const int64_t needed = (shape.rows + warps_per_block - 1) / warps_per_block;
+  const dim3 grid(static_cast<unsigned>(std::min(wanted, needed)), static_cast<unsigned>(shape.ep));
+  ExchangeGroupRowsKernel<<<grid, kRowThreads, 0, stream>>>(
+      rows, shape.experts, shape.local_experts(), static_cast<int64_t>(row_bytes / 16), to_owner);
+  return LaunchStatus("ExchangeGroupRowsKernel");
+}
+
+absl::Status SumAcrossRanks(float* const* data, int ranks, size_t count, cudaStream_t stream) {
+  return SumAcrossRanksImpl(data, ranks, count, stream);
+}
+absl::Status SumAcrossRanks(double* const* data, int ranks, size_t count, cudaStream_t stream) {
+  return SumAcrossRanksImpl(data, ranks, count, stream);
+}
+
+}  // namespace dropless::cuda_engine

@@ -1,0 +1,101 @@
+// ExpertDispatcher: how the CUDA engine's MoE layers reach the experts of other EP ranks, on
+// device buffers with device-side counts, enqueued on CUDA streams, never synchronizing with the
+// host (capturable in the step's CUDA graph).
+//
+// Layout (the CPU engine's ExpertExchange, worker/engine/cpu/expert_exchange.h): EP rank p owns the
+// global experts [p * El, (p + 1) * El) (El = E / ep). A rank's rows leave in global expert order
+// (the layer's dispatch plan: send_offsets[e] .. send_offsets[e + 1] are expert e's rows) and
+// arrive grouped by local expert, each group ordered by source rank, so the received rows of one
+// expert are in the same order as in an EP=1 run over the job's tokens. Combine is the exact
+// reverse. The backward passes are the same two copies on gradients: the dispatch's backward is a
+// Combine, the combine's backward a Dispatch.
+//
+// Calls are collective over the EP group. A dispatcher drives the EP ranks that live in this
+// process (local_ranks(): every rank for `local`, one for the NCCL backends); each call takes one
+// RankCall per such rank, in rank order, and returns once the work is queued on their streams.
+#ifndef DROPLESS_WORKER_ENGINE_CUDA_EP_EXPERT_DISPATCHER_H_
+#define DROPLESS_WORKER_ENGINE_CUDA_EP_EXPERT_DISPATCHER_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/engine/cuda/device_memory.h"
+
+namespace dropless::cuda_engine {
+
+struct EpShape {
+  int ep = 1;          // EP group size
+  int experts = 0;     // E, global
+  int64_t rows = 0;    // T * k: the most rows one rank sends (and gets back)
+  int local_experts() const { return experts / ep; }
+  // The most rows one rank can receive: every source's rows all routed to this rank.
+  int64_t max_recv_rows() const { return rows * ep; }
+};
+
+absl::Status ValidateEpShape(const EpShape& shape);
+
+// One rank's plan of one layer's exchange (device memory), made by Plan and used by every later
+// call of that layer's step, forward and backward.
+struct ExchangePlan {
+  const int32_t* send_offsets = nullptr;  // [E + 1] this rank's rows per global expert (input)
+  int32_t* count_matrix = nullptr;        // [ep][E] rows of every source rank per global expert
+  int32_t* job_counts = nullptr;          // [E] rows per expert over the EP group (column sums)
+  int32_t* dest_rows = nullptr;           // [E] where this rank's first row of expert e lands
+                                          //     in the receive buffer of e's owner
+  int32_t* recv_offsets = nullptr;        // [El + 1] this rank's received rows per local expert
+};
+
+// Allocates the device arrays of one plan (send_offsets stays the caller's).
+absl::Status AllocateExchangePlan(const EpShape& shape, DeviceArena* arena, ExchangePlan* plan);
+
+// One local rank's arguments to a collective call.
+struct RankCall {
+  const ExchangePlan* plan = nullptr;
+  void* send_rows = nullptr;  // [rows] in global expert order (Dispatch reads, Combine writes)
+  void* recv_rows = nullptr;  // [max_recv_rows] by local expert (Dispatch writes, Combine reads)
+  cudaStream_t stream = nullptr;
+};
+
+class ExpertDispatcher {
+ public:
+  virtual ~ExpertDispatcher() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual const EpShape& shape() const = 0;
+  // The EP ranks this process drives and the first of them.
+  virtual int local_ranks() const = 0;
+  virtual int first_local_rank() const = 0;
+
+  // Exchanges the per-expert counts (calls[r].plan->send_offsets) and fills every other field of
+  // each rank's plan.
+  virtual absl::Status Plan(absl::Span<const RankCall> calls) = 0;
+  // Rows of row_bytes (a multiple of 16) from each rank's send_rows to the owners' recv_rows.
+  virtual absl::Status Dispatch(absl::Span<const RankCall> calls, size_t row_bytes) = 0;
+  // The reverse: each received row back to the position in its source's send_rows.
+  virtual absl::Status Combine(absl::Span<const RankCall> calls, size_t row_bytes) = 0;
+  // In-place sums over the EP group: data[r] is local rank r's buffer, streams[r] its stream.
+  virtual absl::Status AllReduceSum(absl::Span<float* const> data, size_t count,
+                                    absl::Span<const cudaStream_t> streams) = 0;
+  virtual absl::Status AllReduceSum(absl::Span<double* const> data, size_t count,
+                                    absl::Span<const cudaStream_t> streams) = 0;
+};
+
+// `local`: every rank of the EP group inside this process on one GPU, each with its own buffers
+// and streams; tokens move with device copies. For tests and benchmarks of EP on one GPU.
+// `links` orders the ranks' streams around each collective (it must outlive the dispatcher).
+absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewLocalDispatcher(const EpShape& shape,
+                                                                     StreamLinks* links);
+
+inline constexpr int kMaxLocalRanks = 8;
+
+}  // namespace dropless::cuda_engine
+
+#endif  // DROPLESS_WORKER_ENGINE_CUDA_EP_EXPERT_DISPATCHER_H_

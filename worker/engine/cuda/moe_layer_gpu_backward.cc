@@ -1,0 +1,193 @@
+// MoeLayerGpu (moe_layer_gpu.h): the backward stages and the expert GEMMs' timing.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <functional>
+#include <initializer_list>
+#include <vector>
+
+#include "common/status_macros.h"
+#include "dropless/kernels/permute.h"
+#include "dropless/kernels/swiglu.h"
+#include "kernels/cuda/cuda_check.h"
+#include "worker/engine/cuda/engine_kernels.h"
+#include "worker/engine/cuda/moe_layer_gpu.h"
+#include "worker/engine/cuda/moe_layer_gpu_internal.h"
+
+namespace dropless::cuda_engine {
+namespace {
+
+namespace kc = kernels::cuda;
+using layer_internal::Begin;
+using layer_internal::End;
+using layer_internal::Nv;
+
+// Runs `hook` on the optimizer stream once everything queued so far on `after` is done.
+absl::Status RunHook(const std::function<absl::Status(cudaStream_t)>& hook, const LayerStreams& s,
+                     std::initializer_list<cudaStream_t> after) {
+  if (!hook) return absl::OkStatus();
+  for (cudaStream_t from : after) DROPLESS_RETURN_IF_ERROR(s.links->Link(from, s.optimizer));
+  return hook(s.optimizer);
+}
+
+}  // namespace
+
+absl::Status MoeLayerGpu::SharedBackward(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next,
+                                         const LayerGrads& grads, const LayerStreams& s) {
+  const LayerDims& d = k_->dims_;
+  const int64_t H = d.hidden, F = d.ffn;
+  LayerKernels& k = *k_;
+  const int32_t* live_rows = k.shared_offsets_ + 1;
+  for (int e = 0; e < d.shared; ++e) {
+    DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.side));
+    DROPLESS_RETURN_IF_ERROR(k.shared_w2_->BackwardData(Nv(d_x_next), Nv(w.shared_w2 + e * F * H),
+                                                        k.shared_offsets_, Nv(k.d_shared_a_), s.side));
+    DROPLESS_RETURN_IF_ERROR(kc::SwigluBackward(kernels::SwigluShape{d.tokens, F}, live_rows,
+                                                shared_h_[e], k.d_shared_a_, k.d_shared_h_, s.side));
+    DROPLESS_RETURN_IF_ERROR(k.shared_w1_->BackwardData(Nv(k.d_shared_h_),
+                                                        Nv(w.shared_w1 + e * H * 2 * F),
+                                                        k.shared_offsets_, Nv(k.d_x_shared_[e]), s.side));
+    DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kGemmDgrad, s.side));
+    DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmWgrad, s.side));
+    DROPLESS_RETURN_IF_ERROR(k.shared_w2_->BackwardWeight(Nv(shared_a_[e]), Nv(d_x_next),
+                                                          k.shared_offsets_,
+                                                          grads.shared_w2 + e * F * H, s.side));
+    DROPLESS_RETURN_IF_ERROR(k.shared_w1_->BackwardWeight(Nv(x), Nv(k.d_shared_h_), k.shared_offsets_,
+                                                          grads.shared_w1 + e * H * 2 * F, s.side));
+    DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.side));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeLayerGpu::BackwardCombine(const LayerWeights& w, const Bf16* x,
+                                          const Bf16* d_x_next, float aux_coef,
+                                          const LayerGrads& grads, const LayerStreams& s,
+                                          const LayerOptimizerHooks& hooks) {
+  const LayerDims& d = k_->dims_;
+  const int64_t T = d.tokens, H = d.hidden;
+  LayerKernels& k = *k_;
+  // Shared experts beside the routed path.
+  DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.side));
+  if (d.shared > 0) DROPLESS_RETURN_IF_ERROR(SharedBackward(w, x, d_x_next, grads, s));
+
+  // Combine backward: gate gradients and the expert outputs' gradients.
+  DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kCombine, s.main));
+  DROPLESS_RETURN_IF_ERROR(kc::UnpermuteCombineBackward(kernels::PermuteShape{T, H, d.topk},
+                                                        d_x_next, out_send_, slot_of_choice_,
+                                                        gates_, k.d_out_send_, k.d_weights_,
+                                                        s.main));
+  DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kCombine, s.main));
+
+  // Router backward on the side stream once the gate gradients exist. The aux loss's gradient
+  // uses the group's counts over the group's tokens: the kernel divides by this rank's tokens
+  // twice (f_e and P_e), hence the coefficient scaled by (T / (T * ep))^2.
+  DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.side));
+  const float group_coef = aux_coef / static_cast<float>(d.ep * d.ep);
+  DROPLESS_RETURN_IF_ERROR(kc::RouteTopKBackward(RoutingShape(), logits_, expert_ids_,
+                                                 job_counts(), k.d_weights_, group_coef,
+                                                 k.d_logits_, s.side));
+  DROPLESS_RETURN_IF_ERROR(k.router_->LogitsBackward(T, x, w.router, k.d_logits_, k.d_x_router_,
+                                                     /*accumulate_d_x=*/false, k.d_router_, s.side));
+  DROPLESS_RETURN_IF_ERROR(Transpose(1, d.experts, H, k.d_router_, grads.router, s.side));
+  return RunHook(hooks.router_and_shared, s, {s.side});
+}
+
+absl::Status MoeLayerGpu::BackwardExperts(const LayerWeights& w, const LayerGrads& grads,
+                                          const LayerStreams& s,
+                                          const LayerOptimizerHooks& hooks) {
+  const LayerDims& d = k_->dims_;
+  const int El = d.local_experts();
+  const int64_t R = d.recv_rows(), F = d.ffn;
+  const int32_t* live_rows = ExpertOffsets() + El;
+  LayerKernels& k = *k_;
+  // Each weight: its output gradient quantized (mxfp8) on main, the weight gradient on the wgrad
+  // stream beside the data gradient on main, then the weight's optimizer hook.
+  auto backward = [&](const ExpertOperands& o, int64_t in_cols, int64_t out_cols,
+                      const std::function<absl::Status(cudaStream_t)>& hook) -> absl::Status {
+    if (d.mxfp8) {
+      DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, out_cols, El}, o.dy,
+                                                 ExpertOffsets(), o.dy_mx, o.dy_col, s.main));
+    }
+    DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
+    DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmWgrad, s.wgrad));
+    if (d.mxfp8) {
+      DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, in_cols, El}, o.x,
+                                                 ExpertOffsets(), nullptr, o.x_col, s.wgrad));
+    }
+    DROPLESS_RETURN_IF_ERROR(ExpertBackwardWeight(o, s.wgrad));
+    DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.wgrad));
+    DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.main));
+    DROPLESS_RETURN_IF_ERROR(ExpertBackwardData(o, s.main));
+    DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kGemmDgrad, s.main));
+    // The gradient is complete and no later work reads the weight: its update can start.
+    return RunHook(hook, s, {s.main, s.wgrad});
+  };
+  DROPLESS_RETURN_IF_ERROR(backward(W2(w, grads), F, d.hidden, hooks.experts_w2));
+  DROPLESS_RETURN_IF_ERROR(kc::SwigluBackward(kernels::SwigluShape{R, F}, live_rows, h_, k.d_a_,
+                                              k.d_h_, s.main));
+  return backward(W1(w, grads), d.hidden, 2 * F, hooks.experts_w1);
+}
+
+absl::Status MoeLayerGpu::BackwardRoute(const Bf16* d_x_next, Bf16* d_x, const LayerStreams& s) {
+  const LayerDims& d = k_->dims_;
+  const int64_t T = d.tokens, H = d.hidden;
+  LayerKernels& k = *k_;
+  DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kDispatch, s.main));
+  DROPLESS_RETURN_IF_ERROR(kc::PermuteBackward(kernels::PermuteShape{T, H, d.topk}, k.d_rows_send_,
+                                               slot_of_choice_, k.d_x_routed_, s.main));
+  DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kDispatch, s.main));
+  DROPLESS_RETURN_IF_ERROR(s.links->Link(s.side, s.main));
+  DROPLESS_RETURN_IF_ERROR(s.links->Link(s.wgrad, s.main));
+  std::vector<const Bf16*> terms = {d_x_next, k.d_x_routed_, k.d_x_router_};
+  for (int e = 0; e < d.shared; ++e) terms.push_back(k.d_x_shared_[e]);
+  return SumBf16(T * H, terms, d_x, s.main);
+}
+
+absl::Status MoeLayerGpu::Backward(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next,
+                                   float aux_coef, const LayerGrads& grads, Bf16* d_x,
+                                   const LayerStreams& s, const LayerOptimizerHooks& hooks) {
+  if (k_->dims_.ep != 1) {
+    return absl::FailedPreconditionError("MoeLayerGpu::Backward is the EP = 1 layer; EP > 1 runs "
+                                         "its stages around the dispatcher (moe_layer_group.h)");
+  }
+  DROPLESS_RETURN_IF_ERROR(BackwardCombine(w, x, d_x_next, aux_coef, grads, s, hooks));
+  DROPLESS_RETURN_IF_ERROR(BackwardExperts(w, grads, s, hooks));
+  return BackwardRoute(d_x_next, d_x, s);
+}
+
+absl::Status MoeLayerGpu::TimeExpertGemms(const LayerWeights& w, const LayerGrads& grads,
+                                          int iterations, cudaStream_t stream, double seconds[3]) {
+  const ExpertOperands w1 = W1(w, grads), w2 = W2(w, grads);
+  auto forward = [&]() -> absl::Status {
+    DROPLESS_RETURN_IF_ERROR(ExpertForward(w1, stream));
+    return ExpertForward(w2, stream);
+  };
+  auto dgrad = [&]() -> absl::Status {
+    DROPLESS_RETURN_IF_ERROR(ExpertBackwardData(w2, stream));
+    return ExpertBackwardData(w1, stream);
+  };
+  auto wgrad = [&]() -> absl::Status {
+    DROPLESS_RETURN_IF_ERROR(ExpertBackwardWeight(w2, stream));
+    return ExpertBackwardWeight(w1, stream);
+  };
+  cudaEvent_t begin = nullptr, end = nullptr;
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&begin));
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&end));
+  absl::Status status;
+  const std::function<absl::Status()> products[3] = {forward, dgrad, wgrad};
+  for (int product = 0; product < 3 && status.ok(); ++product) {
+    status = products[product]();  // warm
+    if (status.ok()) status = kc::CudaStatus(cudaEventRecord(begin, stream), "cudaEventRecord");
+    for (int i = 0; i < iterations && status.ok(); ++i) status = products[product]();
+    if (status.ok()) status = kc::CudaStatus(cudaEventRecord(end, stream), "cudaEventRecord");
+    if (status.ok()) status = kc::CudaStatus(cudaEventSynchronize(end), "cudaEventSynchronize");
+    float ms = 0;
+    if (status.ok()) status = kc::CudaStatus(cudaEventElapsedTime(&ms, begin, end), "cudaEventElapsedTime");
+    seconds[product] = ms * 1e-3 / std::max(1, iterations);
+  }
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+  return status;
+}
+
+}  // namespace dropless::cuda_engine

@@ -1,0 +1,221 @@
+// RankModel (rank_model.h).
+#include "worker/engine/cuda/rank_model.h"
+
+#include <utility>
+
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_check.h"
+#include "worker/engine/cuda/cuda_checkpoint.h"
+
+namespace dropless::cuda_engine {
+
+absl::Status TrainableBuffer::Allocate(DeviceArena* arena, int64_t n) {
+  size = n;
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "master weights", &value));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "weight gradients", &grad));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "AdamW first moments", &m));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "AdamW second moments", &v));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "bf16 weights", &bf16));
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(grad, 0, n * sizeof(float)));
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(m, 0, n * sizeof(float)));
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(v, 0, n * sizeof(float)));
+  return absl::OkStatus();
+}
+
+RankModel::RankModel(const EngineConfig& config, int rank, const LayerDims& dims)
+    : config_(config),
+      rank_(rank),
+      dims_(dims),
+      layout_(config.model, config.parallel.ep, rank % config.parallel.ep, config.tokens_per_rank) {}
+
+RankModel::~RankModel() {
+  for (cudaStream_t s : {streams_.main, streams_.side, streams_.wgrad, streams_.optimizer}) {
+    if (s != nullptr) cudaStreamDestroy(s);
+  }
+}
+
+LayerWeights RankModel::Weights(const ModelWeights& m, int64_t layer) const {
+  const int64_t H = dims_.hidden, F = dims_.ffn, E = dims_.experts, S = dims_.shared;
+  const int64_t El = dims_.local_experts();
+  LayerWeights w;
+  w.router = m.router + layer * E * H;
+  w.router_bias = m.router_bias;
+  w.w1 = m.experts + layer * ExpPerLayer();
+  w.w2 = w.w1 + El * H * 2 * F;
+  w.shared_w1 = m.replicated + layer * RepPerLayer() + H * E;
+  w.shared_w2 = w.shared_w1 + S * H * 2 * F;
+  if (dims_.mxfp8) {
+    w.mx_w1 = m.mx_w1[layer];
+    w.mx_w2 = m.mx_w2[layer];
+  }
+  return w;
+}
+
+LayerGrads RankModel::Grads(int64_t layer) const {
+  const int64_t H = dims_.hidden, F = dims_.ffn, E = dims_.experts, S = dims_.shared;
+  const int64_t El = dims_.local_experts();
+  LayerGrads g;
+  g.router = replicated_.grad + layer * RepPerLayer();
+  g.shared_w1 = g.router + H * E;
+  g.shared_w2 = g.shared_w1 + S * H * 2 * F;
+  g.w1 = experts_.grad + layer * ExpPerLayer();
+  g.w2 = g.w1 + El * H * 2 * F;
+  return g;
+}
+
+absl::Status RankModel::InitializeWeights(uint64_t seed, float* replicated, float* experts) {
+  std::vector<DeviceNormalFill> fills;
+  for (const cpu::MoeParameterLayout::NormalFill& f : layout_.InitialFills(seed)) {
+    fills.push_back(DeviceNormalFill{f.buffer, f.offset, f.stream, f.count, f.scale});
+  }
+  return FillNormal(fills, replicated, experts, streams_.main);
+}
+
+// bf16 copies of fp32 weights: the router transposed to [E][H], everything else as laid out.
+absl::Status RankModel::RefreshWorkingCopies(const float* replicated, const float* experts,
+                                             ModelWeights* weights, cudaStream_t stream) {
+  const int64_t H = dims_.hidden, E = dims_.experts;
+  DROPLESS_RETURN_IF_ERROR(CastToBf16(layout_.replicated_size(), replicated, weights->replicated, stream));
+  DROPLESS_RETURN_IF_ERROR(CastToBf16(layout_.experts_size(), experts, weights->experts, stream));
+  for (int64_t l = 0; l < layers(); ++l) {
+    DROPLESS_RETURN_IF_ERROR(Transpose(1, H, E, weights->replicated + l * RepPerLayer(),
+                                       weights->router + l * E * H, stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RankModel::QuantizeExperts(ModelWeights* weights, cudaStream_t stream) {
+  if (!dims_.mxfp8) return absl::OkStatus();
+  for (int64_t l = 0; l < layers(); ++l) {
+    const LayerWeights w = Weights(*weights, l);
+    DROPLESS_RETURN_IF_ERROR(kernels_->QuantizeWeight(w.w1, dims_.hidden, 2 * dims_.ffn,
+                                                      weights->mx_w1[l], stream));
+    DROPLESS_RETURN_IF_ERROR(kernels_->QuantizeWeight(w.w2, dims_.ffn, dims_.hidden,
+                                                      weights->mx_w2[l], stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, PhaseTimer* timer,
+                                   const cpu::TaskSeeds& seeds) {
+  arena_ = arena;
+  for (cudaStream_t* s : {&streams_.main, &streams_.side, &streams_.wgrad, &streams_.optimizer}) {
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+  }
+  streams_.links = links;
+  streams_.timer = timer;
+
+  absl::StatusOr<std::unique_ptr<LayerKernels>> k = LayerKernels::Create(dims_, arena);
+  if (!k.ok()) return k.status();
+  kernels_ = *std::move(k);
+  for (int64_t l = 0; l < layers(); ++l) {
+    absl::StatusOr<std::unique_ptr<MoeLayerGpu>> layer = MoeLayerGpu::Create(kernels_.get(), arena);
+    if (!layer.ok()) return layer.status();
+    layers_.push_back(*std::move(layer));
+  }
+
+  const int64_t T = dims_.tokens, H = dims_.hidden, E = dims_.experts;
+  DROPLESS_RETURN_IF_ERROR(replicated_.Allocate(arena, layout_.replicated_size()));
+  DROPLESS_RETURN_IF_ERROR(experts_.Allocate(arena, layout_.experts_size()));
+  for (ModelWeights* w : {&student_, &teacher_}) {
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(layers() * E * H, "bf16 router", &w->router));
+    if (dims_.mxfp8) {
+      for (int64_t l = 0; l < layers(); ++l) {
+        absl::StatusOr<MxWeight> w1 = kernels_->AllocateMxWeight(H, 2 * dims_.ffn, arena);
+        if (!w1.ok()) return w1.status();
+        absl::StatusOr<MxWeight> w2 = kernels_->AllocateMxWeight(dims_.ffn, H, arena);
+        if (!w2.ok()) return w2.status();
+        w->mx_w1.push_back(*w1);
+        w->mx_w2.push_back(*w2);
+      }
+    }
+  }
+  student_.replicated = replicated_.bf16;
+  student_.experts = experts_.bf16;
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(layout_.replicated_size(), "teacher weights", &teacher_.replicated));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(layout_.experts_size(), "teacher weights", &teacher_.experts));
+  const std::vector<double> bias = cpu::TeacherRouterBias(config_.data, E);
+  if (config_.data.distribution == RoutingDistribution::kZipf) {
+    const std::vector<float> bias_f(bias.begin(), bias.end());
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(E, "teacher router bias", &teacher_.router_bias));
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpy(teacher_.router_bias, bias_f.data(),
+                                             E * sizeof(float), cudaMemcpyHostToDevice));
+  }
+
+  activations_.resize(layers() + 1);
+  for (Bf16*& a : activations_) DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "layer activations", &a));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "targets", &target_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "output gradient", &grad_a_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "input gradient", &grad_b_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(1, "step counter", &step_counter_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(static_cast<int64_t>(StatsBytes()), "step statistics", &stats_));
+
+  // The teacher: fp32 draws (in the student's not yet initialized buffers), kept in bf16.
+  DROPLESS_RETURN_IF_ERROR(InitializeWeights(seeds.teacher, replicated_.value, experts_.value));
+  DROPLESS_RETURN_IF_ERROR(RefreshWorkingCopies(replicated_.value, experts_.value, &teacher_, streams_.main));
+  DROPLESS_RETURN_IF_ERROR(InitializeWeights(seeds.student, replicated_.value, experts_.value));
+  if (!config_.checkpoint.dir.empty()) DROPLESS_RETURN_IF_ERROR(Restore(config_.checkpoint.dir));
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpy(step_counter_, &steps_restored_, sizeof(int64_t),
+                                           cudaMemcpyHostToDevice));
+  DROPLESS_RETURN_IF_ERROR(RefreshWorkingCopies(replicated_.value, experts_.value, &student_, streams_.main));
+  DROPLESS_RETURN_IF_ERROR(QuantizeExperts(&teacher_, streams_.main));
+  DROPLESS_RETURN_IF_ERROR(QuantizeExperts(&student_, streams_.main));
+  DROPLESS_RETURN_IF_ERROR(CreateOptimizer());
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.main));
+  return absl::OkStatus();
+}
+
+// AdamW over every tensor, in per-layer groups so that each weight is updated as soon as its
+// gradient is complete (LayerOptimizerHooks): per layer the router (its bf16 copy transposed to
+// [E][H]) and the shared experts, then the routed experts' w1 and w2.
+absl::Status RankModel::CreateOptimizer() {
+  const int64_t H = dims_.hidden, E = dims_.experts;
+  std::vector<AdamWTensor> tensors;
+  auto add = [&](TrainableBuffer& b, int64_t offset, int64_t n, Bf16* copy, int64_t rows,
+                 int64_t cols) {
+    tensors.push_back(AdamWTensor{b.value + offset, b.grad + offset, b.m + offset, b.v + offset, n,
+                                  copy, rows, cols});
+    return static_cast<int>(tensors.size()) - 1;
+  };
+  const int64_t w1_size = int64_t{dims_.local_experts()} * H * 2 * dims_.ffn;
+  for (int64_t l = 0; l < layers(); ++l) {
+    OptimizerGroups g;
+    const int64_t base = l * RepPerLayer();
+    g.router_first = add(replicated_, base, H * E, student_.router + l * E * H, H, E);
+    g.router_count = 1;
+    if (RepPerLayer() > H * E) {
+      add(replicated_, base + H * E, RepPerLayer() - H * E, replicated_.bf16 + base + H * E, 0, 0);
+      g.router_count = 2;
+    }
+    const int64_t exp = l * ExpPerLayer();
+    g.w1 = add(experts_, exp, w1_size, experts_.bf16 + exp, 0, 0);
+    g.w2 = add(experts_, exp + w1_size, ExpPerLayer() - w1_size, experts_.bf16 + exp + w1_size, 0, 0);
+    optimizer_groups_.push_back(g);
+  }
+  absl::StatusOr<std::unique_ptr<FusedAdamW>> adamw =
+      FusedAdamW::Create(config_.optimizer, tensors, step_counter_);
+  if (!adamw.ok()) return adamw.status();
+  adamw_ = *std::move(adamw);
+  return absl::OkStatus();
+}
+
+absl::Status RankModel::SaveCheckpoint(const std::string& dir, int64_t step) {
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.main));
+  return WriteCudaCheckpoint(
+      dir, config_, rank_, layout_, step,
+      DeviceOptimizerBuffers{replicated_.value, replicated_.m, replicated_.v, replicated_.size},
+      DeviceOptimizerBuffers{experts_.value, experts_.m, experts_.v, experts_.size});
+}
+
+absl::Status RankModel::Restore(const std::string& dir) {
+  absl::StatusOr<int64_t> step = ReadCudaCheckpoint(
+      dir, config_, rank_, layout_,
+      DeviceOptimizerBuffers{replicated_.value, replicated_.m, replicated_.v, replicated_.size},
+      DeviceOptimizerBuffers{experts_.value, experts_.m, experts_.v, experts_.size});
+  if (absl::IsNotFound(step.status())) return absl::OkStatus();
+  if (!step.ok()) return step.status();
+  steps_restored_ = *step;
+  return absl::OkStatus();
+}
+
+}  // namespace dropless::cuda_engine

@@ -1,0 +1,134 @@
+// RankModel: one EP rank's share of the CUDA engine's model, on the device: its fp32 master
+// weights, gradients and AdamW moments in the CPU engine's flat layout (MoeParameterLayout for
+// this rank's experts), the bf16 (and MXFP8) working copies, the fixed teacher, the layers and
+// their activations, and the streams its work runs on. The engine (cuda_engine.cc) drives one
+// RankModel per EP rank of this process through the step.
+#ifndef DROPLESS_WORKER_ENGINE_CUDA_RANK_MODEL_H_
+#define DROPLESS_WORKER_ENGINE_CUDA_RANK_MODEL_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/engine_config.h"
+#include "worker/engine/cpu/moe_model.h"
+#include "worker/engine/cpu/synthetic_task.h"
+#include "worker/engine/cuda/device_memory.h"
+#include "worker/engine/cuda/engine_kernels.h"
+#include "worker/engine/cuda/moe_layer_gpu.h"
+
+namespace dropless::cuda_engine {
+
+// A trainable flat buffer (MoeParameterLayout's replicated or experts buffer) with its fp32
+// gradient, AdamW moments and bf16 working copy.
+struct TrainableBuffer {
+  float* value = nullptr;
+  float* grad = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  Bf16* bf16 = nullptr;
+  int64_t size = 0;
+
+  absl::Status Allocate(DeviceArena* arena, int64_t n);
+};
+
+// The bf16 (and MXFP8) weights of a model: the student's working copies or the fixed teacher.
+struct ModelWeights {
+  Bf16* router = nullptr;      // [L][E][H]
+  Bf16* replicated = nullptr;  // the replicated buffer's layout (router region unused)
+  Bf16* experts = nullptr;     // the experts buffer's layout
+  float* router_bias = nullptr;
+  std::vector<MxWeight> mx_w1, mx_w2;  // per layer, precision mxfp8
+};
+
+// The AdamW tensors of one layer (FusedAdamW's list indices).
+struct OptimizerGroups {
+  int router_first = 0, router_count = 0;  // the router and, when there are any, shared experts
+  int w1 = 0, w2 = 0;
+};
+
+class RankModel {
+ public:
+  // rank: this rank's index in the job (its tokens and its experts, rank % ep).
+  RankModel(const EngineConfig& config, int rank, const LayerDims& dims);
+  ~RankModel();
+
+  // Streams, layers, buffers; the teacher and the student initialized from the task's seeds (or
+  // the student restored from config.checkpoint.dir when that holds this rank's checkpoint).
+  // `timer` may be null (only one rank of a process times its phases).
+  absl::Status Initialize(DeviceArena* arena, StreamLinks* links, PhaseTimer* timer,
+                          const cpu::TaskSeeds& seeds);
+
+  int rank() const { return rank_; }
+  int64_t layers() const { return layout_.layers(); }
+  const LayerDims& dims() const { return dims_; }
+  const cpu::MoeParameterLayout& layout() const { return layout_; }
+  const LayerStreams& streams() const { return streams_; }
+  int64_t steps_restored() const { return steps_restored_; }
+
+  LayerWeights Weights(const ModelWeights& m, int64_t layer) const;
+  LayerGrads Grads(int64_t layer) const;
+  absl::Status QuantizeExperts(ModelWeights* weights, cudaStream_t stream);
+
+  absl::Status SaveCheckpoint(const std::string& dir, int64_t step);
+
+  // Owned by the engine's step recording.
+  LayerKernels* kernels() { return kernels_.get(); }
+  std::vector<std::unique_ptr<MoeLayerGpu>>& layer_list() { return layers_; }
+  FusedAdamW* adamw() { return adamw_.get(); }
+  const OptimizerGroups& optimizer_groups(int64_t layer) const { return optimizer_groups_[layer]; }
+  TrainableBuffer& replicated() { return replicated_; }
+  ModelWeights& student() { return student_; }
+  ModelWeights& teacher() { return teacher_; }
+  std::vector<Bf16*>& activations() { return activations_; }
+  Bf16* target() const { return target_; }
+  Bf16* grad_a() const { return grad_a_; }
+  Bf16* grad_b() const { return grad_b_; }
+  int64_t* step_counter() const { return step_counter_; }
+  // The step's statistics gathered on the device (the engine reads rank 0's):
+  // [squared error (double)] [aux loss per layer (float)] [tokens per expert per layer (int32)].
+  uint8_t* stats() const { return stats_; }
+  size_t StatsBytes() const { return CountsOffset() + CountsBytes(); }
+  size_t CountsOffset() const { return sizeof(double) + layers() * sizeof(float); }
+  size_t CountsBytes() const {
+    return static_cast<size_t>(layers() * dims_.experts) * sizeof(int32_t);
+  }
+
+ private:
+  int64_t RepPerLayer() const { return layout_.replicated_size() / layers(); }
+  int64_t ExpPerLayer() const { return layout_.experts_size() / layers(); }
+  absl::Status InitializeWeights(uint64_t seed, float* replicated, float* experts);
+  absl::Status RefreshWorkingCopies(const float* replicated, const float* experts,
+                                    ModelWeights* weights, cudaStream_t stream);
+  absl::Status Restore(const std::string& dir);
+  absl::Status CreateOptimizer();
+
+  const EngineConfig& config_;
+  const int rank_;
+  const LayerDims dims_;
+  const cpu::MoeParameterLayout layout_;
+  DeviceArena* arena_ = nullptr;
+  LayerStreams streams_;
+  std::unique_ptr<LayerKernels> kernels_;
+  std::vector<std::unique_ptr<MoeLayerGpu>> layers_;
+  std::unique_ptr<FusedAdamW> adamw_;
+  std::vector<OptimizerGroups> optimizer_groups_;
+  TrainableBuffer replicated_, experts_;
+  ModelWeights student_, teacher_;
+  std::vector<Bf16*> activations_;  // x_0 .. x_L
+  Bf16* target_ = nullptr;
+  Bf16* grad_a_ = nullptr;
+  Bf16* grad_b_ = nullptr;
+  int64_t* step_counter_ = nullptr;
+  uint8_t* stats_ = nullptr;
+  int64_t steps_restored_ = 0;
+};
+
+}  // namespace dropless::cuda_engine
+
+#endif  // DROPLESS_WORKER_ENGINE_CUDA_RANK_MODEL_H_
