@@ -46,6 +46,9 @@ struct Flags {
   int warmup = 3;
   int layers = 1;
   int rounds = 3;
+  // EP ranks of the layer on this one GPU (the `local` dispatcher): each rank gets T / ep of the
+  // shape's tokens and E / ep of its experts, so the group does the shape's FLOPs.
+  std::vector<int> eps = {1};
   // Engine settings compared in one run (engines held side by side, rounds alternating):
   // "default", or "optimizer-overlap" / "optimizer-after-backward" (DROPLESS_OPTIMIZER_OVERLAP).
   std::vector<std::string> variants = {"default"};
@@ -68,6 +71,11 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
       f.rounds = std::max(1, std::atoi(kv.second.c_str()));
     } else if (kv.first == "--variants") {
       f.variants = absl::StrSplit(kv.second, ',');
+    } else if (kv.first == "--ep") {
+      f.eps.clear();
+      for (absl::string_view v : absl::StrSplit(kv.second, ',')) {
+        f.eps.push_back(std::max(1, std::atoi(std::string(v).c_str())));
+      }
     } else if (kv.first == "--layers") {
       f.layers = std::max(1, std::atoi(kv.second.c_str()));
     } else if (kv.first == "--json") {
@@ -77,7 +85,7 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
     } else {
       std::fprintf(stderr,
                    "step bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
-                   "--precision=bf16,mxfp8 --steps=N --warmup=N --rounds=N --layers=N "
+                   "--precision=bf16,mxfp8 --steps=N --warmup=N --rounds=N --layers=N --ep=1,2,8 "
                    "--variants=default|optimizer-overlap,optimizer-after-backward --json=PATH "
                    "--commit=SHA\n",
                    a.c_str());
@@ -87,7 +95,7 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
   return f;
 }
 
-EngineConfig ConfigOf(const StepShape& s, const std::string& precision, int layers) {
+EngineConfig ConfigOf(const StepShape& s, const std::string& precision, int layers, int ep) {
   EngineConfig c;
   c.model.hidden = s.hidden;
   c.model.ffn = s.ffn;
@@ -98,7 +106,8 @@ EngineConfig ConfigOf(const StepShape& s, const std::string& precision, int laye
   c.model.router = RouterKind::kSoftmax;
   c.model.aux_loss_coeff = 0.01;
   c.precision = precision == "mxfp8" ? Precision::kMxfp8 : Precision::kBf16;
-  c.tokens_per_rank = s.tokens;
+  c.parallel.ep = ep;
+  c.tokens_per_rank = s.tokens / ep;
   c.steps = 1000000;
   c.optimizer.lr = 1e-4;
   c.data.seed = 1;
@@ -113,9 +122,9 @@ int RunStepBench(const std::vector<std::string>& args) {
   const double peak = cuda_engine::kHopperDenseBf16PeakFlops;
   std::printf("step bench on %s; MFU against %.1f TFLOP/s (dense bf16, H100/H200 SXM datasheet)\n",
               prop.name, peak / 1e12);
-  std::printf("%-8s %-6s %9s %8s %6s %8s | %7s %7s %7s %7s | %8s %8s %8s %8s\n", "shape", "prec",
-              "step ms", "TFLOP/s", "MFU", "mem GiB", "fwd ms", "bwd ms", "opt ms", "data ms",
-              "gemm TF", "fwd TF", "dgrad TF", "wgrad TF");
+  std::printf("%-8s %-6s %2s %9s %8s %6s %8s | %7s %7s %7s %7s | %8s %8s %8s %8s\n", "shape",
+              "prec", "ep", "step ms", "TFLOP/s", "MFU", "mem GiB", "fwd ms", "bwd ms", "opt ms",
+              "data ms", "gemm TF", "fwd TF", "dgrad TF", "wgrad TF");
   std::vector<std::string> rows;
   for (const std::string& name : f.shapes) {
     const StepShape* shape = nullptr;
@@ -127,71 +136,85 @@ int RunStepBench(const std::vector<std::string>& args) {
       return 2;
     }
     for (const std::string& precision : f.precisions) {
-      // One engine per variant, held side by side; rounds alternate between them so the GPU's
-      // clock state (power cap) is shared; medians over every timed step of every round.
-      struct Run {
-        std::string variant;
-        std::unique_ptr<cuda_engine::CudaEngine> engine;
-        std::vector<double> ms;
-        StepStats last;
-        cuda_engine::CudaStepDetails details;
-      };
-      std::vector<Run> runs;
-      for (const std::string& variant : f.variants) {
-        if (variant == "optimizer-after-backward") {
-          setenv("DROPLESS_OPTIMIZER_OVERLAP", "0", 1);
-        } else if (variant == "optimizer-overlap" || variant == "default") {
-          unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
-        } else {
-          std::fprintf(stderr, "step bench: unknown variant %s\n", variant.c_str());
+      for (int ep : f.eps) {
+        if (shape->experts % ep != 0 || shape->tokens % ep != 0) {
+          std::fprintf(stderr, "step bench: %s does not split over ep %d\n", shape->name, ep);
           return 2;
         }
-        absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> engine =
-            cuda_engine::CreateCudaEngine(ConfigOf(*shape, precision, f.layers), 0, 1, nullptr);
-        unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
-        CheckStatus(engine.status(), "step", "creating the engine");
-        runs.push_back(Run{variant, *std::move(engine), {}, {}, {}});
-      }
-      for (int round = 0; round < f.rounds; ++round) {
-        for (Run& run : runs) {
-          for (int i = 0; i < (round == 0 ? f.warmup : 0) + f.steps; ++i) {
-            absl::StatusOr<StepStats> s = run.engine->Step();
-            CheckStatus(s.status(), "step", "step");
-            if (round > 0 || i >= f.warmup) {
-              run.ms.push_back(s->step_seconds * 1e3);
-              run.last = *s;
-              run.details = run.engine->LastStepDetails();
+        // One engine per variant, held side by side; rounds alternate between them so the GPU's
+        // clock state (power cap) is shared; medians over every timed step of every round.
+        struct Run {
+          std::string variant;
+          std::unique_ptr<cuda_engine::CudaEngine> engine;
+          std::vector<double> ms;
+          StepStats last;
+          cuda_engine::CudaStepDetails details;
+        };
+        std::vector<Run> runs;
+        for (const std::string& variant : f.variants) {
+          if (variant == "optimizer-after-backward") {
+            setenv("DROPLESS_OPTIMIZER_OVERLAP", "0", 1);
+          } else if (variant == "optimizer-overlap" || variant == "default") {
+            unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
+          } else {
+            std::fprintf(stderr, "step bench: unknown variant %s\n", variant.c_str());
+            return 2;
+          }
+          const EngineConfig config = ConfigOf(*shape, precision, f.layers, ep);
+          absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> engine =
+              ep == 1 ? cuda_engine::CreateCudaEngine(config, 0, 1, nullptr)
+                      : cuda_engine::CreateLocalEpCudaEngine(config);
+          unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
+          CheckStatus(engine.status(), "step", "creating the engine");
+          runs.push_back(Run{variant, *std::move(engine), {}, {}, {}});
+        }
+        for (int round = 0; round < f.rounds; ++round) {
+          for (Run& run : runs) {
+            for (int i = 0; i < (round == 0 ? f.warmup : 0) + f.steps; ++i) {
+              absl::StatusOr<StepStats> s = run.engine->Step();
+              CheckStatus(s.status(), "step", "step");
+              if (round > 0 || i >= f.warmup) {
+                run.ms.push_back(s->step_seconds * 1e3);
+                run.last = *s;
+                run.details = run.engine->LastStepDetails();
+              }
             }
           }
         }
-      }
-      for (Run& run : runs) {
-        std::sort(run.ms.begin(), run.ms.end());
-        const double median = run.ms[run.ms.size() / 2];
-        absl::StatusOr<cuda_engine::CudaEngine::GemmSeconds> g = run.engine->TimeExpertGemms(5);
-        CheckStatus(g.status(), "step", "timing the expert GEMMs");
-        const double routed = 6.0 * shape->tokens * shape->top_k * shape->hidden * shape->ffn * f.layers;
-        const double tflops = 3.0 * routed / (median * 1e-3) / 1e12;
-        const double fwd = routed / g->forward / 1e12, dgrad = routed / g->dgrad / 1e12;
-        const double wgrad = routed / g->wgrad / 1e12;
-        const double gemm_tflops = 3.0 / (1.0 / fwd + 1.0 / dgrad + 1.0 / wgrad);
-        const double mem_gib = static_cast<double>(run.last.device_memory_bytes) / (1 << 30);
-        const cuda_engine::CudaStepDetails& d = run.details;
-        std::printf("%-8s %-6s %9.3f %8.1f %5.1f%% %8.1f | %7.3f %7.3f %7.3f %7.3f | %8.1f %8.1f %8.1f %8.1f  %s\n",
-                    shape->name, precision.c_str(), median, tflops, 100 * tflops * 1e12 / peak,
-                    mem_gib, d.forward_seconds * 1e3, d.backward_seconds * 1e3,
-                    d.optimizer_seconds * 1e3, d.data_seconds * 1e3, gemm_tflops, fwd, dgrad, wgrad,
-                    run.variant.c_str());
-        rows.push_back(absl::StrFormat(
-            "    {\"name\": \"step\", \"shape\": \"%s\", \"impl\": \"dropless\", \"precision\": "
-            "\"%s\", \"ms\": %.4f, \"tflops\": %.1f, \"gbps\": null, \"mfu\": %.4f, "
-            "\"peak_mem_gib\": %.2f, \"ep\": 1, \"backend\": \"local\", \"offload\": false, "
-            "\"gemm_tflops\": %.1f, \"forward_ms\": %.4f, \"backward_ms\": %.4f, "
-            "\"optimizer_ms\": %.4f, \"data_ms\": %.4f, \"layers\": %d, \"variant\": \"%s\", "
-            "\"note\": \"%s\"}",
-            shape->name, precision, median, tflops, tflops * 1e12 / peak, mem_gib, gemm_tflops,
-            d.forward_seconds * 1e3, d.backward_seconds * 1e3, d.optimizer_seconds * 1e3,
-            d.data_seconds * 1e3, f.layers, run.variant, shape->note));
+        for (Run& run : runs) {
+          std::sort(run.ms.begin(), run.ms.end());
+          const double median = run.ms[run.ms.size() / 2];
+          absl::StatusOr<cuda_engine::CudaEngine::GemmSeconds> g = run.engine->TimeExpertGemms(5);
+          CheckStatus(g.status(), "step", "timing the expert GEMMs");
+          const double routed =
+              6.0 * shape->tokens * shape->top_k * shape->hidden * shape->ffn * f.layers;
+          const double tflops = 3.0 * routed / (median * 1e-3) / 1e12;
+          const double fwd = routed / g->forward / 1e12, dgrad = routed / g->dgrad / 1e12;
+          const double wgrad = routed / g->wgrad / 1e12;
+          const double gemm_tflops = 3.0 / (1.0 / fwd + 1.0 / dgrad + 1.0 / wgrad);
+          const double mem_gib = static_cast<double>(run.last.device_memory_bytes) / (1 << 30);
+          const cuda_engine::CudaStepDetails& d = run.details;
+          std::printf(
+              "%-8s %-6s %2d %9.3f %8.1f %5.1f%% %8.1f | %7.3f %7.3f %7.3f %7.3f | %8.1f %8.1f "
+              "%8.1f %8.1f  %s\n",
+              shape->name, precision.c_str(), ep, median, tflops, 100 * tflops * 1e12 / peak,
+              mem_gib, d.forward_seconds * 1e3, d.backward_seconds * 1e3, d.optimizer_seconds * 1e3,
+              d.data_seconds * 1e3, gemm_tflops, fwd, dgrad, wgrad, run.variant.c_str());
+          rows.push_back(absl::StrFormat(
+              "    {\"name\": \"step\", \"shape\": \"%s\", \"impl\": \"dropless\", \"precision\": "
+              "\"%s\", \"ms\": %.4f, \"tflops\": %.1f, \"gbps\": null, \"mfu\": %.4f, "
+              "\"peak_mem_gib\": %.2f, \"ep\": %d, \"backend\": \"%s\", \"offload\": false, "
+              "\"gemm_tflops\": %.1f, \"forward_ms\": %.4f, \"backward_ms\": %.4f, "
+              "\"optimizer_ms\": %.4f, \"data_ms\": %.4f, \"dispatch_ms\": %.4f, \"combine_ms\": "
+              "%.4f, "
+              "\"layers\": %d, \"variant\": \"%s\", "
+              "\"note\": \"%s\"}",
+              shape->name, precision, median, tflops, tflops * 1e12 / peak, mem_gib, ep,
+              ep > 1 ? "local" : "none", gemm_tflops, d.forward_seconds * 1e3,
+              d.backward_seconds * 1e3, d.optimizer_seconds * 1e3, d.data_seconds * 1e3,
+              run.last.dispatch_seconds * 1e3, run.last.combine_seconds * 1e3, f.layers,
+              run.variant, shape->note));
+        }
       }
     }
   }
