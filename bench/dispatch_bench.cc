@@ -112,7 +112,7 @@ struct Group {
 std::unique_ptr<Group> MakeGroup(int ep, int64_t tokens, bool mxfp8, std::mt19937* rng) {
   auto g = std::make_unique<Group>();
   const EpShape shape{ep, kExperts, tokens * kTopK};
-  auto d = cuda_engine::NewLocalDispatcher(shape, &g->links);
+  auto d = cuda_engine::NewLocalDispatcher(shape, &g->links, &g->arena);
   CheckStatus(d.status(), "dispatch", "creating the dispatcher");
   g->dispatcher = *std::move(d);
   const int local = kExperts / ep;
@@ -148,10 +148,11 @@ std::unique_ptr<Group> MakeGroup(int ep, int64_t tokens, bool mxfp8, std::mt1993
               "dispatch", "offsets");
     CheckStatus(g->arena.Allocate(tokens * kTopK * data_bytes, "send rows", &send), "dispatch",
                 "alloc");
-    CheckStatus(g->arena.Allocate(std::max<int64_t>(1, received) * data_bytes, "recv rows", &recv),
+    CheckStatus(g->dispatcher->AllocateShared(std::max<int64_t>(1, received) * data_bytes,
+                                              "recv rows", &recv),
                 "dispatch", "alloc");
     CheckCuda(cudaMemset(send, 1, tokens * kTopK * data_bytes), "dispatch", "memset");
-    CheckStatus(cuda_engine::AllocateExchangePlan(shape, &g->arena, &g->plans[p]), "dispatch",
+    CheckStatus(cuda_engine::AllocateExchangePlan(g->dispatcher.get(), &g->arena, &g->plans[p]), "dispatch",
                 "plan");
     g->plans[p].send_offsets = dev_offsets;
     g->data.push_back(RankCall{&g->plans[p], send, recv, g->streams[p]});

@@ -34,21 +34,32 @@ absl::Status CheckCpu(const EngineConfig& c) {
 
 absl::Status CheckCuda(const EngineConfig& c) {
   const ModelSpec& m = c.model;
-  if (c.parallel.ep != 1 || c.parallel.dp != 1) {
-    return Refuse("parallel.ep",
-                  absl::StrFormat("the cuda engine runs one rank per job until the GPU expert-"
-                                  "parallel transport exists (got ep %d, dp %d)",
-                                  c.parallel.ep, c.parallel.dp));
+  if (c.parallel.dp != 1) {
+    return Refuse("parallel.dp", absl::StrFormat("the cuda engine runs one EP group (dp 1); data "
+                                                 "parallelism across EP groups is not built yet "
+                                                 "(got dp %d)", c.parallel.dp));
   }
-  if (c.dispatcher != Dispatcher::kAuto) {
-    return Refuse("dispatcher",
-                  absl::StrCat(std::string(ToString(c.dispatcher)),
-                               " is not available to the cuda engine yet; use auto (one rank: "
-                               "tokens are permuted on its GPU)"));
+  if (c.parallel.ep < 1 || c.parallel.ep > 8 || m.experts % c.parallel.ep != 0) {
+    return Refuse("parallel.ep", absl::StrFormat("the cuda engine's EP group is 1 to 8 GPUs of one "
+                                                 "NVLink domain and must split model.experts "
+                                                 "(%d) evenly (got ep %d)", m.experts,
+                                                 c.parallel.ep));
+  }
+  switch (c.dispatcher) {
+    case Dispatcher::kAuto:
+    case Dispatcher::kNcclLsa:
+    case Dispatcher::kNcclEp:  // whether the node has the library is known at rank start
+      break;
+    case Dispatcher::kNcclA2a:
+      return Refuse("dispatcher", "nccl-a2a is not built for the cuda engine yet; use nccl-lsa "
+                                  "(NVLink, device-side counts) or auto");
+    case Dispatcher::kGloo:
+      return Refuse("dispatcher", "gloo moves host buffers (the cpu engine's); use nccl-lsa or auto "
+                                  "with resources.backend cuda");
   }
   if (c.overlap) {
-    return Refuse("overlap", "needs expert parallelism across ranks (parallel.ep > 1), which the "
-                             "cuda engine does not run yet");
+    return Refuse("overlap", "chunked overlap of dispatch and expert GEMMs is not built for the "
+                             "cuda engine yet");
   }
   if (c.activation_offload) {
     return Refuse("activation_offload", "not supported by the cuda engine yet");

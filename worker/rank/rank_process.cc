@@ -116,6 +116,7 @@ absl::Status RankRun::Run() {
                         absl::StrCat("joining the rank groups: ", groups.status().message()));
   }
 
+  groups->store = store.get();
   EngineContext context;
   context.config = EngineConfigFromSpec(*spec);
   context.rank = options_.rank;

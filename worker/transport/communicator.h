@@ -44,11 +44,16 @@ class Communicator {
   virtual absl::Status Barrier() = 0;
 };
 
+class KeyValueStore;
+
 // The groups one rank belongs to. Rank layout: ep_rank = rank % ep, dp_rank = rank / ep.
 struct RankGroups {
   std::unique_ptr<Communicator> world;  // every rank of the job attempt
   std::unique_ptr<Communicator> ep;     // ranks with the same dp_rank (token dispatch/combine)
   std::unique_ptr<Communicator> dp;     // ranks with the same ep_rank (expert gradient all-reduce)
+  // The attempt's rendezvous store (not owned), where GPU engines set up their NCCL groups; null
+  // for groups that live in one process.
+  KeyValueStore* store = nullptr;
 };
 
 }  // namespace dropless

@@ -1,9 +1,13 @@
-// The `local` ExpertDispatcher against a host reference: fresh random per-(rank, expert) counts
-// with skew, a rank that receives no rows and a rank that sends none; every received row, the
-// plan's offsets and counts, the combine back into poisoned buffers, and the all-reduce sums.
+// The ExpertDispatchers against a host reference: fresh random per-(rank, expert) counts with
+// skew, a rank that receives no rows and a rank that sends none; every received row, the plan's
+// offsets and counts, the combine back into poisoned buffers, and the all-reduce sums. `local` at
+// EP 1/2/4/8 (every rank in this process); `nccl-lsa` at world size 1 (one GPU here). And the
+// NCCL group setup: a group whose second rank never joins fails within its timeout, naming it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <string>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -11,10 +15,13 @@
 #include <random>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/kernels/gpu_test_util.h"
 #include "worker/engine/cuda/device_memory.h"
 #include "worker/engine/cuda/ep/expert_dispatcher.h"
+#include "worker/engine/cuda/ep/nccl_group.h"
+#include "worker/transport/transport_factory.h"
 
 namespace dropless::cuda_engine {
 namespace {
@@ -23,7 +30,24 @@ using kernels::testing::BitEqual;
 using kernels::testing::DeviceArray;
 using kernels::testing::GpuTest;
 
-class LocalDispatcherGpu : public GpuTest, public ::testing::WithParamInterface<int> {};
+struct Backend {
+  const char* name;
+  int ep;
+};
+
+class DispatcherGpu : public GpuTest, public ::testing::WithParamInterface<Backend> {};
+
+absl::StatusOr<std::unique_ptr<ExpertDispatcher>> MakeDispatcher(const Backend& b,
+                                                                 const EpShape& shape,
+                                                                 StreamLinks* links,
+                                                                 DeviceArena* arena,
+                                                                 KeyValueStore* store) {
+  if (std::string(b.name) == "local") return NewLocalDispatcher(shape, links, arena);
+  absl::StatusOr<std::unique_ptr<NcclGroup>> group =
+      JoinNcclGroup(store, "dispatcher-test", 0, 1, absl::Seconds(60));
+  if (!group.ok()) return group.status();
+  return NewNcclLsaDispatcher(shape, *std::move(group));
+}
 
 // counts[s][e]: rows rank s sends to global expert e.
 std::vector<std::vector<int32_t>> RandomCounts(int ep, int experts, int64_t rows, std::mt19937* rng) {
@@ -44,8 +68,8 @@ std::vector<std::vector<int32_t>> RandomCounts(int ep, int experts, int64_t rows
   return counts;
 }
 
-TEST_P(LocalDispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
-  const int ep = GetParam();
+TEST_P(DispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
+  const int ep = GetParam().ep;
   const int experts = 64, local = experts / ep;
   const int64_t rows = 300;           // T * k per rank
   const int64_t row_bytes = 48;       // 24 bf16 values
@@ -55,15 +79,18 @@ TEST_P(LocalDispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
 
   DeviceArena arena;
   StreamLinks links;
-  absl::StatusOr<std::unique_ptr<ExpertDispatcher>> dispatcher = NewLocalDispatcher(shape, &links);
+  std::unique_ptr<KeyValueStore> store = NewMemoryKvStore();
+  absl::StatusOr<std::unique_ptr<ExpertDispatcher>> dispatcher =
+      MakeDispatcher(GetParam(), shape, &links, &arena, store.get());
   ASSERT_TRUE(dispatcher.ok()) << dispatcher.status();
-  EXPECT_EQ((*dispatcher)->name(), "local");
+  EXPECT_EQ((*dispatcher)->name(), GetParam().name);
   EXPECT_EQ((*dispatcher)->local_ranks(), ep);
 
   std::vector<cudaStream_t> streams(ep);
   for (cudaStream_t& s : streams) ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   std::vector<std::unique_ptr<DeviceArray<int32_t>>> offsets;
-  std::vector<std::unique_ptr<DeviceArray<uint8_t>>> send, recv;
+  std::vector<std::unique_ptr<DeviceArray<uint8_t>>> send;
+  std::vector<uint8_t*> recv;
   std::vector<std::vector<uint8_t>> send_host(ep);
   std::vector<ExchangePlan> plans(ep);
   std::vector<RankCall> calls(ep);
@@ -75,10 +102,13 @@ TEST_P(LocalDispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
     send_host[s].resize(rows * row_bytes);
     for (uint8_t& b : send_host[s]) b = static_cast<uint8_t>(byte(rng));
     send.push_back(std::make_unique<DeviceArray<uint8_t>>(send_host[s]));
-    recv.push_back(std::make_unique<DeviceArray<uint8_t>>(shape.max_recv_rows() * row_bytes));
-    ASSERT_TRUE(AllocateExchangePlan(shape, &arena, &plans[s]).ok());
+    uint8_t* r = nullptr;  // peers write it: the dispatcher's shared memory
+    ASSERT_TRUE((*dispatcher)->AllocateShared(shape.max_recv_rows() * row_bytes, "recv", &r).ok());
+    ASSERT_EQ(cudaMemset(r, 0xA5, shape.max_recv_rows() * row_bytes), cudaSuccess);
+    recv.push_back(r);
+    ASSERT_TRUE(AllocateExchangePlan(dispatcher->get(), &arena, &plans[s]).ok());
     plans[s].send_offsets = offsets[s]->get();
-    calls[s] = RankCall{&plans[s], send[s]->get(), recv[s]->get(), streams[s]};
+    calls[s] = RankCall{&plans[s], send[s]->get(), recv[s], streams[s]};
   }
   ASSERT_TRUE((*dispatcher)->Plan(calls).ok());
   ASSERT_TRUE((*dispatcher)->Dispatch(calls, row_bytes).ok());
@@ -102,8 +132,8 @@ TEST_P(LocalDispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
     ASSERT_EQ(cudaMemcpy(got_offsets.data(), plans[p].recv_offsets, (local + 1) * sizeof(int32_t),
                          cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(got_offsets, want_offsets) << "receive offsets of rank " << p;
-    std::vector<uint8_t> got = recv[p]->Download();
-    got.resize(want.size());
+    std::vector<uint8_t> got(want.size());
+    ASSERT_EQ(cudaMemcpy(got.data(), recv[p], got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_TRUE(BitEqual(got, want)) << "rows received by rank " << p;
     if (p == ep - 1 && ep > 1) EXPECT_EQ(want_offsets[local], 0) << "rank " << p << " receives nothing";
     std::vector<int32_t> job(experts);
@@ -167,16 +197,53 @@ TEST_P(LocalDispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
   for (cudaStream_t s : streams) cudaStreamDestroy(s);
 }
 
-INSTANTIATE_TEST_SUITE_P(EpSizes, LocalDispatcherGpu, ::testing::Values(1, 2, 4, 8),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return "ep" + std::to_string(info.param);
+INSTANTIATE_TEST_SUITE_P(Backends, DispatcherGpu,
+                         ::testing::Values(Backend{"local", 1}, Backend{"local", 2},
+                                           Backend{"local", 4}, Backend{"local", 8},
+                                           Backend{"nccl-lsa", 1}),
+                         [](const ::testing::TestParamInfo<Backend>& info) {
+                           std::string name = info.param.name;
+                           for (char& c : name) c = c == '-' ? '_' : c;
+                           return name + "_ep" + std::to_string(info.param.ep);
                          });
+
+class NcclGroupGpu : public GpuTest {};
+
+TEST_F(NcclGroupGpu, ARankThatNeverJoinsFailsTheGroupWithinItsTimeoutNamingIt) {
+  std::unique_ptr<KeyValueStore> store = NewMemoryKvStore();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<NcclGroup>> group =
+      JoinNcclGroup(store.get(), "ep/0", 0, 2, absl::Seconds(3));
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(group.ok());
+  EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded) << group.status();
+  EXPECT_NE(group.status().message().find("ranks that did not join: 1"), std::string::npos)
+      << group.status();
+  EXPECT_LT(took, absl::Seconds(10)) << "the abort must not hang";
+  std::printf("group of 2 without rank 1: failed after %s: %s\n",
+              absl::FormatDuration(took).c_str(), std::string(group.status().message()).c_str());
+  // A non-zero rank waiting for rank 0's id fails the same way.
+  absl::StatusOr<std::unique_ptr<NcclGroup>> late =
+      JoinNcclGroup(store.get(), "ep/1", 1, 2, absl::Seconds(1));
+  ASSERT_FALSE(late.ok());
+  EXPECT_NE(late.status().message().find("ranks that did not join: 0"), std::string::npos)
+      << late.status();
+}
+
+TEST_F(NcclGroupGpu, AOneRankGroupJoinsAndReduces) {
+  std::unique_ptr<KeyValueStore> store = NewMemoryKvStore();
+  absl::StatusOr<std::unique_ptr<NcclGroup>> group =
+      JoinNcclGroup(store.get(), "ep/0", 0, 1, absl::Seconds(60));
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ((*group)->size(), 1);
+}
 
 TEST(LocalDispatcherShape, RefusesShapesItCannotRun) {
   StreamLinks links;
-  EXPECT_FALSE(NewLocalDispatcher(EpShape{3, 64, 10}, &links).ok());   // 64 experts over 3
-  EXPECT_FALSE(NewLocalDispatcher(EpShape{16, 64, 10}, &links).ok());  // more ranks than 8
-  EXPECT_FALSE(NewLocalDispatcher(EpShape{2, 64, 10}, nullptr).ok());
+  DeviceArena arena;
+  EXPECT_FALSE(NewLocalDispatcher(EpShape{3, 64, 10}, &links, &arena).ok());   // 64 experts over 3
+  EXPECT_FALSE(NewLocalDispatcher(EpShape{16, 64, 10}, &links, &arena).ok());  // more than 8 ranks
+  EXPECT_FALSE(NewLocalDispatcher(EpShape{2, 64, 10}, nullptr, &arena).ok());
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "worker/engine/checkpoint/moe_checkpoint.h"
 #include "worker/engine/cpu/moe_model.h"
 #include "worker/engine/cuda/cuda_engine.h"
+#include "worker/transport/transport_factory.h"
 
 namespace dropless {
 namespace {
@@ -206,6 +207,31 @@ TEST_P(LocalEpGpu, ThirtyStepsFollowEpOne) {
               ep, experts, replicated);
   EXPECT_LT(experts, 2e-2);
   EXPECT_LT(replicated, 2e-2);
+}
+
+// nccl-lsa at world size 1 (the one GPU here): the exchange runs through NCCL's symmetric memory
+// and device barriers, and must give the engine without an exchange's step exactly.
+TEST(NcclLsaEngineGpu, WorldSizeOneMatchesTheEngineWithoutExchange) {
+  if (!kernels::testing::HaveCudaDevice()) GTEST_SKIP() << "SKIPPED: no CUDA device";
+  EngineConfig c = Config(1);
+  EngineConfig lsa = c;
+  lsa.dispatcher = Dispatcher::kNcclLsa;
+  std::unique_ptr<KeyValueStore> store = NewMemoryKvStore();
+  RankGroups groups;
+  groups.store = store.get();
+  absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> with =
+      cuda_engine::CreateCudaEngine(lsa, 0, 1, &groups);
+  ASSERT_TRUE(with.ok()) << with.status();
+  std::unique_ptr<cuda_engine::CudaEngine> without = Make(c);
+  ASSERT_TRUE(without);
+  for (int step = 1; step <= 5; ++step) {
+    absl::StatusOr<StepStats> a = (*with)->Step();
+    absl::StatusOr<StepStats> b = without->Step();
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_DOUBLE_EQ(a->loss, b->loss) << "step " << step;
+    EXPECT_DOUBLE_EQ(a->aux_loss, b->aux_loss) << "step " << step;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(EpSizes, LocalEpGpu, ::testing::Values(2, 4, 8),

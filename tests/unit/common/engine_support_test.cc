@@ -39,6 +39,14 @@ TEST(EngineSupportTest, RunnableSpecsPass) {
   EXPECT_TRUE(ParseJobSpec(mxfp8).ok()) << ParseJobSpec(mxfp8).status();
   const std::string cpu = With(With(kCudaJob, "backend: cuda", "backend: cpu"), "ep: 1", "ep: 2");
   EXPECT_TRUE(ParseJobSpec(cpu).ok()) << ParseJobSpec(cpu).status();
+  // Expert parallelism on GPUs: nccl-lsa (or auto, which picks it), and nccl-ep, whose library
+  // is looked for on the node at rank start.
+  const std::string ep8 = With(kCudaJob, "ep: 1", "ep: 8");
+  EXPECT_TRUE(ParseJobSpec(ep8).ok()) << ParseJobSpec(ep8).status();
+  for (const char* dispatcher : {"nccl-lsa", "nccl-ep"}) {
+    const std::string ep = With(ep8, "dispatcher: auto", std::string("dispatcher: ") + dispatcher);
+    EXPECT_TRUE(ParseJobSpec(ep).ok()) << dispatcher << ": " << ParseJobSpec(ep).status();
+  }
 }
 
 struct Refusal {
@@ -50,10 +58,11 @@ struct Refusal {
 
 TEST(EngineSupportTest, EachUnsupportedFieldIsRefusedNamingIt) {
   const std::vector<Refusal> cases = {
-      {"cuda_ep", {{"ep: 1", "ep: 2"}, {"experts: 16", "experts: 16"}}, "parallel.ep", "one rank per job"},
-      {"cuda_dp", {{"dp: 1", "dp: 2"}}, "parallel.ep", "got ep 1, dp 2"},
-      {"cuda_dispatcher", {{"dispatcher: auto", "dispatcher: nccl-a2a"}}, "dispatcher", "nccl-a2a is not available"},
-      {"cuda_overlap", {{"overlap: false", "overlap: true"}}, "overlap", "needs expert parallelism"},
+      {"cuda_ep_over_a_node", {{"ep: 1", "ep: 16"}}, "parallel.ep", "1 to 8 GPUs"},
+      {"cuda_dp", {{"dp: 1", "dp: 2"}}, "parallel.dp", "got dp 2"},
+      {"cuda_dispatcher", {{"dispatcher: auto", "dispatcher: nccl-a2a"}}, "dispatcher", "nccl-a2a is not built"},
+      {"cuda_gloo", {{"dispatcher: auto", "dispatcher: gloo"}}, "dispatcher", "gloo moves host buffers"},
+      {"cuda_overlap", {{"overlap: false", "overlap: true"}}, "overlap", "chunked overlap"},
       {"cuda_offload", {{"activation_offload: false", "activation_offload: true"}}, "activation_offload", "not supported"},
       {"cuda_hidden", {{"hidden: 256", "hidden: 260"}}, "model.hidden", "multiple of 8"},
       {"cuda_experts", {{"experts: 16", "experts: 12"}}, "model.experts", "multiple of 8"},

@@ -13,7 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "common/step_phase.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
@@ -22,6 +24,7 @@
 #include "worker/engine/cuda/device_memory.h"
 #include "worker/engine/cuda/engine_kernels.h"
 #include "worker/engine/cuda/ep/expert_dispatcher.h"
+#include "worker/engine/cuda/ep/nccl_group.h"
 #include "worker/engine/cuda/moe_layer_gpu.h"
 #include "worker/engine/cuda/moe_layer_group.h"
 #include "worker/engine/cuda/rank_model.h"
@@ -32,15 +35,21 @@ namespace {
 using kernels::cuda::CudaStatus;
 using Clock = std::chrono::steady_clock;
 
+// How long a rank waits for the rest of its EP group to set up NCCL.
+constexpr absl::Duration kNcclJoinTimeout = absl::Seconds(120);
+
 class CudaEngineImpl final : public CudaEngine {
  public:
   // world_size: ranks in the job; ep_local: EP ranks this process drives (the `local`
-  // dispatcher when more than one), starting at job rank `rank`.
-  CudaEngineImpl(const EngineConfig& config, int rank, int world_size, int ep_local)
+  // dispatcher when more than one), starting at job rank `rank`; groups: the rank's groups (their
+  // rendezvous store sets up NCCL), null for `local`.
+  CudaEngineImpl(const EngineConfig& config, int rank, int world_size, int ep_local,
+                 RankGroups* groups)
       : config_(config),
         rank_(rank),
         world_size_(world_size),
         ep_local_(ep_local),
+        groups_(groups),
         seeds_(cpu::DeriveTaskSeeds(config.data.seed)),
         tokens_(seeds_.tokens, config.model.hidden) {}
 
@@ -49,6 +58,7 @@ class CudaEngineImpl final : public CudaEngine {
   }
 
   absl::Status Initialize();
+  absl::Status CreateDispatcher();
   absl::StatusOr<StepStats> Step() override;
   double PeakFlops() const override { return kHopperDenseBf16PeakFlops; }
   absl::Status SaveCheckpoint(const std::string& dir) override;
@@ -73,6 +83,7 @@ class CudaEngineImpl final : public CudaEngine {
   const int rank_;
   const int world_size_;
   const int ep_local_;
+  RankGroups* const groups_;
   const cpu::TaskSeeds seeds_;
   const cpu::TokenGenerator tokens_;
   LayerDims dims_;
@@ -80,7 +91,7 @@ class CudaEngineImpl final : public CudaEngine {
   DeviceArena arena_;
   StreamLinks links_;
   PhaseTimer timer_;
-  std::unique_ptr<ExpertDispatcher> dispatcher_;  // null at EP = 1
+  std::unique_ptr<ExpertDispatcher> dispatcher_;  // null at EP = 1 with dispatcher auto
   std::vector<std::unique_ptr<RankModel>> ranks_;
   double* basis_ = nullptr;
   // The step graph writes the phase it is entering here (mapped pinned memory); the host relays
@@ -125,11 +136,7 @@ absl::Status CudaEngineImpl::Initialize() {
                                                  : kernels::ScoreFunction::kSoftmax;
   dims_.renormalize = m.renormalize;
   dims_.mxfp8 = config_.precision == Precision::kMxfp8;
-  if (dims_.ep > 1) {
-    absl::StatusOr<std::unique_ptr<ExpertDispatcher>> d = NewLocalDispatcher(dims_.ep_shape(), &links_);
-    if (!d.ok()) return d.status();
-    dispatcher_ = *std::move(d);
-  }
+  DROPLESS_RETURN_IF_ERROR(CreateDispatcher());
 
   DROPLESS_RETURN_IF_ERROR(arena_.Allocate(static_cast<int64_t>(tokens_.basis().size()), "token basis", &basis_));
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpy(basis_, tokens_.basis().data(),
@@ -142,7 +149,8 @@ absl::Status CudaEngineImpl::Initialize() {
 
   for (int r = 0; r < ep_local_; ++r) {
     auto rank = std::make_unique<RankModel>(config_, rank_ + r, dims_);
-    DROPLESS_RETURN_IF_ERROR(rank->Initialize(&arena_, &links_, r == 0 ? &timer_ : nullptr, seeds_));
+    DROPLESS_RETURN_IF_ERROR(rank->Initialize(&arena_, &links_, r == 0 ? &timer_ : nullptr, seeds_,
+                                              dispatcher_.get()));
     if (!ranks_.empty() && rank->steps_restored() != steps_done_) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "cuda engine: checkpoint.dir: rank %d resumes from step %d but rank %d from step %d",
@@ -154,6 +162,45 @@ absl::Status CudaEngineImpl::Initialize() {
   absl::StatusOr<void*> host_stats = arena_.AllocatePinnedHost(lead().StatsBytes(), "step statistics");
   if (!host_stats.ok()) return host_stats.status();
   host_stats_ = static_cast<uint8_t*>(*host_stats);
+  return absl::OkStatus();
+}
+
+// `local` for the EP ranks of this process; across processes `nccl-lsa` (also what `auto` picks
+// at EP > 1), its NCCL group joined through the attempt's rendezvous store; none at EP = 1 with
+// `auto` (the permutation on the one GPU is the whole dispatch).
+absl::Status CudaEngineImpl::CreateDispatcher() {
+  if (ep_local_ > 1) {
+    absl::StatusOr<std::unique_ptr<ExpertDispatcher>> d =
+        NewLocalDispatcher(dims_.ep_shape(), &links_, &arena_);
+    if (!d.ok()) return d.status();
+    dispatcher_ = *std::move(d);
+    return absl::OkStatus();
+  }
+  switch (config_.dispatcher) {
+    case Dispatcher::kAuto:
+      if (dims_.ep == 1) return absl::OkStatus();
+      break;
+    case Dispatcher::kNcclLsa:
+      break;
+    case Dispatcher::kNcclEp:
+      return NcclEpLibraryAvailable();
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dispatcher: ", std::string(ToString(config_.dispatcher)),
+          " is not available to the cuda engine (nccl-lsa, nccl-ep or auto)"));
+  }
+  if (groups_ == nullptr || groups_->store == nullptr) {
+    return absl::FailedPreconditionError(
+        "dispatcher: nccl-lsa needs the attempt's rendezvous store to set up its NCCL group");
+  }
+  const int ep = dims_.ep;
+  absl::StatusOr<std::unique_ptr<NcclGroup>> group = JoinNcclGroup(
+      groups_->store, absl::StrCat("ep/", rank_ / ep), rank_ % ep, ep, kNcclJoinTimeout);
+  if (!group.ok()) return group.status();
+  absl::StatusOr<std::unique_ptr<ExpertDispatcher>> d =
+      NewNcclLsaDispatcher(dims_.ep_shape(), *std::move(group));
+  if (!d.ok()) return d.status();
+  dispatcher_ = *std::move(d);
   return absl::OkStatus();
 }
 
@@ -463,9 +510,8 @@ absl::Status CheckCudaEngineConfig(const EngineConfig& config, int world_size) {
 
 absl::StatusOr<std::unique_ptr<CudaEngine>> CreateCudaEngine(const EngineConfig& config, int rank,
                                                              int world_size, RankGroups* groups) {
-  (void)groups;  // one rank: no peers to reach yet
   DROPLESS_RETURN_IF_ERROR(CheckCudaEngineConfig(config, world_size));
-  auto engine = std::make_unique<CudaEngineImpl>(config, rank, world_size, /*ep_local=*/1);
+  auto engine = std::make_unique<CudaEngineImpl>(config, rank, world_size, /*ep_local=*/1, groups);
   DROPLESS_RETURN_IF_ERROR(engine->Initialize());
   return std::unique_ptr<CudaEngine>(std::move(engine));
 }
@@ -480,7 +526,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CreateLocalEpCudaEngine(const Engine
   one_rank.parallel.ep = 1;  // every check but the EP size, which the local dispatcher honours
   DROPLESS_RETURN_IF_ERROR(CheckEngineSupport(Backend::kCuda, one_rank));
   const int ep = static_cast<int>(config.parallel.ep);
-  auto engine = std::make_unique<CudaEngineImpl>(config, 0, ep, ep);
+  auto engine = std::make_unique<CudaEngineImpl>(config, 0, ep, ep, nullptr);
   DROPLESS_RETURN_IF_ERROR(engine->Initialize());
   return std::unique_ptr<CudaEngine>(std::move(engine));
 }

@@ -41,9 +41,11 @@ absl::Status AllocColwise(DeviceArena* arena, int64_t padded_rows, int64_t cols,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDims& d,
-                                                                   DeviceArena* arena) {
+                                                                   DeviceArena* arena,
+                                                                   ExpertDispatcher* dispatcher) {
   auto k = std::unique_ptr<LayerKernels>(new LayerKernels());
   k->dims_ = d;
+  k->dispatcher_ = dispatcher;
   const int64_t T = d.tokens, H = d.hidden, F = d.ffn, Tk = d.rows(), R = d.recv_rows();
   const int El = d.local_experts();
   DROPLESS_RETURN_IF_ERROR(ValidateEpShape(d.ep_shape()));
@@ -89,13 +91,17 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "shared expert output", &k->shared_out_[s]));
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "shared expert input gradient", &k->d_x_shared_[s]));
   }
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert output gradient", &k->d_out_rows_));
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * F, "activation gradient", &k->d_a_));
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * 2 * F, "w1 output gradient", &k->d_h_));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert input gradient", &k->d_rows_));
-  k->d_out_send_ = k->d_out_rows_;
-  k->d_rows_send_ = k->d_rows_;
-  if (d.ep > 1) {
+  if (dispatcher == nullptr) {
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert output gradient", &k->d_out_rows_));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert input gradient", &k->d_rows_));
+    k->d_out_send_ = k->d_out_rows_;
+    k->d_rows_send_ = k->d_rows_;
+  } else {
+    // The received side: written or read by the peers.
+    DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "expert output gradient", &k->d_out_rows_));
+    DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "expert input gradient", &k->d_rows_));
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "sent rows' output gradient", &k->d_out_send_));
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "sent rows' input gradient", &k->d_rows_send_));
   }
@@ -180,13 +186,16 @@ absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* k
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "permuted rows", &l.rows_));
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * 2 * F, "w1 output", &l.h_));
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * F, "SwiGLU output", &l.a_));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert output", &l.out_rows_));
-  l.recv_rows_ = l.rows_;
-  l.out_send_ = l.out_rows_;
-  if (d.ep > 1) {
-    DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "received rows", &l.recv_rows_));
+  ExpertDispatcher* dispatcher = kernels->dispatcher_;
+  if (dispatcher == nullptr) {
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert output", &l.out_rows_));
+    l.recv_rows_ = l.rows_;
+    l.out_send_ = l.out_rows_;
+  } else {
+    DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "expert output", &l.out_rows_));
+    DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "received rows", &l.recv_rows_));
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "expert outputs at their tokens' rank", &l.out_send_));
-    DROPLESS_RETURN_IF_ERROR(AllocateExchangePlan(d.ep_shape(), arena, &l.plan_));
+    DROPLESS_RETURN_IF_ERROR(AllocateExchangePlan(dispatcher, arena, &l.plan_));
     l.plan_.send_offsets = l.offsets_;
   }
   l.shared_h_.resize(d.shared);
@@ -353,9 +362,9 @@ absl::Status MoeLayerGpu::ForwardCombine(const Bf16* x, Bf16* x_next, float* aux
 
 absl::Status MoeLayerGpu::Forward(const LayerWeights& w, const Bf16* x, Bf16* x_next,
                                   float* aux_loss, const LayerStreams& s) {
-  if (k_->dims_.ep != 1) {
-    return absl::FailedPreconditionError("MoeLayerGpu::Forward is the EP = 1 layer; EP > 1 runs "
-                                         "its stages around the dispatcher (moe_layer_group.h)");
+  if (k_->exchange()) {
+    return absl::FailedPreconditionError("MoeLayerGpu::Forward is the layer without a dispatcher; "
+                                         "with one it runs in stages (moe_layer_group.h)");
   }
   DROPLESS_RETURN_IF_ERROR(ForwardRoute(w, x, s));
   DROPLESS_RETURN_IF_ERROR(ForwardExperts(w, s));

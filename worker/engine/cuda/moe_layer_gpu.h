@@ -111,8 +111,12 @@ struct LayerOptimizerHooks {
 // Kernel objects and scratch shared by every layer of an engine (teacher included).
 class LayerKernels {
  public:
+  // dispatcher: how the routed rows reach the experts' owners, or null (EP = 1, no exchange:
+  // the experts read the permuted rows in place). Buffers that peers access come from it.
   static absl::StatusOr<std::unique_ptr<LayerKernels>> Create(const LayerDims& dims,
-                                                              DeviceArena* arena);
+                                                              DeviceArena* arena,
+                                                              ExpertDispatcher* dispatcher);
+  bool exchange() const { return dispatcher_ != nullptr; }
 
   // Quantizes a bf16 expert weight [E][k][n] into both MXFP8 forms (uses the scratch transpose).
   absl::Status QuantizeWeight(const Bf16* w, int64_t k, int64_t n, const MxWeight& out,
@@ -125,6 +129,7 @@ class LayerKernels {
   LayerKernels() = default;
 
   LayerDims dims_;
+  ExpertDispatcher* dispatcher_ = nullptr;
   std::unique_ptr<kernels::cuda::RouterGemm> router_;
   std::unique_ptr<kernels::GroupedGemm> w1_, w2_, shared_w1_, shared_w2_;
   std::unique_ptr<kernels::MxGroupedGemm> mx_w1_, mx_w2_;
@@ -203,8 +208,9 @@ class MoeLayerGpu {
 
   // Tokens per global expert of the last forward: this rank's, and the EP group's.
   const int32_t* expert_counts() const { return counts_; }
-  const int32_t* job_counts() const { return k_->dims_.ep > 1 ? plan_.job_counts : counts_; }
-  // Per-expert sums of the routing distribution; summed over the group in place at EP > 1.
+  const int32_t* job_counts() const { return k_->exchange() ? plan_.job_counts : counts_; }
+  // Per-expert sums of the routing distribution; summed over the group in place by the caller
+  // when the layer exchanges rows.
   float* prob_sums() { return prob_sums_; }
 
   // The routed experts' GEMMs of the last forward and backward, each product timed alone on
@@ -218,7 +224,7 @@ class MoeLayerGpu {
   kernels::RoutingShape RoutingShape() const;
   // The received rows' groups: [El + 1] offsets per local expert.
   const int32_t* ExpertOffsets() const {
-    return k_->dims_.ep > 1 ? plan_.recv_offsets : offsets_;
+    return k_->exchange() ? plan_.recv_offsets : offsets_;
   }
 
   absl::Status SharedForward(const LayerWeights& w, const Bf16* x, const LayerStreams& s);
@@ -263,7 +269,7 @@ class MoeLayerGpu {
   Bf16* a_ = nullptr;              // [R][F]
   Bf16* out_rows_ = nullptr;       // [R][H] expert outputs
   Bf16* out_send_ = nullptr;       // [Tk][H] expert outputs back at the tokens' rank
-  ExchangePlan plan_;              // EP > 1
+  ExchangePlan plan_;              // with a dispatcher
   std::vector<Bf16*> shared_h_;    // [S][T][2F]
   std::vector<Bf16*> shared_a_;    // [S][T][F]
 };

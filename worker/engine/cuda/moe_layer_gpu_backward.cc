@@ -146,9 +146,9 @@ absl::Status MoeLayerGpu::BackwardRoute(const Bf16* d_x_next, Bf16* d_x, const L
 absl::Status MoeLayerGpu::Backward(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next,
                                    float aux_coef, const LayerGrads& grads, Bf16* d_x,
                                    const LayerStreams& s, const LayerOptimizerHooks& hooks) {
-  if (k_->dims_.ep != 1) {
-    return absl::FailedPreconditionError("MoeLayerGpu::Backward is the EP = 1 layer; EP > 1 runs "
-                                         "its stages around the dispatcher (moe_layer_group.h)");
+  if (k_->exchange()) {
+    return absl::FailedPreconditionError("MoeLayerGpu::Backward is the layer without a dispatcher; "
+                                         "with one it runs in stages (moe_layer_group.h)");
   }
   DROPLESS_RETURN_IF_ERROR(BackwardCombine(w, x, d_x_next, aux_coef, grads, s, hooks));
   DROPLESS_RETURN_IF_ERROR(BackwardExperts(w, grads, s, hooks));

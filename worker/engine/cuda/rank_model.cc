@@ -97,7 +97,7 @@ absl::Status RankModel::QuantizeExperts(ModelWeights* weights, cudaStream_t stre
 }
 
 absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, PhaseTimer* timer,
-                                   const cpu::TaskSeeds& seeds) {
+                                   const cpu::TaskSeeds& seeds, ExpertDispatcher* dispatcher) {
   arena_ = arena;
   for (cudaStream_t* s : {&streams_.main, &streams_.side, &streams_.wgrad, &streams_.optimizer}) {
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
@@ -105,7 +105,7 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
   streams_.links = links;
   streams_.timer = timer;
 
-  absl::StatusOr<std::unique_ptr<LayerKernels>> k = LayerKernels::Create(dims_, arena);
+  absl::StatusOr<std::unique_ptr<LayerKernels>> k = LayerKernels::Create(dims_, arena, dispatcher);
   if (!k.ok()) return k.status();
   kernels_ = *std::move(k);
   for (int64_t l = 0; l < layers(); ++l) {

@@ -60,9 +60,10 @@ class RankModel {
 
   // Streams, layers, buffers; the teacher and the student initialized from the task's seeds (or
   // the student restored from config.checkpoint.dir when that holds this rank's checkpoint).
-  // `timer` may be null (only one rank of a process times its phases).
+  // `timer` may be null (only one rank of a process times its phases); `dispatcher` is null at
+  // EP = 1 without an exchange.
   absl::Status Initialize(DeviceArena* arena, StreamLinks* links, PhaseTimer* timer,
-                          const cpu::TaskSeeds& seeds);
+                          const cpu::TaskSeeds& seeds, ExpertDispatcher* dispatcher);
 
   int rank() const { return rank_; }
   int64_t layers() const { return layout_.layers(); }

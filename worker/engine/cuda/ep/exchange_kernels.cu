@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
+#include "worker/engine/cuda/ep/exchange_device.cuh"
 
 namespace dropless::cuda_engine {
 namespace {
@@ -16,49 +17,25 @@ using kernels::cuda::GridStrideBlocks;
 using kernels::cuda::LaunchStatus;
 
 constexpr int kPlanThreads = 256;
-constexpr int kMaxExperts = 512;
+constexpr int kMaxExperts = exchange_device::kMaxExperts;
 constexpr int kRowThreads = 256;
 
 // One block per rank p: the count matrix in shared memory, then p's plan.
 __global__ void PlanGroupKernel(GroupPlans plans, int ranks, int experts) {
   __shared__ int32_t counts[kMaxLocalRanks * kMaxExperts];
   __shared__ int32_t job[kMaxExperts];
-  __shared__ int32_t owner_prefix[kMaxExperts];  // exclusive prefix of job within each owner
+  __shared__ int32_t owner_prefix[kMaxExperts];
   const int p = blockIdx.x;
-  const int local_experts = experts / ranks;
   for (int e = threadIdx.x; e < experts; e += blockDim.x) {
-    int32_t sum = 0;
     for (int s = 0; s < ranks; ++s) {
       const int32_t c = plans.send_offsets[s][e + 1] - plans.send_offsets[s][e];
       counts[s * experts + e] = c;
       plans.count_matrix[p][s * experts + e] = c;
-      sum += c;
     }
-    job[e] = sum;
-    plans.job_counts[p][e] = sum;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int32_t running = 0;
-    for (int e = 0; e < experts; ++e) {
-      if (e % local_experts == 0) running = 0;
-      owner_prefix[e] = running;
-      running += job[e];
-    }
-    // p as a receiver: its local experts' groups.
-    int32_t* recv = plans.recv_offsets[p];
-    const int first = p * local_experts;
-    for (int l = 0; l < local_experts; ++l) recv[l] = owner_prefix[first + l];
-    recv[local_experts] = local_experts == 0 ? 0 : owner_prefix[first + local_experts - 1] +
-                                                       job[first + local_experts - 1];
-  }
-  __syncthreads();
-  // p as a sender: where its rows of expert e start in the owner's buffer.
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
-    int32_t before = owner_prefix[e];
-    for (int s = 0; s < p; ++s) before += counts[s * experts + e];
-    plans.dest_rows[p][e] = before;
-  }
+  exchange_device::PlanOfRank(counts, ranks, experts, p, job, owner_prefix, plans.job_counts[p],
+                              plans.recv_offsets[p], plans.dest_rows[p]);
 }
 
 // blockIdx.y: the sending rank; one warp per row, 16-byte accesses.
@@ -68,25 +45,11 @@ __global__ void ExchangeGroupRowsKernel(GroupRows rows, int experts, int local_e
   const int s = blockIdx.y;
   for (int e = threadIdx.x; e <= experts; e += blockDim.x) offsets[e] = rows.send_offsets[s][e];
   __syncthreads();
-  const int64_t total = offsets[experts];
-  const int lane = threadIdx.x % 32;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
-       i < total; i += warps) {
-    // The expert of row i: the last e with offsets[e] <= i.
-    int lo = 0, hi = experts;  // offsets[lo] <= i < offsets[hi]
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) / 2;
-      if (offsets[mid] <= i) lo = mid; else hi = mid;
-    }
-    const int owner = lo / local_experts;
-    const int64_t dst = rows.dest_rows[s][lo] + (i - offsets[lo]);
-    uint4* send = reinterpret_cast<uint4*>(rows.send[s]) + i * row_vectors;
-    uint4* recv = reinterpret_cast<uint4*>(rows.recv[owner]) + dst * row_vectors;
-    const uint4* from = to_owner ? send : recv;
-    uint4* to = to_owner ? recv : send;
-    for (int64_t v = lane; v < row_vectors; v += 32) to[v] = from[v];
-  }
+  const int64_t warps_per_block = blockDim.x / 32;
+  exchange_device::ExchangeRowsOfSender(offsets, rows.dest_rows[s], experts, local_experts,
+                                        rows.send[s], rows.recv, row_vectors, to_owner,
+                                        blockIdx.x * warps_per_block + threadIdx.x / 32,
+                                        gridDim.x * warps_per_block);
 }
 
 template <typename T>
@@ -137,10 +100,12 @@ absl::Status ValidateEpShape(const EpShape& shape) {
   return absl::OkStatus();
 }
 
-absl::Status AllocateExchangePlan(const EpShape& shape, DeviceArena* arena, ExchangePlan* plan) {
+absl::Status AllocateExchangePlan(ExpertDispatcher* dispatcher, DeviceArena* arena,
+                                  ExchangePlan* plan) {
+  const EpShape& shape = dispatcher->shape();
   DROPLESS_RETURN_IF_ERROR(ValidateEpShape(shape));
   const int64_t E = shape.experts;
-  absl::Status s = arena->Allocate(shape.ep * E, "EP count matrix", &plan->count_matrix);
+  absl::Status s = dispatcher->AllocateShared(shape.ep * E, "EP count matrix", &plan->count_matrix);
   if (s.ok()) s = arena->Allocate(E, "EP job counts", &plan->job_counts);
   if (s.ok()) s = arena->Allocate(E, "EP destination rows", &plan->dest_rows);
   if (s.ok()) s = arena->Allocate(shape.local_experts() + 1, "EP receive offsets", &plan->recv_offsets);

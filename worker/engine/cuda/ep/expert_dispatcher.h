@@ -53,8 +53,11 @@ struct ExchangePlan {
   int32_t* recv_offsets = nullptr;        // [El + 1] this rank's received rows per local expert
 };
 
-// Allocates the device arrays of one plan (send_offsets stays the caller's).
-absl::Status AllocateExchangePlan(const EpShape& shape, DeviceArena* arena, ExchangePlan* plan);
+class ExpertDispatcher;
+// Allocates the device arrays of one plan (send_offsets stays the caller's): the count matrix
+// from the dispatcher's shared memory (peers write it), the rest from the arena.
+absl::Status AllocateExchangePlan(ExpertDispatcher* dispatcher, DeviceArena* arena,
+                                  ExchangePlan* plan);
 
 // One local rank's arguments to a collective call.
 struct RankCall {
@@ -74,6 +77,19 @@ class ExpertDispatcher {
   virtual int local_ranks() const = 0;
   virtual int first_local_rank() const = 0;
 
+  // Device memory the group's peers read or write during the exchanges: every buffer that is a
+  // RankCall's recv_rows, and the plans' count matrices. Plain device memory for `local`, NCCL
+  // symmetric-memory windows for nccl-lsa. Every rank must make the same allocations in the same
+  // order (the windows are registered collectively). Owned by the dispatcher.
+  virtual absl::Status AllocateShared(size_t bytes, const char* what, void** out) = 0;
+  template <typename T>
+  absl::Status AllocateShared(int64_t count, const char* what, T** out) {
+    void* p = nullptr;
+    absl::Status s = AllocateShared(static_cast<size_t>(count) * sizeof(T), what, &p);
+    *out = static_cast<T*>(p);
+    return s;
+  }
+
   // Exchanges the per-expert counts (calls[r].plan->send_offsets) and fills every other field of
   // each rank's plan.
   virtual absl::Status Plan(absl::Span<const RankCall> calls) = 0;
@@ -90,10 +106,24 @@ class ExpertDispatcher {
 
 // `local`: every rank of the EP group inside this process on one GPU, each with its own buffers
 // and streams; tokens move with device copies. For tests and benchmarks of EP on one GPU.
-// `links` orders the ranks' streams around each collective (it must outlive the dispatcher).
+// `links` orders the ranks' streams around each collective; shared memory comes from `arena`
+// (both must outlive the dispatcher).
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewLocalDispatcher(const EpShape& shape,
-                                                                     StreamLinks* links);
+                                                                     StreamLinks* links,
+                                                                     DeviceArena* arena);
 
+class NcclGroup;
+// `nccl-lsa`: one EP rank per process over NCCL's device API (symmetric memory, load/store across
+// NVLink); takes the group's communicator (ep/nccl_group.h). FailedPrecondition when the ranks
+// are not all load/store reachable.
+absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewNcclLsaDispatcher(
+    const EpShape& shape, std::unique_ptr<NcclGroup> group);
+
+// `nccl-ep`: NVIDIA's NCCL EP library, loaded at run time. OK when libnccl_ep.so can be loaded on
+// this machine; otherwise Unavailable naming the library (the backend is never faked).
+absl::Status NcclEpLibraryAvailable();
+
+// The most EP ranks one process drives (`local`) or one LSA team holds (`nccl-lsa`).
 inline constexpr int kMaxLocalRanks = 8;
 
 }  // namespace dropless::cuda_engine

@@ -15,12 +15,20 @@ namespace {
 
 class LocalDispatcher final : public ExpertDispatcher {
  public:
-  LocalDispatcher(const EpShape& shape, StreamLinks* links) : shape_(shape), links_(links) {}
+  LocalDispatcher(const EpShape& shape, StreamLinks* links, DeviceArena* arena)
+      : shape_(shape), links_(links), arena_(arena) {}
 
   std::string_view name() const override { return "local"; }
   const EpShape& shape() const override { return shape_; }
   int local_ranks() const override { return shape_.ep; }
   int first_local_rank() const override { return 0; }
+
+  absl::Status AllocateShared(size_t bytes, const char* what, void** out) override {
+    uint8_t* p = nullptr;
+    DROPLESS_RETURN_IF_ERROR(arena_->Allocate(static_cast<int64_t>(bytes), what, &p));
+    *out = p;
+    return absl::OkStatus();
+  }
 
   absl::Status Plan(absl::Span<const RankCall> calls) override {
     DROPLESS_RETURN_IF_ERROR(Check(calls, /*rows=*/false));
@@ -116,15 +124,19 @@ class LocalDispatcher final : public ExpertDispatcher {
 
   const EpShape shape_;
   StreamLinks* const links_;
+  DeviceArena* const arena_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewLocalDispatcher(const EpShape& shape,
-                                                                     StreamLinks* links) {
+                                                                     StreamLinks* links,
+                                                                     DeviceArena* arena) {
   DROPLESS_RETURN_IF_ERROR(ValidateEpShape(shape));
-  if (links == nullptr) return absl::InvalidArgumentError("local dispatcher: no stream links");
-  return std::unique_ptr<ExpertDispatcher>(new LocalDispatcher(shape, links));
+  if (links == nullptr || arena == nullptr) {
+    return absl::InvalidArgumentError("local dispatcher: no stream links or arena");
+  }
+  return std::unique_ptr<ExpertDispatcher>(new LocalDispatcher(shape, links, arena));
 }
 
 }  // namespace dropless::cuda_engine

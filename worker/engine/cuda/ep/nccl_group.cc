@@ -1,0 +1,132 @@
+// JoinNcclGroup (nccl_group.h).
+#include "worker/engine/cuda/ep/nccl_group.h"
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+
+namespace dropless::cuda_engine {
+namespace {
+
+std::string Key(const std::string& prefix, const std::string& name) {
+  return absl::StrCat("nccl/", prefix, "/", name);
+}
+
+// The ranks whose announcement is missing from the store, e.g. "1, 3".
+std::string MissingRanks(KeyValueStore* store, const std::string& prefix, int size) {
+  std::vector<int> missing;
+  for (int r = 0; r < size; ++r) {
+    if (!store->Get(Key(prefix, absl::StrCat("joined/", r))).ok()) missing.push_back(r);
+  }
+  return missing.empty() ? "none missing from the store (a rank stopped during NCCL's setup)"
+                         : absl::StrJoin(missing, ", ");
+}
+
+}  // namespace
+
+absl::Status NcclStatus(ncclResult_t result, const char* what) {
+  if (result == ncclSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", ncclGetErrorString(result)));
+}
+
+NcclGroup::~NcclGroup() {
+  if (comm_ == nullptr) return;
+  // Finalize flushes what is in flight (non-blocking: wait for it); on any error, abort.
+  if (Await(ncclCommFinalize(comm_), "ncclCommFinalize").ok()) {
+    ncclCommDestroy(comm_);
+  } else {
+    ncclCommAbort(comm_);
+  }
+}
+
+absl::Status NcclGroup::Await(ncclResult_t result, const char* what) {
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  while (result == ncclInProgress) {
+    ncclResult_t state = ncclInProgress;
+    const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
+    if (asked != ncclSuccess) return NcclStatus(asked, what);
+    result = state;
+    if (result == ncclInProgress) {
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(what, ": still in progress after 2 minutes"));
+      }
+      std::this_thread::yield();
+    }
+  }
+  return NcclStatus(result, what);
+}
+
+void NcclGroup::Abort() {
+  if (comm_ != nullptr) ncclCommAbort(comm_);
+  comm_ = nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<NcclGroup>> JoinNcclGroup(KeyValueStore* store,
+                                                         const std::string& prefix, int rank,
+                                                         int size, absl::Duration timeout) {
+  if (store == nullptr || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("NCCL group %s: rank %d of %d (or no rendezvous store)", prefix, rank, size));
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status put = store->Put(Key(prefix, absl::StrCat("joined/", rank)), "1");
+  if (!put.ok()) return put;
+
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  const std::string id_key = Key(prefix, "id");
+  if (rank == 0) {
+    absl::Status s = NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    if (s.ok()) s = store->Put(id_key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+    if (!s.ok()) return s;
+  } else {
+    absl::Status waited = store->Wait({id_key}, deadline - absl::Now());
+    if (!waited.ok()) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "NCCL group %s: rank %d waited %s for rank 0's NCCL id; ranks that did not join: %s",
+          prefix, rank, absl::FormatDuration(timeout), MissingRanks(store, prefix, size)));
+    }
+    absl::StatusOr<std::string> value = store->Get(id_key);
+    if (!value.ok()) return value.status();
+    if (value->size() != sizeof(id)) {
+      return absl::DataLossError(absl::StrFormat("NCCL group %s: the NCCL id in the store has %d bytes",
+                                                 prefix, value->size()));
+    }
+    std::memcpy(&id, value->data(), sizeof(id));
+  }
+
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t result = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  while (result == ncclInProgress || (result == ncclSuccess && comm != nullptr)) {
+    ncclResult_t state = ncclInProgress;
+    result = ncclCommGetAsyncError(comm, &state);
+    if (result != ncclSuccess) break;
+    if (state == ncclSuccess) return std::unique_ptr<NcclGroup>(new NcclGroup(comm, rank, size));
+    if (state != ncclInProgress) {
+      result = state;
+      break;
+    }
+    if (absl::Now() > deadline) {
+      ncclCommAbort(comm);
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "NCCL group %s: rank %d's communicator not ready after %s (aborted); ranks that did "
+          "not join: %s",
+          prefix, rank, absl::FormatDuration(timeout), MissingRanks(store, prefix, size)));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (comm != nullptr) ncclCommAbort(comm);
+  return absl::Status(NcclStatus(result, "ncclCommInitRankConfig").code(),
+                      absl::StrFormat("NCCL group %s: rank %d: ncclCommInitRankConfig: %s", prefix,
+                                      rank, ncclGetErrorString(result)));
+}
+
+}  // namespace dropless::cuda_engine

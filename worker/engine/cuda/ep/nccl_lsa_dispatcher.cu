@@ -1,0 +1,265 @@
+// The nccl-lsa ExpertDispatcher (expert_dispatcher.h): one EP rank per process, every rank of the
+// group load/store reachable (NVLink, one LSA team). The received-side buffers and the count
+// matrices live in NCCL symmetric-memory windows; the plan kernel writes this rank's counts
+// straight into every peer's count matrix, dispatch stores this rank's rows into their owners'
+// receive buffers and combine loads them back, each between two LSA barriers of the group
+// (NCCL's device API, 2.28+). Sums over the group are ncclAllReduce. Nothing waits on the host.
+#include <cuda/atomic>
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_check.h"
+#include "worker/engine/cuda/ep/exchange_device.cuh"
+#include "worker/engine/cuda/ep/expert_dispatcher.h"
+#include "worker/engine/cuda/ep/nccl_group.h"
+
+namespace dropless::cuda_engine {
+namespace {
+
+using kernels::cuda::LaunchStatus;
+namespace xd = exchange_device;
+
+constexpr int kRowThreads = 256;
+
+// Every rank of the group reaches this point; this block's writes before it (fenced to system
+// scope) are visible to every peer after it.
+__device__ void GroupBarrier(const ncclDevComm& comm) {
+  __threadfence_system();
+  ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), comm, ncclTeamTagLsa(), 0);
+  bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+}
+
+__global__ void LsaBarrierKernel(ncclDevComm comm) { GroupBarrier(comm); }
+
+__global__ void LsaPlanKernel(ncclDevComm comm, ncclWindow_t matrix_window, size_t matrix_offset,
+                              const int32_t* send_offsets, int32_t* count_matrix,
+                              int32_t* job_counts, int32_t* recv_offsets, int32_t* dest_rows,
+                              int ranks, int experts, int me) {
+  __shared__ int32_t counts[kMaxLocalRanks * xd::kMaxExperts];
+  __shared__ int32_t job[xd::kMaxExperts];
+  __shared__ int32_t owner_prefix[xd::kMaxExperts];
+  GroupBarrier(comm);  // every peer is done with its matrix's previous contents
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+    const int32_t c = send_offsets[e + 1] - send_offsets[e];
+    for (int q = 0; q < ranks; ++q) {
+      static_cast<int32_t*>(ncclGetLsaPointer(matrix_window, matrix_offset, q))[me * experts + e] = c;
+    }
+  }
+  GroupBarrier(comm);  // every peer's counts are in this rank's matrix
+  for (int i = threadIdx.x; i < ranks * experts; i += blockDim.x) counts[i] = count_matrix[i];
+  __syncthreads();
+  xd::PlanOfRank(counts, ranks, experts, me, job, owner_prefix, job_counts, recv_offsets, dest_rows);
+}
+
+__global__ void LsaRowsKernel(ncclWindow_t recv_window, size_t recv_offset,
+                              const int32_t* send_offsets, const int32_t* dest_rows,
+                              uint8_t* send, int ranks, int experts, int64_t row_vectors,
+                              bool to_owner) {
+  __shared__ int32_t offsets[xd::kMaxExperts + 1];
+  __shared__ uint8_t* recv[kMaxLocalRanks];
+  for (int e = threadIdx.x; e <= experts; e += blockDim.x) offsets[e] = send_offsets[e];
+  if (threadIdx.x < ranks) {
+    recv[threadIdx.x] = static_cast<uint8_t*>(ncclGetLsaPointer(recv_window, recv_offset, threadIdx.x));
+  }
+  __syncthreads();
+  const int64_t warps_per_block = blockDim.x / 32;
+  xd::ExchangeRowsOfSender(offsets, dest_rows, experts, experts / ranks, send, recv, row_vectors,
+                           to_owner, blockIdx.x * warps_per_block + threadIdx.x / 32,
+                           gridDim.x * warps_per_block);
+}
+
+class NcclLsaDispatcher final : public ExpertDispatcher {
+ public:
+  NcclLsaDispatcher(const EpShape& shape, std::unique_ptr<NcclGroup> group)
+      : shape_(shape), group_(std::move(group)) {}
+
+  ~NcclLsaDispatcher() override {
+    for (const Window& w : windows_) {
+      group_->Await(ncclCommWindowDeregister(group_->comm(), w.window), "ncclCommWindowDeregister")
+          .IgnoreError();  // teardown: nothing left to report to
+      ncclMemFree(w.base);
+    }
+    if (dev_comm_created_) {
+      group_->Await(ncclDevCommDestroy(group_->comm(), &dev_comm_), "ncclDevCommDestroy").IgnoreError();
+    }
+  }
+
+  absl::Status Initialize() {
+    // The device API's structures are those of the headers built against: an older library
+    // would misread them.
+    int version = 0;
+    DROPLESS_RETURN_IF_ERROR(NcclStatus(ncclGetVersion(&version), "ncclGetVersion"));
+    if (version < NCCL_VERSION_CODE) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "dispatcher: nccl-lsa was built against NCCL %d.%d.%d and needs at least that at run "
+          "time; this process loaded NCCL version code %d (set LD_LIBRARY_PATH to a newer "
+          "libnccl.so.2)", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, version));
+    }
+    ncclDevCommRequirements reqs;
+    std::memset(&reqs, 0, sizeof(reqs));
+    reqs.lsaBarrierCount = 1;
+    DROPLESS_RETURN_IF_ERROR(group_->Await(ncclDevCommCreate(group_->comm(), &reqs, &dev_comm_),
+                                           "nccl-lsa: ncclDevCommCreate (symmetric memory support)"));
+    dev_comm_created_ = true;
+    if (dev_comm_.lsaSize != group_->size()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "dispatcher: nccl-lsa needs every EP rank load/store reachable (one NVLink domain); "
+          "%d of the %d ranks are", dev_comm_.lsaSize, group_->size()));
+    }
+    int device = 0;
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
+    return absl::OkStatus();
+  }
+
+  std::string_view name() const override { return "nccl-lsa"; }
+  const EpShape& shape() const override { return shape_; }
+  int local_ranks() const override { return 1; }
+  int first_local_rank() const override { return group_->rank(); }
+
+  absl::Status AllocateShared(size_t bytes, const char* what, void** out) override {
+    Window w;
+    w.bytes = std::max<size_t>(bytes, 1);
+    DROPLESS_RETURN_IF_ERROR(NcclStatus(ncclMemAlloc(&w.base, w.bytes),
+                                        absl::StrCat("nccl-lsa: ncclMemAlloc for ", what).c_str()));
+    absl::Status s = group_->Await(
+        ncclCommWindowRegister(group_->comm(), w.base, w.bytes, &w.window, NCCL_WIN_COLL_SYMMETRIC),
+        absl::StrCat("nccl-lsa: ncclCommWindowRegister for ", what).c_str());
+    if (!s.ok()) {
+      ncclMemFree(w.base);
+      return s;
+    }
+    windows_.push_back(w);
+    *out = w.base;
+    return absl::OkStatus();
+  }
+
+  absl::Status Plan(absl::Span<const RankCall> calls) override {
+    DROPLESS_RETURN_IF_ERROR(Check(calls, false));
+    const ExchangePlan& p = *calls[0].plan;
+    absl::StatusOr<std::pair<ncclWindow_t, size_t>> matrix = Resolve(p.count_matrix);
+    if (!matrix.ok()) return matrix.status();
+    LsaPlanKernel<<<1, 256, 0, calls[0].stream>>>(dev_comm_, matrix->first, matrix->second,
+                                                   p.send_offsets, p.count_matrix, p.job_counts,
+                                                   p.recv_offsets, p.dest_rows, shape_.ep,
+                                                   shape_.experts, group_->rank());
+    return LaunchStatus("LsaPlanKernel");
+  }
+
+  absl::Status Dispatch(absl::Span<const RankCall> calls, size_t row_bytes) override {
+    return Rows(calls, row_bytes, /*to_owner=*/true);
+  }
+  absl::Status Combine(absl::Span<const RankCall> calls, size_t row_bytes) override {
+    return Rows(calls, row_bytes, /*to_owner=*/false);
+  }
+
+  absl::Status AllReduceSum(absl::Span<float* const> data, size_t count,
+                            absl::Span<const cudaStream_t> streams) override {
+    DROPLESS_RETURN_IF_ERROR(CheckOne(data.size(), streams.size()));
+    return group_->Await(ncclAllReduce(data[0], data[0], count, ncclFloat32, ncclSum,
+                                       group_->comm(), streams[0]), "nccl-lsa: ncclAllReduce");
+  }
+  absl::Status AllReduceSum(absl::Span<double* const> data, size_t count,
+                            absl::Span<const cudaStream_t> streams) override {
+    DROPLESS_RETURN_IF_ERROR(CheckOne(data.size(), streams.size()));
+    return group_->Await(ncclAllReduce(data[0], data[0], count, ncclFloat64, ncclSum,
+                                       group_->comm(), streams[0]), "nccl-lsa: ncclAllReduce");
+  }
+
+ private:
+  struct Window {
+    void* base = nullptr;
+    size_t bytes = 0;
+    ncclWindow_t window = nullptr;
+  };
+
+  absl::StatusOr<std::pair<ncclWindow_t, size_t>> Resolve(const void* p) const {
+    for (const Window& w : windows_) {
+      const uint8_t* base = static_cast<const uint8_t*>(w.base);
+      const uint8_t* q = static_cast<const uint8_t*>(p);
+      if (q >= base && q < base + w.bytes) return std::make_pair(w.window, static_cast<size_t>(q - base));
+    }
+    return absl::InvalidArgumentError(
+        "nccl-lsa: a receive buffer or count matrix not allocated by the dispatcher (AllocateShared)");
+  }
+
+  absl::Status CheckOne(size_t buffers, size_t streams) const {
+    if (buffers != 1 || streams != 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "nccl-lsa: %d buffers and %d streams for the one rank of this process", buffers, streams));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Check(absl::Span<const RankCall> calls, bool rows) const {
+    if (calls.size() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("nccl-lsa: %d rank calls for the one rank of this process", calls.size()));
+    }
+    const RankCall& c = calls[0];
+    if (c.plan == nullptr || c.plan->send_offsets == nullptr || c.stream == nullptr ||
+        (rows && (c.send_rows == nullptr || c.recv_rows == nullptr))) {
+      return absl::InvalidArgumentError("nccl-lsa: the rank call lacks a plan, buffer or stream");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Rows(absl::Span<const RankCall> calls, size_t row_bytes, bool to_owner) {
+    DROPLESS_RETURN_IF_ERROR(Check(calls, true));
+    if (row_bytes == 0 || row_bytes % 16 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("nccl-lsa: row of %d bytes is not a positive multiple of 16", row_bytes));
+    }
+    const RankCall& c = calls[0];
+    absl::StatusOr<std::pair<ncclWindow_t, size_t>> recv = Resolve(c.recv_rows);
+    if (!recv.ok()) return recv.status();
+    // Before: every owner's receive buffer is free (dispatch) or filled (combine). After: every
+    // row has landed (dispatch) or been read back (combine, so the owner may reuse the buffer).
+    LsaBarrierKernel<<<1, 32, 0, c.stream>>>(dev_comm_);
+    DROPLESS_RETURN_IF_ERROR(LaunchStatus("LsaBarrierKernel"));
+    const int64_t warps_per_block = kRowThreads / 32;
+    const int64_t blocks = std::min<int64_t>(4 * sms_, (shape_.rows + warps_per_block - 1) / warps_per_block);
+    if (blocks > 0) {
+      LsaRowsKernel<<<static_cast<unsigned>(blocks), kRowThreads, 0, c.stream>>>(
+          recv->first, recv->second, c.plan->send_offsets, c.plan->dest_rows,
+          static_cast<uint8_t*>(c.send_rows), shape_.ep, shape_.experts,
+          static_cast<int64_t>(row_bytes / 16), to_owner);
+      DROPLESS_RETURN_IF_ERROR(LaunchStatus("LsaRowsKernel"));
+    }
+    LsaBarrierKernel<<<1, 32, 0, c.stream>>>(dev_comm_);
+    return LaunchStatus("LsaBarrierKernel");
+  }
+
+  const EpShape shape_;
+  std::unique_ptr<NcclGroup> group_;
+  ncclDevComm dev_comm_{};
+  bool dev_comm_created_ = false;
+  int sms_ = 132;
+  std::vector<Window> windows_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewNcclLsaDispatcher(
+    const EpShape& shape, std::unique_ptr<NcclGroup> group) {
+  DROPLESS_RETURN_IF_ERROR(ValidateEpShape(shape));
+  if (group == nullptr || group->size() != shape.ep) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "nccl-lsa: an NCCL group of %d ranks for EP %d", group == nullptr ? 0 : group->size(), shape.ep));
+  }
+  auto d = std::make_unique<NcclLsaDispatcher>(shape, std::move(group));
+  DROPLESS_RETURN_IF_ERROR(d->Initialize());
+  return std::unique_ptr<ExpertDispatcher>(std::move(d));
+}
+
+}  // namespace dropless::cuda_engine
