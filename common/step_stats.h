@@ -14,12 +14,13 @@
 namespace dropless {
 
 struct StepStats {
-  int64_t step = 0;             // 1-based step just finished
-  int64_t steps = 0;            // total steps of the job (set by the rank process)
-  double loss = 0;              // task loss, averaged over every rank of the job
-  double aux_loss = 0;          // load-balancing loss (before its coefficient)
+  int64_t step = 0;     // 1-based step just finished
+  int64_t steps = 0;    // total steps of the job (set by the rank process)
+  double loss = 0;      // task loss, averaged over every rank of the job
+  double aux_loss = 0;  // load-balancing loss (before its coefficient)
   double step_seconds = 0;
-  double flops = 0;             // model FLOPs of this step on this rank (18*T*k*H*F per layer + router + shared)
+  // Model FLOPs of this step on this rank (18*T*k*H*F per layer + router + shared).
+  double flops = 0;
   int64_t tokens = 0;           // tokens processed by this rank this step
   double dispatch_seconds = 0;  // token dispatch all-to-all(s), fwd + bwd
   double combine_seconds = 0;   // token combine all-to-all(s), fwd + bwd
@@ -29,9 +30,10 @@ struct StepStats {
   double gemm_forward_seconds = 0;
   double gemm_dgrad_seconds = 0;
   double gemm_wgrad_seconds = 0;
-  double load_imbalance = 1;    // max/mean tokens per expert over the EP group
+  double load_imbalance = 1;  // max/mean tokens per expert over the EP group
   int64_t device_memory_bytes = 0;
-  double peak_flops = 0;        // peak FLOP/s of the rank's device (MFU denominator); 0 = unknown (set by the rank process)
+  // Peak FLOP/s of the rank's device (the MFU denominator); 0 = unknown. Set by the rank process.
+  double peak_flops = 0;
 
   // Derived rates; 0 when step_seconds (or peak_flops) is 0.
   double FlopsPerSecond() const { return step_seconds > 0 ? flops / step_seconds : 0; }

@@ -88,9 +88,8 @@ TEST(StepStatsTest, ReportLineCarriesEveryField) {
   s.steps = 100;  // >= step
   absl::StatusOr<StepStats> back = ParseStepReport(FormatStepReport(s));
   ASSERT_TRUE(back.ok()) << back.status();
-  ForEachStepStatsField([&](absl::string_view name, auto member) {
-    EXPECT_EQ((*back).*member, s.*member) << name;
-  });
+  ForEachStepStatsField(
+      [&](absl::string_view name, auto member) { EXPECT_EQ((*back).*member, s.*member) << name; });
 }
 
 }  // namespace
