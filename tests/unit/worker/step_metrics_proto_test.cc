@@ -20,6 +20,17 @@ bool OffTheWire(absl::string_view name) {
   return false;
 }
 
+// Every field a different value: 1, 2, 3, ... in list order.
+StepStats Distinct() {
+  StepStats s;
+  double v = 1;
+  ForEachStepStatsField([&](absl::string_view, auto member) {
+    s.*member = static_cast<std::decay_t<decltype(s.*member)>>(v);
+    v += 1;
+  });
+  return s;
+}
+
 TEST(StepStatsTest, FieldListCoversTheStruct) {
   size_t bytes = 0;
   std::set<std::string> names;
@@ -48,12 +59,7 @@ TEST(StepStatsTest, EveryFieldHasAStepMetricsFieldOfItsNameAndType) {
 }
 
 TEST(StepStatsTest, ToProtoSetsEveryFieldAndTheRates) {
-  StepStats s;
-  double v = 1;
-  ForEachStepStatsField([&](absl::string_view, auto member) {
-    s.*member = static_cast<std::decay_t<decltype(s.*member)>>(v);
-    v += 1;
-  });
+  StepStats s = Distinct();
   v1::StepMetrics m;
   m.set_job_id("j");
   m.set_rank(3);
@@ -79,12 +85,7 @@ TEST(StepStatsTest, ToProtoSetsEveryFieldAndTheRates) {
 }
 
 TEST(StepStatsTest, ReportLineCarriesEveryField) {
-  StepStats s;
-  double v = 1;
-  ForEachStepStatsField([&](absl::string_view, auto member) {
-    s.*member = static_cast<std::decay_t<decltype(s.*member)>>(v);
-    v += 1;
-  });
+  StepStats s = Distinct();
   s.steps = 100;  // >= step
   absl::StatusOr<StepStats> back = ParseStepReport(FormatStepReport(s));
   ASSERT_TRUE(back.ok()) << back.status();
