@@ -9,7 +9,7 @@ namespace dropless::kernels::cpu {
 
 absl::Status BuildDispatchPlan(const DispatchPlanShape& shape, const int32_t* expert_ids,
                                const DispatchPlan& plan, void* /*workspace*/) {
-  if (absl::Status s = ValidateDispatchPlanShape(shape); !s.ok()) return s;
+  if (absl::Status s = ValidateDispatchPlanShape(shape, false); !s.ok()) return s;
   const int64_t choices = shape.num_tokens * shape.top_k;
   if (plan.expert_offsets == nullptr) return absl::InvalidArgumentError("expert_offsets is null");
   if (choices > 0 && (expert_ids == nullptr || plan.slot_of_choice == nullptr ||

@@ -1,8 +1,10 @@
-// CPU reference of SwiGLU (swiglu.h), in the same fp32 formulas as the CUDA kernels.
+// CPU reference of SwiGLU (swiglu.h), in the same fp32 formulas as the CUDA kernels (in fp64 for
+// double).
 #include "dropless/kernels/swiglu.h"
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -16,11 +18,18 @@ int64_t LiveRows(const SwigluShape& shape, const int32_t* num_rows) {
 
 }  // namespace
 
-absl::Status SwigluForward(const SwigluShape& shape, const int32_t* num_rows, const Bf16* h,
-                           Bf16* out, const MxRowwise* out_mx) {
-  if (absl::Status s = ValidateSwigluShape(shape, out_mx != nullptr); !s.ok()) return s;
+template <typename T>
+absl::Status SwigluForward(const SwigluShape& shape, const int32_t* num_rows, const T* h,
+                           std::common_type_t<T>* out, const MxRowwise* out_mx) {
+  using M = MathOf<T>;
+  if (absl::Status s = ValidateSwigluShape(shape, out_mx != nullptr, kIsCudaStorage<T>); !s.ok()) {
+    return s;
+  }
   if (out == nullptr && out_mx == nullptr) {
     return absl::InvalidArgumentError("out: and out_mx are both null: nothing to produce");
+  }
+  if (out_mx != nullptr && !kIsCudaStorage<T>) {
+    return absl::InvalidArgumentError("out_mx: MXFP8 output needs bf16 input");
   }
   if (out_mx != nullptr && (out_mx->data == nullptr || out_mx->scales == nullptr)) {
     return absl::InvalidArgumentError("out_mx: data and scales must be set");
@@ -28,49 +37,63 @@ absl::Status SwigluForward(const SwigluShape& shape, const int32_t* num_rows, co
   const int64_t rows = LiveRows(shape, num_rows);
   if (rows > 0 && h == nullptr) return absl::InvalidArgumentError("h: is null");
   const int64_t ffn = shape.ffn;
-  std::vector<Bf16> row_out(ffn);
+  std::vector<T> row_out(ffn);
   for (int64_t r = 0; r < rows; ++r) {
-    const Bf16* gate = h + r * 2 * ffn;
-    const Bf16* up = gate + ffn;
+    const T* gate = h + r * 2 * ffn;
+    const T* up = gate + ffn;
     for (int64_t c = 0; c < ffn; ++c) {
-      const float g = Bf16ToFloat(gate[c]);
-      const float silu = g / (1.0f + std::exp(-g));
-      row_out[c] = FloatToBf16(silu * Bf16ToFloat(up[c]));
+      const M g = ToMath(gate[c]);
+      const M silu = g / (M(1) + std::exp(-g));
+      row_out[c] = FromMath<T>(silu * ToMath(up[c]));
     }
     if (out != nullptr) std::copy(row_out.begin(), row_out.end(), out + r * ffn);
-    if (out_mx != nullptr) {
-      for (int64_t b = 0; b < ffn / kMxBlock; ++b) {
-        QuantizeMxBlock(row_out.data() + b * kMxBlock, 1, out_mx->data + r * ffn + b * kMxBlock, 1,
-                        out_mx->scales + r * (ffn / kMxBlock) + b);
+    if constexpr (kIsCudaStorage<T>) {
+      if (out_mx != nullptr) {
+        for (int64_t b = 0; b < ffn / kMxBlock; ++b) {
+          QuantizeMxBlock(row_out.data() + b * kMxBlock, 1, out_mx->data + r * ffn + b * kMxBlock,
+                          1, out_mx->scales + r * (ffn / kMxBlock) + b);
+        }
       }
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status SwigluBackward(const SwigluShape& shape, const int32_t* num_rows, const Bf16* h,
-                            const Bf16* d_out, Bf16* d_h) {
-  if (absl::Status s = ValidateSwigluShape(shape, false); !s.ok()) return s;
+template <typename T>
+absl::Status SwigluBackward(const SwigluShape& shape, const int32_t* num_rows, const T* h,
+                            const T* d_out, T* d_h) {
+  using M = MathOf<T>;
+  if (absl::Status s = ValidateSwigluShape(shape, false, kIsCudaStorage<T>); !s.ok()) return s;
   const int64_t rows = LiveRows(shape, num_rows);
   if (rows > 0 && (h == nullptr || d_out == nullptr || d_h == nullptr)) {
     return absl::InvalidArgumentError("h, d_out and d_h must be set");
   }
   const int64_t ffn = shape.ffn;
   for (int64_t r = 0; r < rows; ++r) {
-    const Bf16* gate = h + r * 2 * ffn;
-    const Bf16* up = gate + ffn;
-    Bf16* d_gate = d_h + r * 2 * ffn;
-    Bf16* d_up = d_gate + ffn;
+    const T* gate = h + r * 2 * ffn;
+    const T* up = gate + ffn;
+    T* d_gate = d_h + r * 2 * ffn;
+    T* d_up = d_gate + ffn;
     for (int64_t c = 0; c < ffn; ++c) {
-      const float g = Bf16ToFloat(gate[c]);
-      const float u = Bf16ToFloat(up[c]);
-      const float dy = Bf16ToFloat(d_out[r * ffn + c]);
-      const float s = 1.0f / (1.0f + std::exp(-g));
-      d_gate[c] = FloatToBf16(dy * u * s * (1.0f + g * (1.0f - s)));
-      d_up[c] = FloatToBf16(dy * g * s);
+      const M g = ToMath(gate[c]);
+      const M u = ToMath(up[c]);
+      const M dy = ToMath(d_out[r * ffn + c]);
+      const M s = M(1) / (M(1) + std::exp(-g));
+      d_gate[c] = FromMath<T>(dy * u * s * (M(1) + g * (M(1) - s)));
+      d_up[c] = FromMath<T>(dy * g * s);
     }
   }
   return absl::OkStatus();
 }
+
+#define DROPLESS_INSTANTIATE_SWIGLU(T)                                                            \
+  template absl::Status SwigluForward<T>(const SwigluShape&, const int32_t*, const T*, T*,        \
+                                         const MxRowwise*);                                       \
+  template absl::Status SwigluBackward<T>(const SwigluShape&, const int32_t*, const T*, const T*, \
+                                          T*);
+DROPLESS_INSTANTIATE_SWIGLU(Bf16)
+DROPLESS_INSTANTIATE_SWIGLU(float)
+DROPLESS_INSTANTIATE_SWIGLU(double)
+#undef DROPLESS_INSTANTIATE_SWIGLU
 
 }  // namespace dropless::kernels::cpu

@@ -16,8 +16,8 @@ absl::Status Invalid(const std::string& field, const std::string& why) {
 }
 
 absl::Status CheckTopK(int num_experts, int top_k, const char* experts_field,
-                       const char* top_k_field) {
-  if (num_experts < 1 || num_experts > kMaxRoutingExperts) {
+                       const char* top_k_field, bool cuda_limits = true) {
+  if (num_experts < 1 || (cuda_limits && num_experts > kMaxRoutingExperts)) {
     return Invalid(experts_field, absl::StrCat("must be in [1, ", kMaxRoutingExperts, "], got ",
                                                num_experts));
   }
@@ -30,20 +30,21 @@ absl::Status CheckTopK(int num_experts, int top_k, const char* experts_field,
 
 }  // namespace
 
-absl::Status ValidateRoutingShape(const RoutingShape& shape) {
+absl::Status ValidateRoutingShape(const RoutingShape& shape, bool cuda_limits) {
   if (shape.num_tokens < 0) return Invalid("num_tokens", "must be >= 0");
   if (shape.num_tokens * static_cast<int64_t>(shape.top_k) > INT32_MAX) {
     return Invalid("num_tokens", "num_tokens * top_k must fit in int32");
   }
-  return CheckTopK(shape.num_experts, shape.top_k, "num_experts", "top_k");
+  if (shape.aux_tokens < 0) return Invalid("aux_tokens", "must be >= 0");
+  return CheckTopK(shape.num_experts, shape.top_k, "num_experts", "top_k", cuda_limits);
 }
 
-absl::Status ValidateDispatchPlanShape(const DispatchPlanShape& shape) {
+absl::Status ValidateDispatchPlanShape(const DispatchPlanShape& shape, bool cuda_limits) {
   if (shape.num_tokens < 0) return Invalid("num_tokens", "must be >= 0");
   if (shape.num_tokens * static_cast<int64_t>(shape.top_k) > INT32_MAX) {
     return Invalid("num_tokens", "num_tokens * top_k must fit in int32");
   }
-  return CheckTopK(shape.num_experts, shape.top_k, "num_experts", "top_k");
+  return CheckTopK(shape.num_experts, shape.top_k, "num_experts", "top_k", cuda_limits);
 }
 
 size_t DispatchPlanWorkspaceBytes(const DispatchPlanShape& shape) {
@@ -53,13 +54,13 @@ size_t DispatchPlanWorkspaceBytes(const DispatchPlanShape& shape) {
          sizeof(int32_t);
 }
 
-absl::Status ValidatePermuteShape(const PermuteShape& shape, bool mxfp8) {
+absl::Status ValidatePermuteShape(const PermuteShape& shape, bool mxfp8, bool cuda_rows) {
   if (shape.num_tokens < 0) return Invalid("num_tokens", "must be >= 0");
   if (shape.top_k < 1 || shape.top_k > kMaxRoutingTopK) {
     return Invalid("top_k", absl::StrCat("must be in [1, ", kMaxRoutingTopK, "], got ",
                                          shape.top_k));
   }
-  const int64_t multiple = mxfp8 ? kMxBlock : 8;
+  const int64_t multiple = mxfp8 ? kMxBlock : cuda_rows ? 8 : 1;
   if (shape.hidden <= 0 || shape.hidden % multiple != 0) {
     return Invalid("hidden", absl::StrCat("must be a positive multiple of ", multiple, ", got ",
                                           shape.hidden));
@@ -70,9 +71,9 @@ absl::Status ValidatePermuteShape(const PermuteShape& shape, bool mxfp8) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateSwigluShape(const SwigluShape& shape, bool mxfp8) {
+absl::Status ValidateSwigluShape(const SwigluShape& shape, bool mxfp8, bool cuda_rows) {
   if (shape.rows < 0) return Invalid("rows", "must be >= 0");
-  const int64_t multiple = mxfp8 ? kMxBlock : 8;
+  const int64_t multiple = mxfp8 ? kMxBlock : cuda_rows ? 8 : 1;
   if (shape.ffn <= 0 || shape.ffn % multiple != 0) {
     return Invalid("ffn", absl::StrCat("must be a positive multiple of ", multiple, ", got ",
                                        shape.ffn));

@@ -300,8 +300,8 @@ absl::Status AuxLoss(const RoutingShape& shape, const int32_t* expert_counts,
   if (expert_counts == nullptr || prob_sums == nullptr || aux_loss == nullptr) {
     return absl::InvalidArgumentError("expert_counts, prob_sums and aux_loss must be set");
   }
-  const double tokens = static_cast<double>(shape.num_tokens);
-  const double scale = shape.num_tokens == 0 ? 0.0 : shape.num_experts / (tokens * shape.top_k * tokens);
+  const double tokens = static_cast<double>(AuxTokens(shape));
+  const double scale = tokens == 0 ? 0.0 : shape.num_experts / (tokens * shape.top_k * tokens);
   AuxLossKernel<<<1, kMaxRoutingExperts, 0, stream>>>(expert_counts, prob_sums, shape.num_experts,
                                                       scale, aux_loss);
   return LaunchStatus("AuxLossKernel");
@@ -318,7 +318,7 @@ absl::Status RouteTopKBackward(const RoutingShape& shape, const float* logits,
     return absl::InvalidArgumentError(
         "logits, expert_ids, expert_counts, d_weights and d_logits must be set");
   }
-  const double tokens = static_cast<double>(shape.num_tokens);
+  const double tokens = static_cast<double>(AuxTokens(shape));
   const float aux_scale = static_cast<float>(static_cast<double>(aux_loss_coef) *
                                              shape.num_experts / (tokens * shape.top_k * tokens));
   return DispatchExperts<LaunchRouteBackward>(shape.num_experts, shape, logits, expert_ids,

@@ -16,6 +16,7 @@
 #include "common/step_phase.h"
 #include "common/utf8.h"
 #include "common/log.h"
+#include "worker/daemon/step_metrics_proto.h"
 #include "worker/rank/step_report.h"
 
 namespace dropless {
@@ -313,7 +314,7 @@ void RankManager::OnReport(RankSupervisor::ChildId id, absl::string_view line) {
     return;
   }
   const bool ready = line == kReadyLine;
-  absl::StatusOr<StepReport> report;
+  absl::StatusOr<StepStats> report;
   if (!ready) report = ParseStepReport(line);
   RankEntry entry;
   bool became_running = false;
@@ -351,22 +352,7 @@ void RankManager::OnReport(RankSupervisor::ChildId id, absl::string_view line) {
   m->set_job_id(entry.job_id);
   m->set_attempt(entry.attempt);
   m->set_rank(entry.rank);
-  m->set_step(report->step);
-  m->set_steps(report->steps);
-  m->set_loss(report->loss);
-  m->set_aux_loss(report->aux_loss);
-  m->set_step_seconds(report->step_seconds);
-  m->set_tflops(report->FlopsPerSecond() / 1e12);
-  m->set_mfu(report->Mfu());
-  m->set_tokens_per_second(report->TokensPerSecond());
-  m->set_dispatch_seconds(report->dispatch_seconds);
-  m->set_combine_seconds(report->combine_seconds);
-  m->set_gemm_seconds(report->gemm_seconds);
-  m->set_gemm_forward_seconds(report->gemm_forward_seconds);
-  m->set_gemm_dgrad_seconds(report->gemm_dgrad_seconds);
-  m->set_gemm_wgrad_seconds(report->gemm_wgrad_seconds);
-  m->set_load_imbalance(report->load_imbalance);
-  m->set_device_memory_bytes(report->device_memory_bytes);
+  StepStatsToProto(*report, m);
   m->set_time_ms(NowMs());
   m->set_node(options_.node);
   outbound_->Push(std::move(msg));

@@ -205,23 +205,23 @@ void WorkerMetrics::DropJob(const std::string& job_id) {
   }
 }
 
-void WorkerMetrics::RecordStep(const RankIdentity& rank, const StepReport& report) {
+void WorkerMetrics::RecordStep(const RankIdentity& rank, const StepStats& stats) {
   absl::MutexLock lock(&mu_);
   RankSeries& s = SeriesFor(rank);
-  s.step_duration->Observe(report.step_seconds);
-  s.dispatch_duration->Observe(report.dispatch_seconds);
-  s.combine_duration->Observe(report.combine_seconds);
-  s.gemm_forward_duration->Observe(report.gemm_forward_seconds);
-  s.gemm_dgrad_duration->Observe(report.gemm_dgrad_seconds);
-  s.gemm_wgrad_duration->Observe(report.gemm_wgrad_seconds);
+  s.step_duration->Observe(stats.step_seconds);
+  s.dispatch_duration->Observe(stats.dispatch_seconds);
+  s.combine_duration->Observe(stats.combine_seconds);
+  s.gemm_forward_duration->Observe(stats.gemm_forward_seconds);
+  s.gemm_dgrad_duration->Observe(stats.gemm_dgrad_seconds);
+  s.gemm_wgrad_duration->Observe(stats.gemm_wgrad_seconds);
   s.steps->Increment();
-  s.tokens->Increment(static_cast<double>(report.tokens));
-  s.flops->Increment(report.flops);
-  s.flops_per_second->Set(report.FlopsPerSecond());
-  s.mfu->Set(report.Mfu());
-  s.load_imbalance->Set(report.load_imbalance);
-  s.loss->Set(report.loss);
-  s.device_memory->Set(static_cast<double>(report.device_memory_bytes));
+  s.tokens->Increment(static_cast<double>(stats.tokens));
+  s.flops->Increment(stats.flops);
+  s.flops_per_second->Set(stats.FlopsPerSecond());
+  s.mfu->Set(stats.Mfu());
+  s.load_imbalance->Set(stats.load_imbalance);
+  s.loss->Set(stats.loss);
+  s.device_memory->Set(static_cast<double>(stats.device_memory_bytes));
 }
 
 void WorkerMetrics::SetSlots(int busy, int free) {

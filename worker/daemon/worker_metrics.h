@@ -30,7 +30,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "worker/rank/step_report.h"
+#include "common/step_stats.h"
 
 namespace dropless {
 
@@ -55,7 +55,7 @@ class WorkerMetrics {
                                                                int port);
   ~WorkerMetrics();
 
-  void RecordStep(const RankIdentity& rank, const StepReport& report);
+  void RecordStep(const RankIdentity& rank, const StepStats& stats);
   void SetSlots(int busy, int free);
   void SetRanksRunning(int running);
   void RecordRankExit(RankExitResult result);

@@ -1,5 +1,6 @@
 // Engine: one rank's share of a MoE training job. Backends: cpu/ (float32 reference, OpenBLAS) and
-// cuda/ (GPU). The rank process builds one, calls Step() `steps` times, and reports StepStats.
+// cuda/ (GPU). The rank process builds one, calls Step() `steps` times, and reports StepStats
+// (common/step_stats.h).
 #ifndef DROPLESS_WORKER_ENGINE_ENGINE_H_
 #define DROPLESS_WORKER_ENGINE_ENGINE_H_
 
@@ -10,28 +11,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/engine_config.h"
+#include "common/step_stats.h"
 #include "worker/transport/communicator.h"
 
 namespace dropless {
-
-struct StepStats {
-  int64_t step = 0;             // 1-based
-  double loss = 0;              // task loss, averaged over every rank of the job
-  double aux_loss = 0;          // load-balancing loss (before its coefficient)
-  double step_seconds = 0;
-  double dispatch_seconds = 0;  // token dispatch all-to-all(s), fwd + bwd
-  double combine_seconds = 0;   // token combine all-to-all(s), fwd + bwd
-  // Expert GEMMs (grouped over the rank's experts, shared experts included) by phase: forward,
-  // backward-data (dgrad) and backward-weight (wgrad); gemm_seconds is their sum.
-  double gemm_forward_seconds = 0;
-  double gemm_dgrad_seconds = 0;
-  double gemm_wgrad_seconds = 0;
-  double gemm_seconds = 0;
-  double flops = 0;             // model FLOPs of this step on this rank (18*T*k*H*F per layer + router + shared)
-  int64_t tokens = 0;           // tokens processed by this rank this step
-  double load_imbalance = 1;    // max/mean tokens per expert over the EP group
-  int64_t device_memory_bytes = 0;
-};
 
 struct EngineContext {
   EngineConfig config;

@@ -157,22 +157,9 @@ absl::Status RankRun::Run() {
       return absl::Status(stats.status().code(),
                           absl::StrCat("step ", step, ": ", stats.status().message()));
     }
-    StepReport r;
+    StepStats& r = *stats;
     r.step = step;
     r.steps = steps;
-    r.loss = stats->loss;
-    r.aux_loss = stats->aux_loss;
-    r.step_seconds = stats->step_seconds;
-    r.flops = stats->flops;
-    r.tokens = stats->tokens;
-    r.dispatch_seconds = stats->dispatch_seconds;
-    r.combine_seconds = stats->combine_seconds;
-    r.gemm_seconds = stats->gemm_seconds;
-    r.gemm_forward_seconds = stats->gemm_forward_seconds;
-    r.gemm_dgrad_seconds = stats->gemm_dgrad_seconds;
-    r.gemm_wgrad_seconds = stats->gemm_wgrad_seconds;
-    r.load_imbalance = stats->load_imbalance;
-    r.device_memory_bytes = stats->device_memory_bytes;
     r.peak_flops = peak;
     if (absl::Status st = report.WriteLine(FormatStepReport(r)); !st.ok()) return st;
     if (step == first_step || step % progress_every == 0 || step == steps) {

@@ -12,7 +12,7 @@
 #include "tests/unit/engine/layer_test_util.h"
 #include "worker/engine/cpu/expert_exchange.h"
 #include "worker/engine/cpu/moe_layer.h"
-#include "worker/engine/cpu/router.h"
+#include "dropless/kernels/routing.h"
 #include "worker/transport/transport_factory.h"
 
 namespace dropless::cpu {
@@ -172,30 +172,51 @@ TEST(LayerTimesTest, ExpertGemmPhasesAreTimedApart) {
             times.gemm_forward_seconds + times.gemm_dgrad_seconds + times.gemm_wgrad_seconds);
 }
 
-TEST(RouterTest, EqualProbabilitiesGoToTheLowerExpertId) {
-  const RouterShape shape{2, 5, 3, RouterKind::kSoftmax, false};
-  const std::vector<double> probs = {0.1, 0.3, 0.1, 0.3, 0.2,    // ties at 0.3 and 0.1
-                                     0.2, 0.2, 0.2, 0.2, 0.2};   // all equal
-  std::vector<int32_t> ids(6, -1);
-  std::vector<double> gates(6, kNaN);
-  SelectTopK<double>(shape, probs.data(), ids.data(), gates.data());
+// The layer routes with the kernels' CPU reference over double (dropless/kernels/routing.h).
+TEST(RouterTest, EqualLogitsGoToTheLowerExpertId) {
+  kernels::RoutingShape shape;
+  shape.num_tokens = 2;
+  shape.num_experts = 5;
+  shape.top_k = 3;
+  const std::vector<double> logits = {0.1, 0.3, 0.1, 0.3, 0.2,    // ties at 0.3 and 0.1
+                                      0.2, 0.2, 0.2, 0.2, 0.2};   // all equal
+  std::vector<int32_t> ids(6, -1), counts(5, -1);
+  std::vector<double> gates(6, kNaN), prob_sums(5, kNaN);
+  ASSERT_TRUE(kernels::cpu::RouteTopK<double>(shape, logits.data(),
+                                              {ids.data(), gates.data(), counts.data(),
+                                               prob_sums.data()})
+                  .ok());
   EXPECT_EQ(ids, (std::vector<int32_t>{1, 3, 4, 0, 1, 2}));
-  EXPECT_EQ(gates, (std::vector<double>{0.3, 0.3, 0.2, 0.2, 0.2, 0.2}));
+  EXPECT_EQ(gates[0], gates[1]);
+  EXPECT_NEAR(gates[3], 0.2, 1e-15);
 
-  const RouterShape renormalized{2, 5, 3, RouterKind::kSoftmax, true};
-  SelectTopK<double>(renormalized, probs.data(), ids.data(), gates.data());
-  EXPECT_NEAR(gates[0], 0.375, 1e-15);
-  EXPECT_NEAR(gates[2], 0.25, 1e-15);
+  shape.renormalize = true;
+  ASSERT_TRUE(kernels::cpu::RouteTopK<double>(shape, logits.data(),
+                                              {ids.data(), gates.data(), counts.data(),
+                                               prob_sums.data()})
+                  .ok());
   EXPECT_NEAR(gates[3] + gates[4] + gates[5], 1.0, 1e-15);
 }
 
-TEST(RouterTest, LoadBalancingLossIsOneWhenBalancedAndGrowsWithSkew) {
-  // 4 experts, k = 1, 8 tokens: two tokens and a quarter of the probability each.
-  const std::vector<double> slots = {2, 2, 2, 2}, prob_sums = {2, 2, 2, 2};
-  EXPECT_DOUBLE_EQ(LoadBalancingLoss(4, 1, slots.data(), prob_sums.data(), 8), 1.0);
+TEST(RouterTest, LoadBalancingLossIsOneWhenBalancedAndGrowsWithSkewOverTheJob) {
+  // 4 experts, k = 1, 8 tokens of the job (aux_tokens; this rank's 2): two tokens and a quarter
+  // of the probability each.
+  kernels::RoutingShape shape;
+  shape.num_tokens = 2;
+  shape.num_experts = 4;
+  shape.top_k = 1;
+  shape.aux_tokens = 8;
+  const std::vector<int32_t> counts = {2, 2, 2, 2};
+  const std::vector<double> prob_sums = {2, 2, 2, 2};
+  double aux = kNaN;
+  ASSERT_TRUE(kernels::cpu::AuxLoss<double>(shape, counts.data(), prob_sums.data(), &aux).ok());
+  EXPECT_DOUBLE_EQ(aux, 1.0);
   // Everything on expert 0 with probability 1: E * 1 * 1 = 4.
-  const std::vector<double> skew_slots = {8, 0, 0, 0}, skew_probs = {8, 0, 0, 0};
-  EXPECT_DOUBLE_EQ(LoadBalancingLoss(4, 1, skew_slots.data(), skew_probs.data(), 8), 4.0);
+  const std::vector<int32_t> skew_counts = {8, 0, 0, 0};
+  const std::vector<double> skew_probs = {8, 0, 0, 0};
+  ASSERT_TRUE(
+      kernels::cpu::AuxLoss<double>(shape, skew_counts.data(), skew_probs.data(), &aux).ok());
+  EXPECT_DOUBLE_EQ(aux, 4.0);
 }
 
 // Runs fn(rank, groups) on one thread per rank of CreateLocalGroups(ep, dp).
@@ -219,7 +240,7 @@ TEST(ExpertExchangeTest, RowsReachTheirExpertGroupedBySourceAndComeBack) {
       rows_per_expert[e] = (rank + e) % 4;
       for (int64_t i = 0; i < rows_per_expert[e]; ++i) send.push_back(1000.0 * rank + 10 * e + i);
     }
-    absl::StatusOr<DispatchPlan> plan = exchange->Plan(rows_per_expert);
+    absl::StatusOr<ExchangePlan> plan = exchange->Plan(rows_per_expert);
     ASSERT_TRUE(plan.ok()) << plan.status();
     std::vector<double> at_experts(plan->total_recv_rows, kNaN);
     ASSERT_TRUE(exchange->Dispatch(*plan, send.data(), sizeof(double), at_experts.data()).ok());

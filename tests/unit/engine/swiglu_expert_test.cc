@@ -91,14 +91,17 @@ void CheckBackward(int64_t rows, T x_grad_beta, double tol, uint32_t seed) {
   const std::vector<T> xt = Cast<T>(x), w1t = Cast<T>(w1), w2t = Cast<T>(w2),
                        y_gradt = Cast<T>(y_grad);
   std::vector<T> h(rows * 2 * f), a(rows * f), y(rows * hid);
-  SwiGluForward<T>(s, w1t.data(), w2t.data(), xt.data(), h.data(), a.data(), y.data(), T(0));
+  EXPECT_TRUE(
+      SwiGluForward<T>(s, w1t.data(), w2t.data(), xt.data(), h.data(), a.data(), y.data(), T(0))
+          .ok());
 
   const T poison = std::numeric_limits<T>::quiet_NaN();
   std::vector<T> h_grad(rows * 2 * f, poison), scratch(3, poison);
-  std::vector<T> x_grad = x_grad_beta == T(0) ? std::vector<T>(rows * hid, poison)
-                                              : Cast<T>(x_grad_in);
-  SwiGluBackwardData<T>(s, w1t.data(), w2t.data(), h.data(), y_gradt.data(), h_grad.data(),
-                        x_grad.data(), x_grad_beta, &scratch);
+  std::vector<T> x_grad =
+      x_grad_beta == T(0) ? std::vector<T>(rows * hid, poison) : Cast<T>(x_grad_in);
+  EXPECT_TRUE(SwiGluBackwardData<T>(s, w1t.data(), w2t.data(), h.data(), y_gradt.data(),
+                                    h_grad.data(), x_grad.data(), x_grad_beta, &scratch)
+                  .ok());
   std::vector<Real> want_x_grad = want.x_grad;
   for (size_t i = 0; i < want_x_grad.size(); ++i) {
     want_x_grad[i] += Real(x_grad_beta) * x_grad_in[i];
@@ -131,14 +134,17 @@ TEST(SwiGluBackwardTest, WeightGradientNeedsOnlyTheDataGradientsOutput) {
   const std::vector<double> x = RandomVector(s.rows * hid, 3), w1 = RandomVector(hid * 2 * f, 4),
                             w2 = RandomVector(f * hid, 5), y_grad = RandomVector(s.rows * hid, 6);
   std::vector<double> h(s.rows * 2 * f), a(s.rows * f), y(s.rows * hid);
-  SwiGluForward<double>(s, w1.data(), w2.data(), x.data(), h.data(), a.data(), y.data(), 0.0);
+  EXPECT_TRUE(
+      SwiGluForward<double>(s, w1.data(), w2.data(), x.data(), h.data(), a.data(), y.data(), 0.0)
+          .ok());
   std::vector<double> h_grad(s.rows * 2 * f, kNaN), x_grad(s.rows * hid, kNaN), scratch;
-  SwiGluBackwardData<double>(s, w1.data(), w2.data(), h.data(), y_grad.data(), h_grad.data(),
-                             x_grad.data(), 0.0, &scratch);
+  EXPECT_TRUE(SwiGluBackwardData<double>(s, w1.data(), w2.data(), h.data(), y_grad.data(),
+                                         h_grad.data(), x_grad.data(), 0.0, &scratch)
+                  .ok());
   std::fill(scratch.begin(), scratch.end(), kNaN);  // as if another group's dgrad reused it
   std::vector<double> w1_grad(hid * 2 * f, kNaN), w2_grad(f * hid, kNaN);
-  SwiGluBackwardWeights<double>(s, x.data(), a.data(), y_grad.data(), h_grad.data(),
-                                w1_grad.data(), w2_grad.data());
+  SwiGluBackwardWeights<double>(s, x.data(), a.data(), y_grad.data(), h_grad.data(), w1_grad.data(),
+                                w2_grad.data());
   const Reference want = ReferenceBackward(s, x, w1, w2, y_grad);
   ExpectNear(w1_grad, want.w1_grad, 1e-12, "w1_grad");
   ExpectNear(w2_grad, want.w2_grad, 1e-12, "w2_grad");

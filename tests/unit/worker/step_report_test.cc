@@ -9,8 +9,8 @@
 namespace dropless {
 namespace {
 
-StepReport Sample() {
-  StepReport r;
+StepStats Sample() {
+  StepStats r;
   r.step = 3;
   r.steps = 40;
   r.loss = 0.123456789012345678;
@@ -31,10 +31,10 @@ StepReport Sample() {
 }
 
 TEST(StepReportTest, RoundTripsExactly) {
-  const StepReport r = Sample();
+  const StepStats r = Sample();
   const std::string line = FormatStepReport(r);
   EXPECT_EQ(line.find('\n'), std::string::npos);
-  absl::StatusOr<StepReport> back = ParseStepReport(line);
+  absl::StatusOr<StepStats> back = ParseStepReport(line);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->step, r.step);
   EXPECT_EQ(back->steps, r.steps);
@@ -55,18 +55,18 @@ TEST(StepReportTest, RoundTripsExactly) {
 }
 
 TEST(StepReportTest, DerivedRates) {
-  const StepReport r = Sample();
+  const StepStats r = Sample();
   EXPECT_DOUBLE_EQ(r.FlopsPerSecond(), 1.5e9 / 0.0123);
   EXPECT_DOUBLE_EQ(r.Mfu(), 1.5e9 / 0.0123 / 1e11);
   EXPECT_DOUBLE_EQ(r.TokensPerSecond(), 256 / 0.0123);
-  StepReport zero;
+  StepStats zero;
   EXPECT_EQ(zero.FlopsPerSecond(), 0);
   EXPECT_EQ(zero.Mfu(), 0);
   EXPECT_EQ(zero.TokensPerSecond(), 0);
 }
 
 TEST(StepReportTest, KeyOrderDoesNotMatterAndUnknownKeysAreIgnored) {
-  absl::StatusOr<StepReport> r = ParseStepReport(
+  absl::StatusOr<StepStats> r = ParseStepReport(
       "peak_flops=0 steps=2 step=1 loss=-0.5 aux_loss=0 step_seconds=1 flops=0 tokens=0 "
       "dispatch_seconds=0 combine_seconds=0 gemm_wgrad_seconds=0.25 gemm_seconds=1 "
       "gemm_dgrad_seconds=0.5 gemm_forward_seconds=0.25 load_imbalance=1 "
@@ -82,15 +82,15 @@ TEST(StepReportTest, KeyOrderDoesNotMatterAndUnknownKeysAreIgnored) {
 }
 
 TEST(StepReportTest, NanLossIsKeptSoDivergenceShows) {
-  StepReport r = Sample();
+  StepStats r = Sample();
   r.loss = std::numeric_limits<double>::quiet_NaN();
-  absl::StatusOr<StepReport> back = ParseStepReport(FormatStepReport(r));
+  absl::StatusOr<StepStats> back = ParseStepReport(FormatStepReport(r));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(std::isnan(back->loss));
 }
 
 void ExpectRejected(const std::string& line, const std::string& key) {
-  absl::StatusOr<StepReport> r = ParseStepReport(line);
+  absl::StatusOr<StepStats> r = ParseStepReport(line);
   ASSERT_FALSE(r.ok()) << "accepted: " << line;
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find(key), std::string::npos)
@@ -124,7 +124,7 @@ TEST(StepReportTest, MalformedLinesAreRejectedNamingTheKey) {
 // The rank and the daemon ship together: a line without the GEMM phases is refused, as is a
 // negative or non-finite phase time.
 TEST(StepReportTest, EveryGemmPhaseIsRequiredAndChecked) {
-  const StepReport r = Sample();
+  const StepStats r = Sample();
   const std::string good = FormatStepReport(r);
   for (const std::string key : {"gemm_forward_seconds", "gemm_dgrad_seconds",
                                 "gemm_wgrad_seconds"}) {

@@ -12,8 +12,8 @@ bool Has(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
-StepReport Report(double loss) {
-  StepReport r;
+StepStats Report(double loss) {
+  StepStats r;
   r.step = 1;
   r.steps = 10;
   r.loss = loss;
@@ -66,7 +66,7 @@ std::string CpuLabels(const std::string& extra = "") {
 TEST(WorkerMetricsTest, RankSeriesHaveJobIdRankNodeLabelsCountersAndLastStepGauges) {
   auto m = Make();
   m->RecordStep({"job-a", 1, "", ""}, Report(2.0));
-  StepReport second = Report(1.0);
+  StepStats second = Report(1.0);
   second.step = 2;
   second.step_seconds = 2.0;
   m->RecordStep({"job-a", 1, "", ""}, second);
@@ -99,7 +99,7 @@ TEST(WorkerMetricsTest, RankSeriesHaveJobIdRankNodeLabelsCountersAndLastStepGaug
 
 TEST(WorkerMetricsTest, PhaseHistogramsResolveMicroseconds) {
   auto m = Make();
-  StepReport r = Report(1.0);
+  StepStats r = Report(1.0);
   r.dispatch_seconds = 0.000015;  // 15 us: a small GPU dispatch
   r.combine_seconds = 0.000004;   // 4 us
   m->RecordStep({"job-a", 1, "", ""}, r);

@@ -8,8 +8,8 @@
 namespace dropless::cpu {
 namespace {
 
-DispatchPlan SingleSourcePlan(absl::Span<const int64_t> rows_per_expert) {
-  DispatchPlan plan;
+ExchangePlan SingleSourcePlan(absl::Span<const int64_t> rows_per_expert) {
+  ExchangePlan plan;
   plan.peers = 1;
   plan.local_experts = static_cast<int64_t>(rows_per_expert.size());
   plan.recv_rows.assign(rows_per_expert.begin(), rows_per_expert.end());
@@ -25,17 +25,17 @@ class SingleRankExpertExchange final : public ExpertExchange {
   int ep_rank() const override { return 0; }
   int ep_size() const override { return 1; }
   absl::Status SumOverJob(absl::Span<double>) override { return absl::OkStatus(); }
-  absl::StatusOr<DispatchPlan> Plan(absl::Span<const int64_t> rows_per_expert) override {
+  absl::StatusOr<ExchangePlan> Plan(absl::Span<const int64_t> rows_per_expert) override {
     return SingleSourcePlan(rows_per_expert);
   }
-  absl::Status Dispatch(const DispatchPlan& plan, const void* send_rows, size_t row_bytes,
+  absl::Status Dispatch(const ExchangePlan& plan, const void* send_rows, size_t row_bytes,
                         void* expert_rows) override {
     if (plan.total_send_rows > 0) {
       std::memcpy(expert_rows, send_rows, static_cast<size_t>(plan.total_send_rows) * row_bytes);
     }
     return absl::OkStatus();
   }
-  absl::Status Combine(const DispatchPlan& plan, const void* expert_rows, size_t row_bytes,
+  absl::Status Combine(const ExchangePlan& plan, const void* expert_rows, size_t row_bytes,
                        void* send_rows) override {
     return Dispatch(plan, expert_rows, row_bytes, send_rows);
   }
@@ -53,7 +53,7 @@ class CommunicatorExpertExchange final : public ExpertExchange {
     return world_->AllReduceSum(values.data(), values.size());
   }
 
-  absl::StatusOr<DispatchPlan> Plan(absl::Span<const int64_t> rows_per_expert) override {
+  absl::StatusOr<ExchangePlan> Plan(absl::Span<const int64_t> rows_per_expert) override {
     const int peers = ep_->size();
     if (rows_per_expert.size() % static_cast<size_t>(peers) != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -61,7 +61,7 @@ class CommunicatorExpertExchange final : public ExpertExchange {
           peers));
     }
     if (peers == 1) return SingleSourcePlan(rows_per_expert);
-    DispatchPlan plan;
+    ExchangePlan plan;
     plan.peers = peers;
     plan.local_experts = static_cast<int64_t>(rows_per_expert.size()) / peers;
     // Counts for peer p's experts are the contiguous slice p of rows_per_expert.
@@ -87,7 +87,7 @@ class CommunicatorExpertExchange final : public ExpertExchange {
     return plan;
   }
 
-  absl::Status Dispatch(const DispatchPlan& plan, const void* send_rows, size_t row_bytes,
+  absl::Status Dispatch(const ExchangePlan& plan, const void* send_rows, size_t row_bytes,
                         void* expert_rows) override {
     if (plan.peers == 1) return CopyRows(plan.total_send_rows, send_rows, row_bytes, expert_rows);
     const bool regroup = plan.local_experts > 1;
@@ -102,7 +102,7 @@ class CommunicatorExpertExchange final : public ExpertExchange {
     return absl::OkStatus();
   }
 
-  absl::Status Combine(const DispatchPlan& plan, const void* expert_rows, size_t row_bytes,
+  absl::Status Combine(const ExchangePlan& plan, const void* expert_rows, size_t row_bytes,
                        void* send_rows) override {
     if (plan.peers == 1) return CopyRows(plan.total_send_rows, expert_rows, row_bytes, send_rows);
     const void* by_source = expert_rows;
@@ -132,7 +132,7 @@ class CommunicatorExpertExchange final : public ExpertExchange {
   // Calls fn(row in source-major order, row in expert-major order, rows) for each
   // (source, local expert) block of the plan.
   template <typename Fn>
-  static void ForEachBlock(const DispatchPlan& plan, Fn fn) {
+  static void ForEachBlock(const ExchangePlan& plan, Fn fn) {
     std::vector<int64_t> expert_start(plan.local_experts, 0);
     for (int64_t e = 1; e < plan.local_experts; ++e) {
       expert_start[e] = expert_start[e - 1] + plan.rows_per_local_expert[e - 1];
@@ -149,7 +149,7 @@ class CommunicatorExpertExchange final : public ExpertExchange {
   }
 
   // forward: token-order rows (send_rows per peer) -> source-major rows; backward: the reverse.
-  absl::Status ExchangeRows(const DispatchPlan& plan, bool forward, const void* from,
+  absl::Status ExchangeRows(const ExchangePlan& plan, bool forward, const void* from,
                             size_t row_bytes, void* to) {
     const int peers = plan.peers;
     std::vector<int64_t> token_bytes(peers), token_offsets(peers);

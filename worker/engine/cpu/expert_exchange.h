@@ -17,8 +17,10 @@
 
 namespace dropless::cpu {
 
-// Row counts of one layer's dispatch, agreed by every rank of the EP group; reused by its backward.
-struct DispatchPlan {
+// Row counts of one layer's all-to-all between the ranks of the EP group, agreed by all of them;
+// reused by its backward. (Where each token's rows go within a rank is the kernels' DispatchPlan,
+// dropless/kernels/dispatch_plan.h.)
+struct ExchangePlan {
   int peers = 1;
   int64_t local_experts = 0;
   std::vector<int64_t> send_rows;              // [peer]: rows this rank sends to each EP peer
@@ -39,14 +41,14 @@ class ExpertExchange {
   virtual absl::Status SumOverJob(absl::Span<double> values) = 0;
 
   // Exchanges the per-expert row counts: rows_per_expert has one entry per global expert.
-  virtual absl::StatusOr<DispatchPlan> Plan(absl::Span<const int64_t> rows_per_expert) = 0;
+  virtual absl::StatusOr<ExchangePlan> Plan(absl::Span<const int64_t> rows_per_expert) = 0;
 
   // send_rows: plan.total_send_rows rows of row_bytes in expert order; expert_rows:
   // plan.total_recv_rows rows grouped by local expert.
-  virtual absl::Status Dispatch(const DispatchPlan& plan, const void* send_rows, size_t row_bytes,
+  virtual absl::Status Dispatch(const ExchangePlan& plan, const void* send_rows, size_t row_bytes,
                                 void* expert_rows) = 0;
   // Reverse of Dispatch: each row goes back to the rank and position it came from.
-  virtual absl::Status Combine(const DispatchPlan& plan, const void* expert_rows, size_t row_bytes,
+  virtual absl::Status Combine(const ExchangePlan& plan, const void* expert_rows, size_t row_bytes,
                                void* send_rows) = 0;
 };
 

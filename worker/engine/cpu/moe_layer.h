@@ -1,9 +1,11 @@
 // One MoE layer of the CPU engine on plain buffers, forward and analytic backward:
 //   x_next = x + sum_j gate[t, j] * Expert_{id[t, j]}(x[t]) + sum_s Shared_s(x[t])
-// with the router, top-k, permutation, SwiGLU experts and combine of router.h,
-// token_permutation.h and swiglu_expert.h. Experts other ranks own are reached through an
-// ExpertExchange, so the same code runs one rank holding every expert (fp64 gradient checks) and
-// an expert-parallel rank of a job (the engine, float).
+// Routing (top-k, aux loss and their backward), the dispatch plan, permute / unpermute-combine and
+// the SwiGLU activation are the kernels' CPU references (dropless/kernels/routing.h,
+// dispatch_plan.h, permute.h, swiglu.h) over T; the GEMMs are OpenBLAS (swiglu_expert.h).
+// Experts other ranks own are reached through an ExpertExchange, so the same code runs one rank
+// holding every expert (fp64 gradient checks) and an expert-parallel rank of a job (the engine,
+// float).
 #ifndef DROPLESS_WORKER_ENGINE_CPU_MOE_LAYER_H_
 #define DROPLESS_WORKER_ENGINE_CPU_MOE_LAYER_H_
 
@@ -52,24 +54,34 @@ struct MoeLayerGrads {
 // it across steps avoids reallocating.
 template <typename T>
 struct MoeLayerCache {
-  std::vector<T> probs;                  // tokens x E
-  std::vector<int32_t> expert_ids;       // tokens x k
-  std::vector<T> gates;                  // tokens x k
-  std::vector<int64_t> rows_per_expert;  // E: this rank's (token, slot) pairs per expert
-  std::vector<int64_t> row_of_slot;      // tokens x k: position in expert order
-  DispatchPlan plan;
+  std::vector<T> logits;               // tokens x E (router logits, bias included)
+  std::vector<int32_t> expert_ids;     // tokens x k
+  std::vector<T> gates;                // tokens x k
+  std::vector<int32_t> expert_counts;  // E: this rank's (token, slot) pairs per expert
+  std::vector<T> prob_sums;            // E: this rank's sums of the aux loss's routing distribution
+  // The dispatch plan (dropless/kernels/dispatch_plan.h): expert order of the (token, slot) pairs.
+  std::vector<int32_t> expert_offsets;  // E + 1
+  std::vector<int32_t> slot_of_choice;  // tokens x k: row of that pair in expert order
+  std::vector<int32_t> choice_of_slot;  // tokens x k
+  std::vector<int64_t> rows_per_expert; // E: expert_counts for the exchange
+  ExchangePlan plan;
   std::vector<T> expert_in;   // received rows x H, grouped by local expert
   std::vector<T> expert_h;    // received rows x 2F
   std::vector<T> expert_a;    // received rows x F
   std::vector<T> expert_out;  // (tokens x k) x H, expert outputs back in expert order
   std::vector<T> shared_h;    // shared x tokens x 2F
   std::vector<T> shared_a;    // shared x tokens x F
-  // Router statistics summed over the job: slots per expert (E), probability sums (E), tokens.
+  // Router statistics summed over the job: slots per expert (E), probability sums (E), tokens;
+  // the counts and sums again as the routing references take them.
   std::vector<double> job_routing_stats;
+  std::vector<int32_t> job_counts;
+  std::vector<T> job_prob_sums;
+  int64_t job_tokens = 0;
   double aux_loss = 0;
 
   // Scratch.
   std::vector<T> token_rows;   // (tokens x k) x H
+  std::vector<T> token_sums;   // tokens x H: combined expert outputs, or row gradients summed
   std::vector<T> expert_rows;  // received rows x H
   std::vector<T> expert_rows_grad;
   std::vector<T> gate_grads;

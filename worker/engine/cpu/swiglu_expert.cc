@@ -1,58 +1,40 @@
 #include "worker/engine/cpu/swiglu_expert.h"
 
 #include <algorithm>
-#include <cmath>
 
+#include "dropless/kernels/swiglu.h"
 #include "worker/engine/cpu/blas_gemm.h"
 
 namespace dropless::cpu {
-namespace {
 
 template <typename T>
-T Sigmoid(T v) {
-  return T(1) / (T(1) + std::exp(-v));
-}
-
-}  // namespace
-
-template <typename T>
-void SwiGluForward(const SwiGluShape& shape, const T* w1, const T* w2, const T* x, T* h, T* a,
+absl::Status SwiGluForward(const SwiGluShape& shape, const T* w1, const T* w2, const T* x, T* h, T* a,
                    T* y, T y_beta) {
   const int64_t n = shape.rows, hid = shape.hidden, f = shape.ffn;
-  if (n == 0) return;
+  if (n == 0) return absl::OkStatus();
   Gemm<T>(false, false, n, 2 * f, hid, T(1), x, hid, w1, 2 * f, T(0), h, 2 * f);
-  for (int64_t r = 0; r < n; ++r) {
-    const T* gate = h + r * 2 * f;
-    const T* up = gate + f;
-    T* act = a + r * f;
-    for (int64_t i = 0; i < f; ++i) act[i] = gate[i] * Sigmoid(gate[i]) * up[i];
+  if (absl::Status s = kernels::cpu::SwigluForward<T>({n, f}, nullptr, h, a, nullptr); !s.ok()) {
+    return s;
   }
   Gemm<T>(false, false, n, hid, f, T(1), a, f, w2, hid, y_beta, y, hid);
+  return absl::OkStatus();
 }
 
 template <typename T>
-void SwiGluBackwardData(const SwiGluShape& shape, const T* w1, const T* w2, const T* h,
+absl::Status SwiGluBackwardData(const SwiGluShape& shape, const T* w1, const T* w2, const T* h,
                         const T* y_grad, T* h_grad, T* x_grad, T x_grad_beta,
                         std::vector<T>* scratch) {
   const int64_t n = shape.rows, hid = shape.hidden, f = shape.ffn;
-  if (n == 0) return;
+  if (n == 0) return absl::OkStatus();
   scratch->resize(static_cast<size_t>(n * f));
   T* a_grad = scratch->data();  // n x F
   Gemm<T>(false, true, n, f, hid, T(1), y_grad, hid, w2, hid, T(0), a_grad, f);
-  for (int64_t r = 0; r < n; ++r) {
-    const T* gate = h + r * 2 * f;
-    const T* up = gate + f;
-    const T* da = a_grad + r * f;
-    T* dgate = h_grad + r * 2 * f;
-    T* dup = dgate + f;
-    for (int64_t i = 0; i < f; ++i) {
-      const T s = Sigmoid(gate[i]);
-      const T silu = gate[i] * s;
-      dup[i] = da[i] * silu;
-      dgate[i] = da[i] * up[i] * s * (T(1) + gate[i] * (T(1) - s));
-    }
+  if (absl::Status s = kernels::cpu::SwigluBackward<T>({n, f}, nullptr, h, a_grad, h_grad);
+      !s.ok()) {
+    return s;
   }
   Gemm<T>(false, true, n, hid, 2 * f, T(1), h_grad, 2 * f, w1, 2 * f, x_grad_beta, x_grad, hid);
+  return absl::OkStatus();
 }
 
 template <typename T>
@@ -69,9 +51,9 @@ void SwiGluBackwardWeights(const SwiGluShape& shape, const T* x, const T* a, con
 }
 
 #define DROPLESS_INSTANTIATE_SWIGLU(T)                                                        \
-  template void SwiGluForward<T>(const SwiGluShape&, const T*, const T*, const T*, T*, T*, T*, \
+  template absl::Status SwiGluForward<T>(const SwiGluShape&, const T*, const T*, const T*, T*, T*, T*, \
                                  T);                                                          \
-  template void SwiGluBackwardData<T>(const SwiGluShape&, const T*, const T*, const T*,        \
+  template absl::Status SwiGluBackwardData<T>(const SwiGluShape&, const T*, const T*, const T*,        \
                                       const T*, T*, T*, T, std::vector<T>*);                  \
   template void SwiGluBackwardWeights<T>(const SwiGluShape&, const T*, const T*, const T*,     \
                                          const T*, T*, T*);

@@ -1,11 +1,15 @@
 // One SwiGLU expert applied to a group of rows: h = x w1 (w1: H x 2F, h = gate | up),
-// a = silu(gate) * up, y = a w2 (w2: F x H). The routed experts run it once per variable-size
-// group (dropless: a group may be empty or hold every token); shared experts run it on all tokens.
+// a = silu(gate) * up, y = a w2 (w2: F x H). The activation and its backward are the kernels' CPU
+// reference (dropless/kernels/swiglu.h); the GEMMs are OpenBLAS. The routed experts run it once
+// per variable-size group (dropless: a group may be empty or hold every token); shared experts
+// run it on all tokens.
 #ifndef DROPLESS_WORKER_ENGINE_CPU_SWIGLU_EXPERT_H_
 #define DROPLESS_WORKER_ENGINE_CPU_SWIGLU_EXPERT_H_
 
 #include <cstdint>
 #include <vector>
+
+#include "absl/status/status.h"
 
 namespace dropless::cpu {
 
@@ -17,7 +21,7 @@ struct SwiGluShape {
 
 // Writes h (rows x 2F) and a (rows x F), kept for the backward pass, and y = a w2 + y_beta * y.
 template <typename T>
-void SwiGluForward(const SwiGluShape& shape, const T* w1, const T* w2, const T* x, T* h, T* a,
+absl::Status SwiGluForward(const SwiGluShape& shape, const T* w1, const T* w2, const T* x, T* h, T* a,
                    T* y, T y_beta);
 
 // The backward pass is two independent halves so their GEMMs can be timed (and, on a GPU,
@@ -28,7 +32,7 @@ void SwiGluForward(const SwiGluShape& shape, const T* w1, const T* w2, const T* 
 // and x_grad = dx + x_grad_beta * x_grad. `scratch` is reused between calls to avoid reallocating
 // rows x F values each time.
 template <typename T>
-void SwiGluBackwardData(const SwiGluShape& shape, const T* w1, const T* w2, const T* h,
+absl::Status SwiGluBackwardData(const SwiGluShape& shape, const T* w1, const T* w2, const T* h,
                         const T* y_grad, T* h_grad, T* x_grad, T x_grad_beta,
                         std::vector<T>* scratch);
 

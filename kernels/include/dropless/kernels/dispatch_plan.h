@@ -30,7 +30,8 @@ struct DispatchPlanShape {
   int top_k = 0;           // k, 1..16
 };
 
-absl::Status ValidateDispatchPlanShape(const DispatchPlanShape& shape);
+// cuda_limits: also E <= 512 (the CUDA kernels); the CPU reference takes any E >= 1.
+absl::Status ValidateDispatchPlanShape(const DispatchPlanShape& shape, bool cuda_limits = true);
 
 struct DispatchPlan {
   int32_t* expert_offsets = nullptr;  // [E + 1]
@@ -46,7 +47,8 @@ size_t DispatchPlanWorkspaceBytes(const DispatchPlanShape& shape);
 
 namespace cpu {
 
-// expert_ids [T][k]; workspace may be null (unused).
+// expert_ids [T][k]; workspace may be null (unused). The CPU engine orders its tokens with this
+// (worker/engine/cpu/moe_layer.cc).
 absl::Status BuildDispatchPlan(const DispatchPlanShape& shape, const int32_t* expert_ids,
                                const DispatchPlan& plan, void* workspace);
 

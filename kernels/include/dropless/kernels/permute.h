@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "dropless/kernels/cpu_types.h"
 #include "dropless/kernels/mxfp8.h"
 #include "dropless/kernels/types.h"
 
@@ -37,21 +38,29 @@ struct PermuteShape {
   int top_k = 0;           // k, 1..16
 };
 
-absl::Status ValidatePermuteShape(const PermuteShape& shape, bool mxfp8);
+// cuda_rows: H must be a multiple of 8 (of 32 with mxfp8), as the CUDA kernels' 16-byte row
+// chunks need; the CPU references over float and double (cpu_types.h) take any H.
+absl::Status ValidatePermuteShape(const PermuteShape& shape, bool mxfp8, bool cuda_rows = true);
 
 namespace cpu {
 
-absl::Status Permute(const PermuteShape& shape, const Bf16* x, const int32_t* slot_of_choice,
-                     Bf16* rows);
+// T is Bf16, float or double (cpu_types.h); weights and d_weights are MathOf<T> (fp32 for bf16).
+// For float and double the arithmetic is the same fused multiply-adds in T, with no rounding to
+// bf16. The CPU engine uses these (worker/engine/cpu/moe_layer.cc).
+template <typename T>
+absl::Status Permute(const PermuteShape& shape, const T* x, const int32_t* slot_of_choice, T* rows);
 absl::Status PermuteMxfp8(const PermuteShape& shape, const Bf16* x, const int32_t* slot_of_choice,
                           const MxRowwise& rows);
-absl::Status PermuteBackward(const PermuteShape& shape, const Bf16* d_rows,
-                             const int32_t* slot_of_choice, Bf16* d_x);
-absl::Status UnpermuteCombine(const PermuteShape& shape, const Bf16* rows,
-                              const int32_t* slot_of_choice, const float* weights, Bf16* y);
-absl::Status UnpermuteCombineBackward(const PermuteShape& shape, const Bf16* d_y, const Bf16* rows,
-                                      const int32_t* slot_of_choice, const float* weights,
-                                      Bf16* d_rows, float* d_weights);
+template <typename T>
+absl::Status PermuteBackward(const PermuteShape& shape, const T* d_rows,
+                             const int32_t* slot_of_choice, T* d_x);
+template <typename T>
+absl::Status UnpermuteCombine(const PermuteShape& shape, const T* rows,
+                              const int32_t* slot_of_choice, const MathOf<T>* weights, T* y);
+template <typename T>
+absl::Status UnpermuteCombineBackward(const PermuteShape& shape, const T* d_y, const T* rows,
+                                      const int32_t* slot_of_choice, const MathOf<T>* weights,
+                                      T* d_rows, MathOf<T>* d_weights);
 
 }  // namespace cpu
 

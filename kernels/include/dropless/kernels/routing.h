@@ -22,11 +22,18 @@
 //   both -> d_logits through softmax (dl = p * (dp - sum p * dp)) or sigmoid (ds * s * (1 - s),
 //   with q's normalization by sum s for the aux term).
 //
-// Limits: 1 <= E <= 512, 1 <= k <= min(E, 16), T >= 0. Logits, weights and gradients are fp32.
+// Expert parallelism: the auxiliary loss of a job is over every rank's tokens. A rank then passes
+// AuxLoss and RouteTopKBackward the job's expert_counts and prob_sums (summed over the ranks) and
+// the job's token count as aux_tokens; f_e and P_e above divide by aux_tokens instead of T.
+//
+// Limits: 1 <= E <= 512 (the CUDA kernels; the CPU references take any E), 1 <= k <= min(E, 16),
+// T >= 0. Logits, weights and gradients are fp32; the CPU references also run in fp64
+// (T = double: scores, weights and gradients in double throughout, for fp64 gradient checks).
 #ifndef DROPLESS_KERNELS_ROUTING_H_
 #define DROPLESS_KERNELS_ROUTING_H_
 
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "dropless/kernels/types.h"
@@ -44,30 +51,45 @@ struct RoutingShape {
   int top_k = 0;           // k
   ScoreFunction score = ScoreFunction::kSoftmax;
   bool renormalize = false;
+  int64_t aux_tokens = 0;  // tokens the aux loss statistics are over; 0 = num_tokens (one rank)
 };
 
-absl::Status ValidateRoutingShape(const RoutingShape& shape);
+inline int64_t AuxTokens(const RoutingShape& shape) {
+  return shape.aux_tokens > 0 ? shape.aux_tokens : shape.num_tokens;
+}
 
-struct RoutingOutputs {
+// cuda_limits: also E <= kMaxRoutingExperts (one warp's registers per token in the CUDA kernels).
+absl::Status ValidateRoutingShape(const RoutingShape& shape, bool cuda_limits = true);
+
+template <typename W>
+struct RoutingOutputsOf {
   int32_t* expert_ids = nullptr;     // [T][k]
-  float* weights = nullptr;          // [T][k]
+  W* weights = nullptr;              // [T][k]
   int32_t* expert_counts = nullptr;  // [E]   (overwritten, not accumulated)
-  float* prob_sums = nullptr;        // [E]   (overwritten, not accumulated)
+  W* prob_sums = nullptr;            // [E]   (overwritten, not accumulated)
 };
+using RoutingOutputs = RoutingOutputsOf<float>;
 
 namespace cpu {
 
+// T is float (the CUDA kernels' contract) or double. The CPU engine routes with these
+// (worker/engine/cpu/moe_layer.cc).
 // logits [T][E].
-absl::Status RouteTopK(const RoutingShape& shape, const float* logits, const RoutingOutputs& out);
+template <typename T>
+absl::Status RouteTopK(const RoutingShape& shape, const T* logits, const RoutingOutputsOf<T>& out);
 
 // Writes the auxiliary loss (before its coefficient) to *aux_loss.
-absl::Status AuxLoss(const RoutingShape& shape, const int32_t* expert_counts,
-                     const float* prob_sums, float* aux_loss);
+template <typename T>
+absl::Status AuxLoss(const RoutingShape& shape, const int32_t* expert_counts, const T* prob_sums,
+                     T* aux_loss);
 
-// d_weights [T][k], d_logits [T][E] (overwritten). expert_ids and expert_counts are the forward's.
-absl::Status RouteTopKBackward(const RoutingShape& shape, const float* logits,
+// d_weights [T][k], d_logits [T][E] (overwritten). expert_ids and expert_counts are the forward's
+// (expert_counts the job's with aux_tokens).
+template <typename T>
+absl::Status RouteTopKBackward(const RoutingShape& shape, const T* logits,
                                const int32_t* expert_ids, const int32_t* expert_counts,
-                               const float* d_weights, float aux_loss_coef, float* d_logits);
+                               const T* d_weights, std::common_type_t<T> aux_loss_coef,
+                               T* d_logits);
 
 }  // namespace cpu
 

@@ -15,8 +15,10 @@
 #define DROPLESS_KERNELS_SWIGLU_H_
 
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
+#include "dropless/kernels/cpu_types.h"
 #include "dropless/kernels/mxfp8.h"
 #include "dropless/kernels/types.h"
 
@@ -27,15 +29,23 @@ struct SwigluShape {
   int64_t ffn = 0;   // F
 };
 
-absl::Status ValidateSwigluShape(const SwigluShape& shape, bool mxfp8);
+// cuda_rows: F must be a multiple of 8 (of 32 with mxfp8), as the CUDA kernels need; the CPU
+// references over float and double (cpu_types.h) take any F.
+absl::Status ValidateSwigluShape(const SwigluShape& shape, bool mxfp8, bool cuda_rows = true);
 
 namespace cpu {
 
-absl::Status SwigluForward(const SwigluShape& shape, const int32_t* num_rows, const Bf16* h,
-                           Bf16* out, const MxRowwise* out_mx);
+// T is Bf16, float or double (cpu_types.h): the same formulas in MathOf<T>, rounded to bf16 per
+// output for Bf16 only. out_mx (MXFP8 output) is for Bf16 only. The CPU engine's experts use
+// these between their GEMMs (worker/engine/cpu/swiglu_expert.cc).
+// (T is deduced from h alone, so out may be a plain nullptr.)
+template <typename T>
+absl::Status SwigluForward(const SwigluShape& shape, const int32_t* num_rows, const T* h,
+                           std::common_type_t<T>* out, const MxRowwise* out_mx);
 // d_out [M][F], d_h [M][2F].
-absl::Status SwigluBackward(const SwigluShape& shape, const int32_t* num_rows, const Bf16* h,
-                            const Bf16* d_out, Bf16* d_h);
+template <typename T>
+absl::Status SwigluBackward(const SwigluShape& shape, const int32_t* num_rows, const T* h,
+                            const T* d_out, T* d_h);
 
 }  // namespace cpu
 
