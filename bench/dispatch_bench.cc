@@ -21,6 +21,8 @@
 #include "bench/gemm_bench_common.h"
 #include "worker/engine/cuda/device_memory.h"
 #include "worker/engine/cuda/ep/expert_dispatcher.h"
+#include "worker/engine/cuda/ep/nccl_group.h"
+#include "worker/transport/transport_factory.h"
 
 namespace dropless::bench {
 namespace {
@@ -33,6 +35,7 @@ constexpr int64_t kHidden = 7168;
 constexpr int kExperts = 256, kTopK = 8;
 
 struct Flags {
+  std::vector<std::string> backends = {"local", "nccl-lsa"};
   std::vector<int> eps = {2, 4, 8};
   std::vector<int64_t> tokens = {128, 4096, 8192};
   std::vector<std::string> precisions = {"bf16", "mxfp8"};
@@ -44,7 +47,9 @@ Flags ParseFlags(const std::vector<std::string>& args) {
   Flags f;
   for (const std::string& a : args) {
     std::pair<std::string, std::string> kv = absl::StrSplit(a, absl::MaxSplits('=', 1));
-    if (kv.first == "--ep") {
+    if (kv.first == "--backends") {
+      f.backends = absl::StrSplit(kv.second, ',');
+    } else if (kv.first == "--ep") {
       f.eps.clear();
       for (absl::string_view v : absl::StrSplit(kv.second, ','))
         f.eps.push_back(std::atoi(std::string(v).c_str()));
@@ -62,7 +67,8 @@ Flags ParseFlags(const std::vector<std::string>& args) {
       f.commit = kv.second;
     } else {
       std::fprintf(stderr,
-                   "dispatch bench: unknown flag %s\nflags: --ep=2,4,8 --tokens=128,4096,8192 "
+                   "dispatch bench: unknown flag %s\nflags: --backends=local,nccl-lsa --ep=2,4,8 "
+                   "--tokens=128,4096,8192 "
                    "--precision=bf16,mxfp8 --iters=N --json=PATH --commit=SHA\n",
                    a.c_str());
       std::exit(2);
@@ -97,6 +103,7 @@ double MedianOnStream(cudaStream_t stream, int iters, Call call) {
 
 // One EP group's buffers for one token count: every rank's rows (data, and scales for mxfp8).
 struct Group {
+  std::unique_ptr<KeyValueStore> store = NewMemoryKvStore();
   cuda_engine::DeviceArena arena;
   cuda_engine::StreamLinks links;
   std::unique_ptr<cuda_engine::ExpertDispatcher> dispatcher;
@@ -109,10 +116,18 @@ struct Group {
   }
 };
 
-std::unique_ptr<Group> MakeGroup(int ep, int64_t tokens, bool mxfp8, std::mt19937* rng) {
+std::unique_ptr<Group> MakeGroup(const std::string& backend, int ep, int64_t tokens, bool mxfp8,
+                                 std::mt19937* rng) {
   auto g = std::make_unique<Group>();
   const EpShape shape{ep, kExperts, tokens * kTopK};
-  auto d = cuda_engine::NewLocalDispatcher(shape, &g->links, &g->arena);
+  absl::StatusOr<std::unique_ptr<cuda_engine::ExpertDispatcher>> d;
+  if (backend == "local") {
+    d = cuda_engine::NewLocalDispatcher(shape, &g->links, &g->arena);
+  } else {
+    auto group = cuda_engine::JoinNcclGroup(g->store.get(), "bench", 0, 1, absl::Seconds(60));
+    CheckStatus(group.status(), "dispatch", "joining a one-rank NCCL group");
+    d = cuda_engine::NewNcclLsaDispatcher(shape, *std::move(group));
+  }
   CheckStatus(d.status(), "dispatch", "creating the dispatcher");
   g->dispatcher = *std::move(d);
   const int local = kExperts / ep;
@@ -152,8 +167,8 @@ std::unique_ptr<Group> MakeGroup(int ep, int64_t tokens, bool mxfp8, std::mt1993
                                               "recv rows", &recv),
                 "dispatch", "alloc");
     CheckCuda(cudaMemset(send, 1, tokens * kTopK * data_bytes), "dispatch", "memset");
-    CheckStatus(cuda_engine::AllocateExchangePlan(g->dispatcher.get(), &g->arena, &g->plans[p]), "dispatch",
-                "plan");
+    CheckStatus(cuda_engine::AllocateExchangePlan(g->dispatcher.get(), &g->arena, &g->plans[p]),
+                "dispatch", "plan");
     g->plans[p].send_offsets = dev_offsets;
     g->data.push_back(RankCall{&g->plans[p], send, recv, g->streams[p]});
     if (mxfp8) {
@@ -174,8 +189,8 @@ int RunDispatchBench(const std::vector<std::string>& args) {
   cudaDeviceProp prop{};
   CheckCuda(cudaGetDeviceProperties(&prop, 0), "dispatch", "cudaGetDeviceProperties");
   std::mt19937 rng(20261202);
-  std::printf("dispatch bench on %s: H=%ld k=%d E=%d, uniform top-k; backend local (one GPU)\n",
-              prop.name, static_cast<long>(kHidden), kTopK, kExperts);
+  std::printf("dispatch bench on %s: H=%ld k=%d E=%d, uniform top-k, one GPU\n", prop.name,
+              static_cast<long>(kHidden), kTopK, kExperts);
   std::printf("%-8s %-6s %3s %6s %10s | %10s %9s | %10s %9s | %9s %6s\n", "backend", "prec", "ep",
               "tokens", "MB moved", "dispatch us", "GB/s", "combine us", "GB/s", "copy GB/s",
               "ratio");
@@ -188,57 +203,67 @@ int RunDispatchBench(const std::vector<std::string>& args) {
       return 2;
     }
     const size_t data_bytes = mxfp8 ? kHidden : kHidden * 2, scale_bytes = kHidden / 32;
-    for (int ep : f.eps) {
-      for (int64_t tokens : f.tokens) {
-        std::unique_ptr<Group> g = MakeGroup(ep, tokens, mxfp8, &rng);
-        const double bytes =
-            static_cast<double>(g->rows_moved) * (data_bytes + (mxfp8 ? scale_bytes : 0));
-        cudaStream_t s0 = g->streams[0];
-        auto dispatch = [&] {
-          CheckStatus(g->dispatcher->Plan(g->data), "dispatch", "plan");
-          CheckStatus(g->dispatcher->Dispatch(g->data, data_bytes), "dispatch", "dispatch");
-          if (mxfp8)
-            CheckStatus(g->dispatcher->Dispatch(g->scales, scale_bytes), "dispatch", "scales");
-        };
-        auto combine = [&] {
-          // Combine moves bf16 expert outputs back (the expert GEMM's output precision).
-          CheckStatus(g->dispatcher->Combine(g->data, data_bytes), "dispatch", "combine");
-        };
-        const double dispatch_ms = MedianOnStream(s0, f.iters, dispatch);
-        const double combine_ms = MedianOnStream(s0, f.iters, combine);
-        // The ceiling: one device copy of the same bytes (dispatch's), in the same run.
-        uint8_t *a = nullptr, *b = nullptr;
-        CheckStatus(g->arena.Allocate(static_cast<int64_t>(bytes), "copy source", &a), "dispatch",
-                    "alloc");
-        CheckStatus(g->arena.Allocate(static_cast<int64_t>(bytes), "copy target", &b), "dispatch",
-                    "alloc");
-        const double copy_ms = MedianOnStream(s0, f.iters, [&] {
-          CheckCuda(cudaMemcpyAsync(b, a, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, s0),
-                    "dispatch", "copy");
-        });
-        const double combine_bytes = static_cast<double>(g->rows_moved) * data_bytes;
-        const double dgbps = bytes / (dispatch_ms * 1e-3) / 1e9;
-        const double cgbps = combine_bytes / (combine_ms * 1e-3) / 1e9;
-        const double copy_gbps = bytes / (copy_ms * 1e-3) / 1e9;
-        copy_ceiling = std::max(copy_ceiling, copy_gbps);
-        std::printf("%-8s %-6s %3d %6ld %10.1f | %10.1f %9.1f | %10.1f %9.1f | %9.1f %5.0f%%\n",
-                    "local", precision.c_str(), ep, static_cast<long>(tokens), bytes / 1e6,
-                    dispatch_ms * 1e3, dgbps, combine_ms * 1e3, cgbps, copy_gbps,
-                    100 * dgbps / copy_gbps);
-        const char* fmt =
-            "    {\"name\": \"%s\", \"shape\": \"dsv3\", \"impl\": \"%s\", \"precision\": \"%s\", "
-            "\"backend\": \"%s\", \"ep\": %d, \"tokens\": %d, \"bytes\": %.0f, \"ms\": %.5f, "
-            "\"us\": %.2f, \"tflops\": null, \"gbps\": %.1f, \"send_gbps\": null, \"note\": "
-            "\"%s\"}";
-        rows.push_back(absl::StrFormat(fmt, "dispatch", "dropless", precision, "local", ep, tokens,
-                                       bytes, dispatch_ms, dispatch_ms * 1e3, dgbps,
-                                       "plan + rows (+ scales for mxfp8), one GPU"));
-        rows.push_back(absl::StrFormat(fmt, "combine", "dropless", "bf16", "local", ep, tokens,
-                                       combine_bytes, combine_ms, combine_ms * 1e3, cgbps,
-                                       "bf16 expert outputs back, one GPU"));
-        rows.push_back(absl::StrFormat(fmt, "dispatch", "d2d-copy", precision, "cudaMemcpyAsync",
-                                       ep, tokens, bytes, copy_ms, copy_ms * 1e3, copy_gbps,
-                                       "the dispatch's bytes as one device copy"));
+    for (const std::string& backend : f.backends) {
+      if (backend != "local" && backend != "nccl-lsa") {
+        std::fprintf(stderr, "dispatch bench: unknown backend %s\n", backend.c_str());
+        return 2;
+      }
+      // nccl-lsa drives one rank per process: world size 1 on this one GPU.
+      const std::vector<int> eps = backend == "local" ? f.eps : std::vector<int>{1};
+      for (int ep : eps) {
+        for (int64_t tokens : f.tokens) {
+          std::unique_ptr<Group> g = MakeGroup(backend, ep, tokens, mxfp8, &rng);
+          const double bytes =
+              static_cast<double>(g->rows_moved) * (data_bytes + (mxfp8 ? scale_bytes : 0));
+          cudaStream_t s0 = g->streams[0];
+          auto dispatch = [&] {
+            CheckStatus(g->dispatcher->Plan(g->data), "dispatch", "plan");
+            CheckStatus(g->dispatcher->Dispatch(g->data, data_bytes), "dispatch", "dispatch");
+            if (mxfp8)
+              CheckStatus(g->dispatcher->Dispatch(g->scales, scale_bytes), "dispatch", "scales");
+          };
+          auto combine = [&] {
+            // Combine moves bf16 expert outputs back (the expert GEMM's output precision).
+            CheckStatus(g->dispatcher->Combine(g->data, data_bytes), "dispatch", "combine");
+          };
+          const double dispatch_ms = MedianOnStream(s0, f.iters, dispatch);
+          const double combine_ms = MedianOnStream(s0, f.iters, combine);
+          // The ceiling: one device copy of the same bytes (dispatch's), in the same run.
+          uint8_t *a = nullptr, *b = nullptr;
+          CheckStatus(g->arena.Allocate(static_cast<int64_t>(bytes), "copy source", &a), "dispatch",
+                      "alloc");
+          CheckStatus(g->arena.Allocate(static_cast<int64_t>(bytes), "copy target", &b), "dispatch",
+                      "alloc");
+          const double copy_ms = MedianOnStream(s0, f.iters, [&] {
+            CheckCuda(
+                cudaMemcpyAsync(b, a, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, s0),
+                "dispatch", "copy");
+          });
+          const double combine_bytes = static_cast<double>(g->rows_moved) * data_bytes;
+          const double dgbps = bytes / (dispatch_ms * 1e-3) / 1e9;
+          const double cgbps = combine_bytes / (combine_ms * 1e-3) / 1e9;
+          const double copy_gbps = bytes / (copy_ms * 1e-3) / 1e9;
+          copy_ceiling = std::max(copy_ceiling, copy_gbps);
+          std::printf("%-8s %-6s %3d %6ld %10.1f | %10.1f %9.1f | %10.1f %9.1f | %9.1f %5.0f%%\n",
+                      backend.c_str(), precision.c_str(), ep, static_cast<long>(tokens),
+                      bytes / 1e6, dispatch_ms * 1e3, dgbps, combine_ms * 1e3, cgbps, copy_gbps,
+                      100 * dgbps / copy_gbps);
+          const char* fmt =
+              "    {\"name\": \"%s\", \"shape\": \"dsv3\", \"impl\": \"%s\", \"precision\": "
+              "\"%s\", "
+              "\"backend\": \"%s\", \"ep\": %d, \"tokens\": %d, \"bytes\": %.0f, \"ms\": %.5f, "
+              "\"us\": %.2f, \"tflops\": null, \"gbps\": %.1f, \"send_gbps\": null, \"note\": "
+              "\"%s\"}";
+          rows.push_back(absl::StrFormat(fmt, "dispatch", "dropless", precision, backend, ep,
+                                         tokens, bytes, dispatch_ms, dispatch_ms * 1e3, dgbps,
+                                         "plan + rows (+ scales for mxfp8), one GPU"));
+          rows.push_back(absl::StrFormat(fmt, "combine", "dropless", "bf16", backend, ep, tokens,
+                                         combine_bytes, combine_ms, combine_ms * 1e3, cgbps,
+                                         "bf16 expert outputs back, one GPU"));
+          rows.push_back(absl::StrFormat(fmt, "dispatch", "d2d-copy", precision, "cudaMemcpyAsync",
+                                         ep, tokens, bytes, copy_ms, copy_ms * 1e3, copy_gbps,
+                                         "the dispatch's bytes as one device copy"));
+        }
       }
     }
   }

@@ -33,6 +33,7 @@ using kernels::testing::GpuTest;
 struct Backend {
   const char* name;
   int ep;
+  int64_t row_bytes = 48;  // 24 bf16 values; 12: an MXFP8 scale row (4-byte copies)
 };
 
 class DispatcherGpu : public GpuTest, public ::testing::WithParamInterface<Backend> {};
@@ -72,7 +73,7 @@ TEST_P(DispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
   const int ep = GetParam().ep;
   const int experts = 64, local = experts / ep;
   const int64_t rows = 300;           // T * k per rank
-  const int64_t row_bytes = 48;       // 24 bf16 values
+  const int64_t row_bytes = GetParam().row_bytes;
   std::mt19937 rng(std::random_device{}());
   const std::vector<std::vector<int32_t>> counts = RandomCounts(ep, experts, rows, &rng);
   const EpShape shape{ep, experts, rows};
@@ -200,11 +201,13 @@ TEST_P(DispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
 INSTANTIATE_TEST_SUITE_P(Backends, DispatcherGpu,
                          ::testing::Values(Backend{"local", 1}, Backend{"local", 2},
                                            Backend{"local", 4}, Backend{"local", 8},
-                                           Backend{"nccl-lsa", 1}),
+                                           Backend{"local", 4, 12}, Backend{"nccl-lsa", 1},
+                                           Backend{"nccl-lsa", 1, 12}),
                          [](const ::testing::TestParamInfo<Backend>& info) {
                            std::string name = info.param.name;
                            for (char& c : name) c = c == '-' ? '_' : c;
-                           return name + "_ep" + std::to_string(info.param.ep);
+                           return name + "_ep" + std::to_string(info.param.ep) + "_row" +
+                                  std::to_string(info.param.row_bytes);
                          });
 
 class NcclGroupGpu : public GpuTest {};

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "common/log.h"
 #include "common/step_phase.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
@@ -201,6 +202,11 @@ absl::Status CudaEngineImpl::CreateDispatcher() {
       NewNcclLsaDispatcher(dims_.ep_shape(), *std::move(group));
   if (!d.ok()) return d.status();
   dispatcher_ = *std::move(d);
+  LogInfo(absl::StrFormat("cuda engine: rank %d: EP group of %d, dispatcher %s (%s)", rank_, ep,
+                          dispatcher_->name(),
+                          config_.dispatcher == Dispatcher::kAuto ? "picked by auto: every rank "
+                                                                    "load/store reachable"
+                                                                  : "as the spec asks"));
   return absl::OkStatus();
 }
 

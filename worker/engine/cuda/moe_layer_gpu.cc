@@ -131,7 +131,14 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
     DROPLESS_RETURN_IF_ERROR(mx(H, 2 * F, &k->mx_w1_));
     DROPLESS_RETURN_IF_ERROR(mx(F, H, &k->mx_w2_));
     k->padded_rows_ = kernels::ColwisePaddedRows(R, El);
-    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, &k->mx_rows_));
+    if (dispatcher == nullptr) {
+      DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, &k->mx_rows_));
+    } else {
+      DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "received mxfp8 rows", &k->mx_rows_.data));
+      DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * (H / kernels::kMxBlock),
+                                                          "received mxfp8 row scales", &k->mx_rows_.scales));
+      DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, Tk, H, &k->mx_send_));
+    }
     DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, F, &k->mx_a_));
     DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, &k->mx_d_out_));
     DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, 2 * F, &k->mx_d_h_));
@@ -268,14 +275,25 @@ absl::Status MoeLayerGpu::ExpertBackwardWeight(const ExpertOperands& o, cudaStre
   return o.gemm->BackwardWeight(Nv(o.x), Nv(o.dy), ExpertOffsets(), o.dw, stream);
 }
 
+size_t MoeLayerGpu::RowBytes(Rows rows) const {
+  const size_t H = static_cast<size_t>(k_->dims_.hidden);
+  if (rows == Rows::kTokenScales) return H / kernels::kMxBlock;
+  if (rows == Rows::kTokens && quantized_tokens()) return H;
+  return H * sizeof(Bf16);
+}
+
 RankCall MoeLayerGpu::ExchangeCall(Rows rows, cudaStream_t stream) {
   RankCall c;
   c.plan = &plan_;
   c.stream = stream;
   switch (rows) {
     case Rows::kTokens:
-      c.send_rows = rows_;
-      c.recv_rows = recv_rows_;
+      c.send_rows = quantized_tokens() ? static_cast<void*>(k_->mx_send_.data) : rows_;
+      c.recv_rows = quantized_tokens() ? static_cast<void*>(k_->mx_rows_.data) : recv_rows_;
+      break;
+    case Rows::kTokenScales:
+      c.send_rows = k_->mx_send_.scales;
+      c.recv_rows = k_->mx_rows_.scales;
       break;
     case Rows::kExpertOutputs:
       c.send_rows = out_send_;
@@ -312,10 +330,16 @@ absl::Status MoeLayerGpu::ForwardRoute(const LayerWeights& w, const Bf16* x, con
       kernels::DispatchPlanShape{T, d.experts, d.topk}, expert_ids_,
       kernels::DispatchPlan{offsets_, slot_of_choice_, choice_of_slot_}, k_->plan_workspace_,
       s.main));
-  // The permutation into expert order (at EP = 1 the whole dispatch).
+  // The permutation into expert order (at EP = 1 the whole dispatch); tokens that travel in
+  // MXFP8 are quantized once each on the way.
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kDispatch, s.main));
-  DROPLESS_RETURN_IF_ERROR(kc::Permute(kernels::PermuteShape{T, H, d.topk}, x, slot_of_choice_,
-                                       rows_, s.main));
+  if (quantized_tokens()) {
+    DROPLESS_RETURN_IF_ERROR(kc::PermuteMxfp8(kernels::PermuteShape{T, H, d.topk}, x,
+                                              slot_of_choice_, k_->mx_send_, s.main));
+  } else {
+    DROPLESS_RETURN_IF_ERROR(kc::Permute(kernels::PermuteShape{T, H, d.topk}, x, slot_of_choice_,
+                                         rows_, s.main));
+  }
   return End(s, PhaseTimer::kDispatch, s.main);
 }
 
@@ -326,7 +350,7 @@ absl::Status MoeLayerGpu::ForwardExperts(const LayerWeights& w, const LayerStrea
   const int32_t* live_rows = ExpertOffsets() + El;
   const ExpertOperands w1 = W1(w, {}), w2 = W2(w, {});
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmForward, s.main));
-  if (d.mxfp8) {
+  if (d.mxfp8 && !quantized_tokens()) {
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, H, El}, recv_rows_,
                                                ExpertOffsets(), &k_->mx_rows_, nullptr, s.main));
   }

@@ -155,8 +155,9 @@ class LayerKernels {
   Bf16* d_shared_a_ = nullptr;          // [T][F]
   Bf16* d_shared_h_ = nullptr;          // [T][2F]
   std::vector<Bf16*> d_x_shared_;       // [S][T][H]
-  // MXFP8 scratch (precision mxfp8).
-  kernels::MxRowwise mx_rows_, mx_a_, mx_d_out_, mx_d_h_;
+  // MXFP8 scratch (precision mxfp8). With an exchange mx_rows_ is the received side (the
+  // dispatcher's shared memory) and mx_send_ the tokens quantized at their rank.
+  kernels::MxRowwise mx_rows_, mx_a_, mx_d_out_, mx_d_h_, mx_send_;
   kernels::MxColwise col_rows_, col_a_, col_d_out_, col_d_h_;
   Bf16* transpose_scratch_ = nullptr;   // the largest [El][n][k] weight
 };
@@ -201,10 +202,13 @@ class MoeLayerGpu {
   absl::Status BackwardRoute(const Bf16* d_x_next, Bf16* d_x, const LayerStreams& s);
 
   // The exchanges of this rank (EP > 1): the plan, and the rows each stage moves.
-  enum class Rows { kTokens, kExpertOutputs, kOutputGradients, kInputGradients };
+  // With mxfp8 the tokens travel quantized: kTokens then carries the e4m3 rows (H bytes each) and
+  // kTokenScales their scales (H / 32 bytes), 0.52x the bf16 bytes.
+  enum class Rows { kTokens, kTokenScales, kExpertOutputs, kOutputGradients, kInputGradients };
   RankCall ExchangeCall(Rows rows, cudaStream_t stream);
+  size_t RowBytes(Rows rows) const;
+  bool quantized_tokens() const { return k_->exchange() && k_->dims_.mxfp8; }
   const ExchangePlan& plan() const { return plan_; }
-  int64_t hidden() const { return k_->dims_.hidden; }
 
   // Tokens per global expert of the last forward: this rank's, and the EP group's.
   const int32_t* expert_counts() const { return counts_; }

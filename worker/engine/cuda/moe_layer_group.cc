@@ -59,9 +59,13 @@ absl::Status ForwardLayerGroup(ExpertDispatcher* dispatcher, absl::Span<const Ra
                                                       static_cast<size_t>(dispatcher->shape().experts),
                                                       streams));
   }
-  const size_t bytes = static_cast<size_t>(ranks[0].layer->hidden()) * sizeof(Bf16);
-  DROPLESS_RETURN_IF_ERROR(Timed(ranks, PhaseTimer::kDispatch, [&] {
-    return dispatcher->Dispatch(Calls(ranks, Rows::kTokens), bytes);
+  MoeLayerGpu* layer = ranks[0].layer;
+  const size_t bytes = layer->RowBytes(Rows::kExpertOutputs);
+  DROPLESS_RETURN_IF_ERROR(Timed(ranks, PhaseTimer::kDispatch, [&]() -> absl::Status {
+    DROPLESS_RETURN_IF_ERROR(
+        dispatcher->Dispatch(Calls(ranks, Rows::kTokens), layer->RowBytes(Rows::kTokens)));
+    if (!layer->quantized_tokens()) return absl::OkStatus();
+    return dispatcher->Dispatch(Calls(ranks, Rows::kTokenScales), layer->RowBytes(Rows::kTokenScales));
   }));
   for (const RankLayer& r : ranks) DROPLESS_RETURN_IF_ERROR(r.layer->ForwardExperts(r.weights, r.streams));
   DROPLESS_RETURN_IF_ERROR(Timed(ranks, PhaseTimer::kCombine, [&] {
@@ -85,7 +89,7 @@ absl::Status BackwardLayerGroup(ExpertDispatcher* dispatcher, absl::Span<const R
     DROPLESS_RETURN_IF_ERROR(r.layer->BackwardCombine(r.weights, r.x, r.d_x_next, aux_coef,
                                                       r.grads, r.streams, r.hooks));
   }
-  const size_t bytes = static_cast<size_t>(ranks[0].layer->hidden()) * sizeof(Bf16);
+  const size_t bytes = ranks[0].layer->RowBytes(Rows::kOutputGradients);
   // The combine's backward moves the output gradients to the experts (a dispatch) ...
   DROPLESS_RETURN_IF_ERROR(Timed(ranks, PhaseTimer::kCombine, [&] {
     return dispatcher->Dispatch(Calls(ranks, Rows::kOutputGradients), bytes);

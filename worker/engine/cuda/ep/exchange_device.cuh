@@ -12,6 +12,12 @@ namespace dropless::cuda_engine::exchange_device {
 
 inline constexpr int kMaxExperts = 512;
 
+// The vector a row is copied in: 16 bytes when the row allows, else 4.
+inline bool WideRows(size_t row_bytes) { return row_bytes % 16 == 0; }
+inline int64_t RowVectors(size_t row_bytes) {
+  return static_cast<int64_t>(row_bytes / (WideRows(row_bytes) ? 16 : 4));
+}
+
 // Rank p's plan from counts[s * experts + e] (shared memory, the whole group's), by one block:
 // job_counts, recv_offsets (p's local experts) and dest_rows (p's rows in their owners' buffers).
 // `job` and `owner_prefix` are shared scratch of `experts` entries.
@@ -46,9 +52,11 @@ __device__ inline void PlanOfRank(const int32_t* counts, int ranks, int experts,
   }
 }
 
-// Sender rows [warp_first, total) stepping by warp_stride, one warp per row: row i of expert e
-// (offsets in shared memory, experts + 1 entries) <-> row dest_rows[e] + i - offsets[e] of the
-// receive buffer recv[e / local_experts]. to_owner: send -> recv, else recv -> send.
+// Sender rows [warp_first, total) stepping by warp_stride, one warp per row of row_vectors V
+// (uint4 for rows of a multiple of 16 bytes, uint32_t for MXFP8 scale rows of a multiple of 4):
+// row i of expert e (offsets in shared memory, experts + 1 entries) <-> row dest_rows[e] + i -
+// offsets[e] of the receive buffer recv[e / local_experts]. to_owner: send -> recv, else back.
+template <typename V>
 __device__ inline void ExchangeRowsOfSender(const int32_t* offsets, const int32_t* dest_rows,
                                             int experts, int local_experts, uint8_t* send,
                                             uint8_t* const* recv, int64_t row_vectors,
@@ -63,10 +71,10 @@ __device__ inline void ExchangeRowsOfSender(const int32_t* offsets, const int32_
       if (offsets[mid] <= i) lo = mid; else hi = mid;
     }
     const int64_t dst = dest_rows[lo] + (i - offsets[lo]);
-    uint4* mine = reinterpret_cast<uint4*>(send) + i * row_vectors;
-    uint4* theirs = reinterpret_cast<uint4*>(recv[lo / local_experts]) + dst * row_vectors;
-    const uint4* from = to_owner ? mine : theirs;
-    uint4* to = to_owner ? theirs : mine;
+    V* mine = reinterpret_cast<V*>(send) + i * row_vectors;
+    V* theirs = reinterpret_cast<V*>(recv[lo / local_experts]) + dst * row_vectors;
+    const V* from = to_owner ? mine : theirs;
+    V* to = to_owner ? theirs : mine;
     for (int64_t v = lane; v < row_vectors; v += 32) to[v] = from[v];
   }
 }

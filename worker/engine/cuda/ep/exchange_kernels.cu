@@ -38,7 +38,8 @@ __global__ void PlanGroupKernel(GroupPlans plans, int ranks, int experts) {
                               plans.recv_offsets[p], plans.dest_rows[p]);
 }
 
-// blockIdx.y: the sending rank; one warp per row, 16-byte accesses.
+// blockIdx.y: the sending rank; one warp per row.
+template <typename V>
 __global__ void ExchangeGroupRowsKernel(GroupRows rows, int experts, int local_experts,
                                         int64_t row_vectors, bool to_owner) {
   __shared__ int32_t offsets[kMaxExperts + 1];
@@ -46,7 +47,7 @@ __global__ void ExchangeGroupRowsKernel(GroupRows rows, int experts, int local_e
   for (int e = threadIdx.x; e <= experts; e += blockDim.x) offsets[e] = rows.send_offsets[s][e];
   __syncthreads();
   const int64_t warps_per_block = blockDim.x / 32;
-  exchange_device::ExchangeRowsOfSender(offsets, rows.dest_rows[s], experts, local_experts,
+  exchange_device::ExchangeRowsOfSender<V>(offsets, rows.dest_rows[s], experts, local_experts,
                                         rows.send[s], rows.recv, row_vectors, to_owner,
                                         blockIdx.x * warps_per_block + threadIdx.x / 32,
                                         gridDim.x * warps_per_block);
@@ -121,9 +122,9 @@ absl::Status PlanGroupExchange(const GroupPlans& plans, const EpShape& shape, cu
 absl::Status ExchangeGroupRows(const GroupRows& rows, const EpShape& shape, size_t row_bytes,
                                bool to_owner, cudaStream_t stream) {
   DROPLESS_RETURN_IF_ERROR(ValidateEpShape(shape));
-  if (row_bytes == 0 || row_bytes % 16 != 0) {
+  if (row_bytes == 0 || row_bytes % 4 != 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("EP exchange: row of %d bytes is not a positive multiple of 16", row_bytes));
+        absl::StrFormat("EP exchange: row of %d bytes is not a positive multiple of 4", row_bytes));
   }
   if (shape.rows == 0) return absl::OkStatus();
   // Enough warps per sender to cover the GPU about four times over with all senders together.
@@ -135,8 +136,14 @@ absl::Status ExchangeGroupRows(const GroupRows& rows, const EpShape& shape, size
   const int64_t wanted = std::max<int64_t>(1, 4 * sms / shape.ep);
   const int64_t needed = (shape.rows + warps_per_block - 1) / warps_per_block;
   const dim3 grid(static_cast<unsigned>(std::min(wanted, needed)), static_cast<unsigned>(shape.ep));
-  ExchangeGroupRowsKernel<<<grid, kRowThreads, 0, stream>>>(
-      rows, shape.experts, shape.local_experts(), static_cast<int64_t>(row_bytes / 16), to_owner);
+  const int64_t vectors = exchange_device::RowVectors(row_bytes);
+  if (exchange_device::WideRows(row_bytes)) {
+    ExchangeGroupRowsKernel<uint4><<<grid, kRowThreads, 0, stream>>>(
+        rows, shape.experts, shape.local_experts(), vectors, to_owner);
+  } else {
+    ExchangeGroupRowsKernel<uint32_t><<<grid, kRowThreads, 0, stream>>>(
+        rows, shape.experts, shape.local_experts(), vectors, to_owner);
+  }
   return LaunchStatus("ExchangeGroupRowsKernel");
 }
 

@@ -93,7 +93,8 @@ class ExpertDispatcher {
   // Exchanges the per-expert counts (calls[r].plan->send_offsets) and fills every other field of
   // each rank's plan.
   virtual absl::Status Plan(absl::Span<const RankCall> calls) = 0;
-  // Rows of row_bytes (a multiple of 16) from each rank's send_rows to the owners' recv_rows.
+  // Rows of row_bytes (a multiple of 4; 16 copies fastest) from each rank's send_rows to the
+  // owners' recv_rows.
   virtual absl::Status Dispatch(absl::Span<const RankCall> calls, size_t row_bytes) = 0;
   // The reverse: each received row back to the position in its source's send_rows.
   virtual absl::Status Combine(absl::Span<const RankCall> calls, size_t row_bytes) = 0;

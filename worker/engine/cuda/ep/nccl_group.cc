@@ -46,20 +46,20 @@ NcclGroup::~NcclGroup() {
 }
 
 absl::Status NcclGroup::Await(ncclResult_t result, const char* what) {
+  // A call on a non-blocking communicator may hand its work to NCCL's background (ncclSuccess or
+  // ncclInProgress): the communicator's state says when it is done.
+  if (result != ncclSuccess && result != ncclInProgress) return NcclStatus(result, what);
   const absl::Time deadline = absl::Now() + absl::Minutes(2);
-  while (result == ncclInProgress) {
+  while (true) {
     ncclResult_t state = ncclInProgress;
     const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
     if (asked != ncclSuccess) return NcclStatus(asked, what);
-    result = state;
-    if (result == ncclInProgress) {
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(what, ": still in progress after 2 minutes"));
-      }
-      std::this_thread::yield();
+    if (state != ncclInProgress) return NcclStatus(state, what);
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": still in progress after 2 minutes"));
     }
+    std::this_thread::yield();
   }
-  return NcclStatus(result, what);
 }
 
 void NcclGroup::Abort() {

@@ -61,6 +61,7 @@ __global__ void LsaPlanKernel(ncclDevComm comm, ncclWindow_t matrix_window, size
   xd::PlanOfRank(counts, ranks, experts, me, job, owner_prefix, job_counts, recv_offsets, dest_rows);
 }
 
+template <typename V>
 __global__ void LsaRowsKernel(ncclWindow_t recv_window, size_t recv_offset,
                               const int32_t* send_offsets, const int32_t* dest_rows,
                               uint8_t* send, int ranks, int experts, int64_t row_vectors,
@@ -73,7 +74,7 @@ __global__ void LsaRowsKernel(ncclWindow_t recv_window, size_t recv_offset,
   }
   __syncthreads();
   const int64_t warps_per_block = blockDim.x / 32;
-  xd::ExchangeRowsOfSender(offsets, dest_rows, experts, experts / ranks, send, recv, row_vectors,
+  xd::ExchangeRowsOfSender<V>(offsets, dest_rows, experts, experts / ranks, send, recv, row_vectors,
                            to_owner, blockIdx.x * warps_per_block + threadIdx.x / 32,
                            gridDim.x * warps_per_block);
 }
@@ -216,9 +217,9 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
 
   absl::Status Rows(absl::Span<const RankCall> calls, size_t row_bytes, bool to_owner) {
     DROPLESS_RETURN_IF_ERROR(Check(calls, true));
-    if (row_bytes == 0 || row_bytes % 16 != 0) {
+    if (row_bytes == 0 || row_bytes % 4 != 0) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("nccl-lsa: row of %d bytes is not a positive multiple of 16", row_bytes));
+          absl::StrFormat("nccl-lsa: row of %d bytes is not a positive multiple of 4", row_bytes));
     }
     const RankCall& c = calls[0];
     absl::StatusOr<std::pair<ncclWindow_t, size_t>> recv = Resolve(c.recv_rows);
@@ -230,10 +231,11 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
     const int64_t warps_per_block = kRowThreads / 32;
     const int64_t blocks = std::min<int64_t>(4 * sms_, (shape_.rows + warps_per_block - 1) / warps_per_block);
     if (blocks > 0) {
-      LsaRowsKernel<<<static_cast<unsigned>(blocks), kRowThreads, 0, c.stream>>>(
+      auto* kernel = xd::WideRows(row_bytes) ? LsaRowsKernel<uint4> : LsaRowsKernel<uint32_t>;
+      kernel<<<static_cast<unsigned>(blocks), kRowThreads, 0, c.stream>>>(
           recv->first, recv->second, c.plan->send_offsets, c.plan->dest_rows,
           static_cast<uint8_t*>(c.send_rows), shape_.ep, shape_.experts,
-          static_cast<int64_t>(row_bytes / 16), to_owner);
+          xd::RowVectors(row_bytes), to_owner);
       DROPLESS_RETURN_IF_ERROR(LaunchStatus("LsaRowsKernel"));
     }
     LsaBarrierKernel<<<1, 32, 0, c.stream>>>(dev_comm_);
