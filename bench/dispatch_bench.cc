@@ -174,8 +174,8 @@ std::unique_ptr<Group> MakeGroup(const std::string& backend, int ep, int64_t tok
     if (mxfp8) {
       CheckStatus(g->arena.Allocate(tokens * kTopK * scale_bytes, "send scales", &send_scales),
                   "dispatch", "alloc");
-      CheckStatus(g->arena.Allocate(std::max<int64_t>(1, received) * scale_bytes, "recv scales",
-                                    &recv_scales),
+      CheckStatus(g->dispatcher->AllocateShared(std::max<int64_t>(1, received) * scale_bytes,
+                                                "recv scales", &recv_scales),
                   "dispatch", "alloc");
       g->scales.push_back(RankCall{&g->plans[p], send_scales, recv_scales, g->streams[p]});
     }

@@ -134,10 +134,8 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
     if (dispatcher == nullptr) {
       DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, &k->mx_rows_));
     } else {
-      DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "received mxfp8 rows", &k->mx_rows_.data));
-      DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * (H / kernels::kMxBlock),
-                                                          "received mxfp8 row scales", &k->mx_rows_.scales));
       DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, Tk, H, &k->mx_send_));
+      DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "dequantized received rows", &k->dequantized_rows_));
     }
     DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, F, &k->mx_a_));
     DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, &k->mx_d_out_));
@@ -200,7 +198,14 @@ absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* k
     l.out_send_ = l.out_rows_;
   } else {
     DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "expert output", &l.out_rows_));
-    DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "received rows", &l.recv_rows_));
+    if (d.mxfp8) {
+      DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "received mxfp8 rows", &l.mx_recv_.data));
+      DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * (H / kernels::kMxBlock),
+                                                          "received mxfp8 row scales", &l.mx_recv_.scales));
+      l.recv_rows_ = kernels->dequantized_rows_;
+    } else {
+      DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "received rows", &l.recv_rows_));
+    }
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "expert outputs at their tokens' rank", &l.out_send_));
     DROPLESS_RETURN_IF_ERROR(AllocateExchangePlan(dispatcher, arena, &l.plan_));
     l.plan_.send_offsets = l.offsets_;
@@ -238,8 +243,9 @@ absl::Status MoeLayerGpu::SharedForward(const LayerWeights& w, const Bf16* x,
 
 MoeLayerGpu::ExpertOperands MoeLayerGpu::W1(const LayerWeights& w, const LayerGrads& g) {
   LayerKernels& k = *k_;
-  return ExpertOperands{k.w1_.get(), k.mx_w1_.get(), w.w1, &w.mx_w1, g.w1, recv_rows_, &k.mx_rows_,
-                        &k.col_rows_, h_, k.d_h_, &k.mx_d_h_, &k.col_d_h_, k.d_rows_};
+  return ExpertOperands{k.w1_.get(), k.mx_w1_.get(), w.w1, &w.mx_w1, g.w1, recv_rows_,
+                        quantized_tokens() ? &mx_recv_ : &k.mx_rows_, &k.col_rows_, h_, k.d_h_,
+                        &k.mx_d_h_, &k.col_d_h_, k.d_rows_};
 }
 
 MoeLayerGpu::ExpertOperands MoeLayerGpu::W2(const LayerWeights& w, const LayerGrads& g) {
@@ -289,11 +295,11 @@ RankCall MoeLayerGpu::ExchangeCall(Rows rows, cudaStream_t stream) {
   switch (rows) {
     case Rows::kTokens:
       c.send_rows = quantized_tokens() ? static_cast<void*>(k_->mx_send_.data) : rows_;
-      c.recv_rows = quantized_tokens() ? static_cast<void*>(k_->mx_rows_.data) : recv_rows_;
+      c.recv_rows = quantized_tokens() ? static_cast<void*>(mx_recv_.data) : recv_rows_;
       break;
     case Rows::kTokenScales:
       c.send_rows = k_->mx_send_.scales;
-      c.recv_rows = k_->mx_rows_.scales;
+      c.recv_rows = mx_recv_.scales;
       break;
     case Rows::kExpertOutputs:
       c.send_rows = out_send_;

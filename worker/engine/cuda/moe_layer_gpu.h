@@ -155,9 +155,11 @@ class LayerKernels {
   Bf16* d_shared_a_ = nullptr;          // [T][F]
   Bf16* d_shared_h_ = nullptr;          // [T][2F]
   std::vector<Bf16*> d_x_shared_;       // [S][T][H]
-  // MXFP8 scratch (precision mxfp8). With an exchange mx_rows_ is the received side (the
-  // dispatcher's shared memory) and mx_send_ the tokens quantized at their rank.
+  // MXFP8 scratch (precision mxfp8). With an exchange the tokens are quantized at their rank
+  // (mx_send_) and travel so; each layer keeps what it received (MoeLayerGpu::mx_recv_) and the
+  // backward dequantizes it here for w1's column-wise operand.
   kernels::MxRowwise mx_rows_, mx_a_, mx_d_out_, mx_d_h_, mx_send_;
+  Bf16* dequantized_rows_ = nullptr;    // [R][H]
   kernels::MxColwise col_rows_, col_a_, col_d_out_, col_d_h_;
   Bf16* transpose_scratch_ = nullptr;   // the largest [El][n][k] weight
 };
@@ -268,7 +270,9 @@ class MoeLayerGpu {
   int32_t* slot_of_choice_ = nullptr;
   int32_t* choice_of_slot_ = nullptr;
   Bf16* rows_ = nullptr;           // [Tk][H] permuted input
-  Bf16* recv_rows_ = nullptr;      // [R][H] the experts' input
+  Bf16* recv_rows_ = nullptr;      // [R][H] the experts' input (quantized tokens: the kernels'
+                                   // dequantization scratch, filled in the backward)
+  kernels::MxRowwise mx_recv_;     // [R][H] quantized tokens as received
   Bf16* h_ = nullptr;              // [R][2F]
   Bf16* a_ = nullptr;              // [R][F]
   Bf16* out_rows_ = nullptr;       // [R][H] expert outputs

@@ -113,8 +113,8 @@ absl::Status MoeLayerGpu::BackwardExperts(const LayerWeights& w, const LayerGrad
     if (o.x == recv_rows_ && quantized_tokens()) {
       // The tokens arrived as MXFP8 rows: their column-wise form (the weight gradient's operand)
       // is quantized from the dequantized values, as after any FP8 dispatch.
-      DROPLESS_RETURN_IF_ERROR(kc::DequantizeMxfp8Rowwise(R, in_cols, live_rows, k.mx_rows_.data,
-                                                          k.mx_rows_.scales, recv_rows_, s.wgrad));
+      DROPLESS_RETURN_IF_ERROR(kc::DequantizeMxfp8Rowwise(R, in_cols, live_rows, mx_recv_.data,
+                                                          mx_recv_.scales, recv_rows_, s.wgrad));
     }
     if (d.mxfp8) {
       DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, in_cols, El}, o.x,
