@@ -243,7 +243,7 @@ TEST_P(LocalEpGpu, Mxfp8TokensTravelQuantized) {
   std::printf("ep %d mxfp8: loss %.7f (EP=1 %.7f); gradient relative error router+shared %.2e, "
               "routed experts %.2e\n", ep, gs->loss, os->loss, replicated, experts);
   EXPECT_LT(replicated, 1e-4);
-  EXPECT_LT(experts, 0.1);
+  EXPECT_LT(experts, 0.05);  // measured on an H200: 1.9-2.5e-2 at EP 2/4/8
 }
 
 // nccl-lsa at world size 1 (the one GPU here): the exchange runs through NCCL's symmetric memory
