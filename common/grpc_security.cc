@@ -69,7 +69,7 @@ ChannelSecurity ChannelSecurityFromEnvironment() {
 
 std::vector<std::string> ChannelSecurityEnvironment(const ChannelSecurity& security) {
   if (security.insecure) return {"DROPLESS_INSECURE=1"};
-  return {absl::StrCat("DROPLESS_INSECURE=0"), absl::StrCat("DROPLESS_TLS_CA=", security.tls.ca),
+  return {"DROPLESS_INSECURE=0", absl::StrCat("DROPLESS_TLS_CA=", security.tls.ca),
           absl::StrCat("DROPLESS_TLS_CERT=", security.tls.cert),
           absl::StrCat("DROPLESS_TLS_KEY=", security.tls.key)};
 }
