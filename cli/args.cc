@@ -1,8 +1,11 @@
 #include "cli/args.h"
 
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -81,6 +84,14 @@ const std::vector<FlagSpec>& GlobalFlagSpecs() {
        "coordinator address host:port (default $DROPLESS_COORDINATOR, else localhost:7070)"},
       {{"--timeout"}, true, "DURATION", "deadline of each request, e.g. 10s, 500ms (default 10s)"},
       {{"-o", "--output"}, true, "FORMAT", "output format of get/describe/watch: json | yaml"},
+      {{"--token-file"}, true, "FILE",
+       "file holding your bearer token (default $DROPLESS_TOKEN_FILE; or $DROPLESS_TOKEN)"},
+      {{"--token"}, true, "TOKEN", "bearer token (visible to `ps`: prefer --token-file)"},
+      {{"--tls-ca"}, true, "FILE",
+       "CA certificate that signed the coordinator's (default $DROPLESS_TLS_CA, else the "
+       "system's CAs)"},
+      {{"--insecure"}, false, "",
+       "plaintext, no token: only for a coordinator run with --insecure (or $DROPLESS_INSECURE=1)"},
       {{"-h", "--help"}, false, "", "show help"},
   };
   return *specs;
@@ -99,6 +110,39 @@ absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& flag, const 
   return d;
 }
 
+namespace {
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? std::string() : std::string(value);
+}
+
+// TLS and the bearer token: flags, else the environment.
+absl::StatusOr<ChannelSecurity> ReadChannelSecurity(const ParsedArgs& args) {
+  ChannelSecurity security;
+  security.insecure = args.Has("insecure") || Env("DROPLESS_INSECURE") == "1";
+  if (security.insecure) return security;
+  security.tls.ca = args.Get("tls-ca", Env("DROPLESS_TLS_CA"));
+  std::string token_file = args.Get("token-file", Env("DROPLESS_TOKEN_FILE"));
+  if (args.Has("token")) {
+    security.bearer_token = args.Get("token");
+  } else if (!token_file.empty()) {
+    std::ifstream in(token_file, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("--token-file ", token_file, ": cannot open"));
+    std::ostringstream text;
+    text << in.rdbuf();
+    security.bearer_token = std::string(absl::StripAsciiWhitespace(text.str()));
+    if (security.bearer_token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--token-file ", token_file, ": empty"));
+    }
+  } else {
+    security.bearer_token = Env("DROPLESS_TOKEN");
+  }
+  return security;
+}
+
+}  // namespace
+
 absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args) {
   GlobalOptions options;
   options.help = args.Has("help");
@@ -113,6 +157,13 @@ absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args) {
     if (!timeout.ok()) return timeout.status();
     options.timeout = *timeout;
   }
+  absl::StatusOr<ChannelSecurity> security = ReadChannelSecurity(args);
+  if (!security.ok()) return security.status();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(*security);
+  if (!credentials.ok()) return credentials.status();
+  options.credentials = *credentials;
+  options.insecure = security->insecure;
   const std::string output = args.Get("output", "text");
   if (output == "json") {
     options.output = OutputFormat::kJson;

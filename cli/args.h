@@ -8,11 +8,13 @@
 #define DROPLESS_CLI_ARGS_H_
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/grpc_security.h"
 
 namespace dropless::cli {
 
@@ -52,13 +54,17 @@ struct GlobalOptions {
   absl::Duration timeout = absl::Seconds(10);
   OutputFormat output = OutputFormat::kText;
   bool help = false;
+  bool insecure = false;  // plaintext (--insecure)
+  // TLS (CA from --tls-ca) with the bearer token, or plaintext with --insecure.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 const std::vector<FlagSpec>& GlobalFlagSpecs();
 // A duration flag's value: "10s", "500ms", "2m", "1h30m", or a bare number of seconds.
 // InvalidArgument naming the flag when it is not one or not positive.
 absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& flag, const std::string& text);
-// --coordinator, else $DROPLESS_COORDINATOR, else localhost:7070.
+// --coordinator, else $DROPLESS_COORDINATOR, else localhost:7070; the channel's credentials
+// (errors name a CA or token file that cannot be read).
 absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args);
 
 }  // namespace dropless::cli

@@ -2,6 +2,7 @@
 
 #include <iostream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "cli/exit_codes.h"
@@ -14,7 +15,10 @@ Client::Client(const GlobalOptions& options) : options_(options) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetMaxReceiveMessageSize(64 << 20);
-  channel_ = grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(),
+  channel_ = grpc::CreateCustomChannel(options_.coordinator,
+                                       options_.credentials != nullptr
+                                           ? options_.credentials
+                                           : grpc::SslCredentials({}),
                                        args);
   stub_ = v1::JobService::NewStub(channel_);
 }
@@ -29,6 +33,17 @@ std::unique_ptr<grpc::ClientContext> Client::StreamContext() const {
   return std::make_unique<grpc::ClientContext>();
 }
 
+std::string Client::TlsHint(const std::string& message) const {
+  if (absl::StrContains(message, "certificate verify failed")) {
+    return " (the coordinator's certificate is not signed by the CA of --tls-ca / "
+           "$DROPLESS_TLS_CA, or does not name this address)";
+  }
+  if (options_.insecure && absl::StrContains(message, "Socket closed")) {
+    return " (--insecure speaks plaintext: does the coordinator use TLS?)";
+  }
+  return "";
+}
+
 int Client::Fail(const grpc::Status& status) const {
   const std::string& message = status.error_message();
   switch (status.error_code()) {
@@ -37,7 +52,7 @@ int Client::Fail(const grpc::Status& status) const {
       return kExitNotFound;
     case grpc::StatusCode::UNAVAILABLE:
       std::cerr << "error: cannot reach the coordinator at " << options_.coordinator << ": "
-                << message << "\n";
+                << message << TlsHint(message) << "\n";
       return kExitUnreachable;
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       if (channel_->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {

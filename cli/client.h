@@ -30,6 +30,9 @@ class Client {
   const std::string& address() const { return options_.coordinator; }
 
  private:
+  // Why a TLS connection may have failed, for the UNAVAILABLE message; "" when nothing to add.
+  std::string TlsHint(const std::string& message) const;
+
   GlobalOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> stub_;

@@ -32,6 +32,17 @@ ABSL_FLAG(double, hang_step_multiple, 20,
 ABSL_FLAG(int64_t, hang_min_stall_ms, 60000, "hang watchdog: never abort before this long");
 ABSL_FLAG(int64_t, hang_first_step_ms, 600000,
           "hang watchdog: the limit while no step time of the job is known");
+ABSL_FLAG(bool, insecure, false,
+          "plaintext gRPC with no authentication at all (development only; logged loudly)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of the coordinator's listeners");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, worker_ca, "",
+          "PEM CA that signs worker client certificates (common name = node name)");
+ABSL_FLAG(std::string, tokens_file, "",
+          "YAML file of users' bearer tokens: token, user, role (viewer|submitter|admin), expires");
+ABSL_FLAG(double, submit_rate_per_second, 5,
+          "SubmitJob calls per bearer token per second (token bucket; 0: no limit)");
+ABSL_FLAG(double, submit_burst, 20, "SubmitJob calls a bearer token may make at once");
 ABSL_FLAG(std::string, config, "",
           "optional YAML file with the same keys as the flags (flags given explicitly win)");
 
@@ -119,6 +130,15 @@ int main(int argc, char** argv) {
   if (FlagGiven(given, "hang_first_step_ms")) {
     config.hang_first_step_ms = absl::GetFlag(FLAGS_hang_first_step_ms);
   }
+  if (FlagGiven(given, "insecure")) config.insecure = absl::GetFlag(FLAGS_insecure);
+  if (FlagGiven(given, "tls_cert")) config.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  if (FlagGiven(given, "tls_key")) config.tls_key = absl::GetFlag(FLAGS_tls_key);
+  if (FlagGiven(given, "worker_ca")) config.worker_ca = absl::GetFlag(FLAGS_worker_ca);
+  if (FlagGiven(given, "tokens_file")) config.tokens_file = absl::GetFlag(FLAGS_tokens_file);
+  if (FlagGiven(given, "submit_rate_per_second")) {
+    config.submit_rate_per_second = absl::GetFlag(FLAGS_submit_rate_per_second);
+  }
+  if (FlagGiven(given, "submit_burst")) config.submit_burst = absl::GetFlag(FLAGS_submit_burst);
   if (absl::Status s = dropless::coordinator::ValidateConfig(config); !s.ok()) {
     dropless::LogError(std::string(s.message()));
     return 2;

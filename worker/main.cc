@@ -28,6 +28,12 @@
 
 // Empty / -1 means "not given": the config file or the built-in default applies.
 ABSL_FLAG(std::string, coordinator, "", "coordinator gRPC address host:port (default localhost:7070)");
+ABSL_FLAG(bool, insecure, false,
+          "plaintext to the coordinator, no certificate (development only; logged loudly)");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate that signed the coordinator's certificate");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate of this node (its common name must be --node)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
 ABSL_FLAG(std::string, node, "", "node name, unique in the cluster (default: hostname)");
 ABSL_FLAG(std::string, config, "", "worker YAML config (e.g. configs/worker.yaml); flags win over it");
 ABSL_FLAG(std::string, advertise_address, "",
@@ -93,6 +99,10 @@ int RunDaemon() {
   if (absl::GetFlag(FLAGS_kill_grace_ms) != -1) {
     flags.kill_grace_ms = absl::GetFlag(FLAGS_kill_grace_ms);
   }
+  if (absl::GetFlag(FLAGS_insecure)) flags.insecure = true;
+  set_string(&flags.tls_ca, absl::GetFlag(FLAGS_tls_ca));
+  set_string(&flags.tls_cert, absl::GetFlag(FLAGS_tls_cert));
+  set_string(&flags.tls_key, absl::GetFlag(FLAGS_tls_key));
 
   dropless::WorkerSettings file;
   if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {

@@ -220,6 +220,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   proposed.set_steps(spec->steps);
   proposed.set_backend(std::string(ToString(spec->resources.backend)));
   proposed.set_create_time_ms(now);
+  proposed.set_owner(owner);
   proposed.mutable_labels()->insert(spec->labels.begin(), spec->labels.end());
   if (spec->time_limit_seconds > 0) {
     proposed.mutable_time_limit()->set_seconds(spec->time_limit_seconds);
@@ -298,7 +299,8 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& id) {
   return store_->GetJob(id);
 }
 
-absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request,
+                                                          const std::string* owner) {
   if (request.limit() < 0) return absl::InvalidArgumentError("limit: must not be negative");
   if (request.page_size() < 0 || request.page_size() > kMaxJobsPerPage) {
     return absl::InvalidArgumentError(
@@ -328,7 +330,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   std::vector<int64_t> seqs;
   // Labels live in the job's stored blob: the rows after the token are read and filtered here.
   absl::StatusOr<std::vector<v1::Job>> jobs =
-      store_->ListJobs(states, request.limit(), after_seq, &seqs);
+      store_->ListJobs(states, request.limit(), after_seq, &seqs, owner);
   if (!jobs.ok()) return jobs.status();
   v1::ListJobsResponse response;
   int64_t last_taken_seq = 0;

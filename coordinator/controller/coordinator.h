@@ -103,7 +103,9 @@ class Coordinator {
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   // Oldest first; filtered by states and labels; a page of page_size after page_token (an
   // opaque token: the seq of the last job of the previous page). InvalidArgument names the field.
-  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  // With `owner`, only that user's jobs.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request,
+                                                const std::string* owner = nullptr);
   absl::StatusOr<v1::Job> CancelJob(const std::string& id, const std::string& reason);
   absl::StatusOr<std::vector<v1::Event>> ListEvents(const std::string& job_id, int limit);
   std::vector<v1::Worker> ListWorkers();

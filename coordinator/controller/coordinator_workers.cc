@@ -205,6 +205,12 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
                                             "\" is not registered; call RegisterWorker first"));
   }
   WorkerEntry& worker = found->second;
+  if (!session->certified_node().empty() && session->certified_node() != worker.info.node()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "hello: worker ", hello.worker_id(), " is node \"", worker.info.node(),
+        "\" but the client certificate is node \"", session->certified_node(),
+        "\": a worker may only report as itself"));
+  }
   if (worker.session != nullptr && worker.session != session) worker.session->Close();
   if (hello.boot_id() != worker.boot_id) {  // a new numbering: seq starts from 1 again
     worker.boot_id = hello.boot_id();

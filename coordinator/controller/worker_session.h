@@ -22,8 +22,15 @@ class WorkerSession {
   static constexpr size_t kOutboxCapacity = 4096;
 
   // cancel_rpc cancels the stream's RPC so its blocked reader returns.
+  // certified_node: the node of the worker's client certificate, the only node this session may
+  // say hello as; "" on a plaintext listener (no identity to hold it to).
+  WorkerSession(std::string peer, std::string certified_node, std::function<void()> cancel_rpc)
+      : peer_(std::move(peer)),
+        certified_node_(std::move(certified_node)),
+        cancel_rpc_(std::move(cancel_rpc)),
+        outbox_(kOutboxCapacity) {}
   WorkerSession(std::string peer, std::function<void()> cancel_rpc)
-      : peer_(std::move(peer)), cancel_rpc_(std::move(cancel_rpc)), outbox_(kOutboxCapacity) {}
+      : WorkerSession(std::move(peer), "", std::move(cancel_rpc)) {}
 
   // Queues a message; a full outbox means the worker stopped reading, so the session ends and
   // the worker reconciles when it reconnects.
@@ -68,9 +75,11 @@ class WorkerSession {
 
   Mailbox<v1::CoordinatorMessage>& outbox() { return outbox_; }
   const std::string& peer() const { return peer_; }
+  const std::string& certified_node() const { return certified_node_; }
 
  private:
   const std::string peer_;
+  const std::string certified_node_;
   absl::Mutex mu_;
   std::function<void()> cancel_rpc_ ABSL_GUARDED_BY(mu_);
   uint64_t ack_through_ ABSL_GUARDED_BY(mu_) = 0;

@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -69,12 +70,27 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
       s = Read(value, key, &base.hang_min_stall_ms);
     } else if (key == "hang_first_step_ms") {
       s = Read(value, key, &base.hang_first_step_ms);
+    } else if (key == "insecure") {
+      s = Read(value, key, &base.insecure);
+    } else if (key == "tls_cert") {
+      s = Read(value, key, &base.tls_cert);
+    } else if (key == "tls_key") {
+      s = Read(value, key, &base.tls_key);
+    } else if (key == "worker_ca") {
+      s = Read(value, key, &base.worker_ca);
+    } else if (key == "tokens_file") {
+      s = Read(value, key, &base.tokens_file);
+    } else if (key == "submit_rate_per_second") {
+      s = Read(value, key, &base.submit_rate_per_second);
+    } else if (key == "submit_burst") {
+      s = Read(value, key, &base.submit_burst);
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "coordinator config: unknown key \"", key,
           "\" (known: listen, worker_listen, db, metrics_port, metrics_address, "
           "heartbeat_interval_ms, lease_timeout_ms, max_message_bytes, hang_step_multiple, "
-          "hang_min_stall_ms, hang_first_step_ms)"));
+          "hang_min_stall_ms, hang_first_step_ms, insecure, tls_cert, tls_key, worker_ca, "
+          "tokens_file, submit_rate_per_second, submit_burst)"));
     }
     if (!s.ok()) return s;
   }
@@ -126,6 +142,22 @@ absl::Status ValidateConfig(const CoordinatorConfig& config) {
   }
   if (config.hang_first_step_ms <= 0) {
     return absl::InvalidArgumentError("hang_first_step_ms: must be positive");
+  }
+  if (!config.insecure) {
+    for (const auto& [value, key] : {std::pair{&config.tls_cert, "tls_cert"},
+                                     std::pair{&config.tls_key, "tls_key"},
+                                     std::pair{&config.worker_ca, "worker_ca"},
+                                     std::pair{&config.tokens_file, "tokens_file"}}) {
+      if (value->empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            key, ": required with TLS (scripts/dev-certs DIR makes development certificates and "
+                 "tokens); plaintext only with insecure: true / --insecure, for development"));
+      }
+    }
+  }
+  if (!(config.submit_rate_per_second >= 0) || !(config.submit_burst >= 1)) {
+    return absl::InvalidArgumentError(
+        "submit_rate_per_second: must not be negative (0: no limit); submit_burst: at least 1");
   }
   return absl::OkStatus();
 }

@@ -30,6 +30,18 @@ struct CoordinatorConfig {
   double hang_step_multiple = 20;
   int64_t hang_min_stall_ms = 60000;
   int64_t hang_first_step_ms = 600000;
+  // Security (docs/security.md). Every listener speaks TLS with tls_cert/tls_key; worker and
+  // rendezvous calls need a client certificate signed by worker_ca whose common name is the node;
+  // JobService calls need a bearer token from tokens_file. insecure: plaintext and no
+  // authentication at all, for development only.
+  bool insecure = false;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string worker_ca;
+  std::string tokens_file;
+  // SubmitJob calls per bearer token: refilled at this rate up to the burst; 0: no limit.
+  double submit_rate_per_second = 5;
+  double submit_burst = 20;
 };
 
 // Overlays the keys present in a YAML mapping onto base. Unknown keys, wrong types and files

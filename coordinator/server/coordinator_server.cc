@@ -10,19 +10,35 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_security.h"
 #include "common/log.h"
 
 namespace dropless::coordinator {
-namespace {
-
-}  // namespace
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CoordinatorServer::ListenerCredentials(
+    const CoordinatorConfig& config, bool serves_workers) {
+  if (config.insecure) return grpc::InsecureServerCredentials();
+  absl::StatusOr<std::string> cert = ReadPemFile(config.tls_cert, "tls_cert");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPemFile(config.tls_key, "tls_key");
+  if (!key.ok()) return key.status();
+  absl::StatusOr<std::string> worker_ca = ReadPemFile(config.worker_ca, "worker_ca");
+  if (!worker_ca.ok()) return worker_ca.status();
+  grpc::SslServerCredentialsOptions options(serves_workers
+                                                ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
+                                                : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  options.pem_root_certs = *worker_ca;
+  options.pem_key_cert_pairs.push_back({*key, *cert});
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::SslServerCredentials(options);
+  credentials->SetAuthMetadataProcessor(authorizer_);
+  return credentials;
+}
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> CoordinatorServer::Listen(
-    const std::string& address, const std::vector<NamedService>& services, int max_message_bytes,
-    int* port) {
+    const std::string& address, const std::vector<NamedService>& services,
+    std::shared_ptr<grpc::ServerCredentials> credentials, int max_message_bytes, int* port) {
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(max_message_bytes);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  builder.AddListeningPort(address, std::move(credentials), port);
   // gRPC binds with SO_REUSEPORT by default: a second coordinator on a taken port would start and
   // silently share the connections with the first. Refuse the port instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -55,6 +71,21 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->metrics_ = std::make_unique<CoordinatorMetrics>();
+  if (config.insecure) {
+    LogWarning("INSECURE: --insecure given: every listener is plaintext gRPC and no call is "
+               "authenticated (anyone who reaches a port may submit, cancel, or act as any "
+               "worker). For development only; docs/security.md says how to run with TLS.");
+  } else {
+    absl::StatusOr<UserTokens> tokens = UserTokens::LoadFile(config.tokens_file);
+    if (!tokens.ok()) return tokens.status();
+    LogInfo(absl::StrCat("TLS on every listener; ", tokens->size(), " user token(s) from ",
+                         config.tokens_file, "; workers need a certificate from ",
+                         config.worker_ca, "; at most ", config.submit_rate_per_second,
+                         " submissions per second per token (burst ", config.submit_burst, ")"));
+    server->authorizer_ = std::make_shared<CallAuthorizer>(
+        std::make_shared<const UserTokens>(*std::move(tokens)),
+        std::make_shared<SubmitRateLimiter>(config.submit_rate_per_second, config.submit_burst));
+  }
 
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(config.db);
   if (!store.ok()) return store.status();
@@ -101,20 +132,28 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     user_services.insert(user_services.end(), worker_services.begin(), worker_services.end());
     worker_services.clear();
   }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> user_credentials =
+      server->ListenerCredentials(config, /*serves_workers=*/worker_services.empty());
+  if (!user_credentials.ok()) return user_credentials.status();
   absl::StatusOr<std::unique_ptr<grpc::Server>> user =
-      server->Listen(config.listen, user_services, static_cast<int>(config.max_message_bytes),
-                     &server->grpc_port_);
+      server->Listen(config.listen, user_services, *user_credentials,
+                     static_cast<int>(config.max_message_bytes), &server->grpc_port_);
   if (!user.ok()) return user.status();
   server->server_ = std::move(*user);
   if (!worker_services.empty()) {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> worker_credentials =
+        server->ListenerCredentials(config, /*serves_workers=*/true);
+    if (!worker_credentials.ok()) return worker_credentials.status();
     absl::StatusOr<std::unique_ptr<grpc::Server>> workers =
-        server->Listen(config.worker_listen, worker_services,
+        server->Listen(config.worker_listen, worker_services, *worker_credentials,
                        static_cast<int>(config.max_message_bytes), &server->worker_port_);
     if (!workers.ok()) return workers.status();
     server->worker_server_ = std::move(*workers);
   }
   server->coordinator_->Start();
-  LogInfo(absl::StrCat("serving gRPC on port ", server->grpc_port_,
+  LogInfo(absl::StrCat(config.insecure ? "serving PLAINTEXT (insecure) gRPC on port "
+                                       : "serving gRPC over TLS on port ",
+                       server->grpc_port_,
                        " (", config.listen, ")",
                        server->worker_port_ == 0
                            ? std::string()

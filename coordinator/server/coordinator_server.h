@@ -10,11 +10,13 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 #include <prometheus/exposer.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/auth/call_authorizer.h"
 #include "coordinator/controller/coordinator.h"
 #include "coordinator/metrics/coordinator_metrics.h"
 #include "coordinator/metrics/rpc_metrics_interceptor.h"
@@ -44,10 +46,17 @@ class CoordinatorServer {
     grpc::Service* service;
   };
   CoordinatorServer() = default;
-  absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(const std::string& address,
-                                                       const std::vector<NamedService>& services,
-                                                       int max_message_bytes, int* port);
+  absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(
+      const std::string& address, const std::vector<NamedService>& services,
+      std::shared_ptr<grpc::ServerCredentials> credentials, int max_message_bytes, int* port);
+  // TLS credentials of a listener; with `serves_workers`, a client certificate, when presented, must
+  // be signed by the worker CA (the handshake fails otherwise). A worker call without one is
+  // refused by CallAuthorizer, with a status that says so (a handshake refused for a missing
+  // certificate reaches the client only as "Socket closed"). Plaintext ones with config.insecure.
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenerCredentials(
+      const CoordinatorConfig& config, bool serves_workers);
 
+  std::shared_ptr<CallAuthorizer> authorizer_;  // null with insecure
   std::unique_ptr<CoordinatorMetrics> metrics_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<JobServiceImpl> job_service_;

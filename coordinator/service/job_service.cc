@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/version.h"
+#include "coordinator/auth/caller.h"
 #include "coordinator/util/grpc_status.h"
 #include "google/protobuf/util/time_util.h"
 
@@ -42,32 +43,49 @@ absl::Status TrimBacklog(const v1::GetLogsRequest& request, std::vector<v1::LogL
 
 }  // namespace
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
-                                       v1::Job* response) {
-  absl::StatusOr<v1::Job> job = coordinator_->SubmitJob(*request);
+absl::Status JobServiceImpl::CheckAccess(const grpc::ServerContext& context,
+                                         const std::string& job_id) {
+  const Caller caller = CallerOf(context);
+  if (caller.role != Role::kSubmitter) return absl::OkStatus();
+  absl::StatusOr<v1::Job> job = coordinator_->GetJob(job_id);
+  if (!job.ok()) return job.status();
+  return CheckJobAccess(caller, job_id, job->owner());
+}
+
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
+                                       const v1::SubmitJobRequest* request, v1::Job* response) {
+  absl::StatusOr<v1::Job> job = coordinator_->SubmitJob(*request, CallerOf(*context).user);
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response = std::move(*job);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
-                                    v1::Job* response) {
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
+                                    const v1::GetJobRequest* request, v1::Job* response) {
   absl::StatusOr<v1::Job> job = coordinator_->GetJob(request->id());
   if (!job.ok()) return ToGrpcStatus(job.status());
+  if (absl::Status s = CheckJobAccess(CallerOf(*context), job->id(), job->owner()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   *response = std::move(*job);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
+                                      const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
-  absl::StatusOr<v1::ListJobsResponse> jobs = coordinator_->ListJobs(*request);
+  // A submitter lists their own jobs; viewers and admins every job.
+  const Caller caller = CallerOf(*context);
+  absl::StatusOr<v1::ListJobsResponse> jobs = coordinator_->ListJobs(
+      *request, caller.role == Role::kSubmitter ? &caller.user : nullptr);
   if (!jobs.ok()) return ToGrpcStatus(jobs.status());
   *response = std::move(*jobs);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
-                                       v1::Job* response) {
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
+                                       const v1::CancelJobRequest* request, v1::Job* response) {
+  if (absl::Status s = CheckAccess(*context, request->id()); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<v1::Job> job = coordinator_->CancelJob(request->id(), request->reason());
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response = std::move(*job);
@@ -77,6 +95,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJob
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobUpdate>* writer) {
+  if (absl::Status s = CheckAccess(*context, request->id()); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<JobWatch> watch = coordinator_->WatchJob(request->id());
   if (!watch.ok()) return ToGrpcStatus(watch.status());
   v1::JobUpdate first;
@@ -121,9 +140,10 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::ListEvents(grpc::ServerContext*,
+grpc::Status JobServiceImpl::ListEvents(grpc::ServerContext* context,
                                         const v1::ListEventsRequest* request,
                                         v1::ListEventsResponse* response) {
+  if (absl::Status s = CheckAccess(*context, request->job_id()); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<std::vector<v1::Event>> events =
       coordinator_->ListEvents(request->job_id(), request->limit());
   if (!events.ok()) return ToGrpcStatus(events.status());
@@ -131,9 +151,10 @@ grpc::Status JobServiceImpl::ListEvents(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::ListStepMetrics(grpc::ServerContext*,
+grpc::Status JobServiceImpl::ListStepMetrics(grpc::ServerContext* context,
                                              const v1::ListStepMetricsRequest* request,
                                              v1::ListStepMetricsResponse* response) {
+  if (absl::Status s = CheckAccess(*context, request->job_id()); !s.ok()) return ToGrpcStatus(s);
   std::optional<int32_t> rank;
   if (request->has_rank()) rank = request->rank();
   absl::StatusOr<std::vector<v1::StepMetrics>> metrics =
@@ -146,6 +167,7 @@ grpc::Status JobServiceImpl::ListStepMetrics(grpc::ServerContext*,
 grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
                                      const v1::GetLogsRequest* request,
                                      grpc::ServerWriter<v1::LogLine>* writer) {
+  if (absl::Status s = CheckAccess(*context, request->job_id()); !s.ok()) return ToGrpcStatus(s);
   std::optional<int32_t> rank;
   if (request->has_rank()) rank = request->rank();
   absl::StatusOr<LogStream> stream =

@@ -1,4 +1,5 @@
-// JobService over the Coordinator: the user-facing API the CLI speaks.
+// JobService over the Coordinator: the user-facing API the CLI speaks. Jobs record the submitting
+// user as their owner; a submitter sees and cancels only their own.
 #ifndef DROPLESS_COORDINATOR_SERVICE_JOB_SERVICE_H_
 #define DROPLESS_COORDINATOR_SERVICE_JOB_SERVICE_H_
 
@@ -38,6 +39,10 @@ class JobServiceImpl final : public v1::JobService::Service {
                           v1::GetVersionResponse* response) override;
 
  private:
+  // The caller's right to one job: a submitter only to their own (coordinator/auth/caller.h; who
+  // may call which method at all is decided before the handler, by CallAuthorizer).
+  absl::Status CheckAccess(const grpc::ServerContext& context, const std::string& job_id);
+
   Coordinator* const coordinator_;
 };
 

@@ -5,13 +5,17 @@
 #include <utility>
 
 #include "absl/time/time.h"
+#include "coordinator/auth/caller.h"
 #include "coordinator/util/grpc_status.h"
 
 namespace dropless::coordinator {
 
-grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext* context,
                                                const v1::RegisterWorkerRequest* request,
                                                v1::RegisterWorkerResponse* response) {
+  if (absl::Status s = CheckNodeIdentity(*context, request->node()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   absl::StatusOr<v1::RegisterWorkerResponse> registered = coordinator_->RegisterWorker(*request);
   if (!registered.ok()) return ToGrpcStatus(registered.status());
   *response = std::move(*registered);
@@ -21,8 +25,9 @@ grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext*,
 grpc::Status WorkerServiceImpl::Session(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream) {
-  auto session =
-      std::make_shared<WorkerSession>(context->peer(), [context] { context->TryCancel(); });
+  // The session acts only for the node of the client certificate ("" on a plaintext listener).
+  auto session = std::make_shared<WorkerSession>(context->peer(), NodeOf(*context),
+                                                 [context] { context->TryCancel(); });
   coordinator_->AddSession(session);
 
   std::thread writer([&] {

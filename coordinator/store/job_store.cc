@@ -103,6 +103,16 @@ CREATE TABLE IF NOT EXISTS submit_requests(
   PRIMARY KEY(owner, request_id));
 )sql";
 
+// Schema version 2: the user who submitted each job, so that a user's jobs are found without
+// reading every job's blob. Jobs of older files belong to nobody ("").
+constexpr absl::string_view kJobsOwnerColumn = R"sql(
+ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+CREATE INDEX jobs_by_owner ON jobs(owner, seq);
+)sql";
+
+// The SQL parameter number of the owner in job queries: above any numbered integer argument.
+constexpr int kOwnerParam = 100;
+
 constexpr absl::string_view kJobColumns =
     "id, seq, state, priority, max_attempts, queued_time_ms, data";
 
@@ -187,9 +197,13 @@ absl::Status JobStore::Initialize() {
   if (schema == 0) {
     absl::Status s = InTransaction(*db_, [&] {
       if (absl::Status c = db_->Exec(kSchemaV1); !c.ok()) return c;
-      return db_->Exec(absl::StrCat("PRAGMA user_version=", kSchemaVersion));
+      return db_->Exec("PRAGMA user_version=1");
     });
     if (!s.ok()) return s;
+    schema = 1;
+  }
+  if (schema < 2) {
+    if (absl::Status s = MigrateToOwners(); !s.ok()) return s;
   }
   // Added after schema version 1 shipped; a table of its own, so older files gain it in place.
   if (absl::Status s = db_->Exec(kRendezvousTable); !s.ok()) return s;
@@ -202,6 +216,13 @@ absl::Status JobStore::Initialize() {
   if (!row.ok()) return row.status();
   next_seq_ = max_seq->ColumnInt(0) + 1;
   return absl::OkStatus();
+}
+
+absl::Status JobStore::MigrateToOwners() {
+  return InTransaction(*db_, [&] {
+    if (absl::Status c = db_->Exec(kJobsOwnerColumn); !c.ok()) return c;
+    return db_->Exec("PRAGMA user_version=2");
+  });
 }
 
 std::string JobStore::NextJobId(int64_t* seq) {
@@ -221,8 +242,8 @@ absl::Status JobStore::WriteJob(const JobRecord& record) {
   stored.clear_placement();  // derived from rank_assignments on read
   stored.clear_latest();     // derived from step_metrics_latest on read
   absl::StatusOr<SqliteStatement> st = db_->Prepare(
-      "INSERT OR REPLACE INTO jobs(id, seq, state, priority, max_attempts, queued_time_ms, data) "
-      "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)");
+      "INSERT OR REPLACE INTO jobs(id, seq, state, priority, max_attempts, queued_time_ms, data, "
+      "owner) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
   if (!st.ok()) return st.status();
   st->Bind(1, stored.id())
       .Bind(2, record.seq)
@@ -230,7 +251,8 @@ absl::Status JobStore::WriteJob(const JobRecord& record) {
       .Bind(4, static_cast<int64_t>(stored.priority()))
       .Bind(5, static_cast<int64_t>(record.max_attempts))
       .Bind(6, record.queued_time_ms)
-      .BindBlob(7, stored.SerializeAsString());
+      .BindBlob(7, stored.SerializeAsString())
+      .Bind(8, stored.owner());
   return st->Run();
 }
 
@@ -345,11 +367,13 @@ absl::Status JobStore::Commit(StoreWrite& write) {
 }
 
 absl::StatusOr<std::vector<JobRecord>> JobStore::QueryJobs(absl::string_view where_and_order,
-                                                           const std::vector<int64_t>& args) {
+                                                           const std::vector<int64_t>& args,
+                                                           const std::string* owner) {
   absl::StatusOr<SqliteStatement> st =
       db_->Prepare(absl::StrCat("SELECT ", kJobColumns, " FROM jobs ", where_and_order));
   if (!st.ok()) return st.status();
   for (size_t i = 0; i < args.size(); ++i) st->Bind(static_cast<int>(i + 1), args[i]);
+  if (owner != nullptr) st->Bind(kOwnerParam, *owner);
   std::vector<JobRecord> out;
   while (true) {
     absl::StatusOr<bool> row = st->Step();
@@ -412,7 +436,8 @@ absl::StatusOr<v1::Job> JobStore::GetJob(absl::string_view id) {
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const std::vector<v1::JobState>& states,
                                                         int limit, int64_t after_seq,
-                                                        std::vector<int64_t>* seqs) {
+                                                        std::vector<int64_t>* seqs,
+                                                        const std::string* owner) {
   std::vector<std::string> conditions;
   std::vector<int64_t> args;
   if (!states.empty()) {
@@ -427,6 +452,7 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const std::vector<v1::Jo
     args.push_back(after_seq);
     conditions.push_back(absl::StrCat("seq > ?", args.size()));
   }
+  if (owner != nullptr) conditions.push_back(absl::StrCat("owner = ?", kOwnerParam));
   const std::string where =
       conditions.empty() ? "" : absl::StrCat("WHERE ", absl::StrJoin(conditions, " AND "), " ");
   std::string suffix;
@@ -437,7 +463,7 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const std::vector<v1::Jo
   } else {
     suffix = absl::StrCat(where, "ORDER BY seq");
   }
-  absl::StatusOr<std::vector<JobRecord>> records = QueryJobs(suffix, args);
+  absl::StatusOr<std::vector<JobRecord>> records = QueryJobs(suffix, args, owner);
   if (!records.ok()) return records.status();
   std::vector<v1::Job> jobs(records->size());
   for (size_t i = 0; i < records->size(); ++i) {

@@ -86,7 +86,7 @@ struct ActiveState {
 
 class JobStore {
  public:
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;  // 2: jobs.owner
 
   struct Limits {
     int max_logs_per_job = 10000;
@@ -111,9 +111,11 @@ class JobStore {
   absl::StatusOr<JobRecord> GetJobRecord(absl::string_view id);
   // Submission order; with limit > 0 the most recent `limit` jobs; with after_seq > 0 only jobs
   // submitted after the one of that seq. Empty states: all. `seqs`, when given, gets each job's seq.
+  // With `owner`, only that user's jobs.
   absl::StatusOr<std::vector<v1::Job>> ListJobs(const std::vector<v1::JobState>& states,
                                                 int limit, int64_t after_seq = 0,
-                                                std::vector<int64_t>* seqs = nullptr);
+                                                std::vector<int64_t>* seqs = nullptr,
+                                                const std::string* owner = nullptr);
   absl::StatusOr<std::map<v1::JobState, int64_t>> CountJobsByState();
 
   absl::StatusOr<AttemptRecord> GetAttempt(absl::string_view job_id, int32_t attempt);
@@ -161,8 +163,11 @@ class JobStore {
   absl::Status WriteWorker(const v1::Worker& worker);
   absl::Status WriteEvent(v1::Event& event);
   absl::Status WriteSubmitRequest(const SubmitRequestRecord& request);
+  // `args` bind to ?1, ?2, ...; `owner`, when given, to ?kOwnerParam.
   absl::StatusOr<std::vector<JobRecord>> QueryJobs(absl::string_view where_and_order,
-                                                   const std::vector<int64_t>& args);
+                                                   const std::vector<int64_t>& args,
+                                                   const std::string* owner = nullptr);
+  absl::Status MigrateToOwners();
   absl::Status FillView(const JobRecord& record, v1::Job* job);
   absl::Status Trim(absl::string_view table, absl::string_view job_id, int keep);
 

@@ -22,7 +22,8 @@ constexpr absl::Duration kWriterTick = absl::Milliseconds(100);
 // A session that lasted this long was healthy: the next reconnect starts from the minimum backoff.
 constexpr absl::Duration kHealthySession = absl::Seconds(10);
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments args;
   // gRPC's own reconnect backoff grows to minutes; the session has its own backoff, so keep the
   // channel's short and a restarted coordinator is found within seconds.
@@ -36,7 +37,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(
+      address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args);
 }
 
 absl::Duration Jittered(absl::Duration d) {
@@ -54,7 +56,7 @@ CoordinatorSession::CoordinatorSession(SessionOptions options, RankManager* rank
       outbound_(outbound),
       metrics_(metrics),
       boot_id_(options_.boot_id.empty() ? NewBootId() : options_.boot_id),
-      channel_(MakeChannel(options_.coordinator)),
+      channel_(MakeChannel(options_.coordinator, options_.credentials)),
       stub_(v1::WorkerService::NewStub(channel_)) {}
 
 std::string CoordinatorSession::worker_id() const {

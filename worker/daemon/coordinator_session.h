@@ -27,6 +27,8 @@ namespace dropless {
 
 struct SessionOptions {
   std::string coordinator;                         // host:port
+  // Mutual TLS (or plaintext); null: plaintext, for tests that build sessions directly.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
   dropless::v1::RegisterWorkerRequest registration;
   absl::Duration min_backoff = absl::Milliseconds(200);
   absl::Duration max_backoff = absl::Seconds(3);

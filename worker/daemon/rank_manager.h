@@ -32,6 +32,9 @@ namespace dropless {
 struct RankManagerOptions {
   std::string rank_binary;        // executable started as `<rank_binary> rank ...`
   std::string coordinator;        // passed to ranks (rendezvous)
+  // How ranks reach the coordinator (TLS files or plaintext), as environment entries
+  // (common/grpc_security.h, ChannelSecurityEnvironment).
+  std::vector<std::string> channel_env;
   std::string node;
   std::string advertise_address;  // --host of the ranks
   std::string work_dir;           // <work_dir>/jobs/<job>/attempt-<N>/{spec.yaml,rank-<R>.log}

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 #include <type_traits>
+#include <utility>
 
 #include "absl/strings/string_view.h"
 #include "absl/status/status.h"
@@ -70,7 +71,8 @@ absl::StatusOr<WorkerSettings> ParseWorkerSettingsYaml(absl::string_view yaml) {
     std::string text;
     absl::Status st;
     if (key == "coordinator" || key == "node" || key == "advertise_address" ||
-        key == "metrics_address" || key == "gpus" || key == "work_dir") {
+        key == "metrics_address" || key == "gpus" || key == "work_dir" || key == "tls_ca" ||
+        key == "tls_cert" || key == "tls_key") {
       st = ReadScalar(value, key, &text);
       if (st.ok()) {
         if (key == "coordinator") s.coordinator = text;
@@ -79,6 +81,15 @@ absl::StatusOr<WorkerSettings> ParseWorkerSettingsYaml(absl::string_view yaml) {
         if (key == "metrics_address") s.metrics_address = text;
         if (key == "gpus") s.gpus = text;
         if (key == "work_dir") s.work_dir = text;
+        if (key == "tls_ca") s.tls_ca = text;
+        if (key == "tls_cert") s.tls_cert = text;
+        if (key == "tls_key") s.tls_key = text;
+      }
+    } else if (key == "insecure") {
+      try {
+        s.insecure = value.as<bool>();
+      } catch (const YAML::Exception&) {
+        st = FieldError(key, "must be true or false");
       }
     } else if (key == "metrics_port") {
       int v = 0;
@@ -188,6 +199,20 @@ absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const WorkerSettings& file,
   }
   if (c.kill_grace_ms < 0) {
     return FieldError("kill_grace_ms", absl::StrCat("must be >= 0 (got ", c.kill_grace_ms, ")"));
+  }
+  c.security.insecure = pick(flags.insecure, file.insecure, false);
+  c.security.tls.ca = pick(flags.tls_ca, file.tls_ca, std::string());
+  c.security.tls.cert = pick(flags.tls_cert, file.tls_cert, std::string());
+  c.security.tls.key = pick(flags.tls_key, file.tls_key, std::string());
+  if (!c.security.insecure) {
+    for (const auto& [value, key] : {std::pair{&c.security.tls.ca, "tls_ca"},
+                                     std::pair{&c.security.tls.cert, "tls_cert"},
+                                     std::pair{&c.security.tls.key, "tls_key"}}) {
+      if (value->empty()) {
+        return FieldError(key, "required: workers use mutual TLS (scripts/dev-certs makes "
+                               "development certificates); plaintext only with --insecure");
+      }
+    }
   }
   return c;
 }

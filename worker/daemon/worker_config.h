@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/grpc_security.h"
 #include "worker/daemon/gpu_discovery.h"
 
 namespace dropless {
@@ -27,6 +28,10 @@ struct WorkerSettings {
   std::optional<std::string> gpus;  // auto | none | N
   std::optional<std::string> work_dir;
   std::optional<int64_t> kill_grace_ms;
+  std::optional<bool> insecure;  // plaintext to the coordinator (development only)
+  std::optional<std::string> tls_ca;    // CA of the coordinator's certificate
+  std::optional<std::string> tls_cert;  // this node's client certificate (CN = node name)
+  std::optional<std::string> tls_key;
 };
 
 // Flat YAML mapping whose keys are the field names above (coordinator, node, advertise_address,
@@ -53,6 +58,8 @@ struct WorkerConfig {
   std::string gpus;               // auto | none | N
   std::string work_dir;           // per-attempt spec files and rank logs
   int64_t kill_grace_ms = 0;      // SIGTERM -> SIGKILL delay when stopping ranks
+  // Mutual TLS to the coordinator (the ranks use the same files), or plaintext when insecure.
+  ChannelSecurity security;
 };
 
 // Applies defaults, then `file`, then `flags`, and validates the result (errors name the field).

@@ -47,6 +47,21 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   if (absl::StatusOr<std::string> rank_binary = FindRankBinary(); !rank_binary.ok()) {
     LogWarning(absl::StrCat("every rank will fail: ", rank_binary.status().message()));
   }
+  // The ranks start in other directories: hand them absolute paths.
+  ChannelSecurity security = config.security;
+  for (std::string* path : {&security.tls.ca, &security.tls.cert, &security.tls.key}) {
+    if (!path->empty()) *path = std::filesystem::absolute(*path).string();
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(security);
+  if (!credentials.ok()) {
+    LogError(credentials.status().message());
+    return 2;
+  }
+  if (security.insecure) {
+    LogWarning("INSECURE: --insecure given: plaintext to the coordinator, no client certificate; "
+               "for development only (docs/security.md)");
+  }
   std::error_code ec;
   std::filesystem::create_directories(config.work_dir, ec);
   if (ec) {
@@ -96,10 +111,12 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   rank_options.slots = static_cast<int>(plan->devices.size());
   rank_options.slot_uuids = plan->uuids;
   rank_options.kill_grace = absl::Milliseconds(config.kill_grace_ms);
+  rank_options.channel_env = ChannelSecurityEnvironment(security);
   auto ranks = std::make_unique<RankManager>(rank_options, &outbound, metrics->get());
 
   SessionOptions session_options;
   session_options.coordinator = config.coordinator;
+  session_options.credentials = *credentials;
   session_options.boot_id = boot_id;
   dropless::v1::RegisterWorkerRequest& reg = session_options.registration;
   reg.set_node(config.node);
@@ -112,7 +129,9 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
 
   LogInfo(absl::StrCat("node ", config.node, ": ", plan->devices.size(), " ", plan->slot_kind,
                          " slot(s) [", absl::StrJoin(plan->devices, ", "), "], coordinator ",
-                         config.coordinator, ", advertised as ", config.advertise_address,
+                         config.coordinator,
+                         security.insecure ? " (PLAINTEXT)" : " (mutual TLS)",
+                         ", advertised as ", config.advertise_address,
                          config.metrics_port != 0
                              ? absl::StrCat(", /metrics on ", config.metrics_address, ":",
                                             config.metrics_port)

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/grpc_security.h"
 #include "common/job_spec.h"
 #include "common/engine_config.h"
 #include "worker/engine/engine.h"
@@ -102,6 +103,11 @@ absl::Status RankRun::Run() {
   if (const char* secret = std::getenv("DROPLESS_RENDEZVOUS_SECRET"); secret != nullptr) {
     rendezvous.secret = secret;  // from the daemon: the environment, not the visible command line
   }
+  // The daemon's way to the coordinator (its node certificate, or plaintext), also from there.
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(ChannelSecurityFromEnvironment());
+  if (!credentials.ok()) return credentials.status();
+  rendezvous.credentials = *credentials;
   std::unique_ptr<KeyValueStore> store = NewRendezvousKvStore(
       options_.coordinator, options_.job_id, options_.attempt, rendezvous);
   GlooOptions gloo;

@@ -4,6 +4,8 @@
 #define DROPLESS_WORKER_TRANSPORT_TRANSPORT_FACTORY_H_
 
 #include <memory>
+
+#include <grpcpp/security/credentials.h>
 #include <string>
 #include <vector>
 
@@ -56,6 +58,8 @@ struct RendezvousClientOptions {
   // The attempt's rendezvous secret (Assignment.rendezvous_secret; a rank finds it in
   // $DROPLESS_RENDEZVOUS_SECRET). Calls without the right one are refused (PermissionDenied).
   std::string secret;
+  // How to reach the coordinator (mutual TLS with the node's certificate); null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 std::unique_ptr<KeyValueStore> NewRendezvousKvStore(const std::string& coordinator_address,
                                                     const std::string& job_id, int attempt,

@@ -65,7 +65,7 @@ class CliTest : public ::testing::Test {
   // A coordinator on port_ with the database in dir_ (a restart finds the state it left).
   void StartCoordinator() {
     const int metrics_port = PickFreePort();
-    auto started = Process::Start({BinaryPath("dropless-coordinator"), "--listen",
+    auto started = Process::Start({BinaryPath("dropless-coordinator"), "--insecure", "--listen",
                                    absl::StrCat("127.0.0.1:", port_), "--db", dir_ + "/state.db",
                                    "--metrics-port", absl::StrCat(metrics_port)});
     ASSERT_TRUE(started.ok()) << started.status();
@@ -88,8 +88,8 @@ class CliTest : public ::testing::Test {
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
 
   std::vector<std::string> CliArgv(const std::vector<std::string>& args) const {
-    std::vector<std::string> argv = {BinaryPath("dropless"), "--coordinator", address(),
-                                     "--timeout", "10s"};
+    std::vector<std::string> argv = {BinaryPath("dropless"), "--insecure", "--coordinator",
+                                     address(), "--timeout", "10s"};
     argv.insert(argv.end(), args.begin(), args.end());
     return argv;
   }
@@ -123,7 +123,8 @@ class CliEndToEndTest : public CliTest {
   void SetUp() override {
     CliTest::SetUp();
     if (HasFatalFailure()) return;
-    auto started = Process::Start({BinaryPath("dropless-worker"), "--coordinator", address(),
+    auto started = Process::Start({BinaryPath("dropless-worker"), "--insecure", "--coordinator",
+                                   address(),
                                    "--node", "cli-e2e-node", "--cpu-slots", "2", "--gpus", "none",
                                    "--metrics-port", "0", "--work-dir", dir_ + "/worker"});
     ASSERT_TRUE(started.ok()) << started.status();

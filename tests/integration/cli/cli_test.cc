@@ -197,18 +197,20 @@ TEST_F(CliTest, CoordinatorFromEnvironmentAndFlagWins) {
   const std::string id = Submit("configs/jobs/tiny-cpu.yaml");
   const std::string bin = BinaryPath("dropless");
   CommandResult from_env = RunCommand(
-      {"/usr/bin/env", "DROPLESS_COORDINATOR=" + address(), bin, "get", "job", id, "-o", "json"});
+      {"/usr/bin/env", "DROPLESS_COORDINATOR=" + address(), "DROPLESS_INSECURE=1", bin, "get",
+       "job", id, "-o", "json"});
   ASSERT_EQ(from_env.exit_code, 0) << from_env.err;
   EXPECT_EQ(Str(ParseJson(from_env.out), "id"), id);
 
   const std::string dead = absl::StrCat("127.0.0.1:", PickFreePort());
-  CommandResult env_dead = RunCommand({"/usr/bin/env", "DROPLESS_COORDINATOR=" + dead, bin, "get",
-                                       "jobs", "--timeout", "5s"});
+  CommandResult env_dead = RunCommand({"/usr/bin/env", "DROPLESS_COORDINATOR=" + dead, bin,
+                                       "--insecure", "get", "jobs", "--timeout", "5s"});
   EXPECT_EQ(env_dead.exit_code, 4) << env_dead.err;
   EXPECT_THAT(env_dead.err, HasSubstr(dead));
 
   CommandResult flag_wins = RunCommand({"/usr/bin/env", "DROPLESS_COORDINATOR=" + dead, bin,
-                                        "--coordinator", address(), "get", "job", id});
+                                        "--insecure", "--coordinator", address(), "get", "job",
+                                        id});
   EXPECT_EQ(flag_wins.exit_code, 0) << flag_wins.err;
 }
 

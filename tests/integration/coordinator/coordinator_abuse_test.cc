@@ -318,7 +318,7 @@ TEST(CoordinatorAbuseTest, ManyConcurrentWatchersAllSeeTheEnd) {
 TEST(CoordinatorAbuseTest, SecondCoordinatorOnATakenPortRefusesToStart) {
   auto c = CoordinatorUnderTest::Start();
   const std::string port = c->address().substr(c->address().rfind(':') + 1);
-  CommandResult second = RunCommand({BinaryPath("dropless-coordinator"),
+  CommandResult second = RunCommand({BinaryPath("dropless-coordinator"), "--insecure",
                                      "--listen=127.0.0.1:" + port,
                                      "--db=" + MakeTempDir() + "/second.db", "--metrics-port=0"},
                                     absl::Seconds(30));

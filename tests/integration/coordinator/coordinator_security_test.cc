@@ -97,7 +97,8 @@ TEST(CoordinatorSecurityTest, MessagesOverTheSizeLimitAreRefused) {
 TEST(CoordinatorSecurityTest, UserAndWorkerApisAnswerOnlyOnTheirOwnListener) {
   const int user_port = PickFreePort(), worker_port = PickFreePort();
   absl::StatusOr<std::unique_ptr<Process>> coordinator = Process::Start(
-      {BinaryPath("dropless-coordinator"), absl::StrCat("--listen=127.0.0.1:", user_port),
+      {BinaryPath("dropless-coordinator"), "--insecure",
+       absl::StrCat("--listen=127.0.0.1:", user_port),
        absl::StrCat("--worker-listen=127.0.0.1:", worker_port),
        absl::StrCat("--db=", MakeTempDir(), "/coordinator.db"), "--metrics-port=0"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();

@@ -82,7 +82,8 @@ TEST(CoordinatorSubmitTest, TheCliSendsARequestIdAndHonoursAGivenOne) {
   const std::string bin = BinaryPath("dropless");
   const std::string spec = SourcePath("configs/jobs/tiny-cpu.yaml");
   auto submit = [&](std::vector<std::string> extra) {
-    std::vector<std::string> argv = {bin, "--coordinator", c->address(), "submit", "-f", spec};
+    std::vector<std::string> argv = {bin, "--insecure", "--coordinator", c->address(), "submit", "-f",
+                                     spec};
     argv.insert(argv.end(), extra.begin(), extra.end());
     CommandResult r = RunCommand(argv, absl::Seconds(30));
     EXPECT_EQ(r.exit_code, 0) << r.err;

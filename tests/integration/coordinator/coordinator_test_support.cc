@@ -42,7 +42,7 @@ std::unique_ptr<CoordinatorUnderTest> CoordinatorUnderTest::Start(const std::str
 }
 
 void CoordinatorUnderTest::Launch() {
-  auto process = Process::Start({BinaryPath("dropless-coordinator"),
+  auto process = Process::Start({BinaryPath("dropless-coordinator"), "--insecure",
                                  absl::StrCat("--listen=127.0.0.1:", grpc_port_),
                                  absl::StrCat("--db=", db_),
                                  absl::StrCat("--metrics-port=", metrics_port_),

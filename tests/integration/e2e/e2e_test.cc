@@ -47,14 +47,15 @@ TEST(EndToEndTest, TinyCpuThroughTheCliOnTwoWorkers) {
   const std::string cli = BinaryPath("dropless");
   const std::string coordinator = cluster.coordinator_address();
 
-  CommandResult submit = RunCommand({cli, "--coordinator", coordinator, "submit", "-f",
+  CommandResult submit = RunCommand({cli, "--insecure", "--coordinator", coordinator, "submit", "-f",
                                      SourcePath("configs/jobs/tiny-cpu.yaml")});
   ASSERT_EQ(submit.exit_code, 0) << submit.out << submit.err;
   const std::string id(absl::StripAsciiWhitespace(submit.out));
   ASSERT_FALSE(id.empty());
 
   CommandResult watch =
-      RunCommand({cli, "--coordinator", coordinator, "watch", id, "-o", "json"}, absl::Seconds(240));
+      RunCommand({cli, "--insecure", "--coordinator", coordinator, "watch", id, "-o", "json"},
+                 absl::Seconds(240));
   ASSERT_EQ(watch.exit_code, 0) << "watch exits 0 only when the job SUCCEEDED\n"
                                 << watch.out << watch.err << cluster.Diagnostics();
 

@@ -297,7 +297,7 @@ TEST(FaultTest, WatchersKilledMidStreamAreReleased) {
   std::vector<std::unique_ptr<Process>> watchers;
   for (int i = 0; i < kWatchers; ++i) {
     absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(
-        {BinaryPath("dropless"), "--coordinator", c->address(), "watch", job->id()});
+        {BinaryPath("dropless"), "--insecure", "--coordinator", c->address(), "watch", job->id()});
     ASSERT_TRUE(p.ok()) << p.status();
     watchers.push_back(std::move(*p));
   }

@@ -8,7 +8,8 @@ accept and serve on. For every container of base and every overlay (rendered wit
     the coordinator's database on its PersistentVolumeClaim;
   - the worker's --coordinator names the coordinator Service's grpc port;
   - the binary really starts with those arguments (ports moved to free loopback ports, mount paths to
-    temporary folders, $(VARS) expanded as the kubelet would): the coordinator serves its API and
+    temporary folders, the Secrets' files made by scripts/dev-certs, $(VARS) expanded as the kubelet
+    would): the coordinator serves its API (TLS, tokens) and
     /metrics and answers its grpc probes' health checks SERVING, and the worker registers with it as
     READY and serves /metrics.
 
@@ -17,6 +18,7 @@ Usage: check_manifest_flags.py --bin-dir DIR --source-dir DIR --ops-tools DIR
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -97,6 +99,27 @@ def check_static(where, obj, c, flags, objects):
             fail(where, "--coordinator=%s is not the Service's grpc port" % flags["coordinator"])
 
 
+def provision_secrets(tmp, source_dir):
+    """The files the manifests mount from Secrets, made by scripts/dev-certs, in the folders that
+    relocate() maps the Secret volumes to (their volume names). Returns the CLI's flags."""
+    certs = os.path.join(tmp, "dev-certs")
+    subprocess.run(["bash", os.path.join(source_dir, "scripts", "dev-certs"), certs,
+                    FIELD_VALUES["spec.nodeName"]], check=True, capture_output=True, timeout=60)
+    node = FIELD_VALUES["spec.nodeName"]
+    files = {
+        "coordinator-tls": {"tls.crt": "coordinator.pem", "tls.key": "coordinator.key", "ca.crt": "ca.pem"},
+        "tokens": {"tokens.yaml": "tokens.yaml"},
+        "worker-tls": {"ca.crt": "ca.pem", node + ".crt": "workers/%s.pem" % node,
+                       node + ".key": "workers/%s.key" % node},
+    }
+    for volume, names in files.items():
+        os.makedirs(os.path.join(tmp, volume), exist_ok=True)
+        for name, source in names.items():
+            shutil.copyfile(os.path.join(certs, source), os.path.join(tmp, volume, name))
+    return ["--tls-ca", os.path.join(certs, "ca.pem"),
+            "--token-file", os.path.join(certs, "tokens", "admin.token")]
+
+
 def relocate(flags, mounts, tmp, ports):
     """The same arguments for a run on this machine: ports -> free loopback ports, paths on mounts ->
     temporary folders, 0.0.0.0 -> 127.0.0.1."""
@@ -146,7 +169,7 @@ def run_for_real(where, binary, flags, c, tmp, state, cli_binary):
     try:
         if "grpc" in ports:
             cluster.wait_until("%s gRPC port" % name, up(lambda: cluster.port_open(ports["grpc"])), 20)
-            cli = cluster.Cli(cli_binary, "127.0.0.1:%d" % ports["grpc"])
+            cli = cluster.Cli(cli_binary, "127.0.0.1:%d" % ports["grpc"], state["cli_security"])
             cli.json("get", "workers")  # the API answers
             for probe_name in ("startupProbe", "readinessProbe", "livenessProbe"):
                 probe = c.get(probe_name, {}).get("grpc")
@@ -194,7 +217,8 @@ def main():
         # Coordinators first: the workers of the same rendering register with the one started here.
         workloads = sorted(manifests.containers(objects), key=lambda t: t[0]["kind"] != "StatefulSet")
         with tempfile.TemporaryDirectory(prefix="dropless-manifest-flags-") as tmp:
-            state = {"procs": cluster.Processes(tmp)}
+            state = {"procs": cluster.Processes(tmp),
+                     "cli_security": provision_secrets(tmp, args.source_dir)}
             try:
                 for obj, _, c in workloads:
                     where = "%s %s/%s" % (name, obj["kind"], obj["metadata"]["name"])

@@ -125,11 +125,12 @@ class Processes:
 
 
 class Cli:
-    def __init__(self, binary, coordinator):
-        self.binary, self.coordinator = binary, coordinator
+    # security: the CLI's flags for the coordinator's TLS and token; default plaintext (--insecure).
+    def __init__(self, binary, coordinator, security=("--insecure",)):
+        self.binary, self.coordinator, self.security = binary, coordinator, list(security)
 
     def run(self, *args, timeout=30):
-        r = subprocess.run([self.binary, "--coordinator", self.coordinator] + list(args),
+        r = subprocess.run([self.binary] + self.security + ["--coordinator", self.coordinator] + list(args),
                            capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
             raise RuntimeError("dropless %s: exit %d: %s" % (" ".join(args), r.returncode, r.stderr.strip()))

@@ -98,14 +98,14 @@ def substitute(expr, variables):
 def start_control_plane(procs, bins, tmp, ports):
     coordinator = "127.0.0.1:%d" % ports["grpc"]
     procs.start("coordinator", [
-        bins["dropless-coordinator"], "--listen", coordinator, "--db", os.path.join(tmp, "dropless.db"),
+        bins["dropless-coordinator"], "--insecure", "--listen", coordinator, "--db", os.path.join(tmp, "dropless.db"),
         "--metrics-port", str(ports["coordinator"]), "--metrics-address", "127.0.0.1",
         "--heartbeat-interval-ms", "200", "--lease-timeout-ms", "2000"])
     cluster.wait_until("coordinator gRPC port", lambda: cluster.port_open(ports["grpc"]), 30)
     cluster.wait_until("coordinator /metrics", lambda: cluster.port_open(ports["coordinator"]), 30)
     for i in (0, 1):
         procs.start("worker-%d" % i, [
-            bins["dropless-worker"], "--coordinator", coordinator, "--node", "obs-node-%d" % i,
+            bins["dropless-worker"], "--insecure", "--coordinator", coordinator, "--node", "obs-node-%d" % i,
             "--advertise-address", "127.0.0.1", "--cpu-slots", "1", "--gpus", "none",
             "--metrics-port", str(ports["worker-%d" % i]), "--metrics-address", "127.0.0.1",
             "--work-dir", os.path.join(tmp, "worker-%d" % i)])

@@ -29,7 +29,8 @@ using testing::Process;
 
 std::unique_ptr<Process> StartCoordinator(int port, const std::string& dir) {
   absl::StatusOr<std::unique_ptr<Process>> coordinator = Process::Start(
-      {testing::BinaryPath("dropless-coordinator"), "--listen", absl::StrCat("127.0.0.1:", port),
+      {testing::BinaryPath("dropless-coordinator"), "--insecure", "--listen",
+       absl::StrCat("127.0.0.1:", port),
        "--db", dir + "/coordinator.db", "--metrics-port", "0"});
   EXPECT_TRUE(coordinator.ok()) << coordinator.status();
   if (!coordinator.ok()) return nullptr;

@@ -62,6 +62,7 @@ absl::Status WorkerCluster::StartCoordinator(const std::vector<std::string>& ext
   if (coordinator_) old_coordinator_output_.push_back(coordinator_->Output());
   std::vector<std::string> argv = {
       BinaryPath("dropless-coordinator"),
+      "--insecure",
       absl::StrCat("--listen=", coordinator_address()),
       absl::StrCat("--db=", dir_, "/coordinator.db"),
       "--metrics-port=0",
@@ -91,6 +92,7 @@ absl::Status WorkerCluster::StartWorker(const std::string& node,
   w.metrics_port = PickFreePort();
   absl::StatusOr<std::unique_ptr<Process>> p = Process::Start({
       BinaryPath("dropless-worker"),
+      "--insecure",
       absl::StrCat("--coordinator=", coordinator_address()),
       absl::StrCat("--node=", node),
       "--cpu-slots=1",

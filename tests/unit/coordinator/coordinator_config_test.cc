@@ -12,7 +12,8 @@ using ::testing::HasSubstr;
 
 TEST(CoordinatorConfigTest, KeysOverlayTheDefaults) {
   absl::StatusOr<CoordinatorConfig> config = ApplyConfigYaml(
-      "listen: 127.0.0.1:9000\nmetrics_port: 0\nlease_timeout_ms: 3000\n", CoordinatorConfig{});
+      "listen: 127.0.0.1:9000\nmetrics_port: 0\nlease_timeout_ms: 3000\ninsecure: true\n",
+      CoordinatorConfig{});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->listen, "127.0.0.1:9000");
   EXPECT_EQ(config->metrics_port, 0);
@@ -49,6 +50,22 @@ TEST(CoordinatorConfigTest, ValidationNamesTheField) {
   config = CoordinatorConfig{};
   config.metrics_port = 70000;
   EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("metrics_port"));
+}
+
+TEST(CoordinatorConfigTest, TlsAndTokensAreRequiredUnlessInsecure) {
+  CoordinatorConfig config;
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("tls_cert: required with TLS"));
+  config.tls_cert = "c.pem";
+  config.tls_key = "c.key";
+  config.worker_ca = "ca.pem";
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("tokens_file"));
+  config.tokens_file = "tokens.yaml";
+  EXPECT_TRUE(ValidateConfig(config).ok());
+  config.submit_rate_per_second = -1;
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("submit_rate_per_second"));
+  CoordinatorConfig plaintext;
+  plaintext.insecure = true;
+  EXPECT_TRUE(ValidateConfig(plaintext).ok());
 }
 
 TEST(CoordinatorConfigTest, ShippedExampleIsValid) {

@@ -299,6 +299,49 @@ TEST(JobStoreTest, RefusesNewerSchema) {
   EXPECT_THAT(store.status().message(), HasSubstr("schema version 99"));
 }
 
+// A file of schema version 1 (before jobs had owners) opens: its jobs belong to nobody, new jobs
+// record their owner, and listing by owner finds each user's own.
+TEST(JobStoreTest, VersionOneFileGainsOwners) {
+  const std::string path = TempDbPath();
+  {
+    auto opened = JobStore::Open(path);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    JobRecord old_job = NewJob(**opened, "old", 0);
+    StoreWrite write;
+    write.jobs = {old_job};
+    ASSERT_TRUE((*opened)->Commit(write).ok());
+  }
+  {
+    // Back to version 1 as it shipped: no owner column, no index.
+    auto db = SqliteDb::Open(path);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE((*db)->Exec("DROP INDEX jobs_by_owner; ALTER TABLE jobs DROP COLUMN owner; "
+                            "PRAGMA user_version=1").ok());
+  }
+  auto opened = JobStore::Open(path);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  JobStore& store = **opened;
+  JobRecord mine = NewJob(store, "mine", 0);
+  mine.job.set_owner("alice");
+  StoreWrite write;
+  write.jobs = {mine};
+  ASSERT_TRUE(store.Commit(write).ok());
+  auto all = store.ListJobs({}, 0);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].owner(), "");
+  EXPECT_EQ((*all)[1].owner(), "alice");
+  const std::string alice = "alice", nobody = "";
+  auto alices = store.ListJobs({}, 1, 0, nullptr, &alice);
+  ASSERT_TRUE(alices.ok()) << alices.status();
+  ASSERT_EQ(alices->size(), 1u);
+  EXPECT_EQ((*alices)[0].name(), "mine");
+  auto nobodys = store.ListJobs({v1::JOB_STATE_PENDING}, 0, 0, nullptr, &nobody);
+  ASSERT_TRUE(nobodys.ok());
+  ASSERT_EQ(nobodys->size(), 1u);
+  EXPECT_EQ((*nobodys)[0].name(), "old");
+}
+
 TEST(JobStoreTest, AttemptUpsertReplacesRankStates) {
   auto opened = JobStore::Open(TempDbPath());
   ASSERT_TRUE(opened.ok());

@@ -180,8 +180,14 @@ def check_workloads(where, objects):
         if obj["kind"] == "StatefulSet":
             if not spec.get("volumeClaimTemplates"):
                 fail(w, "no volumeClaimTemplates (the database needs a persistent volume)")
+            # The kubelet's grpc probes speak plaintext: a TLS API port (--tls-cert) is probed
+            # with a TCP check of that port, a plaintext one through its health service.
+            tls = any(a.startswith("--tls-cert") for a in c.get("args", []))
             for probe_name in ("readinessProbe", "livenessProbe"):
-                if "grpc" not in c.get(probe_name, {}):
+                probe = c.get(probe_name, {})
+                if tls and probe.get("tcpSocket", {}).get("port") not in ("grpc", named.get("grpc")):
+                    fail(w, "%s must be a tcpSocket probe of the grpc port (it speaks TLS)" % probe_name)
+                elif not tls and "grpc" not in probe:
                     fail(w, "%s must be a grpc probe (the health service)" % probe_name)
     for svc in by_kind.get("Service", []):
         w = "%s Service/%s" % (where, svc["metadata"]["name"])

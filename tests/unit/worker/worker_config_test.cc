@@ -19,6 +19,13 @@ HostFacts Host() {
   return h;
 }
 
+// Flags of a development worker: plaintext, so no certificate files are needed.
+WorkerSettings PlaintextFlags() {
+  WorkerSettings flags;
+  flags.insecure = true;
+  return flags;
+}
+
 void ExpectInvalid(const absl::Status& status, const std::string& field) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_NE(status.message().find(field), std::string::npos)
@@ -26,7 +33,7 @@ void ExpectInvalid(const absl::Status& status, const std::string& field) {
 }
 
 TEST(WorkerConfigTest, DefaultsFollowTheHost) {
-  absl::StatusOr<WorkerConfig> c = ResolveWorkerConfig({}, {}, Host());
+  absl::StatusOr<WorkerConfig> c = ResolveWorkerConfig({}, PlaintextFlags(), Host());
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->coordinator, "localhost:7070");
   EXPECT_EQ(c->node, "gpu-node-7");
@@ -40,7 +47,7 @@ TEST(WorkerConfigTest, DefaultsFollowTheHost) {
 }
 
 TEST(WorkerConfigTest, AdvertisesHostnameForARemoteCoordinator) {
-  WorkerSettings flags;
+  WorkerSettings flags = PlaintextFlags();
   flags.coordinator = "coordinator.cluster:7070";
   absl::StatusOr<WorkerConfig> c = ResolveWorkerConfig({}, flags, Host());
   ASSERT_TRUE(c.ok()) << c.status();
@@ -71,7 +78,7 @@ work_dir: /srv/dropless
 kill_grace_ms: 250
 )");
   ASSERT_TRUE(file.ok()) << file.status();
-  WorkerSettings flags;
+  WorkerSettings flags = PlaintextFlags();
   flags.node = "from-flag";
   flags.metrics_port = 0;
   absl::StatusOr<WorkerConfig> c = ResolveWorkerConfig(*file, flags, Host());
@@ -97,6 +104,23 @@ TEST(WorkerConfigTest, ShippedExampleConfigParses) {
   EXPECT_TRUE(ResolveWorkerConfig(*s, {}, Host()).ok());
 }
 
+TEST(WorkerConfigTest, TlsFilesAreRequiredUnlessInsecure) {
+  ExpectInvalid(ResolveWorkerConfig({}, {}, Host()).status(), "tls_ca");
+  absl::StatusOr<WorkerSettings> file = ParseWorkerSettingsYaml(
+      "tls_ca: /c/ca.pem\ntls_cert: /c/n.pem\ntls_key: /c/n.key\n");
+  ASSERT_TRUE(file.ok()) << file.status();
+  absl::StatusOr<WorkerConfig> c = ResolveWorkerConfig(*file, {}, Host());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->security.insecure);
+  EXPECT_EQ(c->security.tls.cert, "/c/n.pem");
+  WorkerSettings only_key;
+  only_key.tls_ca = "/c/ca.pem";
+  only_key.tls_key = "/c/n.key";
+  ExpectInvalid(ResolveWorkerConfig({}, only_key, Host()).status(), "tls_cert");
+  EXPECT_TRUE(ParseWorkerSettingsYaml("insecure: true\n")->insecure.value_or(false));
+  ExpectInvalid(ParseWorkerSettingsYaml("insecure: maybe\n").status(), "insecure");
+}
+
 TEST(WorkerConfigTest, EmptyYamlIsAllDefaults) {
   absl::StatusOr<WorkerSettings> s = ParseWorkerSettingsYaml("# nothing\n");
   ASSERT_TRUE(s.ok()) << s.status();
@@ -120,7 +144,10 @@ TEST(WorkerConfigTest, MissingFileIsAnError) {
 }
 
 TEST(WorkerConfigTest, InvalidValuesNameTheField) {
-  auto resolve = [](WorkerSettings flags) { return ResolveWorkerConfig({}, flags, Host()).status(); };
+  auto resolve = [](WorkerSettings flags) {
+    flags.insecure = true;
+    return ResolveWorkerConfig({}, flags, Host()).status();
+  };
   WorkerSettings s;
   s.metrics_port = 70000;
   ExpectInvalid(resolve(s), "metrics_port");
@@ -150,6 +177,7 @@ TEST(WorkerConfigTest, InvalidValuesNameTheField) {
 
 absl::StatusOr<SlotPlan> Plan(WorkerSettings flags, absl::StatusOr<std::vector<std::string>> gpus,
                               bool* discovered, std::string* warning = nullptr) {
+  flags.insecure = true;
   absl::StatusOr<WorkerConfig> c = ResolveWorkerConfig({}, flags, Host());
   if (!c.ok()) return c.status();
   *discovered = false;

@@ -1,0 +1,133 @@
+#include "coordinator/auth/call_authorizer.h"
+
+#include <utility>
+
+#include <grpc/grpc_security_constants.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+
+namespace dropless::coordinator {
+namespace {
+
+// The least role each JobService method needs. A method missing here is refused: a new one has
+// to be given a role before anyone can call it.
+struct MethodRole {
+  const char* method;
+  Role role;
+};
+constexpr MethodRole kMethodRoles[] = {
+    {"SubmitJob", Role::kSubmitter},    {"CancelJob", Role::kSubmitter},
+    {"GetJob", Role::kViewer},          {"ListJobs", Role::kViewer},
+    {"WatchJob", Role::kViewer},        {"ListEvents", Role::kViewer},
+    {"GetLogs", Role::kViewer},         {"ListWorkers", Role::kViewer},
+    {"ListStepMetrics", Role::kViewer}, {"GetVersion", Role::kViewer},
+};
+
+constexpr absl::string_view kJobService = "dropless.v1.JobService";
+
+absl::string_view Find(const grpc::AuthMetadataProcessor::InputMetadata& metadata,
+                       absl::string_view key) {
+  for (const auto& [k, v] : metadata) {
+    if (absl::string_view(k.data(), k.size()) == key) return absl::string_view(v.data(), v.size());
+  }
+  return absl::string_view();
+}
+
+std::string FirstProperty(const grpc::AuthContext& context, const char* name) {
+  std::vector<grpc::string_ref> values = context.FindPropertyValues(name);
+  return values.empty() ? std::string() : std::string(values[0].data(), values[0].size());
+}
+
+}  // namespace
+
+grpc::Status CallAuthorizer::Process(const InputMetadata& metadata, grpc::AuthContext* context,
+                                     OutputMetadata* consumed, OutputMetadata*) {
+  absl::string_view path = Find(metadata, ":path");
+  absl::ConsumePrefix(&path, "/");
+  const size_t slash = path.find('/');
+  const absl::string_view service = path.substr(0, slash);
+  const absl::string_view method =
+      slash == absl::string_view::npos ? absl::string_view() : path.substr(slash + 1);
+  if (service == kJobService) return AuthorizeUser(method, metadata, context, consumed);
+  if (service == "dropless.v1.WorkerService" || service == "dropless.v1.RendezvousService") {
+    return AuthorizeWorker(service, context);
+  }
+  // Health checks, reflection, and unknown services (answered UNIMPLEMENTED): nothing to protect.
+  return grpc::Status::OK;
+}
+
+grpc::Status CallAuthorizer::AuthorizeUser(absl::string_view method,
+                                           const InputMetadata& metadata,
+                                           grpc::AuthContext* context,
+                                           OutputMetadata* consumed) {
+  const absl::string_view header = Find(metadata, "authorization");
+  if (header.empty()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "missing bearer token: JobService calls need `authorization: Bearer "
+                        "<token>` (dropless --token, $DROPLESS_TOKEN or --token-file)");
+  }
+  absl::string_view token = header;
+  if (!absl::ConsumePrefix(&token, "Bearer ") || token.empty()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "malformed authorization header: expected `Bearer <token>`");
+  }
+  const TokenGrant* grant = tokens_->Find(token);
+  if (grant == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "unknown bearer token: it is not in the coordinator's tokens file");
+  }
+  const absl::Time now = absl::Now();
+  if (now >= grant->expires) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        absl::StrCat("expired bearer token of user ", grant->user, " (expired ",
+                                     absl::FormatTime(absl::RFC3339_sec, grant->expires,
+                                                      absl::UTCTimeZone()),
+                                     ")"));
+  }
+  const MethodRole* needed = nullptr;
+  for (const MethodRole& entry : kMethodRoles) {
+    if (method == entry.method) needed = &entry;
+  }
+  if (needed == nullptr) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("JobService/", method, " has no role assigned"));
+  }
+  if (grant->role < needed->role) {
+    return grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        absl::StrCat("user ", grant->user, " has role ", RoleName(grant->role), "; ", method,
+                     " needs role ", RoleName(needed->role), " or higher"));
+  }
+  if (method == "SubmitJob" && !submit_limiter_->TryTake(std::string(token), now)) {
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrFormat("submission rate limit of user %s exceeded: at most %g submissions per "
+                        "second per token (burst %g; --submit-rate-per-second)",
+                        grant->user, submit_limiter_->per_second(), submit_limiter_->burst()));
+  }
+  context->AddProperty(kUserProperty, grant->user);
+  context->AddProperty(kRoleProperty, std::string(RoleName(grant->role)));
+  // The token stops here: handlers and logs never see it.
+  consumed->emplace("authorization", std::string(header));
+  return grpc::Status::OK;
+}
+
+grpc::Status CallAuthorizer::AuthorizeWorker(absl::string_view service,
+                                             grpc::AuthContext* context) {
+  // Set only when the handshake verified the client's certificate against the worker CA.
+  const std::string node = FirstProperty(*context, GRPC_X509_CN_PROPERTY_NAME);
+  if (node.empty()) {
+    return grpc::Status(
+        grpc::StatusCode::UNAUTHENTICATED,
+        absl::StrCat(service, " needs a worker's client certificate (mutual TLS; the node name "
+                              "is its common name): none was presented"));
+  }
+  context->AddProperty(kNodeProperty, node);
+  return grpc::Status::OK;
+}
+
+}  // namespace dropless::coordinator

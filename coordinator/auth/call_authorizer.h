@@ -1,0 +1,55 @@
+// CallAuthorizer: who is calling and whether they may, decided for every call on a TLS listener
+// before any handler runs, with the call refused there when not.
+//
+// It is the listener's grpc::AuthMetadataProcessor rather than a ServerInterceptor: gRPC 1.51's C++
+// server interceptors cannot end a call with a status (grpc/grpc#24017), the auth processor can, and
+// it sees the method (:path), the metadata and the TLS peer.
+//
+//   dropless.v1.JobService/*        `authorization: Bearer <token>` from the tokens file, not
+//                                   expired, with the method's role (kMethodRoles); SubmitJob also
+//                                   within the caller's submission rate.
+//   dropless.v1.WorkerService/*,    a client certificate verified against the worker CA (mutual
+//   dropless.v1.RendezvousService/* TLS); its common name is the node the caller may act as.
+//   grpc.health.v1, reflection      anyone who completed the TLS handshake.
+//
+// What it learned goes into the call's AuthContext (kUserProperty, kRoleProperty, kNodeProperty),
+// read by the handlers through CallerOf / NodeOf (caller.h).
+#ifndef DROPLESS_COORDINATOR_AUTH_CALL_AUTHORIZER_H_
+#define DROPLESS_COORDINATOR_AUTH_CALL_AUTHORIZER_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/security/auth_metadata_processor.h>
+
+#include "coordinator/auth/submit_rate_limiter.h"
+#include "coordinator/auth/user_tokens.h"
+
+namespace dropless::coordinator {
+
+inline constexpr char kUserProperty[] = "dropless_user";
+inline constexpr char kRoleProperty[] = "dropless_role";
+inline constexpr char kNodeProperty[] = "dropless_node";
+
+class CallAuthorizer final : public grpc::AuthMetadataProcessor {
+ public:
+  CallAuthorizer(std::shared_ptr<const UserTokens> tokens,
+                 std::shared_ptr<SubmitRateLimiter> submit_limiter)
+      : tokens_(std::move(tokens)), submit_limiter_(std::move(submit_limiter)) {}
+
+  bool IsBlocking() const override { return false; }  // lookups in memory only
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
+                       OutputMetadata* consumed, OutputMetadata* response) override;
+
+ private:
+  grpc::Status AuthorizeUser(absl::string_view method, const InputMetadata& metadata,
+                             grpc::AuthContext* context, OutputMetadata* consumed);
+  grpc::Status AuthorizeWorker(absl::string_view service, grpc::AuthContext* context);
+
+  const std::shared_ptr<const UserTokens> tokens_;
+  const std::shared_ptr<SubmitRateLimiter> submit_limiter_;
+};
+
+}  // namespace dropless::coordinator
+
+#endif  // DROPLESS_COORDINATOR_AUTH_CALL_AUTHORIZER_H_

@@ -1,0 +1,41 @@
+// Who made a call, as CallAuthorizer (call_authorizer.h) recorded it in the call's AuthContext.
+// On a plaintext listener (--insecure, development only) nobody is authenticated: every caller is
+// the anonymous admin, and ownership is not enforced.
+#ifndef DROPLESS_COORDINATOR_AUTH_CALLER_H_
+#define DROPLESS_COORDINATOR_AUTH_CALLER_H_
+
+#include <string>
+
+#include <grpcpp/server_context.h>
+
+#include "absl/status/status.h"
+#include "coordinator/auth/user_tokens.h"
+
+namespace dropless::coordinator {
+
+struct Caller {
+  std::string user;  // "" for the anonymous caller of a plaintext listener
+  Role role = Role::kAdmin;
+
+  // Whether this caller may see or cancel a job owned by `owner`: admins and viewers see every
+  // job (viewers cannot cancel: their role stops them earlier), submitters their own.
+  bool CanAccessJobOf(const std::string& owner) const {
+    return role != Role::kSubmitter || owner == user;
+  }
+};
+
+Caller CallerOf(const grpc::ServerContext& context);
+
+// PermissionDenied naming the job and its owner when `caller` may not act on it.
+absl::Status CheckJobAccess(const Caller& caller, const std::string& job_id,
+                            const std::string& owner);
+
+// A worker's call: OK when the certificate's node is `node` (or the listener is plaintext);
+// PermissionDenied naming both otherwise.
+absl::Status CheckNodeIdentity(const grpc::ServerContext& context, const std::string& node);
+// The node of the caller's worker certificate; "" on a plaintext listener.
+std::string NodeOf(const grpc::ServerContext& context);
+
+}  // namespace dropless::coordinator
+
+#endif  // DROPLESS_COORDINATOR_AUTH_CALLER_H_

@@ -1,0 +1,50 @@
+// UserTokens: who a bearer token belongs to and what it may do, read from the coordinator's tokens
+// file (YAML; scripts/dev-certs writes one):
+//
+//   tokens:
+//     - {token: 3f9c..., user: alice, role: submitter}
+//     - {token: 77ab..., user: ops, role: admin, expires: "2027-01-01T00:00:00Z"}
+//
+// Roles, each including the ones before it: viewer (read jobs, workers, logs, metrics),
+// submitter (submit jobs; see and cancel its own), admin (every job).
+#ifndef DROPLESS_COORDINATOR_AUTH_USER_TOKENS_H_
+#define DROPLESS_COORDINATOR_AUTH_USER_TOKENS_H_
+
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace dropless::coordinator {
+
+enum class Role { kViewer = 0, kSubmitter = 1, kAdmin = 2 };
+
+absl::string_view RoleName(Role role);
+// InvalidArgument naming the text when it is no role.
+absl::StatusOr<Role> ParseRole(absl::string_view text);
+
+struct TokenGrant {
+  std::string user;
+  Role role = Role::kViewer;
+  absl::Time expires = absl::InfiniteFuture();
+};
+
+class UserTokens {
+ public:
+  // Errors name the file and the entry (never the token itself).
+  static absl::StatusOr<UserTokens> LoadFile(const std::string& path);
+  static absl::StatusOr<UserTokens> ParseYaml(const std::string& yaml);
+
+  // The grant of `token`, or null when the file has no such token.
+  const TokenGrant* Find(absl::string_view token) const;
+  size_t size() const { return grants_.size(); }
+
+ private:
+  std::map<std::string, TokenGrant, std::less<>> grants_;
+};
+
+}  // namespace dropless::coordinator
+
+#endif  // DROPLESS_COORDINATOR_AUTH_USER_TOKENS_H_

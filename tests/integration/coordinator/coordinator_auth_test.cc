@@ -1,0 +1,344 @@
+// Refusals of TLS, worker certificates and user tokens (ctest label `security`), against the real
+// dropless-coordinator on loopback with certificates and tokens from scripts/dev-certs. Every
+// refusal is checked for its exact status code and for a message that names the problem.
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/coordinator/coordinator_test_support.h"
+
+namespace dropless::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// scripts/dev-certs DIR for nodes node-a and node-b; empty on failure (the test then fails).
+std::string MakeCerts() {
+  const std::string dir = MakeTempDir() + "/certs";
+  CommandResult r =
+      RunCommand({"bash", SourcePath("scripts/dev-certs"), dir, "node-a", "node-b"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  return r.exit_code == 0 ? dir : "";
+}
+
+std::string Token(const std::string& certs, const std::string& user) {
+  return std::string(absl::StripAsciiWhitespace(ReadFile(certs + "/tokens/" + user + ".token")));
+}
+
+grpc::SslCredentialsOptions TlsOptions(const std::string& ca_dir, const std::string& cert_base) {
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = ReadFile(ca_dir + "/ca.pem");
+  if (!cert_base.empty()) {
+    options.pem_cert_chain = ReadFile(cert_base + ".pem");
+    options.pem_private_key = ReadFile(cert_base + ".key");
+  }
+  return options;
+}
+
+std::shared_ptr<grpc::Channel> Connect(int port, std::shared_ptr<grpc::ChannelCredentials> creds) {
+  return grpc::CreateChannel(absl::StrCat("localhost:", port), std::move(creds));
+}
+
+// A user's channel: TLS verified with ca_dir's CA, and the bearer token (none when empty).
+std::shared_ptr<grpc::Channel> UserChannel(int port, const std::string& ca_dir,
+                                           const std::string& token) {
+  std::shared_ptr<grpc::ChannelCredentials> tls = grpc::SslCredentials(TlsOptions(ca_dir, ""));
+  if (token.empty()) return Connect(port, tls);
+  return Connect(port, grpc::CompositeChannelCredentials(tls, grpc::AccessTokenCredentials(token)));
+}
+
+// A worker's channel: mutual TLS with the certificate at cert_base (.pem/.key) or none.
+std::shared_ptr<grpc::Channel> WorkerChannel(int port, const std::string& ca_dir,
+                                             const std::string& cert_base) {
+  return Connect(port, grpc::SslCredentials(TlsOptions(ca_dir, cert_base)));
+}
+
+template <typename T>
+void SetDeadline(T* context) {
+  context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+}
+
+grpc::Status Register(const std::shared_ptr<grpc::Channel>& channel, const std::string& node,
+                      std::string* worker_id = nullptr) {
+  auto stub = v1::WorkerService::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  v1::RegisterWorkerRequest request;
+  request.set_node(node);
+  request.set_slot_kind("cpu");
+  request.add_devices("cpu");
+  v1::RegisterWorkerResponse response;
+  grpc::Status status = stub->RegisterWorker(&context, request, &response);
+  if (worker_id != nullptr) *worker_id = response.worker_id();
+  return status;
+}
+
+grpc::Status Submit(const std::shared_ptr<grpc::Channel>& channel, v1::Job* job,
+                    bool dry_run = false) {
+  auto stub = v1::JobService::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  v1::SubmitJobRequest request;
+  request.set_spec_yaml(TinySpec(1));
+  request.set_dry_run(dry_run);
+  return stub->SubmitJob(&context, request, job);
+}
+
+grpc::Status GetJob(const std::shared_ptr<grpc::Channel>& channel, const std::string& id) {
+  auto stub = v1::JobService::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  v1::GetJobRequest request;
+  request.set_id(id);
+  v1::Job job;
+  return stub->GetJob(&context, request, &job);
+}
+
+grpc::Status CancelJob(const std::shared_ptr<grpc::Channel>& channel, const std::string& id) {
+  auto stub = v1::JobService::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  v1::CancelJobRequest request;
+  request.set_id(id);
+  v1::Job job;
+  return stub->CancelJob(&context, request, &job);
+}
+
+std::vector<std::string> ListJobIds(const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = v1::JobService::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  v1::ListJobsResponse response;
+  grpc::Status status = stub->ListJobs(&context, v1::ListJobsRequest(), &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  std::vector<std::string> ids;
+  for (const v1::Job& job : response.jobs()) ids.push_back(job.id());
+  return ids;
+}
+
+// dropless-coordinator with TLS, worker certificates from certs/ca.pem and its tokens file
+// (plus an expired token for user "former"); optionally workers on a listener of their own.
+class SecureCoordinator {
+ public:
+  SecureCoordinator(const std::string& certs, bool worker_listener,
+                    std::vector<std::string> extra_flags = {})
+      : user_port_(PickFreePort()), worker_port_(worker_listener ? PickFreePort() : 0) {
+    const std::string dir = MakeTempDir();
+    const std::string tokens = dir + "/tokens.yaml";
+    std::ofstream(tokens) << ReadFile(certs + "/tokens.yaml")
+                          << "  - {token: " << kExpiredToken
+                          << ", user: former, role: admin, expires: \"2020-01-01T00:00:00Z\"}\n";
+    std::vector<std::string> argv = {
+        BinaryPath("dropless-coordinator"),
+        absl::StrCat("--listen=127.0.0.1:", user_port_),
+        absl::StrCat("--db=", dir, "/coordinator.db"),
+        "--metrics-port=0",
+        absl::StrCat("--tls-cert=", certs, "/coordinator.pem"),
+        absl::StrCat("--tls-key=", certs, "/coordinator.key"),
+        absl::StrCat("--worker-ca=", certs, "/ca.pem"),
+        absl::StrCat("--tokens-file=", tokens)};
+    if (worker_listener) argv.push_back(absl::StrCat("--worker-listen=127.0.0.1:", worker_port_));
+    argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+    absl::StatusOr<std::unique_ptr<Process>> started = Process::Start(argv);
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return;
+    process_ = *std::move(started);
+    EXPECT_TRUE(WaitForTcpPort(user_port_, absl::Seconds(20))) << process_->Output();
+    if (worker_listener) EXPECT_TRUE(WaitForTcpPort(worker_port_, absl::Seconds(20)));
+  }
+
+  static constexpr char kExpiredToken[] = "expired-token-0123456789abcdef";
+  int user_port() const { return user_port_; }
+  int worker_port() const { return worker_port_ != 0 ? worker_port_ : user_port_; }
+  std::string Output() const { return process_ != nullptr ? process_->Output() : ""; }
+
+ private:
+  int user_port_;
+  int worker_port_;
+  std::unique_ptr<Process> process_;
+};
+
+TEST(CoordinatorAuthTest, WorkerPortRefusesAClientWithoutCertificate) {
+  const std::string certs = MakeCerts();
+  ASSERT_FALSE(certs.empty());
+  SecureCoordinator c(certs, /*worker_listener=*/true);
+  grpc::Status none = Register(WorkerChannel(c.worker_port(), certs, ""), "node-a");
+  EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED) << none.error_message();
+  EXPECT_THAT(none.error_message(),
+              HasSubstr("WorkerService needs a worker's client certificate (mutual TLS; the node "
+                        "name is its common name): none was presented"));
+  // The certificate's owner gets through.
+  grpc::Status own = Register(WorkerChannel(c.worker_port(), certs, certs + "/workers/node-a"),
+                              "node-a");
+  EXPECT_TRUE(own.ok()) << own.error_message() << c.Output();
+}
+
+TEST(CoordinatorAuthTest, SharedListenerRefusesWorkerCallsWithoutCertificate) {
+  const std::string certs = MakeCerts();
+  ASSERT_FALSE(certs.empty());
+  SecureCoordinator c(certs, /*worker_listener=*/false);
+  // One listener for users and workers: TLS succeeds without a client certificate (users have
+  // none), and the worker API is refused by name.
+  grpc::Status none = Register(UserChannel(c.user_port(), certs, Token(certs, "admin")), "node-a");
+  EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED) << none.error_message();
+  EXPECT_THAT(none.error_message(), HasSubstr("needs a worker's client certificate"));
+  v1::GetResponse got;
+  grpc::Status rendezvous = RendezvousGet(
+      *v1::RendezvousService::NewStub(UserChannel(c.user_port(), certs, Token(certs, "admin"))),
+      v1::Scope(), "k", &got);
+  EXPECT_EQ(rendezvous.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(rendezvous.error_message(),
+              HasSubstr("RendezvousService needs a worker's client certificate"));
+}
+
+TEST(CoordinatorAuthTest, CertificatesOfAnotherCaAreRefusedBothWays) {
+  const std::string certs = MakeCerts();
+  const std::string other = MakeCerts();  // a second, unrelated dev CA
+  ASSERT_FALSE(certs.empty() || other.empty());
+  SecureCoordinator c(certs, /*worker_listener=*/true);
+  // A worker certificate signed by another CA (trusting the right server CA).
+  grpc::SslCredentialsOptions foreign = TlsOptions(certs, "");
+  foreign.pem_cert_chain = ReadFile(other + "/workers/node-a.pem");
+  foreign.pem_private_key = ReadFile(other + "/workers/node-a.key");
+  // The handshake fails: the client learns only that the connection closed ("Socket closed"); the
+  // coordinator's log says why.
+  grpc::Status worker = Register(Connect(c.worker_port(), grpc::SslCredentials(foreign)), "node-a");
+  EXPECT_EQ(worker.error_code(), grpc::StatusCode::UNAVAILABLE) << worker.error_message();
+  EXPECT_THAT(c.Output(), HasSubstr("certificate verify failed")) << c.Output();
+  // A client that trusts another CA does not accept the coordinator's certificate.
+  v1::Job job;
+  grpc::Status user = Submit(UserChannel(c.user_port(), other, Token(certs, "alice")), &job);
+  EXPECT_EQ(user.error_code(), grpc::StatusCode::UNAVAILABLE) << user.error_message();
+  EXPECT_THAT(user.error_message(),
+              HasSubstr("Ssl handshake failed: SSL_ERROR_SSL: error:0A000086:SSL "
+                        "routines::certificate verify failed"));
+}
+
+TEST(CoordinatorAuthTest, WorkerCannotRegisterOrReportAsAnotherNode) {
+  const std::string certs = MakeCerts();
+  ASSERT_FALSE(certs.empty());
+  SecureCoordinator c(certs, /*worker_listener=*/true);
+  auto node_a = WorkerChannel(c.worker_port(), certs, certs + "/workers/node-a");
+  auto node_b = WorkerChannel(c.worker_port(), certs, certs + "/workers/node-b");
+  std::string a_id;
+  ASSERT_TRUE(Register(node_a, "node-a", &a_id).ok()) << c.Output();
+  // node-b's certificate registering as node-a.
+  grpc::Status impersonated = Register(node_b, "node-a");
+  EXPECT_EQ(impersonated.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(impersonated.error_message(),
+              HasSubstr("node \"node-a\" does not match the client certificate, which is node "
+                        "\"node-b\""));
+  // node-b's certificate opening a session as node-a's worker id.
+  auto stub = v1::WorkerService::NewStub(node_b);
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  auto stream = stub->Session(&context);
+  v1::WorkerMessage hello;
+  hello.mutable_hello()->set_worker_id(a_id);
+  hello.mutable_hello()->set_boot_id("b00t");
+  stream->Write(hello);
+  v1::CoordinatorMessage reply;
+  while (stream->Read(&reply)) {
+  }
+  grpc::Status session = stream->Finish();
+  EXPECT_EQ(session.error_code(), grpc::StatusCode::PERMISSION_DENIED) << session.error_message();
+  EXPECT_THAT(session.error_message(),
+              HasSubstr("the client certificate is node \"node-b\": a worker may only report as "
+                        "itself"));
+}
+
+TEST(CoordinatorAuthTest, JobServiceNeedsAKnownUnexpiredToken) {
+  const std::string certs = MakeCerts();
+  ASSERT_FALSE(certs.empty());
+  SecureCoordinator c(certs, /*worker_listener=*/true);
+  v1::Job job;
+  grpc::Status missing = Submit(UserChannel(c.user_port(), certs, ""), &job);
+  EXPECT_EQ(missing.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(missing.error_message(), HasSubstr("missing bearer token"));
+  grpc::Status unknown =
+      Submit(UserChannel(c.user_port(), certs, "not-a-token-of-this-cluster"), &job);
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(unknown.error_message(), HasSubstr("unknown bearer token"));
+  grpc::Status expired =
+      Submit(UserChannel(c.user_port(), certs, SecureCoordinator::kExpiredToken), &job);
+  EXPECT_EQ(expired.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(expired.error_message(), HasSubstr("expired bearer token of user former"));
+  // The token is never echoed back.
+  EXPECT_THAT(expired.error_message(), Not(HasSubstr(SecureCoordinator::kExpiredToken)));
+}
+
+TEST(CoordinatorAuthTest, RolesLimitWhatAUserMayDo) {
+  const std::string certs = MakeCerts();
+  ASSERT_FALSE(certs.empty());
+  SecureCoordinator c(certs, /*worker_listener=*/true);
+  auto viewer = UserChannel(c.user_port(), certs, Token(certs, "viewer"));
+  auto alice = UserChannel(c.user_port(), certs, Token(certs, "alice"));
+  v1::Job job;
+  grpc::Status viewer_submit = Submit(viewer, &job);
+  EXPECT_EQ(viewer_submit.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(viewer_submit.error_message(),
+              HasSubstr("user viewer has role viewer; SubmitJob needs role submitter"));
+  ASSERT_TRUE(Submit(alice, &job).ok()) << c.Output();
+  EXPECT_EQ(job.owner(), "alice");
+  // A viewer reads every job but cancels none.
+  EXPECT_TRUE(GetJob(viewer, job.id()).ok());
+  grpc::Status viewer_cancel = CancelJob(viewer, job.id());
+  EXPECT_EQ(viewer_cancel.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(viewer_cancel.error_message(), HasSubstr("CancelJob needs role submitter"));
+}
+
+TEST(CoordinatorAuthTest, SubmitterSeesAndCancelsOnlyTheirOwnJobs) {
+  const std::string certs = MakeCerts();
+  ASSERT_FALSE(certs.empty());
+  SecureCoordinator c(certs, /*worker_listener=*/true);
+  auto alice = UserChannel(c.user_port(), certs, Token(certs, "alice"));
+  auto bob = UserChannel(c.user_port(), certs, Token(certs, "bob"));
+  auto admin = UserChannel(c.user_port(), certs, Token(certs, "admin"));
+  v1::Job alices, bobs;
+  ASSERT_TRUE(Submit(alice, &alices).ok()) << c.Output();
+  ASSERT_TRUE(Submit(bob, &bobs).ok());
+  for (const grpc::Status& refused : {GetJob(bob, alices.id()), CancelJob(bob, alices.id())}) {
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(refused.error_message(),
+                HasSubstr(absl::StrCat("job ", alices.id(), " belongs to user alice; user bob "
+                                       "(role submitter) may only use their own jobs")));
+  }
+  EXPECT_THAT(ListJobIds(bob), ::testing::ElementsAre(bobs.id()));
+  EXPECT_THAT(ListJobIds(admin), ::testing::UnorderedElementsAre(alices.id(), bobs.id()));
+  EXPECT_TRUE(CancelJob(bob, bobs.id()).ok());
+  EXPECT_TRUE(CancelJob(admin, alices.id()).ok());
+}
+
+TEST(CoordinatorAuthTest, SubmissionsOverTheRateLimitAreRefused) {
+  const std::string certs = MakeCerts();
+  ASSERT_FALSE(certs.empty());
+  SecureCoordinator c(certs, /*worker_listener=*/true,
+                      {"--submit-rate-per-second=0.1", "--submit-burst=2"});
+  auto alice = UserChannel(c.user_port(), certs, Token(certs, "alice"));
+  v1::Job job;
+  EXPECT_TRUE(Submit(alice, &job, /*dry_run=*/true).ok()) << c.Output();
+  EXPECT_TRUE(Submit(alice, &job, /*dry_run=*/true).ok());
+  grpc::Status third = Submit(alice, &job, /*dry_run=*/true);
+  EXPECT_EQ(third.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(third.error_message(),
+              HasSubstr("submission rate limit of user alice exceeded: at most 0.1 submissions "
+                        "per second per token (burst 2"));
+  // The limit is per token: bob still submits, and reads are not limited.
+  EXPECT_TRUE(Submit(UserChannel(c.user_port(), certs, Token(certs, "bob")), &job, true).ok());
+  EXPECT_TRUE(ListJobIds(alice).empty());
+}
+
+}  // namespace
+}  // namespace dropless::testing
