@@ -3,7 +3,9 @@
 # loopback, a cuda job submitted with the CLI, watched live, the worker's /metrics read while it
 # runs and the stored step metrics printed at the end. Runs from a bundle made on the build
 # machine with ../shared/tools/device-bundle (bin/ holds dropless-coordinator, dropless-worker,
-# dropless-worker-rank, dropless and libdropless_engine_cuda.so; lib/ their libraries).
+# dropless-worker-rank, dropless and libdropless_engine_cuda.so; lib/ their libraries). TLS,
+# mutual TLS and a user token as in scripts/demo when openssl is there (scripts/dev-certs), else
+# plaintext with --insecure (said so on stdout).
 #   usage: scripts/gpu/run-cuda-job.sh BUNDLE_DIR JOB_YAML [OUT_DIR]
 set -euo pipefail
 bundle=$(cd "$1" && pwd)
@@ -21,17 +23,34 @@ wait_port() {
 }
 grpc=$(free_port); cmetrics=$(free_port); wmetrics=$(free_port)
 export DROPLESS_COORDINATOR=127.0.0.1:$grpc
+here=$(cd "$(dirname "$0")/../.." && pwd)
+if command -v openssl >/dev/null; then
+  certs=$out/certs
+  bash "$here/scripts/dev-certs" "$certs" gpu-node-0 >/dev/null
+  export DROPLESS_TLS_CA=$certs/ca.pem DROPLESS_TOKEN_FILE=$certs/tokens/alice.token
+  coordinator_security=(--tls-cert "$certs/coordinator.pem" --tls-key "$certs/coordinator.key"
+                        --worker-ca "$certs/ca.pem" --tokens-file "$certs/tokens.yaml")
+  worker_security=(--tls-ca "$certs/ca.pem" --tls-cert "$certs/workers/gpu-node-0.pem"
+                   --tls-key "$certs/workers/gpu-node-0.key")
+  echo "==> TLS, mutual TLS and user alice's token (scripts/dev-certs in $certs)"
+else
+  export DROPLESS_INSECURE=1
+  coordinator_security=(--insecure)
+  worker_security=(--insecure)
+  echo "==> no openssl here: plaintext (--insecure)"
+fi
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
 "$bin/dropless-coordinator" --listen "127.0.0.1:$grpc" --db "$out/dropless.db" \
-  --metrics-port "$cmetrics" --metrics-address 127.0.0.1 >"$out/coordinator.log" 2>&1 &
+  --metrics-port "$cmetrics" --metrics-address 127.0.0.1 "${coordinator_security[@]}" \
+  >"$out/coordinator.log" 2>&1 &
 pids+=($!)
 wait_port "$grpc"
 "$bin/dropless-worker" --coordinator "$DROPLESS_COORDINATOR" --node gpu-node-0 \
   --metrics-port "$wmetrics" --metrics-address 127.0.0.1 --work-dir "$out/worker" \
-  >"$out/worker.log" 2>&1 &
+  "${worker_security[@]}" >"$out/worker.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do
   "$bin/dropless" get workers -o json 2>/dev/null | grep -q '"READY"' && break
