@@ -50,7 +50,8 @@ struct Flags {
   // shape's tokens and E / ep of its experts, so the group does the shape's FLOPs.
   std::vector<int> eps = {1};
   // Engine settings compared in one run (engines held side by side, rounds alternating):
-  // "default", or "optimizer-overlap" / "optimizer-after-backward" (DROPLESS_OPTIMIZER_OVERLAP).
+  // "default", "optimizer-overlap" / "optimizer-after-backward" (DROPLESS_OPTIMIZER_OVERLAP), or
+  // "activation-offload" (the spec's activation_offload: true).
   std::vector<std::string> variants = {"default"};
   std::string json, commit;
 };
@@ -86,7 +87,8 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
       std::fprintf(stderr,
                    "step bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
                    "--precision=bf16,mxfp8 --steps=N --warmup=N --rounds=N --layers=N --ep=1,2,8 "
-                   "--variants=default|optimizer-overlap,optimizer-after-backward --json=PATH "
+                   "--variants=default|optimizer-overlap,optimizer-after-backward,activation-offload "
+                   "--json=PATH "
                    "--commit=SHA\n",
                    a.c_str());
       std::exit(2);
@@ -154,13 +156,15 @@ int RunStepBench(const std::vector<std::string>& args) {
         for (const std::string& variant : f.variants) {
           if (variant == "optimizer-after-backward") {
             setenv("DROPLESS_OPTIMIZER_OVERLAP", "0", 1);
-          } else if (variant == "optimizer-overlap" || variant == "default") {
+          } else if (variant == "optimizer-overlap" || variant == "default" ||
+                     variant == "activation-offload") {
             unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
           } else {
             std::fprintf(stderr, "step bench: unknown variant %s\n", variant.c_str());
             return 2;
           }
-          const EngineConfig config = ConfigOf(*shape, precision, f.layers, ep);
+          EngineConfig config = ConfigOf(*shape, precision, f.layers, ep);
+          config.activation_offload = variant == "activation-offload";
           absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> engine =
               ep == 1 ? cuda_engine::CreateCudaEngine(config, 0, 1, nullptr)
                       : cuda_engine::CreateLocalEpCudaEngine(config);
@@ -192,8 +196,9 @@ int RunStepBench(const std::vector<std::string>& args) {
           const double fwd = routed / g->forward / 1e12, dgrad = routed / g->dgrad / 1e12;
           const double wgrad = routed / g->wgrad / 1e12;
           const double gemm_tflops = 3.0 / (1.0 / fwd + 1.0 / dgrad + 1.0 / wgrad);
-          const double mem_gib = static_cast<double>(run.last.device_memory_bytes) / (1 << 30);
+          // The engine's own device allocations: engines of other variants share the GPU.
           const cuda_engine::CudaStepDetails& d = run.details;
+          const double mem_gib = static_cast<double>(d.engine_bytes) / (1 << 30);
           std::printf(
               "%-8s %-6s %2d %9.3f %8.1f %5.1f%% %8.1f | %7.3f %7.3f %7.3f %7.3f | %8.1f %8.1f "
               "%8.1f %8.1f  %s\n",
@@ -203,14 +208,15 @@ int RunStepBench(const std::vector<std::string>& args) {
           rows.push_back(absl::StrFormat(
               "    {\"name\": \"step\", \"shape\": \"%s\", \"impl\": \"dropless\", \"precision\": "
               "\"%s\", \"ms\": %.4f, \"tflops\": %.1f, \"gbps\": null, \"mfu\": %.4f, "
-              "\"peak_mem_gib\": %.2f, \"ep\": %d, \"backend\": \"%s\", \"offload\": false, "
+              "\"peak_mem_gib\": %.2f, \"ep\": %d, \"backend\": \"%s\", \"offload\": %s, "
               "\"gemm_tflops\": %.1f, \"forward_ms\": %.4f, \"backward_ms\": %.4f, "
               "\"optimizer_ms\": %.4f, \"data_ms\": %.4f, \"dispatch_ms\": %.4f, \"combine_ms\": "
               "%.4f, "
               "\"layers\": %d, \"variant\": \"%s\", "
               "\"note\": \"%s\"}",
               shape->name, precision, median, tflops, tflops * 1e12 / peak, mem_gib, ep,
-              ep > 1 ? "local" : "none", gemm_tflops, d.forward_seconds * 1e3,
+              ep > 1 ? "local" : "none", run.variant == "activation-offload" ? "true" : "false",
+              gemm_tflops, d.forward_seconds * 1e3,
               d.backward_seconds * 1e3, d.optimizer_seconds * 1e3, d.data_seconds * 1e3,
               run.last.dispatch_seconds * 1e3, run.last.combine_seconds * 1e3, f.layers,
               run.variant, shape->note));

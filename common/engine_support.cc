@@ -61,9 +61,6 @@ absl::Status CheckCuda(const EngineConfig& c) {
     return Refuse("overlap", "chunked overlap of dispatch and expert GEMMs is not built for the "
                              "cuda engine yet");
   }
-  if (c.activation_offload) {
-    return Refuse("activation_offload", "not supported by the cuda engine yet");
-  }
   const int64_t align = c.precision == Precision::kMxfp8 ? 32 : 8;
   if (m.hidden % align != 0) {
     return Refuse("model.hidden", absl::StrFormat("the cuda engine needs a multiple of %d (got %d)",

@@ -275,6 +275,34 @@ TEST(NcclLsaEngineGpu, WorldSizeOneMatchesTheEngineWithoutExchange) {
   }
 }
 
+// activation_offload: with 5 layers, layers 0-2 leave the device after their forward and come
+// back for their backward; the step must be the same (the same kernels on the same values) and
+// the engine's device memory smaller. At EP 1 and at EP 2 (a ring per rank).
+TEST(ActivationOffloadGpu, SameStepsLessDeviceMemory) {
+  if (!kernels::testing::HaveCudaDevice()) GTEST_SKIP() << "SKIPPED: no CUDA device";
+  for (int ep : {1, 2}) {
+    EngineConfig c = Config(ep);
+    c.model.layers = 5;
+    EngineConfig offload = c;
+    offload.activation_offload = true;
+    std::unique_ptr<cuda_engine::CudaEngine> plain = Make(c), off = Make(offload);
+    ASSERT_TRUE(plain && off);
+    for (int step = 1; step <= 5; ++step) {
+      absl::StatusOr<StepStats> a = off->Step();
+      absl::StatusOr<StepStats> b = plain->Step();
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_NEAR(a->loss, b->loss, 1e-9 * b->loss) << "ep " << ep << " step " << step;
+      EXPECT_NEAR(a->aux_loss, b->aux_loss, 1e-6 * b->aux_loss) << "ep " << ep << " step " << step;
+    }
+    const int64_t with = off->LastStepDetails().engine_bytes;
+    const int64_t without = plain->LastStepDetails().engine_bytes;
+    std::printf("ep %d, 5 layers: engine device memory %ld bytes with offload, %ld without\n", ep,
+                static_cast<long>(with), static_cast<long>(without));
+    EXPECT_LT(with, without);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(EpSizes, LocalEpGpu, ::testing::Values(2, 4, 8),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "ep" + std::to_string(info.param);

@@ -73,6 +73,16 @@ class CudaEngineImpl final : public CudaEngine {
   cudaStream_t main() { return ranks_[0]->streams().main; }
   std::vector<RankLayer> Group(int64_t layer, bool teacher);
   absl::Status SumOverGroup(const std::vector<float*>& data, size_t count);
+  // `call(ring, main stream)` for every rank that offloads its activations.
+  template <typename Call>
+  absl::Status ForEachRing(Call call) {
+    for (const std::unique_ptr<RankModel>& r : ranks_) {
+      if (r->activation_ring() != nullptr) {
+        DROPLESS_RETURN_IF_ERROR(call(r->activation_ring(), r->streams().main));
+      }
+    }
+    return absl::OkStatus();
+  }
   absl::Status RecordStep();
   absl::Status RecordBackward();
   absl::Status MarkPhase(StepPhase phase) {
@@ -277,7 +287,13 @@ absl::Status CudaEngineImpl::RecordStep() {
       group[r].x_next = ranks_[r]->activations()[l + 1];
       group[r].aux_loss = reinterpret_cast<float*>(ranks_[r]->stats() + sizeof(double)) + l;
     }
+    DROPLESS_RETURN_IF_ERROR(ForEachRing([&](ActivationRing* ring, cudaStream_t s) {
+      return ring->BeforeForward(l, s);
+    }));
     DROPLESS_RETURN_IF_ERROR(ForwardLayerGroup(dispatcher_.get(), group));
+    DROPLESS_RETURN_IF_ERROR(ForEachRing([&](ActivationRing* ring, cudaStream_t s) {
+      return ring->AfterForward(l, s);
+    }));
   }
   const double job_tokens = static_cast<double>(T) * world_size_;
   std::vector<double*> squared_errors;
@@ -345,7 +361,13 @@ absl::Status CudaEngineImpl::RecordBackward() {
         return r->kernels()->QuantizeWeight(w.w1, d.hidden, 2 * d.ffn, r->student().mx_w1[l], s);
       };
     }
+    DROPLESS_RETURN_IF_ERROR(ForEachRing([&](ActivationRing* ring, cudaStream_t s) {
+      return ring->BeforeBackward(l, s);
+    }));
     DROPLESS_RETURN_IF_ERROR(BackwardLayerGroup(dispatcher_.get(), group, aux_coef));
+    DROPLESS_RETURN_IF_ERROR(ForEachRing([&](ActivationRing* ring, cudaStream_t s) {
+      return ring->AfterBackward(l, s);
+    }));
   }
   DROPLESS_RETURN_IF_ERROR(timer_.End(PhaseTimer::kBackward, main()));
 

@@ -174,13 +174,16 @@ absl::Status LayerKernels::QuantizeWeight(const Bf16* w, int64_t kdim, int64_t n
 }
 
 absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* kernels,
-                                                                 DeviceArena* arena) {
+                                                                 DeviceArena* arena,
+                                                                 SavedActivations* saved,
+                                                                 int64_t layer_index) {
   auto layer = std::unique_ptr<MoeLayerGpu>(new MoeLayerGpu(kernels));
   const LayerDims& d = kernels->dims_;
   const int64_t T = d.tokens, H = d.hidden, F = d.ffn, Tk = d.rows(), E = d.experts;
   const int64_t R = d.recv_rows();
+  const int64_t li = layer_index;
   MoeLayerGpu& l = *layer;
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * E, "router logits", &l.logits_));
+  DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, T * E, "router logits", &l.logits_));
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk, "expert ids", &l.expert_ids_));
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk, "gates", &l.gates_));
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(E, "expert counts", &l.counts_));
@@ -188,15 +191,16 @@ absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* k
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(E + 1, "expert offsets", &l.offsets_));
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk, "slot of choice", &l.slot_of_choice_));
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk, "choice of slot", &l.choice_of_slot_));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "permuted rows", &l.rows_));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * 2 * F, "w1 output", &l.h_));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * F, "SwiGLU output", &l.a_));
+  DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, Tk * H, "permuted rows", &l.rows_));
+  DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, R * 2 * F, "w1 output", &l.h_));
+  DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, R * F, "SwiGLU output", &l.a_));
   ExpertDispatcher* dispatcher = kernels->dispatcher_;
   if (dispatcher == nullptr) {
-    DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert output", &l.out_rows_));
+    DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, R * H, "expert output", &l.out_rows_));
     l.recv_rows_ = l.rows_;
     l.out_send_ = l.out_rows_;
   } else {
+    // What peers write stays in the dispatcher's memory, one set per layer.
     DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "expert output", &l.out_rows_));
     if (d.mxfp8) {
       DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "received mxfp8 rows", &l.mx_recv_.data));
@@ -206,15 +210,15 @@ absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* k
     } else {
       DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "received rows", &l.recv_rows_));
     }
-    DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "expert outputs at their tokens' rank", &l.out_send_));
+    DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, Tk * H, "expert outputs at their tokens' rank", &l.out_send_));
     DROPLESS_RETURN_IF_ERROR(AllocateExchangePlan(dispatcher, arena, &l.plan_));
     l.plan_.send_offsets = l.offsets_;
   }
   l.shared_h_.resize(d.shared);
   l.shared_a_.resize(d.shared);
   for (int s = 0; s < d.shared; ++s) {
-    DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * 2 * F, "shared w1 output", &l.shared_h_[s]));
-    DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * F, "shared SwiGLU output", &l.shared_a_[s]));
+    DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, T * 2 * F, "shared w1 output", &l.shared_h_[s]));
+    DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, T * F, "shared SwiGLU output", &l.shared_a_[s]));
   }
   return layer;
 }

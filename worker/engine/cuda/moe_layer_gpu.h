@@ -33,6 +33,7 @@
 #include "dropless/kernels/router_gemm.h"
 #include "dropless/kernels/routing.h"
 #include "dropless/kernels/types.h"
+#include "worker/engine/cuda/activation_offload.h"
 #include "worker/engine/cuda/device_memory.h"
 #include "worker/engine/cuda/ep/expert_dispatcher.h"
 
@@ -166,9 +167,12 @@ class LayerKernels {
 
 class MoeLayerGpu {
  public:
-  // Allocates what the forward keeps for the backward (the layer's activations).
+  // Allocates what the forward keeps for the backward (the layer's activations): the large ones
+  // from `saved` (per layer on the device, or the offload ring), the rest from the arena.
   static absl::StatusOr<std::unique_ptr<MoeLayerGpu>> Create(LayerKernels* kernels,
-                                                             DeviceArena* arena);
+                                                             DeviceArena* arena,
+                                                             SavedActivations* saved,
+                                                             int64_t layer);
 
   // x [T][H] -> x_next [T][H] (must not alias x) at EP = 1 (the three stages below in a row).
   // With train, keeps what Backward needs; aux_loss (device float) receives the layer's aux loss

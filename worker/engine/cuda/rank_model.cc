@@ -108,8 +108,17 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
   absl::StatusOr<std::unique_ptr<LayerKernels>> k = LayerKernels::Create(dims_, arena, dispatcher);
   if (!k.ok()) return k.status();
   kernels_ = *std::move(k);
+  if (config_.activation_offload) {
+    absl::StatusOr<std::unique_ptr<ActivationRing>> ring = ActivationRing::Create(layers(), arena);
+    if (!ring.ok()) return ring.status();
+    ring_ = ring->get();
+    saved_ = *std::move(ring);
+  } else {
+    saved_ = NewDeviceActivations(arena);
+  }
   for (int64_t l = 0; l < layers(); ++l) {
-    absl::StatusOr<std::unique_ptr<MoeLayerGpu>> layer = MoeLayerGpu::Create(kernels_.get(), arena);
+    absl::StatusOr<std::unique_ptr<MoeLayerGpu>> layer =
+        MoeLayerGpu::Create(kernels_.get(), arena, saved_.get(), l);
     if (!layer.ok()) return layer.status();
     layers_.push_back(*std::move(layer));
   }

@@ -18,6 +18,7 @@
 #include "common/engine_config.h"
 #include "worker/engine/cpu/moe_model.h"
 #include "worker/engine/cpu/synthetic_task.h"
+#include "worker/engine/cuda/activation_offload.h"
 #include "worker/engine/cuda/device_memory.h"
 #include "worker/engine/cuda/engine_kernels.h"
 #include "worker/engine/cuda/moe_layer_gpu.h"
@@ -80,6 +81,8 @@ class RankModel {
 
   // Owned by the engine's step recording.
   LayerKernels* kernels() { return kernels_.get(); }
+  // The offload ring of the layers' saved activations (activation_offload), else null.
+  ActivationRing* activation_ring() { return ring_; }
   std::vector<std::unique_ptr<MoeLayerGpu>>& layer_list() { return layers_; }
   FusedAdamW* adamw() { return adamw_.get(); }
   const OptimizerGroups& optimizer_groups(int64_t layer) const { return optimizer_groups_[layer]; }
@@ -116,6 +119,8 @@ class RankModel {
   DeviceArena* arena_ = nullptr;
   LayerStreams streams_;
   std::unique_ptr<LayerKernels> kernels_;
+  std::unique_ptr<SavedActivations> saved_;
+  ActivationRing* ring_ = nullptr;  // saved_, when it is the offload ring
   std::vector<std::unique_ptr<MoeLayerGpu>> layers_;
   std::unique_ptr<FusedAdamW> adamw_;
   std::vector<OptimizerGroups> optimizer_groups_;
