@@ -147,6 +147,7 @@ absl::Status CudaEngineImpl::Initialize() {
                                                  : kernels::ScoreFunction::kSoftmax;
   dims_.renormalize = m.renormalize;
   dims_.mxfp8 = config_.precision == Precision::kMxfp8;
+  dims_.recompute = config_.activation_offload;
   DROPLESS_RETURN_IF_ERROR(CreateDispatcher());
 
   DROPLESS_RETURN_IF_ERROR(arena_.Allocate(static_cast<int64_t>(tokens_.basis().size()), "token basis", &basis_));

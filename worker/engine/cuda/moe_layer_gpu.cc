@@ -92,6 +92,12 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "shared expert input gradient", &k->d_x_shared_[s]));
   }
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * F, "activation gradient", &k->d_a_));
+  if (d.recompute || dispatcher != nullptr) {
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "permuted rows (transient)", &k->permuted_scratch_));
+  }
+  if (d.recompute) {
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * F, "SwiGLU output (recomputed)", &k->swiglu_scratch_));
+  }
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * 2 * F, "w1 output gradient", &k->d_h_));
   if (dispatcher == nullptr) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert output gradient", &k->d_out_rows_));
@@ -191,10 +197,19 @@ absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* k
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(E + 1, "expert offsets", &l.offsets_));
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk, "slot of choice", &l.slot_of_choice_));
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk, "choice of slot", &l.choice_of_slot_));
-  DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, Tk * H, "permuted rows", &l.rows_));
-  DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, R * 2 * F, "w1 output", &l.h_));
-  DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, R * F, "SwiGLU output", &l.a_));
   ExpertDispatcher* dispatcher = kernels->dispatcher_;
+  // The permuted rows are kept only when the experts read them in place and are not recomputed.
+  if (kernels->permuted_scratch_ != nullptr) {
+    l.rows_ = kernels->permuted_scratch_;
+  } else {
+    DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, Tk * H, "permuted rows", &l.rows_));
+  }
+  DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, R * 2 * F, "w1 output", &l.h_));
+  if (d.recompute) {
+    l.a_ = kernels->swiglu_scratch_;
+  } else {
+    DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, R * F, "SwiGLU output", &l.a_));
+  }
   if (dispatcher == nullptr) {
     DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, R * H, "expert output", &l.out_rows_));
     l.recv_rows_ = l.rows_;

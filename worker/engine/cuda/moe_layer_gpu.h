@@ -52,6 +52,10 @@ struct LayerDims {
   kernels::ScoreFunction score = kernels::ScoreFunction::kSoftmax;
   bool renormalize = true;
   bool mxfp8 = false;
+  // Recompute the cheap saved activations in the backward instead of keeping them (with
+  // activation offload: fewer bytes over PCIe): the permuted rows (one permute of x) and the
+  // SwiGLU output (one SwiGLU of the w1 output).
+  bool recompute = false;
 
   int64_t rows() const { return tokens * topk; }  // T*k routed rows
   int local_experts() const { return experts / ep; }
@@ -161,6 +165,10 @@ class LayerKernels {
   // backward dequantizes it here for w1's column-wise operand.
   kernels::MxRowwise mx_rows_, mx_a_, mx_d_out_, mx_d_h_, mx_send_;
   Bf16* dequantized_rows_ = nullptr;    // [R][H]
+  // Recomputed or per-layer-transient activations (LayerDims::recompute, or the rows an exchange
+  // sends): one set for all layers, rewritten by each layer's forward and backward.
+  Bf16* permuted_scratch_ = nullptr;    // [Tk][H]
+  Bf16* swiglu_scratch_ = nullptr;      // [R][F]
   kernels::MxColwise col_rows_, col_a_, col_d_out_, col_d_h_;
   Bf16* transpose_scratch_ = nullptr;   // the largest [El][n][k] weight
 };

@@ -70,6 +70,12 @@ absl::Status MoeLayerGpu::BackwardCombine(const LayerWeights& w, const Bf16* x,
   DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.side));
   if (d.shared > 0) DROPLESS_RETURN_IF_ERROR(SharedBackward(w, x, d_x_next, grads, s));
 
+  // Recomputed permuted rows (the experts' input at EP = 1, read by w1's weight gradient): the
+  // previous layer's backward has joined every reader of the scratch into main.
+  if (d.recompute && !k_->exchange()) {
+    DROPLESS_RETURN_IF_ERROR(kc::Permute(kernels::PermuteShape{T, H, d.topk}, x, slot_of_choice_,
+                                         rows_, s.main));
+  }
   // Combine backward: gate gradients and the expert outputs' gradients.
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kCombine, s.main));
   DROPLESS_RETURN_IF_ERROR(kc::UnpermuteCombineBackward(kernels::PermuteShape{T, H, d.topk},
@@ -128,6 +134,11 @@ absl::Status MoeLayerGpu::BackwardExperts(const LayerWeights& w, const LayerGrad
     // The gradient is complete and no later work reads the weight: its update can start.
     return RunHook(hook, s, {s.main, s.wgrad});
   };
+  if (d.recompute) {
+    // The SwiGLU output (w2's weight-gradient operand) from the kept w1 output.
+    DROPLESS_RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{R, F}, live_rows, h_, a_,
+                                               nullptr, s.main));
+  }
   DROPLESS_RETURN_IF_ERROR(backward(W2(w, grads), F, d.hidden, hooks.experts_w2));
   DROPLESS_RETURN_IF_ERROR(kc::SwigluBackward(kernels::SwigluShape{R, F}, live_rows, h_, k.d_a_,
                                               k.d_h_, s.main));
