@@ -31,21 +31,6 @@ namespace {
 
 using kernels::testing::GpuTest;
 
-class LocalEpGpu : public GpuTest, public ::testing::WithParamInterface<int> {
- protected:
-  void SetUp() override {
-    GpuTest::SetUp();
-    if (IsSkipped()) return;
-    dir_ = std::filesystem::temp_directory_path() /
-           absl::StrCat("dropless-local-ep-", getpid(), "-", GetParam());
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override {
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
-  std::string Dir(const std::string& name) const { return (dir_ / name).string(); }
-  std::filesystem::path dir_;
-};
 
 constexpr int64_t kTokensPerRank = 24;
 
@@ -136,41 +121,70 @@ double RelativeError(const std::vector<double>& a, const std::vector<double>& b)
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
+class LocalEpGpu : public GpuTest, public ::testing::WithParamInterface<int> {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
+    dir_ = std::filesystem::temp_directory_path() /
+           absl::StrCat("dropless-local-ep-", getpid(), "-", GetParam());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  std::string Dir(const std::string& name) const { return (dir_ / name).string(); }
+
+  // One step of the group (c) and of its EP = 1 reference (r), both with lr = 1, eps = 1 and no
+  // decay so that every gradient can be recovered from the weights (checkpoints in Dir(tag*)).
+  struct OneStep {
+    StepStats group, one;
+    double replicated = 0, experts = 0;  // relative gradient errors against EP = 1
+  };
+  void RunOneStep(EngineConfig c, EngineConfig r, const std::string& tag, OneStep* out) {
+    for (EngineConfig* x : {&c, &r}) {
+      x->optimizer.lr = 1.0;
+      x->optimizer.eps = 1.0;
+      x->optimizer.weight_decay = 0.0;
+      x->optimizer.warmup_steps = 0;
+    }
+    std::unique_ptr<cuda_engine::CudaEngine> group = Make(c), one = Make(r);
+    ASSERT_TRUE(group && one);
+    ASSERT_TRUE(group->SaveCheckpoint(Dir(tag + "group0")).ok());
+    ASSERT_TRUE(one->SaveCheckpoint(Dir(tag + "one0")).ok());
+    absl::StatusOr<StepStats> gs = group->Step();
+    absl::StatusOr<StepStats> os = one->Step();
+    ASSERT_TRUE(gs.ok()) << gs.status();
+    ASSERT_TRUE(os.ok()) << os.status();
+    out->group = *gs;
+    out->one = *os;
+    ASSERT_TRUE(group->SaveCheckpoint(Dir(tag + "group1")).ok());
+    ASSERT_TRUE(one->SaveCheckpoint(Dir(tag + "one1")).ok());
+    const Params g0 = ReadGroup(c, Dir(tag + "group0")), g1 = ReadGroup(c, Dir(tag + "group1"));
+    const Params o0 = ReadGroup(r, Dir(tag + "one0")), o1 = ReadGroup(r, Dir(tag + "one1"));
+    ASSERT_EQ(g0.experts, o0.experts) << "the same initial expert weights";
+    ASSERT_EQ(g0.replicated, o0.replicated) << "the same initial router and shared experts";
+    out->replicated = RelativeError(Gradient(g0.replicated, g1.replicated),
+                                    Gradient(o0.replicated, o1.replicated));
+    out->experts = RelativeError(Gradient(g0.experts, g1.experts), Gradient(o0.experts, o1.experts));
+  }
+
+  std::filesystem::path dir_;
+};
+
 TEST_P(LocalEpGpu, OneStepMatchesEpOne) {
   const int ep = GetParam();
-  EngineConfig c = Config(ep), r = Reference(ep);
-  for (EngineConfig* x : {&c, &r}) {
-    x->optimizer.lr = 1.0;
-    x->optimizer.eps = 1.0;
-    x->optimizer.weight_decay = 0.0;
-    x->optimizer.warmup_steps = 0;
-  }
-  std::unique_ptr<cuda_engine::CudaEngine> group = Make(c), one = Make(r);
-  ASSERT_TRUE(group && one);
-  ASSERT_TRUE(group->SaveCheckpoint(Dir("group0")).ok());
-  ASSERT_TRUE(one->SaveCheckpoint(Dir("one0")).ok());
-  absl::StatusOr<StepStats> gs = group->Step();
-  absl::StatusOr<StepStats> os = one->Step();
-  ASSERT_TRUE(gs.ok()) << gs.status();
-  ASSERT_TRUE(os.ok()) << os.status();
+  OneStep st;
+  RunOneStep(Config(ep), Reference(ep), "bf16-", &st);
+  if (HasFatalFailure()) return;
+  const StepStats &gs = st.group, &os = st.one;
   std::printf("ep %d: step-1 loss %.7f (EP=1 %.7f), aux %.6f (%.6f), imbalance %.3f (%.3f)\n", ep,
-              gs->loss, os->loss, gs->aux_loss, os->aux_loss, gs->load_imbalance,
-              os->load_imbalance);
-  EXPECT_NEAR(gs->loss, os->loss, 1e-4 * os->loss);
-  EXPECT_NEAR(gs->aux_loss, os->aux_loss, 1e-4 * os->aux_loss);
-  EXPECT_DOUBLE_EQ(gs->load_imbalance, os->load_imbalance);
-  EXPECT_EQ(gs->tokens, os->tokens);
-  ASSERT_TRUE(group->SaveCheckpoint(Dir("group1")).ok());
-  ASSERT_TRUE(one->SaveCheckpoint(Dir("one1")).ok());
-
-  const Params g0 = ReadGroup(c, Dir("group0")), g1 = ReadGroup(c, Dir("group1"));
-  const Params o0 = ReadGroup(r, Dir("one0")), o1 = ReadGroup(r, Dir("one1"));
-  ASSERT_EQ(g0.experts, o0.experts) << "the same initial expert weights";
-  ASSERT_EQ(g0.replicated, o0.replicated) << "the same initial router and shared experts";
-  const double replicated = RelativeError(Gradient(g0.replicated, g1.replicated),
-                                          Gradient(o0.replicated, o1.replicated));
-  const double experts = RelativeError(Gradient(g0.experts, g1.experts),
-                                       Gradient(o0.experts, o1.experts));
+              gs.loss, os.loss, gs.aux_loss, os.aux_loss, gs.load_imbalance, os.load_imbalance);
+  EXPECT_NEAR(gs.loss, os.loss, 1e-4 * os.loss);
+  EXPECT_NEAR(gs.aux_loss, os.aux_loss, 1e-4 * os.aux_loss);
+  EXPECT_DOUBLE_EQ(gs.load_imbalance, os.load_imbalance);
+  EXPECT_EQ(gs.tokens, os.tokens);
+  const double replicated = st.replicated, experts = st.experts;
   std::printf("ep %d: gradient relative error router+shared %.2e, routed experts %.2e\n", ep,
               replicated, experts);
   // The same arithmetic but for summation order (router and shared-expert gradients summed per
@@ -216,32 +230,15 @@ TEST_P(LocalEpGpu, ThirtyStepsFollowEpOne) {
 TEST_P(LocalEpGpu, Mxfp8TokensTravelQuantized) {
   const int ep = GetParam();
   EngineConfig c = Config(ep), r = Reference(ep);
-  for (EngineConfig* x : {&c, &r}) {
-    x->precision = Precision::kMxfp8;
-    x->optimizer.lr = 1.0;
-    x->optimizer.eps = 1.0;
-    x->optimizer.weight_decay = 0.0;
-    x->optimizer.warmup_steps = 0;
-  }
-  std::unique_ptr<cuda_engine::CudaEngine> group = Make(c), one = Make(r);
-  ASSERT_TRUE(group && one);
-  ASSERT_TRUE(group->SaveCheckpoint(Dir("mx-group0")).ok());
-  ASSERT_TRUE(one->SaveCheckpoint(Dir("mx-one0")).ok());
-  absl::StatusOr<StepStats> gs = group->Step();
-  absl::StatusOr<StepStats> os = one->Step();
-  ASSERT_TRUE(gs.ok()) << gs.status();
-  ASSERT_TRUE(os.ok()) << os.status();
-  EXPECT_NEAR(gs->loss, os->loss, 1e-5 * os->loss);
-  ASSERT_TRUE(group->SaveCheckpoint(Dir("mx-group1")).ok());
-  ASSERT_TRUE(one->SaveCheckpoint(Dir("mx-one1")).ok());
-  const Params g0 = ReadGroup(c, Dir("mx-group0")), g1 = ReadGroup(c, Dir("mx-group1"));
-  const Params o0 = ReadGroup(r, Dir("mx-one0")), o1 = ReadGroup(r, Dir("mx-one1"));
-  const double replicated = RelativeError(Gradient(g0.replicated, g1.replicated),
-                                          Gradient(o0.replicated, o1.replicated));
-  const double experts = RelativeError(Gradient(g0.experts, g1.experts),
-                                       Gradient(o0.experts, o1.experts));
+  c.precision = r.precision = Precision::kMxfp8;
+  OneStep st;
+  RunOneStep(c, r, "mxfp8-", &st);
+  if (HasFatalFailure()) return;
+  const StepStats &gs = st.group, &os = st.one;
+  EXPECT_NEAR(gs.loss, os.loss, 1e-5 * os.loss);
+  const double replicated = st.replicated, experts = st.experts;
   std::printf("ep %d mxfp8: loss %.7f (EP=1 %.7f); gradient relative error router+shared %.2e, "
-              "routed experts %.2e\n", ep, gs->loss, os->loss, replicated, experts);
+              "routed experts %.2e\n", ep, gs.loss, os.loss, replicated, experts);
   EXPECT_LT(replicated, 1e-4);
   EXPECT_LT(experts, 0.05);  // measured on an H200: 1.9-2.5e-2 at EP 2/4/8
 }

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -97,6 +98,28 @@ absl::Status ValidateEpShape(const EpShape& shape) {
     return absl::InvalidArgumentError(
         absl::StrFormat("EP exchange: %d rows per rank x %d ranks exceed int32 row indices",
                         shape.rows, shape.ep));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRankCalls(const ExpertDispatcher& dispatcher,
+                               absl::Span<const RankCall> calls, bool rows, size_t row_bytes) {
+  const std::string name(dispatcher.name());
+  if (static_cast<int>(calls.size()) != dispatcher.local_ranks()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s dispatcher: %d rank calls for the %d ranks it drives", name, calls.size(),
+        dispatcher.local_ranks()));
+  }
+  for (const RankCall& c : calls) {
+    if (c.plan == nullptr || c.plan->send_offsets == nullptr || c.stream == nullptr ||
+        (rows && (c.send_rows == nullptr || c.recv_rows == nullptr))) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s dispatcher: a rank call lacks a plan, buffer or stream", name));
+    }
+  }
+  if (rows && (row_bytes == 0 || row_bytes % 4 != 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s dispatcher: row of %d bytes is not a positive multiple of 4", name, row_bytes));
   }
   return absl::OkStatus();
 }

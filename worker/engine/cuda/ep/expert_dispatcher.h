@@ -95,15 +95,29 @@ class ExpertDispatcher {
   virtual absl::Status Plan(absl::Span<const RankCall> calls) = 0;
   // Rows of row_bytes (a multiple of 4; 16 copies fastest) from each rank's send_rows to the
   // owners' recv_rows.
-  virtual absl::Status Dispatch(absl::Span<const RankCall> calls, size_t row_bytes) = 0;
+  absl::Status Dispatch(absl::Span<const RankCall> calls, size_t row_bytes) {
+    return Exchange(calls, row_bytes, /*to_owner=*/true);
+  }
   // The reverse: each received row back to the position in its source's send_rows.
-  virtual absl::Status Combine(absl::Span<const RankCall> calls, size_t row_bytes) = 0;
+  absl::Status Combine(absl::Span<const RankCall> calls, size_t row_bytes) {
+    return Exchange(calls, row_bytes, /*to_owner=*/false);
+  }
   // In-place sums over the EP group: data[r] is local rank r's buffer, streams[r] its stream.
   virtual absl::Status AllReduceSum(absl::Span<float* const> data, size_t count,
                                     absl::Span<const cudaStream_t> streams) = 0;
   virtual absl::Status AllReduceSum(absl::Span<double* const> data, size_t count,
                                     absl::Span<const cudaStream_t> streams) = 0;
+
+ protected:
+  // Dispatch (to_owner) or Combine.
+  virtual absl::Status Exchange(absl::Span<const RankCall> calls, size_t row_bytes,
+                                bool to_owner) = 0;
 };
+
+// One clear error when `calls` are not one complete call per local rank (with buffers when
+// `rows`), or a row of row_bytes cannot be copied (row_bytes 0 skips that check).
+absl::Status ValidateRankCalls(const ExpertDispatcher& dispatcher,
+                               absl::Span<const RankCall> calls, bool rows, size_t row_bytes);
 
 // `local`: every rank of the EP group inside this process on one GPU, each with its own buffers
 // and streams; tokens move with device copies. For tests and benchmarks of EP on one GPU.

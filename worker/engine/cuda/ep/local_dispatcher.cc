@@ -31,7 +31,7 @@ class LocalDispatcher final : public ExpertDispatcher {
   }
 
   absl::Status Plan(absl::Span<const RankCall> calls) override {
-    DROPLESS_RETURN_IF_ERROR(Check(calls, /*rows=*/false));
+    DROPLESS_RETURN_IF_ERROR(ValidateRankCalls(*this, calls, /*rows=*/false, 0));
     GroupPlans plans{};
     for (int r = 0; r < shape_.ep; ++r) {
       const ExchangePlan& p = *calls[r].plan;
@@ -46,13 +46,6 @@ class LocalDispatcher final : public ExpertDispatcher {
     });
   }
 
-  absl::Status Dispatch(absl::Span<const RankCall> calls, size_t row_bytes) override {
-    return Rows(calls, row_bytes, /*to_owner=*/true);
-  }
-  absl::Status Combine(absl::Span<const RankCall> calls, size_t row_bytes) override {
-    return Rows(calls, row_bytes, /*to_owner=*/false);
-  }
-
   absl::Status AllReduceSum(absl::Span<float* const> data, size_t count,
                             absl::Span<const cudaStream_t> streams) override {
     return Sum(data, count, streams);
@@ -63,20 +56,6 @@ class LocalDispatcher final : public ExpertDispatcher {
   }
 
  private:
-  absl::Status Check(absl::Span<const RankCall> calls, bool rows) const {
-    if (static_cast<int>(calls.size()) != shape_.ep) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "local dispatcher: %d rank calls for an EP group of %d", calls.size(), shape_.ep));
-    }
-    for (const RankCall& c : calls) {
-      if (c.plan == nullptr || c.plan->send_offsets == nullptr || c.stream == nullptr ||
-          (rows && (c.send_rows == nullptr || c.recv_rows == nullptr))) {
-        return absl::InvalidArgumentError("local dispatcher: a rank call lacks a plan, buffer or stream");
-      }
-    }
-    return absl::OkStatus();
-  }
-
   static std::vector<cudaStream_t> Streams(absl::Span<const RankCall> calls) {
     std::vector<cudaStream_t> s;
     for (const RankCall& c : calls) s.push_back(c.stream);
@@ -96,8 +75,9 @@ class LocalDispatcher final : public ExpertDispatcher {
     return absl::OkStatus();
   }
 
-  absl::Status Rows(absl::Span<const RankCall> calls, size_t row_bytes, bool to_owner) {
-    DROPLESS_RETURN_IF_ERROR(Check(calls, /*rows=*/true));
+  absl::Status Exchange(absl::Span<const RankCall> calls, size_t row_bytes,
+                        bool to_owner) override {
+    DROPLESS_RETURN_IF_ERROR(ValidateRankCalls(*this, calls, /*rows=*/true, row_bytes));
     GroupRows rows{};
     for (int r = 0; r < shape_.ep; ++r) {
       rows.send_offsets[r] = calls[r].plan->send_offsets;

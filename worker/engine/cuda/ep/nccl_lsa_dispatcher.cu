@@ -146,7 +146,7 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
   }
 
   absl::Status Plan(absl::Span<const RankCall> calls) override {
-    DROPLESS_RETURN_IF_ERROR(Check(calls, false));
+    DROPLESS_RETURN_IF_ERROR(ValidateRankCalls(*this, calls, /*rows=*/false, 0));
     const ExchangePlan& p = *calls[0].plan;
     absl::StatusOr<std::pair<ncclWindow_t, size_t>> matrix = Resolve(p.count_matrix);
     if (!matrix.ok()) return matrix.status();
@@ -155,13 +155,6 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
                                                    p.recv_offsets, p.dest_rows, shape_.ep,
                                                    shape_.experts, group_->rank());
     return LaunchStatus("LsaPlanKernel");
-  }
-
-  absl::Status Dispatch(absl::Span<const RankCall> calls, size_t row_bytes) override {
-    return Rows(calls, row_bytes, /*to_owner=*/true);
-  }
-  absl::Status Combine(absl::Span<const RankCall> calls, size_t row_bytes) override {
-    return Rows(calls, row_bytes, /*to_owner=*/false);
   }
 
   absl::Status AllReduceSum(absl::Span<float* const> data, size_t count,
@@ -202,25 +195,9 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
     return absl::OkStatus();
   }
 
-  absl::Status Check(absl::Span<const RankCall> calls, bool rows) const {
-    if (calls.size() != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("nccl-lsa: %d rank calls for the one rank of this process", calls.size()));
-    }
-    const RankCall& c = calls[0];
-    if (c.plan == nullptr || c.plan->send_offsets == nullptr || c.stream == nullptr ||
-        (rows && (c.send_rows == nullptr || c.recv_rows == nullptr))) {
-      return absl::InvalidArgumentError("nccl-lsa: the rank call lacks a plan, buffer or stream");
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status Rows(absl::Span<const RankCall> calls, size_t row_bytes, bool to_owner) {
-    DROPLESS_RETURN_IF_ERROR(Check(calls, true));
-    if (row_bytes == 0 || row_bytes % 4 != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("nccl-lsa: row of %d bytes is not a positive multiple of 4", row_bytes));
-    }
+  absl::Status Exchange(absl::Span<const RankCall> calls, size_t row_bytes,
+                        bool to_owner) override {
+    DROPLESS_RETURN_IF_ERROR(ValidateRankCalls(*this, calls, /*rows=*/true, row_bytes));
     const RankCall& c = calls[0];
     absl::StatusOr<std::pair<ncclWindow_t, size_t>> recv = Resolve(c.recv_rows);
     if (!recv.ok()) return recv.status();
