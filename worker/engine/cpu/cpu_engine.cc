@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/engine_config.h"
 #include "common/step_phase.h"
 #include "worker/engine/checkpoint/moe_checkpoint.h"
 #include "worker/engine/cpu/adamw.h"
@@ -54,20 +56,9 @@ struct ParameterBuffer {
 
 absl::Status CheckContext(const EngineContext& ctx) {
   const EngineConfig& spec = ctx.config;
-  const ModelSpec& m = spec.model;
-  if (m.hidden <= 0 || m.ffn <= 0 || m.experts <= 0 || m.topk <= 0 || m.topk > m.experts ||
-      m.shared_experts < 0 || m.layers <= 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "cpu engine: model: bad shape (hidden %d, ffn %d, experts %d, topk %d, shared_experts "
-        "%d, layers %d)", m.hidden, m.ffn, m.experts, m.topk, m.shared_experts, m.layers));
-  }
-  if (spec.parallel.ep <= 0 || spec.parallel.dp <= 0 || m.experts % spec.parallel.ep != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "cpu engine: parallel: %d experts must split over ep %d (dp %d)", m.experts,
-        spec.parallel.ep, spec.parallel.dp));
-  }
-  if (spec.tokens_per_rank <= 0) {
-    return absl::InvalidArgumentError("cpu engine: tokens_per_rank: must be positive");
+  // The config's fields are checked in one place, common/ (the spec validator runs the same).
+  if (absl::Status st = CheckEngineSupport(Backend::kCpu, spec); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("cpu engine: ", st.message()));
   }
   if (ctx.world_size != spec.world_size() || ctx.rank < 0 || ctx.rank >= ctx.world_size) {
     return absl::InvalidArgumentError(absl::StrFormat(
