@@ -13,6 +13,22 @@ absl::Status Refuse(const char* field, const std::string& why) {
 }
 
 absl::Status CheckCpu(const EngineConfig& c) {
+  // The shapes its buffers and loops assume; a spec that passed its ranges always has them, a
+  // config built by hand (tests, benchmarks) may not.
+  const ModelSpec& m = c.model;
+  if (m.hidden <= 0 || m.ffn <= 0 || m.experts <= 0 || m.topk <= 0 || m.topk > m.experts ||
+      m.shared_experts < 0 || m.layers <= 0) {
+    return Refuse("model", absl::StrFormat("the cpu engine needs positive hidden, ffn, experts, "
+                                           "layers and 1 <= topk <= experts (got hidden %d, ffn "
+                                           "%d, experts %d, topk %d, shared_experts %d, layers %d)",
+                                           m.hidden, m.ffn, m.experts, m.topk, m.shared_experts,
+                                           m.layers));
+  }
+  if (c.parallel.ep <= 0 || c.parallel.dp <= 0 || m.experts % c.parallel.ep != 0) {
+    return Refuse("parallel", absl::StrFormat("%d experts must split over ep %d (dp %d)", m.experts,
+                                              c.parallel.ep, c.parallel.dp));
+  }
+  if (c.tokens_per_rank <= 0) return Refuse("tokens_per_rank", "must be positive");
   if (c.precision == Precision::kMxfp8) {
     return Refuse("precision", "mxfp8 needs resources.backend cuda (the cpu engine computes in "
                                "float32)");

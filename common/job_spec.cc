@@ -401,4 +401,13 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text) {
   return spec;
 }
 
+absl::Status ApplyJobSpecOverrides(const JobSpecOverrides& overrides, JobSpec* spec) {
+  JobSpec overridden = *spec;
+  if (overrides.name.has_value()) overridden.name = *overrides.name;
+  if (overrides.priority.has_value()) overridden.priority = *overrides.priority;
+  DROPLESS_RETURN_IF_ERROR(internal::CheckJobSpecRules(overridden));
+  *spec = std::move(overridden);
+  return absl::OkStatus();
+}
+
 }  // namespace dropless

@@ -1,10 +1,12 @@
 // JobSpec: the validated form of a job's YAML (configs/jobs/*.yaml). The one parser and validator
-// used by the coordinator (on submit), the CLI (before sending) and the rank process (at start).
+// used by the coordinator (on submit), the CLI (before sending) and the rank process (at start);
+// nothing outside common/ reads a spec's YAML or checks its fields.
 #ifndef DROPLESS_COMMON_JOB_SPEC_H_
 #define DROPLESS_COMMON_JOB_SPEC_H_
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -95,6 +97,18 @@ inline constexpr size_t kMaxJobSpecBytes = 64 * 1024;
 // Parses and validates a job spec. Errors are InvalidArgument with one message naming the field
 // path and the rule, e.g. "model.experts: must be divisible by parallel.ep (got 10 % 4 != 0)".
 absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml);
+
+// Submit-time overrides of a spec's name and priority (SubmitJobRequest.name / .priority, the
+// CLI's --name / --priority); one left unset keeps the spec's value.
+struct JobSpecOverrides {
+  std::optional<std::string> name;
+  std::optional<int32_t> priority;
+};
+
+// Applies the overrides to a valid spec and checks the result by the rules ParseJobSpec applies
+// to the file (name pattern, priority range), so that the stored spec, which every rank parses
+// again, stays valid. InvalidArgument naming the field otherwise, and *spec is left unchanged.
+absl::Status ApplyJobSpecOverrides(const JobSpecOverrides& overrides, JobSpec* spec);
 
 // Canonical YAML of a valid spec; ParseJobSpec(JobSpecToYaml(s)) == s.
 std::string JobSpecToYaml(const JobSpec& spec);

@@ -6,12 +6,19 @@
 //
 // Adding a field: declare it here and list it in ForEachStepStatsField; give it a v1.StepMetrics
 // field of the same name and type (a new number, never a reused one) when it should reach the API.
+// A field is an int64_t, a double, or a std::vector<int64_t> (repeated int64 on the wire) of at
+// most kMaxStepStatsListSize entries.
 #ifndef DROPLESS_COMMON_STEP_STATS_H_
 #define DROPLESS_COMMON_STEP_STATS_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace dropless {
+
+// Longest list a step report carries: the job spec's limit on model.experts.
+inline constexpr size_t kMaxStepStatsListSize = 1024;
 
 struct StepStats {
   int64_t step = 0;     // 1-based step just finished
@@ -31,6 +38,15 @@ struct StepStats {
   double gemm_dgrad_seconds = 0;
   double gemm_wgrad_seconds = 0;
   double load_imbalance = 1;  // max/mean tokens per expert over the EP group
+  // Tokens routed to each expert of the layer (index: global expert id; a token counts once per
+  // expert it chose) in this step, summed over the EP group and the layers; empty when the engine
+  // does not report it. At most kMaxStepStatsListSize entries.
+  std::vector<int64_t> expert_tokens;
+  // Bytes this rank sent in the step's token dispatch and combine all-to-alls (rows x row bytes,
+  // rows staying on the rank included; forward + backward, as dispatch_seconds and
+  // combine_seconds). 0 when the engine does not count them.
+  int64_t dispatch_bytes = 0;
+  int64_t combine_bytes = 0;
   int64_t device_memory_bytes = 0;
   // Peak FLOP/s of the rank's device (the MFU denominator); 0 = unknown. Set by the rank process.
   double peak_flops = 0;
@@ -44,8 +60,9 @@ struct StepStats {
 };
 
 // Calls visit(name, member) for every field of StepStats, in declaration order; member is an
-// `int64_t StepStats::*` or a `double StepStats::*`. Serializers iterate this list rather than
-// naming fields, so a field listed here reaches every one of them.
+// `int64_t StepStats::*`, a `double StepStats::*` or a `std::vector<int64_t> StepStats::*`.
+// Serializers iterate this list rather than naming fields, so a field listed here reaches every one
+// of them.
 template <typename Visitor>
 void ForEachStepStatsField(Visitor&& visit) {
   visit("step", &StepStats::step);
@@ -62,6 +79,9 @@ void ForEachStepStatsField(Visitor&& visit) {
   visit("gemm_dgrad_seconds", &StepStats::gemm_dgrad_seconds);
   visit("gemm_wgrad_seconds", &StepStats::gemm_wgrad_seconds);
   visit("load_imbalance", &StepStats::load_imbalance);
+  visit("expert_tokens", &StepStats::expert_tokens);
+  visit("dispatch_bytes", &StepStats::dispatch_bytes);
+  visit("combine_bytes", &StepStats::combine_bytes);
   visit("device_memory_bytes", &StepStats::device_memory_bytes);
   visit("peak_flops", &StepStats::peak_flops);
 }

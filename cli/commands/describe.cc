@@ -1,7 +1,9 @@
 // dropless describe job ID: everything about one job for a human (spec summary, progress,
-// placement, events with times); -o json|yaml gives the job object plus "events".
+// expert load of the latest step, placement, events with times); -o json|yaml gives the job object
+// plus "events".
 #include <iostream>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +12,7 @@
 #include "cli/client.h"
 #include "cli/commands/commands.h"
 #include "cli/exit_codes.h"
+#include "cli/output/expert_load.h"
 #include "cli/output/table.h"
 #include "cli/output/views.h"
 #include "common/job_spec.h"
@@ -89,6 +92,11 @@ void PrintText(const v1::Job& job, const v1::ListEventsResponse& events) {
   out += Field("Started", when(job.start_time_ms()));
   out += Field("Ended", when(job.end_time_ms()));
   out += Field("Progress", Progress(job));
+  if (std::optional<ExpertLoadSummary> load = SummarizeExpertLoad(job.latest())) {
+    out += Field("Expert load",
+                 absl::StrCat("step ", job.latest().step(), ": ", ExpertLoadSummaryLine(*load)));
+    out += ExpertLoadHistogram(job.latest(), *load);
+  }
   out += "Spec:\n" + SpecSummary(job.spec_yaml());
   out += "Placement:";
   if (job.placement().empty()) {

@@ -96,27 +96,25 @@ int RunSubmit(const Invocation& inv) {
 
   v1::SubmitJobRequest request;
   request.set_spec_yaml(text);
-  if (inv.args.Has("name")) {
-    spec->name = inv.args.Get("name");
-    request.set_name(spec->name);
-  }
+  JobSpecOverrides overrides;
+  if (inv.args.Has("name")) overrides.name = inv.args.Get("name");
   if (inv.args.Has("priority")) {
     int32_t priority = 0;
     if (!absl::SimpleAtoi(inv.args.Get("priority"), &priority)) {
       return UsageError(absl::StrCat("--priority: not an integer: '", inv.args.Get("priority"), "'"));
     }
-    spec->priority = priority;
-    request.set_priority(priority);
+    overrides.priority = priority;
   }
   // The overrides go through the same validation as the file (name pattern, priority range).
-  if (inv.args.Has("name") || inv.args.Has("priority")) {
-    absl::StatusOr<JobSpec> overridden = ParseJobSpec(JobSpecToYaml(*spec));
-    if (!overridden.ok()) {
-      std::cerr << "error: " << overridden.status().message() << " (from --name/--priority)\n";
-      return kExitError;
-    }
+  if (absl::Status s = ApplyJobSpecOverrides(overrides, &*spec); !s.ok()) {
+    std::cerr << "error: " << s.message() << " (from --name/--priority)\n";
+    return kExitError;
+  }
+  if (overrides.name.has_value()) request.set_name(spec->name);
+  if (overrides.priority.has_value()) {
+    request.set_priority(spec->priority);
     // A priority of 0 in the request means "keep the spec's": send the overridden spec instead.
-    if (inv.args.Has("priority") && spec->priority == 0) request.set_spec_yaml(JobSpecToYaml(*spec));
+    if (spec->priority == 0) request.set_spec_yaml(JobSpecToYaml(*spec));
   }
 
   request.set_request_id(inv.args.Has("request-id") ? inv.args.Get("request-id") : NewRequestId());

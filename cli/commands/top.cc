@@ -1,6 +1,7 @@
 // dropless top ID [-w]: the latest step of every rank of a job, one row per rank: node, step,
-// step time, TFLOP/s, MFU, memory, expert load imbalance (max/mean tokens per expert) and loss,
-// from the coordinator's stored step metrics. -w redraws every 2 seconds until the job ends.
+// step time, TFLOP/s, MFU, memory, expert load (min/median/max tokens per expert over the EP
+// group, and the imbalance max/mean) and loss, from the coordinator's stored step metrics.
+// -w redraws every 2 seconds until the job ends.
 // -o json|yaml: {"job_id", "state", "ranks": [<metrics object per rank>]}.
 #include <algorithm>
 #include <iostream>
@@ -12,6 +13,7 @@
 #include "cli/client.h"
 #include "cli/commands/commands.h"
 #include "cli/exit_codes.h"
+#include "cli/output/expert_load.h"
 #include "cli/output/table.h"
 #include "cli/output/views.h"
 
@@ -74,13 +76,13 @@ bool Show(const Invocation& inv, Client& client, const std::string& id, v1::JobS
     std::cout << "No step metrics yet.\n";
     return true;
   }
-  Table table({"RANK", "NODE", "STEP", "STEP_TIME", "TFLOP/S", "MFU", "MEMORY", "LOAD_IMBALANCE",
-               "LOSS"});
+  Table table({"RANK", "NODE", "STEP", "STEP_TIME", "TFLOP/S", "MFU", "MEMORY",
+               "EXPERT_TOKENS(MIN/MED/MAX)", "LOAD_IMBALANCE", "LOSS"});
   for (const auto& [rank, m] : latest) {
     table.AddRow({absl::StrCat(rank), m->node(), absl::StrCat(m->step(), "/", m->steps()),
                   absl::StrFormat("%.1fms", m->step_seconds() * 1e3),
                   absl::StrFormat("%.3g", m->tflops()), absl::StrFormat("%.1f%%", m->mfu() * 100),
-                  BytesText(m->device_memory_bytes()),
+                  BytesText(m->device_memory_bytes()), ExpertLoadCell(*m),
                   absl::StrFormat("%.3f", m->load_imbalance()),
                   absl::StrFormat("%.6g", m->loss())});
   }

@@ -73,6 +73,8 @@ std::string StepText(const v1::Job& job) {
 }
 
 Value MetricsView(const v1::StepMetrics& m) {
+  Value expert_tokens = Value::Array();
+  for (int64_t tokens : m.expert_tokens()) expert_tokens.Push(Value::Int(tokens));
   Value v = Value::Object();
   v.Set("rank", Value::Int(m.rank()))
       .Set("attempt", Value::Int(m.attempt()))
@@ -91,6 +93,9 @@ Value MetricsView(const v1::StepMetrics& m) {
       .Set("gemm_dgrad_seconds", Value::Double(m.gemm_dgrad_seconds()))
       .Set("gemm_wgrad_seconds", Value::Double(m.gemm_wgrad_seconds()))
       .Set("load_imbalance", Value::Double(m.load_imbalance()))
+      .Set("expert_tokens", std::move(expert_tokens))
+      .Set("dispatch_bytes", Value::Int(m.dispatch_bytes()))
+      .Set("combine_bytes", Value::Int(m.combine_bytes()))
       .Set("device_memory_bytes", Value::Int(m.device_memory_bytes()))
       .Set("node", Value::String(m.node()))
       .Set("time", TimeValue(m.time_ms()));

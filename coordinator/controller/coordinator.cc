@@ -20,7 +20,6 @@ namespace {
 
 constexpr int kDefaultEventLimit = 1000;
 constexpr int kMaxEventLimit = 100000;
-constexpr size_t kMaxJobNameBytes = 253;
 constexpr int kMaxJobsPerPage = 1000;
 
 constexpr size_t kMaxRequestIdBytes = 128;
@@ -183,30 +182,14 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   if (!spec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("invalid job spec: ", spec.status().message()));
   }
-  if (!request.name().empty()) {
-    if (request.name().size() > kMaxJobNameBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("name: longer than ", kMaxJobNameBytes, " bytes"));
-    }
-    for (char c : request.name()) {
-      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-        return absl::InvalidArgumentError("name: must not contain control characters");
-      }
-    }
-    spec->name = request.name();
-  }
-  if (request.priority() != 0) spec->priority = request.priority();
-  if (!request.name().empty() || request.priority() != 0) {
-    // The overrides end up in the stored spec, which every rank parses again: they must pass the
-    // same rules as the file (name pattern, priority range), or the job would fail at its start.
-    absl::StatusOr<JobSpec> overridden = ParseJobSpec(JobSpecToYaml(*spec));
-    if (!overridden.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("invalid name or priority override: ",
-                                                     overridden.status().message()));
-    }
-  }
-  if (spec->world_size() > (1 << 20)) {
-    return absl::InvalidArgumentError("parallel: ep * dp must be at most 1048576 ranks");
+  // The overrides end up in the stored spec, which every rank parses again: common/ checks them
+  // by the same rules as the file (name pattern, priority range).
+  JobSpecOverrides overrides;
+  if (!request.name().empty()) overrides.name = request.name();
+  if (request.priority() != 0) overrides.priority = request.priority();
+  if (absl::Status s = ApplyJobSpecOverrides(overrides, &*spec); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid name or priority override: ", s.message()));
   }
 
   const int64_t now = NowMs();

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
@@ -17,6 +18,12 @@ void SetField(const google::protobuf::Reflection& r, const google::protobuf::Fie
 void SetField(const google::protobuf::Reflection& r, const google::protobuf::FieldDescriptor& f,
               double v, v1::StepMetrics* out) {
   r.SetDouble(out, &f, v);
+}
+
+void SetField(const google::protobuf::Reflection& r, const google::protobuf::FieldDescriptor& f,
+              const std::vector<int64_t>& v, v1::StepMetrics* out) {
+  r.ClearField(out, &f);
+  for (int64_t x : v) r.AddInt64(out, &f, x);
 }
 
 }  // namespace

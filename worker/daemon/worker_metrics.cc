@@ -26,6 +26,13 @@ const prometheus::Histogram::BucketBoundaries& PhaseBuckets() {
   return *buckets;
 }
 
+// An expert's tokens over the mean per expert: 0 (an idle expert) .. 10, finest around 1.
+const prometheus::Histogram::BucketBoundaries& ExpertLoadBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0, 0.25, 0.5, 0.75, 0.9, 1, 1.1, 1.25, 1.5, 2, 3, 5, 10};
+  return *buckets;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
@@ -81,6 +88,24 @@ WorkerMetrics::WorkerMetrics(std::string node)
                 .Name("dropless_rank_model_flops_total")
                 .Help("Model FLOPs a rank computed (forward and backward, every step)")
                 .Register(r);
+  dispatch_bytes_ = &BuildCounter()
+                         .Name("dropless_rank_dispatch_bytes_total")
+                         .Help(
+                             "Bytes a rank sent in its token dispatch all-to-alls (forward + "
+                             "backward, every step)")
+                         .Register(r);
+  combine_bytes_ = &BuildCounter()
+                        .Name("dropless_rank_combine_bytes_total")
+                        .Help(
+                            "Bytes a rank sent in its token combine all-to-alls (forward + "
+                            "backward, every step)")
+                        .Register(r);
+  expert_load_ = &BuildHistogram()
+                      .Name("dropless_rank_expert_load_ratio")
+                      .Help(
+                          "Tokens of an expert over the mean tokens per expert, observed once "
+                          "per expert per step (1 = balanced, 0 = idle)")
+                      .Register(r);
   flops_per_second_ = &BuildGauge()
                            .Name("dropless_rank_model_flops_per_second")
                            .Help("Model FLOP/s of the last step of a rank")
@@ -168,6 +193,9 @@ WorkerMetrics::RankSeries& WorkerMetrics::SeriesFor(const RankIdentity& rank) {
   s.steps = &steps_->Add(labels);
   s.tokens = &tokens_->Add(labels);
   s.flops = &flops_->Add(labels);
+  s.dispatch_bytes = &dispatch_bytes_->Add(labels);
+  s.combine_bytes = &combine_bytes_->Add(labels);
+  s.expert_load = &expert_load_->Add(labels, ExpertLoadBuckets());
   s.flops_per_second = &flops_per_second_->Add(labels);
   s.mfu = &mfu_->Add(labels);
   s.load_imbalance = &load_imbalance_->Add(labels);
@@ -189,6 +217,9 @@ void WorkerMetrics::DropJob(const std::string& job_id) {
       steps_->Remove(s.steps);
       tokens_->Remove(s.tokens);
       flops_->Remove(s.flops);
+      dispatch_bytes_->Remove(s.dispatch_bytes);
+      combine_bytes_->Remove(s.combine_bytes);
+      expert_load_->Remove(s.expert_load);
       flops_per_second_->Remove(s.flops_per_second);
       mfu_->Remove(s.mfu);
       load_imbalance_->Remove(s.load_imbalance);
@@ -217,6 +248,17 @@ void WorkerMetrics::RecordStep(const RankIdentity& rank, const StepStats& stats)
   s.steps->Increment();
   s.tokens->Increment(static_cast<double>(stats.tokens));
   s.flops->Increment(stats.flops);
+  s.dispatch_bytes->Increment(static_cast<double>(stats.dispatch_bytes));
+  s.combine_bytes->Increment(static_cast<double>(stats.combine_bytes));
+  int64_t routed = 0;
+  for (int64_t tokens : stats.expert_tokens) routed += tokens;
+  if (routed > 0) {
+    const double mean =
+        static_cast<double>(routed) / static_cast<double>(stats.expert_tokens.size());
+    for (int64_t tokens : stats.expert_tokens) {
+      s.expert_load->Observe(static_cast<double>(tokens) / mean);
+    }
+  }
   s.flops_per_second->Set(stats.FlopsPerSecond());
   s.mfu->Set(stats.Mfu());
   s.load_imbalance->Set(stats.load_imbalance);

@@ -2,17 +2,18 @@
 // docs/metrics.md is the catalog (names, types, labels, buckets); this header only sketches it.
 //
 // Per rank (labels job_id, rank, node and DCGM's gpu, UUID, Hostname, so GPU power, clocks and
-// memory from DCGM's exporter join with step time on UUID): counters of steps, tokens and model
-// FLOPs; histograms of step time (1 ms .. 60 s) and of the dispatch, combine and expert GEMM
-// phases (10 us .. 60 s; GEMM by phase=forward|dgrad|wgrad, every phase series exists from a
-// rank's first report); gauges of the last step's FLOP/s, MFU, expert load imbalance, loss and
-// device memory.
+// memory from DCGM's exporter join with step time on UUID): counters of steps, tokens, model
+// FLOPs and bytes dispatched and combined; histograms of step time (1 ms .. 60 s), of the
+// dispatch, combine and expert GEMM phases (10 us .. 60 s; GEMM by phase=forward|dgrad|wgrad,
+// every phase series exists from a rank's first report) and of expert load (each expert's tokens
+// over the mean per expert, observed once per expert per step: expert ids never become labels);
+// gauges of the last step's FLOP/s, MFU, expert load imbalance, loss and device memory.
 // Per daemon (label node): dropless_worker_slots{state=busy|free}, dropless_worker_ranks_running,
 // dropless_worker_rank_exits_total{result=succeeded|failed|killed},
 // dropless_worker_session_reconnects_total, dropless_worker_up.
 //
-// Rank series of a finished job stay until kRetainedJobs newer jobs have reported, so a scrape after
-// the job ends still sees its last values; the oldest job's series are dropped first.
+// Rank series of a finished job stay until kRetainedJobs newer jobs have reported, so a scrape
+// after the job ends still sees its last values; the oldest job's series are dropped first.
 #ifndef DROPLESS_WORKER_DAEMON_WORKER_METRICS_H_
 #define DROPLESS_WORKER_DAEMON_WORKER_METRICS_H_
 
@@ -75,6 +76,9 @@ class WorkerMetrics {
     prometheus::Counter* steps;
     prometheus::Counter* tokens;
     prometheus::Counter* flops;
+    prometheus::Counter* dispatch_bytes;
+    prometheus::Counter* combine_bytes;
+    prometheus::Histogram* expert_load;
     prometheus::Gauge* flops_per_second;
     prometheus::Gauge* mfu;
     prometheus::Gauge* load_imbalance;
@@ -98,6 +102,9 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>* steps_;
   prometheus::Family<prometheus::Counter>* tokens_;
   prometheus::Family<prometheus::Counter>* flops_;
+  prometheus::Family<prometheus::Counter>* dispatch_bytes_;
+  prometheus::Family<prometheus::Counter>* combine_bytes_;
+  prometheus::Family<prometheus::Histogram>* expert_load_;
   prometheus::Family<prometheus::Gauge>* flops_per_second_;
   prometheus::Family<prometheus::Gauge>* mfu_;
   prometheus::Family<prometheus::Gauge>* load_imbalance_;

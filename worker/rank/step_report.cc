@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 
@@ -22,10 +23,36 @@ std::string FormatValue(double v) {
   return buf;
 }
 
+// A list is its values joined by commas, nothing for an empty one: `expert_tokens=12,9,0,31`.
+std::string FormatValue(const std::vector<int64_t>& v) { return absl::StrJoin(v, ","); }
+
 bool ParseValue(absl::string_view text, int64_t* v) { return absl::SimpleAtoi(text, v); }
 bool ParseValue(absl::string_view text, double* v) { return absl::SimpleAtod(text, v); }
+bool ParseValue(absl::string_view text, std::vector<int64_t>* v) {
+  v->clear();
+  if (text.empty()) return true;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    if (v->size() == kMaxStepStatsListSize || !absl::SimpleAtoi(item, &v->emplace_back())) {
+      return false;
+    }
+  }
+  return true;
+}
 const char* Kind(int64_t) { return "an integer"; }
 const char* Kind(double) { return "a number"; }
+const char* Kind(const std::vector<int64_t>&) {
+  return "a comma-separated list of at most 1024 integers";
+}
+
+// Every figure but the losses is a count, a duration, a size or a rate: finite and >= 0.
+bool IsFiniteNonNegative(double v) { return v >= 0 && !std::isinf(v); }
+bool IsFiniteNonNegative(int64_t v) { return v >= 0; }
+bool IsFiniteNonNegative(const std::vector<int64_t>& v) {
+  for (int64_t x : v) {
+    if (x < 0) return false;
+  }
+  return true;
+}
 
 absl::Status Invalid(absl::string_view key, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("step report: ", key, ": ", why));
@@ -75,10 +102,9 @@ absl::StatusOr<StepStats> ParseStepReport(absl::string_view line) {
   if (!status.ok()) return status;
   if (stats.step < 1) return Invalid("step", "must be >= 1");
   if (stats.steps < stats.step) return Invalid("steps", "must be >= step");
-  // Every figure but the losses is a count, a duration, a size or a rate: finite and >= 0.
   ForEachStepStatsField([&](absl::string_view name, auto member) {
-    const double v = static_cast<double>(stats.*member);
-    if (status.ok() && name != "loss" && name != "aux_loss" && (!(v >= 0) || std::isinf(v))) {
+    if (status.ok() && name != "loss" && name != "aux_loss" &&
+        !IsFiniteNonNegative(stats.*member)) {
       status = Invalid(name, "must be a finite number >= 0");
     }
   });

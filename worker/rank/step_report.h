@@ -7,11 +7,13 @@
 // ForEachStepStatsField), every key present exactly once,
 //   step=3 steps=40 loss=0.51 aux_loss=1.02 step_seconds=0.012 flops=1.2e9 tokens=256
 //   dispatch_seconds=0.001 combine_seconds=0.001 gemm_seconds=0.006 gemm_forward_seconds=0.002
-//   gemm_dgrad_seconds=0.002 gemm_wgrad_seconds=0.002 load_imbalance=1.1 device_memory_bytes=0
-//   peak_flops=1e11
-// (one line; wrapped here). Doubles are written with 17 significant digits so they round-trip.
-// Unknown keys are ignored so a newer rank can report more than an older daemon reads.
-// The ready line is exactly "ready": the rank joined its groups and built its engine.
+//   gemm_dgrad_seconds=0.002 gemm_wgrad_seconds=0.002 load_imbalance=1.1
+//   expert_tokens=130,120,140,122 dispatch_bytes=524288 combine_bytes=524288
+//   device_memory_bytes=0 peak_flops=1e11
+// (one line; wrapped here). A list is comma-separated, empty for no entries (`expert_tokens=`).
+// Doubles are written with 17 significant digits so they round-trip. Unknown keys are ignored so a
+// newer rank can report more than an older daemon reads. The ready line is exactly "ready": the
+// rank joined its groups and built its engine.
 #ifndef DROPLESS_WORKER_RANK_STEP_REPORT_H_
 #define DROPLESS_WORKER_RANK_STEP_REPORT_H_
 
@@ -29,7 +31,8 @@ inline constexpr absl::string_view kReadyLine = "ready";
 std::string FormatStepReport(const StepStats& stats);
 
 // InvalidArgument naming the key on a missing, repeated or malformed field, or on values out of
-// range (step < 1, step > steps, negative seconds/flops/tokens/memory).
+// range (step < 1, step > steps, negative seconds/flops/tokens/bytes/memory, a list longer than
+// kMaxStepStatsListSize).
 absl::StatusOr<StepStats> ParseStepReport(absl::string_view line);
 
 }  // namespace dropless

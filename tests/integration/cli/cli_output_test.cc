@@ -1,10 +1,14 @@
 // In-process checks of the CLI's building blocks that the binary tests cannot reach exhaustively:
 // the JSON and YAML emitters against real parsers on random strings, the progress line's width,
-// and the argument parser. (Unit tests of cli/; they live here with the CLI's other tests.)
+// the argument parser, and the expert-load summary of top and describe. (Unit tests of cli/; they
+// live here with the CLI's other tests.)
+#include <initializer_list>
+#include <optional>
 #include <random>
 #include <string>
 
 #include "cli/args.h"
+#include "cli/output/expert_load.h"
 #include "cli/output/table.h"
 #include "cli/output/value.h"
 #include "cli/output/views.h"
@@ -164,6 +168,48 @@ TEST(TableTest, ColumnsAlign) {
   t.AddRow({"a-long-id", "x"});
   t.AddRow({"b", "y"});
   EXPECT_EQ(t.Render(), "ID          NAME\na-long-id   x\nb           y\n");
+}
+
+v1::StepMetrics WithExpertTokens(std::initializer_list<int64_t> tokens) {
+  v1::StepMetrics m;
+  m.set_step(7);
+  for (int64_t t : tokens) m.add_expert_tokens(t);
+  return m;
+}
+
+TEST(ExpertLoadTest, SummaryIsMinMedianMaxAndIdleExperts) {
+  EXPECT_FALSE(SummarizeExpertLoad(v1::StepMetrics()).has_value());
+  EXPECT_EQ(ExpertLoadCell(v1::StepMetrics()), "-");
+  const v1::StepMetrics m = WithExpertTokens({40, 0, 10, 30, 20, 100});
+  const std::optional<ExpertLoadSummary> s = SummarizeExpertLoad(m);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->experts, 6);
+  EXPECT_EQ(s->min, 0);
+  EXPECT_EQ(s->median, 20);  // the lower middle of 0 10 20 30 40 100
+  EXPECT_EQ(s->max, 100);
+  EXPECT_DOUBLE_EQ(s->mean, 200.0 / 6);
+  EXPECT_EQ(s->idle, 1);
+  EXPECT_EQ(ExpertLoadCell(m), "0/20/100");
+  EXPECT_EQ(ExpertLoadSummaryLine(*s),
+            "6 experts, tokens per expert min 0, median 20, max 100 (max/mean 3.00, 1 idle)");
+}
+
+TEST(ExpertLoadTest, HistogramCountsEveryExpertOnceByLoadOverTheMean) {
+  // Mean 100: loads 0, 0.3, 0.95, 1.0, 1.05, 1.2, 2.5 of the mean.
+  const v1::StepMetrics m = WithExpertTokens({0, 30, 95, 100, 105, 120, 250});
+  const std::optional<ExpertLoadSummary> s = SummarizeExpertLoad(m);
+  ASSERT_TRUE(s.has_value());
+  const std::string h = ExpertLoadHistogram(m, *s);
+  EXPECT_THAT(h, HasSubstr("  LOAD/MEAN   EXPERTS\n"));
+  EXPECT_THAT(h, HasSubstr("  0 (idle)    1     ##########\n"));
+  EXPECT_THAT(h, HasSubstr("  (0, 0.5)    1     ##########\n"));
+  EXPECT_THAT(h, HasSubstr("  [0.5, 0.9)  0\n"));
+  EXPECT_THAT(h, HasSubstr("  [0.9, 1.1)  3     ##############################\n"));
+  EXPECT_THAT(h, HasSubstr("  [1.1, 1.5)  1     ##########\n"));
+  EXPECT_THAT(h, HasSubstr("  >= 2        1     ##########\n"));
+  EXPECT_EQ(
+      ExpertLoadHistogram(WithExpertTokens({0, 0}), *SummarizeExpertLoad(WithExpertTokens({0, 0}))),
+      "");
 }
 
 }  // namespace

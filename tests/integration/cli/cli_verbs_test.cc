@@ -252,9 +252,12 @@ TEST_F(CliEndToEndTest, SubmitWaitLogsTailSinceAndTop) {
   ASSERT_EQ(top.exit_code, 0) << top.err;
   EXPECT_THAT(top.out, HasSubstr("SUCCEEDED"));
   EXPECT_THAT(top.out, HasSubstr("LOAD_IMBALANCE"));
+  EXPECT_THAT(top.out, HasSubstr("EXPERT_TOKENS(MIN/MED/MAX)"));
   EXPECT_THAT(top.out, HasSubstr("MEMORY"));
-  EXPECT_THAT(top.out, ::testing::ContainsRegex("\n0 +cli-e2e-node +40/40 "));
-  EXPECT_THAT(top.out, ::testing::ContainsRegex("\n1 +cli-e2e-node +40/40 "));
+  EXPECT_THAT(top.out,
+              ::testing::ContainsRegex("\n0 +cli-e2e-node +40/40 .* [0-9]+/[0-9]+/[0-9]+ "));
+  EXPECT_THAT(top.out,
+              ::testing::ContainsRegex("\n1 +cli-e2e-node +40/40 .* [0-9]+/[0-9]+/[0-9]+ "));
   google::protobuf::Struct json = ParseJson(Cli({"top", id, "-o", "json"}).out);
   const auto& ranks = json.fields().at("ranks").list_value();
   ASSERT_EQ(ranks.values_size(), 2);
@@ -262,7 +265,24 @@ TEST_F(CliEndToEndTest, SubmitWaitLogsTailSinceAndTop) {
     EXPECT_EQ(Num(r.struct_value(), "step"), 40);
     EXPECT_GE(Num(r.struct_value(), "load_imbalance"), 1.0);
     EXPECT_GT(Num(r.struct_value(), "device_memory_bytes"), 0);
+    // tiny-cpu: 8 experts; 256 tokens x 2 ranks x top-2 routed over the EP group each step.
+    const auto& experts = r.struct_value().fields().at("expert_tokens").list_value();
+    ASSERT_EQ(experts.values_size(), 8);
+    double routed = 0;
+    for (const auto& e : experts.values()) routed += e.number_value();
+    EXPECT_EQ(routed, 1024);
+    // At least the 512 rows (64 floats each) it sends; dispatch and combine move the same rows.
+    EXPECT_GE(Num(r.struct_value(), "dispatch_bytes"), 512 * 64 * 4);
+    EXPECT_EQ(Num(r.struct_value(), "combine_bytes"), Num(r.struct_value(), "dispatch_bytes"));
   }
+  // describe shows the latest step's expert load: a summary and a histogram over the mean.
+  CommandResult described = Cli({"describe", "job", id});
+  ASSERT_EQ(described.exit_code, 0) << described.err;
+  EXPECT_THAT(described.out, ::testing::ContainsRegex(
+                                 "Expert load: +step 40: 8 experts, tokens per expert min [0-9]+, "
+                                 "median [0-9]+, max [0-9]+ \\(max/mean [0-9.]+, [0-9]+ idle\\)"));
+  EXPECT_THAT(described.out, HasSubstr("LOAD/MEAN"));
+  EXPECT_THAT(described.out, HasSubstr("[0.9, 1.1)"));
   EXPECT_EQ(Cli({"top", "job-999999"}).exit_code, 3);
 }
 

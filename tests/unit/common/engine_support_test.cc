@@ -94,5 +94,28 @@ TEST(EngineSupportTest, EnginesCheckTheSameRulesOnTheirConfig) {
               StartsWith("activation_offload: "));
 }
 
+// The cpu engine's shape preconditions live here too, so a hand-built config (tests, benchmarks)
+// is refused by the same function the spec validator runs, naming the field.
+TEST(EngineSupportTest, CpuEngineRefusesShapesItCannotRun) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(kCudaJob);
+  ASSERT_TRUE(spec.ok());
+  EngineConfig config = EngineConfigFromSpec(*spec);
+  config.precision = Precision::kBf16;
+  config.dispatcher = Dispatcher::kAuto;
+  config.overlap = config.activation_offload = false;
+  ASSERT_TRUE(CheckEngineSupport(Backend::kCpu, config).ok());
+  EngineConfig bad = config;
+  bad.model.hidden = 0;
+  EXPECT_THAT(std::string(CheckEngineSupport(Backend::kCpu, bad).message()), StartsWith("model: "));
+  bad = config;
+  bad.parallel.ep = 3;
+  EXPECT_THAT(std::string(CheckEngineSupport(Backend::kCpu, bad).message()),
+              StartsWith("parallel: "));
+  bad = config;
+  bad.tokens_per_rank = 0;
+  EXPECT_THAT(std::string(CheckEngineSupport(Backend::kCpu, bad).message()),
+              StartsWith("tokens_per_rank: "));
+}
+
 }  // namespace
 }  // namespace dropless

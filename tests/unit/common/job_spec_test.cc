@@ -357,16 +357,22 @@ TEST(JobSpecTest, BooleansAcceptTrueFalseInAnyCase) {
   EXPECT_TRUE(spec->model.renormalize);
 }
 
-TEST(JobSpecTest, NcclDispatchersParseButWaitForTheGpuTransport) {
-  // The names parse (the refusal names the engine's limit, not a typo), and the cuda engine
-  // refuses them until the GPU expert-parallel transport exists (engine_support_test.cc).
-  std::string yaml = absl::StrReplaceAll(kBase, {{"dispatcher: auto\n", "dispatcher: nccl-lsa\n"},
-                                                 {"backend: cpu", "backend: cuda"},
-                                                 {"  ep: 2", "  ep: 1"}});
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml);
-  ASSERT_FALSE(spec.ok());
-  EXPECT_THAT(std::string(spec.status().message()),
-              StartsWith("dispatcher: nccl-lsa is not available to the cuda engine yet"));
+TEST(JobSpecTest, NcclDispatchersParseAndTheCudaEngineTakesLsaAndEp) {
+  // The names parse; the cuda engine runs nccl-lsa and nccl-ep and refuses nccl-a2a naming its
+  // limit, not a typo (engine_support_test.cc has the engine's whole table).
+  auto with_dispatcher = [](const std::string& dispatcher) {
+    return absl::StrReplaceAll(kBase, {{"dispatcher: auto\n", "dispatcher: " + dispatcher + "\n"},
+                                       {"backend: cpu", "backend: cuda"},
+                                       {"  ep: 2", "  ep: 1"}});
+  };
+  for (const std::string dispatcher : {"nccl-lsa", "nccl-ep"}) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(with_dispatcher(dispatcher));
+    EXPECT_TRUE(spec.ok()) << dispatcher << ": " << spec.status();
+  }
+  absl::StatusOr<JobSpec> a2a = ParseJobSpec(with_dispatcher("nccl-a2a"));
+  ASSERT_FALSE(a2a.ok());
+  EXPECT_THAT(std::string(a2a.status().message()),
+              StartsWith("dispatcher: nccl-a2a is not built for the cuda engine yet"));
 }
 
 TEST(JobSpecTest, CrlfLineEndingsAndJsonSyntaxAreAccepted) {
@@ -423,6 +429,31 @@ TEST(JobSpecTest, BinaryGarbageRejected) {
   ASSERT_FALSE(spec.ok());
   EXPECT_THAT(std::string(spec.status().message()), StartsWith("spec"));
   EXPECT_FALSE(ParseJobSpec(std::string("name: a\0b\n", 10)).ok());
+}
+
+// Submit-time overrides (the coordinator's and the CLI's --name/--priority) pass the file's rules.
+TEST(JobSpecTest, OverridesAreCheckedByTheSpecRules) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(kBase);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(ApplyJobSpecOverrides({}, &*spec).ok());
+  EXPECT_EQ(spec->name, "base-job");
+  ASSERT_TRUE(ApplyJobSpecOverrides({"renamed", 7}, &*spec).ok());
+  EXPECT_EQ(spec->name, "renamed");
+  EXPECT_EQ(spec->priority, 7);
+  absl::StatusOr<JobSpec> again = ParseJobSpec(JobSpecToYaml(*spec));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->name, "renamed");
+
+  absl::Status bad_name =
+      ApplyJobSpecOverrides({std::string("Bad Name\x01"), std::nullopt}, &*spec);
+  EXPECT_EQ(bad_name.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_name.message()), StartsWith("name: "));
+  absl::Status bad_priority = ApplyJobSpecOverrides({std::nullopt, 5000}, &*spec);
+  EXPECT_THAT(std::string(bad_priority.message()), StartsWith("priority: "));
+  absl::Status long_name = ApplyJobSpecOverrides({std::string(300, 'a'), std::nullopt}, &*spec);
+  EXPECT_THAT(std::string(long_name.message()), StartsWith("name: "));
+  EXPECT_EQ(spec->name, "renamed");  // unchanged by a refused override
+  EXPECT_EQ(spec->priority, 7);
 }
 
 TEST(JobSpecTest, EnumNames) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -106,6 +107,8 @@ TEST(JobStoreTest, RestartKeepsJobsAttemptsEventsAndWorkers) {
     metrics.set_rank(0);
     metrics.set_step(3);
     metrics.set_loss(1.5);
+    for (int64_t tokens : {30, 0, 12, 86}) metrics.add_expert_tokens(tokens);
+    metrics.set_dispatch_bytes(4096);
     ASSERT_TRUE((*store)->PutStepMetrics(metrics).ok());
     v1::LogLine line;
     line.set_job_id(running_id);
@@ -145,6 +148,15 @@ TEST(JobStoreTest, RestartKeepsJobsAttemptsEventsAndWorkers) {
   EXPECT_EQ(job->placement(1).node(), "node-b");
   EXPECT_EQ(job->latest().step(), 3);
   EXPECT_DOUBLE_EQ(job->latest().loss(), 1.5);
+  // The per-expert counts are stored with the step metrics (for `dropless top` / `describe`).
+  EXPECT_EQ(std::vector<int64_t>(job->latest().expert_tokens().begin(),
+                                 job->latest().expert_tokens().end()),
+            (std::vector<int64_t>{30, 0, 12, 86}));
+  EXPECT_EQ(job->latest().dispatch_bytes(), 4096);
+  auto history = (*store)->StepMetricsHistory(running_id, 10);
+  ASSERT_TRUE(history.ok()) << history.status();
+  ASSERT_EQ(history->size(), 1u);
+  EXPECT_EQ((*history)[0].expert_tokens_size(), 4);
 
   auto finished = (*store)->GetAttempt(done_id, 1);
   ASSERT_TRUE(finished.ok());

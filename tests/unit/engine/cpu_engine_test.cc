@@ -325,6 +325,20 @@ TEST(CpuEngineTest, StepStatsDescribeTheStep) {
       EXPECT_GT(st.combine_seconds, 0);
       EXPECT_LE(st.gemm_seconds + st.dispatch_seconds + st.combine_seconds, st.step_seconds);
       EXPECT_GT(st.device_memory_bytes, 4 * 4 * 3 * h * f);  // at least weights + moments
+      // Tokens per expert over the EP group and the layers: every (token, choice) of the group.
+      ASSERT_EQ(st.expert_tokens.size(), static_cast<size_t>(s.model.experts));
+      int64_t routed = 0;
+      for (int64_t tokens : st.expert_tokens) routed += tokens;
+      EXPECT_EQ(routed, s.tokens_per_rank * 2 * s.model.topk * s.model.layers);
+      EXPECT_EQ(st.expert_tokens, run[0][i].expert_tokens);
+      // Each phase sends this rank's rows one way and the rows its experts got the other way.
+      EXPECT_GE(st.dispatch_bytes, s.model.layers * s.tokens_per_rank * s.model.topk * h * 4);
+      EXPECT_EQ(st.combine_bytes, st.dispatch_bytes);
+    }
+    // Over the group, every routed row goes out and comes back once per phase and layer.
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(run[0][i].dispatch_bytes + run[1][i].dispatch_bytes,
+                s.model.layers * 2 * (s.tokens_per_rank * 2 * s.model.topk) * h * 4);
     }
     // Both ranks report the job's loss and the EP group's imbalance.
     EXPECT_EQ(run[rank][0].loss, run[0][0].loss);

@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
 done
 echo "spec: $(cat "$spec")"
 report() {
-  echo "step=$1 steps=2 loss=$2 aux_loss=0.5 step_seconds=0.25 flops=1e9 tokens=100 dispatch_seconds=0.01 combine_seconds=0.02 gemm_seconds=0.1 gemm_forward_seconds=0.03 gemm_dgrad_seconds=0.04 gemm_wgrad_seconds=0.03 load_imbalance=1.2 device_memory_bytes=0 peak_flops=1e10" >&3
+  echo "step=$1 steps=2 loss=$2 aux_loss=0.5 step_seconds=0.25 flops=1e9 tokens=100 dispatch_seconds=0.01 combine_seconds=0.02 gemm_seconds=0.1 gemm_forward_seconds=0.03 gemm_dgrad_seconds=0.04 gemm_wgrad_seconds=0.03 load_imbalance=1.2 expert_tokens=60,40 dispatch_bytes=4096 combine_bytes=4096 device_memory_bytes=0 peak_flops=1e10" >&3
 }
 case "$job" in
   ok) echo ready >&3; echo "this is not a report" >&3; report 1 2.0; report 2 1.0; echo "rank $rank done"; exit 0 ;;
@@ -183,6 +183,9 @@ TEST_F(RankManagerTest, RunsRanksToSuccessWithStatusMetricsAndLogs) {
   EXPECT_DOUBLE_EQ(steps[1].loss(), 1.0);
   EXPECT_DOUBLE_EQ(steps[1].tflops(), 1e9 / 0.25 / 1e12);
   EXPECT_DOUBLE_EQ(steps[1].mfu(), 1e9 / 0.25 / 1e10);
+  ASSERT_EQ(steps[1].expert_tokens_size(), 2);  // the per-expert counts reach the API
+  EXPECT_EQ(steps[1].expert_tokens(0), 60);
+  EXPECT_EQ(steps[1].dispatch_bytes(), 4096);
   EXPECT_DOUBLE_EQ(steps[1].tokens_per_second(), 400);
   EXPECT_DOUBLE_EQ(steps[1].gemm_seconds(), 0.1);
   EXPECT_DOUBLE_EQ(steps[1].gemm_forward_seconds(), 0.03);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
@@ -20,12 +21,18 @@ bool OffTheWire(absl::string_view name) {
   return false;
 }
 
-// Every field a different value: 1, 2, 3, ... in list order.
+void SetDistinct(double v, int64_t* out) { *out = static_cast<int64_t>(v); }
+void SetDistinct(double v, double* out) { *out = v; }
+void SetDistinct(double v, std::vector<int64_t>* out) {
+  *out = {static_cast<int64_t>(v), static_cast<int64_t>(v) + 1000, 0};
+}
+
+// Every field a different value: 1, 2, 3, ... in list order (a list starts with its value).
 StepStats Distinct() {
   StepStats s;
   double v = 1;
   ForEachStepStatsField([&](absl::string_view, auto member) {
-    s.*member = static_cast<std::decay_t<decltype(s.*member)>>(v);
+    SetDistinct(v, &(s.*member));
     v += 1;
   });
   return s;
@@ -38,7 +45,8 @@ TEST(StepStatsTest, FieldListCoversTheStruct) {
     bytes += sizeof(StepStats{}.*member);
     EXPECT_TRUE(names.insert(std::string(name)).second) << name << " listed twice";
   });
-  // Every field is 8 bytes, so there is no padding: a field missing from the list shows here.
+  // Every field is 8 bytes or a vector (24), so there is no padding: a field missing from the list
+  // shows here.
   EXPECT_EQ(bytes, sizeof(StepStats));
 }
 
@@ -51,7 +59,10 @@ TEST(StepStatsTest, EveryFieldHasAStepMetricsFieldOfItsNameAndType) {
       return;
     }
     ASSERT_NE(f, nullptr) << "v1.StepMetrics has no field " << name;
-    const bool integer = std::is_same_v<std::decay_t<decltype(StepStats{}.*member)>, int64_t>;
+    using Field = std::decay_t<decltype(StepStats{}.*member)>;
+    const bool list = std::is_same_v<Field, std::vector<int64_t>>;
+    const bool integer = list || std::is_same_v<Field, int64_t>;
+    EXPECT_EQ(f->is_repeated(), list) << name;
     EXPECT_EQ(f->cpp_type(), integer ? google::protobuf::FieldDescriptor::CPPTYPE_INT64
                                      : google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE)
         << name;
@@ -79,6 +90,10 @@ TEST(StepStatsTest, ToProtoSetsEveryFieldAndTheRates) {
   EXPECT_EQ(m.gemm_wgrad_seconds(), s.gemm_wgrad_seconds);
   EXPECT_EQ(m.load_imbalance(), s.load_imbalance);
   EXPECT_EQ(m.device_memory_bytes(), s.device_memory_bytes);
+  EXPECT_EQ(std::vector<int64_t>(m.expert_tokens().begin(), m.expert_tokens().end()),
+            s.expert_tokens);
+  EXPECT_EQ(m.dispatch_bytes(), s.dispatch_bytes);
+  EXPECT_EQ(m.combine_bytes(), s.combine_bytes);
   EXPECT_DOUBLE_EQ(m.tflops(), s.FlopsPerSecond() / 1e12);
   EXPECT_DOUBLE_EQ(m.mfu(), s.Mfu());
   EXPECT_DOUBLE_EQ(m.tokens_per_second(), s.TokensPerSecond());

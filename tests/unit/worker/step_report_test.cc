@@ -25,6 +25,9 @@ StepStats Sample() {
   r.gemm_dgrad_seconds = 1.2e-3;
   r.gemm_wgrad_seconds = 1.0e-3;
   r.load_imbalance = 1.25;
+  r.expert_tokens = {130, 0, 140, 122};
+  r.dispatch_bytes = 524288;
+  r.combine_bytes = 524289;
   r.device_memory_bytes = 123456789;
   r.peak_flops = 1e11;
   return r;
@@ -50,6 +53,9 @@ TEST(StepReportTest, RoundTripsExactly) {
   EXPECT_EQ(back->gemm_dgrad_seconds, r.gemm_dgrad_seconds);
   EXPECT_EQ(back->gemm_wgrad_seconds, r.gemm_wgrad_seconds);
   EXPECT_EQ(back->load_imbalance, r.load_imbalance);
+  EXPECT_EQ(back->expert_tokens, r.expert_tokens);
+  EXPECT_EQ(back->dispatch_bytes, r.dispatch_bytes);
+  EXPECT_EQ(back->combine_bytes, r.combine_bytes);
   EXPECT_EQ(back->device_memory_bytes, r.device_memory_bytes);
   EXPECT_EQ(back->peak_flops, r.peak_flops);
 }
@@ -69,8 +75,8 @@ TEST(StepReportTest, KeyOrderDoesNotMatterAndUnknownKeysAreIgnored) {
   absl::StatusOr<StepStats> r = ParseStepReport(
       "peak_flops=0 steps=2 step=1 loss=-0.5 aux_loss=0 step_seconds=1 flops=0 tokens=0 "
       "dispatch_seconds=0 combine_seconds=0 gemm_wgrad_seconds=0.25 gemm_seconds=1 "
-      "gemm_dgrad_seconds=0.5 gemm_forward_seconds=0.25 load_imbalance=1 "
-      "device_memory_bytes=0 future_field=7");
+      "gemm_dgrad_seconds=0.5 gemm_forward_seconds=0.25 load_imbalance=1 combine_bytes=0 "
+      "expert_tokens= dispatch_bytes=0 device_memory_bytes=0 future_field=7");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step, 1);
   EXPECT_EQ(r->steps, 2);
@@ -79,6 +85,7 @@ TEST(StepReportTest, KeyOrderDoesNotMatterAndUnknownKeysAreIgnored) {
   EXPECT_EQ(r->gemm_forward_seconds, 0.25);
   EXPECT_EQ(r->gemm_dgrad_seconds, 0.5);
   EXPECT_EQ(r->gemm_wgrad_seconds, 0.25);
+  EXPECT_TRUE(r->expert_tokens.empty());
 }
 
 TEST(StepReportTest, NanLossIsKeptSoDivergenceShows) {
@@ -139,6 +146,30 @@ TEST(StepReportTest, EveryGemmPhaseIsRequiredAndChecked) {
     ExpectRejected(Replace(good, key + "=", key + "=nan"), key);
     ExpectRejected(good + " " + key + "=0", key);  // repeated
   }
+}
+
+// The per-expert counts: a comma-separated list of counts, empty when the engine reports none,
+// at most kMaxStepStatsListSize long (the job spec's limit on experts).
+TEST(StepReportTest, ExpertTokensAreABoundedListOfCounts) {
+  StepStats r = Sample();
+  const std::string good = FormatStepReport(r);
+  EXPECT_NE(good.find(" expert_tokens=130,0,140,122 "), std::string::npos) << good;
+  r.expert_tokens.clear();
+  absl::StatusOr<StepStats> empty = ParseStepReport(FormatStepReport(r));
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->expert_tokens.empty());
+
+  r.expert_tokens.assign(kMaxStepStatsListSize, 7);
+  absl::StatusOr<StepStats> full = ParseStepReport(FormatStepReport(r));
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(full->expert_tokens.size(), kMaxStepStatsListSize);
+  r.expert_tokens.push_back(7);
+  ExpectRejected(FormatStepReport(r), "expert_tokens");
+
+  ExpectRejected(Replace(good, "expert_tokens=130,0,", "expert_tokens=130,-1,"), "expert_tokens");
+  ExpectRejected(Replace(good, "expert_tokens=130,0,", "expert_tokens=130,,"), "expert_tokens");
+  ExpectRejected(Replace(good, "expert_tokens=130,0,", "expert_tokens=130,0.5,"), "expert_tokens");
+  ExpectRejected(Replace(good, "dispatch_bytes=524288", "dispatch_bytes=-1"), "dispatch_bytes");
 }
 
 }  // namespace

@@ -112,6 +112,33 @@ TEST(WorkerMetricsTest, PhaseHistogramsResolveMicroseconds) {
   EXPECT_TRUE(Has(text, combine + ",le=\"60\"} 1")) << text;
 }
 
+// Bytes dispatched and combined are counters; per-expert load is a histogram of each expert's
+// tokens over the mean per expert (one observation per expert per step, no expert label).
+TEST(WorkerMetricsTest, BytesAreCountersAndExpertLoadIsAHistogramOfRatios) {
+  auto m = Make();
+  StepStats r = Report(1.0);
+  r.dispatch_bytes = 1000;
+  r.combine_bytes = 3000;
+  r.expert_tokens = {0, 50, 100, 250};  // mean 100: ratios 0, 0.5, 1, 2.5
+  m->RecordStep({"job-a", 1, "", ""}, r);
+  m->RecordStep({"job-a", 1, "", ""}, r);
+  r.expert_tokens.clear();  // an engine that reports no counts observes nothing
+  m->RecordStep({"job-a", 1, "", ""}, r);
+  const std::string text = m->Serialize();
+  const std::string l = CpuLabels() + "}";
+  EXPECT_TRUE(Has(text, "dropless_rank_dispatch_bytes_total" + l + " 3000")) << text;
+  EXPECT_TRUE(Has(text, "dropless_rank_combine_bytes_total" + l + " 9000")) << text;
+  const std::string load = "dropless_rank_expert_load_ratio";
+  EXPECT_TRUE(Has(text, load + "_count" + l + " 8")) << text;
+  EXPECT_TRUE(Has(text, load + "_sum" + l + " 8")) << text;
+  EXPECT_TRUE(Has(text, load + "_bucket" + CpuLabels() + ",le=\"0\"} 2")) << text;
+  EXPECT_TRUE(Has(text, load + "_bucket" + CpuLabels() + ",le=\"0.5\"} 4")) << text;
+  EXPECT_TRUE(Has(text, load + "_bucket" + CpuLabels() + ",le=\"1\"} 6")) << text;
+  EXPECT_TRUE(Has(text, load + "_bucket" + CpuLabels() + ",le=\"2\"} 6")) << text;
+  EXPECT_TRUE(Has(text, load + "_bucket" + CpuLabels() + ",le=\"3\"} 8")) << text;
+  EXPECT_FALSE(Has(text, "expert=")) << text;
+}
+
 TEST(WorkerMetricsTest, GpuRanksCarryDcgmLabels) {
   auto m = Make();
   m->RecordStep({"job-g", 0, "3", "GPU-0a1b"}, Report(1.0));

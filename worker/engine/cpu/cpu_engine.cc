@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/engine_config.h"
 #include "common/step_phase.h"
 #include "worker/engine/checkpoint/moe_checkpoint.h"
 #include "worker/engine/cpu/adamw.h"
@@ -54,20 +56,9 @@ struct ParameterBuffer {
 
 absl::Status CheckContext(const EngineContext& ctx) {
   const EngineConfig& spec = ctx.config;
-  const ModelSpec& m = spec.model;
-  if (m.hidden <= 0 || m.ffn <= 0 || m.experts <= 0 || m.topk <= 0 || m.topk > m.experts ||
-      m.shared_experts < 0 || m.layers <= 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "cpu engine: model: bad shape (hidden %d, ffn %d, experts %d, topk %d, shared_experts "
-        "%d, layers %d)", m.hidden, m.ffn, m.experts, m.topk, m.shared_experts, m.layers));
-  }
-  if (spec.parallel.ep <= 0 || spec.parallel.dp <= 0 || m.experts % spec.parallel.ep != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "cpu engine: parallel: %d experts must split over ep %d (dp %d)", m.experts,
-        spec.parallel.ep, spec.parallel.dp));
-  }
-  if (spec.tokens_per_rank <= 0) {
-    return absl::InvalidArgumentError("cpu engine: tokens_per_rank: must be positive");
+  // The config's fields are checked in one place, common/ (the spec validator runs the same).
+  if (absl::Status st = CheckEngineSupport(Backend::kCpu, spec); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("cpu engine: ", st.message()));
   }
   if (ctx.world_size != spec.world_size() || ctx.rank < 0 || ctx.rank >= ctx.world_size) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -276,12 +267,14 @@ absl::StatusOr<StepStats> CpuEngine::Step() {
     absl::Status status = groups_->ep->AllReduceSum(expert_load.data(), expert_load.size());
     if (!status.ok()) return status;
   }
+  std::vector<int64_t> expert_tokens(experts, 0);
   double load_imbalance = 0;
   for (int64_t layer = 0; layer < layers; ++layer) {
     double max_load = 0, total_load = 0;
     for (int64_t e = 0; e < experts; ++e) {
       max_load = std::max(max_load, expert_load[layer * experts + e]);
       total_load += expert_load[layer * experts + e];
+      expert_tokens[e] += static_cast<int64_t>(expert_load[layer * experts + e]);
     }
     const double mean_load = total_load / static_cast<double>(experts);
     load_imbalance += (mean_load > 0 ? max_load / mean_load : 1.0) / static_cast<double>(layers);
@@ -312,6 +305,17 @@ absl::StatusOr<StepStats> CpuEngine::Step() {
                  18.0 * t * h * f * static_cast<double>(shape.shared_experts));
   stats.tokens = tokens;
   stats.load_imbalance = load_imbalance;
+  stats.expert_tokens = std::move(expert_tokens);
+  // Per layer, each phase runs one Dispatch and one Combine (cpu/moe_layer.cc): the dispatch is
+  // the forward's Dispatch of the tokens' rows and the backward's Combine of their gradients, the
+  // combine the forward's Combine of the expert outputs and the backward's Dispatch of theirs.
+  const size_t row_bytes = static_cast<size_t>(hidden) * sizeof(float);
+  for (const MoeLayerCache<float>& cache : caches_) {
+    const int64_t both_ways =
+        cache.plan.DispatchSendBytes(row_bytes) + cache.plan.CombineSendBytes(row_bytes);
+    stats.dispatch_bytes += both_ways;
+    stats.combine_bytes += both_ways;
+  }
   stats.device_memory_bytes = BytesHeld();
 
   const CheckpointSpec& checkpoint = spec_.checkpoint;

@@ -28,6 +28,15 @@ struct ExchangePlan {
   std::vector<int64_t> rows_per_local_expert;  // [expert]: summed over sources
   int64_t total_send_rows = 0;
   int64_t total_recv_rows = 0;
+
+  // Bytes this rank sends in one Dispatch (its rows to the experts) and in one Combine (the
+  // expert rows it holds back to their ranks), rows staying on this rank included.
+  int64_t DispatchSendBytes(size_t row_bytes) const {
+    return total_send_rows * static_cast<int64_t>(row_bytes);
+  }
+  int64_t CombineSendBytes(size_t row_bytes) const {
+    return total_recv_rows * static_cast<int64_t>(row_bytes);
+  }
 };
 
 class ExpertExchange {
