@@ -439,7 +439,9 @@ absl::StatusOr<StepStats> CudaEngineImpl::Step() {
   StepStats out;
   out.step = steps_done_;
   out.loss = squared_error / (job_tokens * static_cast<double>(dims_.hidden));
+  out.expert_tokens.assign(static_cast<size_t>(E), 0);
   for (int64_t l = 0; l < L(); ++l) {
+    for (int64_t e = 0; e < E; ++e) out.expert_tokens[e] += counts[l * E + e];
     float aux = 0;
     std::memcpy(&aux, host_stats_ + sizeof(double) + l * sizeof(float), sizeof(float));
     out.aux_loss += aux / static_cast<double>(L());
@@ -475,6 +477,16 @@ absl::StatusOr<StepStats> CudaEngineImpl::Step() {
   out.flops = static_cast<double>(L()) *
               (18.0 * t * dims_.topk * h * f + 6.0 * t * h * dims_.experts + 18.0 * t * h * f * dims_.shared);
   out.tokens = dims_.tokens * ep_local_;
+  if (dispatcher_ != nullptr) {
+    // Rows this process's ranks sent through the dispatcher (rows that stay on their rank
+    // included), as the phases are timed: dispatch = the tokens out and the input gradients
+    // back, combine = the expert outputs back and the output gradients out.
+    const int64_t rows = dims_.rows() * ep_local_ * L();
+    const int64_t bf16_row = dims_.hidden * static_cast<int64_t>(sizeof(Bf16));
+    const int64_t token_row = dims_.mxfp8 ? dims_.hidden + dims_.hidden / 32 : bf16_row;
+    out.dispatch_bytes = rows * (token_row + bf16_row);
+    out.combine_bytes = rows * 2 * bf16_row;
+  }
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     out.device_memory_bytes = static_cast<int64_t>(total_bytes - free_bytes);
