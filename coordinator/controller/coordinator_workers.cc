@@ -238,6 +238,11 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
   std::set<std::tuple<std::string, int32_t, int32_t>> alive;
   for (const v1::RankStatus& status : hello.ranks()) {
     alive.insert({status.job_id(), status.attempt(), status.rank()});
+    // A rank listed as ended ended while the worker had no session: it is listed so that it is
+    // not taken for missing below, but its end is applied when its queued RankStatus arrives,
+    // behind the step metrics and log lines it reported before it. Ending the attempt here would
+    // finish the job first, and those would then be dropped as reports of an ended attempt.
+    if (RankEnded(status.state())) continue;
     HandleRankStatusLocked(worker, status, /*from_list=*/true);
   }
   // ... and a rank of an active attempt placed here but not reported is gone: its attempt fails.

@@ -350,9 +350,11 @@ TEST(CoordinatorLifecycleTest, AcknowledgementsDoNotFillTheOutbox) {
 }
 
 // A rank that ended while its worker had no session: the worker's next Hello lists it with its
-// final state (still unacknowledged in its queue), so the coordinator finishes the attempt instead
-// of failing it for a rank that is not running any more.
-TEST(CoordinatorLifecycleTest, HelloListingAnEndedRankCompletesItsAttempt) {
+// final state (still unacknowledged in its queue), so the coordinator does not fail the attempt for
+// a rank that is not running any more. The end itself takes effect when the queued RankStatus
+// arrives, after what the rank reported before it: the step metrics queued ahead of it are stored,
+// not dropped as reports of an attempt that already ended.
+TEST(CoordinatorLifecycleTest, HelloListingAnEndedRankCompletesItsAttemptAfterItsQueuedReports) {
   auto coordinator = CoordinatorUnderTest::Start();
   FakeWorker w(coordinator->channel(), "node-end", 1);
   std::string id;
@@ -366,10 +368,33 @@ TEST(CoordinatorLifecycleTest, HelloListingAnEndedRankCompletesItsAttempt) {
   ended.set_rank(0);
   ended.set_state(v1::RANK_STATE_SUCCEEDED);
   ASSERT_TRUE(w.Connect("boot-1", {ended}).ok());
+  // The queue, sent again after the Hello: the last step's metrics, then the final status.
+  v1::WorkerMessage metrics;
+  metrics.set_seq(1);
+  metrics.mutable_metrics()->set_job_id(id);
+  metrics.mutable_metrics()->set_attempt(1);
+  metrics.mutable_metrics()->set_step(1);
+  ASSERT_TRUE(w.Send(metrics).ok());
+  ASSERT_TRUE(NextAck(w, 1));
+  EXPECT_EQ(coordinator->Get(id)->state(), v1::JOB_STATE_RUNNING)
+      << "the Hello's listing kept the attempt, its queued status ends it";
+  v1::WorkerMessage status;
+  status.set_seq(2);
+  *status.mutable_rank_status() = ended;
+  ASSERT_TRUE(w.Send(status).ok());
+  ASSERT_TRUE(NextAck(w, 2));
   v1::Job done = coordinator->WaitForJob(id, [](const v1::Job& j) {
     return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED;
   });
   EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.message();
+
+  grpc::ClientContext context;
+  v1::ListStepMetricsRequest request;
+  request.set_job_id(id);
+  v1::ListStepMetricsResponse response;
+  ASSERT_TRUE(coordinator->jobs().ListStepMetrics(&context, request, &response).ok());
+  ASSERT_EQ(response.metrics_size(), 1) << "the metrics queued before the rank's end are stored";
+  EXPECT_EQ(response.metrics(0).step(), 1);
 }
 
 // Dedupe state lives as long as the daemon run: a reconnect with the same boot_id keeps it.
