@@ -103,7 +103,8 @@ class Coordinator {
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   // Oldest first; filtered by states and labels; a page of page_size after page_token (an
   // opaque token: the seq of the last job of the previous page). InvalidArgument names the field.
-  // With `owner`, only that user's jobs.
+  // With `owner`, only that user's jobs (JobService resolves it from request.owner and the
+  // caller's role; request.owner itself is not read here).
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request,
                                                 const std::string* owner = nullptr);
   absl::StatusOr<v1::Job> CancelJob(const std::string& id, const std::string& reason);
