@@ -75,21 +75,7 @@ absl::Status Coordinator::Load() {
   StoreWrite write;
 
   // Workers are LOST until they say Hello on a new session; their lease runs from now.
-  for (v1::Worker& worker : active->workers) {
-    int number = 0;
-    absl::string_view id = worker.id();
-    if (absl::ConsumePrefix(&id, "worker-") && absl::SimpleAtoi(id, &number)) {
-      next_worker_number_ = std::max(next_worker_number_, number + 1);
-    }
-    if (worker.state() != v1::WORKER_STATE_LOST) {
-      worker.set_state(v1::WORKER_STATE_LOST);
-      write.workers.push_back(worker);
-    }
-    WorkerEntry& entry = workers_[worker.id()];
-    entry.info = worker;
-    entry.last_message_ms = now;
-    worker_by_node_[worker.node()] = worker.id();
-  }
+  workers_.Restore(active->workers, now, write);
 
   for (JobRecord& record : active->jobs) {
     ActiveJob& job = jobs_[record.job.id()];
@@ -109,11 +95,11 @@ absl::Status Coordinator::Load() {
       p->set_worker_id(rank.worker_id);
       p->set_node(rank.node);
       p->set_slot(rank.slot);
-      auto worker = workers_.find(rank.worker_id);
+      WorkerEntry* worker = workers_.Find(rank.worker_id);
       bool ended = rank.state == v1::RANK_STATE_SUCCEEDED || rank.state == v1::RANK_STATE_FAILED ||
                    rank.state == v1::RANK_STATE_KILLED;
-      if (worker != workers_.end() && !ended) {
-        worker->second.occupied[rank.slot] = RankKey{attempt.job_id, attempt.attempt, rank.rank};
+      if (worker != nullptr && !ended) {
+        worker->occupied[rank.slot] = RankKey{attempt.job_id, attempt.attempt, rank.rank};
       }
     }
     rendezvous_.Open(attempt.job_id, attempt.attempt, attempt.rendezvous_secret);
@@ -163,7 +149,7 @@ void Coordinator::Shutdown() {
     absl::MutexLock lock(&mu_);
     if (!shutting_down_) {
       shutting_down_ = true;
-      for (auto& [session, entry] : sessions_) session->Close();
+      workers_.CloseAllSessions();
       hub_.CloseAll();
     }
   }
@@ -419,14 +405,7 @@ absl::StatusOr<std::vector<v1::StepMetrics>> Coordinator::ListStepMetrics(
 
 std::vector<v1::Worker> Coordinator::ListWorkers() {
   absl::MutexLock lock(&mu_);
-  std::vector<v1::Worker> out;
-  for (const auto& [id, worker] : workers_) {
-    v1::Worker info = worker.info;
-    info.set_slots_busy(static_cast<int32_t>(worker.occupied.size()));
-    info.set_last_heartbeat_ms(worker.last_message_ms);
-    out.push_back(std::move(info));
-  }
-  return out;
+  return workers_.List();
 }
 
 absl::StatusOr<JobWatch> Coordinator::WatchJob(const std::string& id) {

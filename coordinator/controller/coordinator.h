@@ -1,13 +1,15 @@
 // Coordinator: the control loop of dropless. It owns the job state machine
-// (PENDING -> SCHEDULED -> RUNNING -> SUCCEEDED | FAILED | CANCELLED, with attempts), the worker
-// registry and leases, placement through the gang scheduler, and what job updates and log lines
-// are published to the streams that follow a job (the WatchHub holds those subscribers, with a
-// lock of its own). The gRPC services are thin adapters over it.
+// (PENDING -> SCHEDULED -> RUNNING -> SUCCEEDED | FAILED | CANCELLED, with attempts), placement
+// through the gang scheduler, and what job updates and log lines are published to the streams
+// that follow a job. Its parts, each with a header of its own: the WorkerRegistry (the
+// worker-facing state: identity, sessions, leases, slots; worker_registry.h), the WatchHub (the
+// subscribers of those streams, with a lock of its own; watch_hub.h), the RendezvousStore and the
+// hang watchdog's policy (hang_watchdog.h). The gRPC services are thin adapters over it.
 //
 // Every accepted change is written to the JobStore before anyone hears about it (the RPC
-// answer, a watcher, a worker's Assignment). One mutex guards all state, SQLite included: the
-// control plane's rates (submits, rank state changes, one metrics record per rank per step) are
-// far below what one SQLite connection sustains.
+// answer, a watcher, a worker's Assignment). One mutex guards the job table and the worker
+// registry, SQLite included: the control plane's rates (submits, rank state changes, one metrics
+// record per rank per step) are far below what one SQLite connection sustains.
 //
 // Worker protocol (docs/architecture.md, "Worker session protocol"):
 // - RegisterWorker: the same node name always gets the same id.
@@ -42,7 +44,9 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "coordinator/controller/hang_watchdog.h"
+#include "coordinator/controller/job_events.h"
 #include "coordinator/controller/watch_hub.h"
+#include "coordinator/controller/worker_registry.h"
 #include "coordinator/controller/worker_session.h"
 #include "coordinator/metrics/coordinator_metrics.h"
 #include "coordinator/rendezvous/rendezvous_store.h"
@@ -159,27 +163,6 @@ class Coordinator {
     StepTimes step_times;                  // recent step times (hang watchdog)
     std::map<int32_t, RankProgress> progress;  // by rank, as the last heartbeats said
   };
-  struct RankKey {
-    std::string job_id;
-    int32_t attempt = 0;
-    int32_t rank = 0;
-  };
-  struct WorkerEntry {
-    v1::Worker info;
-    std::shared_ptr<WorkerSession> session;  // null while disconnected
-    int64_t last_message_ms = 0;
-    bool lease_expired = false;              // handled; cleared by the next Hello
-    std::map<int32_t, RankKey> occupied;     // slot -> the rank process holding it
-    // The worker daemon's run (Hello.boot_id) and the highest queued-message seq handled from it:
-    // a message sent again after a reconnect is acknowledged but not stored twice.
-    std::string boot_id;
-    uint64_t last_seq = 0;
-  };
-  struct SessionEntry {
-    std::string worker_id;  // empty until Hello
-    int64_t opened_ms = 0;
-  };
-
   Coordinator(std::unique_ptr<JobStore> store, CoordinatorOptions options,
               CoordinatorMetrics* metrics)
       : store_(std::move(store)), options_(options), metrics_(metrics) {}
@@ -193,8 +176,6 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Job lifecycle (coordinator_jobs.cc).
-  void AddEvent(StoreWrite& write, const std::string& job_id, int32_t attempt,
-                      std::string type, std::string message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the dirty jobs with `write` in one transaction, then sends the queued worker messages.
   absl::Status CommitLocked(StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // NotFound for an unknown job (live or stored); InvalidArgument naming the rank when it is set
@@ -245,9 +226,6 @@ class Coordinator {
   void ExpireLeasesLocked(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailAttemptsOnWorkerLocked(WorkerEntry& worker, const std::string& reason,
                                   StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MarkWorkerLostLocked(WorkerEntry& worker, const std::string& why, StoreWrite& write)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<NodeCapacity> CapacityLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ActiveJob* FindActiveAttempt(const std::string& job_id, int32_t attempt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -259,15 +237,10 @@ class Coordinator {
 
   absl::Mutex mu_;
   std::map<std::string, ActiveJob> jobs_ ABSL_GUARDED_BY(mu_);  // non-terminal jobs
-  std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::string> worker_by_node_ ABSL_GUARDED_BY(mu_);
-  std::map<std::shared_ptr<WorkerSession>, SessionEntry> sessions_ ABSL_GUARDED_BY(mu_);
-  // (worker, job, attempt) -> when a Cancellation for a stray rank was last sent (rate limit).
-  std::map<std::string, int64_t> stray_cancels_ ABSL_GUARDED_BY(mu_);
+  WorkerRegistry workers_ ABSL_GUARDED_BY(mu_){options_.lease_timeout_ms};
   std::set<std::string> dirty_jobs_ ABSL_GUARDED_BY(mu_);
   // Messages to workers, sent by CommitLocked once the change behind them is stored.
   std::vector<std::pair<std::string, v1::CoordinatorMessage>> pending_sends_ ABSL_GUARDED_BY(mu_);
-  int next_worker_number_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 
   absl::Notification stop_;

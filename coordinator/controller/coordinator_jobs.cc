@@ -42,16 +42,6 @@ std::string DescribePlacement(const std::vector<RankSlot>& ranks) {
 
 }  // namespace
 
-void Coordinator::AddEvent(StoreWrite& write, const std::string& job_id, int32_t attempt,
-                           std::string type, std::string message) {
-  v1::Event& event = write.events.emplace_back();
-  event.set_time_ms(NowMs());
-  event.set_job_id(job_id);
-  event.set_attempt(attempt);
-  event.set_type(std::move(type));
-  event.set_message(std::move(message));
-}
-
 void Coordinator::MarkDirty(const ActiveJob& job) { dirty_jobs_.insert(job.record.job.id()); }
 
 absl::Status Coordinator::CommitLocked(StoreWrite& write) {
@@ -71,12 +61,7 @@ absl::Status Coordinator::CommitLocked(StoreWrite& write) {
                           status.ToString()));
   }
   // Workers hear about a change only once it is stored (or the store has failed loudly).
-  for (auto& [worker_id, message] : pending_sends_) {
-    auto worker = workers_.find(worker_id);
-    if (worker != workers_.end() && worker->second.session != nullptr) {
-      worker->second.session->Send(std::move(message));
-    }
-  }
+  for (auto& [worker_id, message] : pending_sends_) workers_.Send(worker_id, std::move(message));
   pending_sends_.clear();
   return status;
 }
@@ -90,7 +75,7 @@ void Coordinator::ScheduleLocked() {
     queue.push_back(QueuedJob{id, j.priority(), job.record.seq, j.backend(), j.world_size()});
   }
   if (queue.empty()) return;
-  SchedulePlan plan = PlanSchedule(std::move(queue), CapacityLocked());
+  SchedulePlan plan = PlanSchedule(std::move(queue), workers_.Capacity());
   StoreWrite write;
   write.durable = !plan.placements.empty();
   for (const JobPlacement& placement : plan.placements) {
@@ -129,7 +114,7 @@ void Coordinator::PlaceLocked(ActiveJob& job, const JobPlacement& placement, Sto
     p->set_worker_id(r.worker_id);
     p->set_node(r.node);
     p->set_slot(r.slot);
-    workers_.at(r.worker_id).occupied[r.slot] = RankKey{j.id(), attempt.attempt, r.rank};
+    workers_.Find(r.worker_id)->occupied[r.slot] = RankKey{j.id(), attempt.attempt, r.rank};
     v1::RankAssignment* mine = assignments[r.worker_id].mutable_assignment()->add_ranks();
     mine->set_rank(r.rank);
     mine->set_slot(r.slot);
@@ -288,32 +273,9 @@ void Coordinator::RefreshGaugesLocked() {
   if (metrics_ == nullptr) return;
   absl::StatusOr<std::map<v1::JobState, int64_t>> counts = store_->CountJobsByState();
   if (counts.ok()) metrics_->SetJobCounts(*counts);
-  int64_t ready = 0, lost = 0, busy = 0, free = 0;
-  for (const auto& [id, worker] : workers_) {
-    if (worker.info.state() == v1::WORKER_STATE_READY) {
-      ++ready;
-      busy += static_cast<int64_t>(worker.occupied.size());
-      free += std::max<int64_t>(0, worker.info.slots() -
-                                       static_cast<int64_t>(worker.occupied.size()));
-    } else {
-      ++lost;
-    }
-  }
-  metrics_->SetWorkerCounts(ready, lost);
-  metrics_->SetSlots(busy, free);
-}
-
-std::vector<NodeCapacity> Coordinator::CapacityLocked() const {
-  std::vector<NodeCapacity> nodes;
-  for (const auto& [id, worker] : workers_) {
-    if (worker.info.state() != v1::WORKER_STATE_READY || worker.session == nullptr) continue;
-    NodeCapacity node{id, worker.info.node(), worker.info.slot_kind(), worker.info.slots(), {}};
-    for (int32_t slot = 0; slot < worker.info.slots(); ++slot) {
-      if (worker.occupied.count(slot) == 0) node.free_slots.push_back(slot);
-    }
-    nodes.push_back(std::move(node));
-  }
-  return nodes;
+  const WorkerRegistry::Counts workers = workers_.Count();
+  metrics_->SetWorkerCounts(workers.ready, workers.lost);
+  metrics_->SetSlots(workers.busy_slots, workers.free_slots);
 }
 
 Coordinator::ActiveJob* Coordinator::FindActiveAttempt(const std::string& job_id,
