@@ -1,10 +1,10 @@
-// Coordinator: the control loop of dropless. It owns the job state machine
-// (PENDING -> SCHEDULED -> RUNNING -> SUCCEEDED | FAILED | CANCELLED, with attempts), placement
-// through the gang scheduler, and what job updates and log lines are published to the streams
-// that follow a job. Its parts, each with a header of its own: the WorkerRegistry (the
-// worker-facing state: identity, sessions, leases, slots; worker_registry.h), the WatchHub (the
-// subscribers of those streams, with a lock of its own; watch_hub.h), the RendezvousStore and the
-// hang watchdog's policy (hang_watchdog.h). The gRPC services are thin adapters over it.
+// Coordinator: the control plane of dropless behind the gRPC services (thin adapters over it). It
+// checks requests, holds the lock, runs the ticker, and says what a worker's message means for a
+// job; the state lives in its parts, each with a header of its own: the JobController (desired vs
+// observed state of the unfinished jobs: attempts, placement, retries; job_controller.h), the
+// WorkerRegistry (the worker-facing state: identity, sessions, leases, slots;
+// worker_registry.h), the WatchHub (the subscribers of the streams that follow a job, with a lock
+// of its own; watch_hub.h), the RendezvousStore and the hang watchdog's policy (hang_watchdog.h).
 //
 // Every accepted change is written to the JobStore before anyone hears about it (the RPC
 // answer, a watcher, a worker's Assignment). One mutex guards the job table and the worker
@@ -44,6 +44,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "coordinator/controller/hang_watchdog.h"
+#include "coordinator/controller/job_controller.h"
 #include "coordinator/controller/job_events.h"
 #include "coordinator/controller/watch_hub.h"
 #include "coordinator/controller/worker_registry.h"
@@ -147,22 +148,6 @@ class Coordinator {
   const CoordinatorOptions& options() const { return options_; }
 
  private:
-  // Where a rank of an attempt is in its step (hang watchdog).
-  struct RankProgress {
-    int32_t attempt = 0;
-    std::string phase;
-    int64_t step = 0;
-    int64_t since_ms = 0;  // its worker's clock
-    std::string node;
-    std::string worker_id;
-  };
-  struct ActiveJob {
-    JobRecord record;  // record.job carries placement and latest as the API shows them
-    std::optional<AttemptRecord> attempt;  // while SCHEDULED or RUNNING
-    std::string waiting_reason;            // last reason recorded in a Waiting event
-    StepTimes step_times;                  // recent step times (hang watchdog)
-    std::map<int32_t, RankProgress> progress;  // by rank, as the last heartbeats said
-  };
   Coordinator(std::unique_ptr<JobStore> store, CoordinatorOptions options,
               CoordinatorMetrics* metrics)
       : store_(std::move(store)), options_(options), metrics_(metrics) {}
@@ -175,34 +160,8 @@ class Coordinator {
                                                              const std::string& spec_yaml)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Job lifecycle (coordinator_jobs.cc).
-  // Writes the dirty jobs with `write` in one transaction, then sends the queued worker messages.
-  absl::Status CommitLocked(StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // NotFound for an unknown job (live or stored); InvalidArgument naming the rank when it is set
-  // and outside the job's ranks.
-  absl::Status CheckJobRankLocked(const std::string& job_id, std::optional<int32_t> rank)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job's record and current attempt go into the next CommitLocked.
-  void MarkDirty(const ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Places what can be placed, unless shutting down.
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PlaceLocked(ActiveJob& job, const JobPlacement& placement, StoreWrite& write)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailAttemptLocked(ActiveJob& job, const std::string& reason, StoreWrite& write)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishJobLocked(ActiveJob& job, v1::JobState state, const std::string& message,
-                       StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EndAttemptLocked(ActiveJob& job, v1::JobState state, const std::string& message,
-                        StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends an unfinished job now (cancel, time limit): its attempt (the ranks are cancelled) and the
-  // job, in `state`.
-  void StopJobLocked(ActiveJob& job, v1::JobState state, const std::string& message,
-                     StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // FAILS every unfinished job running longer than its time_limit since its first start.
-  void EnforceTimeLimitsLocked(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SendCancellationsLocked(const AttemptRecord& attempt, const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PublishLocked(const StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RetireFinishedJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Workers (coordinator_workers.cc).
@@ -224,10 +183,6 @@ class Coordinator {
   void CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatus& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailAttemptsOnWorkerLocked(WorkerEntry& worker, const std::string& reason,
-                                  StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  ActiveJob* FindActiveAttempt(const std::string& job_id, int32_t attempt)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<JobStore> store_;
   const CoordinatorOptions options_;
@@ -236,11 +191,8 @@ class Coordinator {
   WatchHub hub_{options_.watch_mailbox_capacity, options_.log_mailbox_capacity};  // WatchJob, GetLogs -f
 
   absl::Mutex mu_;
-  std::map<std::string, ActiveJob> jobs_ ABSL_GUARDED_BY(mu_);  // non-terminal jobs
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_){options_.lease_timeout_ms};
-  std::set<std::string> dirty_jobs_ ABSL_GUARDED_BY(mu_);
-  // Messages to workers, sent by CommitLocked once the change behind them is stored.
-  std::vector<std::pair<std::string, v1::CoordinatorMessage>> pending_sends_ ABSL_GUARDED_BY(mu_);
+  JobController jobs_ ABSL_GUARDED_BY(mu_){*store_, workers_, hub_, rendezvous_, metrics_};
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 
   absl::Notification stop_;

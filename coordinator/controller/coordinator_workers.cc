@@ -16,15 +16,6 @@ namespace dropless::coordinator {
 
 using google::protobuf::util::TimeUtil;
 
-namespace {
-
-bool RankEnded(v1::RankState state) {
-  return state == v1::RANK_STATE_SUCCEEDED || state == v1::RANK_STATE_FAILED ||
-         state == v1::RANK_STATE_KILLED;
-}
-
-}  // namespace
-
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     const v1::RegisterWorkerRequest& request) {
   if (absl::Status s = WorkerRegistry::CheckRegistration(request); !s.ok()) return s;
@@ -33,7 +24,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   StoreWrite write;
   bool fresh = false;
   const std::string id = workers_.Register(request, NowMs(), write, &fresh).id();
-  if (absl::Status s = CommitLocked(write); !s.ok()) {
+  if (absl::Status s = jobs_.Commit(write); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("the worker could not be stored: ", s.message()));
   }
   LogInfo(absl::StrFormat("%s %s: node %s, %d %s slots", fresh ? "registered" : "re-registered",
@@ -65,7 +56,7 @@ void Coordinator::RemoveSession(const std::shared_ptr<WorkerSession>& session) {
   StoreWrite write;
   write.durable = false;
   workers_.MarkLost(*worker, "session ended", write);
-  (void)CommitLocked(write);
+  (void)jobs_.Commit(write);
 }
 
 absl::Status Coordinator::HandleWorkerMessage(const std::shared_ptr<WorkerSession>& session,
@@ -130,7 +121,7 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
   absl::StatusOr<WorkerEntry*> hello_from = workers_.Hello(session, hello, NowMs(), write);
   if (!hello_from.ok()) return hello_from.status();
   WorkerEntry& worker = **hello_from;
-  (void)CommitLocked(write);
+  (void)jobs_.Commit(write);
   LogInfo(absl::StrFormat("%s (node %s) said hello with %d live ranks", worker.info.id(),
                           worker.info.node(), hello.ranks_size()));
 
@@ -142,7 +133,7 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
   }
   // ... and a rank of an active attempt placed here but not reported is gone: its attempt fails.
   StoreWrite failures;
-  for (auto& [id, job] : jobs_) {
+  for (auto& [id, job] : jobs_.jobs()) {
     if (!job.attempt.has_value() || IsTerminal(job.record.job.state())) continue;
     for (const RankRecord& rank : job.attempt->ranks) {
       if (rank.worker_id != worker.info.id() || RankEnded(rank.state) ||
@@ -150,7 +141,7 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
         continue;
       }
       worker.occupied.erase(rank.slot);
-      FailAttemptLocked(job,
+      jobs_.FailAttempt(job,
                         absl::StrFormat("rank %d was not running on node %s when its worker "
                                         "reconnected",
                                         rank.rank, worker.info.node()),
@@ -161,16 +152,16 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
   // Slots of ended attempts whose ranks are not alive any more are free again.
   for (auto slot = worker.occupied.begin(); slot != worker.occupied.end();) {
     const RankKey& key = slot->second;
-    bool active = FindActiveAttempt(key.job_id, key.attempt) != nullptr;
+    bool active = jobs_.FindActiveAttempt(key.job_id, key.attempt) != nullptr;
     if (!active && alive.count({key.job_id, key.attempt, key.rank}) == 0) {
       slot = worker.occupied.erase(slot);
     } else {
       ++slot;
     }
   }
-  (void)CommitLocked(failures);
-  PublishLocked(failures);
-  RetireFinishedJobsLocked();
+  (void)jobs_.Commit(failures);
+  jobs_.Publish(failures);
+  jobs_.RetireFinished();
   ScheduleLocked();
   return absl::OkStatus();
 }
@@ -180,7 +171,7 @@ void Coordinator::HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStat
   if (status.state() == v1::RANK_STATE_UNSPECIFIED || !v1::RankState_IsValid(status.state())) {
     return;
   }
-  ActiveJob* job = FindActiveAttempt(status.job_id(), status.attempt());
+  ActiveJob* job = jobs_.FindActiveAttempt(status.job_id(), status.attempt());
   RankRecord* rank = nullptr;
   if (job != nullptr) {
     for (RankRecord& r : job->attempt->ranks) {
@@ -202,7 +193,7 @@ void Coordinator::HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStat
   write.durable = false;
   v1::Job& j = job->record.job;
   const int32_t rank_number = rank->rank;
-  MarkDirty(*job);
+  jobs_.MarkDirty(*job);
   if (status.state() == v1::RANK_STATE_FAILED || status.state() == v1::RANK_STATE_KILLED) {
     std::string reason =
         status.state() == v1::RANK_STATE_FAILED
@@ -211,7 +202,7 @@ void Coordinator::HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStat
             : absl::StrFormat("rank %d on node %s was killed", rank_number, worker.info.node());
     if (!status.message().empty()) absl::StrAppend(&reason, ": ", TruncateUtf8(status.message(), 512));
     AddEvent(write, j.id(), status.attempt(), "RankExited", reason);
-    FailAttemptLocked(*job, reason, write);
+    jobs_.FailAttempt(*job, reason, write);
     write.durable = true;
   } else {
     bool all_running = true, all_succeeded = true;
@@ -228,15 +219,15 @@ void Coordinator::HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStat
       write.durable = true;
     }
     if (all_succeeded) {
-      EndAttemptLocked(*job, v1::JOB_STATE_SUCCEEDED, "", write);
-      FinishJobLocked(*job, v1::JOB_STATE_SUCCEEDED, "", write);
+      jobs_.EndAttempt(*job, v1::JOB_STATE_SUCCEEDED, "", write);
+      jobs_.FinishJob(*job, v1::JOB_STATE_SUCCEEDED, "", write);
       write.durable = true;
     }
   }
-  (void)CommitLocked(write);
-  PublishLocked(write);
+  (void)jobs_.Commit(write);
+  jobs_.Publish(write);
   if (RankEnded(status.state())) {
-    RetireFinishedJobsLocked();
+    jobs_.RetireFinished();
     ScheduleLocked();
   }
 }
@@ -289,7 +280,7 @@ void Coordinator::HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat
   bool released = false;
   for (auto slot = worker.occupied.begin(); slot != worker.occupied.end();) {
     const RankKey& key = slot->second;
-    if (FindActiveAttempt(key.job_id, key.attempt) == nullptr &&
+    if (jobs_.FindActiveAttempt(key.job_id, key.attempt) == nullptr &&
         alive.count({key.job_id, key.attempt, key.rank}) == 0) {
       slot = worker.occupied.erase(slot);
       released = true;
@@ -301,7 +292,7 @@ void Coordinator::HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat
 }
 
 bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics) {
-  ActiveJob* job = FindActiveAttempt(metrics.job_id(), metrics.attempt());
+  ActiveJob* job = jobs_.FindActiveAttempt(metrics.job_id(), metrics.attempt());
   if (job == nullptr) return true;  // a late report of an attempt that ended
   bool placed_here = false;
   for (const RankRecord& r : job->attempt->ranks) {
@@ -337,7 +328,7 @@ bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
     const std::string& id = in.job_id();
     if (id.empty() || unknown.count(id) != 0) continue;
     if (known.count(id) == 0) {
-      if (jobs_.count(id) == 0 && !store_->GetJobRecord(id).ok()) {
+      if (jobs_.Find(id) == nullptr && !store_->GetJobRecord(id).ok()) {
         unknown.insert(id);
         continue;
       }
@@ -362,22 +353,10 @@ bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
   }
   if (!stored) return false;  // the worker sends them again; followers see them then
   for (const v1::LogLine& line : lines) {
-    if (jobs_.count(line.job_id()) == 0) continue;
+    if (jobs_.Find(line.job_id()) == nullptr) continue;
     hub_.PublishLog(line);
   }
   return true;
-}
-
-void Coordinator::FailAttemptsOnWorkerLocked(WorkerEntry& worker, const std::string& reason,
-                                             StoreWrite& write) {
-  for (auto& [id, job] : jobs_) {
-    if (!job.attempt.has_value() || IsTerminal(job.record.job.state())) continue;
-    bool placed_here = false;
-    for (const RankRecord& rank : job.attempt->ranks) {
-      placed_here |= rank.worker_id == worker.info.id() && !RankEnded(rank.state);
-    }
-    if (placed_here) FailAttemptLocked(job, reason, write);
-  }
 }
 
 void Coordinator::ExpireLeasesLocked(int64_t now_ms) {
@@ -386,7 +365,7 @@ void Coordinator::ExpireLeasesLocked(int64_t now_ms) {
     WorkerEntry& worker = *expired;
     const std::string& id = worker.info.id();
     bool had_work = !worker.occupied.empty();
-    for (const auto& [job_id, job] : jobs_) {
+    for (const auto& [job_id, job] : jobs_.jobs()) {
       if (!job.attempt.has_value()) continue;
       for (const RankRecord& rank : job.attempt->ranks) had_work |= rank.worker_id == id;
     }
@@ -398,14 +377,14 @@ void Coordinator::ExpireLeasesLocked(int64_t now_ms) {
     workers_.MarkLost(worker, absl::StrFormat("lease expired (no message for %d ms)",
                                               now_ms - worker.last_message_ms),
                       write);
-    FailAttemptsOnWorkerLocked(worker, reason, write);
+    jobs_.FailAttemptsOnWorker(worker, reason, write);
     worker.occupied.clear();
   }
-  if (write.empty() && dirty_jobs_.empty()) return;
+  if (write.empty() && !jobs_.HasDirty()) return;
   write.durable = true;
-  (void)CommitLocked(write);
-  PublishLocked(write);
-  RetireFinishedJobsLocked();
+  (void)jobs_.Commit(write);
+  jobs_.Publish(write);
+  jobs_.RetireFinished();
 }
 
 }  // namespace dropless::coordinator
