@@ -191,6 +191,8 @@ class Coordinator {
   WatchHub hub_{options_.watch_mailbox_capacity, options_.log_mailbox_capacity};  // WatchJob, GetLogs -f
 
   absl::Mutex mu_;
+  // The worker-facing state, and the unfinished jobs with their state machine (in this order: the
+  // controller places onto the registry's slots).
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_){options_.lease_timeout_ms};
   JobController jobs_ ABSL_GUARDED_BY(mu_){*store_, workers_, hub_, rendezvous_, metrics_};
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
