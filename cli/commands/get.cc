@@ -1,4 +1,5 @@
-// dropless get jobs [ID] [--state S,...] [-l k=v,...] [--chunk-size N] [-w] | get job ID |
+// dropless get jobs [ID] [--state S,...] [-l k=v,...] [--owner NAME] [--chunk-size N] [-w] |
+// get job ID |
 // get workers [ID]: tables by default, -o json|yaml for scripts. A list prints {"jobs": [...]} /
 // {"workers": [...]}; a single object prints itself. The list is read a page (--chunk-size, 500)
 // at a time. -w (kubectl's watch): the list, then, polling every second until interrupted, a row
@@ -137,6 +138,11 @@ int GetJobs(const Invocation& inv, Client& client) {
       return UsageError(std::string(s.message()));
     }
   }
+  if (inv.args.Has("owner")) {
+    std::string owner(absl::StripAsciiWhitespace(inv.args.Get("owner")));
+    if (owner.empty()) return UsageError("--owner: no user name given");
+    request.set_owner(std::move(owner));
+  }
   int32_t chunk = kDefaultChunkSize;
   if (inv.args.Has("chunk-size") &&
       (!absl::SimpleAtoi(inv.args.Get("chunk-size"), &chunk) || chunk < 1 || chunk > 1000)) {
@@ -222,15 +228,18 @@ int RunGet(const Invocation& inv) {
   const std::string& resource = pos[0];
   Client client(inv.options);
   const bool list_flags = inv.args.Has("state") || inv.args.Has("watch") ||
-                          inv.args.Has("selector") || inv.args.Has("chunk-size");
+                          inv.args.Has("selector") || inv.args.Has("chunk-size") ||
+                          inv.args.Has("owner");
   if (resource == "jobs" || resource == "job") {
     if (resource == "job" && pos.size() < 2) return UsageError("get job needs a job ID");
     if (pos.size() == 2 && list_flags) {
-      return UsageError("get: --state, -l, --chunk-size and -w list jobs; drop the ID");
+      return UsageError("get: --state, -l, --owner, --chunk-size and -w list jobs; drop the ID");
     }
     return GetJobs(inv, client);
   }
-  if (list_flags) return UsageError("get: --state, -l, --chunk-size and -w apply to `get jobs`");
+  if (list_flags) {
+    return UsageError("get: --state, -l, --owner, --chunk-size and -w apply to `get jobs`");
+  }
   if (resource == "workers" || resource == "worker") return GetWorkers(inv, client);
   return UsageError(absl::StrCat("get: unknown resource '", resource, "' (jobs, job ID, workers)"));
 }

@@ -131,6 +131,7 @@ Value JobView(const v1::Job& job) {
   Value v = Value::Object();
   v.Set("id", Value::String(job.id()))
       .Set("name", Value::String(job.name()))
+      .Set("owner", Value::String(job.owner()))
       .Set("labels", std::move(labels))
       .Set("state", Value::String(JobStateName(job.state())))
       .Set("priority", Value::Int(job.priority()))

@@ -36,6 +36,20 @@ absl::Status CheckJobAccess(const Caller& caller, const std::string& job_id,
       "; user ", caller.user, " (role submitter) may only use their own jobs"));
 }
 
+absl::StatusOr<std::optional<std::string>> ListedOwner(const Caller& caller,
+                                                       const std::string& requested) {
+  if (requested.empty()) {
+    if (caller.role == Role::kSubmitter) return std::optional<std::string>(caller.user);
+    return std::optional<std::string>();
+  }
+  if (!caller.CanAccessJobOf(requested)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "owner: user ", caller.user, " (role submitter) may only list their own jobs, not user ",
+        requested, "'s"));
+  }
+  return std::optional<std::string>(requested);
+}
+
 std::string NodeOf(const grpc::ServerContext& context) {
   return Property(context, kNodeProperty);
 }

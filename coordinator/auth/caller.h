@@ -4,11 +4,13 @@
 #ifndef DROPLESS_COORDINATOR_AUTH_CALLER_H_
 #define DROPLESS_COORDINATOR_AUTH_CALLER_H_
 
+#include <optional>
 #include <string>
 
 #include <grpcpp/server_context.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "coordinator/auth/user_tokens.h"
 
 namespace dropless::coordinator {
@@ -29,6 +31,12 @@ Caller CallerOf(const grpc::ServerContext& context);
 // PermissionDenied naming the job and its owner when `caller` may not act on it.
 absl::Status CheckJobAccess(const Caller& caller, const std::string& job_id,
                             const std::string& owner);
+
+// Whose jobs a ListJobs by `caller` lists: `requested` (ListJobsRequest.owner) when set, else
+// the caller's own when they are a submitter; nullopt: every owner's. PermissionDenied naming both
+// users when a submitter asks for another user's jobs.
+absl::StatusOr<std::optional<std::string>> ListedOwner(const Caller& caller,
+                                                       const std::string& requested);
 
 // A worker's call: OK when the certificate's node is `node` (or the listener is plaintext);
 // PermissionDenied naming both otherwise.

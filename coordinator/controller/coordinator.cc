@@ -75,24 +75,10 @@ absl::Status Coordinator::Load() {
   StoreWrite write;
 
   // Workers are LOST until they say Hello on a new session; their lease runs from now.
-  for (v1::Worker& worker : active->workers) {
-    int number = 0;
-    absl::string_view id = worker.id();
-    if (absl::ConsumePrefix(&id, "worker-") && absl::SimpleAtoi(id, &number)) {
-      next_worker_number_ = std::max(next_worker_number_, number + 1);
-    }
-    if (worker.state() != v1::WORKER_STATE_LOST) {
-      worker.set_state(v1::WORKER_STATE_LOST);
-      write.workers.push_back(worker);
-    }
-    WorkerEntry& entry = workers_[worker.id()];
-    entry.info = worker;
-    entry.last_message_ms = now;
-    worker_by_node_[worker.node()] = worker.id();
-  }
+  workers_.Restore(active->workers, now, write);
 
   for (JobRecord& record : active->jobs) {
-    ActiveJob& job = jobs_[record.job.id()];
+    ActiveJob& job = jobs_.jobs()[record.job.id()];
     job.record = std::move(record);
     absl::StatusOr<std::vector<v1::StepMetrics>> latest =
         store_->LatestStepMetrics(job.record.job.id());
@@ -100,20 +86,20 @@ absl::Status Coordinator::Load() {
     if (!latest->empty()) *job.record.job.mutable_latest() = latest->front();
   }
   for (AttemptRecord& attempt : active->attempts) {
-    auto it = jobs_.find(attempt.job_id);
-    if (it == jobs_.end()) continue;
-    ActiveJob& job = it->second;
+    ActiveJob* found = jobs_.Find(attempt.job_id);
+    if (found == nullptr) continue;
+    ActiveJob& job = *found;
     for (const RankRecord& rank : attempt.ranks) {
       v1::RankPlacement* p = job.record.job.add_placement();
       p->set_rank(rank.rank);
       p->set_worker_id(rank.worker_id);
       p->set_node(rank.node);
       p->set_slot(rank.slot);
-      auto worker = workers_.find(rank.worker_id);
+      WorkerEntry* worker = workers_.Find(rank.worker_id);
       bool ended = rank.state == v1::RANK_STATE_SUCCEEDED || rank.state == v1::RANK_STATE_FAILED ||
                    rank.state == v1::RANK_STATE_KILLED;
-      if (worker != workers_.end() && !ended) {
-        worker->second.occupied[rank.slot] = RankKey{attempt.job_id, attempt.attempt, rank.rank};
+      if (worker != nullptr && !ended) {
+        worker->occupied[rank.slot] = RankKey{attempt.job_id, attempt.attempt, rank.rank};
       }
     }
     rendezvous_.Open(attempt.job_id, attempt.attempt, attempt.rendezvous_secret);
@@ -130,14 +116,14 @@ absl::Status Coordinator::Load() {
     job.attempt = std::move(attempt);
   }
   int attempts = 0;
-  for (const auto& [id, job] : jobs_) attempts += job.attempt.has_value() ? 1 : 0;
+  for (const auto& [id, job] : jobs_.jobs()) attempts += job.attempt.has_value() ? 1 : 0;
   AddEvent(write, "", 0, "CoordinatorStarted",
            absl::StrFormat("reloaded %d unfinished jobs (%d with a running attempt) and %d workers",
-                           jobs_.size(), attempts, workers_.size()));
+                           jobs_.jobs().size(), attempts, workers_.size()));
   write.durable = false;
   if (absl::Status s = store_->Commit(write); !s.ok()) return s;
   LogInfo(absl::StrFormat("job store loaded: %d unfinished jobs, %d active attempts, %d workers",
-                          jobs_.size(), attempts, workers_.size()));
+                          jobs_.jobs().size(), attempts, workers_.size()));
   RefreshGaugesLocked();
   return absl::OkStatus();
 }
@@ -151,9 +137,9 @@ void Coordinator::TickLoop() {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) break;
     ExpireLeasesLocked(NowMs());
-    EnforceTimeLimitsLocked(NowMs());
+    jobs_.EnforceTimeLimits(NowMs());
     ScheduleLocked();
-    RetireFinishedJobsLocked();
+    jobs_.RetireFinished();
     RefreshGaugesLocked();
   }
 }
@@ -163,13 +149,26 @@ void Coordinator::Shutdown() {
     absl::MutexLock lock(&mu_);
     if (!shutting_down_) {
       shutting_down_ = true;
-      for (auto& [session, entry] : sessions_) session->Close();
+      workers_.CloseAllSessions();
       hub_.CloseAll();
     }
   }
   rendezvous_.Shutdown();
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (ticker_.joinable()) ticker_.join();
+}
+
+void Coordinator::ScheduleLocked() {
+  if (!shutting_down_) jobs_.Schedule();
+}
+
+void Coordinator::RefreshGaugesLocked() {
+  if (metrics_ == nullptr) return;
+  absl::StatusOr<std::map<v1::JobState, int64_t>> counts = store_->CountJobsByState();
+  if (counts.ok()) metrics_->SetJobCounts(*counts);
+  const WorkerRegistry::Counts workers = workers_.Count();
+  metrics_->SetWorkerCounts(workers.ready, workers.lost);
+  metrics_->SetSlots(workers.busy_slots, workers.free_slots);
 }
 
 absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& request,
@@ -237,17 +236,16 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   if (!request.request_id().empty()) {
     write.submit_requests.push_back(SubmitRequestRecord{owner, request.request_id(), id});
   }
-  ActiveJob& stored = jobs_[id] = std::move(job);
-  MarkDirty(stored);
-  if (absl::Status s = CommitLocked(write); !s.ok()) {
-    jobs_.erase(id);  // the transaction rolled back: the job was never accepted
+  ActiveJob& stored = jobs_.jobs()[id] = std::move(job);
+  jobs_.MarkDirty(stored);
+  if (absl::Status s = jobs_.Commit(write); !s.ok()) {
+    jobs_.jobs().erase(id);  // the transaction rolled back: the job was never accepted
     return absl::UnavailableError(absl::StrCat("the job could not be stored: ", s.message()));
   }
   LogInfo(absl::StrFormat("job %s submitted: %s, %d %s ranks", id, stored.record.job.name(),
                           stored.record.job.world_size(), stored.record.job.backend()));
   ScheduleLocked();
-  auto it = jobs_.find(id);
-  if (it != jobs_.end()) return it->second.record.job;
+  if (const ActiveJob* active = jobs_.Find(id); active != nullptr) return active->record.job;
   return store_->GetJob(id);
 }
 
@@ -261,9 +259,9 @@ absl::StatusOr<std::optional<v1::Job>> Coordinator::FindSubmittedLocked(
                      job_id.status().message()));
   }
   if (!job_id->has_value()) return std::optional<v1::Job>();
-  auto it = jobs_.find(**job_id);
+  const ActiveJob* active = jobs_.Find(**job_id);
   absl::StatusOr<v1::Job> job =
-      it != jobs_.end() ? absl::StatusOr<v1::Job>(it->second.record.job) : store_->GetJob(**job_id);
+      active != nullptr ? absl::StatusOr<v1::Job>(active->record.job) : store_->GetJob(**job_id);
   if (!job.ok()) return job.status();
   if (job->spec_yaml() != spec_yaml) {
     return absl::AlreadyExistsError(absl::StrCat("request_id: \"", request_id,
@@ -277,8 +275,7 @@ absl::StatusOr<std::optional<v1::Job>> Coordinator::FindSubmittedLocked(
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& id) {
   if (absl::Status s = RequireId(id, "id"); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it != jobs_.end()) return it->second.record.job;
+  if (const ActiveJob* active = jobs_.Find(id); active != nullptr) return active->record.job;
   return store_->GetJob(id);
 }
 
@@ -319,8 +316,8 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   int64_t last_taken_seq = 0;
   for (size_t i = 0; i < jobs->size(); ++i) {
     v1::Job& job = (*jobs)[i];
-    auto it = jobs_.find(job.id());
-    if (it != jobs_.end()) job = it->second.record.job;  // the same, plus anything in flight
+    const ActiveJob* active = jobs_.Find(job.id());
+    if (active != nullptr) job = active->record.job;  // the same, plus anything in flight
     bool match = true;
     for (const auto& [key, value] : request.labels()) {
       auto label = job.labels().find(key);
@@ -342,23 +339,23 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
 absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std::string& reason) {
   if (absl::Status s = RequireId(id, "id"); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end() || IsTerminal(it->second.record.job.state())) {
+  ActiveJob* found = jobs_.Find(id);
+  if (found == nullptr || IsTerminal(found->record.job.state())) {
     absl::StatusOr<v1::Job> stored = store_->GetJob(id);
     if (!stored.ok()) return stored.status();
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " already finished (",
                                                       JobStateName(stored->state()),
                                                       "); nothing to cancel"));
   }
-  ActiveJob& job = it->second;
+  ActiveJob& job = *found;
   std::string message = reason.empty() ? "cancelled by user" : absl::StrCat("cancelled: ", reason);
   message = TruncateUtf8(message, 1024);
   StoreWrite write;
-  StopJobLocked(job, v1::JOB_STATE_CANCELLED, message, write);
+  jobs_.StopJob(job, v1::JOB_STATE_CANCELLED, message, write);
   v1::Job result = job.record.job;
-  absl::Status committed = CommitLocked(write);
-  PublishLocked(write);
-  RetireFinishedJobsLocked();
+  absl::Status committed = jobs_.Commit(write);
+  jobs_.Publish(write);
+  jobs_.RetireFinished();
   ScheduleLocked();
   if (!committed.ok()) {
     return absl::UnavailableError(absl::StrCat("the cancellation could not be stored: ",
@@ -374,27 +371,9 @@ absl::StatusOr<std::vector<v1::Event>> Coordinator::ListEvents(const std::string
   limit = std::min(limit, kMaxEventLimit);
   absl::MutexLock lock(&mu_);
   if (!job_id.empty()) {
-    if (absl::Status s = CheckJobRankLocked(job_id, std::nullopt); !s.ok()) return s;
+    if (absl::Status s = jobs_.CheckJobRank(job_id, std::nullopt); !s.ok()) return s;
   }
   return store_->ListEvents(job_id, limit);
-}
-
-absl::Status Coordinator::CheckJobRankLocked(const std::string& job_id,
-                                             std::optional<int32_t> rank) {
-  int32_t world_size = 0;
-  auto it = jobs_.find(job_id);
-  if (it != jobs_.end()) {
-    world_size = it->second.record.job.world_size();
-  } else {
-    absl::StatusOr<JobRecord> stored = store_->GetJobRecord(job_id);
-    if (!stored.ok()) return stored.status();
-    world_size = stored->job.world_size();
-  }
-  if (rank.has_value() && (*rank < 0 || *rank >= world_size)) {
-    return absl::InvalidArgumentError(absl::StrFormat("rank: job %s has ranks 0..%d (got %d)",
-                                                      job_id, world_size - 1, *rank));
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<v1::StepMetrics>> Coordinator::ListStepMetrics(
@@ -402,7 +381,7 @@ absl::StatusOr<std::vector<v1::StepMetrics>> Coordinator::ListStepMetrics(
   if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
   if (limit < 0) return absl::InvalidArgumentError("limit: must not be negative");
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckJobRankLocked(job_id, rank); !s.ok()) return s;
+  if (absl::Status s = jobs_.CheckJobRank(job_id, rank); !s.ok()) return s;
   // The history is bounded per job, so one rank's rows are filtered here rather than in SQL.
   absl::StatusOr<std::vector<v1::StepMetrics>> all =
       store_->StepMetricsHistory(job_id, rank.has_value() ? 0 : limit);
@@ -419,14 +398,7 @@ absl::StatusOr<std::vector<v1::StepMetrics>> Coordinator::ListStepMetrics(
 
 std::vector<v1::Worker> Coordinator::ListWorkers() {
   absl::MutexLock lock(&mu_);
-  std::vector<v1::Worker> out;
-  for (const auto& [id, worker] : workers_) {
-    v1::Worker info = worker.info;
-    info.set_slots_busy(static_cast<int32_t>(worker.occupied.size()));
-    info.set_last_heartbeat_ms(worker.last_message_ms);
-    out.push_back(std::move(info));
-  }
-  return out;
+  return workers_.List();
 }
 
 absl::StatusOr<JobWatch> Coordinator::WatchJob(const std::string& id) {
@@ -434,14 +406,14 @@ absl::StatusOr<JobWatch> Coordinator::WatchJob(const std::string& id) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("coordinator is shutting down");
   JobWatch watch;
-  auto it = jobs_.find(id);
-  if (it == jobs_.end() || IsTerminal(it->second.record.job.state())) {
+  const ActiveJob* active = jobs_.Find(id);
+  if (active == nullptr || IsTerminal(active->record.job.state())) {
     absl::StatusOr<v1::Job> stored = store_->GetJob(id);
     if (!stored.ok()) return stored.status();
     watch.snapshot = std::move(*stored);
     return watch;
   }
-  watch.snapshot = it->second.record.job;
+  watch.snapshot = active->record.job;
   watch.updates = hub_.Watch(id);  // under mu_: the job cannot be retired in between
   return watch;
 }
@@ -458,13 +430,13 @@ absl::StatusOr<LogStream> Coordinator::OpenLogs(const std::string& job_id,
   if (after_seq < 0) return absl::InvalidArgumentError("after_seq: must not be negative");
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("coordinator is shutting down");
-  if (absl::Status s = CheckJobRankLocked(job_id, rank); !s.ok()) return s;
-  auto it = jobs_.find(job_id);
+  if (absl::Status s = jobs_.CheckJobRank(job_id, rank); !s.ok()) return s;
+  const ActiveJob* active = jobs_.Find(job_id);
   LogStream stream;
   absl::StatusOr<std::vector<v1::LogLine>> backlog = store_->ListLogs(job_id, rank, 0, after_seq);
   if (!backlog.ok()) return backlog.status();
   stream.backlog = std::move(*backlog);
-  if (follow && it != jobs_.end() && !IsTerminal(it->second.record.job.state())) {
+  if (follow && active != nullptr && !IsTerminal(active->record.job.state())) {
     stream.live = hub_.FollowLogs(job_id, rank);
   }
   return stream;

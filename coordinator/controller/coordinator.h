@@ -1,13 +1,15 @@
-// Coordinator: the control loop of dropless. It owns the job state machine
-// (PENDING -> SCHEDULED -> RUNNING -> SUCCEEDED | FAILED | CANCELLED, with attempts), the worker
-// registry and leases, placement through the gang scheduler, and what job updates and log lines
-// are published to the streams that follow a job (the WatchHub holds those subscribers, with a
-// lock of its own). The gRPC services are thin adapters over it.
+// Coordinator: the control plane of dropless behind the gRPC services (thin adapters over it). It
+// checks requests, holds the lock, runs the ticker, and says what a worker's message means for a
+// job; the state lives in its parts, each with a header of its own: the JobController (desired vs
+// observed state of the unfinished jobs: attempts, placement, retries; job_controller.h), the
+// WorkerRegistry (the worker-facing state: identity, sessions, leases, slots;
+// worker_registry.h), the WatchHub (the subscribers of the streams that follow a job, with a lock
+// of its own; watch_hub.h), the RendezvousStore and the hang watchdog's policy (hang_watchdog.h).
 //
 // Every accepted change is written to the JobStore before anyone hears about it (the RPC
-// answer, a watcher, a worker's Assignment). One mutex guards all state, SQLite included: the
-// control plane's rates (submits, rank state changes, one metrics record per rank per step) are
-// far below what one SQLite connection sustains.
+// answer, a watcher, a worker's Assignment). One mutex guards the job table and the worker
+// registry, SQLite included: the control plane's rates (submits, rank state changes, one metrics
+// record per rank per step) are far below what one SQLite connection sustains.
 //
 // Worker protocol (docs/architecture.md, "Worker session protocol"):
 // - RegisterWorker: the same node name always gets the same id.
@@ -42,7 +44,10 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "coordinator/controller/hang_watchdog.h"
+#include "coordinator/controller/job_controller.h"
+#include "coordinator/controller/job_events.h"
 #include "coordinator/controller/watch_hub.h"
+#include "coordinator/controller/worker_registry.h"
 #include "coordinator/controller/worker_session.h"
 #include "coordinator/metrics/coordinator_metrics.h"
 #include "coordinator/rendezvous/rendezvous_store.h"
@@ -103,7 +108,8 @@ class Coordinator {
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   // Oldest first; filtered by states and labels; a page of page_size after page_token (an
   // opaque token: the seq of the last job of the previous page). InvalidArgument names the field.
-  // With `owner`, only that user's jobs.
+  // With `owner`, only that user's jobs (JobService resolves it from request.owner and the
+  // caller's role; request.owner itself is not read here).
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request,
                                                 const std::string* owner = nullptr);
   absl::StatusOr<v1::Job> CancelJob(const std::string& id, const std::string& reason);
@@ -142,43 +148,6 @@ class Coordinator {
   const CoordinatorOptions& options() const { return options_; }
 
  private:
-  // Where a rank of an attempt is in its step (hang watchdog).
-  struct RankProgress {
-    int32_t attempt = 0;
-    std::string phase;
-    int64_t step = 0;
-    int64_t since_ms = 0;  // its worker's clock
-    std::string node;
-    std::string worker_id;
-  };
-  struct ActiveJob {
-    JobRecord record;  // record.job carries placement and latest as the API shows them
-    std::optional<AttemptRecord> attempt;  // while SCHEDULED or RUNNING
-    std::string waiting_reason;            // last reason recorded in a Waiting event
-    StepTimes step_times;                  // recent step times (hang watchdog)
-    std::map<int32_t, RankProgress> progress;  // by rank, as the last heartbeats said
-  };
-  struct RankKey {
-    std::string job_id;
-    int32_t attempt = 0;
-    int32_t rank = 0;
-  };
-  struct WorkerEntry {
-    v1::Worker info;
-    std::shared_ptr<WorkerSession> session;  // null while disconnected
-    int64_t last_message_ms = 0;
-    bool lease_expired = false;              // handled; cleared by the next Hello
-    std::map<int32_t, RankKey> occupied;     // slot -> the rank process holding it
-    // The worker daemon's run (Hello.boot_id) and the highest queued-message seq handled from it:
-    // a message sent again after a reconnect is acknowledged but not stored twice.
-    std::string boot_id;
-    uint64_t last_seq = 0;
-  };
-  struct SessionEntry {
-    std::string worker_id;  // empty until Hello
-    int64_t opened_ms = 0;
-  };
-
   Coordinator(std::unique_ptr<JobStore> store, CoordinatorOptions options,
               CoordinatorMetrics* metrics)
       : store_(std::move(store)), options_(options), metrics_(metrics) {}
@@ -191,36 +160,8 @@ class Coordinator {
                                                              const std::string& spec_yaml)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Job lifecycle (coordinator_jobs.cc).
-  void AddEvent(StoreWrite& write, const std::string& job_id, int32_t attempt,
-                      std::string type, std::string message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the dirty jobs with `write` in one transaction, then sends the queued worker messages.
-  absl::Status CommitLocked(StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // NotFound for an unknown job (live or stored); InvalidArgument naming the rank when it is set
-  // and outside the job's ranks.
-  absl::Status CheckJobRankLocked(const std::string& job_id, std::optional<int32_t> rank)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job's record and current attempt go into the next CommitLocked.
-  void MarkDirty(const ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Places what can be placed, unless shutting down.
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PlaceLocked(ActiveJob& job, const JobPlacement& placement, StoreWrite& write)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailAttemptLocked(ActiveJob& job, const std::string& reason, StoreWrite& write)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishJobLocked(ActiveJob& job, v1::JobState state, const std::string& message,
-                       StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EndAttemptLocked(ActiveJob& job, v1::JobState state, const std::string& message,
-                        StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends an unfinished job now (cancel, time limit): its attempt (the ranks are cancelled) and the
-  // job, in `state`.
-  void StopJobLocked(ActiveJob& job, v1::JobState state, const std::string& message,
-                     StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // FAILS every unfinished job running longer than its time_limit since its first start.
-  void EnforceTimeLimitsLocked(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SendCancellationsLocked(const AttemptRecord& attempt, const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PublishLocked(const StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RetireFinishedJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Workers (coordinator_workers.cc).
@@ -242,13 +183,6 @@ class Coordinator {
   void CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatus& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailAttemptsOnWorkerLocked(WorkerEntry& worker, const std::string& reason,
-                                  StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MarkWorkerLostLocked(WorkerEntry& worker, const std::string& why, StoreWrite& write)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<NodeCapacity> CapacityLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  ActiveJob* FindActiveAttempt(const std::string& job_id, int32_t attempt)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<JobStore> store_;
   const CoordinatorOptions options_;
@@ -257,16 +191,10 @@ class Coordinator {
   WatchHub hub_{options_.watch_mailbox_capacity, options_.log_mailbox_capacity};  // WatchJob, GetLogs -f
 
   absl::Mutex mu_;
-  std::map<std::string, ActiveJob> jobs_ ABSL_GUARDED_BY(mu_);  // non-terminal jobs
-  std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::string> worker_by_node_ ABSL_GUARDED_BY(mu_);
-  std::map<std::shared_ptr<WorkerSession>, SessionEntry> sessions_ ABSL_GUARDED_BY(mu_);
-  // (worker, job, attempt) -> when a Cancellation for a stray rank was last sent (rate limit).
-  std::map<std::string, int64_t> stray_cancels_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> dirty_jobs_ ABSL_GUARDED_BY(mu_);
-  // Messages to workers, sent by CommitLocked once the change behind them is stored.
-  std::vector<std::pair<std::string, v1::CoordinatorMessage>> pending_sends_ ABSL_GUARDED_BY(mu_);
-  int next_worker_number_ ABSL_GUARDED_BY(mu_) = 1;
+  // The worker-facing state, and the unfinished jobs with their state machine (in this order: the
+  // controller places onto the registry's slots).
+  WorkerRegistry workers_ ABSL_GUARDED_BY(mu_){options_.lease_timeout_ms};
+  JobController jobs_ ABSL_GUARDED_BY(mu_){*store_, workers_, hub_, rendezvous_, metrics_};
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 
   absl::Notification stop_;

@@ -13,7 +13,7 @@ namespace dropless::coordinator {
 void Coordinator::CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat) {
   for (const v1::RankStatus& status : heartbeat.ranks()) {
     if (status.phase().empty() || status.phase_since_ms() <= 0) continue;
-    ActiveJob* job = FindActiveAttempt(status.job_id(), status.attempt());
+    ActiveJob* job = jobs_.FindActiveAttempt(status.job_id(), status.attempt());
     if (job == nullptr) continue;
     bool placed_here = false;
     for (const RankRecord& r : job->attempt->ranks) {
@@ -55,9 +55,9 @@ void Coordinator::CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& 
                              stuck->step, static_cast<double>(*limit) / 1000.0,
                              DescribeStallLimit(options_.hang, median), status.attempt()));
     job->progress.clear();
-    FailAttemptLocked(*job, reason, write);
-    (void)CommitLocked(write);  // logged there
-    PublishLocked(write);
+    jobs_.FailAttempt(*job, reason, write);
+    (void)jobs_.Commit(write);  // logged there
+    jobs_.Publish(write);
   }
 }
 

@@ -74,10 +74,12 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
                                       const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
-  // A submitter lists their own jobs; viewers and admins every job.
-  const Caller caller = CallerOf(*context);
-  absl::StatusOr<v1::ListJobsResponse> jobs = coordinator_->ListJobs(
-      *request, caller.role == Role::kSubmitter ? &caller.user : nullptr);
+  // A submitter lists their own jobs; viewers and admins every job, or one owner's.
+  absl::StatusOr<std::optional<std::string>> owner =
+      ListedOwner(CallerOf(*context), request->owner());
+  if (!owner.ok()) return ToGrpcStatus(owner.status());
+  absl::StatusOr<v1::ListJobsResponse> jobs =
+      coordinator_->ListJobs(*request, owner->has_value() ? &**owner : nullptr);
   if (!jobs.ok()) return ToGrpcStatus(jobs.status());
   *response = std::move(*jobs);
   return grpc::Status::OK;

@@ -116,15 +116,24 @@ grpc::Status CancelJob(const std::shared_ptr<grpc::Channel>& channel, const std:
   return stub->CancelJob(&context, request, &job);
 }
 
-std::vector<std::string> ListJobIds(const std::shared_ptr<grpc::Channel>& channel) {
+grpc::Status ListJobs(const std::shared_ptr<grpc::Channel>& channel, const std::string& owner,
+                      std::vector<std::string>* ids) {
   auto stub = v1::JobService::NewStub(channel);
   grpc::ClientContext context;
   SetDeadline(&context);
+  v1::ListJobsRequest request;
+  request.set_owner(owner);
   v1::ListJobsResponse response;
-  grpc::Status status = stub->ListJobs(&context, v1::ListJobsRequest(), &response);
-  EXPECT_TRUE(status.ok()) << status.error_message();
+  grpc::Status status = stub->ListJobs(&context, request, &response);
+  for (const v1::Job& job : response.jobs()) ids->push_back(job.id());
+  return status;
+}
+
+std::vector<std::string> ListJobIds(const std::shared_ptr<grpc::Channel>& channel,
+                                    const std::string& owner = "") {
   std::vector<std::string> ids;
-  for (const v1::Job& job : response.jobs()) ids.push_back(job.id());
+  grpc::Status status = ListJobs(channel, owner, &ids);
+  EXPECT_TRUE(status.ok()) << status.error_message();
   return ids;
 }
 
@@ -319,6 +328,35 @@ TEST(CoordinatorAuthTest, SubmitterSeesAndCancelsOnlyTheirOwnJobs) {
   EXPECT_THAT(ListJobIds(admin), ::testing::UnorderedElementsAre(alices.id(), bobs.id()));
   EXPECT_TRUE(CancelJob(bob, bobs.id()).ok());
   EXPECT_TRUE(CancelJob(admin, alices.id()).ok());
+}
+
+TEST(CoordinatorAuthTest, ListJobsOwnerFilterWithinTheCallersRights) {
+  const std::string certs = MakeCerts();
+  ASSERT_FALSE(certs.empty());
+  SecureCoordinator c(certs, /*worker_listener=*/true);
+  auto alice = UserChannel(c.user_port(), certs, Token(certs, "alice"));
+  auto bob = UserChannel(c.user_port(), certs, Token(certs, "bob"));
+  auto viewer = UserChannel(c.user_port(), certs, Token(certs, "viewer"));
+  auto admin = UserChannel(c.user_port(), certs, Token(certs, "admin"));
+  v1::Job alices, bobs, admins;
+  ASSERT_TRUE(Submit(alice, &alices).ok()) << c.Output();
+  ASSERT_TRUE(Submit(bob, &bobs).ok());
+  ASSERT_TRUE(Submit(admin, &admins).ok());
+  // Viewers and admins pick any owner, or none.
+  EXPECT_THAT(ListJobIds(viewer, "alice"), ::testing::ElementsAre(alices.id()));
+  EXPECT_THAT(ListJobIds(admin, "bob"), ::testing::ElementsAre(bobs.id()));
+  EXPECT_THAT(ListJobIds(admin, "admin"), ::testing::ElementsAre(admins.id()));
+  EXPECT_TRUE(ListJobIds(viewer, "nobody-of-this-cluster").empty());
+  EXPECT_THAT(ListJobIds(viewer), ::testing::ElementsAre(alices.id(), bobs.id(), admins.id()));
+  // A submitter names themself, or is refused for anyone else (not silently shown their own).
+  EXPECT_THAT(ListJobIds(alice, "alice"), ::testing::ElementsAre(alices.id()));
+  std::vector<std::string> ids;
+  grpc::Status refused = ListJobs(bob, "alice", &ids);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(refused.error_message(),
+              HasSubstr("owner: user bob (role submitter) may only list their own jobs, not "
+                        "user alice's"));
+  EXPECT_TRUE(ids.empty());
 }
 
 TEST(CoordinatorAuthTest, SubmissionsOverTheRateLimitAreRefused) {

@@ -1,4 +1,6 @@
-// The tokens file and the submission rate limiter behind CallAuthorizer (docs/security.md).
+// The tokens file and the submission rate limiter behind CallAuthorizer, and whose jobs a caller
+// lists (docs/security.md).
+#include "coordinator/auth/caller.h"
 #include "coordinator/auth/submit_rate_limiter.h"
 #include "coordinator/auth/user_tokens.h"
 
@@ -67,6 +69,21 @@ TEST(SubmitRateLimiterTest, BurstThenRefillPerCaller) {
   EXPECT_FALSE(limiter.TryTake("a", later));
   SubmitRateLimiter unlimited(0, 1);
   for (int i = 0; i < 100; ++i) EXPECT_TRUE(unlimited.TryTake("a", t0));
+}
+
+TEST(ListedOwnerTest, SubmittersListTheirOwnJobsOthersPickAnOwner) {
+  const Caller bob{"bob", Role::kSubmitter};
+  const Caller viewer{"vera", Role::kViewer};
+  const Caller anonymous;  // plaintext listener: the anonymous admin
+  EXPECT_EQ(ListedOwner(bob, "").value(), std::optional<std::string>("bob"));
+  EXPECT_EQ(ListedOwner(bob, "bob").value(), std::optional<std::string>("bob"));
+  absl::StatusOr<std::optional<std::string>> refused = ListedOwner(bob, "alice");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(refused.status().message(), HasSubstr("user bob (role submitter) may only list"));
+  EXPECT_EQ(ListedOwner(viewer, "").value(), std::nullopt);
+  EXPECT_EQ(ListedOwner(viewer, "alice").value(), std::optional<std::string>("alice"));
+  EXPECT_EQ(ListedOwner(anonymous, "").value(), std::nullopt);
+  EXPECT_EQ(ListedOwner(anonymous, "alice").value(), std::optional<std::string>("alice"));
 }
 
 }  // namespace

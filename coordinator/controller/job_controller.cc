@@ -1,5 +1,5 @@
-// Coordinator: the job state machine (placement, attempt ends, retries, terminal states), the
-// write path to the store and what is published to watchers (WatchHub).
+#include "coordinator/controller/job_controller.h"
+
 #include <algorithm>
 #include <map>
 #include <random>
@@ -9,16 +9,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
-#include "coordinator/controller/coordinator.h"
+#include "coordinator/controller/job_events.h"
 #include "coordinator/util/clock.h"
 
 namespace dropless::coordinator {
 namespace {
-
-bool RankEnded(v1::RankState state) {
-  return state == v1::RANK_STATE_SUCCEEDED || state == v1::RANK_STATE_FAILED ||
-         state == v1::RANK_STATE_KILLED;
-}
 
 // 128 bits from the OS's random source, in hex.
 std::string NewRendezvousSecret() {
@@ -42,28 +37,21 @@ std::string DescribePlacement(const std::vector<RankSlot>& ranks) {
 
 }  // namespace
 
-void Coordinator::AddEvent(StoreWrite& write, const std::string& job_id, int32_t attempt,
-                           std::string type, std::string message) {
-  v1::Event& event = write.events.emplace_back();
-  event.set_time_ms(NowMs());
-  event.set_job_id(job_id);
-  event.set_attempt(attempt);
-  event.set_type(std::move(type));
-  event.set_message(std::move(message));
+bool RankEnded(v1::RankState state) {
+  return state == v1::RANK_STATE_SUCCEEDED || state == v1::RANK_STATE_FAILED ||
+         state == v1::RANK_STATE_KILLED;
 }
 
-void Coordinator::MarkDirty(const ActiveJob& job) { dirty_jobs_.insert(job.record.job.id()); }
-
-absl::Status Coordinator::CommitLocked(StoreWrite& write) {
-  for (const std::string& id : dirty_jobs_) {
+absl::Status JobController::Commit(StoreWrite& write) {
+  for (const std::string& id : dirty_) {
     auto it = jobs_.find(id);
     if (it == jobs_.end()) continue;
     write.jobs.push_back(it->second.record);
     if (it->second.attempt.has_value()) write.attempts.push_back(*it->second.attempt);
   }
-  absl::Status status = store_->Commit(write);
+  absl::Status status = store_.Commit(write);
   if (status.ok()) {
-    dirty_jobs_.clear();
+    dirty_.clear();
   } else {
     // Job rows are whole-record upserts: keeping them dirty makes the next commit store their
     // latest state, so memory and store meet again once the store recovers (e.g. disk freed).
@@ -71,18 +59,12 @@ absl::Status Coordinator::CommitLocked(StoreWrite& write) {
                           status.ToString()));
   }
   // Workers hear about a change only once it is stored (or the store has failed loudly).
-  for (auto& [worker_id, message] : pending_sends_) {
-    auto worker = workers_.find(worker_id);
-    if (worker != workers_.end() && worker->second.session != nullptr) {
-      worker->second.session->Send(std::move(message));
-    }
-  }
+  for (auto& [worker_id, message] : pending_sends_) workers_.Send(worker_id, std::move(message));
   pending_sends_.clear();
   return status;
 }
 
-void Coordinator::ScheduleLocked() {
-  if (shutting_down_) return;
+void JobController::Schedule() {
   std::vector<QueuedJob> queue;
   for (const auto& [id, job] : jobs_) {
     const v1::Job& j = job.record.job;
@@ -90,11 +72,11 @@ void Coordinator::ScheduleLocked() {
     queue.push_back(QueuedJob{id, j.priority(), job.record.seq, j.backend(), j.world_size()});
   }
   if (queue.empty()) return;
-  SchedulePlan plan = PlanSchedule(std::move(queue), CapacityLocked());
+  SchedulePlan plan = PlanSchedule(std::move(queue), workers_.Capacity());
   StoreWrite write;
   write.durable = !plan.placements.empty();
   for (const JobPlacement& placement : plan.placements) {
-    PlaceLocked(jobs_.at(placement.job_id), placement, write);
+    Place(jobs_.at(placement.job_id), placement, write);
   }
   for (const WaitingJob& waiting : plan.waiting) {
     ActiveJob& job = jobs_.at(waiting.job_id);
@@ -102,12 +84,12 @@ void Coordinator::ScheduleLocked() {
     job.waiting_reason = waiting.reason;
     AddEvent(write, waiting.job_id, job.record.job.attempt(), "Waiting", waiting.reason);
   }
-  if (write.empty() && dirty_jobs_.empty()) return;
-  (void)CommitLocked(write);  // logged there; memory stays the source of truth until restart
-  PublishLocked(write);
+  if (write.empty() && dirty_.empty()) return;
+  (void)Commit(write);  // logged there; memory stays the source of truth until restart
+  Publish(write);
 }
 
-void Coordinator::PlaceLocked(ActiveJob& job, const JobPlacement& placement, StoreWrite& write) {
+void JobController::Place(ActiveJob& job, const JobPlacement& placement, StoreWrite& write) {
   const int64_t now = NowMs();
   v1::Job& j = job.record.job;
   AttemptRecord attempt;
@@ -122,14 +104,14 @@ void Coordinator::PlaceLocked(ActiveJob& job, const JobPlacement& placement, Sto
   j.clear_message();
   std::map<std::string, v1::CoordinatorMessage> assignments;  // by worker
   for (const RankSlot& r : placement.ranks) {
-    attempt.ranks.push_back(RankRecord{r.rank, r.worker_id, r.node, r.slot,
-                                       v1::RANK_STATE_UNSPECIFIED, 0});
+    attempt.ranks.push_back(
+        RankRecord{r.rank, r.worker_id, r.node, r.slot, v1::RANK_STATE_UNSPECIFIED, 0});
     v1::RankPlacement* p = j.add_placement();
     p->set_rank(r.rank);
     p->set_worker_id(r.worker_id);
     p->set_node(r.node);
     p->set_slot(r.slot);
-    workers_.at(r.worker_id).occupied[r.slot] = RankKey{j.id(), attempt.attempt, r.rank};
+    workers_.Find(r.worker_id)->occupied[r.slot] = RankKey{j.id(), attempt.attempt, r.rank};
     v1::RankAssignment* mine = assignments[r.worker_id].mutable_assignment()->add_ranks();
     mine->set_rank(r.rank);
     mine->set_slot(r.slot);
@@ -160,7 +142,7 @@ void Coordinator::PlaceLocked(ActiveJob& job, const JobPlacement& placement, Sto
   MarkDirty(job);
 }
 
-void Coordinator::SendCancellationsLocked(const AttemptRecord& attempt, const std::string& reason) {
+void JobController::SendCancellations(const AttemptRecord& attempt, const std::string& reason) {
   std::set<std::string> notified;
   for (const RankRecord& rank : attempt.ranks) {
     if (RankEnded(rank.state) || !notified.insert(rank.worker_id).second) continue;
@@ -173,23 +155,23 @@ void Coordinator::SendCancellationsLocked(const AttemptRecord& attempt, const st
   }
 }
 
-void Coordinator::EndAttemptLocked(ActiveJob& job, v1::JobState state, const std::string& message,
-                                   StoreWrite& write) {
+void JobController::EndAttempt(ActiveJob& job, v1::JobState state, const std::string& message,
+                               StoreWrite& write) {
   AttemptRecord& attempt = *job.attempt;
   attempt.state = state;
   attempt.end_time_ms = NowMs();
   attempt.message = message;
-  if (state != v1::JOB_STATE_SUCCEEDED) SendCancellationsLocked(attempt, message);
+  if (state != v1::JOB_STATE_SUCCEEDED) SendCancellations(attempt, message);
   rendezvous_.Close(attempt.job_id, attempt.attempt);
   write.attempts.push_back(attempt);
   job.attempt.reset();
   MarkDirty(job);
 }
 
-void Coordinator::FailAttemptLocked(ActiveJob& job, const std::string& reason, StoreWrite& write) {
+void JobController::FailAttempt(ActiveJob& job, const std::string& reason, StoreWrite& write) {
   v1::Job& j = job.record.job;
   const int32_t number = j.attempt();
-  EndAttemptLocked(job, v1::JOB_STATE_FAILED, reason, write);
+  EndAttempt(job, v1::JOB_STATE_FAILED, reason, write);
   AddEvent(write, j.id(), number, "AttemptFailed", reason);
   LogWarning(absl::StrFormat("job %s attempt %d failed: %s", j.id(), number, reason));
   if (number < job.record.max_attempts) {
@@ -204,14 +186,13 @@ void Coordinator::FailAttemptLocked(ActiveJob& job, const std::string& reason, S
     MarkDirty(job);
     return;
   }
-  FinishJobLocked(job, v1::JOB_STATE_FAILED,
-                  absl::StrFormat("attempt %d of %d failed: %s", number, job.record.max_attempts,
-                                  reason),
-                  write);
+  FinishJob(job, v1::JOB_STATE_FAILED,
+            absl::StrFormat("attempt %d of %d failed: %s", number, job.record.max_attempts, reason),
+            write);
 }
 
-void Coordinator::FinishJobLocked(ActiveJob& job, v1::JobState state, const std::string& message,
-                                  StoreWrite& write) {
+void JobController::FinishJob(ActiveJob& job, v1::JobState state, const std::string& message,
+                              StoreWrite& write) {
   v1::Job& j = job.record.job;
   j.set_state(state);
   j.set_end_time_ms(NowMs());
@@ -220,16 +201,16 @@ void Coordinator::FinishJobLocked(ActiveJob& job, v1::JobState state, const std:
                      : state == v1::JOB_STATE_FAILED  ? "Failed"
                                                       : "Cancelled";
   AddEvent(write, j.id(), j.attempt(), type,
-           message.empty() ? absl::StrFormat("all %d ranks finished %d steps", j.world_size(),
-                                             j.steps())
-                           : message);
+           message.empty()
+               ? absl::StrFormat("all %d ranks finished %d steps", j.world_size(), j.steps())
+               : message);
   if (metrics_ != nullptr) metrics_->CountJobFinished(state);
   LogInfo(absl::StrFormat("job %s %s%s", j.id(), JobStateName(state),
                           message.empty() ? "" : absl::StrCat(": ", message)));
   MarkDirty(job);
 }
 
-void Coordinator::PublishLocked(const StoreWrite& write) {
+void JobController::Publish(const StoreWrite& write) {
   for (const v1::Event& event : write.events) {
     if (event.job_id().empty()) continue;
     auto it = jobs_.find(event.job_id());
@@ -241,16 +222,16 @@ void Coordinator::PublishLocked(const StoreWrite& write) {
   }
 }
 
-void Coordinator::StopJobLocked(ActiveJob& job, v1::JobState state, const std::string& message,
-                                StoreWrite& write) {
+void JobController::StopJob(ActiveJob& job, v1::JobState state, const std::string& message,
+                            StoreWrite& write) {
   if (job.record.job.state() == v1::JOB_STATE_PENDING && metrics_ != nullptr) {
     metrics_->ObservePending(static_cast<double>(NowMs() - job.record.queued_time_ms) / 1000.0);
   }
-  if (job.attempt.has_value()) EndAttemptLocked(job, state, message, write);
-  FinishJobLocked(job, state, message, write);
+  if (job.attempt.has_value()) EndAttempt(job, state, message, write);
+  FinishJob(job, state, message, write);
 }
 
-void Coordinator::EnforceTimeLimitsLocked(int64_t now_ms) {
+void JobController::EnforceTimeLimits(int64_t now_ms) {
   StoreWrite write;
   bool stopped = false;
   for (auto& [id, job] : jobs_) {
@@ -262,19 +243,19 @@ void Coordinator::EnforceTimeLimitsLocked(int64_t now_ms) {
         absl::StrFormat("time limit of %ds exceeded (running since %d ms)",
                         j.time_limit().seconds(), now_ms - j.start_time_ms());
     LogWarning(absl::StrCat("job ", id, ": ", message));
-    StopJobLocked(job, v1::JOB_STATE_FAILED, message, write);
+    StopJob(job, v1::JOB_STATE_FAILED, message, write);
     stopped = true;
   }
   if (!stopped) return;
-  (void)CommitLocked(write);  // a failed write is retried with the next one (CommitLocked logs it)
-  PublishLocked(write);
-  RetireFinishedJobsLocked();
+  (void)Commit(write);  // a failed write is retried with the next one (Commit logs it)
+  Publish(write);
+  RetireFinished();
 }
 
-void Coordinator::RetireFinishedJobsLocked() {
+void JobController::RetireFinished() {
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     ActiveJob& job = it->second;
-    if (!IsTerminal(job.record.job.state()) || dirty_jobs_.count(it->first) != 0) {
+    if (!IsTerminal(job.record.job.state()) || dirty_.count(it->first) != 0) {
       ++it;
       continue;
     }
@@ -284,46 +265,47 @@ void Coordinator::RetireFinishedJobsLocked() {
   }
 }
 
-void Coordinator::RefreshGaugesLocked() {
-  if (metrics_ == nullptr) return;
-  absl::StatusOr<std::map<v1::JobState, int64_t>> counts = store_->CountJobsByState();
-  if (counts.ok()) metrics_->SetJobCounts(*counts);
-  int64_t ready = 0, lost = 0, busy = 0, free = 0;
-  for (const auto& [id, worker] : workers_) {
-    if (worker.info.state() == v1::WORKER_STATE_READY) {
-      ++ready;
-      busy += static_cast<int64_t>(worker.occupied.size());
-      free += std::max<int64_t>(0, worker.info.slots() -
-                                       static_cast<int64_t>(worker.occupied.size()));
-    } else {
-      ++lost;
-    }
-  }
-  metrics_->SetWorkerCounts(ready, lost);
-  metrics_->SetSlots(busy, free);
-}
-
-std::vector<NodeCapacity> Coordinator::CapacityLocked() const {
-  std::vector<NodeCapacity> nodes;
-  for (const auto& [id, worker] : workers_) {
-    if (worker.info.state() != v1::WORKER_STATE_READY || worker.session == nullptr) continue;
-    NodeCapacity node{id, worker.info.node(), worker.info.slot_kind(), worker.info.slots(), {}};
-    for (int32_t slot = 0; slot < worker.info.slots(); ++slot) {
-      if (worker.occupied.count(slot) == 0) node.free_slots.push_back(slot);
-    }
-    nodes.push_back(std::move(node));
-  }
-  return nodes;
-}
-
-Coordinator::ActiveJob* Coordinator::FindActiveAttempt(const std::string& job_id,
-                                                       int32_t attempt) {
+ActiveJob* JobController::FindActiveAttempt(const std::string& job_id, int32_t attempt) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || !it->second.attempt.has_value() ||
       it->second.attempt->attempt != attempt || IsTerminal(it->second.record.job.state())) {
     return nullptr;
   }
   return &it->second;
+}
+
+ActiveJob* JobController::Find(const std::string& id) {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+absl::Status JobController::CheckJobRank(const std::string& job_id, std::optional<int32_t> rank) {
+  int32_t world_size = 0;
+  auto it = jobs_.find(job_id);
+  if (it != jobs_.end()) {
+    world_size = it->second.record.job.world_size();
+  } else {
+    absl::StatusOr<JobRecord> stored = store_.GetJobRecord(job_id);
+    if (!stored.ok()) return stored.status();
+    world_size = stored->job.world_size();
+  }
+  if (rank.has_value() && (*rank < 0 || *rank >= world_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rank: job %s has ranks 0..%d (got %d)", job_id, world_size - 1, *rank));
+  }
+  return absl::OkStatus();
+}
+
+void JobController::FailAttemptsOnWorker(const WorkerEntry& worker, const std::string& reason,
+                                         StoreWrite& write) {
+  for (auto& [id, job] : jobs_) {
+    if (!job.attempt.has_value() || IsTerminal(job.record.job.state())) continue;
+    bool placed_here = false;
+    for (const RankRecord& rank : job.attempt->ranks) {
+      placed_here |= rank.worker_id == worker.info.id() && !RankEnded(rank.state);
+    }
+    if (placed_here) FailAttempt(job, reason, write);
+  }
 }
 
 }  // namespace dropless::coordinator

@@ -1,0 +1,116 @@
+// JobController: desired vs observed state of the jobs that are not over. It holds them in memory
+// (the JobStore has every job) and moves them through their state machine, PENDING -> SCHEDULED
+// -> RUNNING -> SUCCEEDED | FAILED | CANCELLED, with attempts: placement through the gang
+// scheduler onto the WorkerRegistry's free slots, attempt ends with the ranks cancelled, retries
+// per max_attempts, terminal states, time limits.
+//
+// The write path: a change is marked dirty and committed to the JobStore (Commit) with the events
+// that describe it before anyone hears about it: the Assignments and Cancellations it queues are
+// sent to the workers after the commit, and watchers get the events through Publish.
+//
+// Not thread-safe: its owner serializes every call (the Coordinator, under its lock).
+#ifndef DROPLESS_COORDINATOR_CONTROLLER_JOB_CONTROLLER_H_
+#define DROPLESS_COORDINATOR_CONTROLLER_JOB_CONTROLLER_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "coordinator/controller/hang_watchdog.h"
+#include "coordinator/controller/watch_hub.h"
+#include "coordinator/controller/worker_registry.h"
+#include "coordinator/metrics/coordinator_metrics.h"
+#include "coordinator/rendezvous/rendezvous_store.h"
+#include "coordinator/scheduler/gang_scheduler.h"
+#include "coordinator/store/job_store.h"
+#include "dropless/v1/worker_service.pb.h"
+
+namespace dropless::coordinator {
+
+// Where a rank of an attempt is in its step (hang watchdog).
+struct RankProgress {
+  int32_t attempt = 0;
+  std::string phase;
+  int64_t step = 0;
+  int64_t since_ms = 0;  // its worker's clock
+  std::string node;
+  std::string worker_id;
+};
+
+struct ActiveJob {
+  JobRecord record;  // record.job carries placement and latest as the API shows them
+  std::optional<AttemptRecord> attempt;      // while SCHEDULED or RUNNING
+  std::string waiting_reason;                // last reason recorded in a Waiting event
+  StepTimes step_times;                      // recent step times (hang watchdog)
+  std::map<int32_t, RankProgress> progress;  // by rank, as the last heartbeats said
+};
+
+bool RankEnded(v1::RankState state);
+
+class JobController {
+ public:
+  // metrics may be null.
+  JobController(JobStore& store, WorkerRegistry& workers, WatchHub& hub,
+                RendezvousStore& rendezvous, CoordinatorMetrics* metrics)
+      : store_(store), workers_(workers), hub_(hub), rendezvous_(rendezvous), metrics_(metrics) {}
+
+  // The unfinished jobs (and finished ones not yet retired), by id.
+  std::map<std::string, ActiveJob>& jobs() { return jobs_; }
+  ActiveJob* Find(const std::string& id);
+  // The job whose current, unfinished attempt is `attempt`; null otherwise.
+  ActiveJob* FindActiveAttempt(const std::string& job_id, int32_t attempt);
+  // NotFound for an unknown job (live or stored); InvalidArgument naming the rank when it is set
+  // and outside the job's ranks.
+  absl::Status CheckJobRank(const std::string& job_id, std::optional<int32_t> rank);
+
+  // The job's record and current attempt go into the next Commit.
+  void MarkDirty(const ActiveJob& job) { dirty_.insert(job.record.job.id()); }
+  bool HasDirty() const { return !dirty_.empty(); }
+  // Writes the dirty jobs with `write` in one transaction, then sends the queued worker messages.
+  absl::Status Commit(StoreWrite& write);
+  // The events of a committed write, to the watchers of their jobs.
+  void Publish(const StoreWrite& write);
+
+  // Places what the gang scheduler can place on the registry's free slots; a job that must wait
+  // gets a Waiting event when its reason changes.
+  void Schedule();
+  // Ends the attempt; the job is queued again while attempts remain, else it FAILS.
+  void FailAttempt(ActiveJob& job, const std::string& reason, StoreWrite& write);
+  // Fails the attempts with a live rank placed on the worker.
+  void FailAttemptsOnWorker(const WorkerEntry& worker, const std::string& reason,
+                            StoreWrite& write);
+  void EndAttempt(ActiveJob& job, v1::JobState state, const std::string& message,
+                  StoreWrite& write);
+  void FinishJob(ActiveJob& job, v1::JobState state, const std::string& message, StoreWrite& write);
+  // Ends an unfinished job now (cancel, time limit): its attempt (the ranks are cancelled) and the
+  // job, in `state`.
+  void StopJob(ActiveJob& job, v1::JobState state, const std::string& message, StoreWrite& write);
+  // FAILS every unfinished job running longer than its time_limit since its first start.
+  void EnforceTimeLimits(int64_t now_ms);
+  // Drops the finished, stored jobs from memory; their streams end.
+  void RetireFinished();
+
+ private:
+  void Place(ActiveJob& job, const JobPlacement& placement, StoreWrite& write);
+  void SendCancellations(const AttemptRecord& attempt, const std::string& reason);
+
+  JobStore& store_;
+  WorkerRegistry& workers_;
+  WatchHub& hub_;
+  RendezvousStore& rendezvous_;
+  CoordinatorMetrics* const metrics_;
+
+  std::map<std::string, ActiveJob> jobs_;
+  std::set<std::string> dirty_;
+  // Messages to workers, sent by Commit once the change behind them is stored.
+  std::vector<std::pair<std::string, v1::CoordinatorMessage>> pending_sends_;
+};
+
+}  // namespace dropless::coordinator
+
+#endif  // DROPLESS_COORDINATOR_CONTROLLER_JOB_CONTROLLER_H_

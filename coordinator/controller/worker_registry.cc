@@ -1,0 +1,274 @@
+#include "coordinator/controller/worker_registry.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "common/log.h"
+#include "coordinator/controller/job_events.h"
+
+namespace dropless::coordinator {
+namespace {
+
+constexpr size_t kMaxNameBytes = 253;
+constexpr size_t kMaxDevices = 4096;
+constexpr int64_t kStrayCancelIntervalMs = 5000;
+constexpr int64_t kStrayCancelMemoryMs = 60'000;
+
+absl::Status CheckName(const std::string& value, absl::string_view field, bool required) {
+  if (value.empty()) {
+    return required ? absl::InvalidArgumentError(absl::StrCat(field, ": must not be empty"))
+                    : absl::OkStatus();
+  }
+  if (value.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": longer than ", kMaxNameBytes, " bytes"));
+  }
+  for (char c : value) {
+    if (!absl::ascii_isgraph(static_cast<unsigned char>(c))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": only printable characters without spaces are allowed"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string StrayKey(const std::string& worker_id, const std::string& job_id, int32_t attempt) {
+  return absl::StrCat(worker_id, "|", job_id, "|", attempt);
+}
+
+}  // namespace
+
+void WorkerRegistry::Restore(const std::vector<v1::Worker>& workers, int64_t now_ms,
+                             StoreWrite& write) {
+  for (const v1::Worker& stored : workers) {
+    int number = 0;
+    absl::string_view id = stored.id();
+    if (absl::ConsumePrefix(&id, "worker-") && absl::SimpleAtoi(id, &number)) {
+      next_worker_number_ = std::max(next_worker_number_, number + 1);
+    }
+    WorkerEntry& entry = workers_[stored.id()];
+    entry.info = stored;
+    if (stored.state() != v1::WORKER_STATE_LOST) {
+      entry.info.set_state(v1::WORKER_STATE_LOST);
+      write.workers.push_back(entry.info);
+    }
+    entry.last_message_ms = now_ms;
+    worker_by_node_[stored.node()] = stored.id();
+  }
+}
+
+absl::Status WorkerRegistry::CheckRegistration(const v1::RegisterWorkerRequest& request) {
+  if (absl::Status s = CheckName(request.node(), "node", true); !s.ok()) return s;
+  if (absl::Status s = CheckName(request.address(), "address", false); !s.ok()) return s;
+  if (request.slot_kind() != "cpu" && request.slot_kind() != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot_kind: must be cpu or cuda (got \"", request.slot_kind(), "\")"));
+  }
+  if (request.devices().empty()) {
+    return absl::InvalidArgumentError("devices: a worker needs at least one slot");
+  }
+  if (static_cast<size_t>(request.devices_size()) > kMaxDevices) {
+    return absl::InvalidArgumentError(absl::StrCat("devices: more than ", kMaxDevices, " slots"));
+  }
+  for (const std::string& device : request.devices()) {
+    if (device.size() > 256)
+      return absl::InvalidArgumentError("devices: entry longer than 256 bytes");
+  }
+  if (request.metrics_port() < 0 || request.metrics_port() > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics_port: must be 0..65535 (got ", request.metrics_port(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+const v1::Worker& WorkerRegistry::Register(const v1::RegisterWorkerRequest& request, int64_t now_ms,
+                                           StoreWrite& write, bool* fresh) {
+  auto known = worker_by_node_.find(request.node());
+  *fresh = known == worker_by_node_.end();
+  std::string id = *fresh ? absl::StrFormat("worker-%04d", next_worker_number_++) : known->second;
+  WorkerEntry& worker = workers_[id];
+  v1::Worker& info = worker.info;
+  if (*fresh) {
+    info.set_id(id);
+    info.set_node(request.node());
+    info.set_state(v1::WORKER_STATE_LOST);  // READY once its session says Hello
+    info.set_registered_time_ms(now_ms);
+    worker_by_node_[request.node()] = id;
+  }
+  info.set_address(request.address());
+  info.set_metrics_port(request.metrics_port());
+  info.set_slot_kind(request.slot_kind());
+  *info.mutable_devices() = request.devices();
+  info.set_slots(request.devices_size());
+  worker.last_message_ms = now_ms;
+  write.workers.push_back(info);
+  AddEvent(write, "", 0, *fresh ? "WorkerRegistered" : "WorkerReregistered",
+           absl::StrFormat("%s: node %s, %d %s slots, version %s", id, request.node(),
+                           request.devices_size(), request.slot_kind(),
+                           request.version().empty() ? "unknown" : request.version()));
+  return info;
+}
+
+WorkerEntry* WorkerRegistry::Find(const std::string& worker_id) {
+  auto it = workers_.find(worker_id);
+  return it == workers_.end() ? nullptr : &it->second;
+}
+
+void WorkerRegistry::OpenSession(const std::shared_ptr<WorkerSession>& session, int64_t now_ms) {
+  sessions_[session] = SessionEntry{"", now_ms};
+}
+
+const std::string* WorkerRegistry::SessionWorker(
+    const std::shared_ptr<WorkerSession>& session) const {
+  auto it = sessions_.find(session);
+  return it == sessions_.end() ? nullptr : &it->second.worker_id;
+}
+
+absl::StatusOr<WorkerEntry*> WorkerRegistry::Hello(const std::shared_ptr<WorkerSession>& session,
+                                                   const v1::Hello& hello, int64_t now_ms,
+                                                   StoreWrite& write) {
+  if (hello.worker_id().empty()) {
+    return absl::InvalidArgumentError("hello.worker_id: must not be empty");
+  }
+  WorkerEntry* found = Find(hello.worker_id());
+  if (found == nullptr) {
+    return absl::NotFoundError(absl::StrCat("worker \"", hello.worker_id(),
+                                            "\" is not registered; call RegisterWorker first"));
+  }
+  WorkerEntry& worker = *found;
+  if (!session->certified_node().empty() && session->certified_node() != worker.info.node()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("hello: worker ", hello.worker_id(), " is node \"", worker.info.node(),
+                     "\" but the client certificate is node \"", session->certified_node(),
+                     "\": a worker may only report as itself"));
+  }
+  if (worker.session != nullptr && worker.session != session) worker.session->Close();
+  if (hello.boot_id() != worker.boot_id) {  // a new numbering: seq starts from 1 again
+    worker.boot_id = hello.boot_id();
+    worker.last_seq = 0;
+  }
+  sessions_[session].worker_id = worker.info.id();
+  worker.session = session;
+  worker.last_message_ms = now_ms;
+  worker.lease_expired = false;
+  if (worker.info.state() != v1::WORKER_STATE_READY) {
+    worker.info.set_state(v1::WORKER_STATE_READY);
+    write.workers.push_back(worker.info);
+    AddEvent(write, "", 0, "WorkerReady",
+             absl::StrFormat("%s (node %s): session open, %d ranks alive", worker.info.id(),
+                             worker.info.node(), hello.ranks_size()));
+  }
+  return &worker;
+}
+
+std::string WorkerRegistry::ForgetSession(const std::shared_ptr<WorkerSession>& session) {
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return std::string();
+  std::string worker_id = std::move(it->second.worker_id);
+  sessions_.erase(it);
+  return worker_id;
+}
+
+WorkerEntry* WorkerRegistry::Disconnect(const std::string& worker_id,
+                                        const std::shared_ptr<WorkerSession>& session) {
+  WorkerEntry* worker = Find(worker_id);
+  if (worker == nullptr || worker->session != session) return nullptr;  // superseded
+  worker->session = nullptr;
+  return worker;
+}
+
+void WorkerRegistry::CloseAllSessions() {
+  for (auto& [session, entry] : sessions_) session->Close();
+}
+
+void WorkerRegistry::MarkLost(WorkerEntry& worker, const std::string& why, StoreWrite& write) {
+  if (worker.info.state() == v1::WORKER_STATE_LOST) return;
+  worker.info.set_state(v1::WORKER_STATE_LOST);
+  write.workers.push_back(worker.info);
+  AddEvent(write, "", 0, "WorkerLost",
+           absl::StrFormat("%s (node %s): %s", worker.info.id(), worker.info.node(), why));
+  LogWarning(absl::StrFormat("%s (node %s) lost: %s", worker.info.id(), worker.info.node(), why));
+}
+
+std::vector<WorkerEntry*> WorkerRegistry::ExpireLeases(int64_t now_ms) {
+  std::vector<WorkerLease> leases;
+  for (const auto& [id, worker] : workers_) {
+    if (!worker.lease_expired) leases.push_back({id, worker.last_message_ms});
+  }
+  std::vector<WorkerEntry*> expired;
+  for (const std::string& id : ExpiredLeases(leases, now_ms, lease_timeout_ms_)) {
+    WorkerEntry& worker = workers_.at(id);
+    worker.lease_expired = true;
+    if (worker.session != nullptr) {
+      worker.session->Close();
+      worker.session = nullptr;
+    }
+    expired.push_back(&worker);
+  }
+  for (auto& [session, entry] : sessions_) {
+    if (entry.worker_id.empty() && now_ms - entry.opened_ms > lease_timeout_ms_) session->Close();
+  }
+  for (auto it = stray_cancels_.begin(); it != stray_cancels_.end();) {
+    it = now_ms - it->second > kStrayCancelMemoryMs ? stray_cancels_.erase(it) : std::next(it);
+  }
+  return expired;
+}
+
+void WorkerRegistry::Send(const std::string& worker_id, v1::CoordinatorMessage message) {
+  WorkerEntry* worker = Find(worker_id);
+  if (worker != nullptr && worker->session != nullptr) worker->session->Send(std::move(message));
+}
+
+bool WorkerRegistry::TakeStrayCancelTurn(const std::string& worker_id, const std::string& job_id,
+                                         int32_t attempt, int64_t now_ms) {
+  int64_t& last = stray_cancels_[StrayKey(worker_id, job_id, attempt)];
+  if (now_ms - last < kStrayCancelIntervalMs) return false;
+  last = now_ms;
+  return true;
+}
+
+std::vector<NodeCapacity> WorkerRegistry::Capacity() const {
+  std::vector<NodeCapacity> nodes;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.info.state() != v1::WORKER_STATE_READY || worker.session == nullptr) continue;
+    NodeCapacity node{id, worker.info.node(), worker.info.slot_kind(), worker.info.slots(), {}};
+    for (int32_t slot = 0; slot < worker.info.slots(); ++slot) {
+      if (worker.occupied.count(slot) == 0) node.free_slots.push_back(slot);
+    }
+    nodes.push_back(std::move(node));
+  }
+  return nodes;
+}
+
+std::vector<v1::Worker> WorkerRegistry::List() const {
+  std::vector<v1::Worker> out;
+  for (const auto& [id, worker] : workers_) {
+    v1::Worker info = worker.info;
+    info.set_slots_busy(static_cast<int32_t>(worker.occupied.size()));
+    info.set_last_heartbeat_ms(worker.last_message_ms);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+WorkerRegistry::Counts WorkerRegistry::Count() const {
+  Counts counts;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.info.state() == v1::WORKER_STATE_READY) {
+      ++counts.ready;
+      const int64_t busy = static_cast<int64_t>(worker.occupied.size());
+      counts.busy_slots += busy;
+      counts.free_slots += std::max<int64_t>(0, worker.info.slots() - busy);
+    } else {
+      ++counts.lost;
+    }
+  }
+  return counts;
+}
+
+}  // namespace dropless::coordinator

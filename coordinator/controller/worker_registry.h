@@ -1,0 +1,135 @@
+// WorkerRegistry: the worker-facing state of the coordinator. Who the workers are (id by node,
+// registration), their Session streams and whose certificate may speak for which node, their
+// leases, which of their slots a rank process holds, and the messages sent down to them.
+// It knows no jobs: the Coordinator (the job controller) decides what a lost worker or a stray
+// rank means for an attempt, and stores what this registry puts into a StoreWrite.
+//
+// Not thread-safe: its owner serializes every call (the Coordinator, under its lock).
+#ifndef DROPLESS_COORDINATOR_CONTROLLER_WORKER_REGISTRY_H_
+#define DROPLESS_COORDINATOR_CONTROLLER_WORKER_REGISTRY_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/controller/worker_session.h"
+#include "coordinator/scheduler/gang_scheduler.h"
+#include "coordinator/store/job_store.h"
+#include "dropless/v1/worker_service.pb.h"
+
+namespace dropless::coordinator {
+
+// The rank process that holds a slot.
+struct RankKey {
+  std::string job_id;
+  int32_t attempt = 0;
+  int32_t rank = 0;
+};
+
+struct WorkerEntry {
+  v1::Worker info;
+  std::shared_ptr<WorkerSession> session;  // null while disconnected
+  int64_t last_message_ms = 0;
+  bool lease_expired = false;           // handled; cleared by the next Hello
+  std::map<int32_t, RankKey> occupied;  // slot -> the rank process holding it
+  // The worker daemon's run (Hello.boot_id) and the highest queued-message seq handled from it:
+  // a message sent again after a reconnect is acknowledged but not stored twice.
+  std::string boot_id;
+  uint64_t last_seq = 0;
+};
+
+class WorkerRegistry {
+ public:
+  explicit WorkerRegistry(int64_t lease_timeout_ms) : lease_timeout_ms_(lease_timeout_ms) {}
+
+  // Start-up: the stored workers, each LOST until it says Hello on a new session, with its lease
+  // running from now_ms. Those whose stored state changes go into `write`.
+  void Restore(const std::vector<v1::Worker>& workers, int64_t now_ms, StoreWrite& write);
+
+  // InvalidArgument naming the field of a request that cannot register.
+  static absl::Status CheckRegistration(const v1::RegisterWorkerRequest& request);
+  // The same node always gets the same id ("worker-0001", ...); a new one starts LOST (READY once
+  // its session says Hello). The worker's row and a WorkerRegistered/WorkerReregistered event go
+  // into `write`. *fresh: whether the node was new.
+  const v1::Worker& Register(const v1::RegisterWorkerRequest& request, int64_t now_ms,
+                             StoreWrite& write, bool* fresh);
+
+  WorkerEntry* Find(const std::string& worker_id);
+  size_t size() const { return workers_.size(); }
+
+  // Sessions. A new stream is nobody's until its Hello.
+  void OpenSession(const std::shared_ptr<WorkerSession>& session, int64_t now_ms);
+  // The worker a session said hello as ("" before Hello); null for a session not open here.
+  const std::string* SessionWorker(const std::shared_ptr<WorkerSession>& session) const;
+  // Binds the session to the worker of hello.worker_id: NotFound for an unregistered id,
+  // PermissionDenied when the session's certificate is another node's. A previous session of the
+  // worker is closed; a new boot_id restarts the message numbering. A worker that was not READY
+  // becomes READY (its row and a WorkerReady event into `write`).
+  absl::StatusOr<WorkerEntry*> Hello(const std::shared_ptr<WorkerSession>& session,
+                                     const v1::Hello& hello, int64_t now_ms, StoreWrite& write);
+  // Forgets a stream that ended; the worker it had said hello as ("" if none).
+  std::string ForgetSession(const std::shared_ptr<WorkerSession>& session);
+  // The worker, now without a session, when `session` was its current one; null when a newer
+  // session superseded it (or the worker is unknown).
+  WorkerEntry* Disconnect(const std::string& worker_id,
+                          const std::shared_ptr<WorkerSession>& session);
+  void CloseAllSessions();
+
+  // Whether a message of this seq was handled already in the worker's current boot (a resend
+  // after a reconnect: acknowledge it again, store nothing).
+  static bool Handled(const WorkerEntry& worker, uint64_t seq) {
+    return seq != 0 && seq <= worker.last_seq;
+  }
+
+  // READY -> LOST: its row and a WorkerLost event naming `why` into `write` (nothing if LOST).
+  void MarkLost(WorkerEntry& worker, const std::string& why, StoreWrite& write);
+
+  // Workers with no message for longer than the lease timeout, not handled before: marked
+  // handled, their sessions closed. Sessions that never said Hello within the lease timeout are
+  // closed too. What the expiry means for their ranks is the caller's.
+  std::vector<WorkerEntry*> ExpireLeases(int64_t now_ms);
+
+  // A message down a worker's session; dropped when the worker is not connected (it reconciles
+  // with its Hello).
+  void Send(const std::string& worker_id, v1::CoordinatorMessage message);
+
+  // A stray rank (one the coordinator did not place there) is cancelled at most once per
+  // interval per (worker, job, attempt): whether this is such a time (then it is recorded).
+  bool TakeStrayCancelTurn(const std::string& worker_id, const std::string& job_id, int32_t attempt,
+                           int64_t now_ms);
+
+  // READY, connected workers and their free slots, for the scheduler.
+  std::vector<NodeCapacity> Capacity() const;
+  // Every worker as the API shows it (busy slots, last message).
+  std::vector<v1::Worker> List() const;
+
+  struct Counts {
+    int64_t ready = 0;
+    int64_t lost = 0;
+    int64_t busy_slots = 0;  // of READY workers
+    int64_t free_slots = 0;  // of READY workers
+  };
+  Counts Count() const;
+
+ private:
+  struct SessionEntry {
+    std::string worker_id;  // empty until Hello
+    int64_t opened_ms = 0;
+  };
+
+  const int64_t lease_timeout_ms_;
+  std::map<std::string, WorkerEntry> workers_;
+  std::map<std::string, std::string> worker_by_node_;
+  std::map<std::shared_ptr<WorkerSession>, SessionEntry> sessions_;
+  // (worker, job, attempt) -> when a Cancellation for a stray rank was last sent.
+  std::map<std::string, int64_t> stray_cancels_;
+  int next_worker_number_ = 1;
+};
+
+}  // namespace dropless::coordinator
+
+#endif  // DROPLESS_COORDINATOR_CONTROLLER_WORKER_REGISTRY_H_

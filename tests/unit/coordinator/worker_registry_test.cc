@@ -1,0 +1,159 @@
+// The worker-facing state on its own: identity by node, sessions and certificates, leases, slots.
+#include "coordinator/controller/worker_registry.h"
+
+#include <memory>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dropless::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int64_t kLeaseMs = 1000;
+
+v1::RegisterWorkerRequest Request(const std::string& node, int slots) {
+  v1::RegisterWorkerRequest request;
+  request.set_node(node);
+  request.set_slot_kind("cpu");
+  for (int i = 0; i < slots; ++i) request.add_devices("cpu");
+  return request;
+}
+
+v1::Hello HelloAs(const std::string& worker_id, const std::string& boot_id = "boot-1") {
+  v1::Hello hello;
+  hello.set_worker_id(worker_id);
+  hello.set_boot_id(boot_id);
+  return hello;
+}
+
+std::shared_ptr<WorkerSession> Session(const std::string& certified_node = "") {
+  return std::make_shared<WorkerSession>("peer", certified_node, nullptr);
+}
+
+TEST(WorkerRegistryTest, RegistrationIsCheckedAndANodeKeepsItsId) {
+  EXPECT_THAT(WorkerRegistry::CheckRegistration(Request("", 1)).message(),
+              HasSubstr("node: must not be empty"));
+  EXPECT_THAT(WorkerRegistry::CheckRegistration(Request("a", 0)).message(),
+              HasSubstr("devices: a worker needs at least one slot"));
+  EXPECT_TRUE(WorkerRegistry::CheckRegistration(Request("a", 2)).ok());
+
+  WorkerRegistry registry(kLeaseMs);
+  StoreWrite write;
+  bool fresh = false;
+  const std::string a = registry.Register(Request("a", 2), 0, write, &fresh).id();
+  EXPECT_TRUE(fresh);
+  EXPECT_EQ(a, "worker-0001");
+  EXPECT_EQ(registry.Register(Request("b", 1), 0, write, &fresh).id(), "worker-0002");
+  const v1::Worker& again = registry.Register(Request("a", 3), 5, write, &fresh);
+  EXPECT_FALSE(fresh);
+  EXPECT_EQ(again.id(), a);
+  EXPECT_EQ(again.slots(), 3);
+  EXPECT_EQ(again.state(), v1::WORKER_STATE_LOST);  // READY only after Hello
+  ASSERT_EQ(write.events.size(), 3u);
+  EXPECT_EQ(write.events[2].type(), "WorkerReregistered");
+  EXPECT_EQ(write.workers.size(), 3u);
+}
+
+TEST(WorkerRegistryTest, RestoredWorkersAreLostAndNumberingContinues) {
+  v1::Worker stored;
+  stored.set_id("worker-0007");
+  stored.set_node("n7");
+  stored.set_state(v1::WORKER_STATE_READY);
+  WorkerRegistry registry(kLeaseMs);
+  StoreWrite write;
+  registry.Restore({stored}, 100, write);
+  ASSERT_EQ(write.workers.size(), 1u);
+  EXPECT_EQ(write.workers[0].state(), v1::WORKER_STATE_LOST);
+  bool fresh = false;
+  EXPECT_EQ(registry.Register(Request("n7", 1), 0, write, &fresh).id(), "worker-0007");
+  EXPECT_EQ(registry.Register(Request("n8", 1), 0, write, &fresh).id(), "worker-0008");
+}
+
+TEST(WorkerRegistryTest, HelloBindsTheSessionOfTheCertifiedNodeOnly) {
+  WorkerRegistry registry(kLeaseMs);
+  StoreWrite write;
+  bool fresh = false;
+  const std::string id = registry.Register(Request("node-a", 1), 0, write, &fresh).id();
+  auto impostor = Session("node-b");
+  registry.OpenSession(impostor, 0);
+  absl::StatusOr<WorkerEntry*> refused = registry.Hello(impostor, HelloAs(id), 0, write);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(refused.status().message(), HasSubstr("a worker may only report as itself"));
+  EXPECT_EQ(registry.Hello(impostor, HelloAs("worker-0099"), 0, write).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(*registry.SessionWorker(impostor), "");
+
+  auto own = Session("node-a");
+  registry.OpenSession(own, 0);
+  StoreWrite ready;
+  absl::StatusOr<WorkerEntry*> worker = registry.Hello(own, HelloAs(id), 10, ready);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ((*worker)->info.state(), v1::WORKER_STATE_READY);
+  EXPECT_EQ(*registry.SessionWorker(own), id);
+  ASSERT_EQ(ready.events.size(), 1u);
+  EXPECT_EQ(ready.events[0].type(), "WorkerReady");
+  (*worker)->last_seq = 5;
+  EXPECT_TRUE(WorkerRegistry::Handled(**worker, 5));
+  EXPECT_FALSE(WorkerRegistry::Handled(**worker, 6));
+
+  // A newer session supersedes it; the old one's end does not disconnect the worker.
+  auto newer = Session("node-a");
+  registry.OpenSession(newer, 20);
+  ASSERT_TRUE(registry.Hello(newer, HelloAs(id, "boot-2"), 20, ready).ok());
+  EXPECT_FALSE(WorkerRegistry::Handled(**worker, 5));  // a new boot numbers from 1 again
+  EXPECT_EQ(registry.ForgetSession(own), id);
+  EXPECT_EQ(registry.Disconnect(id, own), nullptr);
+  EXPECT_EQ(registry.SessionWorker(own), nullptr);
+  EXPECT_EQ(registry.ForgetSession(newer), id);
+  EXPECT_EQ(registry.Disconnect(id, newer), *worker);
+  EXPECT_EQ((*worker)->session, nullptr);
+}
+
+TEST(WorkerRegistryTest, LeasesExpireOnceAndFreeSlotsFeedTheScheduler) {
+  WorkerRegistry registry(kLeaseMs);
+  StoreWrite write;
+  bool fresh = false;
+  const std::string a = registry.Register(Request("a", 3), 0, write, &fresh).id();
+  const std::string b = registry.Register(Request("b", 1), 0, write, &fresh).id();
+  for (const std::string& id : {a, b}) {
+    auto session = Session();
+    registry.OpenSession(session, 0);
+    ASSERT_TRUE(registry.Hello(session, HelloAs(id), 0, write).ok());
+  }
+  registry.Find(a)->occupied[1] = RankKey{"job-1", 1, 0};
+  std::vector<NodeCapacity> capacity = registry.Capacity();
+  ASSERT_EQ(capacity.size(), 2u);
+  EXPECT_THAT(capacity[0].free_slots, ElementsAre(0, 2));
+  WorkerRegistry::Counts counts = registry.Count();
+  EXPECT_EQ(counts.ready, 2);
+  EXPECT_EQ(counts.busy_slots, 1);
+  EXPECT_EQ(counts.free_slots, 3);
+
+  registry.Find(a)->last_message_ms = 1500;  // b says nothing
+  std::vector<WorkerEntry*> expired = registry.ExpireLeases(2000);
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0]->info.id(), b);
+  EXPECT_EQ(expired[0]->session, nullptr);
+  EXPECT_TRUE(registry.ExpireLeases(2100).empty());  // handled once
+  StoreWrite lost;
+  registry.MarkLost(*expired[0], "lease expired", lost);
+  registry.MarkLost(*expired[0], "lease expired", lost);
+  ASSERT_EQ(lost.events.size(), 1u);
+  EXPECT_THAT(lost.events[0].message(), HasSubstr("lease expired"));
+  EXPECT_EQ(registry.Capacity().size(), 1u);
+}
+
+TEST(WorkerRegistryTest, StrayCancellationsAreRateLimited) {
+  WorkerRegistry registry(kLeaseMs);
+  EXPECT_TRUE(registry.TakeStrayCancelTurn("w", "job-1", 1, 10'000));
+  EXPECT_FALSE(registry.TakeStrayCancelTurn("w", "job-1", 1, 12'000));
+  EXPECT_TRUE(registry.TakeStrayCancelTurn("w", "job-1", 2, 12'000));
+  EXPECT_TRUE(registry.TakeStrayCancelTurn("w", "job-1", 1, 15'000));
+}
+
+}  // namespace
+}  // namespace dropless::coordinator
