@@ -69,11 +69,7 @@ absl::Status ActivationRing::Allocate(int64_t layer, size_t bytes, const char* w
     uint8_t* p = nullptr;
     DROPLESS_RETURN_IF_ERROR(arena_->Allocate(static_cast<int64_t>(bytes), what, &p));
     slot.push_back(Buffer{p, bytes});
-    slot_bytes_ = std::max<int64_t>(slot_bytes_, [&] {
-      int64_t sum = 0;
-      for (const Buffer& b : slot) sum += static_cast<int64_t>(b.bytes);
-      return sum;
-    }());
+    if (layer == 0) slot_bytes_ += static_cast<int64_t>(bytes);  // both slots are alike
   } else if (index >= slot.size() || slot[index].bytes != bytes) {
     return absl::InternalError(absl::StrFormat(
         "activation ring: layer %d asks for %s (%d bytes) unlike layer %d", layer, what, bytes,

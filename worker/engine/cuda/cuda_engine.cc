@@ -72,7 +72,14 @@ class CudaEngineImpl final : public CudaEngine {
   RankModel& lead() { return *ranks_[0]; }
   cudaStream_t main() { return ranks_[0]->streams().main; }
   std::vector<RankLayer> Group(int64_t layer, bool teacher);
-  absl::Status SumOverGroup(const std::vector<float*>& data, size_t count);
+  // In-place sums over the EP group of each local rank's buffer (no-op without a dispatcher).
+  template <typename T>
+  absl::Status SumOverGroup(const std::vector<T*>& data, size_t count) {
+    if (dispatcher_ == nullptr) return absl::OkStatus();
+    std::vector<cudaStream_t> streams;
+    for (const std::unique_ptr<RankModel>& r : ranks_) streams.push_back(r->streams().main);
+    return dispatcher_->AllReduceSum(absl::MakeConstSpan(data), count, streams);
+  }
   // `call(ring, main stream)` for every rank that offloads its activations.
   template <typename Call>
   absl::Status ForEachRing(Call call) {
@@ -235,13 +242,6 @@ std::vector<RankLayer> CudaEngineImpl::Group(int64_t layer, bool teacher) {
   return group;
 }
 
-absl::Status CudaEngineImpl::SumOverGroup(const std::vector<float*>& data, size_t count) {
-  if (dispatcher_ == nullptr) return absl::OkStatus();
-  std::vector<cudaStream_t> streams;
-  for (const std::unique_ptr<RankModel>& r : ranks_) streams.push_back(r->streams().main);
-  return dispatcher_->AllReduceSum(absl::MakeConstSpan(data), count, streams);
-}
-
 // The whole step on rank 0's main stream (every other stream forks from it and joins back):
 // batch, targets, forward, loss, backward, optimizer, for every rank of this process. Recorded
 // into a graph once, or run eagerly with DROPLESS_CUDA_GRAPH=0.
@@ -298,7 +298,6 @@ absl::Status CudaEngineImpl::RecordStep() {
   }
   const double job_tokens = static_cast<double>(T) * world_size_;
   std::vector<double*> squared_errors;
-  std::vector<cudaStream_t> mains;
   for (const std::unique_ptr<RankModel>& r : ranks_) {
     cudaStream_t s = r->streams().main;
     for (int64_t l = 0; l < L(); ++l) {
@@ -312,11 +311,8 @@ absl::Status CudaEngineImpl::RecordStep() {
                                                  static_cast<float>(2.0 / (job_tokens * H)),
                                                  squared_error, r->grad_a(), s));
     squared_errors.push_back(squared_error);
-    mains.push_back(s);
   }
-  if (dispatcher_ != nullptr) {
-    DROPLESS_RETURN_IF_ERROR(dispatcher_->AllReduceSum(absl::MakeConstSpan(squared_errors), 1, mains));
-  }
+  DROPLESS_RETURN_IF_ERROR(SumOverGroup(squared_errors, 1));
   DROPLESS_RETURN_IF_ERROR(timer_.End(PhaseTimer::kForward, main()));
   return RecordBackward();
 }
@@ -375,11 +371,9 @@ absl::Status CudaEngineImpl::RecordBackward() {
   // What of the optimizer did not hide under the backward.
   DROPLESS_RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kOptimizer, main()));
   DROPLESS_RETURN_IF_ERROR(MarkPhase(StepPhase::kOptimizer));
-  if (dispatcher_ != nullptr) {
-    std::vector<float*> grads;
-    for (const std::unique_ptr<RankModel>& r : ranks_) grads.push_back(r->replicated().grad);
-    DROPLESS_RETURN_IF_ERROR(SumOverGroup(grads, static_cast<size_t>(lead().replicated().size)));
-  }
+  std::vector<float*> grads;
+  for (const std::unique_ptr<RankModel>& r : ranks_) grads.push_back(r->replicated().grad);
+  DROPLESS_RETURN_IF_ERROR(SumOverGroup(grads, static_cast<size_t>(lead().replicated().size)));
   for (const std::unique_ptr<RankModel>& r : ranks_) {
     const LayerStreams& s = r->streams();
     if (overlap_optimizer_) {

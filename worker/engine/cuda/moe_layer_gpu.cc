@@ -240,7 +240,9 @@ absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* k
 
 kernels::RoutingShape MoeLayerGpu::RoutingShape() const {
   const LayerDims& d = k_->dims_;
-  return kernels::RoutingShape{d.tokens, d.experts, d.topk, d.score, d.renormalize};
+  kernels::RoutingShape shape{d.tokens, d.experts, d.topk, d.score, d.renormalize};
+  shape.aux_tokens = d.tokens * d.ep;  // the aux loss is over the EP group's tokens
+  return shape;
 }
 
 absl::Status MoeLayerGpu::SharedForward(const LayerWeights& w, const Bf16* x,
@@ -391,10 +393,8 @@ absl::Status MoeLayerGpu::ForwardCombine(const Bf16* x, Bf16* x_next, float* aux
   const LayerDims& d = k_->dims_;
   const int64_t T = d.tokens, H = d.hidden;
   if (aux_loss != nullptr) {
-    // The group's statistics: its tokens, counts and probability sums.
-    kernels::RoutingShape group = RoutingShape();
-    group.num_tokens = T * d.ep;
-    DROPLESS_RETURN_IF_ERROR(kc::AuxLoss(group, job_counts(), prob_sums_, aux_loss, s.main));
+    // The group's statistics: its counts and probability sums (over RoutingShape's aux_tokens).
+    DROPLESS_RETURN_IF_ERROR(kc::AuxLoss(RoutingShape(), job_counts(), prob_sums_, aux_loss, s.main));
   }
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kCombine, s.main));
   DROPLESS_RETURN_IF_ERROR(kc::UnpermuteCombine(kernels::PermuteShape{T, H, d.topk}, out_send_,

@@ -84,13 +84,11 @@ absl::Status MoeLayerGpu::BackwardCombine(const LayerWeights& w, const Bf16* x,
                                                         s.main));
   DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kCombine, s.main));
 
-  // Router backward on the side stream once the gate gradients exist. The aux loss's gradient
-  // uses the group's counts over the group's tokens: the kernel divides by this rank's tokens
-  // twice (f_e and P_e), hence the coefficient scaled by (T / (T * ep))^2.
+  // Router backward on the side stream once the gate gradients exist; the aux loss's gradient
+  // uses the group's counts over the group's tokens (RoutingShape's aux_tokens).
   DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.side));
-  const float group_coef = aux_coef / static_cast<float>(d.ep * d.ep);
   DROPLESS_RETURN_IF_ERROR(kc::RouteTopKBackward(RoutingShape(), logits_, expert_ids_,
-                                                 job_counts(), k.d_weights_, group_coef,
+                                                 job_counts(), k.d_weights_, aux_coef,
                                                  k.d_logits_, s.side));
   DROPLESS_RETURN_IF_ERROR(k.router_->LogitsBackward(T, x, w.router, k.d_logits_, k.d_x_router_,
                                                      /*accumulate_d_x=*/false, k.d_router_, s.side));

@@ -143,7 +143,7 @@ absl::Status PlanGroupExchange(const GroupPlans& plans, const EpShape& shape, cu
 }
 
 absl::Status ExchangeGroupRows(const GroupRows& rows, const EpShape& shape, size_t row_bytes,
-                               bool to_owner, cudaStream_t stream) {
+                               bool to_owner, int sms, cudaStream_t stream) {
   DROPLESS_RETURN_IF_ERROR(ValidateEpShape(shape));
   if (row_bytes == 0 || row_bytes % 4 != 0) {
     return absl::InvalidArgumentError(
@@ -151,10 +151,6 @@ absl::Status ExchangeGroupRows(const GroupRows& rows, const EpShape& shape, size
   }
   if (shape.rows == 0) return absl::OkStatus();
   // Enough warps per sender to cover the GPU about four times over with all senders together.
-  int device = 0, sms = 132;
-  if (cudaGetDevice(&device) == cudaSuccess) {
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  }
   const int warps_per_block = kRowThreads / 32;
   const int64_t wanted = std::max<int64_t>(1, 4 * sms / shape.ep);
   const int64_t needed = (shape.rows + warps_per_block - 1) / warps_per_block;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kernels/cuda/cuda_check.h"
 #include "worker/engine/cuda/ep/exchange_kernels.h"
 #include "worker/engine/cuda/ep/expert_dispatcher.h"
 
@@ -15,8 +16,8 @@ namespace {
 
 class LocalDispatcher final : public ExpertDispatcher {
  public:
-  LocalDispatcher(const EpShape& shape, StreamLinks* links, DeviceArena* arena)
-      : shape_(shape), links_(links), arena_(arena) {}
+  LocalDispatcher(const EpShape& shape, StreamLinks* links, DeviceArena* arena, int sms)
+      : shape_(shape), links_(links), arena_(arena), sms_(sms) {}
 
   std::string_view name() const override { return "local"; }
   const EpShape& shape() const override { return shape_; }
@@ -86,7 +87,7 @@ class LocalDispatcher final : public ExpertDispatcher {
       rows.recv[r] = static_cast<uint8_t*>(calls[r].recv_rows);
     }
     return Collective(Streams(calls), [&](cudaStream_t s) {
-      return ExchangeGroupRows(rows, shape_, row_bytes, to_owner, s);
+      return ExchangeGroupRows(rows, shape_, row_bytes, to_owner, sms_, s);
     });
   }
 
@@ -105,6 +106,7 @@ class LocalDispatcher final : public ExpertDispatcher {
   const EpShape shape_;
   StreamLinks* const links_;
   DeviceArena* const arena_;
+  const int sms_;
 };
 
 }  // namespace
@@ -116,7 +118,10 @@ absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewLocalDispatcher(const EpSha
   if (links == nullptr || arena == nullptr) {
     return absl::InvalidArgumentError("local dispatcher: no stream links or arena");
   }
-  return std::unique_ptr<ExpertDispatcher>(new LocalDispatcher(shape, links, arena));
+  int device = 0, sms = 0;
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return std::unique_ptr<ExpertDispatcher>(new LocalDispatcher(shape, links, arena, sms));
 }
 
 }  // namespace dropless::cuda_engine
