@@ -91,7 +91,9 @@ TEST(WorkerDaemonTest, ASilentCoordinatorBreaksTheSessionThroughKeepalive) {
   ASSERT_TRUE(before.has_value()) << cluster.Diagnostics();
 
   ASSERT_TRUE(cluster.coordinator()->Signal(SIGSTOP).ok());
-  absl::SleepFor(absl::Seconds(20));  // keepalive: a ping every 10 s, 5 s to answer
+  // Keepalive: a ping every 10 s, 5 s to answer, so a break within 15 s of the stall; 30 s
+  // leaves a loaded CI machine's timers room (20 s failed there once: no reconnect yet).
+  absl::SleepFor(absl::Seconds(30));
   ASSERT_TRUE(cluster.coordinator()->Signal(SIGCONT).ok());
   ASSERT_TRUE(cluster.worker("node-k")->Running());
 
