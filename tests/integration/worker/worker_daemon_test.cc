@@ -18,6 +18,19 @@ bool Has(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
+// The coordinator marks a worker's heartbeat at RegisterWorker, a moment before the worker opens
+// its session and counts the reconnect: the metrics are polled until the line shows up.
+std::string MetricsOnceTheyShow(int port, const std::string& needle) {
+  std::string metrics;
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  do {
+    metrics = HttpGet(port, "/metrics");
+    if (Has(metrics, needle)) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  } while (absl::Now() < deadline);
+  return metrics;
+}
+
 TEST(WorkerDaemonTest, RegistersReadyAndServesMetrics) {
   WorkerCluster cluster;
   ASSERT_TRUE(cluster.StartCoordinator().ok());
@@ -74,8 +87,9 @@ TEST(WorkerDaemonTest, ReconnectsToARestartedCoordinatorWithTheSameId) {
   ASSERT_TRUE(after.has_value()) << cluster.Diagnostics();
   EXPECT_EQ(after->id(), before->id());
 
-  const std::string metrics = HttpGet(cluster.metrics_port("node-r"), "/metrics");
-  EXPECT_TRUE(Has(metrics, "dropless_worker_session_reconnects_total{node=\"node-r\"} 1"))
+  const std::string reconnected = "dropless_worker_session_reconnects_total{node=\"node-r\"} 1";
+  const std::string metrics = MetricsOnceTheyShow(cluster.metrics_port("node-r"), reconnected);
+  EXPECT_TRUE(Has(metrics, reconnected))
       << metrics;
 }
 
@@ -103,8 +117,9 @@ TEST(WorkerDaemonTest, ASilentCoordinatorBreaksTheSessionThroughKeepalive) {
       absl::Seconds(30));
   ASSERT_TRUE(after.has_value()) << cluster.Diagnostics();
   EXPECT_EQ(after->id(), before->id());
-  const std::string metrics = HttpGet(cluster.metrics_port("node-k"), "/metrics");
-  EXPECT_TRUE(Has(metrics, "dropless_worker_session_reconnects_total{node=\"node-k\"} 1"))
+  const std::string reconnected = "dropless_worker_session_reconnects_total{node=\"node-k\"} 1";
+  const std::string metrics = MetricsOnceTheyShow(cluster.metrics_port("node-k"), reconnected);
+  EXPECT_TRUE(Has(metrics, reconnected))
       << metrics << cluster.Diagnostics();
 }
 
