@@ -75,7 +75,7 @@ absl::Status Coordinator::Load() {
   StoreWrite write;
 
   // Workers are LOST until they say Hello on a new session; their lease runs from now.
-  workers_.Restore(active->workers, now, write);
+  workers_.Restore(active->workers, active->receipts, now, write);
 
   for (JobRecord& record : active->jobs) {
     ActiveJob& job = jobs_.jobs()[record.job.id()];

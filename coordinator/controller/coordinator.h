@@ -175,11 +175,12 @@ class Coordinator {
   // step phase too long.
   void CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Both return false when the store write failed (the message is not acknowledged).
-  bool HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batch)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Both store the message's receipt (when not null) with its rows, and return false when the
+  // store write failed (the message is not acknowledged).
+  bool HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics,
+                           const WorkerReceipt* receipt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batch,
+                        const WorkerReceipt* receipt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatus& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -85,6 +85,10 @@ absl::Status Coordinator::HandleWorkerMessage(const std::shared_ptr<WorkerSessio
     return absl::OkStatus();
   }
   bool stored = true;
+  // Metrics and log lines are appended, not upserted: the message is recorded as stored in their
+  // transaction, so that a restarted coordinator acknowledges its resend without a second copy.
+  const WorkerReceipt receipt{worker.info.id(), worker.boot_id, seq};
+  const WorkerReceipt* receipt_of_seq = seq != 0 ? &receipt : nullptr;
   switch (message.msg_case()) {
     case v1::WorkerMessage::kHeartbeat:
       HandleHeartbeatLocked(worker, message.heartbeat());
@@ -93,10 +97,10 @@ absl::Status Coordinator::HandleWorkerMessage(const std::shared_ptr<WorkerSessio
       HandleRankStatusLocked(worker, message.rank_status(), /*from_list=*/false);
       break;
     case v1::WorkerMessage::kMetrics:
-      stored = HandleMetricsLocked(worker, message.metrics());
+      stored = HandleMetricsLocked(worker, message.metrics(), receipt_of_seq);
       break;
     case v1::WorkerMessage::kLogs:
-      stored = HandleLogsLocked(worker, message.logs());
+      stored = HandleLogsLocked(worker, message.logs(), receipt_of_seq);
       break;
     default:
       break;  // a newer worker's message kind: the lease renewal is all it means to us
@@ -296,7 +300,8 @@ void Coordinator::HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat
   if (released) ScheduleLocked();
 }
 
-bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics) {
+bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics,
+                                      const WorkerReceipt* receipt) {
   ActiveJob* job = jobs_.FindActiveAttempt(metrics.job_id(), metrics.attempt());
   if (job == nullptr) return true;  // a late report of an attempt that ended
   bool placed_here = false;
@@ -313,7 +318,7 @@ bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metri
     *j.mutable_latest() = metrics;
   }
   bool stored = true;
-  if (absl::Status s = store_->PutStepMetrics(metrics); !s.ok()) {
+  if (absl::Status s = store_->PutStepMetrics(metrics, receipt); !s.ok()) {
     LogError(absl::StrCat("storing step metrics failed: ", s.ToString()));
     stored = false;
   }
@@ -325,7 +330,8 @@ bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metri
   return stored;
 }
 
-bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batch) {
+bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batch,
+                                   const WorkerReceipt* receipt) {
   std::vector<v1::LogLine> lines;
   std::set<std::string> known, unknown;
   for (const v1::LogLine& in : batch.lines()) {
@@ -349,7 +355,7 @@ bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
     LogWarning(absl::StrFormat("%s sent log lines of %d unknown jobs; dropped", worker.info.id(),
                                unknown.size()));
   }
-  absl::StatusOr<int64_t> first_seq = store_->AppendLogs(lines);
+  absl::StatusOr<int64_t> first_seq = store_->AppendLogs(lines, receipt);
   const bool stored = first_seq.ok();
   if (!first_seq.ok()) {
     LogError(absl::StrCat("storing log lines failed: ", first_seq.status().ToString()));

@@ -43,7 +43,8 @@ std::string StrayKey(const std::string& worker_id, const std::string& job_id, in
 
 }  // namespace
 
-void WorkerRegistry::Restore(const std::vector<v1::Worker>& workers, int64_t now_ms,
+void WorkerRegistry::Restore(const std::vector<v1::Worker>& workers,
+                             const std::vector<WorkerReceipt>& receipts, int64_t now_ms,
                              StoreWrite& write) {
   for (const v1::Worker& stored : workers) {
     int number = 0;
@@ -59,6 +60,12 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& workers, int64_t now
     }
     entry.last_message_ms = now_ms;
     worker_by_node_[stored.node()] = stored.id();
+  }
+  for (const WorkerReceipt& receipt : receipts) {
+    auto found = workers_.find(receipt.worker_id);
+    if (found == workers_.end()) continue;
+    found->second.boot_id = receipt.boot_id;
+    found->second.last_seq = receipt.seq;
   }
 }
 

@@ -47,8 +47,10 @@ class WorkerRegistry {
   explicit WorkerRegistry(int64_t lease_timeout_ms) : lease_timeout_ms_(lease_timeout_ms) {}
 
   // Start-up: the stored workers, each LOST until it says Hello on a new session, with its lease
-  // running from now_ms. Those whose stored state changes go into `write`.
-  void Restore(const std::vector<v1::Worker>& workers, int64_t now_ms, StoreWrite& write);
+  // running from now_ms, and the last message stored from each (so that its resend is not stored
+  // twice). Those whose stored state changes go into `write`.
+  void Restore(const std::vector<v1::Worker>& workers, const std::vector<WorkerReceipt>& receipts,
+               int64_t now_ms, StoreWrite& write);
 
   // InvalidArgument naming the field of a request that cannot register.
   static absl::Status CheckRegistration(const v1::RegisterWorkerRequest& request);

@@ -103,6 +103,14 @@ CREATE TABLE IF NOT EXISTS submit_requests(
   PRIMARY KEY(owner, request_id));
 )sql";
 
+// WorkerReceipt: per worker, the last queued message whose rows are stored.
+constexpr absl::string_view kWorkerReceiptsTable = R"sql(
+CREATE TABLE IF NOT EXISTS worker_receipts(
+  worker_id TEXT PRIMARY KEY,
+  boot_id TEXT NOT NULL,
+  seq INTEGER NOT NULL);
+)sql";
+
 // Schema version 2: the user who submitted each job, so that a user's jobs are found without
 // reading every job's blob. Jobs of older files belong to nobody ("").
 constexpr absl::string_view kJobsOwnerColumn = R"sql(
@@ -209,6 +217,7 @@ absl::Status JobStore::Initialize() {
   if (absl::Status s = db_->Exec(kRendezvousTable); !s.ok()) return s;
   if (absl::Status s = db_->Exec(kSubmitRequestsTable); !s.ok()) return s;
   if (absl::Status s = db_->Exec(kRendezvousSecretsTable); !s.ok()) return s;
+  if (absl::Status s = db_->Exec(kWorkerReceiptsTable); !s.ok()) return s;
 
   absl::StatusOr<SqliteStatement> max_seq = db_->Prepare("SELECT COALESCE(MAX(seq), 0) FROM jobs");
   if (!max_seq.ok()) return max_seq.status();

@@ -63,6 +63,15 @@ struct SubmitRequestRecord {
   std::string job_id;
 };
 
+// The last queued message of a worker daemon's run (WorkerMessage.seq within Hello.boot_id) whose
+// rows are stored: written in the same transaction as those rows, so that a coordinator restarted
+// between storing a message and acknowledging it knows not to store the resent copy again.
+struct WorkerReceipt {
+  std::string worker_id;
+  std::string boot_id;
+  uint64_t seq = 0;
+};
+
 // Rows that change together; committed in one transaction.
 struct StoreWrite {
   std::vector<JobRecord> jobs;          // upserted
@@ -82,6 +91,7 @@ struct ActiveState {
   std::vector<JobRecord> jobs;          // non-terminal jobs, submission order
   std::vector<AttemptRecord> attempts;  // current attempts of SCHEDULED/RUNNING jobs
   std::vector<v1::Worker> workers;      // every registered worker
+  std::vector<WorkerReceipt> receipts;  // per worker, its last stored queued message
 };
 
 class JobStore {
@@ -130,8 +140,10 @@ class JobStore {
   absl::StatusOr<std::optional<std::string>> FindSubmitRequest(absl::string_view owner,
                                                                absl::string_view request_id);
 
-  // Keeps the latest metrics per (job, rank) and a bounded history per job.
-  absl::Status PutStepMetrics(const v1::StepMetrics& metrics);
+  // Keeps the latest metrics per (job, rank) and a bounded history per job. With a receipt, the
+  // message that carried them is recorded as stored in the same transaction.
+  absl::Status PutStepMetrics(const v1::StepMetrics& metrics,
+                              const WorkerReceipt* receipt = nullptr);
   absl::StatusOr<std::vector<v1::StepMetrics>> LatestStepMetrics(absl::string_view job_id);
   absl::StatusOr<std::vector<v1::StepMetrics>> StepMetricsHistory(absl::string_view job_id,
                                                                   int limit);
@@ -146,8 +158,9 @@ class JobStore {
       absl::string_view job_id, int32_t attempt);
 
   // Stores the lines in one transaction; returns the seq of the first (the others follow it
-  // consecutively), 0 when there are none.
-  absl::StatusOr<int64_t> AppendLogs(const std::vector<v1::LogLine>& lines);
+  // consecutively), 0 when there are none. With a receipt, as PutStepMetrics.
+  absl::StatusOr<int64_t> AppendLogs(const std::vector<v1::LogLine>& lines,
+                                     const WorkerReceipt* receipt = nullptr);
   // Oldest first, each with its seq; only lines with seq > after_seq; with limit > 0 the most
   // recent `limit`; rank unset: every rank.
   absl::StatusOr<std::vector<v1::LogLine>> ListLogs(absl::string_view job_id,
@@ -158,6 +171,8 @@ class JobStore {
   JobStore(std::unique_ptr<SqliteDb> db, Limits limits) : db_(std::move(db)), limits_(limits) {}
   absl::Status Initialize();
   absl::Status SetDurable(bool durable);
+  absl::Status PutReceipt(const WorkerReceipt& receipt);  // inside the caller's transaction
+  absl::StatusOr<std::vector<WorkerReceipt>> ListReceipts();
   absl::Status WriteJob(const JobRecord& record);
   absl::Status WriteAttempt(const AttemptRecord& attempt);
   absl::Status WriteWorker(const v1::Worker& worker);

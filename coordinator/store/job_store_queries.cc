@@ -135,6 +135,9 @@ absl::StatusOr<ActiveState> JobStore::LoadActive() {
   absl::StatusOr<std::vector<v1::Worker>> workers = ListWorkers();
   if (!workers.ok()) return workers.status();
   state.workers = std::move(*workers);
+  absl::StatusOr<std::vector<WorkerReceipt>> receipts = ListReceipts();
+  if (!receipts.ok()) return receipts.status();
+  state.receipts = std::move(*receipts);
   return state;
 }
 
@@ -148,7 +151,32 @@ absl::Status JobStore::Trim(absl::string_view table, absl::string_view job_id, i
   return st->Run();
 }
 
-absl::Status JobStore::PutStepMetrics(const v1::StepMetrics& metrics) {
+absl::Status JobStore::PutReceipt(const WorkerReceipt& receipt) {
+  absl::StatusOr<SqliteStatement> st = db_->Prepare(
+      "INSERT OR REPLACE INTO worker_receipts(worker_id, boot_id, seq) VALUES(?1, ?2, ?3)");
+  if (!st.ok()) return st.status();
+  st->Bind(1, receipt.worker_id)
+      .Bind(2, receipt.boot_id)
+      .Bind(3, static_cast<int64_t>(receipt.seq));
+  return st->Run();
+}
+
+absl::StatusOr<std::vector<WorkerReceipt>> JobStore::ListReceipts() {
+  absl::StatusOr<SqliteStatement> st =
+      db_->Prepare("SELECT worker_id, boot_id, seq FROM worker_receipts ORDER BY worker_id");
+  if (!st.ok()) return st.status();
+  std::vector<WorkerReceipt> out;
+  while (true) {
+    absl::StatusOr<bool> row = st->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    out.push_back({st->ColumnText(0), st->ColumnText(1), static_cast<uint64_t>(st->ColumnInt(2))});
+  }
+  return out;
+}
+
+absl::Status JobStore::PutStepMetrics(const v1::StepMetrics& metrics,
+                                      const WorkerReceipt* receipt) {
   if (absl::Status s = SetDurable(false); !s.ok()) return s;
   std::string blob = metrics.SerializeAsString();
   if (absl::Status s = db_->Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
@@ -163,6 +191,9 @@ absl::Status JobStore::PutStepMetrics(const v1::StepMetrics& metrics) {
     if (!history.ok()) return history.status();
     history->Bind(1, metrics.job_id()).BindBlob(2, blob);
     if (absl::Status s = history->Run(); !s.ok()) return s;
+    if (receipt != nullptr) {
+      if (absl::Status s = PutReceipt(*receipt); !s.ok()) return s;
+    }
     int& since = metrics_since_trim_[metrics.job_id()];
     if (++since > limits_.max_metrics_history_per_job / 10) {
       since = 0;
@@ -220,7 +251,8 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> JobStore::Rende
   return out;
 }
 
-absl::StatusOr<int64_t> JobStore::AppendLogs(const std::vector<v1::LogLine>& lines) {
+absl::StatusOr<int64_t> JobStore::AppendLogs(const std::vector<v1::LogLine>& lines,
+                                             const WorkerReceipt* receipt) {
   if (lines.empty()) return 0;
   int64_t first_seq = 0;
   if (absl::Status s = SetDurable(false); !s.ok()) return s;
@@ -246,6 +278,7 @@ absl::StatusOr<int64_t> JobStore::AppendLogs(const std::vector<v1::LogLine>& lin
         }
       }
     }
+    if (receipt != nullptr) return PutReceipt(*receipt);
     return absl::OkStatus();
   }();
   if (status.ok()) status = db_->Exec("COMMIT");

@@ -414,6 +414,39 @@ TEST(CoordinatorLifecycleTest, ResendAfterReconnectIsStoredOnce) {
   EXPECT_EQ(StoredLogTexts(*coordinator, id), (std::vector<std::string>{"once"}));
 }
 
+// The receipt of a stored message is written with its rows: a coordinator killed after storing a
+// message but before its acknowledgement reached the worker knows, once restarted, that the resend
+// of the same daemon run is stored already.
+TEST(CoordinatorLifecycleTest, ResendAfterACoordinatorRestartIsStoredOnce) {
+  auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
+  FakeWorker w(coordinator->channel(), "node-restart", 1);
+  std::string id;
+  ASSERT_NO_FATAL_FAILURE(StartOneRankJob(*coordinator, w, "boot-1", &id));
+  const v1::WorkerMessage m = LogMessage(id, 3, "once");
+  ASSERT_TRUE(w.Send(m).ok());
+  ASSERT_TRUE(NextAck(w, 3));
+  w.Disconnect();
+  coordinator->KillAndRestart();
+  // The channel may still be backing off from the dead process: register until it is through.
+  absl::Status registered = w.Register();
+  for (int i = 0; i < 100 && !registered.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    registered = w.Register();
+  }
+  ASSERT_TRUE(registered.ok()) << registered;
+  v1::RankStatus running;
+  running.set_job_id(id);
+  running.set_attempt(1);
+  running.set_rank(0);
+  running.set_state(v1::RANK_STATE_RUNNING);
+  ASSERT_TRUE(w.Connect("boot-1", {running}).ok());
+  ASSERT_TRUE(w.Send(m).ok());  // the acknowledgement never arrived, as far as the worker knows
+  ASSERT_TRUE(NextAck(w, 3));
+  ASSERT_TRUE(w.Send(LogMessage(id, 4, "next")).ok());
+  ASSERT_TRUE(NextAck(w, 4));
+  EXPECT_EQ(StoredLogTexts(*coordinator, id), (std::vector<std::string>{"once", "next"}));
+}
+
 TEST(CoordinatorLifecycleTest, SilentWorkerIsLostAndItsAttemptFails) {
   auto coordinator = CoordinatorUnderTest::Start();
   FakeWorker a(coordinator->channel(), "node-a", 1);

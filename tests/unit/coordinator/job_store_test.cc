@@ -289,6 +289,41 @@ TEST(JobStoreTest, LogsAndMetricsHistoryAreBoundedPerJob) {
   EXPECT_EQ((*latest)[1].step(), 99);
 }
 
+TEST(JobStoreTest, ReceiptsAreStoredWithTheirRowsAndSurviveAReopen) {
+  const std::string path = TempDbPath();
+  {
+    auto opened = JobStore::Open(path);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    JobStore& store = **opened;
+    v1::LogLine line;
+    line.set_job_id("job-000001");
+    line.set_text("hello");
+    const WorkerReceipt first{"worker-0001", "boot-a", 5};
+    ASSERT_TRUE(store.AppendLogs({line}, &first).ok());
+    v1::StepMetrics m;
+    m.set_job_id("job-000001");
+    m.set_step(3);
+    const WorkerReceipt later{"worker-0001", "boot-a", 9};
+    ASSERT_TRUE(store.PutStepMetrics(m, &later).ok());
+    const WorkerReceipt other{"worker-0002", "boot-b", 2};
+    ASSERT_TRUE(store.AppendLogs({line}, &other).ok());
+    ASSERT_TRUE(store.AppendLogs({line}).ok());  // no receipt: nothing about workers changes
+  }
+  auto reopened = JobStore::Open(path);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  absl::StatusOr<ActiveState> active = (*reopened)->LoadActive();
+  ASSERT_TRUE(active.ok()) << active.status();
+  ASSERT_EQ(active->receipts.size(), 2u);
+  EXPECT_EQ(active->receipts[0].worker_id, "worker-0001");
+  EXPECT_EQ(active->receipts[0].boot_id, "boot-a");
+  EXPECT_EQ(active->receipts[0].seq, 9u);
+  EXPECT_EQ(active->receipts[1].worker_id, "worker-0002");
+  EXPECT_EQ(active->receipts[1].seq, 2u);
+  auto logs = (*reopened)->ListLogs("job-000001", std::nullopt, 0);
+  ASSERT_TRUE(logs.ok());
+  EXPECT_EQ(logs->size(), 3u);
+}
+
 TEST(JobStoreTest, SecondOpenOfTheSameFileIsRefused) {
   const std::string path = TempDbPath();
   auto first = JobStore::Open(path);

@@ -65,12 +65,42 @@ TEST(WorkerRegistryTest, RestoredWorkersAreLostAndNumberingContinues) {
   stored.set_state(v1::WORKER_STATE_READY);
   WorkerRegistry registry(kLeaseMs);
   StoreWrite write;
-  registry.Restore({stored}, 100, write);
+  registry.Restore({stored}, {}, 100, write);
   ASSERT_EQ(write.workers.size(), 1u);
   EXPECT_EQ(write.workers[0].state(), v1::WORKER_STATE_LOST);
   bool fresh = false;
   EXPECT_EQ(registry.Register(Request("n7", 1), 0, write, &fresh).id(), "worker-0007");
   EXPECT_EQ(registry.Register(Request("n8", 1), 0, write, &fresh).id(), "worker-0008");
+}
+
+TEST(WorkerRegistryTest, RestoredReceiptsMakeTheSameBootsResendsHandled) {
+  v1::Worker stored;
+  stored.set_id("worker-0003");
+  stored.set_node("n3");
+  stored.set_state(v1::WORKER_STATE_READY);
+  WorkerRegistry registry(kLeaseMs);
+  StoreWrite write;
+  registry.Restore({stored}, {{"worker-0003", "boot-a", 41}, {"worker-0099", "boot-z", 7}}, 100,
+                   write);
+  WorkerEntry* worker = registry.Find("worker-0003");
+  ASSERT_NE(worker, nullptr);
+  EXPECT_EQ(registry.Find("worker-0099"), nullptr);  // a receipt of an unknown worker is ignored
+
+  // The same daemon run says hello again: what it resends up to seq 41 is already stored.
+  auto session = Session("n3");
+  registry.OpenSession(session, 200);
+  v1::Hello hello = HelloAs("worker-0003");
+  hello.set_boot_id("boot-a");
+  ASSERT_TRUE(registry.Hello(session, hello, 200, write).ok());
+  EXPECT_TRUE(WorkerRegistry::Handled(*worker, 41));
+  EXPECT_FALSE(WorkerRegistry::Handled(*worker, 42));
+
+  // A restarted daemon numbers from 1 again: nothing of it is handled yet.
+  auto next = Session("n3");
+  registry.OpenSession(next, 300);
+  hello.set_boot_id("boot-b");
+  ASSERT_TRUE(registry.Hello(next, hello, 300, write).ok());
+  EXPECT_FALSE(WorkerRegistry::Handled(*worker, 1));
 }
 
 TEST(WorkerRegistryTest, HelloBindsTheSessionOfTheCertifiedNodeOnly) {
