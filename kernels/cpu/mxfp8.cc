@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "dropless/kernels/group_offsets.h"
 
 namespace dropless::kernels {
 
@@ -30,35 +31,14 @@ void QuantizeMxBlock(const Bf16* v, int64_t stride, uint8_t* out, int64_t out_st
 }
 
 namespace cpu {
-namespace {
-
-absl::Status CheckGroupOffsets(const MxQuantizeShape& shape, const int32_t* offsets) {
-  if (offsets == nullptr) return absl::OkStatus();
-  if (offsets[0] != 0) return absl::InvalidArgumentError("group_offsets[0] must be 0");
-  for (int g = 0; g < shape.num_groups; ++g) {
-    if (offsets[g + 1] < offsets[g]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("group_offsets must be non-decreasing (at group ", g, ")"));
-    }
-  }
-  if (offsets[shape.num_groups] > shape.rows) {
-    return absl::InvalidArgumentError(absl::StrCat("group_offsets[num_groups] = ",
-                                                   offsets[shape.num_groups],
-                                                   " exceeds rows = ", shape.rows));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
                            const int32_t* group_offsets, const MxRowwise* rowwise,
                            const MxColwise* colwise) {
   if (absl::Status s = ValidateMxQuantize(shape, x, rowwise, colwise); !s.ok()) return s;
-  if (group_offsets == nullptr && shape.num_groups != 1) {
-    return absl::InvalidArgumentError("num_groups: must be 1 when group_offsets is null");
+  if (absl::Status s = ValidateHostGroupOffsets(group_offsets, shape.num_groups, shape.rows);
+      !s.ok()) {
+    return s;
   }
-  if (absl::Status s = CheckGroupOffsets(shape, group_offsets); !s.ok()) return s;
   const int num_groups = shape.num_groups;
   std::vector<int32_t> offsets(num_groups + 1);
   if (group_offsets == nullptr) {

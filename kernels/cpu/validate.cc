@@ -2,6 +2,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "dropless/kernels/dispatch_plan.h"
+#include "dropless/kernels/fp8_block.h"
+#include "dropless/kernels/group_offsets.h"
 #include "dropless/kernels/mxfp8.h"
 #include "dropless/kernels/permute.h"
 #include "dropless/kernels/router_gemm.h"
@@ -81,12 +83,19 @@ absl::Status ValidateSwigluShape(const SwigluShape& shape, bool mxfp8, bool cuda
   return absl::OkStatus();
 }
 
-absl::Status ValidateMxQuantize(const MxQuantizeShape& shape, const Bf16* x,
-                                const MxRowwise* rowwise, const MxColwise* colwise) {
+namespace {
+
+// The checks every row- / column-wise quantizer shares; `block`: elements per scale along cols
+// (row-wise) and per padded group granule (column-wise).
+template <class Shape, class Rowwise, class Colwise>
+absl::Status ValidateQuantize(const Shape& shape, int64_t block, const Bf16* x,
+                              const Rowwise* rowwise, const Colwise* colwise,
+                              int64_t needed_padded_rows) {
   if (shape.rows < 0) return Invalid("rows", "must be >= 0");
   if (shape.rows > INT32_MAX) return Invalid("rows", "must fit in int32");
-  if (shape.cols <= 0 || shape.cols % kMxBlock != 0) {
-    return Invalid("cols", absl::StrCat("must be a positive multiple of 32, got ", shape.cols));
+  if (shape.cols <= 0 || shape.cols % block != 0) {
+    return Invalid("cols", absl::StrCat("must be a positive multiple of ", block, ", got ",
+                                        shape.cols));
   }
   if (shape.num_groups < 1) return Invalid("num_groups", "must be >= 1");
   if (x == nullptr && shape.rows > 0) return Invalid("x", "is null");
@@ -101,13 +110,67 @@ absl::Status ValidateMxQuantize(const MxQuantizeShape& shape, const Bf16* x,
         colwise->group_offsets == nullptr) {
       return Invalid("colwise", "data, scales and group_offsets must be set");
     }
-    const int64_t needed = ColwisePaddedRows(shape.rows, shape.num_groups);
-    if (colwise->padded_rows < needed || colwise->padded_rows % kMxBlock != 0) {
+    if (colwise->padded_rows < needed_padded_rows || colwise->padded_rows % block != 0) {
       return Invalid("colwise.padded_rows",
-                     absl::StrCat("must be a multiple of 32 and >= ", needed, ", got ",
-                                  colwise->padded_rows));
+                     absl::StrCat("must be a multiple of ", block, " and >= ", needed_padded_rows,
+                                  ", got ", colwise->padded_rows));
     }
     if (colwise->padded_rows > INT32_MAX) return Invalid("colwise.padded_rows", "must fit in int32");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateMxQuantize(const MxQuantizeShape& shape, const Bf16* x,
+                                const MxRowwise* rowwise, const MxColwise* colwise) {
+  return ValidateQuantize(shape, kMxBlock, x, rowwise, colwise,
+                          ColwisePaddedRows(shape.rows, shape.num_groups));
+}
+
+absl::Status ValidateFp8BlockQuantize(const Fp8BlockQuantizeShape& shape, const Bf16* x,
+                                      const Fp8BlockRowwise* rowwise,
+                                      const Fp8BlockColwise* colwise) {
+  return ValidateQuantize(shape, kFp8Block, x, rowwise, colwise,
+                          Fp8ColwisePaddedRows(shape.rows, shape.num_groups));
+}
+
+absl::Status ValidateFp8BlockWeights(const Fp8BlockWeightShape& shape, const Bf16* w,
+                                     const Fp8BlockWeights& out) {
+  if (shape.num_experts < 1) return Invalid("num_experts", "must be >= 1");
+  if (shape.k <= 0 || shape.k % kFp8Block != 0) {
+    return Invalid("k", absl::StrCat("must be a positive multiple of 128, got ", shape.k));
+  }
+  if (shape.n <= 0 || shape.n % kFp8Block != 0) {
+    return Invalid("n", absl::StrCat("must be a positive multiple of 128, got ", shape.n));
+  }
+  if (w == nullptr) return Invalid("w", "is null");
+  const bool plain = out.data != nullptr || out.scales != nullptr;
+  const bool transposed = out.data_t != nullptr || out.scales_t != nullptr;
+  if (!plain && !transposed) return Invalid("out", "no orientation requested: nothing to produce");
+  if (plain && (out.data == nullptr || out.scales == nullptr)) {
+    return Invalid("out.data", "and out.scales must be set together");
+  }
+  if (transposed && (out.data_t == nullptr || out.scales_t == nullptr)) {
+    return Invalid("out.data_t", "and out.scales_t must be set together");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateHostGroupOffsets(const int32_t* offsets, int num_groups, int64_t rows) {
+  if (offsets == nullptr) {
+    if (num_groups != 1) return Invalid("num_groups", "must be 1 when group_offsets is null");
+    return absl::OkStatus();
+  }
+  if (offsets[0] != 0) return Invalid("group_offsets[0]", "must be 0");
+  for (int g = 0; g < num_groups; ++g) {
+    if (offsets[g + 1] < offsets[g]) {
+      return Invalid("group_offsets", absl::StrCat("must be non-decreasing (at group ", g, ")"));
+    }
+  }
+  if (offsets[num_groups] > rows) {
+    return Invalid("group_offsets[num_groups]",
+                   absl::StrCat(offsets[num_groups], " exceeds rows = ", rows));
   }
   return absl::OkStatus();
 }

@@ -11,6 +11,7 @@
 #include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/padded_offsets.cuh"
 
 namespace dropless::kernels::cuda {
 namespace {
@@ -65,53 +66,6 @@ __global__ void __launch_bounds__(kRowThreads)
       b[u] = next_b[u];
     }
   }
-}
-
-// ---- Padded column-wise group offsets (one block). ----
-
-constexpr int kScanThreads = 1024;
-
-__global__ void __launch_bounds__(kScanThreads)
-    PaddedOffsetsKernel(const int32_t* __restrict__ group_offsets, int num_groups, int64_t rows,
-                        int32_t* __restrict__ padded_offsets) {
-  __shared__ int32_t warp_sums[kScanThreads / 32];
-  __shared__ int32_t carry;
-  if (threadIdx.x == 0) carry = 0;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int base = 0; base < num_groups; base += kScanThreads) {
-    __syncthreads();
-    const int g = base + threadIdx.x;
-    int32_t padded = 0;
-    if (g < num_groups) {
-      const int32_t count = group_offsets == nullptr ? static_cast<int32_t>(rows)
-                                                     : group_offsets[g + 1] - group_offsets[g];
-      padded = (max(count, 0) + kMxBlock - 1) / kMxBlock * kMxBlock;
-    }
-    int32_t inclusive = padded;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int32_t n = __shfl_up_sync(kFullMask, inclusive, o);
-      if (lane >= o) inclusive += n;
-    }
-    if (lane == 31) warp_sums[warp] = inclusive;
-    __syncthreads();
-    if (warp == 0) {
-      int32_t s = warp_sums[lane];
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int32_t n = __shfl_up_sync(kFullMask, s, o);
-        if (lane >= o) s += n;
-      }
-      warp_sums[lane] = s;  // inclusive over warps
-    }
-    __syncthreads();
-    const int32_t before = carry + (warp > 0 ? warp_sums[warp - 1] : 0) + inclusive - padded;
-    if (g < num_groups) padded_offsets[g] = before;
-    __syncthreads();
-    if (threadIdx.x == kScanThreads - 1) carry = before + padded;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) padded_offsets[num_groups] = carry;
 }
 
 // ---- Row-wise + column-wise streaming kernel ----
@@ -438,8 +392,8 @@ absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
         reinterpret_cast<uint4*>(rowwise->data), rowwise->scales);
     return LaunchStatus("QuantizeRowwiseKernel");
   }
-  PaddedOffsetsKernel<<<1, kScanThreads, 0, stream>>>(group_offsets, shape.num_groups, shape.rows,
-                                                      colwise->group_offsets);
+  detail::PaddedOffsetsKernel<kMxBlock><<<1, detail::kScanThreads, 0, stream>>>(
+      group_offsets, shape.num_groups, shape.rows, colwise->group_offsets);
   if (absl::Status s = LaunchStatus("PaddedOffsetsKernel"); !s.ok()) return s;
   return LaunchStream<DefaultStreamConfig>(shape, x, group_offsets, rowwise, colwise, stream);
 }

@@ -17,39 +17,12 @@ namespace {
 using testing::BitEqual;
 using testing::DeviceArray;
 using testing::Poisoned;
+using testing::QuantizeInput;
 using testing::RandomBf16WideRange;
+using testing::RandomGroupOffsets;
 using testing::Rng;
 
 class Mxfp8Gpu : public testing::GpuTest {};
-
-// Wide-range data with whole blocks of special content: zeros, NaN, +-Inf, bf16 max, subnormals.
-std::vector<Bf16> QuantizeInput(int64_t rows, int64_t cols) {
-  std::vector<Bf16> x = RandomBf16WideRange(rows * cols, 50);
-  std::uniform_int_distribution<int64_t> pick(0, rows * cols - 1);
-  const uint16_t specials[] = {0x7FC0, 0x7F80, 0xFF80, 0x7F7F, 0xFF7F, 0x0001, 0x8000};
-  for (uint16_t s : specials) {
-    for (int n = 0; n < 3; ++n) x[pick(Rng())] = Bf16{s};
-  }
-  for (int n = 0; n < 5; ++n) {  // whole zero rows (zero row-wise blocks)
-    const int64_t r = pick(Rng()) / cols;
-    for (int64_t c = 0; c < cols; ++c) x[r * cols + c] = Bf16{0};
-  }
-  return x;
-}
-
-// Random group sizes summing to at most `rows`, with empty and odd groups.
-std::vector<int32_t> RandomGroupOffsets(int groups, int64_t rows) {
-  std::vector<int32_t> offsets(groups + 1, 0);
-  std::uniform_int_distribution<int> kind(0, 3);
-  const int64_t mean = std::max<int64_t>(1, rows / groups);
-  std::uniform_int_distribution<int64_t> size(0, 2 * mean);
-  for (int g = 0; g < groups; ++g) {
-    int64_t n = kind(Rng()) == 0 ? 0 : size(Rng()) | 1;
-    n = std::min<int64_t>(n, rows - offsets[g]);
-    offsets[g + 1] = offsets[g] + static_cast<int32_t>(n);
-  }
-  return offsets;
-}
 
 TEST_F(Mxfp8Gpu, RowwiseMatchesReference) {
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 32}, {37, 96}, {1000, 2048},

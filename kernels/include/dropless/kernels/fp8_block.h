@@ -55,9 +55,10 @@
 namespace dropless::kernels {
 
 inline constexpr int kFp8Block = 128;
-// The smallest amax a scale is made for: an all-zero (or nearly zero) tile still gets a finite,
-// non-zero scale and a finite inverse (448 / 2^-30 is far below fp32's range).
-inline constexpr float kFp8BlockMinAmax = 9.313225746154785e-10f;  // 2^-30
+// The smallest amax a scale is made for: an all-zero (or nearly zero) tile still gets a normal,
+// non-zero scale and a finite inverse in both modes (448 / 2^-100 and 2^108 are far inside fp32's
+// range), while tiles of tiny values (bf16 reaches 2^-133) down to 2^-100 keep their precision.
+inline constexpr float kFp8BlockMinAmax = 7.888609052210118e-31f;  // 2^-100
 
 enum class Fp8ScaleMode { kFloat32, kPowerOfTwo };
 

@@ -1,0 +1,298 @@
+// fp8-block quantization: row-wise 1x128 tiles, grouped column-wise 1x128 tiles (transposed, from
+// the same read), and 128x128 weight blocks in both orientations. Format, layouts and rounding:
+// dropless/kernels/fp8_block.h; every value is bit for bit the CPU reference's.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "dropless/kernels/fp8_block.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/padded_offsets.cuh"
+
+namespace dropless::kernels::cuda {
+namespace {
+
+using detail::kFullMask;
+
+// ---- Block math ----
+
+// Largest |bf16| as its bit pattern (NaN > Inf > finite in integer order), to a float: NaN or Inf
+// stays non-finite, so max never drops a NaN the way fmaxf would.
+__device__ __forceinline__ float AmaxFromBits(uint32_t bits) { return __uint_as_float(bits << 16); }
+
+struct DeviceScale {
+  float scale;
+  float inverse;
+};
+
+// fp8_block.h's Fp8BlockScaleForAmax, one IEEE fp32 operation per step.
+__device__ __forceinline__ DeviceScale ScaleForAmax(float amax, bool pow2) {
+  if (!isfinite(amax)) {
+    const float nan = __uint_as_float(0x7fc00000u);
+    return {nan, nan};
+  }
+  const float a = fmaxf(amax, kFp8BlockMinAmax);
+  if (!pow2) return {__fdiv_rn(a, 448.0f), __fdiv_rn(448.0f, a)};
+  int ex = 0;
+  const float m = frexpf(a, &ex);
+  const int e = m <= 0.875f ? ex - 9 : ex - 8;  // in [-108, 120]: both powers are normal floats
+  return {__uint_as_float(static_cast<uint32_t>(127 + e) << 23),
+          __uint_as_float(static_cast<uint32_t>(127 - e) << 23)};
+}
+
+// Four values (as two bf16 pairs) times `inverse`, to four E4M3 bytes (low byte first). A NaN
+// inverse (non-finite tile) gives 0x7F everywhere.
+__device__ __forceinline__ uint32_t QuantizeFour(uint32_t w0, uint32_t w1, float inverse) {
+  if (isnan(inverse)) return 0x7f7f7f7fu;
+  const uint32_t lo = detail::E4M3x2(__fmul_rn(detail::BfLo(w0), inverse),
+                                     __fmul_rn(detail::BfHi(w0), inverse));
+  const uint32_t hi = detail::E4M3x2(__fmul_rn(detail::BfLo(w1), inverse),
+                                     __fmul_rn(detail::BfHi(w1), inverse));
+  return lo | (hi << 16);
+}
+
+__device__ __forceinline__ uint32_t MagnitudeMax(uint32_t a, uint32_t w) {
+  return __vmaxu2(a, w & 0x7fff7fffu);
+}
+
+__device__ __forceinline__ uint32_t WarpMaxBits(uint32_t bits) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) bits = max(bits, __shfl_xor_sync(kFullMask, bits, o));
+  return bits;
+}
+
+__device__ __forceinline__ int64_t LiveRows(int64_t rows, const int32_t* offsets, int groups) {
+  if (offsets == nullptr) return rows;
+  return min(rows, static_cast<int64_t>(max(0, offsets[groups])));
+}
+
+// ---- Row-wise only: one warp per 1x128 tile, four elements per lane. ----
+
+constexpr int kRowThreads = 256;
+
+__global__ void __launch_bounds__(kRowThreads)
+    RowwiseKernel(const uint2* __restrict__ x, int64_t rows, int64_t cols,
+                  const int32_t* __restrict__ offsets, int groups, bool pow2,
+                  uint32_t* __restrict__ data, float* __restrict__ scales) {
+  const int lane = threadIdx.x & 31;
+  const int64_t tiles = LiveRows(rows, offsets, groups) * (cols / kFp8Block);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kRowThreads / 32);
+  for (int64_t t = (static_cast<int64_t>(blockIdx.x) * kRowThreads + threadIdx.x) / 32; t < tiles;
+       t += warps) {
+    const uint2 v = x[t * 32 + lane];  // tile t = elements [128 t, 128 t + 128) of the row-major x
+    uint32_t m = MagnitudeMax(MagnitudeMax(0, v.x), v.y);
+    m = WarpMaxBits(max(m & 0xffffu, m >> 16));
+    const DeviceScale s = ScaleForAmax(AmaxFromBits(m), pow2);
+    data[t * 32 + lane] = QuantizeFour(v.x, v.y, s.inverse);
+    if (lane == 0) scales[t] = s.scale;
+  }
+}
+
+// ---- Row-wise and/or column-wise from one read: one block per (128 padded rows, 128 columns). ----
+//
+// The block stages its tile (the live rows of one group, zeros past them) in shared memory with a
+// row pitch of 65 words, so that a warp reading one column over 32 consecutive rows touches 32
+// different banks. Column-wise: warp w quantizes columns w, w + 8, ...: lane l holds rows l,
+// l + 32, l + 64, l + 96, the warp writes four 32-byte runs of the column's 128 output bytes.
+// Row-wise: warp w quantizes rows w, w + 8, ... of the live rows, four elements per lane.
+
+constexpr int kTileThreads = 256;
+constexpr int kTileWarps = kTileThreads / 32;
+constexpr int kPitchWords = kFp8Block / 2 + 1;
+
+__global__ void __launch_bounds__(kTileThreads)
+    TileKernel(const Bf16* __restrict__ x, int64_t rows, int64_t cols,
+               const int32_t* __restrict__ offsets, int groups, bool pow2,
+               const int32_t* __restrict__ padded_offsets, int64_t padded_rows,
+               uint32_t* __restrict__ row_data, float* __restrict__ row_scales,
+               uint8_t* __restrict__ col_data, float* __restrict__ col_scales) {
+  __shared__ uint32_t tile[kFp8Block * kPitchWords];
+  __shared__ int32_t source_row, live;
+  const int64_t segs = cols / kFp8Block;
+  const int64_t tile_row = static_cast<int64_t>(blockIdx.x) / segs;
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) - tile_row * segs) * kFp8Block;
+  const int32_t p0 = static_cast<int32_t>(tile_row * kFp8Block);
+  if (p0 >= padded_offsets[groups]) return;  // past the last group: block-uniform
+  if (threadIdx.x == 0) {
+    // The group g with padded_offsets[g] <= p0 < padded_offsets[g + 1] (groups are padded to
+    // whole tiles, so the tile lies in one group; empty groups have no padded rows).
+    int lo = 0, hi = groups - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (padded_offsets[mid] <= p0) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    const int32_t local = p0 - padded_offsets[lo];
+    const int32_t begin = offsets == nullptr ? 0 : offsets[lo];
+    const int32_t count = offsets == nullptr ? static_cast<int32_t>(rows) : offsets[lo + 1] - begin;
+    source_row = begin + local;
+    live = min(kFp8Block, max(0, count - local));
+  }
+  __syncthreads();
+  const int32_t first = source_row, n = live;
+  // Stage the tile: 128 rows of 128 bf16 columns, 8-byte loads (32 per row).
+  const uint2* src = reinterpret_cast<const uint2*>(x);
+  for (int i = threadIdx.x; i < kFp8Block * (kFp8Block / 4); i += kTileThreads) {
+    const int r = i / (kFp8Block / 4), q = i % (kFp8Block / 4);
+    const uint2 v = r < n ? src[((first + r) * cols + c0) / 4 + q] : make_uint2(0, 0);
+    tile[r * kPitchWords + 2 * q] = v.x;
+    tile[r * kPitchWords + 2 * q + 1] = v.y;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (col_data != nullptr) {
+    for (int c = warp; c < kFp8Block; c += kTileWarps) {
+      uint32_t half[4];
+      uint32_t m = 0;
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const uint32_t w = tile[(lane + 32 * s) * kPitchWords + c / 2];
+        half[s] = (c & 1) ? (w >> 16) : (w & 0xffffu);
+        m = max(m, half[s] & 0x7fffu);
+      }
+      m = WarpMaxBits(m);
+      const DeviceScale sc = ScaleForAmax(AmaxFromBits(m), pow2);
+      uint8_t* out = col_data + (c0 + c) * padded_rows + p0;
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const float v = __fmul_rn(__uint_as_float(half[s] << 16), sc.inverse);
+        out[lane + 32 * s] = isnan(sc.inverse)
+                                 ? kE4M3Nan
+                                 : static_cast<uint8_t>(detail::E4M3x2(v, 0.0f) & 0xffu);
+      }
+      if (lane == 0) col_scales[tile_row * cols + c0 + c] = sc.scale;
+    }
+  }
+  if (row_data != nullptr) {
+    for (int r = warp; r < n; r += kTileWarps) {
+      const uint32_t w0 = tile[r * kPitchWords + 2 * lane], w1 = tile[r * kPitchWords + 2 * lane + 1];
+      uint32_t m = MagnitudeMax(MagnitudeMax(0, w0), w1);
+      m = WarpMaxBits(max(m & 0xffffu, m >> 16));
+      const DeviceScale sc = ScaleForAmax(AmaxFromBits(m), pow2);
+      const int64_t at = (first + r) * cols + c0;
+      row_data[at / 4 + lane] = QuantizeFour(w0, w1, sc.inverse);
+      if (lane == 0) row_scales[at / kFp8Block] = sc.scale;
+    }
+  }
+}
+
+// ---- Weights: one block per 128x128 block of one expert. ----
+//
+// Thread t holds rows t / 32 + 8 s (s < 16), columns 4 (t % 32) .. + 3 of the block; the block's
+// amax meets in shared memory; the E4M3 bytes go out as W (4-byte stores along n) and, through a
+// shared-memory byte tile, as W^T (4-byte stores along k).
+
+constexpr int kWeightThreads = 256;
+constexpr int kBytePitch = kFp8Block + 4;
+
+__global__ void __launch_bounds__(kWeightThreads)
+    WeightKernel(const uint2* __restrict__ w, int64_t k, int64_t n, bool pow2,
+                 uint32_t* __restrict__ data, float* __restrict__ scales,
+                 uint32_t* __restrict__ data_t, float* __restrict__ scales_t) {
+  __shared__ uint8_t bytes[kFp8Block * kBytePitch];
+  __shared__ uint32_t warp_max[kWeightThreads / 32];
+  const int64_t kb = k / kFp8Block, nb = n / kFp8Block;
+  const int64_t e = blockIdx.x / (kb * nb);
+  const int64_t i = (blockIdx.x / nb) % kb, j = blockIdx.x % nb;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  uint2 v[16];
+  uint32_t m = 0;
+#pragma unroll
+  for (int s = 0; s < 16; ++s) {
+    const int64_t row = e * k + i * kFp8Block + warp + 8 * s;
+    v[s] = w[(row * n + j * kFp8Block) / 4 + lane];
+    m = MagnitudeMax(MagnitudeMax(m, v[s].x), v[s].y);
+  }
+  m = WarpMaxBits(max(m & 0xffffu, m >> 16));
+  if (lane == 0) warp_max[warp] = m;
+  __syncthreads();
+  m = 0;
+#pragma unroll
+  for (int q = 0; q < kWeightThreads / 32; ++q) m = max(m, warp_max[q]);
+  const DeviceScale sc = ScaleForAmax(AmaxFromBits(m), pow2);
+#pragma unroll
+  for (int s = 0; s < 16; ++s) {
+    const int r = warp + 8 * s;
+    const uint32_t q = QuantizeFour(v[s].x, v[s].y, sc.inverse);
+    if (data != nullptr) data[((e * k + i * kFp8Block + r) * n + j * kFp8Block) / 4 + lane] = q;
+    *reinterpret_cast<uint32_t*>(bytes + r * kBytePitch + 4 * lane) = q;
+  }
+  if (threadIdx.x == 0) {
+    if (scales != nullptr) scales[(e * kb + i) * nb + j] = sc.scale;
+    if (scales_t != nullptr) scales_t[(e * nb + j) * kb + i] = sc.scale;
+  }
+  if (data_t == nullptr) return;
+  __syncthreads();
+#pragma unroll
+  for (int s = 0; s < 16; ++s) {
+    const int c = warp + 8 * s;  // a column of the block: a row of W^T
+    uint32_t packed = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      packed |= static_cast<uint32_t>(bytes[(4 * lane + b) * kBytePitch + c]) << (8 * b);
+    }
+    data_t[((e * n + j * kFp8Block + c) * k + i * kFp8Block) / 4 + lane] = packed;
+  }
+}
+
+bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+absl::Status QuantizeFp8Block(const Fp8BlockQuantizeShape& shape, const Bf16* x,
+                              const int32_t* group_offsets, const Fp8BlockRowwise* rowwise,
+                              const Fp8BlockColwise* colwise, Stream stream) {
+  if (absl::Status s = ValidateFp8BlockQuantize(shape, x, rowwise, colwise); !s.ok()) return s;
+  if (group_offsets == nullptr && shape.num_groups != 1) {
+    return absl::InvalidArgumentError("num_groups: must be 1 when group_offsets is null");
+  }
+  if (!Aligned(x, 8)) return absl::InvalidArgumentError("x: must be 8-byte aligned");
+  if (rowwise != nullptr && !Aligned(rowwise->data, 4)) {
+    return absl::InvalidArgumentError("rowwise.data: must be 4-byte aligned");
+  }
+  const bool pow2 = shape.mode == Fp8ScaleMode::kPowerOfTwo;
+  if (colwise == nullptr) {
+    if (shape.rows == 0) return absl::OkStatus();
+    const int blocks = GridStrideBlocks(shape.rows * (shape.cols / kFp8Block), kRowThreads / 32);
+    RowwiseKernel<<<blocks, kRowThreads, 0, stream>>>(
+        reinterpret_cast<const uint2*>(x), shape.rows, shape.cols, group_offsets, shape.num_groups,
+        pow2, reinterpret_cast<uint32_t*>(rowwise->data), rowwise->scales);
+    return LaunchStatus("Fp8Block RowwiseKernel");
+  }
+  detail::PaddedOffsetsKernel<kFp8Block><<<1, detail::kScanThreads, 0, stream>>>(
+      group_offsets, shape.num_groups, shape.rows, colwise->group_offsets);
+  if (absl::Status s = LaunchStatus("Fp8Block PaddedOffsetsKernel"); !s.ok()) return s;
+  const int64_t blocks = colwise->padded_rows / kFp8Block * (shape.cols / kFp8Block);
+  if (blocks == 0) return absl::OkStatus();
+  if (blocks > INT32_MAX) return absl::InvalidArgumentError("colwise.padded_rows: too many tiles");
+  TileKernel<<<static_cast<unsigned>(blocks), kTileThreads, 0, stream>>>(
+      x, shape.rows, shape.cols, group_offsets, shape.num_groups, pow2, colwise->group_offsets,
+      colwise->padded_rows,
+      rowwise == nullptr ? nullptr : reinterpret_cast<uint32_t*>(rowwise->data),
+      rowwise == nullptr ? nullptr : rowwise->scales, colwise->data, colwise->scales);
+  return LaunchStatus("Fp8Block TileKernel");
+}
+
+absl::Status QuantizeFp8BlockWeights(const Fp8BlockWeightShape& shape, const Bf16* w,
+                                     const Fp8BlockWeights& out, Stream stream) {
+  if (absl::Status s = ValidateFp8BlockWeights(shape, w, out); !s.ok()) return s;
+  if (!Aligned(w, 8)) return absl::InvalidArgumentError("w: must be 8-byte aligned");
+  if (!Aligned(out.data, 4) || !Aligned(out.data_t, 4)) {
+    return absl::InvalidArgumentError("out.data: data and data_t must be 4-byte aligned");
+  }
+  const int64_t blocks = shape.num_experts * (shape.k / kFp8Block) * (shape.n / kFp8Block);
+  if (blocks > INT32_MAX) return absl::InvalidArgumentError("num_experts: too many blocks");
+  WeightKernel<<<static_cast<unsigned>(blocks), kWeightThreads, 0, stream>>>(
+      reinterpret_cast<const uint2*>(w), shape.k, shape.n,
+      shape.mode == Fp8ScaleMode::kPowerOfTwo, reinterpret_cast<uint32_t*>(out.data), out.scales,
+      reinterpret_cast<uint32_t*>(out.data_t), out.scales_t);
+  return LaunchStatus("Fp8Block WeightKernel");
+}
+
+}  // namespace dropless::kernels::cuda

@@ -1,0 +1,218 @@
+// fp8-block CUDA kernels against the CPU reference, bit for bit: row-wise, grouped row-wise +
+// column-wise with empty and odd group sizes, special values, both scale modes, the weight blocks
+// in both orientations, and a captured graph replayed with new device offsets.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "dropless/kernels/fp8_block.h"
+#include "tests/gpu/kernels/gpu_test_util.h"
+#include "tests/unit/kernels/test_data.h"
+
+namespace dropless::kernels {
+namespace {
+
+using testing::BitEqual;
+using testing::DeviceArray;
+using testing::Poisoned;
+using testing::QuantizeInput;
+using testing::RandomBf16WideRange;
+using testing::RandomGroupOffsets;
+
+class Fp8BlockGpu : public testing::GpuTest {};
+
+constexpr Fp8ScaleMode kModes[] = {Fp8ScaleMode::kFloat32, Fp8ScaleMode::kPowerOfTwo};
+
+const char* ModeName(Fp8ScaleMode mode) {
+  return mode == Fp8ScaleMode::kFloat32 ? "fp32 scales" : "power-of-two scales";
+}
+
+TEST_F(Fp8BlockGpu, RowwiseMatchesReference) {
+  for (Fp8ScaleMode mode : kModes) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 128}, {37, 384}, {1000, 2048},
+                              {4099, 128}, {301, 7168}}) {
+      SCOPED_TRACE(::testing::Message() << rows << "x" << cols << " " << ModeName(mode));
+      const std::vector<Bf16> x = QuantizeInput(rows, cols);
+      // One group ending before the buffer's last rows: those rows stay untouched.
+      const std::vector<int32_t> offsets = {0, static_cast<int32_t>(rows - rows / 7)};
+      DeviceArray<Bf16> d_x(x);
+      DeviceArray<int32_t> d_offsets(offsets);
+      DeviceArray<uint8_t> d_data(rows * cols);
+      DeviceArray<float> d_scales(rows * cols / kFp8Block);
+      Fp8BlockRowwise d_rowwise{d_data.get(), d_scales.get()};
+      STATUS_ASSERT(cuda::QuantizeFp8Block({rows, cols, 1, mode}, d_x.get(), d_offsets.get(),
+                                           &d_rowwise, nullptr, nullptr));
+      auto data = Poisoned<uint8_t>(rows * cols);
+      auto scales = Poisoned<float>(rows * cols / kFp8Block);
+      Fp8BlockRowwise rowwise{data.data(), scales.data()};
+      STATUS_ASSERT(cpu::QuantizeFp8Block({rows, cols, 1, mode}, x.data(), offsets.data(),
+                                          &rowwise, nullptr));
+      EXPECT_TRUE(BitEqual(d_data.Download(), data));
+      EXPECT_TRUE(BitEqual(d_scales.Download(), scales));
+    }
+  }
+}
+
+TEST_F(Fp8BlockGpu, GroupedRowAndColumnwiseMatchReference) {
+  struct Case {
+    int64_t rows, cols;
+    int groups;
+    bool null_offsets;
+  };
+  for (Fp8ScaleMode mode : kModes) {
+    for (const Case& c : {Case{200, 128, 6, false}, Case{1531, 384, 7, false},
+                          Case{4099, 2048, 128, false}, Case{8191, 256, 256, false},
+                          Case{555, 128, 1, true}, Case{3, 128, 3, false},
+                          Case{20011, 1024, 40, false}}) {
+      SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.cols << " groups " << c.groups
+                                        << " " << ModeName(mode));
+      const std::vector<Bf16> x = QuantizeInput(c.rows, c.cols);
+      std::vector<int32_t> offsets =
+          c.null_offsets ? std::vector<int32_t>{0, static_cast<int32_t>(c.rows)}
+                         : RandomGroupOffsets(c.groups, c.rows - std::min<int64_t>(5, c.rows / 2));
+      if (c.groups > 8) {  // a run of empty groups at the end
+        for (int g = c.groups - 6; g <= c.groups; ++g) offsets[g] = offsets[c.groups - 6];
+      }
+      const int64_t padded = Fp8ColwisePaddedRows(c.rows, c.groups);
+      const Fp8BlockQuantizeShape shape{c.rows, c.cols, c.groups, mode};
+      for (bool with_rowwise : {true, false}) {
+        DeviceArray<Bf16> d_x(x);
+        DeviceArray<int32_t> d_offsets(offsets);
+        DeviceArray<uint8_t> d_rdata(c.rows * c.cols), d_cdata(c.cols * padded);
+        DeviceArray<float> d_rscales(c.rows * c.cols / kFp8Block);
+        DeviceArray<float> d_cscales(c.cols * padded / kFp8Block);
+        DeviceArray<int32_t> d_poffsets(c.groups + 1);
+        Fp8BlockRowwise d_rowwise{d_rdata.get(), d_rscales.get()};
+        Fp8BlockColwise d_colwise{d_cdata.get(), d_cscales.get(), d_poffsets.get(), padded};
+        STATUS_ASSERT(cuda::QuantizeFp8Block(shape, d_x.get(),
+                                             c.null_offsets ? nullptr : d_offsets.get(),
+                                             with_rowwise ? &d_rowwise : nullptr, &d_colwise,
+                                             nullptr));
+        auto rdata = Poisoned<uint8_t>(c.rows * c.cols), cdata = Poisoned<uint8_t>(c.cols * padded);
+        auto rscales = Poisoned<float>(c.rows * c.cols / kFp8Block);
+        auto cscales = Poisoned<float>(c.cols * padded / kFp8Block);
+        auto poffsets = Poisoned<int32_t>(c.groups + 1);
+        Fp8BlockRowwise rowwise{rdata.data(), rscales.data()};
+        Fp8BlockColwise colwise{cdata.data(), cscales.data(), poffsets.data(), padded};
+        STATUS_ASSERT(cpu::QuantizeFp8Block(shape, x.data(),
+                                            c.null_offsets ? nullptr : offsets.data(),
+                                            with_rowwise ? &rowwise : nullptr, &colwise));
+        EXPECT_TRUE(BitEqual(d_poffsets.Download(), poffsets));
+        EXPECT_TRUE(BitEqual(d_cdata.Download(), cdata));  // includes untouched rows past G
+        EXPECT_TRUE(BitEqual(d_cscales.Download(), cscales));
+        EXPECT_TRUE(BitEqual(d_rdata.Download(), rdata));  // all poison when !with_rowwise
+        EXPECT_TRUE(BitEqual(d_rscales.Download(), rscales));
+      }
+    }
+  }
+}
+
+TEST_F(Fp8BlockGpu, WeightBlocksMatchReferenceInBothOrientations) {
+  struct Case {
+    int experts;
+    int64_t k, n;
+  };
+  for (Fp8ScaleMode mode : kModes) {
+    for (const Case& c : {Case{1, 128, 128}, Case{3, 256, 384}, Case{8, 1024, 512},
+                          Case{2, 7168, 256}}) {
+      SCOPED_TRACE(::testing::Message() << c.experts << "x" << c.k << "x" << c.n << " "
+                                        << ModeName(mode));
+      const int64_t elements = c.experts * c.k * c.n;
+      const int64_t blocks = elements / (kFp8Block * kFp8Block);
+      std::vector<Bf16> w = RandomBf16WideRange(elements, 16);
+      w[elements / 3] = Bf16{0x7FC0};  // one NaN block
+      for (bool both : {true, false}) {
+        DeviceArray<Bf16> d_w(w);
+        DeviceArray<uint8_t> d_data(elements), d_data_t(elements);
+        DeviceArray<float> d_scales(blocks), d_scales_t(blocks);
+        Fp8BlockWeights d_out{both ? d_data.get() : nullptr, both ? d_scales.get() : nullptr,
+                              d_data_t.get(), d_scales_t.get()};
+        STATUS_ASSERT(cuda::QuantizeFp8BlockWeights({c.experts, c.k, c.n, mode}, d_w.get(), d_out,
+                                                    nullptr));
+        auto data = Poisoned<uint8_t>(elements), data_t = Poisoned<uint8_t>(elements);
+        auto scales = Poisoned<float>(blocks), scales_t = Poisoned<float>(blocks);
+        Fp8BlockWeights out{both ? data.data() : nullptr, both ? scales.data() : nullptr,
+                            data_t.data(), scales_t.data()};
+        STATUS_ASSERT(cpu::QuantizeFp8BlockWeights({c.experts, c.k, c.n, mode}, w.data(), out));
+        EXPECT_TRUE(BitEqual(d_data.Download(), data));  // all poison when !both
+        EXPECT_TRUE(BitEqual(d_scales.Download(), scales));
+        EXPECT_TRUE(BitEqual(d_data_t.Download(), data_t));
+        EXPECT_TRUE(BitEqual(d_scales_t.Download(), scales_t));
+      }
+    }
+  }
+}
+
+// Captured once, replayed with different group sizes written into the same device offsets: the
+// kernels read the sizes on the device at every replay.
+TEST_F(Fp8BlockGpu, CapturedGraphFollowsDeviceOffsets) {
+  const int64_t rows = 3000, cols = 512;
+  const int groups = 9;
+  const int64_t padded = Fp8ColwisePaddedRows(rows, groups);
+  const Fp8BlockQuantizeShape shape{rows, cols, groups, Fp8ScaleMode::kFloat32};
+  const std::vector<Bf16> x = QuantizeInput(rows, cols);
+  DeviceArray<Bf16> d_x(x);
+  DeviceArray<int32_t> d_offsets(groups + 1);
+  DeviceArray<uint8_t> d_rdata(rows * cols), d_cdata(cols * padded);
+  DeviceArray<float> d_rscales(rows * cols / kFp8Block), d_cscales(cols * padded / kFp8Block);
+  DeviceArray<int32_t> d_poffsets(groups + 1);
+  Fp8BlockRowwise d_rowwise{d_rdata.get(), d_rscales.get()};
+  Fp8BlockColwise d_colwise{d_cdata.get(), d_cscales.get(), d_poffsets.get(), padded};
+
+  cudaStream_t stream;
+  CUDA_ASSERT(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const absl::Status captured =
+      cuda::QuantizeFp8Block(shape, d_x.get(), d_offsets.get(), &d_rowwise, &d_colwise, stream);
+  CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+  STATUS_ASSERT(captured);
+  cudaGraphExec_t exec;
+  CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    SCOPED_TRACE(::testing::Message() << "replay " << replay);
+    const std::vector<int32_t> offsets = RandomGroupOffsets(groups, rows - 7);
+    d_offsets.Upload(offsets);
+    for (auto* a : {&d_rdata, &d_cdata}) a->Poison(0xA5);
+    for (auto* a : {&d_rscales, &d_cscales}) a->Poison(0xA5);
+    CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+    CUDA_ASSERT(cudaStreamSynchronize(stream));
+    auto rdata = Poisoned<uint8_t>(rows * cols), cdata = Poisoned<uint8_t>(cols * padded);
+    auto rscales = Poisoned<float>(rows * cols / kFp8Block);
+    auto cscales = Poisoned<float>(cols * padded / kFp8Block);
+    auto poffsets = Poisoned<int32_t>(groups + 1);
+    Fp8BlockRowwise rowwise{rdata.data(), rscales.data()};
+    Fp8BlockColwise colwise{cdata.data(), cscales.data(), poffsets.data(), padded};
+    STATUS_ASSERT(cpu::QuantizeFp8Block(shape, x.data(), offsets.data(), &rowwise, &colwise));
+    EXPECT_TRUE(BitEqual(d_poffsets.Download(), poffsets));
+    EXPECT_TRUE(BitEqual(d_cdata.Download(), cdata));
+    EXPECT_TRUE(BitEqual(d_cscales.Download(), cscales));
+    EXPECT_TRUE(BitEqual(d_rdata.Download(), rdata));
+    EXPECT_TRUE(BitEqual(d_rscales.Download(), rscales));
+  }
+  CUDA_ASSERT(cudaGraphExecDestroy(exec));
+  CUDA_ASSERT(cudaGraphDestroy(graph));
+  CUDA_ASSERT(cudaStreamDestroy(stream));
+}
+
+TEST_F(Fp8BlockGpu, RejectsBadArgumentsNamingTheField) {
+  DeviceArray<Bf16> d_x(256 * 8);
+  DeviceArray<uint8_t> d_data(256 * 8);
+  DeviceArray<float> d_scales(16);
+  Fp8BlockRowwise rowwise{d_data.get(), d_scales.get()};
+  absl::Status s = cuda::QuantizeFp8Block({8, 96, 1}, d_x.get(), nullptr, &rowwise, nullptr,
+                                          nullptr);
+  EXPECT_NE(s.message().find("cols"), std::string::npos) << s;
+  s = cuda::QuantizeFp8Block({8, 256, 2}, d_x.get(), nullptr, &rowwise, nullptr, nullptr);
+  EXPECT_NE(s.message().find("num_groups"), std::string::npos) << s;
+  Fp8BlockWeights out{nullptr, nullptr, nullptr, nullptr};
+  s = cuda::QuantizeFp8BlockWeights({1, 128, 128}, d_x.get(), out, nullptr);
+  EXPECT_NE(s.message().find("out"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace dropless::kernels
