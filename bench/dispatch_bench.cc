@@ -67,7 +67,7 @@ Flags ParseFlags(const std::vector<std::string>& args) {
       f.commit = kv.second;
     } else {
       std::fprintf(stderr,
-                   "dispatch bench: unknown flag %s\nflags: --backends=local,nccl-lsa --ep=2,4,8 "
+                   "dispatch bench: unknown flag %s\nflags: --backends=local,nccl-lsa,nccl-a2a --ep=2,4,8 "
                    "--tokens=128,4096,8192 "
                    "--precision=bf16,mxfp8 --iters=N --json=PATH --commit=SHA\n",
                    a.c_str());
@@ -126,7 +126,9 @@ std::unique_ptr<Group> MakeGroup(const std::string& backend, int ep, int64_t tok
   } else {
     auto group = cuda_engine::JoinNcclGroup(g->store.get(), "bench", 0, 1, absl::Seconds(60));
     CheckStatus(group.status(), "dispatch", "joining a one-rank NCCL group");
-    d = cuda_engine::NewNcclLsaDispatcher(shape, *std::move(group));
+    d = backend == "nccl-a2a"
+            ? cuda_engine::NewNcclA2aDispatcher(shape, kHidden * 2, *std::move(group))
+            : cuda_engine::NewNcclLsaDispatcher(shape, *std::move(group));
   }
   CheckStatus(d.status(), "dispatch", "creating the dispatcher");
   g->dispatcher = *std::move(d);
@@ -204,11 +206,11 @@ int RunDispatchBench(const std::vector<std::string>& args) {
     }
     const size_t data_bytes = mxfp8 ? kHidden : kHidden * 2, scale_bytes = kHidden / 32;
     for (const std::string& backend : f.backends) {
-      if (backend != "local" && backend != "nccl-lsa") {
+      if (backend != "local" && backend != "nccl-lsa" && backend != "nccl-a2a") {
         std::fprintf(stderr, "dispatch bench: unknown backend %s\n", backend.c_str());
         return 2;
       }
-      // nccl-lsa drives one rank per process: world size 1 on this one GPU.
+      // The NCCL backends drive one rank per process: world size 1 on this one GPU.
       const std::vector<int> eps = backend == "local" ? f.eps : std::vector<int>{1};
       for (int ep : eps) {
         for (int64_t tokens : f.tokens) {

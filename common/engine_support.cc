@@ -64,14 +64,12 @@ absl::Status CheckCuda(const EngineConfig& c) {
   switch (c.dispatcher) {
     case Dispatcher::kAuto:
     case Dispatcher::kNcclLsa:
+    case Dispatcher::kNcclA2a:
     case Dispatcher::kNcclEp:  // whether the node has the library is known at rank start
       break;
-    case Dispatcher::kNcclA2a:
-      return Refuse("dispatcher", "nccl-a2a is not built for the cuda engine yet; use nccl-lsa "
-                                  "(NVLink, device-side counts) or auto");
     case Dispatcher::kGloo:
-      return Refuse("dispatcher", "gloo moves host buffers (the cpu engine's); use nccl-lsa or auto "
-                                  "with resources.backend cuda");
+      return Refuse("dispatcher", "gloo moves host buffers (the cpu engine's); use nccl-lsa, "
+                                  "nccl-a2a or auto with resources.backend cuda");
   }
   if (c.overlap) {
     return Refuse("overlap", "chunked overlap of dispatch and expert GEMMs is not built for the "

@@ -1,7 +1,8 @@
 // The ExpertDispatchers against a host reference: fresh random per-(rank, expert) counts with
 // skew, a rank that receives no rows and a rank that sends none; every received row, the plan's
 // offsets and counts, the combine back into poisoned buffers, and the all-reduce sums. `local` at
-// EP 1/2/4/8 (every rank in this process); `nccl-lsa` at world size 1 (one GPU here). And the
+// EP 1/2/4/8 (every rank in this process); `nccl-lsa` and `nccl-a2a` at world size 1 (one GPU
+// here). And the
 // NCCL group setup: a group whose second rank never joins fails within its timeout, naming it.
 #include <cuda_runtime.h>
 
@@ -47,6 +48,9 @@ absl::StatusOr<std::unique_ptr<ExpertDispatcher>> MakeDispatcher(const Backend& 
   absl::StatusOr<std::unique_ptr<NcclGroup>> group =
       JoinNcclGroup(store, "dispatcher-test", 0, 1, absl::Seconds(60));
   if (!group.ok()) return group.status();
+  if (std::string(b.name) == "nccl-a2a") {
+    return NewNcclA2aDispatcher(shape, static_cast<size_t>(b.row_bytes), *std::move(group));
+  }
   return NewNcclLsaDispatcher(shape, *std::move(group));
 }
 
@@ -202,7 +206,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, DispatcherGpu,
                          ::testing::Values(Backend{"local", 1}, Backend{"local", 2},
                                            Backend{"local", 4}, Backend{"local", 8},
                                            Backend{"local", 4, 12}, Backend{"nccl-lsa", 1},
-                                           Backend{"nccl-lsa", 1, 12}),
+                                           Backend{"nccl-lsa", 1, 12}, Backend{"nccl-a2a", 1},
+                                           Backend{"nccl-a2a", 1, 12}),
                          [](const ::testing::TestParamInfo<Backend>& info) {
                            std::string name = info.param.name;
                            for (char& c : name) c = c == '-' ? '_' : c;

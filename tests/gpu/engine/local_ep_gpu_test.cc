@@ -243,32 +243,37 @@ TEST_P(LocalEpGpu, Mxfp8TokensTravelQuantized) {
   EXPECT_LT(experts, 0.05);  // measured on an H200: 1.9-2.5e-2 at EP 2/4/8
 }
 
-// nccl-lsa at world size 1 (the one GPU here): the exchange runs through NCCL's symmetric memory
-// and device barriers, and must give the engine without an exchange's step exactly.
-TEST(NcclLsaEngineGpu, WorldSizeOneMatchesTheEngineWithoutExchange) {
+// nccl-lsa and nccl-a2a at world size 1 (the one GPU here): the exchange runs through NCCL
+// (symmetric memory and device barriers; all-gather and send/receive of whole slots) and must give
+// the engine without an exchange's step exactly.
+TEST(NcclEngineGpu, WorldSizeOneMatchesTheEngineWithoutExchange) {
   if (!kernels::testing::HaveCudaDevice()) GTEST_SKIP() << "SKIPPED: no CUDA device";
-  EngineConfig c = Config(1);
-  EngineConfig lsa = c;
-  lsa.dispatcher = Dispatcher::kNcclLsa;
-  std::unique_ptr<KeyValueStore> store = NewMemoryKvStore();
-  RankGroups groups;
-  groups.store = store.get();
-  absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> with =
-      cuda_engine::CreateCudaEngine(lsa, 0, 1, &groups);
-  ASSERT_TRUE(with.ok()) << with.status();
-  std::unique_ptr<cuda_engine::CudaEngine> without = Make(c);
-  ASSERT_TRUE(without);
-  for (int step = 1; step <= 5; ++step) {
-    absl::StatusOr<StepStats> a = (*with)->Step();
-    absl::StatusOr<StepStats> b = without->Step();
-    ASSERT_TRUE(a.ok()) << a.status();
-    ASSERT_TRUE(b.ok()) << b.status();
-    // The same kernels but for the exchange's copies; fp64 and fp32 atomics (the squared error,
-    // the routing statistics) sum in no fixed order, hence a relative 1e-6.
-    std::printf("nccl-lsa step %d: loss %.9f (no exchange %.9f), aux %.9f (%.9f)\n", step,
-                a->loss, b->loss, a->aux_loss, b->aux_loss);
-    EXPECT_NEAR(a->loss, b->loss, 1e-6 * b->loss) << "step " << step;
-    EXPECT_NEAR(a->aux_loss, b->aux_loss, 1e-6 * b->aux_loss) << "step " << step;
+  for (Dispatcher dispatcher : {Dispatcher::kNcclLsa, Dispatcher::kNcclA2a}) {
+    const std::string name(ToString(dispatcher));
+    SCOPED_TRACE(name);
+    EngineConfig c = Config(1);
+    EngineConfig nccl = c;
+    nccl.dispatcher = dispatcher;
+    std::unique_ptr<KeyValueStore> store = NewMemoryKvStore();
+    RankGroups groups;
+    groups.store = store.get();
+    absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> with =
+        cuda_engine::CreateCudaEngine(nccl, 0, 1, &groups);
+    ASSERT_TRUE(with.ok()) << with.status();
+    std::unique_ptr<cuda_engine::CudaEngine> without = Make(c);
+    ASSERT_TRUE(without);
+    for (int step = 1; step <= 5; ++step) {
+      absl::StatusOr<StepStats> a = (*with)->Step();
+      absl::StatusOr<StepStats> b = without->Step();
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok()) << b.status();
+      // The same kernels but for the exchange's copies; fp64 and fp32 atomics (the squared
+      // error, the routing statistics) sum in no fixed order, hence a relative 1e-6.
+      std::printf("%s step %d: loss %.9f (no exchange %.9f), aux %.9f (%.9f)\n", name.c_str(),
+                  step, a->loss, b->loss, a->aux_loss, b->aux_loss);
+      EXPECT_NEAR(a->loss, b->loss, 1e-6 * b->loss) << "step " << step;
+      EXPECT_NEAR(a->aux_loss, b->aux_loss, 1e-6 * b->aux_loss) << "step " << step;
+    }
   }
 }
 

@@ -62,7 +62,6 @@ TEST(EngineSupportTest, EachUnsupportedFieldIsRefusedNamingIt) {
   const std::vector<Refusal> cases = {
       {"cuda_ep_over_a_node", {{"ep: 1", "ep: 16"}}, "parallel.ep", "1 to 8 GPUs"},
       {"cuda_dp", {{"dp: 1", "dp: 2"}}, "parallel.dp", "got dp 2"},
-      {"cuda_dispatcher", {{"dispatcher: auto", "dispatcher: nccl-a2a"}}, "dispatcher", "nccl-a2a is not built"},
       {"cuda_gloo", {{"dispatcher: auto", "dispatcher: gloo"}}, "dispatcher", "gloo moves host buffers"},
       {"cuda_overlap", {{"overlap: false", "overlap: true"}}, "overlap", "chunked overlap"},
       {"cuda_hidden", {{"hidden: 256", "hidden: 260"}}, "model.hidden", "multiple of 8"},

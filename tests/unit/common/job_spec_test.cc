@@ -357,22 +357,18 @@ TEST(JobSpecTest, BooleansAcceptTrueFalseInAnyCase) {
   EXPECT_TRUE(spec->model.renormalize);
 }
 
-TEST(JobSpecTest, NcclDispatchersParseAndTheCudaEngineTakesLsaAndEp) {
-  // The names parse; the cuda engine runs nccl-lsa and nccl-ep and refuses nccl-a2a naming its
-  // limit, not a typo (engine_support_test.cc has the engine's whole table).
+TEST(JobSpecTest, NcclDispatchersParseAndTheCudaEngineTakesThem) {
+  // The names parse and the cuda engine takes every NCCL backend (engine_support_test.cc has the
+  // engine's whole table; nccl-ep's library is looked for at rank start).
   auto with_dispatcher = [](const std::string& dispatcher) {
     return absl::StrReplaceAll(kBase, {{"dispatcher: auto\n", "dispatcher: " + dispatcher + "\n"},
                                        {"backend: cpu", "backend: cuda"},
                                        {"  ep: 2", "  ep: 1"}});
   };
-  for (const std::string dispatcher : {"nccl-lsa", "nccl-ep"}) {
+  for (const std::string dispatcher : {"nccl-lsa", "nccl-a2a", "nccl-ep"}) {
     absl::StatusOr<JobSpec> spec = ParseJobSpec(with_dispatcher(dispatcher));
     EXPECT_TRUE(spec.ok()) << dispatcher << ": " << spec.status();
   }
-  absl::StatusOr<JobSpec> a2a = ParseJobSpec(with_dispatcher("nccl-a2a"));
-  ASSERT_FALSE(a2a.ok());
-  EXPECT_THAT(std::string(a2a.status().message()),
-              StartsWith("dispatcher: nccl-a2a is not built for the cuda engine yet"));
 }
 
 TEST(JobSpecTest, CrlfLineEndingsAndJsonSyntaxAreAccepted) {

@@ -185,8 +185,8 @@ absl::Status CudaEngineImpl::Initialize() {
 }
 
 // `local` for the EP ranks of this process; across processes `nccl-lsa` (also what `auto` picks
-// at EP > 1), its NCCL group joined through the attempt's rendezvous store; none at EP = 1 with
-// `auto` (the permutation on the one GPU is the whole dispatch).
+// at EP > 1) or `nccl-a2a`, their NCCL group joined through the attempt's rendezvous store; none
+// at EP = 1 with `auto` (the permutation on the one GPU is the whole dispatch).
 absl::Status CudaEngineImpl::CreateDispatcher() {
   if (ep_local_ > 1) {
     absl::StatusOr<std::unique_ptr<ExpertDispatcher>> d =
@@ -200,24 +200,30 @@ absl::Status CudaEngineImpl::CreateDispatcher() {
       if (dims_.ep == 1) return absl::OkStatus();
       break;
     case Dispatcher::kNcclLsa:
+    case Dispatcher::kNcclA2a:
       break;
     case Dispatcher::kNcclEp:
       return NcclEpLibraryAvailable();
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "dispatcher: ", std::string(ToString(config_.dispatcher)),
-          " is not available to the cuda engine (nccl-lsa, nccl-ep or auto)"));
+          " is not available to the cuda engine (nccl-lsa, nccl-a2a, nccl-ep or auto)"));
   }
+  const bool a2a = config_.dispatcher == Dispatcher::kNcclA2a;
   if (groups_ == nullptr || groups_->store == nullptr) {
-    return absl::FailedPreconditionError(
-        "dispatcher: nccl-lsa needs the attempt's rendezvous store to set up its NCCL group");
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dispatcher: ", a2a ? "nccl-a2a" : "nccl-lsa",
+        " needs the attempt's rendezvous store to set up its NCCL group"));
   }
   const int ep = dims_.ep;
   absl::StatusOr<std::unique_ptr<NcclGroup>> group = JoinNcclGroup(
       groups_->store, absl::StrCat("ep/", rank_ / ep), rank_ % ep, ep, kNcclJoinTimeout);
   if (!group.ok()) return group.status();
+  // The widest row an exchange moves: a bf16 token (hidden x 2 bytes).
+  const size_t max_row_bytes = static_cast<size_t>(dims_.hidden) * sizeof(Bf16);
   absl::StatusOr<std::unique_ptr<ExpertDispatcher>> d =
-      NewNcclLsaDispatcher(dims_.ep_shape(), *std::move(group));
+      a2a ? NewNcclA2aDispatcher(dims_.ep_shape(), max_row_bytes, *std::move(group))
+          : NewNcclLsaDispatcher(dims_.ep_shape(), *std::move(group));
   if (!d.ok()) return d.status();
   dispatcher_ = *std::move(d);
   LogInfo(absl::StrFormat("cuda engine: rank %d: EP group of %d, dispatcher %s (%s)", rank_, ep,

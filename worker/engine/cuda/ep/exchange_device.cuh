@@ -52,7 +52,21 @@ __device__ inline void PlanOfRank(const int32_t* counts, int ranks, int experts,
   }
 }
 
-// Sender rows [warp_first, total) stepping by warp_stride, one warp per row of row_vectors V
+// Rank p's plan from the group's count matrix in global memory ([ranks][experts], ranks <=
+// kMaxRanks), by one block: PlanOfRank on a shared-memory copy.
+template <int kMaxRanks>
+__device__ inline void PlanFromCountMatrix(const int32_t* count_matrix, int ranks, int experts,
+                                           int p, int32_t* job_counts, int32_t* recv_offsets,
+                                           int32_t* dest_rows) {
+  __shared__ int32_t counts[kMaxRanks * kMaxExperts];
+  __shared__ int32_t job[kMaxExperts];
+  __shared__ int32_t owner_prefix[kMaxExperts];
+  for (int i = threadIdx.x; i < ranks * experts; i += blockDim.x) counts[i] = count_matrix[i];
+  __syncthreads();
+  PlanOfRank(counts, ranks, experts, p, job, owner_prefix, job_counts, recv_offsets, dest_rows);
+}
+
+// Sender rows [offsets[0] + warp_first, offsets[experts]) stepping by warp_stride, one warp per row of row_vectors V
 // (uint4 for rows of a multiple of 16 bytes, uint32_t for MXFP8 scale rows of a multiple of 4):
 // row i of expert e (offsets in shared memory, experts + 1 entries) <-> row dest_rows[e] + i -
 // offsets[e] of the receive buffer recv[e / local_experts]. to_owner: send -> recv, else back.
@@ -64,7 +78,7 @@ __device__ inline void ExchangeRowsOfSender(const int32_t* offsets, const int32_
                                             int64_t warp_stride) {
   const int64_t total = offsets[experts];
   const int lane = threadIdx.x % 32;
-  for (int64_t i = warp_first; i < total; i += warp_stride) {
+  for (int64_t i = offsets[0] + warp_first; i < total; i += warp_stride) {
     int lo = 0, hi = experts;  // offsets[lo] <= i < offsets[hi]
     while (hi - lo > 1) {
       const int mid = (lo + hi) / 2;

@@ -134,6 +134,13 @@ class NcclGroup;
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewNcclLsaDispatcher(
     const EpShape& shape, std::unique_ptr<NcclGroup> group);
 
+// `nccl-a2a`: one EP rank per process over NCCL's host API (ncclAllGather of the counts, grouped
+// ncclSend/ncclRecv of the rows), for ranks that load/store cannot reach. Sizes stay on the device,
+// so every exchange moves whole slots of shape.rows rows per peer (ep x an exact exchange's
+// bytes); max_row_bytes: the largest row any call moves (staging: 2 x ep x rows x max_row_bytes).
+absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewNcclA2aDispatcher(
+    const EpShape& shape, size_t max_row_bytes, std::unique_ptr<NcclGroup> group);
+
 // `nccl-ep`: NVIDIA's NCCL EP library, loaded at run time. OK when libnccl_ep.so can be loaded on
 // this machine; otherwise Unavailable naming the library (the backend is never faked).
 absl::Status NcclEpLibraryAvailable();

@@ -45,9 +45,6 @@ __global__ void LsaPlanKernel(ncclDevComm comm, ncclWindow_t matrix_window, size
                               const int32_t* send_offsets, int32_t* count_matrix,
                               int32_t* job_counts, int32_t* recv_offsets, int32_t* dest_rows,
                               int ranks, int experts, int me) {
-  __shared__ int32_t counts[kMaxLocalRanks * xd::kMaxExperts];
-  __shared__ int32_t job[xd::kMaxExperts];
-  __shared__ int32_t owner_prefix[xd::kMaxExperts];
   GroupBarrier(comm);  // every peer is done with its matrix's previous contents
   for (int e = threadIdx.x; e < experts; e += blockDim.x) {
     const int32_t c = send_offsets[e + 1] - send_offsets[e];
@@ -56,9 +53,8 @@ __global__ void LsaPlanKernel(ncclDevComm comm, ncclWindow_t matrix_window, size
     }
   }
   GroupBarrier(comm);  // every peer's counts are in this rank's matrix
-  for (int i = threadIdx.x; i < ranks * experts; i += blockDim.x) counts[i] = count_matrix[i];
-  __syncthreads();
-  xd::PlanOfRank(counts, ranks, experts, me, job, owner_prefix, job_counts, recv_offsets, dest_rows);
+  xd::PlanFromCountMatrix<kMaxLocalRanks>(count_matrix, ranks, experts, me, job_counts,
+                                          recv_offsets, dest_rows);
 }
 
 template <typename V>
