@@ -128,6 +128,7 @@ def public_include_dirs(cmake_text):
     """target -> the directories its target_include_directories calls make PUBLIC or INTERFACE."""
     dirs = {}
     for m in TARGET_INCLUDES.finditer(cmake_text):
+        dirs.setdefault(m.group(1), [])  # seen, whatever its scopes (dropless_public_headers)
         scope = None
         for word in m.group(2).split():
             if word in ("PUBLIC", "PRIVATE", "INTERFACE", "SYSTEM", "BEFORE", "AFTER"):
