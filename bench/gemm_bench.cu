@@ -2,6 +2,8 @@
 // shapes (dsv3, qwen3, mixtral), uniform and zipf group sizes, next to a cuBLASLt per-group loop
 // and the ceilings (dense bf16 GEMM, device copy) measured in the same run. Writes the BENCH.md
 // JSON with --json; bench/peers/gemm_peer.py adds torch's rows to it from the same group sizes.
+// --precisions=bf16,fp8-block adds the fp8 blockwise-scaled grouped GEMM
+// (fp8_block_grouped_gemm.h) on the same shapes and group sizes, as precision "fp8-block".
 #ifdef DROPLESS_HAVE_GROUPED_GEMM
 
 #include <cuda_bf16.h>
@@ -21,12 +23,16 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_registry.h"
 #include "bench/gemm_bench_common.h"
+#include "dropless/kernels/fp8_block.h"
+#include "dropless/kernels/fp8_block_grouped_gemm.h"
 #include "dropless/kernels/grouped_gemm.h"
 
 namespace dropless::bench {
 namespace {
 
 using kernels::CublasLtGroupedGemm;
+using kernels::Fp8BlockGroupedGemm;
+using kernels::Fp8BlockOperand;
 using kernels::GradType;
 using kernels::GroupedGemm;
 using kernels::GroupedGemmOp;
@@ -45,6 +51,25 @@ __global__ void FillRandomBf16(__nv_bfloat16* p, int64_t count, uint64_t seed) {
     h ^= h >> 29;
     const float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
     p[i] = __float2bfloat16(2.0f * u - 1.0f);
+  }
+}
+
+// Random E4M3 bytes without the NaN codes (scales = 0), or positive fp32 scales in
+// [2^-4, 2^4) (scales = 1, p holding floats).
+__global__ void FillFp8Block(uint8_t* p, int64_t count, uint64_t seed, int scales) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t h = (static_cast<uint64_t>(i) + seed) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 31;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+    if (scales) {
+      reinterpret_cast<float*>(p)[i] = ldexpf(1.0f + (h >> 40) * (1.0f / 16777216.0f),
+                                              static_cast<int>((h >> 8) % 8) - 4);
+    } else {
+      const uint8_t b = static_cast<uint8_t>(h >> 24);
+      p[i] = (b & 0x7F) == 0x7F ? static_cast<uint8_t>(b ^ 1) : b;
+    }
   }
 }
 
@@ -77,6 +102,7 @@ std::string RowJson(const Row& r) {
 
 struct Flags : CommonGemmFlags {
   bool sweep = false, cublas = true;
+  bool bf16 = true, fp8_block = false;  // --precisions
 };
 
 Flags ParseFlags(const std::vector<std::string>& args) {
@@ -88,18 +114,142 @@ Flags ParseFlags(const std::vector<std::string>& args) {
       f.sweep = true;
     } else if (kv.first == "--no-cublas") {
       f.cublas = false;
+    } else if (kv.first == "--precisions") {
+      f.bf16 = f.fp8_block = false;
+      for (absl::string_view p : absl::StrSplit(kv.second, ',')) {
+        if (p == "bf16") {
+          f.bf16 = true;
+        } else if (p == "fp8-block") {
+          f.fp8_block = true;
+        } else {
+          std::fprintf(stderr, "gemm bench: --precisions: unknown '%s' (bf16, fp8-block)\n",
+                       std::string(p).c_str());
+          std::exit(2);
+        }
+      }
     } else {
       std::fprintf(
           stderr,
           "gemm bench: unknown flag %s\nflags: --json=PATH --commit=SHA "
           "--shapes=dsv3,qwen3,mixtral --dists=uniform,zipf --ops=fwd,dgrad,wgrad --sweep --no-cublas "
-          "--iters=N --cooldown-ms=N\n",
+          "--precisions=bf16,fp8-block --iters=N --cooldown-ms=N\n",
           a.c_str());
       std::exit(2);
     }
   }
   return f;
 }
+
+// The fp8-block grouped GEMM on one expert shape: operands in the fp8_block.h layouts, filled at
+// random once (E4M3 bytes without the NaN codes, fp32 scales in [2^-4, 2^4)), only for the
+// requested products; the outputs are the bf16 bench's buffers (same shapes).
+class Fp8BlockBench {
+ public:
+  Fp8BlockBench(int64_t rows, int experts, int k, int n, const Flags& flags)
+      : rows_(rows), experts_(experts), k_(k), n_(n),
+        padded_(kernels::Fp8ColwisePaddedRows(rows, experts)),
+        offsets_(experts + 1), padded_offsets_(experts + 1) {
+    const int64_t w = static_cast<int64_t>(experts) * k * n, wb = w / (128 * 128);
+    if (flags.Op("fwd")) {
+      Make(&x_, rows * k, rows * k / 128, 21);
+      Make(&w_t_, w, wb, 22);
+    }
+    if (flags.Op("dgrad")) {
+      Make(&dy_, rows * n, rows * n / 128, 23);
+      Make(&w_, w, wb, 24);
+    }
+    if (flags.Op("wgrad")) {
+      Make(&x_col_, padded_ * k, padded_ / 128 * k, 25);
+      Make(&dy_col_, padded_ * n, padded_ / 128 * n, 26);
+    }
+    BENCH_CUDA(cudaGetLastError());
+    kernels::Fp8BlockGroupedGemmOptions o;
+    o.num_groups = experts;
+    o.k = k;
+    o.n = n;
+    o.max_rows = rows;
+    o.padded_rows = padded_;
+    auto gemm = Fp8BlockGroupedGemm::Create(o);
+    Check(gemm.status(), "fp8-block create");
+    gemm_ = *std::move(gemm);
+  }
+
+  // Times the requested products for one set of group sizes; appends a row each to `out` (base
+  // gives the shape, weight, groups and the start of the note).
+  void Run(const std::vector<int>& sizes, const Row& base, __nv_bfloat16* y, __nv_bfloat16* dx,
+           float* dw, const Flags& flags, std::vector<Row>* out) {
+    std::vector<int32_t> host(1, 0), host_padded(1, 0);
+    int nonempty = 0;
+    for (int v : sizes) {
+      host.push_back(host.back() + v);
+      host_padded.push_back(host_padded.back() + (v + 127) / 128 * 128);
+      nonempty += v > 0;
+    }
+    BENCH_CUDA(cudaMemcpy(offsets_.ptr, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(padded_offsets_.ptr, host_padded.data(), host_padded.size() * 4,
+                          cudaMemcpyHostToDevice));
+    const double q = 1.0 + 4.0 / 128;  // an fp32 scale per 128 elements
+    const double act_k = q * rows_ * k_, act_n = q * rows_ * n_;
+    const double wbytes = double(nonempty) * k_ * n_;  // weights of empty experts untouched
+    const double flop = 2.0 * rows_ * k_ * double(n_);
+    auto add = [&](const char* name, const char* type, double ms, double bytes) {
+      Row r = base;
+      r.name = name;
+      r.impl = "dropless";
+      r.precision = "fp8-block";
+      r.kernel = gemm_->KernelName();
+      r.out = type;
+      r.ms = ms;
+      r.tflops = flop / (ms * 1e-3) / 1e12;
+      r.gbps = bytes / (ms * 1e-3) / 1e9;
+      r.note += ", fp8 e4m3 + fp32 scales per 1x128 tile / 128x128 weight block";
+      out->push_back(r);
+    };
+    const int wu = flags.warmup, it = flags.iters;
+    if (flags.Op("fwd")) {
+      auto call = [&] {
+        Check(gemm_->Forward(x_.Op(), w_t_.Op(), offsets_.ptr, Out(y), nullptr), "fp8-block fwd");
+      };
+      add("fwd", "bf16", MedianMs(call, wu, it), act_k + wbytes + 2.0 * rows_ * n_);
+    }
+    if (flags.Op("dgrad")) {
+      auto call = [&] {
+        Check(gemm_->BackwardData(dy_.Op(), w_.Op(), offsets_.ptr, Out(dx), nullptr),
+              "fp8-block dgrad");
+      };
+      add("dgrad", "bf16", MedianMs(call, wu, it), act_n + wbytes + 2.0 * rows_ * k_);
+    }
+    if (flags.Op("wgrad")) {
+      auto call = [&] {
+        Check(gemm_->BackwardWeight(x_col_.Op(), dy_col_.Op(), padded_offsets_.ptr, dw, nullptr),
+              "fp8-block wgrad");
+      };
+      add("wgrad", "fp32", MedianMs(call, wu, it),
+          act_k + act_n + 4.0 * experts_ * k_ * double(n_));
+    }
+  }
+
+ private:
+  struct Operand {
+    std::unique_ptr<DeviceMemory<uint8_t>> data;
+    std::unique_ptr<DeviceMemory<float>> scales;
+    Fp8BlockOperand Op() const { return {data->ptr, scales->ptr}; }
+  };
+  static void Make(Operand* op, int64_t elements, int64_t scales, uint64_t seed) {
+    op->data = std::make_unique<DeviceMemory<uint8_t>>(elements);
+    op->scales = std::make_unique<DeviceMemory<float>>(scales);
+    FillFp8Block<<<4096, 256>>>(op->data->ptr, elements, seed, 0);
+    FillFp8Block<<<1024, 256>>>(reinterpret_cast<uint8_t*>(op->scales->ptr), scales, seed + 7, 1);
+  }
+  static kernels::Bf16* Out(__nv_bfloat16* p) { return reinterpret_cast<kernels::Bf16*>(p); }
+
+  int64_t rows_;
+  int experts_, k_, n_;
+  int64_t padded_;
+  DeviceMemory<int32_t> offsets_, padded_offsets_;
+  Operand x_, w_t_, dy_, w_, x_col_, dy_col_;
+  std::unique_ptr<Fp8BlockGroupedGemm> gemm_;
+};
 
 class GemmBench {
  public:
@@ -157,6 +307,8 @@ class GemmBench {
     FillRandomBf16<<<4096, 256>>>(w.ptr, static_cast<int64_t>(wsize), 12);
     FillRandomBf16<<<4096, 256>>>(dy.ptr, rows * n, 13);
     BENCH_CUDA(cudaGetLastError());
+    std::unique_ptr<Fp8BlockBench> fp8;
+    if (flags_.fp8_block) fp8 = std::make_unique<Fp8BlockBench>(rows, experts, k, n, flags_);
 
     for (const std::string& dist : flags_.dists) {
       const std::vector<int> sizes = GroupSizes(rows, experts, dist);
@@ -181,6 +333,16 @@ class GemmBench {
                                       " groups, E=", experts, ", ", rows, " rows", note),
                          ms, flop / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9});
       };
+      if (fp8 != nullptr) {
+        Row base;
+        base.shape = s.name;
+        base.weight = weight;
+        base.groups = dist;
+        base.note = absl::StrCat(weight, " (k=", k, ", n=", n, "), ", dist, " groups, E=",
+                                 experts, ", ", rows, " rows");
+        fp8->Run(sizes, base, y.ptr, dx.ptr, dw32.ptr, flags_, &rows_);
+      }
+      if (!flags_.bf16) continue;
 
       GroupedGemmOptions options;
       options.num_groups = experts;

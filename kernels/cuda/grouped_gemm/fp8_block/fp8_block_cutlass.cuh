@@ -1,0 +1,313 @@
+// The CUTLASS sm90 ptr-array grouped GEMM with FP8 blockwise scaling (mainloop
+// sm90_mma_array_tma_gmma_ss_warpspecialized_fp8_blockwise_scaling.hpp: TMA loads of the E4M3
+// tiles, cp.async loads of the fp32 scales by a fourth producer warp, the accumulator promoted and
+// scaled after every 128-wide K block) bound to one product of fp8_block_grouped_gemm.h. Included
+// only by the instance translation units of this folder, one kernel each.
+#ifndef DROPLESS_KERNELS_CUDA_GROUPED_GEMM_FP8_BLOCK_FP8_BLOCK_CUTLASS_CUH_
+#define DROPLESS_KERNELS_CUDA_GROUPED_GEMM_FP8_BLOCK_FP8_BLOCK_CUTLASS_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/detail/blockwise_scale_layout.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "kernels/cuda/grouped_gemm/cutlass_grouped_gemm.cuh"
+#include "kernels/cuda/grouped_gemm/fp8_block/fp8_block_runner.h"
+#include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
+
+namespace dropless::kernels::fp8_block_gemm {
+
+inline constexpr int kBlock = 128;
+
+using grouped_gemm_internal::AllocateDevice;
+using grouped_gemm_internal::DeviceArray;
+using grouped_gemm_internal::LeadingDimStride;
+
+// CUTLASS computes D[M,N] = A[M,K] . B[N,K]^T per group; both operands are K-major here, so the
+// tensor cores read E4M3 from shared memory as they require (8-bit wgmma takes K-major only):
+//   m-grouped (forward, data gradient)  A = activations [M = group rows][K] row-wise,
+//                                       B = the expert's weight [N][K]
+//                                       scales: A per (row, K block) [M][K/128] (K-major),
+//                                               B per 128 x 128 block [N/128][K/128] (K-major)
+//   k-grouped (weight gradient)         A = X column-wise [M = k][K = group's padded tokens],
+//                                       B = dY column-wise [N = n][K]
+//                                       scales: per (column, K block) [K/128][M] and [K/128][N]
+//                                               (MN-major)
+// Both operands' scales have the same major order in each kernel: CUTLASS 4.2's
+// Sm1xxBlockwiseScaleConfig::smem_atom_layoutSFB tests majorSFA, not majorSFB.
+template <Product P>
+struct ProductTraits;
+
+template <>
+struct ProductTraits<Product::kForward> {
+  using ElementD = cutlass::bfloat16_t;
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kBlock, kBlock, cute::GMMA::Major::K,
+                                                                cute::GMMA::Major::K>;
+};
+template <>
+struct ProductTraits<Product::kBackwardData> : ProductTraits<Product::kForward> {};
+template <>
+struct ProductTraits<Product::kBackwardWeight> {
+  using ElementD = float;
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 1, kBlock, cute::GMMA::Major::MN,
+                                                                cute::GMMA::Major::MN>;
+};
+
+template <Product P, int TileM, int TileN, int TileK, int ClusterM, int ClusterN>
+struct KernelDef {
+  using ElementAB = cutlass::float_e4m3_t;
+  using ElementD = typename ProductTraits<P>::ElementD;
+  using ElementAccumulator = float;
+  using ScaleConfig = typename ProductTraits<P>::ScaleConfig;
+  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+  using LayoutA = cutlass::layout::RowMajor;     // [M][K]
+  using LayoutB = cutlass::layout::ColumnMajor;  // [N][K]
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int kAlignAB = 16;
+  static constexpr int kAlignD = 16 / sizeof(ElementD);
+  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
+  using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+
+  // No source operand C: the epilogue only converts and stores the accumulators.
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementAccumulator,
+      void, LayoutD*, kAlignD, ElementD, LayoutD*, kAlignD,
+      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAccumulator,
+                                                   void>>::CollectiveOp;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB,
+      cute::tuple<LayoutA*, LayoutSFA*>, kAlignAB, ElementAB, cute::tuple<LayoutB*, LayoutSFB*>,
+      kAlignAB, ElementAccumulator, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+  using Shape = typename ProblemShape::UnderlyingProblemShape;
+
+  // The scale granularities the mainloop derived from the layouts are the ones of fp8_block.h.
+  static_assert(Mainloop::ScaleGranularityK == kBlock);
+  static_assert(Mainloop::ScaleGranularityM == 1);
+  static_assert(Mainloop::ScaleGranularityN == (P == Product::kBackwardWeight ? 1 : kBlock));
+};
+
+template <class Def>
+struct GroupArrays {
+  typename Def::Shape* shapes;
+  const typename Def::ElementAB** a;
+  const typename Def::ElementAB** b;
+  const float** sfa;
+  const float** sfb;
+  typename Def::ElementD** d;
+  typename Def::StrideA* stride_a;
+  typename Def::StrideB* stride_b;
+  typename Def::StrideD* stride_d;
+  typename Def::LayoutSFA* layout_sfa;
+  typename Def::LayoutSFB* layout_sfb;
+};
+
+// One thread per group: problem shape, operand and scale pointers, strides and scale layouts from
+// the group's row range (padded row range for the weight gradient).
+template <Product P, class Def>
+__global__ void FillGroupArrays(GroupArrays<Def> arrays, const int32_t* __restrict__ offsets,
+                                int num_groups, int k, int n, int64_t limit, const uint8_t* a,
+                                const float* sa, const uint8_t* b, const float* sb, void* d_void) {
+  using ElementAB = typename Def::ElementAB;
+  using ElementD = typename Def::ElementD;
+  const ElementAB* a_el = reinterpret_cast<const ElementAB*>(a);
+  const ElementAB* b_el = reinterpret_cast<const ElementAB*>(b);
+  ElementD* d = static_cast<ElementD*>(d_void);
+  const int64_t kb = k / kBlock, nb = n / kBlock;
+  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < num_groups;
+       e += blockDim.x * gridDim.x) {
+    int64_t begin = min(max(static_cast<int64_t>(offsets[e]), int64_t{0}), limit);
+    int64_t end = min(max(static_cast<int64_t>(offsets[e + 1]), begin), limit);
+    if constexpr (P == Product::kBackwardWeight) {
+      // limit (padded_rows) is a multiple of 128: the widened range stays inside the buffers, and
+      // every K tile is whole, with its data and scale pointers aligned.
+      begin = begin / kBlock * kBlock;
+      end = (end + kBlock - 1) / kBlock * kBlock;
+    }
+    const int rows = static_cast<int>(end - begin);
+    int m, nn, kk;
+    if constexpr (P == Product::kForward) {
+      m = rows, nn = n, kk = k;
+      arrays.a[e] = a_el + begin * k;
+      arrays.sfa[e] = sa + begin * kb;
+      arrays.b[e] = b_el + static_cast<int64_t>(e) * n * k;
+      arrays.sfb[e] = sb + e * nb * kb;
+      arrays.d[e] = d + begin * n;
+      arrays.stride_a[e] = LeadingDimStride<typename Def::StrideA>(k);
+      arrays.stride_b[e] = LeadingDimStride<typename Def::StrideB>(k);
+      arrays.stride_d[e] = LeadingDimStride<typename Def::StrideD>(n);
+    } else if constexpr (P == Product::kBackwardData) {
+      m = rows, nn = k, kk = n;
+      arrays.a[e] = a_el + begin * n;
+      arrays.sfa[e] = sa + begin * nb;
+      arrays.b[e] = b_el + static_cast<int64_t>(e) * k * n;
+      arrays.sfb[e] = sb + e * kb * nb;
+      arrays.d[e] = d + begin * k;
+      arrays.stride_a[e] = LeadingDimStride<typename Def::StrideA>(n);
+      arrays.stride_b[e] = LeadingDimStride<typename Def::StrideB>(n);
+      arrays.stride_d[e] = LeadingDimStride<typename Def::StrideD>(k);
+    } else {
+      // An empty group gets no tile (M = 0); ZeroEmptyGroups writes its zero gradient (K = 0 with
+      // tiles would store unscaled, never-promoted accumulators).
+      m = rows == 0 ? 0 : k, nn = n, kk = rows;
+      const int64_t padded = limit;
+      arrays.a[e] = a_el + begin;
+      arrays.sfa[e] = sa + begin / kBlock * k;
+      arrays.b[e] = b_el + begin;
+      arrays.sfb[e] = sb + begin / kBlock * n;
+      arrays.d[e] = d + static_cast<int64_t>(e) * k * n;
+      arrays.stride_a[e] = LeadingDimStride<typename Def::StrideA>(padded);
+      arrays.stride_b[e] = LeadingDimStride<typename Def::StrideB>(padded);
+      arrays.stride_d[e] = LeadingDimStride<typename Def::StrideD>(n);
+    }
+    arrays.shapes[e] = {m, nn, kk};
+    arrays.layout_sfa[e] = Def::ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(m, nn, kk, 1));
+    arrays.layout_sfb[e] = Def::ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(m, nn, kk, 1));
+  }
+}
+
+template <Product P, class Def>
+class CutlassRunner final : public Runner {
+ public:
+  static absl::StatusOr<std::unique_ptr<Runner>> Create(const RunnerShape& shape) {
+    auto runner = std::unique_ptr<CutlassRunner>(new CutlassRunner(shape));
+    absl::Status status = runner->Init();
+    if (!status.ok()) return status;
+    return std::unique_ptr<Runner>(std::move(runner));
+  }
+
+  absl::Status Run(const RunnerCall& call, cudaStream_t stream) override {
+    constexpr bool kGroupedK = P == Product::kBackwardWeight;
+    const int64_t limit = kGroupedK ? shape_.padded_rows : shape_.max_rows;
+    const int threads = 128;
+    const int blocks = (shape_.num_groups + threads - 1) / threads;
+    FillGroupArrays<P, Def><<<blocks, threads, 0, stream>>>(
+        arrays_, call.offsets, shape_.num_groups, shape_.k, shape_.n, limit, call.a, call.a_scales,
+        call.b, call.b_scales, call.d);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) {
+      return absl::InternalError(
+          absl::StrCat("fp8-block grouped gemm: fill launch: ", cudaGetErrorString(err)));
+    }
+    if constexpr (kGroupedK) {
+      absl::Status zeroed = grouped_gemm_internal::ZeroEmptyGroups(
+          call.offsets, shape_.num_groups, limit, static_cast<int64_t>(shape_.k) * shape_.n,
+          sizeof(typename Def::ElementD), call.d, stream);
+      if (!zeroed.ok()) return zeroed;
+    }
+    cutlass::Status status = gemm_.run(stream);
+    if (status != cutlass::Status::kSuccess) {
+      return absl::InternalError(absl::StrCat("fp8-block grouped gemm: CUTLASS run: ",
+                                              cutlassGetStatusString(status), " (",
+                                              cudaGetErrorString(cudaGetLastError()), ")"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  explicit CutlassRunner(const RunnerShape& shape) : shape_(shape) {}
+
+  template <class T>
+  absl::Status Allocate(DeviceArray<T>* out) {
+    auto array = AllocateDevice<T>(static_cast<size_t>(shape_.num_groups));
+    if (!array.ok()) return array.status();
+    *out = *std::move(array);
+    return absl::OkStatus();
+  }
+
+  absl::Status Init() {
+    for (const absl::Status& s :
+         {Allocate(&shapes_), Allocate(&a_), Allocate(&b_), Allocate(&sfa_), Allocate(&sfb_),
+          Allocate(&d_), Allocate(&stride_a_), Allocate(&stride_b_), Allocate(&stride_d_),
+          Allocate(&layout_sfa_), Allocate(&layout_sfb_)}) {
+      if (!s.ok()) return s;
+    }
+    arrays_ = {shapes_.get(),   a_.get(),        b_.get(),        sfa_.get(),
+               sfb_.get(),      d_.get(),        stride_a_.get(), stride_b_.get(),
+               stride_d_.get(), layout_sfa_.get(), layout_sfb_.get()};
+
+    // The arguments point at the arrays FillGroupArrays rewrites before each launch; the host
+    // never sees the problem shapes (nullptr), so the kernel parameters are built once, here.
+    typename Def::Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        {shape_.num_groups, shapes_.get(), nullptr},
+        {a_.get(), stride_a_.get(), b_.get(), stride_b_.get(), sfa_.get(), layout_sfa_.get(),
+         sfb_.get(), layout_sfb_.get()},
+        {{}, nullptr, nullptr, d_.get(), stride_d_.get()},
+        cutlass::KernelHardwareInfo{0, shape_.sm_count}};
+    args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
+    args.scheduler.max_swizzle_size = 1;
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = 0.0f;
+    int device = 0;
+    if (cudaGetDevice(&device) == cudaSuccess) args.hw_info.device_id = device;
+
+    cutlass::Status status = gemm_.can_implement(args);
+    if (status != cutlass::Status::kSuccess) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fp8-block grouped gemm: CUTLASS cannot implement: ", cutlassGetStatusString(status)));
+    }
+    const size_t workspace_bytes = Def::Gemm::get_workspace_size(args);
+    auto workspace = AllocateDevice<uint8_t>(workspace_bytes);
+    if (!workspace.ok()) return workspace.status();
+    workspace_ = *std::move(workspace);
+    status = gemm_.initialize(args, workspace_.get());
+    if (status != cutlass::Status::kSuccess) {
+      return absl::InternalError(absl::StrCat("fp8-block grouped gemm: CUTLASS initialize: ",
+                                              cutlassGetStatusString(status)));
+    }
+    return absl::OkStatus();
+  }
+
+  RunnerShape shape_;
+  DeviceArray<typename Def::Shape> shapes_;
+  DeviceArray<const typename Def::ElementAB*> a_, b_;
+  DeviceArray<const float*> sfa_, sfb_;
+  DeviceArray<typename Def::ElementD*> d_;
+  DeviceArray<typename Def::StrideA> stride_a_;
+  DeviceArray<typename Def::StrideB> stride_b_;
+  DeviceArray<typename Def::StrideD> stride_d_;
+  DeviceArray<typename Def::LayoutSFA> layout_sfa_;
+  DeviceArray<typename Def::LayoutSFB> layout_sfb_;
+  DeviceArray<uint8_t> workspace_;
+  GroupArrays<Def> arrays_{};
+  typename Def::Gemm gemm_;
+};
+
+}  // namespace dropless::kernels::fp8_block_gemm
+
+// Defines `Factory`, a RunnerFactory for one product and tile configuration.
+#define DROPLESS_FP8_BLOCK_GEMM_INSTANCE(Factory, P, TM, TN, TK, CM, CN)                \
+  namespace dropless::kernels::fp8_block_gemm {                                         \
+  absl::StatusOr<std::unique_ptr<Runner>> Factory(const RunnerShape& shape) {           \
+    return CutlassRunner<Product::P, KernelDef<Product::P, TM, TN, TK, CM, CN>>::Create( \
+        shape);                                                                         \
+  }                                                                                     \
+  }
+
+#endif  // DROPLESS_KERNELS_CUDA_GROUPED_GEMM_FP8_BLOCK_FP8_BLOCK_CUTLASS_CUH_

@@ -1,0 +1,152 @@
+// Fp8BlockGroupedGemm (kernels/include/dropless/kernels/fp8_block_grouped_gemm.h): option and
+// pointer checks, and one CUTLASS runner per product (fp8_block_runner.h).
+#include "dropless/kernels/fp8_block_grouped_gemm.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "dropless/kernels/fp8_block.h"
+#include "kernels/cuda/grouped_gemm/fp8_block/fp8_block_runner.h"
+
+namespace dropless::kernels {
+namespace {
+
+using fp8_block_gemm::Runner;
+using fp8_block_gemm::RunnerCall;
+using fp8_block_gemm::RunnerShape;
+
+bool Aligned(const void* p, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+absl::Status CheckOperand(const Fp8BlockOperand& op, const char* field) {
+  if (op.data == nullptr) return absl::InvalidArgumentError(absl::StrCat(field, ".data is null"));
+  if (op.scales == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat(field, ".scales is null"));
+  if (!Aligned(op.data, 16)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".data must be 16-byte aligned"));
+  }
+  if (!Aligned(op.scales, 4)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".scales must be 4-byte aligned"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOutput(const void* out, const int32_t* offsets, const char* out_field,
+                         const char* offsets_field) {
+  if (out == nullptr) return absl::InvalidArgumentError(absl::StrCat(out_field, " is null"));
+  // The epilogue stores through TMA.
+  if (!Aligned(out, 16)) {
+    return absl::InvalidArgumentError(absl::StrCat(out_field, " must be 16-byte aligned"));
+  }
+  if (offsets == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat(offsets_field, " is null"));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptions(const Fp8BlockGroupedGemmOptions& o) {
+  if (o.num_groups < 1) return absl::InvalidArgumentError("num_groups must be >= 1");
+  if (o.k < kFp8Block || o.k % kFp8Block != 0) {
+    return absl::InvalidArgumentError("k must be a positive multiple of 128");
+  }
+  if (o.n < kFp8Block || o.n % kFp8Block != 0) {
+    return absl::InvalidArgumentError("n must be a positive multiple of 128");
+  }
+  if (o.max_rows < 1 || o.max_rows >= (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError("max_rows must be in [1, 2^31)");
+  }
+  if (o.padded_rows < 0 || o.padded_rows % kFp8Block != 0 ||
+      o.padded_rows >= (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError("padded_rows must be 0 or a multiple of 128 below 2^31");
+  }
+  if (o.padded_rows == 0 && Fp8ColwisePaddedRows(o.max_rows, o.num_groups) >= (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(
+        "padded_rows: the default Fp8ColwisePaddedRows(max_rows, num_groups) is not below 2^31");
+  }
+  return absl::OkStatus();
+}
+
+class Fp8BlockGroupedGemmImpl final : public Fp8BlockGroupedGemm {
+ public:
+  Fp8BlockGroupedGemmImpl(std::unique_ptr<Runner> forward, std::unique_ptr<Runner> backward_data,
+                          std::unique_ptr<Runner> backward_weight)
+      : forward_(std::move(forward)),
+        backward_data_(std::move(backward_data)),
+        backward_weight_(std::move(backward_weight)) {}
+
+  absl::Status Forward(const Fp8BlockOperand& x, const Fp8BlockOperand& w_t,
+                       const int32_t* offsets, Bf16* y, Stream stream) override {
+    if (absl::Status s = CheckOperand(x, "x"); !s.ok()) return s;
+    if (absl::Status s = CheckOperand(w_t, "w_t"); !s.ok()) return s;
+    if (absl::Status s = CheckOutput(y, offsets, "y", "offsets"); !s.ok()) return s;
+    return forward_->Run({x.data, x.scales, w_t.data, w_t.scales, y, offsets}, stream);
+  }
+
+  absl::Status BackwardData(const Fp8BlockOperand& dy, const Fp8BlockOperand& w,
+                            const int32_t* offsets, Bf16* dx, Stream stream) override {
+    if (absl::Status s = CheckOperand(dy, "dy"); !s.ok()) return s;
+    if (absl::Status s = CheckOperand(w, "w"); !s.ok()) return s;
+    if (absl::Status s = CheckOutput(dx, offsets, "dx", "offsets"); !s.ok()) return s;
+    return backward_data_->Run({dy.data, dy.scales, w.data, w.scales, dx, offsets}, stream);
+  }
+
+  absl::Status BackwardWeight(const Fp8BlockOperand& x_colwise, const Fp8BlockOperand& dy_colwise,
+                              const int32_t* padded_offsets, float* dw, Stream stream) override {
+    if (absl::Status s = CheckOperand(x_colwise, "x_colwise"); !s.ok()) return s;
+    if (absl::Status s = CheckOperand(dy_colwise, "dy_colwise"); !s.ok()) return s;
+    if (absl::Status s = CheckOutput(dw, padded_offsets, "dw", "padded_offsets"); !s.ok()) return s;
+    return backward_weight_->Run({x_colwise.data, x_colwise.scales, dy_colwise.data,
+                                  dy_colwise.scales, dw, padded_offsets},
+                                 stream);
+  }
+
+  std::string KernelName() const override {
+    return absl::StrCat(fp8_block_gemm::kMGroupedKernelName, "+",
+                        fp8_block_gemm::kWeightGradientKernelName);
+  }
+
+ private:
+  std::unique_ptr<Runner> forward_, backward_data_, backward_weight_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Fp8BlockGroupedGemm>> Fp8BlockGroupedGemm::Create(
+    const Fp8BlockGroupedGemmOptions& options) {
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  int device = 0, major = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError("fp8-block grouped gemm: no CUDA device");
+  }
+  if (major != 9) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("fp8-block grouped gemm needs a Hopper (sm_90) device, not sm_", major, "x"));
+  }
+  RunnerShape shape;
+  shape.num_groups = options.num_groups;
+  shape.k = options.k;
+  shape.n = options.n;
+  shape.max_rows = options.max_rows;
+  shape.padded_rows = options.padded_rows > 0
+                          ? options.padded_rows
+                          : Fp8ColwisePaddedRows(options.max_rows, options.num_groups);
+  shape.sm_count = sms;
+  auto forward = fp8_block_gemm::MakeForwardCoop128x128x128C1x2(shape);
+  if (!forward.ok()) return forward.status();
+  auto backward_data = fp8_block_gemm::MakeBackwardDataCoop128x128x128C1x2(shape);
+  if (!backward_data.ok()) return backward_data.status();
+  auto backward_weight = fp8_block_gemm::MakeBackwardWeightCoop128x128x128C1x2(shape);
+  if (!backward_weight.ok()) return backward_weight.status();
+  return std::unique_ptr<Fp8BlockGroupedGemm>(new Fp8BlockGroupedGemmImpl(
+      *std::move(forward), *std::move(backward_data), *std::move(backward_weight)));
+}
+
+}  // namespace dropless::kernels

@@ -1,0 +1,64 @@
+// One compiled CUTLASS fp8-blockwise grouped-GEMM kernel bound to a product of
+// fp8_block_grouped_gemm.h: owns the per-group argument arrays (problem shapes, operand and scale
+// pointers, strides, scale layouts) and the kernel workspace, and fills the arrays on the device
+// from the group offsets before each launch. Internal to dropless_grouped_gemm; no CUTLASS here
+// (the instances in this folder compile the kernels, fp8_block_grouped_gemm.cc only calls them).
+#ifndef DROPLESS_KERNELS_CUDA_GROUPED_GEMM_FP8_BLOCK_FP8_BLOCK_RUNNER_H_
+#define DROPLESS_KERNELS_CUDA_GROUPED_GEMM_FP8_BLOCK_FP8_BLOCK_RUNNER_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace dropless::kernels::fp8_block_gemm {
+
+enum class Product { kForward, kBackwardData, kBackwardWeight };
+
+struct RunnerShape {
+  int num_groups = 0;
+  int k = 0;  // forward reduction dimension
+  int n = 0;  // forward output width
+  int64_t max_rows = 0;
+  int64_t padded_rows = 0;  // a multiple of 128
+  int sm_count = 0;
+};
+
+// Operands of one call in the product's terms (fp8_block_grouped_gemm.h): kForward a = X,
+// b = W^T, d = Y; kBackwardData a = dY, b = W, d = dX; kBackwardWeight a = X column-wise,
+// b = dY column-wise, d = dW. offsets are padded offsets for kBackwardWeight.
+struct RunnerCall {
+  const uint8_t* a = nullptr;
+  const float* a_scales = nullptr;
+  const uint8_t* b = nullptr;
+  const float* b_scales = nullptr;
+  void* d = nullptr;
+  const int32_t* offsets = nullptr;
+};
+
+class Runner {
+ public:
+  virtual ~Runner() = default;
+  virtual absl::Status Run(const RunnerCall& call, cudaStream_t stream) = 0;
+};
+
+using RunnerFactory = absl::StatusOr<std::unique_ptr<Runner>> (*)(const RunnerShape&);
+
+// m_grouped_coop_128x128x128_c1x2.cu: one kernel (A row-wise 1 x 128 scales, B 128 x 128 block
+// scales, bf16 out) for both m-grouped products.
+inline constexpr char kMGroupedKernelName[] = "fp8_block_coop_128x128x128_c1x2";
+absl::StatusOr<std::unique_ptr<Runner>> MakeForwardCoop128x128x128C1x2(const RunnerShape& shape);
+absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataCoop128x128x128C1x2(
+    const RunnerShape& shape);
+
+// wgrad_coop_128x128x128_c1x2.cu: column-wise 1 x 128 scales on both operands, fp32 out.
+inline constexpr char kWeightGradientKernelName[] = "fp8_block_wgrad_coop_128x128x128_c1x2";
+absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightCoop128x128x128C1x2(
+    const RunnerShape& shape);
+
+}  // namespace dropless::kernels::fp8_block_gemm
+
+#endif  // DROPLESS_KERNELS_CUDA_GROUPED_GEMM_FP8_BLOCK_FP8_BLOCK_RUNNER_H_

@@ -1,0 +1,629 @@
+// GPU tests of the fp8-block grouped GEMM (kernels/include/dropless/kernels/fp8_block_grouped_gemm.h):
+// all three products against an fp64 CPU reference of the dequantized operands, on fresh random
+// data each run (DROPLESS_TEST_SEED repeats one). The operands are built by hand directly in the
+// layouts of fp8_block.h (random E4M3 bytes without the NaN codes, random positive fp32 scales, a
+// different scale per 1 x 128 tile or 128 x 128 block), so the test does not depend on the
+// quantizer. Outputs are poisoned (NaN) before each call; group sizes include 0, 1 and values that
+// are not multiples of 128; buffers hold NaN codes and NaN scales where no product may read (rows
+// past offsets[G], padded rows past padded_offsets[G]); scale buffers have no slack rows. Without
+// a Hopper GPU the device tests skip; the option checks run everywhere.
+//
+// Bounds. Per element |out - ref| <= tol_rel * |ref| + tol_abs * sum_k |a_k b_k|: the first term is
+// the output rounding (bf16 2^-9, written 1e-2 with margin; fp32 1e-5), the second the fp8 tensor
+// cores' accumulation inside a 128-wide K block and the fp32 promotion. The norm-wise relative
+// error must also stay below 1e-2 (bf16) / 1e-3 (fp32).
+#include "dropless/kernels/fp8_block_grouped_gemm.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dropless/kernels/fp8_block.h"
+#include "dropless/kernels/mxfp8.h"  // E4M3ToFloat, kE4M3Nan
+#include "tests/gpu/gemm/gemm_test_util.h"
+
+namespace dropless::kernels {
+namespace {
+
+using gemm_test::DeviceBuffer;
+
+constexpr int kB = kFp8Block;
+constexpr double kBf16Rel = 1e-2, kBf16Abs = 2e-3, kBf16Norm = 1e-2;
+constexpr double kF32Rel = 1e-5, kF32Abs = 2e-3, kF32Norm = 1e-3;
+constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+
+// k = 384: three K blocks; n = 640: five N tiles in the forward and three (k) in the data
+// gradient, both odd, so the 1 x 2 clusters compute a padding tile past N.
+constexpr int kK = 384, kN = 640;
+const std::vector<int> kMixedSizes = {0, 1, 37, 0, 200, 129, 300, 3, 0, 64, 255, 128, 0};
+
+std::mt19937_64 Rng(uint64_t salt) {
+  return std::mt19937_64(salt ^ (gemm_test::RunSeed() * 0x9E3779B97F4A7C15ull));
+}
+
+// Any E4M3 byte but the NaN codes 0x7F / 0xFF.
+uint8_t RandomE4m3(std::mt19937_64* rng) {
+  uint8_t b = static_cast<uint8_t>((*rng)() & 0xFF);
+  return (b & 0x7F) == 0x7F ? static_cast<uint8_t>(b ^ 1) : b;
+}
+
+// A positive fp32 scale in [2^-10, 2): mantissa and exponent both random.
+float RandomScale(std::mt19937_64* rng) {
+  std::uniform_real_distribution<float> u(1.0f, 2.0f);
+  std::uniform_int_distribution<int> e(-10, 0);
+  return std::ldexp(u(*rng), e(*rng));
+}
+
+std::vector<int32_t> Offsets(const std::vector<int>& sizes) {
+  std::vector<int32_t> o(1, 0);
+  for (int s : sizes) o.push_back(o.back() + s);
+  return o;
+}
+
+template <class T>
+std::unique_ptr<DeviceBuffer> Upload(const std::vector<T>& v) {
+  auto b = std::make_unique<DeviceBuffer>(v.size() * sizeof(T), sizeof(T));
+  b->Upload(v.data(), v.size() * sizeof(T));
+  return b;
+}
+const uint8_t* U8(const std::unique_ptr<DeviceBuffer>& b) {
+  return reinterpret_cast<const uint8_t*>(b->i32());
+}
+
+// Row-wise [rows][cols] (fp8_block.h): data, scales [rows][cols / 128], dequantized values.
+struct RowwiseHost {
+  std::vector<uint8_t> data;
+  std::vector<float> scales;
+  std::vector<double> values;
+};
+
+// Rows [0, valid_rows) random; the rows past them hold NaN codes and NaN scales (never read).
+RowwiseHost MakeRowwise(int64_t rows, int64_t cols, int64_t valid_rows, std::mt19937_64* rng) {
+  RowwiseHost h;
+  h.data.assign(rows * cols, kE4M3Nan);
+  h.scales.assign(rows * cols / kB, kNan);
+  h.values.assign(rows * cols, kNan);
+  for (int64_t r = 0; r < valid_rows; ++r) {
+    for (int64_t j = 0; j < cols / kB; ++j) {
+      const float scale = RandomScale(rng);
+      h.scales[r * (cols / kB) + j] = scale;
+      for (int64_t c = j * kB; c < (j + 1) * kB; ++c) {
+        h.data[r * cols + c] = RandomE4m3(rng);
+        h.values[r * cols + c] = static_cast<double>(E4M3ToFloat(h.data[r * cols + c])) * scale;
+      }
+    }
+  }
+  return h;
+}
+
+// Expert weights W [E][k][n] in both orientations with one scale per 128 x 128 block.
+struct WeightsHost {
+  std::vector<uint8_t> data, data_t;    // [E][k][n], [E][n][k]
+  std::vector<float> scales, scales_t;  // [E][k/128][n/128], [E][n/128][k/128]
+  std::vector<double> values;           // [E][k][n]
+};
+
+WeightsHost MakeWeights(int experts, int64_t k, int64_t n, std::mt19937_64* rng) {
+  WeightsHost h;
+  const int64_t kb = k / kB, nb = n / kB;
+  h.data.resize(experts * k * n);
+  h.data_t.resize(experts * k * n);
+  h.values.resize(experts * k * n);
+  h.scales.resize(experts * kb * nb);
+  h.scales_t.resize(experts * kb * nb);
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t i = 0; i < kb; ++i) {
+      for (int64_t j = 0; j < nb; ++j) {
+        const float scale = RandomScale(rng);
+        h.scales[(e * kb + i) * nb + j] = scale;
+        h.scales_t[(e * nb + j) * kb + i] = scale;
+      }
+    }
+    for (int64_t r = 0; r < k; ++r) {
+      for (int64_t c = 0; c < n; ++c) {
+        const uint8_t b = RandomE4m3(rng);
+        h.data[(e * k + r) * n + c] = b;
+        h.data_t[(e * n + c) * k + r] = b;
+        h.values[(e * k + r) * n + c] =
+            static_cast<double>(E4M3ToFloat(b)) * h.scales[(e * kb + r / kB) * nb + c / kB];
+      }
+    }
+  }
+  return h;
+}
+
+// Column-wise [cols][P] with scales [P/128][cols] and padded offsets (fp8_block.h): group g's
+// tokens random, its padding up to the next multiple of 128 +0 (under the tile's scale); padded
+// rows past padded_offsets[G] hold NaN codes and NaN scales. values [cols][P] dequantized.
+struct ColwiseHost {
+  int64_t padded_rows = 0;
+  std::vector<uint8_t> data;
+  std::vector<float> scales;
+  std::vector<int32_t> padded_offsets;
+  std::vector<double> values;
+};
+
+ColwiseHost MakeColwise(const std::vector<int>& sizes, int64_t rows, int64_t cols,
+                        std::mt19937_64* rng) {
+  ColwiseHost h;
+  const int groups = static_cast<int>(sizes.size());
+  const int64_t p = h.padded_rows = Fp8ColwisePaddedRows(rows, groups);
+  h.padded_offsets.assign(1, 0);
+  for (int s : sizes) h.padded_offsets.push_back(h.padded_offsets.back() + (s + kB - 1) / kB * kB);
+  EXPECT_LE(h.padded_offsets.back(), p);
+  h.data.assign(cols * p, kE4M3Nan);
+  h.scales.assign(p / kB * cols, kNan);
+  h.values.assign(cols * p, kNan);
+  for (int g = 0; g < groups; ++g) {
+    for (int64_t t = h.padded_offsets[g] / kB; t < h.padded_offsets[g + 1] / kB; ++t) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float scale = RandomScale(rng);
+        h.scales[t * cols + c] = scale;
+        for (int64_t q = t * kB; q < (t + 1) * kB; ++q) {
+          const uint8_t b = q - h.padded_offsets[g] < sizes[g] ? RandomE4m3(rng) : uint8_t{0};
+          h.data[c * p + q] = b;
+          h.values[c * p + q] = static_cast<double>(E4M3ToFloat(b)) * scale;
+        }
+      }
+    }
+  }
+  return h;
+}
+
+// Reference and magnitude sum of each output element.
+struct Ref {
+  std::vector<double> value, magnitude;
+};
+
+// C[r][c] = sum_k A[r][k] B[e][c][k] for the rows r of group e; with row_stride > 1 only rows
+// r % row_stride == 0, stored compactly (row r at r / row_stride).
+Ref MGroupedReference(const std::vector<double>& a, const std::vector<double>& b,
+                      const std::vector<int32_t>& offsets, int kred, int nout, int row_stride = 1) {
+  Ref ref;
+  const size_t rows = (offsets.back() + row_stride - 1) / row_stride;
+  ref.value.assign(rows * nout, 0.0);
+  ref.magnitude.assign(rows * nout, 0.0);
+  for (size_t e = 0; e + 1 < offsets.size(); ++e) {
+    for (int r = offsets[e]; r < offsets[e + 1]; ++r) {
+      if (r % row_stride != 0) continue;
+      const double* ar = &a[static_cast<size_t>(r) * kred];
+      for (int c = 0; c < nout; ++c) {
+        const double* bc = &b[(e * nout + c) * static_cast<size_t>(kred)];
+        double sum = 0, mag = 0;
+        for (int k = 0; k < kred; ++k) {
+          sum += ar[k] * bc[k];
+          mag += std::fabs(ar[k] * bc[k]);
+        }
+        ref.value[static_cast<size_t>(r / row_stride) * nout + c] = sum;
+        ref.magnitude[static_cast<size_t>(r / row_stride) * nout + c] = mag;
+      }
+    }
+  }
+  return ref;
+}
+
+// dW[e][i][j] = sum over group e's padded tokens t of X[i][t] dY[j][t].
+Ref WeightGradientReference(const ColwiseHost& x, const ColwiseHost& dy, int k, int n) {
+  const int groups = static_cast<int>(x.padded_offsets.size()) - 1;
+  const int64_t p = x.padded_rows;
+  Ref ref;
+  ref.value.assign(static_cast<size_t>(groups) * k * n, 0.0);
+  ref.magnitude.assign(ref.value.size(), 0.0);
+  for (int e = 0; e < groups; ++e) {
+    for (int i = 0; i < k; ++i) {
+      for (int j = 0; j < n; ++j) {
+        double sum = 0, mag = 0;
+        for (int t = x.padded_offsets[e]; t < x.padded_offsets[e + 1]; ++t) {
+          const double prod = x.values[i * p + t] * dy.values[j * p + t];
+          sum += prod;
+          mag += std::fabs(prod);
+        }
+        ref.value[(static_cast<size_t>(e) * k + i) * n + j] = sum;
+        ref.magnitude[(static_cast<size_t>(e) * k + i) * n + j] = mag;
+      }
+    }
+  }
+  return ref;
+}
+
+// out[0, count) against ref; NaN positions must agree. Prints the observed errors.
+void ExpectClose(const std::vector<float>& out, const Ref& ref, size_t count, double rel,
+                 double abs_of_magnitude, double norm_bound, const char* what) {
+  ASSERT_GE(out.size(), count);
+  ASSERT_GE(ref.value.size(), count);
+  double diff2 = 0, ref2 = 0, worst = 0;
+  size_t bad = 0, nan_mismatch = 0, first_bad = count;
+  for (size_t i = 0; i < count; ++i) {
+    const double r = ref.value[i], o = out[i];
+    if (std::isnan(r) || std::isnan(o)) {
+      if (std::isnan(r) != std::isnan(o)) ++nan_mismatch;
+      continue;
+    }
+    const double d = std::fabs(o - r);
+    if (!(d <= rel * std::fabs(r) + abs_of_magnitude * ref.magnitude[i])) {
+      ++bad;
+      first_bad = std::min(first_bad, i);
+    }
+    if (ref.magnitude[i] > 0) worst = std::max(worst, d / ref.magnitude[i]);
+    diff2 += d * d;
+    ref2 += r * r;
+  }
+  const double norm_err = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+  std::printf("[%s] norm-relative error %.3g, worst |err| / sum|ab| %.3g\n", what, norm_err, worst);
+  EXPECT_EQ(nan_mismatch, 0u) << what << ": NaN where the reference has none, or the reverse";
+  EXPECT_EQ(bad, 0u) << what << ": first bad element " << first_bad << " out "
+                     << (first_bad < count ? out[first_bad] : 0.0f) << " ref "
+                     << (first_bad < count ? ref.value[first_bad] : 0.0);
+  EXPECT_LE(norm_err, norm_bound) << what;
+}
+
+// Elements [from, out.size()) are still the poison (NaN): never written.
+void ExpectUntouched(const std::vector<float>& out, size_t from, const char* what) {
+  size_t touched = 0;
+  for (size_t i = from; i < out.size(); ++i) touched += std::isnan(out[i]) ? 0 : 1;
+  EXPECT_EQ(touched, 0u) << what << ": rows past offsets[G] were written";
+}
+
+Fp8BlockGroupedGemmOptions Options(int groups, int64_t max_rows, int k = kK, int n = kN) {
+  Fp8BlockGroupedGemmOptions o;
+  o.num_groups = groups;
+  o.k = k;
+  o.n = n;
+  o.max_rows = max_rows;
+  return o;
+}
+
+// An m-grouped product: A row-wise [max_rows][kred] (rows past offsets[G] NaN), the weights, and
+// B's values as the kernel reads B: [E][nout][kred] (W^T for the forward, W for the data gradient).
+struct MGroupedCase {
+  std::vector<int32_t> offsets;
+  int64_t max_rows = 0;
+  int k = 0, n = 0;  // the forward's
+  bool dgrad = false;
+  int kred = 0, nout = 0;
+  RowwiseHost a;
+  WeightsHost w;
+  std::vector<double> b;
+};
+
+MGroupedCase MakeMGrouped(const std::vector<int>& sizes, int k, int n, bool dgrad, uint64_t salt) {
+  std::mt19937_64 rng = Rng(salt);
+  MGroupedCase c;
+  c.offsets = Offsets(sizes);
+  c.max_rows = c.offsets.back() + 16;
+  c.k = k;
+  c.n = n;
+  c.dgrad = dgrad;
+  c.kred = dgrad ? n : k;
+  c.nout = dgrad ? k : n;
+  c.a = MakeRowwise(c.max_rows, c.kred, c.offsets.back(), &rng);
+  const int experts = static_cast<int>(sizes.size());
+  c.w = MakeWeights(experts, k, n, &rng);
+  if (dgrad) {
+    c.b = c.w.values;
+  } else {
+    c.b.resize(c.w.values.size());
+    for (int64_t e = 0; e < experts; ++e) {
+      for (int64_t i = 0; i < k; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          c.b[(e * n + j) * k + i] = c.w.values[(e * k + i) * n + j];
+        }
+      }
+    }
+  }
+  return c;
+}
+
+// Runs the case's product once into a poisoned output and checks every row_stride-th row against
+// the reference, every group row for being written, the rows past offsets[G] for the poison.
+void RunMGrouped(const MGroupedCase& c, const char* what, int row_stride = 1) {
+  const int groups = static_cast<int>(c.offsets.size()) - 1;
+  auto gemm = Fp8BlockGroupedGemm::Create(Options(groups, c.max_rows, c.k, c.n));
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  auto a_data = Upload(c.a.data), a_scales = Upload(c.a.scales);
+  auto b_data = Upload(c.dgrad ? c.w.data : c.w.data_t);
+  auto b_scales = Upload(c.dgrad ? c.w.scales : c.w.scales_t);
+  auto offsets = Upload(c.offsets);
+  DeviceBuffer out(static_cast<size_t>(c.max_rows) * c.nout * 2, 2);  // poisoned
+  const Fp8BlockOperand a{U8(a_data), a_scales->f32()}, b{U8(b_data), b_scales->f32()};
+  Bf16* y = reinterpret_cast<Bf16*>(out.bf16());
+  const absl::Status s = c.dgrad ? (*gemm)->BackwardData(a, b, offsets->i32(), y, nullptr)
+                                 : (*gemm)->Forward(a, b, offsets->i32(), y, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> host = out.ToHostBf16();
+  const Ref ref = MGroupedReference(c.a.values, c.b, c.offsets, c.kred, c.nout, row_stride);
+  std::vector<float> sampled;
+  for (size_t r = 0; r < static_cast<size_t>(c.offsets.back()); r += row_stride) {
+    sampled.insert(sampled.end(), host.begin() + r * c.nout, host.begin() + (r + 1) * c.nout);
+  }
+  ExpectClose(sampled, ref, sampled.size(), kBf16Rel, kBf16Abs, kBf16Norm, what);
+  const size_t valid = static_cast<size_t>(c.offsets.back()) * c.nout;
+  if (row_stride > 1) {
+    size_t unwritten = 0;
+    for (size_t i = 0; i < valid; ++i) unwritten += std::isnan(host[i]) ? 1 : 0;
+    EXPECT_EQ(unwritten, 0u) << what << ": outputs left NaN (unwritten) in the groups' rows";
+  }
+  ExpectUntouched(host, valid, what);
+}
+
+// Option errors name the field; checked before any device is looked at, so this runs everywhere.
+TEST(Fp8BlockGroupedGemmOptionsTest, BadOptionsNameTheField) {
+  struct Case {
+    Fp8BlockGroupedGemmOptions options;
+    const char* field;
+  };
+  std::vector<Case> cases;
+  auto bad = [&](auto edit, const char* field) {
+    Fp8BlockGroupedGemmOptions o = Options(4, 1024);
+    edit(o);
+    cases.push_back({o, field});
+  };
+  bad([](auto& o) { o.num_groups = 0; }, "num_groups");
+  bad([](auto& o) { o.k = 96; }, "k must");
+  bad([](auto& o) { o.k = 0; }, "k must");
+  bad([](auto& o) { o.n = 200; }, "n must");
+  bad([](auto& o) { o.n = -128; }, "n must");
+  bad([](auto& o) { o.max_rows = 0; }, "max_rows");
+  bad([](auto& o) { o.max_rows = int64_t{1} << 31; }, "max_rows");
+  bad([](auto& o) { o.padded_rows = 100; }, "padded_rows");
+  bad([](auto& o) { o.padded_rows = -128; }, "padded_rows");
+  for (const Case& c : cases) {
+    auto created = Fp8BlockGroupedGemm::Create(c.options);
+    ASSERT_FALSE(created.ok()) << c.field;
+    EXPECT_EQ(created.status().code(), absl::StatusCode::kInvalidArgument) << created.status();
+    EXPECT_NE(created.status().message().find(c.field), std::string::npos) << created.status();
+  }
+  if (!gemm_test::HasHopperDevice()) {  // good options, no device: a precondition error
+    auto created = Fp8BlockGroupedGemm::Create(Options(4, 1024));
+    ASSERT_FALSE(created.ok());
+    EXPECT_EQ(created.status().code(), absl::StatusCode::kFailedPrecondition) << created.status();
+  }
+}
+
+class Fp8BlockGroupedGemmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!gemm_test::HasHopperDevice()) GTEST_SKIP() << "SKIPPED: no CUDA device (Hopper sm_90)";
+  }
+};
+
+TEST_F(Fp8BlockGroupedGemmTest, ForwardMatchesFp64OfDequantized) {
+  RunMGrouped(MakeMGrouped(kMixedSizes, kK, kN, false, 1), "forward mixed");
+  std::mt19937_64 rng = Rng(2);
+  std::vector<int> sizes(20);
+  for (int& s : sizes) s = rng() % 4 == 0 ? 0 : static_cast<int>(rng() % 400);
+  RunMGrouped(MakeMGrouped(sizes, kK, kN, false, 3), "forward random");
+}
+
+TEST_F(Fp8BlockGroupedGemmTest, BackwardDataMatchesFp64OfDequantized) {
+  RunMGrouped(MakeMGrouped(kMixedSizes, kK, kN, true, 4), "dgrad mixed");
+}
+
+// Long reductions (16 K blocks: the stage ring wraps) and several tiles per CTA (8 N tiles of ~50
+// M tiles exceed the SM count), so the persistent walk crosses tile and group boundaries. Every 5th
+// row is checked against the reference, every row for being written.
+TEST_F(Fp8BlockGroupedGemmTest, LongReductionsAndManyTilesPerCta) {
+  const std::vector<int> sizes = {700, 0, 1300, 513, 2048, 300, 1, 1100};
+  RunMGrouped(MakeMGrouped(sizes, 2048, 1024, false, 5), "forward long", 5);
+  RunMGrouped(MakeMGrouped(sizes, 1024, 2048, true, 6), "dgrad long", 5);
+}
+
+// One NaN activation scale (a token's K block) and one NaN weight block scale: that token's row and
+// that block's columns of the expert's rows are NaN, everything else finite and exact.
+TEST_F(Fp8BlockGroupedGemmTest, NanScalesPropagateToTheirRowAndColumns) {
+  MGroupedCase c = MakeMGrouped(kMixedSizes, kK, kN, false, 7);
+  const int row = c.offsets[4] + 17, kblock = 2;  // group 4 (200 rows)
+  c.a.scales[static_cast<size_t>(row) * (kK / kB) + kblock] = kNan;
+  for (int i = 0; i < kB; ++i) c.a.values[static_cast<size_t>(row) * kK + kblock * kB + i] = kNan;
+  const int expert = 6, iblock = 1, jblock = 3;  // group 6 (300 rows); W rows 128.., cols 384..
+  c.w.scales_t[(static_cast<size_t>(expert) * (kN / kB) + jblock) * (kK / kB) + iblock] = kNan;
+  for (int j = jblock * kB; j < (jblock + 1) * kB; ++j) {
+    for (int i = iblock * kB; i < (iblock + 1) * kB; ++i) {
+      c.b[(static_cast<size_t>(expert) * kN + j) * kK + i] = kNan;
+    }
+  }
+  RunMGrouped(c, "forward NaN scales");
+}
+
+// Weight gradient from the column-wise operands: padded groups (zero padding), empty groups exact
+// zeros, padded rows past padded_offsets[G] NaN (never read).
+TEST_F(Fp8BlockGroupedGemmTest, BackwardWeightMatchesFp64OfDequantized) {
+  std::mt19937_64 rng = Rng(8);
+  const std::vector<int> sizes = {0, 1, 37, 0, 200, 129, 600, 3, 0, 64, 255, 33, 128};
+  const int groups = static_cast<int>(sizes.size());
+  const int64_t rows = Offsets(sizes).back() + 16;
+  const ColwiseHost x = MakeColwise(sizes, rows, kK, &rng);
+  const ColwiseHost dy = MakeColwise(sizes, rows, kN, &rng);
+  const Ref ref = WeightGradientReference(x, dy, kK, kN);
+
+  Fp8BlockGroupedGemmOptions o = Options(groups, rows);
+  o.padded_rows = x.padded_rows;
+  auto gemm = Fp8BlockGroupedGemm::Create(o);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  auto xd = Upload(x.data), xs = Upload(x.scales), dyd = Upload(dy.data), dys = Upload(dy.scales);
+  auto poffsets = Upload(x.padded_offsets);
+  const size_t count = ref.value.size();
+  DeviceBuffer dw(count * 4, 4);  // poisoned
+  ASSERT_TRUE((*gemm)
+                  ->BackwardWeight({U8(xd), xs->f32()}, {U8(dyd), dys->f32()}, poffsets->i32(),
+                                   dw.f32(), nullptr)
+                  .ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> out = dw.ToHostF32();
+  ExpectClose(out, ref, count, kF32Rel, kF32Abs, kF32Norm, "wgrad fp32");
+  for (int e = 0; e < groups; ++e) {
+    if (sizes[e] != 0) continue;
+    size_t nonzero = 0;
+    for (size_t i = 0; i < static_cast<size_t>(kK) * kN; ++i) {
+      nonzero += out[e * static_cast<size_t>(kK) * kN + i] != 0.0f;
+    }
+    EXPECT_EQ(nonzero, 0u) << "empty group " << e << " gradient not exactly zero";
+  }
+}
+
+// Every group empty: Y and dX keep their poison everywhere, dW is all zeros.
+TEST_F(Fp8BlockGroupedGemmTest, AllGroupsEmpty) {
+  const int groups = 4;
+  const int64_t rows = 64;
+  auto gemm = Fp8BlockGroupedGemm::Create(Options(groups, rows));
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  std::mt19937_64 rng = Rng(9);
+  const RowwiseHost x = MakeRowwise(rows, kK, rows, &rng), dy = MakeRowwise(rows, kN, rows, &rng);
+  const WeightsHost w = MakeWeights(groups, kK, kN, &rng);
+  const std::vector<int> sizes(groups, 0);
+  const ColwiseHost xc = MakeColwise(sizes, rows, kK, &rng), dyc = MakeColwise(sizes, rows, kN, &rng);
+  auto xd = Upload(x.data), xs = Upload(x.scales), dyd = Upload(dy.data), dys = Upload(dy.scales);
+  auto wd = Upload(w.data), ws = Upload(w.scales), wtd = Upload(w.data_t), wts = Upload(w.scales_t);
+  auto xcd = Upload(xc.data), xcs = Upload(xc.scales), dycd = Upload(dyc.data),
+       dycs = Upload(dyc.scales);
+  auto offsets = Upload(Offsets(sizes)), poffsets = Upload(xc.padded_offsets);
+  DeviceBuffer y(rows * kN * 2, 2), dx(rows * kK * 2, 2), dw(size_t{groups} * kK * kN * 4, 4);
+  ASSERT_TRUE((*gemm)
+                  ->Forward({U8(xd), xs->f32()}, {U8(wtd), wts->f32()}, offsets->i32(),
+                            reinterpret_cast<Bf16*>(y.bf16()), nullptr)
+                  .ok());
+  ASSERT_TRUE((*gemm)
+                  ->BackwardData({U8(dyd), dys->f32()}, {U8(wd), ws->f32()}, offsets->i32(),
+                                 reinterpret_cast<Bf16*>(dx.bf16()), nullptr)
+                  .ok());
+  ASSERT_TRUE((*gemm)
+                  ->BackwardWeight({U8(xcd), xcs->f32()}, {U8(dycd), dycs->f32()},
+                                   poffsets->i32(), dw.f32(), nullptr)
+                  .ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ExpectUntouched(y.ToHostBf16(), 0, "forward");
+  ExpectUntouched(dx.ToHostBf16(), 0, "dgrad");
+  const std::vector<float> dwh = dw.ToHostF32();
+  EXPECT_EQ(std::count(dwh.begin(), dwh.end(), 0.0f), static_cast<long>(dwh.size()))
+      << "dW of empty groups must be exactly zero";
+}
+
+// The three products captured in one graph; each replay follows new device offsets (and new
+// column-wise operands in the same buffers, as the quantizer would rewrite them).
+TEST_F(Fp8BlockGroupedGemmTest, CapturedGraphFollowsDeviceOffsets) {
+  const std::vector<std::vector<int>> plans = {{5, 0, 140, 33, 0, 300, 1, 90},
+                                               {0, 260, 7, 0, 129, 64, 100, 9}};
+  const int groups = 8;
+  const int64_t max_rows = 600;
+  std::mt19937_64 rng = Rng(10);
+  const RowwiseHost x = MakeRowwise(max_rows, kK, max_rows, &rng);
+  const RowwiseHost dy = MakeRowwise(max_rows, kN, max_rows, &rng);
+  const WeightsHost w = MakeWeights(groups, kK, kN, &rng);
+  std::vector<double> w_t(w.values.size());
+  for (int64_t e = 0; e < groups; ++e) {
+    for (int64_t i = 0; i < kK; ++i) {
+      for (int64_t j = 0; j < kN; ++j) w_t[(e * kN + j) * kK + i] = w.values[(e * kK + i) * kN + j];
+    }
+  }
+  Fp8BlockGroupedGemmOptions o = Options(groups, max_rows);
+  auto gemm = Fp8BlockGroupedGemm::Create(o);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  const int64_t p = Fp8ColwisePaddedRows(max_rows, groups);
+  auto xd = Upload(x.data), xs = Upload(x.scales), dyd = Upload(dy.data), dys = Upload(dy.scales);
+  auto wd = Upload(w.data), ws = Upload(w.scales), wtd = Upload(w.data_t), wts = Upload(w.scales_t);
+  DeviceBuffer xcd(kK * p, 1), xcs(p / kB * kK * 4, 4), dycd(kN * p, 1), dycs(p / kB * kN * 4, 4);
+  DeviceBuffer offsets((groups + 1) * 4, 4), poffsets((groups + 1) * 4, 4);
+  DeviceBuffer y(max_rows * kN * 2, 2), dx(max_rows * kK * 2, 2), dw(size_t{groups} * kK * kN * 4, 4);
+  const uint8_t* xcd8 = reinterpret_cast<const uint8_t*>(xcd.i32());
+  const uint8_t* dycd8 = reinterpret_cast<const uint8_t*>(dycd.i32());
+
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_TRUE((*gemm)
+                  ->Forward({U8(xd), xs->f32()}, {U8(wtd), wts->f32()}, offsets.i32(),
+                            reinterpret_cast<Bf16*>(y.bf16()), stream)
+                  .ok());
+  ASSERT_TRUE((*gemm)
+                  ->BackwardData({U8(dyd), dys->f32()}, {U8(wd), ws->f32()}, offsets.i32(),
+                                 reinterpret_cast<Bf16*>(dx.bf16()), stream)
+                  .ok());
+  ASSERT_TRUE((*gemm)
+                  ->BackwardWeight({xcd8, xcs.f32()}, {dycd8, dycs.f32()}, poffsets.i32(),
+                                   dw.f32(), stream)
+                  .ok());
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(round);
+    const std::vector<int>& sizes = plans[round % 2];
+    const std::vector<int32_t> o = Offsets(sizes);
+    const ColwiseHost xc = MakeColwise(sizes, max_rows, kK, &rng);
+    const ColwiseHost dyc = MakeColwise(sizes, max_rows, kN, &rng);
+    ASSERT_EQ(xc.padded_rows, p);
+    offsets.Upload(o.data(), o.size() * 4);
+    poffsets.Upload(xc.padded_offsets.data(), xc.padded_offsets.size() * 4);
+    xcd.Upload(xc.data.data(), xc.data.size());
+    xcs.Upload(xc.scales.data(), xc.scales.size() * 4);
+    dycd.Upload(dyc.data.data(), dyc.data.size());
+    dycs.Upload(dyc.scales.data(), dyc.scales.size() * 4);
+    y.Poison();
+    dx.Poison();
+    dw.Poison();
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const size_t fv = static_cast<size_t>(o.back()) * kN, bv = static_cast<size_t>(o.back()) * kK;
+    const std::vector<float> yh = y.ToHostBf16(), dxh = dx.ToHostBf16(), dwh = dw.ToHostF32();
+    ExpectClose(yh, MGroupedReference(x.values, w_t, o, kK, kN), fv, kBf16Rel, kBf16Abs,
+                kBf16Norm, "graph forward");
+    ExpectClose(dxh, MGroupedReference(dy.values, w.values, o, kN, kK), bv, kBf16Rel, kBf16Abs,
+                kBf16Norm, "graph dgrad");
+    ExpectClose(dwh, WeightGradientReference(xc, dyc, kK, kN), dwh.size(), kF32Rel, kF32Abs,
+                kF32Norm, "graph wgrad");
+    ExpectUntouched(yh, fv, "graph forward");
+    ExpectUntouched(dxh, bv, "graph dgrad");
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST_F(Fp8BlockGroupedGemmTest, BadPointersNameTheArgument) {
+  auto gemm = Fp8BlockGroupedGemm::Create(Options(4, 128));
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  EXPECT_NE((*gemm)->KernelName().find("128x128x128"), std::string::npos) << (*gemm)->KernelName();
+  DeviceBuffer buf(1 << 20, 1);
+  const uint8_t* u8 = reinterpret_cast<const uint8_t*>(buf.i32());
+  const float* f = buf.f32();
+  int32_t* offsets = buf.i32();
+  Bf16* y = reinterpret_cast<Bf16*>(buf.bf16());
+  const Fp8BlockOperand good{u8, f};
+  auto message = [](const absl::Status& s) { return std::string(s.message()); };
+  EXPECT_NE(message((*gemm)->Forward({nullptr, f}, good, offsets, y, nullptr)).find("x.data"),
+            std::string::npos);
+  EXPECT_NE(message((*gemm)->Forward(good, {u8 + 8, f}, offsets, y, nullptr)).find("w_t.data"),
+            std::string::npos);
+  EXPECT_NE(message((*gemm)->Forward({u8, f + 0}, {u8, reinterpret_cast<const float*>(u8 + 2)},
+                                     offsets, y, nullptr))
+                .find("w_t.scales"),
+            std::string::npos);
+  EXPECT_NE(message((*gemm)->Forward(good, good, nullptr, y, nullptr)).find("offsets"),
+            std::string::npos);
+  EXPECT_NE(message((*gemm)->BackwardData(good, good, offsets, y + 4, nullptr)).find("dx"),
+            std::string::npos);
+  EXPECT_NE(message((*gemm)->BackwardData(good, {u8, nullptr}, offsets, y, nullptr)).find("w.scales"),
+            std::string::npos);
+  EXPECT_NE(message((*gemm)->BackwardWeight(good, good, nullptr, buf.f32(), nullptr))
+                .find("padded_offsets"),
+            std::string::npos);
+  EXPECT_NE(message((*gemm)->BackwardWeight(good, {nullptr, f}, offsets, buf.f32(), nullptr))
+                .find("dy_colwise.data"),
+            std::string::npos);
+  EXPECT_NE(message((*gemm)->BackwardWeight(good, good, offsets, nullptr, nullptr)).find("dw"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace dropless::kernels
