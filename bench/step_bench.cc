@@ -64,6 +64,13 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
       f.shapes = absl::StrSplit(kv.second, ',');
     } else if (kv.first == "--precision") {
       f.precisions = absl::StrSplit(kv.second, ',');
+      for (const std::string& p : f.precisions) {
+        if (p != "bf16" && p != "mxfp8" && p != "fp8-block") {
+          std::fprintf(stderr, "step bench: --precision: unknown precision %s (bf16, mxfp8, "
+                               "fp8-block)\n", p.c_str());
+          std::exit(2);
+        }
+      }
     } else if (kv.first == "--steps") {
       f.steps = std::max(1, std::atoi(kv.second.c_str()));
     } else if (kv.first == "--warmup") {
@@ -86,7 +93,7 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
     } else {
       std::fprintf(stderr,
                    "step bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
-                   "--precision=bf16,mxfp8 --steps=N --warmup=N --rounds=N --layers=N --ep=1,2,8 "
+                   "--precision=bf16,mxfp8,fp8-block --steps=N --warmup=N --rounds=N --layers=N --ep=1,2,8 "
                    "--variants=default|optimizer-overlap,optimizer-after-backward,activation-offload "
                    "--json=PATH "
                    "--commit=SHA\n",
@@ -107,7 +114,9 @@ EngineConfig ConfigOf(const StepShape& s, const std::string& precision, int laye
   c.model.layers = layers;
   c.model.router = RouterKind::kSoftmax;
   c.model.aux_loss_coeff = 0.01;
-  c.precision = precision == "mxfp8" ? Precision::kMxfp8 : Precision::kBf16;
+  c.precision = precision == "mxfp8"       ? Precision::kMxfp8
+                : precision == "fp8-block" ? Precision::kFp8Block
+                                           : Precision::kBf16;
   c.parallel.ep = ep;
   c.tokens_per_rank = s.tokens / ep;
   c.steps = 1000000;

@@ -29,9 +29,10 @@ absl::Status CheckCpu(const EngineConfig& c) {
                                               c.parallel.ep, c.parallel.dp));
   }
   if (c.tokens_per_rank <= 0) return Refuse("tokens_per_rank", "must be positive");
-  if (c.precision == Precision::kMxfp8) {
-    return Refuse("precision", "mxfp8 needs resources.backend cuda (the cpu engine computes in "
-                               "float32)");
+  if (c.precision != Precision::kBf16) {
+    return Refuse("precision", absl::StrCat(std::string(ToString(c.precision)),
+                                            " needs resources.backend cuda (the cpu engine "
+                                            "computes in float32)"));
   }
   if (c.overlap) {
     return Refuse("overlap", "the cpu engine's Gloo exchange is blocking; overlap is not "
@@ -75,7 +76,9 @@ absl::Status CheckCuda(const EngineConfig& c) {
     return Refuse("overlap", "chunked overlap of dispatch and expert GEMMs is not built for the "
                              "cuda engine yet");
   }
-  const int64_t align = c.precision == Precision::kMxfp8 ? 32 : 8;
+  const int64_t align = c.precision == Precision::kFp8Block ? 128
+                        : c.precision == Precision::kMxfp8  ? 32
+                                                             : 8;
   if (m.hidden % align != 0) {
     return Refuse("model.hidden", absl::StrFormat("the cuda engine needs a multiple of %d (got %d)",
                                                   align, m.hidden));

@@ -16,7 +16,7 @@ namespace dropless {
 
 enum class RouterKind { kSoftmax, kSigmoid };
 enum class Activation { kSwiGLU };
-enum class Precision { kBf16, kMxfp8 };
+enum class Precision { kBf16, kMxfp8, kFp8Block };
 enum class Dispatcher { kAuto, kGloo, kNcclA2a, kNcclLsa, kNcclEp };
 enum class RoutingDistribution { kUniform, kZipf };
 enum class Backend { kCpu, kCuda };

@@ -17,7 +17,7 @@ inline const std::vector<std::pair<std::string_view, RouterKind>> kRouterNames =
 inline const std::vector<std::pair<std::string_view, Activation>> kActivationNames = {
     {"swiglu", Activation::kSwiGLU}};
 inline const std::vector<std::pair<std::string_view, Precision>> kPrecisionNames = {
-    {"bf16", Precision::kBf16}, {"mxfp8", Precision::kMxfp8}};
+    {"bf16", Precision::kBf16}, {"mxfp8", Precision::kMxfp8}, {"fp8-block", Precision::kFp8Block}};
 inline const std::vector<std::pair<std::string_view, Dispatcher>> kDispatcherNames = {
     {"auto", Dispatcher::kAuto},
     {"gloo", Dispatcher::kGloo},

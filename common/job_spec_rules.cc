@@ -30,6 +30,7 @@ constexpr int64_t kMaxAttempts = 100;
 constexpr size_t kMaxLabels = 32;
 constexpr int64_t kMaxTimeLimitSeconds = 366LL * 24 * 3600;
 constexpr int64_t kMxfp8Block = 32;  // MXFP8 scales one E8M0 exponent per 32 elements
+constexpr int64_t kFp8BlockTile = 128;  // fp8-block scales 1x128 activation tiles, 128x128 weights
 // A CPU rank computes in float32 on one core's share of a host; beyond this it is a typo.
 constexpr double kMaxCpuBytesPerRank = 32.0 * (int64_t{1} << 30);
 
@@ -182,12 +183,13 @@ absl::Status CheckPlacementRules(const JobSpec& s) {
                                            " needs resources.backend cuda (got ",
                                            std::string(ToString(s.resources.backend)), ")"));
   }
-  if (s.precision == Precision::kMxfp8) {
+  if (s.precision != Precision::kBf16) {
+    const int64_t block = s.precision == Precision::kMxfp8 ? kMxfp8Block : kFp8BlockTile;
     for (auto [path, v] : {std::pair<const char*, int64_t>{"model.hidden", s.model.hidden},
                            std::pair<const char*, int64_t>{"model.ffn", s.model.ffn}}) {
-      if (v % kMxfp8Block != 0) {
-        return Fail(path, absl::StrFormat("must be divisible by %d with precision mxfp8 (got %d)",
-                                          kMxfp8Block, v));
+      if (v % block != 0) {
+        return Fail(path, absl::StrFormat("must be divisible by %d with precision %s (got %d)",
+                                          block, std::string(ToString(s.precision)), v));
       }
     }
   }

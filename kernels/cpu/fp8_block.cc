@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -139,8 +140,11 @@ absl::Status QuantizeFp8BlockWeights(const Fp8BlockWeightShape& shape, const Bf1
   return absl::OkStatus();
 }
 
-absl::Status DequantizeFp8BlockRowwise(int64_t rows, int64_t cols, const int32_t* num_rows,
-                                       const uint8_t* data, const float* scales, float* out) {
+namespace {
+
+template <typename Out>
+absl::Status Dequantize(int64_t rows, int64_t cols, const int32_t* num_rows, const uint8_t* data,
+                        const float* scales, Out* out) {
   if (rows < 0) return absl::InvalidArgumentError("rows: must be >= 0");
   if (cols <= 0 || cols % kFp8Block != 0) {
     return absl::InvalidArgumentError("cols: must be a positive multiple of 128");
@@ -151,8 +155,56 @@ absl::Status DequantizeFp8BlockRowwise(int64_t rows, int64_t cols, const int32_t
   const int64_t live = num_rows == nullptr ? rows : std::min<int64_t>(rows, std::max(0, *num_rows));
   for (int64_t r = 0; r < live; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
-      out[r * cols + c] =
+      const float v =
           E4M3ToFloat(data[r * cols + c]) * scales[r * (cols / kFp8Block) + c / kFp8Block];
+      if constexpr (std::is_same_v<Out, float>) {
+        out[r * cols + c] = v;
+      } else {
+        out[r * cols + c] = FloatToBf16(v);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DequantizeFp8BlockRowwise(int64_t rows, int64_t cols, const int32_t* num_rows,
+                                       const uint8_t* data, const float* scales, float* out) {
+  return Dequantize(rows, cols, num_rows, data, scales, out);
+}
+
+absl::Status DequantizeFp8BlockRowwise(int64_t rows, int64_t cols, const int32_t* num_rows,
+                                       const uint8_t* data, const float* scales, Bf16* out) {
+  return Dequantize(rows, cols, num_rows, data, scales, out);
+}
+
+absl::Status PermuteFp8Block(const PermuteShape& shape, const Bf16* x,
+                             const int32_t* slot_of_choice, const Fp8BlockRowwise& rows,
+                             Fp8ScaleMode mode) {
+  if (absl::Status s = ValidatePermuteShape(shape, /*mxfp8=*/false); !s.ok()) return s;
+  const int64_t hidden = shape.hidden, tiles = hidden / kFp8Block;
+  if (hidden % kFp8Block != 0) {
+    return absl::InvalidArgumentError("hidden: must be a multiple of 128 for fp8-block");
+  }
+  if (shape.num_tokens > 0 &&
+      (x == nullptr || slot_of_choice == nullptr || rows.data == nullptr || rows.scales == nullptr)) {
+    return absl::InvalidArgumentError("x: x, slot_of_choice and rows must be set");
+  }
+  std::vector<uint8_t> data(hidden);
+  std::vector<float> scales(tiles);
+  Fp8BlockRowwise token{data.data(), scales.data()};
+  for (int64_t t = 0; t < shape.num_tokens; ++t) {
+    if (absl::Status s = QuantizeFp8Block({1, hidden, 1, mode}, x + t * hidden, nullptr, &token,
+                                          nullptr);
+        !s.ok()) {
+      return s;
+    }
+    for (int j = 0; j < shape.top_k; ++j) {
+      const int64_t slot = slot_of_choice[t * shape.top_k + j];
+      if (slot < 0) continue;
+      std::copy(data.begin(), data.end(), rows.data + slot * hidden);
+      std::copy(scales.begin(), scales.end(), rows.scales + slot * tiles);
     }
   }
   return absl::OkStatus();

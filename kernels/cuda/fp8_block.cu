@@ -1,6 +1,7 @@
 // fp8-block quantization: row-wise 1x128 tiles, grouped column-wise 1x128 tiles (transposed, from
 // the same read), and 128x128 weight blocks in both orientations. Format, layouts and rounding:
 // dropless/kernels/fp8_block.h; every value is bit for bit the CPU reference's.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -241,6 +242,56 @@ __global__ void __launch_bounds__(kWeightThreads)
   }
 }
 
+// ---- Permute fused with row-wise quantization: one warp per (token, tile), the token's tile
+// quantized once and stored to each of its k slots. ----
+
+__global__ void __launch_bounds__(kRowThreads)
+    PermuteKernel(const uint2* __restrict__ x, int64_t tokens, int64_t hidden, int top_k,
+                  const int32_t* __restrict__ slot_of_choice, bool pow2,
+                  uint32_t* __restrict__ data, float* __restrict__ scales) {
+  const int lane = threadIdx.x & 31;
+  const int64_t tiles_per_row = hidden / kFp8Block;
+  const int64_t tiles = tokens * tiles_per_row;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kRowThreads / 32);
+  for (int64_t t = (static_cast<int64_t>(blockIdx.x) * kRowThreads + threadIdx.x) / 32; t < tiles;
+       t += warps) {
+    const int64_t token = t / tiles_per_row, tile = t - token * tiles_per_row;
+    const uint2 v = x[t * 32 + lane];
+    uint32_t m = MagnitudeMax(MagnitudeMax(0, v.x), v.y);
+    m = WarpMaxBits(max(m & 0xffffu, m >> 16));
+    const DeviceScale s = ScaleForAmax(AmaxFromBits(m), pow2);
+    const uint32_t q = QuantizeFour(v.x, v.y, s.inverse);
+    for (int j = 0; j < top_k; ++j) {
+      const int64_t slot = slot_of_choice[token * top_k + j];
+      if (slot < 0) continue;
+      data[(slot * tiles_per_row + tile) * 32 + lane] = q;
+      if (lane == 0) scales[slot * tiles_per_row + tile] = s.scale;
+    }
+  }
+}
+
+// ---- Row-wise dequantization to bf16: four elements per thread. ----
+
+__global__ void __launch_bounds__(kRowThreads)
+    DequantizeKernel(const uint32_t* __restrict__ data, const float* __restrict__ scales,
+                     int64_t rows, int64_t cols, const int32_t* __restrict__ num_rows,
+                     uint2* __restrict__ out) {
+  const int64_t live =
+      num_rows == nullptr ? rows : min(rows, static_cast<int64_t>(max(0, *num_rows)));
+  const int64_t total = live * (cols / 4);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t q = data[i];
+    const float scale = scales[i / (kFp8Block / 4)];  // 32 words per 128-element tile
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(q & 0xffffu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(q >> 16), __NV_E4M3);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+    out[i] = make_uint2(detail::PackBf16x2(__fmul_rn(a.x, scale), __fmul_rn(a.y, scale)),
+                        detail::PackBf16x2(__fmul_rn(b.x, scale), __fmul_rn(b.y, scale)));
+  }
+}
+
 bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
@@ -293,6 +344,49 @@ absl::Status QuantizeFp8BlockWeights(const Fp8BlockWeightShape& shape, const Bf1
       shape.mode == Fp8ScaleMode::kPowerOfTwo, reinterpret_cast<uint32_t*>(out.data), out.scales,
       reinterpret_cast<uint32_t*>(out.data_t), out.scales_t);
   return LaunchStatus("Fp8Block WeightKernel");
+}
+
+absl::Status DequantizeFp8BlockRowwise(int64_t rows, int64_t cols, const int32_t* num_rows,
+                                       const uint8_t* data, const float* scales, Bf16* out,
+                                       Stream stream) {
+  if (rows < 0) return absl::InvalidArgumentError("rows: must be >= 0");
+  if (cols <= 0 || cols % kFp8Block != 0) {
+    return absl::InvalidArgumentError("cols: must be a positive multiple of 128");
+  }
+  if (rows == 0) return absl::OkStatus();
+  if (data == nullptr || scales == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("data: data, scales and out must be set");
+  }
+  if (!Aligned(data, 4) || !Aligned(out, 8)) {
+    return absl::InvalidArgumentError("data: data must be 4-byte and out 8-byte aligned");
+  }
+  DequantizeKernel<<<GridStrideBlocks(rows * cols / 4, kRowThreads), kRowThreads, 0, stream>>>(
+      reinterpret_cast<const uint32_t*>(data), scales, rows, cols, num_rows,
+      reinterpret_cast<uint2*>(out));
+  return LaunchStatus("Fp8Block DequantizeKernel");
+}
+
+absl::Status PermuteFp8Block(const PermuteShape& shape, const Bf16* x,
+                             const int32_t* slot_of_choice, const Fp8BlockRowwise& rows,
+                             Fp8ScaleMode mode, Stream stream) {
+  if (absl::Status s = ValidatePermuteShape(shape, /*mxfp8=*/false); !s.ok()) return s;
+  if (shape.hidden % kFp8Block != 0) {
+    return absl::InvalidArgumentError("hidden: must be a multiple of 128 for fp8-block");
+  }
+  if (shape.num_tokens == 0) return absl::OkStatus();
+  if (x == nullptr || slot_of_choice == nullptr || rows.data == nullptr || rows.scales == nullptr) {
+    return absl::InvalidArgumentError("x: x, slot_of_choice and rows must be set");
+  }
+  if (!Aligned(x, 8) || !Aligned(rows.data, 4)) {
+    return absl::InvalidArgumentError("x: x must be 8-byte and rows.data 4-byte aligned");
+  }
+  const int blocks =
+      GridStrideBlocks(shape.num_tokens * (shape.hidden / kFp8Block), kRowThreads / 32);
+  PermuteKernel<<<blocks, kRowThreads, 0, stream>>>(
+      reinterpret_cast<const uint2*>(x), shape.num_tokens, shape.hidden, shape.top_k,
+      slot_of_choice, mode == Fp8ScaleMode::kPowerOfTwo, reinterpret_cast<uint32_t*>(rows.data),
+      rows.scales);
+  return LaunchStatus("Fp8Block PermuteKernel");
 }
 
 }  // namespace dropless::kernels::cuda

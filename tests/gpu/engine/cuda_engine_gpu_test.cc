@@ -245,31 +245,38 @@ EngineConfig LearningConfig(Precision precision) {
   return c;
 }
 
-TEST_F(CudaEngineGpu, LearnsIn500StepsInBothPrecisionsWithMxfp8WithinOnePercent) {
-  std::vector<double> bf16, mxfp8;
-  {
-    std::unique_ptr<Engine> e = MakeCuda(LearningConfig(Precision::kBf16));
-    ASSERT_TRUE(e);
-    bf16 = Losses(e.get(), 500);
-  }
-  {
-    std::unique_ptr<Engine> e = MakeCuda(LearningConfig(Precision::kMxfp8));
-    ASSERT_TRUE(e);
-    mxfp8 = Losses(e.get(), 500);
-  }
-  ASSERT_EQ(bf16.size(), 500u);
-  ASSERT_EQ(mxfp8.size(), 500u);
+// The quantized precisions learn the synthetic task as bf16 does: 500 steps end within 1% of
+// bf16's loss (issue 15 for mxfp8, issue 17 for fp8-block).
+TEST_F(CudaEngineGpu, LearnsIn500StepsInEveryPrecisionWithinOnePercentOfBf16) {
   auto tail_mean = [](const std::vector<double>& v) {
     double s = 0;
     for (size_t i = v.size() - 20; i < v.size(); ++i) s += v[i];
     return s / 20;
   };
-  std::printf("500 steps: bf16 loss %.5f -> %.5f, mxfp8 %.5f -> %.5f (last-20 means %.5f / %.5f)\n",
-              bf16.front(), bf16.back(), mxfp8.front(), mxfp8.back(), tail_mean(bf16),
-              tail_mean(mxfp8));
+  std::vector<double> bf16;
+  {
+    std::unique_ptr<Engine> e = MakeCuda(LearningConfig(Precision::kBf16));
+    ASSERT_TRUE(e);
+    bf16 = Losses(e.get(), 500);
+  }
+  ASSERT_EQ(bf16.size(), 500u);
   EXPECT_LT(tail_mean(bf16), 0.5 * bf16.front());
-  EXPECT_LT(tail_mean(mxfp8), 0.5 * mxfp8.front());
-  EXPECT_NEAR(tail_mean(mxfp8), tail_mean(bf16), 0.01 * tail_mean(bf16));
+  for (Precision precision : {Precision::kMxfp8, Precision::kFp8Block}) {
+    const std::string name(ToString(precision));
+    SCOPED_TRACE(name);
+    std::vector<double> quantized;
+    {
+      std::unique_ptr<Engine> e = MakeCuda(LearningConfig(precision));
+      ASSERT_TRUE(e);
+      quantized = Losses(e.get(), 500);
+    }
+    ASSERT_EQ(quantized.size(), 500u);
+    std::printf("500 steps: bf16 loss %.5f -> %.5f, %s %.5f -> %.5f (last-20 means %.5f / %.5f)\n",
+                bf16.front(), bf16.back(), name.c_str(), quantized.front(), quantized.back(),
+                tail_mean(bf16), tail_mean(quantized));
+    EXPECT_LT(tail_mean(quantized), 0.5 * quantized.front());
+    EXPECT_NEAR(tail_mean(quantized), tail_mean(bf16), 0.01 * tail_mean(bf16));
+  }
 }
 
 TEST_F(CudaEngineGpu, ResumedRunContinuesTheLossCurve) {

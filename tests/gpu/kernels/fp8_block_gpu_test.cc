@@ -5,7 +5,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -197,6 +199,61 @@ TEST_F(Fp8BlockGpu, CapturedGraphFollowsDeviceOffsets) {
   CUDA_ASSERT(cudaGraphExecDestroy(exec));
   CUDA_ASSERT(cudaGraphDestroy(graph));
   CUDA_ASSERT(cudaStreamDestroy(stream));
+}
+
+TEST_F(Fp8BlockGpu, PermuteAndDequantizeMatchReference) {
+  for (Fp8ScaleMode mode : kModes) {
+    for (auto [tokens, hidden, k] : {std::tuple<int64_t, int64_t, int>{1, 128, 1}, {333, 1024, 4},
+                                     {2048, 7168, 8}}) {
+      SCOPED_TRACE(::testing::Message() << tokens << "x" << hidden << " k " << k << " "
+                                        << ModeName(mode));
+      const PermuteShape shape{tokens, hidden, k};
+      const std::vector<Bf16> x = QuantizeInput(tokens, hidden);
+      // A random permutation of the T*k slots, a few choices dropped (-1).
+      std::vector<int32_t> slots(tokens * k);
+      for (int64_t i = 0; i < tokens * k; ++i) slots[i] = static_cast<int32_t>(i);
+      std::shuffle(slots.begin(), slots.end(), testing::Rng());
+      for (int64_t i = 0; i < tokens * k; i += 7) slots[i] = -1;
+      const int64_t rows = tokens * k;
+      DeviceArray<Bf16> d_x(x);
+      DeviceArray<int32_t> d_slots(slots);
+      DeviceArray<uint8_t> d_data(rows * hidden);
+      DeviceArray<float> d_scales(rows * hidden / kFp8Block);
+      STATUS_ASSERT(cuda::PermuteFp8Block(shape, d_x.get(), d_slots.get(),
+                                          {d_data.get(), d_scales.get()}, mode, nullptr));
+      auto data = Poisoned<uint8_t>(rows * hidden);
+      auto scales = Poisoned<float>(rows * hidden / kFp8Block);
+      STATUS_ASSERT(cpu::PermuteFp8Block(shape, x.data(), slots.data(),
+                                         {data.data(), scales.data()}, mode));
+      EXPECT_TRUE(BitEqual(d_data.Download(), data));  // dropped slots stay poisoned in both
+      EXPECT_TRUE(BitEqual(d_scales.Download(), scales));
+
+      // Dequantize what the reference wrote (every slot written: no poison), the first 90% rows.
+      const int32_t live = static_cast<int32_t>(rows * 9 / 10);
+      std::vector<uint8_t> q = data;
+      std::vector<float> qs = scales;
+      for (int64_t i = 0; i < tokens * k; i += 7) {  // fill the dropped slots with real rows
+        std::fill(q.begin() + i * hidden, q.begin() + (i + 1) * hidden, uint8_t{0x38});
+        std::fill(qs.begin() + i * (hidden / kFp8Block), qs.begin() + (i + 1) * (hidden / kFp8Block), 0.5f);
+      }
+      DeviceArray<uint8_t> d_q(q);
+      DeviceArray<float> d_qs(qs);
+      DeviceArray<int32_t> d_live(std::vector<int32_t>{live});
+      DeviceArray<Bf16> d_out(rows * hidden);
+      STATUS_ASSERT(cuda::DequantizeFp8BlockRowwise(rows, hidden, d_live.get(), d_q.get(), d_qs.get(),
+                                                    d_out.get(), nullptr));
+      auto out = Poisoned<Bf16>(rows * hidden);
+      STATUS_ASSERT(cpu::DequantizeFp8BlockRowwise(rows, hidden, &live, q.data(), qs.data(),
+                                                   out.data()));
+      const std::vector<Bf16> got = d_out.Download();
+      int64_t mismatches = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const bool both_nan = (got[i].bits & 0x7fff) > 0x7f80 && (out[i].bits & 0x7fff) > 0x7f80;
+        mismatches += !both_nan && got[i].bits != out[i].bits;
+      }
+      EXPECT_EQ(mismatches, 0);
+    }
+  }
 }
 
 TEST_F(Fp8BlockGpu, RejectsBadArgumentsNamingTheField) {

@@ -37,15 +37,17 @@ TEST(EngineSupportTest, RunnableSpecsPass) {
   EXPECT_TRUE(ParseJobSpec(kCudaJob).ok()) << ParseJobSpec(kCudaJob).status();
   const std::string mxfp8 = With(kCudaJob, "precision: bf16", "precision: mxfp8");
   EXPECT_TRUE(ParseJobSpec(mxfp8).ok()) << ParseJobSpec(mxfp8).status();
+  const std::string fp8_block = With(kCudaJob, "precision: bf16", "precision: fp8-block");
+  EXPECT_TRUE(ParseJobSpec(fp8_block).ok()) << ParseJobSpec(fp8_block).status();
   const std::string offload = With(kCudaJob, "activation_offload: false", "activation_offload: true");
   EXPECT_TRUE(ParseJobSpec(offload).ok()) << ParseJobSpec(offload).status();
   const std::string cpu = With(With(kCudaJob, "backend: cuda", "backend: cpu"), "ep: 1", "ep: 2");
   EXPECT_TRUE(ParseJobSpec(cpu).ok()) << ParseJobSpec(cpu).status();
-  // Expert parallelism on GPUs: nccl-lsa (or auto, which picks it), and nccl-ep, whose library
-  // is looked for on the node at rank start.
+  // Expert parallelism on GPUs: nccl-lsa (or auto, which picks it), nccl-a2a, and nccl-ep, whose
+  // library is looked for on the node at rank start.
   const std::string ep8 = With(kCudaJob, "ep: 1", "ep: 8");
   EXPECT_TRUE(ParseJobSpec(ep8).ok()) << ParseJobSpec(ep8).status();
-  for (const char* dispatcher : {"nccl-lsa", "nccl-ep"}) {
+  for (const char* dispatcher : {"nccl-lsa", "nccl-a2a", "nccl-ep"}) {
     const std::string ep = With(ep8, "dispatcher: auto", std::string("dispatcher: ") + dispatcher);
     EXPECT_TRUE(ParseJobSpec(ep).ok()) << dispatcher << ": " << ParseJobSpec(ep).status();
   }
@@ -67,6 +69,7 @@ TEST(EngineSupportTest, EachUnsupportedFieldIsRefusedNamingIt) {
       {"cuda_hidden", {{"hidden: 256", "hidden: 260"}}, "model.hidden", "multiple of 8"},
       {"cuda_experts", {{"experts: 16", "experts: 12"}}, "model.experts", "multiple of 8"},
       {"cpu_mxfp8", {{"backend: cuda", "backend: cpu"}, {"precision: bf16", "precision: mxfp8"}}, "precision", "needs resources.backend cuda"},
+      {"cpu_fp8_block", {{"backend: cuda", "backend: cpu"}, {"precision: bf16", "precision: fp8-block"}}, "precision", "fp8-block needs resources.backend cuda"},
       {"cpu_overlap", {{"backend: cuda", "backend: cpu"}, {"overlap: false", "overlap: true"}}, "overlap", "Gloo exchange is blocking"},
       {"cpu_offload", {{"backend: cuda", "backend: cpu"}, {"activation_offload: false", "activation_offload: true"}}, "activation_offload", "needs resources.backend cuda"},
   };

@@ -243,6 +243,42 @@ TEST(Fp8BlockQuantize, WeightBlocksInBothOrientations) {
   }
 }
 
+TEST(Fp8BlockQuantize, PermuteQuantizesEachTokenOnceIntoItsSlots) {
+  const PermuteShape shape{6, 256, 2};
+  std::vector<Bf16> x = RandomBf16WideRange(shape.num_tokens * shape.hidden, 10);
+  // Token t's choices go to slots 2t and 2t+1, except token 4's second choice (dropped: -1).
+  std::vector<int32_t> slots = {0, 1, 2, 3, 4, 5, 6, 7, 8, -1, 10, 11};
+  const int64_t rows = 12;
+  std::vector<uint8_t> data(rows * shape.hidden, 0xAB);
+  std::vector<float> scales(rows * 2, -1.0f);
+  ASSERT_TRUE(cpu::PermuteFp8Block(shape, x.data(), slots.data(), {data.data(), scales.data()},
+                                   Fp8ScaleMode::kPowerOfTwo).ok());
+  std::vector<uint8_t> want(shape.num_tokens * shape.hidden);
+  std::vector<float> want_scales(shape.num_tokens * 2);
+  Fp8BlockRowwise rowwise{want.data(), want_scales.data()};
+  ASSERT_TRUE(cpu::QuantizeFp8Block({shape.num_tokens, shape.hidden, 1, Fp8ScaleMode::kPowerOfTwo},
+                                    x.data(), nullptr, &rowwise, nullptr).ok());
+  for (int64_t slot = 0; slot < rows; ++slot) {
+    const int64_t t = slot / 2;
+    for (int64_t c = 0; c < shape.hidden; ++c) {
+      if (slot == 9) {
+        ASSERT_EQ(data[slot * shape.hidden + c], 0xAB) << "a dropped slot stays untouched";
+      } else {
+        ASSERT_EQ(data[slot * shape.hidden + c], want[t * shape.hidden + c]) << slot << "," << c;
+      }
+    }
+    EXPECT_EQ(scales[slot * 2], slot == 9 ? -1.0f : want_scales[t * 2]);
+  }
+  // Dequantized to bf16: the float product rounded once.
+  std::vector<Bf16> back(rows * shape.hidden);
+  ASSERT_TRUE(cpu::DequantizeFp8BlockRowwise(rows, shape.hidden, nullptr, data.data(),
+                                             scales.data(), back.data()).ok());
+  EXPECT_EQ(back[3 * shape.hidden + 130].bits,
+            FloatToBf16(E4M3ToFloat(data[3 * shape.hidden + 130]) * scales[3 * 2 + 1]).bits);
+  EXPECT_FALSE(cpu::PermuteFp8Block({6, 192, 2}, x.data(), slots.data(),
+                                    {data.data(), scales.data()}, Fp8ScaleMode::kFloat32).ok());
+}
+
 TEST(Fp8BlockQuantize, BadArgumentsNameTheField) {
   std::vector<Bf16> x(256 * 4);
   std::vector<uint8_t> data(256 * 4);

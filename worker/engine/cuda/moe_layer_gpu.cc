@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_format.h"
 #include "dropless/kernels/dispatch_plan.h"
+#include "dropless/kernels/fp8_block.h"
 #include "dropless/kernels/permute.h"
 #include "dropless/kernels/swiglu.h"
 #include "common/status_macros.h"
@@ -23,20 +24,6 @@ namespace kc = kernels::cuda;
 using layer_internal::Begin;
 using layer_internal::End;
 using layer_internal::Nv;
-
-absl::Status AllocRowwise(DeviceArena* arena, int64_t rows, int64_t cols, kernels::MxRowwise* out) {
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(rows * cols, "mxfp8 rows", &out->data));
-  return arena->Allocate(rows * (cols / kernels::kMxBlock), "mxfp8 row scales", &out->scales);
-}
-
-absl::Status AllocColwise(DeviceArena* arena, int64_t padded_rows, int64_t cols, int groups,
-                          kernels::MxColwise* out) {
-  out->padded_rows = padded_rows;
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(padded_rows * cols, "mxfp8 columns", &out->data));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(padded_rows / kernels::kMxBlock * cols, "mxfp8 column scales",
-                        &out->scales));
-  return arena->Allocate(groups + 1, "mxfp8 padded offsets", &out->group_offsets);
-}
 
 }  // namespace
 
@@ -121,62 +108,8 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * 2 * F, "shared w1 output gradient", &k->d_shared_h_));
   }
 
-  if (d.mxfp8) {
-    auto mx = [&](int64_t kdim, int64_t ndim, std::unique_ptr<kernels::MxGroupedGemm>* out) {
-      kernels::MxGroupedGemmOptions o;
-      o.num_groups = El;
-      o.k = static_cast<int>(kdim);
-      o.n = static_cast<int>(ndim);
-      o.max_rows = R;
-      o.expected_rows_per_group = std::max<int64_t>(1, Tk / El);
-      absl::StatusOr<std::unique_ptr<kernels::MxGroupedGemm>> g = kernels::MxGroupedGemm::Create(o);
-      if (!g.ok()) return g.status();
-      *out = *std::move(g);
-      return absl::OkStatus();
-    };
-    DROPLESS_RETURN_IF_ERROR(mx(H, 2 * F, &k->mx_w1_));
-    DROPLESS_RETURN_IF_ERROR(mx(F, H, &k->mx_w2_));
-    k->padded_rows_ = kernels::ColwisePaddedRows(R, El);
-    if (dispatcher == nullptr) {
-      DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, &k->mx_rows_));
-    } else {
-      DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, Tk, H, &k->mx_send_));
-      DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "dequantized received rows", &k->dequantized_rows_));
-    }
-    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, F, &k->mx_a_));
-    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, &k->mx_d_out_));
-    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, 2 * F, &k->mx_d_h_));
-    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, H, El, &k->col_rows_));
-    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, F, El, &k->col_a_));
-    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, H, El, &k->col_d_out_));
-    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, k->padded_rows_, 2 * F, El, &k->col_d_h_));
-    DROPLESS_RETURN_IF_ERROR(arena->Allocate(int64_t{El} * H * 2 * F, "weight transpose scratch",
-                          &k->transpose_scratch_));
-  }
+  DROPLESS_RETURN_IF_ERROR(k->CreateExpertGemms(arena));
   return k;
-}
-
-absl::StatusOr<MxWeight> LayerKernels::AllocateMxWeight(int64_t kdim, int64_t ndim,
-                                                        DeviceArena* arena) const {
-  const int64_t n = int64_t{dims_.local_experts()} * kdim * ndim;
-  MxWeight w;
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight (along n)", &w.along_n));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n / kernels::kMxBlock, "mxfp8 weight scales", &w.along_n_scales));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight (along k)", &w.along_k));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n / kernels::kMxBlock, "mxfp8 weight scales", &w.along_k_scales));
-  return w;
-}
-
-absl::Status LayerKernels::QuantizeWeight(const Bf16* w, int64_t kdim, int64_t ndim,
-                                          const MxWeight& out, cudaStream_t stream) {
-  const int64_t E = dims_.local_experts();
-  kernels::MxRowwise along_n{out.along_n, out.along_n_scales};
-  DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{E * kdim, ndim, 1}, w, nullptr,
-                                    &along_n, nullptr, stream));
-  DROPLESS_RETURN_IF_ERROR(Transpose(E, kdim, ndim, w, transpose_scratch_, stream));
-  kernels::MxRowwise along_k{out.along_k, out.along_k_scales};
-  return kc::QuantizeMxfp8(kernels::MxQuantizeShape{E * ndim, kdim, 1}, transpose_scratch_,
-                           nullptr, &along_k, nullptr, stream);
 }
 
 absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* kernels,
@@ -222,6 +155,11 @@ absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* k
       DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * (H / kernels::kMxBlock),
                                                           "received mxfp8 row scales", &l.mx_recv_.scales));
       l.recv_rows_ = kernels->dequantized_rows_;
+    } else if (d.fp8_block) {
+      DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "received fp8-block rows", &l.fb_recv_.data));
+      DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * (H / kernels::kFp8Block),
+                                                          "received fp8-block row scales", &l.fb_recv_.scales));
+      l.recv_rows_ = kernels->dequantized_rows_;
     } else {
       DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "received rows", &l.recv_rows_));
     }
@@ -262,49 +200,11 @@ absl::Status MoeLayerGpu::SharedForward(const LayerWeights& w, const Bf16* x,
   return End(s, PhaseTimer::kGemmForward, s.side);
 }
 
-MoeLayerGpu::ExpertOperands MoeLayerGpu::W1(const LayerWeights& w, const LayerGrads& g) {
-  LayerKernels& k = *k_;
-  return ExpertOperands{k.w1_.get(), k.mx_w1_.get(), w.w1, &w.mx_w1, g.w1, recv_rows_,
-                        quantized_tokens() ? &mx_recv_ : &k.mx_rows_, &k.col_rows_, h_, k.d_h_,
-                        &k.mx_d_h_, &k.col_d_h_, k.d_rows_};
-}
-
-MoeLayerGpu::ExpertOperands MoeLayerGpu::W2(const LayerWeights& w, const LayerGrads& g) {
-  LayerKernels& k = *k_;
-  return ExpertOperands{k.w2_.get(), k.mx_w2_.get(), w.w2, &w.mx_w2, g.w2, a_, &k.mx_a_,
-                        &k.col_a_, out_rows_, k.d_out_rows_, &k.mx_d_out_, &k.col_d_out_, k.d_a_};
-}
-
-absl::Status MoeLayerGpu::ExpertForward(const ExpertOperands& o, cudaStream_t stream) {
-  if (k_->dims_.mxfp8) {
-    return o.mx_gemm->Forward({o.x_mx->data, o.x_mx->scales},
-                              {o.mx_w->along_k, o.mx_w->along_k_scales}, ExpertOffsets(), o.y,
-                              stream);
-  }
-  return o.gemm->Forward(Nv(o.x), Nv(o.w), ExpertOffsets(), Nv(o.y), stream);
-}
-
-absl::Status MoeLayerGpu::ExpertBackwardData(const ExpertOperands& o, cudaStream_t stream) {
-  if (k_->dims_.mxfp8) {
-    return o.mx_gemm->BackwardData({o.dy_mx->data, o.dy_mx->scales},
-                                   {o.mx_w->along_n, o.mx_w->along_n_scales}, ExpertOffsets(),
-                                   o.dx, stream);
-  }
-  return o.gemm->BackwardData(Nv(o.dy), Nv(o.w), ExpertOffsets(), Nv(o.dx), stream);
-}
-
-absl::Status MoeLayerGpu::ExpertBackwardWeight(const ExpertOperands& o, cudaStream_t stream) {
-  if (k_->dims_.mxfp8) {
-    return o.mx_gemm->BackwardWeight({o.x_col->data, o.x_col->scales},
-                                     {o.dy_col->data, o.dy_col->scales},
-                                     o.x_col->group_offsets, o.dw, stream);
-  }
-  return o.gemm->BackwardWeight(Nv(o.x), Nv(o.dy), ExpertOffsets(), o.dw, stream);
-}
-
 size_t MoeLayerGpu::RowBytes(Rows rows) const {
   const size_t H = static_cast<size_t>(k_->dims_.hidden);
-  if (rows == Rows::kTokenScales) return H / kernels::kMxBlock;
+  if (rows == Rows::kTokenScales) {
+    return k_->dims_.fp8_block ? H / kernels::kFp8Block * sizeof(float) : H / kernels::kMxBlock;
+  }
   if (rows == Rows::kTokens && quantized_tokens()) return H;
   return H * sizeof(Bf16);
 }
@@ -315,12 +215,18 @@ RankCall MoeLayerGpu::ExchangeCall(Rows rows, cudaStream_t stream) {
   c.stream = stream;
   switch (rows) {
     case Rows::kTokens:
-      c.send_rows = quantized_tokens() ? static_cast<void*>(k_->mx_send_.data) : rows_;
-      c.recv_rows = quantized_tokens() ? static_cast<void*>(mx_recv_.data) : recv_rows_;
+      c.send_rows = !quantized_tokens()      ? static_cast<void*>(rows_)
+                    : k_->dims_.fp8_block ? static_cast<void*>(k_->fb_send_.data)
+                                          : static_cast<void*>(k_->mx_send_.data);
+      c.recv_rows = !quantized_tokens()      ? static_cast<void*>(recv_rows_)
+                    : k_->dims_.fp8_block ? static_cast<void*>(fb_recv_.data)
+                                          : static_cast<void*>(mx_recv_.data);
       break;
     case Rows::kTokenScales:
-      c.send_rows = k_->mx_send_.scales;
-      c.recv_rows = mx_recv_.scales;
+      c.send_rows = k_->dims_.fp8_block ? static_cast<void*>(k_->fb_send_.scales)
+                                        : static_cast<void*>(k_->mx_send_.scales);
+      c.recv_rows = k_->dims_.fp8_block ? static_cast<void*>(fb_recv_.scales)
+                                        : static_cast<void*>(mx_recv_.scales);
       break;
     case Rows::kExpertOutputs:
       c.send_rows = out_send_;
@@ -358,9 +264,13 @@ absl::Status MoeLayerGpu::ForwardRoute(const LayerWeights& w, const Bf16* x, con
       kernels::DispatchPlan{offsets_, slot_of_choice_, choice_of_slot_}, k_->plan_workspace_,
       s.main));
   // The permutation into expert order (at EP = 1 the whole dispatch); tokens that travel in
-  // MXFP8 are quantized once each on the way.
+  // MXFP8 or fp8-block are quantized once each on the way.
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kDispatch, s.main));
-  if (quantized_tokens()) {
+  if (quantized_tokens() && d.fp8_block) {
+    DROPLESS_RETURN_IF_ERROR(kc::PermuteFp8Block(kernels::PermuteShape{T, H, d.topk}, x,
+                                                 slot_of_choice_, k_->fb_send_,
+                                                 kernels::Fp8ScaleMode::kFloat32, s.main));
+  } else if (quantized_tokens()) {
     DROPLESS_RETURN_IF_ERROR(kc::PermuteMxfp8(kernels::PermuteShape{T, H, d.topk}, x,
                                               slot_of_choice_, k_->mx_send_, s.main));
   } else {
@@ -381,9 +291,18 @@ absl::Status MoeLayerGpu::ForwardExperts(const LayerWeights& w, const LayerStrea
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, H, El}, recv_rows_,
                                                ExpertOffsets(), &k_->mx_rows_, nullptr, s.main));
   }
+  if (d.fp8_block && !quantized_tokens()) {
+    DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, H, El},
+                                                  recv_rows_, ExpertOffsets(), &k_->fb_rows_,
+                                                  nullptr, s.main));
+  }
   DROPLESS_RETURN_IF_ERROR(ExpertForward(w1, s.main));
   DROPLESS_RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{R, F}, live_rows, h_, a_,
                                              d.mxfp8 ? &k_->mx_a_ : nullptr, s.main));
+  if (d.fp8_block) {
+    DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, F, El}, a_,
+                                                  ExpertOffsets(), &k_->fb_a_, nullptr, s.main));
+  }
   DROPLESS_RETURN_IF_ERROR(ExpertForward(w2, s.main));
   return End(s, PhaseTimer::kGemmForward, s.main);
 }

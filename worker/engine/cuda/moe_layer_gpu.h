@@ -3,8 +3,10 @@
 // composed from the kernel library: router GEMM (cuBLASLt), top-k routing and aux-loss
 // statistics, the dispatch plan, permute, grouped GEMM w1, SwiGLU, grouped GEMM w2, unpermute with
 // the weighted combine; shared experts are grouped GEMMs of one group. Backward runs through all
-// of it, router included. Expert GEMMs run in bf16 or MXFP8 (precision mxfp8: operands quantized
-// by the MXFP8 kernels, the weights once per step by QuantizeWeights).
+// of it, router included. Expert GEMMs run in bf16, MXFP8 (precision mxfp8) or fp8-block
+// (precision fp8-block: 1x128 activation tiles, 128x128 weight blocks): the operands quantized by
+// the kernels of mxfp8.h / fp8_block.h, the weights once per step by QuantizeWeight
+// (moe_layer_expert_gemms.cc holds the precision-specific parts).
 //
 // At EP > 1 the routed rows go to the experts' owners through an ExpertDispatcher
 // (ep/expert_dispatcher.h): forward and backward then run in stages around the collective calls
@@ -27,6 +29,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "dropless/kernels/fp8_block.h"
+#include "dropless/kernels/fp8_block_grouped_gemm.h"
 #include "dropless/kernels/grouped_gemm.h"
 #include "dropless/kernels/mx_grouped_gemm.h"
 #include "dropless/kernels/mxfp8.h"
@@ -52,6 +56,7 @@ struct LayerDims {
   kernels::ScoreFunction score = kernels::ScoreFunction::kSoftmax;
   bool renormalize = true;
   bool mxfp8 = false;
+  bool fp8_block = false;
   // Recompute the cheap saved activations in the backward instead of keeping them (with
   // activation offload: fewer bytes over PCIe): the permuted rows (one permute of x) and the
   // SwiGLU output (one SwiGLU of the w1 output).
@@ -73,6 +78,13 @@ struct MxWeight {
   uint8_t* along_k_scales = nullptr;
 };
 
+// The quantized copies of one expert weight that the precision's expert GEMMs read: MXFP8
+// (mxfp8) or fp8-block 128x128 blocks in both orientations (fp8-block); unset otherwise.
+struct QuantizedWeight {
+  MxWeight mx;
+  kernels::Fp8BlockWeights fp8_block;
+};
+
 // Device weights of one layer (bf16 working copies of the fp32 master weights).
 struct LayerWeights {
   const Bf16* router = nullptr;       // [E][H]
@@ -81,7 +93,7 @@ struct LayerWeights {
   const Bf16* w2 = nullptr;           // [El][F][H]
   const Bf16* shared_w1 = nullptr;    // [S][H][2F]
   const Bf16* shared_w2 = nullptr;    // [S][F][H]
-  MxWeight mx_w1, mx_w2;              // precision mxfp8 only
+  QuantizedWeight q_w1, q_w2;         // precisions mxfp8 and fp8-block
 };
 
 // fp32 gradients, overwritten by Backward (the flat buffers' layout of MoeParameterLayout).
@@ -123,21 +135,26 @@ class LayerKernels {
                                                               ExpertDispatcher* dispatcher);
   bool exchange() const { return dispatcher_ != nullptr; }
 
-  // Quantizes a bf16 expert weight [E][k][n] into both MXFP8 forms (uses the scratch transpose).
-  absl::Status QuantizeWeight(const Bf16* w, int64_t k, int64_t n, const MxWeight& out,
+  // Quantizes a bf16 expert weight [E][k][n] into the precision's two forms (MXFP8 uses the
+  // scratch transpose); nothing in bf16.
+  absl::Status QuantizeWeight(const Bf16* w, int64_t k, int64_t n, const QuantizedWeight& out,
                               cudaStream_t stream);
-  // Allocates the two MXFP8 forms of an [E][k][n] weight.
-  absl::StatusOr<MxWeight> AllocateMxWeight(int64_t k, int64_t n, DeviceArena* arena) const;
+  // Allocates the precision's two forms of an [E][k][n] weight (none in bf16).
+  absl::StatusOr<QuantizedWeight> AllocateQuantizedWeight(int64_t k, int64_t n,
+                                                          DeviceArena* arena) const;
 
  private:
   friend class MoeLayerGpu;
   LayerKernels() = default;
+  // The quantized precisions' GEMMs and scratch (moe_layer_expert_gemms.cc).
+  absl::Status CreateExpertGemms(DeviceArena* arena);
 
   LayerDims dims_;
   ExpertDispatcher* dispatcher_ = nullptr;
   std::unique_ptr<kernels::cuda::RouterGemm> router_;
   std::unique_ptr<kernels::GroupedGemm> w1_, w2_, shared_w1_, shared_w2_;
   std::unique_ptr<kernels::MxGroupedGemm> mx_w1_, mx_w2_;
+  std::unique_ptr<kernels::Fp8BlockGroupedGemm> fb_w1_, fb_w2_;
   int32_t* shared_offsets_ = nullptr;  // {0, T}
   void* plan_workspace_ = nullptr;
   int64_t padded_rows_ = 0;            // MXFP8 column-wise rows
@@ -170,6 +187,11 @@ class LayerKernels {
   Bf16* permuted_scratch_ = nullptr;    // [Tk][H]
   Bf16* swiglu_scratch_ = nullptr;      // [R][F]
   kernels::MxColwise col_rows_, col_a_, col_d_out_, col_d_h_;
+  // fp8-block scratch (precision fp8-block; with an exchange the tokens are quantized at their
+  // rank, fb_send_, and travel so, as in mxfp8): row-wise operands of the forward and data
+  // gradient, column-wise of the weight gradient.
+  kernels::Fp8BlockRowwise fb_rows_, fb_a_, fb_d_out_, fb_d_h_, fb_send_;
+  kernels::Fp8BlockColwise fb_col_rows_, fb_col_a_, fb_col_d_out_, fb_col_d_h_;
   Bf16* transpose_scratch_ = nullptr;   // the largest [El][n][k] weight
 };
 
@@ -216,12 +238,15 @@ class MoeLayerGpu {
   absl::Status BackwardRoute(const Bf16* d_x_next, Bf16* d_x, const LayerStreams& s);
 
   // The exchanges of this rank (EP > 1): the plan, and the rows each stage moves.
-  // With mxfp8 the tokens travel quantized: kTokens then carries the e4m3 rows (H bytes each) and
-  // kTokenScales their scales (H / 32 bytes), 0.52x the bf16 bytes.
+  // With mxfp8 and fp8-block the tokens travel quantized: kTokens then carries the e4m3 rows (H
+  // bytes each) and kTokenScales their scales (H / 32 bytes: E8M0 per 32, or fp32 per 128),
+  // 0.52x the bf16 bytes.
   enum class Rows { kTokens, kTokenScales, kExpertOutputs, kOutputGradients, kInputGradients };
   RankCall ExchangeCall(Rows rows, cudaStream_t stream);
   size_t RowBytes(Rows rows) const;
-  bool quantized_tokens() const { return k_->exchange() && k_->dims_.mxfp8; }
+  bool quantized_tokens() const {
+    return k_->exchange() && (k_->dims_.mxfp8 || k_->dims_.fp8_block);
+  }
   const ExchangePlan& plan() const { return plan_; }
 
   // Tokens per global expert of the last forward: this rank's, and the EP group's.
@@ -248,22 +273,27 @@ class MoeLayerGpu {
   absl::Status SharedForward(const LayerWeights& w, const Bf16* x, const LayerStreams& s);
   absl::Status SharedBackward(const LayerWeights& w, const Bf16* x, const Bf16* d_x_next,
                               const LayerGrads& grads, const LayerStreams& s);
-  // The operands of one routed expert weight's three products, bf16 or MXFP8 (w1: rows -> h;
-  // w2: a -> out_rows).
+  // The operands of one routed expert weight's three products, bf16, MXFP8 or fp8-block (w1:
+  // rows -> h; w2: a -> out_rows).
   struct ExpertOperands {
-    kernels::GroupedGemm* gemm;
-    kernels::MxGroupedGemm* mx_gemm;
-    const Bf16* w;
-    const MxWeight* mx_w;
-    float* dw;
-    const Bf16* x;                   // forward input
-    const kernels::MxRowwise* x_mx;  // its row-wise MXFP8 (mxfp8)
-    const kernels::MxColwise* x_col; // its column-wise MXFP8 (mxfp8, weight gradient)
-    Bf16* y;                         // forward output
-    const Bf16* dy;                  // output gradient
-    const kernels::MxRowwise* dy_mx;
-    const kernels::MxColwise* dy_col;
-    Bf16* dx;                        // input gradient
+    kernels::GroupedGemm* gemm = nullptr;
+    kernels::MxGroupedGemm* mx_gemm = nullptr;
+    kernels::Fp8BlockGroupedGemm* fb_gemm = nullptr;
+    const Bf16* w = nullptr;
+    const QuantizedWeight* q_w = nullptr;
+    float* dw = nullptr;
+    const Bf16* x = nullptr;                    // forward input
+    const kernels::MxRowwise* x_mx = nullptr;   // its row-wise MXFP8 (mxfp8)
+    const kernels::MxColwise* x_col = nullptr;  // its column-wise MXFP8 (mxfp8, weight gradient)
+    const kernels::Fp8BlockRowwise* x_fb = nullptr;      // the same two in fp8-block
+    const kernels::Fp8BlockColwise* x_fb_col = nullptr;
+    Bf16* y = nullptr;                          // forward output
+    const Bf16* dy = nullptr;                   // output gradient
+    const kernels::MxRowwise* dy_mx = nullptr;
+    const kernels::MxColwise* dy_col = nullptr;
+    const kernels::Fp8BlockRowwise* dy_fb = nullptr;
+    const kernels::Fp8BlockColwise* dy_fb_col = nullptr;
+    Bf16* dx = nullptr;                         // input gradient
   };
   ExpertOperands W1(const LayerWeights& w, const LayerGrads& g);
   ExpertOperands W2(const LayerWeights& w, const LayerGrads& g);
@@ -284,7 +314,8 @@ class MoeLayerGpu {
   Bf16* rows_ = nullptr;           // [Tk][H] permuted input
   Bf16* recv_rows_ = nullptr;      // [R][H] the experts' input (quantized tokens: the kernels'
                                    // dequantization scratch, filled in the backward)
-  kernels::MxRowwise mx_recv_;     // [R][H] quantized tokens as received
+  kernels::MxRowwise mx_recv_;     // [R][H] quantized tokens as received (mxfp8)
+  kernels::Fp8BlockRowwise fb_recv_;  // the same in fp8-block
   Bf16* h_ = nullptr;              // [R][2F]
   Bf16* a_ = nullptr;              // [R][F]
   Bf16* out_rows_ = nullptr;       // [R][H] expert outputs

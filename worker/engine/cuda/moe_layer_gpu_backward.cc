@@ -12,6 +12,8 @@
 #include "kernels/cuda/cuda_check.h"
 #include "worker/engine/cuda/engine_kernels.h"
 #include "worker/engine/cuda/moe_layer_gpu.h"
+
+#include "dropless/kernels/fp8_block.h"
 #include "worker/engine/cuda/moe_layer_gpu_internal.h"
 
 namespace dropless::cuda_engine {
@@ -104,7 +106,7 @@ absl::Status MoeLayerGpu::BackwardExperts(const LayerWeights& w, const LayerGrad
   const int64_t R = d.recv_rows(), F = d.ffn;
   const int32_t* live_rows = ExpertOffsets() + El;
   LayerKernels& k = *k_;
-  // Each weight: its output gradient quantized (mxfp8) on main, the weight gradient on the wgrad
+  // Each weight: its output gradient quantized (mxfp8, fp8-block) on main, the weight gradient on the wgrad
   // stream beside the data gradient on main, then the weight's optimizer hook.
   auto backward = [&](const ExpertOperands& o, int64_t in_cols, int64_t out_cols,
                       const std::function<absl::Status(cudaStream_t)>& hook) -> absl::Status {
@@ -112,17 +114,32 @@ absl::Status MoeLayerGpu::BackwardExperts(const LayerWeights& w, const LayerGrad
       DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, out_cols, El}, o.dy,
                                                  ExpertOffsets(), o.dy_mx, o.dy_col, s.main));
     }
+    if (d.fp8_block) {
+      DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(
+          kernels::Fp8BlockQuantizeShape{R, out_cols, El}, o.dy, ExpertOffsets(), o.dy_fb,
+          o.dy_fb_col, s.main));
+    }
     DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
     DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmWgrad, s.wgrad));
     if (o.x == recv_rows_ && quantized_tokens()) {
-      // The tokens arrived as MXFP8 rows: their column-wise form (the weight gradient's operand)
-      // is quantized from the dequantized values, as after any FP8 dispatch.
-      DROPLESS_RETURN_IF_ERROR(kc::DequantizeMxfp8Rowwise(R, in_cols, live_rows, mx_recv_.data,
-                                                          mx_recv_.scales, recv_rows_, s.wgrad));
+      // The tokens arrived quantized: their column-wise form (the weight gradient's operand) is
+      // quantized from the dequantized values, as after any FP8 dispatch.
+      if (d.fp8_block) {
+        DROPLESS_RETURN_IF_ERROR(kc::DequantizeFp8BlockRowwise(
+            R, in_cols, live_rows, fb_recv_.data, fb_recv_.scales, recv_rows_, s.wgrad));
+      } else {
+        DROPLESS_RETURN_IF_ERROR(kc::DequantizeMxfp8Rowwise(R, in_cols, live_rows, mx_recv_.data,
+                                                            mx_recv_.scales, recv_rows_, s.wgrad));
+      }
     }
     if (d.mxfp8) {
       DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, in_cols, El}, o.x,
                                                  ExpertOffsets(), nullptr, o.x_col, s.wgrad));
+    }
+    if (d.fp8_block) {
+      DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(
+          kernels::Fp8BlockQuantizeShape{R, in_cols, El}, o.x, ExpertOffsets(), nullptr,
+          o.x_fb_col, s.wgrad));
     }
     DROPLESS_RETURN_IF_ERROR(ExpertBackwardWeight(o, s.wgrad));
     DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.wgrad));

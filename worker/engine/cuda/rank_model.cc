@@ -44,9 +44,9 @@ LayerWeights RankModel::Weights(const ModelWeights& m, int64_t layer) const {
   w.w2 = w.w1 + El * H * 2 * F;
   w.shared_w1 = m.replicated + layer * RepPerLayer() + H * E;
   w.shared_w2 = w.shared_w1 + S * H * 2 * F;
-  if (dims_.mxfp8) {
-    w.mx_w1 = m.mx_w1[layer];
-    w.mx_w2 = m.mx_w2[layer];
+  if (!m.q_w1.empty()) {
+    w.q_w1 = m.q_w1[layer];
+    w.q_w2 = m.q_w2[layer];
   }
   return w;
 }
@@ -85,13 +85,13 @@ absl::Status RankModel::RefreshWorkingCopies(const float* replicated, const floa
 }
 
 absl::Status RankModel::QuantizeExperts(ModelWeights* weights, cudaStream_t stream) {
-  if (!dims_.mxfp8) return absl::OkStatus();
+  if (weights->q_w1.empty()) return absl::OkStatus();  // bf16 experts
   for (int64_t l = 0; l < layers(); ++l) {
     const LayerWeights w = Weights(*weights, l);
     DROPLESS_RETURN_IF_ERROR(kernels_->QuantizeWeight(w.w1, dims_.hidden, 2 * dims_.ffn,
-                                                      weights->mx_w1[l], stream));
+                                                      weights->q_w1[l], stream));
     DROPLESS_RETURN_IF_ERROR(kernels_->QuantizeWeight(w.w2, dims_.ffn, dims_.hidden,
-                                                      weights->mx_w2[l], stream));
+                                                      weights->q_w2[l], stream));
   }
   return absl::OkStatus();
 }
@@ -128,14 +128,14 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
   DROPLESS_RETURN_IF_ERROR(experts_.Allocate(arena, layout_.experts_size()));
   for (ModelWeights* w : {&student_, &teacher_}) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(layers() * E * H, "bf16 router", &w->router));
-    if (dims_.mxfp8) {
+    if (dims_.mxfp8 || dims_.fp8_block) {
       for (int64_t l = 0; l < layers(); ++l) {
-        absl::StatusOr<MxWeight> w1 = kernels_->AllocateMxWeight(H, 2 * dims_.ffn, arena);
+        absl::StatusOr<QuantizedWeight> w1 = kernels_->AllocateQuantizedWeight(H, 2 * dims_.ffn, arena);
         if (!w1.ok()) return w1.status();
-        absl::StatusOr<MxWeight> w2 = kernels_->AllocateMxWeight(dims_.ffn, H, arena);
+        absl::StatusOr<QuantizedWeight> w2 = kernels_->AllocateQuantizedWeight(dims_.ffn, H, arena);
         if (!w2.ok()) return w2.status();
-        w->mx_w1.push_back(*w1);
-        w->mx_w2.push_back(*w2);
+        w->q_w1.push_back(*w1);
+        w->q_w2.push_back(*w2);
       }
     }
   }

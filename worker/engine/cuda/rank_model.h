@@ -38,13 +38,13 @@ struct TrainableBuffer {
   absl::Status Allocate(DeviceArena* arena, int64_t n);
 };
 
-// The bf16 (and MXFP8) weights of a model: the student's working copies or the fixed teacher.
+// The bf16 (and quantized) weights of a model: the student's working copies or the fixed teacher.
 struct ModelWeights {
   Bf16* router = nullptr;      // [L][E][H]
   Bf16* replicated = nullptr;  // the replicated buffer's layout (router region unused)
   Bf16* experts = nullptr;     // the experts buffer's layout
   float* router_bias = nullptr;
-  std::vector<MxWeight> mx_w1, mx_w2;  // per layer, precision mxfp8
+  std::vector<QuantizedWeight> q_w1, q_w2;  // per layer, precisions mxfp8 and fp8-block
 };
 
 // The AdamW tensors of one layer (FusedAdamW's list indices).

@@ -50,6 +50,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "dropless/kernels/permute.h"
 #include "dropless/kernels/types.h"
 
 namespace dropless::kernels {
@@ -136,9 +137,18 @@ absl::Status QuantizeFp8BlockWeights(const Fp8BlockWeightShape& shape, const Bf1
                                      const Fp8BlockWeights& out);
 
 // out[r][c] = element[r][c] * scale[r][c / 128] for rows r < *num_rows (every row when num_rows is
-// null); the float product is exact in kPowerOfTwo mode.
+// null); the float product is exact in kPowerOfTwo mode, the bf16 one rounded to nearest even.
 absl::Status DequantizeFp8BlockRowwise(int64_t rows, int64_t cols, const int32_t* num_rows,
                                        const uint8_t* data, const float* scales, float* out);
+absl::Status DequantizeFp8BlockRowwise(int64_t rows, int64_t cols, const int32_t* num_rows,
+                                       const uint8_t* data, const float* scales, Bf16* out);
+
+// Permute fused with row-wise quantization (permute.h's slot map): each token row of x [T][H] is
+// quantized once (the row-wise layout above, H a multiple of 128) and its bytes and scales copied
+// to its k slots of rows ([T*k] rows); slots of -1 are skipped.
+absl::Status PermuteFp8Block(const PermuteShape& shape, const Bf16* x,
+                             const int32_t* slot_of_choice, const Fp8BlockRowwise& rows,
+                             Fp8ScaleMode mode);
 
 }  // namespace cpu
 
@@ -153,6 +163,14 @@ absl::Status QuantizeFp8Block(const Fp8BlockQuantizeShape& shape, const Bf16* x,
 
 absl::Status QuantizeFp8BlockWeights(const Fp8BlockWeightShape& shape, const Bf16* w,
                                      const Fp8BlockWeights& out, Stream stream);
+
+absl::Status DequantizeFp8BlockRowwise(int64_t rows, int64_t cols, const int32_t* num_rows,
+                                       const uint8_t* data, const float* scales, Bf16* out,
+                                       Stream stream);
+
+absl::Status PermuteFp8Block(const PermuteShape& shape, const Bf16* x,
+                             const int32_t* slot_of_choice, const Fp8BlockRowwise& rows,
+                             Fp8ScaleMode mode, Stream stream);
 
 }  // namespace cuda
 }  // namespace dropless::kernels
