@@ -168,6 +168,48 @@ absl::StatusOr<DeviceArray<T>> AllocateDevice(size_t count) {
   return DeviceArray<T>(static_cast<T*>(p));
 }
 
+// Shared by the CUTLASS grouped runners (this one, fp8_block/fp8_block_cutlass.cuh); `what` starts
+// each error. The launch status of the per-call kernel that fills the group arrays.
+inline absl::Status FillLaunchStatus(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": fill launch: ", cudaGetErrorString(err)));
+}
+
+// Once per runner: `args` point at the device arrays the fill kernel rewrites before each launch
+// (the host never sees the problem shapes), so the kernel parameters are built here, once: D =
+// the accumulators (alpha 1, beta 0) on the current device, checked, with its workspace.
+template <class Gemm>
+absl::Status InitializeGrouped(Gemm& gemm, typename Gemm::Arguments& args,
+                               DeviceArray<uint8_t>* workspace, const char* what) {
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  int device = 0;
+  if (cudaGetDevice(&device) == cudaSuccess) args.hw_info.device_id = device;
+  cutlass::Status status = gemm.can_implement(args);
+  if (status != cutlass::Status::kSuccess) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": CUTLASS cannot implement: ", cutlassGetStatusString(status)));
+  }
+  auto allocated = AllocateDevice<uint8_t>(Gemm::get_workspace_size(args));
+  if (!allocated.ok()) return allocated.status();
+  *workspace = *std::move(allocated);
+  status = gemm.initialize(args, workspace->get());
+  if (status != cutlass::Status::kSuccess) {
+    return absl::InternalError(
+        absl::StrCat(what, ": CUTLASS initialize: ", cutlassGetStatusString(status)));
+  }
+  return absl::OkStatus();
+}
+
+template <class Gemm>
+absl::Status RunGrouped(Gemm& gemm, const char* what, cudaStream_t stream) {
+  const cutlass::Status status = gemm.run(stream);
+  if (status == cutlass::Status::kSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": CUTLASS run: ", cutlassGetStatusString(status),
+                                          " (", cudaGetErrorString(cudaGetLastError()), ")"));
+}
+
 template <GroupedGemmOp Op, class Def>
 class CutlassRunner final : public GroupedGemmRunner {
  public:
@@ -186,23 +228,14 @@ class CutlassRunner final : public GroupedGemmRunner {
         static_cast<const typename Def::ElementAB*>(call.a),
         static_cast<const typename Def::ElementAB*>(call.b),
         static_cast<typename Def::ElementD*>(call.d), call.gate, call.gate_value);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) {
-      return absl::InternalError(absl::StrCat("grouped gemm: fill launch: ", cudaGetErrorString(err)));
-    }
+    if (absl::Status s = FillLaunchStatus("grouped gemm"); !s.ok()) return s;
     if constexpr (Op == GroupedGemmOp::kBackwardWeight) {
       absl::Status zeroed = ZeroEmptyGroups(call.offsets, shape_.num_groups, shape_.max_rows,
                                             static_cast<int64_t>(shape_.k) * shape_.n,
                                             sizeof(typename Def::ElementD), call.d, stream);
       if (!zeroed.ok()) return zeroed;
     }
-    cutlass::Status status = gemm_.run(stream);
-    if (status != cutlass::Status::kSuccess) {
-      return absl::InternalError(absl::StrCat("grouped gemm: CUTLASS run: ",
-                                              cutlassGetStatusString(status), " (",
-                                              cudaGetErrorString(cudaGetLastError()), ")"));
-    }
-    return absl::OkStatus();
+    return RunGrouped(gemm_, "grouped gemm", stream);
   }
 
  private:
@@ -231,8 +264,6 @@ class CutlassRunner final : public GroupedGemmRunner {
     arrays_ = {shapes_.get(), a_.get(), b_.get(), d_.get(),
                stride_a_.get(), stride_b_.get(), stride_d_.get()};
 
-    // The arguments point at the arrays FillGroupArrays rewrites before each launch; the host
-    // never sees the problem shapes (nullptr), so the kernel parameters are built once, here.
     typename Def::Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGrouped,
         {shape_.num_groups, shapes_.get(), nullptr},
@@ -244,26 +275,7 @@ class CutlassRunner final : public GroupedGemmRunner {
             ? cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN
             : cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
     args.scheduler.max_swizzle_size = shape_.swizzle;
-    args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = 0.0f;
-    int device = 0;
-    if (cudaGetDevice(&device) == cudaSuccess) args.hw_info.device_id = device;
-
-    cutlass::Status status = gemm_.can_implement(args);
-    if (status != cutlass::Status::kSuccess) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("grouped gemm: CUTLASS cannot implement: ", cutlassGetStatusString(status)));
-    }
-    const size_t workspace_bytes = Def::Gemm::get_workspace_size(args);
-    auto workspace = AllocateDevice<uint8_t>(workspace_bytes);
-    if (!workspace.ok()) return workspace.status();
-    workspace_ = *std::move(workspace);
-    status = gemm_.initialize(args, workspace_.get());
-    if (status != cutlass::Status::kSuccess) {
-      return absl::InternalError(
-          absl::StrCat("grouped gemm: CUTLASS initialize: ", cutlassGetStatusString(status)));
-    }
-    return absl::OkStatus();
+    return InitializeGrouped(gemm_, args, &workspace_, "grouped gemm");
   }
 
   RunnerShape shape_;

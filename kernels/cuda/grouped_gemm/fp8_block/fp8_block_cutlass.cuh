@@ -209,10 +209,9 @@ class CutlassRunner final : public Runner {
     FillGroupArrays<P, Def><<<blocks, threads, 0, stream>>>(
         arrays_, call.offsets, shape_.num_groups, shape_.k, shape_.n, limit, call.a, call.a_scales,
         call.b, call.b_scales, call.d);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) {
-      return absl::InternalError(
-          absl::StrCat("fp8-block grouped gemm: fill launch: ", cudaGetErrorString(err)));
+    if (absl::Status s = grouped_gemm_internal::FillLaunchStatus("fp8-block grouped gemm");
+        !s.ok()) {
+      return s;
     }
     if constexpr (kGroupedK) {
       absl::Status zeroed = grouped_gemm_internal::ZeroEmptyGroups(
@@ -220,13 +219,7 @@ class CutlassRunner final : public Runner {
           sizeof(typename Def::ElementD), call.d, stream);
       if (!zeroed.ok()) return zeroed;
     }
-    cutlass::Status status = gemm_.run(stream);
-    if (status != cutlass::Status::kSuccess) {
-      return absl::InternalError(absl::StrCat("fp8-block grouped gemm: CUTLASS run: ",
-                                              cutlassGetStatusString(status), " (",
-                                              cudaGetErrorString(cudaGetLastError()), ")"));
-    }
-    return absl::OkStatus();
+    return grouped_gemm_internal::RunGrouped(gemm_, "fp8-block grouped gemm", stream);
   }
 
  private:
@@ -251,8 +244,6 @@ class CutlassRunner final : public Runner {
                sfb_.get(),      d_.get(),        stride_a_.get(), stride_b_.get(),
                stride_d_.get(), layout_sfa_.get(), layout_sfb_.get()};
 
-    // The arguments point at the arrays FillGroupArrays rewrites before each launch; the host
-    // never sees the problem shapes (nullptr), so the kernel parameters are built once, here.
     typename Def::Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGrouped,
         {shape_.num_groups, shapes_.get(), nullptr},
@@ -262,26 +253,8 @@ class CutlassRunner final : public Runner {
         cutlass::KernelHardwareInfo{0, shape_.sm_count}};
     args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
     args.scheduler.max_swizzle_size = 1;
-    args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = 0.0f;
-    int device = 0;
-    if (cudaGetDevice(&device) == cudaSuccess) args.hw_info.device_id = device;
-
-    cutlass::Status status = gemm_.can_implement(args);
-    if (status != cutlass::Status::kSuccess) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "fp8-block grouped gemm: CUTLASS cannot implement: ", cutlassGetStatusString(status)));
-    }
-    const size_t workspace_bytes = Def::Gemm::get_workspace_size(args);
-    auto workspace = AllocateDevice<uint8_t>(workspace_bytes);
-    if (!workspace.ok()) return workspace.status();
-    workspace_ = *std::move(workspace);
-    status = gemm_.initialize(args, workspace_.get());
-    if (status != cutlass::Status::kSuccess) {
-      return absl::InternalError(absl::StrCat("fp8-block grouped gemm: CUTLASS initialize: ",
-                                              cutlassGetStatusString(status)));
-    }
-    return absl::OkStatus();
+    return grouped_gemm_internal::InitializeGrouped(gemm_, args, &workspace_,
+                                                    "fp8-block grouped gemm");
   }
 
   RunnerShape shape_;
