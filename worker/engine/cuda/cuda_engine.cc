@@ -220,18 +220,24 @@ absl::Status CudaEngineImpl::CreateDispatcher() {
   absl::StatusOr<std::unique_ptr<NcclGroup>> group = JoinNcclGroup(
       groups_->store, absl::StrCat("ep/", rank_ / ep), rank_ % ep, ep, kNcclJoinTimeout);
   if (!group.ok()) return group.status();
+  // auto: nccl-lsa when every rank is load/store reachable, else nccl-a2a (any NCCL transport).
+  std::string why = "as the spec asks";
+  bool use_a2a = a2a;
+  if (config_.dispatcher == Dispatcher::kAuto) {
+    const absl::Status lsa = NcclLsaReachable(**group);
+    use_a2a = !lsa.ok();
+    why = lsa.ok() ? "picked by auto: every rank load/store reachable"
+                   : absl::StrCat("picked by auto: ", lsa.message());
+  }
   // The widest row an exchange moves: a bf16 token (hidden x 2 bytes).
   const size_t max_row_bytes = static_cast<size_t>(dims_.hidden) * sizeof(Bf16);
   absl::StatusOr<std::unique_ptr<ExpertDispatcher>> d =
-      a2a ? NewNcclA2aDispatcher(dims_.ep_shape(), max_row_bytes, *std::move(group))
-          : NewNcclLsaDispatcher(dims_.ep_shape(), *std::move(group));
+      use_a2a ? NewNcclA2aDispatcher(dims_.ep_shape(), max_row_bytes, *std::move(group))
+              : NewNcclLsaDispatcher(dims_.ep_shape(), *std::move(group));
   if (!d.ok()) return d.status();
   dispatcher_ = *std::move(d);
   LogInfo(absl::StrFormat("cuda engine: rank %d: EP group of %d, dispatcher %s (%s)", rank_, ep,
-                          dispatcher_->name(),
-                          config_.dispatcher == Dispatcher::kAuto ? "picked by auto: every rank "
-                                                                    "load/store reachable"
-                                                                  : "as the spec asks"));
+                          dispatcher_->name(), why));
   return absl::OkStatus();
 }
 

@@ -133,6 +133,10 @@ class NcclGroup;
 // are not all load/store reachable.
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewNcclLsaDispatcher(
     const EpShape& shape, std::unique_ptr<NcclGroup> group);
+// Whether nccl-lsa can run on `group` (collective: every rank calls it): OK when every rank is
+// load/store reachable and the loaded NCCL runtime has the device API of the headers; otherwise
+// FailedPrecondition saying why (what `auto` reports when it picks nccl-a2a instead).
+absl::Status NcclLsaReachable(NcclGroup& group);
 
 // `nccl-a2a`: one EP rank per process over NCCL's host API (ncclAllGather of the counts, grouped
 // ncclSend/ncclRecv of the rows), for ranks that load/store cannot reach. Sizes stay on the device,

@@ -75,6 +75,20 @@ __global__ void LsaRowsKernel(ncclWindow_t recv_window, size_t recv_offset,
                            gridDim.x * warps_per_block);
 }
 
+// The device API's structures are those of the headers built against: an older library would
+// misread them. FailedPrecondition naming both versions when the loaded NCCL is older.
+absl::Status CheckDeviceApiRuntime() {
+  int version = 0;
+  DROPLESS_RETURN_IF_ERROR(NcclStatus(ncclGetVersion(&version), "ncclGetVersion"));
+  if (version < NCCL_VERSION_CODE) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "dispatcher: nccl-lsa was built against NCCL %d.%d.%d and needs at least that at run "
+        "time; this process loaded NCCL version code %d (set LD_LIBRARY_PATH to a newer "
+        "libnccl.so.2)", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, version));
+  }
+  return absl::OkStatus();
+}
+
 class NcclLsaDispatcher final : public ExpertDispatcher {
  public:
   NcclLsaDispatcher(const EpShape& shape, std::unique_ptr<NcclGroup> group)
@@ -92,16 +106,7 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
   }
 
   absl::Status Initialize() {
-    // The device API's structures are those of the headers built against: an older library
-    // would misread them.
-    int version = 0;
-    DROPLESS_RETURN_IF_ERROR(NcclStatus(ncclGetVersion(&version), "ncclGetVersion"));
-    if (version < NCCL_VERSION_CODE) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "dispatcher: nccl-lsa was built against NCCL %d.%d.%d and needs at least that at run "
-          "time; this process loaded NCCL version code %d (set LD_LIBRARY_PATH to a newer "
-          "libnccl.so.2)", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, version));
-    }
+    DROPLESS_RETURN_IF_ERROR(CheckDeviceApiRuntime());
     ncclDevCommRequirements reqs;
     std::memset(&reqs, 0, sizeof(reqs));
     reqs.lsaBarrierCount = 1;
@@ -224,6 +229,24 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
 };
 
 }  // namespace
+
+absl::Status NcclLsaReachable(NcclGroup& group) {
+  DROPLESS_RETURN_IF_ERROR(CheckDeviceApiRuntime());
+  ncclDevCommRequirements reqs;
+  std::memset(&reqs, 0, sizeof(reqs));
+  ncclDevComm probe{};
+  DROPLESS_RETURN_IF_ERROR(group.Await(ncclDevCommCreate(group.comm(), &reqs, &probe),
+                                       "nccl-lsa probe: ncclDevCommCreate"));
+  const int reachable = probe.lsaSize;
+  DROPLESS_RETURN_IF_ERROR(group.Await(ncclDevCommDestroy(group.comm(), &probe),
+                                       "nccl-lsa probe: ncclDevCommDestroy"));
+  if (reachable != group.size()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%d of the %d ranks are load/store reachable (one NVLink domain needed)", reachable,
+        group.size()));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewNcclLsaDispatcher(
     const EpShape& shape, std::unique_ptr<NcclGroup> group) {
