@@ -2,8 +2,8 @@
 """Our checkpoint files against the reference safetensors library (Python package `safetensors`,
 with numpy): it reads a rank checkpoint written by write_moe_checkpoint_example with the expected
 names, shapes, values and metadata, lays the same tensors out exactly as we do, and writes a file
-our reader reads back. Exits 77 (ctest: skipped) when the packages are not installed; CI installs
-only what scripts/install-deps installs.
+our reader reads back. Exits 77 (ctest: skipped) when the packages are not installed;
+scripts/install-ops-tools installs them into its venv, which ctest runs this with.
 
 usage: safetensors_reference_test.py WRITE_MOE_CHECKPOINT_EXAMPLE WORK_DIR
 """
