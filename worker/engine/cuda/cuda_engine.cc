@@ -153,8 +153,7 @@ absl::Status CudaEngineImpl::Initialize() {
   dims_.score = m.router == RouterKind::kSigmoid ? kernels::ScoreFunction::kSigmoid
                                                  : kernels::ScoreFunction::kSoftmax;
   dims_.renormalize = m.renormalize;
-  dims_.mxfp8 = config_.precision == Precision::kMxfp8;
-  dims_.fp8_block = config_.precision == Precision::kFp8Block;
+  dims_.precision = config_.precision;
   dims_.recompute = config_.activation_offload;
   DROPLESS_RETURN_IF_ERROR(CreateDispatcher());
 
@@ -362,12 +361,12 @@ absl::Status CudaEngineImpl::RecordBackward() {
       const LayerDims d = dims_;
       g.hooks.experts_w2 = [r, og, w, l, d](cudaStream_t s) -> absl::Status {
         DROPLESS_RETURN_IF_ERROR(r->adamw()->Update(og.w2, 1, s));
-        if (!d.mxfp8 && !d.fp8_block) return absl::OkStatus();
+        if (!d.quantized()) return absl::OkStatus();
         return r->kernels()->QuantizeWeight(w.w2, d.ffn, d.hidden, r->student().q_w2[l], s);
       };
       g.hooks.experts_w1 = [r, og, w, l, d](cudaStream_t s) -> absl::Status {
         DROPLESS_RETURN_IF_ERROR(r->adamw()->Update(og.w1, 1, s));
-        if (!d.mxfp8 && !d.fp8_block) return absl::OkStatus();
+        if (!d.quantized()) return absl::OkStatus();
         return r->kernels()->QuantizeWeight(w.w1, d.hidden, 2 * d.ffn, r->student().q_w1[l], s);
       };
     }
@@ -492,7 +491,7 @@ absl::StatusOr<StepStats> CudaEngineImpl::Step() {
     const int64_t bf16_row = dims_.hidden * static_cast<int64_t>(sizeof(Bf16));
     // Quantized tokens: e4m3 rows and their scales (E8M0 per 32 or fp32 per 128: H / 32 bytes).
     const int64_t token_row =
-        dims_.mxfp8 || dims_.fp8_block ? dims_.hidden + dims_.hidden / 32 : bf16_row;
+        dims_.quantized() ? dims_.hidden + dims_.hidden / 32 : bf16_row;
     out.dispatch_bytes = rows * (token_row + bf16_row);
     out.combine_bytes = rows * 2 * bf16_row;
   }

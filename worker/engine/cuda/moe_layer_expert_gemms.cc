@@ -53,7 +53,7 @@ absl::Status LayerKernels::CreateExpertGemms(DeviceArena* arena) {
   const LayerDims& d = dims_;
   const int64_t H = d.hidden, F = d.ffn, Tk = d.rows(), R = d.recv_rows();
   const int El = d.local_experts();
-  if (d.mxfp8) {
+  if (d.mxfp8()) {
     auto mx = [&](int64_t kdim, int64_t ndim, std::unique_ptr<kernels::MxGroupedGemm>* out) {
       kernels::MxGroupedGemmOptions o;
       o.num_groups = El;
@@ -85,7 +85,7 @@ absl::Status LayerKernels::CreateExpertGemms(DeviceArena* arena) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(int64_t{El} * H * 2 * F, "weight transpose scratch",
                                              &transpose_scratch_));
   }
-  if (d.fp8_block) {
+  if (d.fp8_block()) {
     padded_rows_ = kernels::Fp8ColwisePaddedRows(R, El);
     auto fb = [&](int64_t kdim, int64_t ndim, std::unique_ptr<kernels::Fp8BlockGroupedGemm>* out) {
       kernels::Fp8BlockGroupedGemmOptions o;
@@ -123,14 +123,14 @@ absl::StatusOr<QuantizedWeight> LayerKernels::AllocateQuantizedWeight(int64_t kd
                                                                       DeviceArena* arena) const {
   const int64_t n = int64_t{dims_.local_experts()} * kdim * ndim;
   QuantizedWeight w;
-  if (dims_.mxfp8) {
+  if (dims_.mxfp8()) {
     MxWeight& mx = w.mx;
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight (along n)", &mx.along_n));
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n / kernels::kMxBlock, "mxfp8 weight scales", &mx.along_n_scales));
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight (along k)", &mx.along_k));
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n / kernels::kMxBlock, "mxfp8 weight scales", &mx.along_k_scales));
   }
-  if (dims_.fp8_block) {
+  if (dims_.fp8_block()) {
     kernels::Fp8BlockWeights& fb = w.fp8_block;
     const int64_t blocks = n / (int64_t{kernels::kFp8Block} * kernels::kFp8Block);
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "fp8-block weight", &fb.data));
@@ -144,11 +144,11 @@ absl::StatusOr<QuantizedWeight> LayerKernels::AllocateQuantizedWeight(int64_t kd
 absl::Status LayerKernels::QuantizeWeight(const Bf16* w, int64_t kdim, int64_t ndim,
                                           const QuantizedWeight& out, cudaStream_t stream) {
   const int64_t E = dims_.local_experts();
-  if (dims_.fp8_block) {
+  if (dims_.fp8_block()) {
     return kc::QuantizeFp8BlockWeights(
         kernels::Fp8BlockWeightShape{static_cast<int>(E), kdim, ndim}, w, out.fp8_block, stream);
   }
-  if (!dims_.mxfp8) return absl::OkStatus();
+  if (!dims_.mxfp8()) return absl::OkStatus();
   kernels::MxRowwise along_n{out.mx.along_n, out.mx.along_n_scales};
   DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{E * kdim, ndim, 1}, w,
                                              nullptr, &along_n, nullptr, stream));
@@ -207,12 +207,12 @@ MoeLayerGpu::ExpertOperands MoeLayerGpu::W2(const LayerWeights& w, const LayerGr
 }
 
 absl::Status MoeLayerGpu::ExpertForward(const ExpertOperands& o, cudaStream_t stream) {
-  if (k_->dims_.fp8_block) {
+  if (k_->dims_.fp8_block()) {
     const kernels::Fp8BlockWeights& q = o.q_w->fp8_block;
     return o.fb_gemm->Forward({o.x_fb->data, o.x_fb->scales}, {q.data_t, q.scales_t},
                               ExpertOffsets(), o.y, stream);
   }
-  if (k_->dims_.mxfp8) {
+  if (k_->dims_.mxfp8()) {
     const MxWeight& q = o.q_w->mx;
     return o.mx_gemm->Forward({o.x_mx->data, o.x_mx->scales}, {q.along_k, q.along_k_scales},
                               ExpertOffsets(), o.y, stream);
@@ -221,12 +221,12 @@ absl::Status MoeLayerGpu::ExpertForward(const ExpertOperands& o, cudaStream_t st
 }
 
 absl::Status MoeLayerGpu::ExpertBackwardData(const ExpertOperands& o, cudaStream_t stream) {
-  if (k_->dims_.fp8_block) {
+  if (k_->dims_.fp8_block()) {
     const kernels::Fp8BlockWeights& q = o.q_w->fp8_block;
     return o.fb_gemm->BackwardData({o.dy_fb->data, o.dy_fb->scales}, {q.data, q.scales},
                                    ExpertOffsets(), o.dx, stream);
   }
-  if (k_->dims_.mxfp8) {
+  if (k_->dims_.mxfp8()) {
     const MxWeight& q = o.q_w->mx;
     return o.mx_gemm->BackwardData({o.dy_mx->data, o.dy_mx->scales},
                                    {q.along_n, q.along_n_scales}, ExpertOffsets(), o.dx, stream);
@@ -235,12 +235,12 @@ absl::Status MoeLayerGpu::ExpertBackwardData(const ExpertOperands& o, cudaStream
 }
 
 absl::Status MoeLayerGpu::ExpertBackwardWeight(const ExpertOperands& o, cudaStream_t stream) {
-  if (k_->dims_.fp8_block) {
+  if (k_->dims_.fp8_block()) {
     return o.fb_gemm->BackwardWeight({o.x_fb_col->data, o.x_fb_col->scales},
                                      {o.dy_fb_col->data, o.dy_fb_col->scales},
                                      o.x_fb_col->group_offsets, o.dw, stream);
   }
-  if (k_->dims_.mxfp8) {
+  if (k_->dims_.mxfp8()) {
     return o.mx_gemm->BackwardWeight({o.x_col->data, o.x_col->scales},
                                      {o.dy_col->data, o.dy_col->scales},
                                      o.x_col->group_offsets, o.dw, stream);

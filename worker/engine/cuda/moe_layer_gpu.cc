@@ -150,12 +150,12 @@ absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* k
   } else {
     // What peers write stays in the dispatcher's memory, one set per layer.
     DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "expert output", &l.out_rows_));
-    if (d.mxfp8) {
+    if (d.mxfp8()) {
       DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "received mxfp8 rows", &l.mx_recv_.data));
       DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * (H / kernels::kMxBlock),
                                                           "received mxfp8 row scales", &l.mx_recv_.scales));
       l.recv_rows_ = kernels->dequantized_rows_;
-    } else if (d.fp8_block) {
+    } else if (d.fp8_block()) {
       DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "received fp8-block rows", &l.fb_recv_.data));
       DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * (H / kernels::kFp8Block),
                                                           "received fp8-block row scales", &l.fb_recv_.scales));
@@ -203,7 +203,7 @@ absl::Status MoeLayerGpu::SharedForward(const LayerWeights& w, const Bf16* x,
 size_t MoeLayerGpu::RowBytes(Rows rows) const {
   const size_t H = static_cast<size_t>(k_->dims_.hidden);
   if (rows == Rows::kTokenScales) {
-    return k_->dims_.fp8_block ? H / kernels::kFp8Block * sizeof(float) : H / kernels::kMxBlock;
+    return k_->dims_.fp8_block() ? H / kernels::kFp8Block * sizeof(float) : H / kernels::kMxBlock;
   }
   if (rows == Rows::kTokens && quantized_tokens()) return H;
   return H * sizeof(Bf16);
@@ -216,16 +216,16 @@ RankCall MoeLayerGpu::ExchangeCall(Rows rows, cudaStream_t stream) {
   switch (rows) {
     case Rows::kTokens:
       c.send_rows = !quantized_tokens()      ? static_cast<void*>(rows_)
-                    : k_->dims_.fp8_block ? static_cast<void*>(k_->fb_send_.data)
+                    : k_->dims_.fp8_block() ? static_cast<void*>(k_->fb_send_.data)
                                           : static_cast<void*>(k_->mx_send_.data);
       c.recv_rows = !quantized_tokens()      ? static_cast<void*>(recv_rows_)
-                    : k_->dims_.fp8_block ? static_cast<void*>(fb_recv_.data)
+                    : k_->dims_.fp8_block() ? static_cast<void*>(fb_recv_.data)
                                           : static_cast<void*>(mx_recv_.data);
       break;
     case Rows::kTokenScales:
-      c.send_rows = k_->dims_.fp8_block ? static_cast<void*>(k_->fb_send_.scales)
+      c.send_rows = k_->dims_.fp8_block() ? static_cast<void*>(k_->fb_send_.scales)
                                         : static_cast<void*>(k_->mx_send_.scales);
-      c.recv_rows = k_->dims_.fp8_block ? static_cast<void*>(fb_recv_.scales)
+      c.recv_rows = k_->dims_.fp8_block() ? static_cast<void*>(fb_recv_.scales)
                                         : static_cast<void*>(mx_recv_.scales);
       break;
     case Rows::kExpertOutputs:
@@ -266,7 +266,7 @@ absl::Status MoeLayerGpu::ForwardRoute(const LayerWeights& w, const Bf16* x, con
   // The permutation into expert order (at EP = 1 the whole dispatch); tokens that travel in
   // MXFP8 or fp8-block are quantized once each on the way.
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kDispatch, s.main));
-  if (quantized_tokens() && d.fp8_block) {
+  if (quantized_tokens() && d.fp8_block()) {
     DROPLESS_RETURN_IF_ERROR(kc::PermuteFp8Block(kernels::PermuteShape{T, H, d.topk}, x,
                                                  slot_of_choice_, k_->fb_send_,
                                                  kernels::Fp8ScaleMode::kFloat32, s.main));
@@ -287,19 +287,19 @@ absl::Status MoeLayerGpu::ForwardExperts(const LayerWeights& w, const LayerStrea
   const int32_t* live_rows = ExpertOffsets() + El;
   const ExpertOperands w1 = W1(w, {}), w2 = W2(w, {});
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmForward, s.main));
-  if (d.mxfp8 && !quantized_tokens()) {
+  if (d.mxfp8() && !quantized_tokens()) {
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, H, El}, recv_rows_,
                                                ExpertOffsets(), &k_->mx_rows_, nullptr, s.main));
   }
-  if (d.fp8_block && !quantized_tokens()) {
+  if (d.fp8_block() && !quantized_tokens()) {
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, H, El},
                                                   recv_rows_, ExpertOffsets(), &k_->fb_rows_,
                                                   nullptr, s.main));
   }
   DROPLESS_RETURN_IF_ERROR(ExpertForward(w1, s.main));
   DROPLESS_RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{R, F}, live_rows, h_, a_,
-                                             d.mxfp8 ? &k_->mx_a_ : nullptr, s.main));
-  if (d.fp8_block) {
+                                             d.mxfp8() ? &k_->mx_a_ : nullptr, s.main));
+  if (d.fp8_block()) {
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, F, El}, a_,
                                                   ExpertOffsets(), &k_->fb_a_, nullptr, s.main));
   }

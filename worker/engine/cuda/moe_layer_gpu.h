@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/job_spec.h"
 #include "dropless/kernels/fp8_block.h"
 #include "dropless/kernels/fp8_block_grouped_gemm.h"
 #include "dropless/kernels/grouped_gemm.h"
@@ -55,13 +56,16 @@ struct LayerDims {
   int shared = 0;      // shared experts
   kernels::ScoreFunction score = kernels::ScoreFunction::kSoftmax;
   bool renormalize = true;
-  bool mxfp8 = false;
-  bool fp8_block = false;
+  // The expert GEMMs' precision (the rest of the layer is bf16 with fp32 accumulation).
+  Precision precision = Precision::kBf16;
   // Recompute the cheap saved activations in the backward instead of keeping them (with
   // activation offload: fewer bytes over PCIe): the permuted rows (one permute of x) and the
   // SwiGLU output (one SwiGLU of the w1 output).
   bool recompute = false;
 
+  bool mxfp8() const { return precision == Precision::kMxfp8; }
+  bool fp8_block() const { return precision == Precision::kFp8Block; }
+  bool quantized() const { return precision != Precision::kBf16; }
   int64_t rows() const { return tokens * topk; }  // T*k routed rows
   int local_experts() const { return experts / ep; }
   // Capacity of the received rows: every rank's rows routed to this one (dropless).
@@ -245,7 +249,7 @@ class MoeLayerGpu {
   RankCall ExchangeCall(Rows rows, cudaStream_t stream);
   size_t RowBytes(Rows rows) const;
   bool quantized_tokens() const {
-    return k_->exchange() && (k_->dims_.mxfp8 || k_->dims_.fp8_block);
+    return k_->exchange() && k_->dims_.quantized();
   }
   const ExchangePlan& plan() const { return plan_; }
 

@@ -110,11 +110,11 @@ absl::Status MoeLayerGpu::BackwardExperts(const LayerWeights& w, const LayerGrad
   // stream beside the data gradient on main, then the weight's optimizer hook.
   auto backward = [&](const ExpertOperands& o, int64_t in_cols, int64_t out_cols,
                       const std::function<absl::Status(cudaStream_t)>& hook) -> absl::Status {
-    if (d.mxfp8) {
+    if (d.mxfp8()) {
       DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, out_cols, El}, o.dy,
                                                  ExpertOffsets(), o.dy_mx, o.dy_col, s.main));
     }
-    if (d.fp8_block) {
+    if (d.fp8_block()) {
       DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(
           kernels::Fp8BlockQuantizeShape{R, out_cols, El}, o.dy, ExpertOffsets(), o.dy_fb,
           o.dy_fb_col, s.main));
@@ -124,7 +124,7 @@ absl::Status MoeLayerGpu::BackwardExperts(const LayerWeights& w, const LayerGrad
     if (o.x == recv_rows_ && quantized_tokens()) {
       // The tokens arrived quantized: their column-wise form (the weight gradient's operand) is
       // quantized from the dequantized values, as after any FP8 dispatch.
-      if (d.fp8_block) {
+      if (d.fp8_block()) {
         DROPLESS_RETURN_IF_ERROR(kc::DequantizeFp8BlockRowwise(
             R, in_cols, live_rows, fb_recv_.data, fb_recv_.scales, recv_rows_, s.wgrad));
       } else {
@@ -132,11 +132,11 @@ absl::Status MoeLayerGpu::BackwardExperts(const LayerWeights& w, const LayerGrad
                                                             mx_recv_.scales, recv_rows_, s.wgrad));
       }
     }
-    if (d.mxfp8) {
+    if (d.mxfp8()) {
       DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, in_cols, El}, o.x,
                                                  ExpertOffsets(), nullptr, o.x_col, s.wgrad));
     }
-    if (d.fp8_block) {
+    if (d.fp8_block()) {
       DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(
           kernels::Fp8BlockQuantizeShape{R, in_cols, El}, o.x, ExpertOffsets(), nullptr,
           o.x_fb_col, s.wgrad));

@@ -128,7 +128,7 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
   DROPLESS_RETURN_IF_ERROR(experts_.Allocate(arena, layout_.experts_size()));
   for (ModelWeights* w : {&student_, &teacher_}) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(layers() * E * H, "bf16 router", &w->router));
-    if (dims_.mxfp8 || dims_.fp8_block) {
+    if (dims_.quantized()) {
       for (int64_t l = 0; l < layers(); ++l) {
         absl::StatusOr<QuantizedWeight> w1 = kernels_->AllocateQuantizedWeight(H, 2 * dims_.ffn, arena);
         if (!w1.ok()) return w1.status();
