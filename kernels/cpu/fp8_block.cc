@@ -57,17 +57,11 @@ absl::Status QuantizeFp8Block(const Fp8BlockQuantizeShape& shape, const Bf16* x,
                               const int32_t* group_offsets, const Fp8BlockRowwise* rowwise,
                               const Fp8BlockColwise* colwise) {
   if (absl::Status s = ValidateFp8BlockQuantize(shape, x, rowwise, colwise); !s.ok()) return s;
-  if (absl::Status s = ValidateHostGroupOffsets(group_offsets, shape.num_groups, shape.rows);
-      !s.ok()) {
-    return s;
-  }
+  absl::StatusOr<std::vector<int32_t>> host_offsets =
+      HostGroupOffsets(group_offsets, shape.num_groups, shape.rows);
+  if (!host_offsets.ok()) return host_offsets.status();
+  const std::vector<int32_t>& offsets = *host_offsets;
   const int num_groups = shape.num_groups;
-  std::vector<int32_t> offsets(num_groups + 1);
-  if (group_offsets == nullptr) {
-    offsets = {0, static_cast<int32_t>(shape.rows)};
-  } else {
-    offsets.assign(group_offsets, group_offsets + num_groups + 1);
-  }
   const int64_t cols = shape.cols;
   const int64_t tiles_per_row = cols / kFp8Block;
 

@@ -35,17 +35,11 @@ absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
                            const int32_t* group_offsets, const MxRowwise* rowwise,
                            const MxColwise* colwise) {
   if (absl::Status s = ValidateMxQuantize(shape, x, rowwise, colwise); !s.ok()) return s;
-  if (absl::Status s = ValidateHostGroupOffsets(group_offsets, shape.num_groups, shape.rows);
-      !s.ok()) {
-    return s;
-  }
+  absl::StatusOr<std::vector<int32_t>> host_offsets =
+      HostGroupOffsets(group_offsets, shape.num_groups, shape.rows);
+  if (!host_offsets.ok()) return host_offsets.status();
+  const std::vector<int32_t>& offsets = *host_offsets;
   const int num_groups = shape.num_groups;
-  std::vector<int32_t> offsets(num_groups + 1);
-  if (group_offsets == nullptr) {
-    offsets = {0, static_cast<int32_t>(shape.rows)};
-  } else {
-    offsets.assign(group_offsets, group_offsets + num_groups + 1);
-  }
   const int64_t cols = shape.cols;
   const int64_t blocks_per_row = cols / kMxBlock;
 

@@ -175,6 +175,13 @@ absl::Status ValidateHostGroupOffsets(const int32_t* offsets, int num_groups, in
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<int32_t>> HostGroupOffsets(const int32_t* offsets, int num_groups,
+                                                      int64_t rows) {
+  if (absl::Status s = ValidateHostGroupOffsets(offsets, num_groups, rows); !s.ok()) return s;
+  if (offsets == nullptr) return std::vector<int32_t>{0, static_cast<int32_t>(rows)};
+  return std::vector<int32_t>(offsets, offsets + num_groups + 1);
+}
+
 absl::Status ValidateRouterGemmShape(const RouterGemmShape& shape, int64_t num_tokens) {
   if (shape.max_tokens < 0) return Invalid("max_tokens", "must be >= 0");
   if (shape.hidden <= 0 || shape.hidden % 8 != 0) {

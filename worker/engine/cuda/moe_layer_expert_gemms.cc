@@ -18,33 +18,22 @@ namespace {
 namespace kc = kernels::cuda;
 using layer_internal::Nv;
 
-absl::Status AllocRowwise(DeviceArena* arena, int64_t rows, int64_t cols, kernels::MxRowwise* out) {
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(rows * cols, "mxfp8 rows", &out->data));
-  return arena->Allocate(rows * (cols / kernels::kMxBlock), "mxfp8 row scales", &out->scales);
+// A row-wise operand (MxRowwise or Fp8BlockRowwise: one scale per `block` elements of a row).
+template <class Rowwise>
+absl::Status AllocRowwise(DeviceArena* arena, int64_t rows, int64_t cols, int block, Rowwise* out) {
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(rows * cols, "quantized rows", &out->data));
+  return arena->Allocate(rows * (cols / block), "quantized row scales", &out->scales);
 }
 
+// A column-wise operand (MxColwise or Fp8BlockColwise: groups padded to `block` rows).
+template <class Colwise>
 absl::Status AllocColwise(DeviceArena* arena, int64_t padded_rows, int64_t cols, int groups,
-                          kernels::MxColwise* out) {
+                          int block, Colwise* out) {
   out->padded_rows = padded_rows;
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(padded_rows * cols, "mxfp8 columns", &out->data));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(padded_rows / kernels::kMxBlock * cols,
-                                           "mxfp8 column scales", &out->scales));
-  return arena->Allocate(groups + 1, "mxfp8 padded offsets", &out->group_offsets);
-}
-
-absl::Status AllocRowwise(DeviceArena* arena, int64_t rows, int64_t cols,
-                          kernels::Fp8BlockRowwise* out) {
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(rows * cols, "fp8-block rows", &out->data));
-  return arena->Allocate(rows * (cols / kernels::kFp8Block), "fp8-block row scales", &out->scales);
-}
-
-absl::Status AllocColwise(DeviceArena* arena, int64_t padded_rows, int64_t cols, int groups,
-                          kernels::Fp8BlockColwise* out) {
-  out->padded_rows = padded_rows;
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(padded_rows * cols, "fp8-block columns", &out->data));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(padded_rows / kernels::kFp8Block * cols,
-                                           "fp8-block column scales", &out->scales));
-  return arena->Allocate(groups + 1, "fp8-block padded offsets", &out->group_offsets);
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(padded_rows * cols, "quantized columns", &out->data));
+  DROPLESS_RETURN_IF_ERROR(
+      arena->Allocate(padded_rows / block * cols, "quantized column scales", &out->scales));
+  return arena->Allocate(groups + 1, "quantized padded offsets", &out->group_offsets);
 }
 
 }  // namespace
@@ -70,18 +59,18 @@ absl::Status LayerKernels::CreateExpertGemms(DeviceArena* arena) {
     DROPLESS_RETURN_IF_ERROR(mx(F, H, &mx_w2_));
     padded_rows_ = kernels::ColwisePaddedRows(R, El);
     if (dispatcher_ == nullptr) {
-      DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, &mx_rows_));
+      DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, kernels::kMxBlock, &mx_rows_));
     } else {
-      DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, Tk, H, &mx_send_));
+      DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, Tk, H, kernels::kMxBlock, &mx_send_));
       DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "dequantized received rows", &dequantized_rows_));
     }
-    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, F, &mx_a_));
-    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, &mx_d_out_));
-    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, 2 * F, &mx_d_h_));
-    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, H, El, &col_rows_));
-    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, F, El, &col_a_));
-    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, H, El, &col_d_out_));
-    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, 2 * F, El, &col_d_h_));
+    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, F, kernels::kMxBlock, &mx_a_));
+    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, kernels::kMxBlock, &mx_d_out_));
+    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, 2 * F, kernels::kMxBlock, &mx_d_h_));
+    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, H, El, kernels::kMxBlock, &col_rows_));
+    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, F, El, kernels::kMxBlock, &col_a_));
+    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, H, El, kernels::kMxBlock, &col_d_out_));
+    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, 2 * F, El, kernels::kMxBlock, &col_d_h_));
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(int64_t{El} * H * 2 * F, "weight transpose scratch",
                                              &transpose_scratch_));
   }
@@ -103,18 +92,18 @@ absl::Status LayerKernels::CreateExpertGemms(DeviceArena* arena) {
     DROPLESS_RETURN_IF_ERROR(fb(H, 2 * F, &fb_w1_));
     DROPLESS_RETURN_IF_ERROR(fb(F, H, &fb_w2_));
     if (dispatcher_ == nullptr) {
-      DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, &fb_rows_));
+      DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, kernels::kFp8Block, &fb_rows_));
     } else {
-      DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, Tk, H, &fb_send_));
+      DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, Tk, H, kernels::kFp8Block, &fb_send_));
       DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "dequantized received rows", &dequantized_rows_));
     }
-    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, F, &fb_a_));
-    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, &fb_d_out_));
-    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, 2 * F, &fb_d_h_));
-    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, H, El, &fb_col_rows_));
-    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, F, El, &fb_col_a_));
-    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, H, El, &fb_col_d_out_));
-    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, 2 * F, El, &fb_col_d_h_));
+    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, F, kernels::kFp8Block, &fb_a_));
+    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, kernels::kFp8Block, &fb_d_out_));
+    DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, 2 * F, kernels::kFp8Block, &fb_d_h_));
+    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, H, El, kernels::kFp8Block, &fb_col_rows_));
+    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, F, El, kernels::kFp8Block, &fb_col_a_));
+    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, H, El, kernels::kFp8Block, &fb_col_d_out_));
+    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, 2 * F, El, kernels::kFp8Block, &fb_col_d_h_));
   }
   return absl::OkStatus();
 }
