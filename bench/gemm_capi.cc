@@ -1,5 +1,5 @@
-// libdropless_gemm_capi.so: a C entry point to the grouped GEMMs (bf16 GroupedGemm and
-// MxGroupedGemm) for bench/peers/interleaved_gemm.py, which times them and torch's grouped GEMMs
+// libdropless_gemm_capi.so: a C entry point to the grouped GEMMs (bf16 GroupedGemm,
+// MxGroupedGemm and Fp8BlockGroupedGemm) for bench/peers/interleaved_gemm.py, which times them and torch's grouped GEMMs
 // in one process, alternating round by round, so both see the same GPU clock and temperature (an
 // H200's clock moves by 15-20% between an idle start and a few seconds of sustained GEMMs, which
 // two processes run one after the other do not share). Benchmark-only: not part of the runtime.
@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "dropless/kernels/fp8_block_grouped_gemm.h"
 #include "dropless/kernels/grouped_gemm.h"
 #include "dropless/kernels/mx_grouped_gemm.h"
 
@@ -40,9 +41,17 @@ struct MxGemm {
   std::string name;
 };
 
+struct Fp8BlockGemm {
+  std::unique_ptr<k::Fp8BlockGroupedGemm> gemm;
+  std::string name;
+};
+
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 const __nv_bfloat16* Bf16In(const void* p) { return static_cast<const __nv_bfloat16*>(p); }
 const uint8_t* Bytes(const void* p) { return static_cast<const uint8_t*>(p); }
+k::Fp8BlockOperand Fp8Block(const void* data, const void* scales) {
+  return {Bytes(data), static_cast<const float*>(scales)};
+}
 
 }  // namespace
 
@@ -162,5 +171,59 @@ int dl_mxgemm_backward_weight(void* handle, const void* x, const void* x_scales,
 }
 
 void dl_mxgemm_destroy(void* handle) { delete static_cast<MxGemm*>(handle); }
+
+// FP8 blockwise-scaled grouped GEMM (fp8_block_grouped_gemm.h): operands and fp32 scales in the
+// layouts of fp8_block.h; padded_rows as Fp8BlockGroupedGemmOptions (0: the default bound);
+// m_kernel and wgrad_kernel (null or "": the default) force the forward / data-gradient kernel
+// and the weight-gradient kernel.
+void* dl_fp8block_create(int experts, int k, int n, int64_t max_rows, int64_t padded_rows,
+                         const char* m_kernel, const char* wgrad_kernel) {
+  k::Fp8BlockGroupedGemmOptions options;
+  options.num_groups = experts;
+  options.k = k;
+  options.n = n;
+  options.max_rows = max_rows;
+  options.padded_rows = padded_rows;
+  if (m_kernel != nullptr) options.m_grouped_kernel = m_kernel;
+  if (wgrad_kernel != nullptr) options.weight_gradient_kernel = wgrad_kernel;
+  absl::StatusOr<std::unique_ptr<k::Fp8BlockGroupedGemm>> gemm =
+      k::Fp8BlockGroupedGemm::Create(options);
+  if (!gemm.ok()) {
+    Report(gemm.status());
+    return nullptr;
+  }
+  auto* h = new Fp8BlockGemm{std::move(*gemm), {}};
+  h->name = h->gemm->KernelName();
+  return h;
+}
+
+const char* dl_fp8block_kernel(void* handle) {
+  return static_cast<Fp8BlockGemm*>(handle)->name.c_str();
+}
+
+int dl_fp8block_forward(void* handle, const void* x, const void* x_scales, const void* w_t,
+                        const void* w_t_scales, const void* offsets, void* y, void* stream) {
+  return Report(static_cast<Fp8BlockGemm*>(handle)->gemm->Forward(
+      Fp8Block(x, x_scales), Fp8Block(w_t, w_t_scales), static_cast<const int32_t*>(offsets),
+      static_cast<k::Bf16*>(y), AsStream(stream)));
+}
+
+int dl_fp8block_backward_data(void* handle, const void* dy, const void* dy_scales, const void* w,
+                              const void* w_scales, const void* offsets, void* dx, void* stream) {
+  return Report(static_cast<Fp8BlockGemm*>(handle)->gemm->BackwardData(
+      Fp8Block(dy, dy_scales), Fp8Block(w, w_scales), static_cast<const int32_t*>(offsets),
+      static_cast<k::Bf16*>(dx), AsStream(stream)));
+}
+
+// Column-wise operands [cols][P] with [P/128][cols] scales and the padded offsets; dw fp32.
+int dl_fp8block_backward_weight(void* handle, const void* x, const void* x_scales, const void* dy,
+                                const void* dy_scales, const void* padded_offsets, void* dw,
+                                void* stream) {
+  return Report(static_cast<Fp8BlockGemm*>(handle)->gemm->BackwardWeight(
+      Fp8Block(x, x_scales), Fp8Block(dy, dy_scales),
+      static_cast<const int32_t*>(padded_offsets), static_cast<float*>(dw), AsStream(stream)));
+}
+
+void dl_fp8block_destroy(void* handle) { delete static_cast<Fp8BlockGemm*>(handle); }
 
 }  // extern "C"

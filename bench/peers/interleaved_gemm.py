@@ -14,6 +14,10 @@ Rows (BENCH.md format) per shape, weight, group distribution:
         (no torch MX peer: torch's fp8 k-grouped form needs groups of multiples of 16)
   mxfp8 fwd / dgrad: dropless MXFP8 (per-32 E8M0 scales) vs torch._scaled_grouped_mm (fp8,
         row-wise scales: no per-block promotion) vs torch._grouped_mm (bf16)
+  fp8-block fwd / dgrad / wgrad: dropless FP8 blockwise (1x128 activation tiles, 128x128 weight
+        blocks, fp32 scales; wgrad k-grouped over groups padded to 128, fp32 out) vs
+        torch._scaled_grouped_mm (fp8 row-wise; for wgrad the same padded groups) vs
+        torch._grouped_mm (bf16)
 
   python3 bench/peers/interleaved_gemm.py --lib build/bench/libdropless_gemm_capi.so \
       --out gemm-h200-YYYYMMDD-interleaved.json [--shapes dsv3,qwen3,mixtral] [--dists uniform,zipf]
@@ -55,6 +59,15 @@ def load_lib(path):
     lib.dl_mxgemm_backward_weight.restype = c_int
     lib.dl_mxgemm_backward_weight.argtypes = [c_void_p] * 7 + [c_int, c_void_p]
     lib.dl_mxgemm_destroy.argtypes = [c_void_p]
+    lib.dl_fp8block_create.restype = c_void_p
+    lib.dl_fp8block_create.argtypes = [c_int, c_int, c_int, c_int64, c_int64, c_char_p, c_char_p]
+    lib.dl_fp8block_kernel.restype = c_char_p
+    lib.dl_fp8block_kernel.argtypes = [c_void_p]
+    for f in (lib.dl_fp8block_forward, lib.dl_fp8block_backward_data,
+              lib.dl_fp8block_backward_weight):
+        f.restype = c_int
+        f.argtypes = [c_void_p] * 8
+    lib.dl_fp8block_destroy.argtypes = [c_void_p]
     return lib
 
 
@@ -238,6 +251,9 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                 add(op, "torch._grouped_mm", "bf16", res["bf16"])
         finally:
             lib.dl_mxgemm_destroy(h)
+    if "fp8-block" in precisions:
+        run_fp8_block(torch, lib, args, ops, g, (x, w, dy, ends, offsets, y, dx),
+                      (rows, k, n, experts, sizes), add)
     if "mxfp8-wgrad" in precisions:
         # Column-wise block-major operands ([P/32][cols][32] + [P/32][cols] scales) over the padded
         # group layout the quantizer writes (groups padded to 32 rows, P as MxGroupedGemm's bound).
@@ -269,6 +285,99 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
             for h in handles.values():
                 lib.dl_mxgemm_destroy(h)
     torch.cuda.synchronize()
+
+
+def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add):
+    """fp8-block rows of one case (see the docstring): random E4M3 operands and fp32 scales in the
+    layouts of kernels/include/dropless/kernels/fp8_block.h."""
+    x, w, dy, ends, offsets, y, dx = tensors
+    rows, k, n, experts, sizes = dims
+    fp8, bf16, f32 = torch.float8_e4m3fn, torch.bfloat16, torch.float32
+
+    def scales(*shape):
+        return torch.rand(*shape, device="cuda", generator=g, dtype=f32) * 1.5 + 0.25
+
+    xq, xs = random_e4m3(torch, (rows, k), g), scales(rows, k // 128)
+    wtq, wts = random_e4m3(torch, (experts, n, k), g), scales(experts, n // 128, k // 128)
+    dyq, dys = random_e4m3(torch, (rows, n), g), scales(rows, n // 128)
+    wq, ws = random_e4m3(torch, (experts, k, n), g), scales(experts, k // 128, n // 128)
+    padded = [(s_ + 127) // 128 * 128 for s_ in sizes]
+    p_rows = sum(padded)
+    pends = torch.cumsum(torch.tensor(padded, device="cuda", dtype=torch.int32), 0, dtype=torch.int32)
+    poffsets = torch.cat([torch.zeros(1, device="cuda", dtype=torch.int32), pends])
+    xc, xcs = random_e4m3(torch, (k, p_rows), g), scales(p_rows // 128, k)
+    dyc, dycs = random_e4m3(torch, (n, p_rows), g), scales(p_rows // 128, n)
+    dw32 = torch.empty(experts, k, n, device="cuda", dtype=f32)
+    h = lib.dl_fp8block_create(experts, k, n, rows, p_rows, None, None)
+    if not h:
+        raise RuntimeError(lib.dl_last_error().decode())
+    kernel = lib.dl_fp8block_kernel(h).decode()
+    # --fp8-block-m-kernels / --fp8-block-wgrad-kernels: other kernels timed next to the defaults
+    others = {"fwd": {}, "dgrad": {}, "wgrad": {}}
+    for ops_, flag, is_m in ((("fwd", "dgrad"), args.fp8_block_m_kernels, True),
+                             (("wgrad",), args.fp8_block_wgrad_kernels, False)):
+        for kn in [x_ for x_ in flag.split(",") if x_]:
+            other = lib.dl_fp8block_create(experts, k, n, rows, p_rows,
+                                           kn.encode() if is_m else None,
+                                           None if is_m else kn.encode())
+            if not other:
+                print(f"skip fp8-block {kn}: {lib.dl_last_error().decode()}", file=sys.stderr)
+            elif lib.dl_fp8block_kernel(other).decode() == kernel:
+                lib.dl_fp8block_destroy(other)  # the default itself
+            else:
+                for op in ops_:
+                    others[op][kn] = other
+    ones_rows = torch.ones(rows, device="cuda", dtype=f32)
+
+    def ours_with(op, handle):
+        if op == "fwd":
+            return lambda: check(lib, lib.dl_fp8block_forward(
+                handle, xq.data_ptr(), xs.data_ptr(), wtq.data_ptr(), wts.data_ptr(),
+                offsets.data_ptr(), y.data_ptr(), None), "fp8-block fwd")
+        if op == "dgrad":
+            return lambda: check(lib, lib.dl_fp8block_backward_data(
+                handle, dyq.data_ptr(), dys.data_ptr(), wq.data_ptr(), ws.data_ptr(),
+                offsets.data_ptr(), dx.data_ptr(), None), "fp8-block dgrad")
+        return lambda: check(lib, lib.dl_fp8block_backward_weight(
+            handle, xc.data_ptr(), xcs.data_ptr(), dyc.data_ptr(), dycs.data_ptr(),
+            poffsets.data_ptr(), dw32.data_ptr(), None), "fp8-block wgrad")
+
+    torch_fp8 = {
+        "fwd": lambda: torch._scaled_grouped_mm(
+            xq.view(fp8), wtq.view(fp8).transpose(-2, -1), ones_rows,
+            torch.ones(experts, n, device="cuda", dtype=f32), offs=ends, out_dtype=bf16),
+        "dgrad": lambda: torch._scaled_grouped_mm(
+            dyq.view(fp8), wq.view(fp8).transpose(-2, -1), ones_rows,
+            torch.ones(experts, k, device="cuda", dtype=f32), offs=ends, out_dtype=bf16),
+        "wgrad": lambda: torch._scaled_grouped_mm(
+            xc.view(fp8), dyc.view(fp8).t(), torch.ones(k * experts, device="cuda", dtype=f32),
+            torch.ones(n * experts, device="cuda", dtype=f32), offs=pends, out_dtype=bf16),
+    }
+    torch_bf16 = {"fwd": lambda: torch._grouped_mm(x, w, offs=ends),
+                  "dgrad": lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=ends),
+                  "wgrad": lambda: torch._grouped_mm(x.t(), dy, offs=ends)}
+    try:
+        for op in ops:
+            fns = {"dropless": ours_with(op, h), "bf16": torch_bf16[op]}
+            for kn, other in others[op].items():
+                fns[kn] = ours_with(op, other)
+            try:
+                torch_fp8[op]()
+                fns["fp8"] = torch_fp8[op]
+            except Exception as exc:  # a peer that cannot run this layout is reported
+                print(f"peer error: torch._scaled_grouped_mm fp8-block {op}: "
+                      f"{str(exc).splitlines()[0][:200]}", file=sys.stderr)
+            res = interleave(torch, fns, args.rounds, args.iters, args.warm_s)
+            out = "fp32" if op == "wgrad" else "bf16"
+            add(op, "dropless", "fp8-block", res["dropless"], kernel + ", default kernels", out=out)
+            for kn in others[op]:
+                add(op, "dropless", "fp8-block", res[kn], kn, out=out)
+            if "fp8" in res:
+                add(op, "torch._scaled_grouped_mm", "fp8-rowwise", res["fp8"])
+            add(op, "torch._grouped_mm", "bf16", res["bf16"])
+    finally:
+        for handle in {h, *others["fwd"].values(), *others["wgrad"].values()}:
+            lib.dl_fp8block_destroy(handle)
 
 
 def ceilings(torch):
@@ -306,6 +415,10 @@ def main():
     ap.add_argument("--wgrad-kernels", default="")
     ap.add_argument("--mx-kernels", default="",
                     help="MXFP8 kernels to time next to the default (mxfp8-wgrad precision)")
+    ap.add_argument("--fp8-block-m-kernels", default="",
+                    help="fp8-block forward / data-gradient kernels to time next to the default")
+    ap.add_argument("--fp8-block-wgrad-kernels", default="",
+                    help="fp8-block weight-gradient kernels to time next to the default")
     ap.add_argument("--ceiling-peers", action=argparse.BooleanOptionalAction, default=True,
                     help="uniform forward: also time torch.bmm and a dense GEMM of the same FLOPs")
     ap.add_argument("--wgrad-out", choices=("bf16", "fp32"), default="bf16",

@@ -23,10 +23,10 @@ Impls (names as in ../shared/docs/BENCH.md):
                             XLA:GPU may lower ragged_dot to cuDNN or to a zero-padded batched dot
                             whose temporaries grow as E/ep x T*k x H: a RESOURCE_EXHAUSTED failure
                             line then asks for a larger --jax-mem-fraction)
-  torch._scaled_grouped_mm  (precision fp8-rowwise; default with --precision mxfp8) forward expert
+  torch._scaled_grouped_mm  (precision fp8-rowwise; default with a quantized --precision) forward expert
                             GEMMs in e4m3 with row-wise scales (activation rows, weight columns,
                             quantized every step), backward in bf16 torch._grouped_mm
-  dropless                  the CUDA step engine through ctypes (--lib), C API:
+  dropless                  the CUDA step engine through ctypes (--lib) in --precision, C API:
 
       void* dl_step_create(const char* spec_yaml, char* err, int err_len);
           // builds the engine for the job spec (YAML text); NULL on error, message in err
@@ -40,6 +40,8 @@ Impls (names as in ../shared/docs/BENCH.md):
           // combine_ms; returns how many it wrote
       void  dl_step_destroy(void* h);
 
+  dropless-bf16 (default with a quantized --precision) is the same engine in bf16, so that the
+  quantized step and the bf16 step are compared in one run.
   Each round creates the engine, runs 1 warm step and one timed dl_step_run(steps), reads
   dl_step_stats (per-step values of the last run) and destroys it. The spec passed is printed by
   --print-spec (step_impls/dropless_capi.py): the fields of the brief plus name, renormalize,
@@ -76,7 +78,7 @@ check).
 
   python3 bench/peers/step_peer.py --check [--device cpu|cuda]
   python3 bench/peers/step_peer.py --lib build/lib/libdropless_step.so --ep dsv3=8 \
-      --json bench/results/step-h200-YYYYMMDD.json [--precision mxfp8] [--rounds 5 --steps 10]
+      --json bench/results/step-h200-YYYYMMDD.json [--precision mxfp8|fp8-block] [--rounds 5 --steps 10]
 """
 import argparse
 import datetime
@@ -89,8 +91,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_impls import (DEFAULT_IMPLS, DROPLESS, FP8, JAX, PEAK, SHAPES, short,  # noqa: E402
-                        step_flop)
+from step_impls import (DEFAULT_IMPLS, DROPLESS, DROPLESS_BF16, DROPLESS_IMPLS, FP8, JAX,  # noqa: E402
+                        PEAK, SHAPES, short, step_flop)
 from step_impls.dropless_capi import STAT_NAMES, DroplessStep, dropless_spec, load_lib  # noqa: E402
 from step_impls.jax_impl import JaxStep  # noqa: E402
 from step_impls.torch_impls import TorchStep, init_tensors  # noqa: E402
@@ -132,8 +134,9 @@ def run_one(name, shape, ctx, args):
     torch, jax, dev = ctx["torch"], ctx.get("jax"), ctx["device"]
     meas, obj = {}, None
     try:
-        if name == DROPLESS:
-            obj = DroplessStep(ctx["lib"], dropless_spec(shape, args))
+        if name in DROPLESS_IMPLS:
+            precision = "bf16" if name == DROPLESS_BF16 else args.precision
+            obj = DroplessStep(ctx["lib"], dropless_spec(shape, args, precision))
             obj.run(1)
             t0 = time.perf_counter()
             obj.run(args.steps)
@@ -184,7 +187,7 @@ def preflight(args, ctx, impls, nparam):
     for name in impls:
         need = nparam * (16 if name == JAX else 20)
         have = total * (args.jax_mem_fraction if name == JAX else 1.0)
-        if name != DROPLESS and need > have:
+        if name not in DROPLESS_IMPLS and need > have:
             skip[name] = (f"skipped: needs > {need / 2 ** 30:.0f} GiB for weights, fp32 masters, "
                           f"grads and AdamW state, {have / 2 ** 30:.0f} GiB available"
                           + ("; raise --jax-mem-fraction" if name == JAX else "; use a larger --ep for it"))
@@ -206,16 +209,18 @@ def bench(args, impls):
         except Exception as exc:
             ctx["skipped"].append(f"{JAX}: {short(exc)}")
             impls.remove(JAX)
-    if DROPLESS in impls:
-        if not args.lib:
-            ctx["skipped"].append(f"{DROPLESS}: no --lib")
-            impls.remove(DROPLESS)
-        else:
+    ours = [n for n in impls if n in DROPLESS_IMPLS]
+    if ours:
+        problem = "no --lib" if not args.lib else None
+        if args.lib:
             try:
                 ctx["lib"] = load_lib(args.lib)
             except Exception as exc:
-                ctx["skipped"].append(f"{DROPLESS}: {short(exc)}")
-                impls.remove(DROPLESS)
+                problem = short(exc)
+        if problem:
+            for name in ours:
+                ctx["skipped"].append(f"{name}: {problem}")
+                impls.remove(name)
     for line in ctx["skipped"]:
         print(f"skip {line}", flush=True)
     ceil = dense_bf16_tflops(torch, ctx["device"])
@@ -258,14 +263,15 @@ def bench(args, impls):
             peaks = [m["peak"] for m in res[name] if m.get("peak") is not None]
             loss = res[name][-1].get("loss")
             prec = {DROPLESS: args.precision, FP8: "fp8-rowwise"}.get(name, "bf16")
+            ours = name in DROPLESS_IMPLS
             row = {"name": "step", "shape": shape, "impl": name, "precision": prec,
                    "ms": round(ms, 3), "tflops": round(tflops, 1), "gbps": None,
                    "mfu": round(tflops / PEAK["tflops"], 4),
                    "peak_mem_gib": round(max(peaks) / 2 ** 30, 2) if peaks else None,
-                   "ep": ep, "backend": (args.dispatcher or "auto") if name == DROPLESS else "local",
-                   "offload": bool(args.offload) if name == DROPLESS else False,
+                   "ep": ep, "backend": (args.dispatcher or "auto") if ours else "local",
+                   "offload": bool(args.offload) if ours else False,
                    "loss": loss, "round_ms": [round(x, 3) for x in ms_all], "note": note}
-            if name == DROPLESS:
+            if ours:
                 st = {key: statistics.median(m["stats"][key] for m in res[name])
                       for key in STAT_NAMES[2:] if all(key in m["stats"] for m in res[name])}
                 row["phases_ms"] = {key: round(v, 3) for key, v in st.items()}
@@ -279,7 +285,7 @@ def bench(args, impls):
                   f"{row['peak_mem_gib'] if row['peak_mem_gib'] is not None else '-':>9} "
                   f"{loss if loss is None else round(loss, 5)!s:>9}  "
                   f"{' '.join(f'{x:.2f}' for x in ms_all)}", flush=True)
-            if name == DROPLESS:
+            if ours:
                 print(f"    engine {row['engine_ms']} ms; phases {row['phases_ms']}; "
                       f"gemm harmonic mean {row['gemm_tflops']} TFLOP/s", flush=True)
     return rows, errors, ceil, ctx
@@ -316,8 +322,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="dsv3,qwen3,mixtral", help=f"of {','.join(SHAPES)}")
     ap.add_argument("--impls", default=None, help=f"default {','.join(DEFAULT_IMPLS)} "
-                    f"(+{FP8} with --precision mxfp8)")
-    ap.add_argument("--precision", choices=("bf16", "mxfp8"), default="bf16",
+                    f"(+{FP8} and {DROPLESS_BF16} with a quantized --precision)")
+    ap.add_argument("--precision", choices=("bf16", "mxfp8", "fp8-block"), default="bf16",
                     help="dropless's precision; the torch and JAX peers stay bf16")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10, help="timed steps per impl and round")
@@ -354,8 +360,9 @@ def main():
         for s in shapes:
             print(f"# {s}\n{dropless_spec(s, args)}")
         return
-    impls = args.impls.split(",") if args.impls else DEFAULT_IMPLS + ([FP8] if args.precision == "mxfp8" else [])
-    bad = [i for i in impls if i not in DEFAULT_IMPLS + [FP8]]
+    quantized = [FP8, DROPLESS_BF16] if args.precision != "bf16" else []
+    impls = args.impls.split(",") if args.impls else DEFAULT_IMPLS + quantized
+    bad = [i for i in impls if i not in DEFAULT_IMPLS + [FP8, DROPLESS_BF16]]
     if bad:
         sys.exit(f"--impls: unknown {','.join(bad)}")
     rows, errors, ceil, ctx = bench(args, list(impls))

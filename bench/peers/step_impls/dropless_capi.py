@@ -26,10 +26,10 @@ def yfloat(x):
     return r.replace("e", ".0e", 1) if "e" in r and "." not in r else r
 
 
-def dropless_spec(shape, args):
+def dropless_spec(shape, args, precision=None):
     """The engine runs one GPU: with --ep N it gets one GPU's share of the layer, E/N experts that
     receive all T*k routed rows (the peers' model of an EP rank); its router then scores E/N experts
-    instead of E (a negligible part of the step's FLOPs)."""
+    instead of E (a negligible part of the step's FLOPs). precision: default args.precision."""
     t, h, f, e, k = SHAPES[shape]
     ep = args.ep_of[shape]
     e //= ep
@@ -37,7 +37,7 @@ def dropless_spec(shape, args):
              f"  experts: {e}", f"  topk: {k}", "  shared_experts: 0", "  layers: 1",
              "  router: softmax", "  renormalize: true", "  activation: swiglu",
              f"  aux_loss_coeff: {AUX_COEFF}", "parallel:", "  ep: 1", "  dp: 1",
-             f"precision: {args.precision}", f"tokens_per_rank: {t}", "steps: 1000000",
+             f"precision: {precision or args.precision}", f"tokens_per_rank: {t}", "steps: 1000000",
              "optimizer:", "  name: adamw", f"  lr: {yfloat(LR)}", f"  betas: [{BETAS[0]}, {BETAS[1]}]",
              f"  eps: {yfloat(EPS)}", f"  weight_decay: {yfloat(args.weight_decay)}"]
     if args.dispatcher:

@@ -246,36 +246,41 @@ EngineConfig LearningConfig(Precision precision) {
 }
 
 // The quantized precisions learn the synthetic task as bf16 does: 500 steps end within 1% of
-// bf16's loss (issue 15 for mxfp8, issue 17 for fp8-block).
+// bf16's loss (issue 15 for mxfp8, issue 17 for fp8-block). The end loss is the mean of the last
+// 20 steps, averaged over three data seeds, so that the comparison measures the precision rather
+// than where one trajectory happens to wander (each seed's figures are printed too).
 TEST_F(CudaEngineGpu, LearnsIn500StepsInEveryPrecisionWithinOnePercentOfBf16) {
   auto tail_mean = [](const std::vector<double>& v) {
     double s = 0;
     for (size_t i = v.size() - 20; i < v.size(); ++i) s += v[i];
     return s / 20;
   };
-  std::vector<double> bf16;
-  {
-    std::unique_ptr<Engine> e = MakeCuda(LearningConfig(Precision::kBf16));
-    ASSERT_TRUE(e);
-    bf16 = Losses(e.get(), 500);
-  }
-  ASSERT_EQ(bf16.size(), 500u);
-  EXPECT_LT(tail_mean(bf16), 0.5 * bf16.front());
-  for (Precision precision : {Precision::kMxfp8, Precision::kFp8Block}) {
-    const std::string name(ToString(precision));
-    SCOPED_TRACE(name);
-    std::vector<double> quantized;
-    {
-      std::unique_ptr<Engine> e = MakeCuda(LearningConfig(precision));
+  const std::vector<uint64_t> seeds = {5, 6, 7};
+  const std::vector<Precision> precisions = {Precision::kBf16, Precision::kMxfp8,
+                                             Precision::kFp8Block};
+  std::vector<double> end(precisions.size(), 0.0);
+  for (uint64_t seed : seeds) {
+    for (size_t p = 0; p < precisions.size(); ++p) {
+      const std::string name(ToString(precisions[p]));
+      SCOPED_TRACE(name + " seed " + std::to_string(seed));
+      EngineConfig config = LearningConfig(precisions[p]);
+      config.data.seed = seed;
+      std::unique_ptr<Engine> e = MakeCuda(config);
       ASSERT_TRUE(e);
-      quantized = Losses(e.get(), 500);
+      const std::vector<double> losses = Losses(e.get(), 500);
+      ASSERT_EQ(losses.size(), 500u);
+      std::printf("500 steps, seed %llu: %-9s loss %.5f -> %.5f (last-20 mean %.5f)\n",
+                  static_cast<unsigned long long>(seed), name.c_str(), losses.front(),
+                  losses.back(), tail_mean(losses));
+      EXPECT_LT(tail_mean(losses), 0.5 * losses.front());
+      end[p] += tail_mean(losses) / seeds.size();
     }
-    ASSERT_EQ(quantized.size(), 500u);
-    std::printf("500 steps: bf16 loss %.5f -> %.5f, %s %.5f -> %.5f (last-20 means %.5f / %.5f)\n",
-                bf16.front(), bf16.back(), name.c_str(), quantized.front(), quantized.back(),
-                tail_mean(bf16), tail_mean(quantized));
-    EXPECT_LT(tail_mean(quantized), 0.5 * quantized.front());
-    EXPECT_NEAR(tail_mean(quantized), tail_mean(bf16), 0.01 * tail_mean(bf16));
+  }
+  for (size_t p = 1; p < precisions.size(); ++p) {
+    const std::string name(ToString(precisions[p]));
+    std::printf("500 steps over %zu seeds: bf16 %.5f, %s %.5f (%+.2f%%)\n", seeds.size(), end[0],
+                name.c_str(), end[p], 100.0 * (end[p] / end[0] - 1.0));
+    EXPECT_NEAR(end[p], end[0], 0.01 * end[0]) << name;
   }
 }
 

@@ -323,37 +323,44 @@ MGroupedCase MakeMGrouped(const std::vector<int>& sizes, int k, int n, bool dgra
   return c;
 }
 
-// Runs the case's product once into a poisoned output and checks every row_stride-th row against
-// the reference, every group row for being written, the rows past offsets[G] for the poison.
+// Runs the case's product once by every compiled m-grouped kernel, each into a poisoned output,
+// and checks every row_stride-th row against the reference, every group row for being written,
+// the rows past offsets[G] for the poison. (The reference is computed once.)
 void RunMGrouped(const MGroupedCase& c, const char* what, int row_stride = 1) {
   const int groups = static_cast<int>(c.offsets.size()) - 1;
-  auto gemm = Fp8BlockGroupedGemm::Create(Options(groups, c.max_rows, c.k, c.n));
-  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  const Ref ref = MGroupedReference(c.a.values, c.b, c.offsets, c.kred, c.nout, row_stride);
   auto a_data = Upload(c.a.data), a_scales = Upload(c.a.scales);
   auto b_data = Upload(c.dgrad ? c.w.data : c.w.data_t);
   auto b_scales = Upload(c.dgrad ? c.w.scales : c.w.scales_t);
   auto offsets = Upload(c.offsets);
-  DeviceBuffer out(static_cast<size_t>(c.max_rows) * c.nout * 2, 2);  // poisoned
-  const Fp8BlockOperand a{U8(a_data), a_scales->f32()}, b{U8(b_data), b_scales->f32()};
-  Bf16* y = reinterpret_cast<Bf16*>(out.bf16());
-  const absl::Status s = c.dgrad ? (*gemm)->BackwardData(a, b, offsets->i32(), y, nullptr)
-                                 : (*gemm)->Forward(a, b, offsets->i32(), y, nullptr);
-  ASSERT_TRUE(s.ok()) << s;
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> host = out.ToHostBf16();
-  const Ref ref = MGroupedReference(c.a.values, c.b, c.offsets, c.kred, c.nout, row_stride);
-  std::vector<float> sampled;
-  for (size_t r = 0; r < static_cast<size_t>(c.offsets.back()); r += row_stride) {
-    sampled.insert(sampled.end(), host.begin() + r * c.nout, host.begin() + (r + 1) * c.nout);
+  for (const std::string& kernel : Fp8BlockGroupedGemm::MGroupedKernelNames()) {
+    SCOPED_TRACE(kernel);
+    Fp8BlockGroupedGemmOptions o = Options(groups, c.max_rows, c.k, c.n);
+    o.m_grouped_kernel = kernel;
+    auto gemm = Fp8BlockGroupedGemm::Create(o);
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    EXPECT_EQ((*gemm)->KernelName().rfind(kernel, 0), 0u) << (*gemm)->KernelName();
+    DeviceBuffer out(static_cast<size_t>(c.max_rows) * c.nout * 2, 2);  // poisoned
+    const Fp8BlockOperand a{U8(a_data), a_scales->f32()}, b{U8(b_data), b_scales->f32()};
+    Bf16* y = reinterpret_cast<Bf16*>(out.bf16());
+    const absl::Status s = c.dgrad ? (*gemm)->BackwardData(a, b, offsets->i32(), y, nullptr)
+                                   : (*gemm)->Forward(a, b, offsets->i32(), y, nullptr);
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> host = out.ToHostBf16();
+    std::vector<float> sampled;
+    for (size_t r = 0; r < static_cast<size_t>(c.offsets.back()); r += row_stride) {
+      sampled.insert(sampled.end(), host.begin() + r * c.nout, host.begin() + (r + 1) * c.nout);
+    }
+    ExpectClose(sampled, ref, sampled.size(), kBf16Rel, kBf16Abs, kBf16Norm, what);
+    const size_t valid = static_cast<size_t>(c.offsets.back()) * c.nout;
+    if (row_stride > 1) {
+      size_t unwritten = 0;
+      for (size_t i = 0; i < valid; ++i) unwritten += std::isnan(host[i]) ? 1 : 0;
+      EXPECT_EQ(unwritten, 0u) << what << ": outputs left NaN (unwritten) in the groups' rows";
+    }
+    ExpectUntouched(host, valid, what);
   }
-  ExpectClose(sampled, ref, sampled.size(), kBf16Rel, kBf16Abs, kBf16Norm, what);
-  const size_t valid = static_cast<size_t>(c.offsets.back()) * c.nout;
-  if (row_stride > 1) {
-    size_t unwritten = 0;
-    for (size_t i = 0; i < valid; ++i) unwritten += std::isnan(host[i]) ? 1 : 0;
-    EXPECT_EQ(unwritten, 0u) << what << ": outputs left NaN (unwritten) in the groups' rows";
-  }
-  ExpectUntouched(host, valid, what);
 }
 
 // Option errors name the field; checked before any device is looked at, so this runs everywhere.
@@ -377,6 +384,8 @@ TEST(Fp8BlockGroupedGemmOptionsTest, BadOptionsNameTheField) {
   bad([](auto& o) { o.max_rows = int64_t{1} << 31; }, "max_rows");
   bad([](auto& o) { o.padded_rows = 100; }, "padded_rows");
   bad([](auto& o) { o.padded_rows = -128; }, "padded_rows");
+  bad([](auto& o) { o.m_grouped_kernel = "no_such_kernel"; }, "m_grouped_kernel");
+  bad([](auto& o) { o.weight_gradient_kernel = "no_such_kernel"; }, "weight_gradient_kernel");
   for (const Case& c : cases) {
     auto created = Fp8BlockGroupedGemm::Create(c.options);
     ASSERT_FALSE(created.ok()) << c.field;
@@ -435,41 +444,61 @@ TEST_F(Fp8BlockGroupedGemmTest, NanScalesPropagateToTheirRowAndColumns) {
   RunMGrouped(c, "forward NaN scales");
 }
 
-// Weight gradient from the column-wise operands: padded groups (zero padding), empty groups exact
-// zeros, padded rows past padded_offsets[G] NaN (never read).
-TEST_F(Fp8BlockGroupedGemmTest, BackwardWeightMatchesFp64OfDequantized) {
-  std::mt19937_64 rng = Rng(8);
-  const std::vector<int> sizes = {0, 1, 37, 0, 200, 129, 600, 3, 0, 64, 255, 33, 128};
-  const int groups = static_cast<int>(sizes.size());
-  const int64_t rows = Offsets(sizes).back() + 16;
-  const ColwiseHost x = MakeColwise(sizes, rows, kK, &rng);
-  const ColwiseHost dy = MakeColwise(sizes, rows, kN, &rng);
-  const Ref ref = WeightGradientReference(x, dy, kK, kN);
+// Weight gradient from the column-wise operands, by every compiled weight-gradient kernel: padded
+// groups (zero padding), empty groups exact zeros, padded rows past padded_offsets[G] NaN (never
+// read); two group layouts.
+class Fp8BlockWeightGradientTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!gemm_test::HasHopperDevice()) GTEST_SKIP() << "SKIPPED: no CUDA device (Hopper sm_90)";
+  }
+};
 
-  Fp8BlockGroupedGemmOptions o = Options(groups, rows);
-  o.padded_rows = x.padded_rows;
-  auto gemm = Fp8BlockGroupedGemm::Create(o);
-  ASSERT_TRUE(gemm.ok()) << gemm.status();
-  auto xd = Upload(x.data), xs = Upload(x.scales), dyd = Upload(dy.data), dys = Upload(dy.scales);
-  auto poffsets = Upload(x.padded_offsets);
-  const size_t count = ref.value.size();
-  DeviceBuffer dw(count * 4, 4);  // poisoned
-  ASSERT_TRUE((*gemm)
-                  ->BackwardWeight({U8(xd), xs->f32()}, {U8(dyd), dys->f32()}, poffsets->i32(),
-                                   dw.f32(), nullptr)
-                  .ok());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> out = dw.ToHostF32();
-  ExpectClose(out, ref, count, kF32Rel, kF32Abs, kF32Norm, "wgrad fp32");
-  for (int e = 0; e < groups; ++e) {
-    if (sizes[e] != 0) continue;
-    size_t nonzero = 0;
-    for (size_t i = 0; i < static_cast<size_t>(kK) * kN; ++i) {
-      nonzero += out[e * static_cast<size_t>(kK) * kN + i] != 0.0f;
+TEST_P(Fp8BlockWeightGradientTest, MatchesFp64OfDequantized) {
+  std::mt19937_64 rng = Rng(8);
+  for (const std::vector<int>& sizes :
+       {std::vector<int>{0, 1, 37, 0, 200, 129, 600, 3, 0, 64, 255, 33, 128},
+        std::vector<int>{300, 0, 0, 1000, 5, 128, 0, 77, 256, 1, 0, 400, 2}}) {
+    SCOPED_TRACE(sizes[0]);
+    const int groups = static_cast<int>(sizes.size());
+    const int64_t rows = Offsets(sizes).back() + 16;
+    const ColwiseHost x = MakeColwise(sizes, rows, kK, &rng);
+    const ColwiseHost dy = MakeColwise(sizes, rows, kN, &rng);
+    const Ref ref = WeightGradientReference(x, dy, kK, kN);
+
+    Fp8BlockGroupedGemmOptions o = Options(groups, rows);
+    o.padded_rows = x.padded_rows;
+    o.weight_gradient_kernel = GetParam();
+    auto gemm = Fp8BlockGroupedGemm::Create(o);
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    EXPECT_NE((*gemm)->KernelName().find(GetParam()), std::string::npos) << (*gemm)->KernelName();
+    auto xd = Upload(x.data), xs = Upload(x.scales), dyd = Upload(dy.data), dys = Upload(dy.scales);
+    auto poffsets = Upload(x.padded_offsets);
+    const size_t count = ref.value.size();
+    DeviceBuffer dw(count * 4, 4);  // poisoned
+    ASSERT_TRUE((*gemm)
+                    ->BackwardWeight({U8(xd), xs->f32()}, {U8(dyd), dys->f32()}, poffsets->i32(),
+                                     dw.f32(), nullptr)
+                    .ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> out = dw.ToHostF32();
+    ExpectClose(out, ref, count, kF32Rel, kF32Abs, kF32Norm, "wgrad fp32");
+    for (int e = 0; e < groups; ++e) {
+      if (sizes[e] != 0) continue;
+      size_t nonzero = 0;
+      for (size_t i = 0; i < static_cast<size_t>(kK) * kN; ++i) {
+        nonzero += out[e * static_cast<size_t>(kK) * kN + i] != 0.0f;
+      }
+      EXPECT_EQ(nonzero, 0u) << "empty group " << e << " gradient not exactly zero";
     }
-    EXPECT_EQ(nonzero, 0u) << "empty group " << e << " gradient not exactly zero";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(EveryKernel, Fp8BlockWeightGradientTest,
+                         ::testing::ValuesIn(Fp8BlockGroupedGemm::WeightGradientKernelNames()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 // Every group empty: Y and dX keep their poison everywhere, dW is all zeros.
 TEST_F(Fp8BlockGroupedGemmTest, AllGroupsEmpty) {
@@ -481,7 +510,8 @@ TEST_F(Fp8BlockGroupedGemmTest, AllGroupsEmpty) {
   const RowwiseHost x = MakeRowwise(rows, kK, rows, &rng), dy = MakeRowwise(rows, kN, rows, &rng);
   const WeightsHost w = MakeWeights(groups, kK, kN, &rng);
   const std::vector<int> sizes(groups, 0);
-  const ColwiseHost xc = MakeColwise(sizes, rows, kK, &rng), dyc = MakeColwise(sizes, rows, kN, &rng);
+  const ColwiseHost xc = MakeColwise(sizes, rows, kK, &rng),
+                    dyc = MakeColwise(sizes, rows, kN, &rng);
   auto xd = Upload(x.data), xs = Upload(x.scales), dyd = Upload(dy.data), dys = Upload(dy.scales);
   auto wd = Upload(w.data), ws = Upload(w.scales), wtd = Upload(w.data_t), wts = Upload(w.scales_t);
   auto xcd = Upload(xc.data), xcs = Upload(xc.scales), dycd = Upload(dyc.data),
@@ -497,8 +527,8 @@ TEST_F(Fp8BlockGroupedGemmTest, AllGroupsEmpty) {
                                  reinterpret_cast<Bf16*>(dx.bf16()), nullptr)
                   .ok());
   ASSERT_TRUE((*gemm)
-                  ->BackwardWeight({U8(xcd), xcs->f32()}, {U8(dycd), dycs->f32()},
-                                   poffsets->i32(), dw.f32(), nullptr)
+                  ->BackwardWeight({U8(xcd), xcs->f32()}, {U8(dycd), dycs->f32()}, poffsets->i32(),
+                                   dw.f32(), nullptr)
                   .ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   ExpectUntouched(y.ToHostBf16(), 0, "forward");

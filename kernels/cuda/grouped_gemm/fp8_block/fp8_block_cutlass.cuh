@@ -65,7 +65,24 @@ struct ProductTraits<Product::kBackwardWeight> {
                                                                 cute::GMMA::Major::MN>;
 };
 
-template <Product P, int TileM, int TileN, int TileK, int ClusterM, int ClusterN>
+// Cooperative: the two consumer warp groups split one tile's rows and store it together.
+// Pingpong: each consumer warp group owns a whole tile and the two alternate, so one group's
+// epilogue (the tile's store) runs while the other's mainloop computes; suited to tiles whose K
+// loop is short (the weight gradient of small groups), where the store is most of a tile's time.
+enum class Schedule { kCooperative, kPingpong };
+
+template <Schedule S>
+struct SchedulePolicies {
+  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+template <>
+struct SchedulePolicies<Schedule::kPingpong> {
+  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8BlockScaledAccum;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+
+template <Product P, Schedule S, int TileM, int TileN, int TileK, int ClusterM, int ClusterN>
 struct KernelDef {
   using ElementAB = cutlass::float_e4m3_t;
   using ElementD = typename ProductTraits<P>::ElementD;
@@ -87,7 +104,7 @@ struct KernelDef {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementAccumulator,
       void, LayoutD*, kAlignD, ElementD, LayoutD*, kAlignD,
-      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      typename SchedulePolicies<S>::Epilogue,
       cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAccumulator,
                                                    void>>::CollectiveOp;
 
@@ -97,7 +114,7 @@ struct KernelDef {
       kAlignAB, ElementAccumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp;
+      typename SchedulePolicies<S>::Mainloop>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -274,13 +291,13 @@ class CutlassRunner final : public Runner {
 
 }  // namespace dropless::kernels::fp8_block_gemm
 
-// Defines `Factory`, a RunnerFactory for one product and tile configuration.
-#define DROPLESS_FP8_BLOCK_GEMM_INSTANCE(Factory, P, TM, TN, TK, CM, CN)                \
-  namespace dropless::kernels::fp8_block_gemm {                                         \
-  absl::StatusOr<std::unique_ptr<Runner>> Factory(const RunnerShape& shape) {           \
-    return CutlassRunner<Product::P, KernelDef<Product::P, TM, TN, TK, CM, CN>>::Create( \
-        shape);                                                                         \
-  }                                                                                     \
+// Defines `Factory`, a RunnerFactory for one product, schedule and tile configuration.
+#define DROPLESS_FP8_BLOCK_GEMM_INSTANCE(Factory, P, S, TM, TN, TK, CM, CN)                     \
+  namespace dropless::kernels::fp8_block_gemm {                                                 \
+  absl::StatusOr<std::unique_ptr<Runner>> Factory(const RunnerShape& shape) {                   \
+    return CutlassRunner<Product::P,                                                            \
+                         KernelDef<Product::P, Schedule::S, TM, TN, TK, CM, CN>>::Create(shape); \
+  }                                                                                             \
   }
 
 #endif  // DROPLESS_KERNELS_CUDA_GROUPED_GEMM_FP8_BLOCK_FP8_BLOCK_CUTLASS_CUH_

@@ -4,12 +4,16 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "dropless/kernels/fp8_block.h"
 #include "kernels/cuda/grouped_gemm/fp8_block/fp8_block_runner.h"
 
@@ -68,16 +72,27 @@ absl::Status ValidateOptions(const Fp8BlockGroupedGemmOptions& o) {
     return absl::InvalidArgumentError(
         "padded_rows: the default Fp8ColwisePaddedRows(max_rows, num_groups) is not below 2^31");
   }
+  for (const auto& [field, value, names] :
+       {std::tuple{"m_grouped_kernel", &o.m_grouped_kernel,
+                   Fp8BlockGroupedGemm::MGroupedKernelNames()},
+        std::tuple{"weight_gradient_kernel", &o.weight_gradient_kernel,
+                   Fp8BlockGroupedGemm::WeightGradientKernelNames()}}) {
+    if (value->empty() || std::find(names.begin(), names.end(), *value) != names.end()) continue;
+    return absl::InvalidArgumentError(absl::StrCat(field, ": unknown \"", *value,
+                                                   "\" (compiled: ", absl::StrJoin(names, ", "),
+                                                   ")"));
+  }
   return absl::OkStatus();
 }
 
 class Fp8BlockGroupedGemmImpl final : public Fp8BlockGroupedGemm {
  public:
   Fp8BlockGroupedGemmImpl(std::unique_ptr<Runner> forward, std::unique_ptr<Runner> backward_data,
-                          std::unique_ptr<Runner> backward_weight)
+                          std::unique_ptr<Runner> backward_weight, std::string name)
       : forward_(std::move(forward)),
         backward_data_(std::move(backward_data)),
-        backward_weight_(std::move(backward_weight)) {}
+        backward_weight_(std::move(backward_weight)),
+        name_(std::move(name)) {}
 
   absl::Status Forward(const Fp8BlockOperand& x, const Fp8BlockOperand& w_t,
                        const int32_t* offsets, Bf16* y, Stream stream) override {
@@ -105,16 +120,30 @@ class Fp8BlockGroupedGemmImpl final : public Fp8BlockGroupedGemm {
                                  stream);
   }
 
-  std::string KernelName() const override {
-    return absl::StrCat(fp8_block_gemm::kMGroupedKernelName, "+",
-                        fp8_block_gemm::kWeightGradientKernelName);
-  }
+  std::string KernelName() const override { return name_; }
 
  private:
   std::unique_ptr<Runner> forward_, backward_data_, backward_weight_;
+  std::string name_;
 };
 
 }  // namespace
+
+std::vector<std::string> Fp8BlockGroupedGemm::MGroupedKernelNames() {
+  std::vector<std::string> names;
+  for (const fp8_block_gemm::NamedMGroupedRunners& k : fp8_block_gemm::kMGroupedKernels) {
+    names.push_back(k.name);
+  }
+  return names;
+}
+
+std::vector<std::string> Fp8BlockGroupedGemm::WeightGradientKernelNames() {
+  std::vector<std::string> names;
+  for (const fp8_block_gemm::NamedRunner& k : fp8_block_gemm::kWeightGradientKernels) {
+    names.push_back(k.name);
+  }
+  return names;
+}
 
 absl::StatusOr<std::unique_ptr<Fp8BlockGroupedGemm>> Fp8BlockGroupedGemm::Create(
     const Fp8BlockGroupedGemmOptions& options) {
@@ -139,14 +168,23 @@ absl::StatusOr<std::unique_ptr<Fp8BlockGroupedGemm>> Fp8BlockGroupedGemm::Create
                           ? options.padded_rows
                           : Fp8ColwisePaddedRows(options.max_rows, options.num_groups);
   shape.sm_count = sms;
-  auto forward = fp8_block_gemm::MakeForwardCoop128x128x128C1x2(shape);
+  const fp8_block_gemm::NamedMGroupedRunners* m_grouped = &fp8_block_gemm::kMGroupedKernels[0];
+  for (const fp8_block_gemm::NamedMGroupedRunners& k : fp8_block_gemm::kMGroupedKernels) {
+    if (k.name == options.m_grouped_kernel) m_grouped = &k;
+  }
+  const fp8_block_gemm::NamedRunner* wgrad = &fp8_block_gemm::kWeightGradientKernels[0];
+  for (const fp8_block_gemm::NamedRunner& k : fp8_block_gemm::kWeightGradientKernels) {
+    if (k.name == options.weight_gradient_kernel) wgrad = &k;
+  }
+  auto forward = m_grouped->forward(shape);
   if (!forward.ok()) return forward.status();
-  auto backward_data = fp8_block_gemm::MakeBackwardDataCoop128x128x128C1x2(shape);
+  auto backward_data = m_grouped->backward_data(shape);
   if (!backward_data.ok()) return backward_data.status();
-  auto backward_weight = fp8_block_gemm::MakeBackwardWeightCoop128x128x128C1x2(shape);
+  auto backward_weight = wgrad->make(shape);
   if (!backward_weight.ok()) return backward_weight.status();
   return std::unique_ptr<Fp8BlockGroupedGemm>(new Fp8BlockGroupedGemmImpl(
-      *std::move(forward), *std::move(backward_data), *std::move(backward_weight)));
+      *std::move(forward), *std::move(backward_data), *std::move(backward_weight),
+      absl::StrCat(m_grouped->name, "+", wgrad->name)));
 }
 
 }  // namespace dropless::kernels

@@ -47,17 +47,43 @@ class Runner {
 
 using RunnerFactory = absl::StatusOr<std::unique_ptr<Runner>> (*)(const RunnerShape&);
 
-// m_grouped_coop_128x128x128_c1x2.cu: one kernel (A row-wise 1 x 128 scales, B 128 x 128 block
-// scales, bf16 out) for both m-grouped products.
-inline constexpr char kMGroupedKernelName[] = "fp8_block_coop_128x128x128_c1x2";
+// The m-grouped kernels (A row-wise 1 x 128 scales, B 128 x 128 block scales, bf16 out), each
+// compiled once for both m-grouped products, the first the default:
+// m_grouped_coop_128x128x128_c1x2.cu, m_grouped_pingpong_64x128x128_c1x2.cu.
 absl::StatusOr<std::unique_ptr<Runner>> MakeForwardCoop128x128x128C1x2(const RunnerShape& shape);
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataCoop128x128x128C1x2(
     const RunnerShape& shape);
+absl::StatusOr<std::unique_ptr<Runner>> MakeForwardPingpong64x128x128C1x2(
+    const RunnerShape& shape);
+absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataPingpong64x128x128C1x2(
+    const RunnerShape& shape);
 
-// wgrad_coop_128x128x128_c1x2.cu: column-wise 1 x 128 scales on both operands, fp32 out.
-inline constexpr char kWeightGradientKernelName[] = "fp8_block_wgrad_coop_128x128x128_c1x2";
+// The weight-gradient kernels (column-wise 1 x 128 scales on both operands, fp32 out), the
+// first the default: wgrad_coop_128x128x128_c1x2.cu, wgrad_pingpong_64x128x128_c1x2.cu.
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightCoop128x128x128C1x2(
     const RunnerShape& shape);
+absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightPingpong64x128x128C1x2(
+    const RunnerShape& shape);
+
+struct NamedRunner {
+  const char* name;
+  RunnerFactory make;
+};
+struct NamedMGroupedRunners {
+  const char* name;
+  RunnerFactory forward;
+  RunnerFactory backward_data;
+};
+inline constexpr NamedMGroupedRunners kMGroupedKernels[] = {
+    {"fp8_block_coop_128x128x128_c1x2", MakeForwardCoop128x128x128C1x2,
+     MakeBackwardDataCoop128x128x128C1x2},
+    {"fp8_block_pingpong_64x128x128_c1x2", MakeForwardPingpong64x128x128C1x2,
+     MakeBackwardDataPingpong64x128x128C1x2},
+};
+inline constexpr NamedRunner kWeightGradientKernels[] = {
+    {"fp8_block_wgrad_coop_128x128x128_c1x2", MakeBackwardWeightCoop128x128x128C1x2},
+    {"fp8_block_wgrad_pingpong_64x128x128_c1x2", MakeBackwardWeightPingpong64x128x128C1x2},
+};
 
 }  // namespace dropless::kernels::fp8_block_gemm
 

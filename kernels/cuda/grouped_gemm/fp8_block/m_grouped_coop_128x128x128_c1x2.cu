@@ -10,6 +10,7 @@
 // n / 128 is even (every shape of bench/gemm_bench_common.h).
 #include "kernels/cuda/grouped_gemm/fp8_block/fp8_block_cutlass.cuh"
 
-DROPLESS_FP8_BLOCK_GEMM_INSTANCE(MakeForwardCoop128x128x128C1x2, kForward, 128, 128, 128, 1, 2)
-DROPLESS_FP8_BLOCK_GEMM_INSTANCE(MakeBackwardDataCoop128x128x128C1x2, kBackwardData, 128, 128, 128,
-                                 1, 2)
+DROPLESS_FP8_BLOCK_GEMM_INSTANCE(MakeForwardCoop128x128x128C1x2, kForward, kCooperative, 128, 128,
+                                 128, 1, 2)
+DROPLESS_FP8_BLOCK_GEMM_INSTANCE(MakeBackwardDataCoop128x128x128C1x2, kBackwardData, kCooperative,
+                                 128, 128, 128, 1, 2)

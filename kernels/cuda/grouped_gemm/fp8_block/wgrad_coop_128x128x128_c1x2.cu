@@ -3,5 +3,5 @@
 // cooperative tiles, 1 x 2 clusters (X's tile multicast to two N tiles of dY).
 #include "kernels/cuda/grouped_gemm/fp8_block/fp8_block_cutlass.cuh"
 
-DROPLESS_FP8_BLOCK_GEMM_INSTANCE(MakeBackwardWeightCoop128x128x128C1x2, kBackwardWeight, 128, 128,
-                                 128, 1, 2)
+DROPLESS_FP8_BLOCK_GEMM_INSTANCE(MakeBackwardWeightCoop128x128x128C1x2, kBackwardWeight,
+                                 kCooperative, 128, 128, 128, 1, 2)

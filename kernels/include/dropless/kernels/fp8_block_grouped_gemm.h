@@ -50,6 +50,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -72,6 +73,10 @@ struct Fp8BlockGroupedGemmOptions {
   // P of the column-wise buffers the weight gradient reads (Fp8BlockColwise::padded_rows), a
   // multiple of 128; 0 means Fp8ColwisePaddedRows(max_rows, num_groups).
   int64_t padded_rows = 0;
+  // The kernel of the forward and data gradient, one of MGroupedKernelNames(), and of the weight
+  // gradient, one of WeightGradientKernelNames(); empty means the default (the first).
+  std::string m_grouped_kernel;
+  std::string weight_gradient_kernel;
 };
 
 class Fp8BlockGroupedGemm {
@@ -83,6 +88,10 @@ class Fp8BlockGroupedGemm {
       const Fp8BlockGroupedGemmOptions& options);
 
   virtual ~Fp8BlockGroupedGemm() = default;
+
+  // The compiled kernels, the default first (for benchmarks and the options above).
+  static std::vector<std::string> MGroupedKernelNames();
+  static std::vector<std::string> WeightGradientKernelNames();
 
   // y [max_rows][n] bf16; x row-wise [max_rows][k]; w_t = {data_t, scales_t} of Fp8BlockWeights.
   virtual absl::Status Forward(const Fp8BlockOperand& x, const Fp8BlockOperand& w_t,
