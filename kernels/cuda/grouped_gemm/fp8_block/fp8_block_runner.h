@@ -47,22 +47,21 @@ class Runner {
 
 using RunnerFactory = absl::StatusOr<std::unique_ptr<Runner>> (*)(const RunnerShape&);
 
+// The compiled kernels, listed in the tables below (the first of each the default), one
+// translation unit each. A variant is a new instance file plus a table row; it is then chosen by
+// name (Fp8BlockGroupedGemmOptions), tested by every GPU test of its products, and timed by
+// bench/peers/interleaved_gemm.py --fp8-block-m-kernels / --fp8-block-wgrad-kernels. Pingpong
+// 64 x 128 x 128 variants of both were measured and removed (docs/grouped_gemm.md).
+//
 // The m-grouped kernels (A row-wise 1 x 128 scales, B 128 x 128 block scales, bf16 out), each
-// compiled once for both m-grouped products, the first the default:
-// m_grouped_coop_128x128x128_c1x2.cu, m_grouped_pingpong_64x128x128_c1x2.cu.
+// compiled once for both m-grouped products: m_grouped_coop_128x128x128_c1x2.cu.
 absl::StatusOr<std::unique_ptr<Runner>> MakeForwardCoop128x128x128C1x2(const RunnerShape& shape);
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataCoop128x128x128C1x2(
     const RunnerShape& shape);
-absl::StatusOr<std::unique_ptr<Runner>> MakeForwardPingpong64x128x128C1x2(
-    const RunnerShape& shape);
-absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataPingpong64x128x128C1x2(
-    const RunnerShape& shape);
 
-// The weight-gradient kernels (column-wise 1 x 128 scales on both operands, fp32 out), the
-// first the default: wgrad_coop_128x128x128_c1x2.cu, wgrad_pingpong_64x128x128_c1x2.cu.
+// The weight-gradient kernels (column-wise 1 x 128 scales on both operands, fp32 out):
+// wgrad_coop_128x128x128_c1x2.cu.
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightCoop128x128x128C1x2(
-    const RunnerShape& shape);
-absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightPingpong64x128x128C1x2(
     const RunnerShape& shape);
 
 struct NamedRunner {
@@ -77,12 +76,9 @@ struct NamedMGroupedRunners {
 inline constexpr NamedMGroupedRunners kMGroupedKernels[] = {
     {"fp8_block_coop_128x128x128_c1x2", MakeForwardCoop128x128x128C1x2,
      MakeBackwardDataCoop128x128x128C1x2},
-    {"fp8_block_pingpong_64x128x128_c1x2", MakeForwardPingpong64x128x128C1x2,
-     MakeBackwardDataPingpong64x128x128C1x2},
 };
 inline constexpr NamedRunner kWeightGradientKernels[] = {
     {"fp8_block_wgrad_coop_128x128x128_c1x2", MakeBackwardWeightCoop128x128x128C1x2},
-    {"fp8_block_wgrad_pingpong_64x128x128_c1x2", MakeBackwardWeightPingpong64x128x128C1x2},
 };
 
 }  // namespace dropless::kernels::fp8_block_gemm
