@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_registry.h"
 #include "dropless/kernels/dispatch_plan.h"
+#include "dropless/kernels/fp8_block.h"
 #include "dropless/kernels/mxfp8.h"
 #include "dropless/kernels/permute.h"
 #include "dropless/kernels/router_gemm.h"
@@ -231,6 +232,10 @@ class KernelsBench {
   }
 
   void RunShape(const Shape& s);
+  // The fp8-block kernels on the shape's permuted rows `rows` [T*k][H] (bf16, random), grouped by
+  // the plan's `offsets`; `slot_of` is the plan's, `x` the tokens.
+  void RunFp8Block(const Shape& s, const DeviceBuffer& x, const DeviceBuffer& rows,
+                   const DeviceBuffer& offsets, const DeviceBuffer& slot_of);
   std::string Json(const std::string& command, const std::string& commit) const;
   double copy_gbps() const { return copy_gbps_; }
 
@@ -362,6 +367,16 @@ void KernelsBench::RunShape(const Shape& s) {
          const k::MxRowwise out = act_mx();
          return k::cuda::SwigluForward(ss, nullptr, h.as<k::Bf16>(), act.as<k::Bf16>(), &out, nullptr);
        });
+  {
+    Rotation fb_scales(M * F / 32);  // fp32, one per 128 elements
+    Time(s, "swiglu_forward_bf16_fp8_block", "fp8-block",
+         h_bytes + act_bytes + M * F * (1 + 4 / 128.0), swiglu_note + "; bf16 and fp8-block 1x128",
+         [&] {
+           return k::cuda::SwigluForwardFp8Block(
+               ss, nullptr, h.as<k::Bf16>(), act.as<k::Bf16>(),
+               {act_q.as<uint8_t>(), fb_scales.Next<float>()}, k::Fp8ScaleMode::kFloat32, nullptr);
+         });
+  }
   Time(s, "swiglu_backward", "bf16", h_bytes + act_bytes + h_bytes, swiglu_note, [&] {
     return k::cuda::SwigluBackward(ss, nullptr, h.as<k::Bf16>(), d_act.as<k::Bf16>(), d_h.as<k::Bf16>(),
                                    nullptr);
@@ -403,6 +418,73 @@ void KernelsBench::RunShape(const Shape& s) {
        [&] {
          return k::cuda::DequantizeMxfp8Rowwise(M, H, nullptr, q.as<uint8_t>(), deq_scales.Next<uint8_t>(),
                                                 d_rows.as<k::Bf16>(), nullptr);
+       });
+  KB_CUDA(cudaDeviceSynchronize());
+  RunFp8Block(s, x, rows, offsets, slot_of);
+}
+
+void KernelsBench::RunFp8Block(const Shape& s, const DeviceBuffer& x, const DeviceBuffer& rows,
+                               const DeviceBuffer& offsets, const DeviceBuffer& slot_of) {
+  const int64_t T = s.tokens, H = s.hidden, F = s.ffn, E = s.experts, K = s.top_k, M = T * K;
+  const k::PermuteShape ps{T, H, static_cast<int>(K)};
+  const k::Fp8BlockQuantizeShape qs{M, H, static_cast<int>(E)};
+  const int64_t padded = k::Fp8ColwisePaddedRows(M, static_cast<int>(E));
+  DeviceBuffer q(M * H), cq(H * padded), padded_offsets(4 * (E + 1)), deq(2 * M * H);
+  // fp32 scales: one per 128 elements (4 bytes each), rotated through copies like the MXFP8 rows.
+  Rotation row_scales(M * H / 32), col_scales(H * padded / 32);
+  auto rw = [&] { return k::Fp8BlockRowwise{q.as<uint8_t>(), row_scales.Next<float>()}; };
+  auto cw = [&] {
+    return k::Fp8BlockColwise{cq.as<uint8_t>(), col_scales.Next<float>(),
+                              padded_offsets.as<int32_t>(), padded};
+  };
+  const double token_bytes = 2.0 * T * H, row_bytes = 2.0 * M * H, fb_bytes = M * H * (1 + 4 / 128.0);
+  const std::string note = absl::StrFormat("[%d x %d], %d groups", M, H, E);
+  Time(s, "permute_fp8_block", "fp8-block", token_bytes + fb_bytes + 4.0 * M,
+       absl::StrFormat("T=%d H=%d k=%d; row-wise 1x128, fp32 scales rotated", T, H, K), [&] {
+         return k::cuda::PermuteFp8Block(ps, x.as<k::Bf16>(), slot_of.as<int32_t>(), rw(),
+                                         k::Fp8ScaleMode::kFloat32, nullptr);
+       });
+  Time(s, "fp8_block_quantize_rowwise", "fp8-block", row_bytes + fb_bytes, note + "; scales rotated",
+       [&] {
+         const k::Fp8BlockRowwise r = rw();
+         return k::cuda::QuantizeFp8Block(qs, rows.as<k::Bf16>(), offsets.as<int32_t>(), &r, nullptr,
+                                          nullptr);
+       });
+  Time(s, "fp8_block_quantize_colwise", "fp8-block", row_bytes + fb_bytes,
+       note + "; padded to 128 per group, transposed; scales rotated", [&] {
+         const k::Fp8BlockColwise c = cw();
+         return k::cuda::QuantizeFp8Block(qs, rows.as<k::Bf16>(), offsets.as<int32_t>(), nullptr, &c,
+                                          nullptr);
+       });
+  Time(s, "fp8_block_quantize_row_and_colwise", "fp8-block", row_bytes + 2 * fb_bytes,
+       note + "; one call, both layouts; scales rotated", [&] {
+         const k::Fp8BlockRowwise r = rw();
+         const k::Fp8BlockColwise c = cw();
+         return k::cuda::QuantizeFp8Block(qs, rows.as<k::Bf16>(), offsets.as<int32_t>(), &r, &c,
+                                          nullptr);
+       });
+  {
+    const k::Fp8BlockRowwise r = rw();
+    absl::Status st = k::cuda::QuantizeFp8Block(qs, rows.as<k::Bf16>(), offsets.as<int32_t>(), &r,
+                                                nullptr, nullptr);
+    if (!st.ok()) Fail(st, "QuantizeFp8Block (dequantize input)");
+    KB_CUDA(cudaDeviceSynchronize());
+  }
+  Time(s, "fp8_block_dequantize_rowwise", "fp8-block", fb_bytes + row_bytes, note + "; to bf16", [&] {
+    return k::cuda::DequantizeFp8BlockRowwise(M, H, nullptr, q.as<uint8_t>(), row_scales.Next<float>(),
+                                              deq.as<k::Bf16>(), nullptr);
+  });
+  // One GPU's share of w1 at EP=8 for dsv3 (32 experts; qwen3's 128 as they are): W [E][H][2F]
+  // bf16 into both orientations with their 128x128 block scales.
+  const int64_t We = std::min<int64_t>(E, 32), wn = We * H * 2 * F;
+  DeviceBuffer w(2 * wn), wq(wn), wq_t(wn), ws(wn / (128 * 128) * 4), ws_t(wn / (128 * 128) * 4);
+  RandomBf16(w.ptr, wn, 0.02f);
+  KB_CUDA(cudaDeviceSynchronize());
+  Time(s, "fp8_block_quantize_weights", "fp8-block", 2.0 * wn + 2.0 * wn * (1 + 4 / 16384.0),
+       absl::StrFormat("W [%d][%d][%d], both orientations, 128x128 blocks", We, H, 2 * F), [&] {
+         return k::cuda::QuantizeFp8BlockWeights(
+             {static_cast<int>(We), H, 2 * F}, w.as<k::Bf16>(),
+             {wq.as<uint8_t>(), ws.as<float>(), wq_t.as<uint8_t>(), ws_t.as<float>()}, nullptr);
        });
   KB_CUDA(cudaDeviceSynchronize());
 }

@@ -11,59 +11,19 @@
 #include "dropless/kernels/fp8_block.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/fp8_block_math.cuh"
 #include "kernels/cuda/padded_offsets.cuh"
 
 namespace dropless::kernels::cuda {
 namespace {
 
 using detail::kFullMask;
-
-// ---- Block math ----
-
-// Largest |bf16| as its bit pattern (NaN > Inf > finite in integer order), to a float: NaN or Inf
-// stays non-finite, so max never drops a NaN the way fmaxf would.
-__device__ __forceinline__ float AmaxFromBits(uint32_t bits) { return __uint_as_float(bits << 16); }
-
-struct DeviceScale {
-  float scale;
-  float inverse;
-};
-
-// fp8_block.h's Fp8BlockScaleForAmax, one IEEE fp32 operation per step.
-__device__ __forceinline__ DeviceScale ScaleForAmax(float amax, bool pow2) {
-  if (!isfinite(amax)) {
-    const float nan = __uint_as_float(0x7fc00000u);
-    return {nan, nan};
-  }
-  const float a = fmaxf(amax, kFp8BlockMinAmax);
-  if (!pow2) return {__fdiv_rn(a, 448.0f), __fdiv_rn(448.0f, a)};
-  int ex = 0;
-  const float m = frexpf(a, &ex);
-  const int e = m <= 0.875f ? ex - 9 : ex - 8;  // in [-108, 120]: both powers are normal floats
-  return {__uint_as_float(static_cast<uint32_t>(127 + e) << 23),
-          __uint_as_float(static_cast<uint32_t>(127 - e) << 23)};
-}
-
-// Four values (as two bf16 pairs) times `inverse`, to four E4M3 bytes (low byte first). A NaN
-// inverse (non-finite tile) gives 0x7F everywhere.
-__device__ __forceinline__ uint32_t QuantizeFour(uint32_t w0, uint32_t w1, float inverse) {
-  if (isnan(inverse)) return 0x7f7f7f7fu;
-  const uint32_t lo = detail::E4M3x2(__fmul_rn(detail::BfLo(w0), inverse),
-                                     __fmul_rn(detail::BfHi(w0), inverse));
-  const uint32_t hi = detail::E4M3x2(__fmul_rn(detail::BfLo(w1), inverse),
-                                     __fmul_rn(detail::BfHi(w1), inverse));
-  return lo | (hi << 16);
-}
-
-__device__ __forceinline__ uint32_t MagnitudeMax(uint32_t a, uint32_t w) {
-  return __vmaxu2(a, w & 0x7fff7fffu);
-}
-
-__device__ __forceinline__ uint32_t WarpMaxBits(uint32_t bits) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) bits = max(bits, __shfl_xor_sync(kFullMask, bits, o));
-  return bits;
-}
+using fp8_block_math::AmaxFromBits;
+using fp8_block_math::DeviceScale;
+using fp8_block_math::MagnitudeMax;
+using fp8_block_math::QuantizeFour;
+using fp8_block_math::ScaleForAmax;
+using fp8_block_math::WarpMaxBits;
 
 __device__ __forceinline__ int64_t LiveRows(int64_t rows, const int32_t* offsets, int groups) {
   if (offsets == nullptr) return rows;

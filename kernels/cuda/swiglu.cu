@@ -1,4 +1,5 @@
-// SwiGLU forward (bf16 and/or row-wise MXFP8 output) and backward (contracts: swiglu.h).
+// SwiGLU forward (bf16 and/or row-wise MXFP8 output; bf16 and/or row-wise fp8-block output) and
+// backward (contracts: swiglu.h).
 // Memory-bound: the rows stream through shared memory in chunks moved by bulk copies
 // (stream_chunks.cuh). Fast exp and division keep the arithmetic under the memory time.
 #include <cuda_runtime.h>
@@ -10,6 +11,7 @@
 #include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/fp8_block_math.cuh"
 #include "kernels/cuda/stream_chunks.cuh"
 
 namespace dropless::kernels::cuda {
@@ -185,6 +187,41 @@ __global__ void __launch_bounds__(kConsumers + 32)
       });
 }
 
+// Forward with the fp8-block output: one warp per 1 x 128 tile of the output (a row's 128 gate and
+// 128 up values in, four per lane), the tile's amax over the bf16-rounded results, then E4M3 with
+// the tile's scale: the same arithmetic as SwigluVec and fp8_block.cu's row-wise quantizer, so
+// the output equals QuantizeFp8Block of the bf16 output bit for bit.
+constexpr int kFp8BlockThreads = 256;
+
+__global__ void __launch_bounds__(kFp8BlockThreads)
+    SwigluFp8BlockKernel(const uint2* __restrict__ h, int64_t rows, int64_t F,
+                         const int32_t* __restrict__ num_rows, bool pow2, uint2* __restrict__ out,
+                         uint32_t* __restrict__ data, float* __restrict__ scales) {
+  namespace fb = fp8_block_math;
+  const int lane = threadIdx.x & 31;
+  const int64_t tiles_per_row = F / kFp8Block;
+  const int64_t tiles = LiveRows(rows, num_rows) * tiles_per_row;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kFp8BlockThreads / 32);
+  for (int64_t t = (static_cast<int64_t>(blockIdx.x) * kFp8BlockThreads + threadIdx.x) / 32;
+       t < tiles; t += warps) {
+    const int64_t row = t / tiles_per_row, tile = t - row * tiles_per_row;
+    const int64_t at = row * (F / 2) + tile * 32 + lane;  // uint2 index of the gate values
+    const uint2 g = h[at], u = h[at + F / 4];
+    const float gf[4] = {detail::BfLo(g.x), detail::BfHi(g.x), detail::BfLo(g.y), detail::BfHi(g.y)};
+    const float uf[4] = {detail::BfLo(u.x), detail::BfHi(u.x), detail::BfLo(u.y), detail::BfHi(u.y)};
+    float o[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[e] = __fdividef(gf[e], 1.0f + __expf(-gf[e])) * uf[e];
+    const uint32_t w0 = detail::PackBf16x2(o[0], o[1]), w1 = detail::PackBf16x2(o[2], o[3]);
+    if (out != nullptr) out[t * 32 + lane] = make_uint2(w0, w1);
+    uint32_t m = fb::MagnitudeMax(fb::MagnitudeMax(0, w0), w1);
+    m = fb::WarpMaxBits(max(m & 0xffffu, m >> 16));
+    const fb::DeviceScale sc = fb::ScaleForAmax(fb::AmaxFromBits(m), pow2);
+    data[t * 32 + lane] = fb::QuantizeFour(w0, w1, sc.inverse);
+    if (lane == 0) scales[t] = sc.scale;
+  }
+}
+
 // Bulk copies need 16-byte aligned addresses: every row and segment is (F % 8 == 0), so only the
 // base pointers can break it.
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -223,6 +260,31 @@ absl::Status SwigluForward(const SwigluShape& shape, const int32_t* num_rows, co
   }
   return streaming::Launch<SwigluForwardKernel<false, true>, kMxConsumers + 32>(
       "SwigluForwardKernel", plan, stream, h, num_rows, out, mx_data, mx_scales);
+}
+
+absl::Status SwigluForwardFp8Block(const SwigluShape& shape, const int32_t* num_rows,
+                                   const Bf16* h, Bf16* out, const Fp8BlockRowwise& out_fb,
+                                   Fp8ScaleMode mode, Stream stream) {
+  if (absl::Status s = ValidateSwigluShape(shape, false); !s.ok()) return s;
+  if (shape.ffn % kFp8Block != 0) {
+    return absl::InvalidArgumentError("ffn: must be a multiple of 128 for the fp8-block output");
+  }
+  if (out_fb.data == nullptr || out_fb.scales == nullptr) {
+    return absl::InvalidArgumentError("out_fb: data and scales must be set");
+  }
+  if (shape.rows == 0) return absl::OkStatus();
+  if (h == nullptr) return absl::InvalidArgumentError("h: is null");
+  if (shape.ffn > (1 << 28)) return absl::InvalidArgumentError("ffn: too large");
+  if (!Aligned16(h) || !Aligned16(out) || !Aligned16(out_fb.data)) {
+    return absl::InvalidArgumentError("h, out, out_fb.data: must be 16-byte aligned");
+  }
+  const int blocks =
+      GridStrideBlocks(shape.rows * (shape.ffn / kFp8Block), kFp8BlockThreads / 32);
+  SwigluFp8BlockKernel<<<blocks, kFp8BlockThreads, 0, stream>>>(
+      reinterpret_cast<const uint2*>(h), shape.rows, shape.ffn, num_rows,
+      mode == Fp8ScaleMode::kPowerOfTwo, reinterpret_cast<uint2*>(out),
+      reinterpret_cast<uint32_t*>(out_fb.data), out_fb.scales);
+  return LaunchStatus("SwigluFp8BlockKernel");
 }
 
 absl::Status SwigluBackward(const SwigluShape& shape, const int32_t* num_rows, const Bf16* h,

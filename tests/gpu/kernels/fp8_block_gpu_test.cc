@@ -1,6 +1,7 @@
 // fp8-block CUDA kernels against the CPU reference, bit for bit: row-wise, grouped row-wise +
 // column-wise with empty and odd group sizes, special values, both scale modes, the weight blocks
-// in both orientations, and a captured graph replayed with new device offsets.
+// in both orientations, a captured graph replayed with new device offsets, and SwiGLU with the
+// fp8-block output against the quantizers applied to its bf16 output.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -12,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "dropless/kernels/fp8_block.h"
+#include "dropless/kernels/swiglu.h"
 #include "tests/gpu/kernels/gpu_test_util.h"
 #include "tests/unit/kernels/test_data.h"
 
@@ -254,6 +256,72 @@ TEST_F(Fp8BlockGpu, PermuteAndDequantizeMatchReference) {
       EXPECT_EQ(mismatches, 0);
     }
   }
+}
+
+// SwiGLU with the fp8-block output (fused: one pass over h) equals the row-wise quantization of
+// its own bf16 output, bit for bit, by the CUDA quantizer and by the CPU reference; the bf16 output
+// equals SwigluForward's; rows past num_rows keep their poison in every output.
+TEST_F(Fp8BlockGpu, SwigluOutputMatchesTheQuantizedBf16Output) {
+  for (Fp8ScaleMode mode : kModes) {
+    for (auto [rows, ffn] : {std::pair<int64_t, int64_t>{1, 128}, {1531, 768}, {37, 2048},
+                             {4099, 384}, {9, 14336}}) {
+      SCOPED_TRACE(::testing::Message() << rows << " x 2*" << ffn << " " << ModeName(mode));
+      const SwigluShape shape{rows, ffn};
+      const int32_t live = static_cast<int32_t>(rows - rows / 5);
+      const std::vector<Bf16> h = testing::RandomBf16(rows * 2 * ffn, 3.0f);
+      DeviceArray<Bf16> d_h(h), d_ref_out(rows * ffn), d_out(Poisoned<Bf16>(rows * ffn));
+      DeviceArray<int32_t> d_live(std::vector<int32_t>{live});
+      DeviceArray<uint8_t> d_data(Poisoned<uint8_t>(rows * ffn)),
+          d_only(Poisoned<uint8_t>(rows * ffn)), d_ref_data(rows * ffn);
+      DeviceArray<float> d_scales(Poisoned<float>(rows * ffn / kFp8Block)),
+          d_only_scales(Poisoned<float>(rows * ffn / kFp8Block)),
+          d_ref_scales(rows * ffn / kFp8Block);
+      STATUS_ASSERT(cuda::SwigluForwardFp8Block(shape, d_live.get(), d_h.get(), d_out.get(),
+                                                {d_data.get(), d_scales.get()}, mode, nullptr));
+      STATUS_ASSERT(cuda::SwigluForwardFp8Block(shape, d_live.get(), d_h.get(), nullptr,
+                                                {d_only.get(), d_only_scales.get()}, mode, nullptr));
+      // The unfused path: SwiGLU to bf16, then the row-wise quantizer over the live rows.
+      STATUS_ASSERT(cuda::SwigluForward(shape, d_live.get(), d_h.get(), d_ref_out.get(), nullptr,
+                                        nullptr));
+      const std::vector<int32_t> offsets = {0, live};
+      DeviceArray<int32_t> d_offsets(offsets);
+      Fp8BlockRowwise d_ref{d_ref_data.get(), d_ref_scales.get()};
+      STATUS_ASSERT(cuda::QuantizeFp8Block({rows, ffn, 1, mode}, d_ref_out.get(), d_offsets.get(),
+                                           &d_ref, nullptr, nullptr));
+      const std::vector<Bf16> ref_out = d_ref_out.Download();
+      auto data = Poisoned<uint8_t>(rows * ffn);
+      auto scales = Poisoned<float>(rows * ffn / kFp8Block);
+      Fp8BlockRowwise cpu_ref{data.data(), scales.data()};
+      STATUS_ASSERT(cpu::QuantizeFp8Block({rows, ffn, 1, mode}, ref_out.data(), offsets.data(),
+                                          &cpu_ref, nullptr));
+      const size_t n = static_cast<size_t>(live) * ffn, ns = n / kFp8Block;
+      const std::vector<Bf16> got_out = d_out.Download();
+      const std::vector<uint8_t> got = d_data.Download(), only = d_only.Download();
+      const std::vector<uint8_t> ref_data = d_ref_data.Download();
+      const std::vector<float> got_scales = d_scales.Download(), ref_scales = d_ref_scales.Download();
+      const std::vector<float> only_scales = d_only_scales.Download();
+      auto prefix = [](const auto& v, size_t k) { return std::vector(v.begin(), v.begin() + k); };
+      auto suffix = [](const auto& v, size_t k) { return std::vector(v.begin() + k, v.end()); };
+      EXPECT_TRUE(BitEqual(prefix(got_out, n), prefix(ref_out, n))) << "bf16 output";
+      EXPECT_TRUE(BitEqual(prefix(got, n), prefix(ref_data, n))) << "data vs the CUDA quantizer";
+      EXPECT_TRUE(BitEqual(prefix(got, n), prefix(data, n))) << "data vs the CPU reference";
+      EXPECT_TRUE(BitEqual(prefix(got_scales, ns), prefix(scales, ns))) << "scales";
+      EXPECT_TRUE(BitEqual(prefix(got_scales, ns), prefix(ref_scales, ns))) << "scales (CUDA)";
+      EXPECT_TRUE(BitEqual(only, got)) << "fp8-block only output";
+      EXPECT_TRUE(BitEqual(only_scales, got_scales)) << "fp8-block only scales";
+      EXPECT_TRUE(BitEqual(suffix(got_out, n), Poisoned<Bf16>(rows * ffn - n))) << "bf16 tail";
+      EXPECT_TRUE(BitEqual(suffix(got, n), Poisoned<uint8_t>(rows * ffn - n))) << "data tail";
+      EXPECT_TRUE(BitEqual(suffix(got_scales, ns), Poisoned<float>(rows * ffn / kFp8Block - ns)))
+          << "scales tail";
+    }
+  }
+  DeviceArray<Bf16> d_h(256);
+  DeviceArray<uint8_t> d_data(128);
+  DeviceArray<float> d_scales(1);
+  const absl::Status s = cuda::SwigluForwardFp8Block({1, 64}, nullptr, d_h.get(), nullptr,
+                                                     {d_data.get(), d_scales.get()},
+                                                     Fp8ScaleMode::kFloat32, nullptr);
+  EXPECT_NE(s.message().find("ffn"), std::string::npos) << s;
 }
 
 TEST_F(Fp8BlockGpu, RejectsBadArgumentsNamingTheField) {

@@ -297,11 +297,15 @@ absl::Status MoeLayerGpu::ForwardExperts(const LayerWeights& w, const LayerStrea
                                                   nullptr, s.main));
   }
   DROPLESS_RETURN_IF_ERROR(ExpertForward(w1, s.main));
-  DROPLESS_RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{R, F}, live_rows, h_, a_,
-                                             d.mxfp8() ? &k_->mx_a_ : nullptr, s.main));
+  // SwiGLU writes the bf16 output (w2's weight-gradient operand) and, for the quantized
+  // precisions, w2's forward operand in the same pass.
   if (d.fp8_block()) {
-    DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, F, El}, a_,
-                                                  ExpertOffsets(), &k_->fb_a_, nullptr, s.main));
+    DROPLESS_RETURN_IF_ERROR(kc::SwigluForwardFp8Block(kernels::SwigluShape{R, F}, live_rows, h_,
+                                                       a_, k_->fb_a_,
+                                                       kernels::Fp8ScaleMode::kFloat32, s.main));
+  } else {
+    DROPLESS_RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{R, F}, live_rows, h_, a_,
+                                               d.mxfp8() ? &k_->mx_a_ : nullptr, s.main));
   }
   DROPLESS_RETURN_IF_ERROR(ExpertForward(w2, s.main));
   return End(s, PhaseTimer::kGemmForward, s.main);

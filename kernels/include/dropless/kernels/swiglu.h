@@ -10,7 +10,10 @@
 //
 // Forward outputs (either or both): out [M][F] bf16, and/or out_mx, row-wise MXFP8 of the same
 // [M][F] (mxfp8.h). The MXFP8 output quantizes the bf16-rounded values, so it equals
-// QuantizeMxfp8 applied to `out` bit for bit.
+// QuantizeMxfp8 applied to `out` bit for bit. SwigluForwardFp8Block (CUDA): out (may be null) and
+// out_fb, row-wise fp8-block 1x128 tiles of the same [M][F] (fp8_block.h; F a multiple of 128),
+// likewise from the bf16-rounded values: it equals QuantizeFp8Block's row-wise output of `out`
+// (over the live rows) bit for bit.
 #ifndef DROPLESS_KERNELS_SWIGLU_H_
 #define DROPLESS_KERNELS_SWIGLU_H_
 
@@ -19,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "dropless/kernels/cpu_types.h"
+#include "dropless/kernels/fp8_block.h"
 #include "dropless/kernels/mxfp8.h"
 #include "dropless/kernels/types.h"
 
@@ -53,6 +57,9 @@ namespace cuda {
 
 absl::Status SwigluForward(const SwigluShape& shape, const int32_t* num_rows, const Bf16* h,
                            Bf16* out, const MxRowwise* out_mx, Stream stream);
+absl::Status SwigluForwardFp8Block(const SwigluShape& shape, const int32_t* num_rows,
+                                   const Bf16* h, Bf16* out, const Fp8BlockRowwise& out_fb,
+                                   Fp8ScaleMode mode, Stream stream);
 absl::Status SwigluBackward(const SwigluShape& shape, const int32_t* num_rows, const Bf16* h,
                             const Bf16* d_out, Bf16* d_h, Stream stream);
 
