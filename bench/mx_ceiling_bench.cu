@@ -31,10 +31,14 @@
 #include "bench/bench_registry.h"
 #include "bench/gemm_bench_common.h"
 #include "kernels/cuda/grouped_gemm/mxfp8/mx_gemm_wide_kernel.cuh"
+#include "kernels/cuda/hopper/bulk_copy.cuh"
+#include "kernels/cuda/hopper/smem.cuh"
+#include "kernels/cuda/hopper/wgmma.cuh"
 
 namespace dropless::bench {
 namespace {
 
+namespace hopper = kernels::hopper;
 namespace mx = kernels::mxgemm;
 namespace wide = kernels::mxgemm::wide;
 
@@ -63,9 +67,7 @@ __device__ __forceinline__ uint32_t Hash(uint32_t x) {
 template <int kMode>
 __global__ void __launch_bounds__(256, 1) PromotionCeilingKernel(int chunks, uint32_t seed,
                                                                  float* sink) {
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                             ~static_cast<uintptr_t>(1023));
+  uint8_t* smem = hopper::AlignedDynamicSmem();
   uint8_t* s_a = smem;
   uint8_t* s_b = s_a + wide::kATileBytes;
   float* s_sa = reinterpret_cast<float*>(s_b + wide::kBTileBytes);
@@ -77,7 +79,7 @@ __global__ void __launch_bounds__(256, 1) PromotionCeilingKernel(int chunks, uin
   for (int i = threadIdx.x; i < kKbPerChunk * (wide::kBM + wide::kSbKb); i += blockDim.x) {
     s_sa[i] = mx::E8M0ToFloat(123 + Hash(seed ^ (i * 40503U + 7)) % 9);
   }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  hopper::FenceSharedForCopies();
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -120,60 +122,62 @@ __global__ void __launch_bounds__(256, 1) PromotionCeilingKernel(int chunks, uin
   };
   auto load_sb = [&](int j, float4(&b)[4]) {
     const uint32_t base =
-        mx::SmemAddr(s_sb + j * wide::kSbKb + h * wide::kSbHalf + quad * wide::kSbQuad);
+        hopper::SmemAddr(s_sb + j * wide::kSbKb + h * wide::kSbHalf + quad * wide::kSbQuad);
 #pragma unroll
-    for (int v = 0; v < 4; ++v) b[v] = mx::LdsV4F32(base + 16 * v);
+    for (int v = 0; v < 4; ++v) b[v] = hopper::LdsV4F32(base + 16 * v);
   };
 
   for (int c = 0; c < chunks; ++c) {
     for (int s = 0; s < 4; ++s) {
       const int jb = 4 * s;
       if constexpr (kMode == kWgmmaOnly) {
-        mx::WgmmaFence();
+        hopper::WgmmaFence();
         auto step = [&](auto ic) {
           constexpr int u = decltype(ic)::value, j = u / 4, m = u % 4;
-          wide::FenceRegs32(acc[m]);
-          wide::WgmmaM64N64K32(acc[m], da + kPiece * m + kAKb * j, db + kBKb * j, 1);
+          hopper::FenceRegs(acc[m]);
+          hopper::WgmmaM64N64K32(acc[m], da + kPiece * m + kAKb * j, db + kBKb * j, 1);
         };
         wide::Unrolled(step, std::make_integer_sequence<int, 16>{});
-        mx::WgmmaCommit();
-        mx::WgmmaWait<0>();
+        hopper::WgmmaCommit();
+        hopper::WgmmaWait<0>();
 #pragma unroll
-        for (int m = 0; m < 4; ++m) wide::FenceRegs32(acc[m]);
+        for (int m = 0; m < 4; ++m) hopper::FenceRegs(acc[m]);
         continue;
       }
       float4 sb[4];
       constexpr bool kMma = kMode != kPromoteOnly;
       if constexpr (kMma) {
-        mx::WgmmaFence();
-        wide::FenceRegs32(t0);
-        wide::WgmmaM64N64K32(t0, da, db);
-        mx::WgmmaCommit();
-        wide::FenceRegs32(t1);
-        wide::WgmmaM64N64K32(t1, da + kPiece, db);
-        mx::WgmmaCommit();
+        hopper::WgmmaFence();
+        hopper::FenceRegs(t0);
+        hopper::WgmmaM64N64K32(t0, da, db);
+        hopper::WgmmaCommit();
+        hopper::FenceRegs(t1);
+        hopper::WgmmaM64N64K32(t1, da + kPiece, db);
+        hopper::WgmmaCommit();
       }
       auto step = [&](auto ic) {
         constexpr int u = decltype(ic)::value, j = u / 4, m = u % 4;
         if constexpr (m == 0) load_sb(jb + j, sb);
-        const float sa0 = mx::LdsF32(mx::SmemAddr(s_sa + (jb + j) * wide::kBM + 64 * m + r0));
-        const float sa1 = mx::LdsF32(mx::SmemAddr(s_sa + (jb + j) * wide::kBM + 64 * m + r0 + 8));
+        const float sa0 =
+            hopper::LdsF32(hopper::SmemAddr(s_sa + (jb + j) * wide::kBM + 64 * m + r0));
+        const float sa1 =
+            hopper::LdsF32(hopper::SmemAddr(s_sa + (jb + j) * wide::kBM + 64 * m + r0 + 8));
         if constexpr (kMma) {
           if constexpr (u < 15) {
-            mx::WgmmaWait<1>();
+            hopper::WgmmaWait<1>();
           } else {
-            mx::WgmmaWait<0>();
+            hopper::WgmmaWait<0>();
           }
         }
         auto body = [&](float(&tt)[32]) {
-          wide::FenceRegs32(tt);
+          hopper::FenceRegs(tt);
           promote(acc[m], tt, sa0, sa1, sb);
           if constexpr (kMma && u + 2 < 16) {
             constexpr int j2 = (u + 2) / 4, m2 = (u + 2) % 4;
-            mx::WgmmaFence();
-            wide::FenceRegs32(tt);
-            wide::WgmmaM64N64K32(tt, da + kPiece * m2 + kAKb * j2, db + kBKb * j2);
-            mx::WgmmaCommit();
+            hopper::WgmmaFence();
+            hopper::FenceRegs(tt);
+            hopper::WgmmaM64N64K32(tt, da + kPiece * m2 + kAKb * j2, db + kBKb * j2);
+            hopper::WgmmaCommit();
           }
         };
         if constexpr (u % 2 == 0) {

@@ -8,9 +8,10 @@
 
 #include "absl/status/status.h"
 #include "dropless/kernels/mxfp8.h"
-#include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/hopper/bulk_copy.cuh"
+#include "kernels/cuda/hopper/mbarrier.cuh"
 #include "kernels/cuda/padded_offsets.cuh"
 
 namespace dropless::kernels::cuda {
@@ -194,11 +195,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const uint32_t segs = static_cast<uint32_t>(cols + kW - 1) / kW;
   const uint32_t items = static_cast<uint32_t>(live_padded / kMxBlock) * segs;  // < 2^31 (launcher)
   if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      bulk::BarrierInit(&full[s], 1);
-      bulk::BarrierInit(&empty[s], kWarps);
-    }
-    bulk::BarrierInitFence();
+    hopper::BarrierInitRing(full, empty, kStages, 1, kWarps);
+    hopper::BarrierInitFence();
   }
   __syncthreads();
   int s = 0;
@@ -218,21 +216,22 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                                          rows, live_padded);
       const int32_t c0 = static_cast<int32_t>(seg) * kW;
       const uint32_t bytes = static_cast<uint32_t>(min(kW, cols - c0)) * 2;
-      bulk::BarrierWait(&empty[s], phase ^ 1);
+      hopper::BarrierWait(&empty[s], phase ^ 1);
       if (lane == 0) {
         slots[s] = StreamSlot{b.source_row, b.live, padded_row, c0};
-        bulk::BarrierArriveExpectBytes(&full[s], bytes * static_cast<uint32_t>(b.live));
+        hopper::BarrierArriveExpectBytes(&full[s], bytes * static_cast<uint32_t>(b.live));
       }
       __syncwarp();
       if (lane < b.live) {
-        bulk::Load(smem + size_t{Cfg::kStageStride} * s + Cfg::RowOffset(lane),
-                   x + (static_cast<int64_t>(b.source_row) + lane) * cols + c0, bytes, &full[s]);
+        hopper::BulkLoad(smem + size_t{Cfg::kStageStride} * s + Cfg::RowOffset(lane),
+                         x + (static_cast<int64_t>(b.source_row) + lane) * cols + c0, bytes,
+                         &full[s]);
       }
     }
     return;
   }
   for (uint32_t c = blockIdx.x; c < items; c += gridDim.x, advance()) {
-    bulk::BarrierWait(&full[s], phase);
+    hopper::BarrierWait(&full[s], phase);
     const StreamSlot slot = slots[s];
     const uint8_t* const stage = smem + size_t{Cfg::kStageStride} * s;
     const int32_t width = min(kW, cols - slot.c0);
@@ -268,7 +267,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       }
     }
     __syncwarp();
-    if (lane == 0) bulk::BarrierArrive(&empty[s]);
+    if (lane == 0) hopper::BarrierArrive(&empty[s]);
   }
 }
 

@@ -16,8 +16,10 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/hopper/bulk_copy.cuh"
+#include "kernels/cuda/hopper/mbarrier.cuh"
+#include "kernels/cuda/hopper/warpgroup.cuh"
 
 namespace dropless::kernels::cuda::streaming {
 
@@ -123,11 +125,8 @@ __device__ __forceinline__ void StreamChunks(const Plan& p, int64_t live, Produc
   const uint32_t chunks =
       static_cast<uint32_t>((live + p.rows_per_chunk - 1) / p.rows_per_chunk) * p.segs;
   if (tid == 0) {
-    for (int s = 0; s < p.stages; ++s) {
-      bulk::BarrierInit(&full[s], 1);
-      bulk::BarrierInit(&empty[s], kConsumers / 32);
-    }
-    bulk::BarrierInitFence();
+    hopper::BarrierInitRing(full, empty, p.stages, 1, kConsumers / 32);
+    hopper::BarrierInitFence();
   }
   __syncthreads();
   // Stage s of the ring and the parity of its current round, advanced without divisions.
@@ -142,7 +141,7 @@ __device__ __forceinline__ void StreamChunks(const Plan& p, int64_t live, Produc
   if (tid >= kConsumers) {
     if (tid == kConsumers) {
       for (uint32_t c = blockIdx.x; c < chunks; c += gridDim.x, advance()) {
-        bulk::BarrierWait(&empty[s], phase ^ 1);
+        hopper::BarrierWait(&empty[s], phase ^ 1);
         produce(ChunkAt(c, p, live), stages + size_t{p.in_chunk} * s, &full[s]);
       }
     }
@@ -152,20 +151,20 @@ __device__ __forceinline__ void StreamChunks(const Plan& p, int64_t live, Produc
   for (uint32_t c = blockIdx.x; c < chunks; c += gridDim.x, ++i, advance()) {
     uint8_t* const out = outs + size_t{p.out_chunk} * (i & 1);
     const Chunk k = ChunkAt(c, p, live);
-    if (tid < 32) bulk::WaitRead<1>();  // this lane's stores of chunk i - 2 have left `out`
-    bulk::NamedBarrier(1, kConsumers);
-    bulk::BarrierWait(&full[s], phase);
+    if (tid < 32) hopper::BulkWaitRead<1>();  // this lane's stores of chunk i - 2 have left `out`
+    hopper::NamedBarrier(1, kConsumers);
+    hopper::BarrierWait(&full[s], phase);
     consume(k, stages + size_t{p.in_chunk} * s, out);
     __syncwarp();
-    if ((tid & 31) == 0) bulk::BarrierArrive(&empty[s]);
-    bulk::FenceSharedForCopies();
-    bulk::NamedBarrier(2, kConsumers);
+    if ((tid & 31) == 0) hopper::BarrierArrive(&empty[s]);
+    hopper::FenceSharedForCopies();
+    hopper::NamedBarrier(2, kConsumers);
     if (tid < 32) {
       store(k, out, tid);
-      bulk::Commit();
+      hopper::BulkCommit();
     }
   }
-  if (tid < 32) bulk::WaitAll();
+  if (tid < 32) hopper::BulkWaitAll();
 }
 
 // Copies rows [r0, r0 + nr) x columns [col, col + width) of a row-major matrix with `row`
@@ -175,10 +174,11 @@ __device__ __forceinline__ void LoadRows(void* tile, const T* src, int64_t row, 
                                          int32_t col, bool whole, uint64_t* bar) {
   const uint32_t bytes = static_cast<uint32_t>(k.width) * sizeof(T);
   if (whole) {
-    bulk::Load(tile, src + k.r0 * row + col, bytes * k.nr, bar);
+    hopper::BulkLoad(tile, src + k.r0 * row + col, bytes * k.nr, bar);
   } else {
     for (int r = 0; r < k.nr; ++r) {
-      bulk::Load(static_cast<uint8_t*>(tile) + r * bytes, src + (k.r0 + r) * row + col, bytes, bar);
+      hopper::BulkLoad(static_cast<uint8_t*>(tile) + r * bytes, src + (k.r0 + r) * row + col, bytes,
+                       bar);
     }
   }
 }
@@ -187,11 +187,11 @@ __device__ __forceinline__ void StoreRows(T* dst, const void* tile, int64_t row,
                                           int32_t col, bool whole) {
   const uint32_t bytes = static_cast<uint32_t>(k.width) * sizeof(T);
   if (whole) {
-    bulk::Store(dst + k.r0 * row + col, tile, bytes * k.nr);
+    hopper::BulkStore(dst + k.r0 * row + col, tile, bytes * k.nr);
   } else {
     for (int r = 0; r < k.nr; ++r) {
-      bulk::Store(dst + (k.r0 + r) * row + col, static_cast<const uint8_t*>(tile) + r * bytes,
-                  bytes);
+      hopper::BulkStore(dst + (k.r0 + r) * row + col, static_cast<const uint8_t*>(tile) + r * bytes,
+                        bytes);
     }
   }
 }

@@ -8,10 +8,11 @@
 
 #include "absl/status/status.h"
 #include "dropless/kernels/swiglu.h"
-#include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/fp8_block_math.cuh"
+#include "kernels/cuda/hopper/bulk_copy.cuh"
+#include "kernels/cuda/hopper/mbarrier.cuh"
 #include "kernels/cuda/stream_chunks.cuh"
 
 namespace dropless::kernels::cuda {
@@ -51,13 +52,13 @@ __device__ __forceinline__ void LoadGateUp(uint8_t* stage, const Bf16* h, int64_
                                            bool whole, uint64_t* full) {
   const uint32_t bytes = static_cast<uint32_t>(k.width) * 2;
   if (whole) {
-    bulk::Load(stage, h + k.r0 * 2 * F, 2 * bytes * k.nr, full);
+    hopper::BulkLoad(stage, h + k.r0 * 2 * F, 2 * bytes * k.nr, full);
     return;
   }
   for (int r = 0; r < k.nr; ++r) {
     const Bf16* row = h + (k.r0 + r) * 2 * F + k.c0;
-    bulk::Load(stage + 2 * r * bytes, row, bytes, full);
-    bulk::Load(stage + (2 * r + 1) * bytes, row + F, bytes, full);
+    hopper::BulkLoad(stage + 2 * r * bytes, row, bytes, full);
+    hopper::BulkLoad(stage + (2 * r + 1) * bytes, row + F, bytes, full);
   }
 }
 
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(kConsumers + 32)
       p, live,
       [&](const Chunk& k, uint8_t* stage, uint64_t* full) {
         const uint32_t half = static_cast<uint32_t>(k.width) * 2 * k.nr;
-        bulk::BarrierArriveExpectBytes(full, 2 * half);
+        hopper::BarrierArriveExpectBytes(full, 2 * half);
         LoadGateUp(stage, h, F, k, whole, full);
       },
       [&](const Chunk& k, const uint8_t* stage, uint8_t* buf) {
@@ -146,7 +147,7 @@ __global__ void __launch_bounds__(kConsumers + 32)
       p, live,
       [&](const Chunk& k, uint8_t* stage, uint64_t* full) {
         const uint32_t seg = static_cast<uint32_t>(k.width) * 2 * k.nr;
-        bulk::BarrierArriveExpectBytes(full, 3 * seg);
+        hopper::BarrierArriveExpectBytes(full, 3 * seg);
         LoadGateUp(stage, h, F, k, whole, full);
         streaming::LoadRows(stage + dy_at, d_out, F, k, k.c0, whole, full);
       },
@@ -175,13 +176,13 @@ __global__ void __launch_bounds__(kConsumers + 32)
       [&](const Chunk& k, const uint8_t* buf, int lane) {
         if (lane != 0) return;
         if (whole) {
-          bulk::Store(d_h + k.r0 * 2 * F, buf, static_cast<uint32_t>(k.width) * 4 * k.nr);
+          hopper::BulkStore(d_h + k.r0 * 2 * F, buf, static_cast<uint32_t>(k.width) * 4 * k.nr);
         } else {
           const uint32_t bytes = static_cast<uint32_t>(k.width) * 2;
           for (int r = 0; r < k.nr; ++r) {
             Bf16* row = d_h + (k.r0 + r) * 2 * F + k.c0;
-            bulk::Store(row, buf + 2 * r * bytes, bytes);
-            bulk::Store(row + F, buf + (2 * r + 1) * bytes, bytes);
+            hopper::BulkStore(row, buf + 2 * r * bytes, bytes);
+            hopper::BulkStore(row + F, buf + (2 * r + 1) * bytes, bytes);
           }
         }
       });

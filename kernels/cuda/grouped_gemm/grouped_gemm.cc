@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradPingpong128x128(cons
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradF32Coop128x256(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradF32Pingpong128x128(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeWgradBf16Pingpong128x128(const RunnerShape&);
-// Own kernel with fixed tensor maps (tma/tma_grouped_gemm.cu).
+// Own kernels with fixed tensor maps (tma/: factories in tma_grouped_gemm.cu).
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTma128x256(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeDgradTma128x256(const RunnerShape&);
 absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakeFwdTma128x256C2x1(const RunnerShape&);
@@ -113,7 +113,7 @@ const KernelEntry* FindKernel(GroupedGemmOp op, OutType out, const std::string& 
 // The shape-class choice, made once at creation, from H200 runs that timed every kernel next to
 // torch._grouped_mm in one process, alternating (bench/results/gemm-h200-20261130-tma-kernels.json,
 // docs/grouped_gemm.md):
-// - forward and data gradient: the own kernels with fixed tensor maps (tma/tma_grouped_gemm.cu),
+// - forward and data gradient: the own kernels with fixed tensor maps (tma/),
 //   which need no per-group descriptor rewrite (up to 30% faster than the CUTLASS kernels on
 //   qwen3's 1024-row groups). Reductions of at most 2048 (qwen3; dsv3 w2 forward, where both tie)
 //   take the ping-pong kernel, whose epilogue runs under the other warpgroup's main loop (3-12%

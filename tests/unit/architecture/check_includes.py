@@ -299,7 +299,7 @@ def self_test(source_dir):
         "worker/daemon/y.cc": '#include "worker/rank/step_report.h"\n#include "dropless/v1/types.pb.h"\n',
         "kernels/cpu/y.cc": '#include "dropless/kernels/routing.h"\n',
         "common/job_spec_yaml.cc": '#include "common/yaml_tree.h"\n#include "common/job_spec_internal.h"\n',
-        "bench/y.cu": '#include "kernels/cuda/bulk_copy.cuh"\n',
+        "bench/y.cu": '#include "kernels/cuda/hopper/bulk_copy.cuh"\n',
         "worker/engine/cuda/y.cc": '#include "kernels/cuda/cuda_check.h"\n',
         "worker/rank/rank_process.cc": '#include "worker/rank/phase_reporter.h"\n',
         "tests/unit/kernels/kernel_choice_test.cc":

@@ -1,7 +1,8 @@
-// The MXFP8 grouped GEMM: what both kernels share (parameters, PTX wrappers, the tile walk) and the
-// 128 x 128 kernel (sm_90a): persistent, warp-specialized, one 128 x 128 output tile per CTA at a
-// time, K in stages of 128 (four 32-element scale blocks). The 256 x 128 kernel, the default where
-// the token buffers hold 256 rows, is in mx_gemm_wide_kernel.cuh.
+// The MXFP8 grouped GEMM: what both kernels share (parameters, operand and scale helpers, the tile
+// walk) and the 128 x 128 kernel (sm_90a): persistent, warp-specialized, one 128 x 128 output tile
+// per CTA at a time, K in stages of 128 (four 32-element scale blocks). The 256 x 128 kernel, the
+// default where the token buffers hold 256 rows, is in mx_gemm_wide_kernel.cuh. The PTX wrappers
+// (TMA, mbarriers, wgmma) are the Hopper layer's (kernels/cuda/hopper/).
 //
 // Warp roles (384 threads = 3 warpgroups):
 //   warpgroup 0, warp 0, lane 0   TMA: A tile [128 rows][128 k] and B tile [128 cols][128 k] per
@@ -24,12 +25,14 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/bulk_copy.cuh"
-#include "kernels/cuda/grouped_gemm/sm90.cuh"
+#include "kernels/cuda/hopper/group_walk.cuh"
+#include "kernels/cuda/hopper/mbarrier.cuh"
+#include "kernels/cuda/hopper/smem.cuh"
+#include "kernels/cuda/hopper/tma.cuh"
+#include "kernels/cuda/hopper/warpgroup.cuh"
+#include "kernels/cuda/hopper/wgmma.cuh"
 
 namespace dropless::kernels::mxgemm {
-
-namespace bulk = cuda::bulk;  // shared-memory barriers (mbarrier)
 
 inline constexpr int kBlockM = 128;
 inline constexpr int kBlockN = 128;
@@ -80,66 +83,20 @@ struct Params {
   int32_t gate_value;
 };
 
-// ---- PTX wrappers ----
+// ---- Operands ----
 
-using sm90::SmemAddr;
-using sm90::TmaLoad2d;
-using sm90::TmaLoad3d;
-using sm90::WgmmaCommit;
-using sm90::WgmmaFence;
-using sm90::WgmmaWait;
-
-// Shared-memory accesses through the shared window (a generic pointer that reached a helper would
-// otherwise compile to generic loads, which wait on the long scoreboard).
-__device__ __forceinline__ float LdsF32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ float4 LdsV4F32(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ void StsV4F32(uint32_t addr, float a, float b, float c, float d) {
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c),
-               "f"(d)
-               : "memory");
-}
-__device__ __forceinline__ void StsF32(uint32_t addr, float v) {
-  asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
-}
 template <bool kBlockedK>
 __device__ __forceinline__ void LoadStageOperands(uint8_t* a_dst, uint8_t* b_dst,
                                                   const CUtensorMap* map_a,
                                                   const CUtensorMap* map_b, uint64_t* bar, int kc,
                                                   int a_row0, int n0, int batch) {
   if constexpr (kBlockedK) {
-    TmaLoad3d(a_dst, map_a, bar, 0, a_row0, kc / 32);
-    TmaLoad3d(b_dst, map_b, bar, 0, n0, kc / 32);
+    hopper::TmaLoad3d(a_dst, map_a, bar, 0, a_row0, kc / 32);
+    hopper::TmaLoad3d(b_dst, map_b, bar, 0, n0, kc / 32);
   } else {
-    TmaLoad2d(a_dst, map_a, bar, kc, a_row0);
-    TmaLoad3d(b_dst, map_b, bar, kc, n0, batch);
+    hopper::TmaLoad2d(a_dst, map_a, bar, kc, a_row0);
+    hopper::TmaLoad3d(b_dst, map_b, bar, kc, n0, batch);
   }
-}
-
-// Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128 bytes, 8-row
-// groups 1024 bytes apart (stride byte offset), layout type 1 (SWIZZLE_128B) in bits 62-63.
-__device__ __forceinline__ uint64_t SmemDescriptor(const void* tile) {
-  const uint64_t addr = SmemAddr(tile);
-  return ((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
-
-// The same for a block-major K slice [rows][32 bytes] with 32-byte swizzle (the weight gradient's
-// column-wise operands, one TMA box per K block): 8-row groups 256 bytes apart, layout type 3
-// (SWIZZLE_32B).
-__device__ __forceinline__ uint64_t SmemDescriptor32(const void* tile) {
-  const uint64_t addr = SmemAddr(tile);
-  return ((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{256 >> 4} << 32) |
-         (uint64_t{3} << 62);
 }
 
 // Operand tiles of one stage. Row-major operands: [rows][128 bytes], 128-byte swizzle, K block j at
@@ -147,7 +104,8 @@ __device__ __forceinline__ uint64_t SmemDescriptor32(const void* tile) {
 // swizzle, K block j at + rows * 32 bytes.
 template <bool kBlockedK>
 __device__ __forceinline__ uint64_t OperandDescriptor(const uint8_t* tile, int row) {
-  return kBlockedK ? SmemDescriptor32(tile + row * 32) : SmemDescriptor(tile + row * 128);
+  return kBlockedK ? hopper::SmemDescriptor(tile + row * 32, 16, 256, hopper::SmemSwizzle::k32B)
+                   : hopper::SmemDescriptor(tile + row * 128, 16, 1024);
 }
 template <bool kBlockedK>
 constexpr uint64_t KBlockUnits(int rows) {
@@ -161,40 +119,6 @@ __device__ __forceinline__ void LoadStageOperands(uint8_t* a_dst, uint8_t* b_dst
                                                   const CUtensorMap* map_a,
                                                   const CUtensorMap* map_b, uint64_t* bar, int kc,
                                                   int a_row0, int n0, int batch);
-
-// Keeps the compiler from moving accesses of the accumulator registers across wgmma fences/waits.
-__device__ __forceinline__ void FenceRegs(float (&d)[64]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// D[64 x 128] = A[64 x 32] . B[128 x 32]^T (+ D when accumulate), e4m3 inputs, fp32 result
-// (scale-d = 0: D is not read).
-__device__ __forceinline__ void WgmmaM64N128K32(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
-                                                int accumulate = 0) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
 
 // 2^(b - 127) for an E8M0 byte; 0xFF is NaN, 0x00 the subnormal 2^-127.
 __device__ __forceinline__ float E8M0ToFloat(uint32_t b) {
@@ -217,51 +141,37 @@ struct Tile {
 // Walks tiles in increasing linear order; every role of a CTA calls Next with the same sequence.
 // Within a group the M tiles of one N tile are adjacent, so CTAs running side by side share B.
 template <bool kGroupedK, int kTileM = kBlockM>
-struct TileWalker {
-  const Params& p;
-  int g = -1;
-  int first = 0;  // linear index of group g's first tile
-  int count = 0;  // tiles of group g
-  int lo = 0, hi = 0, m_tiles = 0;
+struct TileWalker : hopper::GroupWalk<TileWalker<kGroupedK, kTileM>, Params> {
+  int m_tiles = 0;
   int n_tiles;
 
   __device__ explicit TileWalker(const Params& params)
-      : p(params), n_tiles((params.n + kBlockN - 1) / kBlockN) {}
+      : hopper::GroupWalk<TileWalker<kGroupedK, kTileM>, Params>(params),
+        n_tiles((params.n + kBlockN - 1) / kBlockN) {}
 
-  __device__ int Clamp(int v) const {
-    return static_cast<int>(min(max(static_cast<int64_t>(v), int64_t{0}), p.offset_limit));
-  }
-
-  __device__ void Enter(int group) {
-    g = group;
-    lo = Clamp(__ldg(p.offsets + group));
-    hi = max(lo, Clamp(__ldg(p.offsets + group + 1)));
-    m_tiles = kGroupedK ? (p.m + kTileM - 1) / kTileM : (hi - lo + kTileM - 1) / kTileM;
-    count = m_tiles * n_tiles;
+  __device__ int GroupTiles() {
+    m_tiles =
+        kGroupedK ? (this->p.m + kTileM - 1) / kTileM : (this->hi - this->lo + kTileM - 1) / kTileM;
+    return m_tiles * n_tiles;
   }
 
   // False once t is past the last group's tiles.
   __device__ bool Next(int t, Tile* tile) {
-    if (g < 0) Enter(0);
-    while (t >= first + count) {
-      if (g + 1 >= p.num_groups) return false;
-      first += count;
-      Enter(g + 1);
-    }
-    const int local = t - first;
-    tile->g = g;
+    if (!this->Seek(t)) return false;
+    const int local = t - this->first;
+    tile->g = this->g;
     tile->m_tile = local % m_tiles;
     tile->n_tile = local / m_tiles;
     if (kGroupedK) {
       tile->a_row0 = tile->m_tile * kTileM;
-      tile->rows = p.m;
-      tile->k0 = lo;
-      tile->nk32 = (hi - lo) / 32;
+      tile->rows = this->p.m;
+      tile->k0 = this->lo;
+      tile->nk32 = (this->hi - this->lo) / 32;
     } else {
-      tile->a_row0 = lo + tile->m_tile * kTileM;
-      tile->rows = hi - lo;
+      tile->a_row0 = this->lo + tile->m_tile * kTileM;
+      tile->rows = this->hi - this->lo;
       tile->k0 = 0;
-      tile->nk32 = p.k / 32;
+      tile->nk32 = this->p.k / 32;
     }
     return true;
   }
@@ -329,9 +239,9 @@ __device__ __forceinline__ void LoadStageBlockScales(const Params& p, const Tile
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const int r = r16 + i;
-    StsF32(SmemAddr(sa_dst + r * 4 + j), ScaleByte(v[0], i));
+    hopper::StsF32(hopper::SmemAddr(sa_dst + r * 4 + j), ScaleByte(v[0], i));
     const int pos = ((r % 8) / 2) * kSbQuadStride + (r / 8) * 2 + (r % 2);
-    StsF32(SmemAddr(sb_dst + j * kSbKbStride + pos), ScaleByte(v[1], i));
+    hopper::StsF32(hopper::SmemAddr(sb_dst + j * kSbKbStride + pos), ScaleByte(v[1], i));
   }
 }
 
@@ -359,11 +269,12 @@ __device__ __forceinline__ void LoadStageScales(const Params& p, const Tile& til
     const int r = lane + 32 * q;
     float v[4];
     ScaleFloats(wa[q], sha[q], kb0, kb_end, v);
-    StsV4F32(SmemAddr(sa_dst + r * 4), v[0], v[1], v[2], v[3]);
+    hopper::StsV4F32(hopper::SmemAddr(sa_dst + r * 4), v[0], v[1], v[2], v[3]);
     ScaleFloats(wb[q], shb[q], kb0, kb_end, v);
     const int pos = ((r % 8) / 2) * kSbQuadStride + (r / 8) * 2 + (r % 2);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) StsF32(SmemAddr(sb_dst + j * kSbKbStride + pos), v[j]);
+    for (int j = 0; j < 4; ++j)
+      hopper::StsF32(hopper::SmemAddr(sb_dst + j * kSbKbStride + pos), v[j]);
   }
 }
 
@@ -384,11 +295,11 @@ struct BlockScales {
 __device__ __forceinline__ BlockScales LoadBlockScales(const float* sa, const float* sb, int j,
                                                        int r0, int quad) {
   BlockScales sc;
-  sc.sa0 = LdsF32(SmemAddr(sa + r0 * 4 + j));
-  sc.sa1 = LdsF32(SmemAddr(sa + (r0 + 8) * 4 + j));
-  const uint32_t b4 = SmemAddr(sb + j * kSbKbStride + quad * kSbQuadStride);
+  sc.sa0 = hopper::LdsF32(hopper::SmemAddr(sa + r0 * 4 + j));
+  sc.sa1 = hopper::LdsF32(hopper::SmemAddr(sa + (r0 + 8) * 4 + j));
+  const uint32_t b4 = hopper::SmemAddr(sb + j * kSbKbStride + quad * kSbQuadStride);
 #pragma unroll
-  for (int v = 0; v < kPrefetchF32; ++v) sc.b[v] = LdsV4F32(b4 + 16 * v);
+  for (int v = 0; v < kPrefetchF32; ++v) sc.b[v] = hopper::LdsV4F32(b4 + 16 * v);
   sc.rest = b4 + 16 * kPrefetchF32;
   return sc;
 }
@@ -406,7 +317,8 @@ __device__ __forceinline__ void Promote(float (&acc)[64], const float (&tmp)[64]
   };
 #pragma unroll
   for (int v = 0; v < 8; ++v) {
-    const float4 b = v < kPrefetchF32 ? sc.b[v] : LdsV4F32(sc.rest + 16 * (v - kPrefetchF32));
+    const float4 b =
+        v < kPrefetchF32 ? sc.b[v] : hopper::LdsV4F32(sc.rest + 16 * (v - kPrefetchF32));
     apply(2 * v, b.x, b.y);
     apply(2 * v + 1, b.z, b.w);
   }
@@ -425,9 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         const __grid_constant__ CUtensorMap map_b,
                         const __grid_constant__ Params p) {
   if (p.gate != nullptr && *p.gate != p.gate_value) return;  // the other kernel was chosen
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                             ~static_cast<uintptr_t>(1023));
+  uint8_t* smem = hopper::AlignedDynamicSmem();
   uint8_t* s_a = smem;
   uint8_t* s_b = s_a + kStages * kTileBytes;
   float* s_sa = reinterpret_cast<float*>(s_b + kStages * kTileBytes);
@@ -439,12 +349,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = threadIdx.x % 32;
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      // TMA's expect-tx arrival + the 32 lanes of a scale loader
-      bulk::BarrierInit(&full[s], 1 + 32);
-      bulk::BarrierInit(&empty[s], 8);  // one arrival per consumer warp
-    }
-    bulk::BarrierInitFence();
+    // full: TMA's expect-tx arrival + the 32 lanes of a scale loader; empty: one arrival per
+    // consumer warp
+    hopper::BarrierInitRing(full, empty, kStages, 1 + 32, 8);
+    hopper::BarrierInitFence();
   }
   __syncthreads();
 
@@ -453,15 +361,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   int it = 0;  // stages walked so far (slot = it % kStages, phase = (it / kStages) & 1)
 
   if (warpgroup == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    hopper::WarpgroupRegDealloc<40>();
     if (warp == 0) {
       if (lane != 0) return;
       for (int t = blockIdx.x; walk.Next(t, &tile); t += gridDim.x) {
         const int stages = (tile.nk32 + 3) / 4;
         for (int s = 0; s < stages; ++s, ++it) {
           const int slot = it % kStages;
-          bulk::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
-          bulk::BarrierArriveExpectBytes(&full[slot], 2 * kTileBytes);
+          hopper::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
+          hopper::BarrierArriveExpectBytes(&full[slot], 2 * kTileBytes);
           const int kc = tile.k0 + s * kBlockK;
           LoadStageOperands<kGroupedK>(s_a + slot * kTileBytes, s_b + slot * kTileBytes, &map_a,
                                        &map_b, &full[slot], kc, tile.a_row0, tile.n_tile * kBlockN,
@@ -476,7 +384,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int s = 0; s < stages; ++s, ++it) {
           if (it % 3 != loader) continue;
           const int slot = it % kStages;
-          bulk::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
+          hopper::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
           if constexpr (kGroupedK) {
             LoadStageBlockScales(p, tile, tile.k0 / 32 + 4 * s, kb_end, lane,
                                  s_sa + slot * kSaStageFloats, s_sb + slot * kSbStageFloats);
@@ -484,14 +392,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             LoadStageScales<false>(p, tile, tile.k0 / 32 + 4 * s, kb_end, lane,
                                    s_sa + slot * kSaStageFloats, s_sb + slot * kSbStageFloats);
           }
-          bulk::BarrierArrive(&full[slot]);
+          hopper::BarrierArrive(&full[slot]);
         }
       }
     }
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  hopper::WarpgroupRegAlloc<232>();
   // Descriptor units from one K block to the next in a stage's A and B tiles (both 128 rows).
   constexpr uint64_t kKb = KBlockUnits<kGroupedK>(kBlockM);
   const int consumer = warpgroup - 1;
@@ -501,16 +409,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 64; ++i) t0[i] = t1[i] = 0.0f;
 
-  // Lane 0's arrival through a predicate rather than a branch: a divergent path while a wgmma is in
-  // flight makes ptxas serialize every wgmma of the kernel (C7518). The scale values and the
-  // wgmma reads of the slot have all been consumed by the time a warp gets here.
-  auto release = [&](int slot) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, "
-        "[%0];\n}\n" ::"r"(SmemAddr(&empty[slot])),
-        "r"(lane)
-        : "memory");
-  };
+  // Lane 0's arrival through a predicate rather than a branch (C7518: BarrierArriveLane0). The
+  // scale values and the wgmma reads of the slot have all been consumed by the time a warp gets
+  // here.
+  auto release = [&](int slot) { hopper::BarrierArriveLane0(&empty[slot], lane); };
 
   auto promote = [&](float(&tmp)[64], const BlockScales& sc) { Promote(acc, tmp, sc); };
   auto scales = [&](int slot, int j) {
@@ -528,60 +430,60 @@ __global__ void __launch_bounds__(kThreads, 1)
       // spin while a wgmma is in flight).
       for (; 4 * (s + 2) <= tile.nk32; s += 2, it += 2) {
         const int slot0 = it % kStages, slot1 = (it + 1) % kStages;
-        bulk::BarrierWait(&full[slot0], (it / kStages) & 1);
-        bulk::BarrierWait(&full[slot1], ((it + 1) / kStages) & 1);
+        hopper::BarrierWait(&full[slot0], (it / kStages) & 1);
+        hopper::BarrierWait(&full[slot1], ((it + 1) / kStages) & 1);
         const uint64_t da0 = OperandDescriptor<kGroupedK>(s_a + slot0 * kTileBytes, consumer * 64);
         const uint64_t db0 = OperandDescriptor<kGroupedK>(s_b + slot0 * kTileBytes, 0);
         const uint64_t da1 = OperandDescriptor<kGroupedK>(s_a + slot1 * kTileBytes, consumer * 64);
         const uint64_t db1 = OperandDescriptor<kGroupedK>(s_b + slot1 * kTileBytes, 0);
-        WgmmaFence();
-        FenceRegs(t0);
-        WgmmaM64N128K32(t0, da0, db0);
-        WgmmaCommit();
-        FenceRegs(t1);
-        WgmmaM64N128K32(t1, da0 + kKb, db0 + kKb);
-        WgmmaCommit();
+        hopper::WgmmaFence();
+        hopper::FenceRegs(t0);
+        hopper::WgmmaM64N128K32(t0, da0, db0);
+        hopper::WgmmaCommit();
+        hopper::FenceRegs(t1);
+        hopper::WgmmaM64N128K32(t1, da0 + kKb, db0 + kKb);
+        hopper::WgmmaCommit();
         // clang-format off
         // Promote block J of SLOT from TD, then issue block JN (descriptors DA, DB) into TD.
-#define MXGEMM_STEP(TD, J, DA, DB, SLOT, JN)             \
-        {                                                \
-          const auto sc = scales(SLOT, J);               \
-          WgmmaWait<1>();                                \
-          FenceRegs(TD);                                 \
-          promote(TD, sc);                               \
-        }                                                \
-        WgmmaFence();                                    \
-        FenceRegs(TD);                                   \
-        WgmmaM64N128K32(TD, DA + kKb * (JN), DB + kKb * (JN)); \
-        WgmmaCommit();
+#define MXGEMM_STEP(TD, J, DA, DB, SLOT, JN)                           \
+        {                                                              \
+          const auto sc = scales(SLOT, J);                             \
+          hopper::WgmmaWait<1>();                                      \
+          hopper::FenceRegs(TD);                                       \
+          promote(TD, sc);                                             \
+        }                                                              \
+        hopper::WgmmaFence();                                          \
+        hopper::FenceRegs(TD);                                         \
+        hopper::WgmmaM64N128K32(TD, DA + kKb * (JN), DB + kKb * (JN)); \
+        hopper::WgmmaCommit();
         MXGEMM_STEP(t0, 0, da0, db0, slot0, 2)
         MXGEMM_STEP(t1, 1, da0, db0, slot0, 3)
         MXGEMM_STEP(t0, 2, da1, db1, slot0, 0)
         // clang-format on
         {
           const auto sc = scales(slot0, 3);
-          WgmmaWait<1>();
-          FenceRegs(t1);
+          hopper::WgmmaWait<1>();
+          hopper::FenceRegs(t1);
           promote(t1, sc);
         }
         release(slot0);
-        WgmmaFence();
-        FenceRegs(t1);
-        WgmmaM64N128K32(t1, da1 + kKb, db1 + kKb);
-        WgmmaCommit();
+        hopper::WgmmaFence();
+        hopper::FenceRegs(t1);
+        hopper::WgmmaM64N128K32(t1, da1 + kKb, db1 + kKb);
+        hopper::WgmmaCommit();
         MXGEMM_STEP(t0, 0, da1, db1, slot1, 2)
         MXGEMM_STEP(t1, 1, da1, db1, slot1, 3)
 #undef MXGEMM_STEP
         {
           const auto sc = scales(slot1, 2);
-          WgmmaWait<1>();
-          FenceRegs(t0);
+          hopper::WgmmaWait<1>();
+          hopper::FenceRegs(t0);
           promote(t0, sc);
         }
         {
           const auto sc = scales(slot1, 3);
-          WgmmaWait<0>();
-          FenceRegs(t1);
+          hopper::WgmmaWait<0>();
+          hopper::FenceRegs(t1);
           promote(t1, sc);
         }
         release(slot1);
@@ -589,18 +491,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The rest (at most one full stage and a partial one) block by block.
       for (; s < stages; ++s, ++it) {
         const int slot = it % kStages;
-        bulk::BarrierWait(&full[slot], (it / kStages) & 1);
+        hopper::BarrierWait(&full[slot], (it / kStages) & 1);
         const uint64_t desc_a =
             OperandDescriptor<kGroupedK>(s_a + slot * kTileBytes, consumer * 64);
         const uint64_t desc_b = OperandDescriptor<kGroupedK>(s_b + slot * kTileBytes, 0);
         for (int j = 0; 4 * s + j < tile.nk32 && j < 4; ++j) {
-          WgmmaFence();
-          FenceRegs(t0);
-          WgmmaM64N128K32(t0, desc_a + kKb * j, desc_b + kKb * j);
-          WgmmaCommit();
+          hopper::WgmmaFence();
+          hopper::FenceRegs(t0);
+          hopper::WgmmaM64N128K32(t0, desc_a + kKb * j, desc_b + kKb * j);
+          hopper::WgmmaCommit();
           const auto sc = scales(slot, j);
-          WgmmaWait<0>();
-          FenceRegs(t0);
+          hopper::WgmmaWait<0>();
+          hopper::FenceRegs(t0);
           promote(t0, sc);
         }
         release(slot);
@@ -608,7 +510,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       for (int s = 0; s < stages; ++s, ++it) {
         const int slot = it % kStages;
-        bulk::BarrierWait(&full[slot], (it / kStages) & 1);
+        hopper::BarrierWait(&full[slot], (it / kStages) & 1);
         // K block j starts kKb descriptor units further: 32 bytes into each 128-byte row, or
         // (block- major operands) one K block slice of the tile further.
         const uint64_t desc_a =
@@ -617,55 +519,55 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (4 * s + 4 <= tile.nk32) {
           // Full stage, straight-line so that the compiler sees each temporary's wgmma complete
           // before its promotion: block j + 1 runs on the tensor cores while block j is promoted.
-          WgmmaFence();
-          FenceRegs(t0);
-          WgmmaM64N128K32(t0, desc_a, desc_b);
-          WgmmaCommit();
-          FenceRegs(t1);
-          WgmmaM64N128K32(t1, desc_a + kKb, desc_b + kKb);
-          WgmmaCommit();
+          hopper::WgmmaFence();
+          hopper::FenceRegs(t0);
+          hopper::WgmmaM64N128K32(t0, desc_a, desc_b);
+          hopper::WgmmaCommit();
+          hopper::FenceRegs(t1);
+          hopper::WgmmaM64N128K32(t1, desc_a + kKb, desc_b + kKb);
+          hopper::WgmmaCommit();
           {
             const auto sc = scales(slot, 0);
-            WgmmaWait<1>();
-            FenceRegs(t0);
+            hopper::WgmmaWait<1>();
+            hopper::FenceRegs(t0);
             promote(t0, sc);
           }
-          WgmmaFence();
-          FenceRegs(t0);
-          WgmmaM64N128K32(t0, desc_a + 2 * kKb, desc_b + 2 * kKb);
-          WgmmaCommit();
+          hopper::WgmmaFence();
+          hopper::FenceRegs(t0);
+          hopper::WgmmaM64N128K32(t0, desc_a + 2 * kKb, desc_b + 2 * kKb);
+          hopper::WgmmaCommit();
           {
             const auto sc = scales(slot, 1);
-            WgmmaWait<1>();
-            FenceRegs(t1);
+            hopper::WgmmaWait<1>();
+            hopper::FenceRegs(t1);
             promote(t1, sc);
           }
-          WgmmaFence();
-          FenceRegs(t1);
-          WgmmaM64N128K32(t1, desc_a + 3 * kKb, desc_b + 3 * kKb);
-          WgmmaCommit();
+          hopper::WgmmaFence();
+          hopper::FenceRegs(t1);
+          hopper::WgmmaM64N128K32(t1, desc_a + 3 * kKb, desc_b + 3 * kKb);
+          hopper::WgmmaCommit();
           {
             const auto sc = scales(slot, 2);
-            WgmmaWait<1>();
-            FenceRegs(t0);
+            hopper::WgmmaWait<1>();
+            hopper::FenceRegs(t0);
             promote(t0, sc);
           }
           {
             const auto sc = scales(slot, 3);
-            WgmmaWait<0>();
-            FenceRegs(t1);
+            hopper::WgmmaWait<0>();
+            hopper::FenceRegs(t1);
             promote(t1, sc);
           }
         } else {
           // Last, partial stage of a group whose reduction is not a multiple of 128.
           for (int j = 0; 4 * s + j < tile.nk32; ++j) {
-            WgmmaFence();
-            FenceRegs(t0);
-            WgmmaM64N128K32(t0, desc_a + kKb * j, desc_b + kKb * j);
-            WgmmaCommit();
+            hopper::WgmmaFence();
+            hopper::FenceRegs(t0);
+            hopper::WgmmaM64N128K32(t0, desc_a + kKb * j, desc_b + kKb * j);
+            hopper::WgmmaCommit();
             const auto sc = scales(slot, j);
-            WgmmaWait<0>();
-            FenceRegs(t0);
+            hopper::WgmmaWait<0>();
+            hopper::FenceRegs(t0);
             promote(t0, sc);
           }
         }

@@ -54,31 +54,6 @@ inline constexpr int kSmemBytes = 1024 + kStages * (kATileBytes + kBTileBytes) +
 // Variant bits.
 inline constexpr int kWidePieceSkip = 4;  // no wgmma / promotion for m64 pieces past the group
 
-__device__ __forceinline__ void FenceRegs32(float (&d)[32]) {
-#pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// D[64 x 64] = A[64 x 32] . B[64 x 32]^T (+ D when accumulate), e4m3, fp32 result.
-__device__ __forceinline__ void WgmmaM64N64K32(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
-                                               int accumulate = 0) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
 // f(integral_constant<int, U>) for U = 0, 1, ...: a loop whose index is a compile-time constant
 // (register arrays indexed by it stay in registers).
 template <class F, int... U>
@@ -138,9 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                             const __grid_constant__ CUtensorMap map_b,
                             const __grid_constant__ Params p) {
   if (p.gate != nullptr && *p.gate != p.gate_value) return;  // the other kernel was chosen
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                             ~static_cast<uintptr_t>(1023));
+  uint8_t* smem = hopper::AlignedDynamicSmem();
   uint8_t* s_a = smem;
   uint8_t* s_b = s_a + kStages * kATileBytes;
   float* s_sa = reinterpret_cast<float*>(s_b + kStages * kBTileBytes);
@@ -154,15 +127,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = threadIdx.x % 32;
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      bulk::BarrierInit(&full[s], 1);   // TMA's expect-tx arrival
-      bulk::BarrierInit(&empty[s], 8);  // one arrival per consumer warp
-    }
-    for (int c = 0; c < kChunks; ++c) {
-      bulk::BarrierInit(&sfull[c], 3 * 32);  // every scale-loader lane
-      bulk::BarrierInit(&sempty[c], 8);
-    }
-    bulk::BarrierInitFence();
+    // full: TMA's expect-tx arrival; sfull: every scale-loader lane; empty, sempty: one arrival
+    // per consumer warp
+    hopper::BarrierInitRing(full, empty, kStages, 1, 8);
+    hopper::BarrierInitRing(sfull, sempty, kChunks, 3 * 32, 8);
+    hopper::BarrierInitFence();
   }
   __syncthreads();
 
@@ -170,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   Tile tile;
 
   if (warpgroup == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    hopper::WarpgroupRegDealloc<40>();
     if (warp == 0) {
       if (lane != 0) return;
       int it = 0;
@@ -178,8 +147,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int stages = (tile.nk32 + 3) / 4;
         for (int s = 0; s < stages; ++s, ++it) {
           const int slot = it % kStages;
-          bulk::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
-          bulk::BarrierArriveExpectBytes(&full[slot], kATileBytes + kBTileBytes);
+          hopper::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
+          hopper::BarrierArriveExpectBytes(&full[slot], kATileBytes + kBTileBytes);
           const int kc = tile.k0 + s * kBK;
           LoadStageOperands<kGroupedK>(s_a + slot * kATileBytes, s_b + slot * kBTileBytes, &map_a,
                                        &map_b, &full[slot], kc, tile.a_row0, tile.n_tile * kBN,
@@ -200,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kChunkKb, ++ci) {
           const int slot = ci % kChunks;
           const int count = min(kChunkKb, kb_end - kb0);
-          bulk::BarrierWait(&sempty[slot], ((ci / kChunks) & 1) ^ 1);
+          hopper::BarrierWait(&sempty[slot], ((ci / kChunks) & 1) ^ 1);
           float* sa = s_sa + slot * kSaChunkFloats;
           float* sb = s_sb + slot * kSbChunkFloats;
           if constexpr (kGroupedK) {
@@ -232,19 +201,20 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int q = 0; q < 4; ++q) {
               const auto [is_a, j, r16] = locate(q);
               if (is_a) {
-                const uint32_t dst = SmemAddr(sa + j * kBM + r16);
+                const uint32_t dst = hopper::SmemAddr(sa + j * kBM + r16);
 #pragma unroll
                 for (int i = 0; i < 16; i += 4) {
-                  StsV4F32(dst + 4 * i, ScaleByte(v[q], i), ScaleByte(v[q], i + 1),
-                           ScaleByte(v[q], i + 2), ScaleByte(v[q], i + 3));
+                  hopper::StsV4F32(dst + 4 * i, ScaleByte(v[q], i), ScaleByte(v[q], i + 1),
+                                   ScaleByte(v[q], i + 2), ScaleByte(v[q], i + 3));
                 }
               } else {
 #pragma unroll
                 for (int i = 0; i < 16; ++i) {
                   const int c = r16 + i, half = c / 64, cc = c % 64;
-                  StsF32(SmemAddr(sb + j * kSbKb + half * kSbHalf + ((cc % 8) / 2) * kSbQuad +
-                                  (cc / 8) * 2 + (cc % 2)),
-                         ScaleByte(v[q], i));
+                  hopper::StsF32(
+                      hopper::SmemAddr(sb + j * kSbKb + half * kSbHalf + ((cc % 8) / 2) * kSbQuad +
+                                       (cc / 8) * 2 + (cc % 2)),
+                      ScaleByte(v[q], i));
                 }
               }
             }
@@ -272,13 +242,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const int row = l + 96 * (q0 + qq);
                 uint32_t dst, kb_stride;
                 if (row < kBM) {
-                  dst = SmemAddr(sa + row);
+                  dst = hopper::SmemAddr(sa + row);
                   kb_stride = kBM * 4;
                 } else {
                   const int c = row - kBM;
                   const int half = c / 64, cc = c % 64;
-                  dst = SmemAddr(sb + half * kSbHalf + ((cc % 8) / 2) * kSbQuad + (cc / 8) * 2 +
-                                 (cc % 2));
+                  dst = hopper::SmemAddr(sb + half * kSbHalf + ((cc % 8) / 2) * kSbQuad +
+                                         (cc / 8) * 2 + (cc % 2));
                   kb_stride = kSbKb * 4;
                 }
                 const uint32_t words[4] = {raw[qq].x, raw[qq].y, raw[qq].z, raw[qq].w};
@@ -286,19 +256,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (int j = 0; j < kChunkKb; ++j) {
                   const float v =
                       j < count ? E8M0ToFloat((words[j / 4] >> (8 * (j % 4))) & 0xFFu) : 0.0f;
-                  StsF32(dst + j * kb_stride, v);
+                  hopper::StsF32(dst + j * kb_stride, v);
                 }
               }
             }
           }
-          bulk::BarrierArrive(&sfull[slot]);
+          hopper::BarrierArrive(&sfull[slot]);
         }
       }
     }
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  hopper::WarpgroupRegAlloc<232>();
   // Descriptor units: from one m64 piece of A to the next, and from one K block to the next in the
   // A and B tiles (row-major tiles: 64 rows x 128 bytes and 32 bytes; block-major tiles: 64 rows x
   // 32 bytes and a whole K block of the tile).
@@ -312,17 +282,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 32; ++i) t0[i] = t1[i] = 0.0f;
 
-  auto release = [&](uint64_t* bar) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, "
-        "[%0];\n}\n" ::"r"(SmemAddr(bar)),
-        "r"(lane)
-        : "memory");
-  };
+  auto release = [&](uint64_t* bar) { hopper::BarrierArriveLane0(bar, lane); };
   auto load_sb = [&](const float* sb_chunk, int j, float4(&b)[4]) {
-    const uint32_t base = SmemAddr(sb_chunk + j * kSbKb + h * kSbHalf + quad * kSbQuad);
+    const uint32_t base = hopper::SmemAddr(sb_chunk + j * kSbKb + h * kSbHalf + quad * kSbQuad);
 #pragma unroll
-    for (int v = 0; v < 4; ++v) b[v] = LdsV4F32(base + 16 * v);
+    for (int v = 0; v < 4; ++v) b[v] = hopper::LdsV4F32(base + 16 * v);
   };
 
   int it = 0, ci = 0;
@@ -340,10 +304,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < stages; ++s, ++it) {
       if (s % 4 == 0) {
         cslot = ci % kChunks;
-        bulk::BarrierWait(&sfull[cslot], (ci / kChunks) & 1);
+        hopper::BarrierWait(&sfull[cslot], (ci / kChunks) & 1);
       }
       const int slot = it % kStages;
-      bulk::BarrierWait(&full[slot], (it / kStages) & 1);
+      hopper::BarrierWait(&full[slot], (it / kStages) & 1);
       // Piece m of K block j: A rows 64 m (kPiece units per piece), B columns 64 h; kAKb / kBKb
       // units per K block.
       const uint64_t da = OperandDescriptor<kGroupedK>(s_a + slot * kATileBytes, 0);
@@ -355,33 +319,33 @@ __global__ void __launch_bounds__(kThreads, 1)
       // promoted; each K block's B scales are read before its first piece.
       if (4 * s + 4 <= tile.nk32 && pieces == 4) {
         float4 sb[4];
-        WgmmaFence();
-        FenceRegs32(t0);
-        WgmmaM64N64K32(t0, da, db);
-        WgmmaCommit();
-        FenceRegs32(t1);
-        WgmmaM64N64K32(t1, da + kPiece, db);
-        WgmmaCommit();
+        hopper::WgmmaFence();
+        hopper::FenceRegs(t0);
+        hopper::WgmmaM64N64K32(t0, da, db);
+        hopper::WgmmaCommit();
+        hopper::FenceRegs(t1);
+        hopper::WgmmaM64N64K32(t1, da + kPiece, db);
+        hopper::WgmmaCommit();
         auto step = [&](auto ic) {
           constexpr int u = decltype(ic)::value;
           constexpr int j = u / 4, m = u % 4;
           if constexpr (m == 0) load_sb(sb_c, jb + j, sb);
-          const float sa0 = LdsF32(SmemAddr(sa_c + (jb + j) * kBM + 64 * m));
-          const float sa1 = LdsF32(SmemAddr(sa_c + (jb + j) * kBM + 64 * m + 8));
+          const float sa0 = hopper::LdsF32(hopper::SmemAddr(sa_c + (jb + j) * kBM + 64 * m));
+          const float sa1 = hopper::LdsF32(hopper::SmemAddr(sa_c + (jb + j) * kBM + 64 * m + 8));
           if constexpr (u < 15) {
-            WgmmaWait<1>();
+            hopper::WgmmaWait<1>();
           } else {
-            WgmmaWait<0>();
+            hopper::WgmmaWait<0>();
           }
           auto body = [&](float(&tt)[32]) {
-            FenceRegs32(tt);
+            hopper::FenceRegs(tt);
             PromotePiece(acc[m], tt, sa0, sa1, sb);
             if constexpr (u + 2 < 16) {
               constexpr int j2 = (u + 2) / 4, m2 = (u + 2) % 4;
-              WgmmaFence();
-              FenceRegs32(tt);
-              WgmmaM64N64K32(tt, da + kPiece * m2 + kAKb * j2, db + kBKb * j2);
-              WgmmaCommit();
+              hopper::WgmmaFence();
+              hopper::FenceRegs(tt);
+              hopper::WgmmaM64N64K32(tt, da + kPiece * m2 + kAKb * j2, db + kBKb * j2);
+              hopper::WgmmaCommit();
             }
           };
           if constexpr (u % 2 == 0) {
@@ -400,14 +364,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int m = 0; m < 4; ++m) {
             if (m >= pieces) continue;
-            WgmmaFence();
-            FenceRegs32(t0);
-            WgmmaM64N64K32(t0, da + kPiece * m + kAKb * j, db + kBKb * j);
-            WgmmaCommit();
-            const float sa0 = LdsF32(SmemAddr(sa_c + (jb + j) * kBM + 64 * m));
-            const float sa1 = LdsF32(SmemAddr(sa_c + (jb + j) * kBM + 64 * m + 8));
-            WgmmaWait<0>();
-            FenceRegs32(t0);
+            hopper::WgmmaFence();
+            hopper::FenceRegs(t0);
+            hopper::WgmmaM64N64K32(t0, da + kPiece * m + kAKb * j, db + kBKb * j);
+            hopper::WgmmaCommit();
+            const float sa0 = hopper::LdsF32(hopper::SmemAddr(sa_c + (jb + j) * kBM + 64 * m));
+            const float sa1 = hopper::LdsF32(hopper::SmemAddr(sa_c + (jb + j) * kBM + 64 * m + 8));
+            hopper::WgmmaWait<0>();
+            hopper::FenceRegs(t0);
             PromotePiece(acc[m], t0, sa0, sa1, sb);
           }
         }

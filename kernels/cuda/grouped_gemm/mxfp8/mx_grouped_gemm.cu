@@ -24,6 +24,7 @@
 #include "kernels/cuda/grouped_gemm/kernel_choice.h"
 #include "kernels/cuda/grouped_gemm/mxfp8/mx_gemm_kernel.cuh"
 #include "kernels/cuda/grouped_gemm/mxfp8/mx_gemm_wide_kernel.cuh"
+#include "kernels/cuda/hopper/tma.cuh"
 
 namespace dropless::kernels {
 namespace {
@@ -40,7 +41,7 @@ absl::Status CudaStatus(cudaError_t e, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
 }
 
-using sm90::TensorMapEncoder;
+using hopper::TensorMapEncoder;
 
 // E4M3 bytes, K-major: dims {k_extent, rows, batches}, boxes of 128 (k) x 128 (rows), 128-byte
 // swizzle (the layout wgmma's K-major descriptors read); elements outside read as zero.
@@ -67,7 +68,8 @@ absl::Status EncodeOperand(CUtensorMap* map, const uint8_t* data, uint64_t k_ext
 
 // A block-major column-wise operand (mxfp8.h: [P / 32][rows][32] E4M3): dims {32, rows, P / 32},
 // boxes of 32 bytes x box_rows x 4 K blocks (one stage; it lands as [4][box_rows][32]), 32-byte
-// swizzle (the layout of SmemDescriptor32); elements outside read as zero.
+// swizzle (hopper::SmemSwizzle::k32B, the layout OperandDescriptor reads); elements outside read
+// as zero.
 absl::Status EncodeBlockedOperand(CUtensorMap* map, const uint8_t* data, uint64_t padded,
                                   uint64_t rows, uint32_t box_rows, const char* field) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
