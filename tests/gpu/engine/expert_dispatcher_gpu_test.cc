@@ -18,6 +18,7 @@
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "nccl.h"
 #include "tests/gpu/kernels/gpu_test_util.h"
 #include "worker/engine/cuda/device_memory.h"
 #include "worker/engine/cuda/ep/expert_dispatcher.h"
@@ -244,6 +245,30 @@ TEST_F(NcclGroupGpu, AOneRankGroupJoinsAndReduces) {
       JoinNcclGroup(store.get(), "ep/0", 0, 1, absl::Seconds(60));
   ASSERT_TRUE(group.ok()) << group.status();
   EXPECT_EQ((*group)->size(), 1);
+}
+
+// `dispatcher: auto`'s probe on a one-rank group (the one rank reaches itself): nccl-lsa is
+// reachable exactly when the loaded NCCL runtime is at least the headers' version; otherwise the
+// reason names the versions, and the same group still runs nccl-a2a.
+TEST_F(NcclGroupGpu, AutoProbeAnswersByTheRuntimeVersion) {
+  std::unique_ptr<KeyValueStore> store = NewMemoryKvStore();
+  absl::StatusOr<std::unique_ptr<NcclGroup>> group =
+      JoinNcclGroup(store.get(), "ep/0", 0, 1, absl::Seconds(60));
+  ASSERT_TRUE(group.ok()) << group.status();
+  int runtime = 0;
+  ASSERT_EQ(ncclGetVersion(&runtime), ncclSuccess);
+  const absl::Status probe = NcclLsaReachable(**group);
+  std::printf("NCCL runtime %d, headers %d: probe %s\n", runtime, NCCL_VERSION_CODE,
+              probe.ToString().c_str());
+  if (runtime >= NCCL_VERSION_CODE) {
+    EXPECT_TRUE(probe.ok()) << probe;
+  } else {
+    EXPECT_EQ(probe.code(), absl::StatusCode::kFailedPrecondition) << probe;
+    EXPECT_NE(probe.message().find("NCCL"), std::string::npos) << probe;
+  }
+  absl::StatusOr<std::unique_ptr<ExpertDispatcher>> a2a =
+      NewNcclA2aDispatcher(EpShape{1, 8, 64}, 256, *std::move(group));
+  EXPECT_TRUE(a2a.ok()) << a2a.status();
 }
 
 TEST(LocalDispatcherShape, RefusesShapesItCannotRun) {
