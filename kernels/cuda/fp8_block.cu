@@ -30,9 +30,21 @@ __device__ __forceinline__ int64_t LiveRows(int64_t rows, const int32_t* offsets
   return min(rows, static_cast<int64_t>(max(0, offsets[groups])));
 }
 
-// ---- Row-wise only: one warp per 1x128 tile, four elements per lane. ----
+// ---- Row-wise only: one warp per 1x128 tile, four elements per lane; each warp loads two tiles
+// before it quantizes either. ----
 
 constexpr int kRowThreads = 256;
+
+// One row-wise tile t from its loaded elements v: the E4M3 word of the lane and the tile's scale.
+__device__ __forceinline__ void QuantizeRowTile(uint2 v, int64_t t, int lane, bool pow2,
+                                                uint32_t* __restrict__ data,
+                                                float* __restrict__ scales) {
+  uint32_t m = MagnitudeMax(MagnitudeMax(0, v.x), v.y);
+  m = WarpMaxBits(max(m & 0xffffu, m >> 16));
+  const DeviceScale s = ScaleForAmax(AmaxFromBits(m), pow2);
+  data[t * 32 + lane] = QuantizeFour(v.x, v.y, s.inverse);
+  if (lane == 0) scales[t] = s.scale;
+}
 
 __global__ void __launch_bounds__(kRowThreads)
     RowwiseKernel(const uint2* __restrict__ x, int64_t rows, int64_t cols,
@@ -42,13 +54,13 @@ __global__ void __launch_bounds__(kRowThreads)
   const int64_t tiles = LiveRows(rows, offsets, groups) * (cols / kFp8Block);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kRowThreads / 32);
   for (int64_t t = (static_cast<int64_t>(blockIdx.x) * kRowThreads + threadIdx.x) / 32; t < tiles;
-       t += warps) {
-    const uint2 v = x[t * 32 + lane];  // tile t = elements [128 t, 128 t + 128) of the row-major x
-    uint32_t m = MagnitudeMax(MagnitudeMax(0, v.x), v.y);
-    m = WarpMaxBits(max(m & 0xffffu, m >> 16));
-    const DeviceScale s = ScaleForAmax(AmaxFromBits(m), pow2);
-    data[t * 32 + lane] = QuantizeFour(v.x, v.y, s.inverse);
-    if (lane == 0) scales[t] = s.scale;
+       t += 2 * warps) {
+    // tile t = elements [128 t, 128 t + 128) of the row-major x
+    const bool second = t + warps < tiles;  // warp-uniform
+    const uint2 v0 = x[t * 32 + lane];
+    const uint2 v1 = second ? x[(t + warps) * 32 + lane] : make_uint2(0, 0);
+    QuantizeRowTile(v0, t, lane, pow2, data, scales);
+    if (second) QuantizeRowTile(v1, t + warps, lane, pow2, data, scales);
   }
 }
 
@@ -56,13 +68,40 @@ __global__ void __launch_bounds__(kRowThreads)
 //
 // The block stages its tile (the live rows of one group, zeros past them) in shared memory with a
 // row pitch of 65 words, so that a warp reading one column over 32 consecutive rows touches 32
-// different banks. Column-wise: warp w quantizes columns w, w + 8, ...: lane l holds rows l,
-// l + 32, l + 64, l + 96, the warp writes four 32-byte runs of the column's 128 output bytes.
-// Row-wise: warp w quantizes rows w, w + 8, ... of the live rows, four elements per lane.
+// different banks; each thread issues all its 16 loads before storing any. Column-wise: warp w
+// quantizes the column pairs 2w, 2w + 16, ... (a pair shares each staged word): lane l holds
+// rows l, l + 32, l + 64, l + 96 of both columns, the pair's two amaxes are reduced together, and
+// four shuffles regroup the E4M3 bytes so that lane l stores rows 4l .. 4l + 3 of a column as one
+// word: the warp writes each column's 128 output bytes in one store. Row-wise: warp w quantizes
+// rows w, w + 8, ... of the live rows, four elements per lane.
 
 constexpr int kTileThreads = 256;
 constexpr int kTileWarps = kTileThreads / 32;
 constexpr int kPitchWords = kFp8Block / 2 + 1;
+constexpr int kTileLoads = kFp8Block * (kFp8Block / 4) / kTileThreads;  // uint2 loads per thread
+
+// Rows lane, lane + 32, lane + 64, lane + 96 of one column (the bf16 bit patterns in half[]),
+// quantized with `inverse`, regrouped so that the lane returns rows 4 lane .. 4 lane + 3 as one
+// word (low byte first).
+__device__ __forceinline__ uint32_t ColumnWord(const uint32_t (&half)[4], float inverse,
+                                               int lane) {
+  uint32_t mine = 0;  // byte s: row lane + 32 s
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const float v = __fmul_rn(__uint_as_float(half[s] << 16), inverse);
+    const uint32_t q = isnan(inverse) ? kE4M3Nan : (detail::E4M3x2(v, 0.0f) & 0xffu);
+    mine |= q << (8 * s);
+  }
+  // Row 4 lane + b sits in lane (4 lane + b) % 32, byte (4 lane + b) / 32 = lane / 8.
+  const int byte = 8 * (lane >> 3);
+  uint32_t word = 0;
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    const uint32_t from = __shfl_sync(kFullMask, mine, (4 * lane + b) & 31);
+    word |= ((from >> byte) & 0xffu) << (8 * b);
+  }
+  return word;
+}
 
 __global__ void __launch_bounds__(kTileThreads)
     TileKernel(const Bf16* __restrict__ x, int64_t rows, int64_t cols,
@@ -97,37 +136,47 @@ __global__ void __launch_bounds__(kTileThreads)
   }
   __syncthreads();
   const int32_t first = source_row, n = live;
-  // Stage the tile: 128 rows of 128 bf16 columns, 8-byte loads (32 per row).
+  // Stage the tile: 128 rows of 128 bf16 columns, 8-byte loads (32 per row), all in flight at once.
   const uint2* src = reinterpret_cast<const uint2*>(x);
-  for (int i = threadIdx.x; i < kFp8Block * (kFp8Block / 4); i += kTileThreads) {
+  uint2 v[kTileLoads];
+#pragma unroll
+  for (int j = 0; j < kTileLoads; ++j) {
+    const int i = threadIdx.x + j * kTileThreads;
     const int r = i / (kFp8Block / 4), q = i % (kFp8Block / 4);
-    const uint2 v = r < n ? src[((first + r) * cols + c0) / 4 + q] : make_uint2(0, 0);
-    tile[r * kPitchWords + 2 * q] = v.x;
-    tile[r * kPitchWords + 2 * q + 1] = v.y;
+    v[j] = r < n ? src[((first + r) * cols + c0) / 4 + q] : make_uint2(0, 0);
+  }
+#pragma unroll
+  for (int j = 0; j < kTileLoads; ++j) {
+    const int i = threadIdx.x + j * kTileThreads;
+    const int r = i / (kFp8Block / 4), q = i % (kFp8Block / 4);
+    tile[r * kPitchWords + 2 * q] = v[j].x;
+    tile[r * kPitchWords + 2 * q + 1] = v[j].y;
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (col_data != nullptr) {
-    for (int c = warp; c < kFp8Block; c += kTileWarps) {
-      uint32_t half[4];
-      uint32_t m = 0;
+    for (int pair = warp; pair < kFp8Block / 2; pair += kTileWarps) {
+      uint32_t w[4];
+      uint32_t m = 0;  // the two columns' magnitudes, packed as the words are
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        const uint32_t w = tile[(lane + 32 * s) * kPitchWords + c / 2];
-        half[s] = (c & 1) ? (w >> 16) : (w & 0xffffu);
-        m = max(m, half[s] & 0x7fffu);
+        w[s] = tile[(lane + 32 * s) * kPitchWords + pair];
+        m = MagnitudeMax(m, w[s]);
       }
-      m = WarpMaxBits(m);
-      const DeviceScale sc = ScaleForAmax(AmaxFromBits(m), pow2);
-      uint8_t* out = col_data + (c0 + c) * padded_rows + p0;
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const float v = __fmul_rn(__uint_as_float(half[s] << 16), sc.inverse);
-        out[lane + 32 * s] = isnan(sc.inverse)
-                                 ? kE4M3Nan
-                                 : static_cast<uint8_t>(detail::E4M3x2(v, 0.0f) & 0xffu);
+      for (int o = 16; o > 0; o >>= 1) m = __vmaxu2(m, __shfl_xor_sync(kFullMask, m, o));
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int c = 2 * pair + half;
+        const DeviceScale sc =
+            ScaleForAmax(AmaxFromBits(half == 0 ? (m & 0xffffu) : (m >> 16)), pow2);
+        uint32_t bits[4];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) bits[s] = half == 0 ? (w[s] & 0xffffu) : (w[s] >> 16);
+        const uint32_t word = ColumnWord(bits, sc.inverse, lane);
+        reinterpret_cast<uint32_t*>(col_data + (c0 + c) * padded_rows + p0)[lane] = word;
+        if (lane == 0) col_scales[tile_row * cols + c0 + c] = sc.scale;
       }
-      if (lane == 0) col_scales[tile_row * cols + c0 + c] = sc.scale;
     }
   }
   if (row_data != nullptr) {
