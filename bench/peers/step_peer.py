@@ -296,9 +296,9 @@ def write_json(args, rows, errors, ceil_start, ctx):
     name = torch.cuda.get_device_name() if ctx["device"] == "cuda" else "cpu"
     here = os.path.dirname(os.path.abspath(__file__))
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=here).stdout.strip()
-        if commit and subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        commit = args.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                               text=True, cwd=here).stdout.strip()
+        if commit and not args.commit and subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
                                      capture_output=True, text=True, cwd=here).stdout.strip():
             commit += "-dirty"
     except OSError:
@@ -331,6 +331,8 @@ def main():
     ap.add_argument("--json", help="output file (default step-<gpu>-<yyyymmdd>.json)")
     ap.add_argument("--ep", default="1", help="N for every shape, or per shape: dsv3=8,qwen3=1")
     ap.add_argument("--dispatcher", help="dropless spec `dispatcher:` (auto, nccl-a2a, ...)")
+    ap.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD here; give it "
+                    "when the binaries were built elsewhere)")
     ap.add_argument("--offload", action="store_true", help="dropless spec `activation_offload: true`")
     ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--jax-mem-fraction", type=float, default=0.45,

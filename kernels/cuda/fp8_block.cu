@@ -116,23 +116,25 @@ __global__ void __launch_bounds__(kTileThreads)
   const int64_t c0 = (static_cast<int64_t>(blockIdx.x) - tile_row * segs) * kFp8Block;
   const int32_t p0 = static_cast<int32_t>(tile_row * kFp8Block);
   if (p0 >= padded_offsets[groups]) return;  // past the last group: block-uniform
-  if (threadIdx.x == 0) {
-    // The group g with padded_offsets[g] <= p0 < padded_offsets[g + 1] (groups are padded to
-    // whole tiles, so the tile lies in one group; empty groups have no padded rows).
-    int lo = 0, hi = groups - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (padded_offsets[mid] <= p0) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
+  if (threadIdx.x < 32) {
+    // The group g: the last with padded_offsets[g] <= p0 (groups are padded to whole tiles, so
+    // the tile lies in one group; empty groups have no padded rows). Offsets never decrease, so g
+    // is the count of g' in [1, G) with padded_offsets[g'] <= p0: the warp counts them with
+    // independent loads (one memory latency, where a binary search waits for log2(G) in turn).
+    const int lane = threadIdx.x;
+    int g = 0;
+#pragma unroll 8
+    for (int i = 1 + lane; i < groups; i += 32) g += padded_offsets[i] <= p0 ? 1 : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) g += __shfl_xor_sync(kFullMask, g, o);
+    if (lane == 0) {
+      const int32_t local = p0 - padded_offsets[g];
+      const int32_t begin = offsets == nullptr ? 0 : offsets[g];
+      const int32_t count =
+          offsets == nullptr ? static_cast<int32_t>(rows) : offsets[g + 1] - begin;
+      source_row = begin + local;
+      live = min(kFp8Block, max(0, count - local));
     }
-    const int32_t local = p0 - padded_offsets[lo];
-    const int32_t begin = offsets == nullptr ? 0 : offsets[lo];
-    const int32_t count = offsets == nullptr ? static_cast<int32_t>(rows) : offsets[lo + 1] - begin;
-    source_row = begin + local;
-    live = min(kFp8Block, max(0, count - local));
   }
   __syncthreads();
   const int32_t first = source_row, n = live;
