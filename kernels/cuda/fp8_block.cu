@@ -67,67 +67,40 @@ __global__ void __launch_bounds__(kRowThreads)
 // ---- Row-wise and/or column-wise from one read: one block per (128 padded rows, 128 columns). ----
 //
 // The block stages its tile (the live rows of one group, zeros past them) in shared memory with a
-// row pitch of 65 words (odd), each thread issuing all its 16 loads before storing any. Then each
-// thread quantizes one whole line: threads 0-127 the tile's columns, threads 128-255 its live
-// rows. A lane computes its own line's amax and scale (one scale per lane, where a warp per line
-// spends a warp-wide reduction and scale per 128 elements), and writes the line's 128 E4M3 bytes
-// as eight 16-byte stores. Bank-conflict free: a warp's lanes read 32 consecutive columns of one
-// row (16 words, each shared by two lanes) or one word of 32 consecutive rows (pitch 65).
+// row pitch of 65 words, so that a warp reading one column over 32 consecutive rows touches 32
+// different banks; each thread issues all its 16 loads before storing any. Column-wise: warp w
+// quantizes the column pairs 2w, 2w + 16, ... (a pair shares each staged word): lane l holds
+// rows l, l + 32, l + 64, l + 96 of both columns, the pair's two amaxes are reduced together, and
+// four shuffles regroup the E4M3 bytes so that lane l stores rows 4l .. 4l + 3 of a column as one
+// word: the warp writes each column's 128 output bytes in one store. Row-wise: warp w quantizes
+// rows w, w + 8, ... of the live rows, four elements per lane.
 
 constexpr int kTileThreads = 256;
+constexpr int kTileWarps = kTileThreads / 32;
 constexpr int kPitchWords = kFp8Block / 2 + 1;
 constexpr int kTileLoads = kFp8Block * (kFp8Block / 4) / kTileThreads;  // uint2 loads per thread
-static_assert(kTileThreads == 2 * kFp8Block, "one thread per column and one per row");
 
-// One line of a staged tile per thread: a column c (element i in half c & 1 of word
-// tile[i * kPitchWords + c / 2]) or a row r (elements 2j, 2j + 1 in word tile[r * kPitchWords + j]).
-// The amax as bf16 magnitude bits, then the 128 E4M3 bytes in eight 16-byte stores.
-__device__ __forceinline__ uint32_t ColumnAmaxBits(const uint32_t* tile, int c) {
-  const uint32_t* p = tile + c / 2;
-  const int shift = 16 * (c & 1);
-  uint32_t m = 0;
-#pragma unroll 16
-  for (int i = 0; i < kFp8Block; ++i) m = max(m, (p[i * kPitchWords] >> shift) & 0x7fffu);
-  return m;
-}
-
-__device__ __forceinline__ void QuantizeColumn(const uint32_t* tile, int c, float inverse,
-                                               uint4* out) {
-  const uint32_t* p = tile + c / 2;
-  const int shift = 16 * (c & 1);
-#pragma unroll 2
-  for (int j = 0; j < kFp8Block / 16; ++j) {
-    uint32_t q[4];
+// Rows lane, lane + 32, lane + 64, lane + 96 of one column (the bf16 bit patterns in half[]),
+// quantized with `inverse`, regrouped so that the lane returns rows 4 lane .. 4 lane + 3 as one
+// word (low byte first).
+__device__ __forceinline__ uint32_t ColumnWord(const uint32_t (&half)[4], float inverse,
+                                               int lane) {
+  uint32_t mine = 0;  // byte s: row lane + 32 s
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int i = 16 * j + 4 * k;
-      const uint32_t e0 = (p[i * kPitchWords] >> shift) & 0xffffu;
-      const uint32_t e1 = (p[(i + 1) * kPitchWords] >> shift) & 0xffffu;
-      const uint32_t e2 = (p[(i + 2) * kPitchWords] >> shift) & 0xffffu;
-      const uint32_t e3 = (p[(i + 3) * kPitchWords] >> shift) & 0xffffu;
-      q[k] = QuantizeFour(e0 | (e1 << 16), e2 | (e3 << 16), inverse);
-    }
-    out[j] = make_uint4(q[0], q[1], q[2], q[3]);
+  for (int s = 0; s < 4; ++s) {
+    const float v = __fmul_rn(__uint_as_float(half[s] << 16), inverse);
+    const uint32_t q = isnan(inverse) ? kE4M3Nan : (detail::E4M3x2(v, 0.0f) & 0xffu);
+    mine |= q << (8 * s);
   }
-}
-
-__device__ __forceinline__ uint32_t RowAmaxBits(const uint32_t* tile, int r) {
-  const uint32_t* p = tile + r * kPitchWords;
-  uint32_t m = 0;
-#pragma unroll 16
-  for (int j = 0; j < kFp8Block / 2; ++j) m = MagnitudeMax(m, p[j]);
-  return max(m & 0xffffu, m >> 16);
-}
-
-__device__ __forceinline__ void QuantizeRow(const uint32_t* tile, int r, float inverse, uint4* out) {
-  const uint32_t* p = tile + r * kPitchWords;
-#pragma unroll 2
-  for (int j = 0; j < kFp8Block / 16; ++j) {
-    out[j] = make_uint4(QuantizeFour(p[8 * j], p[8 * j + 1], inverse),
-                        QuantizeFour(p[8 * j + 2], p[8 * j + 3], inverse),
-                        QuantizeFour(p[8 * j + 4], p[8 * j + 5], inverse),
-                        QuantizeFour(p[8 * j + 6], p[8 * j + 7], inverse));
+  // Row 4 lane + b sits in lane (4 lane + b) % 32, byte (4 lane + b) / 32 = lane / 8.
+  const int byte = 8 * (lane >> 3);
+  uint32_t word = 0;
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    const uint32_t from = __shfl_sync(kFullMask, mine, (4 * lane + b) & 31);
+    word |= ((from >> byte) & 0xffu) << (8 * b);
   }
+  return word;
 }
 
 __global__ void __launch_bounds__(kTileThreads)
@@ -182,20 +155,42 @@ __global__ void __launch_bounds__(kTileThreads)
     tile[r * kPitchWords + 2 * q + 1] = v[j].y;
   }
   __syncthreads();
-  // Lines: warps 0-3 the tile's 128 columns, warps 4-7 its 128 rows, one line per lane.
-  const int line = threadIdx.x & (kFp8Block - 1);
-  if (threadIdx.x < kFp8Block) {
-    if (col_data != nullptr) {
-      const DeviceScale sc = ScaleForAmax(AmaxFromBits(ColumnAmaxBits(tile, line)), pow2);
-      QuantizeColumn(tile, line, sc.inverse,
-                     reinterpret_cast<uint4*>(col_data + (c0 + line) * padded_rows + p0));
-      col_scales[tile_row * cols + c0 + line] = sc.scale;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (col_data != nullptr) {
+    for (int pair = warp; pair < kFp8Block / 2; pair += kTileWarps) {
+      uint32_t w[4];
+      uint32_t m = 0;  // the two columns' magnitudes, packed as the words are
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        w[s] = tile[(lane + 32 * s) * kPitchWords + pair];
+        m = MagnitudeMax(m, w[s]);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = __vmaxu2(m, __shfl_xor_sync(kFullMask, m, o));
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int c = 2 * pair + half;
+        const DeviceScale sc =
+            ScaleForAmax(AmaxFromBits(half == 0 ? (m & 0xffffu) : (m >> 16)), pow2);
+        uint32_t bits[4];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) bits[s] = half == 0 ? (w[s] & 0xffffu) : (w[s] >> 16);
+        const uint32_t word = ColumnWord(bits, sc.inverse, lane);
+        reinterpret_cast<uint32_t*>(col_data + (c0 + c) * padded_rows + p0)[lane] = word;
+        if (lane == 0) col_scales[tile_row * cols + c0 + c] = sc.scale;
+      }
     }
-  } else if (row_data != nullptr && line < n) {
-    const DeviceScale sc = ScaleForAmax(AmaxFromBits(RowAmaxBits(tile, line)), pow2);
-    const int64_t at = (first + line) * cols + c0;
-    QuantizeRow(tile, line, sc.inverse, reinterpret_cast<uint4*>(row_data + at / 4));
-    row_scales[at / kFp8Block] = sc.scale;
+  }
+  if (row_data != nullptr) {
+    for (int r = warp; r < n; r += kTileWarps) {
+      const uint32_t w0 = tile[r * kPitchWords + 2 * lane], w1 = tile[r * kPitchWords + 2 * lane + 1];
+      uint32_t m = MagnitudeMax(MagnitudeMax(0, w0), w1);
+      m = WarpMaxBits(max(m & 0xffffu, m >> 16));
+      const DeviceScale sc = ScaleForAmax(AmaxFromBits(m), pow2);
+      const int64_t at = (first + r) * cols + c0;
+      row_data[at / 4 + lane] = QuantizeFour(w0, w1, sc.inverse);
+      if (lane == 0) row_scales[at / kFp8Block] = sc.scale;
+    }
   }
 }
 
@@ -331,12 +326,6 @@ absl::Status QuantizeFp8Block(const Fp8BlockQuantizeShape& shape, const Bf16* x,
         reinterpret_cast<const uint2*>(x), shape.rows, shape.cols, group_offsets, shape.num_groups,
         pow2, reinterpret_cast<uint32_t*>(rowwise->data), rowwise->scales);
     return LaunchStatus("Fp8Block RowwiseKernel");
-  }
-  // The tile kernel stores whole 16-byte runs of 128 E4M3 bytes.
-  if ((rowwise != nullptr && !Aligned(rowwise->data, 16)) || !Aligned(colwise->data, 16)) {
-    return absl::InvalidArgumentError(
-        "colwise.data: with a column-wise output, colwise.data and rowwise.data must be 16-byte "
-        "aligned");
   }
   detail::PaddedOffsetsKernel<kFp8Block><<<1, detail::kScanThreads, 0, stream>>>(
       group_offsets, shape.num_groups, shape.rows, colwise->group_offsets);
