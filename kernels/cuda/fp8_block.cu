@@ -73,7 +73,9 @@ __global__ void __launch_bounds__(kRowThreads)
 // rows l, l + 32, l + 64, l + 96 of both columns, the pair's two amaxes are reduced together, and
 // four shuffles regroup the E4M3 bytes so that lane l stores rows 4l .. 4l + 3 of a column as one
 // word: the warp writes each column's 128 output bytes in one store. Row-wise: warp w quantizes
-// rows w, w + 8, ... of the live rows, four elements per lane.
+// rows w, w + 8, ... of the live rows, four elements per lane. A warp computes the scales of its
+// 16 columns (or rows) in one pass, a lane each, and shuffles each line's inverse to the warp.
+// 64 registers (4 blocks per multiprocessor), no spills.
 
 constexpr int kTileThreads = 256;
 constexpr int kTileWarps = kTileThreads / 32;
@@ -103,7 +105,7 @@ __device__ __forceinline__ uint32_t ColumnWord(const uint32_t (&half)[4], float 
   return word;
 }
 
-__global__ void __launch_bounds__(kTileThreads)
+__global__ void __launch_bounds__(kTileThreads, 4)
     TileKernel(const Bf16* __restrict__ x, int64_t rows, int64_t cols,
                const int32_t* __restrict__ offsets, int groups, bool pow2,
                const int32_t* __restrict__ padded_offsets, int64_t padded_rows,
@@ -155,41 +157,68 @@ __global__ void __launch_bounds__(kTileThreads)
     tile[r * kPitchWords + 2 * q + 1] = v[j].y;
   }
   __syncthreads();
+  // Each warp first finds the amaxes of all its lines (lane i keeps line i's), computes their
+  // scales in one pass (one per lane, instead of every lane computing each line's), then
+  // quantizes with the line's inverse taken from its lane.
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (col_data != nullptr) {
-    for (int pair = warp; pair < kFp8Block / 2; pair += kTileWarps) {
-      uint32_t w[4];
+    constexpr int kPairs = kFp8Block / 2 / kTileWarps;  // column pairs per warp: 2 warp + 16 k
+    uint32_t w[kPairs][4];
+    uint32_t amax = 0;  // lane 2 k + h: column 2 (warp + 8 k) + h
+#pragma unroll
+    for (int k = 0; k < kPairs; ++k) {
+      const int pair = warp + kTileWarps * k;
       uint32_t m = 0;  // the two columns' magnitudes, packed as the words are
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        w[s] = tile[(lane + 32 * s) * kPitchWords + pair];
-        m = MagnitudeMax(m, w[s]);
+        w[k][s] = tile[(lane + 32 * s) * kPitchWords + pair];
+        m = MagnitudeMax(m, w[k][s]);
       }
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) m = __vmaxu2(m, __shfl_xor_sync(kFullMask, m, o));
+      if (lane == 2 * k) amax = m & 0xffffu;
+      if (lane == 2 * k + 1) amax = m >> 16;
+    }
+    const DeviceScale mine = ScaleForAmax(AmaxFromBits(amax), pow2);
+#pragma unroll
+    for (int k = 0; k < kPairs; ++k) {
+      const int pair = warp + kTileWarps * k;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int c = 2 * pair + half;
-        const DeviceScale sc =
-            ScaleForAmax(AmaxFromBits(half == 0 ? (m & 0xffffu) : (m >> 16)), pow2);
+        const float inverse = __shfl_sync(kFullMask, mine.inverse, 2 * k + half);
         uint32_t bits[4];
 #pragma unroll
-        for (int s = 0; s < 4; ++s) bits[s] = half == 0 ? (w[s] & 0xffffu) : (w[s] >> 16);
-        const uint32_t word = ColumnWord(bits, sc.inverse, lane);
+        for (int s = 0; s < 4; ++s) bits[s] = half == 0 ? (w[k][s] & 0xffffu) : (w[k][s] >> 16);
+        const uint32_t word = ColumnWord(bits, inverse, lane);
         reinterpret_cast<uint32_t*>(col_data + (c0 + c) * padded_rows + p0)[lane] = word;
-        if (lane == 0) col_scales[tile_row * cols + c0 + c] = sc.scale;
+        if (lane == 2 * k + half) col_scales[tile_row * cols + c0 + c] = mine.scale;
       }
     }
   }
   if (row_data != nullptr) {
-    for (int r = warp; r < n; r += kTileWarps) {
-      const uint32_t w0 = tile[r * kPitchWords + 2 * lane], w1 = tile[r * kPitchWords + 2 * lane + 1];
-      uint32_t m = MagnitudeMax(MagnitudeMax(0, w0), w1);
+    constexpr int kRows = kFp8Block / kTileWarps;  // rows per warp: warp + 8 k
+    uint32_t w[kRows][2];
+    uint32_t amax = 0;  // lane k: row warp + 8 k
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const int r = warp + kTileWarps * k;
+      if (r >= n) break;  // warp-uniform
+      w[k][0] = tile[r * kPitchWords + 2 * lane];
+      w[k][1] = tile[r * kPitchWords + 2 * lane + 1];
+      uint32_t m = MagnitudeMax(MagnitudeMax(0, w[k][0]), w[k][1]);
       m = WarpMaxBits(max(m & 0xffffu, m >> 16));
-      const DeviceScale sc = ScaleForAmax(AmaxFromBits(m), pow2);
+      if (lane == k) amax = m;
+    }
+    const DeviceScale mine = ScaleForAmax(AmaxFromBits(amax), pow2);
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const int r = warp + kTileWarps * k;
+      if (r >= n) break;
+      const float inverse = __shfl_sync(kFullMask, mine.inverse, k);
       const int64_t at = (first + r) * cols + c0;
-      row_data[at / 4 + lane] = QuantizeFour(w0, w1, sc.inverse);
-      if (lane == 0) row_scales[at / kFp8Block] = sc.scale;
+      row_data[at / 4 + lane] = QuantizeFour(w[k][0], w[k][1], inverse);
+      if (lane == k) row_scales[at / kFp8Block] = mine.scale;
     }
   }
 }
