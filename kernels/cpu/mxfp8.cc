@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "dropless/kernels/group_offsets.h"
+#include "kernels/cpu/dequantize_rowwise.h"
 
 namespace dropless::kernels {
 
@@ -80,25 +81,8 @@ namespace {
 template <typename Out>
 absl::Status Dequantize(int64_t rows, int64_t cols, const int32_t* num_rows, const uint8_t* data,
                         const uint8_t* scales, Out* out) {
-  if (rows < 0) return absl::InvalidArgumentError("rows: must be >= 0");
-  if (cols <= 0 || cols % kMxBlock != 0) {
-    return absl::InvalidArgumentError("cols: must be a positive multiple of 32");
-  }
-  if ((data == nullptr || scales == nullptr || out == nullptr) && rows > 0) {
-    return absl::InvalidArgumentError("data, scales and out must be set");
-  }
-  const int64_t live = num_rows == nullptr ? rows : std::min<int64_t>(rows, std::max(0, *num_rows));
-  for (int64_t r = 0; r < live; ++r) {
-    for (int64_t c = 0; c < cols; ++c) {
-      const float v = MxElementValue(data[r * cols + c], scales[r * (cols / kMxBlock) + c / kMxBlock]);
-      if constexpr (std::is_same_v<Out, float>) {
-        out[r * cols + c] = v;
-      } else {
-        out[r * cols + c] = FloatToBf16(v);
-      }
-    }
-  }
-  return absl::OkStatus();
+  return cpu_internal::DequantizeRowwise(rows, cols, kMxBlock, num_rows, data, scales, out,
+                                         [](uint8_t e, uint8_t s) { return MxElementValue(e, s); });
 }
 
 }  // namespace

@@ -53,6 +53,22 @@ absl::Status CheckOutput(const void* out, const int32_t* offsets, const char* ou
   return absl::OkStatus();
 }
 
+// The names of a kernel table of fp8_block_runner.h, and its entry named `name` (the first, the
+// default, for an empty name; ValidateOptions has refused unknown names).
+template <class Entry, size_t N>
+std::vector<std::string> NamesOf(const Entry (&table)[N]) {
+  std::vector<std::string> names;
+  for (const Entry& k : table) names.push_back(k.name);
+  return names;
+}
+template <class Entry, size_t N>
+const Entry& Named(const Entry (&table)[N], const std::string& name) {
+  for (const Entry& k : table) {
+    if (k.name == name) return k;
+  }
+  return table[0];
+}
+
 absl::Status ValidateOptions(const Fp8BlockGroupedGemmOptions& o) {
   if (o.num_groups < 1) return absl::InvalidArgumentError("num_groups must be >= 1");
   if (o.k < kFp8Block || o.k % kFp8Block != 0) {
@@ -130,19 +146,11 @@ class Fp8BlockGroupedGemmImpl final : public Fp8BlockGroupedGemm {
 }  // namespace
 
 std::vector<std::string> Fp8BlockGroupedGemm::MGroupedKernelNames() {
-  std::vector<std::string> names;
-  for (const fp8_block_gemm::NamedMGroupedRunners& k : fp8_block_gemm::kMGroupedKernels) {
-    names.push_back(k.name);
-  }
-  return names;
+  return NamesOf(fp8_block_gemm::kMGroupedKernels);
 }
 
 std::vector<std::string> Fp8BlockGroupedGemm::WeightGradientKernelNames() {
-  std::vector<std::string> names;
-  for (const fp8_block_gemm::NamedRunner& k : fp8_block_gemm::kWeightGradientKernels) {
-    names.push_back(k.name);
-  }
-  return names;
+  return NamesOf(fp8_block_gemm::kWeightGradientKernels);
 }
 
 absl::StatusOr<std::unique_ptr<Fp8BlockGroupedGemm>> Fp8BlockGroupedGemm::Create(
@@ -168,23 +176,17 @@ absl::StatusOr<std::unique_ptr<Fp8BlockGroupedGemm>> Fp8BlockGroupedGemm::Create
                           ? options.padded_rows
                           : Fp8ColwisePaddedRows(options.max_rows, options.num_groups);
   shape.sm_count = sms;
-  const fp8_block_gemm::NamedMGroupedRunners* m_grouped = &fp8_block_gemm::kMGroupedKernels[0];
-  for (const fp8_block_gemm::NamedMGroupedRunners& k : fp8_block_gemm::kMGroupedKernels) {
-    if (k.name == options.m_grouped_kernel) m_grouped = &k;
-  }
-  const fp8_block_gemm::NamedRunner* wgrad = &fp8_block_gemm::kWeightGradientKernels[0];
-  for (const fp8_block_gemm::NamedRunner& k : fp8_block_gemm::kWeightGradientKernels) {
-    if (k.name == options.weight_gradient_kernel) wgrad = &k;
-  }
-  auto forward = m_grouped->forward(shape);
+  const auto& m_grouped = Named(fp8_block_gemm::kMGroupedKernels, options.m_grouped_kernel);
+  const auto& wgrad = Named(fp8_block_gemm::kWeightGradientKernels, options.weight_gradient_kernel);
+  auto forward = m_grouped.forward(shape);
   if (!forward.ok()) return forward.status();
-  auto backward_data = m_grouped->backward_data(shape);
+  auto backward_data = m_grouped.backward_data(shape);
   if (!backward_data.ok()) return backward_data.status();
-  auto backward_weight = wgrad->make(shape);
+  auto backward_weight = wgrad.make(shape);
   if (!backward_weight.ok()) return backward_weight.status();
   return std::unique_ptr<Fp8BlockGroupedGemm>(new Fp8BlockGroupedGemmImpl(
       *std::move(forward), *std::move(backward_data), *std::move(backward_weight),
-      absl::StrCat(m_grouped->name, "+", wgrad->name)));
+      absl::StrCat(m_grouped.name, "+", wgrad.name)));
 }
 
 }  // namespace dropless::kernels
