@@ -51,7 +51,7 @@ struct Flags {
   std::vector<int> eps = {1};
   // Engine settings compared in one run (engines held side by side, rounds alternating):
   // "default", "optimizer-overlap" / "optimizer-after-backward" (DROPLESS_OPTIMIZER_OVERLAP), or
-  // "activation-offload" (the spec's activation_offload: true).
+  // "activation-offload" (the spec's activation_offload: true), "overlap" (overlap: true; EP > 1).
   std::vector<std::string> variants = {"default"};
   std::string json, commit;
 };
@@ -94,7 +94,7 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
       std::fprintf(stderr,
                    "step bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
                    "--precision=bf16,mxfp8,fp8-block --steps=N --warmup=N --rounds=N --layers=N --ep=1,2,8 "
-                   "--variants=default|optimizer-overlap,optimizer-after-backward,activation-offload "
+                   "--variants=default|optimizer-overlap,optimizer-after-backward,activation-offload,overlap "
                    "--json=PATH "
                    "--commit=SHA\n",
                    a.c_str());
@@ -166,7 +166,7 @@ int RunStepBench(const std::vector<std::string>& args) {
           if (variant == "optimizer-after-backward") {
             setenv("DROPLESS_OPTIMIZER_OVERLAP", "0", 1);
           } else if (variant == "optimizer-overlap" || variant == "default" ||
-                     variant == "activation-offload") {
+                     variant == "activation-offload" || variant == "overlap") {
             unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
           } else {
             std::fprintf(stderr, "step bench: unknown variant %s\n", variant.c_str());
@@ -174,6 +174,7 @@ int RunStepBench(const std::vector<std::string>& args) {
           }
           EngineConfig config = ConfigOf(*shape, precision, f.layers, ep);
           config.activation_offload = variant == "activation-offload";
+          config.overlap = variant == "overlap";
           absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> engine =
               ep == 1 ? cuda_engine::CreateCudaEngine(config, 0, 1, nullptr)
                       : cuda_engine::CreateLocalEpCudaEngine(config);
@@ -218,6 +219,7 @@ int RunStepBench(const std::vector<std::string>& args) {
               "    {\"name\": \"step\", \"shape\": \"%s\", \"impl\": \"dropless\", \"precision\": "
               "\"%s\", \"ms\": %.4f, \"tflops\": %.1f, \"gbps\": null, \"mfu\": %.4f, "
               "\"peak_mem_gib\": %.2f, \"ep\": %d, \"backend\": \"%s\", \"offload\": %s, "
+              "\"overlap\": %s, "
               "\"gemm_tflops\": %.1f, \"forward_ms\": %.4f, \"backward_ms\": %.4f, "
               "\"optimizer_ms\": %.4f, \"data_ms\": %.4f, \"dispatch_ms\": %.4f, \"combine_ms\": "
               "%.4f, "
@@ -225,6 +227,7 @@ int RunStepBench(const std::vector<std::string>& args) {
               "\"note\": \"%s\"}",
               shape->name, precision, median, tflops, tflops * 1e12 / peak, mem_gib, ep,
               ep > 1 ? "local" : "none", run.variant == "activation-offload" ? "true" : "false",
+              run.variant == "overlap" ? "true" : "false",
               gemm_tflops, d.forward_seconds * 1e3,
               d.backward_seconds * 1e3, d.optimizer_seconds * 1e3, d.data_seconds * 1e3,
               run.last.dispatch_seconds * 1e3, run.last.combine_seconds * 1e3, f.layers,

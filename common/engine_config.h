@@ -30,8 +30,9 @@ struct EngineConfig {
 // What each engine can run, in one place: the job-spec validator refuses at submit what the
 // chosen backend's engine cannot honour (one InvalidArgument naming the field), and the engines
 // check again at start. cpu: float32 reference arithmetic (precision bf16 means "not mxfp8"), Gloo
-// exchange, no overlap or offload. cuda: one rank per job until the GPU expert-parallel transport
-// exists; bf16 or mxfp8 experts; shapes the kernels take.
+// exchange, no overlap or offload. cuda: one EP group of up to 8 GPUs; bf16, mxfp8 or fp8-block
+// experts; overlap at EP > 1 with 2+ experts per rank over nccl-lsa or auto; shapes the kernels
+// take.
 absl::Status CheckEngineSupport(Backend backend, const EngineConfig& config);
 
 inline EngineConfig EngineConfigFromSpec(const JobSpec& spec) {

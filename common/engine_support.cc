@@ -73,8 +73,21 @@ absl::Status CheckCuda(const EngineConfig& c) {
                                   "nccl-a2a or auto with resources.backend cuda");
   }
   if (c.overlap) {
-    return Refuse("overlap", "chunked overlap of dispatch and expert GEMMs is not built for the "
-                             "cuda engine yet");
+    // Chunks of each rank's experts: the exchange of one chunk beside the GEMMs of another.
+    if (c.parallel.ep < 2) {
+      return Refuse("overlap", "overlaps the expert exchange with the expert GEMMs; at parallel.ep "
+                               "1 there is no exchange (set overlap: false)");
+    }
+    if (m.experts / c.parallel.ep < 2) {
+      return Refuse("overlap", absl::StrFormat("chunks each rank's experts and needs at least 2 "
+                                               "per rank (model.experts %d / parallel.ep %d)",
+                                               m.experts, c.parallel.ep));
+    }
+    if (c.dispatcher == Dispatcher::kNcclA2a || c.dispatcher == Dispatcher::kNcclEp) {
+      return Refuse("overlap", absl::StrFormat("needs a dispatcher that exchanges chunks of the "
+                                               "experts (nccl-lsa or auto); %s cannot",
+                                               std::string(ToString(c.dispatcher))));
+    }
   }
   const int64_t align = c.precision == Precision::kFp8Block ? 128
                         : c.precision == Precision::kMxfp8  ? 32

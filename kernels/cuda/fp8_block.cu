@@ -30,6 +30,12 @@ __device__ __forceinline__ int64_t LiveRows(int64_t rows, const int32_t* offsets
   return min(rows, static_cast<int64_t>(max(0, offsets[groups])));
 }
 
+// The row-wise output's first live row: offsets[0] (0 for whole buffers).
+__device__ __forceinline__ int64_t FirstLiveRow(int64_t rows, const int32_t* offsets) {
+  if (offsets == nullptr) return 0;
+  return min(rows, static_cast<int64_t>(max(0, offsets[0])));
+}
+
 // ---- Row-wise only: one warp per 1x128 tile, four elements per lane; each warp loads two tiles
 // before it quantizes either. ----
 
@@ -53,8 +59,9 @@ __global__ void __launch_bounds__(kRowThreads)
   const int lane = threadIdx.x & 31;
   const int64_t tiles = LiveRows(rows, offsets, groups) * (cols / kFp8Block);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kRowThreads / 32);
-  for (int64_t t = (static_cast<int64_t>(blockIdx.x) * kRowThreads + threadIdx.x) / 32; t < tiles;
-       t += 2 * warps) {
+  for (int64_t t = FirstLiveRow(rows, offsets) * (cols / kFp8Block) +
+                   (static_cast<int64_t>(blockIdx.x) * kRowThreads + threadIdx.x) / 32;
+       t < tiles; t += 2 * warps) {
     // tile t = elements [128 t, 128 t + 128) of the row-major x
     const bool second = t + warps < tiles;  // warp-uniform
     const uint2 v0 = x[t * 32 + lane];

@@ -49,7 +49,10 @@ __global__ void __launch_bounds__(kRowThreads)
   // invalid together, and the block-uniform loop keeps every lane at the shuffle.
   const int64_t total = LiveRows(rows, group_offsets, num_groups) * (cols / 16);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowThreads * kRowUnroll;
-  int64_t base = static_cast<int64_t>(blockIdx.x) * kRowThreads * kRowUnroll;
+  // From the first live row, offsets[0] (a run of the groups may start past row 0).
+  const int64_t first =
+      group_offsets == nullptr ? 0 : min(rows, static_cast<int64_t>(max(0, group_offsets[0])));
+  int64_t base = first * (cols / 16) + static_cast<int64_t>(blockIdx.x) * kRowThreads * kRowUnroll;
   uint4 a[kRowUnroll], b[kRowUnroll];
   LoadPairs(x, base, total, a, b);
   for (; base < total; base += stride) {

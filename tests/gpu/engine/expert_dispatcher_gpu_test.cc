@@ -1,6 +1,7 @@
 // The ExpertDispatchers against a host reference: fresh random per-(rank, expert) counts with
 // skew, a rank that receives no rows and a rank that sends none; every received row, the plan's
-// offsets and counts, the combine back into poisoned buffers, and the all-reduce sums. `local` at
+// offsets and counts, the combine back into poisoned buffers, the same exchanges in runs of the
+// local experts (overlap's chunks), and the all-reduce sums. `local` at
 // EP 1/2/4/8 (every rank in this process); `nccl-lsa` and `nccl-a2a` at world size 1 (one GPU
 // here). And the
 // NCCL group setup: a group whose second rank never joins fails within its timeout, naming it.
@@ -161,6 +162,48 @@ TEST_P(DispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
     got.resize(sent * row_bytes);
     std::vector<uint8_t> want(send_host[s].begin(), send_host[s].begin() + sent * row_bytes);
     EXPECT_TRUE(BitEqual(got, want)) << "rows combined back to rank " << s;
+  }
+
+  // The same exchanges in runs of the local experts (overlap's chunks, uneven): the same rows
+  // land in the receive buffers and combine brings each back. nccl-a2a refuses runs.
+  if (local >= 2) {
+    std::vector<LocalExperts> runs;
+    for (int first = 0, c = 0; first < local; ++c) {
+      const int count = std::min(local - first, 1 + c % 3);
+      runs.push_back(LocalExperts{first, count});
+      first += count;
+    }
+    if (std::string(GetParam().name) == "nccl-a2a") {
+      EXPECT_FALSE((*dispatcher)->exchanges_expert_runs());
+      EXPECT_EQ((*dispatcher)->Dispatch(calls, row_bytes, runs[0]).code(),
+                absl::StatusCode::kInvalidArgument);
+    } else {
+      EXPECT_TRUE((*dispatcher)->exchanges_expert_runs());
+      const size_t recv_bytes = shape.max_recv_rows() * row_bytes;
+      std::vector<std::vector<uint8_t>> whole(ep, std::vector<uint8_t>(recv_bytes));
+      for (int p = 0; p < ep; ++p) {
+        ASSERT_EQ(cudaMemcpy(whole[p].data(), recv[p], recv_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemset(recv[p], 0xA5, recv_bytes), cudaSuccess);
+      }
+      for (const LocalExperts& run : runs) ASSERT_TRUE((*dispatcher)->Dispatch(calls, row_bytes, run).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      for (int p = 0; p < ep; ++p) {
+        std::vector<uint8_t> got(recv_bytes);
+        ASSERT_EQ(cudaMemcpy(got.data(), recv[p], recv_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_TRUE(BitEqual(got, whole[p])) << "rows received by rank " << p << " in " << runs.size() << " runs";
+      }
+      for (int s = 0; s < ep; ++s) send[s]->Poison(0x5A);
+      for (const LocalExperts& run : runs) ASSERT_TRUE((*dispatcher)->Combine(calls, row_bytes, run).ok());
+      for (int s = 0; s < ep; ++s) {
+        const int64_t sent = std::accumulate(counts[s].begin(), counts[s].end(), int64_t{0});
+        std::vector<uint8_t> got = send[s]->Download();
+        got.resize(sent * row_bytes);
+        std::vector<uint8_t> want(send_host[s].begin(), send_host[s].begin() + sent * row_bytes);
+        EXPECT_TRUE(BitEqual(got, want)) << "rows combined back to rank " << s << " in runs";
+      }
+    }
+    EXPECT_EQ((*dispatcher)->Dispatch(calls, row_bytes, LocalExperts{local - 1, 2}).code(),
+              absl::StatusCode::kInvalidArgument) << "a run past the local experts";
   }
 
   // All-reduce sums, float and double, in rank order.

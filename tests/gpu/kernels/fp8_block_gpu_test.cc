@@ -61,6 +61,33 @@ TEST_F(Fp8BlockGpu, RowwiseMatchesReference) {
   }
 }
 
+// Row-wise over a run of the groups (offsets + first, as the engine quantizes one chunk of experts
+// at a time): the run's rows as the whole quantization writes them, every other row untouched.
+TEST_F(Fp8BlockGpu, RowwiseOfARunOfGroupsTouchesOnlyItsRows) {
+  const int64_t rows = 1000, cols = 384, tiles = cols / kFp8Block;
+  const std::vector<Bf16> x = QuantizeInput(rows, cols);
+  const std::vector<int32_t> offsets = {0, 130, 130, 517, 901};  // the run: groups 1-2, rows 130-517
+  DeviceArray<Bf16> d_x(x);
+  DeviceArray<int32_t> d_offsets(offsets);
+  DeviceArray<uint8_t> d_data(rows * cols);
+  DeviceArray<float> d_scales(rows * tiles);
+  Fp8BlockRowwise d_rowwise{d_data.get(), d_scales.get()};
+  STATUS_ASSERT(cuda::QuantizeFp8Block({rows, cols, 2, Fp8ScaleMode::kFloat32}, d_x.get(),
+                                       d_offsets.get() + 1, &d_rowwise, nullptr, nullptr));
+  auto data = Poisoned<uint8_t>(rows * cols);
+  auto scales = Poisoned<float>(rows * tiles);
+  Fp8BlockRowwise rowwise{data.data(), scales.data()};
+  STATUS_ASSERT(cpu::QuantizeFp8Block({rows, cols, 4, Fp8ScaleMode::kFloat32}, x.data(),
+                                      offsets.data(), &rowwise, nullptr));
+  auto want_data = Poisoned<uint8_t>(rows * cols);
+  auto want_scales = Poisoned<float>(rows * tiles);
+  std::copy(data.begin() + 130 * cols, data.begin() + 517 * cols, want_data.begin() + 130 * cols);
+  std::copy(scales.begin() + 130 * tiles, scales.begin() + 517 * tiles,
+            want_scales.begin() + 130 * tiles);
+  EXPECT_TRUE(BitEqual(d_data.Download(), want_data));
+  EXPECT_TRUE(BitEqual(d_scales.Download(), want_scales));
+}
+
 TEST_F(Fp8BlockGpu, GroupedRowAndColumnwiseMatchReference) {
   struct Case {
     int64_t rows, cols;

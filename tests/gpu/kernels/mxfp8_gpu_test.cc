@@ -2,6 +2,7 @@
 // column-wise with zero and odd group sizes, special values, and dequantization.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -43,6 +44,29 @@ TEST_F(Mxfp8Gpu, RowwiseMatchesReference) {
     EXPECT_TRUE(BitEqual(d_data.Download(), data));
     EXPECT_TRUE(BitEqual(d_scales.Download(), scales));
   }
+}
+
+// Row-wise over a run of the groups (offsets + first, as the engine quantizes one chunk of experts
+// at a time): the run's rows as the whole quantization writes them, every other row untouched.
+TEST_F(Mxfp8Gpu, RowwiseOfARunOfGroupsTouchesOnlyItsRows) {
+  const int64_t rows = 1000, cols = 160, blocks = cols / 32;
+  const std::vector<Bf16> x = QuantizeInput(rows, cols);
+  const std::vector<int32_t> offsets = {0, 131, 131, 517, 901};  // the run: groups 1-2, rows 131-517
+  DeviceArray<Bf16> d_x(x);
+  DeviceArray<int32_t> d_offsets(offsets);
+  DeviceArray<uint8_t> d_data(rows * cols), d_scales(rows * blocks);
+  MxRowwise d_rowwise{d_data.get(), d_scales.get()};
+  STATUS_ASSERT(cuda::QuantizeMxfp8({rows, cols, 2}, d_x.get(), d_offsets.get() + 1, &d_rowwise,
+                                    nullptr, nullptr));
+  auto data = Poisoned<uint8_t>(rows * cols), scales = Poisoned<uint8_t>(rows * blocks);
+  MxRowwise rowwise{data.data(), scales.data()};
+  STATUS_ASSERT(cpu::QuantizeMxfp8({rows, cols, 4}, x.data(), offsets.data(), &rowwise, nullptr));
+  auto want_data = Poisoned<uint8_t>(rows * cols), want_scales = Poisoned<uint8_t>(rows * blocks);
+  std::copy(data.begin() + 131 * cols, data.begin() + 517 * cols, want_data.begin() + 131 * cols);
+  std::copy(scales.begin() + 131 * blocks, scales.begin() + 517 * blocks,
+            want_scales.begin() + 131 * blocks);
+  EXPECT_TRUE(BitEqual(d_data.Download(), want_data));
+  EXPECT_TRUE(BitEqual(d_scales.Download(), want_scales));
 }
 
 TEST_F(Mxfp8Gpu, GroupedRowAndColumnwiseMatchReference) {

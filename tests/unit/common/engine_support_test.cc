@@ -51,6 +51,11 @@ TEST(EngineSupportTest, RunnableSpecsPass) {
     const std::string ep = With(ep8, "dispatcher: auto", std::string("dispatcher: ") + dispatcher);
     EXPECT_TRUE(ParseJobSpec(ep).ok()) << dispatcher << ": " << ParseJobSpec(ep).status();
   }
+  // Overlap: chunks of each rank's experts (2 per rank here) over nccl-lsa or auto.
+  const std::string overlap = With(ep8, "overlap: false", "overlap: true");
+  EXPECT_TRUE(ParseJobSpec(overlap).ok()) << ParseJobSpec(overlap).status();
+  const std::string overlap_lsa = With(overlap, "dispatcher: auto", "dispatcher: nccl-lsa");
+  EXPECT_TRUE(ParseJobSpec(overlap_lsa).ok()) << ParseJobSpec(overlap_lsa).status();
 }
 
 struct Refusal {
@@ -65,7 +70,9 @@ TEST(EngineSupportTest, EachUnsupportedFieldIsRefusedNamingIt) {
       {"cuda_ep_over_a_node", {{"ep: 1", "ep: 16"}}, "parallel.ep", "1 to 8 GPUs"},
       {"cuda_dp", {{"dp: 1", "dp: 2"}}, "parallel.dp", "got dp 2"},
       {"cuda_gloo", {{"dispatcher: auto", "dispatcher: gloo"}}, "dispatcher", "gloo moves host buffers"},
-      {"cuda_overlap", {{"overlap: false", "overlap: true"}}, "overlap", "chunked overlap"},
+      {"cuda_overlap_at_ep1", {{"overlap: false", "overlap: true"}}, "overlap", "at parallel.ep 1 there is no exchange"},
+      {"cuda_overlap_8_experts_over_8", {{"overlap: false", "overlap: true"}, {"ep: 1", "ep: 8"}, {"experts: 16", "experts: 8"}}, "overlap", "at least 2 per rank (model.experts 8 / parallel.ep 8)"},
+      {"cuda_overlap_a2a", {{"overlap: false", "overlap: true"}, {"ep: 1", "ep: 2"}, {"dispatcher: auto", "dispatcher: nccl-a2a"}}, "overlap", "nccl-a2a cannot"},
       {"cuda_hidden", {{"hidden: 256", "hidden: 260"}}, "model.hidden", "multiple of 8"},
       {"cuda_experts", {{"experts: 16", "experts: 12"}}, "model.experts", "multiple of 8"},
       {"cpu_mxfp8", {{"backend: cuda", "backend: cpu"}, {"precision: bf16", "precision: mxfp8"}}, "precision", "needs resources.backend cuda"},

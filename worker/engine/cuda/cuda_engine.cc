@@ -38,6 +38,8 @@ using Clock = std::chrono::steady_clock;
 
 // How long a rank waits for the rest of its EP group to set up NCCL.
 constexpr absl::Duration kNcclJoinTimeout = absl::Seconds(120);
+// Overlap's chunks of the local experts per exchange (fewer when a rank has fewer experts).
+constexpr int kOverlapChunks = 4;
 
 class CudaEngineImpl final : public CudaEngine {
  public:
@@ -155,7 +157,14 @@ absl::Status CudaEngineImpl::Initialize() {
   dims_.renormalize = m.renormalize;
   dims_.precision = config_.precision;
   dims_.recompute = config_.activation_offload;
+  dims_.overlap_chunks = config_.overlap ? std::min(kOverlapChunks, dims_.local_experts()) : 1;
   DROPLESS_RETURN_IF_ERROR(CreateDispatcher());
+  if (config_.overlap && (dispatcher_ == nullptr || !dispatcher_->exchanges_expert_runs())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "overlap: needs a dispatcher that exchanges runs of the local experts (local or "
+        "nccl-lsa); this job's is ",
+        dispatcher_ == nullptr ? std::string("none") : std::string(dispatcher_->name())));
+  }
 
   DROPLESS_RETURN_IF_ERROR(arena_.Allocate(static_cast<int64_t>(tokens_.basis().size()), "token basis", &basis_));
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpy(basis_, tokens_.basis().data(),
@@ -573,7 +582,13 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CreateLocalEpCudaEngine(const Engine
   }
   EngineConfig one_rank = config;
   one_rank.parallel.ep = 1;  // every check but the EP size, which the local dispatcher honours
+  one_rank.overlap = false;
   DROPLESS_RETURN_IF_ERROR(CheckEngineSupport(Backend::kCuda, one_rank));
+  if (config.overlap) {
+    EngineConfig local = config;
+    local.dispatcher = Dispatcher::kAuto;  // `local` exchanges chunks whatever the spec names
+    DROPLESS_RETURN_IF_ERROR(CheckEngineSupport(Backend::kCuda, local));
+  }
   const int ep = static_cast<int>(config.parallel.ep);
   auto engine = std::make_unique<CudaEngineImpl>(config, 0, ep, ep, nullptr);
   DROPLESS_RETURN_IF_ERROR(engine->Initialize());

@@ -3,6 +3,7 @@
 // weight's operands, and the forward / data-gradient / weight-gradient products.
 #include <algorithm>
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include "common/status_macros.h"
@@ -38,25 +39,56 @@ absl::Status AllocColwise(DeviceArena* arena, int64_t padded_rows, int64_t cols,
 
 }  // namespace
 
-absl::Status LayerKernels::CreateExpertGemms(DeviceArena* arena) {
+absl::Status LayerKernels::CreateExpertGemms(int groups, ExpertGemms* out) const {
+  const LayerDims& d = dims_;
+  const int64_t H = d.hidden, F = d.ffn, Tk = d.rows(), R = d.recv_rows();
+  const int El = d.local_experts();
+  // Rows per group as at EP = 1 (a chunk's groups are as large as the layer's).
+  const int64_t expected_rows = std::max<int64_t>(1, std::min(R, Tk) / El);
+  auto make = [&](auto options, auto* gemm) -> absl::Status {
+    using Gemm = typename std::remove_reference_t<decltype(*gemm)>::element_type;
+    auto g = Gemm::Create(options);
+    if (!g.ok()) return g.status();
+    *gemm = *std::move(g);
+    return absl::OkStatus();
+  };
+  for (int product = 0; product < 2; ++product) {
+    const int64_t kdim = product == 0 ? H : F, ndim = product == 0 ? 2 * F : H;
+    if (d.mxfp8()) {
+      kernels::MxGroupedGemmOptions o;
+      o.num_groups = groups;
+      o.k = static_cast<int>(kdim);
+      o.n = static_cast<int>(ndim);
+      o.max_rows = R;
+      o.expected_rows_per_group = expected_rows;
+      DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->mx_w1 : &out->mx_w2));
+    } else if (d.fp8_block()) {
+      kernels::Fp8BlockGroupedGemmOptions o;
+      o.num_groups = groups;
+      o.k = static_cast<int>(kdim);
+      o.n = static_cast<int>(ndim);
+      o.max_rows = R;
+      o.padded_rows = kernels::Fp8ColwisePaddedRows(R, El);
+      DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->fb_w1 : &out->fb_w2));
+    } else {
+      kernels::GroupedGemmOptions o;
+      o.num_groups = groups;
+      o.k = static_cast<int>(kdim);
+      o.n = static_cast<int>(ndim);
+      o.max_rows = R;
+      o.expected_rows_per_group = expected_rows;
+      o.weight_grad_type = kernels::GradType::kFloat32;
+      DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->w1 : &out->w2));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerKernels::AllocateQuantizedScratch(DeviceArena* arena) {
   const LayerDims& d = dims_;
   const int64_t H = d.hidden, F = d.ffn, Tk = d.rows(), R = d.recv_rows();
   const int El = d.local_experts();
   if (d.mxfp8()) {
-    auto mx = [&](int64_t kdim, int64_t ndim, std::unique_ptr<kernels::MxGroupedGemm>* out) {
-      kernels::MxGroupedGemmOptions o;
-      o.num_groups = El;
-      o.k = static_cast<int>(kdim);
-      o.n = static_cast<int>(ndim);
-      o.max_rows = R;
-      o.expected_rows_per_group = std::max<int64_t>(1, Tk / El);
-      absl::StatusOr<std::unique_ptr<kernels::MxGroupedGemm>> g = kernels::MxGroupedGemm::Create(o);
-      if (!g.ok()) return g.status();
-      *out = *std::move(g);
-      return absl::OkStatus();
-    };
-    DROPLESS_RETURN_IF_ERROR(mx(H, 2 * F, &mx_w1_));
-    DROPLESS_RETURN_IF_ERROR(mx(F, H, &mx_w2_));
     padded_rows_ = kernels::ColwisePaddedRows(R, El);
     if (dispatcher_ == nullptr) {
       DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, kernels::kMxBlock, &mx_rows_));
@@ -76,21 +108,6 @@ absl::Status LayerKernels::CreateExpertGemms(DeviceArena* arena) {
   }
   if (d.fp8_block()) {
     padded_rows_ = kernels::Fp8ColwisePaddedRows(R, El);
-    auto fb = [&](int64_t kdim, int64_t ndim, std::unique_ptr<kernels::Fp8BlockGroupedGemm>* out) {
-      kernels::Fp8BlockGroupedGemmOptions o;
-      o.num_groups = El;
-      o.k = static_cast<int>(kdim);
-      o.n = static_cast<int>(ndim);
-      o.max_rows = R;
-      o.padded_rows = padded_rows_;
-      absl::StatusOr<std::unique_ptr<kernels::Fp8BlockGroupedGemm>> g =
-          kernels::Fp8BlockGroupedGemm::Create(o);
-      if (!g.ok()) return g.status();
-      *out = *std::move(g);
-      return absl::OkStatus();
-    };
-    DROPLESS_RETURN_IF_ERROR(fb(H, 2 * F, &fb_w1_));
-    DROPLESS_RETURN_IF_ERROR(fb(F, H, &fb_w2_));
     if (dispatcher_ == nullptr) {
       DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, kernels::kFp8Block, &fb_rows_));
     } else {
@@ -149,12 +166,17 @@ absl::Status LayerKernels::QuantizeWeight(const Bf16* w, int64_t kdim, int64_t n
 
 MoeLayerGpu::ExpertOperands MoeLayerGpu::W1(const LayerWeights& w, const LayerGrads& g) {
   LayerKernels& k = *k_;
+  const LayerKernels::ExpertGemms& gemms = k.expert_gemms_.at(k.dims_.local_experts());
   ExpertOperands o;
-  o.gemm = k.w1_.get();
-  o.mx_gemm = k.mx_w1_.get();
-  o.fb_gemm = k.fb_w1_.get();
+  o.is_w1 = true;
+  o.gemm = gemms.w1.get();
+  o.mx_gemm = gemms.mx_w1.get();
+  o.fb_gemm = gemms.fb_w1.get();
+  o.k = k.dims_.hidden;
+  o.n = 2 * k.dims_.ffn;
+  o.offsets = ExpertOffsets();
   o.w = w.w1;
-  o.q_w = &w.q_w1;
+  o.q_w = w.q_w1;
   o.dw = g.w1;
   o.x = recv_rows_;
   o.x_mx = quantized_tokens() ? &mx_recv_ : &k.mx_rows_;
@@ -173,12 +195,16 @@ MoeLayerGpu::ExpertOperands MoeLayerGpu::W1(const LayerWeights& w, const LayerGr
 
 MoeLayerGpu::ExpertOperands MoeLayerGpu::W2(const LayerWeights& w, const LayerGrads& g) {
   LayerKernels& k = *k_;
+  const LayerKernels::ExpertGemms& gemms = k.expert_gemms_.at(k.dims_.local_experts());
   ExpertOperands o;
-  o.gemm = k.w2_.get();
-  o.mx_gemm = k.mx_w2_.get();
-  o.fb_gemm = k.fb_w2_.get();
+  o.gemm = gemms.w2.get();
+  o.mx_gemm = gemms.mx_w2.get();
+  o.fb_gemm = gemms.fb_w2.get();
+  o.k = k.dims_.ffn;
+  o.n = k.dims_.hidden;
+  o.offsets = ExpertOffsets();
   o.w = w.w2;
-  o.q_w = &w.q_w2;
+  o.q_w = w.q_w2;
   o.dw = g.w2;
   o.x = a_;
   o.x_mx = &k.mx_a_;
@@ -195,32 +221,61 @@ MoeLayerGpu::ExpertOperands MoeLayerGpu::W2(const LayerWeights& w, const LayerGr
   return o;
 }
 
+MoeLayerGpu::ExpertOperands MoeLayerGpu::Run(const ExpertOperands& o, LocalExperts run) const {
+  if (Whole(run)) return o;
+  const LayerKernels::ExpertGemms& gemms = k_->expert_gemms_.at(run.count);
+  const bool w1 = o.is_w1;
+  ExpertOperands r = o;
+  r.gemm = w1 ? gemms.w1.get() : gemms.w2.get();
+  r.mx_gemm = w1 ? gemms.mx_w1.get() : gemms.mx_w2.get();
+  r.fb_gemm = w1 ? gemms.fb_w1.get() : gemms.fb_w2.get();
+  r.offsets = o.offsets + run.first;
+  const int64_t elements = int64_t{run.first} * o.k * o.n;  // experts before the run
+  r.w = o.w + elements;
+  MxWeight& mx = r.q_w.mx;
+  if (mx.along_n != nullptr) {
+    mx.along_n += elements;
+    mx.along_n_scales += elements / kernels::kMxBlock;
+    mx.along_k += elements;
+    mx.along_k_scales += elements / kernels::kMxBlock;
+  }
+  kernels::Fp8BlockWeights& fb = r.q_w.fp8_block;
+  if (fb.data != nullptr) {
+    const int64_t blocks = elements / (int64_t{kernels::kFp8Block} * kernels::kFp8Block);
+    fb.data += elements;
+    fb.scales += blocks;
+    fb.data_t += elements;
+    fb.scales_t += blocks;
+  }
+  return r;
+}
+
 absl::Status MoeLayerGpu::ExpertForward(const ExpertOperands& o, cudaStream_t stream) {
   if (k_->dims_.fp8_block()) {
-    const kernels::Fp8BlockWeights& q = o.q_w->fp8_block;
-    return o.fb_gemm->Forward({o.x_fb->data, o.x_fb->scales}, {q.data_t, q.scales_t},
-                              ExpertOffsets(), o.y, stream);
+    const kernels::Fp8BlockWeights& q = o.q_w.fp8_block;
+    return o.fb_gemm->Forward({o.x_fb->data, o.x_fb->scales}, {q.data_t, q.scales_t}, o.offsets,
+                              o.y, stream);
   }
   if (k_->dims_.mxfp8()) {
-    const MxWeight& q = o.q_w->mx;
+    const MxWeight& q = o.q_w.mx;
     return o.mx_gemm->Forward({o.x_mx->data, o.x_mx->scales}, {q.along_k, q.along_k_scales},
-                              ExpertOffsets(), o.y, stream);
+                              o.offsets, o.y, stream);
   }
-  return o.gemm->Forward(Nv(o.x), Nv(o.w), ExpertOffsets(), Nv(o.y), stream);
+  return o.gemm->Forward(Nv(o.x), Nv(o.w), o.offsets, Nv(o.y), stream);
 }
 
 absl::Status MoeLayerGpu::ExpertBackwardData(const ExpertOperands& o, cudaStream_t stream) {
   if (k_->dims_.fp8_block()) {
-    const kernels::Fp8BlockWeights& q = o.q_w->fp8_block;
+    const kernels::Fp8BlockWeights& q = o.q_w.fp8_block;
     return o.fb_gemm->BackwardData({o.dy_fb->data, o.dy_fb->scales}, {q.data, q.scales},
-                                   ExpertOffsets(), o.dx, stream);
+                                   o.offsets, o.dx, stream);
   }
   if (k_->dims_.mxfp8()) {
-    const MxWeight& q = o.q_w->mx;
+    const MxWeight& q = o.q_w.mx;
     return o.mx_gemm->BackwardData({o.dy_mx->data, o.dy_mx->scales},
-                                   {q.along_n, q.along_n_scales}, ExpertOffsets(), o.dx, stream);
+                                   {q.along_n, q.along_n_scales}, o.offsets, o.dx, stream);
   }
-  return o.gemm->BackwardData(Nv(o.dy), Nv(o.w), ExpertOffsets(), Nv(o.dx), stream);
+  return o.gemm->BackwardData(Nv(o.dy), Nv(o.w), o.offsets, Nv(o.dx), stream);
 }
 
 absl::Status MoeLayerGpu::ExpertBackwardWeight(const ExpertOperands& o, cudaStream_t stream) {
@@ -234,7 +289,7 @@ absl::Status MoeLayerGpu::ExpertBackwardWeight(const ExpertOperands& o, cudaStre
                                      {o.dy_col->data, o.dy_col->scales},
                                      o.x_col->group_offsets, o.dw, stream);
   }
-  return o.gemm->BackwardWeight(Nv(o.x), Nv(o.dy), ExpertOffsets(), o.dw, stream);
+  return o.gemm->BackwardWeight(Nv(o.x), Nv(o.dy), o.offsets, o.dw, stream);
 }
 
 }  // namespace dropless::cuda_engine

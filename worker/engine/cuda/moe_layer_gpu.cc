@@ -27,6 +27,18 @@ using layer_internal::Nv;
 
 }  // namespace
 
+std::vector<LocalExperts> LayerDims::ExpertChunks() const {
+  const int El = local_experts();
+  const int chunks = std::clamp(overlap_chunks, 1, std::max(1, El));
+  std::vector<LocalExperts> runs;
+  for (int c = 0, first = 0; c < chunks; ++c) {
+    const int count = El / chunks + (c < El % chunks ? 1 : 0);
+    runs.push_back(LocalExperts{first, count});
+    first += count;
+  }
+  return runs;
+}
+
 absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDims& d,
                                                                    DeviceArena* arena,
                                                                    ExpertDispatcher* dispatcher) {
@@ -56,8 +68,18 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
     *out = *std::move(g);
     return absl::OkStatus();
   };
-  DROPLESS_RETURN_IF_ERROR(grouped(El, H, 2 * F, R, kernels::GradType::kFloat32, &k->w1_));
-  DROPLESS_RETURN_IF_ERROR(grouped(El, F, H, R, kernels::GradType::kFloat32, &k->w2_));
+  if (d.overlap_chunks < 1 || d.overlap_chunks > El) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "overlap: %d chunks of %d local experts (1 to %d)", d.overlap_chunks, El, El));
+  }
+  for (const LocalExperts& run : d.ExpertChunks()) {
+    if (k->expert_gemms_.count(run.count) == 0) {
+      DROPLESS_RETURN_IF_ERROR(k->CreateExpertGemms(run.count, &k->expert_gemms_[run.count]));
+    }
+  }
+  if (k->expert_gemms_.count(El) == 0) {
+    DROPLESS_RETURN_IF_ERROR(k->CreateExpertGemms(El, &k->expert_gemms_[El]));
+  }
   if (d.shared > 0) {
     DROPLESS_RETURN_IF_ERROR(grouped(1, H, 2 * F, T, kernels::GradType::kFloat32, &k->shared_w1_));
     DROPLESS_RETURN_IF_ERROR(grouped(1, F, H, T, kernels::GradType::kFloat32, &k->shared_w2_));
@@ -108,7 +130,7 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * 2 * F, "shared w1 output gradient", &k->d_shared_h_));
   }
 
-  DROPLESS_RETURN_IF_ERROR(k->CreateExpertGemms(arena));
+  DROPLESS_RETURN_IF_ERROR(k->AllocateQuantizedScratch(arena));
   return k;
 }
 
@@ -281,12 +303,18 @@ absl::Status MoeLayerGpu::ForwardRoute(const LayerWeights& w, const Bf16* x, con
 }
 
 absl::Status MoeLayerGpu::ForwardExperts(const LayerWeights& w, const LayerStreams& s) {
+  DROPLESS_RETURN_IF_ERROR(ForwardW1(w, LocalExperts{}, s));
+  DROPLESS_RETURN_IF_ERROR(ForwardSwiglu(s));
+  return ForwardW2(w, LocalExperts{}, s);
+}
+
+absl::Status MoeLayerGpu::ForwardW1(const LayerWeights& w, LocalExperts run, const LayerStreams& s) {
   const LayerDims& d = k_->dims_;
   const int El = d.local_experts();
-  const int64_t R = d.recv_rows(), H = d.hidden, F = d.ffn;
-  const int32_t* live_rows = ExpertOffsets() + El;
-  const ExpertOperands w1 = W1(w, {}), w2 = W2(w, {});
+  const int64_t R = d.recv_rows(), H = d.hidden;
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmForward, s.main));
+  // Without an exchange the permuted bf16 rows are quantized here (with one, they travel
+  // quantized: every run arrives so).
   if (d.mxfp8() && !quantized_tokens()) {
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, H, El}, recv_rows_,
                                                ExpertOffsets(), &k_->mx_rows_, nullptr, s.main));
@@ -296,7 +324,15 @@ absl::Status MoeLayerGpu::ForwardExperts(const LayerWeights& w, const LayerStrea
                                                   recv_rows_, ExpertOffsets(), &k_->fb_rows_,
                                                   nullptr, s.main));
   }
-  DROPLESS_RETURN_IF_ERROR(ExpertForward(w1, s.main));
+  DROPLESS_RETURN_IF_ERROR(ExpertForward(Run(W1(w, {}), run), s.main));
+  return End(s, PhaseTimer::kGemmForward, s.main);
+}
+
+absl::Status MoeLayerGpu::ForwardSwiglu(const LayerStreams& s) {
+  const LayerDims& d = k_->dims_;
+  const int64_t R = d.recv_rows(), F = d.ffn;
+  const int32_t* live_rows = ExpertOffsets() + d.local_experts();
+  DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmForward, s.main));
   // SwiGLU writes the bf16 output (w2's weight-gradient operand) and, for the quantized
   // precisions, w2's forward operand in the same pass.
   if (d.fp8_block()) {
@@ -307,7 +343,12 @@ absl::Status MoeLayerGpu::ForwardExperts(const LayerWeights& w, const LayerStrea
     DROPLESS_RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{R, F}, live_rows, h_, a_,
                                                d.mxfp8() ? &k_->mx_a_ : nullptr, s.main));
   }
-  DROPLESS_RETURN_IF_ERROR(ExpertForward(w2, s.main));
+  return End(s, PhaseTimer::kGemmForward, s.main);
+}
+
+absl::Status MoeLayerGpu::ForwardW2(const LayerWeights& w, LocalExperts run, const LayerStreams& s) {
+  DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmForward, s.main));
+  DROPLESS_RETURN_IF_ERROR(ExpertForward(Run(W2(w, {}), run), s.main));
   return End(s, PhaseTimer::kGemmForward, s.main);
 }
 

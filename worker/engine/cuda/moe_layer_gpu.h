@@ -11,7 +11,9 @@
 // At EP > 1 the routed rows go to the experts' owners through an ExpertDispatcher
 // (ep/expert_dispatcher.h): forward and backward then run in stages around the collective calls
 // (moe_layer_group.h drives every local rank through them); at EP = 1 the stages meet without any
-// copy (the received rows are the permuted rows).
+// copy (the received rows are the permuted rows). With overlap the experts' stages run in chunks
+// of the local experts (LayerDims::overlap_chunks), each chunk's GEMMs beside the exchange of the
+// next (or previous) chunk's rows on the `comm` stream.
 //
 // Streams: `main` carries the routed path; `side` runs the shared experts beside it (and, in
 // backward, the router's backward); `wgrad` runs the weight-gradient GEMMs beside the data
@@ -24,6 +26,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -62,6 +65,9 @@ struct LayerDims {
   // activation offload: fewer bytes over PCIe): the permuted rows (one permute of x) and the
   // SwiGLU output (one SwiGLU of the w1 output).
   bool recompute = false;
+  // Overlap: each exchange and the expert GEMMs it feeds run in this many chunks of the local
+  // experts (at most local_experts(); 1: no overlap).
+  int overlap_chunks = 1;
 
   bool mxfp8() const { return precision == Precision::kMxfp8; }
   bool fp8_block() const { return precision == Precision::kFp8Block; }
@@ -71,6 +77,9 @@ struct LayerDims {
   // Capacity of the received rows: every rank's rows routed to this one (dropless).
   int64_t recv_rows() const { return rows() * ep; }
   EpShape ep_shape() const { return EpShape{ep, experts, rows()}; }
+  // The runs of the local experts that overlap's chunks cover, as even as can be ({every local
+  // expert} without overlap).
+  std::vector<LocalExperts> ExpertChunks() const;
 };
 
 // MXFP8 copies of one expert weight W [El][k][n]: quantized along n (the data gradient's operand,
@@ -113,6 +122,7 @@ struct LayerGrads {
 
 struct LayerStreams {
   cudaStream_t main = nullptr;
+  cudaStream_t comm = nullptr;       // overlap's exchanges (null without overlap)
   cudaStream_t side = nullptr;
   cudaStream_t wgrad = nullptr;
   cudaStream_t optimizer = nullptr;  // where LayerOptimizerHooks run (joined by the caller)
@@ -150,15 +160,23 @@ class LayerKernels {
  private:
   friend class MoeLayerGpu;
   LayerKernels() = default;
-  // The quantized precisions' GEMMs and scratch (moe_layer_expert_gemms.cc).
-  absl::Status CreateExpertGemms(DeviceArena* arena);
+  // The routed experts' GEMM objects of one group count (the precision's kind only).
+  struct ExpertGemms {
+    std::unique_ptr<kernels::GroupedGemm> w1, w2;
+    std::unique_ptr<kernels::MxGroupedGemm> mx_w1, mx_w2;
+    std::unique_ptr<kernels::Fp8BlockGroupedGemm> fb_w1, fb_w2;
+  };
+  // The expert GEMMs over `groups` local experts, and the quantized precisions' scratch
+  // (moe_layer_expert_gemms.cc).
+  absl::Status CreateExpertGemms(int groups, ExpertGemms* out) const;
+  absl::Status AllocateQuantizedScratch(DeviceArena* arena);
 
   LayerDims dims_;
   ExpertDispatcher* dispatcher_ = nullptr;
   std::unique_ptr<kernels::cuda::RouterGemm> router_;
-  std::unique_ptr<kernels::GroupedGemm> w1_, w2_, shared_w1_, shared_w2_;
-  std::unique_ptr<kernels::MxGroupedGemm> mx_w1_, mx_w2_;
-  std::unique_ptr<kernels::Fp8BlockGroupedGemm> fb_w1_, fb_w2_;
+  std::unique_ptr<kernels::GroupedGemm> shared_w1_, shared_w2_;
+  // By group count: every local expert, and the sizes of overlap's chunks.
+  std::map<int, ExpertGemms> expert_gemms_;
   int32_t* shared_offsets_ = nullptr;  // {0, T}
   void* plan_workspace_ = nullptr;
   int64_t padded_rows_ = 0;            // MXFP8 column-wise rows
@@ -221,6 +239,11 @@ class MoeLayerGpu {
   // caller sums over the EP group first at EP > 1).
   absl::Status ForwardRoute(const LayerWeights& w, const Bf16* x, const LayerStreams& s);
   absl::Status ForwardExperts(const LayerWeights& w, const LayerStreams& s);
+  // ForwardExperts in parts, for overlap's chunks: w1 on the received rows of a run of the local
+  // experts, SwiGLU on every received row, w2 on a run (all on main).
+  absl::Status ForwardW1(const LayerWeights& w, LocalExperts run, const LayerStreams& s);
+  absl::Status ForwardSwiglu(const LayerStreams& s);
+  absl::Status ForwardW2(const LayerWeights& w, LocalExperts run, const LayerStreams& s);
   absl::Status ForwardCombine(const Bf16* x, Bf16* x_next, float* aux_loss, const LayerStreams& s);
 
   // d_x_next -> d_x (both [T][H], no alias), every gradient in `grads`, at EP = 1. aux_coef:
@@ -239,6 +262,18 @@ class MoeLayerGpu {
                                const LayerOptimizerHooks& hooks);
   absl::Status BackwardExperts(const LayerWeights& w, const LayerGrads& grads,
                                const LayerStreams& s, const LayerOptimizerHooks& hooks);
+  // BackwardExperts in parts, for overlap's chunks. W2Data: w2's data gradient of a run (its
+  // output gradient quantized row-wise first in mxfp8 / fp8-block; for every expert at once also
+  // column-wise, the weight gradient starting beside it). Middle, once every run's W2Data is
+  // queued: w2's weight gradient and hook, SwiGLU's backward, w1's operands and weight gradient.
+  // W1Data: w1's data gradient of a run. End: w1's hook.
+  absl::Status BackwardW2Data(const LayerWeights& w, const LayerGrads& grads, LocalExperts run,
+                              const LayerStreams& s);
+  absl::Status BackwardExpertsMiddle(const LayerWeights& w, const LayerGrads& grads,
+                                     const LayerStreams& s, const LayerOptimizerHooks& hooks);
+  absl::Status BackwardW1Data(const LayerWeights& w, const LayerGrads& grads, LocalExperts run,
+                              const LayerStreams& s);
+  absl::Status BackwardExpertsEnd(const LayerStreams& s, const LayerOptimizerHooks& hooks);
   absl::Status BackwardRoute(const Bf16* d_x_next, Bf16* d_x, const LayerStreams& s);
 
   // The exchanges of this rank (EP > 1): the plan, and the rows each stage moves.
@@ -252,6 +287,7 @@ class MoeLayerGpu {
     return k_->exchange() && k_->dims_.quantized();
   }
   const ExchangePlan& plan() const { return plan_; }
+  const LayerDims& dims() const { return k_->dims_; }
 
   // Tokens per global expert of the last forward: this rank's, and the EP group's.
   const int32_t* expert_counts() const { return counts_; }
@@ -280,11 +316,14 @@ class MoeLayerGpu {
   // The operands of one routed expert weight's three products, bf16, MXFP8 or fp8-block (w1:
   // rows -> h; w2: a -> out_rows).
   struct ExpertOperands {
+    bool is_w1 = false;                         // w1 (rows -> h) or w2 (a -> out_rows)
     kernels::GroupedGemm* gemm = nullptr;
     kernels::MxGroupedGemm* mx_gemm = nullptr;
     kernels::Fp8BlockGroupedGemm* fb_gemm = nullptr;
+    int64_t k = 0, n = 0;                       // the weight is [El][k][n]
+    const int32_t* offsets = nullptr;           // the received rows' groups
     const Bf16* w = nullptr;
-    const QuantizedWeight* q_w = nullptr;
+    QuantizedWeight q_w;
     float* dw = nullptr;
     const Bf16* x = nullptr;                    // forward input
     const kernels::MxRowwise* x_mx = nullptr;   // its row-wise MXFP8 (mxfp8)
@@ -301,6 +340,16 @@ class MoeLayerGpu {
   };
   ExpertOperands W1(const LayerWeights& w, const LayerGrads& g);
   ExpertOperands W2(const LayerWeights& w, const LayerGrads& g);
+  // The operands of a run of the local experts (forward and data gradient): its GEMM objects,
+  // weights and offsets. Every expert: o itself.
+  ExpertOperands Run(const ExpertOperands& o, LocalExperts run) const;
+  bool Whole(LocalExperts run) const {
+    return run.count == 0 || run.count == k_->dims_.local_experts();
+  }
+  // The weight gradient's operands (the tokens dequantized, column-wise forms; dy's too when
+  // dy_colwise) and product on the wgrad stream.
+  absl::Status WeightGradient(const ExpertOperands& o, int64_t in_cols, int64_t out_cols,
+                              bool dy_colwise, const LayerStreams& s);
   absl::Status ExpertForward(const ExpertOperands& o, cudaStream_t stream);
   absl::Status ExpertBackwardData(const ExpertOperands& o, cudaStream_t stream);
   absl::Status ExpertBackwardWeight(const ExpertOperands& o, cudaStream_t stream);

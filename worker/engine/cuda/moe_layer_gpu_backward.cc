@@ -101,63 +101,131 @@ absl::Status MoeLayerGpu::BackwardCombine(const LayerWeights& w, const Bf16* x,
 absl::Status MoeLayerGpu::BackwardExperts(const LayerWeights& w, const LayerGrads& grads,
                                           const LayerStreams& s,
                                           const LayerOptimizerHooks& hooks) {
+  DROPLESS_RETURN_IF_ERROR(BackwardW2Data(w, grads, LocalExperts{}, s));
+  DROPLESS_RETURN_IF_ERROR(BackwardExpertsMiddle(w, grads, s, hooks));
+  DROPLESS_RETURN_IF_ERROR(BackwardW1Data(w, grads, LocalExperts{}, s));
+  return BackwardExpertsEnd(s, hooks);
+}
+
+absl::Status MoeLayerGpu::WeightGradient(const ExpertOperands& o, int64_t in_cols,
+                                         int64_t out_cols, bool dy_colwise,
+                                         const LayerStreams& s) {
   const LayerDims& d = k_->dims_;
   const int El = d.local_experts();
-  const int64_t R = d.recv_rows(), F = d.ffn;
+  const int64_t R = d.recv_rows();
   const int32_t* live_rows = ExpertOffsets() + El;
-  LayerKernels& k = *k_;
-  // Each weight: its output gradient quantized (mxfp8, fp8-block) on main, the weight gradient on the wgrad
-  // stream beside the data gradient on main, then the weight's optimizer hook.
-  auto backward = [&](const ExpertOperands& o, int64_t in_cols, int64_t out_cols,
-                      const std::function<absl::Status(cudaStream_t)>& hook) -> absl::Status {
-    if (d.mxfp8()) {
+  DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmWgrad, s.wgrad));
+  if (o.x == recv_rows_ && quantized_tokens()) {
+    // The tokens arrived quantized: their column-wise form (the weight gradient's operand) is
+    // quantized from the dequantized values, as after any FP8 dispatch.
+    if (d.fp8_block()) {
+      DROPLESS_RETURN_IF_ERROR(kc::DequantizeFp8BlockRowwise(
+          R, in_cols, live_rows, fb_recv_.data, fb_recv_.scales, recv_rows_, s.wgrad));
+    } else {
+      DROPLESS_RETURN_IF_ERROR(kc::DequantizeMxfp8Rowwise(R, in_cols, live_rows, mx_recv_.data,
+                                                          mx_recv_.scales, recv_rows_, s.wgrad));
+    }
+  }
+  if (d.mxfp8()) {
+    DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, in_cols, El}, o.x,
+                                               ExpertOffsets(), nullptr, o.x_col, s.wgrad));
+    if (dy_colwise) {
       DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, out_cols, El}, o.dy,
-                                                 ExpertOffsets(), o.dy_mx, o.dy_col, s.main));
+                                                 ExpertOffsets(), nullptr, o.dy_col, s.wgrad));
     }
-    if (d.fp8_block()) {
+  }
+  if (d.fp8_block()) {
+    DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, in_cols, El},
+                                                  o.x, ExpertOffsets(), nullptr, o.x_fb_col,
+                                                  s.wgrad));
+    if (dy_colwise) {
       DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(
-          kernels::Fp8BlockQuantizeShape{R, out_cols, El}, o.dy, ExpertOffsets(), o.dy_fb,
-          o.dy_fb_col, s.main));
+          kernels::Fp8BlockQuantizeShape{R, out_cols, El}, o.dy, ExpertOffsets(), nullptr,
+          o.dy_fb_col, s.wgrad));
     }
-    DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
-    DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmWgrad, s.wgrad));
-    if (o.x == recv_rows_ && quantized_tokens()) {
-      // The tokens arrived quantized: their column-wise form (the weight gradient's operand) is
-      // quantized from the dequantized values, as after any FP8 dispatch.
-      if (d.fp8_block()) {
-        DROPLESS_RETURN_IF_ERROR(kc::DequantizeFp8BlockRowwise(
-            R, in_cols, live_rows, fb_recv_.data, fb_recv_.scales, recv_rows_, s.wgrad));
-      } else {
-        DROPLESS_RETURN_IF_ERROR(kc::DequantizeMxfp8Rowwise(R, in_cols, live_rows, mx_recv_.data,
-                                                            mx_recv_.scales, recv_rows_, s.wgrad));
-      }
-    }
-    if (d.mxfp8()) {
-      DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, in_cols, El}, o.x,
-                                                 ExpertOffsets(), nullptr, o.x_col, s.wgrad));
-    }
-    if (d.fp8_block()) {
-      DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(
-          kernels::Fp8BlockQuantizeShape{R, in_cols, El}, o.x, ExpertOffsets(), nullptr,
-          o.x_fb_col, s.wgrad));
-    }
-    DROPLESS_RETURN_IF_ERROR(ExpertBackwardWeight(o, s.wgrad));
-    DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kGemmWgrad, s.wgrad));
-    DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.main));
-    DROPLESS_RETURN_IF_ERROR(ExpertBackwardData(o, s.main));
-    DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kGemmDgrad, s.main));
-    // The gradient is complete and no later work reads the weight: its update can start.
-    return RunHook(hook, s, {s.main, s.wgrad});
-  };
-  if (d.recompute) {
+  }
+  DROPLESS_RETURN_IF_ERROR(ExpertBackwardWeight(o, s.wgrad));
+  return End(s, PhaseTimer::kGemmWgrad, s.wgrad);
+}
+
+absl::Status MoeLayerGpu::BackwardW2Data(const LayerWeights& w, const LayerGrads& grads,
+                                         LocalExperts run, const LayerStreams& s) {
+  const LayerDims& d = k_->dims_;
+  const int El = d.local_experts();
+  const int64_t R = d.recv_rows(), F = d.ffn, H = d.hidden;
+  const int32_t* live_rows = ExpertOffsets() + El;
+  const ExpertOperands o = W2(w, grads);
+  if (d.recompute && run.first == 0) {
     // The SwiGLU output (w2's weight-gradient operand) from the kept w1 output.
     DROPLESS_RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{R, F}, live_rows, h_, a_,
                                                nullptr, s.main));
   }
-  DROPLESS_RETURN_IF_ERROR(backward(W2(w, grads), F, d.hidden, hooks.experts_w2));
+  // The output gradient's row-wise form (the data gradient's operand); over every expert in one
+  // pass with the column-wise form, else the run's rows only (the column-wise form then comes in
+  // BackwardExpertsMiddle, once every run has arrived).
+  const bool whole = Whole(run);
+  const int groups = whole ? El : run.count;
+  const int32_t* offsets = ExpertOffsets() + (whole ? 0 : run.first);
+  if (d.mxfp8()) {
+    DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, H, groups}, o.dy,
+                                               offsets, o.dy_mx, whole ? o.dy_col : nullptr,
+                                               s.main));
+  }
+  if (d.fp8_block()) {
+    DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, H, groups},
+                                                  o.dy, offsets, o.dy_fb,
+                                                  whole ? o.dy_fb_col : nullptr, s.main));
+  }
+  // Every expert at once: the weight gradient may start beside the data gradient.
+  if (whole) DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
+  DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.main));
+  DROPLESS_RETURN_IF_ERROR(ExpertBackwardData(Run(o, run), s.main));
+  return End(s, PhaseTimer::kGemmDgrad, s.main);
+}
+
+absl::Status MoeLayerGpu::BackwardExpertsMiddle(const LayerWeights& w, const LayerGrads& grads,
+                                                const LayerStreams& s,
+                                                const LayerOptimizerHooks& hooks) {
+  const LayerDims& d = k_->dims_;
+  const int El = d.local_experts();
+  const int64_t R = d.recv_rows(), F = d.ffn, H = d.hidden;
+  const int32_t* live_rows = ExpertOffsets() + El;
+  LayerKernels& k = *k_;
+  // In chunks, the weight gradient waits for every run's output gradient (and quantizes its
+  // column-wise form itself).
+  const bool chunked = d.ExpertChunks().size() > 1;
+  if (chunked) DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
+  DROPLESS_RETURN_IF_ERROR(WeightGradient(W2(w, grads), F, H, /*dy_colwise=*/chunked, s));
+  // w2's gradient is complete and no later work reads its working copy: its update can start.
+  DROPLESS_RETURN_IF_ERROR(RunHook(hooks.experts_w2, s, {s.main, s.wgrad}));
   DROPLESS_RETURN_IF_ERROR(kc::SwigluBackward(kernels::SwigluShape{R, F}, live_rows, h_, k.d_a_,
                                               k.d_h_, s.main));
-  return backward(W1(w, grads), d.hidden, 2 * F, hooks.experts_w1);
+  // w1's output gradient in both forms over every expert (SwiGLU's backward is one pass).
+  const ExpertOperands w1 = W1(w, grads);
+  if (d.mxfp8()) {
+    DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, 2 * F, El}, w1.dy,
+                                               ExpertOffsets(), w1.dy_mx, w1.dy_col, s.main));
+  }
+  if (d.fp8_block()) {
+    DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, 2 * F, El},
+                                                  w1.dy, ExpertOffsets(), w1.dy_fb, w1.dy_fb_col,
+                                                  s.main));
+  }
+  DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
+  return WeightGradient(w1, H, 2 * F, /*dy_colwise=*/false, s);
+}
+
+absl::Status MoeLayerGpu::BackwardW1Data(const LayerWeights& w, const LayerGrads& grads,
+                                         LocalExperts run, const LayerStreams& s) {
+  DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.main));
+  DROPLESS_RETURN_IF_ERROR(ExpertBackwardData(Run(W1(w, grads), run), s.main));
+  return End(s, PhaseTimer::kGemmDgrad, s.main);
+}
+
+absl::Status MoeLayerGpu::BackwardExpertsEnd(const LayerStreams& s,
+                                             const LayerOptimizerHooks& hooks) {
+  // w1's gradient is complete and its working copy read for the last time.
+  return RunHook(hooks.experts_w1, s, {s.main, s.wgrad});
 }
 
 absl::Status MoeLayerGpu::BackwardRoute(const Bf16* d_x_next, Bf16* d_x, const LayerStreams& s) {

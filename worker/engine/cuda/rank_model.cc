@@ -29,7 +29,7 @@ RankModel::RankModel(const EngineConfig& config, int rank, const LayerDims& dims
       layout_(config.model, config.parallel.ep, rank % config.parallel.ep, config.tokens_per_rank) {}
 
 RankModel::~RankModel() {
-  for (cudaStream_t s : {streams_.main, streams_.side, streams_.wgrad, streams_.optimizer}) {
+  for (cudaStream_t s : {streams_.main, streams_.comm, streams_.side, streams_.wgrad, streams_.optimizer}) {
     if (s != nullptr) cudaStreamDestroy(s);
   }
 }
@@ -101,6 +101,9 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
   arena_ = arena;
   for (cudaStream_t* s : {&streams_.main, &streams_.side, &streams_.wgrad, &streams_.optimizer}) {
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+  }
+  if (dims_.overlap_chunks > 1) {
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&streams_.comm, cudaStreamNonBlocking));
   }
   streams_.links = links;
   streams_.timer = timer;

@@ -43,7 +43,9 @@
 // Group offsets (input): int32 [G + 1], offsets[0] = 0, non-decreasing, offsets[G] <= rows; device
 // memory for the CUDA kernels (never read by the host: no synchronization), host memory for the CPU
 // references. A null group_offsets means one group holding every row. Rows at or past offsets[G]
-// are neither read nor written, in any layout.
+// are neither read nor written, in any layout. The row-wise-only quantization (no column-wise
+// output) also takes offsets[0] > 0, a run of the groups: rows before offsets[0] are then neither
+// read nor written (the engine quantizes one chunk of experts at a time so).
 #ifndef DROPLESS_KERNELS_FP8_BLOCK_H_
 #define DROPLESS_KERNELS_FP8_BLOCK_H_
 

@@ -34,7 +34,8 @@
 // the offsets' contents. Row offsets are clamped to [0, max_rows] on the device; padded offsets to
 // [0, padded_rows] and widened to multiples of 128 (a no-op for the quantizer's). Rows of Y / dX
 // at or past offsets[num_groups] are never written; no row of A at or past a group's end is read
-// for that group.
+// for that group. Forward and BackwardData also take a run of a larger grouping's groups (row
+// offsets[0] > 0; rows before it untouched).
 //
 // Scale buffers need no slack rows: the scale loads are per element (cp.async), predicated on the
 // group's extent along M (and N, K); a tile's scale rows past its group's end are not loaded (their

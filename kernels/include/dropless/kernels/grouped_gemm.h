@@ -16,7 +16,9 @@
 // The transposes are read through the operand layout (the tensor cores take either major order for
 // 16-bit types), never materialized.
 //
-// offsets: device int32 [num_groups + 1], offsets[0] = 0, non-decreasing. Values are clamped to
+// offsets: device int32 [num_groups + 1], non-decreasing; offsets[0] is 0, or for Forward and
+// BackwardData a run of a larger grouping's groups (offsets + first with W at its expert first):
+// rows before offsets[0] are then neither read nor written. Values are clamped to
 // [0, max_rows] on the device (a corrupt plan cannot make the kernel read past the buffers). Rows at
 // or past offsets[num_groups] of Y / dX are left untouched.
 //

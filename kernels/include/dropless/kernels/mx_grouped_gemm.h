@@ -31,7 +31,8 @@
 // Offsets live on the device (int32, num_groups + 1 entries) and are never read by the host:
 // calls only launch (no host synchronization) and can be captured in a CUDA graph. Offsets are
 // clamped to [0, max_rows] (row offsets) or [0, padded_rows] (padded offsets) on the device. Rows
-// of Y / dX at or past offsets[num_groups] are never written.
+// of Y / dX at or past offsets[num_groups] are never written. Forward and BackwardData also take
+// a run of a larger grouping's groups (row offsets[0] > 0; rows before it untouched).
 //
 // Weight-gradient calls on one object must be ordered on one stream: the default picks its tile
 // shape on the device per call through a choice word the object owns (the other products keep no

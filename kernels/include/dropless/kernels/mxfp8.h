@@ -48,7 +48,9 @@
 // Group offsets (input): int32 [G + 1], offsets[0] = 0, non-decreasing, offsets[G] <= rows; they
 // live in device memory for the CUDA kernels (no host synchronization), host memory for the CPU
 // references. A null group_offsets means one group holding every row. Rows at or past offsets[G]
-// are neither read nor written, in any layout.
+// are neither read nor written, in any layout. The row-wise-only quantization (no column-wise
+// output) also takes offsets[0] > 0, a run of the groups: rows before offsets[0] are then neither
+// read nor written.
 //
 // Both layouts come from one read of the input (one launch for every group).
 #ifndef DROPLESS_KERNELS_MXFP8_H_

@@ -66,30 +66,47 @@ __device__ inline void PlanFromCountMatrix(const int32_t* count_matrix, int rank
   PlanOfRank(counts, ranks, experts, p, job, owner_prefix, job_counts, recv_offsets, dest_rows);
 }
 
-// Sender rows [offsets[0] + warp_first, offsets[experts]) stepping by warp_stride, one warp per row of row_vectors V
-// (uint4 for rows of a multiple of 16 bytes, uint32_t for MXFP8 scale rows of a multiple of 4):
-// row i of expert e (offsets in shared memory, experts + 1 entries) <-> row dest_rows[e] + i -
-// offsets[e] of the receive buffer recv[e / local_experts]. to_owner: send -> recv, else back.
+// The rows one sender exchanges, one warp per row of row_vectors V (uint4 for rows of a multiple
+// of 16 bytes, uint32_t for scale rows of a multiple of 4): row i of global expert e (offsets in
+// shared memory, experts + 1 entries) <-> row dest_rows[e] + i - offsets[e] of the receive buffer
+// recv[e / local_experts]. Only the experts of the run [first, first + count) of every owner's
+// local experts take part (count = local_experts: every row); the run's rows, owner by owner, are
+// numbered 0, 1, ... and warp w takes numbers warp_first + w * warp_stride. to_owner: send ->
+// recv, else back.
 template <typename V>
 __device__ inline void ExchangeRowsOfSender(const int32_t* offsets, const int32_t* dest_rows,
-                                            int experts, int local_experts, uint8_t* send,
-                                            uint8_t* const* recv, int64_t row_vectors,
-                                            bool to_owner, int64_t warp_first,
-                                            int64_t warp_stride) {
-  const int64_t total = offsets[experts];
+                                            int experts, int local_experts, int first, int count,
+                                            uint8_t* send, uint8_t* const* recv,
+                                            int64_t row_vectors, bool to_owner,
+                                            int64_t warp_first, int64_t warp_stride) {
+  const int owners = experts / local_experts;
   const int lane = threadIdx.x % 32;
-  for (int64_t i = offsets[0] + warp_first; i < total; i += warp_stride) {
-    int lo = 0, hi = experts;  // offsets[lo] <= i < offsets[hi]
+  // Numbers [before[p], before[p + 1]) are owner p's run, rows [start[p], ...) of the sender.
+  int64_t total = 0;
+  for (int p = 0; p < owners; ++p) {
+    total += offsets[p * local_experts + first + count] - offsets[p * local_experts + first];
+  }
+  for (int64_t v = warp_first; v < total; v += warp_stride) {
+    int p = 0;
+    int64_t before = 0;
+    for (;; ++p) {
+      const int64_t run = offsets[p * local_experts + first + count] - offsets[p * local_experts + first];
+      if (v < before + run || p + 1 == owners) break;
+      before += run;
+    }
+    const int e0 = p * local_experts + first;
+    const int64_t i = offsets[e0] + (v - before);
+    int lo = e0, hi = e0 + count;  // offsets[lo] <= i < offsets[hi]
     while (hi - lo > 1) {
       const int mid = (lo + hi) / 2;
       if (offsets[mid] <= i) lo = mid; else hi = mid;
     }
     const int64_t dst = dest_rows[lo] + (i - offsets[lo]);
     V* mine = reinterpret_cast<V*>(send) + i * row_vectors;
-    V* theirs = reinterpret_cast<V*>(recv[lo / local_experts]) + dst * row_vectors;
+    V* theirs = reinterpret_cast<V*>(recv[p]) + dst * row_vectors;
     const V* from = to_owner ? mine : theirs;
     V* to = to_owner ? theirs : mine;
-    for (int64_t v = lane; v < row_vectors; v += 32) to[v] = from[v];
+    for (int64_t k = lane; k < row_vectors; k += 32) to[k] = from[k];
   }
 }
 

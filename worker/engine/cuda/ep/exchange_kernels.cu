@@ -41,15 +41,16 @@ __global__ void PlanGroupKernel(GroupPlans plans, int ranks, int experts) {
 
 // blockIdx.y: the sending rank; one warp per row.
 template <typename V>
-__global__ void ExchangeGroupRowsKernel(GroupRows rows, int experts, int local_experts,
-                                        int64_t row_vectors, bool to_owner) {
+__global__ void ExchangeGroupRowsKernel(GroupRows rows, int experts, int local_experts, int first,
+                                        int count, int64_t row_vectors, bool to_owner) {
   __shared__ int32_t offsets[kMaxExperts + 1];
   const int s = blockIdx.y;
   for (int e = threadIdx.x; e <= experts; e += blockDim.x) offsets[e] = rows.send_offsets[s][e];
   __syncthreads();
   const int64_t warps_per_block = blockDim.x / 32;
   exchange_device::ExchangeRowsOfSender<V>(offsets, rows.dest_rows[s], experts, local_experts,
-                                        rows.send[s], rows.recv, row_vectors, to_owner,
+                                           first, count, rows.send[s], rows.recv, row_vectors,
+                                           to_owner,
                                         blockIdx.x * warps_per_block + threadIdx.x / 32,
                                         gridDim.x * warps_per_block);
 }
@@ -102,6 +103,17 @@ absl::Status ValidateEpShape(const EpShape& shape) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateLocalExperts(const EpShape& shape, LocalExperts run) {
+  const int El = shape.local_experts();
+  if (run.count == 0 && run.first == 0) return absl::OkStatus();
+  if (run.first < 0 || run.count < 1 || run.first + run.count > El) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "EP exchange: local experts [%d, %d) are not a run of the %d local experts", run.first,
+        run.first + run.count, El));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateRankCalls(const ExpertDispatcher& dispatcher,
                                absl::Span<const RankCall> calls, bool rows, size_t row_bytes) {
   const std::string name(dispatcher.name());
@@ -143,8 +155,11 @@ absl::Status PlanGroupExchange(const GroupPlans& plans, const EpShape& shape, cu
 }
 
 absl::Status ExchangeGroupRows(const GroupRows& rows, const EpShape& shape, size_t row_bytes,
-                               bool to_owner, int sms, cudaStream_t stream) {
+                               bool to_owner, LocalExperts experts, int sms, cudaStream_t stream) {
   DROPLESS_RETURN_IF_ERROR(ValidateEpShape(shape));
+  DROPLESS_RETURN_IF_ERROR(ValidateLocalExperts(shape, experts));
+  const int first = experts.count == 0 ? 0 : experts.first;
+  const int count = experts.count == 0 ? shape.local_experts() : experts.count;
   if (row_bytes == 0 || row_bytes % 4 != 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("EP exchange: row of %d bytes is not a positive multiple of 4", row_bytes));
@@ -158,10 +173,10 @@ absl::Status ExchangeGroupRows(const GroupRows& rows, const EpShape& shape, size
   const int64_t vectors = exchange_device::RowVectors(row_bytes);
   if (exchange_device::WideRows(row_bytes)) {
     ExchangeGroupRowsKernel<uint4><<<grid, kRowThreads, 0, stream>>>(
-        rows, shape.experts, shape.local_experts(), vectors, to_owner);
+        rows, shape.experts, shape.local_experts(), first, count, vectors, to_owner);
   } else {
     ExchangeGroupRowsKernel<uint32_t><<<grid, kRowThreads, 0, stream>>>(
-        rows, shape.experts, shape.local_experts(), vectors, to_owner);
+        rows, shape.experts, shape.local_experts(), first, count, vectors, to_owner);
   }
   return LaunchStatus("ExchangeGroupRowsKernel");
 }

@@ -35,9 +35,10 @@ struct GroupRows {
   uint8_t* send[kMaxLocalRanks];
   uint8_t* recv[kMaxLocalRanks];
 };
-// sms: the device's multiprocessors (the grid covers them about four times over).
+// Only the rows of the `experts` run of every owner's local experts (count 0: all). sms: the
+// device's multiprocessors (the grid covers them about four times over).
 absl::Status ExchangeGroupRows(const GroupRows& rows, const EpShape& shape, size_t row_bytes,
-                               bool to_owner, int sms, cudaStream_t stream);
+                               bool to_owner, LocalExperts experts, int sms, cudaStream_t stream);
 
 // data[r][i] = sum over ranks (in rank order) of data[r][i], for every rank r.
 absl::Status SumAcrossRanks(float* const* data, int ranks, size_t count, cudaStream_t stream);

@@ -59,6 +59,16 @@ class ExpertDispatcher;
 absl::Status AllocateExchangePlan(ExpertDispatcher* dispatcher, DeviceArena* arena,
                                   ExchangePlan* plan);
 
+// A run of every owner's local experts, [first, first + count): an exchange restricted to it moves
+// only the rows of those experts (overlap's chunks: the rows of the first experts travel while the
+// GEMMs of the previous run compute). count 0 means every local expert.
+struct LocalExperts {
+  int first = 0;
+  int count = 0;
+};
+// InvalidArgument naming the run when it is not inside [0, local_experts).
+absl::Status ValidateLocalExperts(const EpShape& shape, LocalExperts run);
+
 // One local rank's arguments to a collective call.
 struct RankCall {
   const ExchangePlan* plan = nullptr;
@@ -94,14 +104,19 @@ class ExpertDispatcher {
   // each rank's plan.
   virtual absl::Status Plan(absl::Span<const RankCall> calls) = 0;
   // Rows of row_bytes (a multiple of 4; 16 copies fastest) from each rank's send_rows to the
-  // owners' recv_rows.
-  absl::Status Dispatch(absl::Span<const RankCall> calls, size_t row_bytes) {
-    return Exchange(calls, row_bytes, /*to_owner=*/true);
+  // owners' recv_rows: the rows of the `experts` run of every owner (all by default).
+  absl::Status Dispatch(absl::Span<const RankCall> calls, size_t row_bytes,
+                        LocalExperts experts = {}) {
+    return Exchange(calls, row_bytes, /*to_owner=*/true, experts);
   }
   // The reverse: each received row back to the position in its source's send_rows.
-  absl::Status Combine(absl::Span<const RankCall> calls, size_t row_bytes) {
-    return Exchange(calls, row_bytes, /*to_owner=*/false);
+  absl::Status Combine(absl::Span<const RankCall> calls, size_t row_bytes,
+                       LocalExperts experts = {}) {
+    return Exchange(calls, row_bytes, /*to_owner=*/false, experts);
   }
+  // Whether Dispatch and Combine move a run of the local experts for about its share of the
+  // bytes (what overlap's chunks need); a dispatcher that cannot refuses runs.
+  virtual bool exchanges_expert_runs() const { return true; }
   // In-place sums over the EP group: data[r] is local rank r's buffer, streams[r] its stream.
   virtual absl::Status AllReduceSum(absl::Span<float* const> data, size_t count,
                                     absl::Span<const cudaStream_t> streams) = 0;
@@ -109,9 +124,9 @@ class ExpertDispatcher {
                                     absl::Span<const cudaStream_t> streams) = 0;
 
  protected:
-  // Dispatch (to_owner) or Combine.
-  virtual absl::Status Exchange(absl::Span<const RankCall> calls, size_t row_bytes,
-                                bool to_owner) = 0;
+  // Dispatch (to_owner) or Combine of the rows of the `experts` run (count 0: every expert).
+  virtual absl::Status Exchange(absl::Span<const RankCall> calls, size_t row_bytes, bool to_owner,
+                                LocalExperts experts) = 0;
 };
 
 // One clear error when `calls` are not one complete call per local rank (with buffers when
@@ -142,6 +157,8 @@ absl::Status NcclLsaReachable(NcclGroup& group);
 // ncclSend/ncclRecv of the rows), for ranks that load/store cannot reach. Sizes stay on the device,
 // so every exchange moves whole slots of shape.rows rows per peer (ep x an exact exchange's
 // bytes); max_row_bytes: the largest row any call moves (staging: 2 x ep x rows x max_row_bytes).
+// Its slots do not shrink with the rows that count, so it refuses runs of the local experts
+// (exchanges_expert_runs() is false: overlap would multiply its bytes by the chunks).
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewNcclA2aDispatcher(
     const EpShape& shape, size_t max_row_bytes, std::unique_ptr<NcclGroup> group);
 

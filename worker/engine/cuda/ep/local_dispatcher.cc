@@ -76,8 +76,8 @@ class LocalDispatcher final : public ExpertDispatcher {
     return absl::OkStatus();
   }
 
-  absl::Status Exchange(absl::Span<const RankCall> calls, size_t row_bytes,
-                        bool to_owner) override {
+  absl::Status Exchange(absl::Span<const RankCall> calls, size_t row_bytes, bool to_owner,
+                        LocalExperts experts) override {
     DROPLESS_RETURN_IF_ERROR(ValidateRankCalls(*this, calls, /*rows=*/true, row_bytes));
     GroupRows rows{};
     for (int r = 0; r < shape_.ep; ++r) {
@@ -87,7 +87,7 @@ class LocalDispatcher final : public ExpertDispatcher {
       rows.recv[r] = static_cast<uint8_t*>(calls[r].recv_rows);
     }
     return Collective(Streams(calls), [&](cudaStream_t s) {
-      return ExchangeGroupRows(rows, shape_, row_bytes, to_owner, sms_, s);
+      return ExchangeGroupRows(rows, shape_, row_bytes, to_owner, experts, sms_, s);
     });
   }
 

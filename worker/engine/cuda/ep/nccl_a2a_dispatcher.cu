@@ -80,7 +80,7 @@ __global__ void OwnerRowsKernel(const int32_t* count_matrix, const int32_t* recv
   __syncthreads();
   uint8_t* const owner[1] = {recv};
   const int64_t warps_per_block = blockDim.x / 32;
-  xd::ExchangeRowsOfSender<V>(offsets + first, dest, local, local,
+  xd::ExchangeRowsOfSender<V>(offsets + first, dest, local, local, 0, local,
                               slots + static_cast<size_t>(source) * slot_bytes, owner, row_vectors,
                               to_owner, blockIdx.x * warps_per_block + threadIdx.x / 32,
                               gridDim.x * warps_per_block);
@@ -210,9 +210,18 @@ class NcclA2aDispatcher final : public ExpertDispatcher {
     return static_cast<unsigned>(std::max<int64_t>(1, per_source));
   }
 
-  absl::Status Exchange(absl::Span<const RankCall> calls, size_t row_bytes,
-                        bool to_owner) override {
+  bool exchanges_expert_runs() const override { return false; }
+
+  absl::Status Exchange(absl::Span<const RankCall> calls, size_t row_bytes, bool to_owner,
+                        LocalExperts experts) override {
     DROPLESS_RETURN_IF_ERROR(ValidateRankCalls(*this, calls, /*rows=*/true, row_bytes));
+    DROPLESS_RETURN_IF_ERROR(ValidateLocalExperts(shape_, experts));
+    if (experts.count != 0 && experts.count != shape_.local_experts()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "nccl-a2a: exchanges of a run of the local experts ([%d, %d) of %d) are not supported: "
+          "its fixed-size slots would move every row for each run",
+          experts.first, experts.first + experts.count, shape_.local_experts()));
+    }
     if (row_bytes > max_row_bytes_) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "nccl-a2a: rows of %d bytes, above the %d this dispatcher was built for", row_bytes,

@@ -60,8 +60,8 @@ __global__ void LsaPlanKernel(ncclDevComm comm, ncclWindow_t matrix_window, size
 template <typename V>
 __global__ void LsaRowsKernel(ncclWindow_t recv_window, size_t recv_offset,
                               const int32_t* send_offsets, const int32_t* dest_rows,
-                              uint8_t* send, int ranks, int experts, int64_t row_vectors,
-                              bool to_owner) {
+                              uint8_t* send, int ranks, int experts, int first, int count,
+                              int64_t row_vectors, bool to_owner) {
   __shared__ int32_t offsets[xd::kMaxExperts + 1];
   __shared__ uint8_t* recv[kMaxLocalRanks];
   for (int e = threadIdx.x; e <= experts; e += blockDim.x) offsets[e] = send_offsets[e];
@@ -70,9 +70,10 @@ __global__ void LsaRowsKernel(ncclWindow_t recv_window, size_t recv_offset,
   }
   __syncthreads();
   const int64_t warps_per_block = blockDim.x / 32;
-  xd::ExchangeRowsOfSender<V>(offsets, dest_rows, experts, experts / ranks, send, recv, row_vectors,
-                           to_owner, blockIdx.x * warps_per_block + threadIdx.x / 32,
-                           gridDim.x * warps_per_block);
+  xd::ExchangeRowsOfSender<V>(offsets, dest_rows, experts, experts / ranks, first, count, send,
+                              recv, row_vectors, to_owner,
+                              blockIdx.x * warps_per_block + threadIdx.x / 32,
+                              gridDim.x * warps_per_block);
 }
 
 // The device API's structures are those of the headers built against: an older library would
@@ -196,9 +197,12 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
     return absl::OkStatus();
   }
 
-  absl::Status Exchange(absl::Span<const RankCall> calls, size_t row_bytes,
-                        bool to_owner) override {
+  absl::Status Exchange(absl::Span<const RankCall> calls, size_t row_bytes, bool to_owner,
+                        LocalExperts experts) override {
     DROPLESS_RETURN_IF_ERROR(ValidateRankCalls(*this, calls, /*rows=*/true, row_bytes));
+    DROPLESS_RETURN_IF_ERROR(ValidateLocalExperts(shape_, experts));
+    const int first = experts.count == 0 ? 0 : experts.first;
+    const int count = experts.count == 0 ? shape_.local_experts() : experts.count;
     const RankCall& c = calls[0];
     absl::StatusOr<std::pair<ncclWindow_t, size_t>> recv = Resolve(c.recv_rows);
     if (!recv.ok()) return recv.status();
@@ -212,7 +216,7 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
       auto* kernel = xd::WideRows(row_bytes) ? LsaRowsKernel<uint4> : LsaRowsKernel<uint32_t>;
       kernel<<<static_cast<unsigned>(blocks), kRowThreads, 0, c.stream>>>(
           recv->first, recv->second, c.plan->send_offsets, c.plan->dest_rows,
-          static_cast<uint8_t*>(c.send_rows), shape_.ep, shape_.experts,
+          static_cast<uint8_t*>(c.send_rows), shape_.ep, shape_.experts, first, count,
           xd::RowVectors(row_bytes), to_owner);
       DROPLESS_RETURN_IF_ERROR(LaunchStatus("LsaRowsKernel"));
     }
