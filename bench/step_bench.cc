@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -51,7 +52,8 @@ struct Flags {
   std::vector<int> eps = {1};
   // Engine settings compared in one run (engines held side by side, rounds alternating):
   // "default", "optimizer-overlap" / "optimizer-after-backward" (DROPLESS_OPTIMIZER_OVERLAP), or
-  // "activation-offload" (the spec's activation_offload: true), "overlap" (overlap: true; EP > 1).
+  // "activation-offload" (the spec's activation_offload: true), "overlap" (overlap: true; EP > 1),
+  // "overlap:N" (the same with N multiprocessors left to the exchanges, DROPLESS_EXCHANGE_SMS).
   std::vector<std::string> variants = {"default"};
   std::string json, commit;
 };
@@ -94,7 +96,8 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
       std::fprintf(stderr,
                    "step bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
                    "--precision=bf16,mxfp8,fp8-block --steps=N --warmup=N --rounds=N --layers=N --ep=1,2,8 "
-                   "--variants=default|optimizer-overlap,optimizer-after-backward,activation-offload,overlap "
+                   "--variants=default|optimizer-overlap,optimizer-after-backward,activation-offload,overlap,"
+                   "overlap:N "
                    "--json=PATH "
                    "--commit=SHA\n",
                    a.c_str());
@@ -102,6 +105,10 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
     }
   }
   return f;
+}
+
+bool IsOverlap(const std::string& variant) {
+  return variant == "overlap" || absl::StartsWith(variant, "overlap:");
 }
 
 EngineConfig ConfigOf(const StepShape& s, const std::string& precision, int layers, int ep) {
@@ -166,7 +173,7 @@ int RunStepBench(const std::vector<std::string>& args) {
           if (variant == "optimizer-after-backward") {
             setenv("DROPLESS_OPTIMIZER_OVERLAP", "0", 1);
           } else if (variant == "optimizer-overlap" || variant == "default" ||
-                     variant == "activation-offload" || variant == "overlap") {
+                     variant == "activation-offload" || IsOverlap(variant)) {
             unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
           } else {
             std::fprintf(stderr, "step bench: unknown variant %s\n", variant.c_str());
@@ -174,11 +181,15 @@ int RunStepBench(const std::vector<std::string>& args) {
           }
           EngineConfig config = ConfigOf(*shape, precision, f.layers, ep);
           config.activation_offload = variant == "activation-offload";
-          config.overlap = variant == "overlap";
+          config.overlap = IsOverlap(variant);
+          if (absl::StartsWith(variant, "overlap:")) {
+            setenv("DROPLESS_EXCHANGE_SMS", variant.substr(8).c_str(), 1);
+          }
           absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> engine =
               ep == 1 ? cuda_engine::CreateCudaEngine(config, 0, 1, nullptr)
                       : cuda_engine::CreateLocalEpCudaEngine(config);
           unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
+          unsetenv("DROPLESS_EXCHANGE_SMS");
           CheckStatus(engine.status(), "step", "creating the engine");
           runs.push_back(Run{variant, *std::move(engine), {}, {}, {}});
         }
@@ -227,7 +238,7 @@ int RunStepBench(const std::vector<std::string>& args) {
               "\"note\": \"%s\"}",
               shape->name, precision, median, tflops, tflops * 1e12 / peak, mem_gib, ep,
               ep > 1 ? "local" : "none", run.variant == "activation-offload" ? "true" : "false",
-              run.variant == "overlap" ? "true" : "false",
+              IsOverlap(run.variant) ? "true" : "false",
               gemm_tflops, d.forward_seconds * 1e3,
               d.backward_seconds * 1e3, d.optimizer_seconds * 1e3, d.data_seconds * 1e3,
               run.last.dispatch_seconds * 1e3, run.last.combine_seconds * 1e3, f.layers,

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -161,6 +162,7 @@ class GroupedGemmImpl final : public GroupedGemm {
       return absl::FailedPreconditionError(absl::StrCat(
           "grouped gemm: needs a Hopper (sm_90) device, device ", device, " is sm_", major, "x"));
     }
+    if (options_.max_sms > 0) sms = std::min(sms, options_.max_sms);
     grouped_gemm_internal::RunnerShape shape{options_.num_groups, options_.k, options_.n,
                                              options_.max_rows, sms};
     const std::string* forced[3] = {&options_.forward_kernel, &options_.backward_data_kernel,

@@ -40,6 +40,9 @@ using Clock = std::chrono::steady_clock;
 constexpr absl::Duration kNcclJoinTimeout = absl::Seconds(120);
 // Overlap's chunks of the local experts per exchange (fewer when a rank has fewer experts).
 constexpr int kOverlapChunks = 4;
+// Multiprocessors the expert GEMMs leave to the exchange kernels beside them with overlap (the
+// persistent GEMMs otherwise hold every one until they end, and nothing overlaps).
+constexpr int kExchangeSms = 20;
 
 class CudaEngineImpl final : public CudaEngine {
  public:
@@ -158,6 +161,14 @@ absl::Status CudaEngineImpl::Initialize() {
   dims_.precision = config_.precision;
   dims_.recompute = config_.activation_offload;
   dims_.overlap_chunks = config_.overlap ? std::min(kOverlapChunks, dims_.local_experts()) : 1;
+  if (config_.overlap) {
+    // The exchanges' multiprocessors: the expert GEMMs leave them free (DROPLESS_EXCHANGE_SMS
+    // overrides the default, for A/B runs of dropless-bench step).
+    int sms = 0, reserve = kExchangeSms;
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    if (const char* r = std::getenv("DROPLESS_EXCHANGE_SMS"); r != nullptr) reserve = std::atoi(r);
+    dims_.expert_gemm_sms = reserve > 0 ? std::max(1, sms - reserve) : 0;
+  }
   DROPLESS_RETURN_IF_ERROR(CreateDispatcher());
   if (config_.overlap && (dispatcher_ == nullptr || !dispatcher_->exchanges_expert_runs())) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -61,6 +61,7 @@ absl::Status LayerKernels::CreateExpertGemms(int groups, ExpertGemms* out) const
       o.n = static_cast<int>(ndim);
       o.max_rows = R;
       o.expected_rows_per_group = expected_rows;
+      o.max_sms = d.expert_gemm_sms;
       DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->mx_w1 : &out->mx_w2));
     } else if (d.fp8_block()) {
       kernels::Fp8BlockGroupedGemmOptions o;
@@ -69,6 +70,7 @@ absl::Status LayerKernels::CreateExpertGemms(int groups, ExpertGemms* out) const
       o.n = static_cast<int>(ndim);
       o.max_rows = R;
       o.padded_rows = kernels::Fp8ColwisePaddedRows(R, El);
+      o.max_sms = d.expert_gemm_sms;
       DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->fb_w1 : &out->fb_w2));
     } else {
       kernels::GroupedGemmOptions o;
@@ -78,6 +80,7 @@ absl::Status LayerKernels::CreateExpertGemms(int groups, ExpertGemms* out) const
       o.max_rows = R;
       o.expected_rows_per_group = expected_rows;
       o.weight_grad_type = kernels::GradType::kFloat32;
+      o.max_sms = d.expert_gemm_sms;
       DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->w1 : &out->w2));
     }
   }

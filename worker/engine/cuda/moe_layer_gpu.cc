@@ -39,6 +39,11 @@ std::vector<LocalExperts> LayerDims::ExpertChunks() const {
   return runs;
 }
 
+std::vector<LocalExperts> ExpertRuns(const LayerDims& dims, const LayerStreams& streams) {
+  if (streams.comm == nullptr) return {LocalExperts{}};
+  return dims.ExpertChunks();
+}
+
 absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDims& d,
                                                                    DeviceArena* arena,
                                                                    ExpertDispatcher* dispatcher) {

@@ -68,6 +68,9 @@ struct LayerDims {
   // Overlap: each exchange and the expert GEMMs it feeds run in this many chunks of the local
   // experts (at most local_experts(); 1: no overlap).
   int overlap_chunks = 1;
+  // The routed experts' GEMMs stay on at most this many multiprocessors (0: all): with overlap,
+  // the rest are left to the exchange kernels that run beside them.
+  int expert_gemm_sms = 0;
 
   bool mxfp8() const { return precision == Precision::kMxfp8; }
   bool fp8_block() const { return precision == Precision::kFp8Block; }
@@ -81,6 +84,12 @@ struct LayerDims {
   // expert} without overlap).
   std::vector<LocalExperts> ExpertChunks() const;
 };
+
+struct LayerStreams;
+// The runs a layer's exchanges and expert stages go through: ExpertChunks() when the streams
+// have a comm stream for the exchanges, else one run of every local expert. The one decision the
+// group driver and the layer's stages share.
+std::vector<LocalExperts> ExpertRuns(const LayerDims& dims, const LayerStreams& streams);
 
 // MXFP8 copies of one expert weight W [El][k][n]: quantized along n (the data gradient's operand,
 // [El][k][n] + scales [El][k][n/32]) and along k (the forward's, W^T [El][n][k] + [El][n][k/32]).

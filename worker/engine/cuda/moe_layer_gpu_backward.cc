@@ -165,6 +165,8 @@ absl::Status MoeLayerGpu::BackwardW2Data(const LayerWeights& w, const LayerGrads
   // BackwardExpertsMiddle, once every run has arrived).
   const bool whole = Whole(run);
   const int groups = whole ? El : run.count;
+  // A run's offsets (offsets + first) are for the row-wise-only quantization: the column-wise
+  // output's padded offsets need the groups from the first.
   const int32_t* offsets = ExpertOffsets() + (whole ? 0 : run.first);
   if (d.mxfp8()) {
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, H, groups}, o.dy,
@@ -193,7 +195,7 @@ absl::Status MoeLayerGpu::BackwardExpertsMiddle(const LayerWeights& w, const Lay
   LayerKernels& k = *k_;
   // In chunks, the weight gradient waits for every run's output gradient (and quantizes its
   // column-wise form itself).
-  const bool chunked = d.ExpertChunks().size() > 1;
+  const bool chunked = ExpertRuns(d, s).size() > 1;
   if (chunked) DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
   DROPLESS_RETURN_IF_ERROR(WeightGradient(W2(w, grads), F, H, /*dy_colwise=*/chunked, s));
   // w2's gradient is complete and no later work reads its working copy: its update can start.

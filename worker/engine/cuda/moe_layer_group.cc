@@ -17,8 +17,7 @@ cudaStream_t ExchangeStream(const LayerStreams& s) {
 }
 
 std::vector<LocalExperts> ChunksOf(absl::Span<const RankLayer> ranks) {
-  return ranks[0].streams.comm != nullptr ? ranks[0].layer->dims().ExpertChunks()
-                                          : std::vector<LocalExperts>{LocalExperts{}};
+  return ExpertRuns(ranks[0].layer->dims(), ranks[0].streams);
 }
 
 absl::Status CheckGroup(ExpertDispatcher* dispatcher, absl::Span<const RankLayer> ranks) {

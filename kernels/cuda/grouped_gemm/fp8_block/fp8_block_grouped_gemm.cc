@@ -175,7 +175,7 @@ absl::StatusOr<std::unique_ptr<Fp8BlockGroupedGemm>> Fp8BlockGroupedGemm::Create
   shape.padded_rows = options.padded_rows > 0
                           ? options.padded_rows
                           : Fp8ColwisePaddedRows(options.max_rows, options.num_groups);
-  shape.sm_count = sms;
+  shape.sm_count = options.max_sms > 0 ? std::min(sms, options.max_sms) : sms;
   const auto& m_grouped = Named(fp8_block_gemm::kMGroupedKernels, options.m_grouped_kernel);
   const auto& wgrad = Named(fp8_block_gemm::kWeightGradientKernels, options.weight_gradient_kernel);
   auto forward = m_grouped.forward(shape);

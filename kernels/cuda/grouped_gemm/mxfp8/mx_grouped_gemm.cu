@@ -8,6 +8,8 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
+
+#include <algorithm>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -439,7 +441,8 @@ absl::StatusOr<std::unique_ptr<MxGroupedGemm>> MxGroupedGemm::Create(
     }
   }
   return std::unique_ptr<MxGroupedGemm>(
-      new MxGroupedGemmImpl(options, sms, m_kernel, k_kernel, choice));
+      new MxGroupedGemmImpl(options, options.max_sms > 0 ? std::min(sms, options.max_sms) : sms,
+                            m_kernel, k_kernel, choice));
 }
 
 std::vector<std::string> MxGroupedGemm::KernelNames() {

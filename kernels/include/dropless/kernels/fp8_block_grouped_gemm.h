@@ -78,6 +78,9 @@ struct Fp8BlockGroupedGemmOptions {
   // gradient, one of WeightGradientKernelNames(); empty means the default (the first).
   std::string m_grouped_kernel;
   std::string weight_gradient_kernel;
+  // The persistent kernels' CTAs stay on at most this many multiprocessors (0: every one), so
+  // that kernels on other streams (an expert exchange beside the GEMMs) find some free.
+  int max_sms = 0;
 };
 
 class Fp8BlockGroupedGemm {

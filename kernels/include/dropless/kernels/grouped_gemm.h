@@ -65,6 +65,9 @@ struct GroupedGemmOptions {
   std::string forward_kernel;
   std::string backward_data_kernel;
   std::string backward_weight_kernel;
+  // The persistent kernels' CTAs stay on at most this many multiprocessors (0: every one), so
+  // that kernels on other streams (an expert exchange beside the GEMMs) find some free.
+  int max_sms = 0;
 };
 
 class GroupedGemm {

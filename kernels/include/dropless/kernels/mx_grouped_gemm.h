@@ -76,6 +76,9 @@ struct MxGroupedGemmOptions {
   // Force a compiled kernel by name (one of KernelNames(), for benchmarks and tests); empty: the
   // default.
   std::string kernel;
+  // The persistent kernels' CTAs stay on at most this many multiprocessors (0: every one), so
+  // that kernels on other streams (an expert exchange beside the GEMMs) find some free.
+  int max_sms = 0;
 };
 
 class MxGroupedGemm {
