@@ -53,9 +53,7 @@ struct Flags {
   // Engine settings compared in one run (engines held side by side, rounds alternating):
   // "default", "optimizer-overlap" / "optimizer-after-backward" (DROPLESS_OPTIMIZER_OVERLAP), or
   // "activation-offload" (the spec's activation_offload: true), "overlap" (overlap: true; EP > 1),
-  // "overlap:N" (the same with N multiprocessors left to the exchanges, DROPLESS_EXCHANGE_SMS),
-  // "optimizer-sms:N" (the backward's expert GEMMs leave N to the updates beside them,
-  // DROPLESS_OPTIMIZER_SMS).
+  // "overlap:N" (the same with N multiprocessors left to the exchanges, DROPLESS_EXCHANGE_SMS).
   std::vector<std::string> variants = {"default"};
   std::string json, commit;
 };
@@ -99,7 +97,7 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
                    "step bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
                    "--precision=bf16,mxfp8,fp8-block --steps=N --warmup=N --rounds=N --layers=N --ep=1,2,8 "
                    "--variants=default|optimizer-overlap,optimizer-after-backward,activation-offload,overlap,"
-                   "overlap:N,optimizer-sms:N "
+                   "overlap:N "
                    "--json=PATH "
                    "--commit=SHA\n",
                    a.c_str());
@@ -175,8 +173,7 @@ int RunStepBench(const std::vector<std::string>& args) {
           if (variant == "optimizer-after-backward") {
             setenv("DROPLESS_OPTIMIZER_OVERLAP", "0", 1);
           } else if (variant == "optimizer-overlap" || variant == "default" ||
-                     variant == "activation-offload" || IsOverlap(variant) ||
-                     absl::StartsWith(variant, "optimizer-sms:")) {
+                     variant == "activation-offload" || IsOverlap(variant)) {
             unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
           } else {
             std::fprintf(stderr, "step bench: unknown variant %s\n", variant.c_str());
@@ -188,15 +185,11 @@ int RunStepBench(const std::vector<std::string>& args) {
           if (absl::StartsWith(variant, "overlap:")) {
             setenv("DROPLESS_EXCHANGE_SMS", variant.substr(8).c_str(), 1);
           }
-          if (absl::StartsWith(variant, "optimizer-sms:")) {
-            setenv("DROPLESS_OPTIMIZER_SMS", variant.substr(14).c_str(), 1);
-          }
           absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> engine =
               ep == 1 ? cuda_engine::CreateCudaEngine(config, 0, 1, nullptr)
                       : cuda_engine::CreateLocalEpCudaEngine(config);
           unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
           unsetenv("DROPLESS_EXCHANGE_SMS");
-          unsetenv("DROPLESS_OPTIMIZER_SMS");
           CheckStatus(engine.status(), "step", "creating the engine");
           runs.push_back(Run{variant, *std::move(engine), {}, {}, {}});
         }

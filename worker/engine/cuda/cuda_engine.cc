@@ -43,9 +43,6 @@ constexpr int kOverlapChunks = 4;
 // Multiprocessors the expert GEMMs leave to the exchange kernels beside them with overlap (the
 // persistent GEMMs otherwise hold every one until they end, and nothing overlaps).
 constexpr int kExchangeSms = 20;
-// Multiprocessors the backward's expert GEMMs leave to the optimizer updates queued beside them
-// (the persistent GEMMs otherwise hold every one and the updates wait for them to end).
-constexpr int kOptimizerSms = 0;
 
 class CudaEngineImpl final : public CudaEngine {
  public:
@@ -171,14 +168,6 @@ absl::Status CudaEngineImpl::Initialize() {
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     if (const char* r = std::getenv("DROPLESS_EXCHANGE_SMS"); r != nullptr) reserve = std::atoi(r);
     dims_.expert_gemm_sms = reserve > 0 ? std::max(1, sms - reserve) : 0;
-  }
-  if (overlap_optimizer_) {
-    // The optimizer's multiprocessors beside the backward's expert GEMMs (DROPLESS_OPTIMIZER_SMS,
-    // for A/B runs of dropless-bench step).
-    dims_.optimizer_sms = kOptimizerSms;
-    if (const char* o = std::getenv("DROPLESS_OPTIMIZER_SMS"); o != nullptr) {
-      dims_.optimizer_sms = std::max(0, std::atoi(o));
-    }
   }
   DROPLESS_RETURN_IF_ERROR(CreateDispatcher());
   if (config_.overlap && (dispatcher_ == nullptr || !dispatcher_->exchanges_expert_runs())) {
@@ -390,7 +379,6 @@ absl::Status CudaEngineImpl::RecordBackward() {
         };
       }
       const LayerDims d = dims_;
-      g.hooks.updates_running = l < L() - 1;  // the layers above have queued theirs
       g.hooks.experts_w2 = [r, og, w, l, d](cudaStream_t s) -> absl::Status {
         DROPLESS_RETURN_IF_ERROR(r->adamw()->Update(og.w2, 1, s));
         if (!d.quantized()) return absl::OkStatus();

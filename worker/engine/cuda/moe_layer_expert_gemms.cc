@@ -39,7 +39,7 @@ absl::Status AllocColwise(DeviceArena* arena, int64_t padded_rows, int64_t cols,
 
 }  // namespace
 
-absl::Status LayerKernels::CreateExpertGemms(int groups, int sms, ExpertGemms* out) const {
+absl::Status LayerKernels::CreateExpertGemms(int groups, ExpertGemms* out) const {
   const LayerDims& d = dims_;
   const int64_t H = d.hidden, F = d.ffn, Tk = d.rows(), R = d.recv_rows();
   const int El = d.local_experts();
@@ -61,7 +61,7 @@ absl::Status LayerKernels::CreateExpertGemms(int groups, int sms, ExpertGemms* o
       o.n = static_cast<int>(ndim);
       o.max_rows = R;
       o.expected_rows_per_group = expected_rows;
-      o.max_sms = sms;
+      o.max_sms = d.expert_gemm_sms;
       DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->mx_w1 : &out->mx_w2));
     } else if (d.fp8_block()) {
       kernels::Fp8BlockGroupedGemmOptions o;
@@ -70,7 +70,7 @@ absl::Status LayerKernels::CreateExpertGemms(int groups, int sms, ExpertGemms* o
       o.n = static_cast<int>(ndim);
       o.max_rows = R;
       o.padded_rows = kernels::Fp8ColwisePaddedRows(R, El);
-      o.max_sms = sms;
+      o.max_sms = d.expert_gemm_sms;
       DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->fb_w1 : &out->fb_w2));
     } else {
       kernels::GroupedGemmOptions o;
@@ -80,7 +80,7 @@ absl::Status LayerKernels::CreateExpertGemms(int groups, int sms, ExpertGemms* o
       o.max_rows = R;
       o.expected_rows_per_group = expected_rows;
       o.weight_grad_type = kernels::GradType::kFloat32;
-      o.max_sms = sms;
+      o.max_sms = d.expert_gemm_sms;
       DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->w1 : &out->w2));
     }
   }
@@ -167,14 +167,11 @@ absl::Status LayerKernels::QuantizeWeight(const Bf16* w, int64_t kdim, int64_t n
                            nullptr, &along_k, nullptr, stream);
 }
 
-MoeLayerGpu::ExpertOperands MoeLayerGpu::W1(const LayerWeights& w, const LayerGrads& g,
-                                            bool beside_optimizer) {
+MoeLayerGpu::ExpertOperands MoeLayerGpu::W1(const LayerWeights& w, const LayerGrads& g) {
   LayerKernels& k = *k_;
-  const int sms = k.GemmSms(beside_optimizer);
-  const LayerKernels::ExpertGemms& gemms = k.expert_gemms_.at({k.dims_.local_experts(), sms});
+  const LayerKernels::ExpertGemms& gemms = k.expert_gemms_.at(k.dims_.local_experts());
   ExpertOperands o;
   o.is_w1 = true;
-  o.sms = sms;
   o.gemm = gemms.w1.get();
   o.mx_gemm = gemms.mx_w1.get();
   o.fb_gemm = gemms.fb_w1.get();
@@ -199,13 +196,10 @@ MoeLayerGpu::ExpertOperands MoeLayerGpu::W1(const LayerWeights& w, const LayerGr
   return o;
 }
 
-MoeLayerGpu::ExpertOperands MoeLayerGpu::W2(const LayerWeights& w, const LayerGrads& g,
-                                            bool beside_optimizer) {
+MoeLayerGpu::ExpertOperands MoeLayerGpu::W2(const LayerWeights& w, const LayerGrads& g) {
   LayerKernels& k = *k_;
-  const int sms = k.GemmSms(beside_optimizer);
-  const LayerKernels::ExpertGemms& gemms = k.expert_gemms_.at({k.dims_.local_experts(), sms});
+  const LayerKernels::ExpertGemms& gemms = k.expert_gemms_.at(k.dims_.local_experts());
   ExpertOperands o;
-  o.sms = sms;
   o.gemm = gemms.w2.get();
   o.mx_gemm = gemms.mx_w2.get();
   o.fb_gemm = gemms.fb_w2.get();
@@ -232,7 +226,7 @@ MoeLayerGpu::ExpertOperands MoeLayerGpu::W2(const LayerWeights& w, const LayerGr
 
 MoeLayerGpu::ExpertOperands MoeLayerGpu::Run(const ExpertOperands& o, LocalExperts run) const {
   if (Whole(run)) return o;
-  const LayerKernels::ExpertGemms& gemms = k_->expert_gemms_.at({run.count, o.sms});
+  const LayerKernels::ExpertGemms& gemms = k_->expert_gemms_.at(run.count);
   const bool w1 = o.is_w1;
   ExpertOperands r = o;
   r.gemm = w1 ? gemms.w1.get() : gemms.w2.get();

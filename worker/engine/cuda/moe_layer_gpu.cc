@@ -39,12 +39,6 @@ std::vector<LocalExperts> LayerDims::ExpertChunks() const {
   return runs;
 }
 
-int LayerKernels::GemmSms(bool beside_optimizer) const {
-  if (!beside_optimizer || dims_.optimizer_sms <= 0) return dims_.expert_gemm_sms;
-  const int base = dims_.expert_gemm_sms > 0 ? dims_.expert_gemm_sms : device_sms_;
-  return std::max(1, base - dims_.optimizer_sms);
-}
-
 std::vector<LocalExperts> ExpertRuns(const LayerDims& dims, const LayerStreams& streams) {
   if (streams.comm == nullptr) return {LocalExperts{}};
   return dims.ExpertChunks();
@@ -83,18 +77,13 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
     return absl::InvalidArgumentError(absl::StrFormat(
         "overlap: %d chunks of %d local experts (1 to %d)", d.overlap_chunks, El, El));
   }
-  int device = 0;
-  DROPLESS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  DROPLESS_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&k->device_sms_, cudaDevAttrMultiProcessorCount, device));
-  std::vector<int> group_counts = {El};
-  for (const LocalExperts& run : d.ExpertChunks()) group_counts.push_back(run.count);
-  for (int groups : group_counts) {
-    for (bool beside : {false, true}) {
-      const std::pair<int, int> key{groups, k->GemmSms(beside)};
-      if (k->expert_gemms_.count(key) != 0) continue;
-      DROPLESS_RETURN_IF_ERROR(k->CreateExpertGemms(key.first, key.second, &k->expert_gemms_[key]));
+  for (const LocalExperts& run : d.ExpertChunks()) {
+    if (k->expert_gemms_.count(run.count) == 0) {
+      DROPLESS_RETURN_IF_ERROR(k->CreateExpertGemms(run.count, &k->expert_gemms_[run.count]));
     }
+  }
+  if (k->expert_gemms_.count(El) == 0) {
+    DROPLESS_RETURN_IF_ERROR(k->CreateExpertGemms(El, &k->expert_gemms_[El]));
   }
   if (d.shared > 0) {
     DROPLESS_RETURN_IF_ERROR(grouped(1, H, 2 * F, T, kernels::GradType::kFloat32, &k->shared_w1_));

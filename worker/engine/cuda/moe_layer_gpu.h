@@ -28,7 +28,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -72,9 +71,6 @@ struct LayerDims {
   // The routed experts' GEMMs stay on at most this many multiprocessors (0: all): with overlap,
   // the rest are left to the exchange kernels that run beside them.
   int expert_gemm_sms = 0;
-  // Multiprocessors the backward's expert GEMMs leave to the optimizer updates that run beside
-  // them (LayerOptimizerHooks: the updates of weights whose gradients are complete); 0: none.
-  int optimizer_sms = 0;
 
   bool mxfp8() const { return precision == Precision::kMxfp8; }
   bool fp8_block() const { return precision == Precision::kFp8Block; }
@@ -150,8 +146,6 @@ struct LayerOptimizerHooks {
   std::function<absl::Status(cudaStream_t)> experts_w2;
   std::function<absl::Status(cudaStream_t)> experts_w1;
   std::function<absl::Status(cudaStream_t)> router_and_shared;
-  // An earlier layer's updates may run beside the whole of this layer's backward.
-  bool updates_running = false;
 };
 
 // Kernel objects and scratch shared by every layer of an engine (teacher included).
@@ -181,21 +175,17 @@ class LayerKernels {
     std::unique_ptr<kernels::MxGroupedGemm> mx_w1, mx_w2;
     std::unique_ptr<kernels::Fp8BlockGroupedGemm> fb_w1, fb_w2;
   };
-  // The expert GEMMs over `groups` local experts on at most `sms` multiprocessors (0: all), and
-  // the quantized precisions' scratch (moe_layer_expert_gemms.cc).
-  absl::Status CreateExpertGemms(int groups, int sms, ExpertGemms* out) const;
-  // The multiprocessors of the expert GEMMs (0: all), beside optimizer updates or not.
-  int GemmSms(bool beside_optimizer) const;
+  // The expert GEMMs over `groups` local experts, and the quantized precisions' scratch
+  // (moe_layer_expert_gemms.cc).
+  absl::Status CreateExpertGemms(int groups, ExpertGemms* out) const;
   absl::Status AllocateQuantizedScratch(DeviceArena* arena);
 
   LayerDims dims_;
   ExpertDispatcher* dispatcher_ = nullptr;
   std::unique_ptr<kernels::cuda::RouterGemm> router_;
   std::unique_ptr<kernels::GroupedGemm> shared_w1_, shared_w2_;
-  // By (group count, multiprocessors): every local expert and the sizes of overlap's chunks, on
-  // GemmSms(false) and GemmSms(true).
-  std::map<std::pair<int, int>, ExpertGemms> expert_gemms_;
-  int device_sms_ = 0;
+  // By group count: every local expert, and the sizes of overlap's chunks.
+  std::map<int, ExpertGemms> expert_gemms_;
   int32_t* shared_offsets_ = nullptr;  // {0, T}
   void* plan_workspace_ = nullptr;
   int64_t padded_rows_ = 0;            // MXFP8 column-wise rows
@@ -336,7 +326,6 @@ class MoeLayerGpu {
   // rows -> h; w2: a -> out_rows).
   struct ExpertOperands {
     bool is_w1 = false;                         // w1 (rows -> h) or w2 (a -> out_rows)
-    int sms = 0;                                // the GEMM objects' multiprocessors
     kernels::GroupedGemm* gemm = nullptr;
     kernels::MxGroupedGemm* mx_gemm = nullptr;
     kernels::Fp8BlockGroupedGemm* fb_gemm = nullptr;
@@ -358,9 +347,8 @@ class MoeLayerGpu {
     const kernels::Fp8BlockColwise* dy_fb_col = nullptr;
     Bf16* dx = nullptr;                         // input gradient
   };
-  // beside_optimizer: the GEMM objects that leave LayerDims::optimizer_sms free.
-  ExpertOperands W1(const LayerWeights& w, const LayerGrads& g, bool beside_optimizer = false);
-  ExpertOperands W2(const LayerWeights& w, const LayerGrads& g, bool beside_optimizer = false);
+  ExpertOperands W1(const LayerWeights& w, const LayerGrads& g);
+  ExpertOperands W2(const LayerWeights& w, const LayerGrads& g);
   // The operands of a run of the local experts (forward and data gradient): its GEMM objects,
   // weights and offsets. Every expert: o itself.
   ExpertOperands Run(const ExpertOperands& o, LocalExperts run) const;
@@ -397,9 +385,6 @@ class MoeLayerGpu {
   ExchangePlan plan_;              // with a dispatcher
   std::vector<Bf16*> shared_h_;    // [S][T][2F]
   std::vector<Bf16*> shared_a_;    // [S][T][F]
-  // This backward's expert GEMMs run beside optimizer updates (set by BackwardCombine from the
-  // hooks, and once w2's update is queued).
-  bool beside_optimizer_ = false;
 };
 
 }  // namespace dropless::cuda_engine

@@ -68,7 +68,6 @@ absl::Status MoeLayerGpu::BackwardCombine(const LayerWeights& w, const Bf16* x,
   const LayerDims& d = k_->dims_;
   const int64_t T = d.tokens, H = d.hidden;
   LayerKernels& k = *k_;
-  beside_optimizer_ = hooks.updates_running;
   // Shared experts beside the routed path.
   DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.side));
   if (d.shared > 0) DROPLESS_RETURN_IF_ERROR(SharedBackward(w, x, d_x_next, grads, s));
@@ -155,7 +154,7 @@ absl::Status MoeLayerGpu::BackwardW2Data(const LayerWeights& w, const LayerGrads
   const int El = d.local_experts();
   const int64_t R = d.recv_rows(), F = d.ffn, H = d.hidden;
   const int32_t* live_rows = ExpertOffsets() + El;
-  const ExpertOperands o = W2(w, grads, beside_optimizer_);
+  const ExpertOperands o = W2(w, grads);
   if (d.recompute && run.first == 0) {
     // The SwiGLU output (w2's weight-gradient operand) from the kept w1 output.
     DROPLESS_RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{R, F}, live_rows, h_, a_,
@@ -198,16 +197,13 @@ absl::Status MoeLayerGpu::BackwardExpertsMiddle(const LayerWeights& w, const Lay
   // column-wise form itself).
   const bool chunked = ExpertRuns(d, s).size() > 1;
   if (chunked) DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
-  DROPLESS_RETURN_IF_ERROR(
-      WeightGradient(W2(w, grads, beside_optimizer_), F, H, /*dy_colwise=*/chunked, s));
-  // w2's gradient is complete and no later work reads its working copy: its update can start,
-  // beside the rest of the backward.
+  DROPLESS_RETURN_IF_ERROR(WeightGradient(W2(w, grads), F, H, /*dy_colwise=*/chunked, s));
+  // w2's gradient is complete and no later work reads its working copy: its update can start.
   DROPLESS_RETURN_IF_ERROR(RunHook(hooks.experts_w2, s, {s.main, s.wgrad}));
-  if (hooks.experts_w2) beside_optimizer_ = true;
   DROPLESS_RETURN_IF_ERROR(kc::SwigluBackward(kernels::SwigluShape{R, F}, live_rows, h_, k.d_a_,
                                               k.d_h_, s.main));
   // w1's output gradient in both forms over every expert (SwiGLU's backward is one pass).
-  const ExpertOperands w1 = W1(w, grads, beside_optimizer_);
+  const ExpertOperands w1 = W1(w, grads);
   if (d.mxfp8()) {
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, 2 * F, El}, w1.dy,
                                                ExpertOffsets(), w1.dy_mx, w1.dy_col, s.main));
@@ -224,7 +220,7 @@ absl::Status MoeLayerGpu::BackwardExpertsMiddle(const LayerWeights& w, const Lay
 absl::Status MoeLayerGpu::BackwardW1Data(const LayerWeights& w, const LayerGrads& grads,
                                          LocalExperts run, const LayerStreams& s) {
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.main));
-  DROPLESS_RETURN_IF_ERROR(ExpertBackwardData(Run(W1(w, grads, beside_optimizer_), run), s.main));
+  DROPLESS_RETURN_IF_ERROR(ExpertBackwardData(Run(W1(w, grads), run), s.main));
   return End(s, PhaseTimer::kGemmDgrad, s.main);
 }
 
