@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +26,8 @@
 #include "bench/gemm_bench_common.h"
 #include "common/engine_config.h"
 #include "worker/engine/cuda/cuda_engine.h"
+#include "worker/transport/communicator.h"
+#include "worker/transport/transport_factory.h"
 
 namespace dropless::bench {
 namespace {
@@ -55,6 +58,9 @@ struct Flags {
   // "activation-offload" (the spec's activation_offload: true), "overlap" (overlap: true; EP > 1),
   // "overlap:N" (the same with N multiprocessors left to the exchanges, DROPLESS_EXCHANGE_SMS).
   std::vector<std::string> variants = {"default"};
+  // The EP exchange: auto (`local` at EP > 1, none at EP 1), or nccl-lsa / nccl-a2a at world size
+  // 1 (one rank per process: on one GPU, --ep=1 through NCCL).
+  std::string dispatcher = "auto";
   std::string json, commit;
 };
 
@@ -88,6 +94,13 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
       }
     } else if (kv.first == "--layers") {
       f.layers = std::max(1, std::atoi(kv.second.c_str()));
+    } else if (kv.first == "--dispatcher") {
+      f.dispatcher = kv.second;
+      if (f.dispatcher != "auto" && f.dispatcher != "nccl-lsa" && f.dispatcher != "nccl-a2a") {
+        std::fprintf(stderr, "step bench: --dispatcher: %s is not auto, nccl-lsa or nccl-a2a\n",
+                     f.dispatcher.c_str());
+        std::exit(2);
+      }
     } else if (kv.first == "--json") {
       f.json = kv.second;
     } else if (kv.first == "--commit") {
@@ -96,6 +109,7 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
       std::fprintf(stderr,
                    "step bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
                    "--precision=bf16,mxfp8,fp8-block --steps=N --warmup=N --rounds=N --layers=N --ep=1,2,8 "
+                   "--dispatcher=auto|nccl-lsa|nccl-a2a "
                    "--variants=default|optimizer-overlap,optimizer-after-backward,activation-offload,overlap,"
                    "overlap:N "
                    "--json=PATH "
@@ -161,8 +175,17 @@ int RunStepBench(const std::vector<std::string>& args) {
         }
         // One engine per variant, held side by side; rounds alternate between them so the GPU's
         // clock state (power cap) is shared; medians over every timed step of every round.
+        const bool nccl = f.dispatcher != "auto";
+        if (nccl && ep != 1) {
+          std::fprintf(stderr, "step bench: --dispatcher=%s runs one EP rank per process; on one "
+                               "GPU that is --ep=1 (world size 1)\n", f.dispatcher.c_str());
+          return 2;
+        }
         struct Run {
           std::string variant;
+          // The NCCL group's rendezvous (nccl-*), at fixed addresses for the engine's lifetime.
+          std::unique_ptr<KeyValueStore> store;
+          std::unique_ptr<RankGroups> groups;
           std::unique_ptr<cuda_engine::CudaEngine> engine;
           std::vector<double> ms;
           StepStats last;
@@ -185,13 +208,22 @@ int RunStepBench(const std::vector<std::string>& args) {
           if (absl::StartsWith(variant, "overlap:")) {
             setenv("DROPLESS_EXCHANGE_SMS", variant.substr(8).c_str(), 1);
           }
+          Run run;
+          run.variant = variant;
+          if (nccl) {
+            config.dispatcher = f.dispatcher == "nccl-lsa" ? Dispatcher::kNcclLsa : Dispatcher::kNcclA2a;
+            run.store = NewMemoryKvStore();
+            run.groups = std::make_unique<RankGroups>();
+            run.groups->store = run.store.get();
+          }
           absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> engine =
-              ep == 1 ? cuda_engine::CreateCudaEngine(config, 0, 1, nullptr)
+              ep == 1 ? cuda_engine::CreateCudaEngine(config, 0, 1, run.groups.get())
                       : cuda_engine::CreateLocalEpCudaEngine(config);
           unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
           unsetenv("DROPLESS_EXCHANGE_SMS");
           CheckStatus(engine.status(), "step", "creating the engine");
-          runs.push_back(Run{variant, *std::move(engine), {}, {}, {}});
+          run.engine = *std::move(engine);
+          runs.push_back(std::move(run));
         }
         for (int round = 0; round < f.rounds; ++round) {
           for (Run& run : runs) {
@@ -237,7 +269,8 @@ int RunStepBench(const std::vector<std::string>& args) {
               "\"layers\": %d, \"variant\": \"%s\", "
               "\"note\": \"%s\"}",
               shape->name, precision, median, tflops, tflops * 1e12 / peak, mem_gib, ep,
-              ep > 1 ? "local" : "none", run.variant == "activation-offload" ? "true" : "false",
+              nccl ? f.dispatcher : ep > 1 ? "local" : "none",
+              run.variant == "activation-offload" ? "true" : "false",
               IsOverlap(run.variant) ? "true" : "false",
               gemm_tflops, d.forward_seconds * 1e3,
               d.backward_seconds * 1e3, d.optimizer_seconds * 1e3, d.data_seconds * 1e3,
