@@ -17,7 +17,12 @@ Rows (BENCH.md format) per shape, weight, group distribution:
   fp8-block fwd / dgrad / wgrad: dropless FP8 blockwise (1x128 activation tiles, 128x128 weight
         blocks, fp32 scales; wgrad k-grouped over groups padded to 128, fp32 out) vs
         torch._scaled_grouped_mm (fp8 row-wise; for wgrad the same padded groups) vs
-        torch._grouped_mm (bf16)
+        torch._grouped_mm (bf16) vs, when `import deep_gemm` works (--deep-gemm auto), DeepGEMM's
+        SM90 kernels of the same recipe on the same operands (deepgemm_impl.py: m-grouped
+        contiguous layout, groups padded to 128 rows, TFLOP/s on the real rows; k-grouped wgrad,
+        fp32 out); otherwise the reason is recorded under "peer_errors". --check (default)
+        compares dropless's and DeepGEMM's outputs on 3 groups to an fp32 reference of the same
+        quantized operands (row field "check": relative error, tolerance 1e-2).
 
   python3 bench/peers/interleaved_gemm.py --lib build/bench/libdropless_gemm_capi.so \
       --out gemm-h200-YYYYMMDD-interleaved.json [--shapes dsv3,qwen3,mixtral] [--dists uniform,zipf]
@@ -32,9 +37,16 @@ import subprocess
 import sys
 import time
 
+import deepgemm_impl
 from gemm_peer import SHAPES, median_ms
 
 c_void_p, c_int, c_int64, c_char_p = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_char_p
+ERRORS = []  # peers that could not run (skipped, or failed on a case): "peer_errors" in the JSON
+
+
+def peer_error(line):
+    print(line, file=sys.stderr, flush=True)
+    ERRORS.append(line)
 
 
 def load_lib(path):
@@ -132,15 +144,21 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
     note = (f"{weight} (k={k}, n={n}), {dist} groups, E={experts}, {rows} rows; interleaved in one "
             f"process, median of {args.rounds} rounds of {args.iters}")
 
-    def add(name, impl, precision, res, kernel="", out="bf16"):
+    def add(name, impl, precision, res, kernel="", out="bf16", extra_note="", check=None):
         ms, lo, hi = res
-        out_rows.append({
+        row = {
             "name": name, "shape": shape, "impl": impl, "precision": precision, "ms": round(ms, 4),
             "tflops": round(flop / (ms * 1e-3) / 1e12, 1), "gbps": None, "weight": weight,
             "groups": dist, "kernel": kernel, "out": out,
-            "note": f"{note} (round medians {flop / (hi * 1e9):.0f}-{flop / (lo * 1e9):.0f} TFLOP/s)"})
+            "note": f"{note} (round medians {flop / (hi * 1e9):.0f}-{flop / (lo * 1e9):.0f} TFLOP/s)"
+                    + (f"; {extra_note}" if extra_note else "")}
+        if check is not None:
+            row["check"] = check
+        out_rows.append(row)
         print(f"{name:6} {shape:8} {weight:4} {dist:8} {impl:26} {precision:6} {ms:8.3f} ms "
-              f"{flop / (ms * 1e9):7.1f} TFLOP/s  {kernel}", flush=True)
+              f"{flop / (ms * 1e9):7.1f} TFLOP/s  {kernel}"
+              + (f"  [check {check['rel_err']:.2e} {'ok' if check['ok'] else 'FAIL'}]" if check else ""),
+              flush=True)
 
     ops = args.ops.split(",")
     precisions = set(args.precisions.split(","))
@@ -253,7 +271,7 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
             lib.dl_mxgemm_destroy(h)
     if "fp8-block" in precisions:
         run_fp8_block(torch, lib, args, ops, g, (x, w, dy, ends, offsets, y, dx),
-                      (rows, k, n, experts, sizes), add)
+                      (rows, k, n, experts, sizes), add, f"{shape} {weight} {dist}")
     if "mxfp8-wgrad" in precisions:
         # Column-wise block-major operands ([P/32][cols][32] + [P/32][cols] scales) over the padded
         # group layout the quantizer writes (groups padded to 32 rows, P as MxGroupedGemm's bound).
@@ -287,7 +305,7 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
     torch.cuda.synchronize()
 
 
-def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add):
+def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add, tag=""):
     """fp8-block rows of one case (see the docstring): random E4M3 operands and fp32 scales in the
     layouts of kernels/include/dropless/kernels/fp8_block.h."""
     x, w, dy, ends, offsets, y, dx = tensors
@@ -356,25 +374,84 @@ def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add):
     torch_bf16 = {"fwd": lambda: torch._grouped_mm(x, w, offs=ends),
                   "dgrad": lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=ends),
                   "wgrad": lambda: torch._grouped_mm(x.t(), dy, offs=ends)}
+    # DeepGEMM (deepgemm_impl.py) on the same operands, and the output checks
+    peer = (deepgemm_impl.Fp8BlockPeer(args.dg, torch, sizes, k, n)
+            if getattr(args, "dg", None) is not None else None)
+    dg_kernel = {"fwd": "m_grouped_fp8_gemm_nt_contiguous", "dgrad": "m_grouped_fp8_gemm_nt_contiguous",
+                 "wgrad": "k_grouped_fp8_gemm_nt_contiguous"}
+    cpu_offsets = [0]
+    for s_ in sizes:
+        cpu_offsets.append(cpu_offsets[-1] + s_)
+
+    def verdict(err):
+        return {"rel_err": float(f"{err:.3g}"), "tol": deepgemm_impl.CHECK_TOL,
+                "ok": bool(err < deepgemm_impl.CHECK_TOL),
+                "groups": deepgemm_impl.check_groups(experts)}
+
+    def ours_err(op):
+        if op == "fwd":
+            return deepgemm_impl.m_grouped_ref_err(torch, y, cpu_offsets, xq, xs, wtq, wts)
+        if op == "dgrad":
+            return deepgemm_impl.m_grouped_ref_err(torch, dx, cpu_offsets, dyq, dys, wq, ws)
+        return max(deepgemm_impl.rel_err(torch, dw32[e], ref) for e, ref in deepgemm_impl.wgrad_refs(
+            torch, xc, xcs, dyc, dycs, padded, "columns"))
+
+    def deep_gemm_fn(op):
+        if op == "fwd":
+            return peer.prepare_m_grouped(op, xq, xs, wtq, wts)
+        if op == "dgrad":
+            return peer.prepare_m_grouped(op, dyq, dys, wq, ws)
+        return peer.prepare_wgrad(xc, xcs, dyc, dycs, padded, dw32)
+
     try:
         for op in ops:
             fns = {"dropless": ours_with(op, h), "bf16": torch_bf16[op]}
             for kn, other in others[op].items():
                 fns[kn] = ours_with(op, other)
+            checks = {}
+            if args.check:
+                fns["dropless"]()
+                torch.cuda.synchronize()
+                checks["dropless"] = verdict(ours_err(op))
             try:
                 torch_fp8[op]()
                 fns["fp8"] = torch_fp8[op]
             except Exception as exc:  # a peer that cannot run this layout is reported
-                print(f"peer error: torch._scaled_grouped_mm fp8-block {op}: "
-                      f"{str(exc).splitlines()[0][:200]}", file=sys.stderr)
+                peer_error(f"peer error: torch._scaled_grouped_mm fp8-block {op} {tag}: "
+                           f"{str(exc).splitlines()[0][:200]}")
+            if peer is not None:
+                try:
+                    fn = deep_gemm_fn(op)
+                    if op == "wgrad":
+                        dw32.zero_()  # DeepGEMM's wgrad accumulates into its output
+                    t0 = time.time()
+                    fn()  # the first call JIT-compiles (or loads from DG_JIT_CACHE_DIR)
+                    torch.cuda.synchronize()
+                    print(f"deep_gemm {op} {tag}: first call {time.time() - t0:.1f} s", flush=True)
+                    if args.check:
+                        checks["deep_gemm"] = verdict(peer.check(op))
+                        if not checks["deep_gemm"]["ok"]:
+                            peer_error(f"check failed: deep_gemm fp8-block {op} {tag}: relative "
+                                       f"error {checks['deep_gemm']['rel_err']}")
+                    fns["deep_gemm"] = fn
+                except Exception as exc:
+                    peer_error(f"peer error: deep_gemm fp8-block {op} {tag}: {type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0][:300] if str(exc) else ''}")
             res = interleave(torch, fns, args.rounds, args.iters, args.warm_s)
             out = "fp32" if op == "wgrad" else "bf16"
-            add(op, "dropless", "fp8-block", res["dropless"], kernel + ", default kernels", out=out)
+            add(op, "dropless", "fp8-block", res["dropless"], kernel + ", default kernels", out=out,
+                check=checks.get("dropless"))
             for kn in others[op]:
                 add(op, "dropless", "fp8-block", res[kn], kn, out=out)
             if "fp8" in res:
                 add(op, "torch._scaled_grouped_mm", "fp8-rowwise", res["fp8"])
             add(op, "torch._grouped_mm", "bf16", res["bf16"])
+            if "deep_gemm" in res:
+                add(op, "deep_gemm", "fp8-block", res["deep_gemm"], dg_kernel[op], out=out,
+                    extra_note=(peer.padding_note() if op != "wgrad" else
+                                "k-grouped over the same groups padded to 128 rows, fp32 out "
+                                "accumulated into (c = d)"),
+                    check=checks.get("deep_gemm"))
     finally:
         for handle in {h, *others["fwd"].values(), *others["wgrad"].values()}:
             lib.dl_fp8block_destroy(handle)
@@ -423,6 +500,12 @@ def main():
                     help="uniform forward: also time torch.bmm and a dense GEMM of the same FLOPs")
     ap.add_argument("--wgrad-out", choices=("bf16", "fp32"), default="bf16",
                     help="dropless's weight-gradient output type (torch's is bf16 either way)")
+    ap.add_argument("--deep-gemm", choices=("auto", "off"), default="auto",
+                    help="fp8-block: also time DeepGEMM's SM90 kernels when `import deep_gemm` works "
+                         "(the reason it does not is recorded under peer_errors)")
+    ap.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                    help="fp8-block: check dropless's and DeepGEMM's outputs on 3 groups against an "
+                         "fp32 reference (relative error < 1e-2)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warm-s", type=float, default=0.3)
@@ -434,6 +517,14 @@ def main():
 
     import torch
     lib = load_lib(args.lib)
+    args.dg = None
+    peer_versions = {"torch": torch.__version__}
+    if "fp8-block" in args.precisions.split(",") and args.deep_gemm == "auto":
+        args.dg, why = deepgemm_impl.load(torch)
+        if args.dg is None:
+            peer_error(f"skipped deep_gemm: {why}")
+        else:
+            peer_versions["deep_gemm"] = deepgemm_impl.version(args.dg)
     start = ceilings(torch)
     print(f"ceilings: {start}", flush=True)
     rows = []
@@ -453,9 +544,11 @@ def main():
         "date": datetime.date.today().isoformat(),
         "command": "python3 bench/peers/interleaved_gemm.py " + " ".join(sys.argv[1:]),
         "commit": args.commit, "ceilings": start, "ceilings_at_end": ceilings(torch),
-        "peer_versions": {"torch": torch.__version__},
+        "peer_versions": peer_versions,
         "gpu_state_at_end": smi, "rows": rows,
     }
+    if ERRORS:
+        result["peer_errors"] = ERRORS
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {args.out}")

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """CPU checks of the benchmark peers' own logic (bench/peers/): the group sizes the same-process
-comparison builds, its alternating rounds, and the --ops / --cooldown-ms flags of gemm_peer.py.
+comparison builds, its alternating rounds, the --ops / --cooldown-ms flags of gemm_peer.py and
+the DeepGEMM peer's skip reasons and padded layout.
 A fake torch stands in for the GPU: these test the scripts, not torch."""
 import argparse
 import os
@@ -9,6 +10,7 @@ import unittest
 from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "peers"))
+import deepgemm_impl  # noqa: E402
 import gemm_peer  # noqa: E402
 import interleaved_gemm  # noqa: E402
 
@@ -105,6 +107,46 @@ class GemmPeerFlagsTest(unittest.TestCase):
             case.add("fwd", "torch._grouped_mm", "bf16", lambda: None, 1e6)
         self.assertEqual(timed.call_count, 1)
         self.assertEqual([r["name"] for r in case.out], ["fwd"])
+
+
+class DeepGemmPeerTest(unittest.TestCase):
+    """deepgemm_impl.py's bookkeeping (no DeepGEMM, no GPU): when it is skipped, and the padded
+    contiguous layout it builds."""
+
+    class FakeDeepGemm:
+        def get_mk_alignment_for_contiguous_layout(self):
+            return 128
+
+    def test_skipped_with_the_reason_when_not_importable(self):
+        with mock.patch.dict(sys.modules, {"deep_gemm": None}):
+            dg, why = deepgemm_impl.load(FakeTorch({}))
+        self.assertIsNone(dg)
+        self.assertTrue(why.startswith("import deep_gemm failed: ModuleNotFoundError"), why)
+
+    def test_skipped_when_the_grouped_api_is_missing(self):
+        module = mock.Mock(spec=["__version__", "m_grouped_fp8_gemm_nt_contiguous"])
+        module.__version__ = "0.0"
+        with mock.patch.dict(sys.modules, {"deep_gemm": module}):
+            dg, why = deepgemm_impl.load(FakeTorch({}))
+        self.assertIsNone(dg)
+        self.assertIn("k_grouped_fp8_gemm_nt_contiguous", why)
+
+    def test_contiguous_layout_pads_every_group_to_the_alignment(self):
+        sizes = interleaved_gemm.group_sizes(65536, 256, "zipf")
+        peer = deepgemm_impl.Fp8BlockPeer(self.FakeDeepGemm(), None, sizes, 7168, 4096)
+        self.assertEqual(peer.rows, 65536)
+        self.assertTrue(all(p % 128 == 0 and 0 <= p - s < 128 for s, p in zip(sizes, peer.m_padded)))
+        self.assertEqual(peer.mp, sum(peer.m_padded))
+        self.assertEqual(peer.poffsets[-1], peer.mp)
+        self.assertEqual(peer.offsets[-1], 65536)
+        self.assertIn(f"{peer.mp} rows computed for 65536 real", peer.padding_note())
+        uniform = deepgemm_impl.Fp8BlockPeer(self.FakeDeepGemm(), None, [256] * 256, 7168, 4096)
+        self.assertEqual(uniform.mp, 65536)
+        self.assertIn("(0.0% padding", uniform.padding_note())
+
+    def test_checked_groups_are_first_middle_last(self):
+        self.assertEqual(deepgemm_impl.check_groups(256), [0, 128, 255])
+        self.assertEqual(deepgemm_impl.check_groups(1), [0])
 
 
 if __name__ == "__main__":
