@@ -72,11 +72,18 @@ absl::Status MoeLayerGpu::BackwardCombine(const LayerWeights& w, const Bf16* x,
   DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.side));
   if (d.shared > 0) DROPLESS_RETURN_IF_ERROR(SharedBackward(w, x, d_x_next, grads, s));
 
-  // Recomputed permuted rows (the experts' input at EP = 1, read by w1's weight gradient): the
-  // previous layer's backward has joined every reader of the scratch into main.
+  // Recomputed activations (the previous layer's backward has joined every reader of the
+  // scratch into main): the permuted rows (the experts' input at EP = 1, read by w1's weight
+  // gradient) and the SwiGLU output (w2's weight-gradient operand) from the kept w1 output, here
+  // so that neither waits for the output gradients' exchange.
   if (d.recompute && !k_->exchange()) {
     DROPLESS_RETURN_IF_ERROR(kc::Permute(kernels::PermuteShape{T, H, d.topk}, x, slot_of_choice_,
                                          rows_, s.main));
+  }
+  if (d.recompute) {
+    DROPLESS_RETURN_IF_ERROR(kc::SwigluForward(
+        kernels::SwigluShape{d.recv_rows(), d.ffn}, ExpertOffsets() + d.local_experts(), h_, a_,
+        nullptr, s.main));
   }
   // Combine backward: gate gradients and the expert outputs' gradients.
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kCombine, s.main));
@@ -155,11 +162,6 @@ absl::Status MoeLayerGpu::BackwardW2Data(const LayerWeights& w, const LayerGrads
   const int64_t R = d.recv_rows(), F = d.ffn, H = d.hidden;
   const int32_t* live_rows = ExpertOffsets() + El;
   const ExpertOperands o = W2(w, grads);
-  if (d.recompute && run.first == 0) {
-    // The SwiGLU output (w2's weight-gradient operand) from the kept w1 output.
-    DROPLESS_RETURN_IF_ERROR(kc::SwigluForward(kernels::SwigluShape{R, F}, live_rows, h_, a_,
-                                               nullptr, s.main));
-  }
   // The output gradient's row-wise form (the data gradient's operand); over every expert in one
   // pass with the column-wise form, else the run's rows only (the column-wise form then comes in
   // BackwardExpertsMiddle, once every run has arrived).
