@@ -24,8 +24,8 @@
 #include "worker/engine/cpu/synthetic_task.h"
 #include "worker/engine/cuda/device_memory.h"
 #include "worker/engine/cuda/engine_kernels.h"
+#include "worker/engine/cuda/engine_setup.h"
 #include "worker/engine/cuda/ep/expert_dispatcher.h"
-#include "worker/engine/cuda/ep/nccl_group.h"
 #include "worker/engine/cuda/moe_layer_gpu.h"
 #include "worker/engine/cuda/moe_layer_group.h"
 #include "worker/engine/cuda/rank_model.h"
@@ -36,13 +36,6 @@ namespace {
 using kernels::cuda::CudaStatus;
 using Clock = std::chrono::steady_clock;
 
-// How long a rank waits for the rest of its EP group to set up NCCL.
-constexpr absl::Duration kNcclJoinTimeout = absl::Seconds(120);
-// Overlap's chunks of the local experts per exchange (fewer when a rank has fewer experts).
-constexpr int kOverlapChunks = 4;
-// Multiprocessors the expert GEMMs leave to the exchange kernels beside them with overlap (the
-// persistent GEMMs otherwise hold every one until they end, and nothing overlaps).
-constexpr int kExchangeSms = 20;
 
 class CudaEngineImpl final : public CudaEngine {
  public:
@@ -64,7 +57,6 @@ class CudaEngineImpl final : public CudaEngine {
   }
 
   absl::Status Initialize();
-  absl::Status CreateDispatcher();
   absl::StatusOr<StepStats> Step() override;
   double PeakFlops() const override { return kHopperDenseBf16PeakFlops; }
   absl::Status SaveCheckpoint(const std::string& dir) override;
@@ -147,35 +139,13 @@ absl::Status CudaEngineImpl::Initialize() {
     overlap_optimizer_ = false;
   }
 
-  const ModelSpec& m = config_.model;
-  dims_.tokens = config_.tokens_per_rank;
-  dims_.hidden = m.hidden;
-  dims_.ffn = m.ffn;
-  dims_.experts = static_cast<int>(m.experts);
-  dims_.ep = static_cast<int>(config_.parallel.ep);
-  dims_.topk = static_cast<int>(m.topk);
-  dims_.shared = static_cast<int>(m.shared_experts);
-  dims_.score = m.router == RouterKind::kSigmoid ? kernels::ScoreFunction::kSigmoid
-                                                 : kernels::ScoreFunction::kSoftmax;
-  dims_.renormalize = m.renormalize;
-  dims_.precision = config_.precision;
-  dims_.recompute = config_.activation_offload;
-  dims_.overlap_chunks = config_.overlap ? std::min(kOverlapChunks, dims_.local_experts()) : 1;
-  if (config_.overlap) {
-    // The exchanges' multiprocessors: the expert GEMMs leave them free (DROPLESS_EXCHANGE_SMS
-    // overrides the default, for A/B runs of dropless-bench step).
-    int sms = 0, reserve = kExchangeSms;
-    DROPLESS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    if (const char* r = std::getenv("DROPLESS_EXCHANGE_SMS"); r != nullptr) reserve = std::atoi(r);
-    dims_.expert_gemm_sms = reserve > 0 ? std::max(1, sms - reserve) : 0;
-  }
-  DROPLESS_RETURN_IF_ERROR(CreateDispatcher());
-  if (config_.overlap && (dispatcher_ == nullptr || !dispatcher_->exchanges_expert_runs())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "overlap: needs a dispatcher that exchanges runs of the local experts (local or "
-        "nccl-lsa); this job's is ",
-        dispatcher_ == nullptr ? std::string("none") : std::string(dispatcher_->name())));
-  }
+  absl::StatusOr<LayerDims> dims = LayerDimsOf(config_);
+  if (!dims.ok()) return dims.status();
+  dims_ = *dims;
+  absl::StatusOr<std::unique_ptr<ExpertDispatcher>> dispatcher =
+      CreateEngineDispatcher(config_, dims_, rank_, ep_local_, groups_, &links_, &arena_);
+  if (!dispatcher.ok()) return dispatcher.status();
+  dispatcher_ = *std::move(dispatcher);
 
   DROPLESS_RETURN_IF_ERROR(arena_.Allocate(static_cast<int64_t>(tokens_.basis().size()), "token basis", &basis_));
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpy(basis_, tokens_.basis().data(),
@@ -201,62 +171,6 @@ absl::Status CudaEngineImpl::Initialize() {
   absl::StatusOr<void*> host_stats = arena_.AllocatePinnedHost(lead().StatsBytes(), "step statistics");
   if (!host_stats.ok()) return host_stats.status();
   host_stats_ = static_cast<uint8_t*>(*host_stats);
-  return absl::OkStatus();
-}
-
-// `local` for the EP ranks of this process; across processes `nccl-lsa` (also what `auto` picks
-// at EP > 1) or `nccl-a2a`, their NCCL group joined through the attempt's rendezvous store; none
-// at EP = 1 with `auto` (the permutation on the one GPU is the whole dispatch).
-absl::Status CudaEngineImpl::CreateDispatcher() {
-  if (ep_local_ > 1) {
-    absl::StatusOr<std::unique_ptr<ExpertDispatcher>> d =
-        NewLocalDispatcher(dims_.ep_shape(), &links_, &arena_);
-    if (!d.ok()) return d.status();
-    dispatcher_ = *std::move(d);
-    return absl::OkStatus();
-  }
-  switch (config_.dispatcher) {
-    case Dispatcher::kAuto:
-      if (dims_.ep == 1) return absl::OkStatus();
-      break;
-    case Dispatcher::kNcclLsa:
-    case Dispatcher::kNcclA2a:
-      break;
-    case Dispatcher::kNcclEp:
-      return NcclEpLibraryAvailable();
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dispatcher: ", std::string(ToString(config_.dispatcher)),
-          " is not available to the cuda engine (nccl-lsa, nccl-a2a, nccl-ep or auto)"));
-  }
-  const bool a2a = config_.dispatcher == Dispatcher::kNcclA2a;
-  if (groups_ == nullptr || groups_->store == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dispatcher: ", a2a ? "nccl-a2a" : "nccl-lsa",
-        " needs the attempt's rendezvous store to set up its NCCL group"));
-  }
-  const int ep = dims_.ep;
-  absl::StatusOr<std::unique_ptr<NcclGroup>> group = JoinNcclGroup(
-      groups_->store, absl::StrCat("ep/", rank_ / ep), rank_ % ep, ep, kNcclJoinTimeout);
-  if (!group.ok()) return group.status();
-  // auto: nccl-lsa when every rank is load/store reachable, else nccl-a2a (any NCCL transport).
-  std::string why = "as the spec asks";
-  bool use_a2a = a2a;
-  if (config_.dispatcher == Dispatcher::kAuto) {
-    const absl::Status lsa = NcclLsaReachable(**group);
-    use_a2a = !lsa.ok();
-    why = lsa.ok() ? "picked by auto: every rank load/store reachable"
-                   : absl::StrCat("picked by auto: ", lsa.message());
-  }
-  // The widest row an exchange moves: a bf16 token (hidden x 2 bytes).
-  const size_t max_row_bytes = static_cast<size_t>(dims_.hidden) * sizeof(Bf16);
-  absl::StatusOr<std::unique_ptr<ExpertDispatcher>> d =
-      use_a2a ? NewNcclA2aDispatcher(dims_.ep_shape(), max_row_bytes, *std::move(group))
-              : NewNcclLsaDispatcher(dims_.ep_shape(), *std::move(group));
-  if (!d.ok()) return d.status();
-  dispatcher_ = *std::move(d);
-  LogInfo(absl::StrFormat("cuda engine: rank %d: EP group of %d, dispatcher %s (%s)", rank_, ep,
-                          dispatcher_->name(), why));
   return absl::OkStatus();
 }
 

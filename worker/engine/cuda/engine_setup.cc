@@ -1,0 +1,129 @@
+// LayerDimsOf and CreateEngineDispatcher (engine_setup.h).
+#include "worker/engine/cuda/engine_setup.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_check.h"
+#include "worker/engine/cuda/ep/nccl_group.h"
+
+namespace dropless::cuda_engine {
+namespace {
+
+// How long a rank waits for the rest of its EP group to set up NCCL.
+constexpr absl::Duration kNcclJoinTimeout = absl::Seconds(120);
+// Overlap's chunks of the local experts per exchange (fewer when a rank has fewer experts).
+constexpr int kOverlapChunks = 4;
+// Multiprocessors the expert GEMMs leave to the exchange kernels beside them with overlap (the
+// persistent GEMMs otherwise hold every one until they end, and nothing overlaps).
+constexpr int kExchangeSms = 20;
+
+absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NcclDispatcher(const EngineConfig& config,
+                                                                 const LayerDims& dims, int rank,
+                                                                 RankGroups* groups) {
+  const bool a2a = config.dispatcher == Dispatcher::kNcclA2a;
+  if (groups == nullptr || groups->store == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dispatcher: ", a2a ? "nccl-a2a" : "nccl-lsa",
+        " needs the attempt's rendezvous store to set up its NCCL group"));
+  }
+  const int ep = dims.ep;
+  absl::StatusOr<std::unique_ptr<NcclGroup>> group = JoinNcclGroup(
+      groups->store, absl::StrCat("ep/", rank / ep), rank % ep, ep, kNcclJoinTimeout);
+  if (!group.ok()) return group.status();
+  // auto: nccl-lsa when every rank is load/store reachable, else nccl-a2a (any NCCL transport).
+  std::string why = "as the spec asks";
+  bool use_a2a = a2a;
+  if (config.dispatcher == Dispatcher::kAuto) {
+    const absl::Status lsa = NcclLsaReachable(**group);
+    use_a2a = !lsa.ok();
+    why = lsa.ok() ? "picked by auto: every rank load/store reachable"
+                   : absl::StrCat("picked by auto: ", lsa.message());
+  }
+  // The widest row an exchange moves: a bf16 token (hidden x 2 bytes).
+  const size_t max_row_bytes = static_cast<size_t>(dims.hidden) * sizeof(Bf16);
+  absl::StatusOr<std::unique_ptr<ExpertDispatcher>> d =
+      use_a2a ? NewNcclA2aDispatcher(dims.ep_shape(), max_row_bytes, *std::move(group))
+              : NewNcclLsaDispatcher(dims.ep_shape(), *std::move(group));
+  if (!d.ok()) return d.status();
+  LogInfo(absl::StrFormat("cuda engine: rank %d: EP group of %d, dispatcher %s (%s)", rank, ep,
+                          (*d)->name(), why));
+  return d;
+}
+
+}  // namespace
+
+absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
+  const ModelSpec& m = config.model;
+  LayerDims d;
+  d.tokens = config.tokens_per_rank;
+  d.hidden = m.hidden;
+  d.ffn = m.ffn;
+  d.experts = static_cast<int>(m.experts);
+  d.ep = static_cast<int>(config.parallel.ep);
+  d.topk = static_cast<int>(m.topk);
+  d.shared = static_cast<int>(m.shared_experts);
+  d.score = m.router == RouterKind::kSigmoid ? kernels::ScoreFunction::kSigmoid
+                                             : kernels::ScoreFunction::kSoftmax;
+  d.renormalize = m.renormalize;
+  d.precision = config.precision;
+  d.recompute = config.activation_offload;
+  d.overlap_chunks = config.overlap ? std::min(kOverlapChunks, d.local_experts()) : 1;
+  if (config.overlap) {
+    int sms = 0, reserve = kExchangeSms;
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    if (const char* r = std::getenv("DROPLESS_EXCHANGE_SMS"); r != nullptr) reserve = std::atoi(r);
+    d.expert_gemm_sms = reserve > 0 ? std::max(1, sms - reserve) : 0;
+  }
+  return d;
+}
+
+absl::StatusOr<std::unique_ptr<ExpertDispatcher>> CreateEngineDispatcher(
+    const EngineConfig& config, const LayerDims& dims, int rank, int ep_local, RankGroups* groups,
+    StreamLinks* links, DeviceArena* arena) {
+  absl::StatusOr<std::unique_ptr<ExpertDispatcher>> d;
+  if (ep_local > 1) {
+    d = NewLocalDispatcher(dims.ep_shape(), links, arena);
+  } else {
+    switch (config.dispatcher) {
+      case Dispatcher::kAuto:
+        if (dims.ep == 1) {
+          d = std::unique_ptr<ExpertDispatcher>();
+        } else {
+          d = NcclDispatcher(config, dims, rank, groups);
+        }
+        break;
+      case Dispatcher::kNcclLsa:
+      case Dispatcher::kNcclA2a:
+        d = NcclDispatcher(config, dims, rank, groups);
+        break;
+      case Dispatcher::kNcclEp:
+        DROPLESS_RETURN_IF_ERROR(NcclEpLibraryAvailable());
+        d = std::unique_ptr<ExpertDispatcher>();
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "dispatcher: ", std::string(ToString(config.dispatcher)),
+            " is not available to the cuda engine (nccl-lsa, nccl-a2a, nccl-ep or auto)"));
+    }
+  }
+  if (!d.ok()) return d.status();
+  if (config.overlap && (*d == nullptr || !(*d)->exchanges_expert_runs())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "overlap: needs a dispatcher that exchanges runs of the local experts (local or "
+        "nccl-lsa); this job's is ",
+        *d == nullptr ? std::string("none") : std::string((*d)->name())));
+  }
+  return d;
+}
+
+}  // namespace dropless::cuda_engine
