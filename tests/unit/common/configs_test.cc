@@ -70,5 +70,19 @@ TEST(ShippedConfigsTest, ModelShapesAreTheNamedModels) {
   EXPECT_EQ(mixtral->precision, Precision::kBf16);
 }
 
+// The whole dsv3 layer over eight GPUs with the exchange overlapped: a spec the validator accepts
+// for the cuda engine (overlap needs ep > 1, 2+ experts per rank and nccl-lsa or auto).
+TEST(ShippedConfigsTest, TheOverlapJobIsTheWholeDsv3LayerOverEightGpus) {
+  absl::StatusOr<JobSpec> job = Load("dsv3-layer-ep8-overlap");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->model.experts, 256);
+  EXPECT_EQ(job->parallel.ep, 8);
+  EXPECT_EQ(job->world_size(), 8);
+  EXPECT_TRUE(job->overlap);
+  EXPECT_EQ(job->dispatcher, Dispatcher::kNcclLsa);
+  EXPECT_EQ(job->precision, Precision::kFp8Block);
+  EXPECT_EQ(job->resources.backend, Backend::kCuda);
+}
+
 }  // namespace
 }  // namespace dropless
