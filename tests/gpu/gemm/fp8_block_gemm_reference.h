@@ -1,7 +1,8 @@
 // Host side of the fp8-block grouped-GEMM GPU test (fp8_block_grouped_gemm_test.cc): operands
 // built by hand in the layouts of fp8_block.h (random E4M3 bytes without NaN codes, random positive
-// fp32 scales), their fp64 references (the dequantized operands' products), and the checks of an
-// output against a reference. Header-only, included by that test alone.
+// fp32 scales), their fp64 references (the dequantized operands' products) and the untouched-rows
+// check; the comparison with a reference is gemm_test_util.h's ExpectClose. Header-only, included
+// by that test alone.
 #ifndef DROPLESS_TESTS_GPU_GEMM_FP8_BLOCK_GEMM_REFERENCE_H_
 #define DROPLESS_TESTS_GPU_GEMM_FP8_BLOCK_GEMM_REFERENCE_H_
 
@@ -43,11 +44,9 @@ inline float RandomScale(std::mt19937_64* rng) {
   return std::ldexp(u(*rng), e(*rng));
 }
 
-inline std::vector<int32_t> Offsets(const std::vector<int>& sizes) {
-  std::vector<int32_t> o(1, 0);
-  for (int s : sizes) o.push_back(o.back() + s);
-  return o;
-}
+using gemm_test::ExpectClose;
+using gemm_test::Offsets;
+using gemm_test::Ref;
 
 // Row-wise [rows][cols] (fp8_block.h): data, scales [rows][cols / 128], dequantized values.
 struct RowwiseHost {
@@ -150,10 +149,6 @@ inline ColwiseHost MakeColwise(const std::vector<int>& sizes, int64_t rows, int6
   return h;
 }
 
-// Reference and magnitude sum of each output element.
-struct Ref {
-  std::vector<double> value, magnitude;
-};
 
 // C[r][c] = sum_k A[r][k] B[e][c][k] for the rows r of group e; with row_stride > 1 only rows
 // r % row_stride == 0, stored compactly (row r at r / row_stride).
@@ -205,37 +200,6 @@ inline Ref WeightGradientReference(const ColwiseHost& x, const ColwiseHost& dy, 
     }
   }
   return ref;
-}
-
-// out[0, count) against ref; NaN positions must agree. Prints the observed errors.
-inline void ExpectClose(const std::vector<float>& out, const Ref& ref, size_t count, double rel,
-                        double abs_of_magnitude, double norm_bound, const char* what) {
-  ASSERT_GE(out.size(), count);
-  ASSERT_GE(ref.value.size(), count);
-  double diff2 = 0, ref2 = 0, worst = 0;
-  size_t bad = 0, nan_mismatch = 0, first_bad = count;
-  for (size_t i = 0; i < count; ++i) {
-    const double r = ref.value[i], o = out[i];
-    if (std::isnan(r) || std::isnan(o)) {
-      if (std::isnan(r) != std::isnan(o)) ++nan_mismatch;
-      continue;
-    }
-    const double d = std::fabs(o - r);
-    if (!(d <= rel * std::fabs(r) + abs_of_magnitude * ref.magnitude[i])) {
-      ++bad;
-      first_bad = std::min(first_bad, i);
-    }
-    if (ref.magnitude[i] > 0) worst = std::max(worst, d / ref.magnitude[i]);
-    diff2 += d * d;
-    ref2 += r * r;
-  }
-  const double norm_err = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
-  std::printf("[%s] norm-relative error %.3g, worst |err| / sum|ab| %.3g\n", what, norm_err, worst);
-  EXPECT_EQ(nan_mismatch, 0u) << what << ": NaN where the reference has none, or the reverse";
-  EXPECT_EQ(bad, 0u) << what << ": first bad element " << first_bad << " out "
-                     << (first_bad < count ? out[first_bad] : 0.0f) << " ref "
-                     << (first_bad < count ? ref.value[first_bad] : 0.0);
-  EXPECT_LE(norm_err, norm_bound) << what;
 }
 
 // Elements [from, out.size()) are still the poison (NaN): never written.

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -247,6 +248,51 @@ inline void ExpectWeightsMatch(const std::vector<float>& out, const std::vector<
     EXPECT_LE(err, tolerance) << "group " << e << ": relative error " << err;
   }
 }
+
+// Row offsets [E + 1] of groups of these sizes.
+inline std::vector<int32_t> Offsets(const std::vector<int>& sizes) {
+  std::vector<int32_t> o(1, 0);
+  for (int s : sizes) o.push_back(o.back() + s);
+  return o;
+}
+
+// The quantized GEMMs' fp64 reference of each output element, with the sum of |a| |b| over its
+// products (the scale of its error bound).
+struct Ref {
+  std::vector<double> value, magnitude;
+};
+
+// out[0, count) against ref; NaN positions must agree. Prints the observed errors.
+inline void ExpectClose(const std::vector<float>& out, const Ref& ref, size_t count, double rel,
+                        double abs_of_magnitude, double norm_bound, const char* what) {
+  ASSERT_GE(out.size(), count);
+  ASSERT_GE(ref.value.size(), count);
+  double diff2 = 0, ref2 = 0, worst = 0;
+  size_t bad = 0, nan_mismatch = 0, first_bad = count;
+  for (size_t i = 0; i < count; ++i) {
+    const double r = ref.value[i], o = out[i];
+    if (std::isnan(r) || std::isnan(o)) {
+      if (std::isnan(r) != std::isnan(o)) ++nan_mismatch;
+      continue;
+    }
+    const double d = std::fabs(o - r);
+    if (!(d <= rel * std::fabs(r) + abs_of_magnitude * ref.magnitude[i])) {
+      ++bad;
+      first_bad = std::min(first_bad, i);
+    }
+    if (ref.magnitude[i] > 0) worst = std::max(worst, d / ref.magnitude[i]);
+    diff2 += d * d;
+    ref2 += r * r;
+  }
+  const double norm_err = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+  std::printf("[%s] norm-relative error %.3g, worst |err| / sum|ab| %.3g\n", what, norm_err, worst);
+  EXPECT_EQ(nan_mismatch, 0u) << what << ": NaN where the reference has none, or the reverse";
+  EXPECT_EQ(bad, 0u) << what << ": first bad element " << first_bad << " out "
+                     << (first_bad < count ? out[first_bad] : 0.0f) << " ref "
+                     << (first_bad < count ? ref.value[first_bad] : 0.0);
+  EXPECT_LE(norm_err, norm_bound) << what;
+}
+
 
 }  // namespace dropless::kernels::gemm_test
 

@@ -31,6 +31,9 @@ namespace dropless::kernels {
 namespace {
 
 using gemm_test::DeviceBuffer;
+using gemm_test::ExpectClose;
+using gemm_test::Offsets;
+using gemm_test::Ref;
 
 constexpr double kBf16Rel = 1e-2, kBf16Abs = 2e-3, kBf16Norm = 1e-2;
 constexpr double kF32Rel = 1e-5, kF32Abs = 2e-3, kF32Norm = 1e-3;
@@ -96,12 +99,6 @@ MxColHost QuantizeCols(const std::vector<Bf16>& x, int64_t rows, int64_t cols,
   return h;
 }
 
-std::vector<int32_t> Offsets(const std::vector<int>& sizes) {
-  std::vector<int32_t> o(1, 0);
-  for (int s : sizes) o.push_back(o.back() + s);
-  return o;
-}
-
 template <class T>
 std::unique_ptr<DeviceBuffer> Upload(const std::vector<T>& v) {
   auto b = std::make_unique<DeviceBuffer>(v.size() * sizeof(T), sizeof(T));
@@ -109,42 +106,6 @@ std::unique_ptr<DeviceBuffer> Upload(const std::vector<T>& v) {
   return b;
 }
 
-// Reference and magnitude sum of one output element.
-struct Ref {
-  std::vector<double> value, magnitude;
-};
-
-// Compares out (count elements) against ref; NaN positions must agree. Prints the observed errors.
-void ExpectClose(const std::vector<float>& out, const Ref& ref, size_t count, double rel,
-                 double abs_of_magnitude, double norm_bound, const char* what) {
-  ASSERT_GE(out.size(), count);
-  double diff2 = 0, ref2 = 0, worst = 0;
-  size_t bad = 0, nan_mismatch = 0, first_bad = count;
-  for (size_t i = 0; i < count; ++i) {
-    const double r = ref.value[i];
-    const double o = out[i];
-    if (std::isnan(r) || std::isnan(o)) {
-      if (std::isnan(r) != std::isnan(o)) ++nan_mismatch;
-      continue;
-    }
-    const double d = std::fabs(o - r);
-    const double bound = rel * std::fabs(r) + abs_of_magnitude * ref.magnitude[i];
-    if (!(d <= bound)) {
-      ++bad;
-      first_bad = std::min(first_bad, i);
-    }
-    if (ref.magnitude[i] > 0) worst = std::max(worst, d / ref.magnitude[i]);
-    diff2 += d * d;
-    ref2 += r * r;
-  }
-  const double norm_err = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
-  std::printf("[%s] norm-relative error %.3g, worst |err| / sum|ab| %.3g\n", what, norm_err, worst);
-  EXPECT_EQ(nan_mismatch, 0u) << what << ": NaN where the reference has none, or the reverse";
-  EXPECT_EQ(bad, 0u) << what << ": first bad element " << first_bad << " out "
-                     << (first_bad < count ? out[first_bad] : 0.0f) << " ref "
-                     << (first_bad < count ? ref.value[first_bad] : 0.0);
-  EXPECT_LE(norm_err, norm_bound) << what;
-}
 
 // m-grouped: C[r][c] = sum_k A[r][k] B[e][c][k] for the rows r of group e. With row_stride > 1
 // only rows r % row_stride == 0 are computed, stored compactly (row r at r / row_stride).
