@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/gpu/engine/local_ep_test_support.h"
 #include "tests/gpu/kernels/gpu_test_util.h"
 #include "worker/engine/checkpoint/moe_checkpoint.h"
 #include "worker/engine/cpu/moe_model.h"
@@ -49,21 +50,9 @@ class CudaEngineGpu : public GpuTest {
 // Experts that receive no token: 40 tokens x top-2 over 64 experts leaves most experts empty,
 // and the zipf teacher skews the targets.
 EngineConfig SmallConfig() {
-  EngineConfig c;
-  c.model.hidden = 128;
-  c.model.ffn = 64;
-  c.model.experts = 64;
-  c.model.topk = 2;
-  c.model.shared_experts = 1;
-  c.model.layers = 2;
-  c.model.router = RouterKind::kSoftmax;
-  c.model.renormalize = true;
-  c.model.aux_loss_coeff = 0.01;
+  EngineConfig c = local_ep_testing::Config(1);
   c.tokens_per_rank = 40;
-  c.steps = 1000;
-  c.optimizer.lr = 1e-3;
   c.data.seed = 77;
-  c.data.distribution = RoutingDistribution::kZipf;
   c.data.zipf_exponent = 1.2;
   return c;
 }

@@ -1,5 +1,5 @@
-// Shared by the CUDA engine's EP tests on one GPU (local_ep_gpu_test.cc, overlap_gpu_test.cc): a
-// small skewed MoE job, the engine at EP 1 or in-process EP, and the group's weights read back
+// Shared by the CUDA engine's GPU tests (local_ep_gpu_test.cc, overlap_gpu_test.cc,
+// cuda_engine_gpu_test.cc): a small skewed MoE job, the engine at EP 1 or in-process EP, and the group's weights read back
 // from its checkpoint in the EP = 1 layout.
 #ifndef DROPLESS_TESTS_GPU_ENGINE_LOCAL_EP_TEST_SUPPORT_H_
 #define DROPLESS_TESTS_GPU_ENGINE_LOCAL_EP_TEST_SUPPORT_H_
