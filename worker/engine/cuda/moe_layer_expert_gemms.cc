@@ -53,34 +53,28 @@ absl::Status LayerKernels::CreateExpertGemms(int groups, ExpertGemms* out) const
     return absl::OkStatus();
   };
   for (int product = 0; product < 2; ++product) {
-    const int64_t kdim = product == 0 ? H : F, ndim = product == 0 ? 2 * F : H;
+    // The fields every family's options share: this product's shape over `groups` experts.
+    auto shaped = [&](auto options) {
+      options.num_groups = groups;
+      options.k = static_cast<int>(product == 0 ? H : F);
+      options.n = static_cast<int>(product == 0 ? 2 * F : H);
+      options.max_rows = R;
+      options.max_sms = d.expert_gemm_sms;
+      return options;
+    };
     if (d.mxfp8()) {
-      kernels::MxGroupedGemmOptions o;
-      o.num_groups = groups;
-      o.k = static_cast<int>(kdim);
-      o.n = static_cast<int>(ndim);
-      o.max_rows = R;
+      kernels::MxGroupedGemmOptions o = shaped(kernels::MxGroupedGemmOptions{});
+      o.padded_rows = kernels::ColwisePaddedRows(R, El);  // the layer's column-wise buffers
       o.expected_rows_per_group = expected_rows;
-      o.max_sms = d.expert_gemm_sms;
       DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->mx_w1 : &out->mx_w2));
     } else if (d.fp8_block()) {
-      kernels::Fp8BlockGroupedGemmOptions o;
-      o.num_groups = groups;
-      o.k = static_cast<int>(kdim);
-      o.n = static_cast<int>(ndim);
-      o.max_rows = R;
+      kernels::Fp8BlockGroupedGemmOptions o = shaped(kernels::Fp8BlockGroupedGemmOptions{});
       o.padded_rows = kernels::Fp8ColwisePaddedRows(R, El);
-      o.max_sms = d.expert_gemm_sms;
       DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->fb_w1 : &out->fb_w2));
     } else {
-      kernels::GroupedGemmOptions o;
-      o.num_groups = groups;
-      o.k = static_cast<int>(kdim);
-      o.n = static_cast<int>(ndim);
-      o.max_rows = R;
+      kernels::GroupedGemmOptions o = shaped(kernels::GroupedGemmOptions{});
       o.expected_rows_per_group = expected_rows;
       o.weight_grad_type = kernels::GradType::kFloat32;
-      o.max_sms = d.expert_gemm_sms;
       DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->w1 : &out->w2));
     }
   }
