@@ -170,6 +170,14 @@ TEST_F(EngineKernelsGpu, SumSquaredErrorTransposeAndBias) {
     const float want = (Bf16ToFloat(a[i]) + Bf16ToFloat(b[i])) + Bf16ToFloat(c[i]);
     ASSERT_EQ(sum[i].bits, FloatToBf16(want).bits) << i;
   }
+  // Unaligned pointers (one element in: the element-wise path) and out aliasing the first input.
+  STATUS_ASSERT(SumBf16(n - 1, {da.get() + 1, db.get() + 1}, da.get() + 1, nullptr));
+  const std::vector<Bf16> sum2 = da.Download();
+  ASSERT_EQ(sum2[0].bits, a[0].bits);
+  for (int64_t i = 1; i < n; ++i) {
+    ASSERT_EQ(sum2[i].bits, FloatToBf16(Bf16ToFloat(a[i]) + Bf16ToFloat(b[i])).bits) << i;
+  }
+  da.Upload(a);
 
   DeviceArray<double> sq(std::vector<double>{0.0});
   DeviceArray<Bf16> grad(n);
