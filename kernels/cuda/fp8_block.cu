@@ -12,6 +12,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/fp8_block_math.cuh"
+#include "kernels/cuda/fp8_block_weight.cuh"
 #include "kernels/cuda/padded_offsets.cuh"
 
 namespace dropless::kernels::cuda {
@@ -230,63 +231,19 @@ __global__ void __launch_bounds__(kTileThreads, 4)
   }
 }
 
-// ---- Weights: one block per 128x128 block of one expert. ----
-//
-// Thread t holds rows t / 32 + 8 s (s < 16), columns 4 (t % 32) .. + 3 of the block; the block's
-// amax meets in shared memory; the E4M3 bytes go out as W (4-byte stores along n) and, through a
-// shared-memory byte tile, as W^T (4-byte stores along k).
+// ---- Weights: one block per 128x128 block of one expert (fp8_block_weight.cuh). ----
 
-constexpr int kWeightThreads = 256;
-constexpr int kBytePitch = kFp8Block + 4;
-
-__global__ void __launch_bounds__(kWeightThreads)
+__global__ void __launch_bounds__(fp8_block_weight::kThreads)
     WeightKernel(const uint2* __restrict__ w, int64_t k, int64_t n, bool pow2,
                  uint32_t* __restrict__ data, float* __restrict__ scales,
                  uint32_t* __restrict__ data_t, float* __restrict__ scales_t) {
-  __shared__ uint8_t bytes[kFp8Block * kBytePitch];
-  __shared__ uint32_t warp_max[kWeightThreads / 32];
-  const int64_t kb = k / kFp8Block, nb = n / kFp8Block;
-  const int64_t e = blockIdx.x / (kb * nb);
-  const int64_t i = (blockIdx.x / nb) % kb, j = blockIdx.x % nb;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  uint2 v[16];
-  uint32_t m = 0;
+  namespace fw = fp8_block_weight;
+  __shared__ fw::BlockSmem smem;
+  const fw::Block b = fw::BlockOfCta(k, n);
+  uint2 v[fw::kRowsPerThread];
 #pragma unroll
-  for (int s = 0; s < 16; ++s) {
-    const int64_t row = e * k + i * kFp8Block + warp + 8 * s;
-    v[s] = w[(row * n + j * kFp8Block) / 4 + lane];
-    m = MagnitudeMax(MagnitudeMax(m, v[s].x), v[s].y);
-  }
-  m = WarpMaxBits(max(m & 0xffffu, m >> 16));
-  if (lane == 0) warp_max[warp] = m;
-  __syncthreads();
-  m = 0;
-#pragma unroll
-  for (int q = 0; q < kWeightThreads / 32; ++q) m = max(m, warp_max[q]);
-  const DeviceScale sc = ScaleForAmax(AmaxFromBits(m), pow2);
-#pragma unroll
-  for (int s = 0; s < 16; ++s) {
-    const int r = warp + 8 * s;
-    const uint32_t q = QuantizeFour(v[s].x, v[s].y, sc.inverse);
-    if (data != nullptr) data[((e * k + i * kFp8Block + r) * n + j * kFp8Block) / 4 + lane] = q;
-    *reinterpret_cast<uint32_t*>(bytes + r * kBytePitch + 4 * lane) = q;
-  }
-  if (threadIdx.x == 0) {
-    if (scales != nullptr) scales[(e * kb + i) * nb + j] = sc.scale;
-    if (scales_t != nullptr) scales_t[(e * nb + j) * kb + i] = sc.scale;
-  }
-  if (data_t == nullptr) return;
-  __syncthreads();
-#pragma unroll
-  for (int s = 0; s < 16; ++s) {
-    const int c = warp + 8 * s;  // a column of the block: a row of W^T
-    uint32_t packed = 0;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      packed |= static_cast<uint32_t>(bytes[(4 * lane + b) * kBytePitch + c]) << (8 * b);
-    }
-    data_t[((e * n + j * kFp8Block + c) * k + i * kFp8Block) / 4 + lane] = packed;
-  }
+  for (int s = 0; s < fw::kRowsPerThread; ++s) v[s] = w[fw::ElementOf(b, k, n, s) / 4];
+  fw::QuantizeBlock(v, b, k, n, pow2, data, scales, data_t, scales_t, smem);
 }
 
 // ---- Permute fused with row-wise quantization: one warp per (token, tile), the token's tile
@@ -386,7 +343,7 @@ absl::Status QuantizeFp8BlockWeights(const Fp8BlockWeightShape& shape, const Bf1
   }
   const int64_t blocks = shape.num_experts * (shape.k / kFp8Block) * (shape.n / kFp8Block);
   if (blocks > INT32_MAX) return absl::InvalidArgumentError("num_experts: too many blocks");
-  WeightKernel<<<static_cast<unsigned>(blocks), kWeightThreads, 0, stream>>>(
+  WeightKernel<<<static_cast<unsigned>(blocks), fp8_block_weight::kThreads, 0, stream>>>(
       reinterpret_cast<const uint2*>(w), shape.k, shape.n,
       shape.mode == Fp8ScaleMode::kPowerOfTwo, reinterpret_cast<uint32_t*>(out.data), out.scales,
       reinterpret_cast<uint32_t*>(out.data_t), out.scales_t);

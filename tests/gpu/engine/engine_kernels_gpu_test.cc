@@ -4,8 +4,10 @@
 // squared-error, transpose and bias kernels against plain loops.
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "dropless/kernels/fp8_block.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/kernels/gpu_test_util.h"
 #include "tests/unit/kernels/test_data.h"
@@ -158,6 +160,97 @@ TEST_F(EngineKernelsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
     ASSERT_NEAR(got3[i], p3[i], 2e-6f * (1 + std::fabs(p3[i]))) << i;
     ASSERT_EQ(c3[i].bits, FloatToBf16(got3[i]).bits) << i;
   }
+}
+
+// AdamW fused with the fp8-block weight quantization against the two passes it replaces (Update
+// with a bf16 copy, then QuantizeFp8BlockWeights of the copy): the same master, moment and
+// quantized bits over several steps, in both scale modes, and the quantized weight against the
+// CPU reference of the updated masters.
+TEST_F(EngineKernelsGpu, FusedAdamWFp8BlockMatchesUpdateThenQuantize) {
+  OptimizerSpec o;
+  o.lr = 1e-2;
+  o.beta1 = 0.9;
+  o.beta2 = 0.99;
+  o.eps = 1e-8;
+  o.weight_decay = 0.05;
+  const int experts = 3;
+  const int64_t k = 256, n = 384, size = experts * k * n, blocks = size / (128 * 128);
+  for (const kernels::Fp8ScaleMode mode :
+       {kernels::Fp8ScaleMode::kFloat32, kernels::Fp8ScaleMode::kPowerOfTwo}) {
+    const kernels::Fp8BlockWeightShape shape{experts, k, n, mode};
+    const std::vector<float> p0 = RandomFloat(size);
+    const std::vector<float> zeros(size, 0.0f);
+    // Path 0: Update then QuantizeFp8BlockWeights; path 1: UpdateFp8Block.
+    DeviceArray<float> p[2] = {DeviceArray<float>(p0), DeviceArray<float>(p0)};
+    DeviceArray<float> m[2] = {DeviceArray<float>(zeros), DeviceArray<float>(zeros)};
+    DeviceArray<float> v[2] = {DeviceArray<float>(zeros), DeviceArray<float>(zeros)};
+    DeviceArray<float> g(size);
+    DeviceArray<Bf16> copy(size);
+    DeviceArray<uint8_t> data[2] = {DeviceArray<uint8_t>(size), DeviceArray<uint8_t>(size)};
+    DeviceArray<uint8_t> data_t[2] = {DeviceArray<uint8_t>(size), DeviceArray<uint8_t>(size)};
+    DeviceArray<float> scales[2] = {DeviceArray<float>(blocks), DeviceArray<float>(blocks)};
+    DeviceArray<float> scales_t[2] = {DeviceArray<float>(blocks), DeviceArray<float>(blocks)};
+    DeviceArray<int64_t> counter0(std::vector<int64_t>{0}), counter1(std::vector<int64_t>{0});
+    std::unique_ptr<FusedAdamW> adamw[2];
+    kernels::Fp8BlockWeights out[2];
+    for (int i = 0; i < 2; ++i) {
+      AdamWTensor t;
+      t.param = p[i].get();
+      t.grad = g.get();
+      t.m = m[i].get();
+      t.v = v[i].get();
+      t.n = size;
+      t.bf16_copy = i == 0 ? copy.get() : nullptr;
+      absl::StatusOr<std::unique_ptr<FusedAdamW>> a =
+          FusedAdamW::Create(o, {t}, i == 0 ? counter0.get() : counter1.get());
+      ASSERT_TRUE(a.ok()) << a.status();
+      adamw[i] = *std::move(a);
+      out[i] = kernels::Fp8BlockWeights{data[i].get(), scales[i].get(), data_t[i].get(),
+                                        scales_t[i].get()};
+    }
+    for (int step = 1; step <= 3; ++step) {
+      g.Upload(RandomFloat(size, 1e-2f));
+      STATUS_ASSERT(adamw[0]->Step(nullptr));
+      STATUS_ASSERT(kernels::cuda::QuantizeFp8BlockWeights(shape, copy.get(), out[0], nullptr));
+      STATUS_ASSERT(adamw[1]->PrepareStep(nullptr));
+      STATUS_ASSERT(adamw[1]->UpdateFp8Block(0, shape, out[1], nullptr));
+    }
+    ASSERT_TRUE(kernels::testing::BitEqual(p[1].Download(), p[0].Download()));
+    ASSERT_TRUE(kernels::testing::BitEqual(m[1].Download(), m[0].Download()));
+    ASSERT_TRUE(kernels::testing::BitEqual(v[1].Download(), v[0].Download()));
+    ASSERT_TRUE(kernels::testing::BitEqual(data[1].Download(), data[0].Download()));
+    ASSERT_TRUE(kernels::testing::BitEqual(data_t[1].Download(), data_t[0].Download()));
+    ASSERT_TRUE(kernels::testing::BitEqual(scales[1].Download(), scales[0].Download()));
+    ASSERT_TRUE(kernels::testing::BitEqual(scales_t[1].Download(), scales_t[0].Download()));
+    // The CPU quantization of the updated masters' bf16 values.
+    const std::vector<float> updated = p[1].Download();
+    std::vector<Bf16> w(size);
+    for (int64_t i = 0; i < size; ++i) w[i] = FloatToBf16(updated[i]);
+    std::vector<uint8_t> want(size), want_t(size);
+    std::vector<float> want_s(blocks), want_st(blocks);
+    STATUS_ASSERT(kernels::cpu::QuantizeFp8BlockWeights(
+        shape, w.data(),
+        kernels::Fp8BlockWeights{want.data(), want_s.data(), want_t.data(), want_st.data()}));
+    ASSERT_TRUE(kernels::testing::BitEqual(data[1].Download(), want));
+    ASSERT_TRUE(kernels::testing::BitEqual(data_t[1].Download(), want_t));
+    ASSERT_TRUE(kernels::testing::BitEqual(scales[1].Download(), want_s));
+  }
+  // Refusals: a tensor index out of range, a shape that is not the tensor's.
+  DeviceArray<float> a(128 * 128), b(128 * 128), c(128 * 128), d(128 * 128);
+  DeviceArray<int64_t> counter(std::vector<int64_t>{0});
+  AdamWTensor t;
+  t.param = a.get();
+  t.grad = b.get();
+  t.m = c.get();
+  t.v = d.get();
+  t.n = 128 * 128;
+  absl::StatusOr<std::unique_ptr<FusedAdamW>> one = FusedAdamW::Create(o, {t}, counter.get());
+  ASSERT_TRUE(one.ok());
+  DeviceArray<uint8_t> q(2 * 128 * 128);
+  DeviceArray<float> qs(2);
+  const kernels::Fp8BlockWeights qo{q.get(), qs.get(), nullptr, nullptr};
+  EXPECT_FALSE((*one)->UpdateFp8Block(1, kernels::Fp8BlockWeightShape{1, 128, 128}, qo, nullptr).ok());
+  EXPECT_FALSE((*one)->UpdateFp8Block(0, kernels::Fp8BlockWeightShape{2, 128, 128}, qo, nullptr).ok());
 }
 
 TEST_F(EngineKernelsGpu, SumSquaredErrorTransposeAndBias) {

@@ -286,23 +286,13 @@ absl::Status CudaEngineImpl::RecordBackward() {
       g.d_x = flip ? r->grad_a() : r->grad_b();
       if (!overlap_optimizer_) continue;
       const OptimizerGroups& og = r->optimizer_groups(l);
-      const LayerWeights w = g.weights;
       if (replicated_in_backward) {
         g.hooks.router_and_shared = [r, og](cudaStream_t s) {
           return r->adamw()->Update(og.router_first, og.router_count, s);
         };
       }
-      const LayerDims d = dims_;
-      g.hooks.experts_w2 = [r, og, w, l, d](cudaStream_t s) -> absl::Status {
-        DROPLESS_RETURN_IF_ERROR(r->adamw()->Update(og.w2, 1, s));
-        if (!d.quantized()) return absl::OkStatus();
-        return r->kernels()->QuantizeWeight(w.w2, d.ffn, d.hidden, r->student().q_w2[l], s);
-      };
-      g.hooks.experts_w1 = [r, og, w, l, d](cudaStream_t s) -> absl::Status {
-        DROPLESS_RETURN_IF_ERROR(r->adamw()->Update(og.w1, 1, s));
-        if (!d.quantized()) return absl::OkStatus();
-        return r->kernels()->QuantizeWeight(w.w1, d.hidden, 2 * d.ffn, r->student().q_w1[l], s);
-      };
+      g.hooks.experts_w2 = [r, l](cudaStream_t s) { return r->UpdateExpertWeight(l, false, s); };
+      g.hooks.experts_w1 = [r, l](cudaStream_t s) { return r->UpdateExpertWeight(l, true, s); };
     }
     DROPLESS_RETURN_IF_ERROR(ForEachRing([&](ActivationRing* ring, cudaStream_t s) {
       return ring->BeforeBackward(l, s);
@@ -331,8 +321,12 @@ absl::Status CudaEngineImpl::RecordBackward() {
       }
       DROPLESS_RETURN_IF_ERROR(links_.Link(s.optimizer, s.main));
     } else {
-      DROPLESS_RETURN_IF_ERROR(r->adamw()->Update(0, r->adamw()->num_tensors(), s.main));
-      DROPLESS_RETURN_IF_ERROR(r->QuantizeExperts(&r->student(), s.main));
+      for (int64_t l = 0; l < L(); ++l) {
+        const OptimizerGroups& og = r->optimizer_groups(l);
+        DROPLESS_RETURN_IF_ERROR(r->adamw()->Update(og.router_first, og.router_count, s.main));
+        DROPLESS_RETURN_IF_ERROR(r->UpdateExpertWeight(l, true, s.main));
+        DROPLESS_RETURN_IF_ERROR(r->UpdateExpertWeight(l, false, s.main));
+      }
     }
   }
   for (size_t r = 1; r < ranks_.size(); ++r) {

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fp8_block_weight.cuh"
 #include "worker/engine/cpu/counter_rng.h"
 
 namespace dropless::cuda_engine {
@@ -257,6 +258,38 @@ __global__ void AdamWKernel(const AdamWTensor* tensors, const AdamWChunk* chunks
   }
 }
 
+// AdamW of one [E][k][n] expert weight fused with its fp8-block quantization: one block per
+// 128x128 block (fp8_block_weight.cuh's thread layout); each thread updates its 16 x 4 elements
+// (16-byte loads and stores), keeps their bf16 values and quantizes the block from them.
+__global__ void __launch_bounds__(kernels::cuda::fp8_block_weight::kThreads)
+    AdamWFp8BlockKernel(AdamWTensor t, int64_t k, int64_t n, bool pow2,
+                        const AdamWScalars* scalars_ptr, uint32_t* data, float* scales,
+                        uint32_t* data_t, float* scales_t) {
+  namespace fw = kernels::cuda::fp8_block_weight;
+  __shared__ fw::BlockSmem smem;
+  const AdamWScalars s = *scalars_ptr;
+  const fw::Block b = fw::BlockOfCta(k, n);
+  uint2 v[fw::kRowsPerThread];
+#pragma unroll 4
+  for (int r = 0; r < fw::kRowsPerThread; ++r) {
+    const int64_t i = fw::ElementOf(b, k, n, r);
+    const float4 g = *reinterpret_cast<const float4*>(t.grad + i);
+    float4 m = *reinterpret_cast<const float4*>(t.m + i);
+    float4 vv = *reinterpret_cast<const float4*>(t.v + i);
+    float4 p = *reinterpret_cast<const float4*>(t.param + i);
+    p.x = AdamWElement(s, g.x, m.x, vv.x, p.x);
+    p.y = AdamWElement(s, g.y, m.y, vv.y, p.y);
+    p.z = AdamWElement(s, g.z, m.z, vv.z, p.z);
+    p.w = AdamWElement(s, g.w, m.w, vv.w, p.w);
+    *reinterpret_cast<float4*>(t.m + i) = m;
+    *reinterpret_cast<float4*>(t.v + i) = vv;
+    *reinterpret_cast<float4*>(t.param + i) = p;
+    const Bf16 q[4] = {ToBf16(p.x), ToBf16(p.y), ToBf16(p.z), ToBf16(p.w)};
+    memcpy(&v[r], q, sizeof(v[r]));
+  }
+  fw::QuantizeBlock(v, b, k, n, pow2, data, scales, data_t, scales_t, smem);
+}
+
 class FusedAdamWImpl final : public FusedAdamW {
  public:
   ~FusedAdamWImpl() override {
@@ -269,6 +302,7 @@ class FusedAdamWImpl final : public FusedAdamW {
                     int64_t* step_counter) {
     hyper_ = AdamWHyper{optimizer.lr, optimizer.beta1, optimizer.beta2, optimizer.eps,
                         optimizer.weight_decay, optimizer.warmup_steps};
+    host_tensors_ = tensors;
     step_counter_ = step_counter;
     std::vector<AdamWChunk> chunks;
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -311,6 +345,43 @@ class FusedAdamWImpl final : public FusedAdamW {
     return LaunchStatus("AdamWKernel");
   }
 
+  absl::Status UpdateFp8Block(int tensor, const kernels::Fp8BlockWeightShape& shape,
+                              const kernels::Fp8BlockWeights& out, Stream stream) override {
+    if (tensor < 0 || tensor >= num_tensors()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "FusedAdamW::UpdateFp8Block: tensor %d of %d", tensor, num_tensors()));
+    }
+    const AdamWTensor& t = host_tensors_[tensor];
+    if (absl::Status v = kernels::ValidateFp8BlockWeights(
+            shape, reinterpret_cast<const Bf16*>(t.param), out);
+        !v.ok()) {
+      return v;
+    }
+    const int64_t blocks = int64_t{shape.num_experts} * (shape.k / kernels::kFp8Block) *
+                           (shape.n / kernels::kFp8Block);
+    const uintptr_t addresses = reinterpret_cast<uintptr_t>(t.param) |
+                                reinterpret_cast<uintptr_t>(t.grad) |
+                                reinterpret_cast<uintptr_t>(t.m) | reinterpret_cast<uintptr_t>(t.v);
+    if ((reinterpret_cast<uintptr_t>(out.data) | reinterpret_cast<uintptr_t>(out.data_t)) % 4 != 0) {
+      return absl::InvalidArgumentError("out.data: data and data_t must be 4-byte aligned");
+    }
+    if (t.n != int64_t{shape.num_experts} * shape.k * shape.n || t.copy_rows != 0 ||
+        addresses % 16 != 0 || blocks > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "FusedAdamW::UpdateFp8Block: tensor %d (%d values, %s) is not a 16-byte aligned "
+          "[%d][%d][%d] weight without a transposed copy",
+          tensor, t.n, addresses % 16 == 0 ? "aligned" : "unaligned", shape.num_experts, shape.k,
+          shape.n));
+    }
+    if (blocks == 0) return absl::OkStatus();
+    AdamWFp8BlockKernel<<<static_cast<unsigned>(blocks), kernels::cuda::fp8_block_weight::kThreads,
+                          0, stream>>>(
+        t, shape.k, shape.n, shape.mode == kernels::Fp8ScaleMode::kPowerOfTwo, scalars_,
+        reinterpret_cast<uint32_t*>(out.data), out.scales, reinterpret_cast<uint32_t*>(out.data_t),
+        out.scales_t);
+    return LaunchStatus("AdamWFp8BlockKernel");
+  }
+
   int num_tensors() const override { return static_cast<int>(first_chunk_.size()) - 1; }
 
  private:
@@ -321,6 +392,7 @@ class FusedAdamWImpl final : public FusedAdamW {
   AdamWScalars* scalars_ = nullptr;
   int64_t num_chunks_ = 0;
   std::vector<int64_t> first_chunk_;  // per tensor, and the total at the end
+  std::vector<AdamWTensor> host_tensors_;
 };
 
 }  // namespace

@@ -96,6 +96,21 @@ absl::Status RankModel::QuantizeExperts(ModelWeights* weights, cudaStream_t stre
   return absl::OkStatus();
 }
 
+absl::Status RankModel::UpdateExpertWeight(int64_t layer, bool w1, cudaStream_t stream) {
+  const OptimizerGroups& og = optimizer_groups_[layer];
+  const int tensor = w1 ? og.w1 : og.w2;
+  const int64_t k = w1 ? dims_.hidden : dims_.ffn, n = w1 ? 2 * dims_.ffn : dims_.hidden;
+  const QuantizedWeight& q = w1 ? student_.q_w1[layer] : student_.q_w2[layer];
+  if (dims_.fp8_block()) {
+    return adamw_->UpdateFp8Block(
+        tensor, kernels::Fp8BlockWeightShape{dims_.local_experts(), k, n}, q.fp8_block, stream);
+  }
+  DROPLESS_RETURN_IF_ERROR(adamw_->Update(tensor, 1, stream));
+  if (!dims_.quantized()) return absl::OkStatus();
+  const LayerWeights w = Weights(student_, layer);
+  return kernels_->QuantizeWeight(w1 ? w.w1 : w.w2, k, n, q, stream);
+}
+
 absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, PhaseTimer* timer,
                                    const cpu::TaskSeeds& seeds, ExpertDispatcher* dispatcher) {
   arena_ = arena;

@@ -76,6 +76,10 @@ class RankModel {
   LayerWeights Weights(const ModelWeights& m, int64_t layer) const;
   LayerGrads Grads(int64_t layer) const;
   absl::Status QuantizeExperts(ModelWeights* weights, cudaStream_t stream);
+  // AdamW of layer `layer`'s routed-expert w1 (or w2) and the student's quantized copy of it for
+  // the next step: fp8-block in one fused pass (FusedAdamW::UpdateFp8Block), mxfp8 as the update
+  // then QuantizeWeight of the bf16 copy, bf16 the update alone. After PrepareStep.
+  absl::Status UpdateExpertWeight(int64_t layer, bool w1, cudaStream_t stream);
 
   absl::Status SaveCheckpoint(const std::string& dir, int64_t step);
 
