@@ -233,17 +233,21 @@ __global__ void __launch_bounds__(kTileThreads, 4)
 
 // ---- Weights: one block per 128x128 block of one expert (fp8_block_weight.cuh). ----
 
-__global__ void __launch_bounds__(fp8_block_weight::kThreads)
+constexpr int kWeightThreads = 256;
+
+__global__ void __launch_bounds__(kWeightThreads)
     WeightKernel(const uint2* __restrict__ w, int64_t k, int64_t n, bool pow2,
                  uint32_t* __restrict__ data, float* __restrict__ scales,
                  uint32_t* __restrict__ data_t, float* __restrict__ scales_t) {
   namespace fw = fp8_block_weight;
-  __shared__ fw::BlockSmem smem;
+  __shared__ fw::BlockSmem<kWeightThreads> smem;
   const fw::Block b = fw::BlockOfCta(k, n);
-  uint2 v[fw::kRowsPerThread];
+  uint2 v[fw::kRowsPerThread<kWeightThreads>];
 #pragma unroll
-  for (int s = 0; s < fw::kRowsPerThread; ++s) v[s] = w[fw::ElementOf(b, k, n, s) / 4];
-  fw::QuantizeBlock(v, b, k, n, pow2, data, scales, data_t, scales_t, smem);
+  for (int s = 0; s < fw::kRowsPerThread<kWeightThreads>; ++s) {
+    v[s] = w[fw::ElementOf<kWeightThreads>(b, k, n, s) / 4];
+  }
+  fw::QuantizeBlock<kWeightThreads>(v, b, k, n, pow2, data, scales, data_t, scales_t, smem);
 }
 
 // ---- Permute fused with row-wise quantization: one warp per (token, tile), the token's tile
@@ -343,7 +347,7 @@ absl::Status QuantizeFp8BlockWeights(const Fp8BlockWeightShape& shape, const Bf1
   }
   const int64_t blocks = shape.num_experts * (shape.k / kFp8Block) * (shape.n / kFp8Block);
   if (blocks > INT32_MAX) return absl::InvalidArgumentError("num_experts: too many blocks");
-  WeightKernel<<<static_cast<unsigned>(blocks), fp8_block_weight::kThreads, 0, stream>>>(
+  WeightKernel<<<static_cast<unsigned>(blocks), kWeightThreads, 0, stream>>>(
       reinterpret_cast<const uint2*>(w), shape.k, shape.n,
       shape.mode == Fp8ScaleMode::kPowerOfTwo, reinterpret_cast<uint32_t*>(out.data), out.scales,
       reinterpret_cast<uint32_t*>(out.data_t), out.scales_t);

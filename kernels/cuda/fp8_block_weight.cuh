@@ -4,8 +4,9 @@
 // fused with the quantization (worker/engine/cuda/engine_kernels.cu, which computes the bf16
 // values from the updated fp32 masters), so that both write the same bits.
 //
-// A block runs on kThreads threads: thread t holds rows t / 32 + 8 s (s < kRowsPerThread),
-// columns 4 (t % 32) .. + 3 of the block, as four bf16 in a uint2. The block's amax meets in
+// A block runs on kThreads threads (256 or 512; W warps = kThreads / 32): thread t holds rows
+// t / 32 + W s (s < RowsPerThread), columns 4 (t % 32) .. + 3 of the block, as four bf16 in a
+// uint2. The block's amax meets in
 // shared memory; the E4M3 bytes go out as W (4-byte stores along n) and, through a shared-memory
 // byte tile, as W^T (4-byte stores along k).
 #ifndef DROPLESS_KERNELS_CUDA_FP8_BLOCK_WEIGHT_CUH_
@@ -20,11 +21,13 @@
 
 namespace dropless::kernels::cuda::fp8_block_weight {
 
-inline constexpr int kThreads = 256;
-inline constexpr int kRowsPerThread = kFp8Block / (kThreads / 32);  // 16
+template <int kThreads>
+inline constexpr int kRowsPerThread = kFp8Block / (kThreads / 32);
 inline constexpr int kBytePitch = kFp8Block + 4;
 
+template <int kThreads>
 struct BlockSmem {
+  static_assert(kThreads == 256 || kThreads == 512, "a block runs on 256 or 512 threads");
   uint8_t bytes[kFp8Block * kBytePitch];
   uint32_t warp_max[kThreads / 32];
 };
@@ -39,18 +42,21 @@ __device__ __forceinline__ Block BlockOfCta(int64_t k, int64_t n) {
 }
 
 // Element index of the first of the four columns the calling thread holds in row slot s.
+template <int kThreads>
 __device__ __forceinline__ int64_t ElementOf(const Block& b, int64_t k, int64_t n, int s) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row = b.e * k + b.i * kFp8Block + warp + 8 * s;
+  const int64_t row = b.e * k + b.i * kFp8Block + warp + (kThreads / 32) * s;
   return row * n + b.j * kFp8Block + 4 * lane;
 }
 
 // Quantizes the block from v (the thread's bf16 values, see above). data / scales (W) and
 // data_t / scales_t (W^T) may each be null.
-__device__ __forceinline__ void QuantizeBlock(const uint2 (&v)[kRowsPerThread], const Block& b,
-                                              int64_t k, int64_t n, bool pow2, uint32_t* data,
-                                              float* scales, uint32_t* data_t, float* scales_t,
-                                              BlockSmem& smem) {
+template <int kThreads>
+__device__ __forceinline__ void QuantizeBlock(const uint2 (&v)[kRowsPerThread<kThreads>],
+                                              const Block& b, int64_t k, int64_t n, bool pow2,
+                                              uint32_t* data, float* scales, uint32_t* data_t,
+                                              float* scales_t, BlockSmem<kThreads>& smem) {
+  constexpr int kWarps = kThreads / 32, kRows = kRowsPerThread<kThreads>;
   using fp8_block_math::AmaxFromBits;
   using fp8_block_math::DeviceScale;
   using fp8_block_math::MagnitudeMax;
@@ -61,19 +67,19 @@ __device__ __forceinline__ void QuantizeBlock(const uint2 (&v)[kRowsPerThread], 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   uint32_t m = 0;
 #pragma unroll
-  for (int s = 0; s < kRowsPerThread; ++s) m = MagnitudeMax(MagnitudeMax(m, v[s].x), v[s].y);
+  for (int s = 0; s < kRows; ++s) m = MagnitudeMax(MagnitudeMax(m, v[s].x), v[s].y);
   m = WarpMaxBits(max(m & 0xffffu, m >> 16));
   if (lane == 0) smem.warp_max[warp] = m;
   __syncthreads();
   m = 0;
 #pragma unroll
-  for (int q = 0; q < kThreads / 32; ++q) m = max(m, smem.warp_max[q]);
+  for (int q = 0; q < kWarps; ++q) m = max(m, smem.warp_max[q]);
   const DeviceScale sc = ScaleForAmax(AmaxFromBits(m), pow2);
 #pragma unroll
-  for (int s = 0; s < kRowsPerThread; ++s) {
-    const int r = warp + 8 * s;
+  for (int s = 0; s < kRows; ++s) {
+    const int r = warp + kWarps * s;
     const uint32_t q = QuantizeFour(v[s].x, v[s].y, sc.inverse);
-    if (data != nullptr) data[ElementOf(b, k, n, s) / 4] = q;
+    if (data != nullptr) data[ElementOf<kThreads>(b, k, n, s) / 4] = q;
     *reinterpret_cast<uint32_t*>(smem.bytes + r * kBytePitch + 4 * lane) = q;
   }
   if (threadIdx.x == 0) {
@@ -83,8 +89,8 @@ __device__ __forceinline__ void QuantizeBlock(const uint2 (&v)[kRowsPerThread], 
   if (data_t == nullptr) return;
   __syncthreads();
 #pragma unroll
-  for (int s = 0; s < kRowsPerThread; ++s) {
-    const int c = warp + 8 * s;  // a column of the block: a row of W^T
+  for (int s = 0; s < kRows; ++s) {
+    const int c = warp + kWarps * s;  // a column of the block: a row of W^T
     uint32_t packed = 0;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {

@@ -263,7 +263,7 @@ absl::Status CudaEngineImpl::RecordStep() {
   return RecordBackward();
 }
 
-// Backward, with each weight's AdamW update (and MXFP8 re-quantization) on the optimizer stream
+// Backward, with each weight's AdamW update (and its quantized copies) on the optimizer stream
 // as soon as its gradient is complete; at EP > 1 the replicated weights' (router, shared
 // experts) once their gradients are summed over the group after the backward.
 absl::Status CudaEngineImpl::RecordBackward() {

@@ -32,7 +32,7 @@ struct CudaStepDetails {
   double data_seconds = 0;        // the synthetic batch: tokens and the teacher's targets
   double forward_seconds = 0;
   double backward_seconds = 0;
-  double optimizer_seconds = 0;   // AdamW (+ MXFP8 weight quantization)
+  double optimizer_seconds = 0;   // AdamW (+ the quantized weights of mxfp8 / fp8-block)
   int64_t engine_bytes = 0;       // device memory the engine allocated itself
 };
 

@@ -194,12 +194,15 @@ struct AdamWChunk {
   int64_t begin;
 };
 
+// cpu::AdamWUpdate's formula, one IEEE fp32 operation per step in its order (no contraction into
+// fused multiply-adds), so that every kernel that updates a parameter writes the same bits.
 __device__ __forceinline__ float AdamWElement(const AdamWScalars& s, float g, float& m, float& v,
                                               float p) {
-  m = s.beta1 * m + (1.0f - s.beta1) * g;
-  v = s.beta2 * v + (1.0f - s.beta2) * g * g;
-  const float update = (m * s.m_correction) / (sqrtf(v * s.v_correction) + s.eps);
-  return p * s.decay - s.step_size * update;
+  m = __fadd_rn(__fmul_rn(s.beta1, m), __fmul_rn(__fsub_rn(1.0f, s.beta1), g));
+  v = __fadd_rn(__fmul_rn(s.beta2, v), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, s.beta2), g), g));
+  const float update = __fdiv_rn(__fmul_rn(m, s.m_correction),
+                                 __fadd_rn(__fsqrt_rn(__fmul_rn(v, s.v_correction)), s.eps));
+  return __fsub_rn(__fmul_rn(p, s.decay), __fmul_rn(s.step_size, update));
 }
 
 // One block per chunk of one tensor. Memory-bound (28 bytes per parameter): tensors with a plain
@@ -258,21 +261,24 @@ __global__ void AdamWKernel(const AdamWTensor* tensors, const AdamWChunk* chunks
   }
 }
 
-// AdamW of one [E][k][n] expert weight fused with its fp8-block quantization: one block per
-// 128x128 block (fp8_block_weight.cuh's thread layout); each thread updates its 16 x 4 elements
-// (16-byte loads and stores), keeps their bf16 values and quantizes the block from them.
-__global__ void __launch_bounds__(kernels::cuda::fp8_block_weight::kThreads)
+// AdamW of one [E][k][n] expert weight fused with its fp8-block quantization: one block of 512
+// threads per 128x128 block (fp8_block_weight.cuh's thread layout); each thread updates its 8 x 4
+// elements (16-byte loads and stores), keeps their bf16 values and quantizes the block from them.
+constexpr int kAdamWFp8BlockThreads = 512;
+
+__global__ void __launch_bounds__(kAdamWFp8BlockThreads)
     AdamWFp8BlockKernel(AdamWTensor t, int64_t k, int64_t n, bool pow2,
                         const AdamWScalars* scalars_ptr, uint32_t* data, float* scales,
                         uint32_t* data_t, float* scales_t) {
   namespace fw = kernels::cuda::fp8_block_weight;
-  __shared__ fw::BlockSmem smem;
+  constexpr int kThreadsPerBlock = kAdamWFp8BlockThreads;
+  __shared__ fw::BlockSmem<kThreadsPerBlock> smem;
   const AdamWScalars s = *scalars_ptr;
   const fw::Block b = fw::BlockOfCta(k, n);
-  uint2 v[fw::kRowsPerThread];
-#pragma unroll 4
-  for (int r = 0; r < fw::kRowsPerThread; ++r) {
-    const int64_t i = fw::ElementOf(b, k, n, r);
+  uint2 v[fw::kRowsPerThread<kThreadsPerBlock>];
+#pragma unroll
+  for (int r = 0; r < fw::kRowsPerThread<kThreadsPerBlock>; ++r) {
+    const int64_t i = fw::ElementOf<kThreadsPerBlock>(b, k, n, r);
     const float4 g = *reinterpret_cast<const float4*>(t.grad + i);
     float4 m = *reinterpret_cast<const float4*>(t.m + i);
     float4 vv = *reinterpret_cast<const float4*>(t.v + i);
@@ -284,10 +290,10 @@ __global__ void __launch_bounds__(kernels::cuda::fp8_block_weight::kThreads)
     *reinterpret_cast<float4*>(t.m + i) = m;
     *reinterpret_cast<float4*>(t.v + i) = vv;
     *reinterpret_cast<float4*>(t.param + i) = p;
-    const Bf16 q[4] = {ToBf16(p.x), ToBf16(p.y), ToBf16(p.z), ToBf16(p.w)};
-    memcpy(&v[r], q, sizeof(v[r]));
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
+    v[r] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
   }
-  fw::QuantizeBlock(v, b, k, n, pow2, data, scales, data_t, scales_t, smem);
+  fw::QuantizeBlock<kThreadsPerBlock>(v, b, k, n, pow2, data, scales, data_t, scales_t, smem);
 }
 
 class FusedAdamWImpl final : public FusedAdamW {
@@ -374,8 +380,7 @@ class FusedAdamWImpl final : public FusedAdamW {
           shape.n));
     }
     if (blocks == 0) return absl::OkStatus();
-    AdamWFp8BlockKernel<<<static_cast<unsigned>(blocks), kernels::cuda::fp8_block_weight::kThreads,
-                          0, stream>>>(
+    AdamWFp8BlockKernel<<<static_cast<unsigned>(blocks), kAdamWFp8BlockThreads, 0, stream>>>(
         t, shape.k, shape.n, shape.mode == kernels::Fp8ScaleMode::kPowerOfTwo, scalars_,
         reinterpret_cast<uint32_t*>(out.data), out.scales, reinterpret_cast<uint32_t*>(out.data_t),
         out.scales_t);
