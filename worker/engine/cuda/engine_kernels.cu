@@ -205,6 +205,25 @@ __device__ __forceinline__ float AdamWElement(const AdamWScalars& s, float g, fl
   return __fsub_rn(__fmul_rn(p, s.decay), __fmul_rn(s.step_size, update));
 }
 
+// Elements i .. i + 3 of t (16-byte aligned): updated with 16-byte loads and stores; returns
+// their bf16 values (low half first, the order of memory).
+__device__ __forceinline__ uint2 UpdateFour(const AdamWScalars& s, const AdamWTensor& t,
+                                            int64_t i) {
+  const float4 g = *reinterpret_cast<const float4*>(t.grad + i);
+  float4 m = *reinterpret_cast<const float4*>(t.m + i);
+  float4 v = *reinterpret_cast<const float4*>(t.v + i);
+  float4 p = *reinterpret_cast<const float4*>(t.param + i);
+  p.x = AdamWElement(s, g.x, m.x, v.x, p.x);
+  p.y = AdamWElement(s, g.y, m.y, v.y, p.y);
+  p.z = AdamWElement(s, g.z, m.z, v.z, p.z);
+  p.w = AdamWElement(s, g.w, m.w, v.w, p.w);
+  *reinterpret_cast<float4*>(t.m + i) = m;
+  *reinterpret_cast<float4*>(t.v + i) = v;
+  *reinterpret_cast<float4*>(t.param + i) = p;
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+}
+
 // One block per chunk of one tensor. Memory-bound (28 bytes per parameter): tensors with a plain
 // bf16 copy (or none) and 16-byte aligned pointers move four values per thread with 16-byte loads
 // and stores; the others (a transposed copy, unaligned) take the scalar loop.
@@ -223,23 +242,8 @@ __global__ void AdamWKernel(const AdamWTensor* tensors, const AdamWChunk* chunks
     const int64_t vector_end = chunk.begin + (end - chunk.begin) / 4 * 4;
     for (int64_t i = chunk.begin + 4 * static_cast<int64_t>(threadIdx.x); i < vector_end;
          i += 4 * static_cast<int64_t>(blockDim.x)) {
-      const float4 g = *reinterpret_cast<const float4*>(t.grad + i);
-      float4 m = *reinterpret_cast<const float4*>(t.m + i);
-      float4 v = *reinterpret_cast<const float4*>(t.v + i);
-      float4 p = *reinterpret_cast<const float4*>(t.param + i);
-      p.x = AdamWElement(s, g.x, m.x, v.x, p.x);
-      p.y = AdamWElement(s, g.y, m.y, v.y, p.y);
-      p.z = AdamWElement(s, g.z, m.z, v.z, p.z);
-      p.w = AdamWElement(s, g.w, m.w, v.w, p.w);
-      *reinterpret_cast<float4*>(t.m + i) = m;
-      *reinterpret_cast<float4*>(t.v + i) = v;
-      *reinterpret_cast<float4*>(t.param + i) = p;
-      if (t.bf16_copy != nullptr) {
-        const Bf16 b[4] = {ToBf16(p.x), ToBf16(p.y), ToBf16(p.z), ToBf16(p.w)};
-        uint2 packed;
-        memcpy(&packed, b, sizeof(packed));
-        *reinterpret_cast<uint2*>(t.bf16_copy + i) = packed;
-      }
+      const uint2 packed = UpdateFour(s, t, i);
+      if (t.bf16_copy != nullptr) *reinterpret_cast<uint2*>(t.bf16_copy + i) = packed;
     }
     scalar_begin = vector_end;
   }
@@ -278,20 +282,7 @@ __global__ void __launch_bounds__(kAdamWFp8BlockThreads)
   uint2 v[fw::kRowsPerThread<kThreadsPerBlock>];
 #pragma unroll
   for (int r = 0; r < fw::kRowsPerThread<kThreadsPerBlock>; ++r) {
-    const int64_t i = fw::ElementOf<kThreadsPerBlock>(b, k, n, r);
-    const float4 g = *reinterpret_cast<const float4*>(t.grad + i);
-    float4 m = *reinterpret_cast<const float4*>(t.m + i);
-    float4 vv = *reinterpret_cast<const float4*>(t.v + i);
-    float4 p = *reinterpret_cast<const float4*>(t.param + i);
-    p.x = AdamWElement(s, g.x, m.x, vv.x, p.x);
-    p.y = AdamWElement(s, g.y, m.y, vv.y, p.y);
-    p.z = AdamWElement(s, g.z, m.z, vv.z, p.z);
-    p.w = AdamWElement(s, g.w, m.w, vv.w, p.w);
-    *reinterpret_cast<float4*>(t.m + i) = m;
-    *reinterpret_cast<float4*>(t.v + i) = vv;
-    *reinterpret_cast<float4*>(t.param + i) = p;
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
-    v[r] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    v[r] = UpdateFour(s, t, fw::ElementOf<kThreadsPerBlock>(b, k, n, r));
   }
   fw::QuantizeBlock<kThreadsPerBlock>(v, b, k, n, pow2, data, scales, data_t, scales_t, smem);
 }
