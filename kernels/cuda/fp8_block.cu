@@ -13,6 +13,8 @@
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/fp8_block_math.cuh"
 #include "kernels/cuda/fp8_block_weight.cuh"
+#include "kernels/cuda/hopper/bulk_copy.cuh"
+#include "kernels/cuda/hopper/mbarrier.cuh"
 #include "kernels/cuda/padded_offsets.cuh"
 
 namespace dropless::kernels::cuda {
@@ -72,163 +74,305 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-// ---- Row-wise and/or column-wise from one read: one block per (128 padded rows, 128 columns). ----
+// ---- Row-wise and/or column-wise from one read: a persistent, warp-specialized grid (the MXFP8
+// QuantizeStreamKernel's skeleton). ----
 //
-// The block stages its tile (the live rows of one group, zeros past them) in shared memory with a
-// row pitch of 65 words, so that a warp reading one column over 32 consecutive rows touches 32
-// different banks; each thread issues all its 16 loads before storing any. Column-wise: warp w
-// quantizes the column pairs 2w, 2w + 16, ... (a pair shares each staged word): lane l holds
-// rows l, l + 32, l + 64, l + 96 of both columns, the pair's two amaxes are reduced together, and
-// four shuffles regroup the E4M3 bytes so that lane l stores rows 4l .. 4l + 3 of a column as one
-// word: the warp writes each column's 128 output bytes in one store. Row-wise: warp w quantizes
-// rows w, w + 8, ... of the live rows, four elements per lane. A warp computes the scales of its
-// 16 columns (or rows) in one pass, a lane each, and shuffles each line's inverse to the warp.
-// 64 registers (4 blocks per multiprocessor), no spills.
+// Items are (one padded 128-row tile of one group) x (a segment of kW columns), segments fastest,
+// so the blocks running at once read whole input rows. A producer warp resolves an item's group
+// (a ballot search that resumes at its previous group) and copies the item's live rows into a stage
+// of a ring, one bulk copy (cp.async.bulk) of kW * 2 bytes per row completing on the stage's full
+// mbarrier, kStages - 1 items ahead; kConsumerWarps warps quantize from the stage, each on its own
+// (no block barrier), and release it through the stage's empty mbarrier:
+//   column-wise: lane (q = lane / 8, g = lane % 8) holds rows 16 g .. 16 g + 15 of column pair
+//     4 u + q (a unit u: 4 pairs); the 8 lanes of a pair join their amaxes in three shuffles, and
+//     each lane stores its 16 E4M3 bytes of a column as one 16-byte store (8 lanes: the column's
+//     whole 128-byte line). No byte regrouping across lanes, two elements per E4M3 conversion;
+//   row-wise: 16 lanes per 1x128 tile, eight elements (one 16-byte shared read) per lane.
+// A warp keeps a batch of lines (2 units, or up to 16 row tiles) in registers and computes their
+// scales in one pass, a lane each (two IEEE divisions per scale). Stage row r starts 16 (r / 16)
+// bytes past r * 2 kW, so the 8 lanes reading rows 16 g + e of one column pair use 8 different
+// 4-bank groups. Rows past an item's live count are read as zeros (column-wise; they are the
+// group's padding) and not written (row-wise).
 
-constexpr int kTileThreads = 256;
-constexpr int kTileWarps = kTileThreads / 32;
-constexpr int kPitchWords = kFp8Block / 2 + 1;
-constexpr int kTileLoads = kFp8Block * (kFp8Block / 4) / kTileThreads;  // uint2 loads per thread
+template <int kW, int kStagesT, int kConsumerWarpsT>
+struct TileStreamConfig {
+  static constexpr int kWidth = kW, kStages = kStagesT, kConsumerWarps = kConsumerWarpsT;
+  static constexpr int kThreads = (kConsumerWarps + 1) * 32;
+  static constexpr int kPitch = kW * 2;  // bytes of a staged row
+  static constexpr int kStageBytes = kFp8Block * kPitch + kFp8Block / 16 * 16;
+  static constexpr size_t kSmemBytes = size_t{kStages} * kStageBytes + kStages * (16 + 16);
+  static constexpr int kUnitsPerWarp = kW / 8 / kConsumerWarps;         // 8 columns per unit
+  static constexpr int kUnits = kUnitsPerWarp < 2 ? kUnitsPerWarp : 2;  // units per batch
+  static constexpr int kBatches = kUnitsPerWarp / kUnits;
+  static constexpr int kPasses = kW / 2 / kConsumerWarps;  // row-tile pairs per warp
+  static_assert(kW % kFp8Block == 0 && kStages >= 2, "whole tiles, one item in flight");
+  static_assert(kUnitsPerWarp >= 1 && kUnitsPerWarp % kUnits == 0 && 16 % kUnits == 0,
+                "whole units per warp");
+  static_assert(kPasses >= 1 && kPasses <= 16 && kW / 2 % kConsumerWarps == 0,
+                "one lane per row-tile scale");
+  __device__ static constexpr int RowOffset(int r) { return r * kPitch + (r >> 4) * 16; }
+};
 
-// Rows lane, lane + 32, lane + 64, lane + 96 of one column (the bf16 bit patterns in half[]),
-// quantized with `inverse`, regrouped so that the lane returns rows 4 lane .. 4 lane + 3 as one
-// word (low byte first).
-__device__ __forceinline__ uint32_t ColumnWord(const uint32_t (&half)[4], float inverse,
-                                               int lane) {
-  uint32_t mine = 0;  // byte s: row lane + 32 s
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    const float v = __fmul_rn(__uint_as_float(half[s] << 16), inverse);
-    const uint32_t q = isnan(inverse) ? kE4M3Nan : (detail::E4M3x2(v, 0.0f) & 0xffu);
-    mine |= q << (8 * s);
+struct TileSlot {
+  int32_t source_row;  // input row of the item's first row
+  int32_t live;        // rows holding data, 1..128
+  int32_t padded_row;  // first padded row (column-wise position)
+  int32_t c0;          // first column of the segment
+};
+
+// What a consumer needs of its item.
+struct TileItem {
+  int64_t cols, padded_rows, source_row;
+  int32_t padded_row, c0, width, live;
+};
+
+// Warp-collective: the group holding padded rows [padded_row, padded_row + 128). `group` is the
+// warp's previous answer (0 at first): padded rows only grow along a block's items.
+__device__ __forceinline__ TileSlot ResolveTile(int32_t padded_row, int32_t c0, int& group,
+                                                const int32_t* __restrict__ offsets,
+                                                const int32_t* __restrict__ padded_offsets,
+                                                int num_groups, int32_t rows) {
+  const int lane = threadIdx.x & 31;
+  // group = number of j in [1, G] with padded_offsets[j] <= padded_row (a prefix of [1, G]).
+  for (;;) {
+    const int j = group + 1 + lane;
+    const unsigned le =
+        __ballot_sync(kFullMask, j <= num_groups && padded_offsets[j] <= padded_row);
+    group += __popc(le);
+    if (le != kFullMask) break;
   }
-  // Row 4 lane + b sits in lane (4 lane + b) % 32, byte (4 lane + b) / 32 = lane / 8.
-  const int byte = 8 * (lane >> 3);
-  uint32_t word = 0;
-#pragma unroll
-  for (int b = 0; b < 4; ++b) {
-    const uint32_t from = __shfl_sync(kFullMask, mine, (4 * lane + b) & 31);
-    word |= ((from >> byte) & 0xffu) << (8 * b);
-  }
-  return word;
+  const int32_t local = padded_row - padded_offsets[group];
+  const int32_t begin = offsets == nullptr ? 0 : offsets[group];
+  const int32_t count = offsets == nullptr ? rows : offsets[group + 1] - begin;
+  return {begin + local, min(kFp8Block, max(0, count - local)), padded_row, c0};
 }
 
-__global__ void __launch_bounds__(kTileThreads, 4)
-    TileKernel(const Bf16* __restrict__ x, int64_t rows, int64_t cols,
-               const int32_t* __restrict__ offsets, int groups, bool pow2,
-               const int32_t* __restrict__ padded_offsets, int64_t padded_rows,
-               uint32_t* __restrict__ row_data, float* __restrict__ row_scales,
-               uint8_t* __restrict__ col_data, float* __restrict__ col_scales) {
-  __shared__ uint32_t tile[kFp8Block * kPitchWords];
-  __shared__ int32_t source_row, live;
-  const int64_t segs = cols / kFp8Block;
-  const int64_t tile_row = static_cast<int64_t>(blockIdx.x) / segs;
-  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) - tile_row * segs) * kFp8Block;
-  const int32_t p0 = static_cast<int32_t>(tile_row * kFp8Block);
-  if (p0 >= padded_offsets[groups]) return;  // past the last group: block-uniform
-  if (threadIdx.x < 32) {
-    // The group g: the last with padded_offsets[g] <= p0 (groups are padded to whole tiles, so
-    // the tile lies in one group; empty groups have no padded rows). Offsets never decrease, so g
-    // is the count of g' in [1, G) with padded_offsets[g'] <= p0: the warp counts them with
-    // independent loads (one memory latency, where a binary search waits for log2(G) in turn).
-    const int lane = threadIdx.x;
-    int g = 0;
-#pragma unroll 8
-    for (int i = 1 + lane; i < groups; i += 32) g += padded_offsets[i] <= p0 ? 1 : 0;
+// Column units first_unit .. first_unit + kUnits - 1 of a staged item (warp-collective).
+template <class Cfg, int kUnits, bool kMasked>
+__device__ __forceinline__ void QuantizeColumnUnits(const uint8_t* stage, int first_unit, int lane,
+                                                    bool pow2, const TileItem& it,
+                                                    uint8_t* __restrict__ col_data,
+                                                    float* __restrict__ col_scales) {
+  const int g = lane & 7, q = lane >> 3;
+  const uint8_t* base = stage + Cfg::RowOffset(16 * g);
+  uint32_t w[kUnits][16];
+  uint32_t m[kUnits];  // the pair's two magnitudes, packed as the words are
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) g += __shfl_xor_sync(kFullMask, g, o);
-    if (lane == 0) {
-      const int32_t local = p0 - padded_offsets[g];
-      const int32_t begin = offsets == nullptr ? 0 : offsets[g];
-      const int32_t count =
-          offsets == nullptr ? static_cast<int32_t>(rows) : offsets[g + 1] - begin;
-      source_row = begin + local;
-      live = min(kFp8Block, max(0, count - local));
+  for (int u = 0; u < kUnits; ++u) {
+    const int pair = 4 * (first_unit + u) + q;
+    m[u] = 0;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      uint32_t v = *reinterpret_cast<const uint32_t*>(base + e * Cfg::kPitch + 4 * pair);
+      if (kMasked && 16 * g + e >= it.live) v = 0;
+      w[u][e] = v;
+      m[u] = MagnitudeMax(m[u], v);
+    }
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) m[u] = __vmaxu2(m[u], __shfl_xor_sync(kFullMask, m[u], o));
+  }
+  // Lane g: the scale of unit (g / 2) % kUnits, column g % 2 of the lane's pair.
+  const int su = (g >> 1) % kUnits;
+  uint32_t amax = 0;
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u) {
+    if (u == su) amax = (g & 1) ? (m[u] >> 16) : (m[u] & 0xffffu);
+  }
+  const DeviceScale mine = ScaleForAmax(AmaxFromBits(amax), pow2);
+  if (g < 2 * kUnits) {
+    col_scales[static_cast<int64_t>(it.padded_row / kFp8Block) * it.cols + it.c0 +
+               2 * (4 * (first_unit + su) + q) + (g & 1)] = mine.scale;
+  }
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u) {
+    const int pair = 4 * (first_unit + u) + q;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float inverse = __shfl_sync(kFullMask, mine.inverse, 8 * q + 2 * u + h);
+      uint32_t out[4];  // rows 16 g + 4 k .. + 3, low byte first
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float f[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t v = w[u][4 * k + j];
+          f[j] = __fmul_rn(h == 0 ? detail::BfLo(v) : detail::BfHi(v), inverse);
+        }
+        out[k] = isnan(inverse) ? 0x7f7f7f7fu
+                                : detail::E4M3x2(f[0], f[1]) | (detail::E4M3x2(f[2], f[3]) << 16);
+      }
+      uint8_t* dst = col_data + (it.c0 + 2 * pair + h) * it.padded_rows + it.padded_row + 16 * g;
+      *reinterpret_cast<uint4*>(dst) = make_uint4(out[0], out[1], out[2], out[3]);
     }
   }
-  __syncthreads();
-  const int32_t first = source_row, n = live;
-  // Stage the tile: 128 rows of 128 bf16 columns, 8-byte loads (32 per row), all in flight at once.
-  const uint2* src = reinterpret_cast<const uint2*>(x);
-  uint2 v[kTileLoads];
+}
+
+// The row tiles of a staged item (warp-collective): pass k covers the tile pair i = first +
+// stride k, tiles 2 i (lanes 0-15) and 2 i + 1 (lanes 16-31); tile t is row t / (kW / 128),
+// 128-column segment t % (kW / 128). Lane 2 k + h computes the scale of pass k's tile h.
+template <class Cfg, bool kMasked>
+__device__ __forceinline__ void QuantizeRowTiles(const uint8_t* stage, int first, int stride,
+                                                 int lane, bool pow2, const TileItem& it,
+                                                 uint8_t* __restrict__ row_data,
+                                                 float* __restrict__ row_scales) {
+  constexpr int kSegs = Cfg::kWidth / kFp8Block, kPasses = Cfg::kPasses;
+  const int half = lane >> 4, l16 = lane & 15;
+  uint4 v[kPasses];
+  uint32_t amax = 0;
 #pragma unroll
-  for (int j = 0; j < kTileLoads; ++j) {
-    const int i = threadIdx.x + j * kTileThreads;
-    const int r = i / (kFp8Block / 4), q = i % (kFp8Block / 4);
-    v[j] = r < n ? src[((first + r) * cols + c0) / 4 + q] : make_uint2(0, 0);
+  for (int k = 0; k < kPasses; ++k) {
+    const int t = 2 * (first + stride * k) + half;
+    v[k] = *reinterpret_cast<const uint4*>(stage + Cfg::RowOffset(t / kSegs) +
+                                           (t % kSegs) * 2 * kFp8Block + 16 * l16);
+    uint32_t m =
+        MagnitudeMax(MagnitudeMax(MagnitudeMax(MagnitudeMax(0, v[k].x), v[k].y), v[k].z), v[k].w);
+#pragma unroll
+    for (int o = 1; o < 16; o <<= 1) m = __vmaxu2(m, __shfl_xor_sync(kFullMask, m, o));
+    uint32_t a = max(m & 0xffffu, m >> 16);
+    a = half ? a << 16 : a;
+    a = __vmaxu2(a, __shfl_xor_sync(kFullMask, a, 16));  // low half: tile 2 i, high: 2 i + 1
+    if ((lane >> 1) == k) amax = (lane & 1) ? a >> 16 : a & 0xffffu;
+  }
+  const DeviceScale mine = ScaleForAmax(AmaxFromBits(amax), pow2);
+  auto live = [&](int t) {
+    return (!kMasked || t / kSegs < it.live) && (t % kSegs) * kFp8Block < it.width;
+  };
+  auto at = [&](int t) {  // the tile's first element in the row-wise output
+    return (it.source_row + t / kSegs) * it.cols + it.c0 + (t % kSegs) * kFp8Block;
+  };
+  if (lane < 2 * kPasses) {
+    const int t = 2 * (first + stride * (lane >> 1)) + (lane & 1);
+    if (live(t)) row_scales[at(t) / kFp8Block] = mine.scale;
   }
 #pragma unroll
-  for (int j = 0; j < kTileLoads; ++j) {
-    const int i = threadIdx.x + j * kTileThreads;
-    const int r = i / (kFp8Block / 4), q = i % (kFp8Block / 4);
-    tile[r * kPitchWords + 2 * q] = v[j].x;
-    tile[r * kPitchWords + 2 * q + 1] = v[j].y;
+  for (int k = 0; k < kPasses; ++k) {
+    const int t = 2 * (first + stride * k) + half;
+    const float inverse = __shfl_sync(kFullMask, mine.inverse, 2 * k + half);
+    const uint2 e4m3 =
+        make_uint2(QuantizeFour(v[k].x, v[k].y, inverse), QuantizeFour(v[k].z, v[k].w, inverse));
+    if (live(t)) *reinterpret_cast<uint2*>(row_data + at(t) + 8 * l16) = e4m3;
   }
-  __syncthreads();
-  // Each warp first finds the amaxes of all its lines (lane i keeps line i's), computes their
-  // scales in one pass (one per lane, instead of every lane computing each line's), then
-  // quantizes with the line's inverse taken from its lane.
+}
+
+template <class Cfg, bool kRowwise, bool kColwise>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    TileStreamKernel(const Bf16* __restrict__ x, int32_t rows, int32_t cols,
+                     const int32_t* __restrict__ offsets, int num_groups, bool pow2,
+                     const int32_t* __restrict__ padded_offsets, int64_t padded_rows,
+                     uint8_t* __restrict__ row_data, float* __restrict__ row_scales,
+                     uint8_t* __restrict__ col_data, float* __restrict__ col_scales) {
+  constexpr int kW = Cfg::kWidth, kStages = Cfg::kStages, kWarps = Cfg::kConsumerWarps;
+  extern __shared__ __align__(128) uint8_t smem[];
+  TileSlot* const slots = reinterpret_cast<TileSlot*>(smem + size_t{kStages} * Cfg::kStageBytes);
+  uint64_t* const full = reinterpret_cast<uint64_t*>(slots + kStages);
+  uint64_t* const empty = full + kStages;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (col_data != nullptr) {
-    constexpr int kPairs = kFp8Block / 2 / kTileWarps;  // column pairs per warp: 2 warp + 16 k
-    uint32_t w[kPairs][4];
-    uint32_t amax = 0;  // lane 2 k + h: column 2 (warp + 8 k) + h
-#pragma unroll
-    for (int k = 0; k < kPairs; ++k) {
-      const int pair = warp + kTileWarps * k;
-      uint32_t m = 0;  // the two columns' magnitudes, packed as the words are
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        w[k][s] = tile[(lane + 32 * s) * kPitchWords + pair];
-        m = MagnitudeMax(m, w[k][s]);
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m = __vmaxu2(m, __shfl_xor_sync(kFullMask, m, o));
-      if (lane == 2 * k) amax = m & 0xffffu;
-      if (lane == 2 * k + 1) amax = m >> 16;
-    }
-    const DeviceScale mine = ScaleForAmax(AmaxFromBits(amax), pow2);
-#pragma unroll
-    for (int k = 0; k < kPairs; ++k) {
-      const int pair = warp + kTileWarps * k;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int c = 2 * pair + half;
-        const float inverse = __shfl_sync(kFullMask, mine.inverse, 2 * k + half);
-        uint32_t bits[4];
-#pragma unroll
-        for (int s = 0; s < 4; ++s) bits[s] = half == 0 ? (w[k][s] & 0xffffu) : (w[k][s] >> 16);
-        const uint32_t word = ColumnWord(bits, inverse, lane);
-        reinterpret_cast<uint32_t*>(col_data + (c0 + c) * padded_rows + p0)[lane] = word;
-        if (lane == 2 * k + half) col_scales[tile_row * cols + c0 + c] = mine.scale;
-      }
-    }
+  const int32_t live_padded = padded_offsets[num_groups];
+  const uint32_t segs = static_cast<uint32_t>(cols + kW - 1) / kW;
+  const uint32_t items = static_cast<uint32_t>(live_padded / kFp8Block) * segs;  // < 2^31
+  if (threadIdx.x == 0) {
+    hopper::BarrierInitRing(full, empty, kStages, 1, kWarps);
+    hopper::BarrierInitFence();
   }
-  if (row_data != nullptr) {
-    constexpr int kRows = kFp8Block / kTileWarps;  // rows per warp: warp + 8 k
-    uint32_t w[kRows][2];
-    uint32_t amax = 0;  // lane k: row warp + 8 k
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      const int r = warp + kTileWarps * k;
-      if (r >= n) break;  // warp-uniform
-      w[k][0] = tile[r * kPitchWords + 2 * lane];
-      w[k][1] = tile[r * kPitchWords + 2 * lane + 1];
-      uint32_t m = MagnitudeMax(MagnitudeMax(0, w[k][0]), w[k][1]);
-      m = WarpMaxBits(max(m & 0xffffu, m >> 16));
-      if (lane == k) amax = m;
+  __syncthreads();
+  int s = 0;
+  uint32_t phase = 0;
+  auto advance = [&] {
+    if (++s == kStages) {
+      s = 0;
+      phase ^= 1;
     }
-    const DeviceScale mine = ScaleForAmax(AmaxFromBits(amax), pow2);
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      const int r = warp + kTileWarps * k;
-      if (r >= n) break;
-      const float inverse = __shfl_sync(kFullMask, mine.inverse, k);
-      const int64_t at = (first + r) * cols + c0;
-      row_data[at / 4 + lane] = QuantizeFour(w[k][0], w[k][1], inverse);
-      if (lane == k) row_scales[at / kFp8Block] = mine.scale;
+  };
+  if (warp == kWarps) {  // producer warp
+    int group = 0;
+    for (uint32_t c = blockIdx.x; c < items; c += gridDim.x, advance()) {
+      const uint32_t tile_row = c / segs, seg = c - tile_row * segs;
+      const TileSlot slot =
+          ResolveTile(static_cast<int32_t>(tile_row) * kFp8Block, static_cast<int32_t>(seg) * kW,
+                      group, offsets, padded_offsets, num_groups, rows);
+      const uint32_t bytes = static_cast<uint32_t>(min(kW, cols - slot.c0)) * 2;
+      hopper::BarrierWait(&empty[s], phase ^ 1);
+      if (lane == 0) {
+        slots[s] = slot;
+        hopper::BarrierArriveExpectBytes(&full[s], bytes * static_cast<uint32_t>(slot.live));
+      }
+      __syncwarp();
+      uint8_t* const stage = smem + size_t{Cfg::kStageBytes} * s;
+      for (int r = lane; r < slot.live; r += 32) {
+        hopper::BulkLoad(stage + Cfg::RowOffset(r),
+                         x + (static_cast<int64_t>(slot.source_row) + r) * cols + slot.c0, bytes,
+                         &full[s]);
+      }
     }
+    return;
   }
+  for (uint32_t c = blockIdx.x; c < items; c += gridDim.x, advance()) {
+    hopper::BarrierWait(&full[s], phase);
+    const TileSlot slot = slots[s];
+    const uint8_t* const stage = smem + size_t{Cfg::kStageBytes} * s;
+    const TileItem it{
+        cols,     padded_rows, slot.source_row, slot.padded_row, slot.c0, min(kW, cols - slot.c0),
+        slot.live};
+    const bool whole = slot.live == kFp8Block;
+    if constexpr (kColwise) {
+#pragma unroll
+      for (int b = 0; b < Cfg::kBatches; ++b) {
+        const int first_unit = (b * kWarps + warp) * Cfg::kUnits;
+        if (first_unit * 8 >= it.width) break;  // warp-uniform: a narrower last segment
+        if (whole) {
+          QuantizeColumnUnits<Cfg, Cfg::kUnits, false>(stage, first_unit, lane, pow2, it, col_data,
+                                                       col_scales);
+        } else {
+          QuantizeColumnUnits<Cfg, Cfg::kUnits, true>(stage, first_unit, lane, pow2, it, col_data,
+                                                      col_scales);
+        }
+      }
+    }
+    if constexpr (kRowwise) {
+      if (whole) {
+        QuantizeRowTiles<Cfg, false>(stage, warp, kWarps, lane, pow2, it, row_data, row_scales);
+      } else {
+        QuantizeRowTiles<Cfg, true>(stage, warp, kWarps, lane, pow2, it, row_data, row_scales);
+      }
+    }
+    __syncwarp();
+    if (lane == 0) hopper::BarrierArrive(&empty[s]);
+  }
+}
+
+// 64 KB items (512-byte row copies), two in flight while one is quantized, 16 consumer warps, one
+// block per multiprocessor: the MXFP8 quantizer's measured best proportions.
+using DefaultTileStreamConfig = TileStreamConfig<256, 3, 16>;
+
+template <class Cfg, bool kRowwise, bool kColwise>
+absl::Status LaunchTileStream(const Fp8BlockQuantizeShape& shape, const Bf16* x,
+                              const int32_t* offsets, const Fp8BlockRowwise* rowwise,
+                              const Fp8BlockColwise* colwise, Stream stream) {
+  auto kernel = TileStreamKernel<Cfg, kRowwise, kColwise>;
+  static const int resident = [kernel] {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(Cfg::kSmemBytes)) != cudaSuccess ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return detail::ResidentBlocks(kernel, Cfg::kThreads, Cfg::kSmemBytes);
+  }();
+  if (resident <= 0) {
+    return absl::InternalError(
+        "Fp8Block TileStreamKernel: shared-memory or occupancy setup failed");
+  }
+  const int64_t max_items =
+      colwise->padded_rows / kFp8Block * ((shape.cols + Cfg::kWidth - 1) / Cfg::kWidth);
+  if (max_items == 0) return absl::OkStatus();
+  const int blocks = static_cast<int>(std::min<int64_t>(max_items, resident));
+  kernel<<<blocks, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+      x, static_cast<int32_t>(shape.rows), static_cast<int32_t>(shape.cols), offsets,
+      shape.num_groups, shape.mode == Fp8ScaleMode::kPowerOfTwo, colwise->group_offsets,
+      colwise->padded_rows, rowwise == nullptr ? nullptr : rowwise->data,
+      rowwise == nullptr ? nullptr : rowwise->scales, colwise->data, colwise->scales);
+  return LaunchStatus("Fp8Block TileStreamKernel");
 }
 
 // ---- Weights: one block per 128x128 block of one expert (fp8_block_weight.cuh). ----
@@ -324,18 +468,27 @@ absl::Status QuantizeFp8Block(const Fp8BlockQuantizeShape& shape, const Bf16* x,
         pow2, reinterpret_cast<uint32_t*>(rowwise->data), rowwise->scales);
     return LaunchStatus("Fp8Block RowwiseKernel");
   }
+  // The tile kernel reads x in whole 16-byte row pieces and stores 16-byte column runs and 8-byte
+  // row pieces.
+  if (!Aligned(x, 16)) return absl::InvalidArgumentError("x: must be 16-byte aligned");
+  if (!Aligned(colwise->data, 16)) {
+    return absl::InvalidArgumentError("colwise.data: must be 16-byte aligned");
+  }
+  if (rowwise != nullptr && !Aligned(rowwise->data, 8)) {
+    return absl::InvalidArgumentError("rowwise.data: must be 8-byte aligned");
+  }
+  if (shape.rows > INT32_MAX || shape.cols > INT32_MAX ||
+      colwise->padded_rows / kFp8Block * (shape.cols / kFp8Block) > INT32_MAX) {
+    return absl::InvalidArgumentError("colwise.padded_rows: too many tiles");
+  }
   detail::PaddedOffsetsKernel<kFp8Block><<<1, detail::kScanThreads, 0, stream>>>(
       group_offsets, shape.num_groups, shape.rows, colwise->group_offsets);
   if (absl::Status s = LaunchStatus("Fp8Block PaddedOffsetsKernel"); !s.ok()) return s;
-  const int64_t blocks = colwise->padded_rows / kFp8Block * (shape.cols / kFp8Block);
-  if (blocks == 0) return absl::OkStatus();
-  if (blocks > INT32_MAX) return absl::InvalidArgumentError("colwise.padded_rows: too many tiles");
-  TileKernel<<<static_cast<unsigned>(blocks), kTileThreads, 0, stream>>>(
-      x, shape.rows, shape.cols, group_offsets, shape.num_groups, pow2, colwise->group_offsets,
-      colwise->padded_rows,
-      rowwise == nullptr ? nullptr : reinterpret_cast<uint32_t*>(rowwise->data),
-      rowwise == nullptr ? nullptr : rowwise->scales, colwise->data, colwise->scales);
-  return LaunchStatus("Fp8Block TileKernel");
+  using Cfg = DefaultTileStreamConfig;
+  return rowwise != nullptr
+             ? LaunchTileStream<Cfg, true, true>(shape, x, group_offsets, rowwise, colwise, stream)
+             : LaunchTileStream<Cfg, false, true>(shape, x, group_offsets, rowwise, colwise,
+                                                  stream);
 }
 
 absl::Status QuantizeFp8BlockWeights(const Fp8BlockWeightShape& shape, const Bf16* w,
