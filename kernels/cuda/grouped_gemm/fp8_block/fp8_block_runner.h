@@ -64,16 +64,6 @@ absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataCoop128x128x128C1x2(
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightCoop128x128x128C1x2(
     const RunnerShape& shape);
 
-// The Hopper-layer kernel (fp8_block_tma_kernel.cuh; no CUTLASS), all three products, with one
-// temporary per consumer warpgroup or two alternating (Db): fp8_block_tma_runner.cu.
-absl::StatusOr<std::unique_ptr<Runner>> MakeForwardTma128x128x128(const RunnerShape& shape);
-absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataTma128x128x128(const RunnerShape& shape);
-absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightTma128x128x128(const RunnerShape& shape);
-absl::StatusOr<std::unique_ptr<Runner>> MakeForwardTma128x128x128Db(const RunnerShape& shape);
-absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataTma128x128x128Db(const RunnerShape& shape);
-absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightTma128x128x128Db(
-    const RunnerShape& shape);
-
 struct NamedRunner {
   const char* name;
   RunnerFactory make;
@@ -86,14 +76,9 @@ struct NamedMGroupedRunners {
 inline constexpr NamedMGroupedRunners kMGroupedKernels[] = {
     {"fp8_block_coop_128x128x128_c1x2", MakeForwardCoop128x128x128C1x2,
      MakeBackwardDataCoop128x128x128C1x2},
-    {"fp8_block_tma_128x128x128", MakeForwardTma128x128x128, MakeBackwardDataTma128x128x128},
-    {"fp8_block_tma_128x128x128_db", MakeForwardTma128x128x128Db,
-     MakeBackwardDataTma128x128x128Db},
 };
 inline constexpr NamedRunner kWeightGradientKernels[] = {
     {"fp8_block_wgrad_coop_128x128x128_c1x2", MakeBackwardWeightCoop128x128x128C1x2},
-    {"fp8_block_wgrad_tma_128x128x128", MakeBackwardWeightTma128x128x128},
-    {"fp8_block_wgrad_tma_128x128x128_db", MakeBackwardWeightTma128x128x128Db},
 };
 
 }  // namespace dropless::kernels::fp8_block_gemm

@@ -140,15 +140,13 @@ struct Tile {
 
 // Walks tiles in increasing linear order; every role of a CTA calls Next with the same sequence.
 // Within a group the M tiles of one N tile are adjacent, so CTAs running side by side share B.
-// P: the kernel's parameters (Params here; the fp8-block kernel's own, with the same walk fields:
-// offsets, num_groups, offset_limit, m, n, k).
-template <bool kGroupedK, int kTileM = kBlockM, class P = Params>
-struct TileWalker : hopper::GroupWalk<TileWalker<kGroupedK, kTileM, P>, P> {
+template <bool kGroupedK, int kTileM = kBlockM>
+struct TileWalker : hopper::GroupWalk<TileWalker<kGroupedK, kTileM>, Params> {
   int m_tiles = 0;
   int n_tiles;
 
-  __device__ explicit TileWalker(const P& params)
-      : hopper::GroupWalk<TileWalker<kGroupedK, kTileM, P>, P>(params),
+  __device__ explicit TileWalker(const Params& params)
+      : hopper::GroupWalk<TileWalker<kGroupedK, kTileM>, Params>(params),
         n_tiles((params.n + kBlockN - 1) / kBlockN) {}
 
   __device__ int GroupTiles() {

@@ -22,7 +22,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "dropless/kernels/mx_grouped_gemm.h"
-#include "kernels/cuda/grouped_gemm/e4m3_operand_map.h"
 #include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
 #include "kernels/cuda/grouped_gemm/kernel_choice.h"
 #include "kernels/cuda/grouped_gemm/mxfp8/mx_gemm_kernel.cuh"
@@ -46,7 +45,28 @@ absl::Status CudaStatus(cudaError_t e, const char* what) {
 
 using hopper::TensorMapEncoder;
 
-using grouped_gemm_internal::EncodeE4m3Operand;
+// E4M3 bytes, K-major: dims {k_extent, rows, batches}, boxes of 128 (k) x 128 (rows), 128-byte
+// swizzle (the layout wgmma's K-major descriptors read); elements outside read as zero.
+// A operands are 2-D maps (batches = 0), B operands 3-D (the kernel issues 3-D copies for B).
+absl::Status EncodeOperand(CUtensorMap* map, const uint8_t* data, uint64_t k_extent, uint64_t rows,
+                           uint64_t batches, uint32_t box_rows, const char* field) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr)
+    return absl::InternalError("cuTensorMapEncodeTiled not found in the driver");
+  const cuuint64_t dims[3] = {k_extent, rows, batches > 0 ? batches : 1};
+  const cuuint64_t strides[2] = {k_extent, k_extent * rows};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kBlockK), box_rows, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, batches > 0 ? 3 : 2,
+                            const_cast<uint8_t*>(data), dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(
+        absl::StrCat(field, ": cuTensorMapEncodeTiled failed (CUresult ", r, ")"));
+  }
+  return absl::OkStatus();
+}
 
 // A block-major column-wise operand (mxfp8.h: [P / 32][rows][32] E4M3): dims {32, rows, P / 32},
 // boxes of 32 bytes x box_rows x 4 K blocks (one stage; it lands as [4][box_rows][32]), 32-byte
@@ -230,10 +250,10 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
     if (absl::Status s = CheckOutput(c, offsets, c_field, "offsets"); !s.ok()) return s;
     CUtensorMap map_a, map_b;
     if (absl::Status s =
-            EncodeE4m3Operand(&map_a, a.data, k, o_.max_rows, 0, ARows(m_kernel_), a_field);
+            EncodeOperand(&map_a, a.data, k, o_.max_rows, 0, ARows(m_kernel_), a_field);
         !s.ok())
       return s;
-    if (absl::Status s = EncodeE4m3Operand(&map_b, b.data, k, n, o_.num_groups, kBlockN, b_field);
+    if (absl::Status s = EncodeOperand(&map_b, b.data, k, n, o_.num_groups, kBlockN, b_field);
         !s.ok())
       return s;
     Params p{};
