@@ -248,6 +248,29 @@ __global__ void __launch_bounds__(kWeightThreads)
   fw::QuantizeBlock<kWeightThreads>(v, b, k, n, pow2, data, scales, data_t, scales_t, smem);
 }
 
+// AdamW fused with the weight quantization: one block of 512 threads per 128x128 block
+// (fp8_block_weight.cuh's thread layout), each thread updating its 8 x 4 elements and quantizing
+// the block from their bf16 values.
+constexpr int kAdamWWeightThreads = 512;
+
+__global__ void __launch_bounds__(kAdamWWeightThreads)
+    AdamWWeightKernel(const AdamWStep* __restrict__ step, const float* __restrict__ grad,
+                      float* __restrict__ param, float* __restrict__ m, float* __restrict__ v,
+                      int64_t k, int64_t n, bool pow2, uint32_t* __restrict__ data,
+                      float* __restrict__ scales, uint32_t* __restrict__ data_t,
+                      float* __restrict__ scales_t) {
+  namespace fw = fp8_block_weight;
+  __shared__ fw::BlockSmem<kAdamWWeightThreads> smem;
+  const AdamWStep s = *step;
+  const fw::Block b = fw::BlockOfCta(k, n);
+  uint2 values[fw::kRowsPerThread<kAdamWWeightThreads>];
+#pragma unroll
+  for (int r = 0; r < fw::kRowsPerThread<kAdamWWeightThreads>; ++r) {
+    values[r] = AdamWUpdateFour(s, fw::ElementOf<kAdamWWeightThreads>(b, k, n, r), grad, param, m, v);
+  }
+  fw::QuantizeBlock<kAdamWWeightThreads>(values, b, k, n, pow2, data, scales, data_t, scales_t, smem);
+}
+
 // ---- Permute fused with row-wise quantization: one warp per (token, tile), the token's tile
 // quantized once and stored to each of its k slots. ----
 
@@ -362,6 +385,31 @@ absl::Status QuantizeFp8BlockWeights(const Fp8BlockWeightShape& shape, const Bf1
       shape.mode == Fp8ScaleMode::kPowerOfTwo, reinterpret_cast<uint32_t*>(out.data), out.scales,
       reinterpret_cast<uint32_t*>(out.data_t), out.scales_t);
   return LaunchStatus("Fp8Block WeightKernel");
+}
+
+absl::Status AdamWQuantizeFp8BlockWeights(const Fp8BlockWeightShape& shape, const AdamWStep* step,
+                                          const float* grad, float* param, float* m, float* v,
+                                          const Fp8BlockWeights& out, Stream stream) {
+  if (absl::Status s = ValidateFp8BlockWeights(shape, reinterpret_cast<const Bf16*>(param), out);
+      !s.ok()) {
+    return s;
+  }
+  if (step == nullptr || grad == nullptr || m == nullptr || v == nullptr) {
+    return absl::InvalidArgumentError("step: step, grad, m and v must be set");
+  }
+  if (!Aligned(param, 16) || !Aligned(grad, 16) || !Aligned(m, 16) || !Aligned(v, 16)) {
+    return absl::InvalidArgumentError("param: param, grad, m and v must be 16-byte aligned");
+  }
+  if (!Aligned(out.data, 4) || !Aligned(out.data_t, 4)) {
+    return absl::InvalidArgumentError("out.data: data and data_t must be 4-byte aligned");
+  }
+  const int64_t blocks = shape.num_experts * (shape.k / kFp8Block) * (shape.n / kFp8Block);
+  if (blocks > INT32_MAX) return absl::InvalidArgumentError("num_experts: too many blocks");
+  AdamWWeightKernel<<<static_cast<unsigned>(blocks), kAdamWWeightThreads, 0, stream>>>(
+      step, grad, param, m, v, shape.k, shape.n, shape.mode == Fp8ScaleMode::kPowerOfTwo,
+      reinterpret_cast<uint32_t*>(out.data), out.scales, reinterpret_cast<uint32_t*>(out.data_t),
+      out.scales_t);
+  return LaunchStatus("Fp8Block AdamWWeightKernel");
 }
 
 absl::Status DequantizeFp8BlockRowwise(int64_t rows, int64_t cols, const int32_t* num_rows,

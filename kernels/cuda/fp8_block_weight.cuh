@@ -1,8 +1,8 @@
 // One 128x128 block of an [E][k][n] expert weight to fp8-block (fp8_block.h: one fp32 scale per
 // block, W and W^T), from bf16 values already in the block's registers. Shared by the weight
-// quantizer (fp8_block.cu's WeightKernel, which loads the bf16 weight) and the engine's AdamW
-// fused with the quantization (worker/engine/cuda/engine_kernels.cu, which computes the bf16
-// values from the updated fp32 masters), so that both write the same bits.
+// quantizer (fp8_block.cu's WeightKernel, which loads the bf16 weight) and AdamW fused with the
+// quantization (fp8_block.cu's AdamWWeightKernel, which computes the bf16 values from the updated
+// fp32 masters), so that both write the same bits.
 //
 // A block runs on kThreads threads (256 or 512; W warps = kThreads / 32): thread t holds rows
 // t / 32 + W s (s < RowsPerThread), columns 4 (t % 32) .. + 3 of the block, as four bf16 in a

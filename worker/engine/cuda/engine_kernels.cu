@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/fp8_block_weight.cuh"
 #include "worker/engine/cpu/counter_rng.h"
 
 namespace dropless::cuda_engine {
@@ -162,9 +161,9 @@ absl::Status LaunchTranspose(int64_t batch, int64_t rows, int64_t cols, const T*
 
 // ---- AdamW ----
 
-struct AdamWScalars {
-  float beta1, beta2, eps, decay, step_size, m_correction, v_correction;
-};
+using kernels::AdamWElement;
+using kernels::AdamWStep;
+using kernels::AdamWUpdateFour;
 
 struct AdamWHyper {
   double lr, beta1, beta2, eps, weight_decay;
@@ -172,7 +171,7 @@ struct AdamWHyper {
 };
 
 // One thread: the step's scalars, in fp64 as the CPU engine computes them (adamw.cc).
-__global__ void AdamWScalarsKernel(AdamWHyper hyper, int64_t* step_counter, AdamWScalars* out) {
+__global__ void AdamWStepKernel(AdamWHyper hyper, int64_t* step_counter, AdamWStep* out) {
   const int64_t step = ++*step_counter;
   const double t = static_cast<double>(step);
   const double lr = hyper.warmup_steps <= 0
@@ -194,42 +193,12 @@ struct AdamWChunk {
   int64_t begin;
 };
 
-// cpu::AdamWUpdate's formula, one IEEE fp32 operation per step in its order (no contraction into
-// fused multiply-adds), so that every kernel that updates a parameter writes the same bits.
-__device__ __forceinline__ float AdamWElement(const AdamWScalars& s, float g, float& m, float& v,
-                                              float p) {
-  m = __fadd_rn(__fmul_rn(s.beta1, m), __fmul_rn(__fsub_rn(1.0f, s.beta1), g));
-  v = __fadd_rn(__fmul_rn(s.beta2, v), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, s.beta2), g), g));
-  const float update = __fdiv_rn(__fmul_rn(m, s.m_correction),
-                                 __fadd_rn(__fsqrt_rn(__fmul_rn(v, s.v_correction)), s.eps));
-  return __fsub_rn(__fmul_rn(p, s.decay), __fmul_rn(s.step_size, update));
-}
-
-// Elements i .. i + 3 of t (16-byte aligned): updated with 16-byte loads and stores; returns
-// their bf16 values (low half first, the order of memory).
-__device__ __forceinline__ uint2 UpdateFour(const AdamWScalars& s, const AdamWTensor& t,
-                                            int64_t i) {
-  const float4 g = *reinterpret_cast<const float4*>(t.grad + i);
-  float4 m = *reinterpret_cast<const float4*>(t.m + i);
-  float4 v = *reinterpret_cast<const float4*>(t.v + i);
-  float4 p = *reinterpret_cast<const float4*>(t.param + i);
-  p.x = AdamWElement(s, g.x, m.x, v.x, p.x);
-  p.y = AdamWElement(s, g.y, m.y, v.y, p.y);
-  p.z = AdamWElement(s, g.z, m.z, v.z, p.z);
-  p.w = AdamWElement(s, g.w, m.w, v.w, p.w);
-  *reinterpret_cast<float4*>(t.m + i) = m;
-  *reinterpret_cast<float4*>(t.v + i) = v;
-  *reinterpret_cast<float4*>(t.param + i) = p;
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
-  return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
-}
-
 // One block per chunk of one tensor. Memory-bound (28 bytes per parameter): tensors with a plain
 // bf16 copy (or none) and 16-byte aligned pointers move four values per thread with 16-byte loads
 // and stores; the others (a transposed copy, unaligned) take the scalar loop.
 __global__ void AdamWKernel(const AdamWTensor* tensors, const AdamWChunk* chunks,
-                            const AdamWScalars* scalars_ptr) {
-  const AdamWScalars s = *scalars_ptr;
+                            const AdamWStep* scalars_ptr) {
+  const AdamWStep s = *scalars_ptr;
   const AdamWChunk chunk = chunks[blockIdx.x];
   const AdamWTensor t = tensors[chunk.tensor];
   const int64_t end = min(chunk.begin + kAdamWChunk, t.n);
@@ -242,7 +211,7 @@ __global__ void AdamWKernel(const AdamWTensor* tensors, const AdamWChunk* chunks
     const int64_t vector_end = chunk.begin + (end - chunk.begin) / 4 * 4;
     for (int64_t i = chunk.begin + 4 * static_cast<int64_t>(threadIdx.x); i < vector_end;
          i += 4 * static_cast<int64_t>(blockDim.x)) {
-      const uint2 packed = UpdateFour(s, t, i);
+      const uint2 packed = AdamWUpdateFour(s, i, t.grad, t.param, t.m, t.v);
       if (t.bf16_copy != nullptr) *reinterpret_cast<uint2*>(t.bf16_copy + i) = packed;
     }
     scalar_begin = vector_end;
@@ -263,28 +232,6 @@ __global__ void AdamWKernel(const AdamWTensor* tensors, const AdamWChunk* chunks
       }
     }
   }
-}
-
-// AdamW of one [E][k][n] expert weight fused with its fp8-block quantization: one block of 512
-// threads per 128x128 block (fp8_block_weight.cuh's thread layout); each thread updates its 8 x 4
-// elements (16-byte loads and stores), keeps their bf16 values and quantizes the block from them.
-constexpr int kAdamWFp8BlockThreads = 512;
-
-__global__ void __launch_bounds__(kAdamWFp8BlockThreads)
-    AdamWFp8BlockKernel(AdamWTensor t, int64_t k, int64_t n, bool pow2,
-                        const AdamWScalars* scalars_ptr, uint32_t* data, float* scales,
-                        uint32_t* data_t, float* scales_t) {
-  namespace fw = kernels::cuda::fp8_block_weight;
-  constexpr int kThreadsPerBlock = kAdamWFp8BlockThreads;
-  __shared__ fw::BlockSmem<kThreadsPerBlock> smem;
-  const AdamWScalars s = *scalars_ptr;
-  const fw::Block b = fw::BlockOfCta(k, n);
-  uint2 v[fw::kRowsPerThread<kThreadsPerBlock>];
-#pragma unroll
-  for (int r = 0; r < fw::kRowsPerThread<kThreadsPerBlock>; ++r) {
-    v[r] = UpdateFour(s, t, fw::ElementOf<kThreadsPerBlock>(b, k, n, r));
-  }
-  fw::QuantizeBlock<kThreadsPerBlock>(v, b, k, n, pow2, data, scales, data_t, scales_t, smem);
 }
 
 class FusedAdamWImpl final : public FusedAdamW {
@@ -315,7 +262,7 @@ class FusedAdamWImpl final : public FusedAdamW {
     }
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaMalloc(&tensors_, sizeof(AdamWTensor) * std::max<size_t>(1, tensors.size())));
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaMalloc(&chunks_, sizeof(AdamWChunk) * std::max<int64_t>(1, num_chunks_)));
-    DROPLESS_CUDA_RETURN_IF_ERROR(cudaMalloc(&scalars_, sizeof(AdamWScalars)));
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaMalloc(&scalars_, sizeof(AdamWStep)));
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpy(tensors_, tensors.data(),
                                              sizeof(AdamWTensor) * tensors.size(),
                                              cudaMemcpyHostToDevice));
@@ -326,8 +273,8 @@ class FusedAdamWImpl final : public FusedAdamW {
   }
 
   absl::Status PrepareStep(Stream stream) override {
-    AdamWScalarsKernel<<<1, 1, 0, stream>>>(hyper_, step_counter_, scalars_);
-    return LaunchStatus("AdamWScalarsKernel");
+    AdamWStepKernel<<<1, 1, 0, stream>>>(hyper_, step_counter_, scalars_);
+    return LaunchStatus("AdamWStepKernel");
   }
 
   absl::Status Update(int first, int count, Stream stream) override {
@@ -349,33 +296,14 @@ class FusedAdamWImpl final : public FusedAdamW {
           "FusedAdamW::UpdateFp8Block: tensor %d of %d", tensor, num_tensors()));
     }
     const AdamWTensor& t = host_tensors_[tensor];
-    if (absl::Status v = kernels::ValidateFp8BlockWeights(
-            shape, reinterpret_cast<const Bf16*>(t.param), out);
-        !v.ok()) {
-      return v;
-    }
-    const int64_t blocks = int64_t{shape.num_experts} * (shape.k / kernels::kFp8Block) *
-                           (shape.n / kernels::kFp8Block);
-    const uintptr_t addresses = reinterpret_cast<uintptr_t>(t.param) |
-                                reinterpret_cast<uintptr_t>(t.grad) |
-                                reinterpret_cast<uintptr_t>(t.m) | reinterpret_cast<uintptr_t>(t.v);
-    if ((reinterpret_cast<uintptr_t>(out.data) | reinterpret_cast<uintptr_t>(out.data_t)) % 4 != 0) {
-      return absl::InvalidArgumentError("out.data: data and data_t must be 4-byte aligned");
-    }
-    if (t.n != int64_t{shape.num_experts} * shape.k * shape.n || t.copy_rows != 0 ||
-        addresses % 16 != 0 || blocks > INT32_MAX) {
+    if (t.n != int64_t{shape.num_experts} * shape.k * shape.n || t.copy_rows != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "FusedAdamW::UpdateFp8Block: tensor %d (%d values, %s) is not a 16-byte aligned "
-          "[%d][%d][%d] weight without a transposed copy",
-          tensor, t.n, addresses % 16 == 0 ? "aligned" : "unaligned", shape.num_experts, shape.k,
-          shape.n));
+          "FusedAdamW::UpdateFp8Block: tensor %d (%d values) is not a [%d][%d][%d] weight "
+          "without a transposed copy",
+          tensor, t.n, shape.num_experts, shape.k, shape.n));
     }
-    if (blocks == 0) return absl::OkStatus();
-    AdamWFp8BlockKernel<<<static_cast<unsigned>(blocks), kAdamWFp8BlockThreads, 0, stream>>>(
-        t, shape.k, shape.n, shape.mode == kernels::Fp8ScaleMode::kPowerOfTwo, scalars_,
-        reinterpret_cast<uint32_t*>(out.data), out.scales, reinterpret_cast<uint32_t*>(out.data_t),
-        out.scales_t);
-    return LaunchStatus("AdamWFp8BlockKernel");
+    return kernels::cuda::AdamWQuantizeFp8BlockWeights(shape, scalars_, t.grad, t.param, t.m, t.v,
+                                                       out, stream);
   }
 
   int num_tensors() const override { return static_cast<int>(first_chunk_.size()) - 1; }
@@ -385,7 +313,7 @@ class FusedAdamWImpl final : public FusedAdamW {
   int64_t* step_counter_ = nullptr;
   AdamWTensor* tensors_ = nullptr;
   AdamWChunk* chunks_ = nullptr;
-  AdamWScalars* scalars_ = nullptr;
+  AdamWStep* scalars_ = nullptr;
   int64_t num_chunks_ = 0;
   std::vector<int64_t> first_chunk_;  // per tensor, and the total at the end
   std::vector<AdamWTensor> host_tensors_;
