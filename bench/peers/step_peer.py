@@ -91,8 +91,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_impls import (DEFAULT_IMPLS, DROPLESS, DROPLESS_BF16, DROPLESS_IMPLS, FP8, JAX,  # noqa: E402
-                        PEAK, SHAPES, short, step_flop)
+from step_impls import (DEFAULT_IMPLS, DROPLESS, DROPLESS_BF16, DROPLESS_IMPLS,  # noqa: E402
+                        DROPLESS_FUSED, FP8, JAX, PEAK, SHAPES, short, step_flop)
 from step_impls.dropless_capi import STAT_NAMES, DroplessStep, dropless_spec, load_lib  # noqa: E402
 from step_impls.jax_impl import JaxStep  # noqa: E402
 from step_impls.torch_impls import TorchStep, init_tensors  # noqa: E402
@@ -136,6 +136,11 @@ def run_one(name, shape, ctx, args):
     try:
         if name in DROPLESS_IMPLS:
             precision = "bf16" if name == DROPLESS_BF16 else args.precision
+            # Read by the engine when it is created.
+            if name == DROPLESS_FUSED:
+                os.environ["DROPLESS_FUSED_EXPERT_ADAMW"] = "1"
+            else:
+                os.environ.pop("DROPLESS_FUSED_EXPERT_ADAMW", None)
             obj = DroplessStep(ctx["lib"], dropless_spec(shape, args, precision))
             obj.run(1)
             t0 = time.perf_counter()
@@ -364,7 +369,7 @@ def main():
         return
     quantized = [FP8, DROPLESS_BF16] if args.precision != "bf16" else []
     impls = args.impls.split(",") if args.impls else DEFAULT_IMPLS + quantized
-    bad = [i for i in impls if i not in DEFAULT_IMPLS + [FP8, DROPLESS_BF16]]
+    bad = [i for i in impls if i not in DEFAULT_IMPLS + [FP8, DROPLESS_BF16, DROPLESS_FUSED]]
     if bad:
         sys.exit(f"--impls: unknown {','.join(bad)}")
     rows, errors, ceil, ctx = bench(args, list(impls))

@@ -14,7 +14,7 @@ export LD_LIBRARY_PATH=$PWD/$bundle/lib${nccl_dir:+:$nccl_dir}:${LD_LIBRARY_PATH
 export NCCL_NVLS_ENABLE=0
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv
-for test in kernels_gpu_test grouped_gemm_test mx_grouped_gemm_test fp8_block_grouped_gemm_test \
+for test in kernels_gpu_test grouped_gemm_test wgrad_adamw_test mx_grouped_gemm_test fp8_block_grouped_gemm_test \
             engine_gpu_test; do
   [ -x "$bundle/bin/$test" ] || continue
   timeout "${TEST_TIMEOUT:-400}" "$bundle/bin/$test" >"$out/$test.log" 2>&1

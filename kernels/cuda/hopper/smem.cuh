@@ -39,6 +39,11 @@ __device__ __forceinline__ float4 LdsV4F32(uint32_t addr) {
                : "r"(addr));
   return v;
 }
+__device__ __forceinline__ float2 LdsV2F32(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
 __device__ __forceinline__ uint4 LdsV4U32(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"

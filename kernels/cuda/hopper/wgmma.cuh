@@ -92,8 +92,8 @@ __device__ __forceinline__ void WgmmaM64N256K16(float (&d)[128], uint64_t desc_a
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB), "n"(kTransA));
 }
 
-// D[64 x 128] (+)= A[64 x 16] . B[16 x 128], as WgmmaM64N256K16 with A K-major.
-template <int kTransB>
+// D[64 x 128] (+)= A[64 x 16] . B[16 x 128], as WgmmaM64N256K16.
+template <int kTransB, int kTransA = 0>
 __device__ __forceinline__ void WgmmaM64N128K16(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
                                                 int accumulate) {
   asm volatile(
@@ -105,7 +105,7 @@ __device__ __forceinline__ void WgmmaM64N128K16(float (&d)[64], uint64_t desc_a,
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, 0, %67;\n"
+      "}, %64, %65, p, 1, 1, %68, %67;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
@@ -117,7 +117,7 @@ __device__ __forceinline__ void WgmmaM64N128K16(float (&d)[64], uint64_t desc_a,
         "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
         "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB), "n"(kTransA));
 }
 
 // D[64 x 128] = A[64 x 32] . B[128 x 32]^T (+ D when accumulate), e4m3 inputs, fp32 result

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -128,6 +129,7 @@ struct MatchCase {
   RouterKind router;
   double loss_tolerance;      // relative, step-1 loss
   double gradient_tolerance;  // relative 2-norm, per tensor
+  bool fused_expert_adamw = false;  // DROPLESS_FUSED_EXPERT_ADAMW=1 for the CUDA engine
 };
 
 class CudaMatchesCpu : public CudaEngineGpu, public ::testing::WithParamInterface<MatchCase> {};
@@ -146,7 +148,9 @@ TEST_P(CudaMatchesCpu, LossAndGradientsOfOneStep) {
   EngineConfig reference = c;
   reference.precision = Precision::kBf16;
   Engines cpu = MakeCpu(reference);
+  if (mc.fused_expert_adamw) setenv("DROPLESS_FUSED_EXPERT_ADAMW", "1", 1);
   std::unique_ptr<Engine> gpu = MakeCuda(c);
+  unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
   ASSERT_TRUE(cpu.engine && gpu);
   ASSERT_TRUE(cpu.engine->SaveCheckpoint(Dir("cpu0")).ok());
   ASSERT_TRUE(gpu->SaveCheckpoint(Dir("gpu0")).ok());
@@ -202,6 +206,9 @@ INSTANTIATE_TEST_SUITE_P(
     Precisions, CudaMatchesCpu,
     ::testing::Values(MatchCase{"bf16_softmax", Precision::kBf16, RouterKind::kSoftmax, 0.02, 0.05},
                       MatchCase{"bf16_sigmoid", Precision::kBf16, RouterKind::kSigmoid, 0.02, 0.05},
+                      // The routed experts' AdamW in their weight-gradient GEMM's epilogue.
+                      MatchCase{"bf16_fused_adamw", Precision::kBf16, RouterKind::kSoftmax, 0.02,
+                                0.05, true},
                       MatchCase{"mxfp8_softmax", Precision::kMxfp8, RouterKind::kSoftmax, 0.05, 0.3}),
     [](const ::testing::TestParamInfo<MatchCase>& info) { return std::string(info.param.name); });
 

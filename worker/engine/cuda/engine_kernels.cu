@@ -307,6 +307,7 @@ class FusedAdamWImpl final : public FusedAdamW {
   }
 
   int num_tensors() const override { return static_cast<int>(first_chunk_.size()) - 1; }
+  const kernels::AdamWStep* step_scalars() const override { return scalars_; }
 
  private:
   AdamWHyper hyper_{};

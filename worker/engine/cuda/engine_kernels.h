@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/job_spec.h"
+#include "dropless/kernels/adamw.h"
 #include "dropless/kernels/fp8_block.h"
 #include "dropless/kernels/types.h"
 
@@ -109,6 +110,9 @@ class FusedAdamW {
   // two passes move.
   virtual absl::Status UpdateFp8Block(int tensor, const kernels::Fp8BlockWeightShape& shape,
                                       const kernels::Fp8BlockWeights& out, Stream stream) = 0;
+  // The step's scalars on the device, written by PrepareStep: for kernels that fuse a tensor's
+  // update into what produces its gradient (kernels::GroupedWgradAdamW).
+  virtual const kernels::AdamWStep* step_scalars() const = 0;
   // PrepareStep, then every tensor.
   absl::Status Step(Stream stream) {
     if (absl::Status s = PrepareStep(stream); !s.ok()) return s;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -77,6 +78,12 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
   d.renormalize = m.renormalize;
   d.precision = config.precision;
   d.recompute = config.activation_offload;
+  // DROPLESS_FUSED_EXPERT_ADAMW=1 fuses the routed experts' AdamW into their weight-gradient
+  // GEMM (bf16). Off by default: measured slower than the two passes on an H200 so far
+  // (docs/grouped_gemm.md, "The weight gradient fused with AdamW").
+  const char* fused = std::getenv("DROPLESS_FUSED_EXPERT_ADAMW");
+  d.fused_expert_adamw =
+      d.precision == Precision::kBf16 && fused != nullptr && std::strcmp(fused, "1") == 0;
   d.overlap_chunks = config.overlap ? std::min(kOverlapChunks, d.local_experts()) : 1;
   if (config.overlap) {
     int sms = 0, reserve = kExchangeSms;

@@ -76,6 +76,10 @@ absl::Status LayerKernels::CreateExpertGemms(int groups, ExpertGemms* out) const
       o.expected_rows_per_group = expected_rows;
       o.weight_grad_type = kernels::GradType::kFloat32;
       DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->w1 : &out->w2));
+      if (d.fused_expert_adamw && groups == El) {
+        kernels::WgradAdamWShape s{groups, o.k, o.n, R, d.expert_gemm_sms};
+        DROPLESS_RETURN_IF_ERROR(make(s, product == 0 ? &out->adamw_w1 : &out->adamw_w2));
+      }
     }
   }
   return absl::OkStatus();
@@ -175,6 +179,11 @@ MoeLayerGpu::ExpertOperands MoeLayerGpu::W1(const LayerWeights& w, const LayerGr
   o.w = w.w1;
   o.q_w = w.q_w1;
   o.dw = g.w1;
+  if (g.adamw_step != nullptr) {
+    o.wgrad_adamw = gemms.adamw_w1.get();
+    o.adamw_step = g.adamw_step;
+    o.adamw = g.w1_adamw;
+  }
   o.x = recv_rows_;
   o.x_mx = quantized_tokens() ? &mx_recv_ : &k.mx_rows_;
   o.x_col = &k.col_rows_;
@@ -203,6 +212,11 @@ MoeLayerGpu::ExpertOperands MoeLayerGpu::W2(const LayerWeights& w, const LayerGr
   o.w = w.w2;
   o.q_w = w.q_w2;
   o.dw = g.w2;
+  if (g.adamw_step != nullptr) {
+    o.wgrad_adamw = gemms.adamw_w2.get();
+    o.adamw_step = g.adamw_step;
+    o.adamw = g.w2_adamw;
+  }
   o.x = a_;
   o.x_mx = &k.mx_a_;
   o.x_col = &k.col_a_;
@@ -285,6 +299,9 @@ absl::Status MoeLayerGpu::ExpertBackwardWeight(const ExpertOperands& o, cudaStre
     return o.mx_gemm->BackwardWeight({o.x_col->data, o.x_col->scales},
                                      {o.dy_col->data, o.dy_col->scales},
                                      o.x_col->group_offsets, o.dw, stream);
+  }
+  if (o.adamw_step != nullptr) {
+    return o.wgrad_adamw->Update(Nv(o.x), Nv(o.dy), o.offsets, o.adamw_step, o.adamw, stream);
   }
   return o.gemm->BackwardWeight(Nv(o.x), Nv(o.dy), o.offsets, o.dw, stream);
 }

@@ -36,6 +36,7 @@
 #include "dropless/kernels/fp8_block.h"
 #include "dropless/kernels/fp8_block_grouped_gemm.h"
 #include "dropless/kernels/grouped_gemm.h"
+#include "dropless/kernels/grouped_wgrad_adamw.h"
 #include "dropless/kernels/mx_grouped_gemm.h"
 #include "dropless/kernels/mxfp8.h"
 #include "dropless/kernels/router_gemm.h"
@@ -71,6 +72,10 @@ struct LayerDims {
   // The routed experts' GEMMs stay on at most this many multiprocessors (0: all): with overlap,
   // the rest are left to the exchange kernels that run beside them.
   int expert_gemm_sms = 0;
+  // The routed experts' AdamW runs in the epilogue of their weight-gradient GEMM
+  // (kernels::GroupedWgradAdamW; bf16 only): their gradients are never stored, and each weight's
+  // update follows its data-gradient GEMM, the last reader of its working copy.
+  bool fused_expert_adamw = false;
 
   bool mxfp8() const { return precision == Precision::kMxfp8; }
   bool fp8_block() const { return precision == Precision::kFp8Block; }
@@ -127,6 +132,10 @@ struct LayerGrads {
   float* w2 = nullptr;         // [El][F][H]
   float* shared_w1 = nullptr;  // [S][H][2F]
   float* shared_w2 = nullptr;  // [S][F][H]
+  // LayerDims::fused_expert_adamw: the step's AdamW scalars (device) and the routed experts'
+  // AdamW state, which their weight-gradient GEMMs update in place of writing w1 and w2.
+  const kernels::AdamWStep* adamw_step = nullptr;
+  kernels::AdamWTensors w1_adamw, w2_adamw;
 };
 
 struct LayerStreams {
@@ -174,6 +183,8 @@ class LayerKernels {
     std::unique_ptr<kernels::GroupedGemm> w1, w2;
     std::unique_ptr<kernels::MxGroupedGemm> mx_w1, mx_w2;
     std::unique_ptr<kernels::Fp8BlockGroupedGemm> fb_w1, fb_w2;
+    // fused_expert_adamw, every local expert only (the weight gradient is never chunked).
+    std::unique_ptr<kernels::GroupedWgradAdamW> adamw_w1, adamw_w2;
   };
   // The expert GEMMs over `groups` local experts, and the quantized precisions' scratch
   // (moe_layer_expert_gemms.cc).
@@ -275,14 +286,16 @@ class MoeLayerGpu {
   // output gradient quantized row-wise first in mxfp8 / fp8-block; for every expert at once also
   // column-wise, the weight gradient starting beside it). Middle, once every run's W2Data is
   // queued: w2's weight gradient and hook, SwiGLU's backward, w1's operands and weight gradient.
-  // W1Data: w1's data gradient of a run. End: w1's hook.
+  // W1Data: w1's data gradient of a run. End: w1's hook. With fused_expert_adamw each weight
+  // gradient waits for every data gradient of its weight, and w1's moves to End.
   absl::Status BackwardW2Data(const LayerWeights& w, const LayerGrads& grads, LocalExperts run,
                               const LayerStreams& s);
   absl::Status BackwardExpertsMiddle(const LayerWeights& w, const LayerGrads& grads,
                                      const LayerStreams& s, const LayerOptimizerHooks& hooks);
   absl::Status BackwardW1Data(const LayerWeights& w, const LayerGrads& grads, LocalExperts run,
                               const LayerStreams& s);
-  absl::Status BackwardExpertsEnd(const LayerStreams& s, const LayerOptimizerHooks& hooks);
+  absl::Status BackwardExpertsEnd(const LayerWeights& w, const LayerGrads& grads,
+                                  const LayerStreams& s, const LayerOptimizerHooks& hooks);
   absl::Status BackwardRoute(const Bf16* d_x_next, Bf16* d_x, const LayerStreams& s);
 
   // The exchanges of this rank (EP > 1): the plan, and the rows each stage moves.
@@ -334,6 +347,10 @@ class MoeLayerGpu {
     const Bf16* w = nullptr;
     QuantizedWeight q_w;
     float* dw = nullptr;
+    // Set (fused_expert_adamw): the weight gradient applies AdamW to `adamw` instead of writing dw.
+    kernels::GroupedWgradAdamW* wgrad_adamw = nullptr;
+    const kernels::AdamWStep* adamw_step = nullptr;
+    kernels::AdamWTensors adamw;
     const Bf16* x = nullptr;                    // forward input
     const kernels::MxRowwise* x_mx = nullptr;   // its row-wise MXFP8 (mxfp8)
     const kernels::MxColwise* x_col = nullptr;  // its column-wise MXFP8 (mxfp8, weight gradient)

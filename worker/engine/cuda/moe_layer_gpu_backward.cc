@@ -111,7 +111,7 @@ absl::Status MoeLayerGpu::BackwardExperts(const LayerWeights& w, const LayerGrad
   DROPLESS_RETURN_IF_ERROR(BackwardW2Data(w, grads, LocalExperts{}, s));
   DROPLESS_RETURN_IF_ERROR(BackwardExpertsMiddle(w, grads, s, hooks));
   DROPLESS_RETURN_IF_ERROR(BackwardW1Data(w, grads, LocalExperts{}, s));
-  return BackwardExpertsEnd(s, hooks);
+  return BackwardExpertsEnd(w, grads, s, hooks);
 }
 
 absl::Status MoeLayerGpu::WeightGradient(const ExpertOperands& o, int64_t in_cols,
@@ -197,8 +197,10 @@ absl::Status MoeLayerGpu::BackwardExpertsMiddle(const LayerWeights& w, const Lay
   LayerKernels& k = *k_;
   // In chunks, the weight gradient waits for every run's output gradient (and quantizes its
   // column-wise form itself).
+  // With the update fused into the weight gradient, w2's waits for its data gradient (the last
+  // reader of the working copy it rewrites).
   const bool chunked = ExpertRuns(d, s).size() > 1;
-  if (chunked) DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
+  if (chunked || d.fused_expert_adamw) DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
   DROPLESS_RETURN_IF_ERROR(WeightGradient(W2(w, grads), F, H, /*dy_colwise=*/chunked, s));
   // w2's gradient is complete and no later work reads its working copy: its update can start.
   DROPLESS_RETURN_IF_ERROR(RunHook(hooks.experts_w2, s, {s.main, s.wgrad}));
@@ -215,6 +217,8 @@ absl::Status MoeLayerGpu::BackwardExpertsMiddle(const LayerWeights& w, const Lay
                                                   w1.dy, ExpertOffsets(), w1.dy_fb, w1.dy_fb_col,
                                                   s.main));
   }
+  // Fused: w1's weight gradient and update come after its data gradient (BackwardExpertsEnd).
+  if (d.fused_expert_adamw) return absl::OkStatus();
   DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
   return WeightGradient(w1, H, 2 * F, /*dy_colwise=*/false, s);
 }
@@ -226,8 +230,16 @@ absl::Status MoeLayerGpu::BackwardW1Data(const LayerWeights& w, const LayerGrads
   return End(s, PhaseTimer::kGemmDgrad, s.main);
 }
 
-absl::Status MoeLayerGpu::BackwardExpertsEnd(const LayerStreams& s,
+absl::Status MoeLayerGpu::BackwardExpertsEnd(const LayerWeights& w, const LayerGrads& grads,
+                                             const LayerStreams& s,
                                              const LayerOptimizerHooks& hooks) {
+  const LayerDims& d = k_->dims_;
+  if (d.fused_expert_adamw) {
+    // w1's working copy has been read for the last time: its weight gradient may rewrite it.
+    DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
+    DROPLESS_RETURN_IF_ERROR(WeightGradient(W1(w, grads), d.hidden, 2 * d.ffn,
+                                            /*dy_colwise=*/false, s));
+  }
   // w1's gradient is complete and its working copy read for the last time.
   return RunHook(hooks.experts_w1, s, {s.main, s.wgrad});
 }
@@ -261,7 +273,11 @@ absl::Status MoeLayerGpu::Backward(const LayerWeights& w, const Bf16* x, const B
 
 absl::Status MoeLayerGpu::TimeExpertGemms(const LayerWeights& w, const LayerGrads& grads,
                                           int iterations, cudaStream_t stream, double seconds[3]) {
-  const ExpertOperands w1 = W1(w, grads), w2 = W2(w, grads);
+  // The GEMMs alone: with fused_expert_adamw the weight gradient is timed unfused (stored into
+  // grads.w1 / w2), so that timing updates no weight.
+  LayerGrads plain = grads;
+  plain.adamw_step = nullptr;
+  const ExpertOperands w1 = W1(w, plain), w2 = W2(w, plain);
   auto forward = [&]() -> absl::Status {
     DROPLESS_RETURN_IF_ERROR(ExpertForward(w1, stream));
     return ExpertForward(w2, stream);

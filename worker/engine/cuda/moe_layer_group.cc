@@ -169,7 +169,7 @@ absl::Status BackwardLayerGroup(ExpertDispatcher* dispatcher, absl::Span<const R
       DROPLESS_RETURN_IF_ERROR(r.layer->BackwardW1Data(r.weights, r.grads, run, r.streams));
       // After the last run's data gradient, w1's update may start (before the last combine).
       if (&run != &runs.back()) return absl::OkStatus();
-      return r.layer->BackwardExpertsEnd(r.streams, r.hooks);
+      return r.layer->BackwardExpertsEnd(r.weights, r.grads, r.streams, r.hooks);
     }));
     DROPLESS_RETURN_IF_ERROR(LinkAll(ranks, /*to_exchange=*/true));
     DROPLESS_RETURN_IF_ERROR(Timed(ranks, PhaseTimer::kDispatch, [&] {

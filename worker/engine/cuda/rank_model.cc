@@ -60,6 +60,12 @@ LayerGrads RankModel::Grads(int64_t layer) const {
   g.shared_w2 = g.shared_w1 + S * H * 2 * F;
   g.w1 = experts_.grad + layer * ExpPerLayer();
   g.w2 = g.w1 + El * H * 2 * F;
+  if (dims_.fused_expert_adamw) {
+    const int64_t w1 = layer * ExpPerLayer(), w2 = w1 + El * H * 2 * F;
+    g.adamw_step = adamw_->step_scalars();
+    g.w1_adamw = {experts_.value + w1, experts_.m + w1, experts_.v + w1, reinterpret_cast<__nv_bfloat16*>(experts_.bf16 + w1)};
+    g.w2_adamw = {experts_.value + w2, experts_.m + w2, experts_.v + w2, reinterpret_cast<__nv_bfloat16*>(experts_.bf16 + w2)};
+  }
   return g;
 }
 
@@ -97,6 +103,7 @@ absl::Status RankModel::QuantizeExperts(ModelWeights* weights, cudaStream_t stre
 }
 
 absl::Status RankModel::UpdateExpertWeight(int64_t layer, bool w1, cudaStream_t stream) {
+  if (dims_.fused_expert_adamw) return absl::OkStatus();  // done by the weight-gradient GEMM
   const OptimizerGroups& og = optimizer_groups_[layer];
   const int tensor = w1 ? og.w1 : og.w2;
   const int64_t k = w1 ? dims_.hidden : dims_.ffn, n = w1 ? 2 * dims_.ffn : dims_.hidden;

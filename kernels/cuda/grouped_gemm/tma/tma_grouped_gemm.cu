@@ -18,29 +18,16 @@
 #include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
 #include "kernels/cuda/grouped_gemm/tma/m_grouped_kernel.cuh"
 #include "kernels/cuda/grouped_gemm/tma/pingpong_kernel.cuh"
+#include "kernels/cuda/grouped_gemm/tma/tensor_map_encode.h"
 #include "kernels/cuda/grouped_gemm/tma/wgrad_kernel.cuh"
 #include "kernels/cuda/hopper/tma.cuh"
 
 // The runners live beside their kernels (tmagemm); the factories below hand them to
 // grouped_gemm.cc.
 namespace dropless::kernels::tmagemm {
-namespace {
 
-using grouped_gemm_internal::GroupedGemmRunner;
-using grouped_gemm_internal::RunnerCall;
-using grouped_gemm_internal::RunnerShape;
-using grouped_gemm_internal::ZeroEmptyGroups;
-
-absl::Status CudaStatus(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat("grouped gemm (tma): ", what, ": ", cudaGetErrorString(e)));
-}
-
-// A bf16 tensor of `rank` dims (innermost first, row-major strides), 128-byte-swizzled boxes;
-// elements outside read as zero.
 absl::Status Encode(CUtensorMap* map, const void* data, int rank, const uint64_t* dims,
-                    const uint32_t* box, const char* what, bool fp32 = false) {
+                    const uint32_t* box, const char* what, bool fp32) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = hopper::TensorMapEncoder();
   if (encode == nullptr) {
     return absl::InternalError(
@@ -65,6 +52,19 @@ absl::Status Encode(CUtensorMap* map, const void* data, int rank, const uint64_t
         "grouped gemm (tma): cuTensorMapEncodeTiled failed for ", what, " (CUresult ", r, ")"));
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+using grouped_gemm_internal::GroupedGemmRunner;
+using grouped_gemm_internal::RunnerCall;
+using grouped_gemm_internal::RunnerShape;
+using grouped_gemm_internal::ZeroEmptyGroups;
+
+absl::Status CudaStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("grouped gemm (tma): ", what, ": ", cudaGetErrorString(e)));
 }
 
 // kForward: a = X [max_rows][k], b = W [E][k][n], d = Y [rows][n].
