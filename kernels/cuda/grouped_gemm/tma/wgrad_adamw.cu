@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -120,21 +121,15 @@ absl::StatusOr<std::unique_ptr<GroupedWgradAdamW>> GroupedWgradAdamW::Create(
     return absl::FailedPreconditionError(
         absl::StrCat("wgrad adamw: needs a Hopper GPU (sm_90); this is sm_", major, "x"));
   }
-  if (absl::Status s = CudaStatus(
-          cudaFuncSetAttribute(tmagemm::TmaWgradAdamWKernel<true>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               tmagemm::kFSmemBytes<true>),
-          "cudaFuncSetAttribute");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CudaStatus(
-          cudaFuncSetAttribute(tmagemm::TmaWgradAdamWKernel<false>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               tmagemm::kFSmemBytes<false>),
-          "cudaFuncSetAttribute");
-      !s.ok()) {
-    return s;
+  // Both forms of the kernel: the fused update and the plain gradient.
+  for (auto [kernel, smem] : {std::pair{tmagemm::TmaWgradAdamWKernel<true>, tmagemm::kFSmemBytes<true>},
+                              std::pair{tmagemm::TmaWgradAdamWKernel<false>, tmagemm::kFSmemBytes<false>}}) {
+    if (absl::Status s = CudaStatus(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+            "cudaFuncSetAttribute");
+        !s.ok()) {
+      return s;
+    }
   }
   const int grid = shape.max_sms > 0 ? std::min(shape.max_sms, sms) : sms;
   return std::unique_ptr<GroupedWgradAdamW>(std::make_unique<GroupedWgradAdamWImpl>(shape, grid));
