@@ -48,13 +48,15 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
       return absl::UnavailableError(
           absl::StrCat("metrics: cannot serve /metrics on ", listen, ": ", e.what()));
     }
-    metrics->exposer_->RegisterCollectable(metrics->registry_);
+    metrics->exposer_->RegisterCollectable(metrics->collectable_);
   }
   return metrics;
 }
 
 WorkerMetrics::WorkerMetrics(std::string node)
-    : node_(std::move(node)), registry_(std::make_shared<prometheus::Registry>()) {
+    : node_(std::move(node)),
+      registry_(std::make_shared<prometheus::Registry>()),
+      collectable_(std::make_shared<LockedCollectable>(this)) {
   using prometheus::BuildCounter;
   using prometheus::BuildGauge;
   using prometheus::BuildHistogram;
@@ -289,9 +291,13 @@ void WorkerMetrics::RecordRankExit(RankExitResult result) {
 
 void WorkerMetrics::RecordSessionReconnect() { reconnects_->Increment(); }
 
+std::vector<prometheus::MetricFamily> WorkerMetrics::LockedCollectable::Collect() const {
+  absl::MutexLock lock(&metrics_->mu_);  // no step half recorded, no series added or removed
+  return metrics_->registry_->Collect();
+}
+
 std::string WorkerMetrics::Serialize() const {
-  absl::MutexLock lock(&mu_);  // no series are added or removed while collecting
-  return prometheus::TextSerializer().Serialize(registry_->Collect());
+  return prometheus::TextSerializer().Serialize(collectable_->Collect());
 }
 
 }  // namespace dropless

@@ -12,6 +12,9 @@
 // dropless_worker_rank_exits_total{result=succeeded|failed|killed},
 // dropless_worker_session_reconnects_total, dropless_worker_up.
 //
+// A scrape sees whole steps: RecordStep's updates and /metrics collection hold one lock, so the
+// phase histograms of a rank always count the same steps.
+//
 // Rank series of a finished job stay until kRetainedJobs newer jobs have reported, so a scrape
 // after the job ends still sees its last values; the oldest job's series are dropped first.
 #ifndef DROPLESS_WORKER_DAEMON_WORKER_METRICS_H_
@@ -21,10 +24,12 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/family.h"
@@ -86,13 +91,24 @@ class WorkerMetrics {
     prometheus::Gauge* device_memory;
   };
 
+  // What /metrics collects: the registry, under mu_.
+  class LockedCollectable : public prometheus::Collectable {
+   public:
+    explicit LockedCollectable(const WorkerMetrics* metrics) : metrics_(metrics) {}
+    std::vector<prometheus::MetricFamily> Collect() const override;
+
+   private:
+    const WorkerMetrics* metrics_;
+  };
+
   explicit WorkerMetrics(std::string node);
   RankSeries& SeriesFor(const RankIdentity& rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string node_;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<LockedCollectable> collectable_;
+  std::unique_ptr<prometheus::Exposer> exposer_;  // after collectable_: stops serving first
 
   // Families are owned by registry_; pointers stay valid for its life.
   prometheus::Family<prometheus::Histogram>* step_duration_;

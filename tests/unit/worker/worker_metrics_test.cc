@@ -1,9 +1,13 @@
 #include "worker/daemon/worker_metrics.h"
 
+#include <atomic>
+#include <regex>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/integration/harness/process.h"
 
 namespace dropless {
 namespace {
@@ -195,6 +199,38 @@ TEST(WorkerMetricsTest, KeepsTheLastSixteenJobs) {
       EXPECT_EQ(gemm_kept, j >= 4) << "job-" << j << " " << phase;
     }
   }
+}
+
+// Counts of one series of the exposition ("" when absent).
+std::string CountOf(const std::string& text, const std::string& phase) {
+  std::smatch m;
+  const std::regex re("dropless_rank_expert_gemm_duration_seconds_count\\{[^}]*phase=\"" +
+                      phase + "\"[^}]*\\} ([0-9.e+]+)");
+  return std::regex_search(text, m, re) ? m[1].str() : "";
+}
+
+// A scrape over HTTP while a rank reports steps never sees a step half recorded: the three GEMM
+// phases always count the same steps (a dashboard dividing one phase by another relies on it).
+TEST(WorkerMetricsTest, ScrapesOverHttpSeeWholeSteps) {
+  const int port = testing::PickFreePort();
+  absl::StatusOr<std::unique_ptr<WorkerMetrics>> m = WorkerMetrics::Create("n1", "127.0.0.1", port);
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::atomic<bool> stop{false};
+  std::thread reporter([&] {
+    while (!stop.load()) (*m)->RecordStep({"job-a", 0, "", ""}, Report(1.0));
+  });
+  int checked = 0;
+  for (int i = 0; i < 200; ++i) {
+    const std::string text = testing::HttpGet(port, "/metrics");
+    const std::string fwd = CountOf(text, "forward");
+    if (fwd.empty()) continue;  // before the first step
+    ++checked;
+    EXPECT_EQ(CountOf(text, "dgrad"), fwd) << "scrape " << i;
+    EXPECT_EQ(CountOf(text, "wgrad"), fwd) << "scrape " << i;
+  }
+  stop = true;
+  reporter.join();
+  EXPECT_GT(checked, 100);
 }
 
 TEST(WorkerMetricsTest, UnbindablePortIsAnError) {
