@@ -41,6 +41,7 @@ std::string JobStateName(v1::JobState state) {
 
 CoordinatorMetrics::CoordinatorMetrics()
     : registry_(std::make_shared<prometheus::Registry>()),
+      collectable_(std::make_shared<LockedCollectable>(registry_, &mu_)),
       jobs_(prometheus::BuildGauge()
                 .Name("dropless_coordinator_jobs")
                 .Help("Jobs known to the coordinator, by state")
@@ -99,6 +100,7 @@ bool CoordinatorMetrics::IsTerminalForMetrics(v1::JobState state) {
 }
 
 void CoordinatorMetrics::SetJobCounts(const std::map<v1::JobState, int64_t>& counts) {
+  absl::MutexLock lock(&mu_);
   for (v1::JobState state : {v1::JOB_STATE_PENDING, v1::JOB_STATE_SCHEDULED,
                              v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
                              v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
@@ -109,11 +111,13 @@ void CoordinatorMetrics::SetJobCounts(const std::map<v1::JobState, int64_t>& cou
 }
 
 void CoordinatorMetrics::SetWorkerCounts(int64_t ready, int64_t lost) {
+  absl::MutexLock lock(&mu_);
   workers_.Add({{"state", "READY"}}).Set(static_cast<double>(ready));
   workers_.Add({{"state", "LOST"}}).Set(static_cast<double>(lost));
 }
 
 void CoordinatorMetrics::SetSlots(int64_t busy, int64_t free) {
+  absl::MutexLock lock(&mu_);
   slots_.Add({{"state", "busy"}}).Set(static_cast<double>(busy));
   slots_.Add({{"state", "free"}}).Set(static_cast<double>(free));
 }

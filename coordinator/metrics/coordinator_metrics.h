@@ -14,7 +14,9 @@
 //   dropless_coordinator_rpcs_total{method,code}            counter
 //   dropless_coordinator_rpc_duration_seconds{method}       histogram
 //
-// Thread-safe (prometheus-cpp metrics are).
+// Thread-safe (prometheus-cpp metrics are). The state gauges of one Set*Counts / SetSlots call
+// change together: collectable() (what /metrics serves) collects under the same lock, so a scrape
+// never sees a job in two states or in none.
 #ifndef DROPLESS_COORDINATOR_METRICS_COORDINATOR_METRICS_H_
 #define DROPLESS_COORDINATOR_METRICS_COORDINATOR_METRICS_H_
 
@@ -29,7 +31,11 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
 #include "absl/strings/string_view.h"
+#include "common/locked_collectable.h"
 #include "dropless/v1/types.pb.h"
 
 namespace dropless::coordinator {
@@ -38,7 +44,9 @@ class CoordinatorMetrics {
  public:
   CoordinatorMetrics();
 
-  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  // The registry collected under the lock of the multi-series updates: register this with the
+  // Exposer.
+  std::shared_ptr<LockedCollectable> collectable() const { return collectable_; }
 
   void SetJobCounts(const std::map<v1::JobState, int64_t>& counts);
   void SetWorkerCounts(int64_t ready, int64_t lost);
@@ -55,6 +63,8 @@ class CoordinatorMetrics {
   static bool IsTerminalForMetrics(v1::JobState state);
 
   std::shared_ptr<prometheus::Registry> registry_;
+  mutable absl::Mutex mu_;  // held by the multi-series updates and by collection
+  std::shared_ptr<LockedCollectable> collectable_;
   prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Family<prometheus::Gauge>& workers_;
   prometheus::Family<prometheus::Gauge>& slots_;

@@ -110,7 +110,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       return absl::UnavailableError(
           absl::StrCat("metrics endpoint ", bind, " could not be opened: ", e.what()));
     }
-    server->exposer_->RegisterCollectable(server->metrics_->registry());
+    server->exposer_->RegisterCollectable(server->metrics_->collectable());
     std::vector<int> ports = server->exposer_->GetListeningPorts();
     server->metrics_port_ = ports.empty() ? config.metrics_port : ports.front();
   }

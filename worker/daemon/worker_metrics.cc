@@ -5,7 +5,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "prometheus/text_serializer.h"
 
 namespace dropless {
 namespace {
@@ -56,7 +55,7 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
 WorkerMetrics::WorkerMetrics(std::string node)
     : node_(std::move(node)),
       registry_(std::make_shared<prometheus::Registry>()),
-      collectable_(std::make_shared<LockedCollectable>(this)) {
+      collectable_(std::make_shared<LockedCollectable>(registry_, &mu_)) {
   using prometheus::BuildCounter;
   using prometheus::BuildGauge;
   using prometheus::BuildHistogram;
@@ -291,13 +290,6 @@ void WorkerMetrics::RecordRankExit(RankExitResult result) {
 
 void WorkerMetrics::RecordSessionReconnect() { reconnects_->Increment(); }
 
-std::vector<prometheus::MetricFamily> WorkerMetrics::LockedCollectable::Collect() const {
-  absl::MutexLock lock(&metrics_->mu_);  // no step half recorded, no series added or removed
-  return metrics_->registry_->Collect();
-}
-
-std::string WorkerMetrics::Serialize() const {
-  return prometheus::TextSerializer().Serialize(collectable_->Collect());
-}
+std::string WorkerMetrics::Serialize() const { return collectable_->Serialize(); }
 
 }  // namespace dropless

@@ -24,18 +24,17 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "common/locked_collectable.h"
 #include "common/step_stats.h"
 
 namespace dropless {
@@ -91,23 +90,13 @@ class WorkerMetrics {
     prometheus::Gauge* device_memory;
   };
 
-  // What /metrics collects: the registry, under mu_.
-  class LockedCollectable : public prometheus::Collectable {
-   public:
-    explicit LockedCollectable(const WorkerMetrics* metrics) : metrics_(metrics) {}
-    std::vector<prometheus::MetricFamily> Collect() const override;
-
-   private:
-    const WorkerMetrics* metrics_;
-  };
-
   explicit WorkerMetrics(std::string node);
   RankSeries& SeriesFor(const RankIdentity& rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string node_;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::shared_ptr<LockedCollectable> collectable_;
+  std::shared_ptr<LockedCollectable> collectable_;  // registry_ under mu_: what /metrics serves
   std::unique_ptr<prometheus::Exposer> exposer_;  // after collectable_: stops serving first
 
   // Families are owned by registry_; pointers stay valid for its life.
