@@ -27,6 +27,6 @@ timeout 120 "$bundle/bin/dropless-bench" wgrad-adamw --rounds=3 --iters=5 --comm
 [ "$tests" = 0 ] || exit 1
 timeout 330 python3 bench/peers/step_peer.py --lib "$PWD/$bundle/bin/libdropless_engine_cuda.so" \
   --impls dropless,dropless-fused-adamw,torch._grouped_mm --shapes qwen3,dsv3,mixtral --ep dsv3=8 \
-  --rounds 3 --steps 5 --json "$out/step-fused.json" >"$out/step-peer.log" 2>&1
+  --rounds 3 --steps 5 --commit "$commit" --json "$out/step-fused.json" >"$out/step-peer.log" 2>&1
 echo "step_peer exit $?"
 grep -E "^(qwen3|dsv3|mixtral):|^  (dropless|torch)" "$out/step-peer.log"
