@@ -271,6 +271,27 @@ TEST_F(EngineKernelsGpu, SumSquaredErrorTransposeAndBias) {
     ASSERT_EQ(sum2[i].bits, FloatToBf16(Bf16ToFloat(a[i]) + Bf16ToFloat(b[i])).bits) << i;
   }
   da.Upload(a);
+  // Every input count the kernel is instantiated for, vector path, out aliasing the first input.
+  {
+    std::vector<std::vector<Bf16>> host;
+    std::vector<std::unique_ptr<DeviceArray<Bf16>>> device;
+    for (int j = 0; j < kMaxSumInputs; ++j) host.push_back(RandomBf16(n));
+    for (int j = 0; j < kMaxSumInputs; ++j) {
+      device.push_back(std::make_unique<DeviceArray<Bf16>>(host[j]));
+    }
+    for (int count = 1; count <= kMaxSumInputs; ++count) {
+      device[0]->Upload(host[0]);
+      std::vector<const Bf16*> in;
+      for (int j = 0; j < count; ++j) in.push_back(device[j]->get());
+      STATUS_ASSERT(SumBf16(n, in, device[0]->get(), nullptr));
+      const std::vector<Bf16> got = device[0]->Download();
+      for (int64_t i = 0; i < n; ++i) {
+        float want = 0;
+        for (int j = 0; j < count; ++j) want += Bf16ToFloat(host[j][i]);
+        ASSERT_EQ(got[i].bits, FloatToBf16(want).bits) << count << " inputs, element " << i;
+      }
+    }
+  }
 
   DeviceArray<double> sq(std::vector<double>{0.0});
   DeviceArray<Bf16> grad(n);
