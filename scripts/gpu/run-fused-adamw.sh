@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool), from the repository root, with binaries bundled by
 # /work/shared/tools/device-bundle into BUNDLE (libdropless_engine_cuda.so, engine_gpu_test,
-# wgrad_adamw_test, dropless-bench): the fused weight-gradient + AdamW kernel's tests, the engine
-# with it against the CPU engine, its per-weight benchmark against the CUTLASS + AdamW passes, and
-# the step with it next to the two passes and torch._grouped_mm (step_peer.py). Logs and JSON in $OUT.
+# wgrad_adamw_test, dropless-bench): the fused weight-gradient + AdamW
+# kernel's tests, the engine with it against the CPU engine, its per-weight
+# benchmark against the CUTLASS + AdamW passes, and the step with it next to the two passes and
+# torch._grouped_mm (step_peer.py). Logs and JSON in $OUT.
 #   scripts/gpu/run-fused-adamw.sh [BUNDLE] [COMMIT]
 set -uo pipefail
 bundle=${1:-.device/t}

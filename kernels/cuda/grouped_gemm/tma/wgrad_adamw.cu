@@ -80,14 +80,32 @@ class GroupedWgradAdamWImpl final : public GroupedWgradAdamW {
     if (shape_.num_groups == 0) return absl::OkStatus();
     // With no rows every group is empty; the tile map still needs one row.
     const uint64_t rows = shape_.max_rows > 0 ? static_cast<uint64_t>(shape_.max_rows) : 1;
-    CUtensorMap map_x, map_dy;
+    CUtensorMap map_x, map_dy, map_param, map_m, map_v;
     const uint64_t x_dims[2] = {static_cast<uint64_t>(shape_.k), rows};
     const uint64_t dy_dims[2] = {static_cast<uint64_t>(shape_.n), rows};
     const uint32_t box[2] = {64, tmagemm::kBK};
     if (absl::Status s = tmagemm::Encode(&map_x, x, 2, x_dims, box, "X"); !s.ok()) return s;
     if (absl::Status s = tmagemm::Encode(&map_dy, dy, 2, dy_dims, box, "dY"); !s.ok()) return s;
+    if constexpr (kAdamW) {
+      // The masters and moments as [E k][n] fp32, read in the epilogue's 8 x 32 boxes.
+      const uint64_t state_dims[2] = {static_cast<uint64_t>(shape_.n),
+                                      static_cast<uint64_t>(shape_.num_groups) * shape_.k};
+      const uint32_t state_box[2] = {32, 8};
+      const std::pair<CUtensorMap*, const float*> state[3] = {
+          {&map_param, p.param}, {&map_m, p.m}, {&map_v, p.v}};
+      for (const auto& [map, data] : state) {
+        if (absl::Status s = tmagemm::Encode(map, data, 2, state_dims, state_box, "AdamW state",
+                                             /*fp32=*/true);
+            !s.ok()) {
+          return s;
+        }
+      }
+    } else {
+      map_param = map_m = map_v = map_x;  // unused
+    }
     tmagemm::TmaWgradAdamWKernel<kAdamW>
-        <<<sm_count_, tmagemm::kThreads, tmagemm::kFSmemBytes<kAdamW>, stream>>>(map_x, map_dy, p);
+        <<<sm_count_, tmagemm::kThreads, tmagemm::kFSmemBytes<kAdamW>, stream>>>(
+            map_x, map_dy, map_param, map_m, map_v, p);
     return CudaStatus(cudaGetLastError(), "launch");
   }
 
@@ -107,7 +125,8 @@ absl::StatusOr<std::unique_ptr<GroupedWgradAdamW>> GroupedWgradAdamW::Create(
   }
   const int64_t tiles = int64_t{shape.num_groups} * ((shape.k + tmagemm::kFTile - 1) / tmagemm::kFTile) *
                         ((shape.n + tmagemm::kFTile - 1) / tmagemm::kFTile);
-  if (tiles >= (int64_t{1} << 31) || shape.max_rows >= (int64_t{1} << 31) - 64) {
+  if (tiles >= (int64_t{1} << 31) || int64_t{shape.num_groups} * shape.k >= (int64_t{1} << 31) ||
+      shape.max_rows >= (int64_t{1} << 31) - 64) {
     return absl::InvalidArgumentError(absl::StrCat(
         "wgrad adamw: ", shape.num_groups, " groups of ", shape.k, " x ", shape.n, " with ",
         shape.max_rows, " rows: tile or row indices past the int32 range"));
@@ -122,8 +141,9 @@ absl::StatusOr<std::unique_ptr<GroupedWgradAdamW>> GroupedWgradAdamW::Create(
         absl::StrCat("wgrad adamw: needs a Hopper GPU (sm_90); this is sm_", major, "x"));
   }
   // Both forms of the kernel: the fused update and the plain gradient.
-  for (auto [kernel, smem] : {std::pair{tmagemm::TmaWgradAdamWKernel<true>, tmagemm::kFSmemBytes<true>},
-                              std::pair{tmagemm::TmaWgradAdamWKernel<false>, tmagemm::kFSmemBytes<false>}}) {
+  for (auto [kernel, smem] :
+       {std::pair{tmagemm::TmaWgradAdamWKernel<true>, tmagemm::kFSmemBytes<true>},
+        std::pair{tmagemm::TmaWgradAdamWKernel<false>, tmagemm::kFSmemBytes<false>}}) {
     if (absl::Status s = CudaStatus(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
             "cudaFuncSetAttribute");

@@ -12,12 +12,14 @@
 // zeroed by its warpgroup). Empty groups have tiles too (G = 0: AdamW still decays the moments
 // and the weight).
 //
-// The epilogue's master weights and moments come through shared memory: warp 1 of the producer
-// warpgroup bulk-copies them, in the tile order, a piece ahead into a ring of kPieceSlots pieces
-// (a piece: the 32 rows one (accumulator half, row octet) of a warpgroup holds, 64 columns of
-// each of m, v and the master; rows padded to 272 bytes so that a warp's 8-byte reads take two
-// wavefronts); loads from registers could not keep enough bytes in flight beside 128
-// accumulators. The new values are stored straight from registers.
+// The epilogue's master weights and moments come through shared memory: one thread of the
+// producer warpgroup's warp 1 loads them with 2-D tensor maps, in the tile order, a piece ahead
+// into a ring of kPieceSlots pieces (a piece: the 32 rows one (accumulator half, row octet) of a
+// warpgroup holds, 64 columns of each of m, v and the master, as 8 boxes of 8 rows x 32 columns
+// per array in the 128-byte swizzle, so a warp's 8-byte reads take two wavefronts); 24 copies of
+// 1 KiB per piece. Loads from registers could not keep enough bytes in flight beside 128
+// accumulators. The new values are stored straight from registers. The epilogue is a rolled loop
+// over the pieces: unrolled, its IEEE arithmetic missed the instruction cache (docs/grouped_gemm.md).
 #ifndef DROPLESS_KERNELS_CUDA_GROUPED_GEMM_TMA_WGRAD_ADAMW_KERNEL_CUH_
 #define DROPLESS_KERNELS_CUDA_GROUPED_GEMM_TMA_WGRAD_ADAMW_KERNEL_CUH_
 
@@ -35,11 +37,10 @@ namespace dropless::kernels::tmagemm {
 inline constexpr int kFTile = 128;  // tile rows (k) and columns (n)
 inline constexpr int kFStages = 4;
 inline constexpr int kFStageBytes = 4 * 64 * 128;  // two X and two dY [64 rows][64] boxes
-inline constexpr int kFPieceRows = 32;
 inline constexpr int kFPieceCols = 64;
-inline constexpr int kFPiecePitch = kFPieceCols * 4 + 16;  // bytes per row of one array
-inline constexpr int kFPieceArrayBytes = kFPieceRows * kFPiecePitch;
-inline constexpr int kFPieceBytes = 3 * kFPieceArrayBytes;  // param, m, v
+inline constexpr int kFBoxBytes = 8 * 32 * 4;                 // 8 rows x 32 fp32, 128B-swizzled
+inline constexpr int kFPieceArrayBytes = 4 * 2 * kFBoxBytes;  // box (warp w, column half c): 2 w + c
+inline constexpr int kFPieceBytes = 3 * kFPieceArrayBytes;    // param, m, v
 inline constexpr int kFPiecesPerTile = 8;  // 2 accumulators x 2 row octets x 2 column halves
 inline constexpr int kFPieceSlots = 3;
 template <bool kAdamW>
@@ -84,16 +85,36 @@ struct FWalker : hopper::GroupWalk<FWalker, FParams> {
 };
 
 // Piece q of a tile: accumulator a = q / 4 (tile rows 64 a ..), row octet hh = (q / 2) % 2, column
-// half c = q % 2. Its row j (0..31) is tile row 64 a + 16 (j / 8) + 8 hh + j % 8: warp w of a
-// warpgroup holds rows 8 w .. 8 w + 7 of it.
-__device__ __forceinline__ int PieceTileRow(int q, int j) {
-  return 64 * (q / 4) + 16 * (j / 8) + 8 * ((q / 2) % 2) + j % 8;
+// half q % 2 (64 columns). Warp w of a warpgroup holds its rows 64 a + 16 w + 8 hh .. + 7.
+
+// Shared-memory address of the two fp32 at (row j of warp w's 8, columns 8 i + 2 quad, + 1) of one
+// array of a piece (i < 8): box 2 w + i / 4, its 16-byte chunk swizzled by the row.
+__device__ __forceinline__ uint32_t PieceElements(uint32_t array, int w, int j, int i, int quad) {
+  const int chunk = (2 * (i % 4) + quad / 2) ^ j;
+  return array + (2 * w + i / 4) * kFBoxBytes + j * 128 + chunk * 16 + (quad % 2) * 8;
 }
+// Piece q's gradients of this thread: column pair ii (0..7) in g[2 ii], g[2 ii + 1].
+template <int q>
+__device__ __forceinline__ void PieceGradients(const float (&acc0)[64], const float (&acc1)[64],
+                                               float (&g)[16]) {
+  constexpr int hh = (q / 2) % 2, half = q % 2;
+  const float(&acc)[64] = q / 4 == 0 ? acc0 : acc1;
+#pragma unroll
+  for (int ii = 0; ii < 8; ++ii) {
+    g[2 * ii] = acc[4 * (8 * half + ii) + 2 * hh];
+    g[2 * ii + 1] = acc[4 * (8 * half + ii) + 2 * hh + 1];
+  }
+}
+
 
 template <bool kAdamW>
 __global__ void __launch_bounds__(kThreads, 1)
     TmaWgradAdamWKernel(const __grid_constant__ CUtensorMap map_x,
-                        const __grid_constant__ CUtensorMap map_dy, const __grid_constant__ FParams p) {
+                        const __grid_constant__ CUtensorMap map_dy,
+                        const __grid_constant__ CUtensorMap map_param,
+                        const __grid_constant__ CUtensorMap map_m,
+                        const __grid_constant__ CUtensorMap map_v,
+                        const __grid_constant__ FParams p) {
   uint8_t* smem = hopper::AlignedDynamicSmem();
   uint8_t* s_ab = smem;  // stage s: X boxes at s * kFStageBytes, dY boxes 16 KiB after
   uint8_t* s_piece = s_ab + kFStages * kFStageBytes;
@@ -143,29 +164,25 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-    } else if (kAdamW && warp == 1) {
-      // The epilogue's pieces, lane j copying row j of each.
+    } else if (kAdamW && warp == 1 && lane == 0) {
+      // The epilogue's pieces. Rows past k are another group's (or outside the tensor: zeros) and
+      // never used; a box is always counted whole.
+      const CUtensorMap* maps[3] = {&map_param, &map_m, &map_v};
       int piece = 0;
       for (int t = blockIdx.x; walk.Next(t, &tile); t += gridDim.x) {
-        const int64_t row_base = static_cast<int64_t>(tile.g) * p.m_out + tile.m_tile * kFTile;
+        const int row_base = tile.g * p.m_out + tile.m_tile * kFTile;
         for (int q = 0; q < kFPiecesPerTile; ++q, ++piece) {
           const int slot = piece % kFPieceSlots;
-          const int row = tile.m_tile * kFTile + PieceTileRow(q, lane);
+          const int row0 = row_base + 64 * (q / 4) + 8 * ((q / 2) % 2);
           const int col0 = tile.n_tile * kFTile + kFPieceCols * (q % 2);
-          const int cols = max(0, min(kFPieceCols, p.n_out - col0));
-          // Rows past k (a partial last k tile) are not copied, nor counted in the piece's bytes.
-          const bool valid = row < p.m_out && cols > 0;
-          const uint32_t bytes = static_cast<uint32_t>(__popc(__ballot_sync(~0u, valid))) * 3 *
-                                 static_cast<uint32_t>(cols) * 4;
           hopper::BarrierWait(&piece_empty[slot], ((piece / kFPieceSlots) & 1) ^ 1);
-          if (lane == 0) hopper::BarrierArriveExpectBytes(&piece_full[slot], bytes);
-          __syncwarp();
-          if (valid) {
-            const int64_t off = (row_base + PieceTileRow(q, lane)) * p.n_out + col0;
-            uint8_t* dst = s_piece + slot * kFPieceBytes + lane * kFPiecePitch;
-            hopper::BulkLoad(dst, p.param + off, cols * 4, &piece_full[slot]);
-            hopper::BulkLoad(dst + kFPieceArrayBytes, p.m + off, cols * 4, &piece_full[slot]);
-            hopper::BulkLoad(dst + 2 * kFPieceArrayBytes, p.v + off, cols * 4, &piece_full[slot]);
+          hopper::BarrierArriveExpectBytes(&piece_full[slot], kFPieceBytes);
+          uint8_t* dst = s_piece + slot * kFPieceBytes;
+          for (int arr = 0; arr < 3; ++arr) {
+            for (int box = 0; box < 8; ++box) {
+              hopper::TmaLoad2d(dst + arr * kFPieceArrayBytes + box * kFBoxBytes, maps[arr],
+                                &piece_full[slot], col0 + 32 * (box % 2), row0 + 16 * (box / 2));
+            }
           }
         }
       }
@@ -247,43 +264,57 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     const int m0 = tile.m_tile * kFTile, n0 = tile.n_tile * kFTile;
     const int64_t row_base = static_cast<int64_t>(tile.g) * p.m_out + m0;
-    if constexpr (kAdamW) hopper::BarrierWait(&epilogue_turn[h], ((own - 1) & 1) ^ (h == 0 ? 1 : 0));
-#pragma unroll
-    for (int q = 0; q < kFPiecesPerTile; ++q) {
-      const int a = q / 4, hh = (q / 2) % 2, half = q % 2;
-      const int tile_row = 64 * a + r0 + 8 * hh;
-      const bool row_ok = m0 + tile_row < p.m_out;
-      const int64_t row_off = (row_base + tile_row) * p.n_out;
-      if constexpr (kAdamW) {
+    if constexpr (kAdamW) {
+      hopper::BarrierWait(&epilogue_turn[h], ((own - 1) & 1) ^ (h == 0 ? 1 : 0));
+      // A rolled loop over the pieces (one piece's code: the unrolled epilogue missed the
+      // instruction cache), each gathering its 16 gradients by a switch of constant indices.
+#pragma unroll 1
+      for (int q = 0; q < kFPiecesPerTile; ++q, ++piece) {
+        float g[16];
+        switch (q) {
+          case 0: PieceGradients<0>(acc0, acc1, g); break;
+          case 1: PieceGradients<1>(acc0, acc1, g); break;
+          case 2: PieceGradients<2>(acc0, acc1, g); break;
+          case 3: PieceGradients<3>(acc0, acc1, g); break;
+          case 4: PieceGradients<4>(acc0, acc1, g); break;
+          case 5: PieceGradients<5>(acc0, acc1, g); break;
+          case 6: PieceGradients<6>(acc0, acc1, g); break;
+          default: PieceGradients<7>(acc0, acc1, g); break;
+        }
+        const int tile_row = 64 * (q / 4) + r0 + 8 * ((q / 2) % 2);
+        const bool row_ok = m0 + tile_row < p.m_out;
+        const int64_t row_off = (row_base + tile_row) * p.n_out;
+        const int col0 = n0 + kFPieceCols * (q % 2) + 2 * quad;
         const int slot = piece % kFPieceSlots;
         hopper::BarrierWait(&piece_full[slot], (piece / kFPieceSlots) & 1);
-        const uint32_t base = hopper::SmemAddr(s_piece + slot * kFPieceBytes +
-                                               (8 * wq + lane / 4) * kFPiecePitch);
+        const uint32_t base = hopper::SmemAddr(s_piece + slot * kFPieceBytes);
 #pragma unroll
         for (int ii = 0; ii < 8; ++ii) {
-          const int i = 8 * half + ii;
-          const int col = n0 + 8 * i + 2 * quad;
-          if (row_ok && col < p.n_out) {
-            const uint32_t at = base + (8 * ii + 2 * quad) * 4;
-            float2 w = hopper::LdsV2F32(at);
-            float2 m = hopper::LdsV2F32(at + kFPieceArrayBytes);
-            float2 v = hopper::LdsV2F32(at + 2 * kFPieceArrayBytes);
-            const float g0 = a == 0 ? acc0[4 * i + 2 * hh] : acc1[4 * i + 2 * hh];
-            const float g1 = a == 0 ? acc0[4 * i + 2 * hh + 1] : acc1[4 * i + 2 * hh + 1];
-            w.x = AdamWElement(step, g0, m.x, v.x, w.x);
-            w.y = AdamWElement(step, g1, m.y, v.y, w.y);
-            const int64_t at_g = row_off + col;
-            *reinterpret_cast<float2*>(p.param + at_g) = w;
-            *reinterpret_cast<float2*>(p.m + at_g) = m;
-            *reinterpret_cast<float2*>(p.v + at_g) = v;
-            *reinterpret_cast<__nv_bfloat162*>(p.copy + at_g) = __floats2bfloat162_rn(w.x, w.y);
-          }
+          const int col = col0 + 8 * ii;
+          if (!row_ok || col >= p.n_out) continue;
+          const uint32_t at = PieceElements(base, wq, lane / 4, ii, quad);
+          float2 w = hopper::LdsV2F32(at);
+          float2 m = hopper::LdsV2F32(at + kFPieceArrayBytes);
+          float2 v = hopper::LdsV2F32(at + 2 * kFPieceArrayBytes);
+          w.x = AdamWElement(step, g[2 * ii], m.x, v.x, w.x);
+          w.y = AdamWElement(step, g[2 * ii + 1], m.y, v.y, w.y);
+          const int64_t at_g = row_off + col;
+          *reinterpret_cast<float2*>(p.param + at_g) = w;
+          *reinterpret_cast<float2*>(p.m + at_g) = m;
+          *reinterpret_cast<float2*>(p.v + at_g) = v;
+          *reinterpret_cast<__nv_bfloat162*>(p.copy + at_g) = __floats2bfloat162_rn(w.x, w.y);
         }
         __syncwarp();
         if (lane == 0) hopper::BarrierArrive(&piece_empty[slot]);
         if (q == kFPiecesPerTile - 1 && leader) hopper::BarrierArrive(&epilogue_turn[h ^ 1]);
-        ++piece;
-      } else {
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < kFPiecesPerTile; ++q) {
+        const int a = q / 4, hh = (q / 2) % 2, half = q % 2;
+        const int tile_row = 64 * a + r0 + 8 * hh;
+        const bool row_ok = m0 + tile_row < p.m_out;
+        const int64_t row_off = (row_base + tile_row) * p.n_out;
 #pragma unroll
         for (int ii = 0; ii < 8; ++ii) {
           const int i = 8 * half + ii;
