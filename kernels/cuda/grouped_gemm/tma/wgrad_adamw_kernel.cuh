@@ -14,7 +14,7 @@
 //
 // The epilogue's master weights and moments come through shared memory: one thread of the
 // producer warpgroup's warp 1 loads them with 2-D tensor maps, in the tile order, a piece ahead
-// into a ring of kPieceSlots pieces (a piece: the 32 rows one (accumulator half, row octet) of a
+// into a ring of kFPieceSlots pieces (a piece: the 32 rows one (accumulator half, row octet) of a
 // warpgroup holds, 64 columns of each of m, v and the master, as 8 boxes of 8 rows x 32 columns
 // per array in the 128-byte swizzle, so a warp's 8-byte reads take two wavefronts); 24 copies of
 // 1 KiB per piece. Loads from registers could not keep enough bytes in flight beside 128
