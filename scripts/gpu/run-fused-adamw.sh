@@ -4,7 +4,8 @@
 # wgrad_adamw_test, dropless-bench): the fused weight-gradient + AdamW
 # kernel's tests, the engine with it against the CPU engine, its per-weight
 # benchmark against the CUTLASS + AdamW passes, and the step with it next to the two passes and
-# torch._grouped_mm (step_peer.py). Logs and JSON in $OUT.
+# torch._grouped_mm (step_peer.py); RUN_NCU=1 adds an Nsight Compute profile of the kernel's two
+# forms. Logs and JSON in $OUT.
 #   scripts/gpu/run-fused-adamw.sh [BUNDLE] [COMMIT]
 set -uo pipefail
 bundle=${1:-.device/t}
@@ -31,3 +32,19 @@ timeout 330 python3 bench/peers/step_peer.py --lib "$PWD/$bundle/bin/libdropless
   --rounds 3 --steps 5 --commit "$commit" --json "$out/step-fused.json" >"$out/step-peer.log" 2>&1
 echo "step_peer exit $?"
 grep -E "^(qwen3|dsv3|mixtral):|^  (dropless|torch)" "$out/step-peer.log"
+if [ "${RUN_NCU:-0}" = 1 ]; then
+  # Nsight Compute on qwen3 w13: the fused update and its gradient alone, memory tables included,
+  # to tell L2/HBM contention from shared-memory bandwidth (docs/grouped_gemm.md). The reports stay
+  # in $OUT; a summary goes to stdout.
+  ncu_bin=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for form in true false; do
+    timeout 120 "$ncu_bin" --kernel-name-base demangled -k "regex:TmaWgradAdamWKernel<$form" \
+      --launch-count 1 --set full --import-source no -o "$out/wgrad-adamw-$form" \
+      "$bundle/bin/dropless-bench" wgrad-adamw --shapes=qwen3 --rounds=1 --iters=1 \
+      >"$out/ncu-$form.log" 2>&1
+    echo "ncu (kAdamW=$form) exit $?"
+    "$ncu_bin" --import "$out/wgrad-adamw-$form.ncu-rep" --page details >"$out/ncu-$form.txt" 2>&1
+    grep -E "Duration|DRAM Throughput|L2 Hit Rate|Mem Busy|Max Bandwidth|Shared" \
+      "$out/ncu-$form.txt" | head -20
+  done
+fi
