@@ -31,10 +31,8 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
-
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "common/locked_collectable.h"
 #include "dropless/v1/types.pb.h"
 

@@ -56,8 +56,7 @@ __global__ void GenerateTokensKernel(TokenSource source, Bf16* x) {
 }
 
 struct SumInputs {
-  const Bf16* in[kMaxSumInputs];
-  int count;
+  const Bf16* in[kMaxSumInputs];  // the first kInputs of SumKernel<kInputs> are read
 };
 
 // out[i] = sum of the inputs' element i, added in fp32 in input order. Eight elements (16 bytes)
@@ -375,11 +374,10 @@ absl::Status SumBf16(int64_t n, const std::vector<const Bf16*>& inputs, Bf16* ou
     args.in[j] = inputs[j];
     addresses |= reinterpret_cast<uintptr_t>(inputs[j]);
   }
-  args.count = static_cast<int>(inputs.size());
   const int64_t vector_end = addresses % 16 == 0 ? n / 8 * 8 : 0;
   static_assert(kMaxSumInputs == 6, "the switch below covers 1 to 6 inputs");
   const int blocks = GridStrideBlocks(std::max<int64_t>(n / 8, 1), kThreads);
-  switch (args.count) {
+  switch (inputs.size()) {
     case 1: SumKernel<1><<<blocks, kThreads, 0, stream>>>(n, vector_end, args, out); break;
     case 2: SumKernel<2><<<blocks, kThreads, 0, stream>>>(n, vector_end, args, out); break;
     case 3: SumKernel<3><<<blocks, kThreads, 0, stream>>>(n, vector_end, args, out); break;

@@ -80,7 +80,7 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
   d.recompute = config.activation_offload;
   // DROPLESS_FUSED_EXPERT_ADAMW=1 fuses the routed experts' AdamW into their weight-gradient
   // GEMM (bf16). Off by default: on an H200 the step with it is as fast as with the two passes
-  // on qwen3 and up to 8% slower on dsv3 and mixtral (docs/grouped_gemm.md, "The weight gradient
+  // on qwen3 and up to 9% slower on dsv3 and mixtral (docs/grouped_gemm.md, "The weight gradient
   // fused with AdamW").
   const char* fused = std::getenv("DROPLESS_FUSED_EXPERT_ADAMW");
   d.fused_expert_adamw =
