@@ -273,10 +273,18 @@ absl::Status MoeLayerGpu::Backward(const LayerWeights& w, const Bf16* x, const B
 
 absl::Status MoeLayerGpu::TimeExpertGemms(const LayerWeights& w, const LayerGrads& grads,
                                           int iterations, cudaStream_t stream, double seconds[3]) {
-  // The GEMMs alone: with fused_expert_adamw the weight gradient is timed unfused (stored into
-  // grads.w1 / w2), so that timing updates no weight.
+  // The GEMMs alone: with fused_expert_adamw the weight gradient is timed unfused, so that timing
+  // updates no weight, into a scratch gradient that lives only while timing (the fused step keeps
+  // no routed-expert gradient).
   LayerGrads plain = grads;
   plain.adamw_step = nullptr;
+  float* scratch = nullptr;
+  if (plain.w1 == nullptr) {
+    const LayerDims& d = k_->dims_;
+    const int64_t w1_values = int64_t{d.local_experts()} * d.hidden * 2 * d.ffn;  // >= w2's
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch, w1_values * sizeof(float)));
+    plain.w1 = plain.w2 = scratch;
+  }
   const ExpertOperands w1 = W1(w, plain), w2 = W2(w, plain);
   auto forward = [&]() -> absl::Status {
     DROPLESS_RETURN_IF_ERROR(ExpertForward(w1, stream));
@@ -307,6 +315,7 @@ absl::Status MoeLayerGpu::TimeExpertGemms(const LayerWeights& w, const LayerGrad
   }
   cudaEventDestroy(begin);
   cudaEventDestroy(end);
+  if (scratch != nullptr) cudaFree(scratch);
   return status;
 }
 

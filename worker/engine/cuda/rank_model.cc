@@ -9,14 +9,16 @@
 
 namespace dropless::cuda_engine {
 
-absl::Status TrainableBuffer::Allocate(DeviceArena* arena, int64_t n) {
+absl::Status TrainableBuffer::Allocate(DeviceArena* arena, int64_t n, bool with_gradient) {
   size = n;
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "master weights", &value));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "weight gradients", &grad));
+  if (with_gradient) {
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "weight gradients", &grad));
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(grad, 0, n * sizeof(float)));
+  }
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "AdamW first moments", &m));
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "AdamW second moments", &v));
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "bf16 weights", &bf16));
-  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(grad, 0, n * sizeof(float)));
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(m, 0, n * sizeof(float)));
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(v, 0, n * sizeof(float)));
   return absl::OkStatus();
@@ -58,9 +60,11 @@ LayerGrads RankModel::Grads(int64_t layer) const {
   g.router = replicated_.grad + layer * RepPerLayer();
   g.shared_w1 = g.router + H * E;
   g.shared_w2 = g.shared_w1 + S * H * 2 * F;
-  g.w1 = experts_.grad + layer * ExpPerLayer();
-  g.w2 = g.w1 + El * H * 2 * F;
-  if (dims_.fused_expert_adamw) {
+  if (!dims_.fused_expert_adamw) {
+    g.w1 = experts_.grad + layer * ExpPerLayer();
+    g.w2 = g.w1 + El * H * 2 * F;
+  } else {
+    // No routed-expert gradient is stored: the weight-gradient GEMM applies AdamW to its tiles.
     const int64_t w1 = layer * ExpPerLayer(), w2 = w1 + El * H * 2 * F;
     g.adamw_step = adamw_->step_scalars();
     g.w1_adamw = {experts_.value + w1, experts_.m + w1, experts_.v + w1, reinterpret_cast<__nv_bfloat16*>(experts_.bf16 + w1)};
@@ -150,7 +154,9 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
 
   const int64_t T = dims_.tokens, H = dims_.hidden, E = dims_.experts;
   DROPLESS_RETURN_IF_ERROR(replicated_.Allocate(arena, layout_.replicated_size()));
-  DROPLESS_RETURN_IF_ERROR(experts_.Allocate(arena, layout_.experts_size()));
+  // The fused update keeps the routed experts' gradients in registers: no buffer for them.
+  DROPLESS_RETURN_IF_ERROR(
+      experts_.Allocate(arena, layout_.experts_size(), !dims_.fused_expert_adamw));
   for (ModelWeights* w : {&student_, &teacher_}) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(layers() * E * H, "bf16 router", &w->router));
     if (dims_.quantized()) {
@@ -222,8 +228,10 @@ absl::Status RankModel::CreateOptimizer() {
       g.router_count = 2;
     }
     const int64_t exp = l * ExpPerLayer();
-    g.w1 = add(experts_, exp, w1_size, experts_.bf16 + exp, 0, 0);
-    g.w2 = add(experts_, exp + w1_size, ExpPerLayer() - w1_size, experts_.bf16 + exp + w1_size, 0, 0);
+    if (!dims_.fused_expert_adamw) {  // else updated by their weight-gradient GEMMs
+      g.w1 = add(experts_, exp, w1_size, experts_.bf16 + exp, 0, 0);
+      g.w2 = add(experts_, exp + w1_size, ExpPerLayer() - w1_size, experts_.bf16 + exp + w1_size, 0, 0);
+    }
     optimizer_groups_.push_back(g);
   }
   absl::StatusOr<std::unique_ptr<FusedAdamW>> adamw =

@@ -26,7 +26,8 @@
 namespace dropless::cuda_engine {
 
 // A trainable flat buffer (MoeParameterLayout's replicated or experts buffer) with its fp32
-// gradient, AdamW moments and bf16 working copy.
+// gradient (none when the update is fused into the weight-gradient GEMM), AdamW moments and bf16
+// working copy.
 struct TrainableBuffer {
   float* value = nullptr;
   float* grad = nullptr;
@@ -35,7 +36,7 @@ struct TrainableBuffer {
   Bf16* bf16 = nullptr;
   int64_t size = 0;
 
-  absl::Status Allocate(DeviceArena* arena, int64_t n);
+  absl::Status Allocate(DeviceArena* arena, int64_t n, bool with_gradient = true);
 };
 
 // The bf16 (and quantized) weights of a model: the student's working copies or the fixed teacher.
@@ -50,7 +51,7 @@ struct ModelWeights {
 // The AdamW tensors of one layer (FusedAdamW's list indices).
 struct OptimizerGroups {
   int router_first = 0, router_count = 0;  // the router and, when there are any, shared experts
-  int w1 = 0, w2 = 0;
+  int w1 = -1, w2 = -1;  // -1: updated by the fused weight-gradient GEMM
 };
 
 class RankModel {
