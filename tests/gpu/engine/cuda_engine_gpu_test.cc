@@ -212,6 +212,27 @@ INSTANTIATE_TEST_SUITE_P(
                       MatchCase{"mxfp8_softmax", Precision::kMxfp8, RouterKind::kSoftmax, 0.05, 0.3}),
     [](const ::testing::TestParamInfo<MatchCase>& info) { return std::string(info.param.name); });
 
+// The fused update keeps each tile's gradient in registers: the engine allocates no gradient for
+// the routed experts, exactly 4 bytes per routed-expert parameter less than the two passes.
+TEST_F(CudaEngineGpu, FusedExpertUpdateAllocatesNoRoutedExpertGradient) {
+  const EngineConfig c = SmallConfig();
+  int64_t bytes[2] = {0, 0};
+  for (int fused = 0; fused < 2; ++fused) {
+    if (fused == 1) setenv("DROPLESS_FUSED_EXPERT_ADAMW", "1", 1);
+    absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> e =
+        cuda_engine::CreateCudaEngine(c, 0, 1, nullptr);
+    unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+    ASSERT_TRUE(e.ok()) << e.status();
+    absl::StatusOr<StepStats> step = (*e)->Step();
+    ASSERT_TRUE(step.ok()) << step.status();
+    bytes[fused] = (*e)->LastStepDetails().engine_bytes;
+  }
+  const cpu::MoeParameterLayout layout(c.model, 1, 0, c.tokens_per_rank);
+  std::printf("engine bytes: two passes %lld, fused %lld\n", static_cast<long long>(bytes[0]),
+              static_cast<long long>(bytes[1]));
+  EXPECT_EQ(bytes[0] - bytes[1], layout.experts_size() * static_cast<int64_t>(sizeof(float)));
+}
+
 std::vector<double> Losses(Engine* engine, int steps) {
   std::vector<double> losses;
   for (int i = 0; i < steps; ++i) {
