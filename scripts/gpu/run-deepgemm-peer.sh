@@ -143,7 +143,7 @@ err = ((d.float() - ref).norm() / ref.norm()).item()
 print(f"smoke: m-grouped ok, relative error {err:.2e}", flush=True)
 PY
 t0=$(date +%s)
-DG_JIT_DEBUG=1 timeout "$(cap 150)" python3 -X faulthandler "$work/smoke.py" >"$work/smoke.log" 2>&1
+DG_JIT_DEBUG=1 timeout "$(cap 150)" stdbuf -oL -eL python3 -X faulthandler "$work/smoke.py" >"$work/smoke.log" 2>&1
 smoke_rc=$?
 tail -40 "$work/smoke.log" | tee -a "$log"
 say "smoke: exit $smoke_rc in $(( $(date +%s) - t0 )) s"
@@ -151,7 +151,49 @@ if [ "$smoke_rc" -ne 0 ]; then
   if command -v gdb >/dev/null 2>&1; then
     timeout "$(cap 120)" gdb -q -batch -ex run -ex bt --args python3 "$work/smoke.py" 2>&1 | grep -vE "^\[(New|Thread)" | tail -40 | tee -a "$log"
   else
-    say "no gdb on this machine"
+    # No gdb: a preloaded SIGSEGV handler prints the native frames (module + offset), and
+    # addr2line names the functions of the modules that have symbols.
+    cat >"$work/segv_trace.c" <<'C'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+static void on_fault(int sig, siginfo_t* info, void* ctx) {
+  (void)ctx;
+  void* frames[64];
+  int n = backtrace(frames, 64);
+  dprintf(2, "segv_trace: signal %d at address %p\n", sig, info->si_addr);
+  for (int i = 0; i < n; ++i) {
+    Dl_info d;
+    if (dladdr(frames[i], &d) && d.dli_fname) {
+      dprintf(2, "segv_trace: frame %d %s 0x%lx %s\n", i, d.dli_fname,
+              (unsigned long)((char*)frames[i] - (char*)d.dli_fbase), d.dli_sname ? d.dli_sname : "?");
+    }
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+__attribute__((constructor)) static void install(void) {
+  struct sigaction sa = {0};
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO;
+  sigaction(SIGSEGV, &sa, 0);
+  sigaction(SIGBUS, &sa, 0);
+}
+C
+    if cc -shared -fPIC -O1 -o "$work/segv_trace.so" "$work/segv_trace.c" -ldl 2>>"$log"; then
+      DG_JIT_DEBUG=1 LD_PRELOAD=$work/segv_trace.so timeout "$(cap 120)" stdbuf -oL -eL python3 "$work/smoke.py" \
+        >"$work/smoke-trace.log" 2>&1
+      grep -v "^segv_trace: frame" "$work/smoke-trace.log" | tail -25 | tee -a "$log"
+      grep "^segv_trace: frame" "$work/smoke-trace.log" | head -30 | while read -r _ _ idx mod off sym; do
+        where=$(addr2line -f -C -e "$mod" "$off" 2>/dev/null | head -1)
+        say "  #$idx $(basename "$mod") $off $sym ${where:+($where)}"
+      done
+    else
+      say "no gdb on this machine, and cc could not build the SIGSEGV tracer"
+    fi
   fi
   ls -la "$dg/deep_gemm/include" | tee -a "$log"
   fail "DeepGEMM smoke call (exit $smoke_rc)"
