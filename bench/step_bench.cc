@@ -111,7 +111,7 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
                    "--precision=bf16,mxfp8,fp8-block --steps=N --warmup=N --rounds=N --layers=N --ep=1,2,8 "
                    "--dispatcher=auto|nccl-lsa|nccl-a2a "
                    "--variants=default|optimizer-overlap,optimizer-after-backward,activation-offload,overlap,"
-                   "overlap:N,fused-adamw "
+                   "overlap:N,fused-adamw,two-pass-adamw "
                    "--json=PATH "
                    "--commit=SHA\n",
                    a.c_str());
@@ -194,14 +194,15 @@ int RunStepBench(const std::vector<std::string>& args) {
         std::vector<Run> runs;
         for (const std::string& variant : f.variants) {
           // Read when the engine starts (each variant's engine is created below).
-          if (variant == "fused-adamw") {
-            setenv("DROPLESS_FUSED_EXPERT_ADAMW", "1", 1);
+          if (variant == "fused-adamw" || variant == "two-pass-adamw") {
+            setenv("DROPLESS_FUSED_EXPERT_ADAMW", variant == "fused-adamw" ? "1" : "0", 1);
           } else {
             unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
           }
           if (variant == "optimizer-after-backward") {
             setenv("DROPLESS_OPTIMIZER_OVERLAP", "0", 1);
           } else if (variant == "optimizer-overlap" || variant == "default" || variant == "fused-adamw" ||
+                     variant == "two-pass-adamw" ||
                      variant == "activation-offload" || IsOverlap(variant)) {
             unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
           } else {

@@ -92,7 +92,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_impls import (DEFAULT_IMPLS, DROPLESS, DROPLESS_BF16, DROPLESS_IMPLS,  # noqa: E402
-                        DROPLESS_FUSED, FP8, JAX, PEAK, SHAPES, short, step_flop)
+                        DROPLESS_FUSED, DROPLESS_TWO_PASS, FP8, JAX, PEAK, SHAPES, short,
+                        step_flop)
 from step_impls.dropless_capi import STAT_NAMES, DroplessStep, dropless_spec, load_lib  # noqa: E402
 from step_impls.jax_impl import JaxStep  # noqa: E402
 from step_impls.torch_impls import TorchStep, init_tensors  # noqa: E402
@@ -137,8 +138,8 @@ def run_one(name, shape, ctx, args):
         if name in DROPLESS_IMPLS:
             precision = "bf16" if name == DROPLESS_BF16 else args.precision
             # Read by the engine when it is created.
-            if name == DROPLESS_FUSED:
-                os.environ["DROPLESS_FUSED_EXPERT_ADAMW"] = "1"
+            if name in (DROPLESS_FUSED, DROPLESS_TWO_PASS):
+                os.environ["DROPLESS_FUSED_EXPERT_ADAMW"] = "1" if name == DROPLESS_FUSED else "0"
             else:
                 os.environ.pop("DROPLESS_FUSED_EXPERT_ADAMW", None)
             obj = DroplessStep(ctx["lib"], dropless_spec(shape, args, precision))

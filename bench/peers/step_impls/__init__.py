@@ -7,10 +7,12 @@ AUX_COEFF, LR, BETAS, EPS = 0.01, 1e-4, (0.9, 0.999), 1e-8
 GROUPED, NAIVE, JAX, FP8, DROPLESS = ("torch._grouped_mm", "torch-naive-loop", "jax.ragged_dot",
                                       "torch._scaled_grouped_mm", "dropless")
 DROPLESS_BF16 = "dropless-bf16"  # dropless in bf16 beside a quantized --precision, same run
-# dropless with the routed experts' AdamW fused into their weight gradient
-# (DROPLESS_FUSED_EXPERT_ADAMW=1), same run
+# dropless with the routed experts' AdamW forced into their weight gradient's epilogue
+# (DROPLESS_FUSED_EXPERT_ADAMW=1) or forced to the two passes (=0), same run; plain `dropless`
+# lets the engine choose (fused in bf16 where a local expert expects at most 1024 rows)
 DROPLESS_FUSED = "dropless-fused-adamw"
-DROPLESS_IMPLS = (DROPLESS, DROPLESS_BF16, DROPLESS_FUSED)
+DROPLESS_TWO_PASS = "dropless-two-pass-adamw"
+DROPLESS_IMPLS = (DROPLESS, DROPLESS_BF16, DROPLESS_FUSED, DROPLESS_TWO_PASS)
 DEFAULT_IMPLS = [DROPLESS, GROUPED, NAIVE, JAX]
 
 

@@ -27,6 +27,11 @@ inline constexpr double kHopperDenseBf16PeakFlops = 989.5e12;
 // Why the CUDA engine cannot run `config` (one message naming the field), or OK. Needs no GPU.
 absl::Status CheckCudaEngineConfig(const EngineConfig& config, int world_size);
 
+// Whether the engine runs the routed experts' AdamW in the epilogue of their weight-gradient GEMM
+// for `config` (bf16 with at most 1024 rows expected per local expert; DROPLESS_FUSED_EXPERT_ADAMW
+// =1 or 0 forces it on or off), as the engine decides it at creation. Needs no GPU.
+bool FusesExpertUpdate(const EngineConfig& config);
+
 // Measurements beyond StepStats, for dropless-bench.
 struct CudaStepDetails {
   double data_seconds = 0;        // the synthetic batch: tokens and the teacher's targets

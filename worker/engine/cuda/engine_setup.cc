@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
+#include "worker/engine/cuda/cuda_engine.h"
 #include "worker/engine/cuda/ep/nccl_group.h"
 
 namespace dropless::cuda_engine {
@@ -27,6 +28,13 @@ constexpr int kOverlapChunks = 4;
 // Multiprocessors the expert GEMMs leave to the exchange kernels beside them with overlap (the
 // persistent GEMMs otherwise hold every one until they end, and nothing overlaps).
 constexpr int kExchangeSms = 20;
+// The routed experts' AdamW runs in their weight-gradient GEMM's epilogue (bf16) when a local
+// expert expects at most this many rows: the fused update saves the gradient's 8 bytes of traffic
+// a parameter and costs tensor-core time in proportion to the rows, so it wins on short
+// reductions. On an H200 (docs/grouped_gemm.md, "The weight gradient fused with AdamW") the step
+// with it was 2.7% and 2.9% faster than the two passes at 1024 rows per expert (qwen3) and 7-9%
+// slower at 2048 (dsv3 at EP 8, mixtral). Either way it allocates no routed-expert gradient.
+constexpr int64_t kFusedAdamWMaxRowsPerExpert = 1024;
 
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NcclDispatcher(const EngineConfig& config,
                                                                  const LayerDims& dims, int rank,
@@ -78,13 +86,14 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
   d.renormalize = m.renormalize;
   d.precision = config.precision;
   d.recompute = config.activation_offload;
-  // DROPLESS_FUSED_EXPERT_ADAMW=1 fuses the routed experts' AdamW into their weight-gradient
-  // GEMM (bf16). Off by default: on an H200 the step with it is as fast as with the two passes
-  // on qwen3 and up to 9% slower on dsv3 and mixtral (docs/grouped_gemm.md, "The weight gradient
-  // fused with AdamW").
-  const char* fused = std::getenv("DROPLESS_FUSED_EXPERT_ADAMW");
-  d.fused_expert_adamw =
-      d.precision == Precision::kBf16 && fused != nullptr && std::strcmp(fused, "1") == 0;
+  // The routed experts' AdamW fused into their weight-gradient GEMM (bf16) where a local expert
+  // expects few rows (kFusedAdamWMaxRowsPerExpert); DROPLESS_FUSED_EXPERT_ADAMW=1 or 0 forces it
+  // on or off (tests, A/B runs).
+  d.fused_expert_adamw = d.precision == Precision::kBf16 &&
+                         d.expected_rows_per_expert() <= kFusedAdamWMaxRowsPerExpert;
+  if (const char* fused = std::getenv("DROPLESS_FUSED_EXPERT_ADAMW"); fused != nullptr) {
+    d.fused_expert_adamw = d.precision == Precision::kBf16 && std::strcmp(fused, "1") == 0;
+  }
   d.overlap_chunks = config.overlap ? std::min(kOverlapChunks, d.local_experts()) : 1;
   if (config.overlap) {
     int sms = 0, reserve = kExchangeSms;
@@ -93,6 +102,13 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
     d.expert_gemm_sms = reserve > 0 ? std::max(1, sms - reserve) : 0;
   }
   return d;
+}
+
+bool FusesExpertUpdate(const EngineConfig& config) {
+  EngineConfig c = config;
+  c.overlap = false;  // the only part of LayerDimsOf that asks the device; no bearing on the choice
+  absl::StatusOr<LayerDims> d = LayerDimsOf(c);
+  return d.ok() && d->fused_expert_adamw;
 }
 
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> CreateEngineDispatcher(

@@ -41,10 +41,10 @@ absl::Status AllocColwise(DeviceArena* arena, int64_t padded_rows, int64_t cols,
 
 absl::Status LayerKernels::CreateExpertGemms(int groups, ExpertGemms* out) const {
   const LayerDims& d = dims_;
-  const int64_t H = d.hidden, F = d.ffn, Tk = d.rows(), R = d.recv_rows();
+  const int64_t H = d.hidden, F = d.ffn, R = d.recv_rows();
   const int El = d.local_experts();
-  // Rows per group as at EP = 1 (a chunk's groups are as large as the layer's).
-  const int64_t expected_rows = std::max<int64_t>(1, std::min(R, Tk) / El);
+  // A chunk's groups are as large as the layer's.
+  const int64_t expected_rows = std::max<int64_t>(1, d.expected_rows_per_expert());
   auto make = [&](auto options, auto* gemm) -> absl::Status {
     using Gemm = typename std::remove_reference_t<decltype(*gemm)>::element_type;
     auto g = Gemm::Create(options);

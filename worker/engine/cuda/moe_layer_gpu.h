@@ -24,6 +24,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -74,7 +75,8 @@ struct LayerDims {
   int expert_gemm_sms = 0;
   // The routed experts' AdamW runs in the epilogue of their weight-gradient GEMM
   // (kernels::GroupedWgradAdamW; bf16 only): their gradients are never stored, and each weight's
-  // update follows its data-gradient GEMM, the last reader of its working copy.
+  // update follows its data-gradient GEMM, the last reader of its working copy. Chosen by
+  // LayerDimsOf (engine_setup.h) from expected_rows_per_expert().
   bool fused_expert_adamw = false;
 
   bool mxfp8() const { return precision == Precision::kMxfp8; }
@@ -84,6 +86,9 @@ struct LayerDims {
   int local_experts() const { return experts / ep; }
   // Capacity of the received rows: every rank's rows routed to this one (dropless).
   int64_t recv_rows() const { return rows() * ep; }
+  // The rows a local expert receives under uniform routing: every rank's T*k rows spread over all
+  // experts.
+  int64_t expected_rows_per_expert() const { return rows() * ep / std::max(1, experts); }
   EpShape ep_shape() const { return EpShape{ep, experts, rows()}; }
   // The runs of the local experts that overlap's chunks cover, as even as can be ({every local
   // expert} without overlap).

@@ -1,0 +1,56 @@
+// The CUDA engine's choice of the routed experts' update (FusesExpertUpdate): AdamW fused into the
+// weight-gradient GEMM in bf16 where a local expert expects at most 1024 rows, the two passes
+// elsewhere and in every quantized precision; DROPLESS_FUSED_EXPERT_ADAMW forces either. Host-only
+// (no CUDA call without overlap): runs without a GPU.
+#include <cstdlib>
+
+#include "gtest/gtest.h"
+#include "worker/engine/cuda/cuda_engine.h"
+
+namespace dropless {
+namespace {
+
+EngineConfig Layer(int64_t tokens, int64_t hidden, int64_t ffn, int64_t experts, int64_t topk,
+                   int64_t ep, Precision precision) {
+  EngineConfig c;
+  c.model.hidden = hidden;
+  c.model.ffn = ffn;
+  c.model.experts = experts;
+  c.model.topk = topk;
+  c.model.layers = 1;
+  c.parallel.ep = ep;
+  c.tokens_per_rank = tokens;
+  c.precision = precision;
+  return c;
+}
+
+bool Fused(const EngineConfig& c) { return cuda_engine::FusesExpertUpdate(c); }
+
+TEST(EngineSetup, FusedExpertUpdateWhereALocalExpertExpectsFewRows) {
+  unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+  // qwen3: 16384 x 8 rows over 128 experts, 1024 each; 1024 tokens more give 1088.
+  EXPECT_TRUE(Fused(Layer(16384, 2048, 768, 128, 8, 1, Precision::kBf16)));
+  EXPECT_FALSE(Fused(Layer(16384 + 1024, 2048, 768, 128, 8, 1, Precision::kBf16)));
+  // dsv3 at EP 8: 8 ranks x 8192 x 8 rows over 256 experts, 2048 each; mixtral 8192 x 2 over 8.
+  EXPECT_FALSE(Fused(Layer(8192, 7168, 2048, 256, 8, 8, Precision::kBf16)));
+  EXPECT_FALSE(Fused(Layer(8192, 4096, 14336, 8, 2, 1, Precision::kBf16)));
+  // The same dsv3 layer at EP 4 expects 1024 rows per local expert.
+  EXPECT_TRUE(Fused(Layer(8192, 7168, 2048, 256, 8, 4, Precision::kBf16)));
+  // Quantized precisions have no fused update.
+  EXPECT_FALSE(Fused(Layer(16384, 2048, 768, 128, 8, 1, Precision::kMxfp8)));
+  EXPECT_FALSE(Fused(Layer(16384, 2048, 768, 128, 8, 1, Precision::kFp8Block)));
+}
+
+TEST(EngineSetup, FusedExpertUpdateForcedByTheEnvironment) {
+  const EngineConfig qwen3 = Layer(16384, 2048, 768, 128, 8, 1, Precision::kBf16);
+  const EngineConfig mixtral = Layer(8192, 4096, 14336, 8, 2, 1, Precision::kBf16);
+  setenv("DROPLESS_FUSED_EXPERT_ADAMW", "0", 1);
+  EXPECT_FALSE(Fused(qwen3));
+  setenv("DROPLESS_FUSED_EXPERT_ADAMW", "1", 1);
+  EXPECT_TRUE(Fused(mixtral));
+  EXPECT_FALSE(Fused(Layer(8192, 4096, 14336, 8, 2, 1, Precision::kFp8Block)));
+  unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+}
+
+}  // namespace
+}  // namespace dropless
