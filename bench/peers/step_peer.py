@@ -370,7 +370,7 @@ def main():
         return
     quantized = [FP8, DROPLESS_BF16] if args.precision != "bf16" else []
     impls = args.impls.split(",") if args.impls else DEFAULT_IMPLS + quantized
-    bad = [i for i in impls if i not in DEFAULT_IMPLS + [FP8, DROPLESS_BF16, DROPLESS_FUSED]]
+    bad = [i for i in impls if i not in DEFAULT_IMPLS + [FP8, *DROPLESS_IMPLS]]
     if bad:
         sys.exit(f"--impls: unknown {','.join(bad)}")
     rows, errors, ceil, ctx = bench(args, list(impls))
