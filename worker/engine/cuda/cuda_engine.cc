@@ -142,6 +142,12 @@ absl::Status CudaEngineImpl::Initialize() {
   absl::StatusOr<LayerDims> dims = LayerDimsOf(config_);
   if (!dims.ok()) return dims.status();
   dims_ = *dims;
+  if (dims_.fused_expert_adamw && rank_ == 0) {
+    LogInfo(absl::StrFormat(
+        "cuda engine: the routed experts' AdamW runs in their weight-gradient GEMM (%d rows "
+        "expected per local expert; DROPLESS_FUSED_EXPERT_ADAMW=0 runs the two passes)",
+        static_cast<int>(dims_.expected_rows_per_expert())));
+  }
   absl::StatusOr<std::unique_ptr<ExpertDispatcher>> dispatcher =
       CreateEngineDispatcher(config_, dims_, rank_, ep_local_, groups_, &links_, &arena_);
   if (!dispatcher.ok()) return dispatcher.status();
