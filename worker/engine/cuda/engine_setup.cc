@@ -89,11 +89,11 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
   // The routed experts' AdamW fused into their weight-gradient GEMM (bf16) where a local expert
   // expects few rows (kFusedAdamWMaxRowsPerExpert); DROPLESS_FUSED_EXPERT_ADAMW=1 or 0 forces it
   // on or off (tests, A/B runs).
-  d.fused_expert_adamw = d.precision == Precision::kBf16 &&
-                         d.expected_rows_per_expert() <= kFusedAdamWMaxRowsPerExpert;
-  if (const char* fused = std::getenv("DROPLESS_FUSED_EXPERT_ADAMW"); fused != nullptr) {
-    d.fused_expert_adamw = d.precision == Precision::kBf16 && std::strcmp(fused, "1") == 0;
-  }
+  const char* forced = std::getenv("DROPLESS_FUSED_EXPERT_ADAMW");
+  d.fused_expert_adamw =
+      d.precision == Precision::kBf16 &&
+      (forced != nullptr ? std::strcmp(forced, "1") == 0
+                         : d.expected_rows_per_expert() <= kFusedAdamWMaxRowsPerExpert);
   d.overlap_chunks = config.overlap ? std::min(kOverlapChunks, d.local_experts()) : 1;
   if (config.overlap) {
     int sms = 0, reserve = kExchangeSms;
