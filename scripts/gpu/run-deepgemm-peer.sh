@@ -164,61 +164,6 @@ if [ "$smoke_rc" -ne 0 ]; then
     [ "$smoke_rc" -eq 0 ] && export LD_PRELOAD=$stdcxx${LD_PRELOAD:+:$LD_PRELOAD}
   fi
 fi
-if [ "$smoke_rc" -ne 0 ] && [ "${DG_NO_REGEX_PATCH:-0}" != 1 ]; then
-  # Still crashing: rebuild with the JIT's three std::regex uses (include scan, nvcc version,
-  # ptxas local-memory check) replaced by plain string scans of the same patterns. Host-side
-  # bookkeeping only: no kernel changes.
-  python3 - "$dg" <<'PY' 2>&1 | tee -a "$log"
-import sys
-root = sys.argv[1]
-def patch(path, pairs):
-    s = open(path).read()
-    for old, new in pairs:
-        if old not in s:
-            raise SystemExit(f"regex patch: pattern not found in {path}: {old[:60]!r}")
-        s = s.replace(old, new)
-    open(path, "w").write(s)
-patch(f"{root}/csrc/jit/include_parser.hpp", [(
-    """        const std::regex pattern(R"(#\\s*include\\s*[<"][^>"]+[>"])");
-        std::sregex_iterator iter(code.begin(), code.end(), pattern);
-        const std::sregex_iterator end;""",
-    """        std::vector<std::string> matches;
-        const auto is_space = [](char c) { return c == ' ' or c == '\\t' or c == '\\n' or c == '\\r' or c == '\\f' or c == '\\v'; };
-        for (size_t pos = code.find('#'); pos != std::string::npos; pos = code.find('#', pos + 1)) {
-            size_t q = pos + 1;
-            while (q < code.size() and is_space(code[q])) ++ q;
-            if (code.compare(q, 7, "include") != 0) continue;
-            q += 7;
-            while (q < code.size() and is_space(code[q])) ++ q;
-            if (q >= code.size() or (code[q] != '<' and code[q] != '"')) continue;
-            const size_t close = code.find_first_of(">\\"", q + 1);
-            if (close == std::string::npos or close == q + 1) continue;
-            matches.push_back(code.substr(pos, close - pos + 1));
-        }"""),
-    ("""        for (; iter != end; ++ iter) {
-            const auto include_str = iter->str();""",
-     """        for (const auto& include_str: matches) {""")])
-patch(f"{root}/csrc/jit/compiler.hpp", [
-    ("""        DG_HOST_ASSERT(std::regex_search(output, match, std::regex(R"(release (\\d+\\.\\d+))")));
-        std::sscanf(match[1].str().c_str(), "%d.%d", &major, &minor);""",
-     """        const auto release = output.find("release ");
-        DG_HOST_ASSERT(release != std::string::npos);
-        DG_HOST_ASSERT(std::sscanf(output.c_str() + release + 8, "%d.%d", &major, &minor) == 2);"""),
-    ("""std::regex_search(output, std::regex(R"(Local memory used)"))""",
-     """(output.find("Local memory used") != std::string::npos)""")])
-print("regex patch: applied to include_parser.hpp and compiler.hpp")
-PY
-  if [ "${PIPESTATUS[0]}" -eq 0 ]; then
-    unset LD_PRELOAD
-    t0=$(date +%s)
-    (cd "$dg" && timeout "$(cap 300)" "${build_env[@]}" python3 setup.py build_ext --inplace) >"$work/build-patched.log" 2>&1
-    say "deep_gemm rebuild without std::regex: exit $? in $(( $(date +%s) - t0 )) s"
-    DG_JIT_DEBUG=1 timeout "$(cap 150)" stdbuf -oL -eL python3 -X faulthandler "$work/smoke.py" >"$work/smoke-patched.log" 2>&1
-    smoke_rc=$?
-    tail -20 "$work/smoke-patched.log" | tee -a "$log"
-    say "smoke without std::regex: exit $smoke_rc"
-  fi
-fi
 if [ "$smoke_rc" -ne 0 ]; then
   if command -v gdb >/dev/null 2>&1; then
     timeout "$(cap 120)" gdb -q -batch -ex run -ex bt --args python3 "$work/smoke.py" 2>&1 | grep -vE "^\[(New|Thread)" | tail -40 | tee -a "$log"
