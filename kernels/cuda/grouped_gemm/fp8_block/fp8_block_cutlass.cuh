@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 
@@ -25,6 +26,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "kernels/cuda/grouped_gemm/cutlass_grouped_gemm.cuh"
 #include "kernels/cuda/grouped_gemm/fp8_block/fp8_block_runner.h"
+#include "kernels/cuda/grouped_gemm/fp8_block/wide_tile_accumulation.cuh"
 #include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
 
 namespace dropless::kernels::fp8_block_gemm {
@@ -47,19 +49,23 @@ using grouped_gemm_internal::LeadingDimStride;
 //                                               (MN-major)
 // Both operands' scales have the same major order in each kernel: CUTLASS 4.2's
 // Sm1xxBlockwiseScaleConfig::smem_atom_layoutSFB tests majorSFA, not majorSFB.
-template <Product P>
-struct ProductTraits;
-
-template <>
-struct ProductTraits<Product::kForward> {
+//
+// The m-grouped kernels may tile N wider than the weights' 128-wide scale blocks (192: one and a
+// half blocks). CUTLASS needs the scale granularity to divide the tile, so such a kernel reads the
+// weight scales at a granularity of 128 / kWeightScaleSplit along N, from a copy in which each
+// 128 x 128 block's scale is repeated kWeightScaleSplit times (ExpandWeightScales, per call: the
+// same values, so the same products).
+template <Product P, int WeightScaleSplit>
+struct ProductTraits {
+  static_assert(kBlock % WeightScaleSplit == 0);
   using ElementD = cutlass::bfloat16_t;
-  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kBlock, kBlock, cute::GMMA::Major::K,
-                                                                cute::GMMA::Major::K>;
+  using ScaleConfig =
+      cutlass::detail::Sm90BlockwiseScaleConfig<1, kBlock / WeightScaleSplit, kBlock,
+                                                cute::GMMA::Major::K, cute::GMMA::Major::K>;
 };
-template <>
-struct ProductTraits<Product::kBackwardData> : ProductTraits<Product::kForward> {};
-template <>
-struct ProductTraits<Product::kBackwardWeight> {
+template <int WeightScaleSplit>
+struct ProductTraits<Product::kBackwardWeight, WeightScaleSplit> {
+  static_assert(WeightScaleSplit == 1, "the weight gradient has no weight operand");
   using ElementD = float;
   using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 1, kBlock, cute::GMMA::Major::MN,
                                                                 cute::GMMA::Major::MN>;
@@ -84,12 +90,14 @@ struct SchedulePolicies<Schedule::kPingpong> {
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 };
 
-template <Product P, Schedule S, int TileM, int TileN, int TileK, int ClusterM, int ClusterN>
+template <Product P, Schedule S, int TileM, int TileN, int TileK, int ClusterM, int ClusterN,
+          int WeightScaleSplit = 1>
 struct KernelDef {
+  static constexpr int kWeightScaleSplit = WeightScaleSplit;
   using ElementAB = cutlass::float_e4m3_t;
-  using ElementD = typename ProductTraits<P>::ElementD;
+  using ElementD = typename ProductTraits<P, WeightScaleSplit>::ElementD;
   using ElementAccumulator = float;
-  using ScaleConfig = typename ProductTraits<P>::ScaleConfig;
+  using ScaleConfig = typename ProductTraits<P, WeightScaleSplit>::ScaleConfig;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
   using LayoutA = cutlass::layout::RowMajor;     // [M][K]
@@ -128,7 +136,8 @@ struct KernelDef {
   // The scale granularities the mainloop derived from the layouts are the ones of fp8_block.h.
   static_assert(Mainloop::ScaleGranularityK == kBlock);
   static_assert(Mainloop::ScaleGranularityM == 1);
-  static_assert(Mainloop::ScaleGranularityN == (P == Product::kBackwardWeight ? 1 : kBlock));
+  static_assert(Mainloop::ScaleGranularityN ==
+                (P == Product::kBackwardWeight ? 1 : kBlock / WeightScaleSplit));
 };
 
 template <class Def>
@@ -158,6 +167,8 @@ __global__ void FillGroupArrays(GroupArrays<Def> arrays, const int32_t* __restri
   const ElementAB* b_el = reinterpret_cast<const ElementAB*>(b);
   ElementD* d = static_cast<ElementD*>(d_void);
   const int64_t kb = k / kBlock, nb = n / kBlock;
+  // Weight scale rows per 128 of the weight's N (ExpandWeightScales; 1 when not expanded).
+  [[maybe_unused]] constexpr int64_t split = Def::kWeightScaleSplit;
   for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < num_groups;
        e += blockDim.x * gridDim.x) {
     int64_t begin = min(max(static_cast<int64_t>(offsets[e]), int64_t{0}), limit);
@@ -175,7 +186,7 @@ __global__ void FillGroupArrays(GroupArrays<Def> arrays, const int32_t* __restri
       arrays.a[e] = a_el + begin * k;
       arrays.sfa[e] = sa + begin * kb;
       arrays.b[e] = b_el + static_cast<int64_t>(e) * n * k;
-      arrays.sfb[e] = sb + e * nb * kb;
+      arrays.sfb[e] = sb + e * nb * split * kb;
       arrays.d[e] = d + begin * n;
       arrays.stride_a[e] = LeadingDimStride<typename Def::StrideA>(k);
       arrays.stride_b[e] = LeadingDimStride<typename Def::StrideB>(k);
@@ -185,7 +196,7 @@ __global__ void FillGroupArrays(GroupArrays<Def> arrays, const int32_t* __restri
       arrays.a[e] = a_el + begin * n;
       arrays.sfa[e] = sa + begin * nb;
       arrays.b[e] = b_el + static_cast<int64_t>(e) * k * n;
-      arrays.sfb[e] = sb + e * kb * nb;
+      arrays.sfb[e] = sb + e * kb * split * nb;
       arrays.d[e] = d + begin * k;
       arrays.stride_a[e] = LeadingDimStride<typename Def::StrideA>(n);
       arrays.stride_b[e] = LeadingDimStride<typename Def::StrideB>(n);
@@ -210,6 +221,19 @@ __global__ void FillGroupArrays(GroupArrays<Def> arrays, const int32_t* __restri
   }
 }
 
+// dst[g][r][c] = src[g][r / split][c]: each weight's K-major 128 x 128 block scales [N/128][K/128]
+// with every row repeated `split` times, for a kernel that reads them at 128 / split along N.
+template <int split>
+__global__ void ExpandWeightScales(const float* __restrict__ src, float* __restrict__ dst,
+                                   int64_t groups_times_rows, int64_t cols) {
+  const int64_t total = groups_times_rows * split * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t c = i % cols, expanded_row = i / cols;
+    dst[i] = src[expanded_row / split * cols + c];
+  }
+}
+
 template <Product P, class Def>
 class CutlassRunner final : public Runner {
  public:
@@ -225,9 +249,20 @@ class CutlassRunner final : public Runner {
     const int64_t limit = kGroupedK ? shape_.padded_rows : shape_.max_rows;
     const int threads = 128;
     const int blocks = (shape_.num_groups + threads - 1) / threads;
+    const float* b_scales = call.b_scales;
+    if constexpr (Def::kWeightScaleSplit > 1) {
+      // Forward: W^T's scales [N = n][K = k]; data gradient: W's [N = k][K = n] (in 128s).
+      const int64_t rows = (P == Product::kForward ? shape_.n : shape_.k) / kBlock;
+      const int64_t cols = (P == Product::kForward ? shape_.k : shape_.n) / kBlock;
+      const int64_t total = shape_.num_groups * rows * Def::kWeightScaleSplit * cols;
+      const int expand_blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 1024));
+      ExpandWeightScales<Def::kWeightScaleSplit><<<expand_blocks, 256, 0, stream>>>(
+          call.b_scales, expanded_b_scales_.get(), shape_.num_groups * rows, cols);
+      b_scales = expanded_b_scales_.get();
+    }
     FillGroupArrays<P, Def><<<blocks, threads, 0, stream>>>(
         arrays_, call.offsets, shape_.num_groups, shape_.k, shape_.n, limit, call.a, call.a_scales,
-        call.b, call.b_scales, call.d);
+        call.b, b_scales, call.d);
     if (absl::Status s = grouped_gemm_internal::FillLaunchStatus("fp8-block grouped gemm");
         !s.ok()) {
       return s;
@@ -259,6 +294,13 @@ class CutlassRunner final : public Runner {
           Allocate(&layout_sfa_), Allocate(&layout_sfb_)}) {
       if (!s.ok()) return s;
     }
+    if constexpr (Def::kWeightScaleSplit > 1) {
+      auto expanded = AllocateDevice<float>(static_cast<size_t>(shape_.num_groups) *
+                                            (shape_.n / kBlock) * (shape_.k / kBlock) *
+                                            Def::kWeightScaleSplit);
+      if (!expanded.ok()) return expanded.status();
+      expanded_b_scales_ = *std::move(expanded);
+    }
     arrays_ = {shapes_.get(),   a_.get(),        b_.get(),        sfa_.get(),
                sfb_.get(),      d_.get(),        stride_a_.get(), stride_b_.get(),
                stride_d_.get(), layout_sfa_.get(), layout_sfb_.get()};
@@ -287,18 +329,20 @@ class CutlassRunner final : public Runner {
   DeviceArray<typename Def::LayoutSFA> layout_sfa_;
   DeviceArray<typename Def::LayoutSFB> layout_sfb_;
   DeviceArray<uint8_t> workspace_;
+  DeviceArray<float> expanded_b_scales_;  // kWeightScaleSplit > 1 only
   GroupArrays<Def> arrays_{};
   typename Def::Gemm gemm_;
 };
 
 }  // namespace dropless::kernels::fp8_block_gemm
 
-// Defines `Factory`, a RunnerFactory for one product, schedule and tile configuration.
-#define DROPLESS_FP8_BLOCK_GEMM_INSTANCE(Factory, P, S, TM, TN, TK, CM, CN)                     \
+// Defines `Factory`, a RunnerFactory for one product, schedule and tile configuration (and, last,
+// the weight-scale split of KernelDef: 1 unless the N tile is not a multiple of 128).
+#define DROPLESS_FP8_BLOCK_GEMM_INSTANCE(Factory, P, S, TM, TN, TK, CM, CN, ...)                \
   namespace dropless::kernels::fp8_block_gemm {                                                 \
   absl::StatusOr<std::unique_ptr<Runner>> Factory(const RunnerShape& shape) {                   \
-    return CutlassRunner<Product::P,                                                            \
-                         KernelDef<Product::P, Schedule::S, TM, TN, TK, CM, CN>>::Create(shape); \
+    return CutlassRunner<Product::P, KernelDef<Product::P, Schedule::S, TM, TN, TK, CM, CN,     \
+                                               ##__VA_ARGS__>>::Create(shape);                  \
   }                                                                                             \
   }
 
