@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "dropless/kernels/fp8_block.h"
 #include "dropless/kernels/mxfp8.h"  // E4M3ToFloat, kE4M3Nan
 #include "tests/gpu/gemm/fp8_block_gemm_reference.h"
@@ -196,6 +197,26 @@ TEST(Fp8BlockGroupedGemmOptionsTest, BadOptionsNameTheField) {
     auto created = Fp8BlockGroupedGemm::Create(Options(4, 1024));
     ASSERT_FALSE(created.ok());
     EXPECT_EQ(created.status().code(), absl::StatusCode::kFailedPrecondition) << created.status();
+  }
+}
+
+// The default m-grouped kernel by output width: the 192-wide N tile where it covers the width
+// about as tightly as the 128-wide one (the benchmark layers' widths, both products), else 128.
+// Host-only: runs everywhere.
+TEST(Fp8BlockGroupedGemmOptionsTest, DefaultMGroupedKernelFollowsTheOutputWidth) {
+  const std::string wide = "fp8_block_coop_128x192x128_c1x2";
+  const std::string narrow = "fp8_block_coop_128x128x128_c1x2";
+  // 192 tiles (rounded up to the 1 x 2 cluster) cover these within 3%: 22 x 192 for 4096.
+  for (int width : {768, 1536, 4096, 7168, 14336, 28672}) {
+    EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(width), wide) << width;
+  }
+  // 12 x 192 = 2304 for 2048 (89%), 2 x 192 for 128 and 256: the 128-wide tile.
+  for (int width : {128, 256, 2048}) {
+    EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(width), narrow) << width;
+  }
+  const std::vector<std::string> names = Fp8BlockGroupedGemm::MGroupedKernelNames();
+  for (const std::string& chosen : {wide, narrow}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), chosen), names.end()) << chosen;
   }
 }
 
@@ -423,7 +444,11 @@ TEST_F(Fp8BlockGroupedGemmTest, CapturedGraphFollowsDeviceOffsets) {
 TEST_F(Fp8BlockGroupedGemmTest, BadPointersNameTheArgument) {
   auto gemm = Fp8BlockGroupedGemm::Create(Options(4, 128));
   ASSERT_TRUE(gemm.ok()) << gemm.status();
-  EXPECT_NE((*gemm)->KernelName().find("128x128x128"), std::string::npos) << (*gemm)->KernelName();
+  // "<forward>+<data gradient>+<weight gradient>", each product's default.
+  EXPECT_EQ((*gemm)->KernelName(),
+            absl::StrCat(Fp8BlockGroupedGemm::MGroupedKernelFor(kN), "+",
+                         Fp8BlockGroupedGemm::MGroupedKernelFor(kK), "+",
+                         Fp8BlockGroupedGemm::WeightGradientKernelNames()[0]));
   DeviceBuffer buf(1 << 20, 1);
   const uint8_t* u8 = reinterpret_cast<const uint8_t*>(buf.i32());
   const float* f = buf.f32();

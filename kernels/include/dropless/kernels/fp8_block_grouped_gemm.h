@@ -75,7 +75,9 @@ struct Fp8BlockGroupedGemmOptions {
   // multiple of 128; 0 means Fp8ColwisePaddedRows(max_rows, num_groups).
   int64_t padded_rows = 0;
   // The kernel of the forward and data gradient, one of MGroupedKernelNames(), and of the weight
-  // gradient, one of WeightGradientKernelNames(); empty means the default (the first).
+  // gradient, one of WeightGradientKernelNames(). An empty m_grouped_kernel picks each m-grouped
+  // product's kernel by its output width (MGroupedKernelFor); an empty weight_gradient_kernel
+  // means the first of its list.
   std::string m_grouped_kernel;
   std::string weight_gradient_kernel;
   // The persistent kernels' CTAs stay on at most this many multiprocessors (0: every one), so
@@ -93,9 +95,14 @@ class Fp8BlockGroupedGemm {
 
   virtual ~Fp8BlockGroupedGemm() = default;
 
-  // The compiled kernels, the default first (for benchmarks and the options above).
+  // The compiled kernels (for benchmarks and the options above).
   static std::vector<std::string> MGroupedKernelNames();
   static std::vector<std::string> WeightGradientKernelNames();
+
+  // The m-grouped kernel a product gets by default, from the width of its output (the forward:
+  // n; the data gradient: k): the 192-wide N tile where it covers that width about as tightly as
+  // the 128-wide one, else the 128-wide tile. Needs no device.
+  static std::string MGroupedKernelFor(int output_width);
 
   // y [max_rows][n] bf16; x row-wise [max_rows][k]; w_t = {data_t, scales_t} of Fp8BlockWeights.
   virtual absl::Status Forward(const Fp8BlockOperand& x, const Fp8BlockOperand& w_t,
@@ -110,7 +117,7 @@ class Fp8BlockGroupedGemm {
                                       const int32_t* padded_offsets, float* dw, Stream stream) = 0;
 
   // The compiled configuration (tile, schedule, cluster), for benchmarks and logs:
-  // "<forward and data-gradient kernel>+<weight-gradient kernel>".
+  // "<forward kernel>+<data-gradient kernel>+<weight-gradient kernel>".
   virtual std::string KernelName() const = 0;
 };
 
