@@ -200,22 +200,25 @@ TEST(Fp8BlockGroupedGemmOptionsTest, BadOptionsNameTheField) {
   }
 }
 
-// The default m-grouped kernel by output width: the 192-wide N tile where it covers the width
-// about as tightly as the 128-wide one (the benchmark layers' widths, both products), else 128.
-// Host-only: runs everywhere.
+// The default m-grouped kernel by output width: the 192-wide N tile in 1 x 2 clusters where it
+// covers the width about as tightly as the 128-wide one (the benchmark layers' widths), else the
+// 192-wide tile without clusters where that covers it, else 128. Host-only: runs everywhere.
 TEST(Fp8BlockGroupedGemmOptionsTest, DefaultMGroupedKernelFollowsTheOutputWidth) {
-  const std::string wide = "fp8_block_coop_128x192x128_c1x2";
+  const std::string clustered = "fp8_block_coop_128x192x128_c1x2";
+  const std::string unclustered = "fp8_block_coop_128x192x128_c1x1";
   const std::string narrow = "fp8_block_coop_128x128x128_c1x2";
-  // 192 tiles (rounded up to the 1 x 2 cluster) cover these within 3%: 22 x 192 for 4096.
+  // An even count of 192-wide tiles covers these within 3%: 22 x 192 for 4096.
   for (int width : {768, 1536, 4096, 7168, 14336, 28672}) {
-    EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(width), wide) << width;
+    EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(width), clustered) << width;
   }
-  // 12 x 192 = 2304 for 2048 (89%), 2 x 192 for 128 and 256: the 128-wide tile.
-  for (int width : {128, 256, 2048}) {
-    EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(width), narrow) << width;
+  // 11 x 192 = 2112 for 2048 (12 with the cluster: 89%); 5 x 192 for 896.
+  for (int width : {896, 2048}) {
+    EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(width), unclustered) << width;
   }
+  // 256 = 2 x 128 exactly; 192 would compute 384 columns (67%).
+  EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(256), narrow);
   const std::vector<std::string> names = Fp8BlockGroupedGemm::MGroupedKernelNames();
-  for (const std::string& chosen : {wide, narrow}) {
+  for (const std::string& chosen : {clustered, unclustered, narrow}) {
     EXPECT_NE(std::find(names.begin(), names.end(), chosen), names.end()) << chosen;
   }
 }

@@ -154,19 +154,27 @@ std::vector<std::string> Fp8BlockGroupedGemm::WeightGradientKernelNames() {
 }
 
 std::string Fp8BlockGroupedGemm::MGroupedKernelFor(int output_width) {
-  // The share of the N tiles' columns that are real, with the tile count rounded up to the 1 x 2
-  // cluster (CUTLASS's grouped scheduler rounds each group's tiles to the cluster shape).
-  auto covered = [output_width](int tile) {
+  // The share of the N tiles' columns that are real, the tile count rounded up to the cluster's
+  // N extent (CUTLASS's grouped scheduler rounds each group's tiles to the cluster shape).
+  auto covered = [output_width](int tile, int cluster_n) {
     int tiles = (output_width + tile - 1) / tile;
-    tiles += tiles % 2;
+    tiles = (tiles + cluster_n - 1) / cluster_n * cluster_n;
     return static_cast<double>(output_width) / (static_cast<double>(tiles) * tile);
   };
-  // On the H200 the 192-wide tile is 4-14% faster where it covers the width within 3% and 4-10%
-  // slower where it covers 89% (n or k = 2048); docs/grouped_gemm.md has the table.
+  // On the H200 the 192-wide tile is 2-14% faster than the 128-wide one where it covers the
+  // width within 3%, and the 1 x 2 cluster (A multicast) is level with no cluster or ahead; at
+  // 2048 (eleven 192-wide tiles, twelve with the cluster) the unclustered 192 tile is 3-6% ahead
+  // of 128 on two of the three benchmark products and 3% behind on the third
+  // (docs/grouped_gemm.md).
   constexpr double kWideTileMinRelativeCover = 0.93;
-  return covered(192) >= kWideTileMinRelativeCover * covered(128)
-             ? "fp8_block_coop_128x192x128_c1x2"
-             : "fp8_block_coop_128x128x128_c1x2";
+  const double narrow = covered(128, 2);
+  if (covered(192, 2) >= kWideTileMinRelativeCover * narrow) {
+    return "fp8_block_coop_128x192x128_c1x2";
+  }
+  if (covered(192, 1) >= kWideTileMinRelativeCover * narrow) {
+    return "fp8_block_coop_128x192x128_c1x1";
+  }
+  return "fp8_block_coop_128x128x128_c1x2";
 }
 
 absl::StatusOr<std::unique_ptr<Fp8BlockGroupedGemm>> Fp8BlockGroupedGemm::Create(
