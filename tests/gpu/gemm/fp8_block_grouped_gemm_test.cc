@@ -251,6 +251,15 @@ TEST_F(Fp8BlockGroupedGemmTest, LongReductionsAndManyTilesPerCta) {
   RunMGrouped(MakeMGrouped(sizes, 1024, 2048, true, 6), "dgrad long", 5);
 }
 
+// Weights narrower than a 192-wide tile (128 and 256 columns: one partial N tile, whose scale
+// loads run past the last expert's scales; the runner's slack keeps them inside its buffer, which
+// compute-sanitizer checks), forward and data gradient by every kernel.
+TEST_F(Fp8BlockGroupedGemmTest, WeightsNarrowerThanATile) {
+  RunMGrouped(MakeMGrouped(kMixedSizes, 128, 128, false, 8), "forward 128 x 128");
+  RunMGrouped(MakeMGrouped(kMixedSizes, 256, 128, true, 9), "dgrad 256 -> 128");
+  RunMGrouped(MakeMGrouped(kMixedSizes, 128, 256, false, 10), "forward 128 -> 256");
+}
+
 // One NaN activation scale (a token's K block) and one NaN weight block scale: that token's row and
 // that block's columns of the expert's rows are NaN, everything else finite and exact.
 TEST_F(Fp8BlockGroupedGemmTest, NanScalesPropagateToTheirRowAndColumns) {

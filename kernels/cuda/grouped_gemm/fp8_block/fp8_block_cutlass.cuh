@@ -94,6 +94,7 @@ template <Product P, Schedule S, int TileM, int TileN, int TileK, int ClusterM, 
           int WeightScaleSplit = 1>
 struct KernelDef {
   static constexpr int kWeightScaleSplit = WeightScaleSplit;
+  static constexpr int kTileN = TileN;
   using ElementAB = cutlass::float_e4m3_t;
   using ElementD = typename ProductTraits<P, WeightScaleSplit>::ElementD;
   using ElementAccumulator = float;
@@ -295,11 +296,24 @@ class CutlassRunner final : public Runner {
       if (!s.ok()) return s;
     }
     if constexpr (Def::kWeightScaleSplit > 1) {
-      auto expanded = AllocateDevice<float>(static_cast<size_t>(shape_.num_groups) *
-                                            (shape_.n / kBlock) * (shape_.k / kBlock) *
-                                            Def::kWeightScaleSplit);
+      // Slack past the last weight: where a group's last N tile is partial, the mainloop's scale
+      // loads are not all predicated off past N (compute-sanitizer saw the tile's third scale row
+      // read past a 128-wide weight's two), so up to a tile's scale rows of every K block may be
+      // read past the last group's scales. They only scale columns that are never stored.
+      const size_t max_cols = static_cast<size_t>(std::max(shape_.n, shape_.k) / kBlock);
+      const size_t slack = static_cast<size_t>(Def::kTileN / (kBlock / Def::kWeightScaleSplit)) *
+                           max_cols;
+      const size_t count = static_cast<size_t>(shape_.num_groups) * (shape_.n / kBlock) *
+                               (shape_.k / kBlock) * Def::kWeightScaleSplit +
+                           slack;
+      auto expanded = AllocateDevice<float>(count);
       if (!expanded.ok()) return expanded.status();
       expanded_b_scales_ = *std::move(expanded);
+      if (cudaError_t err = cudaMemset(expanded_b_scales_.get(), 0, count * sizeof(float));
+          err != cudaSuccess) {
+        return absl::InternalError(
+            absl::StrCat("fp8-block grouped gemm: cudaMemset: ", cudaGetErrorString(err)));
+      }
     }
     arrays_ = {shapes_.get(),   a_.get(),        b_.get(),        sfa_.get(),
                sfb_.get(),      d_.get(),        stride_a_.get(), stride_b_.get(),
