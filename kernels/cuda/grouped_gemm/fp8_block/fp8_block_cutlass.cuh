@@ -94,7 +94,6 @@ template <Product P, Schedule S, int TileM, int TileN, int TileK, int ClusterM, 
           int WeightScaleSplit = 1>
 struct KernelDef {
   static constexpr int kWeightScaleSplit = WeightScaleSplit;
-  static constexpr int kTileN = TileN;
   using ElementAB = cutlass::float_e4m3_t;
   using ElementD = typename ProductTraits<P, WeightScaleSplit>::ElementD;
   using ElementAccumulator = float;
@@ -301,8 +300,9 @@ class CutlassRunner final : public Runner {
       // read past a 128-wide weight's two), so up to a tile's scale rows of every K block may be
       // read past the last group's scales. They only scale columns that are never stored.
       const size_t max_cols = static_cast<size_t>(std::max(shape_.n, shape_.k) / kBlock);
-      const size_t slack = static_cast<size_t>(Def::kTileN / (kBlock / Def::kWeightScaleSplit)) *
-                           max_cols;
+      constexpr int kTileN = cute::size<1>(typename Def::TileShape{});
+      const size_t slack =
+          static_cast<size_t>(kTileN / (kBlock / Def::kWeightScaleSplit)) * max_cols;
       const size_t count = static_cast<size_t>(shape_.num_groups) * (shape_.n / kBlock) *
                                (shape_.k / kBlock) * Def::kWeightScaleSplit +
                            slack;

@@ -34,18 +34,14 @@ struct GmmaFP8Accumulation<
   using TensorAccum = cute::Tensor<EngineAccum, LayoutAccum>;
   static_assert(cute::is_static<LayoutAccum>::value);
 
-  CUTLASS_DEVICE GmmaFP8Accumulation(TensorAccum& accum, uint32_t promotion_interval,
-                                     uint32_t mmas_per_k_tile)
-      : sum_(accum),
-        partial_(cute::make_fragment_like(accum)),
-        promotion_interval_(promotion_interval),
-        mmas_per_k_tile_(mmas_per_k_tile) {}
+  // The mainloop also passes the promotion interval and the MMAs per K tile; with the scales'
+  // K granularity of 128 it promotes after every K tile, so only the uncounted forms below are
+  // called (a kernel that needed the counted ones would not compile).
+  CUTLASS_DEVICE GmmaFP8Accumulation(TensorAccum& accum, uint32_t, uint32_t)
+      : sum_(accum), partial_(cute::make_fragment_like(accum)) {}
 
   // The tensor cores accumulate into the partial sum.
   CUTLASS_DEVICE TensorAccum& operator()() { return partial_; }
-
-  // Whether the next MMA must overwrite the partial sum (it was just folded into the sum).
-  CUTLASS_DEVICE bool prepare_if_needed() { return fold_now_; }
 
   template <class Scale>
   CUTLASS_DEVICE void scale(const Scale& s) {
@@ -65,21 +61,6 @@ struct GmmaFP8Accumulation<
     for (int i = 0; i < cute::size(sum_); ++i) sum_(i) += partial_(i) * s;
   }
 
-  // Counted forms, for promotion intervals longer than one K tile.
-  template <class... Scales>
-  CUTLASS_DEVICE void scale_if_needed(const Scales&... s) {
-    mma_count_ += mmas_per_k_tile_;
-    fold_now_ = __shfl_sync(0xffffffff, mma_count_ == promotion_interval_, 0);
-    if (fold_now_) {
-      scale(s...);
-      mma_count_ = 0;
-    }
-  }
-  template <class... Scales>
-  CUTLASS_DEVICE void scale_residue_if_needed(const Scales&... s) {
-    if (__shfl_sync(0xffffffff, mma_count_ > 0, 0)) scale(s...);
-  }
-
  private:
   template <class Scale>
   static constexpr void CheckSize() {
@@ -89,10 +70,6 @@ struct GmmaFP8Accumulation<
 
   TensorAccum& sum_;
   TensorAccum partial_;
-  uint32_t promotion_interval_;
-  uint32_t mmas_per_k_tile_;
-  uint32_t mma_count_ = 0;
-  uint32_t fold_now_ = 0;
 };
 
 }  // namespace cutlass::gemm::collective

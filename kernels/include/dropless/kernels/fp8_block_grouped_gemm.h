@@ -100,8 +100,9 @@ class Fp8BlockGroupedGemm {
   static std::vector<std::string> WeightGradientKernelNames();
 
   // The m-grouped kernel a product gets by default, from the width of its output (the forward:
-  // n; the data gradient: k): the 192-wide N tile where it covers that width about as tightly as
-  // the 128-wide one, else the 128-wide tile. Needs no device.
+  // n; the data gradient: k): the 192-wide N tile in 1 x 2 clusters where its tiles cover that
+  // width about as tightly as 128-wide ones, else the 192-wide tile without clusters where that
+  // does, else the 128-wide tile. Needs no device.
   static std::string MGroupedKernelFor(int output_width);
 
   // y [max_rows][n] bf16; x row-wise [max_rows][k]; w_t = {data_t, scales_t} of Fp8BlockWeights.
