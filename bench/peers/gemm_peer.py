@@ -20,6 +20,9 @@ SHAPES = {  # name: (tokens, hidden, ffn, experts, top_k), as in bench/gemm_benc
     "dsv3": (8192, 7168, 2048, 256, 8),
     "qwen3": (16384, 2048, 768, 128, 8),
     "mixtral": (8192, 4096, 14336, 8, 2),
+    # One rank of dsv3 under 8-way expert parallelism (the step benchmark's `--ep dsv3=8`): the
+    # 65536 routed rows land on 32 local experts, 2048 a group. Python peers only.
+    "dsv3-ep8": (8192, 7168, 2048, 32, 8),
 }
 
 

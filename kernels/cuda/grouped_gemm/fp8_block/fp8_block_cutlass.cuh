@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -26,6 +27,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "kernels/cuda/grouped_gemm/cutlass_grouped_gemm.cuh"
 #include "kernels/cuda/grouped_gemm/fp8_block/fp8_block_runner.h"
+#include "kernels/cuda/grouped_gemm/fp8_block/overlapped_promotion_mainloop.cuh"
 #include "kernels/cuda/grouped_gemm/fp8_block/wide_tile_accumulation.cuh"
 #include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
 
@@ -77,7 +79,10 @@ struct ProductTraits<Product::kBackwardWeight, WeightScaleSplit> {
 // loop is short (the weight gradient of small groups), where the store is most of a tile's time.
 // (Measured with 64 x 128 x 128 tiles on an H200, both products: slower than the cooperative
 // kernels on every benchmark shape but one; no instance is compiled now, docs/grouped_gemm.md.)
-enum class Schedule { kCooperative, kPingpong };
+// Cooperative with overlapped promotion: the cooperative kernel with our consumer mainloop
+// (overlapped_promotion_mainloop.cuh), two partial sums a warp group so that one K block's
+// promotion runs while the tensor cores work on the next; 128-wide N tiles only (registers).
+enum class Schedule { kCooperative, kPingpong, kCooperativeOverlappedPromotion };
 
 template <Schedule S>
 struct SchedulePolicies {
@@ -90,8 +95,33 @@ struct SchedulePolicies<Schedule::kPingpong> {
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 };
 
+// The builder's epilogue with `StoreStages` shared-memory buffers for the output subtiles
+// instead of its two (0: unchanged). With one buffer per subtile of the tile, a tile's epilogue
+// writes all its subtiles without waiting for an earlier subtile's TMA store to drain, so the
+// stores run under the next tile's mainloop; the mainloop's stage count shrinks to make room.
+template <class Epilogue, int StoreStages>
+struct WithStoreStages {
+  using type = Epilogue;
+};
+template <int StagesC, int StagesD, int FragmentSize, bool ReuseSmemC, bool DelayTmaStore,
+          int EpilogueWarpGroups, class... Args, int StoreStages>
+struct WithStoreStages<
+    cutlass::epilogue::collective::CollectiveEpilogue<
+        cutlass::epilogue::Sm90PtrArrayTmaWarpSpecialized<StagesC, StagesD, FragmentSize,
+                                                          ReuseSmemC, DelayTmaStore,
+                                                          EpilogueWarpGroups>,
+        Args...>,
+    StoreStages> {
+  static_assert(!ReuseSmemC, "no source operand: the store buffers are the output's own");
+  using type = cutlass::epilogue::collective::CollectiveEpilogue<
+      cutlass::epilogue::Sm90PtrArrayTmaWarpSpecialized<
+          StagesC, StoreStages == 0 ? StagesD : StoreStages, FragmentSize, ReuseSmemC,
+          DelayTmaStore, EpilogueWarpGroups>,
+      Args...>;
+};
+
 template <Product P, Schedule S, int TileM, int TileN, int TileK, int ClusterM, int ClusterN,
-          int WeightScaleSplit = 1>
+          int WeightScaleSplit = 1, int StoreStages = 0>
 struct KernelDef {
   static constexpr int kWeightScaleSplit = WeightScaleSplit;
   using ElementAB = cutlass::float_e4m3_t;
@@ -110,21 +140,25 @@ struct KernelDef {
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
 
   // No source operand C: the epilogue only converts and stores the accumulators.
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+  using BuilderEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementAccumulator,
       void, LayoutD*, kAlignD, ElementD, LayoutD*, kAlignD,
       typename SchedulePolicies<S>::Epilogue,
       cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAccumulator,
                                                    void>>::CollectiveOp;
+  using Epilogue = typename WithStoreStages<BuilderEpilogue, StoreStages>::type;
 
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using CutlassMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB,
       cute::tuple<LayoutA*, LayoutSFA*>, kAlignAB, ElementAB, cute::tuple<LayoutB*, LayoutSFB*>,
       kAlignAB, ElementAccumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
       typename SchedulePolicies<S>::Mainloop>::CollectiveOp;
+  using Mainloop = std::conditional_t<S == Schedule::kCooperativeOverlappedPromotion,
+                                      OverlappedPromotionMainloop<CutlassMainloop>,
+                                      CutlassMainloop>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -351,7 +385,8 @@ class CutlassRunner final : public Runner {
 }  // namespace dropless::kernels::fp8_block_gemm
 
 // Defines `Factory`, a RunnerFactory for one product, schedule and tile configuration (and, last,
-// the weight-scale split of KernelDef: 1 unless the N tile is not a multiple of 128).
+// the weight-scale split of KernelDef, 1 unless the N tile is not a multiple of 128, and its
+// epilogue store stages, 0 for the builder's).
 #define DROPLESS_FP8_BLOCK_GEMM_INSTANCE(Factory, P, S, TM, TN, TK, CM, CN, ...)                \
   namespace dropless::kernels::fp8_block_gemm {                                                 \
   absl::StatusOr<std::unique_ptr<Runner>> Factory(const RunnerShape& shape) {                   \
