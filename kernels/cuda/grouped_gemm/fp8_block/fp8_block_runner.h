@@ -57,8 +57,7 @@ using RunnerFactory = absl::StatusOr<std::unique_ptr<Runner>> (*)(const RunnerSh
 //
 // The m-grouped kernels (A row-wise 1 x 128 scales, B 128 x 128 block scales, bf16 out), each
 // compiled once for both m-grouped products: m_grouped_coop_128x128x128_c1x2.cu,
-// m_grouped_coop_128x192x128_c1x2.cu, m_grouped_coop_128x192x128_c1x1.cu,
-// m_grouped_coop_128x192x128_c1x2_d6.cu, m_grouped_coop_128x192x128_c1x1_d6.cu.
+// m_grouped_coop_128x192x128_c1x2.cu, m_grouped_coop_128x192x128_c1x1.cu.
 absl::StatusOr<std::unique_ptr<Runner>> MakeForwardCoop128x128x128C1x2(const RunnerShape& shape);
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataCoop128x128x128C1x2(
     const RunnerShape& shape);
@@ -68,20 +67,12 @@ absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataCoop128x192x128C1x2(
 absl::StatusOr<std::unique_ptr<Runner>> MakeForwardCoop128x192x128C1x1(const RunnerShape& shape);
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataCoop128x192x128C1x1(
     const RunnerShape& shape);
-absl::StatusOr<std::unique_ptr<Runner>> MakeForwardCoop128x192x128C1x2D6(
-    const RunnerShape& shape);
-absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataCoop128x192x128C1x2D6(
-    const RunnerShape& shape);
-absl::StatusOr<std::unique_ptr<Runner>> MakeForwardCoop128x192x128C1x1D6(
-    const RunnerShape& shape);
-absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataCoop128x192x128C1x1D6(
-    const RunnerShape& shape);
 
 // The weight-gradient kernels (column-wise 1 x 128 scales on both operands, fp32 out):
-// wgrad_coop_128x128x128_c1x2.cu, wgrad_coop_128x128x128_c1x2_d4.cu.
-absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightCoop128x128x128C1x2(
-    const RunnerShape& shape);
+// wgrad_coop_128x128x128_c1x2_d4.cu, wgrad_overlap_128x128x128_c1x2_d4.cu.
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightCoop128x128x128C1x2D4(
+    const RunnerShape& shape);
+absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightOverlap128x128x128C1x2D4(
     const RunnerShape& shape);
 
 struct NamedRunner {
@@ -100,14 +91,10 @@ inline constexpr NamedMGroupedRunners kMGroupedKernels[] = {
      MakeBackwardDataCoop128x192x128C1x2},
     {"fp8_block_coop_128x192x128_c1x1", MakeForwardCoop128x192x128C1x1,
      MakeBackwardDataCoop128x192x128C1x1},
-    {"fp8_block_coop_128x192x128_c1x2_d6", MakeForwardCoop128x192x128C1x2D6,
-     MakeBackwardDataCoop128x192x128C1x2D6},
-    {"fp8_block_coop_128x192x128_c1x1_d6", MakeForwardCoop128x192x128C1x1D6,
-     MakeBackwardDataCoop128x192x128C1x1D6},
 };
 inline constexpr NamedRunner kWeightGradientKernels[] = {
-    {"fp8_block_wgrad_coop_128x128x128_c1x2", MakeBackwardWeightCoop128x128x128C1x2},
     {"fp8_block_wgrad_coop_128x128x128_c1x2_d4", MakeBackwardWeightCoop128x128x128C1x2D4},
+    {"fp8_block_wgrad_overlap_128x128x128_c1x2_d4", MakeBackwardWeightOverlap128x128x128C1x2D4},
 };
 
 }  // namespace dropless::kernels::fp8_block_gemm
