@@ -69,10 +69,8 @@ absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataCoop128x192x128C1x1(
     const RunnerShape& shape);
 
 // The weight-gradient kernels (column-wise 1 x 128 scales on both operands, fp32 out):
-// wgrad_coop_128x128x128_c1x2_d4.cu, wgrad_overlap_128x128x128_c1x2_d4.cu.
+// wgrad_coop_128x128x128_c1x2_d4.cu.
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightCoop128x128x128C1x2D4(
-    const RunnerShape& shape);
-absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightOverlap128x128x128C1x2D4(
     const RunnerShape& shape);
 
 struct NamedRunner {
@@ -94,7 +92,6 @@ inline constexpr NamedMGroupedRunners kMGroupedKernels[] = {
 };
 inline constexpr NamedRunner kWeightGradientKernels[] = {
     {"fp8_block_wgrad_coop_128x128x128_c1x2_d4", MakeBackwardWeightCoop128x128x128C1x2D4},
-    {"fp8_block_wgrad_overlap_128x128x128_c1x2_d4", MakeBackwardWeightOverlap128x128x128C1x2D4},
 };
 
 }  // namespace dropless::kernels::fp8_block_gemm
