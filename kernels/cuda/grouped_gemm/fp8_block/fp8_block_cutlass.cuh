@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -26,6 +27,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "kernels/cuda/grouped_gemm/cutlass_grouped_gemm.cuh"
 #include "kernels/cuda/grouped_gemm/fp8_block/fp8_block_runner.h"
+#include "kernels/cuda/grouped_gemm/fp8_block/wave_promotion_mainloop.cuh"
 #include "kernels/cuda/grouped_gemm/fp8_block/wide_tile_accumulation.cuh"
 #include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
 
@@ -77,9 +79,12 @@ struct ProductTraits<Product::kBackwardWeight, WeightScaleSplit> {
 // loop is short (the weight gradient of small groups), where the store is most of a tile's time.
 // (Measured with 64 x 128 x 128 tiles on an H200, both products: slower than the cooperative
 // kernels on every benchmark shape but one; no instance is compiled now, docs/grouped_gemm.md.)
-// (A cooperative consumer keeping two partial sums a warp group, promoting one K block while the
-// tensor cores work on the next, was measured and removed: docs/grouped_gemm.md.)
-enum class Schedule { kCooperative, kPingpong };
+// Cooperative in waves: the cooperative kernel with our consumer mainloop
+// (wave_promotion_mainloop.cuh), each warp group's rows in 64-row waves sharing one partial sum,
+// for 256-row tiles. (A cooperative consumer keeping two partial sums a warp group, promoting one
+// K block while the tensor cores work on the next, was measured and removed:
+// docs/grouped_gemm.md.)
+enum class Schedule { kCooperative, kPingpong, kCooperativeWaves };
 
 template <Schedule S>
 struct SchedulePolicies {
@@ -146,13 +151,15 @@ struct KernelDef {
                                                    void>>::CollectiveOp;
   using Epilogue = typename WithStoreStages<BuilderEpilogue, StoreStages>::type;
 
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using CutlassMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB,
       cute::tuple<LayoutA*, LayoutSFA*>, kAlignAB, ElementAB, cute::tuple<LayoutB*, LayoutSFB*>,
       kAlignAB, ElementAccumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
       typename SchedulePolicies<S>::Mainloop>::CollectiveOp;
+  using Mainloop = std::conditional_t<S == Schedule::kCooperativeWaves,
+                                      WavePromotionMainloop<CutlassMainloop>, CutlassMainloop>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;

@@ -57,7 +57,8 @@ using RunnerFactory = absl::StatusOr<std::unique_ptr<Runner>> (*)(const RunnerSh
 //
 // The m-grouped kernels (A row-wise 1 x 128 scales, B 128 x 128 block scales, bf16 out), each
 // compiled once for both m-grouped products: m_grouped_coop_128x128x128_c1x2.cu,
-// m_grouped_coop_128x192x128_c1x2.cu, m_grouped_coop_128x192x128_c1x1.cu.
+// m_grouped_coop_128x192x128_c1x2.cu, m_grouped_coop_128x192x128_c1x1.cu,
+// m_grouped_wave_256x128x128_c1x2.cu.
 absl::StatusOr<std::unique_ptr<Runner>> MakeForwardCoop128x128x128C1x2(const RunnerShape& shape);
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataCoop128x128x128C1x2(
     const RunnerShape& shape);
@@ -66,6 +67,9 @@ absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataCoop128x192x128C1x2(
     const RunnerShape& shape);
 absl::StatusOr<std::unique_ptr<Runner>> MakeForwardCoop128x192x128C1x1(const RunnerShape& shape);
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataCoop128x192x128C1x1(
+    const RunnerShape& shape);
+absl::StatusOr<std::unique_ptr<Runner>> MakeForwardWave256x128x128C1x2(const RunnerShape& shape);
+absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataWave256x128x128C1x2(
     const RunnerShape& shape);
 
 // The weight-gradient kernels (column-wise 1 x 128 scales on both operands, fp32 out):
@@ -89,6 +93,8 @@ inline constexpr NamedMGroupedRunners kMGroupedKernels[] = {
      MakeBackwardDataCoop128x192x128C1x2},
     {"fp8_block_coop_128x192x128_c1x1", MakeForwardCoop128x192x128C1x1,
      MakeBackwardDataCoop128x192x128C1x1},
+    {"fp8_block_wave_256x128x128_c1x2", MakeForwardWave256x128x128C1x2,
+     MakeBackwardDataWave256x128x128C1x2},
 };
 inline constexpr NamedRunner kWeightGradientKernels[] = {
     {"fp8_block_wgrad_coop_128x128x128_c1x2_d4", MakeBackwardWeightCoop128x128x128C1x2D4},
