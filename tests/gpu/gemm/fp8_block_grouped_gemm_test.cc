@@ -200,25 +200,36 @@ TEST(Fp8BlockGroupedGemmOptionsTest, BadOptionsNameTheField) {
   }
 }
 
-// The default m-grouped kernel by output width: the 192-wide N tile in 1 x 2 clusters where it
-// covers the width about as tightly as the 128-wide one (the benchmark layers' widths), else the
-// 192-wide tile without clusters where that covers it, else 128. Host-only: runs everywhere.
-TEST(Fp8BlockGroupedGemmOptionsTest, DefaultMGroupedKernelFollowsTheOutputWidth) {
+// The default m-grouped kernel by output width and reduction length: the 192-wide N tile in 1 x 2
+// clusters where it covers the width about as tightly as the 128-wide one (the benchmark layers'
+// widths); else, where the unclustered 192-wide tile covers it, that tile for long reductions and
+// the 256 x 128 wave kernel for reductions up to 2048; else 128. Host-only: runs everywhere.
+TEST(Fp8BlockGroupedGemmOptionsTest, DefaultMGroupedKernelFollowsTheShape) {
   const std::string clustered = "fp8_block_coop_128x192x128_c1x2";
   const std::string unclustered = "fp8_block_coop_128x192x128_c1x1";
+  const std::string wave = "fp8_block_wave_256x128x128_c1x2";
   const std::string narrow = "fp8_block_coop_128x128x128_c1x2";
-  // An even count of 192-wide tiles covers these within 3%: 22 x 192 for 4096.
+  // An even count of 192-wide tiles covers these within 3%: 22 x 192 for 4096. Any reduction.
   for (int width : {768, 1536, 4096, 7168, 14336, 28672}) {
-    EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(width), clustered) << width;
+    for (int reduction : {768, 2048, 7168}) {
+      EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(width, reduction), clustered) << width;
+    }
   }
-  // 11 x 192 = 2112 for 2048 (12 with the cluster: 89%); 5 x 192 for 896.
-  for (int width : {896, 2048}) {
-    EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(width), unclustered) << width;
-  }
+  // 11 x 192 = 2112 for 2048 (12 with the cluster: 89%), where 16 x 128 is exact: the wave
+  // kernel up to a 2048-long reduction.
+  EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(2048, 7168), unclustered);
+  EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(2048, 2176), unclustered);
+  EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(2048, 2048), wave);
+  EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(2048, 768), wave);
+  // 5 x 192 = 960 for 896 (93%), 128-wide tiles in pairs 8 x 128 (88%): the 192 tile, whatever
+  // the reduction.
+  EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(896, 7168), unclustered);
+  EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(896, 768), unclustered);
   // 256 = 2 x 128 exactly; 192 would compute 384 columns (67%).
-  EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(256), narrow);
+  EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(256, 768), narrow);
+  EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(256, 7168), narrow);
   const std::vector<std::string> names = Fp8BlockGroupedGemm::MGroupedKernelNames();
-  for (const std::string& chosen : {clustered, unclustered, narrow}) {
+  for (const std::string& chosen : {clustered, unclustered, wave, narrow}) {
     EXPECT_NE(std::find(names.begin(), names.end(), chosen), names.end()) << chosen;
   }
 }
@@ -458,8 +469,8 @@ TEST_F(Fp8BlockGroupedGemmTest, BadPointersNameTheArgument) {
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   // "<forward>+<data gradient>+<weight gradient>", each product's default.
   EXPECT_EQ((*gemm)->KernelName(),
-            absl::StrCat(Fp8BlockGroupedGemm::MGroupedKernelFor(kN), "+",
-                         Fp8BlockGroupedGemm::MGroupedKernelFor(kK), "+",
+            absl::StrCat(Fp8BlockGroupedGemm::MGroupedKernelFor(kN, kK), "+",
+                         Fp8BlockGroupedGemm::MGroupedKernelFor(kK, kN), "+",
                          Fp8BlockGroupedGemm::WeightGradientKernelNames()[0]));
   DeviceBuffer buf(1 << 20, 1);
   const uint8_t* u8 = reinterpret_cast<const uint8_t*>(buf.i32());

@@ -76,7 +76,7 @@ struct Fp8BlockGroupedGemmOptions {
   int64_t padded_rows = 0;
   // The kernel of the forward and data gradient, one of MGroupedKernelNames(), and of the weight
   // gradient, one of WeightGradientKernelNames(). An empty m_grouped_kernel picks each m-grouped
-  // product's kernel by its output width (MGroupedKernelFor); an empty weight_gradient_kernel
+  // product's kernel by its shape (MGroupedKernelFor); an empty weight_gradient_kernel
   // means the first of its list.
   std::string m_grouped_kernel;
   std::string weight_gradient_kernel;
@@ -99,11 +99,12 @@ class Fp8BlockGroupedGemm {
   static std::vector<std::string> MGroupedKernelNames();
   static std::vector<std::string> WeightGradientKernelNames();
 
-  // The m-grouped kernel a product gets by default, from the width of its output (the forward:
-  // n; the data gradient: k): the 192-wide N tile in 1 x 2 clusters where its tiles cover that
-  // width about as tightly as 128-wide ones, else the 192-wide tile without clusters where that
-  // does, else the 128-wide tile. Needs no device.
-  static std::string MGroupedKernelFor(int output_width);
+  // The m-grouped kernel a product gets by default, from the width of its output and the length
+  // of its reduction (the forward: n and k; the data gradient: k and n): the 192-wide N tile in
+  // 1 x 2 clusters where its tiles cover that width about as tightly as 128-wide ones; else, where
+  // the 192-wide tile without clusters does, that tile for long reductions and the 256 x 128 wave
+  // kernel for reductions of at most 2048; else the 128-wide tile. Needs no device.
+  static std::string MGroupedKernelFor(int output_width, int reduction);
 
   // y [max_rows][n] bf16; x row-wise [max_rows][k]; w_t = {data_t, scales_t} of Fp8BlockWeights.
   virtual absl::Status Forward(const Fp8BlockOperand& x, const Fp8BlockOperand& w_t,
