@@ -49,11 +49,12 @@ using RunnerFactory = absl::StatusOr<std::unique_ptr<Runner>> (*)(const RunnerSh
 
 // The compiled kernels, listed in the tables below, one translation unit each (the weight
 // gradient's default is the first of its table; the m-grouped products' default is chosen by
-// output width, Fp8BlockGroupedGemm::MGroupedKernelFor). A variant is a new instance file plus a
-// table row; it is then chosen by
-// name (Fp8BlockGroupedGemmOptions), tested by every GPU test of its products, and timed by
-// bench/peers/interleaved_gemm.py --fp8-block-m-kernels / --fp8-block-wgrad-kernels. Pingpong
-// 64 x 128 x 128 variants of both were measured and removed (docs/grouped_gemm.md).
+// output width and reduction length, Fp8BlockGroupedGemm::MGroupedKernelFor). A variant is a new
+// instance file plus a table row; it is then chosen by name (Fp8BlockGroupedGemmOptions), tested
+// by every GPU test of its products, and timed by bench/peers/interleaved_gemm.py
+// --fp8-block-m-kernels / --fp8-block-wgrad-kernels. Pingpong 64 x 128 x 128 variants of both,
+// an overlapped-promotion weight gradient, and store-buffer variants of the 192-wide kernels were
+// measured and removed (docs/grouped_gemm.md).
 //
 // The m-grouped kernels (A row-wise 1 x 128 scales, B 128 x 128 block scales, bf16 out), each
 // compiled once for both m-grouped products: m_grouped_coop_128x128x128_c1x2.cu,
