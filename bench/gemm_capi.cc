@@ -17,6 +17,7 @@
 #include "dropless/kernels/fp8_block_grouped_gemm.h"
 #include "dropless/kernels/grouped_gemm.h"
 #include "dropless/kernels/mx_grouped_gemm.h"
+#include "dropless/kernels/mxfp8.h"
 
 namespace {
 
@@ -153,6 +154,29 @@ int dl_mxgemm_backward_data(void* handle, const void* dy, const void* dy_scales,
                             const void* w_scales, const void* offsets, void* dx, void* stream) {
   return Report(static_cast<MxGemm*>(handle)->gemm->BackwardData(
       {Bytes(dy), Bytes(dy_scales)}, {Bytes(w), Bytes(w_scales)},
+      static_cast<const int32_t*>(offsets), static_cast<k::Bf16*>(dx), AsStream(stream)));
+}
+
+// The bf16-core products on weight images (mx_grouped_gemm.h), and the image itself (mxfp8.h:
+// rows x cols of a row-wise MXFP8 operand, e.g. experts * n x k for W^T quantized along k).
+int dl_mx_weight_image(int64_t rows, int64_t cols, const void* data, const void* scales,
+                       void* image, void* stream) {
+  return Report(k::cuda::MxWeightImage(rows, cols, Bytes(data), Bytes(scales),
+                                       static_cast<k::Bf16*>(image), AsStream(stream)));
+}
+
+int dl_mxgemm_forward_image(void* handle, const void* x, const void* x_scales,
+                            const void* w_t_image, const void* offsets, void* y, void* stream) {
+  return Report(static_cast<MxGemm*>(handle)->gemm->Forward(
+      {Bytes(x), Bytes(x_scales)}, static_cast<const k::Bf16*>(w_t_image),
+      static_cast<const int32_t*>(offsets), static_cast<k::Bf16*>(y), AsStream(stream)));
+}
+
+int dl_mxgemm_backward_data_image(void* handle, const void* dy, const void* dy_scales,
+                                  const void* w_image, const void* offsets, void* dx,
+                                  void* stream) {
+  return Report(static_cast<MxGemm*>(handle)->gemm->BackwardData(
+      {Bytes(dy), Bytes(dy_scales)}, static_cast<const k::Bf16*>(w_image),
       static_cast<const int32_t*>(offsets), static_cast<k::Bf16*>(dx), AsStream(stream)));
 }
 

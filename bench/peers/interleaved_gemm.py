@@ -12,8 +12,11 @@ Rows (BENCH.md format) per shape, weight, group distribution:
   bf16  fwd / dgrad / wgrad: dropless (bf16 out) vs torch._grouped_mm
   mxfp8-wgrad (opt-in): the MXFP8 weight gradient's default and --mx-kernels, fp32 and bf16 out
         (no torch MX peer: torch's fp8 k-grouped form needs groups of multiples of 16)
-  mxfp8 fwd / dgrad: dropless MXFP8 (per-32 E8M0 scales) vs torch._scaled_grouped_mm (fp8,
-        row-wise scales: no per-block promotion) vs torch._grouped_mm (bf16)
+  mxfp8 fwd / dgrad: dropless MXFP8 (per-32 E8M0 scales; the promotion kernel and, where the
+        reduction is a multiple of 64, the bf16-core kernel on weight images, with the image pass
+        timed in the same rounds as its own row and the two kernels' outputs compared) vs
+        torch._scaled_grouped_mm (fp8, row-wise scales: no per-block promotion) vs
+        torch._grouped_mm (bf16)
   fp8-block fwd / dgrad / wgrad: dropless FP8 blockwise (1x128 activation tiles, 128x128 weight
         blocks, fp32 scales; wgrad k-grouped over groups padded to 128, fp32 out) vs
         torch._scaled_grouped_mm (fp8 row-wise; for wgrad the same padded groups) vs
@@ -68,6 +71,11 @@ def load_lib(path):
     for f in (lib.dl_mxgemm_forward, lib.dl_mxgemm_backward_data):
         f.restype = c_int
         f.argtypes = [c_void_p] * 8
+    for f in (lib.dl_mxgemm_forward_image, lib.dl_mxgemm_backward_data_image):
+        f.restype = c_int
+        f.argtypes = [c_void_p] * 7
+    lib.dl_mx_weight_image.restype = c_int
+    lib.dl_mx_weight_image.argtypes = [c_int64, c_int64] + [c_void_p] * 4
     lib.dl_mxgemm_backward_weight.restype = c_int
     lib.dl_mxgemm_backward_weight.argtypes = [c_void_p] * 7 + [c_int, c_void_p]
     lib.dl_mxgemm_destroy.argtypes = [c_void_p]
@@ -235,26 +243,50 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
         if not h:
             raise RuntimeError(lib.dl_last_error().decode())
         kernel = lib.dl_mxgemm_kernel(h).decode()
+        # The bf16-core kernel reads the weights as exact bf16 images, made once per update;
+        # it needs reductions that are multiples of 64.
+        wt_img = torch.empty(experts, n, k, device="cuda", dtype=bf16)
+        w_img = torch.empty(experts, k, n, device="cuda", dtype=bf16)
+        y2, dx2 = torch.empty_like(y), torch.empty_like(dx)
+        core = {"fwd": k % 64 == 0, "dgrad": n % 64 == 0}
+
+        def image(which):
+            if which == "fwd":
+                return check(lib, lib.dl_mx_weight_image(experts * n, k, wtq.data_ptr(),
+                                                         wts.data_ptr(), wt_img.data_ptr(), None),
+                             "mx image")
+            return check(lib, lib.dl_mx_weight_image(experts * k, n, wq.data_ptr(), ws.data_ptr(),
+                                                     w_img.data_ptr(), None), "mx image")
         try:
             cases = {
                 "fwd": (lambda: check(lib, lib.dl_mxgemm_forward(
                             h, xq.data_ptr(), xs.data_ptr(), wtq.data_ptr(), wts.data_ptr(),
                             offsets.data_ptr(), y.data_ptr(), None), "mx fwd"),
+                        lambda: check(lib, lib.dl_mxgemm_forward_image(
+                            h, xq.data_ptr(), xs.data_ptr(), wt_img.data_ptr(),
+                            offsets.data_ptr(), y2.data_ptr(), None), "mx core fwd"),
                         (xq.view(fp8), wtq.view(fp8).transpose(-2, -1),
                          torch.ones(experts, n, device="cuda", dtype=torch.float32)),
-                        lambda: torch._grouped_mm(x, w, offs=ends)),
+                        lambda: torch._grouped_mm(x, w, offs=ends), (y, y2)),
                 "dgrad": (lambda: check(lib, lib.dl_mxgemm_backward_data(
                               h, dyq.data_ptr(), dys.data_ptr(), wq.data_ptr(), ws.data_ptr(),
                               offsets.data_ptr(), dx.data_ptr(), None), "mx dgrad"),
+                          lambda: check(lib, lib.dl_mxgemm_backward_data_image(
+                              h, dyq.data_ptr(), dys.data_ptr(), w_img.data_ptr(),
+                              offsets.data_ptr(), dx2.data_ptr(), None), "mx core dgrad"),
                           (dyq.view(fp8), wq.view(fp8).transpose(-2, -1),
                            torch.ones(experts, k, device="cuda", dtype=torch.float32)),
-                          lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=ends)),
+                          lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=ends), (dx, dx2)),
             }
             for op in ops:
                 if op not in cases:
                     continue
-                ours, (a, b, sb), bf16_fn = cases[op]
+                ours, ours_core, (a, b, sb), bf16_fn, (out_p, out_c) = cases[op]
                 fns = {"dropless": ours, "bf16": bf16_fn}
+                if core[op]:
+                    image(op)
+                    fns["core"] = ours_core
+                    fns["image"] = lambda op=op: image(op)
                 try:
                     torch._scaled_grouped_mm(a, b, ones_rows, sb, offs=ends, out_dtype=bf16)
                     fns["fp8"] = lambda: torch._scaled_grouped_mm(a, b, ones_rows, sb, offs=ends,
@@ -264,6 +296,22 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                           f"{str(exc).splitlines()[0][:200]}", file=sys.stderr)
                 res = interleave(torch, fns, args.rounds, args.iters, args.warm_s)
                 add(op, "dropless", "mxfp8", res["dropless"], kernel)
+                if core[op]:
+                    # The same product through both kernels: they must agree to bf16 rounding.
+                    ours()
+                    ours_core()
+                    torch.cuda.synchronize()
+                    live = sum(sizes)
+                    p_, c_ = out_p[:live].float(), out_c[:live].float()
+                    rel = float((p_ - c_).norm() / p_.norm().clamp_min(1e-30))
+                    add(op, "dropless", "mxfp8", res["core"],
+                        "mx_core_bf16_128x256x64_s4 (bf16 tensor cores, weights as exact bf16 images)",
+                        check={"against": kernel, "rel_err": rel, "ok": rel < 2e-2},
+                        extra_note="weight image pass (once per weight update) timed in the same "
+                                   "rounds: see the mx-image row")
+                    add(op, "dropless-mx-image", "mxfp8", res["image"],
+                        "MxWeightImage of this product's weights (not a GEMM: TFLOP/s is the "
+                        "GEMM's FLOPs over the image's time)")
                 if "fp8" in res:
                     add(op, "torch._scaled_grouped_mm", "fp8-rowwise", res["fp8"])
                 add(op, "torch._grouped_mm", "bf16", res["bf16"])

@@ -41,7 +41,9 @@ Impls (names as in ../shared/docs/BENCH.md):
       void  dl_step_destroy(void* h);
 
   dropless-bf16 (default with a quantized --precision) is the same engine in bf16, so that the
-  quantized step and the bf16 step are compared in one run.
+  quantized step and the bf16 step are compared in one run. dropless-mx-promotion (opt-in, with
+  --precision mxfp8) is the mxfp8 engine on its per-32 promotion kernels (DROPLESS_MX_CORE=0)
+  instead of the default bf16-core expert GEMMs.
   Each round creates the engine, runs 1 warm step and one timed dl_step_run(steps), reads
   dl_step_stats (per-step values of the last run) and destroys it. The spec passed is printed by
   --print-spec (step_impls/dropless_capi.py): the fields of the brief plus name, renormalize,
@@ -92,8 +94,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_impls import (DEFAULT_IMPLS, DROPLESS, DROPLESS_BF16, DROPLESS_IMPLS,  # noqa: E402
-                        DROPLESS_FUSED, DROPLESS_TWO_PASS, FP8, JAX, PEAK, SHAPES, short,
-                        step_flop)
+                        DROPLESS_FUSED, DROPLESS_MX_PROMOTION, DROPLESS_TWO_PASS, FP8, JAX, PEAK,
+                        SHAPES, short, step_flop)
 from step_impls.dropless_capi import STAT_NAMES, DroplessStep, dropless_spec, load_lib  # noqa: E402
 from step_impls.jax_impl import JaxStep  # noqa: E402
 from step_impls.torch_impls import TorchStep, init_tensors  # noqa: E402
@@ -142,6 +144,10 @@ def run_one(name, shape, ctx, args):
                 os.environ["DROPLESS_FUSED_EXPERT_ADAMW"] = "1" if name == DROPLESS_FUSED else "0"
             else:
                 os.environ.pop("DROPLESS_FUSED_EXPERT_ADAMW", None)
+            if name == DROPLESS_MX_PROMOTION:
+                os.environ["DROPLESS_MX_CORE"] = "0"
+            else:
+                os.environ.pop("DROPLESS_MX_CORE", None)
             obj = DroplessStep(ctx["lib"], dropless_spec(shape, args, precision))
             obj.run(1)
             t0 = time.perf_counter()
@@ -268,7 +274,8 @@ def bench(args, impls):
             tflops = flop / (ms * 1e9)
             peaks = [m["peak"] for m in res[name] if m.get("peak") is not None]
             loss = res[name][-1].get("loss")
-            prec = {DROPLESS: args.precision, FP8: "fp8-rowwise"}.get(name, "bf16")
+            prec = {DROPLESS: args.precision, DROPLESS_MX_PROMOTION: args.precision,
+                    FP8: "fp8-rowwise"}.get(name, "bf16")
             ours = name in DROPLESS_IMPLS
             row = {"name": "step", "shape": shape, "impl": name, "precision": prec,
                    "ms": round(ms, 3), "tflops": round(tflops, 1), "gbps": None,

@@ -97,5 +97,24 @@ absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* n
   return Dequantize(rows, cols, num_rows, data, scales, out);
 }
 
+absl::Status MxWeightImage(int64_t rows, int64_t cols, const uint8_t* data, const uint8_t* scales,
+                           Bf16* image) {
+  if (cols <= 0 || cols % 64 != 0) {
+    return absl::InvalidArgumentError("cols: must be a positive multiple of 64");
+  }
+  std::vector<Bf16> plain(static_cast<size_t>(std::max<int64_t>(rows, 0) * cols));
+  if (absl::Status s = Dequantize(rows, cols, nullptr, data, scales, plain.data()); !s.ok()) {
+    return s;
+  }
+  if (rows > 0 && image == nullptr) return absl::InvalidArgumentError("image: must be set");
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t block = c / 64 * 64;
+      image[r * cols + c] = plain[r * cols + block + MxImagePhysicalColumn(c % 64)];
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace cpu
 }  // namespace dropless::kernels

@@ -12,6 +12,7 @@
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/hopper/bulk_copy.cuh"
 #include "kernels/cuda/hopper/mbarrier.cuh"
+#include "kernels/cuda/mx_bf16.cuh"
 #include "kernels/cuda/padded_offsets.cuh"
 
 namespace dropless::kernels::cuda {
@@ -368,6 +369,30 @@ absl::Status Dequantize(int64_t rows, int64_t cols, const int32_t* num_rows, con
   return LaunchStatus("DequantizeKernel");
 }
 
+// ---- The bf16-core GEMM's weight image (mxfp8.h) ----
+
+// One thread per 16 bytes of a row: physical columns 64 b + 16 q .. + 15 (one scale), written to
+// the logical positions 64 b + 16 j + {2q, 2q+1} and + {2q+8, 2q+9}, j = 0..3 (MxImagePhysicalColumn).
+__global__ void __launch_bounds__(256)
+    WeightImageKernel(const uint4* __restrict__ data, const uint8_t* __restrict__ scales,
+                      int64_t rows, int64_t cols, uint32_t* __restrict__ image) {
+  const int64_t chunks = cols / 16, total = rows * chunks;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / chunks, c16 = i % chunks;
+    const int q = static_cast<int>(c16 % 4);
+    const uint4 x = data[i];
+    const mxbf16::Factors f = mxbf16::FactorsOf(scales[r * (cols / 32) + c16 / 2]);
+    const uint32_t words[4] = {x.x, x.y, x.z, x.w};
+    uint32_t* out = image + (r * cols + (c16 / 4) * 64) / 2;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      out[(16 * j + 2 * q) / 2] = mxbf16::E4m3PairToBf16<false>(words[j], f);
+      out[(16 * j + 2 * q + 8) / 2] = mxbf16::E4m3PairToBf16<true>(words[j], f);
+    }
+  }
+}
+
 }  // namespace
 
 absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
@@ -411,6 +436,24 @@ absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* n
                                     Stream stream) {
   return Dequantize(rows, cols, num_rows, data, scales, reinterpret_cast<__nv_bfloat16*>(out),
                     stream);
+}
+
+absl::Status MxWeightImage(int64_t rows, int64_t cols, const uint8_t* data, const uint8_t* scales,
+                           Bf16* image, Stream stream) {
+  if (rows < 0) return absl::InvalidArgumentError("rows: must be >= 0");
+  if (cols <= 0 || cols % 64 != 0) {
+    return absl::InvalidArgumentError("cols: must be a positive multiple of 64");
+  }
+  if (rows == 0) return absl::OkStatus();
+  if (data == nullptr || scales == nullptr || image == nullptr) {
+    return absl::InvalidArgumentError("data: data, scales and image must be set");
+  }
+  if (reinterpret_cast<uintptr_t>(data) % 16 != 0) {
+    return absl::InvalidArgumentError("data: must be 16-byte aligned");
+  }
+  WeightImageKernel<<<GridStrideBlocks(rows * cols / 16, 256), 256, 0, stream>>>(
+      reinterpret_cast<const uint4*>(data), scales, rows, cols, reinterpret_cast<uint32_t*>(image));
+  return LaunchStatus("WeightImageKernel");
 }
 
 }  // namespace dropless::kernels::cuda

@@ -12,7 +12,11 @@ DROPLESS_BF16 = "dropless-bf16"  # dropless in bf16 beside a quantized --precisi
 # lets the engine choose (fused in bf16 where a local expert expects at most 1024 rows)
 DROPLESS_FUSED = "dropless-fused-adamw"
 DROPLESS_TWO_PASS = "dropless-two-pass-adamw"
-DROPLESS_IMPLS = (DROPLESS, DROPLESS_BF16, DROPLESS_FUSED, DROPLESS_TWO_PASS)
+# dropless in mxfp8 with the per-32 promotion kernels (DROPLESS_MX_CORE=0) beside the default
+# bf16-core expert GEMMs, same run
+DROPLESS_MX_PROMOTION = "dropless-mx-promotion"
+DROPLESS_IMPLS = (DROPLESS, DROPLESS_BF16, DROPLESS_FUSED, DROPLESS_TWO_PASS,
+                  DROPLESS_MX_PROMOTION)
 DEFAULT_IMPLS = [DROPLESS, GROUPED, NAIVE, JAX]
 
 

@@ -132,6 +132,9 @@ struct MatchCase {
   // DROPLESS_FUSED_EXPERT_ADAMW for the CUDA engine: "1" the routed experts' AdamW in their
   // weight-gradient GEMM, "0" the two passes (these small shapes would pick the fused update).
   const char* fused_expert_adamw = "0";
+  // DROPLESS_MX_CORE for mxfp8: "1" the bf16-core expert GEMMs (the default), "0" the per-32
+  // promotion kernels.
+  const char* mx_core = "1";
 };
 
 class CudaMatchesCpu : public CudaEngineGpu, public ::testing::WithParamInterface<MatchCase> {};
@@ -151,8 +154,10 @@ TEST_P(CudaMatchesCpu, LossAndGradientsOfOneStep) {
   reference.precision = Precision::kBf16;
   Engines cpu = MakeCpu(reference);
   setenv("DROPLESS_FUSED_EXPERT_ADAMW", mc.fused_expert_adamw, 1);
+  setenv("DROPLESS_MX_CORE", mc.mx_core, 1);
   std::unique_ptr<Engine> gpu = MakeCuda(c);
   unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+  unsetenv("DROPLESS_MX_CORE");
   ASSERT_TRUE(cpu.engine && gpu);
   ASSERT_TRUE(cpu.engine->SaveCheckpoint(Dir("cpu0")).ok());
   ASSERT_TRUE(gpu->SaveCheckpoint(Dir("gpu0")).ok());
@@ -211,7 +216,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // The routed experts' AdamW in their weight-gradient GEMM's epilogue.
                       MatchCase{"bf16_fused_adamw", Precision::kBf16, RouterKind::kSoftmax, 0.02,
                                 0.05, "1"},
-                      MatchCase{"mxfp8_softmax", Precision::kMxfp8, RouterKind::kSoftmax, 0.05, 0.3}),
+                      MatchCase{"mxfp8_softmax", Precision::kMxfp8, RouterKind::kSoftmax, 0.05, 0.3},
+                      // The per-32 promotion kernels instead of the bf16-core ones.
+                      MatchCase{"mxfp8_promotion", Precision::kMxfp8, RouterKind::kSoftmax, 0.05,
+                                0.3, "0", "0"}),
     [](const ::testing::TestParamInfo<MatchCase>& info) { return std::string(info.param.name); });
 
 // The fused update keeps each tile's gradient in registers: the engine allocates no gradient for

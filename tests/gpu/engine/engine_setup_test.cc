@@ -1,7 +1,7 @@
 // The CUDA engine's choice of the routed experts' update (FusesExpertUpdate): AdamW fused into the
 // weight-gradient GEMM in bf16 where a local expert expects at most 1024 rows, the two passes
 // elsewhere and in every quantized precision; DROPLESS_FUSED_EXPERT_ADAMW forces either. Host-only
-// (no CUDA call without overlap): runs without a GPU.
+// (no CUDA call without overlap): runs without a GPU. Also mxfp8's choice of the bf16-core GEMMs.
 #include <cstdlib>
 
 #include "gtest/gtest.h"
@@ -50,6 +50,22 @@ TEST(EngineSetup, FusedExpertUpdateForcedByTheEnvironment) {
   EXPECT_TRUE(Fused(mixtral));
   EXPECT_FALSE(Fused(Layer(8192, 4096, 14336, 8, 2, 1, Precision::kFp8Block)));
   unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+}
+
+// mxfp8's expert GEMMs run on the bf16 tensor cores over weight images where every reduction
+// length (hidden, ffn, 2 ffn) is a multiple of 64; DROPLESS_MX_CORE=0 keeps the promotion kernels.
+TEST(EngineSetup, MxCoreWhereEveryReductionIsAMultipleOf64) {
+  auto core = [](const EngineConfig& c) { return cuda_engine::UsesMxCore(c); };
+  unsetenv("DROPLESS_MX_CORE");
+  EXPECT_TRUE(core(Layer(16384, 2048, 768, 128, 8, 1, Precision::kMxfp8)));
+  EXPECT_TRUE(core(Layer(8192, 7168, 2048, 256, 8, 8, Precision::kMxfp8)));
+  EXPECT_FALSE(core(Layer(16384, 2048, 736, 128, 8, 1, Precision::kMxfp8)));  // ffn % 64 = 32
+  EXPECT_FALSE(core(Layer(16384, 2080, 768, 128, 8, 1, Precision::kMxfp8)));  // hidden % 64 = 32
+  EXPECT_FALSE(core(Layer(16384, 2048, 768, 128, 8, 1, Precision::kBf16)));
+  EXPECT_FALSE(core(Layer(16384, 2048, 768, 128, 8, 1, Precision::kFp8Block)));
+  setenv("DROPLESS_MX_CORE", "0", 1);
+  EXPECT_FALSE(core(Layer(16384, 2048, 768, 128, 8, 1, Precision::kMxfp8)));
+  unsetenv("DROPLESS_MX_CORE");
 }
 
 }  // namespace

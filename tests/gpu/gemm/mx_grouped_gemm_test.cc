@@ -2,14 +2,8 @@
 // three products against an fp64 CPU reference computed from the dequantized operands (the CPU
 // MXFP8 quantizer of kernels/cpu), on fresh random data with a wide exponent range (so scales
 // differ from block to block), outputs poisoned, group sizes including 0 and odd values, NaN
-// scales, a captured CUDA graph, and the option / pointer checks. Without a Hopper GPU the device
-// tests skip.
-//
-// Bounds. Per element |out - ref| <= tol_rel * |ref| + tol_abs * sum_k |a_k b_k|, where the first
-// term is the output rounding (bf16: 2^-8 relative, written here as 1e-2 with margin; fp32 1e-5)
-// and the second the accumulation inside the fp8 tensor cores and the fp32 promotion (relative to
-// the magnitude sum of the products; the tensor cores add a k32 block's products with a reduced
-// alignment width). The norm-wise relative error must also stay below 1e-2 (bf16) / 1e-3 (fp32).
+// scales, a captured CUDA graph, and the option / pointer checks (bounds: mx_gemm_test_util.h).
+// The bf16-core products are in mx_core_gemm_test.cc. Without a Hopper GPU the device tests skip.
 #include "dropless/kernels/mx_grouped_gemm.h"
 
 #include <cuda_runtime.h>
@@ -26,6 +20,7 @@
 
 #include "dropless/kernels/mxfp8.h"
 #include "tests/gpu/gemm/gemm_test_util.h"
+#include "tests/gpu/gemm/mx_gemm_test_util.h"
 
 namespace dropless::kernels {
 namespace {
@@ -34,38 +29,20 @@ using gemm_test::DeviceBuffer;
 using gemm_test::ExpectClose;
 using gemm_test::Offsets;
 using gemm_test::Ref;
-
-constexpr double kBf16Rel = 1e-2, kBf16Abs = 2e-3, kBf16Norm = 1e-2;
-constexpr double kF32Rel = 1e-5, kF32Abs = 2e-3, kF32Norm = 1e-3;
-
-// Values u * 2^e with u uniform in (-1, 1) and e uniform in [-12, 12] per element: every 32-element
-// block (along rows and along columns) gets its own scale, most blocks a different one.
-std::vector<Bf16> RandomWide(size_t count, std::mt19937_64* rng) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> e(-12, 12);
-  std::vector<Bf16> v(count);
-  for (auto& x : v) x = FloatToBf16(std::ldexp(u(*rng), e(*rng)));
-  return v;
-}
-
-struct MxHost {
-  std::vector<uint8_t> data, scales;
-  std::vector<float> values;  // dequantized, [rows][cols]
-};
-
-MxHost QuantizeRows(const std::vector<Bf16>& x, int64_t rows, int64_t cols) {
-  MxHost h;
-  h.data.resize(rows * cols);
-  h.scales.resize(rows * cols / 32);
-  h.values.resize(rows * cols);
-  MxRowwise out{h.data.data(), h.scales.data()};
-  MxQuantizeShape shape{rows, cols, 1};
-  EXPECT_TRUE(cpu::QuantizeMxfp8(shape, x.data(), nullptr, &out, nullptr).ok());
-  EXPECT_TRUE(cpu::DequantizeMxfp8Rowwise(rows, cols, nullptr, h.data.data(), h.scales.data(),
-                                          h.values.data())
-                  .ok());
-  return h;
-}
+using mx_test::kBf16Abs;
+using mx_test::kBf16Norm;
+using mx_test::kBf16Rel;
+using mx_test::kF32Abs;
+using mx_test::kF32Norm;
+using mx_test::kF32Rel;
+using mx_test::MakeMGrouped;
+using mx_test::MGroupedCase;
+using mx_test::MGroupedReference;
+using mx_test::MxHost;
+using mx_test::QuantizeRows;
+using mx_test::RandomWide;
+using mx_test::RunMGrouped;
+using mx_test::Upload;
 
 // Column-wise: data and scales block-major as the quantizer writes them ([P/32][cols][32] and
 // [P/32][cols], mxfp8.h); values [cols][P] dequantized (column c, padded row p at c * P + p);
@@ -99,42 +76,6 @@ MxColHost QuantizeCols(const std::vector<Bf16>& x, int64_t rows, int64_t cols,
   return h;
 }
 
-template <class T>
-std::unique_ptr<DeviceBuffer> Upload(const std::vector<T>& v) {
-  auto b = std::make_unique<DeviceBuffer>(v.size() * sizeof(T), sizeof(T));
-  b->Upload(v.data(), v.size() * sizeof(T));
-  return b;
-}
-
-
-// m-grouped: C[r][c] = sum_k A[r][k] B[e][c][k] for the rows r of group e. With row_stride > 1
-// only rows r % row_stride == 0 are computed, stored compactly (row r at r / row_stride).
-Ref MGroupedReference(const std::vector<float>& a, const std::vector<float>& b,
-                      const std::vector<int32_t>& offsets, int kred, int nout, int row_stride = 1) {
-  Ref ref;
-  const size_t rows = (offsets.back() + row_stride - 1) / row_stride;
-  ref.value.assign(rows * nout, 0.0);
-  ref.magnitude.assign(rows * nout, 0.0);
-  for (size_t e = 0; e + 1 < offsets.size(); ++e) {
-    for (int r = offsets[e]; r < offsets[e + 1]; ++r) {
-      if (r % row_stride != 0) continue;
-      const float* ar = &a[static_cast<size_t>(r) * kred];
-      for (int c = 0; c < nout; ++c) {
-        const float* bc = &b[(e * nout + c) * static_cast<size_t>(kred)];
-        double sum = 0, mag = 0;
-        for (int k = 0; k < kred; ++k) {
-          const double p = static_cast<double>(ar[k]) * bc[k];
-          sum += p;
-          mag += std::fabs(p);
-        }
-        ref.value[static_cast<size_t>(r / row_stride) * nout + c] = sum;
-        ref.magnitude[static_cast<size_t>(r / row_stride) * nout + c] = mag;
-      }
-    }
-  }
-  return ref;
-}
-
 class MxGroupedGemmTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -147,27 +88,6 @@ class MxGroupedGemmTest : public ::testing::Test {
 constexpr int kK = 352, kN = 256;
 const std::vector<int> kMixedSizes = {0, 1, 37, 0, 200, 129, 300, 3, 0, 64, 255, 0};
 
-struct MGroupedCase {
-  std::vector<int32_t> offsets;
-  int64_t max_rows;
-  int kred = 0, nout = 0;  // reduction length and output width of this product
-  MxHost a, b;
-};
-
-// A [max_rows][kred] row-wise, B [E][nout][kred] row-wise (B K-major).
-MGroupedCase MakeMGrouped(const std::vector<int>& sizes, int kred, int nout, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  MGroupedCase c;
-  c.offsets = Offsets(sizes);
-  c.max_rows = c.offsets.back() + 16;
-  c.kred = kred;
-  c.nout = nout;
-  c.a = QuantizeRows(RandomWide(c.max_rows * kred, &rng), c.max_rows, kred);
-  c.b = QuantizeRows(RandomWide(sizes.size() * nout * static_cast<size_t>(kred), &rng),
-                     static_cast<int64_t>(sizes.size()) * nout, kred);
-  return c;
-}
-
 MxGroupedGemmOptions Options(int groups, int64_t max_rows) {
   MxGroupedGemmOptions o;
   o.num_groups = groups;
@@ -175,51 +95,6 @@ MxGroupedGemmOptions Options(int groups, int64_t max_rows) {
   o.n = kN;
   o.max_rows = max_rows;
   return o;
-}
-
-// Runs Forward (dgrad = false) or BackwardData and checks it (every row_stride-th row against the
-// reference, all rows for NaN poison), rows past offsets[E] untouched.
-void RunMGrouped(const MGroupedCase& c, bool dgrad, const char* what, const std::string& kernel,
-                 int row_stride = 1, const Ref* precomputed = nullptr) {
-  SCOPED_TRACE(kernel);
-  const int kred = c.kred, nout = c.nout;
-  const int groups = static_cast<int>(c.offsets.size()) - 1;
-  MxGroupedGemmOptions options = Options(groups, c.max_rows);
-  options.k = dgrad ? nout : kred;  // the forward's k and n
-  options.n = dgrad ? kred : nout;
-  options.kernel = kernel;
-  auto gemm = MxGroupedGemm::Create(options);
-  ASSERT_TRUE(gemm.ok()) << gemm.status();
-  auto a_data = Upload(c.a.data), a_scales = Upload(c.a.scales);
-  auto b_data = Upload(c.b.data), b_scales = Upload(c.b.scales);
-  auto offsets = Upload(c.offsets);
-  DeviceBuffer out(static_cast<size_t>(c.max_rows) * nout * 2, 2);  // poisoned (NaN)
-  const MxOperand a{static_cast<const uint8_t*>(static_cast<void*>(a_data->i32())),
-                    static_cast<const uint8_t*>(static_cast<void*>(a_scales->i32()))};
-  const MxOperand b{static_cast<const uint8_t*>(static_cast<void*>(b_data->i32())),
-                    static_cast<const uint8_t*>(static_cast<void*>(b_scales->i32()))};
-  Bf16* y = reinterpret_cast<Bf16*>(out.bf16());
-  const absl::Status s = dgrad ? (*gemm)->BackwardData(a, b, offsets->i32(), y, nullptr)
-                               : (*gemm)->Forward(a, b, offsets->i32(), y, nullptr);
-  ASSERT_TRUE(s.ok()) << s;
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> host = out.ToHostBf16();
-  const Ref ref = precomputed != nullptr ? *precomputed
-                                         : MGroupedReference(c.a.values, c.b.values, c.offsets,
-                                                             kred, nout, row_stride);
-  const size_t valid = static_cast<size_t>(c.offsets.back()) * nout;
-  std::vector<float> sampled;
-  for (size_t r = 0; r < static_cast<size_t>(c.offsets.back()); r += row_stride) {
-    sampled.insert(sampled.end(), host.begin() + r * nout, host.begin() + (r + 1) * nout);
-  }
-  ExpectClose(sampled, ref, sampled.size(), kBf16Rel, kBf16Abs, kBf16Norm, what);
-  size_t unwritten = 0, touched = 0;
-  if (row_stride > 1) {  // rows the reference skipped must still be written (no NaN inputs here)
-    for (size_t i = 0; i < valid; ++i) unwritten += std::isnan(host[i]) ? 1 : 0;
-  }
-  for (size_t i = valid; i < host.size(); ++i) touched += std::isnan(host[i]) ? 0 : 1;
-  EXPECT_EQ(unwritten, 0u) << what << ": outputs left NaN (unwritten) in the groups' rows";
-  EXPECT_EQ(touched, 0u) << what << ": rows past offsets[E] were written";
 }
 
 TEST_F(MxGroupedGemmTest, ForwardMatchesFp64OfDequantized) {

@@ -273,5 +273,33 @@ TEST(Mxfp8Dequantize, IsExactAndHonoursNumRows) {
   }
 }
 
+// The bf16-core GEMM's weight image: image column 64 b + l holds the exact value of physical column
+// 64 b + MxImagePhysicalColumn(l) (exact: the bf16 of an E4M3 times a power of two); cols must be
+// a multiple of 64.
+TEST(Mxfp8WeightImage, HoldsExactValuesInTheFragmentOrder) {
+  const int64_t rows = 5, cols = 192;
+  const std::vector<Bf16> x = RandomBf16WideRange(rows * cols);
+  std::vector<uint8_t> data(rows * cols), scales(rows * cols / 32);
+  MxRowwise rowwise{data.data(), scales.data()};
+  ASSERT_TRUE(cpu::QuantizeMxfp8({rows, cols, 1}, x.data(), nullptr, &rowwise, nullptr).ok());
+  scales[4] = kE8M0Nan;  // row 0, columns 128..159
+  std::vector<Bf16> image(rows * cols);
+  ASSERT_TRUE(cpu::MxWeightImage(rows, cols, data.data(), scales.data(), image.data()).ok());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t p = c / 64 * 64 + MxImagePhysicalColumn(static_cast<int>(c % 64));
+      const double want = static_cast<double>(E4M3ToFloat(data[r * cols + p])) *
+                          std::ldexp(1.0, scales[r * (cols / 32) + p / 32] - 127);
+      const double got = Bf16ToFloat(image[r * cols + c]);
+      if (r == 0 && p / 32 == 4) {
+        EXPECT_TRUE(std::isnan(got)) << c;
+      } else {
+        ASSERT_EQ(got, want) << "row " << r << " column " << c;
+      }
+    }
+  }
+  EXPECT_FALSE(cpu::MxWeightImage(rows, 96, data.data(), scales.data(), image.data()).ok());
+}
+
 }  // namespace
 }  // namespace dropless::kernels

@@ -94,6 +94,12 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
       d.precision == Precision::kBf16 &&
       (forced != nullptr ? std::strcmp(forced, "1") == 0
                          : d.expected_rows_per_expert() <= kFusedAdamWMaxRowsPerExpert);
+  // MXFP8 on the bf16 tensor cores where every reduction length is a multiple of 64 (H for w1's
+  // forward and w2's data gradient, F and 2F for the others); DROPLESS_MX_CORE=0 keeps the
+  // per-32 promotion kernels (A/B runs).
+  const char* mx_core = std::getenv("DROPLESS_MX_CORE");
+  d.mx_core = d.precision == Precision::kMxfp8 && d.hidden % 64 == 0 && d.ffn % 64 == 0 &&
+              (mx_core == nullptr || std::strcmp(mx_core, "0") != 0);
   d.overlap_chunks = config.overlap ? std::min(kOverlapChunks, d.local_experts()) : 1;
   if (config.overlap) {
     int sms = 0, reserve = kExchangeSms;
@@ -104,11 +110,25 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
   return d;
 }
 
-bool FusesExpertUpdate(const EngineConfig& config) {
+namespace {
+
+// LayerDimsOf without the device query (overlap's SM count), which bears on no other field.
+absl::StatusOr<LayerDims> HostLayerDims(const EngineConfig& config) {
   EngineConfig c = config;
-  c.overlap = false;  // the only part of LayerDimsOf that asks the device; no bearing on the choice
-  absl::StatusOr<LayerDims> d = LayerDimsOf(c);
+  c.overlap = false;
+  return LayerDimsOf(c);
+}
+
+}  // namespace
+
+bool FusesExpertUpdate(const EngineConfig& config) {
+  absl::StatusOr<LayerDims> d = HostLayerDims(config);
   return d.ok() && d->fused_expert_adamw;
+}
+
+bool UsesMxCore(const EngineConfig& config) {
+  absl::StatusOr<LayerDims> d = HostLayerDims(config);
+  return d.ok() && d->mx_core;
 }
 
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> CreateEngineDispatcher(

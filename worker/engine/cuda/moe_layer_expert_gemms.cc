@@ -136,6 +136,10 @@ absl::StatusOr<QuantizedWeight> LayerKernels::AllocateQuantizedWeight(int64_t kd
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n / kernels::kMxBlock, "mxfp8 weight scales", &mx.along_n_scales));
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight (along k)", &mx.along_k));
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n / kernels::kMxBlock, "mxfp8 weight scales", &mx.along_k_scales));
+    if (dims_.mx_core) {
+      DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight image (along n)", &mx.image_along_n));
+      DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight image (along k)", &mx.image_along_k));
+    }
   }
   if (dims_.fp8_block()) {
     kernels::Fp8BlockWeights& fb = w.fp8_block;
@@ -161,8 +165,14 @@ absl::Status LayerKernels::QuantizeWeight(const Bf16* w, int64_t kdim, int64_t n
                                              nullptr, &along_n, nullptr, stream));
   DROPLESS_RETURN_IF_ERROR(Transpose(E, kdim, ndim, w, transpose_scratch_, stream));
   kernels::MxRowwise along_k{out.mx.along_k, out.mx.along_k_scales};
-  return kc::QuantizeMxfp8(kernels::MxQuantizeShape{E * ndim, kdim, 1}, transpose_scratch_,
-                           nullptr, &along_k, nullptr, stream);
+  DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{E * ndim, kdim, 1},
+                                             transpose_scratch_, nullptr, &along_k, nullptr,
+                                             stream));
+  if (out.mx.image_along_n == nullptr) return absl::OkStatus();
+  DROPLESS_RETURN_IF_ERROR(kc::MxWeightImage(E * kdim, ndim, out.mx.along_n,
+                                             out.mx.along_n_scales, out.mx.image_along_n, stream));
+  return kc::MxWeightImage(E * ndim, kdim, out.mx.along_k, out.mx.along_k_scales,
+                           out.mx.image_along_k, stream);
 }
 
 MoeLayerGpu::ExpertOperands MoeLayerGpu::W1(const LayerWeights& w, const LayerGrads& g) {
@@ -249,6 +259,10 @@ MoeLayerGpu::ExpertOperands MoeLayerGpu::Run(const ExpertOperands& o, LocalExper
     mx.along_n_scales += elements / kernels::kMxBlock;
     mx.along_k += elements;
     mx.along_k_scales += elements / kernels::kMxBlock;
+    if (mx.image_along_n != nullptr) {
+      mx.image_along_n += elements;
+      mx.image_along_k += elements;
+    }
   }
   kernels::Fp8BlockWeights& fb = r.q_w.fp8_block;
   if (fb.data != nullptr) {
@@ -269,6 +283,10 @@ absl::Status MoeLayerGpu::ExpertForward(const ExpertOperands& o, cudaStream_t st
   }
   if (k_->dims_.mxfp8()) {
     const MxWeight& q = o.q_w.mx;
+    if (q.image_along_k != nullptr) {
+      return o.mx_gemm->Forward({o.x_mx->data, o.x_mx->scales}, q.image_along_k, o.offsets, o.y,
+                                stream);
+    }
     return o.mx_gemm->Forward({o.x_mx->data, o.x_mx->scales}, {q.along_k, q.along_k_scales},
                               o.offsets, o.y, stream);
   }
@@ -283,6 +301,10 @@ absl::Status MoeLayerGpu::ExpertBackwardData(const ExpertOperands& o, cudaStream
   }
   if (k_->dims_.mxfp8()) {
     const MxWeight& q = o.q_w.mx;
+    if (q.image_along_n != nullptr) {
+      return o.mx_gemm->BackwardData({o.dy_mx->data, o.dy_mx->scales}, q.image_along_n,
+                                     o.offsets, o.dx, stream);
+    }
     return o.mx_gemm->BackwardData({o.dy_mx->data, o.dy_mx->scales},
                                    {q.along_n, q.along_n_scales}, o.offsets, o.dx, stream);
   }

@@ -78,6 +78,11 @@ struct LayerDims {
   // update follows its data-gradient GEMM, the last reader of its working copy. Chosen by
   // LayerDimsOf (engine_setup.h) from expected_rows_per_expert().
   bool fused_expert_adamw = false;
+  // mxfp8: the forward and data-gradient expert GEMMs run on the bf16 tensor cores over exact bf16
+  // images of the quantized weights (MxGroupedGemm's image products; the images written after
+  // every update), else with per-32 promotion on the fp8 tensor cores. Chosen by LayerDimsOf
+  // (hidden and ffn multiples of 64; DROPLESS_MX_CORE=0 turns it off).
+  bool mx_core = false;
 
   bool mxfp8() const { return precision == Precision::kMxfp8; }
   bool fp8_block() const { return precision == Precision::kFp8Block; }
@@ -108,6 +113,10 @@ struct MxWeight {
   uint8_t* along_n_scales = nullptr;
   uint8_t* along_k = nullptr;
   uint8_t* along_k_scales = nullptr;
+  // LayerDims::mx_core: the exact bf16 images (kernels::MxWeightImage) of along_n ([E][k][n], the
+  // data gradient's operand) and along_k ([E][n][k], the forward's); null otherwise.
+  Bf16* image_along_n = nullptr;
+  Bf16* image_along_k = nullptr;
 };
 
 // The quantized copies of one expert weight that the precision's expert GEMMs read: MXFP8

@@ -1,6 +1,7 @@
 // MxGroupedGemm (kernels/include/dropless/kernels/mx_grouped_gemm.h): option and pointer checks,
 // the kernel choice, tensor maps, launches of the kernels in mx_gemm_kernel.cuh (128 x 128 tiles)
-// and mx_gemm_wide_kernel.cuh (256 x 128 tiles).
+// and mx_gemm_wide_kernel.cuh (256 x 128 tiles); the products on weight images go to the bf16-core
+// kernel (mx_core.h).
 //
 // Tensor maps are encoded on the host at each call (pure host arithmetic on the pointers, no device
 // work and no synchronization) and passed by value as kernel parameters, so a captured graph keeps
@@ -24,6 +25,7 @@
 #include "dropless/kernels/mx_grouped_gemm.h"
 #include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
 #include "kernels/cuda/grouped_gemm/kernel_choice.h"
+#include "kernels/cuda/grouped_gemm/mxfp8/mx_core.h"
 #include "kernels/cuda/grouped_gemm/mxfp8/mx_gemm_kernel.cuh"
 #include "kernels/cuda/grouped_gemm/mxfp8/mx_gemm_wide_kernel.cuh"
 #include "kernels/cuda/hopper/tma.cuh"
@@ -217,6 +219,18 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
   absl::Status BackwardData(const MxOperand& dy, const MxOperand& w, const int32_t* offsets,
                             Bf16* dx, Stream stream) override {
     return MGrouped(dy, w, offsets, dx, /*k=*/o_.n, /*n=*/o_.k, "dy", "w", "dx", stream);
+  }
+
+  absl::Status Forward(const MxOperand& x, const Bf16* w_t_image, const int32_t* offsets, Bf16* y,
+                       Stream stream) override {
+    return mxgemm::LaunchCore({x, w_t_image, offsets, y, o_.num_groups, o_.k, o_.n, o_.max_rows},
+                              sms_, "x", "y", stream);
+  }
+
+  absl::Status BackwardData(const MxOperand& dy, const Bf16* w_image, const int32_t* offsets,
+                            Bf16* dx, Stream stream) override {
+    return mxgemm::LaunchCore({dy, w_image, offsets, dx, o_.num_groups, o_.n, o_.k, o_.max_rows},
+                              sms_, "dy", "dx", stream);
   }
 
   absl::Status BackwardWeight(const MxOperand& x_colwise, const MxOperand& dy_colwise,
@@ -433,6 +447,7 @@ absl::StatusOr<std::unique_ptr<MxGroupedGemm>> MxGroupedGemm::Create(
       if (!s.ok()) return s;
     }
   }
+  if (absl::Status s = mxgemm::AllowCoreSmem(); !s.ok()) return s;
   int32_t* choice = nullptr;
   if (k_kernel == kPairedWeightGradient) {
     if (absl::Status s = CudaStatus(cudaMalloc(&choice, sizeof(int32_t)), "cudaMalloc(choice)");

@@ -87,8 +87,10 @@ class MxGroupedGemm {
   // the field) and picks the kernel configuration once.
   static absl::StatusOr<std::unique_ptr<MxGroupedGemm>> Create(const MxGroupedGemmOptions& options);
 
-  // Names of the compiled kernels (they differ in how B's scales are staged in shared memory).
+  // Names of the compiled promotion kernels (they differ in how B's scales are staged in shared
+  // memory); the bf16-core kernel of the image products is kCoreKernelName.
   static std::vector<std::string> KernelNames();
+  static constexpr char kCoreKernelName[] = "mx_core_bf16_128x256x64_s4";
 
   virtual ~MxGroupedGemm() = default;
 
@@ -98,6 +100,20 @@ class MxGroupedGemm {
   // dx [max_rows][k] bf16; w is W quantized along n ([E][k][n] + scales [E][k][n/32]).
   virtual absl::Status BackwardData(const MxOperand& dy, const MxOperand& w, const int32_t* offsets,
                                     Bf16* dx, Stream stream) = 0;
+  // The same two products on the bf16 tensor cores ("bf16 core", kernel kCoreKernelName): the
+  // weights come as their exact bf16 image (MxWeightImage, mxfp8.h; written once per weight
+  // update), w_t_image [E][n][k] the image of W^T quantized along k, w_image [E][k][n] that of W
+  // quantized along n; the activations stay MXFP8 and are converted to exact bf16 values in
+  // registers. Every product of two MXFP8 values is exact in bf16, so the result is the product
+  // of the dequantized operands with fp32 accumulation, as above (the summation order differs).
+  // No per-32 promotion: on Hopper its fp32 instructions, not the tensor cores, bound the
+  // kernels above. The reduction length (Forward: k, BackwardData: n) must be a multiple of 64;
+  // the output 16-byte aligned.
+  virtual absl::Status Forward(const MxOperand& x, const Bf16* w_t_image, const int32_t* offsets,
+                               Bf16* y, Stream stream) = 0;
+  virtual absl::Status BackwardData(const MxOperand& dy, const Bf16* w_image,
+                                    const int32_t* offsets, Bf16* dx, Stream stream) = 0;
+
   // x_colwise and dy_colwise as QuantizeMxfp8 writes them (block-major, mxfp8.h); padded_offsets
   // as it wrote them.
   virtual absl::Status BackwardWeight(const MxOperand& x_colwise, const MxOperand& dy_colwise,

@@ -153,6 +153,24 @@ struct MxQuantizeShape {
 absl::Status ValidateMxQuantize(const MxQuantizeShape& shape, const Bf16* x,
                                 const MxRowwise* rowwise, const MxColwise* colwise);
 
+// ---- The weight image of the bf16-core MXFP8 GEMM (mx_grouped_gemm.h). ----
+//
+// A row-wise MXFP8 operand [rows][cols] (+ scales [rows][cols / 32]) as bf16 [rows][cols]: every
+// element's exact value P * X (bf16 holds it: 3 mantissa bits, fp32's exponent range; a value
+// below bf16's smallest subnormal 2^-133, possible only under a scale of 2^-124 or less, rounds to
+// nearest even), NaN for a NaN scale, with
+// the column index permuted within each run of 64: image position 64 b + l holds the element of
+// column 64 b + MxImagePhysicalColumn(l). That is the order in which the bf16-core kernel's
+// register fragments read the other (activation) operand's bytes, so the two meet in the
+// reduction. cols must be a multiple of 64.
+//
+// The kernel fills k16 step j's fragment columns {2q, 2q+1, 2q+8, 2q+9} of thread quad q from the
+// 4 consecutive bytes 16q + 4j .. 16q + 4j + 3 of its row (one 16-byte load per row and 64).
+DROPLESS_KERNELS_HD constexpr int MxImagePhysicalColumn(int logical) {
+  return 16 * (((logical % 16) % 8) / 2) + 4 * (logical / 16) + (logical % 2) +
+         2 * ((logical % 16) / 8);
+}
+
 namespace cpu {
 
 // Row-wise and/or column-wise MXFP8 of x [rows][cols] (bf16) per the layouts above. rowwise or
@@ -167,6 +185,10 @@ absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* n
                                     const uint8_t* data, const uint8_t* scales, float* out);
 absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* num_rows,
                                     const uint8_t* data, const uint8_t* scales, Bf16* out);
+
+// The weight image above: image [rows][cols] bf16 of data [rows][cols] + scales [rows][cols / 32].
+absl::Status MxWeightImage(int64_t rows, int64_t cols, const uint8_t* data, const uint8_t* scales,
+                           Bf16* image);
 
 }  // namespace cpu
 
@@ -184,6 +206,8 @@ absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* n
 absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* num_rows,
                                     const uint8_t* data, const uint8_t* scales, Bf16* out,
                                     Stream stream);
+absl::Status MxWeightImage(int64_t rows, int64_t cols, const uint8_t* data, const uint8_t* scales,
+                           Bf16* image, Stream stream);
 
 }  // namespace cuda
 }  // namespace dropless::kernels
