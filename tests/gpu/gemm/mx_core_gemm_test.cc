@@ -101,6 +101,40 @@ TEST_F(MxCoreGemmTest, WeightImageMatchesCpuBitForBit) {
   EXPECT_NE(bad.message().find("cols"), std::string::npos) << bad;
 }
 
+// The weight gradient's operands as exact bf16 rows: bit for bit against the CPU, over groups
+// with padding, a NaN scale and scales that need two multiplies; rows past the last group's
+// padded end untouched.
+TEST_F(MxCoreGemmTest, ColwiseImageMatchesCpuBitForBit) {
+  std::random_device rd;
+  std::mt19937_64 rng(rd());
+  const std::vector<int32_t> offsets = gemm_test::Offsets({0, 1, 37, 200, 0, 129, 64, 33});
+  const int groups = static_cast<int>(offsets.size()) - 1;
+  const int64_t rows = offsets.back() + 5, cols = 160;
+  const std::vector<Bf16> x = RandomWide(rows * cols, &rng);
+  MxColwise host;
+  host.padded_rows = ColwisePaddedRows(rows, groups);
+  std::vector<uint8_t> data(host.padded_rows * cols), scales(host.padded_rows / 32 * cols);
+  std::vector<int32_t> padded(groups + 1);
+  host.data = data.data();
+  host.scales = scales.data();
+  host.group_offsets = padded.data();
+  ASSERT_TRUE(cpu::QuantizeMxfp8({rows, cols, groups}, x.data(), offsets.data(), nullptr, &host).ok());
+  const uint8_t special[] = {0xFF, 140, 250, 2};
+  for (uint8_t sc : special) scales[rng() % (padded.back() / 32 * cols)] = sc;
+  std::vector<Bf16> expected(host.padded_rows * cols, Bf16{0x7FC0});
+  ASSERT_TRUE(cpu::MxColwiseImage(cols, groups, host, expected.data()).ok());
+
+  auto d_data = Upload(data), d_scales = Upload(scales), d_padded = Upload(padded);
+  MxColwise dev = host;
+  dev.data = reinterpret_cast<uint8_t*>(d_data->i32());
+  dev.scales = reinterpret_cast<uint8_t*>(d_scales->i32());
+  dev.group_offsets = d_padded->i32();
+  DeviceBuffer image(host.padded_rows * cols * 2, 2);  // poisoned: NaN past the padded end
+  ASSERT_TRUE(cuda::MxColwiseImage(cols, groups, dev, reinterpret_cast<Bf16*>(image.bf16()), nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ExpectSameBits(image, expected, "column-wise image");
+}
+
 // k = 384: six stages; n = 352: the second N tile is partial. 20 random groups with k = 448: seven
 // stages (an odd count ends on the even fragment buffer).
 TEST_F(MxCoreGemmTest, ForwardMatchesFp64OfDequantized) {

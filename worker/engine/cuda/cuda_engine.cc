@@ -149,8 +149,8 @@ absl::Status CudaEngineImpl::Initialize() {
         static_cast<int>(dims_.expected_rows_per_expert())));
   }
   if (dims_.mx_core && rank_ == 0) {
-    LogInfo("cuda engine: mxfp8 forward and data-gradient expert GEMMs on the bf16 tensor cores "
-            "over exact bf16 images of the weights (DROPLESS_MX_CORE=0: per-32 promotion)");
+    LogInfo("cuda engine: mxfp8 expert GEMMs on the bf16 tensor cores over exact bf16 images of "
+            "the MXFP8 operands (DROPLESS_MX_CORE=0: per-32 promotion)");
   }
   absl::StatusOr<std::unique_ptr<ExpertDispatcher>> dispatcher =
       CreateEngineDispatcher(config_, dims_, rank_, ep_local_, groups_, &links_, &arena_);

@@ -67,6 +67,14 @@ absl::Status LayerKernels::CreateExpertGemms(int groups, ExpertGemms* out) const
       o.padded_rows = kernels::ColwisePaddedRows(R, El);  // the layer's column-wise buffers
       o.expected_rows_per_group = expected_rows;
       DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->mx_w1 : &out->mx_w2));
+      if (d.mx_core) {
+        // The weight gradient: bf16 over the column-wise images' padded rows.
+        kernels::GroupedGemmOptions b = shaped(kernels::GroupedGemmOptions{});
+        b.max_rows = o.padded_rows;
+        b.expected_rows_per_group = expected_rows;
+        b.weight_grad_type = kernels::GradType::kFloat32;
+        DROPLESS_RETURN_IF_ERROR(make(b, product == 0 ? &out->w1 : &out->w2));
+      }
     } else if (d.fp8_block()) {
       kernels::Fp8BlockGroupedGemmOptions o = shaped(kernels::Fp8BlockGroupedGemmOptions{});
       o.padded_rows = kernels::Fp8ColwisePaddedRows(R, El);
@@ -106,6 +114,12 @@ absl::Status LayerKernels::AllocateQuantizedScratch(DeviceArena* arena) {
     DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, 2 * F, El, kernels::kMxBlock, &col_d_h_));
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(int64_t{El} * H * 2 * F, "weight transpose scratch",
                                              &transpose_scratch_));
+    if (d.mx_core) {
+      DROPLESS_RETURN_IF_ERROR(arena->Allocate(padded_rows_ * std::max(H, F),
+                                               "column-wise image (x)", &col_image_x_));
+      DROPLESS_RETURN_IF_ERROR(arena->Allocate(padded_rows_ * std::max(H, 2 * F),
+                                               "column-wise image (dy)", &col_image_dy_));
+    }
   }
   if (d.fp8_block()) {
     padded_rows_ = kernels::Fp8ColwisePaddedRows(R, El);
@@ -316,6 +330,14 @@ absl::Status MoeLayerGpu::ExpertBackwardWeight(const ExpertOperands& o, cudaStre
     return o.fb_gemm->BackwardWeight({o.x_fb_col->data, o.x_fb_col->scales},
                                      {o.dy_fb_col->data, o.dy_fb_col->scales},
                                      o.x_fb_col->group_offsets, o.dw, stream);
+  }
+  if (k_->dims_.mxfp8() && k_->dims_.mx_core) {
+    LayerKernels& k = *k_;
+    const int El = k.dims_.local_experts();
+    DROPLESS_RETURN_IF_ERROR(kc::MxColwiseImage(o.k, El, *o.x_col, k.col_image_x_, stream));
+    DROPLESS_RETURN_IF_ERROR(kc::MxColwiseImage(o.n, El, *o.dy_col, k.col_image_dy_, stream));
+    return o.gemm->BackwardWeight(Nv(k.col_image_x_), Nv(k.col_image_dy_),
+                                  o.x_col->group_offsets, o.dw, stream);
   }
   if (k_->dims_.mxfp8()) {
     return o.mx_gemm->BackwardWeight({o.x_col->data, o.x_col->scales},

@@ -78,10 +78,12 @@ struct LayerDims {
   // update follows its data-gradient GEMM, the last reader of its working copy. Chosen by
   // LayerDimsOf (engine_setup.h) from expected_rows_per_expert().
   bool fused_expert_adamw = false;
-  // mxfp8: the forward and data-gradient expert GEMMs run on the bf16 tensor cores over exact bf16
-  // images of the quantized weights (MxGroupedGemm's image products; the images written after
-  // every update), else with per-32 promotion on the fp8 tensor cores. Chosen by LayerDimsOf
-  // (hidden and ffn multiples of 64; DROPLESS_MX_CORE=0 turns it off).
+  // mxfp8: the expert GEMMs run on the bf16 tensor cores, every MXFP8 product exact in bf16 with
+  // fp32 accumulation: the forward and data gradient over exact bf16 images of the quantized
+  // weights (MxGroupedGemm's image products; the images written after every update), the weight
+  // gradient as the bf16 grouped GEMM over the column-wise operands' exact bf16 rows
+  // (kernels::MxColwiseImage); else with per-32 promotion on the fp8 tensor cores. Chosen by
+  // LayerDimsOf (hidden and ffn multiples of 64; DROPLESS_MX_CORE=0 turns it off).
   bool mx_core = false;
 
   bool mxfp8() const { return precision == Precision::kMxfp8; }
@@ -243,6 +245,11 @@ class LayerKernels {
   Bf16* permuted_scratch_ = nullptr;    // [Tk][H]
   Bf16* swiglu_scratch_ = nullptr;      // [R][F]
   kernels::MxColwise col_rows_, col_a_, col_d_out_, col_d_h_;
+  // LayerDims::mx_core: the weight gradient's column-wise operands as exact bf16 rows
+  // (kernels::MxColwiseImage, [P][cols]) for the bf16 grouped GEMM; one pair for both weights
+  // (their weight gradients run one after the other on the wgrad stream).
+  Bf16* col_image_x_ = nullptr;         // [P][max(H, F)]
+  Bf16* col_image_dy_ = nullptr;        // [P][max(H, 2F)]
   // fp8-block scratch (precision fp8-block; with an exchange the tokens are quantized at their
   // rank, fb_send_, and travel so, as in mxfp8): row-wise operands of the forward and data
   // gradient, column-wise of the weight gradient.

@@ -171,6 +171,14 @@ DROPLESS_KERNELS_HD constexpr int MxImagePhysicalColumn(int logical) {
          2 * ((logical % 16) / 8);
 }
 
+// ---- The column-wise image (the bf16-core weight gradient's operands, mx_grouped_gemm.h). ----
+//
+// A column-wise MXFP8 operand (block-major, the layout above) as exact bf16 rows: image [P][cols],
+// image[p][c] = the value of padded row p, column c (exact as in the weight image; padding rows
+// are +0). Block rows at or past padded_offsets[G] / 32 are not written. The bf16 grouped GEMM's
+// weight gradient over these rows and padded_offsets computes exactly the MXFP8 weight gradient
+// (every product exact in bf16, fp32 accumulation).
+
 namespace cpu {
 
 // Row-wise and/or column-wise MXFP8 of x [rows][cols] (bf16) per the layouts above. rowwise or
@@ -189,6 +197,9 @@ absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* n
 // The weight image above: image [rows][cols] bf16 of data [rows][cols] + scales [rows][cols / 32].
 absl::Status MxWeightImage(int64_t rows, int64_t cols, const uint8_t* data, const uint8_t* scales,
                            Bf16* image);
+// The column-wise image above, for padded_rows and cols of `colwise` (its data, scales and
+// group_offsets, num_groups + 1 of them, read).
+absl::Status MxColwiseImage(int64_t cols, int num_groups, const MxColwise& colwise, Bf16* image);
 
 }  // namespace cpu
 
@@ -208,6 +219,8 @@ absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* n
                                     Stream stream);
 absl::Status MxWeightImage(int64_t rows, int64_t cols, const uint8_t* data, const uint8_t* scales,
                            Bf16* image, Stream stream);
+absl::Status MxColwiseImage(int64_t cols, int num_groups, const MxColwise& colwise, Bf16* image,
+                            Stream stream);
 
 }  // namespace cuda
 }  // namespace dropless::kernels
