@@ -137,5 +137,38 @@ absl::Status MxColwiseImage(int64_t cols, int num_groups, const MxColwise& colwi
   return absl::OkStatus();
 }
 
+absl::Status MxWeightImages(const MxWeightImagesShape& shape, const Bf16* w, Bf16* image_along_n,
+                            Bf16* image_along_k) {
+  const int64_t E = shape.experts, K = shape.k, N = shape.n;
+  if (E < 0 || K <= 0 || K % 64 != 0 || N <= 0 || N % 64 != 0) {
+    return absl::InvalidArgumentError("shape: experts >= 0, k and n positive multiples of 64");
+  }
+  // Along n: W as [E k][n] rows. Along k: W^T as [E n][k] rows.
+  std::vector<Bf16> transposed(static_cast<size_t>(E * K * N));
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t i = 0; i < K; ++i) {
+      for (int64_t j = 0; j < N; ++j) transposed[(e * N + j) * K + i] = w[(e * K + i) * N + j];
+    }
+  }
+  const struct {
+    const Bf16* in;
+    int64_t rows, cols;
+    Bf16* image;
+  } views[2] = {{w, E * K, N, image_along_n}, {transposed.data(), E * N, K, image_along_k}};
+  for (const auto& v : views) {
+    std::vector<uint8_t> data(static_cast<size_t>(v.rows * v.cols)), scales(data.size() / kMxBlock);
+    MxRowwise rowwise{data.data(), scales.data()};
+    if (absl::Status s = QuantizeMxfp8({v.rows, v.cols, 1}, v.in, nullptr, &rowwise, nullptr);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = MxWeightImage(v.rows, v.cols, data.data(), scales.data(), v.image);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace cpu
 }  // namespace dropless::kernels

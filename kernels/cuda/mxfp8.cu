@@ -12,7 +12,6 @@
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/hopper/bulk_copy.cuh"
 #include "kernels/cuda/hopper/mbarrier.cuh"
-#include "kernels/cuda/mx_bf16.cuh"
 #include "kernels/cuda/padded_offsets.cuh"
 
 namespace dropless::kernels::cuda {
@@ -369,62 +368,6 @@ absl::Status Dequantize(int64_t rows, int64_t cols, const int32_t* num_rows, con
   return LaunchStatus("DequantizeKernel");
 }
 
-// ---- The bf16-core GEMM's weight image (mxfp8.h) ----
-
-// One thread per 16 bytes of a row: physical columns 64 b + 16 q .. + 15 (one scale), written to
-// the logical positions 64 b + 16 j + {2q, 2q+1} and + {2q+8, 2q+9}, j = 0..3 (MxImagePhysicalColumn).
-__global__ void __launch_bounds__(256)
-    WeightImageKernel(const uint4* __restrict__ data, const uint8_t* __restrict__ scales,
-                      int64_t rows, int64_t cols, uint32_t* __restrict__ image) {
-  const int64_t chunks = cols / 16, total = rows * chunks;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / chunks, c16 = i % chunks;
-    const int q = static_cast<int>(c16 % 4);
-    const uint4 x = data[i];
-    const mxbf16::Factors f = mxbf16::FactorsOf(scales[r * (cols / 32) + c16 / 2]);
-    const uint32_t words[4] = {x.x, x.y, x.z, x.w};
-    uint32_t* out = image + (r * cols + (c16 / 4) * 64) / 2;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      out[(16 * j + 2 * q) / 2] = mxbf16::E4m3PairToBf16<false>(words[j], f);
-      out[(16 * j + 2 * q + 8) / 2] = mxbf16::E4m3PairToBf16<true>(words[j], f);
-    }
-  }
-}
-
-// One thread per (block row j, column pair c, c + 1): their 2 x 32 bytes and two scales, written
-// as bf16x2 to rows 32 j .. 32 j + 31 (a warp covers 64 columns: 128-byte row segments).
-__global__ void __launch_bounds__(256)
-    ColwiseImageKernel(const uint4* __restrict__ data, const uint8_t* __restrict__ scales,
-                       const int32_t* __restrict__ padded_offsets, int num_groups, int64_t padded,
-                       int64_t cols, uint32_t* __restrict__ image) {
-  const int64_t end = min(padded, static_cast<int64_t>(max(0, padded_offsets[num_groups])));
-  const int64_t pairs = cols / 2, total = (end / kMxBlock) * pairs;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t j = i / pairs, c = 2 * (i % pairs);
-    const int64_t block = j * cols + c;  // column c's block; column c + 1's follows
-    const uint4 a0 = data[2 * block], a1 = data[2 * block + 1];
-    const uint4 b0 = data[2 * block + 2], b1 = data[2 * block + 3];
-    const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-    const uint32_t wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-    const mxbf16::Factors fa = mxbf16::FactorsOf(scales[block]);
-    const mxbf16::Factors fb = mxbf16::FactorsOf(scales[block + 1]);
-    const mxbf16::Factors f{(fa.first & 0xFFFFu) | (fb.first & 0xFFFF0000u),
-                            (fa.second & 0xFFFFu) | (fb.second & 0xFFFF0000u), fa.twice || fb.twice};
-    uint32_t* out = image + (j * kMxBlock * cols + c) / 2;
-#pragma unroll
-    for (int r = 0; r < kMxBlock; ++r) {
-      uint32_t x;  // byte r of column c in byte 0, of column c + 1 in byte 1
-      asm("prmt.b32 %0, %1, %2, %3;"
-          : "=r"(x)
-          : "r"(wa[r / 4]), "r"(wb[r / 4]), "r"((r % 4) | ((4 + r % 4) << 4)));
-      out[r * cols / 2] = mxbf16::E4m3PairToBf16<false>(x, f);
-    }
-  }
-}
-
 }  // namespace
 
 absl::Status QuantizeMxfp8(const MxQuantizeShape& shape, const Bf16* x,
@@ -468,46 +411,6 @@ absl::Status DequantizeMxfp8Rowwise(int64_t rows, int64_t cols, const int32_t* n
                                     Stream stream) {
   return Dequantize(rows, cols, num_rows, data, scales, reinterpret_cast<__nv_bfloat16*>(out),
                     stream);
-}
-
-absl::Status MxWeightImage(int64_t rows, int64_t cols, const uint8_t* data, const uint8_t* scales,
-                           Bf16* image, Stream stream) {
-  if (rows < 0) return absl::InvalidArgumentError("rows: must be >= 0");
-  if (cols <= 0 || cols % 64 != 0) {
-    return absl::InvalidArgumentError("cols: must be a positive multiple of 64");
-  }
-  if (rows == 0) return absl::OkStatus();
-  if (data == nullptr || scales == nullptr || image == nullptr) {
-    return absl::InvalidArgumentError("data: data, scales and image must be set");
-  }
-  if (reinterpret_cast<uintptr_t>(data) % 16 != 0) {
-    return absl::InvalidArgumentError("data: must be 16-byte aligned");
-  }
-  WeightImageKernel<<<GridStrideBlocks(rows * cols / 16, 256), 256, 0, stream>>>(
-      reinterpret_cast<const uint4*>(data), scales, rows, cols, reinterpret_cast<uint32_t*>(image));
-  return LaunchStatus("WeightImageKernel");
-}
-
-absl::Status MxColwiseImage(int64_t cols, int num_groups, const MxColwise& colwise, Bf16* image,
-                            Stream stream) {
-  if (cols <= 0 || cols % kMxBlock != 0) {
-    return absl::InvalidArgumentError("cols: must be a positive multiple of 32");
-  }
-  if (num_groups < 1) return absl::InvalidArgumentError("num_groups: must be >= 1");
-  if (colwise.data == nullptr || colwise.scales == nullptr || colwise.group_offsets == nullptr ||
-      image == nullptr) {
-    return absl::InvalidArgumentError("colwise: data, scales, group_offsets and image must be set");
-  }
-  if (reinterpret_cast<uintptr_t>(colwise.data) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(image) % 4 != 0) {
-    return absl::InvalidArgumentError("colwise.data: must be 16-byte aligned (image 4-byte)");
-  }
-  if (colwise.padded_rows <= 0) return absl::OkStatus();
-  ColwiseImageKernel<<<GridStrideBlocks(colwise.padded_rows / kMxBlock * (cols / 2), 256), 256, 0,
-                       stream>>>(reinterpret_cast<const uint4*>(colwise.data), colwise.scales,
-                                 colwise.group_offsets, num_groups, colwise.padded_rows, cols,
-                                 reinterpret_cast<uint32_t*>(image));
-  return LaunchStatus("ColwiseImageKernel");
 }
 
 }  // namespace dropless::kernels::cuda

@@ -101,6 +101,35 @@ TEST_F(MxCoreGemmTest, WeightImageMatchesCpuBitForBit) {
   EXPECT_NE(bad.message().find("cols"), std::string::npos) << bad;
 }
 
+// Both weight images straight from a bf16 weight (one read) equal the quantize-then-image path's,
+// bit for bit: random wide values with a NaN, an Inf, blocks of 2^20 (two multiplies) and of 2^-130.
+TEST_F(MxCoreGemmTest, WeightImagesFromBf16MatchTheCpuBitForBit) {
+  std::random_device rd;
+  std::mt19937_64 rng(rd());
+  const MxWeightImagesShape shape{3, 128, 192};
+  const size_t count = shape.experts * shape.k * shape.n;
+  std::vector<Bf16> w = RandomWide(count, &rng);
+  w[rng() % count] = Bf16{0x7FC0};  // NaN
+  w[rng() % count] = Bf16{0x7F80};  // Inf
+  for (int i = 0; i < 40; ++i) w[rng() % count] = FloatToBf16(std::ldexp(1.5f, 20));
+  for (int i = 0; i < 40; ++i) w[rng() % count] = FloatToBf16(std::ldexp(1.25f, -130));
+  std::vector<Bf16> want_n(count), want_k(count);
+  ASSERT_TRUE(cpu::MxWeightImages(shape, w.data(), want_n.data(), want_k.data()).ok());
+  auto d_w = Upload(w);
+  DeviceBuffer img_n(count * 2, 2), img_k(count * 2, 2);
+  ASSERT_TRUE(cuda::MxWeightImages(shape, reinterpret_cast<const Bf16*>(d_w->bf16()),
+                                   reinterpret_cast<Bf16*>(img_n.bf16()),
+                                   reinterpret_cast<Bf16*>(img_k.bf16()), nullptr)
+                  .ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ExpectSameBits(img_n, want_n, "image along n");
+  ExpectSameBits(img_k, want_k, "image along k");
+  const absl::Status bad = cuda::MxWeightImages({3, 96, 192}, reinterpret_cast<const Bf16*>(d_w->bf16()),
+                                                reinterpret_cast<Bf16*>(img_n.bf16()),
+                                                reinterpret_cast<Bf16*>(img_k.bf16()), nullptr);
+  EXPECT_NE(bad.message().find("k"), std::string::npos) << bad;
+}
+
 // The weight gradient's operands as exact bf16 rows: bit for bit against the CPU, over groups
 // with padding, a NaN scale and scales that need two multiplies; rows past the last group's
 // padded end untouched.

@@ -112,9 +112,10 @@ absl::Status LayerKernels::AllocateQuantizedScratch(DeviceArena* arena) {
     DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, F, El, kernels::kMxBlock, &col_a_));
     DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, H, El, kernels::kMxBlock, &col_d_out_));
     DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, 2 * F, El, kernels::kMxBlock, &col_d_h_));
-    DROPLESS_RETURN_IF_ERROR(arena->Allocate(int64_t{El} * H * 2 * F, "weight transpose scratch",
-                                             &transpose_scratch_));
-    if (d.mx_core) {
+    if (!d.mx_core) {
+      DROPLESS_RETURN_IF_ERROR(arena->Allocate(int64_t{El} * H * 2 * F,
+                                               "weight transpose scratch", &transpose_scratch_));
+    } else {
       DROPLESS_RETURN_IF_ERROR(arena->Allocate(padded_rows_ * std::max(H, F),
                                                "column-wise image (x)", &col_image_x_));
       DROPLESS_RETURN_IF_ERROR(arena->Allocate(padded_rows_ * std::max(H, 2 * F),
@@ -144,16 +145,16 @@ absl::StatusOr<QuantizedWeight> LayerKernels::AllocateQuantizedWeight(int64_t kd
                                                                       DeviceArena* arena) const {
   const int64_t n = int64_t{dims_.local_experts()} * kdim * ndim;
   QuantizedWeight w;
-  if (dims_.mxfp8()) {
+  if (dims_.mxfp8() && dims_.mx_core) {
+    MxWeight& mx = w.mx;
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight image (along n)", &mx.image_along_n));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight image (along k)", &mx.image_along_k));
+  } else if (dims_.mxfp8()) {
     MxWeight& mx = w.mx;
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight (along n)", &mx.along_n));
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n / kernels::kMxBlock, "mxfp8 weight scales", &mx.along_n_scales));
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight (along k)", &mx.along_k));
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n / kernels::kMxBlock, "mxfp8 weight scales", &mx.along_k_scales));
-    if (dims_.mx_core) {
-      DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight image (along n)", &mx.image_along_n));
-      DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight image (along k)", &mx.image_along_k));
-    }
   }
   if (dims_.fp8_block()) {
     kernels::Fp8BlockWeights& fb = w.fp8_block;
@@ -174,19 +175,17 @@ absl::Status LayerKernels::QuantizeWeight(const Bf16* w, int64_t kdim, int64_t n
         kernels::Fp8BlockWeightShape{static_cast<int>(E), kdim, ndim}, w, out.fp8_block, stream);
   }
   if (!dims_.mxfp8()) return absl::OkStatus();
+  if (dims_.mx_core) {  // the images straight from the bf16 weight, one read
+    return kc::MxWeightImages(kernels::MxWeightImagesShape{E, kdim, ndim}, w, out.mx.image_along_n,
+                              out.mx.image_along_k, stream);
+  }
   kernels::MxRowwise along_n{out.mx.along_n, out.mx.along_n_scales};
   DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{E * kdim, ndim, 1}, w,
                                              nullptr, &along_n, nullptr, stream));
   DROPLESS_RETURN_IF_ERROR(Transpose(E, kdim, ndim, w, transpose_scratch_, stream));
   kernels::MxRowwise along_k{out.mx.along_k, out.mx.along_k_scales};
-  DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{E * ndim, kdim, 1},
-                                             transpose_scratch_, nullptr, &along_k, nullptr,
-                                             stream));
-  if (out.mx.image_along_n == nullptr) return absl::OkStatus();
-  DROPLESS_RETURN_IF_ERROR(kc::MxWeightImage(E * kdim, ndim, out.mx.along_n,
-                                             out.mx.along_n_scales, out.mx.image_along_n, stream));
-  return kc::MxWeightImage(E * ndim, kdim, out.mx.along_k, out.mx.along_k_scales,
-                           out.mx.image_along_k, stream);
+  return kc::QuantizeMxfp8(kernels::MxQuantizeShape{E * ndim, kdim, 1}, transpose_scratch_,
+                           nullptr, &along_k, nullptr, stream);
 }
 
 MoeLayerGpu::ExpertOperands MoeLayerGpu::W1(const LayerWeights& w, const LayerGrads& g) {
@@ -273,10 +272,10 @@ MoeLayerGpu::ExpertOperands MoeLayerGpu::Run(const ExpertOperands& o, LocalExper
     mx.along_n_scales += elements / kernels::kMxBlock;
     mx.along_k += elements;
     mx.along_k_scales += elements / kernels::kMxBlock;
-    if (mx.image_along_n != nullptr) {
-      mx.image_along_n += elements;
-      mx.image_along_k += elements;
-    }
+  }
+  if (mx.image_along_n != nullptr) {
+    mx.image_along_n += elements;
+    mx.image_along_k += elements;
   }
   kernels::Fp8BlockWeights& fb = r.q_w.fp8_block;
   if (fb.data != nullptr) {

@@ -115,8 +115,9 @@ struct MxWeight {
   uint8_t* along_n_scales = nullptr;
   uint8_t* along_k = nullptr;
   uint8_t* along_k_scales = nullptr;
-  // LayerDims::mx_core: the exact bf16 images (kernels::MxWeightImage) of along_n ([E][k][n], the
-  // data gradient's operand) and along_k ([E][n][k], the forward's); null otherwise.
+  // LayerDims::mx_core: instead of the four above, the exact bf16 images (kernels::MxWeightImages,
+  // straight from the bf16 weight) of W quantized along n ([E][k][n], the data gradient's
+  // operand) and of W^T quantized along k ([E][n][k], the forward's); null otherwise.
   Bf16* image_along_n = nullptr;
   Bf16* image_along_k = nullptr;
 };

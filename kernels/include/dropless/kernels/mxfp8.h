@@ -171,6 +171,16 @@ DROPLESS_KERNELS_HD constexpr int MxImagePhysicalColumn(int logical) {
          2 * ((logical % 16) / 8);
 }
 
+// Both weight images of a bf16 weight W [experts][k][n] straight from W, as the quantize-then-image
+// path makes them: image_along_n [experts][k][n] = the weight image of W quantized along n (the
+// data gradient's operand), image_along_k [experts][n][k] = that of W^T quantized along k (the
+// forward's). k and n multiples of 64.
+struct MxWeightImagesShape {
+  int64_t experts = 0;
+  int64_t k = 0;
+  int64_t n = 0;
+};
+
 // ---- The column-wise image (the bf16-core weight gradient's operands, mx_grouped_gemm.h). ----
 //
 // A column-wise MXFP8 operand (block-major, the layout above) as exact bf16 rows: image [P][cols],
@@ -200,6 +210,8 @@ absl::Status MxWeightImage(int64_t rows, int64_t cols, const uint8_t* data, cons
 // The column-wise image above, for padded_rows and cols of `colwise` (its data, scales and
 // group_offsets, num_groups + 1 of them, read).
 absl::Status MxColwiseImage(int64_t cols, int num_groups, const MxColwise& colwise, Bf16* image);
+absl::Status MxWeightImages(const MxWeightImagesShape& shape, const Bf16* w, Bf16* image_along_n,
+                            Bf16* image_along_k);
 
 }  // namespace cpu
 
@@ -221,6 +233,9 @@ absl::Status MxWeightImage(int64_t rows, int64_t cols, const uint8_t* data, cons
                            Bf16* image, Stream stream);
 absl::Status MxColwiseImage(int64_t cols, int num_groups, const MxColwise& colwise, Bf16* image,
                             Stream stream);
+// One read of w, one 64 x 64 tile per CTA.
+absl::Status MxWeightImages(const MxWeightImagesShape& shape, const Bf16* w, Bf16* image_along_n,
+                            Bf16* image_along_k, Stream stream);
 
 }  // namespace cuda
 }  // namespace dropless::kernels
