@@ -40,6 +40,7 @@ struct Bf16Gemm {
 struct MxGemm {
   std::unique_ptr<k::MxGroupedGemm> gemm;
   std::string name;
+  std::string core_name;
 };
 
 struct Fp8BlockGemm {
@@ -136,12 +137,19 @@ void* dl_mxgemm_create(int experts, int k, int n, int64_t max_rows, int64_t padd
     Report(gemm.status());
     return nullptr;
   }
-  auto* h = new MxGemm{std::move(*gemm), {}};
+  auto* h = new MxGemm{std::move(*gemm), {}, {}};
   h->name = h->gemm->KernelName();
   return h;
 }
 
 const char* dl_mxgemm_kernel(void* handle) { return static_cast<MxGemm*>(handle)->name.c_str(); }
+
+// The bf16-core variant the image products run (MxGroupedGemm::CoreKernelName).
+const char* dl_mxgemm_core_kernel(void* handle) {
+  auto* h = static_cast<MxGemm*>(handle);
+  h->core_name = h->gemm->CoreKernelName();
+  return h->core_name.c_str();
+}
 
 int dl_mxgemm_forward(void* handle, const void* x, const void* x_scales, const void* w_t,
                       const void* w_t_scales, const void* offsets, void* y, void* stream) {

@@ -68,6 +68,8 @@ def load_lib(path):
     lib.dl_mxgemm_create.argtypes = [c_int, c_int, c_int, c_int64, c_int64, c_int64, c_char_p]
     lib.dl_mxgemm_kernel.restype = c_char_p
     lib.dl_mxgemm_kernel.argtypes = [c_void_p]
+    lib.dl_mxgemm_core_kernel.restype = c_char_p
+    lib.dl_mxgemm_core_kernel.argtypes = [c_void_p]
     for f in (lib.dl_mxgemm_forward, lib.dl_mxgemm_backward_data):
         f.restype = c_int
         f.argtypes = [c_void_p] * 8
@@ -243,6 +245,14 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
         if not h:
             raise RuntimeError(lib.dl_last_error().decode())
         kernel = lib.dl_mxgemm_kernel(h).decode()
+        # The bf16-core variant the default picks, and the other one (one CTA per tile, or 2 x 1
+        # clusters sharing the image tile) timed beside it.
+        core_kernel = lib.dl_mxgemm_core_kernel(h).decode()
+        other_core = ("mx_core_bf16_128x256x64_s4" if core_kernel.endswith("_c2x1")
+                      else "mx_core_bf16_128x256x64_s4_c2x1")
+        h_c2 = lib.dl_mxgemm_create(experts, k, n, rows, 0, rows // experts, other_core.encode())
+        if not h_c2:
+            raise RuntimeError(lib.dl_last_error().decode())
         # The bf16-core kernel reads the weights as exact bf16 images, made once per update;
         # it needs reductions that are multiples of 64.
         wt_img = torch.empty(experts, n, k, device="cuda", dtype=bf16)
@@ -262,8 +272,8 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                 "fwd": (lambda: check(lib, lib.dl_mxgemm_forward(
                             h, xq.data_ptr(), xs.data_ptr(), wtq.data_ptr(), wts.data_ptr(),
                             offsets.data_ptr(), y.data_ptr(), None), "mx fwd"),
-                        lambda: check(lib, lib.dl_mxgemm_forward_image(
-                            h, xq.data_ptr(), xs.data_ptr(), wt_img.data_ptr(),
+                        lambda hh=h: check(lib, lib.dl_mxgemm_forward_image(
+                            hh, xq.data_ptr(), xs.data_ptr(), wt_img.data_ptr(),
                             offsets.data_ptr(), y2.data_ptr(), None), "mx core fwd"),
                         (xq.view(fp8), wtq.view(fp8).transpose(-2, -1),
                          torch.ones(experts, n, device="cuda", dtype=torch.float32)),
@@ -271,8 +281,8 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                 "dgrad": (lambda: check(lib, lib.dl_mxgemm_backward_data(
                               h, dyq.data_ptr(), dys.data_ptr(), wq.data_ptr(), ws.data_ptr(),
                               offsets.data_ptr(), dx.data_ptr(), None), "mx dgrad"),
-                          lambda: check(lib, lib.dl_mxgemm_backward_data_image(
-                              h, dyq.data_ptr(), dys.data_ptr(), w_img.data_ptr(),
+                          lambda hh=h: check(lib, lib.dl_mxgemm_backward_data_image(
+                              hh, dyq.data_ptr(), dys.data_ptr(), w_img.data_ptr(),
                               offsets.data_ptr(), dx2.data_ptr(), None), "mx core dgrad"),
                           (dyq.view(fp8), wq.view(fp8).transpose(-2, -1),
                            torch.ones(experts, k, device="cuda", dtype=torch.float32)),
@@ -286,6 +296,7 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                 if core[op]:
                     image(op)
                     fns["core"] = ours_core
+                    fns["core-other"] = lambda f=ours_core: f(h_c2)
                     fns["image"] = lambda op=op: image(op)
                 try:
                     torch._scaled_grouped_mm(a, b, ones_rows, sb, offs=ends, out_dtype=bf16)
@@ -305,10 +316,18 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                     p_, c_ = out_p[:live].float(), out_c[:live].float()
                     rel = float((p_ - c_).norm() / p_.norm().clamp_min(1e-30))
                     add(op, "dropless", "mxfp8", res["core"],
-                        "mx_core_bf16_128x256x64_s4 (bf16 tensor cores, weights as exact bf16 images)",
+                        f"{core_kernel} (bf16 tensor cores, weights as exact bf16 images), "
+                        "default kernel",
                         check={"against": kernel, "rel_err": rel, "ok": rel < 2e-2},
                         extra_note="weight image pass (once per weight update) timed in the same "
                                    "rounds: see the mx-image row")
+                    ours_core(h_c2)
+                    torch.cuda.synchronize()
+                    c2_ = out_c[:live].float()
+                    rel2 = float((p_ - c2_).norm() / p_.norm().clamp_min(1e-30))
+                    add(op, "dropless", "mxfp8", res["core-other"],
+                        f"{other_core} (the other bf16-core variant)",
+                        check={"against": kernel, "rel_err": rel2, "ok": rel2 < 2e-2})
                     add(op, "dropless-mx-image", "mxfp8", res["image"],
                         "MxWeightImage of this product's weights (not a GEMM: TFLOP/s is the "
                         "GEMM's FLOPs over the image's time)")
@@ -317,6 +336,7 @@ def run_case(torch, lib, args, shape, weight, k, n, dist, out_rows):
                 add(op, "torch._grouped_mm", "bf16", res["bf16"])
         finally:
             lib.dl_mxgemm_destroy(h)
+            lib.dl_mxgemm_destroy(h_c2)
     if "fp8-block" in precisions:
         run_fp8_block(torch, lib, args, ops, g, (x, w, dy, ends, offsets, y, dx),
                       (rows, k, n, experts, sizes), add, f"{shape} {weight} {dist}")

@@ -34,6 +34,10 @@ using mx_test::RunMGrouped;
 using mx_test::Upload;
 
 constexpr const char* kCore = MxGroupedGemm::kCoreKernelName;
+// Both variants of the image products: one CTA per tile, and 2 x 1 clusters sharing the image
+// tile (a group with an odd number of M tiles gives one CTA of a pair an empty tile).
+const std::vector<std::string> kCoreKernels = {MxGroupedGemm::kCoreKernelName,
+                                               MxGroupedGemm::kCoreClusterKernelName};
 const std::vector<int> kMixedSizes = {0, 1, 37, 0, 200, 129, 300, 3, 0, 64, 255, 0};
 
 // Every 64 image positions hold each of the 64 physical columns once.
@@ -168,16 +172,20 @@ TEST_F(MxCoreGemmTest, ColwiseImageMatchesCpuBitForBit) {
 // stages (an odd count ends on the even fragment buffer).
 TEST_F(MxCoreGemmTest, ForwardMatchesFp64OfDequantized) {
   std::random_device rd;
-  RunMGrouped(MakeMGrouped(kMixedSizes, 384, 352, rd()), false, "core forward mixed", kCore);
-  std::mt19937_64 rng(rd());
-  std::vector<int> sizes(20);
-  for (int& s : sizes) s = rng() % 4 == 0 ? 0 : static_cast<int>(rng() % 400);
-  RunMGrouped(MakeMGrouped(sizes, 448, 256, rd()), false, "core forward random", kCore);
+  for (const std::string& kernel : kCoreKernels) {
+    RunMGrouped(MakeMGrouped(kMixedSizes, 384, 352, rd()), false, "core forward mixed", kernel);
+    std::mt19937_64 rng(rd());
+    std::vector<int> sizes(20);
+    for (int& s : sizes) s = rng() % 4 == 0 ? 0 : static_cast<int>(rng() % 400);
+    RunMGrouped(MakeMGrouped(sizes, 448, 256, rd()), false, "core forward random", kernel);
+  }
 }
 
 TEST_F(MxCoreGemmTest, BackwardDataMatchesFp64OfDequantized) {
   std::random_device rd;
-  RunMGrouped(MakeMGrouped(kMixedSizes, 256, 352, rd()), true, "core dgrad mixed", kCore);
+  for (const std::string& kernel : kCoreKernels) {
+    RunMGrouped(MakeMGrouped(kMixedSizes, 256, 352, rd()), true, "core dgrad mixed", kernel);
+  }
 }
 
 // Many stages and several tiles per CTA (every role's walk crosses tiles and groups, the ring
@@ -189,8 +197,10 @@ TEST_F(MxCoreGemmTest, LongReductionsAndManyTilesPerCta) {
   const MGroupedCase bwd = MakeMGrouped(sizes, 1024, 1088, rd());
   const Ref fwd_ref = MGroupedReference(fwd.a.values, fwd.b.values, fwd.offsets, 1088, 1024, 5);
   const Ref bwd_ref = MGroupedReference(bwd.a.values, bwd.b.values, bwd.offsets, 1024, 1088, 5);
-  RunMGrouped(fwd, false, "core forward long", kCore, 5, &fwd_ref);
-  RunMGrouped(bwd, true, "core dgrad long", kCore, 5, &bwd_ref);
+  for (const std::string& kernel : kCoreKernels) {
+    RunMGrouped(fwd, false, "core forward long", kernel, 5, &fwd_ref);
+    RunMGrouped(bwd, true, "core dgrad long", kernel, 5, &bwd_ref);
+  }
 }
 
 // A NaN scale on one token row's block and one weight column's block (NaN exactly in that row and
@@ -210,6 +220,31 @@ TEST_F(MxCoreGemmTest, NanLargeAndTinyScales) {
   const int nan_group = 6, nan_col = 131;
   SetScale(&c.b, (static_cast<int64_t>(nan_group) * n + nan_col) * blocks + 9, kE8M0Nan);
   RunMGrouped(c, false, "core forward NaN / large / tiny scales", kCore);
+}
+
+// The image products run one CTA per tile whatever the group size; options.kernel forces either.
+TEST_F(MxCoreGemmTest, CoreVariantIsOneCtaPerTileUnlessForced) {
+  MxGroupedGemmOptions o;
+  o.num_groups = 8;
+  o.k = 256;
+  o.n = 256;
+  o.max_rows = 4096;
+  const struct {
+    int64_t expected;
+    const char* kernel;
+    const char* want;
+  } cases[] = {{1024, "", MxGroupedGemm::kCoreKernelName},
+               {2048, "", MxGroupedGemm::kCoreKernelName},
+               {0, "", MxGroupedGemm::kCoreKernelName},
+               {4096, MxGroupedGemm::kCoreKernelName, MxGroupedGemm::kCoreKernelName},
+               {128, MxGroupedGemm::kCoreClusterKernelName, MxGroupedGemm::kCoreClusterKernelName}};
+  for (const auto& c : cases) {
+    o.expected_rows_per_group = c.expected;
+    o.kernel = c.kernel;
+    auto gemm = MxGroupedGemm::Create(o);
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    EXPECT_EQ((*gemm)->CoreKernelName(), c.want) << c.expected << " '" << c.kernel << "'";
+  }
 }
 
 TEST_F(MxCoreGemmTest, BadShapesAndPointersNameTheField) {

@@ -145,14 +145,16 @@ inline void RunMGrouped(const MGroupedCase& c, bool dgrad, const char* what, con
                  int row_stride = 1, const Ref* precomputed = nullptr) {
   SCOPED_TRACE(kernel);
   const int kred = c.kred, nout = c.nout;
-  if (kernel == MxGroupedGemm::kCoreKernelName) ASSERT_EQ(kred % 64, 0) << "core: k % 64";
+  // The bf16-core kernels (mx_core_*) read B as its weight image.
+  const bool core = kernel.rfind("mx_core_", 0) == 0;
+  if (core) ASSERT_EQ(kred % 64, 0) << "core: k % 64";
   const int groups = static_cast<int>(c.offsets.size()) - 1;
   MxGroupedGemmOptions options;
   options.num_groups = groups;
   options.max_rows = c.max_rows;
   options.k = dgrad ? nout : kred;  // the forward's k and n
   options.n = dgrad ? kred : nout;
-  if (kernel != MxGroupedGemm::kCoreKernelName) options.kernel = kernel;
+  options.kernel = kernel;
   auto gemm = MxGroupedGemm::Create(options);
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   auto a_data = Upload(c.a.data), a_scales = Upload(c.a.scales);
@@ -165,9 +167,8 @@ inline void RunMGrouped(const MGroupedCase& c, bool dgrad, const char* what, con
                     static_cast<const uint8_t*>(static_cast<void*>(b_scales->i32()))};
   Bf16* y = reinterpret_cast<Bf16*>(out.bf16());
   absl::Status s;
-  if (kernel == MxGroupedGemm::kCoreKernelName) {
-    // The bf16-core kernel reads B as its weight image, made on the device and checked bit for
-    // bit against the CPU's.
+  if (core) {
+    // The weight image, made on the device and checked bit for bit against the CPU's.
     const int64_t b_rows = static_cast<int64_t>(groups) * nout;
     DeviceBuffer image(static_cast<size_t>(b_rows) * kred * 2, 2);
     ASSERT_TRUE(cuda::MxWeightImage(b_rows, kred, b.data, b.scales,

@@ -6,9 +6,11 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/grouped_gemm/mxfp8/mx_core_kernel.cuh"
 #include "kernels/cuda/grouped_gemm/tma/tensor_map_encode.h"
@@ -49,15 +51,52 @@ bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t
 
 }  // namespace
 
-absl::Status AllowCoreSmem() {
-  return CudaStatus(cudaFuncSetAttribute(core::MxCoreGemmKernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         core::kSmemBytes),
-                    "cudaFuncSetAttribute(max dynamic shared memory)");
+namespace {
+
+template <int kCluster>
+cudaLaunchConfig_t CoreConfig(int grid, cudaStream_t stream, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(core::kThreads);
+  config.dynamicSmemBytes = core::kSmemBytes;
+  config.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = kCluster;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return config;
 }
 
-absl::Status LaunchCore(const CoreCall& call, int grid, const char* a_field, const char* c_field,
-                        cudaStream_t stream) {
+}  // namespace
+
+absl::StatusOr<int> PrepareCore(int cluster, int sms) {
+  if (cluster != 1 && cluster != 2) return absl::InvalidArgumentError("cluster: 1 or 2");
+  auto kernel = cluster == 1 ? core::MxCoreGemmKernel<1> : core::MxCoreGemmKernel<2>;
+  if (absl::Status s = CudaStatus(cudaFuncSetAttribute(kernel,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       core::kSmemBytes),
+                                  "cudaFuncSetAttribute(max dynamic shared memory)");
+      !s.ok()) {
+    return s;
+  }
+  if (cluster == 1) return sms;
+  // As many clusters as can be resident at once (a GPC's SM count need not be even).
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t config = CoreConfig<2>(sms, nullptr, &attr);
+  int clusters = 0;
+  if (absl::Status s = CudaStatus(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config),
+                                  "cudaOccupancyMaxActiveClusters");
+      !s.ok()) {
+    return s;
+  }
+  if (clusters <= 0) return absl::InternalError("mx core gemm: no 2x1 cluster fits");
+  return std::min(clusters, sms / 2) * 2;
+}
+
+absl::Status LaunchCore(const CoreCall& call, int cluster, int grid, const char* a_field,
+                        const char* c_field, cudaStream_t stream) {
   if (call.k_red % core::kBK != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         a_field, ": the bf16-core kernel needs a reduction length that is a multiple of 64, not ",
@@ -89,7 +128,7 @@ absl::Status LaunchCore(const CoreCall& call, int grid, const char* a_field, con
   }
   const uint64_t b_dims[3] = {static_cast<uint64_t>(call.k_red), static_cast<uint64_t>(call.n_out),
                               static_cast<uint64_t>(call.num_groups)};
-  const uint32_t b_box[3] = {core::kBK, core::kBN, 1};
+  const uint32_t b_box[3] = {core::kBK, static_cast<uint32_t>(core::kBN / cluster), 1};
   if (absl::Status s = tmagemm::Encode(&map_b, call.image, 3, b_dims, b_box, "image"); !s.ok()) {
     return s;
   }
@@ -107,8 +146,14 @@ absl::Status LaunchCore(const CoreCall& call, int grid, const char* a_field, con
   p.base.offset_limit = call.max_rows;
   p.base.out = reinterpret_cast<__nv_bfloat16*>(call.c);
   p.a_scales = call.a.scales;
-  core::MxCoreGemmKernel<<<grid, core::kThreads, core::kSmemBytes, stream>>>(map_a, map_b, map_c,
-                                                                             p);
+  if (cluster == 2) {
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t config = CoreConfig<2>(grid, stream, &attr);
+    return CudaStatus(cudaLaunchKernelEx(&config, core::MxCoreGemmKernel<2>, map_a, map_b, map_c, p),
+                      "MxCoreGemmKernel launch");
+  }
+  core::MxCoreGemmKernel<1><<<grid, core::kThreads, core::kSmemBytes, stream>>>(map_a, map_b,
+                                                                                map_c, p);
   return CudaStatus(cudaGetLastError(), "MxCoreGemmKernel launch");
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "dropless/kernels/mx_grouped_gemm.h"
 
 namespace dropless::kernels::mxgemm {
@@ -24,13 +25,14 @@ struct CoreCall {
   int64_t max_rows;
 };
 
-// Once per process and device before the first launch (the kernel's shared-memory opt-in).
-absl::Status AllowCoreSmem();
+// Once per object before its first launch: the shared-memory opt-in of the variant (cluster 1, or
+// 2: a 2 x 1 cluster sharing the image tile) and its grid for `sms` multiprocessors.
+absl::StatusOr<int> PrepareCore(int cluster, int sms);
 
-// Checks the call (errors name the field: a_field, "image", c_field) and launches `grid`
-// persistent CTAs; no host synchronization.
-absl::Status LaunchCore(const CoreCall& call, int grid, const char* a_field, const char* c_field,
-                        cudaStream_t stream);
+// Checks the call (errors name the field: a_field, "image", c_field) and launches the variant
+// with `grid` persistent CTAs (PrepareCore's); no host synchronization.
+absl::Status LaunchCore(const CoreCall& call, int cluster, int grid, const char* a_field,
+                        const char* c_field, cudaStream_t stream);
 
 }  // namespace dropless::kernels::mxgemm
 

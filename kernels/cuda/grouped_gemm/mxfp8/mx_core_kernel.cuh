@@ -21,6 +21,7 @@
 //                                 wgmmas; the fragments are double buffered (stage parity), so the
 //                                 next stage converts while this one multiplies. Epilogue as the
 //                                 bf16 kernel's (tmagemm::StoreBlock).
+// As a 2 x 1 cluster (kCluster 2) the two CTAs share the image tile (TMA multicast).
 // The tile walk, parameters and epilogue are the bf16 fixed-map kernel's (tma_kernel_common.cuh).
 #ifndef DROPLESS_KERNELS_CUDA_GROUPED_GEMM_MXFP8_MX_CORE_KERNEL_CUH_
 #define DROPLESS_KERNELS_CUDA_GROUPED_GEMM_MXFP8_MX_CORE_KERNEL_CUH_
@@ -62,52 +63,16 @@ __device__ __forceinline__ void FenceFragments(uint32_t (&a)[N][4]) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
-    MxCoreGemmKernel(const __grid_constant__ CUtensorMap map_a,
-                     const __grid_constant__ CUtensorMap map_b,
-                     const __grid_constant__ CUtensorMap map_c, const __grid_constant__ Params cp) {
-  const tmagemm::Params& p = cp.base;
-  uint8_t* smem = hopper::AlignedDynamicSmem();
-  uint8_t* s_b = smem;  // 1024-byte aligned for the 128-byte swizzle
-  uint8_t* s_a = s_b + kStages * kBTileBytes;
-  uint8_t* s_c = s_a + kStages * kATileBytes;  // [2 warpgroups][2 boxes][64 rows][128 bytes]
-  uint64_t* full = reinterpret_cast<uint64_t*>(s_c + kEpilogueBytes);
-  uint64_t* empty = full + kStages;
-
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int warpgroup = threadIdx.x / 128;
-  if (threadIdx.x == 0) {
-    hopper::BarrierInitRing(full, empty, kStages, 1, 8);  // empty: every consumer warp
-    hopper::BarrierInitFence();
-  }
-  __syncthreads();
-
-  tmagemm::Walker<kBN> walk(p, 1);
-  tmagemm::Tile tile;
-  const int k_tiles = p.k_red / kBK;
-
-  if (warpgroup == 0) {
-    hopper::WarpgroupRegDealloc<40>();
-    if (warp == 0 && lane == 0) {
-      int it = 0;
-      for (int t = blockIdx.x; walk.Next(t, &tile, 0); t += gridDim.x) {
-        const int n0 = tile.n_tile * kBN;
-        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-          const int slot = it % kStages;
-          hopper::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
-          hopper::BarrierArriveExpectBytes(&full[slot], kATileBytes + kBTileBytes);
-          const int kc = kt * kBK;
-          hopper::TmaLoad2d(s_a + slot * kATileBytes, &map_a, &full[slot], kc, tile.a_row0);
-          hopper::TmaLoad3d(s_b + slot * kBTileBytes, &map_b, &full[slot], kc, n0, tile.g);
-        }
-      }
-    }
-    return;
-  }
-
+// The consumer warpgroups' part of MxCoreGemmKernel (below).
+template <int kCluster>
+__device__ __forceinline__ void Consume(const tmagemm::Params& p, const Params& cp,
+                                        const CUtensorMap& map_c, uint8_t* s_a, uint8_t* s_b,
+                                        uint8_t* s_c, uint64_t* full, uint64_t* empty,
+                                        tmagemm::Walker<kBN>& walk, int k_tiles, int cluster_id,
+                                        int clusters, uint32_t rank) {
   hopper::WarpgroupRegAlloc<232>();
-  const int h = warpgroup - 1;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h = threadIdx.x / 128 - 1;
   const int r0 = (warp % 4) * 16 + lane / 4;  // rows r0 and r0 + 8 of the warpgroup's 64
   const int quad = lane % 4;
   const bool leader = threadIdx.x % 128 == 0;
@@ -117,9 +82,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
   uint32_t frag_even[4][4], frag_odd[4][4];  // A fragments of even / odd stages
+  // A stage's buffers go back to the producer of every CTA of the cluster (each loaded into both).
+  auto release = [&](int slot) {
+    if (lane == 0) {
+      if constexpr (kCluster == 1) {
+        hopper::BarrierArrive(&empty[slot]);
+      } else {
+#pragma unroll
+        for (int c = 0; c < kCluster; ++c) hopper::BarrierArriveCluster(&empty[slot], c);
+      }
+    }
+  };
 
   int it = 0;
-  for (int t = blockIdx.x; walk.Next(t, &tile, 0); t += gridDim.x) {
+  tmagemm::Tile tile;
+  for (int t = cluster_id; walk.Next(t, &tile, rank); t += clusters) {
     // The scale bytes of this thread's two rows (rows past the buffer read its last row: their
     // products are never stored) and of its 16-byte quarter of each 64: block 2 kt + quad / 2.
     const int64_t last = p.offset_limit - 1;
@@ -172,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         } else {
           FenceFragments(frag_odd);
         }
-        if (lane == 0) hopper::BarrierArrive(&empty[(it - 1) % kStages]);
+        release((it - 1) % kStages);
       }
       ++it;
     };
@@ -184,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     hopper::FenceRegs(acc);
     FenceFragments(frag_even);
     FenceFragments(frag_odd);
-    if (lane == 0) hopper::BarrierArrive(&empty[(it - 1) % kStages]);
+    release((it - 1) % kStages);
 
     // Epilogue: the warpgroup's 64 x 256 in two column halves through its 16 KiB buffer.
     const int valid = min(64, tile.rows - (tile.m_tile * kBM + 64 * h));
@@ -196,6 +173,77 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (leader) hopper::BulkWaitRead<0>();
 }
+
+// kCluster 2: two CTAs (a 2 x 1 cluster) take the two M tiles of one (group, N tile) pair and
+// share the image tile: each loads half of it into both (TMA multicast), as the bf16 kernel's
+// cluster variant; a group with an odd number of M tiles gives one CTA an empty tile.
+template <int kCluster>
+__global__ void __launch_bounds__(kThreads, 1)
+    MxCoreGemmKernel(const __grid_constant__ CUtensorMap map_a,
+                     const __grid_constant__ CUtensorMap map_b,
+                     const __grid_constant__ CUtensorMap map_c, const __grid_constant__ Params cp) {
+  const tmagemm::Params& p = cp.base;
+  uint8_t* smem = hopper::AlignedDynamicSmem();
+  uint8_t* s_b = smem;  // 1024-byte aligned for the 128-byte swizzle
+  uint8_t* s_a = s_b + kStages * kBTileBytes;
+  uint8_t* s_c = s_a + kStages * kATileBytes;  // [2 warpgroups][2 boxes][64 rows][128 bytes]
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_c + kEpilogueBytes);
+  uint64_t* empty = full + kStages;
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int warpgroup = threadIdx.x / 128;
+  const uint32_t rank = kCluster > 1 ? hopper::ClusterRank() : 0;
+  if (threadIdx.x == 0) {
+    // empty: every consumer warp of the cluster
+    hopper::BarrierInitRing(full, empty, kStages, 1, 8 * kCluster);
+    hopper::BarrierInitFence();
+  }
+  if constexpr (kCluster > 1) {
+    hopper::ClusterSync();
+  } else {
+    __syncthreads();
+  }
+
+  tmagemm::Walker<kBN> walk(p, kCluster);
+  tmagemm::Tile tile;
+  const int k_tiles = p.k_red / kBK;
+  const int cluster_id = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
+
+  if (warpgroup == 0) {
+    hopper::WarpgroupRegDealloc<40>();
+    if (warp == 0 && lane == 0) {
+      int it = 0;
+      for (int t = cluster_id; walk.Next(t, &tile, rank); t += clusters) {
+        const int n0 = tile.n_tile * kBN;
+        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+          const int slot = it % kStages;
+          hopper::BarrierWait(&empty[slot], ((it / kStages) & 1) ^ 1);
+          hopper::BarrierArriveExpectBytes(&full[slot], kATileBytes + kBTileBytes);
+          const int kc = kt * kBK;
+          hopper::TmaLoad2d(s_a + slot * kATileBytes, &map_a, &full[slot], kc, tile.a_row0);
+          uint8_t* b = s_b + slot * kBTileBytes;
+          if constexpr (kCluster == 1) {
+            hopper::TmaLoad3d(b, &map_b, &full[slot], kc, n0, tile.g);
+          } else {  // this CTA's half of the image tile, into both CTAs
+            hopper::TmaLoad3dMulticast(b + rank * (kBTileBytes / 2), &map_b, &full[slot], kc,
+                                       n0 + (kBN / 2) * static_cast<int>(rank), tile.g, 0x3);
+          }
+        }
+      }
+    }
+  } else {
+    Consume<kCluster>(p, cp, map_c, s_a, s_b, s_c, full, empty, walk, k_tiles, cluster_id,
+                      clusters, rank);
+  }
+  // A CTA of a cluster leaves only when its peer no longer multicasts into it or arrives on its
+  // barriers (every warp converged first: the barrier is .aligned).
+  if constexpr (kCluster > 1) {
+    __syncwarp();
+    hopper::ClusterSync();
+  }
+}
+
 
 }  // namespace dropless::kernels::mxgemm::core
 

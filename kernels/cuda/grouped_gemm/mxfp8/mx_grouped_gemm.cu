@@ -203,8 +203,14 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
   // choice: a device int32 for the paired weight gradient (k_kernel == kPairedWeightGradient),
   // owned from here on; null otherwise.
   MxGroupedGemmImpl(const MxGroupedGemmOptions& o, int sms, int m_kernel, int k_kernel,
-                    int32_t* choice)
-      : o_(o), sms_(sms), m_kernel_(m_kernel), k_kernel_(k_kernel), choice_(choice) {}
+                    int32_t* choice, int core_cluster, int core_grid)
+      : o_(o),
+        sms_(sms),
+        m_kernel_(m_kernel),
+        k_kernel_(k_kernel),
+        choice_(choice),
+        core_cluster_(core_cluster),
+        core_grid_(core_grid) {}
   ~MxGroupedGemmImpl() override {
     if (choice_ != nullptr) cudaFree(choice_);
   }
@@ -224,13 +230,13 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
   absl::Status Forward(const MxOperand& x, const Bf16* w_t_image, const int32_t* offsets, Bf16* y,
                        Stream stream) override {
     return mxgemm::LaunchCore({x, w_t_image, offsets, y, o_.num_groups, o_.k, o_.n, o_.max_rows},
-                              sms_, "x", "y", stream);
+                              core_cluster_, core_grid_, "x", "y", stream);
   }
 
   absl::Status BackwardData(const MxOperand& dy, const Bf16* w_image, const int32_t* offsets,
                             Bf16* dx, Stream stream) override {
     return mxgemm::LaunchCore({dy, w_image, offsets, dx, o_.num_groups, o_.n, o_.k, o_.max_rows},
-                              sms_, "dy", "dx", stream);
+                              core_cluster_, core_grid_, "dy", "dx", stream);
   }
 
   absl::Status BackwardWeight(const MxOperand& x_colwise, const MxOperand& dy_colwise,
@@ -240,6 +246,10 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
   absl::Status BackwardWeight(const MxOperand& x_colwise, const MxOperand& dy_colwise,
                               const int32_t* padded_offsets, Bf16* dw, Stream stream) override {
     return KGrouped<__nv_bfloat16>(x_colwise, dy_colwise, padded_offsets, dw, stream);
+  }
+
+  std::string CoreKernelName() const override {
+    return core_cluster_ == 2 ? kCoreClusterKernelName : kCoreKernelName;
   }
 
   // "<forward and data-gradient kernel>" or, where the weight gradient runs another one,
@@ -370,6 +380,7 @@ class MxGroupedGemmImpl final : public MxGroupedGemm {
   int sms_;
   int m_kernel_, k_kernel_;
   int32_t* choice_;
+  int core_cluster_, core_grid_;  // the bf16-core variant of the image products and its grid
 };
 
 }  // namespace
@@ -412,7 +423,11 @@ absl::StatusOr<std::unique_ptr<MxGroupedGemm>> MxGroupedGemm::Create(
   // (kernel_choice.h); with k < 256 it runs the 128 x 128 kernel.
   int m_kernel = options.max_rows >= 256 ? kWideKernel : kNarrowKernel;
   int k_kernel = options.k >= 256 ? kPairedWeightGradient : kNarrowKernel;
-  if (!options.kernel.empty()) {
+  // The bf16-core variant (CoreKernelName in mx_grouped_gemm.h): one CTA per tile unless forced.
+  int core_cluster = 1;
+  if (options.kernel == kCoreClusterKernelName) {
+    core_cluster = 2;
+  } else if (!options.kernel.empty() && options.kernel != kCoreKernelName) {
     m_kernel = -1;
     for (int i = 0; i < kKernelCount; ++i) {
       if (options.kernel == kKernels[i].name) m_kernel = i;
@@ -447,7 +462,9 @@ absl::StatusOr<std::unique_ptr<MxGroupedGemm>> MxGroupedGemm::Create(
       if (!s.ok()) return s;
     }
   }
-  if (absl::Status s = mxgemm::AllowCoreSmem(); !s.ok()) return s;
+  const int grid_sms = options.max_sms > 0 ? std::min(sms, options.max_sms) : sms;
+  absl::StatusOr<int> core_grid = mxgemm::PrepareCore(core_cluster, grid_sms);
+  if (!core_grid.ok()) return core_grid.status();
   int32_t* choice = nullptr;
   if (k_kernel == kPairedWeightGradient) {
     if (absl::Status s = CudaStatus(cudaMalloc(&choice, sizeof(int32_t)), "cudaMalloc(choice)");
@@ -455,9 +472,9 @@ absl::StatusOr<std::unique_ptr<MxGroupedGemm>> MxGroupedGemm::Create(
       return s;
     }
   }
-  return std::unique_ptr<MxGroupedGemm>(
-      new MxGroupedGemmImpl(options, options.max_sms > 0 ? std::min(sms, options.max_sms) : sms,
-                            m_kernel, k_kernel, choice));
+  return std::unique_ptr<MxGroupedGemm>(new MxGroupedGemmImpl(options, grid_sms, m_kernel,
+                                                               k_kernel, choice, core_cluster,
+                                                               *core_grid));
 }
 
 std::vector<std::string> MxGroupedGemm::KernelNames() {

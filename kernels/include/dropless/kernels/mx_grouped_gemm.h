@@ -91,6 +91,9 @@ class MxGroupedGemm {
   // memory); the bf16-core kernel of the image products is kCoreKernelName.
   static std::vector<std::string> KernelNames();
   static constexpr char kCoreKernelName[] = "mx_core_bf16_128x256x64_s4";
+  // The same as a 2 x 1 cluster sharing the weight image's tile (options.kernel selects either for
+  // the image products; the promotion products then run their default).
+  static constexpr char kCoreClusterKernelName[] = "mx_core_bf16_128x256x64_s4_c2x1";
 
   virtual ~MxGroupedGemm() = default;
 
@@ -123,6 +126,11 @@ class MxGroupedGemm {
 
   // The compiled configuration chosen at creation (tile, stages), for benchmarks and logs.
   virtual std::string KernelName() const = 0;
+  // The bf16-core variant the image products run: kCoreKernelName unless options.kernel names
+  // kCoreClusterKernelName. (The cluster variant measured 2-4.5% faster alone on groups of 2048
+  // rows and 1-3% slower at 1024, but 3-5% slower inside the training step, where the expert
+  // GEMMs share the GPU with other streams: docs/grouped_gemm.md.)
+  virtual std::string CoreKernelName() const = 0;
 };
 
 }  // namespace dropless::kernels
