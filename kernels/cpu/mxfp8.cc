@@ -117,14 +117,7 @@ absl::Status MxWeightImage(int64_t rows, int64_t cols, const uint8_t* data, cons
 }
 
 absl::Status MxColwiseImage(int64_t cols, int num_groups, const MxColwise& colwise, Bf16* image) {
-  if (cols <= 0 || cols % kMxBlock != 0) {
-    return absl::InvalidArgumentError("cols: must be a positive multiple of 32");
-  }
-  if (num_groups < 1) return absl::InvalidArgumentError("num_groups: must be >= 1");
-  if (colwise.data == nullptr || colwise.scales == nullptr || colwise.group_offsets == nullptr ||
-      image == nullptr) {
-    return absl::InvalidArgumentError("colwise: data, scales, group_offsets and image must be set");
-  }
+  if (absl::Status s = ValidateMxColwiseImage(cols, num_groups, colwise, image); !s.ok()) return s;
   const int64_t end = std::min<int64_t>(colwise.padded_rows,
                                         std::max(0, colwise.group_offsets[num_groups]));
   for (int64_t p = 0; p < end; ++p) {

@@ -122,6 +122,19 @@ absl::Status ValidateQuantize(const Shape& shape, int64_t block, const Bf16* x,
 
 }  // namespace
 
+absl::Status ValidateMxColwiseImage(int64_t cols, int num_groups, const MxColwise& colwise,
+                                    const Bf16* image) {
+  if (cols <= 0 || cols % kMxBlock != 0) {
+    return absl::InvalidArgumentError("cols: must be a positive multiple of 32");
+  }
+  if (num_groups < 1) return absl::InvalidArgumentError("num_groups: must be >= 1");
+  if (colwise.data == nullptr || colwise.scales == nullptr || colwise.group_offsets == nullptr ||
+      image == nullptr) {
+    return absl::InvalidArgumentError("colwise: data, scales, group_offsets and image must be set");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateMxQuantize(const MxQuantizeShape& shape, const Bf16* x,
                                 const MxRowwise* rowwise, const MxColwise* colwise) {
   return ValidateQuantize(shape, kMxBlock, x, rowwise, colwise,

@@ -130,14 +130,7 @@ absl::Status MxWeightImage(int64_t rows, int64_t cols, const uint8_t* data, cons
 
 absl::Status MxColwiseImage(int64_t cols, int num_groups, const MxColwise& colwise, Bf16* image,
                             Stream stream) {
-  if (cols <= 0 || cols % kMxBlock != 0) {
-    return absl::InvalidArgumentError("cols: must be a positive multiple of 32");
-  }
-  if (num_groups < 1) return absl::InvalidArgumentError("num_groups: must be >= 1");
-  if (colwise.data == nullptr || colwise.scales == nullptr || colwise.group_offsets == nullptr ||
-      image == nullptr) {
-    return absl::InvalidArgumentError("colwise: data, scales, group_offsets and image must be set");
-  }
+  if (absl::Status s = ValidateMxColwiseImage(cols, num_groups, colwise, image); !s.ok()) return s;
   if (reinterpret_cast<uintptr_t>(colwise.data) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(image) % 4 != 0) {
     return absl::InvalidArgumentError("colwise.data: must be 16-byte aligned (image 4-byte)");

@@ -46,6 +46,7 @@ inline float RandomScale(std::mt19937_64* rng) {
 
 using gemm_test::ExpectClose;
 using gemm_test::Offsets;
+using gemm_test::MGroupedReference;
 using gemm_test::Ref;
 
 // Row-wise [rows][cols] (fp8_block.h): data, scales [rows][cols / 128], dequantized values.
@@ -150,33 +151,6 @@ inline ColwiseHost MakeColwise(const std::vector<int>& sizes, int64_t rows, int6
 }
 
 
-// C[r][c] = sum_k A[r][k] B[e][c][k] for the rows r of group e; with row_stride > 1 only rows
-// r % row_stride == 0, stored compactly (row r at r / row_stride).
-inline Ref MGroupedReference(const std::vector<double>& a, const std::vector<double>& b,
-                             const std::vector<int32_t>& offsets, int kred, int nout,
-                             int row_stride = 1) {
-  Ref ref;
-  const size_t rows = (offsets.back() + row_stride - 1) / row_stride;
-  ref.value.assign(rows * nout, 0.0);
-  ref.magnitude.assign(rows * nout, 0.0);
-  for (size_t e = 0; e + 1 < offsets.size(); ++e) {
-    for (int r = offsets[e]; r < offsets[e + 1]; ++r) {
-      if (r % row_stride != 0) continue;
-      const double* ar = &a[static_cast<size_t>(r) * kred];
-      for (int c = 0; c < nout; ++c) {
-        const double* bc = &b[(e * nout + c) * static_cast<size_t>(kred)];
-        double sum = 0, mag = 0;
-        for (int k = 0; k < kred; ++k) {
-          sum += ar[k] * bc[k];
-          mag += std::fabs(ar[k] * bc[k]);
-        }
-        ref.value[static_cast<size_t>(r / row_stride) * nout + c] = sum;
-        ref.magnitude[static_cast<size_t>(r / row_stride) * nout + c] = mag;
-      }
-    }
-  }
-  return ref;
-}
 
 // dW[e][i][j] = sum over group e's padded tokens t of X[i][t] dY[j][t].
 inline Ref WeightGradientReference(const ColwiseHost& x, const ColwiseHost& dy, int k, int n) {

@@ -262,6 +262,37 @@ struct Ref {
   std::vector<double> value, magnitude;
 };
 
+// m-grouped: C[r][c] = sum_k A[r][k] B[e][c][k] for the rows r of group e, in fp64 (A, B: the
+// dequantized operands, float or double), with the magnitude sums of the error bound; with
+// row_stride > 1 only rows r % row_stride == 0, stored compactly (row r at r / row_stride).
+template <typename T>
+inline Ref MGroupedReference(const std::vector<T>& a, const std::vector<T>& b,
+                             const std::vector<int32_t>& offsets, int kred, int nout,
+                             int row_stride = 1) {
+  Ref ref;
+  const size_t rows = (offsets.back() + row_stride - 1) / row_stride;
+  ref.value.assign(rows * nout, 0.0);
+  ref.magnitude.assign(rows * nout, 0.0);
+  for (size_t e = 0; e + 1 < offsets.size(); ++e) {
+    for (int r = offsets[e]; r < offsets[e + 1]; ++r) {
+      if (r % row_stride != 0) continue;
+      const T* ar = &a[static_cast<size_t>(r) * kred];
+      for (int c = 0; c < nout; ++c) {
+        const T* bc = &b[(e * nout + c) * static_cast<size_t>(kred)];
+        double sum = 0, mag = 0;
+        for (int k = 0; k < kred; ++k) {
+          const double p = static_cast<double>(ar[k]) * static_cast<double>(bc[k]);
+          sum += p;
+          mag += std::fabs(p);
+        }
+        ref.value[static_cast<size_t>(r / row_stride) * nout + c] = sum;
+        ref.magnitude[static_cast<size_t>(r / row_stride) * nout + c] = mag;
+      }
+    }
+  }
+  return ref;
+}
+
 // out[0, count) against ref; NaN positions must agree. Prints the observed errors.
 inline void ExpectClose(const std::vector<float>& out, const Ref& ref, size_t count, double rel,
                         double abs_of_magnitude, double norm_bound, const char* what) {

@@ -31,6 +31,7 @@ namespace dropless::kernels::mx_test {
 using gemm_test::DeviceBuffer;
 using gemm_test::ExpectClose;
 using gemm_test::Offsets;
+using gemm_test::MGroupedReference;
 using gemm_test::Ref;
 
 inline constexpr double kBf16Rel = 1e-2, kBf16Abs = 2e-3, kBf16Norm = 1e-2;
@@ -73,33 +74,6 @@ std::unique_ptr<DeviceBuffer> Upload(const std::vector<T>& v) {
 }
 
 
-// m-grouped: C[r][c] = sum_k A[r][k] B[e][c][k] for the rows r of group e. With row_stride > 1
-// only rows r % row_stride == 0 are computed, stored compactly (row r at r / row_stride).
-inline Ref MGroupedReference(const std::vector<float>& a, const std::vector<float>& b,
-                      const std::vector<int32_t>& offsets, int kred, int nout, int row_stride = 1) {
-  Ref ref;
-  const size_t rows = (offsets.back() + row_stride - 1) / row_stride;
-  ref.value.assign(rows * nout, 0.0);
-  ref.magnitude.assign(rows * nout, 0.0);
-  for (size_t e = 0; e + 1 < offsets.size(); ++e) {
-    for (int r = offsets[e]; r < offsets[e + 1]; ++r) {
-      if (r % row_stride != 0) continue;
-      const float* ar = &a[static_cast<size_t>(r) * kred];
-      for (int c = 0; c < nout; ++c) {
-        const float* bc = &b[(e * nout + c) * static_cast<size_t>(kred)];
-        double sum = 0, mag = 0;
-        for (int k = 0; k < kred; ++k) {
-          const double p = static_cast<double>(ar[k]) * bc[k];
-          sum += p;
-          mag += std::fabs(p);
-        }
-        ref.value[static_cast<size_t>(r / row_stride) * nout + c] = sum;
-        ref.magnitude[static_cast<size_t>(r / row_stride) * nout + c] = mag;
-      }
-    }
-  }
-  return ref;
-}
 
 
 struct MGroupedCase {

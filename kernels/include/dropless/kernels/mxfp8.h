@@ -189,6 +189,10 @@ struct MxWeightImagesShape {
 // weight gradient over these rows and padded_offsets computes exactly the MXFP8 weight gradient
 // (every product exact in bf16, fp32 accumulation).
 
+// One clear error naming the bad field of an MxColwiseImage call (CPU and CUDA share it).
+absl::Status ValidateMxColwiseImage(int64_t cols, int num_groups, const MxColwise& colwise,
+                                    const Bf16* image);
+
 namespace cpu {
 
 // Row-wise and/or column-wise MXFP8 of x [rows][cols] (bf16) per the layouts above. rowwise or
