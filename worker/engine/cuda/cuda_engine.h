@@ -31,9 +31,9 @@ absl::Status CheckCudaEngineConfig(const EngineConfig& config, int world_size);
 // for `config` (bf16 with at most 1024 rows expected per local expert; DROPLESS_FUSED_EXPERT_ADAMW
 // =1 or 0 forces it on or off), as the engine decides it at creation. Needs no GPU.
 bool FusesExpertUpdate(const EngineConfig& config);
-// Whether mxfp8's forward and data-gradient expert GEMMs run on the bf16 tensor cores over exact
-// bf16 images of the weights for `config` (hidden and ffn multiples of 64; DROPLESS_MX_CORE=0
-// keeps the per-32 promotion kernels).
+// Whether mxfp8's expert GEMMs run on the bf16 tensor cores over exact bf16 images of their
+// MXFP8 operands for `config` (LayerDims::mx_core: hidden and ffn multiples of 64;
+// DROPLESS_MX_CORE=0 keeps the per-32 promotion kernels).
 bool UsesMxCore(const EngineConfig& config);
 
 // Measurements beyond StepStats, for dropless-bench.

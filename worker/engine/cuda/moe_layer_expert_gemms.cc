@@ -145,7 +145,7 @@ absl::StatusOr<QuantizedWeight> LayerKernels::AllocateQuantizedWeight(int64_t kd
                                                                       DeviceArena* arena) const {
   const int64_t n = int64_t{dims_.local_experts()} * kdim * ndim;
   QuantizedWeight w;
-  if (dims_.mxfp8() && dims_.mx_core) {
+  if (dims_.mx_core) {
     MxWeight& mx = w.mx;
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight image (along n)", &mx.image_along_n));
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "mxfp8 weight image (along k)", &mx.image_along_k));
@@ -330,7 +330,7 @@ absl::Status MoeLayerGpu::ExpertBackwardWeight(const ExpertOperands& o, cudaStre
                                      {o.dy_fb_col->data, o.dy_fb_col->scales},
                                      o.x_fb_col->group_offsets, o.dw, stream);
   }
-  if (k_->dims_.mxfp8() && k_->dims_.mx_core) {
+  if (k_->dims_.mx_core) {
     LayerKernels& k = *k_;
     const int El = k.dims_.local_experts();
     DROPLESS_RETURN_IF_ERROR(kc::MxColwiseImage(o.k, El, *o.x_col, k.col_image_x_, stream));

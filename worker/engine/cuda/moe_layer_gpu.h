@@ -83,7 +83,7 @@ struct LayerDims {
   // weights (MxGroupedGemm's image products; the images written after every update), the weight
   // gradient as the bf16 grouped GEMM over the column-wise operands' exact bf16 rows
   // (kernels::MxColwiseImage); else with per-32 promotion on the fp8 tensor cores. Chosen by
-  // LayerDimsOf (hidden and ffn multiples of 64; DROPLESS_MX_CORE=0 turns it off).
+  // LayerDimsOf (mxfp8 only; hidden and ffn multiples of 64; DROPLESS_MX_CORE=0 turns it off).
   bool mx_core = false;
 
   bool mxfp8() const { return precision == Precision::kMxfp8; }
