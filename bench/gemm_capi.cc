@@ -207,10 +207,13 @@ void dl_mxgemm_destroy(void* handle) { delete static_cast<MxGemm*>(handle); }
 // FP8 blockwise-scaled grouped GEMM (fp8_block_grouped_gemm.h): operands and fp32 scales in the
 // layouts of fp8_block.h; padded_rows as Fp8BlockGroupedGemmOptions (0: the default bound);
 // m_kernel and wgrad_kernel (null or "": the default) force the forward / data-gradient kernel
-// and the weight-gradient kernel.
+// and the weight-gradient kernel; x_block_scales != 0: the weight gradient's X scales per
+// 128 x 128 block ([P/128][k/128], Fp8ColwiseScaling::kPerBlock).
 void* dl_fp8block_create(int experts, int k, int n, int64_t max_rows, int64_t padded_rows,
-                         const char* m_kernel, const char* wgrad_kernel) {
+                         const char* m_kernel, const char* wgrad_kernel, int x_block_scales) {
   k::Fp8BlockGroupedGemmOptions options;
+  options.x_scaling = x_block_scales != 0 ? k::Fp8ColwiseScaling::kPerBlock
+                                          : k::Fp8ColwiseScaling::kPerColumn;
   options.num_groups = experts;
   options.k = k;
   options.n = n;
@@ -247,7 +250,8 @@ int dl_fp8block_backward_data(void* handle, const void* dy, const void* dy_scale
       static_cast<k::Bf16*>(dx), AsStream(stream)));
 }
 
-// Column-wise operands [cols][P] with [P/128][cols] scales and the padded offsets; dw fp32.
+// Column-wise operands [cols][P] with [P/128][cols] scales (X's [P/128][k/128] when created with
+// x_block_scales) and the padded offsets; dw fp32.
 int dl_fp8block_backward_weight(void* handle, const void* x, const void* x_scales, const void* dy,
                                 const void* dy_scales, const void* padded_offsets, void* dw,
                                 void* stream) {

@@ -73,9 +73,9 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
     } else if (kv.first == "--precision") {
       f.precisions = absl::StrSplit(kv.second, ',');
       for (const std::string& p : f.precisions) {
-        if (p != "bf16" && p != "mxfp8" && p != "fp8-block") {
+        if (p != "bf16" && p != "mxfp8" && p != "fp8-block" && p != "fp8-block-wgrad128") {
           std::fprintf(stderr, "step bench: --precision: unknown precision %s (bf16, mxfp8, "
-                               "fp8-block)\n", p.c_str());
+                               "fp8-block, fp8-block-wgrad128)\n", p.c_str());
           std::exit(2);
         }
       }
@@ -108,7 +108,8 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
     } else {
       std::fprintf(stderr,
                    "step bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
-                   "--precision=bf16,mxfp8,fp8-block --steps=N --warmup=N --rounds=N --layers=N --ep=1,2,8 "
+                   "--precision=bf16,mxfp8,fp8-block,fp8-block-wgrad128 "
+                   "--steps=N --warmup=N --rounds=N --layers=N --ep=1,2,8 "
                    "--dispatcher=auto|nccl-lsa|nccl-a2a "
                    "--variants=default|optimizer-overlap,optimizer-after-backward,activation-offload,overlap,"
                    "overlap:N,fused-adamw,two-pass-adamw "
@@ -135,9 +136,10 @@ EngineConfig ConfigOf(const StepShape& s, const std::string& precision, int laye
   c.model.layers = layers;
   c.model.router = RouterKind::kSoftmax;
   c.model.aux_loss_coeff = 0.01;
-  c.precision = precision == "mxfp8"       ? Precision::kMxfp8
-                : precision == "fp8-block" ? Precision::kFp8Block
-                                           : Precision::kBf16;
+  c.precision = precision == "mxfp8"                ? Precision::kMxfp8
+                : precision == "fp8-block"          ? Precision::kFp8Block
+                : precision == "fp8-block-wgrad128" ? Precision::kFp8BlockWgrad128
+                                                    : Precision::kBf16;
   c.parallel.ep = ep;
   c.tokens_per_rank = s.tokens / ep;
   c.steps = 1000000;

@@ -89,7 +89,7 @@ absl::Status CheckCuda(const EngineConfig& c) {
                                                std::string(ToString(c.dispatcher))));
     }
   }
-  const int64_t align = c.precision == Precision::kFp8Block ? 128
+  const int64_t align = IsFp8Block(c.precision)             ? 128
                         : c.precision == Precision::kMxfp8  ? 32
                                                              : 8;
   if (m.hidden % align != 0) {

@@ -16,10 +16,17 @@ namespace dropless {
 
 enum class RouterKind { kSoftmax, kSigmoid };
 enum class Activation { kSwiGLU };
-enum class Precision { kBf16, kMxfp8, kFp8Block };
+// kFp8BlockWgrad128: fp8-block with the weight gradient's activation operand (X) scaled per
+// 128 x 128 block instead of per 1 x 128 column tile (kernels/include/dropless/kernels/fp8_block.h).
+enum class Precision { kBf16, kMxfp8, kFp8Block, kFp8BlockWgrad128 };
 enum class Dispatcher { kAuto, kGloo, kNcclA2a, kNcclLsa, kNcclEp };
 enum class RoutingDistribution { kUniform, kZipf };
 enum class Backend { kCpu, kCuda };
+
+// The fp8-block recipes (1x128 activation tiles, 128x128 weight blocks).
+inline bool IsFp8Block(Precision p) {
+  return p == Precision::kFp8Block || p == Precision::kFp8BlockWgrad128;
+}
 
 struct ModelSpec {
   int64_t hidden = 0;          // H

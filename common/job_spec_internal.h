@@ -17,7 +17,10 @@ inline const std::vector<std::pair<std::string_view, RouterKind>> kRouterNames =
 inline const std::vector<std::pair<std::string_view, Activation>> kActivationNames = {
     {"swiglu", Activation::kSwiGLU}};
 inline const std::vector<std::pair<std::string_view, Precision>> kPrecisionNames = {
-    {"bf16", Precision::kBf16}, {"mxfp8", Precision::kMxfp8}, {"fp8-block", Precision::kFp8Block}};
+    {"bf16", Precision::kBf16},
+    {"mxfp8", Precision::kMxfp8},
+    {"fp8-block", Precision::kFp8Block},
+    {"fp8-block-wgrad128", Precision::kFp8BlockWgrad128}};
 inline const std::vector<std::pair<std::string_view, Dispatcher>> kDispatcherNames = {
     {"auto", Dispatcher::kAuto},
     {"gloo", Dispatcher::kGloo},

@@ -23,7 +23,8 @@ Rows (BENCH.md format) per shape, weight, group distribution:
         torch._grouped_mm (bf16) vs, when `import deep_gemm` works (--deep-gemm auto), DeepGEMM's
         SM90 kernels of the same recipe on the same operands (deepgemm_impl.py: m-grouped
         contiguous layout, groups padded to 128 rows, TFLOP/s on the real rows; k-grouped wgrad,
-        fp32 out); otherwise the reason is recorded under "peer_errors". --check (default)
+        fp32 out); otherwise the reason is recorded under "peer_errors". The wgrad rows also
+        time precision fp8-block-wgrad128's kernel (X scaled per 128 x 128 block). --check (default)
         compares dropless's and DeepGEMM's outputs on 3 groups to an fp32 reference of the same
         quantized operands (row field "check": relative error, tolerance 1e-2).
 
@@ -45,6 +46,7 @@ from interleave import check, interleave, random_e4m3, random_e8m0
 from mx_interleaved import run_mxfp8
 
 c_void_p, c_int, c_int64, c_char_p = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_char_p
+X_BLOCKS = "x-blocks"  # the fp8-block weight gradient with X per 128 x 128 block
 ERRORS = []  # peers that could not run (skipped, or failed on a case): "peer_errors" in the JSON
 
 
@@ -83,7 +85,8 @@ def load_lib(path):
     lib.dl_mxgemm_backward_weight.argtypes = [c_void_p] * 7 + [c_int, c_void_p]
     lib.dl_mxgemm_destroy.argtypes = [c_void_p]
     lib.dl_fp8block_create.restype = c_void_p
-    lib.dl_fp8block_create.argtypes = [c_int, c_int, c_int, c_int64, c_int64, c_char_p, c_char_p]
+    lib.dl_fp8block_create.argtypes = [c_int, c_int, c_int, c_int64, c_int64, c_char_p, c_char_p,
+                                       c_int]
     lib.dl_fp8block_kernel.restype = c_char_p
     lib.dl_fp8block_kernel.argtypes = [c_void_p]
     for f in (lib.dl_fp8block_forward, lib.dl_fp8block_backward_data,
@@ -266,7 +269,9 @@ def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add, tag=""):
     xc, xcs = random_e4m3(torch, (k, p_rows), g), scales(p_rows // 128, k)
     dyc, dycs = random_e4m3(torch, (n, p_rows), g), scales(p_rows // 128, n)
     dw32 = torch.empty(experts, k, n, device="cuda", dtype=f32)
-    h = lib.dl_fp8block_create(experts, k, n, rows, p_rows, None, None)
+    # fp8-block-wgrad128's weight gradient: X scaled per 128 x 128 block ([P/128][k/128])
+    xcs_blocks = scales(p_rows // 128, k // 128)
+    h = lib.dl_fp8block_create(experts, k, n, rows, p_rows, None, None, 0)
     if not h:
         raise RuntimeError(lib.dl_last_error().decode())
     kernel = lib.dl_fp8block_kernel(h).decode()
@@ -277,7 +282,7 @@ def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add, tag=""):
         for kn in [x_ for x_ in flag.split(",") if x_]:
             other = lib.dl_fp8block_create(experts, k, n, rows, p_rows,
                                            kn.encode() if is_m else None,
-                                           None if is_m else kn.encode())
+                                           None if is_m else kn.encode(), 0)
             if not other:
                 print(f"skip fp8-block {kn}: {lib.dl_last_error().decode()}", file=sys.stderr)
             elif lib.dl_fp8block_kernel(other).decode() == kernel:
@@ -285,6 +290,12 @@ def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add, tag=""):
             else:
                 for op in ops_:
                     others[op][kn] = other
+    x_blocks = None
+    if "wgrad" in ops:
+        x_blocks = lib.dl_fp8block_create(experts, k, n, rows, p_rows, None, None, 1)
+        if not x_blocks:
+            raise RuntimeError(lib.dl_last_error().decode())
+        others["wgrad"][X_BLOCKS] = x_blocks
     ones_rows = torch.ones(rows, device="cuda", dtype=f32)
 
     def ours_with(op, handle):
@@ -296,8 +307,9 @@ def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add, tag=""):
             return lambda: check(lib, lib.dl_fp8block_backward_data(
                 handle, dyq.data_ptr(), dys.data_ptr(), wq.data_ptr(), ws.data_ptr(),
                 offsets.data_ptr(), dx.data_ptr(), None), "fp8-block dgrad")
+        x_scales = xcs_blocks if handle == x_blocks else xcs
         return lambda: check(lib, lib.dl_fp8block_backward_weight(
-            handle, xc.data_ptr(), xcs.data_ptr(), dyc.data_ptr(), dycs.data_ptr(),
+            handle, xc.data_ptr(), x_scales.data_ptr(), dyc.data_ptr(), dycs.data_ptr(),
             poffsets.data_ptr(), dw32.data_ptr(), None), "fp8-block wgrad")
 
     torch_fp8 = {
@@ -328,13 +340,13 @@ def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add, tag=""):
                 "ok": bool(err < deepgemm_impl.CHECK_TOL),
                 "groups": deepgemm_impl.check_groups(experts)}
 
-    def ours_err(op):
+    def ours_err(op, x_scales=None):
         if op == "fwd":
             return deepgemm_impl.m_grouped_ref_err(torch, y, cpu_offsets, xq, xs, wtq, wts)
         if op == "dgrad":
             return deepgemm_impl.m_grouped_ref_err(torch, dx, cpu_offsets, dyq, dys, wq, ws)
         return max(deepgemm_impl.rel_err(torch, dw32[e], ref) for e, ref in deepgemm_impl.wgrad_refs(
-            torch, xc, xcs, dyc, dycs, padded, "columns"))
+            torch, xc, xcs if x_scales is None else x_scales, dyc, dycs, padded, "columns"))
 
     def deep_gemm_fn(op):
         if op == "fwd":
@@ -353,6 +365,11 @@ def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add, tag=""):
                 fns["dropless"]()
                 torch.cuda.synchronize()
                 checks["dropless"] = verdict(ours_err(op))
+                if op == "wgrad":  # X's block scales as the per-column scales they stand for
+                    fns[X_BLOCKS]()
+                    torch.cuda.synchronize()
+                    checks[X_BLOCKS] = verdict(
+                        ours_err(op, xcs_blocks.repeat_interleave(128, dim=1)))
             try:
                 torch_fp8[op]()
                 fns["fp8"] = torch_fp8[op]
@@ -382,7 +399,12 @@ def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add, tag=""):
             add(op, "dropless", "fp8-block", res["dropless"], kernel + ", default kernels", out=out,
                 check=checks.get("dropless"))
             for kn in others[op]:
-                add(op, "dropless", "fp8-block", res[kn], kn, out=out)
+                if kn == X_BLOCKS:
+                    add(op, "dropless", "fp8-block-wgrad128", res[kn],
+                        lib.dl_fp8block_kernel(x_blocks).decode(), out=out,
+                        extra_note="X scaled per 128 x 128 block", check=checks.get(kn))
+                else:
+                    add(op, "dropless", "fp8-block", res[kn], kn, out=out)
             if "fp8" in res:
                 add(op, "torch._scaled_grouped_mm", "fp8-rowwise", res["fp8"])
             add(op, "torch._grouped_mm", "bf16", res["bf16"])

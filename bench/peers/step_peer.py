@@ -43,7 +43,8 @@ Impls (names as in ../shared/docs/BENCH.md):
   dropless-bf16 (default with a quantized --precision) is the same engine in bf16, so that the
   quantized step and the bf16 step are compared in one run. dropless-mx-promotion (opt-in, with
   --precision mxfp8) is the mxfp8 engine on its per-32 promotion kernels (DROPLESS_MX_CORE=0)
-  instead of the default bf16-core expert GEMMs.
+  instead of the default bf16-core expert GEMMs. dropless-fp8-block (opt-in, with --precision
+  fp8-block-wgrad128) is the engine in fp8-block, whose weight gradient reads X per 1x128 tile.
   Each round creates the engine, runs 1 warm step and one timed dl_step_run(steps), reads
   dl_step_stats (per-step values of the last run) and destroys it. The spec passed is printed by
   --print-spec (step_impls/dropless_capi.py): the fields of the brief plus name, renormalize,
@@ -94,7 +95,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_impls import (DEFAULT_IMPLS, DROPLESS, DROPLESS_BF16, DROPLESS_IMPLS,  # noqa: E402
-                        DROPLESS_FUSED, DROPLESS_MX_PROMOTION, DROPLESS_TWO_PASS, FP8, JAX, PEAK,
+                        DROPLESS_FP8_BLOCK, DROPLESS_FUSED, DROPLESS_MX_PROMOTION,
+                        DROPLESS_TWO_PASS, FP8, JAX, PEAK,
                         SHAPES, short, step_flop)
 from step_impls.dropless_capi import STAT_NAMES, DroplessStep, dropless_spec, load_lib  # noqa: E402
 from step_impls.jax_impl import JaxStep  # noqa: E402
@@ -138,7 +140,8 @@ def run_one(name, shape, ctx, args):
     meas, obj = {}, None
     try:
         if name in DROPLESS_IMPLS:
-            precision = "bf16" if name == DROPLESS_BF16 else args.precision
+            precision = {DROPLESS_BF16: "bf16",
+                         DROPLESS_FP8_BLOCK: "fp8-block"}.get(name, args.precision)
             # Read by the engine when it is created.
             if name in (DROPLESS_FUSED, DROPLESS_TWO_PASS):
                 os.environ["DROPLESS_FUSED_EXPERT_ADAMW"] = "1" if name == DROPLESS_FUSED else "0"
@@ -275,7 +278,7 @@ def bench(args, impls):
             peaks = [m["peak"] for m in res[name] if m.get("peak") is not None]
             loss = res[name][-1].get("loss")
             prec = {DROPLESS: args.precision, DROPLESS_MX_PROMOTION: args.precision,
-                    FP8: "fp8-rowwise"}.get(name, "bf16")
+                    DROPLESS_FP8_BLOCK: "fp8-block", FP8: "fp8-rowwise"}.get(name, "bf16")
             ours = name in DROPLESS_IMPLS
             row = {"name": "step", "shape": shape, "impl": name, "precision": prec,
                    "ms": round(ms, 3), "tflops": round(tflops, 1), "gbps": None,
@@ -336,7 +339,8 @@ def main():
     ap.add_argument("--shapes", default="dsv3,qwen3,mixtral", help=f"of {','.join(SHAPES)}")
     ap.add_argument("--impls", default=None, help=f"default {','.join(DEFAULT_IMPLS)} "
                     f"(+{FP8} and {DROPLESS_BF16} with a quantized --precision)")
-    ap.add_argument("--precision", choices=("bf16", "mxfp8", "fp8-block"), default="bf16",
+    ap.add_argument("--precision", choices=("bf16", "mxfp8", "fp8-block", "fp8-block-wgrad128"),
+                    default="bf16",
                     help="dropless's precision; the torch and JAX peers stay bf16")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10, help="timed steps per impl and round")

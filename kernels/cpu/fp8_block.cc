@@ -79,6 +79,7 @@ absl::Status QuantizeFp8Block(const Fp8BlockQuantizeShape& shape, const Bf16* x,
   }
   if (colwise != nullptr) {
     const int64_t p = colwise->padded_rows;
+    const bool per_block = colwise->scaling == Fp8ColwiseScaling::kPerBlock;
     int32_t padded_offset = 0;
     for (int g = 0; g < num_groups; ++g) {
       colwise->group_offsets[g] = padded_offset;
@@ -88,9 +89,23 @@ absl::Status QuantizeFp8Block(const Fp8BlockQuantizeShape& shape, const Bf16* x,
         const int64_t live = std::min<int64_t>(kFp8Block, count - b);
         const Bf16* first = x + (offsets[g] + b) * cols;
         const int64_t tile_row = (padded_offset + b) / kFp8Block;
+        // kPerBlock: the largest magnitude of each 128-column block of the tile's live rows.
+        std::vector<float> block_amax(per_block ? tiles_per_row : 0, 0.0f);
+        for (int64_t c = 0; per_block && c < cols; ++c) {
+          const float a = BlockAmax(first + c, live, cols);
+          float& m = block_amax[c / kFp8Block];
+          m = std::isnan(m) || std::isnan(a) ? std::numeric_limits<float>::quiet_NaN()
+                                             : std::max(m, a);
+        }
         for (int64_t c = 0; c < cols; ++c) {
-          const Fp8BlockScale s = Fp8BlockScaleForAmax(BlockAmax(first + c, live, cols), shape.mode);
-          colwise->scales[tile_row * cols + c] = s.scale;
+          const float amax =
+              per_block ? block_amax[c / kFp8Block] : BlockAmax(first + c, live, cols);
+          const Fp8BlockScale s = Fp8BlockScaleForAmax(amax, shape.mode);
+          if (!per_block) {
+            colwise->scales[tile_row * cols + c] = s.scale;
+          } else if (c % kFp8Block == 0) {
+            colwise->scales[tile_row * tiles_per_row + c / kFp8Block] = s.scale;
+          }
           uint8_t* out = colwise->data + c * p + padded_offset + b;
           for (int64_t i = 0; i < kFp8Block; ++i) {
             out[i] = i < live ? QuantizeElement(first[i * cols + c], s)

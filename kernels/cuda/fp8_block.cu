@@ -1,5 +1,5 @@
-// fp8-block quantization: row-wise 1x128 tiles, grouped column-wise 1x128 tiles (transposed, from
-// the same read), and 128x128 weight blocks in both orientations. Format, layouts and rounding:
+// fp8-block quantization: row-wise 1x128 tiles, grouped column-wise 1x128 tiles or 128x128 blocks
+// (transposed, from the same read), and 128x128 weight blocks in both orientations. Format, layouts and rounding:
 // dropless/kernels/fp8_block.h; every value is bit for bit the CPU reference's.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -38,7 +38,9 @@ using fp8_block_math::WarpMaxBits;
 //     puts the 8 lanes reading rows 16 g + e of one pair on 8 different 4-bank groups); the 8 lanes
 //     of a pair join their amaxes in three shuffles, lanes 8 q + g (g < 4) compute the warp's 16
 //     scales, and each lane stores its 16 E4M3 bytes of a column with one 16-byte store (8 lanes:
-//     the column's whole 128-byte line). Two elements per E4M3 conversion, no byte regrouping;
+//     the column's whole 128-byte line). Two elements per E4M3 conversion, no byte regrouping.
+//     Per 128 x 128 block, the warps' amaxes meet in shared memory after a second barrier and
+//     every lane computes the block's one scale;
 //   row-wise: 16 lanes per row (8 elements, one 16-byte shared read); warp w takes rows 2 i and
 //     2 i + 1 for i = w + 8 k (k < 8), keeps them in registers and computes their 16 scales a lane
 //     each; rows past the live count are not written.
@@ -64,8 +66,11 @@ struct TileOut {
   int32_t live;        // rows holding data, 0..128
 };
 
-// Warp-collective: the column-wise tiles of column pairs 8 warp .. 8 warp + 7.
+// Block-collective (every thread calls it): the column-wise tiles of column pairs 8 warp ..
+// 8 warp + 7 in each warp. Per block (per_block): the warps' amaxes meet in `warp_amax` and every
+// lane quantizes with the one scale of the 128 x 128 block.
 __device__ __forceinline__ void QuantizeColumns(const uint8_t* stage, int warp, int lane, bool pow2,
+                                                bool per_block, uint32_t* warp_amax,
                                                 const TileOut& t, uint8_t* __restrict__ col_data,
                                                 float* __restrict__ col_scales) {
   constexpr int kUnits = kFp8Block / 8 / kTileWarps;  // units of four pairs per warp
@@ -93,8 +98,23 @@ __device__ __forceinline__ void QuantizeColumns(const uint8_t* stage, int warp, 
   for (int u = 0; u < kUnits; ++u) {
     if (u == su) amax = (g & 1) ? (m[u] >> 16) : (m[u] & 0xffffu);
   }
+  if (per_block) {
+    uint32_t block = 0;
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) block = max(block, max(m[u] & 0xffffu, m[u] >> 16));
+    block = WarpMaxBits(block);
+    if (lane == 0) warp_amax[warp] = block;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kTileWarps; ++w) block = max(block, warp_amax[w]);
+    amax = block;
+  }
   const DeviceScale mine = ScaleForAmax(AmaxFromBits(amax), pow2);
-  if (g < 2 * kUnits) {
+  if (per_block) {
+    if (warp == 0 && lane == 0) {
+      col_scales[t.padded_row / kFp8Block * (t.cols / kFp8Block) + t.c0 / kFp8Block] = mine.scale;
+    }
+  } else if (g < 2 * kUnits) {
     col_scales[t.padded_row / kFp8Block * t.cols + t.c0 + 2 * (4 * (kUnits * warp + su) + q) +
                (g & 1)] = mine.scale;
   }
@@ -165,13 +185,14 @@ __device__ __forceinline__ void QuantizeRows(const uint8_t* stage, int warp, int
 template <bool kRowwise, bool kColwise>
 __global__ void __launch_bounds__(kTileThreads, 4)
     TileKernel(const Bf16* __restrict__ x, int64_t rows, int64_t cols,
-               const int32_t* __restrict__ offsets, int groups, bool pow2,
+               const int32_t* __restrict__ offsets, int groups, bool pow2, bool col_per_block,
                const int32_t* __restrict__ padded_offsets, int64_t padded_rows,
                uint8_t* __restrict__ row_data, float* __restrict__ row_scales,
                uint8_t* __restrict__ col_data, float* __restrict__ col_scales) {
   static_assert(kColwise || kRowwise, "nothing to produce");
   __shared__ __align__(16) uint8_t stage[kTileBytes];
   __shared__ int32_t tile_source_row, tile_live;
+  __shared__ uint32_t warp_amax[kTileWarps];  // column-wise per block: the warps' amaxes
   const int64_t segs = cols / kFp8Block;
   const int64_t tile_row = static_cast<int64_t>(blockIdx.x) / segs;
   const int64_t c0 = (static_cast<int64_t>(blockIdx.x) - tile_row * segs) * kFp8Block;
@@ -225,7 +246,9 @@ __global__ void __launch_bounds__(kTileThreads, 4)
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const TileOut t{cols, padded_rows, first, c0, p0, n};
-  if constexpr (kColwise) QuantizeColumns(stage, warp, lane, pow2, t, col_data, col_scales);
+  if constexpr (kColwise) {
+    QuantizeColumns(stage, warp, lane, pow2, col_per_block, warp_amax, t, col_data, col_scales);
+  }
   if constexpr (kRowwise) QuantizeRows(stage, warp, lane, pow2, t, row_data, row_scales);
 }
 
@@ -347,7 +370,8 @@ absl::Status QuantizeFp8Block(const Fp8BlockQuantizeShape& shape, const Bf16* x,
     if (blocks == 0) return absl::OkStatus();
     if (blocks > INT32_MAX) return absl::InvalidArgumentError("rows: too many tiles");
     TileKernel<true, false><<<static_cast<unsigned>(blocks), kTileThreads, 0, stream>>>(
-        x, shape.rows, shape.cols, group_offsets, shape.num_groups, pow2, nullptr, 0, rowwise->data,
+        x, shape.rows, shape.cols, group_offsets, shape.num_groups, pow2, false, nullptr, 0,
+        rowwise->data,
         rowwise->scales, nullptr, nullptr);
     return LaunchStatus("Fp8Block TileKernel");
   }
@@ -365,7 +389,8 @@ absl::Status QuantizeFp8Block(const Fp8BlockQuantizeShape& shape, const Bf16* x,
   // One block per padded tile the buffer can hold; those past the live groups' padding return.
   auto kernel = rowwise != nullptr ? TileKernel<true, true> : TileKernel<false, true>;
   kernel<<<static_cast<unsigned>(blocks), kTileThreads, 0, stream>>>(
-      x, shape.rows, shape.cols, group_offsets, shape.num_groups, pow2, colwise->group_offsets,
+      x, shape.rows, shape.cols, group_offsets, shape.num_groups, pow2,
+      colwise->scaling == Fp8ColwiseScaling::kPerBlock, colwise->group_offsets,
       colwise->padded_rows, rowwise == nullptr ? nullptr : rowwise->data,
       rowwise == nullptr ? nullptr : rowwise->scales, colwise->data, colwise->scales);
   return LaunchStatus("Fp8Block TileKernel");

@@ -15,8 +15,10 @@ DROPLESS_TWO_PASS = "dropless-two-pass-adamw"
 # dropless in mxfp8 with the per-32 promotion kernels (DROPLESS_MX_CORE=0) beside the default
 # bf16-core expert GEMMs, same run
 DROPLESS_MX_PROMOTION = "dropless-mx-promotion"
+# dropless in fp8-block (X per 1x128 column tile) beside --precision fp8-block-wgrad128, same run
+DROPLESS_FP8_BLOCK = "dropless-fp8-block"
 DROPLESS_IMPLS = (DROPLESS, DROPLESS_BF16, DROPLESS_FUSED, DROPLESS_TWO_PASS,
-                  DROPLESS_MX_PROMOTION)
+                  DROPLESS_MX_PROMOTION, DROPLESS_FP8_BLOCK)
 DEFAULT_IMPLS = [DROPLESS, GROUPED, NAIVE, JAX]
 
 

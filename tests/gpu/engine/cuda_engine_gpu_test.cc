@@ -137,12 +137,21 @@ struct MatchCase {
   const char* mx_core = "1";
 };
 
+// The fp8-block precisions need hidden and ffn multiples of 128.
+void ShapeFor(Precision precision, EngineConfig* c) {
+  if (IsFp8Block(precision)) {
+    c->model.hidden = 256;
+    c->model.ffn = 128;
+  }
+}
+
 class CudaMatchesCpu : public CudaEngineGpu, public ::testing::WithParamInterface<MatchCase> {};
 
 TEST_P(CudaMatchesCpu, LossAndGradientsOfOneStep) {
   const MatchCase& mc = GetParam();
   EngineConfig c = SmallConfig();
   c.precision = mc.precision;
+  ShapeFor(mc.precision, &c);
   c.model.router = mc.router;
   c.optimizer.lr = 1.0;
   c.optimizer.eps = 1.0;
@@ -208,7 +217,8 @@ TEST_P(CudaMatchesCpu, LossAndGradientsOfOneStep) {
 // Tolerances: bf16 operands and a bf16 residual stream give ~1% relative gradient error on these
 // shapes (measured on an H200: 0.7-1.3%); MXFP8 (e4m3, 3 mantissa bits, every expert operand
 // quantized, the gradients too) 5-21% against the fp32 reference (measured: 5-14% for the experts,
-// up to 21% for a router, whose gradient sums the quantized expert outputs).
+// up to 21% for a router, whose gradient sums the quantized expert outputs). The fp8-block
+// precisions quantize the same operands to e4m3 (hidden 256, ffn 128) and get MXFP8's bounds.
 INSTANTIATE_TEST_SUITE_P(
     Precisions, CudaMatchesCpu,
     ::testing::Values(MatchCase{"bf16_softmax", Precision::kBf16, RouterKind::kSoftmax, 0.02, 0.05},
@@ -219,7 +229,11 @@ INSTANTIATE_TEST_SUITE_P(
                       MatchCase{"mxfp8_softmax", Precision::kMxfp8, RouterKind::kSoftmax, 0.05, 0.3},
                       // The per-32 promotion kernels instead of the bf16-core ones.
                       MatchCase{"mxfp8_promotion", Precision::kMxfp8, RouterKind::kSoftmax, 0.05,
-                                0.3, "0", "0"}),
+                                0.3, "0", "0"},
+                      MatchCase{"fp8_block", Precision::kFp8Block, RouterKind::kSigmoid, 0.05,
+                                0.3},
+                      MatchCase{"fp8_block_wgrad128", Precision::kFp8BlockWgrad128,
+                                RouterKind::kSigmoid, 0.05, 0.3}),
     [](const ::testing::TestParamInfo<MatchCase>& info) { return std::string(info.param.name); });
 
 // The fused update keeps each tile's gradient in registers: the engine allocates no gradient for
@@ -273,15 +287,18 @@ EngineConfig LearningConfig(Precision precision) {
 }
 
 // The quantized precisions learn the synthetic task as bf16 does: 500 steps end no more than 1%
-// above bf16's loss (issue 15 for mxfp8, issue 17 for fp8-block). The end loss is the mean of the
-// last 20 steps, averaged over three data seeds, so that the comparison measures the precision
-// rather than where one trajectory happens to wander (each seed's figures are printed too).
+// above bf16's loss (issue 15 for mxfp8, issue 17 for the fp8-block precisions). The end loss is
+// the mean of the last 20 steps, averaged over three data seeds, so that the comparison measures
+// the precision rather than where one trajectory happens to wander (each seed's figures are
+// printed too).
 // Ending lower is not a failure of the goal, but more than 5% lower would mean the quantized step
 // computes another function, so that is bounded too. (Measured on an H200: mxfp8 ends about 3.5%
 // below bf16, on the bf16-core and the promotion kernels alike, and starts about 1.3% below it
 // at step 1, likely because the OCP MX scale,
 // 2^(floor(log2(amax)) - 8), saturates a block's largest values at 448 (mxfp8.h) and so shrinks
-// the expert outputs a little; fp8-block ends about 0.2% above bf16.)
+// the expert outputs a little; fp8-block ends about 0.2% above bf16, fp8-block-wgrad128 about 0.3%
+// below. The weight gradient's output gradient per 128x128 block instead of its activations, built
+// and measured, ended 1.4% above bf16: docs/grouped_gemm.md.)
 TEST_F(CudaEngineGpu, LearnsIn500StepsInEveryPrecisionWithinOnePercentOfBf16) {
   auto tail_mean = [](const std::vector<double>& v) {
     double s = 0;
@@ -290,7 +307,7 @@ TEST_F(CudaEngineGpu, LearnsIn500StepsInEveryPrecisionWithinOnePercentOfBf16) {
   };
   const std::vector<uint64_t> seeds = {5, 6, 7};
   const std::vector<Precision> precisions = {Precision::kBf16, Precision::kMxfp8,
-                                             Precision::kFp8Block};
+                                             Precision::kFp8Block, Precision::kFp8BlockWgrad128};
   std::vector<double> end(precisions.size(), 0.0);
   for (uint64_t seed : seeds) {
     for (size_t p = 0; p < precisions.size(); ++p) {

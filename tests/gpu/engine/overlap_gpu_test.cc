@@ -59,7 +59,7 @@ TEST_P(OverlapGpu, StepsMatchTheEngineWithoutOverlap) {
   c.model.experts = p.experts;
   c.tokens_per_rank = 256;  // tens of rows per expert
   c.precision = p.precision;
-  if (p.precision == Precision::kFp8Block) {
+  if (IsFp8Block(p.precision)) {
     c.model.hidden = 256;
     c.model.ffn = 128;
   }
@@ -100,7 +100,8 @@ INSTANTIATE_TEST_SUITE_P(
                       OverlapCase{8, 64, Precision::kBf16}, OverlapCase{8, 40, Precision::kBf16},
                       OverlapCase{4, 64, Precision::kMxfp8}, OverlapCase{8, 40, Precision::kMxfp8},
                       OverlapCase{2, 64, Precision::kFp8Block},
-                      OverlapCase{8, 40, Precision::kFp8Block}),
+                      OverlapCase{8, 40, Precision::kFp8Block},
+                      OverlapCase{4, 64, Precision::kFp8BlockWgrad128}),
     [](const ::testing::TestParamInfo<OverlapCase>& info) {
       std::string precision(ToString(info.param.precision));
       for (char& ch : precision) ch = ch == '-' ? '_' : ch;

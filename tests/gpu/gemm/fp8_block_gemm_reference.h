@@ -112,9 +112,10 @@ inline WeightsHost MakeWeights(int experts, int64_t k, int64_t n, std::mt19937_6
   return h;
 }
 
-// Column-wise [cols][P] with scales [P/128][cols] and padded offsets (fp8_block.h): group g's
-// tokens random, its padding up to the next multiple of 128 +0 (under the tile's scale); padded
-// rows past padded_offsets[G] hold NaN codes and NaN scales. values [cols][P] dequantized.
+// Column-wise [cols][P] with scales [P/128][cols] (per block: [P/128][cols/128]) and padded
+// offsets (fp8_block.h): group g's tokens random, its padding up to the next multiple of 128 +0
+// (under the tile's scale); padded rows past padded_offsets[G] hold NaN codes and NaN scales.
+// values [cols][P] dequantized.
 struct ColwiseHost {
   int64_t padded_rows = 0;
   std::vector<uint8_t> data;
@@ -124,7 +125,10 @@ struct ColwiseHost {
 };
 
 inline ColwiseHost MakeColwise(const std::vector<int>& sizes, int64_t rows, int64_t cols,
-                               std::mt19937_64* rng) {
+                               std::mt19937_64* rng,
+                               Fp8ColwiseScaling scaling = Fp8ColwiseScaling::kPerColumn) {
+  const bool per_block = scaling == Fp8ColwiseScaling::kPerBlock;
+  const int64_t per_tile = Fp8ColwiseScalesPerTile(cols, scaling);
   ColwiseHost h;
   const int groups = static_cast<int>(sizes.size());
   const int64_t p = h.padded_rows = Fp8ColwisePaddedRows(rows, groups);
@@ -132,13 +136,14 @@ inline ColwiseHost MakeColwise(const std::vector<int>& sizes, int64_t rows, int6
   for (int s : sizes) h.padded_offsets.push_back(h.padded_offsets.back() + (s + kB - 1) / kB * kB);
   EXPECT_LE(h.padded_offsets.back(), p);
   h.data.assign(cols * p, kE4M3Nan);
-  h.scales.assign(p / kB * cols, kNan);
+  h.scales.assign(p / kB * per_tile, kNan);
   h.values.assign(cols * p, kNan);
   for (int g = 0; g < groups; ++g) {
     for (int64_t t = h.padded_offsets[g] / kB; t < h.padded_offsets[g + 1] / kB; ++t) {
       for (int64_t c = 0; c < cols; ++c) {
-        const float scale = RandomScale(rng);
-        h.scales[t * cols + c] = scale;
+        float& slot = h.scales[t * per_tile + (per_block ? c / kB : c)];
+        if (!per_block || c % kB == 0) slot = RandomScale(rng);
+        const float scale = slot;
         for (int64_t q = t * kB; q < (t + 1) * kB; ++q) {
           const uint8_t b = q - h.padded_offsets[g] < sizes[g] ? RandomE4m3(rng) : uint8_t{0};
           h.data[c * p + q] = b;

@@ -187,6 +187,13 @@ TEST(Fp8BlockGroupedGemmOptionsTest, BadOptionsNameTheField) {
   bad([](auto& o) { o.padded_rows = -128; }, "padded_rows");
   bad([](auto& o) { o.m_grouped_kernel = "no_such_kernel"; }, "m_grouped_kernel");
   bad([](auto& o) { o.weight_gradient_kernel = "no_such_kernel"; }, "weight_gradient_kernel");
+  bad(
+      [](auto& o) {  // a kernel that reads X's scales per column, asked for per-block scales
+        o.weight_gradient_kernel = Fp8BlockGroupedGemm::WeightGradientKernelNames()[0];
+        o.x_scaling = Fp8ColwiseScaling::kPerBlock;
+      },
+      "weight_gradient_kernel");
+  bad([](auto& o) { o.x_scaling = static_cast<Fp8ColwiseScaling>(7); }, "x_scaling");
   for (const Case& c : cases) {
     auto created = Fp8BlockGroupedGemm::Create(c.options);
     ASSERT_FALSE(created.ok()) << c.field;
@@ -290,8 +297,23 @@ TEST_F(Fp8BlockGroupedGemmTest, NanScalesPropagateToTheirRowAndColumns) {
 
 // Weight gradient from the column-wise operands, by every compiled weight-gradient kernel: padded
 // groups (zero padding), empty groups exact zeros, padded rows past padded_offsets[G] NaN (never
-// read); two group layouts.
-class Fp8BlockWeightGradientTest : public ::testing::TestWithParam<std::string> {
+// read); two group layouts. The per-block kernels get X scaled per 128 x 128 block.
+struct WeightGradientKernel {
+  std::string name;
+  Fp8ColwiseScaling x_scaling;
+};
+
+std::vector<WeightGradientKernel> EveryWeightGradientKernel() {
+  std::vector<WeightGradientKernel> kernels;
+  for (Fp8ColwiseScaling scaling : {Fp8ColwiseScaling::kPerColumn, Fp8ColwiseScaling::kPerBlock}) {
+    for (const std::string& name : Fp8BlockGroupedGemm::WeightGradientKernelNames(scaling)) {
+      kernels.push_back({name, scaling});
+    }
+  }
+  return kernels;
+}
+
+class Fp8BlockWeightGradientTest : public ::testing::TestWithParam<WeightGradientKernel> {
  protected:
   void SetUp() override {
     if (!gemm_test::HasHopperDevice()) GTEST_SKIP() << "SKIPPED: no CUDA device (Hopper sm_90)";
@@ -306,16 +328,18 @@ TEST_P(Fp8BlockWeightGradientTest, MatchesFp64OfDequantized) {
     SCOPED_TRACE(sizes[0]);
     const int groups = static_cast<int>(sizes.size());
     const int64_t rows = Offsets(sizes).back() + 16;
-    const ColwiseHost x = MakeColwise(sizes, rows, kK, &rng);
+    const ColwiseHost x = MakeColwise(sizes, rows, kK, &rng, GetParam().x_scaling);
     const ColwiseHost dy = MakeColwise(sizes, rows, kN, &rng);
     const Ref ref = WeightGradientReference(x, dy, kK, kN);
 
     Fp8BlockGroupedGemmOptions o = Options(groups, rows);
     o.padded_rows = x.padded_rows;
-    o.weight_gradient_kernel = GetParam();
+    o.weight_gradient_kernel = GetParam().name;
+    o.x_scaling = GetParam().x_scaling;
     auto gemm = Fp8BlockGroupedGemm::Create(o);
     ASSERT_TRUE(gemm.ok()) << gemm.status();
-    EXPECT_NE((*gemm)->KernelName().find(GetParam()), std::string::npos) << (*gemm)->KernelName();
+    EXPECT_NE((*gemm)->KernelName().find(GetParam().name), std::string::npos)
+        << (*gemm)->KernelName();
     auto xd = Upload(x.data), xs = Upload(x.scales), dyd = Upload(dy.data), dys = Upload(dy.scales);
     auto poffsets = Upload(x.padded_offsets);
     const size_t count = ref.value.size();
@@ -339,9 +363,9 @@ TEST_P(Fp8BlockWeightGradientTest, MatchesFp64OfDequantized) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryKernel, Fp8BlockWeightGradientTest,
-                         ::testing::ValuesIn(Fp8BlockGroupedGemm::WeightGradientKernelNames()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
+                         ::testing::ValuesIn(EveryWeightGradientKernel()),
+                         [](const ::testing::TestParamInfo<WeightGradientKernel>& info) {
+                           return info.param.name;
                          });
 
 // Every group empty: Y and dX keep their poison everywhere, dW is all zeros.

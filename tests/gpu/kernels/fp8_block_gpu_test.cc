@@ -1,5 +1,5 @@
 // fp8-block CUDA kernels against the CPU reference, bit for bit: row-wise, grouped row-wise +
-// column-wise with empty and odd group sizes, special values, both scale modes, the weight blocks
+// column-wise (per column and per 128x128 block) with empty and odd group sizes, special values, both scale modes, the weight blocks
 // in both orientations, a captured graph replayed with new device offsets, and SwiGLU with the
 // fp8-block output against the quantizers applied to its bf16 output.
 #include <gtest/gtest.h>
@@ -110,7 +110,14 @@ TEST_F(Fp8BlockGpu, GroupedRowAndColumnwiseMatchReference) {
       }
       const int64_t padded = Fp8ColwisePaddedRows(c.rows, c.groups);
       const Fp8BlockQuantizeShape shape{c.rows, c.cols, c.groups, mode};
-      for (bool with_rowwise : {true, false}) {
+      for (auto [with_rowwise, scaling] :
+           {std::pair{true, Fp8ColwiseScaling::kPerColumn},
+            std::pair{false, Fp8ColwiseScaling::kPerColumn},
+            std::pair{true, Fp8ColwiseScaling::kPerBlock},
+            std::pair{false, Fp8ColwiseScaling::kPerBlock}}) {
+        SCOPED_TRACE(scaling == Fp8ColwiseScaling::kPerBlock ? "per 128x128 block" : "per column");
+        // Per block, the scales fill the buffer's first cols / 128 of each tile's cols; the rest
+        // stays poisoned on both sides.
         DeviceArray<Bf16> d_x(x);
         DeviceArray<int32_t> d_offsets(offsets);
         DeviceArray<uint8_t> d_rdata(c.rows * c.cols), d_cdata(c.cols * padded);
@@ -118,7 +125,8 @@ TEST_F(Fp8BlockGpu, GroupedRowAndColumnwiseMatchReference) {
         DeviceArray<float> d_cscales(c.cols * padded / kFp8Block);
         DeviceArray<int32_t> d_poffsets(c.groups + 1);
         Fp8BlockRowwise d_rowwise{d_rdata.get(), d_rscales.get()};
-        Fp8BlockColwise d_colwise{d_cdata.get(), d_cscales.get(), d_poffsets.get(), padded};
+        Fp8BlockColwise d_colwise{d_cdata.get(), d_cscales.get(), d_poffsets.get(), padded,
+                                  scaling};
         STATUS_ASSERT(cuda::QuantizeFp8Block(shape, d_x.get(),
                                              c.null_offsets ? nullptr : d_offsets.get(),
                                              with_rowwise ? &d_rowwise : nullptr, &d_colwise,
@@ -128,7 +136,7 @@ TEST_F(Fp8BlockGpu, GroupedRowAndColumnwiseMatchReference) {
         auto cscales = Poisoned<float>(c.cols * padded / kFp8Block);
         auto poffsets = Poisoned<int32_t>(c.groups + 1);
         Fp8BlockRowwise rowwise{rdata.data(), rscales.data()};
-        Fp8BlockColwise colwise{cdata.data(), cscales.data(), poffsets.data(), padded};
+        Fp8BlockColwise colwise{cdata.data(), cscales.data(), poffsets.data(), padded, scaling};
         STATUS_ASSERT(cpu::QuantizeFp8Block(shape, x.data(),
                                             c.null_offsets ? nullptr : offsets.data(),
                                             with_rowwise ? &rowwise : nullptr, &colwise));

@@ -130,6 +130,10 @@ std::vector<BadCase> BadCases() {
        "model.ffn", "must be divisible by 32 with precision mxfp8 (got 100)"},
       {"fp8_block_hidden", WithAll({{"precision: bf16", "precision: fp8-block"}, {"  hidden: 64", "  hidden: 192"}}),
        "model.hidden", "must be divisible by 128 with precision fp8-block (got 192)"},
+      {"fp8_block_wgrad128_ffn",
+       WithAll({{"precision: bf16", "precision: fp8-block-wgrad128"}, {"  hidden: 64", "  hidden: 128"},
+                {"  ffn: 128", "  ffn: 64"}}),
+       "model.ffn", "must be divisible by 128 with precision fp8-block-wgrad128 (got 64)"},
       {"checkpoint_every_without_dir", With("  every: 0", "  every: 10"), "checkpoint.every",
        "needs checkpoint.dir"},
       // Sizes: zero, negative, too large.
@@ -187,7 +191,7 @@ std::vector<BadCase> BadCases() {
       {"router_unknown", With("  router: softmax", "  router: tanh"), "model.router",
        "must be one of softmax | sigmoid, got 'tanh'"},
       {"precision_unknown", With("precision: bf16", "precision: fp8"), "precision",
-       "must be one of bf16 | mxfp8 | fp8-block"},
+       "must be one of bf16 | mxfp8 | fp8-block | fp8-block-wgrad128"},
       {"dispatcher_unknown", With("dispatcher: auto", "dispatcher: mpi"), "dispatcher",
        "must be one of auto | gloo | nccl-a2a | nccl-lsa | nccl-ep"},
       {"backend_unknown", With("  backend: cpu", "  backend: tpu"), "resources.backend",
@@ -458,6 +462,12 @@ TEST(JobSpecTest, EnumNames) {
   EXPECT_EQ(ToString(RouterKind::kSigmoid), "sigmoid");
   EXPECT_EQ(ToString(Precision::kMxfp8), "mxfp8");
   EXPECT_EQ(ToString(Precision::kFp8Block), "fp8-block");
+  EXPECT_EQ(ToString(Precision::kFp8BlockWgrad128), "fp8-block-wgrad128");
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      "name: wgrad128\nmodel: {hidden: 128, ffn: 128, experts: 8, topk: 1}\nparallel: {ep: 1}\n"
+      "tokens_per_rank: 8\nsteps: 2\nprecision: fp8-block-wgrad128\nresources: {backend: cuda}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->precision, Precision::kFp8BlockWgrad128);
   EXPECT_EQ(ToString(Dispatcher::kNcclA2a), "nccl-a2a");
   EXPECT_EQ(ToString(RoutingDistribution::kZipf), "zipf");
   EXPECT_EQ(ToString(Backend::kCuda), "cuda");

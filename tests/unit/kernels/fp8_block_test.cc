@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "dropless/kernels/mxfp8.h"
@@ -174,6 +175,67 @@ TEST(Fp8BlockQuantize, ColumnwiseGroupsArePaddedTransposedAndZeroFilled) {
     for (int64_t q = padded[num_groups] / kFp8Block * cols; q < p / kFp8Block * cols; ++q) {
       ASSERT_EQ(scales[q], -1.0f);
     }
+  }
+}
+
+// Fp8ColwiseScaling::kPerBlock: one scale per 128 x 128 block of a padded tile, from the block's
+// live rows only, at scales[tile_row * cols / 128 + column block]; a NaN poisons its block only.
+TEST(Fp8BlockQuantize, ColumnwisePerBlockScalesEachBlockOfATile) {
+  const std::vector<int32_t> counts = {129, 0, 50};
+  const std::vector<int32_t> offsets = {0, 129, 129, 179};
+  const int num_groups = 3;
+  const int64_t rows = 179, cols = 384, blocks = cols / kFp8Block;
+  const int64_t p = Fp8ColwisePaddedRows(rows, num_groups);
+  for (Fp8ScaleMode mode : kModes) {
+    std::vector<Bf16> x = RandomBf16WideRange(rows * cols, 20);
+    x[(129 + 7) * cols + 300] = Bf16{0x7FC0};  // NaN in group 2's tile, column block 2
+    std::vector<uint8_t> data(cols * p, 0xAB);
+    std::vector<float> scales(p / kFp8Block * cols, -1.0f);
+    std::vector<int32_t> padded(num_groups + 1, -1);
+    Fp8BlockColwise colwise{data.data(), scales.data(), padded.data(), p,
+                            Fp8ColwiseScaling::kPerBlock};
+    ASSERT_TRUE(cpu::QuantizeFp8Block({rows, cols, num_groups, mode}, x.data(), offsets.data(),
+                                      nullptr, &colwise)
+                    .ok());
+    ASSERT_EQ(padded, (std::vector<int32_t>{0, 256, 256, 384}));
+    // (group, first row in the group, padded tile row) of every tile.
+    for (auto [g, b, tile_row] : {std::tuple{0, 0, 0}, std::tuple{0, 128, 1}, std::tuple{2, 0, 2}}) {
+      const int64_t live = std::min<int64_t>(kFp8Block, counts[g] - b);
+      for (int64_t j = 0; j < blocks; ++j) {
+        float amax = 0;
+        bool nan = false;
+        for (int64_t i = 0; i < live; ++i) {
+          for (int64_t c = j * kFp8Block; c < (j + 1) * kFp8Block; ++c) {
+            const float v = std::fabs(Bf16ToFloat(x[(offsets[g] + b + i) * cols + c]));
+            nan = nan || std::isnan(v);
+            amax = std::max(amax, v);
+          }
+        }
+        const float got_scale = scales[tile_row * blocks + j];
+        ASSERT_EQ(nan, g == 2 && j == 2) << tile_row << "," << j;
+        if (nan) {
+          ASSERT_TRUE(std::isnan(got_scale));
+        } else {
+          ASSERT_EQ(got_scale, Fp8BlockScaleForAmax(amax, mode).scale) << tile_row << "," << j;
+        }
+        const Fp8BlockScale want = Fp8BlockScaleForAmax(nan ? NAN : amax, mode);
+        for (int64_t c = j * kFp8Block; c < (j + 1) * kFp8Block; ++c) {
+          for (int64_t i = 0; i < kFp8Block; ++i) {
+            const uint8_t got = data[c * p + padded[g] + b + i];
+            if (nan) {
+              ASSERT_EQ(got, kE4M3Nan);
+            } else if (i >= live) {
+              ASSERT_EQ(got, 0x00) << "padding";
+            } else {
+              const float v = Bf16ToFloat(x[(offsets[g] + b + i) * cols + c]);
+              ASSERT_EQ(got, FloatToE4M3(v * want.inverse)) << tile_row << "," << i << "," << c;
+            }
+          }
+        }
+      }
+    }
+    // Past the tiles' per-block scales, the buffer is untouched.
+    for (int64_t q = 3 * blocks; q < p / kFp8Block * cols; ++q) ASSERT_EQ(scales[q], -1.0f);
   }
 }
 

@@ -78,6 +78,8 @@ absl::Status LayerKernels::CreateExpertGemms(int groups, ExpertGemms* out) const
     } else if (d.fp8_block()) {
       kernels::Fp8BlockGroupedGemmOptions o = shaped(kernels::Fp8BlockGroupedGemmOptions{});
       o.padded_rows = kernels::Fp8ColwisePaddedRows(R, El);
+      o.x_scaling = d.fp8_block_x_blocks() ? kernels::Fp8ColwiseScaling::kPerBlock
+                                           : kernels::Fp8ColwiseScaling::kPerColumn;
       DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->fb_w1 : &out->fb_w2));
     } else {
       kernels::GroupedGemmOptions o = shaped(kernels::GroupedGemmOptions{});
@@ -137,6 +139,9 @@ absl::Status LayerKernels::AllocateQuantizedScratch(DeviceArena* arena) {
     DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, F, El, kernels::kFp8Block, &fb_col_a_));
     DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, H, El, kernels::kFp8Block, &fb_col_d_out_));
     DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, 2 * F, El, kernels::kFp8Block, &fb_col_d_h_));
+    if (d.fp8_block_x_blocks()) {  // the weight gradient's X per 128 x 128 block (fewer scales)
+      fb_col_rows_.scaling = fb_col_a_.scaling = kernels::Fp8ColwiseScaling::kPerBlock;
+    }
   }
   return absl::OkStatus();
 }

@@ -4,7 +4,8 @@
 // statistics, the dispatch plan, permute, grouped GEMM w1, SwiGLU, grouped GEMM w2, unpermute with
 // the weighted combine; shared experts are grouped GEMMs of one group. Backward runs through all
 // of it, router included. Expert GEMMs run in bf16, MXFP8 (precision mxfp8) or fp8-block
-// (precision fp8-block: 1x128 activation tiles, 128x128 weight blocks): the operands quantized by
+// (precision fp8-block: 1x128 activation tiles, 128x128 weight blocks; fp8-block-wgrad128 scales
+// the weight gradient's activations per 128x128 block too): the operands quantized by
 // the kernels of mxfp8.h / fp8_block.h, the weights once per step by QuantizeWeight
 // (moe_layer_expert_gemms.cc holds the precision-specific parts).
 //
@@ -87,7 +88,9 @@ struct LayerDims {
   bool mx_core = false;
 
   bool mxfp8() const { return precision == Precision::kMxfp8; }
-  bool fp8_block() const { return precision == Precision::kFp8Block; }
+  bool fp8_block() const { return IsFp8Block(precision); }
+  // fp8-block-wgrad128: the weight gradient's X per 128 x 128 block (Fp8ColwiseScaling::kPerBlock).
+  bool fp8_block_x_blocks() const { return precision == Precision::kFp8BlockWgrad128; }
   bool quantized() const { return precision != Precision::kBf16; }
   int64_t rows() const { return tokens * topk; }  // T*k routed rows
   int local_experts() const { return experts / ep; }

@@ -49,6 +49,15 @@ using grouped_gemm_internal::LeadingDimStride;
 //                                       B = dY column-wise [N = n][K]
 //                                       scales: per (column, K block) [K/128][M] and [K/128][N]
 //                                               (MN-major)
+//   k-grouped, X per 128 x 128 block    the transposed product dW^T = dY^T X, so that X's one
+//   (XScale = 128)                      scale per tile is B's: A = dY column-wise [M = n][K],
+//                                       B = X column-wise [N = k][K], scales [K/128][M] and
+//                                       [K/128][N/128]; D column-major [M = n][N = k], i.e. dW
+//                                       [k][n] row-major. CUTLASS then folds B's scalar into A's
+//                                       two row scales a thread and promotes with one FMA an
+//                                       accumulator (with X's block on M, each thread would load
+//                                       and multiply its 32 column scales every K block: measured
+//                                       4-11% slower).
 // Both operands' scales have the same major order in each kernel: CUTLASS 4.2's
 // Sm1xxBlockwiseScaleConfig::smem_atom_layoutSFB tests majorSFA, not majorSFB.
 //
@@ -57,20 +66,29 @@ using grouped_gemm_internal::LeadingDimStride;
 // weight scales at a granularity of 128 / kWeightScaleSplit along N, from a copy in which each
 // 128 x 128 block's scale is repeated kWeightScaleSplit times (ExpandWeightScales, per call: the
 // same values, so the same products).
-template <Product P, int WeightScaleSplit>
+template <Product P, int WeightScaleSplit, int XScale>
 struct ProductTraits {
+  static_assert(XScale == 1, "X's scale granularity is the weight gradient's");
+  static constexpr bool kTransposed = false;
+  using LayoutD = cutlass::layout::RowMajor;
   static_assert(kBlock % WeightScaleSplit == 0);
   using ElementD = cutlass::bfloat16_t;
   using ScaleConfig =
       cutlass::detail::Sm90BlockwiseScaleConfig<1, kBlock / WeightScaleSplit, kBlock,
                                                 cute::GMMA::Major::K, cute::GMMA::Major::K>;
 };
-template <int WeightScaleSplit>
-struct ProductTraits<Product::kBackwardWeight, WeightScaleSplit> {
+template <int WeightScaleSplit, int XScale>
+struct ProductTraits<Product::kBackwardWeight, WeightScaleSplit, XScale> {
   static_assert(WeightScaleSplit == 1, "the weight gradient has no weight operand");
+  static_assert(XScale == 1 || XScale == kBlock, "X per column or per 128 x 128 block");
+  // X per block: dW^T = dY^T X with X as B (above).
+  static constexpr bool kTransposed = XScale == kBlock;
+  using LayoutD =
+      std::conditional_t<kTransposed, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
   using ElementD = float;
-  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 1, kBlock, cute::GMMA::Major::MN,
-                                                                cute::GMMA::Major::MN>;
+  using ScaleConfig =
+      cutlass::detail::Sm90BlockwiseScaleConfig<1, XScale, kBlock, cute::GMMA::Major::MN,
+                                                cute::GMMA::Major::MN>;
 };
 
 // Cooperative: the two consumer warp groups split one tile's rows and store it together.
@@ -123,18 +141,21 @@ struct WithStoreStages<
 };
 
 template <Product P, Schedule S, int TileM, int TileN, int TileK, int ClusterM, int ClusterN,
-          int WeightScaleSplit = 1, int StoreStages = 0>
+          int WeightScaleSplit = 1, int StoreStages = 0, int XScale = 1>
 struct KernelDef {
   static constexpr int kWeightScaleSplit = WeightScaleSplit;
+  static constexpr int kXScale = XScale;
+  using Traits = ProductTraits<P, WeightScaleSplit, XScale>;
+  static constexpr bool kTransposed = Traits::kTransposed;
   using ElementAB = cutlass::float_e4m3_t;
-  using ElementD = typename ProductTraits<P, WeightScaleSplit>::ElementD;
+  using ElementD = typename Traits::ElementD;
   using ElementAccumulator = float;
-  using ScaleConfig = typename ProductTraits<P, WeightScaleSplit>::ScaleConfig;
+  using ScaleConfig = typename Traits::ScaleConfig;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
   using LayoutA = cutlass::layout::RowMajor;     // [M][K]
   using LayoutB = cutlass::layout::ColumnMajor;  // [N][K]
-  using LayoutD = cutlass::layout::RowMajor;
+  using LayoutD = typename Traits::LayoutD;
   static constexpr int kAlignAB = 16;
   static constexpr int kAlignD = 16 / sizeof(ElementD);
   using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
@@ -172,7 +193,8 @@ struct KernelDef {
   static_assert(Mainloop::ScaleGranularityK == kBlock);
   static_assert(Mainloop::ScaleGranularityM == 1);
   static_assert(Mainloop::ScaleGranularityN ==
-                (P == Product::kBackwardWeight ? 1 : kBlock / WeightScaleSplit));
+                (P == Product::kBackwardWeight ? XScale : kBlock / WeightScaleSplit));
+  static_assert(XScale == 1 || XScale == TileN, "one X scale per N tile and K block");
 };
 
 template <class Def>
@@ -239,13 +261,21 @@ __global__ void FillGroupArrays(GroupArrays<Def> arrays, const int32_t* __restri
     } else {
       // An empty group gets no tile (M = 0); ZeroEmptyGroups writes its zero gradient (K = 0 with
       // tiles would store unscaled, never-promoted accumulators).
-      m = rows == 0 ? 0 : k, nn = n, kk = rows;
       const int64_t padded = limit;
-      arrays.a[e] = a_el + begin;
-      arrays.sfa[e] = sa + begin / kBlock * k;
-      arrays.b[e] = b_el + begin;
-      arrays.sfb[e] = sb + begin / kBlock * n;
       arrays.d[e] = d + static_cast<int64_t>(e) * k * n;
+      if constexpr (Def::kTransposed) {  // dW^T = dY^T X, D column-major [n][k] = dW [k][n]
+        m = rows == 0 ? 0 : n, nn = k, kk = rows;
+        arrays.a[e] = b_el + begin;
+        arrays.sfa[e] = sb + begin / kBlock * n;
+        arrays.b[e] = a_el + begin;
+        arrays.sfb[e] = sa + begin / kBlock * (k / kBlock);
+      } else {
+        m = rows == 0 ? 0 : k, nn = n, kk = rows;
+        arrays.a[e] = a_el + begin;
+        arrays.sfa[e] = sa + begin / kBlock * k;
+        arrays.b[e] = b_el + begin;
+        arrays.sfb[e] = sb + begin / kBlock * n;
+      }
       arrays.stride_a[e] = LeadingDimStride<typename Def::StrideA>(padded);
       arrays.stride_b[e] = LeadingDimStride<typename Def::StrideB>(padded);
       arrays.stride_d[e] = LeadingDimStride<typename Def::StrideD>(n);
@@ -386,8 +416,9 @@ class CutlassRunner final : public Runner {
 }  // namespace dropless::kernels::fp8_block_gemm
 
 // Defines `Factory`, a RunnerFactory for one product, schedule and tile configuration (and, last,
-// the weight-scale split of KernelDef, 1 unless the N tile is not a multiple of 128, and its
-// epilogue store stages, 0 for the builder's).
+// the weight-scale split of KernelDef, 1 unless the N tile is not a multiple of 128, its
+// epilogue store stages, 0 for the builder's, and X's scale granularity, 1 unless the weight
+// gradient reads X per 128 x 128 block).
 #define DROPLESS_FP8_BLOCK_GEMM_INSTANCE(Factory, P, S, TM, TN, TK, CM, CN, ...)                \
   namespace dropless::kernels::fp8_block_gemm {                                                 \
   absl::StatusOr<std::unique_ptr<Runner>> Factory(const RunnerShape& shape) {                   \

@@ -88,17 +88,34 @@ absl::Status ValidateOptions(const Fp8BlockGroupedGemmOptions& o) {
     return absl::InvalidArgumentError(
         "padded_rows: the default Fp8ColwisePaddedRows(max_rows, num_groups) is not below 2^31");
   }
+  if (o.x_scaling != Fp8ColwiseScaling::kPerColumn && o.x_scaling != Fp8ColwiseScaling::kPerBlock) {
+    return absl::InvalidArgumentError("x_scaling: must be kPerColumn or kPerBlock");
+  }
   for (const auto& [field, value, names] :
        {std::tuple{"m_grouped_kernel", &o.m_grouped_kernel,
                    Fp8BlockGroupedGemm::MGroupedKernelNames()},
         std::tuple{"weight_gradient_kernel", &o.weight_gradient_kernel,
-                   Fp8BlockGroupedGemm::WeightGradientKernelNames()}}) {
+                   Fp8BlockGroupedGemm::WeightGradientKernelNames(o.x_scaling)}}) {
     if (value->empty() || std::find(names.begin(), names.end(), *value) != names.end()) continue;
-    return absl::InvalidArgumentError(absl::StrCat(field, ": unknown \"", *value,
-                                                   "\" (compiled: ", absl::StrJoin(names, ", "),
-                                                   ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": unknown \"", *value, "\" (compiled",
+                     value == &o.weight_gradient_kernel ? " for this x_scaling" : "", ": ",
+                     absl::StrJoin(names, ", "), ")"));
   }
   return absl::OkStatus();
+}
+
+// The named weight-gradient kernel, else the first that reads X's scale layout (ValidateOptions
+// checked that the named one does).
+const fp8_block_gemm::NamedWeightGradientRunner& WeightGradientKernel(
+    const Fp8BlockGroupedGemmOptions& o) {
+  for (const auto& k : fp8_block_gemm::kWeightGradientKernels) {
+    if (k.x_scaling == o.x_scaling &&
+        (o.weight_gradient_kernel.empty() || o.weight_gradient_kernel == k.name)) {
+      return k;
+    }
+  }
+  return fp8_block_gemm::kWeightGradientKernels[0];
 }
 
 class Fp8BlockGroupedGemmImpl final : public Fp8BlockGroupedGemm {
@@ -149,8 +166,13 @@ std::vector<std::string> Fp8BlockGroupedGemm::MGroupedKernelNames() {
   return NamesOf(fp8_block_gemm::kMGroupedKernels);
 }
 
-std::vector<std::string> Fp8BlockGroupedGemm::WeightGradientKernelNames() {
-  return NamesOf(fp8_block_gemm::kWeightGradientKernels);
+std::vector<std::string> Fp8BlockGroupedGemm::WeightGradientKernelNames(
+    Fp8ColwiseScaling x_scaling) {
+  std::vector<std::string> names;
+  for (const auto& k : fp8_block_gemm::kWeightGradientKernels) {
+    if (k.x_scaling == x_scaling) names.push_back(k.name);
+  }
+  return names;
 }
 
 std::string Fp8BlockGroupedGemm::MGroupedKernelFor(int output_width, int reduction) {
@@ -213,7 +235,7 @@ absl::StatusOr<std::unique_ptr<Fp8BlockGroupedGemm>> Fp8BlockGroupedGemm::Create
   const auto& backward_data_kernel =
       Named(fp8_block_gemm::kMGroupedKernels,
             by_width ? MGroupedKernelFor(options.k, options.n) : options.m_grouped_kernel);
-  const auto& wgrad = Named(fp8_block_gemm::kWeightGradientKernels, options.weight_gradient_kernel);
+  const auto& wgrad = WeightGradientKernel(options);
   auto forward = forward_kernel.forward(shape);
   if (!forward.ok()) return forward.status();
   auto backward_data = backward_data_kernel.backward_data(shape);

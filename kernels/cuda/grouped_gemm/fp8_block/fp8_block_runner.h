@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "dropless/kernels/fp8_block.h"
 
 namespace dropless::kernels::fp8_block_gemm {
 
@@ -48,8 +49,9 @@ class Runner {
 using RunnerFactory = absl::StatusOr<std::unique_ptr<Runner>> (*)(const RunnerShape&);
 
 // The compiled kernels, listed in the tables below, one translation unit each (the weight
-// gradient's default is the first of its table; the m-grouped products' default is chosen by
-// output width and reduction length, Fp8BlockGroupedGemm::MGroupedKernelFor). A variant is a new
+// gradient's default is the first of its table that reads X's scale layout; the m-grouped
+// products' default is chosen by output width and reduction length,
+// Fp8BlockGroupedGemm::MGroupedKernelFor). A variant is a new
 // instance file plus a table row; it is then chosen by name (Fp8BlockGroupedGemmOptions), tested
 // by every GPU test of its products, and timed by bench/peers/interleaved_gemm.py
 // --fp8-block-m-kernels / --fp8-block-wgrad-kernels. Pingpong 64 x 128 x 128 variants of both,
@@ -73,14 +75,18 @@ absl::StatusOr<std::unique_ptr<Runner>> MakeForwardWave256x128x128C1x2(const Run
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataWave256x128x128C1x2(
     const RunnerShape& shape);
 
-// The weight-gradient kernels (column-wise 1 x 128 scales on both operands, fp32 out):
-// wgrad_coop_128x128x128_c1x2_d4.cu.
+// The weight-gradient kernels (fp32 out): column-wise 1 x 128 scales on both operands,
+// wgrad_coop_128x128x128_c1x2_d4.cu; X's per 128 x 128 block and dY's so,
+// wgrad_x_blocks_coop_128x128x128_c1x2_d4.cu.
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightCoop128x128x128C1x2D4(
     const RunnerShape& shape);
+absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightXBlocksCoop128x128x128C1x2D4(
+    const RunnerShape& shape);
 
-struct NamedRunner {
+struct NamedWeightGradientRunner {
   const char* name;
   RunnerFactory make;
+  Fp8ColwiseScaling x_scaling;  // the layout of X's scales the kernel reads
 };
 struct NamedMGroupedRunners {
   const char* name;
@@ -97,8 +103,11 @@ inline constexpr NamedMGroupedRunners kMGroupedKernels[] = {
     {"fp8_block_wave_256x128x128_c1x2", MakeForwardWave256x128x128C1x2,
      MakeBackwardDataWave256x128x128C1x2},
 };
-inline constexpr NamedRunner kWeightGradientKernels[] = {
-    {"fp8_block_wgrad_coop_128x128x128_c1x2_d4", MakeBackwardWeightCoop128x128x128C1x2D4},
+inline constexpr NamedWeightGradientRunner kWeightGradientKernels[] = {
+    {"fp8_block_wgrad_coop_128x128x128_c1x2_d4", MakeBackwardWeightCoop128x128x128C1x2D4,
+     Fp8ColwiseScaling::kPerColumn},
+    {"fp8_block_wgrad_x_blocks_coop_128x128x128_c1x2_d4",
+     MakeBackwardWeightXBlocksCoop128x128x128C1x2D4, Fp8ColwiseScaling::kPerBlock},
 };
 
 }  // namespace dropless::kernels::fp8_block_gemm

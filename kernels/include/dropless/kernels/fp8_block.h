@@ -28,6 +28,10 @@
 //     p = padded_offsets[g] + (r - offsets[g]):
 //       data   [cols][P]            E4M3, element (r, c) at data[c * P + p] (tokens contiguous)
 //       scales [P / 128][cols]      scale of data[c][128*j .. 128*j+127] at scales[j * cols + c]
+//     or, with Fp8ColwiseScaling::kPerBlock (one scale per 128 x 128 block of a padded tile: the
+//     recipe of precision fp8-block-wgrad128 for the weight gradient's activation operand),
+//       scales [P / 128][cols / 128] scale of data[128*i .. 128*i+127][128*j .. 128*j+127] at
+//                                   scales[j * cols/128 + i], the block's amax over its live rows
 //       group_offsets [G + 1]       int32, padded_offsets (written by the quantizer)
 //     Padding elements (past a group's count, up to its padded end) are written as +0 (0x7F in a
 //     tile whose scale is NaN) and take no part in their tile's amax; padded rows at or past
@@ -84,12 +88,22 @@ struct Fp8BlockRowwise {
   float* scales = nullptr;  // [rows][cols / 128]
 };
 
+// The column-wise form's scale granularity: a scale per column of each 128-row tile (1 x 128
+// along the tokens, the recipe's default), or one per 128 x 128 block of the tile.
+enum class Fp8ColwiseScaling { kPerColumn, kPerBlock };
+
 struct Fp8BlockColwise {
   uint8_t* data = nullptr;           // [cols][padded_rows]
-  float* scales = nullptr;           // [padded_rows / 128][cols]
+  float* scales = nullptr;           // [padded_rows / 128][cols] ([.][cols / 128] per block)
   int32_t* group_offsets = nullptr;  // [num_groups + 1], padded offsets (output)
   int64_t padded_rows = 0;           // P, at least Fp8ColwisePaddedRows(rows, num_groups)
+  Fp8ColwiseScaling scaling = Fp8ColwiseScaling::kPerColumn;
 };
+
+// Scales a column-wise form of `cols` columns holds per 128-row tile.
+inline int64_t Fp8ColwiseScalesPerTile(int64_t cols, Fp8ColwiseScaling scaling) {
+  return scaling == Fp8ColwiseScaling::kPerBlock ? cols / kFp8Block : cols;
+}
 
 struct Fp8BlockWeights {
   uint8_t* data = nullptr;    // [E][k][n]

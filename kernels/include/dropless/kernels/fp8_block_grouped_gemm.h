@@ -19,7 +19,9 @@
 //                                          B = W                Fp8BlockWeights::data [E][k][n],
 //                                                               scales [E][k/128][n/128]
 //                                          C = dX [rows][k] bf16
-//   BackwardWeight dW[e] = X_e^T . dY_e    A = X column-wise    data [k][P], scales [P/128][k]
+//   BackwardWeight dW[e] = X_e^T . dY_e    A = X column-wise    data [k][P], scales [P/128][k],
+//                                                               or [P/128][k/128] per 128 x 128
+//                                                               block (options.x_scaling)
 //                                          B = dY column-wise   data [n][P], scales [P/128][n]
 //                                          C = dW [E][k][n] fp32; zeros for an empty group
 // The forward and data-gradient products are m-grouped (group e's rows of A against B[e]); the
@@ -55,6 +57,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "dropless/kernels/fp8_block.h"
 #include "dropless/kernels/types.h"
 
 namespace dropless::kernels {
@@ -80,6 +83,11 @@ struct Fp8BlockGroupedGemmOptions {
   // means the first of its list.
   std::string m_grouped_kernel;
   std::string weight_gradient_kernel;
+  // The layout of BackwardWeight's x_colwise scales (fp8_block.h's Fp8ColwiseScaling): per
+  // column of each 128-token tile, or one per 128 x 128 block. Per block, a partial sum is
+  // promoted with one FMA an accumulator instead of a multiply and an FMA (the weight-gradient
+  // kernels are bound by that promotion). weight_gradient_kernel must read the same layout.
+  Fp8ColwiseScaling x_scaling = Fp8ColwiseScaling::kPerColumn;
   // The persistent kernels' CTAs stay on at most this many multiprocessors (0: every one), so
   // that kernels on other streams (an expert exchange beside the GEMMs) find some free.
   int max_sms = 0;
@@ -95,9 +103,11 @@ class Fp8BlockGroupedGemm {
 
   virtual ~Fp8BlockGroupedGemm() = default;
 
-  // The compiled kernels (for benchmarks and the options above).
+  // The compiled kernels (for benchmarks and the options above); the weight gradient's that read
+  // X's scales as `x_scaling`.
   static std::vector<std::string> MGroupedKernelNames();
-  static std::vector<std::string> WeightGradientKernelNames();
+  static std::vector<std::string> WeightGradientKernelNames(
+      Fp8ColwiseScaling x_scaling = Fp8ColwiseScaling::kPerColumn);
 
   // The m-grouped kernel a product gets by default, from the width of its output and the length
   // of its reduction (the forward: n and k; the data gradient: k and n): the 192-wide N tile in
@@ -112,8 +122,8 @@ class Fp8BlockGroupedGemm {
   // dx [max_rows][k] bf16; dy row-wise [max_rows][n]; w = {data, scales} of Fp8BlockWeights.
   virtual absl::Status BackwardData(const Fp8BlockOperand& dy, const Fp8BlockOperand& w,
                                     const int32_t* offsets, Bf16* dx, Stream stream) = 0;
-  // dw [E][k][n] fp32; x_colwise [k][P] and dy_colwise [n][P] with their [P/128][cols] scales and
-  // the padded offsets, as QuantizeFp8Block writes them.
+  // dw [E][k][n] fp32; x_colwise [k][P] and dy_colwise [n][P] with their scales (X's as
+  // options.x_scaling; [P/128][n]) and the padded offsets, as QuantizeFp8Block writes them.
   virtual absl::Status BackwardWeight(const Fp8BlockOperand& x_colwise,
                                       const Fp8BlockOperand& dy_colwise,
                                       const int32_t* padded_offsets, float* dw, Stream stream) = 0;
