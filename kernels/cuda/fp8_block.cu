@@ -1,6 +1,7 @@
 // fp8-block quantization: row-wise 1x128 tiles, grouped column-wise 1x128 tiles or 128x128 blocks
-// (transposed, from the same read), and 128x128 weight blocks in both orientations. Format, layouts and rounding:
-// dropless/kernels/fp8_block.h; every value is bit for bit the CPU reference's.
+// (transposed, from the same read), and 128x128 weight blocks in both orientations. Format,
+// layouts and rounding: dropless/kernels/fp8_block.h; every value is bit for bit the CPU
+// reference's.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -371,8 +372,7 @@ absl::Status QuantizeFp8Block(const Fp8BlockQuantizeShape& shape, const Bf16* x,
     if (blocks > INT32_MAX) return absl::InvalidArgumentError("rows: too many tiles");
     TileKernel<true, false><<<static_cast<unsigned>(blocks), kTileThreads, 0, stream>>>(
         x, shape.rows, shape.cols, group_offsets, shape.num_groups, pow2, false, nullptr, 0,
-        rowwise->data,
-        rowwise->scales, nullptr, nullptr);
+        rowwise->data, rowwise->scales, nullptr, nullptr);
     return LaunchStatus("Fp8Block TileKernel");
   }
   if (!Aligned(colwise->data, 16)) {

@@ -26,14 +26,21 @@ absl::Status AllocRowwise(DeviceArena* arena, int64_t rows, int64_t cols, int bl
   return arena->Allocate(rows * (cols / block), "quantized row scales", &out->scales);
 }
 
-// A column-wise operand (MxColwise or Fp8BlockColwise: groups padded to `block` rows).
+// Scales a column-wise operand of `cols` columns holds per tile of padded rows.
+int64_t ScalesPerTile(const kernels::MxColwise&, int64_t cols) { return cols; }
+int64_t ScalesPerTile(const kernels::Fp8BlockColwise& c, int64_t cols) {
+  return kernels::Fp8ColwiseScalesPerTile(cols, c.scaling);
+}
+
+// A column-wise operand (MxColwise or Fp8BlockColwise: groups padded to `block` rows; an
+// Fp8BlockColwise's scaling set before).
 template <class Colwise>
 absl::Status AllocColwise(DeviceArena* arena, int64_t padded_rows, int64_t cols, int groups,
                           int block, Colwise* out) {
   out->padded_rows = padded_rows;
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(padded_rows * cols, "quantized columns", &out->data));
-  DROPLESS_RETURN_IF_ERROR(
-      arena->Allocate(padded_rows / block * cols, "quantized column scales", &out->scales));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(padded_rows / block * ScalesPerTile(*out, cols),
+                                           "quantized column scales", &out->scales));
   return arena->Allocate(groups + 1, "quantized padded offsets", &out->group_offsets);
 }
 
@@ -78,8 +85,7 @@ absl::Status LayerKernels::CreateExpertGemms(int groups, ExpertGemms* out) const
     } else if (d.fp8_block()) {
       kernels::Fp8BlockGroupedGemmOptions o = shaped(kernels::Fp8BlockGroupedGemmOptions{});
       o.padded_rows = kernels::Fp8ColwisePaddedRows(R, El);
-      o.x_scaling = d.fp8_block_x_blocks() ? kernels::Fp8ColwiseScaling::kPerBlock
-                                           : kernels::Fp8ColwiseScaling::kPerColumn;
+      o.x_scaling = d.fp8_block_x_scaling();
       DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->fb_w1 : &out->fb_w2));
     } else {
       kernels::GroupedGemmOptions o = shaped(kernels::GroupedGemmOptions{});
@@ -135,13 +141,11 @@ absl::Status LayerKernels::AllocateQuantizedScratch(DeviceArena* arena) {
     DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, F, kernels::kFp8Block, &fb_a_));
     DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, kernels::kFp8Block, &fb_d_out_));
     DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, 2 * F, kernels::kFp8Block, &fb_d_h_));
+    fb_col_rows_.scaling = fb_col_a_.scaling = d.fp8_block_x_scaling();
     DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, H, El, kernels::kFp8Block, &fb_col_rows_));
     DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, F, El, kernels::kFp8Block, &fb_col_a_));
     DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, H, El, kernels::kFp8Block, &fb_col_d_out_));
     DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, 2 * F, El, kernels::kFp8Block, &fb_col_d_h_));
-    if (d.fp8_block_x_blocks()) {  // the weight gradient's X per 128 x 128 block (fewer scales)
-      fb_col_rows_.scaling = fb_col_a_.scaling = kernels::Fp8ColwiseScaling::kPerBlock;
-    }
   }
   return absl::OkStatus();
 }

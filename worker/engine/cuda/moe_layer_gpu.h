@@ -89,8 +89,12 @@ struct LayerDims {
 
   bool mxfp8() const { return precision == Precision::kMxfp8; }
   bool fp8_block() const { return IsFp8Block(precision); }
-  // fp8-block-wgrad128: the weight gradient's X per 128 x 128 block (Fp8ColwiseScaling::kPerBlock).
-  bool fp8_block_x_blocks() const { return precision == Precision::kFp8BlockWgrad128; }
+  // The fp8-block weight gradient's X operand: per 128 x 128 block in fp8-block-wgrad128, else
+  // per 1 x 128 column tile (its column-wise buffers and its GEMMs read this one value).
+  kernels::Fp8ColwiseScaling fp8_block_x_scaling() const {
+    return precision == Precision::kFp8BlockWgrad128 ? kernels::Fp8ColwiseScaling::kPerBlock
+                                                     : kernels::Fp8ColwiseScaling::kPerColumn;
+  }
   bool quantized() const { return precision != Precision::kBf16; }
   int64_t rows() const { return tokens * topk; }  // T*k routed rows
   int local_experts() const { return experts / ep; }

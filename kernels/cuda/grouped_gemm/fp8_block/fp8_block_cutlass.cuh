@@ -57,7 +57,7 @@ using grouped_gemm_internal::LeadingDimStride;
 //                                       two row scales a thread and promotes with one FMA an
 //                                       accumulator (with X's block on M, each thread would load
 //                                       and multiply its 32 column scales every K block: measured
-//                                       4-11% slower).
+//                                       4-18% slower, docs/grouped_gemm.md).
 // Both operands' scales have the same major order in each kernel: CUTLASS 4.2's
 // Sm1xxBlockwiseScaleConfig::smem_atom_layoutSFB tests majorSFA, not majorSFB.
 //
