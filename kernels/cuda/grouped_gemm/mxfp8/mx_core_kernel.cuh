@@ -194,16 +194,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = threadIdx.x % 32;
   const int warpgroup = threadIdx.x / 128;
   const uint32_t rank = kCluster > 1 ? hopper::ClusterRank() : 0;
-  if (threadIdx.x == 0) {
-    // empty: every consumer warp of the cluster
-    hopper::BarrierInitRing(full, empty, kStages, 1, 8 * kCluster);
-    hopper::BarrierInitFence();
-  }
-  if constexpr (kCluster > 1) {
-    hopper::ClusterSync();
-  } else {
-    __syncthreads();
-  }
+  // full: the producer's expect-tx arrival; empty: every consumer warp of the cluster
+  hopper::InitRingForCluster<kCluster>(full, empty, kStages, 1, 8 * kCluster);
 
   tmagemm::Walker<kBN> walk(p, kCluster);
   tmagemm::Tile tile;
