@@ -103,10 +103,11 @@ __device__ __forceinline__ uint32_t AbsMaxBits8(uint4 v) {
   return max(m & 0xffffu, m >> 16);
 }
 
+// mxfp8.h's E8M0ScaleForAmax: ceil(log2(amax / 448)) + 127, clamped to [0, 246].
 __device__ __forceinline__ uint32_t ScaleByteForAmaxBits(uint32_t amax_bits) {
   if (amax_bits >= 0x7f80u) return kE8M0Nan;
-  const uint32_t exponent_field = amax_bits >> 7;
-  return exponent_field > 8 ? exponent_field - 8 : 0;
+  const int biased = static_cast<int>(amax_bits >> 7) - 8 + ((amax_bits & 0x7fu) > 96u ? 1 : 0);
+  return static_cast<uint32_t>(min(max(biased, 0), 246));
 }
 
 // 1 / X = 2^(127 - b): the binary32 with exponent field 254 - b (b <= 246 for finite blocks).

@@ -286,19 +286,16 @@ EngineConfig LearningConfig(Precision precision) {
   return c;
 }
 
-// The quantized precisions learn the synthetic task as bf16 does: 500 steps end no more than 1%
-// above bf16's loss (issue 15 for mxfp8, issue 17 for the fp8-block precisions). The end loss is
-// the mean of the last 20 steps, averaged over three data seeds, so that the comparison measures
-// the precision rather than where one trajectory happens to wander (each seed's figures are
-// printed too).
-// Ending lower is not a failure of the goal, but more than 5% lower would mean the quantized step
-// computes another function, so that is bounded too. (Measured on an H200: mxfp8 ends about 3.5%
-// below bf16, on the bf16-core and the promotion kernels alike, and starts about 1.3% below it
-// at step 1, likely because the OCP MX scale,
-// 2^(floor(log2(amax)) - 8), saturates a block's largest values at 448 (mxfp8.h) and so shrinks
-// the expert outputs a little; fp8-block ends about 0.2% above bf16, fp8-block-wgrad128 about 0.3%
-// below. The weight gradient's output gradient per 128x128 block instead of its activations, built
-// and measured, ended 1.4% above bf16: docs/grouped_gemm.md.)
+// The quantized precisions learn the synthetic task as bf16 does: 500 steps end within 1% of
+// bf16's loss, above or below (issue 15 for mxfp8, issue 17 for the fp8-block precisions). The end
+// loss is the mean of the last 20 steps, averaged over three data seeds, so that the comparison
+// measures the precision rather than where one trajectory happens to wander (each seed's figures
+// are printed too). Ending far below bf16 would mean the quantized step computes another function:
+// with the OCP spec's floor scale (mxfp8.h), MXFP8 saturated each block's top elements and ended
+// 3.5% below bf16 (1.3% below at step 1); with the scale rounded up it ends 0.07% below. Measured
+// on an H200: fp8-block ends about 0.2% above bf16, fp8-block-wgrad128 about 0.3% below. (The
+// weight gradient's output gradient per 128x128 block instead of its activations, built and
+// measured, ended 1.4% above bf16: docs/grouped_gemm.md.)
 TEST_F(CudaEngineGpu, LearnsIn500StepsInEveryPrecisionWithinOnePercentOfBf16) {
   auto tail_mean = [](const std::vector<double>& v) {
     double s = 0;
@@ -331,7 +328,7 @@ TEST_F(CudaEngineGpu, LearnsIn500StepsInEveryPrecisionWithinOnePercentOfBf16) {
     std::printf("500 steps over %zu seeds: bf16 %.5f, %s %.5f (%+.2f%%)\n", seeds.size(), end[0],
                 name.c_str(), end[p], 100.0 * (end[p] / end[0] - 1.0));
     EXPECT_LE(end[p], 1.01 * end[0]) << name;
-    EXPECT_GE(end[p], 0.95 * end[0]) << name;
+    EXPECT_GE(end[p], 0.99 * end[0]) << name;
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -61,14 +62,17 @@ TEST(Mxfp8Scalar, E4M3DecodeRoundTripsEveryCode) {
 }
 
 TEST(Mxfp8Scalar, E8M0ScaleHandComputed) {
-  EXPECT_EQ(E8M0ScaleForAmax(B(448.0f)), 127);   // floor(log2 448) = 8 -> X = 2^0
-  EXPECT_EQ(E8M0ScaleForAmax(B(1.0f)), 119);     // 0 - 8 -> X = 2^-8
-  EXPECT_EQ(E8M0ScaleForAmax(B(1.99f)), 119);    // floor, not round
+  EXPECT_EQ(E8M0ScaleForAmax(B(448.0f)), 127);   // ceil(log2(448 / 448)) = 0 -> X = 2^0
+  EXPECT_EQ(E8M0ScaleForAmax(B(1.0f)), 119);     // ceil(log2(1 / 448)) = -8 -> X = 2^-8
+  EXPECT_EQ(E8M0ScaleForAmax(B(1.75f)), 119);    // 1.75 / 2^-8 = 448 fits: the spec's scale
+  EXPECT_EQ(E8M0ScaleForAmax(B(1.7578125f)), 120);  // fraction 97 / 128: 450 / 2^-8 would saturate
+  EXPECT_EQ(E8M0ScaleForAmax(B(1.99f)), 120);    // rounds up where the spec's floor gives 119
   EXPECT_EQ(E8M0ScaleForAmax(B(-2.0f)), 120);    // sign ignored
   EXPECT_EQ(E8M0ScaleForAmax(B(0.0f)), 0);       // zero block: X = 2^-127
   EXPECT_EQ(E8M0ScaleForAmax(B(std::ldexp(1.0f, -119))), 0);  // -119 - 8 < -127 -> clamp
   EXPECT_EQ(E8M0ScaleForAmax(B(std::ldexp(1.0f, -118))), 1);
-  EXPECT_EQ(E8M0ScaleForAmax(Bf16{0x7F7F}), 246);  // bf16 max: 2^127 * 1.99 -> 127 - 8 + 127
+  EXPECT_EQ(E8M0ScaleForAmax(B(std::ldexp(1.75f, 127))), 246);  // 448 * 2^119: the cap
+  EXPECT_EQ(E8M0ScaleForAmax(Bf16{0x7F7F}), 246);  // bf16 max: 127 - 7 + 127 = 247, capped
   EXPECT_EQ(E8M0ScaleForAmax(Bf16{0x7F80}), kE8M0Nan);  // Inf
   EXPECT_EQ(E8M0ScaleForAmax(Bf16{0xFFC0}), kE8M0Nan);  // NaN
   EXPECT_EQ(E8M0ToFloat(127), 1.0f);
@@ -98,16 +102,17 @@ TEST(Mxfp8Block, HandComputedCases) {
   EXPECT_EQ(b.p[3], 0x28);  // 0.25
   EXPECT_EQ(b.p[4], 0x00);
 
-  Block sat;  // amax 1.9375: V / X = 496 > 448 saturates (the spec's floor scale)
-  sat.v[0] = B(1.9375f);
-  sat.v[1] = B(-1.9375f);
-  sat.v[2] = B(1.75f);
-  sat.Quantize();
-  EXPECT_EQ(sat.scale, 119);
-  EXPECT_EQ(sat.p[0], 0x7E);
-  EXPECT_EQ(sat.p[1], 0xFE);
-  EXPECT_EQ(sat.p[2], 0x7E);
-  EXPECT_EQ(MxElementValue(sat.p[0], sat.scale), 1.75f);
+  Block top;  // amax 1.9375: X = 2^-7 (the spec's floor, 2^-8, would saturate 496 to 448)
+  top.v[0] = B(1.9375f);
+  top.v[1] = B(-1.9375f);
+  top.v[2] = B(1.75f);
+  top.Quantize();
+  EXPECT_EQ(top.scale, 120);
+  EXPECT_EQ(top.p[0], 0x78);  // 248: halfway 240 .. 256 -> 256 (even)
+  EXPECT_EQ(top.p[1], 0xF8);
+  EXPECT_EQ(top.p[2], 0x76);  // 224 = 1.75 * 2^7
+  EXPECT_EQ(MxElementValue(top.p[0], top.scale), 2.0f);
+  EXPECT_EQ(MxElementValue(top.p[2], top.scale), 1.75f);
 
   Block zero;  // all zeros (with signs): scale 2^-127, elements keep their sign
   for (int i = 0; i < kMxBlock; i += 2) zero.v[i] = B(-0.0f);
@@ -121,13 +126,16 @@ TEST(Mxfp8Block, HandComputedCases) {
   EXPECT_EQ(tiny.scale, 0);
   for (uint8_t p : tiny.p) EXPECT_EQ(p, 0x20);
 
-  Block huge;  // bf16 max: X = 2^119, element 0x7F7F / 2^119 = 1.9921875 * 2^8 -> saturates
+  // bf16 max: the scale is capped at X = 2^119 (2^120 would round 255 up to 256 * 2^120 = 2^128,
+  // past fp32), so 0x7F7F / 2^119 = 1.9921875 * 2^8 saturates to 448: the one case that does.
+  Block huge;
   huge.v[5] = Bf16{0x7F7F};
   huge.v[6] = B(std::ldexp(1.0f, 119));
   huge.Quantize();
   EXPECT_EQ(huge.scale, 246);
   EXPECT_EQ(huge.p[5], 0x7E);
   EXPECT_EQ(huge.p[6], 0x38);
+  EXPECT_TRUE(std::isfinite(MxElementValue(huge.p[5], huge.scale)));
 
   for (uint16_t special : {uint16_t{0x7FC0}, uint16_t{0x7F80}, uint16_t{0xFF80}}) {
     Block nan_block;  // NaN or +-Inf anywhere: NaN scale, every element NaN
@@ -140,8 +148,9 @@ TEST(Mxfp8Block, HandComputedCases) {
   }
 }
 
-// Independent formulation: shared exponent from log2 in double, element = the E4M3 value nearest to
-// V / X found by enumerating every finite code (ties to the even code), clamped to 448.
+// Independent formulation: shared exponent ceil(log2(amax / 448)) in double (within [-127, 119]),
+// element = the E4M3 value nearest to V / X found by enumerating every finite code (ties to the
+// even code), clamped to 448.
 uint8_t NearestE4M3ByEnumeration(double x) {
   if (std::fabs(x) >= 448.0) return x < 0 ? 0xFE : 0x7E;
   int best = -1;
@@ -165,10 +174,13 @@ TEST(Mxfp8Block, MatchesFp64FormulationOnRandomBlocks) {
     q.Quantize();
     double amax = 0;
     for (Bf16 v : q.v) amax = std::fmax(amax, std::fabs(Bf16ToFloat(v)));
-    const int shared = amax == 0 ? -127 : std::max(-127, static_cast<int>(std::floor(std::log2(amax))) - 8);
+    const int shared =
+        amax == 0 ? -127
+                  : std::clamp(static_cast<int>(std::ceil(std::log2(amax / 448.0))), -127, 119);
     ASSERT_EQ(q.scale, shared + 127) << "block " << b << " amax " << amax;
     for (int i = 0; i < kMxBlock; ++i) {
       const double scaled = Bf16ToFloat(q.v[i]) / std::ldexp(1.0, shared);
+      if (shared < 119) ASSERT_LE(std::fabs(scaled), 448.0) << "block " << b << " element " << i;
       ASSERT_EQ(q.p[i], NearestE4M3ByEnumeration(scaled))
           << "block " << b << " element " << i << " value " << Bf16ToFloat(q.v[i]);
     }
@@ -264,8 +276,8 @@ TEST(Mxfp8Dequantize, IsExactAndHonoursNumRows) {
       ASSERT_EQ(out[r * cols + c], want);
     }
   }
-  // Quantization error: at most half an E4M3 step (16 X in the top binade), or the saturation of
-  // the top binade (values up to 512 X clamped to 448 X): below 64 X either way.
+  // Quantization error: at most half an E4M3 step (16 X in the top binade, [256, 448] X; nothing
+  // saturates), below 64 X.
   for (int64_t i = 0; i < live * cols; ++i) {
     const double v = Bf16ToFloat(x[i]);
     const double step = std::ldexp(1.0, scales[i / 32] - 127 + 6);

@@ -5,17 +5,28 @@
 // P_i (bias 7, 3 mantissa bits, no infinities, S.1111.111 is NaN, largest finite 448). An element
 // means P_i * X.
 //
-// Quantization of a block V_0..V_31 (bf16 inputs), as in the spec's section 6.3 and the authors'
-// reference code:
+// Quantization of a block V_0..V_31 (bf16 inputs):
 //   amax       = max_i |V_i|
-//   shared_exp = floor(log2(amax)) - 8            (8 = exponent of E4M3's largest normal, 448)
+//   shared_exp = ceil(log2(amax / 448))           (448: E4M3's largest normal; the smallest power
+//                                                  of two X with amax / X <= 448)
 //   shared_exp < -127  -> -127                    (zero blocks and tiny amax: b = 0x00)
+//   shared_exp > 119   -> 119                     (so that P_i * X stays finite: 448 * 2^119 is
+//                                                  1.75 * 2^127, and 2^120 would let an element
+//                                                  round up to 256 * 2^120 = 2^128, past fp32)
 //   X          = 2^shared_exp
 //   P_i        = E4M3(V_i / X): round to nearest, ties to even; results past 448 in magnitude are
-//                clamped to +-448 (saturation, not NaN); signed zeros keep their sign.
+//                clamped to +-448 (reached only by |V_i| above 1.75 * 2^127, under the cap);
+//                signed zeros keep their sign.
 //   amax is Inf or NaN (any element non-finite) -> b = 0xFF (NaN) and every P_i = 0x7F (NaN).
-// The floor leaves amax / X in [256, 512): the largest elements of a block saturate to 448 when
-// their mantissa is above 1.75; that is the spec's choice, kept here for bit-exact interchange.
+// For a bf16 amax = 2^e (1 + f / 128): shared_exp = e - 8 when f <= 96 (amax's significand at most
+// 1.75, the spec's value), else e - 7. The OCP spec's section 6.3 takes floor(log2(amax)) - 8 for
+// every block, which leaves amax / X in [256, 512): a block's largest elements then saturate to
+// 448 whenever amax's significand is above 1.75, losing up to 12.5% of their value, always toward
+// zero. That bias is what moved the 500-step loss 3.5% off bf16's (docs/grouped_gemm.md, "The MX
+// scale rounds up"). Rounding the exponent up (the scale rounding of "Recipes for Pre-training
+// LLMs with MXFP8", arXiv:2506.08027) keeps amax / X in (224, 448] below the cap and costs those
+// blocks one bit of their smaller elements. Decoding is the spec's (P_i * X), so the data is
+// valid MXFP8 for any consumer.
 // bf16 inputs never reach shared_exp > 127 (their amax is below 2^128), so no finite block has a
 // NaN scale. Because X is a power of two, V_i / X is exact before the E4M3 rounding.
 //
@@ -76,10 +87,12 @@ inline constexpr float kE4M3Max = 448.0f;
 inline uint8_t E8M0ScaleForAmax(Bf16 amax) {
   const uint32_t magnitude = amax.bits & 0x7fffu;
   if (magnitude >= 0x7f80u) return kE8M0Nan;            // Inf or NaN in the block
-  const uint32_t exponent_field = magnitude >> 7;        // biased binary32 exponent of amax
-  // floor(log2(amax)) - 8 + 127 = exponent_field - 8, clamped at 0 (2^-127); subnormal and zero
-  // amax have exponent_field 0.
-  return static_cast<uint8_t>(exponent_field > 8 ? exponent_field - 8 : 0);
+  const int exponent_field = static_cast<int>(magnitude >> 7);  // biased exponent of amax
+  // ceil(log2(amax / 448)) + 127: exponent_field - 8, plus one when the 7-bit fraction is above
+  // 96 (significand above 1.75), clamped to [0, 246] (2^-127 .. 2^119); subnormal and zero amax
+  // have exponent_field 0.
+  const int biased = exponent_field - 8 + ((magnitude & 0x7fu) > 96u ? 1 : 0);
+  return static_cast<uint8_t>(biased < 0 ? 0 : (biased > 246 ? 246 : biased));
 }
 
 inline float E8M0ToFloat(uint8_t scale) {
