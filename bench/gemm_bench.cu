@@ -192,12 +192,15 @@ class Fp8BlockBench {
     const double act_k = q * rows_ * k_, act_n = q * rows_ * n_;
     const double wbytes = double(nonempty) * k_ * n_;  // weights of empty experts untouched
     const double flop = 2.0 * rows_ * k_ * double(n_);
+    // KernelName() is "<forward>+<data gradient>+<weight gradient>": each row names its own.
+    const std::vector<std::string> kernels = absl::StrSplit(gemm_->KernelName(), '+');
     auto add = [&](const char* name, const char* type, double ms, double bytes) {
       Row r = base;
       r.name = name;
       r.impl = "dropless";
       r.precision = "fp8-block";
-      r.kernel = gemm_->KernelName();
+      const size_t part = std::string(name) == "fwd" ? 0 : std::string(name) == "dgrad" ? 1 : 2;
+      r.kernel = part < kernels.size() ? kernels[part] : gemm_->KernelName();
       r.out = type;
       r.ms = ms;
       r.tflops = flop / (ms * 1e-3) / 1e12;
