@@ -70,6 +70,24 @@ TEST(ShippedConfigsTest, ModelShapesAreTheNamedModels) {
   EXPECT_EQ(mixtral->precision, Precision::kBf16);
 }
 
+// The step benchmark's dsv3 layer as a job (bench/step_bench.cc's kStepShapes and ConfigOf), so
+// that a worker's /metrics compare one to one with `dropless-bench step --shapes=dsv3`.
+TEST(ShippedConfigsTest, TheBenchJobIsTheStepBenchmarksDsv3Layer) {
+  absl::StatusOr<JobSpec> job = Load("dsv3-layer-bench");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->model.hidden, 7168);
+  EXPECT_EQ(job->model.ffn, 2048);
+  EXPECT_EQ(job->model.experts, 32);
+  EXPECT_EQ(job->model.topk, 8);
+  EXPECT_EQ(job->model.shared_experts, 0);
+  EXPECT_EQ(job->model.layers, 1);
+  EXPECT_EQ(job->model.router, RouterKind::kSoftmax);
+  EXPECT_EQ(job->tokens_per_rank, 8192);
+  EXPECT_EQ(job->world_size(), 1);
+  EXPECT_EQ(job->precision, Precision::kBf16);
+  EXPECT_EQ(job->resources.backend, Backend::kCuda);
+}
+
 // The whole dsv3 layer over eight GPUs with the exchange overlapped: a spec the validator accepts
 // for the cuda engine (overlap needs ep > 1, 2+ experts per rank and nccl-lsa or auto).
 TEST(ShippedConfigsTest, TheOverlapJobIsTheWholeDsv3LayerOverEightGpus) {
