@@ -82,6 +82,8 @@ TEST(ShippedConfigsTest, TheBenchJobIsTheStepBenchmarksDsv3Layer) {
   EXPECT_EQ(job->model.shared_experts, 0);
   EXPECT_EQ(job->model.layers, 1);
   EXPECT_EQ(job->model.router, RouterKind::kSoftmax);
+  EXPECT_TRUE(job->model.renormalize);  // ModelSpec's default, which ConfigOf keeps
+  EXPECT_EQ(job->model.aux_loss_coeff, 0.01);
   EXPECT_EQ(job->tokens_per_rank, 8192);
   EXPECT_EQ(job->world_size(), 1);
   EXPECT_EQ(job->precision, Precision::kBf16);

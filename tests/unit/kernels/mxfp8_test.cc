@@ -1,5 +1,6 @@
-// MXFP8 reference: hand-computed cases from the OCP MX v1.0 rules, an independent fp64
-// formulation (nearest E4M3 value by enumeration), and the row-/column-wise layouts.
+// MXFP8 reference: hand-computed cases (the OCP MX v1.0 format with mxfp8.h's scale rule), an
+// independent fp64 formulation (nearest E4M3 value by enumeration), and the row-/column-wise
+// layouts.
 #include "dropless/kernels/mxfp8.h"
 
 #include <gtest/gtest.h>
@@ -69,9 +70,10 @@ TEST(Mxfp8Scalar, E8M0ScaleHandComputed) {
   EXPECT_EQ(E8M0ScaleForAmax(B(1.99f)), 120);    // rounds up where the spec's floor gives 119
   EXPECT_EQ(E8M0ScaleForAmax(B(-2.0f)), 120);    // sign ignored
   EXPECT_EQ(E8M0ScaleForAmax(B(0.0f)), 0);       // zero block: X = 2^-127
-  EXPECT_EQ(E8M0ScaleForAmax(B(std::ldexp(1.0f, -119))), 0);  // -119 - 8 < -127 -> clamp
+  EXPECT_EQ(E8M0ScaleForAmax(B(std::ldexp(1.0f, -119))), 0);  // ceil(-127.8) = -127: no clamp
+  EXPECT_EQ(E8M0ScaleForAmax(B(std::ldexp(1.0f, -120))), 0);  // ceil(-128.8) = -128 -> clamp
   EXPECT_EQ(E8M0ScaleForAmax(B(std::ldexp(1.0f, -118))), 1);
-  EXPECT_EQ(E8M0ScaleForAmax(B(std::ldexp(1.75f, 127))), 246);  // 448 * 2^119: the cap
+  EXPECT_EQ(E8M0ScaleForAmax(B(std::ldexp(1.75f, 127))), 246);  // 448 * 2^119: the top scale
   EXPECT_EQ(E8M0ScaleForAmax(Bf16{0x7F7F}), 246);  // bf16 max: 127 - 7 + 127 = 247, capped
   EXPECT_EQ(E8M0ScaleForAmax(Bf16{0x7F80}), kE8M0Nan);  // Inf
   EXPECT_EQ(E8M0ScaleForAmax(Bf16{0xFFC0}), kE8M0Nan);  // NaN
