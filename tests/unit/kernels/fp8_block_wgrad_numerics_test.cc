@@ -27,7 +27,8 @@ using testing::RandomBf16;
 constexpr int64_t kRows = 1024, kK = 256, kN = 128;  // tokens, X's channels, dY's columns
 constexpr int64_t kOutliers[] = {3, 200};            // one channel in each 128-channel block
 
-// The column-wise form of x [kRows][cols] (one group of kRows tokens), dequantized to [kRows][cols].
+// The column-wise form of x [kRows][cols] (one group of kRows tokens), dequantized to
+// [kRows][cols].
 std::vector<double> ColwiseDequantized(const std::vector<Bf16>& x, int64_t cols,
                                        Fp8ColwiseScaling scaling) {
   const int64_t padded_rows = Fp8ColwisePaddedRows(kRows, 1);
@@ -118,7 +119,9 @@ TEST(Fp8BlockWeightGradientNumerics, OutlierChannelsAndTheActivationScaling) {
   // the outliers' amax, stay mostly normal (measured: 1.01-1.03x the per-column error); at
   // 10^4x a good part of them fall into E4M3's subnormals (1.27x measured), at 10^5x most of them
   // round to zero (about 10x).
-  for (int f = 0; f < 4; ++f) EXPECT_LT(per_block_error[f], 1.1 * per_column_error[f]) << factors[f];
+  for (int f = 0; f < 4; ++f) {
+    EXPECT_LT(per_block_error[f], 1.1 * per_column_error[f]) << factors[f];
+  }
   EXPECT_GT(per_block_error[4], 1.1 * per_column_error[4]);
   EXPECT_LT(per_block_error[4], 1.6 * per_column_error[4]);
   EXPECT_GT(per_block_error[5], 5.0 * per_column_error[5]);

@@ -26,8 +26,8 @@
 // scale rounds up"). Rounding the exponent up (the scale rounding of "Recipes for Pre-training
 // LLMs with MXFP8", arXiv:2506.08027) keeps amax / X in (224, 448] for 1.75 * 2^-120 < amax <=
 // 1.75 * 2^127 (below, the -127 clamp makes it smaller; above, the cap lets it reach 510) and
-// costs those blocks one bit of their smaller elements. Decoding is the spec's (P_i * X), so the data is
-// valid MXFP8 for any consumer.
+// costs those blocks one bit of their smaller elements. Decoding is the spec's (P_i * X), so the
+// data is valid MXFP8 for any consumer.
 // bf16 inputs never reach shared_exp > 127 (their amax is below 2^128), so no finite block has a
 // NaN scale. Because X is a power of two, V_i / X is exact before the E4M3 rounding.
 //
