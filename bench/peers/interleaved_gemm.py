@@ -277,12 +277,17 @@ def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add, tag=""):
     kernel = lib.dl_fp8block_kernel(h).decode()
     # --fp8-block-m-kernels / --fp8-block-wgrad-kernels: other kernels timed next to the defaults
     others = {"fwd": {}, "dgrad": {}, "wgrad": {}}
+    per_block_handles = set()  # handles whose weight gradient reads xcs_blocks
     for ops_, flag, is_m in ((("fwd", "dgrad"), args.fp8_block_m_kernels, True),
                              (("wgrad",), args.fp8_block_wgrad_kernels, False)):
         for kn in [x_ for x_ in flag.split(",") if x_]:
+            # a weight-gradient kernel that reads X per 128 x 128 block (its name says x_blocks)
+            per_block = not is_m and "x_blocks" in kn
             other = lib.dl_fp8block_create(experts, k, n, rows, p_rows,
                                            kn.encode() if is_m else None,
-                                           None if is_m else kn.encode(), 0)
+                                           None if is_m else kn.encode(), 1 if per_block else 0)
+            if other and per_block:
+                per_block_handles.add(other)
             if not other:
                 print(f"skip fp8-block {kn}: {lib.dl_last_error().decode()}", file=sys.stderr)
             elif lib.dl_fp8block_kernel(other).decode() == kernel:
@@ -296,6 +301,7 @@ def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add, tag=""):
         if not x_blocks:
             raise RuntimeError(lib.dl_last_error().decode())
         others["wgrad"][X_BLOCKS] = x_blocks
+        per_block_handles.add(x_blocks)
     ones_rows = torch.ones(rows, device="cuda", dtype=f32)
 
     def ours_with(op, handle):
@@ -307,7 +313,7 @@ def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add, tag=""):
             return lambda: check(lib, lib.dl_fp8block_backward_data(
                 handle, dyq.data_ptr(), dys.data_ptr(), wq.data_ptr(), ws.data_ptr(),
                 offsets.data_ptr(), dx.data_ptr(), None), "fp8-block dgrad")
-        x_scales = xcs_blocks if handle == x_blocks else xcs
+        x_scales = xcs_blocks if handle in per_block_handles else xcs
         return lambda: check(lib, lib.dl_fp8block_backward_weight(
             handle, xc.data_ptr(), x_scales.data_ptr(), dyc.data_ptr(), dycs.data_ptr(),
             poffsets.data_ptr(), dw32.data_ptr(), None), "fp8-block wgrad")
@@ -365,11 +371,12 @@ def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add, tag=""):
                 fns["dropless"]()
                 torch.cuda.synchronize()
                 checks["dropless"] = verdict(ours_err(op))
-                if op == "wgrad":  # X's block scales as the per-column scales they stand for
-                    fns[X_BLOCKS]()
+                for kn, other in others[op].items():  # every kernel timed, named ones too
+                    fns[kn]()
                     torch.cuda.synchronize()
-                    checks[X_BLOCKS] = verdict(
-                        ours_err(op, xcs_blocks.repeat_interleave(128, dim=1)))
+                    # X's block scales as the per-column scales they stand for
+                    checks[kn] = verdict(ours_err(op, xcs_blocks.repeat_interleave(128, dim=1)
+                                                  if other in per_block_handles else None))
             try:
                 torch_fp8[op]()
                 fns["fp8"] = torch_fp8[op]
@@ -403,8 +410,11 @@ def run_fp8_block(torch, lib, args, ops, g, tensors, dims, add, tag=""):
                     add(op, "dropless", "fp8-block-wgrad128", res[kn],
                         lib.dl_fp8block_kernel(x_blocks).decode(), out=out,
                         extra_note="X scaled per 128 x 128 block", check=checks.get(kn))
+                elif others[op][kn] in per_block_handles:
+                    add(op, "dropless", "fp8-block-wgrad128", res[kn], kn, out=out,
+                        extra_note="X scaled per 128 x 128 block", check=checks.get(kn))
                 else:
-                    add(op, "dropless", "fp8-block", res[kn], kn, out=out)
+                    add(op, "dropless", "fp8-block", res[kn], kn, out=out, check=checks.get(kn))
             if "fp8" in res:
                 add(op, "torch._scaled_grouped_mm", "fp8-rowwise", res["fp8"])
             add(op, "torch._grouped_mm", "bf16", res["bf16"])

@@ -194,6 +194,7 @@ TEST(Fp8BlockGroupedGemmOptionsTest, BadOptionsNameTheField) {
       },
       "weight_gradient_kernel");
   bad([](auto& o) { o.x_scaling = static_cast<Fp8ColwiseScaling>(7); }, "x_scaling");
+  bad([](auto& o) { o.expected_rows_per_group = -1; }, "expected_rows_per_group");
   for (const Case& c : cases) {
     auto created = Fp8BlockGroupedGemm::Create(c.options);
     ASSERT_FALSE(created.ok()) << c.field;
@@ -238,6 +239,27 @@ TEST(Fp8BlockGroupedGemmOptionsTest, DefaultMGroupedKernelFollowsTheShape) {
   const std::vector<std::string> names = Fp8BlockGroupedGemm::MGroupedKernelNames();
   for (const std::string& chosen : {clustered, unclustered, wave, narrow}) {
     EXPECT_NE(std::find(names.begin(), names.end(), chosen), names.end()) << chosen;
+  }
+}
+
+// The default weight-gradient kernel by the rows a group is expected to get: pingpong up to
+// 1024 (qwen3: 8 K blocks a tile), cooperative beyond (dsv3 at EP 8, mixtral: 2048), each for
+// X's scale layout; unknown (0) is cooperative. Host-only: runs everywhere.
+TEST(Fp8BlockGroupedGemmOptionsTest, DefaultWeightGradientKernelFollowsTheGroupSize) {
+  for (Fp8ColwiseScaling scaling : {Fp8ColwiseScaling::kPerColumn, Fp8ColwiseScaling::kPerBlock}) {
+    const std::string blocks = scaling == Fp8ColwiseScaling::kPerBlock ? "x_blocks_" : "";
+    const std::string pingpong = "fp8_block_wgrad_" + blocks + "pingpong_64x128x128_c1x2";
+    const std::string coop = "fp8_block_wgrad_" + blocks + "coop_128x128x128_c1x2_d4";
+    for (int64_t rows : {1, 256, 1000, 1024}) {
+      EXPECT_EQ(Fp8BlockGroupedGemm::WeightGradientKernelFor(scaling, rows), pingpong) << rows;
+    }
+    for (int64_t rows : {0, 1025, 2048, 65536}) {
+      EXPECT_EQ(Fp8BlockGroupedGemm::WeightGradientKernelFor(scaling, rows), coop) << rows;
+    }
+    const std::vector<std::string> names = Fp8BlockGroupedGemm::WeightGradientKernelNames(scaling);
+    for (const std::string& chosen : {pingpong, coop}) {
+      EXPECT_NE(std::find(names.begin(), names.end(), chosen), names.end()) << chosen;
+    }
   }
 }
 

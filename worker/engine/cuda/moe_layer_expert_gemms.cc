@@ -86,6 +86,7 @@ absl::Status LayerKernels::CreateExpertGemms(int groups, ExpertGemms* out) const
       kernels::Fp8BlockGroupedGemmOptions o = shaped(kernels::Fp8BlockGroupedGemmOptions{});
       o.padded_rows = kernels::Fp8ColwisePaddedRows(R, El);
       o.x_scaling = d.fp8_block_x_scaling();
+      o.expected_rows_per_group = expected_rows;
       DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->fb_w1 : &out->fb_w2));
     } else {
       kernels::GroupedGemmOptions o = shaped(kernels::GroupedGemmOptions{});

@@ -95,8 +95,9 @@ struct ProductTraits<Product::kBackwardWeight, WeightScaleSplit, XScale> {
 // Pingpong: each consumer warp group owns a whole tile and the two alternate, so one group's
 // epilogue (the tile's store) runs while the other's mainloop computes; suited to tiles whose K
 // loop is short (the weight gradient of small groups), where the store is most of a tile's time.
-// (Measured with 64 x 128 x 128 tiles on an H200, both products: slower than the cooperative
-// kernels on every benchmark shape but one; no instance is compiled now, docs/grouped_gemm.md.)
+// (Measured with 64 x 128 x 128 tiles on an H200: the m-grouped products slower than the
+// cooperative kernels on every benchmark shape; the weight gradient 7-11% faster at 1024 rows a
+// group and 18-21% slower at 2048, hence WeightGradientKernelFor, docs/grouped_gemm.md.)
 // Cooperative in waves: the cooperative kernel with our consumer mainloop
 // (wave_promotion_mainloop.cuh), each warp group's rows in 64-row waves sharing one partial sum,
 // for 256-row tiles. (A cooperative consumer keeping two partial sums a warp group, promoting one

@@ -49,14 +49,14 @@ class Runner {
 using RunnerFactory = absl::StatusOr<std::unique_ptr<Runner>> (*)(const RunnerShape&);
 
 // The compiled kernels, listed in the tables below, one translation unit each (the weight
-// gradient's default is the first of its table that reads X's scale layout; the m-grouped
-// products' default is chosen by output width and reduction length,
-// Fp8BlockGroupedGemm::MGroupedKernelFor). A variant is a new
+// gradient's default is chosen by X's scale layout and the rows a group is expected to get,
+// Fp8BlockGroupedGemm::WeightGradientKernelFor; the m-grouped products' by output width and
+// reduction length, Fp8BlockGroupedGemm::MGroupedKernelFor). A variant is a new
 // instance file plus a table row; it is then chosen by name (Fp8BlockGroupedGemmOptions), tested
 // by every GPU test of its products, and timed by bench/peers/interleaved_gemm.py
-// --fp8-block-m-kernels / --fp8-block-wgrad-kernels. Pingpong 64 x 128 x 128 variants of both,
-// an overlapped-promotion weight gradient, and store-buffer variants of the 192-wide kernels were
-// measured and removed (docs/grouped_gemm.md).
+// --fp8-block-m-kernels / --fp8-block-wgrad-kernels. A pingpong 64 x 128 x 128 m-grouped
+// variant, an overlapped-promotion weight gradient, and store-buffer variants of the 192-wide
+// kernels were measured and removed (docs/grouped_gemm.md).
 //
 // The m-grouped kernels (A row-wise 1 x 128 scales, B 128 x 128 block scales, bf16 out), each
 // compiled once for both m-grouped products: m_grouped_coop_128x128x128_c1x2.cu,
@@ -76,11 +76,16 @@ absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardDataWave256x128x128C1x2(
     const RunnerShape& shape);
 
 // The weight-gradient kernels (fp32 out): column-wise 1 x 128 scales on both operands,
-// wgrad_coop_128x128x128_c1x2_d4.cu; X's per 128 x 128 block and dY's so,
-// wgrad_x_blocks_coop_128x128x128_c1x2_d4.cu.
+// wgrad_coop_128x128x128_c1x2_d4.cu and wgrad_pingpong_64x128x128_c1x2.cu; X's per 128 x 128
+// block and dY's per column, wgrad_x_blocks_coop_128x128x128_c1x2_d4.cu and
+// wgrad_x_blocks_pingpong_64x128x128_c1x2.cu.
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightCoop128x128x128C1x2D4(
     const RunnerShape& shape);
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightXBlocksCoop128x128x128C1x2D4(
+    const RunnerShape& shape);
+absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightPingpong64x128x128C1x2(
+    const RunnerShape& shape);
+absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightXBlocksPingpong64x128x128C1x2(
     const RunnerShape& shape);
 
 struct NamedWeightGradientRunner {
@@ -108,6 +113,10 @@ inline constexpr NamedWeightGradientRunner kWeightGradientKernels[] = {
      Fp8ColwiseScaling::kPerColumn},
     {"fp8_block_wgrad_x_blocks_coop_128x128x128_c1x2_d4",
      MakeBackwardWeightXBlocksCoop128x128x128C1x2D4, Fp8ColwiseScaling::kPerBlock},
+    {"fp8_block_wgrad_pingpong_64x128x128_c1x2", MakeBackwardWeightPingpong64x128x128C1x2,
+     Fp8ColwiseScaling::kPerColumn},
+    {"fp8_block_wgrad_x_blocks_pingpong_64x128x128_c1x2",
+     MakeBackwardWeightXBlocksPingpong64x128x128C1x2, Fp8ColwiseScaling::kPerBlock},
 };
 
 }  // namespace dropless::kernels::fp8_block_gemm

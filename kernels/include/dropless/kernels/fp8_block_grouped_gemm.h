@@ -79,10 +79,13 @@ struct Fp8BlockGroupedGemmOptions {
   int64_t padded_rows = 0;
   // The kernel of the forward and data gradient, one of MGroupedKernelNames(), and of the weight
   // gradient, one of WeightGradientKernelNames(). An empty m_grouped_kernel picks each m-grouped
-  // product's kernel by its shape (MGroupedKernelFor); an empty weight_gradient_kernel
-  // means the first of its list.
+  // product's kernel by its shape (MGroupedKernelFor); an empty weight_gradient_kernel picks
+  // the weight gradient's by the groups' size (WeightGradientKernelFor).
   std::string m_grouped_kernel;
   std::string weight_gradient_kernel;
+  // Rows a group is expected to get (tokens * top_k / experts): the weight gradient's reduction
+  // length, which picks its default kernel; 0 means max_rows / num_groups.
+  int64_t expected_rows_per_group = 0;
   // The layout of BackwardWeight's x_colwise scales (fp8_block.h's Fp8ColwiseScaling): per
   // column of each 128-token tile, or one per 128 x 128 block. Per block, a partial sum is
   // promoted with one FMA an accumulator instead of a multiply and an FMA (the weight-gradient
@@ -115,6 +118,12 @@ class Fp8BlockGroupedGemm {
   // the 192-wide tile without clusters does, that tile for long reductions and the 256 x 128 wave
   // kernel for reductions of at most 2048; else the 128-wide tile. Needs no device.
   static std::string MGroupedKernelFor(int output_width, int reduction);
+  // The weight-gradient kernel a product gets by default, for X's scale layout and the rows a
+  // group is expected to get: the pingpong kernel (one warp group's epilogue under the other's
+  // K loop) for groups of at most 1024 rows, whose short K loops make the store of the fp32
+  // gradient a large share of a tile; the cooperative kernel for longer ones. Needs no device.
+  static std::string WeightGradientKernelFor(Fp8ColwiseScaling x_scaling,
+                                             int64_t expected_rows_per_group);
 
   // y [max_rows][n] bf16; x row-wise [max_rows][k]; w_t = {data_t, scales_t} of Fp8BlockWeights.
   virtual absl::Status Forward(const Fp8BlockOperand& x, const Fp8BlockOperand& w_t,
