@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/host_port.h"
 
 namespace dropless::cli {
 
@@ -151,6 +152,13 @@ absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args) {
       args.Get("coordinator", env != nullptr && *env != '\0' ? env : "localhost:7070");
   if (options.coordinator.empty()) {
     return absl::InvalidArgumentError("--coordinator must not be empty");
+  }
+  const bool from_env = !args.Has("coordinator") && env != nullptr && *env != '\0';
+  if (absl::Status s =
+          ParseHostPort(from_env ? "$DROPLESS_COORDINATOR" : "--coordinator", options.coordinator, 1)
+              .status();
+      !s.ok()) {
+    return s;
   }
   if (args.Has("timeout")) {
     absl::StatusOr<absl::Duration> timeout = ParseDurationFlag("--timeout", args.Get("timeout"));

@@ -1,8 +1,18 @@
 #include "common/grpc_security.h"
 
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <memory>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -15,18 +25,51 @@ std::string Env(const char* name) {
   return value == nullptr ? std::string() : std::string(value);
 }
 
-}  // namespace
-
-absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& what) {
+absl::StatusOr<std::string> ReadText(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot open"));
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot open (", strerror(errno), ")"));
+  }
   std::ostringstream text;
   text << in.rdbuf();
-  if (!absl::StrContains(text.str(), "-----BEGIN ")) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", path, ": holds no PEM block"));
-  }
   return text.str();
 }
+
+// OpenSSL's reason for the last failure, its queue cleared.
+std::string OpensslError() {
+  const unsigned long code = ERR_peek_last_error();
+  char text[256] = "unknown error";
+  if (code != 0) ERR_error_string_n(code, text, sizeof(text));
+  ERR_clear_error();
+  return text;
+}
+
+using X509Ptr = std::unique_ptr<X509, decltype(&X509_free)>;
+
+// Every certificate of a PEM text (at least one), each unexpired.
+absl::StatusOr<std::vector<X509Ptr>> ParseCertificates(const std::string& pem,
+                                                       const std::string& path,
+                                                       const std::string& what) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())),
+                                                &BIO_free);
+  std::vector<X509Ptr> certs;
+  while (X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
+    certs.emplace_back(cert, &X509_free);
+  }
+  ERR_clear_error();  // the end of the text reads as an error
+  if (certs.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", path, ": holds no PEM certificate (is it a key, or DER?)"));
+  }
+  for (const X509Ptr& cert : certs) {
+    if (X509_cmp_current_time(X509_get0_notAfter(cert.get())) < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " ", path, ": a certificate has expired"));
+    }
+  }
+  return certs;
+}
+
+}  // namespace
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const ChannelSecurity& security) {
@@ -39,23 +82,58 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   }
   grpc::SslCredentialsOptions options;
   if (!files.ca.empty()) {
-    absl::StatusOr<std::string> ca = ReadPemFile(files.ca, "TLS CA certificate");
+    absl::StatusOr<std::string> ca = ReadPemCertificates(files.ca, "TLS CA certificate");
     if (!ca.ok()) return ca.status();
     options.pem_root_certs = *ca;
   }
   if (!files.cert.empty()) {
-    absl::StatusOr<std::string> cert = ReadPemFile(files.cert, "TLS certificate");
-    if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadPemFile(files.key, "TLS key");
-    if (!key.ok()) return key.status();
-    options.pem_cert_chain = *cert;
-    options.pem_private_key = *key;
+    absl::StatusOr<PemKeyPair> pair =
+        ReadPemKeyPair(files.cert, "TLS certificate", files.key, "TLS key");
+    if (!pair.ok()) return pair.status();
+    options.pem_cert_chain = std::move(pair->cert_chain);
+    options.pem_private_key = std::move(pair->private_key);
   }
   std::shared_ptr<grpc::ChannelCredentials> channel = grpc::SslCredentials(options);
   if (security.bearer_token.empty()) return channel;
   // AccessTokenCredentials sends `authorization: Bearer <token>`, and only over a secure channel.
   return grpc::CompositeChannelCredentials(channel,
                                            grpc::AccessTokenCredentials(security.bearer_token));
+}
+
+absl::StatusOr<std::string> ReadPemCertificates(const std::string& path, const std::string& what) {
+  absl::StatusOr<std::string> text = ReadText(path, what);
+  if (!text.ok()) return text.status();
+  if (absl::Status s = ParseCertificates(*text, path, what).status(); !s.ok()) return s;
+  return text;
+}
+
+absl::StatusOr<PemKeyPair> ReadPemKeyPair(const std::string& cert_path, const std::string& cert_what,
+                                          const std::string& key_path, const std::string& key_what) {
+  PemKeyPair pair;
+  absl::StatusOr<std::string> cert_text = ReadText(cert_path, cert_what);
+  if (!cert_text.ok()) return cert_text.status();
+  absl::StatusOr<std::vector<X509Ptr>> certs = ParseCertificates(*cert_text, cert_path, cert_what);
+  if (!certs.ok()) return certs.status();
+  absl::StatusOr<std::string> key_text = ReadText(key_path, key_what);
+  if (!key_text.ok()) return key_text.status();
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(key_text->data(), static_cast<int>(key_text->size())), &BIO_free);
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr), &EVP_PKEY_free);
+  if (key == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(key_what, " ", key_path,
+                                                   ": holds no PEM private key (", OpensslError(),
+                                                   ")"));
+  }
+  if (X509_check_private_key(certs->front().get(), key.get()) != 1) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(absl::StrCat(key_what, " ", key_path,
+                                                   ": is not the key of ", cert_what, " ",
+                                                   cert_path));
+  }
+  pair.cert_chain = *std::move(cert_text);
+  pair.private_key = *std::move(key_text);
+  return pair;
 }
 
 ChannelSecurity ChannelSecurityFromEnvironment() {

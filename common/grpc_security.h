@@ -28,9 +28,17 @@ struct ChannelSecurity {
   std::string bearer_token;  // sent as `authorization: Bearer <token>` on every call; TLS only
 };
 
-// The file's contents; NotFound / InvalidArgument naming `what` and the path when it cannot be
-// read or holds no PEM block.
-absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& what);
+// PEM files are parsed when read, so that a wrong file fails at start with an error naming `what`
+// and the path, rather than as a listener that cannot start or a handshake retried forever.
+// NotFound when the file cannot be read; InvalidArgument when it holds no certificate, a
+// certificate has expired, or (a pair) the key does not parse or is not the certificate's key.
+absl::StatusOr<std::string> ReadPemCertificates(const std::string& path, const std::string& what);
+struct PemKeyPair {
+  std::string cert_chain;   // PEM, the first certificate is the key's
+  std::string private_key;  // PEM
+};
+absl::StatusOr<PemKeyPair> ReadPemKeyPair(const std::string& cert_path, const std::string& cert_what,
+                                          const std::string& key_path, const std::string& key_what);
 
 // Channel credentials for `security`; errors name the file that could not be used. A cert
 // without a key (or the reverse) is an error.

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,13 +40,14 @@ ABSL_FLAG(std::string, config, "", "worker YAML config (e.g. configs/worker.yaml
 ABSL_FLAG(std::string, advertise_address, "",
           "host peers and Prometheus reach this node at (default 127.0.0.1 when the coordinator "
           "is on loopback, else the hostname)");
-ABSL_FLAG(int, metrics_port, -1, "port of /metrics (default 9100; 0 disables)");
+ABSL_FLAG(std::optional<int>, metrics_port, std::nullopt, "port of /metrics (default 9100; 0 disables)");
 ABSL_FLAG(std::string, metrics_address, "", "bind address of /metrics (default 0.0.0.0)");
-ABSL_FLAG(int, cpu_slots, -1, "offer N CPU slots (default: one per CPU when no GPU is used)");
+ABSL_FLAG(std::optional<int>, cpu_slots, std::nullopt,
+          "offer N CPU slots, 1..4096 (default: one per CPU when no GPU is used)");
 ABSL_FLAG(std::string, gpus, "", "auto | none | N: GPUs to offer as cuda slots (default auto)");
 ABSL_FLAG(std::string, work_dir, "",
           "directory for per-attempt spec files and rank logs (default $TMPDIR/dropless-worker-<node>)");
-ABSL_FLAG(int64_t, kill_grace_ms, -1,
+ABSL_FLAG(std::optional<int64_t>, kill_grace_ms, std::nullopt,
           "SIGTERM -> SIGKILL delay when stopping ranks, in ms (default 5000)");
 
 namespace {
@@ -94,11 +96,11 @@ int RunDaemon() {
   set_string(&flags.metrics_address, absl::GetFlag(FLAGS_metrics_address));
   set_string(&flags.gpus, absl::GetFlag(FLAGS_gpus));
   set_string(&flags.work_dir, absl::GetFlag(FLAGS_work_dir));
-  if (absl::GetFlag(FLAGS_metrics_port) != -1) flags.metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  if (absl::GetFlag(FLAGS_cpu_slots) != -1) flags.cpu_slots = absl::GetFlag(FLAGS_cpu_slots);
-  if (absl::GetFlag(FLAGS_kill_grace_ms) != -1) {
-    flags.kill_grace_ms = absl::GetFlag(FLAGS_kill_grace_ms);
-  }
+  // Optional flags: a value given on the command line is validated like the config file's, so
+  // that -1 is an error rather than a sentinel for "not given".
+  flags.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  flags.cpu_slots = absl::GetFlag(FLAGS_cpu_slots);
+  flags.kill_grace_ms = absl::GetFlag(FLAGS_kill_grace_ms);
   if (absl::GetFlag(FLAGS_insecure)) flags.insecure = true;
   set_string(&flags.tls_ca, absl::GetFlag(FLAGS_tls_ca));
   set_string(&flags.tls_cert, absl::GetFlag(FLAGS_tls_cert));

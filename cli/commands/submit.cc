@@ -8,6 +8,8 @@
 // Every submit carries a request id (--request-id, else 128 random bits): a submit whose answer
 // was lost (coordinator restart, network) is sent again with the same id until --timeout runs
 // out, and the coordinator answers with the job the first one made instead of making a second.
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <iostream>
@@ -27,14 +29,14 @@
 namespace dropless::cli {
 namespace {
 
-// Reads at most one byte past the spec limit, so ParseJobSpec reports an oversize file by name.
+// Reads at most one byte past the spec limit: a larger file is refused without reading it all.
 bool ReadSpecFile(const std::string& path, std::string* text, std::string* error) {
   std::ifstream file;
   std::istream* in = &std::cin;
   if (path != "-") {
     file.open(path, std::ios::binary);
     if (!file) {
-      *error = absl::StrCat("cannot read ", path);
+      *error = absl::StrCat("cannot read ", path, ": ", std::strerror(errno));
       return false;
     }
     in = &file;
@@ -42,10 +44,15 @@ bool ReadSpecFile(const std::string& path, std::string* text, std::string* error
   text->resize(kMaxJobSpecBytes + 1);
   in->read(text->data(), static_cast<std::streamsize>(text->size()));
   if (in->bad()) {
-    *error = absl::StrCat("cannot read ", path);
+    *error = absl::StrCat("cannot read ", path, ": ", std::strerror(errno));
     return false;
   }
   text->resize(static_cast<size_t>(in->gcount()));
+  if (text->size() > kMaxJobSpecBytes) {
+    *error = absl::StrCat(path == "-" ? "<stdin>" : path, ": a job spec may be at most ",
+                          kMaxJobSpecBytes, " bytes; this one is larger");
+    return false;
+  }
   return true;
 }
 

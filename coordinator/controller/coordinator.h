@@ -183,6 +183,16 @@ class Coordinator {
                         const WorkerReceipt* receipt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatus& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker going away (coordinator_worker_loss.cc): an event of `type` on each active attempt
+  // with ranks on it; the Goodbye of a daemon that is shutting down; and, for a rank of `job`
+  // that failed on `reporter`, the peers' workers that went away first ("" if none).
+  void NoteWorkerGoneLocked(const WorkerEntry& worker, absl::string_view type,
+                            absl::string_view what, StoreWrite& write)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleGoodbyeLocked(WorkerEntry& worker, const v1::Goodbye& goodbye)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string GonePeersLocked(const ActiveJob& job, const WorkerEntry& reporter)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<JobStore> store_;

@@ -2,8 +2,11 @@
 // the WorkerRegistry, Hello reconciliation, heartbeats, rank status, metrics, logs, and what an
 // expired lease does to the attempts placed on the worker.
 #include <algorithm>
+#include <map>
+#include <set>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/utf8.h"
@@ -23,7 +26,12 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   if (shutting_down_) return absl::UnavailableError("coordinator is shutting down");
   StoreWrite write;
   bool fresh = false;
-  const std::string id = workers_.Register(request, NowMs(), write, &fresh).id();
+  absl::StatusOr<const v1::Worker*> registered = workers_.Register(request, NowMs(), write, &fresh);
+  if (!registered.ok()) {
+    LogWarning(absl::StrCat("refused a registration: ", registered.status().message()));
+    return registered.status();
+  }
+  const std::string id = (*registered)->id();
   if (absl::Status s = jobs_.Commit(write); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("the worker could not be stored: ", s.message()));
   }
@@ -55,8 +63,17 @@ void Coordinator::RemoveSession(const std::shared_ptr<WorkerSession>& session) {
   // Its ranks keep their slots and attempts until the lease runs out; it may reconnect.
   StoreWrite write;
   write.durable = false;
+  worker->disconnected_ms = NowMs();
   workers_.MarkLost(*worker, "session ended", write);
+  if (worker->leaving.empty()) {  // a daemon that said Goodbye is accounted for already
+    NoteWorkerGoneLocked(*worker, "WorkerDisconnected",
+                         absl::StrFormat("disconnected; its ranks keep their slots until its "
+                                         "lease runs out (%d ms) unless it reconnects",
+                                         options_.lease_timeout_ms),
+                         write);
+  }
   (void)jobs_.Commit(write);
+  jobs_.Publish(write);
 }
 
 absl::Status Coordinator::HandleWorkerMessage(const std::shared_ptr<WorkerSession>& session,
@@ -101,6 +118,9 @@ absl::Status Coordinator::HandleWorkerMessage(const std::shared_ptr<WorkerSessio
       break;
     case v1::WorkerMessage::kLogs:
       stored = HandleLogsLocked(worker, message.logs(), receipt_of_seq);
+      break;
+    case v1::WorkerMessage::kGoodbye:
+      HandleGoodbyeLocked(worker, message.goodbye());
       break;
     default:
       break;  // a newer worker's message kind: the lease renewal is all it means to us
@@ -210,6 +230,10 @@ void Coordinator::HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStat
                               worker.info.node(), status.exit_code())
             : absl::StrFormat("rank %d on node %s was killed", rank_number, worker.info.node());
     if (!status.message().empty()) absl::StrAppend(&reason, ": ", TruncateUtf8(status.message(), 512));
+    // A peer whose worker went away first is the likely cause ("connection closed by peer").
+    if (std::string gone = GonePeersLocked(*job, worker); !gone.empty()) {
+      reason = absl::StrCat(gone, ", then ", reason);
+    }
     AddEvent(write, j.id(), status.attempt(), "RankExited", reason);
     jobs_.FailAttempt(*job, reason, write);
     write.durable = true;
@@ -258,7 +282,8 @@ void Coordinator::CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatu
   }
   LogInfo(absl::StrFormat("%s runs rank %d of %s attempt %d, which is not active here: "
                           "cancelling it",
-                          worker.info.id(), status.rank(), status.job_id(), status.attempt()));
+                          worker.info.id(), status.rank(),
+                          absl::CHexEscape(TruncateUtf8(status.job_id(), 64)), status.attempt()));
   if (worker.session != nullptr) {
     v1::CoordinatorMessage message;
     v1::Cancellation* c = message.mutable_cancellation();
@@ -332,18 +357,38 @@ bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metri
 
 bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batch,
                                    const WorkerReceipt* receipt) {
+  // A worker may only report the output of ranks placed on it: a line naming another worker's
+  // rank, or a job or attempt that does not exist, is dropped (one warning per batch). The
+  // placement of an attempt that ended is read from the store: a cancelled rank's last lines
+  // arrive after its attempt ended.
+  std::map<std::pair<std::string, int32_t>, std::set<int32_t>> ranks_here;  // (job, attempt)
+  auto placed_here = [&](const v1::LogLine& line) -> bool {
+    const std::pair<std::string, int32_t> key{line.job_id(), line.attempt()};
+    auto it = ranks_here.find(key);
+    if (it == ranks_here.end()) {
+      std::set<int32_t> ranks;
+      auto collect = [&](const AttemptRecord& attempt) {
+        for (const RankRecord& r : attempt.ranks) {
+          if (r.worker_id == worker.info.id()) ranks.insert(r.rank);
+        }
+      };
+      if (ActiveJob* job = jobs_.FindActiveAttempt(key.first, key.second); job != nullptr) {
+        collect(*job->attempt);
+      } else if (!key.first.empty() && key.second > 0) {
+        absl::StatusOr<AttemptRecord> ended = store_->GetAttempt(key.first, key.second);
+        if (ended.ok()) collect(*ended);
+      }
+      it = ranks_here.emplace(key, std::move(ranks)).first;
+    }
+    return it->second.count(line.rank()) != 0;
+  };
   std::vector<v1::LogLine> lines;
-  std::set<std::string> known, unknown;
+  int dropped = 0;
   for (const v1::LogLine& in : batch.lines()) {
     if (lines.size() >= options_.max_log_lines_per_batch) break;
-    const std::string& id = in.job_id();
-    if (id.empty() || unknown.count(id) != 0) continue;
-    if (known.count(id) == 0) {
-      if (jobs_.Find(id) == nullptr && !store_->GetJobRecord(id).ok()) {
-        unknown.insert(id);
-        continue;
-      }
-      known.insert(id);
+    if (!placed_here(in)) {
+      ++dropped;
+      continue;
     }
     v1::LogLine& line = lines.emplace_back(in);
     if (line.text().size() > options_.max_log_line_bytes) {
@@ -351,9 +396,10 @@ bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
     }
     if (line.time_ms() == 0) line.set_time_ms(NowMs());
   }
-  if (!unknown.empty()) {
-    LogWarning(absl::StrFormat("%s sent log lines of %d unknown jobs; dropped", worker.info.id(),
-                               unknown.size()));
+  if (dropped > 0) {
+    LogWarning(absl::StrFormat(
+        "%s sent %d log line(s) of ranks that are not placed on it (or of unknown jobs); dropped",
+        worker.info.id(), dropped));
   }
   absl::StatusOr<int64_t> first_seq = store_->AppendLogs(lines, receipt);
   const bool stored = first_seq.ok();

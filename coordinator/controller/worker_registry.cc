@@ -15,7 +15,7 @@ namespace dropless::coordinator {
 namespace {
 
 constexpr size_t kMaxNameBytes = 253;
-constexpr size_t kMaxDevices = 4096;
+constexpr size_t kMaxDevices = 4096;  // worker_config.h kMaxWorkerSlots: the worker checks it too
 constexpr int64_t kStrayCancelIntervalMs = 5000;
 constexpr int64_t kStrayCancelMemoryMs = 60'000;
 
@@ -93,10 +93,34 @@ absl::Status WorkerRegistry::CheckRegistration(const v1::RegisterWorkerRequest& 
   return absl::OkStatus();
 }
 
-const v1::Worker& WorkerRegistry::Register(const v1::RegisterWorkerRequest& request, int64_t now_ms,
-                                           StoreWrite& write, bool* fresh) {
+namespace {
+
+// AlreadyExists when a daemon run other than `boot_id` holds a live session as `worker`'s node
+// (a session that went silent is closed when its lease expires, and the node is free again).
+absl::Status CheckNodeIsFree(const WorkerEntry& worker, const std::string& boot_id,
+                             const std::shared_ptr<WorkerSession>& session) {
+  if (worker.session == nullptr || worker.session == session || worker.boot_id == boot_id) {
+    return absl::OkStatus();
+  }
+  return absl::AlreadyExistsError(absl::StrCat(
+      "node \"", worker.info.node(), "\" is held by another running worker daemon (", worker.info.id(),
+      ", address ", worker.info.address(),
+      "); give each daemon its own --node, or stop the other one (the node is free again once its "
+      "session ends or its lease expires)"));
+}
+
+}  // namespace
+
+absl::StatusOr<const v1::Worker*> WorkerRegistry::Register(
+    const v1::RegisterWorkerRequest& request, int64_t now_ms, StoreWrite& write, bool* fresh) {
   auto known = worker_by_node_.find(request.node());
   *fresh = known == worker_by_node_.end();
+  if (!*fresh) {
+    if (absl::Status s = CheckNodeIsFree(workers_.at(known->second), request.boot_id(), nullptr);
+        !s.ok()) {
+      return s;
+    }
+  }
   std::string id = *fresh ? absl::StrFormat("worker-%04d", next_worker_number_++) : known->second;
   WorkerEntry& worker = workers_[id];
   v1::Worker& info = worker.info;
@@ -118,7 +142,7 @@ const v1::Worker& WorkerRegistry::Register(const v1::RegisterWorkerRequest& requ
            absl::StrFormat("%s: node %s, %d %s slots, version %s", id, request.node(),
                            request.devices_size(), request.slot_kind(),
                            request.version().empty() ? "unknown" : request.version()));
-  return info;
+  return &info;
 }
 
 WorkerEntry* WorkerRegistry::Find(const std::string& worker_id) {
@@ -154,6 +178,7 @@ absl::StatusOr<WorkerEntry*> WorkerRegistry::Hello(const std::shared_ptr<WorkerS
                      "\" but the client certificate is node \"", session->certified_node(),
                      "\": a worker may only report as itself"));
   }
+  if (absl::Status s = CheckNodeIsFree(worker, hello.boot_id(), session); !s.ok()) return s;
   if (worker.session != nullptr && worker.session != session) worker.session->Close();
   if (hello.boot_id() != worker.boot_id) {  // a new numbering: seq starts from 1 again
     worker.boot_id = hello.boot_id();
@@ -163,6 +188,8 @@ absl::StatusOr<WorkerEntry*> WorkerRegistry::Hello(const std::shared_ptr<WorkerS
   worker.session = session;
   worker.last_message_ms = now_ms;
   worker.lease_expired = false;
+  worker.disconnected_ms = 0;
+  worker.leaving.clear();
   if (worker.info.state() != v1::WORKER_STATE_READY) {
     worker.info.set_state(v1::WORKER_STATE_READY);
     write.workers.push_back(worker.info);

@@ -40,6 +40,11 @@ struct WorkerEntry {
   // a message sent again after a reconnect is acknowledged but not stored twice.
   std::string boot_id;
   uint64_t last_seq = 0;
+  // Why its ranks may have gone away, until its next Hello: when its session ended while this
+  // coordinator ran (0: connected, or not seen since the coordinator started), and the reason of
+  // its Goodbye (the daemon is shutting down). A peer rank's failure names them as the cause.
+  int64_t disconnected_ms = 0;
+  std::string leaving;
 };
 
 class WorkerRegistry {
@@ -56,9 +61,10 @@ class WorkerRegistry {
   static absl::Status CheckRegistration(const v1::RegisterWorkerRequest& request);
   // The same node always gets the same id ("worker-0001", ...); a new one starts LOST (READY once
   // its session says Hello). The worker's row and a WorkerRegistered/WorkerReregistered event go
-  // into `write`. *fresh: whether the node was new.
-  const v1::Worker& Register(const v1::RegisterWorkerRequest& request, int64_t now_ms,
-                             StoreWrite& write, bool* fresh);
+  // into `write`. *fresh: whether the node was new. AlreadyExists (nothing changed) while another
+  // daemon run of the node (another boot_id) holds a live session.
+  absl::StatusOr<const v1::Worker*> Register(const v1::RegisterWorkerRequest& request,
+                                             int64_t now_ms, StoreWrite& write, bool* fresh);
 
   WorkerEntry* Find(const std::string& worker_id);
   size_t size() const { return workers_.size(); }
@@ -68,8 +74,9 @@ class WorkerRegistry {
   // The worker a session said hello as ("" before Hello); null for a session not open here.
   const std::string* SessionWorker(const std::shared_ptr<WorkerSession>& session) const;
   // Binds the session to the worker of hello.worker_id: NotFound for an unregistered id,
-  // PermissionDenied when the session's certificate is another node's. A previous session of the
-  // worker is closed; a new boot_id restarts the message numbering. A worker that was not READY
+  // PermissionDenied when the session's certificate is another node's, AlreadyExists while another
+  // daemon run (another boot_id) holds a live session as the node. A previous session of the same
+  // run is closed (a reconnect); a new boot_id restarts the message numbering. A worker that was not READY
   // becomes READY (its row and a WorkerReady event into `write`).
   absl::StatusOr<WorkerEntry*> Hello(const std::shared_ptr<WorkerSession>& session,
                                      const v1::Hello& hello, int64_t now_ms, StoreWrite& write);

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/host_port.h"
 
 namespace dropless::coordinator {
 namespace {
@@ -113,6 +114,13 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigFile(const std::string& path,
 
 absl::Status ValidateConfig(const CoordinatorConfig& config) {
   if (config.listen.empty()) return absl::InvalidArgumentError("listen: must not be empty");
+  // Port 0: any free port (tests; the chosen one is logged).
+  if (absl::Status s = ParseHostPort("listen", config.listen, 0).status(); !s.ok()) return s;
+  if (!config.worker_listen.empty()) {
+    if (absl::Status s = ParseHostPort("worker_listen", config.worker_listen, 0).status(); !s.ok()) {
+      return s;
+    }
+  }
   if (!config.worker_listen.empty() && config.worker_listen == config.listen) {
     return absl::InvalidArgumentError("worker_listen: must differ from listen (or be empty)");
   }

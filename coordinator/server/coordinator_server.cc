@@ -17,17 +17,16 @@ namespace dropless::coordinator {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CoordinatorServer::ListenerCredentials(
     const CoordinatorConfig& config, bool serves_workers) {
   if (config.insecure) return grpc::InsecureServerCredentials();
-  absl::StatusOr<std::string> cert = ReadPemFile(config.tls_cert, "tls_cert");
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadPemFile(config.tls_key, "tls_key");
-  if (!key.ok()) return key.status();
-  absl::StatusOr<std::string> worker_ca = ReadPemFile(config.worker_ca, "worker_ca");
+  absl::StatusOr<PemKeyPair> pair =
+      ReadPemKeyPair(config.tls_cert, "tls_cert", config.tls_key, "tls_key");
+  if (!pair.ok()) return pair.status();
+  absl::StatusOr<std::string> worker_ca = ReadPemCertificates(config.worker_ca, "worker_ca");
   if (!worker_ca.ok()) return worker_ca.status();
   grpc::SslServerCredentialsOptions options(serves_workers
                                                 ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
                                                 : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   options.pem_root_certs = *worker_ca;
-  options.pem_key_cert_pairs.push_back({*key, *cert});
+  options.pem_key_cert_pairs.push_back({pair->private_key, pair->cert_chain});
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::SslServerCredentials(options);
   credentials->SetAuthMetadataProcessor(authorizer_);
   return credentials;

@@ -96,6 +96,17 @@ bool CoordinatorSession::WaitUntilFlushed(absl::Duration timeout) {
   return outbound_->size() == 0;
 }
 
+bool CoordinatorSession::SayGoodbye(const std::string& reason, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  if (!connected_) return false;
+  goodbye_ = reason;
+  auto written_or_gone = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !goodbye_.has_value() || !connected_;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&written_or_gone), timeout);
+  return !goodbye_.has_value();
+}
+
 absl::Status CoordinatorSession::Register() {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
@@ -108,16 +119,23 @@ absl::Status CoordinatorSession::Register() {
     if (shutdown_) return absl::CancelledError("shutting down");
     open_context_ = &context;
   }
+  v1::RegisterWorkerRequest request = options_.registration;
+  request.set_boot_id(boot_id_);
   v1::RegisterWorkerResponse response;
-  grpc::Status status = stub_->RegisterWorker(&context, options_.registration, &response);
+  grpc::Status status = stub_->RegisterWorker(&context, request, &response);
   {
     absl::MutexLock lock(&mu_);
     open_context_ = nullptr;
   }
   if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat("RegisterWorker with ", options_.coordinator,
-                                               " failed: ", status.error_message(), " (code ",
-                                               static_cast<int>(status.error_code()), ")"));
+    const absl::StatusCode code = status.error_code() == grpc::StatusCode::INVALID_ARGUMENT
+                                      ? absl::StatusCode::kInvalidArgument
+                                  : status.error_code() == grpc::StatusCode::ALREADY_EXISTS
+                                      ? absl::StatusCode::kAlreadyExists
+                                      : absl::StatusCode::kUnavailable;
+    return absl::Status(code, absl::StrCat("RegisterWorker with ", options_.coordinator,
+                                           " failed: ", status.error_message(), " (code ",
+                                           static_cast<int>(status.error_code()), ")"));
   }
   if (response.worker_id().empty()) {
     return absl::InternalError("RegisterWorker answered without a worker_id");
@@ -142,13 +160,13 @@ absl::Status CoordinatorSession::Register() {
   return absl::OkStatus();
 }
 
-void CoordinatorSession::Run() {
+absl::Status CoordinatorSession::Run() {
   absl::Duration backoff = options_.min_backoff;
   bool last_failed = false;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      if (shutdown_) return;
+      if (shutdown_) return absl::OkStatus();
     }
     absl::Status status = Register();
     const bool registered = status.ok();
@@ -159,15 +177,25 @@ void CoordinatorSession::Run() {
     }
     {
       absl::MutexLock lock(&mu_);
-      if (shutdown_) return;
+      if (shutdown_) return absl::OkStatus();
+    }
+    if (absl::IsInvalidArgument(status) && !registered) {
+      LogError(absl::StrCat("the coordinator refuses this worker: ", status.message()));
+      return status;
     }
     // Repeated identical failures (coordinator down) are logged once, not every retry.
     // While the coordinator stays down, only the first failed attempt is logged.
     if (!last_failed) {
-      LogWarning(absl::StrCat("no session with the coordinator: ", status.message(), "; retrying"));
+      const std::string line =
+          absl::StrCat("no session with the coordinator: ", status.message(), "; retrying");
+      if (absl::IsAlreadyExists(status)) {
+        LogError(line);
+      } else {
+        LogWarning(line);
+      }
     }
     last_failed = !registered;
-    if (!SleepUnlessShutdown(Jittered(backoff))) return;
+    if (!SleepUnlessShutdown(Jittered(backoff))) return absl::OkStatus();
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
 }
@@ -263,6 +291,19 @@ bool CoordinatorSession::WriteLoop(
   }
   absl::Time next_heartbeat = absl::Now() + interval;
   while (!stop->load()) {
+    std::optional<std::string> goodbye;
+    {
+      absl::MutexLock lock(&mu_);
+      goodbye = goodbye_;
+    }
+    if (goodbye.has_value()) {
+      v1::WorkerMessage bye;
+      bye.mutable_goodbye()->set_reason(*goodbye);
+      if (!stream->Write(bye)) return false;
+      absl::MutexLock lock(&mu_);
+      goodbye_.reset();
+      continue;
+    }
     const absl::Time now = absl::Now();
     if (now >= next_heartbeat) {
       v1::WorkerMessage beat;

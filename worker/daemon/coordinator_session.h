@@ -44,13 +44,19 @@ class CoordinatorSession {
   CoordinatorSession(SessionOptions options, RankManager* ranks, OutboundQueue* outbound,
                      WorkerMetrics* metrics);
 
-  // Registers and keeps a session open until Shutdown(); returns then.
-  void Run();
+  // Registers and keeps a session open until Shutdown(); returns OK then. Returns the error when
+  // the coordinator refuses the registration as invalid (InvalidArgument: retrying cannot help).
+  // A node held by another daemon run (AlreadyExists) is retried: the node is free again once
+  // that run's session ends.
+  absl::Status Run();
   // Ends Run(): cancels the open stream and stops retrying. Safe from any thread.
   void Shutdown();
 
   // Waits up to `timeout` for the outbound queue to be sent (used before exiting).
   bool WaitUntilFlushed(absl::Duration timeout);
+  // Tells the coordinator the daemon is shutting down (Goodbye), ahead of anything queued after
+  // this call; waits up to `timeout` for it to be written. False when no session is open.
+  bool SayGoodbye(const std::string& reason, absl::Duration timeout);
 
   std::string worker_id() const;
   bool connected() const;
@@ -84,6 +90,7 @@ class CoordinatorSession {
   bool acknowledged_ ABSL_GUARDED_BY(mu_) = false;  // the coordinator acknowledges (Register)
   grpc::ClientContext* open_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   int sessions_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<std::string> goodbye_ ABSL_GUARDED_BY(mu_);  // to send; cleared once written
 };
 
 }  // namespace dropless

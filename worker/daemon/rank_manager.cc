@@ -394,7 +394,9 @@ void RankManager::OnExit(RankSupervisor::ChildId id, const ChildExit& exit) {
   } else if (entry.cancelled || exit.stop_requested) {
     state = v1::RANK_STATE_KILLED;
     result = RankExitResult::kKilled;
-    message = absl::StrCat("stopped on cancel (", exit.Describe(), ")");
+    message = entry.stop_reason.empty()
+                  ? absl::StrCat("stopped on cancel (", exit.Describe(), ")")
+                  : absl::StrCat("stopped: ", entry.stop_reason, " (", exit.Describe(), ")");
   } else {
     state = v1::RANK_STATE_FAILED;
     result = RankExitResult::kFailed;
@@ -435,10 +437,13 @@ std::vector<pid_t> RankManager::LivePids() const {
   return pids;
 }
 
-bool RankManager::StopAllAndWait(absl::Duration timeout) {
+bool RankManager::StopAllAndWait(absl::Duration timeout, absl::string_view why) {
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [id, entry] : ranks_) entry.cancelled = true;
+    for (auto& [id, entry] : ranks_) {
+      entry.cancelled = true;
+      entry.stop_reason = std::string(why);
+    }
   }
   supervisor_->StopAll(options_.kill_grace);
   return supervisor_->WaitUntilIdle(timeout);

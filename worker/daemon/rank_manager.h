@@ -63,8 +63,9 @@ class RankManager {
   // pids of the ranks alive now (tests and diagnostics).
   std::vector<pid_t> LivePids() const;
 
-  // Stops every rank (SIGTERM, SIGKILL after the grace period) and waits up to `timeout`.
-  bool StopAllAndWait(absl::Duration timeout);
+  // Stops every rank (SIGTERM, SIGKILL after the grace period) and waits up to `timeout`. Their
+  // final statuses (KILLED) say "stopped: <why>".
+  bool StopAllAndWait(absl::Duration timeout, absl::string_view why = "the worker daemon stops");
 
  private:
   struct RankEntry {
@@ -75,6 +76,7 @@ class RankManager {
     pid_t pid = -1;
     dropless::v1::RankState state = dropless::v1::RANK_STATE_STARTING;
     bool cancelled = false;
+    std::string stop_reason;  // why it was stopped, when not on a cancellation
     bool bad_report_logged = false;
     std::string last_output;  // last line it printed, quoted in failure messages
     std::optional<PhaseReport> phase;  // the step phase it reported last (hang watchdog)

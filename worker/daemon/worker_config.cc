@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/host_port.h"
 #include "yaml-cpp/yaml.h"
 
 namespace dropless {
@@ -37,19 +38,6 @@ absl::Status ReadInt(const YAML::Node& value, absl::string_view key, Int* out) {
                                         "')"));
   }
   return absl::OkStatus();
-}
-
-// Host part of host:port, [v6]:port or a bare host.
-absl::string_view HostOf(absl::string_view address) {
-  if (absl::StartsWith(address, "[")) {
-    size_t close = address.find(']');
-    return close == absl::string_view::npos ? address.substr(1) : address.substr(1, close - 1);
-  }
-  size_t colon = address.rfind(':');
-  if (colon != absl::string_view::npos && address.find(':') == colon) {
-    return address.substr(0, colon);
-  }
-  return address;
 }
 
 }  // namespace
@@ -163,9 +151,7 @@ absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const WorkerSettings& file,
   c.kill_grace_ms = pick(flags.kill_grace_ms, file.kill_grace_ms, int64_t{5000});
 
   if (c.coordinator.empty()) return FieldError("coordinator", "must not be empty");
-  if (HostOf(c.coordinator).empty() || c.coordinator.find(':') == std::string::npos) {
-    return FieldError("coordinator", absl::StrCat("must be host:port (got '", c.coordinator, "')"));
-  }
+  if (absl::Status s = ParseHostPort("coordinator", c.coordinator, 1).status(); !s.ok()) return s;
   if (c.node.empty()) return FieldError("node", "must not be empty");
   for (char ch : c.node) {
     if (!absl::ascii_isalnum(ch) && ch != '-' && ch != '_' && ch != '.') {
@@ -186,8 +172,9 @@ absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const WorkerSettings& file,
   if (c.metrics_port != 0 && c.metrics_address.empty()) {
     return FieldError("metrics_address", "must not be empty");
   }
-  if (c.cpu_slots_given && c.cpu_slots < 1) {
-    return FieldError("cpu_slots", absl::StrCat("must be >= 1 (got ", c.cpu_slots, ")"));
+  if (c.cpu_slots_given && (c.cpu_slots < 1 || c.cpu_slots > kMaxWorkerSlots)) {
+    return FieldError("cpu_slots",
+                      absl::StrCat("must be in 1..", kMaxWorkerSlots, " (got ", c.cpu_slots, ")"));
   }
   int gpu_count = 0;
   if (c.gpus != "auto" && c.gpus != "none" &&

@@ -47,6 +47,10 @@ struct HostFacts {
 };
 HostFacts CurrentHostFacts();
 
+// The most slots a worker may offer: the coordinator refuses a registration of more (and a worker
+// refused as invalid stops), so the worker checks it before it starts.
+inline constexpr int kMaxWorkerSlots = 4096;
+
 struct WorkerConfig {
   std::string coordinator;        // host:port of the coordinator's gRPC API
   std::string node;               // unique node name (the same node always gets the same id)

@@ -137,20 +137,34 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
                                             config.metrics_port)
                              : std::string(", /metrics disabled"),
                          ", work dir ", config.work_dir));
-  std::thread session_thread([&session] { session.Run(); });
+  // A registration the coordinator refuses as invalid ends the daemon (exit 1): retrying cannot
+  // help, and an orchestrator shows the crash where an endless retry would look healthy.
+  absl::Status session_end;
+  std::thread session_thread([&session, &session_end] {
+    session_end = session.Run();
+    if (!session_end.ok()) kill(getpid(), SIGTERM);
+  });
 
   int sig = 0;
   while (sigwait(&stop_signals, &sig) != 0) {
   }
   LogInfo(absl::StrCat("got ", strsignal(sig), ": stopping ranks"));
+  // The coordinator hears why before the ranks' peers elsewhere lose them, so that their
+  // failure ("connection closed by peer") is reported with this as the cause.
+  const std::string why = absl::StrCat("the worker daemon got ", strsignal(sig));
+  (void)session.SayGoodbye(why, absl::Seconds(1));
   const absl::Duration grace = absl::Milliseconds(config.kill_grace_ms);
-  if (!ranks->StopAllAndWait(grace + absl::Seconds(2))) {
+  if (!ranks->StopAllAndWait(grace + absl::Seconds(2), why)) {
     LogWarning("some ranks did not end in time");
   }
   session.WaitUntilFlushed(absl::Seconds(2));  // their final statuses, when connected
   session.Shutdown();
   session_thread.join();
   ranks.reset();
+  if (!session_end.ok()) {
+    LogError(absl::StrCat("stopped: ", session_end.message()));
+    return 1;
+  }
   LogInfo("stopped");
   return 0;
 }

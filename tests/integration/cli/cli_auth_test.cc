@@ -117,5 +117,46 @@ TEST_F(SecureCliTest, GetJobsOwnerFiltersWithinTheUsersRole) {
   EXPECT_THAT(empty.err, HasSubstr("--owner: no user name given"));
 }
 
+// TLS files are parsed at start: a key that is not the certificate's, a key given as the CA or a
+// certificate as the key fails the coordinator, the CLI and the worker daemon at once, naming the
+// file, instead of a listener that "could not listen" or handshakes retried forever.
+TEST(TlsFilesTest, MismatchedOrWrongPemFilesFailAtStartNamingTheFile) {
+  const std::string certs = MakeTempDir() + "/certs";
+  CommandResult made = RunCommand({"bash", SourcePath("scripts/dev-certs"), certs, "node-a"});
+  ASSERT_EQ(made.exit_code, 0) << made.out << made.err;
+  auto coordinator_with = [&](const std::string& key, const std::string& worker_ca) {
+    return RunCommand(
+        {BinaryPath("dropless-coordinator"), absl::StrCat("--listen=127.0.0.1:", PickFreePort()),
+         absl::StrCat("--db=", MakeTempDir(), "/state.db"), "--metrics-port=0",
+         "--tls-cert=" + certs + "/coordinator.pem", "--tls-key=" + certs + key,
+         "--worker-ca=" + certs + worker_ca, "--tokens-file=" + certs + "/tokens.yaml"},
+        absl::Seconds(30));
+  };
+  CommandResult coordinator = coordinator_with("/ca.key", "/ca.pem");
+  EXPECT_NE(coordinator.exit_code, 0);
+  EXPECT_THAT(coordinator.err, HasSubstr("tls_key " + certs + "/ca.key: is not the key of tls_cert"))
+      << coordinator.err;
+  CommandResult ca_is_a_key = coordinator_with("/coordinator.key", "/ca.key");
+  EXPECT_NE(ca_is_a_key.exit_code, 0);
+  EXPECT_THAT(ca_is_a_key.err, HasSubstr("worker_ca " + certs + "/ca.key: holds no PEM certificate"))
+      << ca_is_a_key.err;
+
+  CommandResult cli = RunCommand({BinaryPath("dropless"), "--coordinator", "localhost:7070",
+                                  "--tls-ca", certs + "/ca.key", "get", "jobs"},
+                                 absl::Seconds(30));
+  EXPECT_EQ(cli.exit_code, 2) << cli.err;
+  EXPECT_THAT(cli.err, HasSubstr("TLS CA certificate " + certs + "/ca.key: holds no PEM certificate"))
+      << cli.err;
+
+  CommandResult worker = RunCommand(
+      {BinaryPath("dropless-worker"), "--coordinator=localhost:7070", "--node=node-a",
+       "--cpu-slots=1", "--metrics-port=0", "--tls-ca=" + certs + "/ca.pem",
+       "--tls-cert=" + certs + "/workers/node-a.pem", "--tls-key=" + certs + "/workers/node-a.pem"},
+      absl::Seconds(30));
+  EXPECT_NE(worker.exit_code, 0);
+  EXPECT_THAT(worker.err, HasSubstr("TLS key " + certs + "/workers/node-a.pem: holds no PEM private key"))
+      << worker.err;
+}
+
 }  // namespace
 }  // namespace dropless::testing

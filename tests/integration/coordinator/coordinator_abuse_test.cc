@@ -147,7 +147,12 @@ TEST(CoordinatorAbuseTest, GarbageAndLiesOnSessionsEndOnlyThoseSessions) {
   ASSERT_TRUE(liar.ReportMetrics(job->id(), 1, 0, 1, 5, -1.0).ok());
   ASSERT_TRUE(liar.ReportMetrics("job-ghost", 1, 0, 1, 5, 1.0).ok());
   ASSERT_TRUE(liar.ReportLog("job-ghost", 1, 0, "not a job of ours").ok());
-  ASSERT_TRUE(liar.ReportLog(job->id(), 1, 0, std::string(1 << 20, 'z')).ok());
+  // Output forged for ranks placed on another worker, of an existing and of a missing attempt.
+  ASSERT_TRUE(liar.ReportLog(job->id(), 1, 0, "forged by the liar").ok());
+  ASSERT_TRUE(liar.ReportLog(job->id(), 1, 1, std::string(1 << 20, 'y')).ok());
+  ASSERT_TRUE(liar.ReportLog(job->id(), 7, 0, "forged attempt").ok());
+  // The honest worker's own rank prints a line far over the limit.
+  ASSERT_TRUE(honest.ReportLog(job->id(), 1, 0, std::string(1 << 20, 'z')).ok());
   {
     v1::WorkerMessage empty;  // no message kind set at all
     ASSERT_TRUE(liar.Send(empty).ok());
@@ -165,18 +170,25 @@ TEST(CoordinatorAbuseTest, GarbageAndLiesOnSessionsEndOnlyThoseSessions) {
   EXPECT_FALSE(after->has_latest()) << after->latest().DebugString();
   absl::StatusOr<v1::Job> ghost = c->Get("job-ghost");
   EXPECT_EQ(ghost.status().code(), absl::StatusCode::kNotFound);
-  // The long log line was stored truncated, not refused and not whole.
+  // The job's log holds the honest rank's long line, stored truncated (not refused and not
+  // whole), and nothing the liar sent.
   {
     grpc::ClientContext context;
     v1::GetLogsRequest request;
     request.set_job_id(job->id());
     auto reader = c->jobs().GetLogs(&context, request);
     v1::LogLine line;
-    size_t longest = 0;
-    while (reader->Read(&line)) longest = std::max(longest, line.text().size());
+    int lines = 0;
+    while (reader->Read(&line)) {
+      ++lines;
+      EXPECT_EQ(line.rank(), 0);
+      EXPECT_EQ(line.attempt(), 1);
+      EXPECT_GT(line.text().size(), 0u);
+      EXPECT_LE(line.text().size(), 16u * 1024);
+      EXPECT_EQ(line.text().find_first_not_of('z'), std::string::npos) << line.text().substr(0, 40);
+    }
     EXPECT_TRUE(reader->Finish().ok());
-    EXPECT_GT(longest, 0u);
-    EXPECT_LE(longest, 16u * 1024);
+    EXPECT_EQ(lines, 1);
   }
   EXPECT_TRUE(honest.SessionOpen());
   EXPECT_TRUE(liar.SessionOpen());
@@ -185,6 +197,76 @@ TEST(CoordinatorAbuseTest, GarbageAndLiesOnSessionsEndOnlyThoseSessions) {
   }
   EXPECT_EQ(c->WaitForState(job->id(), v1::JOB_STATE_SUCCEEDED).state(),
             v1::JOB_STATE_SUCCEEDED);
+  // After the attempt ended, the placement comes from the store: the worker that ran rank 1 may
+  // still deliver its last output; the liar may not.
+  ASSERT_TRUE(liar.ReportLog(job->id(), 1, 1, "liar after the end").ok());
+  ASSERT_TRUE(honest.ReportLog(job->id(), 1, 1, "rank 1 after the end").ok());
+  std::vector<v1::LogLine> stored;
+  for (absl::Time until = absl::Now() + absl::Seconds(20); absl::Now() < until;) {
+    stored.clear();
+    grpc::ClientContext context;
+    v1::GetLogsRequest request;
+    request.set_job_id(job->id());
+    auto reader = c->jobs().GetLogs(&context, request);
+    v1::LogLine line;
+    while (reader->Read(&line)) stored.push_back(line);
+    EXPECT_TRUE(reader->Finish().ok());
+    if (stored.size() >= 2) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(stored.size(), 2u);
+  EXPECT_EQ(stored[1].rank(), 1);
+  EXPECT_EQ(stored[1].text(), "rank 1 after the end");
+  EXPECT_TRUE(Serving(*c));
+}
+
+// Two daemons configured with one node name: the one that holds the node keeps it and its job;
+// the other is refused (registration and hello) with an error naming the node, until the first
+// one's session ends. (Before, each took the node from the other forever, and the jobs failed.)
+TEST(CoordinatorAbuseTest, ASecondDaemonOfALiveNodeIsRefused) {
+  auto c = CoordinatorUnderTest::Start();
+  FakeWorker first(c->channel(), "node-dup", 1);
+  ASSERT_TRUE(first.Register().ok());
+  ASSERT_TRUE(first.Connect("run-a").ok());
+  absl::StatusOr<v1::Job> job = c->Submit(TinySpec(1));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(first.NextAssignment().has_value());
+  ASSERT_TRUE(first.ReportRank(job->id(), 1, 0, v1::RANK_STATE_RUNNING).ok());
+  c->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+
+  FakeWorker second(c->channel(), "node-dup", 1);
+  absl::Status refused = second.Register();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kAlreadyExists) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("node \"node-dup\""));
+
+  // The hello is checked too: the second run registers while the node is free, then says hello
+  // after the first run is back.
+  first.Disconnect();
+  ASSERT_TRUE(c->WaitForWorkerState("node-dup", v1::WORKER_STATE_LOST));
+  ASSERT_TRUE(second.Register().ok());
+  ASSERT_TRUE(first.Connect("run-a").ok());
+  ASSERT_TRUE(c->WaitForWorkerState("node-dup", v1::WORKER_STATE_READY));
+  (void)second.Connect("run-b");
+  absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (second.SessionOpen() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  std::optional<grpc::Status> second_status = second.SessionStatus();
+  ASSERT_TRUE(second_status.has_value());
+  EXPECT_EQ(second_status->error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(second_status->error_message(), HasSubstr("node-dup"));
+
+  // The first run kept the node and its job.
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_TRUE(first.SessionOpen());
+  EXPECT_EQ(c->Get(job->id())->state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(first.ReportRank(job->id(), 1, 0, v1::RANK_STATE_SUCCEEDED).ok());
+  EXPECT_EQ(c->WaitForState(job->id(), v1::JOB_STATE_SUCCEEDED).state(), v1::JOB_STATE_SUCCEEDED);
+
+  // Once the first run's session ends, the node is free for the other.
+  first.Disconnect();
+  ASSERT_TRUE(c->WaitForWorkerState("node-dup", v1::WORKER_STATE_LOST));
+  ASSERT_TRUE(second.Register().ok());
+  ASSERT_TRUE(second.Connect("run-b").ok());
+  EXPECT_TRUE(c->WaitForWorkerState("node-dup", v1::WORKER_STATE_READY));
   EXPECT_TRUE(Serving(*c));
 }
 
@@ -313,6 +395,32 @@ TEST(CoordinatorAbuseTest, ManyConcurrentWatchersAllSeeTheEnd) {
     EXPECT_GE(watches[i]->updates, 1) << i;
   }
   EXPECT_TRUE(Serving(*c));
+}
+
+// A cancel reason is stored and printed: one with control characters (a forged log line, a
+// terminal escape) is refused naming the field, and the job is not cancelled by it.
+TEST(CoordinatorAbuseTest, ACancelReasonWithControlCharactersIsRefused) {
+  auto c = CoordinatorUnderTest::Start();
+  absl::StatusOr<v1::Job> job = c->Submit(TinySpec(1));  // no worker: it stays pending
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto cancel = [&](const std::string& reason, v1::Job* out) {
+    grpc::ClientContext context;
+    v1::CancelJobRequest request;
+    request.set_id(job->id());
+    request.set_reason(reason);
+    return c->jobs().CancelJob(&context, request, out);
+  };
+  v1::Job out;
+  for (const std::string& bad : {std::string("done\n2026-12-04 I coordinator: forged"),
+                                 std::string("\x1b[2Jcleared"), std::string("tab\there")}) {
+    grpc::Status refused = cancel(bad, &out);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(refused.error_message(), HasSubstr("reason: "));
+  }
+  EXPECT_EQ(c->Get(job->id())->state(), v1::JOB_STATE_PENDING);
+  ASSERT_TRUE(cancel("not needed anymore", &out).ok());
+  EXPECT_EQ(out.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(out.message(), "cancelled: not needed anymore");
 }
 
 TEST(CoordinatorAbuseTest, SecondCoordinatorOnATakenPortRefusesToStart) {

@@ -86,8 +86,10 @@ TEST(CoordinatorLifecycleTest, QueuedMessagesAreAcknowledgedAndStoredOnce) {
   EXPECT_EQ(StoredLogTexts(*coordinator, id),
             (std::vector<std::string>{"first", "second", "unnumbered", "unnumbered", "third"}));
 
-  // A restarted daemon (new boot_id) starts from seq 1 again.
+  // A restarted daemon (new boot_id) starts from seq 1 again. (It may say hello once the
+  // coordinator has seen the old run's session end: until then the node is held.)
   w.Disconnect();
+  ASSERT_TRUE(coordinator->WaitForWorkerState("node-ack", v1::WORKER_STATE_LOST));
   ASSERT_TRUE(w.Connect("boot-2").ok());
   ASSERT_TRUE(w.Send(log_message(1, "after restart")).ok());
   EXPECT_TRUE(next_ack(1));

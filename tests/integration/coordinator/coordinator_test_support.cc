@@ -151,6 +151,16 @@ std::vector<v1::Worker> CoordinatorUnderTest::Workers() {
   return {response.workers().begin(), response.workers().end()};
 }
 
+bool CoordinatorUnderTest::WaitForWorkerState(const std::string& node, v1::WorkerState state) {
+  for (absl::Time until = absl::Now() + absl::Seconds(20); absl::Now() < until;) {
+    for (const v1::Worker& w : Workers()) {
+      if (w.node() == node && w.state() == state) return true;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
 FakeWorker::FakeWorker(std::shared_ptr<grpc::Channel> channel, std::string node, int slots,
                        std::string slot_kind)
     : stub_(v1::WorkerService::NewStub(channel)),
@@ -170,6 +180,7 @@ absl::Status FakeWorker::Register() {
   request.set_slot_kind(slot_kind_);
   for (int i = 0; i < slots_; ++i) request.add_devices(slot_kind_ == "cpu" ? "cpu" : "fake gpu");
   request.set_version("test");
+  request.set_boot_id(boot_id_);
   v1::RegisterWorkerResponse response;
   grpc::Status status = stub_->RegisterWorker(&context, request, &response);
   if (!status.ok()) {
@@ -183,6 +194,7 @@ absl::Status FakeWorker::Register() {
 absl::Status FakeWorker::Connect(const std::string& boot_id,
                                  const std::vector<v1::RankStatus>& also_list) {
   Disconnect();
+  boot_id_ = boot_id;
   stop_ = false;
   context_ = std::make_unique<grpc::ClientContext>();
   stream_ = stub_->Session(context_.get());

@@ -69,6 +69,8 @@ class CoordinatorUnderTest {
   absl::StatusOr<v1::Job> Get(const std::string& id);
   std::vector<v1::Event> Events(const std::string& job_id);
   std::vector<v1::Worker> Workers();
+  // Waits (up to 20 s) until the worker of `node` is in `state`; whether it got there.
+  bool WaitForWorkerState(const std::string& node, v1::WorkerState state);
 
  private:
   void Launch();
@@ -125,6 +127,7 @@ class FakeWorker {
              std::string slot_kind = "cpu");
   ~FakeWorker();
 
+  // Registers as the daemon run of the last Connect (its boot_id; "" before the first).
   absl::Status Register();
   // Opens the session and says Hello with the ranks it still runs (and boot_id: a new one is a
   // restarted daemon); heartbeats start.
@@ -172,6 +175,7 @@ class FakeWorker {
   const int slots_;
   const std::string slot_kind_;
   std::string worker_id_;
+  std::string boot_id_;  // of the last Connect
 
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream_;

@@ -124,10 +124,18 @@ TEST(WorkerDaemonTest, ASilentCoordinatorBreaksTheSessionThroughKeepalive) {
 }
 
 TEST(WorkerDaemonTest, BadFlagsAreRejectedNamingTheField) {
-  CommandResult r = RunCommand({BinaryPath("dropless-worker"), "--cpu-slots=0", "--metrics-port=0"},
+  // -1 is a value like any other (it once meant "not given"); 5000 slots the coordinator refuses.
+  for (const char* slots : {"--cpu-slots=0", "--cpu-slots=-1", "--cpu-slots=5000"}) {
+    CommandResult r = RunCommand({BinaryPath("dropless-worker"), slots, "--metrics-port=0"},
+                                 absl::Seconds(30));
+    EXPECT_EQ(r.exit_code, 2) << slots << r.out << r.err;
+    EXPECT_TRUE(Has(r.err, "cpu_slots")) << slots << r.err;
+  }
+  CommandResult r = RunCommand({BinaryPath("dropless-worker"), "--insecure",
+                                "--coordinator=localhost:70000", "--metrics-port=0"},
                                absl::Seconds(30));
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
-  EXPECT_TRUE(Has(r.err, "cpu_slots")) << r.err;
+  EXPECT_TRUE(Has(r.err, "coordinator: ")) << r.err;
 
   r = RunCommand({BinaryPath("dropless-worker"), "--gpus=many"}, absl::Seconds(30));
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
@@ -137,6 +145,71 @@ TEST(WorkerDaemonTest, BadFlagsAreRejectedNamingTheField) {
                  absl::Seconds(30));
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_TRUE(Has(r.err, "/nonexistent/worker.yaml")) << r.err;
+}
+
+// Two daemons configured with one node name: the second is refused while the first holds the
+// node (it keeps retrying, logging why), the first keeps its session, and the second takes the
+// node over once the first stops.
+TEST(WorkerDaemonTest, ASecondDaemonOfTheSameNodeWaitsForTheFirst) {
+  WorkerCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  ASSERT_TRUE(cluster.StartWorker("node-d").ok()) << cluster.Diagnostics();
+  auto ready = [](const v1::Worker& w) { return w.state() == v1::WORKER_STATE_READY; };
+  ASSERT_TRUE(cluster.WaitForWorker("node-d", ready, absl::Seconds(30)).has_value())
+      << cluster.Diagnostics();
+  absl::StatusOr<std::unique_ptr<Process>> second = Process::Start({
+      BinaryPath("dropless-worker"), "--insecure",
+      absl::StrCat("--coordinator=", cluster.coordinator_address()), "--node=node-d",
+      "--cpu-slots=1", "--metrics-port=0", absl::StrCat("--work-dir=", cluster.dir(), "/second"),
+  });
+  ASSERT_TRUE(second.ok()) << second.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!Has((*second)->Output(), "held by another running worker daemon") &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(Has((*second)->Output(), "node \"node-d\" is held by another running worker daemon"))
+      << (*second)->Output();
+  absl::SleepFor(absl::Seconds(2));
+  EXPECT_TRUE((*second)->Running());
+  // The first never lost its session: no reconnect counted on it.
+  const std::string metrics = HttpGet(cluster.metrics_port("node-d"), "/metrics");
+  EXPECT_TRUE(Has(metrics, "dropless_worker_session_reconnects_total{node=\"node-d\"} 0"))
+      << metrics;
+  EXPECT_TRUE(cluster.WaitForWorker("node-d", ready, absl::Seconds(5)).has_value());
+
+  ASSERT_TRUE(cluster.worker("node-d")->Signal(SIGTERM).ok());
+  ASSERT_TRUE(cluster.worker("node-d")->Wait(absl::Seconds(15)).ok());
+  const absl::Time takeover = absl::Now() + absl::Seconds(30);
+  while (!Has((*second)->Output(), "session open") && absl::Now() < takeover) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(Has((*second)->Output(), "session open")) << (*second)->Output();
+  EXPECT_TRUE(cluster.WaitForWorker("node-d", ready, absl::Seconds(30)).has_value())
+      << cluster.Diagnostics();
+  ASSERT_TRUE((*second)->Signal(SIGTERM).ok());
+  absl::StatusOr<int> code = (*second)->Wait(absl::Seconds(15));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0) << (*second)->Output();
+}
+
+// A registration the coordinator refuses as invalid (here a node name longer than it accepts)
+// cannot succeed on a retry: the daemon says why and exits 1 instead of retrying forever.
+TEST(WorkerDaemonTest, ARegistrationRefusedAsInvalidStopsTheDaemon) {
+  WorkerCluster cluster;
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  absl::StatusOr<std::unique_ptr<Process>> worker = Process::Start({
+      BinaryPath("dropless-worker"), "--insecure",
+      absl::StrCat("--coordinator=", cluster.coordinator_address()),
+      absl::StrCat("--node=", std::string(300, 'n')), "--cpu-slots=1", "--metrics-port=0",
+      absl::StrCat("--work-dir=", cluster.dir(), "/long"),
+  });
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  absl::StatusOr<int> code = (*worker)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.ok()) << code.status() << (*worker)->Output();
+  EXPECT_EQ(*code, 1) << (*worker)->Output();
+  EXPECT_TRUE(Has((*worker)->Output(), "the coordinator refuses this worker")) << (*worker)->Output();
+  EXPECT_TRUE(Has((*worker)->Output(), "node: longer than")) << (*worker)->Output();
 }
 
 TEST(WorkerDaemonTest, RankSubcommandReachesTheRankImage) {

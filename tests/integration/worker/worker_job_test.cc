@@ -229,6 +229,41 @@ TEST_F(WorkerJobTest, SigtermOnAWorkerStopsItsRanks) {
   absl::StatusOr<v1::Job> job = cluster_.WaitForState(id, {v1::JOB_STATE_FAILED}, absl::Seconds(30));
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED) << cluster_.Diagnostics();
+  // The failure names the daemon that went away, whichever rank's end the coordinator heard first
+  // (node-2's, which only saw its peer vanish, or node-1's own stopped rank).
+  EXPECT_TRUE(Has(job->message(), "node-1")) << job->message();
+  EXPECT_TRUE(Has(job->message(), "the worker daemon got Terminated")) << job->message();
+  EXPECT_FALSE(Has(job->message(), "stopped on cancel")) << job->message();
+  absl::StatusOr<std::vector<v1::Event>> events = cluster_.Events(id);
+  ASSERT_TRUE(events.ok()) << events.status();
+  bool leaving = false;
+  for (const v1::Event& e : *events) leaving |= e.type() == "WorkerLeaving" && Has(e.message(), "node-1");
+  EXPECT_TRUE(leaving) << cluster_.Diagnostics();
+}
+
+// A worker daemon killed outright says nothing: its session ends, which is recorded on the job,
+// and the failure of the peer rank it leaves behind names it as the cause.
+TEST_F(WorkerJobTest, ASigkilledWorkerIsNamedInItsPeersFailure) {
+  std::vector<pid_t> pids;
+  const std::string id = StartLongJob(&pids);
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(cluster_.worker("node-1")->Signal(SIGKILL).ok());
+  absl::StatusOr<v1::Job> job = cluster_.WaitForState(id, {v1::JOB_STATE_FAILED}, absl::Seconds(60));
+  ASSERT_TRUE(job.ok());
+  ASSERT_EQ(job->state(), v1::JOB_STATE_FAILED) << cluster_.Diagnostics();
+  EXPECT_TRUE(Has(job->message(), "node-1")) << job->message();
+  // Either node-2's rank failed first (its peer vanished) or node-1's lease ran out first.
+  EXPECT_TRUE(Has(job->message(), "the worker of node node-1 (rank ") ||
+              Has(job->message(), "(node node-1) lost"))
+      << job->message();
+  absl::StatusOr<std::vector<v1::Event>> events = cluster_.Events(id);
+  ASSERT_TRUE(events.ok()) << events.status();
+  bool disconnected = false;
+  for (const v1::Event& e : *events) {
+    disconnected |= e.type() == "WorkerDisconnected" && Has(e.message(), "node-1");
+  }
+  EXPECT_TRUE(disconnected) << cluster_.Diagnostics();
+  EXPECT_TRUE(WaitGone(pids, absl::Seconds(30))) << cluster_.Diagnostics();
 }
 
 }  // namespace

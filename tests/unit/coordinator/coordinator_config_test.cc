@@ -50,6 +50,16 @@ TEST(CoordinatorConfigTest, ValidationNamesTheField) {
   config = CoordinatorConfig{};
   config.metrics_port = 70000;
   EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("metrics_port"));
+  // A port past 65535 would wrap (70000 is 4464) and the coordinator would listen elsewhere.
+  config = CoordinatorConfig{};
+  config.listen = "0.0.0.0:70000";
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("listen: "));
+  config = CoordinatorConfig{};
+  config.worker_listen = "0.0.0.0:99999";
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("worker_listen: "));
+  config = CoordinatorConfig{};
+  config.listen = "7070";
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("listen: "));
 }
 
 TEST(CoordinatorConfigTest, TlsAndTokensAreRequiredUnlessInsecure) {

@@ -42,7 +42,9 @@ class JobControllerTest : public ::testing::Test {
     request.add_devices("cpu");
     StoreWrite write;
     bool fresh = false;
-    worker_id_ = registry_.Register(request, 0, write, &fresh).id();
+    absl::StatusOr<const v1::Worker*> registered = registry_.Register(request, 0, write, &fresh);
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    worker_id_ = (*registered)->id();
     session_ = std::make_shared<WorkerSession>("peer", nullptr);
     registry_.OpenSession(session_, 0);
     v1::Hello hello;

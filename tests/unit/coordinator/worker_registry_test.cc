@@ -44,11 +44,11 @@ TEST(WorkerRegistryTest, RegistrationIsCheckedAndANodeKeepsItsId) {
   WorkerRegistry registry(kLeaseMs);
   StoreWrite write;
   bool fresh = false;
-  const std::string a = registry.Register(Request("a", 2), 0, write, &fresh).id();
+  const std::string a = (*registry.Register(Request("a", 2), 0, write, &fresh))->id();
   EXPECT_TRUE(fresh);
   EXPECT_EQ(a, "worker-0001");
-  EXPECT_EQ(registry.Register(Request("b", 1), 0, write, &fresh).id(), "worker-0002");
-  const v1::Worker& again = registry.Register(Request("a", 3), 5, write, &fresh);
+  EXPECT_EQ((*registry.Register(Request("b", 1), 0, write, &fresh))->id(), "worker-0002");
+  const v1::Worker& again = **registry.Register(Request("a", 3), 5, write, &fresh);
   EXPECT_FALSE(fresh);
   EXPECT_EQ(again.id(), a);
   EXPECT_EQ(again.slots(), 3);
@@ -69,8 +69,8 @@ TEST(WorkerRegistryTest, RestoredWorkersAreLostAndNumberingContinues) {
   ASSERT_EQ(write.workers.size(), 1u);
   EXPECT_EQ(write.workers[0].state(), v1::WORKER_STATE_LOST);
   bool fresh = false;
-  EXPECT_EQ(registry.Register(Request("n7", 1), 0, write, &fresh).id(), "worker-0007");
-  EXPECT_EQ(registry.Register(Request("n8", 1), 0, write, &fresh).id(), "worker-0008");
+  EXPECT_EQ((*registry.Register(Request("n7", 1), 0, write, &fresh))->id(), "worker-0007");
+  EXPECT_EQ((*registry.Register(Request("n8", 1), 0, write, &fresh))->id(), "worker-0008");
 }
 
 TEST(WorkerRegistryTest, RestoredReceiptsMakeTheSameBootsResendsHandled) {
@@ -95,7 +95,10 @@ TEST(WorkerRegistryTest, RestoredReceiptsMakeTheSameBootsResendsHandled) {
   EXPECT_TRUE(WorkerRegistry::Handled(*worker, 41));
   EXPECT_FALSE(WorkerRegistry::Handled(*worker, 42));
 
-  // A restarted daemon numbers from 1 again: nothing of it is handled yet.
+  // A restarted daemon (once the old run's session ended) numbers from 1 again: nothing of it is
+  // handled yet.
+  EXPECT_EQ(registry.ForgetSession(session), "worker-0003");
+  EXPECT_EQ(registry.Disconnect("worker-0003", session), worker);
   auto next = Session("n3");
   registry.OpenSession(next, 300);
   hello.set_boot_id("boot-b");
@@ -107,7 +110,7 @@ TEST(WorkerRegistryTest, HelloBindsTheSessionOfTheCertifiedNodeOnly) {
   WorkerRegistry registry(kLeaseMs);
   StoreWrite write;
   bool fresh = false;
-  const std::string id = registry.Register(Request("node-a", 1), 0, write, &fresh).id();
+  const std::string id = (*registry.Register(Request("node-a", 1), 0, write, &fresh))->id();
   auto impostor = Session("node-b");
   registry.OpenSession(impostor, 0);
   absl::StatusOr<WorkerEntry*> refused = registry.Hello(impostor, HelloAs(id), 0, write);
@@ -130,11 +133,31 @@ TEST(WorkerRegistryTest, HelloBindsTheSessionOfTheCertifiedNodeOnly) {
   EXPECT_TRUE(WorkerRegistry::Handled(**worker, 5));
   EXPECT_FALSE(WorkerRegistry::Handled(**worker, 6));
 
-  // A newer session supersedes it; the old one's end does not disconnect the worker.
+  // Another daemon run of the node (another boot_id) is refused while this session is live, at
+  // registration and at hello, and nothing of the worker changes.
+  v1::RegisterWorkerRequest other_run = Request("node-a", 7);
+  other_run.set_boot_id("boot-2");
+  StoreWrite untouched;
+  bool fresh_again = true;
+  absl::StatusOr<const v1::Worker*> taken = registry.Register(other_run, 15, untouched, &fresh_again);
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(taken.status().message(), HasSubstr("node \"node-a\" is held by another running"));
+  EXPECT_TRUE(untouched.workers.empty());
+  EXPECT_EQ((*worker)->info.slots(), 1);
+  auto intruder = Session("node-a");
+  registry.OpenSession(intruder, 15);
+  EXPECT_EQ(registry.Hello(intruder, HelloAs(id, "boot-2"), 15, untouched).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ((*worker)->session, own);
+  other_run.set_boot_id("boot-1");  // the same run registering again (a reconnect) is fine
+  EXPECT_TRUE(registry.Register(other_run, 15, untouched, &fresh_again).ok());
+
+  // A newer session of the same run supersedes it; the old one's end does not disconnect the
+  // worker.
   auto newer = Session("node-a");
   registry.OpenSession(newer, 20);
-  ASSERT_TRUE(registry.Hello(newer, HelloAs(id, "boot-2"), 20, ready).ok());
-  EXPECT_FALSE(WorkerRegistry::Handled(**worker, 5));  // a new boot numbers from 1 again
+  ASSERT_TRUE(registry.Hello(newer, HelloAs(id), 20, ready).ok());
+  EXPECT_EQ((*worker)->session, newer);
   EXPECT_EQ(registry.ForgetSession(own), id);
   EXPECT_EQ(registry.Disconnect(id, own), nullptr);
   EXPECT_EQ(registry.SessionWorker(own), nullptr);
@@ -147,8 +170,8 @@ TEST(WorkerRegistryTest, LeasesExpireOnceAndFreeSlotsFeedTheScheduler) {
   WorkerRegistry registry(kLeaseMs);
   StoreWrite write;
   bool fresh = false;
-  const std::string a = registry.Register(Request("a", 3), 0, write, &fresh).id();
-  const std::string b = registry.Register(Request("b", 1), 0, write, &fresh).id();
+  const std::string a = (*registry.Register(Request("a", 3), 0, write, &fresh))->id();
+  const std::string b = (*registry.Register(Request("b", 1), 0, write, &fresh))->id();
   for (const std::string& id : {a, b}) {
     auto session = Session();
     registry.OpenSession(session, 0);

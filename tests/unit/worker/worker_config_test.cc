@@ -155,6 +155,15 @@ TEST(WorkerConfigTest, InvalidValuesNameTheField) {
   s.cpu_slots = 0;
   ExpectInvalid(resolve(s), "cpu_slots");
   s = {};
+  s.cpu_slots = -1;  // not a sentinel for "not given"
+  ExpectInvalid(resolve(s), "cpu_slots");
+  s = {};
+  s.cpu_slots = kMaxWorkerSlots + 1;  // the coordinator would refuse the registration
+  ExpectInvalid(resolve(s), "cpu_slots");
+  s = {};
+  s.cpu_slots = kMaxWorkerSlots;
+  EXPECT_TRUE(resolve(s).ok());
+  s = {};
   s.gpus = "some";
   ExpectInvalid(resolve(s), "gpus");
   s = {};
@@ -166,6 +175,9 @@ TEST(WorkerConfigTest, InvalidValuesNameTheField) {
   ExpectInvalid(resolve(s), "cpu_slots");
   s = {};
   s.coordinator = "no-port";
+  ExpectInvalid(resolve(s), "coordinator");
+  s = {};
+  s.coordinator = "localhost:70000";  // would wrap to port 4464
   ExpectInvalid(resolve(s), "coordinator");
   s = {};
   s.node = "bad/name";

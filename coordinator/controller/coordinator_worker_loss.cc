@@ -1,0 +1,83 @@
+// Coordinator: a worker that goes away (its session ends, or its daemon says Goodbye before it
+// stops its ranks) and what that means for the jobs placed on it: an event on each of their
+// active attempts, and the cause named when a peer rank then fails because those ranks are gone
+// (a rank on another node sees only "connection closed by peer").
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/utf8.h"
+#include "coordinator/controller/coordinator.h"
+#include "coordinator/controller/job_events.h"
+#include "coordinator/util/clock.h"
+
+namespace dropless::coordinator {
+namespace {
+
+// The ranks of `attempt` placed on `worker_id`, as "rank 1" or "ranks 1, 3".
+std::string RanksOn(const AttemptRecord& attempt, const std::string& worker_id) {
+  std::vector<int32_t> ranks;
+  for (const RankRecord& r : attempt.ranks) {
+    if (r.worker_id == worker_id) ranks.push_back(r.rank);
+  }
+  if (ranks.empty()) return std::string();
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
+}
+
+}  // namespace
+
+void Coordinator::NoteWorkerGoneLocked(const WorkerEntry& worker, absl::string_view type,
+                                       absl::string_view what, StoreWrite& write) {
+  for (auto& [id, job] : jobs_.jobs()) {
+    if (!job.attempt.has_value()) continue;
+    const std::string ranks = RanksOn(*job.attempt, worker.info.id());
+    if (ranks.empty()) continue;
+    AddEvent(write, id, job.attempt->attempt, std::string(type),
+             absl::StrFormat("%s (node %s), running %s of this attempt, %s", worker.info.id(),
+                             worker.info.node(), ranks, what));
+  }
+}
+
+std::string Coordinator::GonePeersLocked(const ActiveJob& job, const WorkerEntry& reporter) {
+  std::vector<std::string> causes;
+  const int64_t now_ms = NowMs();
+  std::vector<std::string> seen;
+  for (const RankRecord& r : job.attempt->ranks) {
+    if (r.worker_id == reporter.info.id()) continue;
+    bool counted = false;
+    for (const std::string& s : seen) counted |= s == r.worker_id;
+    if (counted) continue;
+    seen.push_back(r.worker_id);
+    const WorkerEntry* peer = workers_.Find(r.worker_id);
+    if (peer == nullptr) continue;
+    const std::string ranks = RanksOn(*job.attempt, peer->info.id());
+    if (!peer->leaving.empty()) {
+      causes.push_back(absl::StrFormat("the worker of node %s (%s) was shutting down (%s)",
+                                       peer->info.node(), ranks, peer->leaving));
+    } else if (peer->disconnected_ms != 0) {
+      causes.push_back(absl::StrFormat("the worker of node %s (%s) disconnected %d ms earlier",
+                                       peer->info.node(), ranks, now_ms - peer->disconnected_ms));
+    }
+  }
+  return absl::StrJoin(causes, " and ");
+}
+
+void Coordinator::HandleGoodbyeLocked(WorkerEntry& worker, const v1::Goodbye& goodbye) {
+  std::string reason = TruncateUtf8(ToValidUtf8(goodbye.reason()), 256);
+  if (reason.empty()) reason = "no reason given";
+  worker.leaving = reason;
+  LogInfo(absl::StrFormat("%s (node %s) is shutting down: %s", worker.info.id(),
+                          worker.info.node(), reason));
+  StoreWrite write;
+  NoteWorkerGoneLocked(worker, "WorkerLeaving",
+                       absl::StrCat("is shutting down (", reason, "); its ranks are being stopped"),
+                       write);
+  if (write.empty()) return;
+  (void)jobs_.Commit(write);
+  jobs_.Publish(write);
+}
+
+}  // namespace dropless::coordinator
