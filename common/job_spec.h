@@ -117,6 +117,11 @@ struct JobSpecOverrides {
 // again, stays valid. InvalidArgument naming the field otherwise, and *spec is left unchanged.
 absl::Status ApplyJobSpecOverrides(const JobSpecOverrides& overrides, JobSpec* spec);
 
+// One label by the spec's rules (key [prefix/]name, value empty or a name of up to 63 of
+// [A-Za-z0-9._-]): InvalidArgument "<path>: ..." otherwise. A filter on labels (ListJobs, the
+// CLI's -l) uses it too, so that a selector that can never match a job is refused.
+absl::Status CheckLabel(absl::string_view path, absl::string_view key, absl::string_view value);
+
 // Canonical YAML of a valid spec; ParseJobSpec(JobSpecToYaml(s)) == s.
 std::string JobSpecToYaml(const JobSpec& spec);
 

@@ -85,15 +85,9 @@ absl::Status CheckLabels(const JobSpec& s) {
                 absl::StrFormat("at most %d labels (got %d)", kMaxLabels, s.labels.size()));
   }
   for (const auto& [key, value] : s.labels) {
-    const std::string path = absl::StrCat("labels.", key.substr(0, 80));
-    if (!IsLabelKey(key)) {
-      return Fail(path, "key must be [prefix/]name: a name of up to 63 of [A-Za-z0-9._-], "
-                        "alphanumeric at both ends");
-    }
-    if (!IsLabelName(value, true)) {
-      return Fail(path, absl::StrCat("value must be empty or up to 63 of [A-Za-z0-9._-], "
-                                     "alphanumeric at both ends (got '",
-                                     value.substr(0, 80), "')"));
+    if (absl::Status st = CheckLabel(absl::StrCat("labels.", key.substr(0, 80)), key, value);
+        !st.ok()) {
+      return st;
     }
   }
   return absl::OkStatus();
@@ -244,3 +238,20 @@ absl::Status CheckJobSpecRules(const JobSpec& s) {
 }
 
 }  // namespace dropless::internal
+
+namespace dropless {
+
+absl::Status CheckLabel(absl::string_view path, absl::string_view key, absl::string_view value) {
+  if (!internal::IsLabelKey(key)) {
+    return internal::Fail(path, "key must be [prefix/]name: a name of up to 63 of [A-Za-z0-9._-], "
+                                "alphanumeric at both ends");
+  }
+  if (!internal::IsLabelName(value, true)) {
+    return internal::Fail(path, absl::StrCat("value must be empty or up to 63 of [A-Za-z0-9._-], "
+                                             "alphanumeric at both ends (got '",
+                                             value.substr(0, 80), "')"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dropless

@@ -12,7 +12,9 @@ namespace dropless::cli {
 int RunCancel(const Invocation& inv) {
   std::vector<std::string> pos = inv.args.positional();
   if (pos.size() == 2 && (pos[0] == "job" || pos[0] == "jobs")) pos.erase(pos.begin());
-  if (pos.size() != 1) return UsageError("usage: dropless cancel ID [--reason TEXT]");
+  if (pos.size() != 1 || pos[0].empty()) {
+    return UsageError("usage: dropless cancel ID [--reason TEXT]");
+  }
   v1::CancelJobRequest request;
   request.set_id(pos[0]);
   // The coordinator records "cancelled: <reason>".

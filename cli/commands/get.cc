@@ -19,6 +19,8 @@
 #include "cli/exit_codes.h"
 #include "cli/output/table.h"
 #include "cli/output/views.h"
+#include "cli/reconnect.h"
+#include "common/job_spec.h"
 
 namespace dropless::cli {
 namespace {
@@ -47,8 +49,12 @@ absl::Status ParseLabelSelector(const std::string& text, v1::ListJobsRequest* re
       return absl::InvalidArgumentError(
           absl::StrCat("-l: want key=value[,key=value...], got '", pair, "'"));
     }
-    (*request->mutable_labels())[std::string(absl::StripAsciiWhitespace(kv[0]))] =
-        std::string(absl::StripAsciiWhitespace(kv[1]));
+    const std::string key(absl::StripAsciiWhitespace(kv[0]));
+    const std::string value(absl::StripAsciiWhitespace(kv[1]));
+    if (absl::Status s = CheckLabel(absl::StrCat("-l ", key.substr(0, 80)), key, value); !s.ok()) {
+      return s;
+    }
+    (*request->mutable_labels())[key] = value;
   }
   if (request->labels().empty()) return absl::InvalidArgumentError("-l: no label given");
   return absl::OkStatus();
@@ -72,10 +78,17 @@ void PrintJobTable(const std::vector<const v1::Job*>& jobs) {
 int WatchJobs(const Invocation& inv, Client& client, const v1::ListJobsRequest& request) {
   std::map<std::string, std::string> shown;  // job id -> what its last printed line showed
   std::unique_ptr<Table> first;              // the first listing sets the columns
+  Reconnection reconnection("get -w");  // rides out a coordinator restart, as `watch` does
+  bool listed = false;
   while (true) {
     v1::ListJobsResponse response;
     grpc::Status status = ListAllJobs(client, request, &response);
-    if (!status.ok()) return client.Fail(status);
+    if (!status.ok()) {
+      if (listed && status.error_code() == grpc::UNAVAILABLE && reconnection.Retry(status)) continue;
+      return client.Fail(status);
+    }
+    listed = true;
+    reconnection.Connected();
     std::vector<const v1::Job*> changed;
     for (const v1::Job& job : response.jobs()) {
       std::string key = absl::StrCat(job.state(), "/", job.attempt(), "/", StepText(job));

@@ -16,6 +16,7 @@
 #include "cli/output/expert_load.h"
 #include "cli/output/table.h"
 #include "cli/output/views.h"
+#include "cli/reconnect.h"
 
 namespace dropless::cli {
 namespace {
@@ -35,27 +36,21 @@ std::string BytesText(int64_t bytes) {
   return u == 0 ? absl::StrCat(bytes, "B") : absl::StrFormat("%.1f%s", v, units[u]);
 }
 
-// One snapshot; returns false (and the exit code in *exit_code) when a call failed.
-bool Show(const Invocation& inv, Client& client, const std::string& id, v1::JobState* state,
-          int* exit_code) {
+// One snapshot, printed once both calls answered; the status of the call that failed.
+grpc::Status Show(const Invocation& inv, Client& client, const std::string& id,
+                  v1::JobState* state) {
   v1::GetJobRequest job_request;
   job_request.set_id(id);
   v1::Job job;
   grpc::Status status = client.jobs().GetJob(client.UnaryContext().get(), job_request, &job);
-  if (!status.ok()) {
-    *exit_code = client.Fail(status);
-    return false;
-  }
+  if (!status.ok()) return status;
   *state = job.state();
   v1::ListStepMetricsRequest request;
   request.set_job_id(id);
   request.set_limit(std::max(1, job.world_size()) * kRecordsPerRank);
   v1::ListStepMetricsResponse response;
   status = client.jobs().ListStepMetrics(client.UnaryContext().get(), request, &response);
-  if (!status.ok()) {
-    *exit_code = client.Fail(status);
-    return false;
-  }
+  if (!status.ok()) return status;
   std::map<int, const v1::StepMetrics*> latest;  // oldest first: later records win
   for (const v1::StepMetrics& m : response.metrics()) {
     if (m.attempt() == job.attempt()) latest[m.rank()] = &m;
@@ -68,13 +63,13 @@ bool Show(const Invocation& inv, Client& client, const std::string& id, v1::JobS
                         .Set("state", Value::String(JobStateName(job.state())))
                         .Set("ranks", std::move(ranks)),
                     inv.options.output);
-    return true;
+    return grpc::Status::OK;
   }
   std::cout << "job " << job.id() << " (" << job.name() << ") " << JobStateName(job.state())
             << ", attempt " << job.attempt() << ", " << job.world_size() << " ranks\n";
   if (latest.empty()) {
     std::cout << "No step metrics yet.\n";
-    return true;
+    return grpc::Status::OK;
   }
   Table table({"RANK", "NODE", "STEP", "STEP_TIME", "TFLOP/S", "MFU", "MEMORY",
                "EXPERT_TOKENS(MIN/MED/MAX)", "LOAD_IMBALANCE", "LOSS"});
@@ -87,7 +82,7 @@ bool Show(const Invocation& inv, Client& client, const std::string& id, v1::JobS
                   absl::StrFormat("%.6g", m->loss())});
   }
   std::cout << table.Render();
-  return true;
+  return grpc::Status::OK;
 }
 
 }  // namespace
@@ -97,12 +92,22 @@ int RunTop(const Invocation& inv) {
   if (pos.size() == 2 && (pos[0] == "job" || pos[0] == "jobs")) pos.erase(pos.begin());
   if (pos.size() != 1) return UsageError("usage: dropless top ID [-w]");
   Client client(inv.options);
+  const bool watch = inv.args.Has("watch");
+  Reconnection reconnection("top");  // -w rides out a coordinator restart, as `watch` does
+  bool shown = false;
   while (true) {
     v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
-    int exit_code = kExitOk;
-    if (!Show(inv, client, pos[0], &state, &exit_code)) return exit_code;
+    grpc::Status status = Show(inv, client, pos[0], &state);
+    if (!status.ok()) {
+      if (watch && shown && status.error_code() == grpc::UNAVAILABLE && reconnection.Retry(status)) {
+        continue;
+      }
+      return client.Fail(status);
+    }
+    shown = true;
+    reconnection.Connected();
     std::cout.flush();
-    if (!inv.args.Has("watch") || IsTerminal(state)) return kExitOk;
+    if (!watch || IsTerminal(state)) return kExitOk;
     std::this_thread::sleep_for(absl::ToChronoMilliseconds(kRefresh));
     if (inv.options.output == OutputFormat::kText) std::cout << "\n";
   }

@@ -299,6 +299,13 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
       return absl::InvalidArgumentError("page_token: not a token of a previous ListJobs");
     }
   }
+  for (const auto& [key, value] : request.labels()) {
+    // A selector no job's labels can satisfy is an error, not an empty list.
+    if (absl::Status s = CheckLabel(absl::StrCat("labels.", key.substr(0, 80)), key, value);
+        !s.ok()) {
+      return s;
+    }
+  }
   std::vector<v1::JobState> states;
   for (int state : request.states()) {
     if (!v1::JobState_IsValid(state) || state == v1::JOB_STATE_UNSPECIFIED) {

@@ -213,5 +213,37 @@ TEST_F(CliEndToEndTest, LogsFollowResumesAcrossACoordinatorRestart) {
   }
 }
 
+// The polling watches (`top -w`, `get jobs -w`) ride out a coordinator restart as `watch` and
+// `logs -f` do: one notice, then the same view again once it is back (they exited 4 before).
+TEST_F(CliEndToEndTest, TopAndGetJobsWatchRideOutACoordinatorRestart) {
+  std::string spec = ReadFile(SourcePath("configs/jobs/tiny-cpu.yaml"));
+  spec.replace(spec.find("steps: 40"), 9, "steps: 1000");
+  CommandResult submitted = Cli({"submit", "-f", WriteFile("polled.yaml", spec), "--name", "polled"});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  const std::string id = Trimmed(submitted.out);
+  auto top = Process::Start(CliArgv({"top", id, "-w"}));
+  ASSERT_TRUE(top.ok()) << top.status();
+  auto listing = Process::Start(CliArgv({"get", "jobs", "-w"}));
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  for (int i = 0; i < 600 && !absl::StrContains((*top)->Output(), "STEP_TIME"); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_THAT((*top)->Output(), HasSubstr("STEP_TIME"));
+  // Down for longer than either's poll interval (2 s, 1 s), so that both see it gone.
+  RestartCoordinator(absl::Seconds(4));
+  absl::StatusOr<int> code = (*top)->Wait(absl::Seconds(300));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << (*top)->Output();
+  EXPECT_EQ(*code, 0) << (*top)->Output();
+  EXPECT_THAT((*top)->Output(), HasSubstr("top: lost the coordinator"));
+  EXPECT_THAT((*top)->Output(), HasSubstr("SUCCEEDED"));
+  for (int i = 0; i < 100 && !absl::StrContains((*listing)->Output(), "SUCCEEDED"); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE((*listing)->Running()) << (*listing)->Output();
+  EXPECT_THAT((*listing)->Output(), HasSubstr("get -w: lost the coordinator"));
+  EXPECT_THAT((*listing)->Output(), HasSubstr("SUCCEEDED"));
+  ASSERT_TRUE((*listing)->Signal(SIGTERM).ok());
+}
+
 }  // namespace
 }  // namespace dropless::testing

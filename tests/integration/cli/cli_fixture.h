@@ -74,10 +74,11 @@ class CliTest : public ::testing::Test {
         << "coordinator did not listen:\n" << coordinator_->Output();
   }
 
-  // kill -9, then a new coordinator on the same port and database.
-  void RestartCoordinator() {
+  // kill -9, then (after `down`) a new coordinator on the same port and database.
+  void RestartCoordinator(absl::Duration down = absl::ZeroDuration()) {
     ASSERT_TRUE(coordinator_->Signal(SIGKILL).ok());
     ASSERT_TRUE(coordinator_->Wait(absl::Seconds(10)).ok());
+    absl::SleepFor(down);
     StartCoordinator();
   }
 

@@ -245,6 +245,9 @@ TEST(CliNoServerTest, UsageErrorsExitTwo) {
            {"watch"},
            {"logs", "x", "--rank", "minus-one"},
            {"get", "jobs", "--timeout", "soon"},
+           {"get", "jobs", "-l", "a=b=c"},  // no job's label value can hold '='
+           {"get", "jobs", "-l", "-bad=x"},
+           {"cancel", ""},
            {"cancel", "--bogus", "x"}}) {
     std::vector<std::string> argv = {bin};
     argv.insert(argv.end(), args.begin(), args.end());

@@ -62,6 +62,12 @@ TEST(CoordinatorJobsApiTest, ListJobsFiltersByLabelsAndReadsPages) {
   (*request.mutable_labels())["tier"] = "gold";
   ASSERT_OK(List(*c, request, &response));
   EXPECT_THAT(Ids(response), ElementsAre("job-000001"));
+  // A selector no job's labels could satisfy is refused naming the label, not answered empty.
+  v1::ListJobsRequest impossible;
+  (*impossible.mutable_labels())["team"] = "a=b";
+  grpc::Status refused = List(*c, impossible, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("labels.team: value must"));
 
   // Pages of two of team a: the token carries on after the last job of the page.
   request.mutable_labels()->erase("tier");
