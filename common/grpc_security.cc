@@ -46,25 +46,42 @@ std::string OpensslError() {
 
 using X509Ptr = std::unique_ptr<X509, decltype(&X509_free)>;
 
-// Every certificate of a PEM text (at least one), each unexpired.
+// Refuses to prompt for a passphrase (OpenSSL's default asks on the terminal): gRPC takes the
+// key as PEM text and cannot use an encrypted one anyway.
+int NoPassphrase(char* /*buf*/, int /*size*/, int /*rwflag*/, void* /*userdata*/) { return -1; }
+
+// Every certificate of a PEM text: at least one, every block well-formed (a malformed block is
+// an error, not the end of the file). A CA bundle may hold expired certificates, which TLS
+// verification skips; a certificate chain's own (the first) must not have expired.
 absl::StatusOr<std::vector<X509Ptr>> ParseCertificates(const std::string& pem,
                                                        const std::string& path,
-                                                       const std::string& what) {
+                                                       const std::string& what,
+                                                       bool first_must_be_current) {
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())),
                                                 &BIO_free);
   std::vector<X509Ptr> certs;
-  while (X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
+  ERR_clear_error();
+  // _AUX also reads "TRUSTED CERTIFICATE" blocks, as CA bundles have them.
+  while (X509* cert = PEM_read_bio_X509_AUX(bio.get(), nullptr, NoPassphrase, nullptr)) {
     certs.emplace_back(cert, &X509_free);
   }
-  ERR_clear_error();  // the end of the text reads as an error
+  // Reading stops with "no start line" at the end of the text; any other reason is a bad block.
+  const unsigned long stop = ERR_peek_last_error();
+  const bool clean_end = stop == 0 || (ERR_GET_LIB(stop) == ERR_LIB_PEM &&
+                                       ERR_GET_REASON(stop) == PEM_R_NO_START_LINE);
+  if (!clean_end) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", path,
+                                                   ": a malformed PEM block after ", certs.size(),
+                                                   " certificate(s) (", OpensslError(), ")"));
+  }
+  ERR_clear_error();
   if (certs.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " ", path, ": holds no PEM certificate (is it a key, or DER?)"));
   }
-  for (const X509Ptr& cert : certs) {
-    if (X509_cmp_current_time(X509_get0_notAfter(cert.get())) < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " ", path, ": a certificate has expired"));
-    }
+  if (first_must_be_current &&
+      X509_cmp_current_time(X509_get0_notAfter(certs.front().get())) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", path, ": the certificate has expired"));
   }
   return certs;
 }
@@ -103,7 +120,10 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 absl::StatusOr<std::string> ReadPemCertificates(const std::string& path, const std::string& what) {
   absl::StatusOr<std::string> text = ReadText(path, what);
   if (!text.ok()) return text.status();
-  if (absl::Status s = ParseCertificates(*text, path, what).status(); !s.ok()) return s;
+  if (absl::Status s = ParseCertificates(*text, path, what, /*first_must_be_current=*/false).status();
+      !s.ok()) {
+    return s;
+  }
   return text;
 }
 
@@ -112,18 +132,22 @@ absl::StatusOr<PemKeyPair> ReadPemKeyPair(const std::string& cert_path, const st
   PemKeyPair pair;
   absl::StatusOr<std::string> cert_text = ReadText(cert_path, cert_what);
   if (!cert_text.ok()) return cert_text.status();
-  absl::StatusOr<std::vector<X509Ptr>> certs = ParseCertificates(*cert_text, cert_path, cert_what);
+  absl::StatusOr<std::vector<X509Ptr>> certs =
+      ParseCertificates(*cert_text, cert_path, cert_what, /*first_must_be_current=*/true);
   if (!certs.ok()) return certs.status();
   absl::StatusOr<std::string> key_text = ReadText(key_path, key_what);
   if (!key_text.ok()) return key_text.status();
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(
       BIO_new_mem_buf(key_text->data(), static_cast<int>(key_text->size())), &BIO_free);
   std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
-      PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr), &EVP_PKEY_free);
+      PEM_read_bio_PrivateKey(bio.get(), nullptr, NoPassphrase, nullptr), &EVP_PKEY_free);
   if (key == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(key_what, " ", key_path,
-                                                   ": holds no PEM private key (", OpensslError(),
-                                                   ")"));
+    const bool encrypted = absl::StrContains(*key_text, "ENCRYPTED");
+    return absl::InvalidArgumentError(
+        absl::StrCat(key_what, " ", key_path,
+                     encrypted ? ": is encrypted; give the key without a passphrase"
+                               : ": holds no PEM private key",
+                     " (", OpensslError(), ")"));
   }
   if (X509_check_private_key(certs->front().get(), key.get()) != 1) {
     ERR_clear_error();
@@ -131,6 +155,7 @@ absl::StatusOr<PemKeyPair> ReadPemKeyPair(const std::string& cert_path, const st
                                                    ": is not the key of ", cert_what, " ",
                                                    cert_path));
   }
+  ERR_clear_error();
   pair.cert_chain = *std::move(cert_text);
   pair.private_key = *std::move(key_text);
   return pair;

@@ -30,8 +30,9 @@ struct ChannelSecurity {
 
 // PEM files are parsed when read, so that a wrong file fails at start with an error naming `what`
 // and the path, rather than as a listener that cannot start or a handshake retried forever.
-// NotFound when the file cannot be read; InvalidArgument when it holds no certificate, a
-// certificate has expired, or (a pair) the key does not parse or is not the certificate's key.
+// NotFound when the file cannot be read; InvalidArgument when it holds no certificate or a
+// malformed PEM block, or (a pair) the certificate has expired, the key is encrypted, does not
+// parse or is not the certificate's key. A CA bundle may hold expired certificates (TLS skips them).
 absl::StatusOr<std::string> ReadPemCertificates(const std::string& path, const std::string& what);
 struct PemKeyPair {
   std::string cert_chain;   // PEM, the first certificate is the key's

@@ -78,4 +78,42 @@ std::string ToValidUtf8(absl::string_view text) {
   return out;
 }
 
+namespace {
+
+// Bytes of the control character at the start of `text` (valid UTF-8), 0 if it does not start
+// with one.
+size_t ControlCharacterBytes(absl::string_view text) {
+  const unsigned char c = static_cast<unsigned char>(text[0]);
+  if (c < 0x20 || c == 0x7f) return 1;
+  if (c == 0xc2 && text.size() > 1) {
+    const unsigned char next = static_cast<unsigned char>(text[1]);
+    if (next >= 0x80 && next <= 0x9f) return 2;  // U+0080-U+009F
+  }
+  return 0;
+}
+
+}  // namespace
+
+bool HasControlCharacters(absl::string_view utf8) {
+  for (size_t i = 0; i < utf8.size(); ++i) {
+    if (ControlCharacterBytes(utf8.substr(i)) > 0) return true;
+  }
+  return false;
+}
+
+std::string ReplaceControlCharacters(absl::string_view utf8) {
+  std::string out;
+  out.reserve(utf8.size());
+  for (size_t i = 0; i < utf8.size();) {
+    const size_t n = ControlCharacterBytes(utf8.substr(i));
+    if (n > 0) {
+      out.push_back('?');
+      i += n;
+    } else {
+      out.push_back(utf8[i++]);
+    }
+  }
+  return out;
+}
+
 }  // namespace dropless

@@ -25,6 +25,13 @@ std::string ToValidUtf8(absl::string_view text);
 
 bool IsValidUtf8(absl::string_view text);
 
+// Control characters of valid UTF-8 text: C0 (U+0000-U+001F: newline, tab, ESC), DEL (U+007F) and
+// C1 (U+0080-U+009F, e.g. U+009B, a terminal's CSI). Text that a user reads back in a log, an
+// event or a terminal must not hold them: a newline forges a line, an escape rewrites the screen.
+bool HasControlCharacters(absl::string_view utf8);
+// `utf8` with each control character replaced by '?'.
+std::string ReplaceControlCharacters(absl::string_view utf8);
+
 }  // namespace dropless
 
 #endif  // DROPLESS_COMMON_UTF8_H_

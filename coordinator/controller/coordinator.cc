@@ -347,12 +347,9 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std:
   if (absl::Status s = RequireId(id, "id"); !s.ok()) return s;
   // The reason is stored and printed by `dropless describe`/`watch`: a control character (a
   // newline, a terminal escape) would forge lines there.
-  for (char c : reason) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f) {
-      return absl::InvalidArgumentError(
-          "reason: must not contain control characters (newlines, tabs, escapes)");
-    }
+  if (HasControlCharacters(reason)) {
+    return absl::InvalidArgumentError(
+        "reason: must not contain control characters (newlines, tabs, escapes)");
   }
   absl::MutexLock lock(&mu_);
   ActiveJob* found = jobs_.Find(id);

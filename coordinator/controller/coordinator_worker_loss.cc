@@ -17,11 +17,11 @@
 namespace dropless::coordinator {
 namespace {
 
-// The ranks of `attempt` placed on `worker_id`, as "rank 1" or "ranks 1, 3".
+// The ranks of `attempt` placed on `worker_id` that had not ended, as "rank 1" or "ranks 1, 3".
 std::string RanksOn(const AttemptRecord& attempt, const std::string& worker_id) {
   std::vector<int32_t> ranks;
   for (const RankRecord& r : attempt.ranks) {
-    if (r.worker_id == worker_id) ranks.push_back(r.rank);
+    if (r.worker_id == worker_id && !RankEnded(r.state)) ranks.push_back(r.rank);
   }
   if (ranks.empty()) return std::string();
   return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
@@ -54,6 +54,7 @@ std::string Coordinator::GonePeersLocked(const ActiveJob& job, const WorkerEntry
     const WorkerEntry* peer = workers_.Find(r.worker_id);
     if (peer == nullptr) continue;
     const std::string ranks = RanksOn(*job.attempt, peer->info.id());
+    if (ranks.empty()) continue;  // its ranks had ended before it went away
     if (!peer->leaving.empty()) {
       causes.push_back(absl::StrFormat("the worker of node %s (%s) was shutting down (%s)",
                                        peer->info.node(), ranks, peer->leaving));
@@ -66,7 +67,9 @@ std::string Coordinator::GonePeersLocked(const ActiveJob& job, const WorkerEntry
 }
 
 void Coordinator::HandleGoodbyeLocked(WorkerEntry& worker, const v1::Goodbye& goodbye) {
-  std::string reason = TruncateUtf8(ToValidUtf8(goodbye.reason()), 256);
+  if (!worker.leaving.empty()) return;  // said already: one event per attempt
+  // The reason goes into events, failure messages and the log: no control characters.
+  std::string reason = ReplaceControlCharacters(TruncateUtf8(ToValidUtf8(goodbye.reason()), 256));
   if (reason.empty()) reason = "no reason given";
   worker.leaving = reason;
   LogInfo(absl::StrFormat("%s (node %s) is shutting down: %s", worker.info.id(),

@@ -359,8 +359,12 @@ bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
                                    const WorkerReceipt* receipt) {
   // A worker may only report the output of ranks placed on it: a line naming another worker's
   // rank, or a job or attempt that does not exist, is dropped (one warning per batch). The
-  // placement of an attempt that ended is read from the store: a cancelled rank's last lines
-  // arrive after its attempt ended.
+  // placement of an attempt that ended is read from the store (a cancelled rank's last lines
+  // arrive after its attempt ended), at most kMaxStoreLookups times a batch: this runs under the
+  // coordinator's lock.
+  constexpr int kMaxStoreLookups = 8;
+  int lookups = 0;
+  bool store_failed = false;
   std::map<std::pair<std::string, int32_t>, std::set<int32_t>> ranks_here;  // (job, attempt)
   auto placed_here = [&](const v1::LogLine& line) -> bool {
     const std::pair<std::string, int32_t> key{line.job_id(), line.attempt()};
@@ -374,9 +378,14 @@ bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
       };
       if (ActiveJob* job = jobs_.FindActiveAttempt(key.first, key.second); job != nullptr) {
         collect(*job->attempt);
-      } else if (!key.first.empty() && key.second > 0) {
+      } else if (!key.first.empty() && key.second > 0 && lookups < kMaxStoreLookups) {
+        ++lookups;
         absl::StatusOr<AttemptRecord> ended = store_->GetAttempt(key.first, key.second);
-        if (ended.ok()) collect(*ended);
+        if (ended.ok()) {
+          collect(*ended);
+        } else if (!absl::IsNotFound(ended.status())) {
+          store_failed = true;
+        }
       }
       it = ranks_here.emplace(key, std::move(ranks)).first;
     }
@@ -385,7 +394,8 @@ bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
   std::vector<v1::LogLine> lines;
   int dropped = 0;
   for (const v1::LogLine& in : batch.lines()) {
-    if (lines.size() >= options_.max_log_lines_per_batch) break;
+    // The cap counts every line looked at, kept or dropped.
+    if (lines.size() + static_cast<size_t>(dropped) >= options_.max_log_lines_per_batch) break;
     if (!placed_here(in)) {
       ++dropped;
       continue;
@@ -395,6 +405,10 @@ bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
       line.set_text(TruncateUtf8(line.text(), options_.max_log_line_bytes));
     }
     if (line.time_ms() == 0) line.set_time_ms(NowMs());
+  }
+  if (store_failed) {
+    LogError("reading an attempt's placement failed; the log batch is not acknowledged");
+    return false;  // the worker sends it again
   }
   if (dropped > 0) {
     LogWarning(absl::StrFormat(

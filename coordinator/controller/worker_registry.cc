@@ -93,30 +93,34 @@ absl::Status WorkerRegistry::CheckRegistration(const v1::RegisterWorkerRequest& 
   return absl::OkStatus();
 }
 
-namespace {
-
-// AlreadyExists when a daemon run other than `boot_id` holds a live session as `worker`'s node
-// (a session that went silent is closed when its lease expires, and the node is free again).
-absl::Status CheckNodeIsFree(const WorkerEntry& worker, const std::string& boot_id,
-                             const std::shared_ptr<WorkerSession>& session) {
-  if (worker.session == nullptr || worker.session == session || worker.boot_id == boot_id) {
+absl::Status WorkerRegistry::CheckNodeIsFree(const WorkerEntry& worker, const std::string& boot_id,
+                                             const std::shared_ptr<WorkerSession>& session,
+                                             int64_t now_ms) const {
+  // The run that said hello last (worker.boot_id) holds the node until its lease runs out, also
+  // while it reconnects or while a restarted coordinator waits for it; a run that said Goodbye
+  // gives it up when its session ends. Workers that predate boot ids ("") never hold it.
+  const bool same_run = boot_id == worker.boot_id || worker.boot_id.empty();
+  const bool gone = worker.lease_expired ||
+                    (worker.session == nullptr && !worker.leaving.empty()) ||
+                    (worker.session == nullptr && now_ms - worker.last_message_ms > lease_timeout_ms_);
+  if (same_run || gone || (session != nullptr && worker.session == session)) {
     return absl::OkStatus();
   }
   return absl::AlreadyExistsError(absl::StrCat(
       "node \"", worker.info.node(), "\" is held by another running worker daemon (", worker.info.id(),
       ", address ", worker.info.address(),
-      "); give each daemon its own --node, or stop the other one (the node is free again once its "
-      "session ends or its lease expires)"));
+      "); give each daemon its own --node, or stop the other one (the node is free again once it "
+      "stops or its lease of ", lease_timeout_ms_, " ms runs out)"));
 }
-
-}  // namespace
 
 absl::StatusOr<const v1::Worker*> WorkerRegistry::Register(
     const v1::RegisterWorkerRequest& request, int64_t now_ms, StoreWrite& write, bool* fresh) {
   auto known = worker_by_node_.find(request.node());
   *fresh = known == worker_by_node_.end();
-  if (!*fresh) {
-    if (absl::Status s = CheckNodeIsFree(workers_.at(known->second), request.boot_id(), nullptr);
+  // A worker that predates boot ids registers without one: only its Hello is checked.
+  if (!*fresh && !request.boot_id().empty()) {
+    if (absl::Status s =
+            CheckNodeIsFree(workers_.at(known->second), request.boot_id(), nullptr, now_ms);
         !s.ok()) {
       return s;
     }
@@ -137,6 +141,7 @@ absl::StatusOr<const v1::Worker*> WorkerRegistry::Register(
   *info.mutable_devices() = request.devices();
   info.set_slots(request.devices_size());
   worker.last_message_ms = now_ms;
+  worker.registered_boot_id = request.boot_id();
   write.workers.push_back(info);
   AddEvent(write, "", 0, *fresh ? "WorkerRegistered" : "WorkerReregistered",
            absl::StrFormat("%s: node %s, %d %s slots, version %s", id, request.node(),
@@ -178,7 +183,17 @@ absl::StatusOr<WorkerEntry*> WorkerRegistry::Hello(const std::shared_ptr<WorkerS
                      "\" but the client certificate is node \"", session->certified_node(),
                      "\": a worker may only report as itself"));
   }
-  if (absl::Status s = CheckNodeIsFree(worker, hello.boot_id(), session); !s.ok()) return s;
+  if (!worker.registered_boot_id.empty()) {
+    // The node's address and slots are those of the last registration, which found the node
+    // free for its run: only that run may say hello.
+    if (hello.boot_id() != worker.registered_boot_id) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "node \"", worker.info.node(), "\" was registered since by another worker daemon run; "
+          "register again"));
+    }
+  } else if (absl::Status s = CheckNodeIsFree(worker, hello.boot_id(), session, now_ms); !s.ok()) {
+    return s;  // a registration without a boot id (an older worker, or a test's)
+  }
   if (worker.session != nullptr && worker.session != session) worker.session->Close();
   if (hello.boot_id() != worker.boot_id) {  // a new numbering: seq starts from 1 again
     worker.boot_id = hello.boot_id();
@@ -269,7 +284,11 @@ bool WorkerRegistry::TakeStrayCancelTurn(const std::string& worker_id, const std
 std::vector<NodeCapacity> WorkerRegistry::Capacity() const {
   std::vector<NodeCapacity> nodes;
   for (const auto& [id, worker] : workers_) {
-    if (worker.info.state() != v1::WORKER_STATE_READY || worker.session == nullptr) continue;
+    // A worker whose daemon said Goodbye is stopping its ranks: nothing new goes there.
+    if (worker.info.state() != v1::WORKER_STATE_READY || worker.session == nullptr ||
+        !worker.leaving.empty()) {
+      continue;
+    }
     NodeCapacity node{id, worker.info.node(), worker.info.slot_kind(), worker.info.slots(), {}};
     for (int32_t slot = 0; slot < worker.info.slots(); ++slot) {
       if (worker.occupied.count(slot) == 0) node.free_slots.push_back(slot);

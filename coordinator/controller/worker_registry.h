@@ -45,6 +45,9 @@ struct WorkerEntry {
   // its Goodbye (the daemon is shutting down). A peer rank's failure names them as the cause.
   int64_t disconnected_ms = 0;
   std::string leaving;
+  // RegisterWorkerRequest.boot_id of its last registration ("" from a worker that predates it):
+  // the run whose address and slots the entry holds, the only one that may say hello next.
+  std::string registered_boot_id;
 };
 
 class WorkerRegistry {
@@ -129,6 +132,11 @@ class WorkerRegistry {
     std::string worker_id;  // empty until Hello
     int64_t opened_ms = 0;
   };
+
+  // AlreadyExists when a daemon run other than `boot_id` (arriving on `session`, null for a
+  // registration) holds the node of `worker`.
+  absl::Status CheckNodeIsFree(const WorkerEntry& worker, const std::string& boot_id,
+                               const std::shared_ptr<WorkerSession>& session, int64_t now_ms) const;
 
   const int64_t lease_timeout_ms_;
   std::map<std::string, WorkerEntry> workers_;

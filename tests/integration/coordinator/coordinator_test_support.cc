@@ -170,7 +170,8 @@ FakeWorker::FakeWorker(std::shared_ptr<grpc::Channel> channel, std::string node,
 
 FakeWorker::~FakeWorker() { Disconnect(); }
 
-absl::Status FakeWorker::Register() {
+absl::Status FakeWorker::Register(std::optional<std::string> boot_id) {
+  if (boot_id.has_value()) boot_id_ = *boot_id;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::RegisterWorkerRequest request;

@@ -127,8 +127,9 @@ class FakeWorker {
              std::string slot_kind = "cpu");
   ~FakeWorker();
 
-  // Registers as the daemon run of the last Connect (its boot_id; "" before the first).
-  absl::Status Register();
+  // Registers as the daemon run of the last Connect (its boot_id; "" before the first), or as
+  // the run `boot_id` (which the next Connect should then use).
+  absl::Status Register(std::optional<std::string> boot_id = std::nullopt);
   // Opens the session and says Hello with the ranks it still runs (and boot_id: a new one is a
   // restarted daemon); heartbeats start.
   // also_list: more RankStatus entries for the Hello (the daemon lists ranks that ended while it

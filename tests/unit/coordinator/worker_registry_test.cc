@@ -95,15 +95,58 @@ TEST(WorkerRegistryTest, RestoredReceiptsMakeTheSameBootsResendsHandled) {
   EXPECT_TRUE(WorkerRegistry::Handled(*worker, 41));
   EXPECT_FALSE(WorkerRegistry::Handled(*worker, 42));
 
-  // A restarted daemon (once the old run's session ended) numbers from 1 again: nothing of it is
-  // handled yet.
+  // Its session ends: the run keeps the node through its lease (it may reconnect) ...
   EXPECT_EQ(registry.ForgetSession(session), "worker-0003");
   EXPECT_EQ(registry.Disconnect("worker-0003", session), worker);
   auto next = Session("n3");
   registry.OpenSession(next, 300);
   hello.set_boot_id("boot-b");
-  ASSERT_TRUE(registry.Hello(next, hello, 300, write).ok());
+  EXPECT_EQ(registry.Hello(next, hello, 300, write).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  // ... then a restarted daemon (a new run) numbers from 1 again: nothing of it is handled yet.
+  ASSERT_TRUE(registry.Hello(next, hello, 200 + kLeaseMs + 1, write).ok());
   EXPECT_FALSE(WorkerRegistry::Handled(*worker, 1));
+}
+
+// Only the run that registered last may say hello: the entry holds its address and slots. A run
+// that said Goodbye frees the node when its session ends, and gets no new work meanwhile.
+TEST(WorkerRegistryTest, TheLastRegisteredRunSaysHelloAndALeavingRunIsNotScheduled) {
+  WorkerRegistry registry(kLeaseMs);
+  StoreWrite write;
+  bool fresh = false;
+  v1::RegisterWorkerRequest a = Request("n", 2);
+  a.set_boot_id("run-a");
+  const std::string id = (*registry.Register(a, 0, write, &fresh))->id();
+  auto session_a = Session();
+  registry.OpenSession(session_a, 0);
+  ASSERT_TRUE(registry.Hello(session_a, HelloAs(id, "run-a"), 0, write).ok());
+  EXPECT_EQ(registry.Capacity().size(), 1u);
+  WorkerEntry* worker = registry.Find(id);
+  worker->leaving = "the worker daemon got Terminated";
+  EXPECT_TRUE(registry.Capacity().empty());  // stopping its ranks: nothing new goes there
+
+  v1::RegisterWorkerRequest b = Request("n", 5);
+  b.set_boot_id("run-b");
+  EXPECT_EQ(registry.Register(b, 10, write, &fresh).status().code(),
+            absl::StatusCode::kAlreadyExists);  // run-a still has its session
+  EXPECT_EQ(registry.ForgetSession(session_a), id);
+  EXPECT_EQ(registry.Disconnect(id, session_a), worker);
+  ASSERT_TRUE(registry.Register(b, 20, write, &fresh).ok());  // said Goodbye, session over: free
+  EXPECT_EQ(worker->info.slots(), 5);
+  // run-a comes back and registers again (the node is free: nobody said hello since) ...
+  ASSERT_TRUE(registry.Register(a, 30, write, &fresh).ok());
+  EXPECT_EQ(worker->info.slots(), 2);
+  // ... so run-b, whose registration it replaced, may not say hello with run-a's slots.
+  auto session_b = Session();
+  registry.OpenSession(session_b, 40);
+  absl::StatusOr<WorkerEntry*> refused = registry.Hello(session_b, HelloAs(id, "run-b"), 40, write);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(refused.status().message(), HasSubstr("register again"));
+  auto session_a2 = Session();
+  registry.OpenSession(session_a2, 50);
+  ASSERT_TRUE(registry.Hello(session_a2, HelloAs(id, "run-a"), 50, write).ok());
+  EXPECT_TRUE(worker->leaving.empty());  // a new session of the run: it is back
+  EXPECT_EQ(registry.Capacity().size(), 1u);
 }
 
 TEST(WorkerRegistryTest, HelloBindsTheSessionOfTheCertifiedNodeOnly) {
