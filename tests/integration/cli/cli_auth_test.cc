@@ -141,6 +141,17 @@ TEST(TlsFilesTest, MismatchedOrWrongPemFilesFailAtStartNamingTheFile) {
   EXPECT_THAT(ca_is_a_key.err, HasSubstr("worker_ca " + certs + "/ca.key: holds no PEM certificate"))
       << ca_is_a_key.err;
 
+  // An encrypted key is refused by name (OpenSSL would otherwise prompt for its passphrase on
+  // the terminal, and gRPC could not use it anyway).
+  CommandResult encrypt = RunCommand({"openssl", "pkey", "-in", certs + "/coordinator.key",
+                                      "-aes256", "-passout", "pass:secret", "-out",
+                                      certs + "/encrypted.key"});
+  ASSERT_EQ(encrypt.exit_code, 0) << encrypt.err;
+  CommandResult encrypted = coordinator_with("/encrypted.key", "/ca.pem");
+  EXPECT_NE(encrypted.exit_code, 0);
+  EXPECT_THAT(encrypted.err, HasSubstr("tls_key " + certs + "/encrypted.key: is encrypted"))
+      << encrypted.err;
+
   CommandResult cli = RunCommand({BinaryPath("dropless"), "--coordinator", "localhost:7070",
                                   "--tls-ca", certs + "/ca.key", "get", "jobs"},
                                  absl::Seconds(30));
