@@ -122,6 +122,13 @@ void RankManager::HandleAssignment(const v1::Assignment& assignment) {
     }
   };
   if (assignment.job_id().empty()) return reject_all("assignment: job_id is empty");
+  std::string stopping;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping = stop_reason_;
+  }
+  // One that arrived while the daemon stops (sent before the coordinator had its Goodbye).
+  if (!stopping.empty()) return reject_all(absl::StrCat("not started: ", stopping));
   if (assignment.attempt() < 1) {
     return reject_all(absl::StrCat("assignment: attempt must be >= 1 (got ", assignment.attempt(), ")"));
   }
@@ -440,6 +447,7 @@ std::vector<pid_t> RankManager::LivePids() const {
 bool RankManager::StopAllAndWait(absl::Duration timeout, absl::string_view why) {
   {
     absl::MutexLock lock(&mu_);
+    stop_reason_ = std::string(why);
     for (auto& [id, entry] : ranks_) {
       entry.cancelled = true;
       entry.stop_reason = std::string(why);

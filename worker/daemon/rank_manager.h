@@ -64,7 +64,8 @@ class RankManager {
   std::vector<pid_t> LivePids() const;
 
   // Stops every rank (SIGTERM, SIGKILL after the grace period) and waits up to `timeout`. Their
-  // final statuses (KILLED) say "stopped: <why>".
+  // final statuses (KILLED) say "stopped: <why>"; assignments that arrive from now on are
+  // answered FAILED "not started: <why>".
   bool StopAllAndWait(absl::Duration timeout, absl::string_view why = "the worker daemon stops");
 
  private:
@@ -100,6 +101,7 @@ class RankManager {
   mutable absl::Mutex mu_;
   std::map<RankSupervisor::ChildId, RankEntry> ranks_ ABSL_GUARDED_BY(mu_);
   RankSupervisor::ChildId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::string stop_reason_ ABSL_GUARDED_BY(mu_);  // set by StopAllAndWait: no new ranks
 
   // Last member: destroyed first, so its callbacks never see a half-destroyed manager.
   std::unique_ptr<RankSupervisor> supervisor_;

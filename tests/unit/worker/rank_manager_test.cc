@@ -285,6 +285,29 @@ TEST_F(RankManagerTest, DuplicateAssignmentIsIgnoredAndLiveRanksAreListed) {
   EXPECT_TRUE(manager_->LiveRanks().empty());
 }
 
+// A daemon that stops: its ranks end KILLED "stopped: <why>" (not "on cancel"), and an
+// assignment that arrives meanwhile starts nothing and fails "not started: <why>".
+TEST_F(RankManagerTest, StoppingKillsRanksWithTheReasonAndStartsNoMore) {
+  manager_->HandleAssignment(Assignment("hang", {{0, 0}}, 1));
+  ASSERT_TRUE(WaitRunning(1, absl::Seconds(10)));
+  EXPECT_TRUE(manager_->StopAllAndWait(absl::Seconds(5), "the worker daemon got Terminated"));
+  manager_->HandleAssignment(Assignment("late", {{0, 1}}, 1));
+  EXPECT_TRUE(manager_->LiveRanks().empty());
+  std::vector<v1::WorkerMessage> msgs = CollectUntilEnded(2, absl::Seconds(5));
+  std::vector<std::string> ends;
+  for (const v1::WorkerMessage& m : msgs) {
+    if (!m.has_rank_status()) continue;
+    const v1::RankStatus& st = m.rank_status();
+    if (st.state() == v1::RANK_STATE_KILLED || st.state() == v1::RANK_STATE_FAILED) {
+      ends.push_back(absl::StrCat(st.job_id(), " ", v1::RankState_Name(st.state()), " ", st.message()));
+    }
+  }
+  ASSERT_EQ(ends.size(), 2u) << ::testing::PrintToString(ends);
+  EXPECT_EQ(ends[0].rfind("hang RANK_STATE_KILLED stopped: the worker daemon got Terminated (", 0), 0u)
+      << ends[0];
+  EXPECT_EQ(ends[1], "late RANK_STATE_FAILED not started: the worker daemon got Terminated");
+}
+
 TEST_F(RankManagerTest, BadAssignmentsFailWithoutStartingAnything) {
   manager_->HandleAssignment(Assignment("ok", {{0, 5}, {3, 0}}, 2));  // slot 5 of 2; rank 3 of 2
   std::vector<v1::WorkerMessage> msgs = CollectUntilEnded(2, absl::Seconds(5));
