@@ -194,7 +194,7 @@ absl::Status CoordinatorSession::Run() {
         LogWarning(line);
       }
     }
-    last_failed = !registered;
+    last_failed = !registered || absl::IsAlreadyExists(status);
     if (!SleepUnlessShutdown(Jittered(backoff))) return absl::OkStatus();
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
@@ -246,9 +246,13 @@ absl::Status CoordinatorSession::RunSession() {
     LogInfo(absl::StrCat("session open (", hello.hello().ranks_size(), " live rank(s) reported)"));
 
     std::atomic<bool> stop{false};
+    std::atomic<bool> writer_done{false};
     std::thread writer([&] {
-      if (!WriteLoop(stream.get(), &stop)) write_failed = true;
-      context.TryCancel();  // a failed write ends the session: unblock the reader
+      if (!WriteLoop(stream.get(), &stop)) {
+        write_failed = true;
+        context.TryCancel();  // a failed write ends the session: unblock the reader
+      }
+      writer_done = true;
     });
     v1::CoordinatorMessage message;
     while (stream->Read(&message)) {
@@ -260,13 +264,16 @@ absl::Status CoordinatorSession::RunSession() {
         ranks_->HandleCancellation(message.cancellation());
       }
     }
+    // The stream ended: the writer sees `stop` within a tick (a write to an ended stream fails
+    // at once). Cancelling only if it does not, so that Finish reads the coordinator's status
+    // (e.g. why it refused the Hello) rather than CANCELLED.
     stop = true;
-    context.TryCancel();
+    for (int i = 0; i < 100 && !writer_done; ++i) absl::SleepFor(absl::Milliseconds(10));
+    if (!writer_done) context.TryCancel();
     writer.join();
   } else {
     context.TryCancel();
   }
-  // After TryCancel the status mostly reads CANCELLED; the reason is what ended the session.
   grpc::Status status = stream->Finish();
   {
     absl::MutexLock lock(&mu_);
@@ -276,7 +283,11 @@ absl::Status CoordinatorSession::RunSession() {
   const char* why = !opened        ? "could not send Hello"
                     : write_failed ? "a write to the coordinator failed"
                                    : "the coordinator closed the stream or the connection dropped";
-  return absl::UnavailableError(absl::StrCat("Session: ", why, " (", status.error_message(), ")"));
+  // A Hello refused because another daemon run holds the node keeps its code (Run logs it once).
+  const absl::StatusCode code = status.error_code() == grpc::StatusCode::ALREADY_EXISTS
+                                    ? absl::StatusCode::kAlreadyExists
+                                    : absl::StatusCode::kUnavailable;
+  return absl::Status(code, absl::StrCat("Session: ", why, " (", status.error_message(), ")"));
 }
 
 bool CoordinatorSession::WriteLoop(
