@@ -154,9 +154,9 @@ absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args) {
     return absl::InvalidArgumentError("--coordinator must not be empty");
   }
   const bool from_env = !args.Has("coordinator") && env != nullptr && *env != '\0';
-  if (absl::Status s =
-          ParseHostPort(from_env ? "$DROPLESS_COORDINATOR" : "--coordinator", options.coordinator, 1)
-              .status();
+  if (absl::Status s = ParseHostPort(from_env ? "$DROPLESS_COORDINATOR" : "--coordinator",
+                                     options.coordinator, 1)
+                           .status();
       !s.ok()) {
     return s;
   }

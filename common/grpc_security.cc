@@ -28,7 +28,8 @@ std::string Env(const char* name) {
 absl::StatusOr<std::string> ReadText(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot open (", strerror(errno), ")"));
+    return absl::NotFoundError(
+        absl::StrCat(what, " ", path, ": cannot open (", strerror(errno), ")"));
   }
   std::ostringstream text;
   text << in.rdbuf();
@@ -57,8 +58,8 @@ absl::StatusOr<std::vector<X509Ptr>> ParseCertificates(const std::string& pem,
                                                        const std::string& path,
                                                        const std::string& what,
                                                        bool first_must_be_current) {
-  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())),
-                                                &BIO_free);
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
   std::vector<X509Ptr> certs;
   ERR_clear_error();
   // _AUX also reads "TRUSTED CERTIFICATE" blocks, as CA bundles have them.
@@ -79,9 +80,9 @@ absl::StatusOr<std::vector<X509Ptr>> ParseCertificates(const std::string& pem,
     return absl::InvalidArgumentError(
         absl::StrCat(what, " ", path, ": holds no PEM certificate (is it a key, or DER?)"));
   }
-  if (first_must_be_current &&
-      X509_cmp_current_time(X509_get0_notAfter(certs.front().get())) < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", path, ": the certificate has expired"));
+  if (first_must_be_current && X509_cmp_current_time(X509_get0_notAfter(certs.front().get())) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", path, ": the certificate has expired"));
   }
   return certs;
 }
@@ -120,15 +121,17 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 absl::StatusOr<std::string> ReadPemCertificates(const std::string& path, const std::string& what) {
   absl::StatusOr<std::string> text = ReadText(path, what);
   if (!text.ok()) return text.status();
-  if (absl::Status s = ParseCertificates(*text, path, what, /*first_must_be_current=*/false).status();
+  if (absl::Status s =
+          ParseCertificates(*text, path, what, /*first_must_be_current=*/false).status();
       !s.ok()) {
     return s;
   }
   return text;
 }
 
-absl::StatusOr<PemKeyPair> ReadPemKeyPair(const std::string& cert_path, const std::string& cert_what,
-                                          const std::string& key_path, const std::string& key_what) {
+absl::StatusOr<PemKeyPair> ReadPemKeyPair(const std::string& cert_path,
+                                          const std::string& cert_what, const std::string& key_path,
+                                          const std::string& key_what) {
   PemKeyPair pair;
   absl::StatusOr<std::string> cert_text = ReadText(cert_path, cert_what);
   if (!cert_text.ok()) return cert_text.status();
@@ -151,9 +154,8 @@ absl::StatusOr<PemKeyPair> ReadPemKeyPair(const std::string& cert_path, const st
   }
   if (X509_check_private_key(certs->front().get(), key.get()) != 1) {
     ERR_clear_error();
-    return absl::InvalidArgumentError(absl::StrCat(key_what, " ", key_path,
-                                                   ": is not the key of ", cert_what, " ",
-                                                   cert_path));
+    return absl::InvalidArgumentError(
+        absl::StrCat(key_what, " ", key_path, ": is not the key of ", cert_what, " ", cert_path));
   }
   ERR_clear_error();
   pair.cert_chain = *std::move(cert_text);

@@ -32,14 +32,16 @@ struct ChannelSecurity {
 // and the path, rather than as a listener that cannot start or a handshake retried forever.
 // NotFound when the file cannot be read; InvalidArgument when it holds no certificate or a
 // malformed PEM block, or (a pair) the certificate has expired, the key is encrypted, does not
-// parse or is not the certificate's key. A CA bundle may hold expired certificates (TLS skips them).
+// parse or is not the certificate's key. A CA bundle may hold expired certificates (TLS skips
+// them).
 absl::StatusOr<std::string> ReadPemCertificates(const std::string& path, const std::string& what);
 struct PemKeyPair {
   std::string cert_chain;   // PEM, the first certificate is the key's
   std::string private_key;  // PEM
 };
-absl::StatusOr<PemKeyPair> ReadPemKeyPair(const std::string& cert_path, const std::string& cert_what,
-                                          const std::string& key_path, const std::string& key_what);
+absl::StatusOr<PemKeyPair> ReadPemKeyPair(const std::string& cert_path,
+                                          const std::string& cert_what, const std::string& key_path,
+                                          const std::string& key_what);
 
 // Channel credentials for `security`; errors name the file that could not be used. A cert
 // without a key (or the reverse) is an error.

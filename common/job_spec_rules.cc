@@ -243,8 +243,9 @@ namespace dropless {
 
 absl::Status CheckLabel(absl::string_view path, absl::string_view key, absl::string_view value) {
   if (!internal::IsLabelKey(key)) {
-    return internal::Fail(path, "key must be [prefix/]name: a name of up to 63 of [A-Za-z0-9._-], "
-                                "alphanumeric at both ends");
+    return internal::Fail(path,
+                          "key must be [prefix/]name: a name of up to 63 of [A-Za-z0-9._-], "
+                          "alphanumeric at both ends");
   }
   if (!internal::IsLabelName(value, true)) {
     return internal::Fail(path, absl::StrCat("value must be empty or up to 63 of [A-Za-z0-9._-], "

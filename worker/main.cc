@@ -40,7 +40,8 @@ ABSL_FLAG(std::string, config, "", "worker YAML config (e.g. configs/worker.yaml
 ABSL_FLAG(std::string, advertise_address, "",
           "host peers and Prometheus reach this node at (default 127.0.0.1 when the coordinator "
           "is on loopback, else the hostname)");
-ABSL_FLAG(std::optional<int>, metrics_port, std::nullopt, "port of /metrics (default 9100; 0 disables)");
+ABSL_FLAG(std::optional<int>, metrics_port, std::nullopt,
+          "port of /metrics (default 9100; 0 disables)");
 ABSL_FLAG(std::string, metrics_address, "", "bind address of /metrics (default 0.0.0.0)");
 ABSL_FLAG(std::optional<int>, cpu_slots, std::nullopt,
           "offer N CPU slots, 1..4096 (default: one per CPU when no GPU is used)");

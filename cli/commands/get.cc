@@ -78,13 +78,14 @@ void PrintJobTable(const std::vector<const v1::Job*>& jobs) {
 int WatchJobs(const Invocation& inv, Client& client, const v1::ListJobsRequest& request) {
   std::map<std::string, std::string> shown;  // job id -> what its last printed line showed
   std::unique_ptr<Table> first;              // the first listing sets the columns
-  Reconnection reconnection("get -w");  // rides out a coordinator restart, as `watch` does
+  Reconnection reconnection("get -w");       // rides out a coordinator restart, as `watch` does
   bool listed = false;
   while (true) {
     v1::ListJobsResponse response;
     grpc::Status status = ListAllJobs(client, request, &response);
     if (!status.ok()) {
-      if (listed && status.error_code() == grpc::UNAVAILABLE && reconnection.Retry(status)) continue;
+      if (listed && status.error_code() == grpc::UNAVAILABLE && reconnection.Retry(status))
+        continue;
       return client.Fail(status);
     }
     listed = true;

@@ -11,9 +11,9 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <iostream>
 #include <iterator>
+#include <random>
 #include <sstream>
 
 #include "absl/strings/numbers.h"

@@ -99,7 +99,8 @@ int RunTop(const Invocation& inv) {
     v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
     grpc::Status status = Show(inv, client, pos[0], &state);
     if (!status.ok()) {
-      if (watch && shown && status.error_code() == grpc::UNAVAILABLE && reconnection.Retry(status)) {
+      if (watch && shown && status.error_code() == grpc::UNAVAILABLE &&
+          reconnection.Retry(status)) {
         continue;
       }
       return client.Fail(status);

@@ -72,8 +72,8 @@ void Coordinator::HandleGoodbyeLocked(WorkerEntry& worker, const v1::Goodbye& go
   std::string reason = ReplaceControlCharacters(TruncateUtf8(ToValidUtf8(goodbye.reason()), 256));
   if (reason.empty()) reason = "no reason given";
   worker.leaving = reason;
-  LogInfo(absl::StrFormat("%s (node %s) is shutting down: %s", worker.info.id(),
-                          worker.info.node(), reason));
+  LogInfo(absl::StrFormat("%s (node %s) is shutting down: %s", worker.info.id(), worker.info.node(),
+                          reason));
   StoreWrite write;
   NoteWorkerGoneLocked(worker, "WorkerLeaving",
                        absl::StrCat("is shutting down (", reason, "); its ranks are being stopped"),

@@ -9,8 +9,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/utf8.h"
 #include "common/log.h"
+#include "common/utf8.h"
 #include "coordinator/controller/coordinator.h"
 #include "coordinator/util/clock.h"
 #include "google/protobuf/util/time_util.h"
@@ -280,10 +280,11 @@ void Coordinator::CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatu
   if (!workers_.TakeStrayCancelTurn(worker.info.id(), status.job_id(), status.attempt(), NowMs())) {
     return;
   }
-  LogInfo(absl::StrFormat("%s runs rank %d of %s attempt %d, which is not active here: "
-                          "cancelling it",
-                          worker.info.id(), status.rank(),
-                          absl::CHexEscape(TruncateUtf8(status.job_id(), 64)), status.attempt()));
+  LogInfo(
+      absl::StrFormat("%s runs rank %d of %s attempt %d, which is not active here: "
+                      "cancelling it",
+                      worker.info.id(), status.rank(),
+                      absl::CHexEscape(TruncateUtf8(status.job_id(), 64)), status.attempt()));
   if (worker.session != nullptr) {
     v1::CoordinatorMessage message;
     v1::Cancellation* c = message.mutable_cancellation();

@@ -100,21 +100,23 @@ absl::Status WorkerRegistry::CheckNodeIsFree(const WorkerEntry& worker, const st
   // while it reconnects or while a restarted coordinator waits for it; a run that said Goodbye
   // gives it up when its session ends. Workers that predate boot ids ("") never hold it.
   const bool same_run = boot_id == worker.boot_id || worker.boot_id.empty();
-  const bool gone = worker.lease_expired ||
-                    (worker.session == nullptr && !worker.leaving.empty()) ||
-                    (worker.session == nullptr && now_ms - worker.last_message_ms > lease_timeout_ms_);
+  const bool gone =
+      worker.lease_expired || (worker.session == nullptr && !worker.leaving.empty()) ||
+      (worker.session == nullptr && now_ms - worker.last_message_ms > lease_timeout_ms_);
   if (same_run || gone || (session != nullptr && worker.session == session)) {
     return absl::OkStatus();
   }
   return absl::AlreadyExistsError(absl::StrCat(
-      "node \"", worker.info.node(), "\" is held by another running worker daemon (", worker.info.id(),
-      ", address ", worker.info.address(),
+      "node \"", worker.info.node(), "\" is held by another running worker daemon (",
+      worker.info.id(), ", address ", worker.info.address(),
       "); give each daemon its own --node, or stop the other one (the node is free again once it "
-      "stops or its lease of ", lease_timeout_ms_, " ms runs out)"));
+      "stops or its lease of ",
+      lease_timeout_ms_, " ms runs out)"));
 }
 
-absl::StatusOr<const v1::Worker*> WorkerRegistry::Register(
-    const v1::RegisterWorkerRequest& request, int64_t now_ms, StoreWrite& write, bool* fresh) {
+absl::StatusOr<const v1::Worker*> WorkerRegistry::Register(const v1::RegisterWorkerRequest& request,
+                                                           int64_t now_ms, StoreWrite& write,
+                                                           bool* fresh) {
   auto known = worker_by_node_.find(request.node());
   *fresh = known == worker_by_node_.end();
   // A worker that predates boot ids registers without one: only its Hello is checked.
@@ -187,9 +189,10 @@ absl::StatusOr<WorkerEntry*> WorkerRegistry::Hello(const std::shared_ptr<WorkerS
     // The node's address and slots are those of the last registration, which found the node
     // free for its run: only that run may say hello.
     if (hello.boot_id() != worker.registered_boot_id) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "node \"", worker.info.node(), "\" was registered since by another worker daemon run; "
-          "register again"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("node \"", worker.info.node(),
+                       "\" was registered since by another worker daemon run; "
+                       "register again"));
     }
   } else if (absl::Status s = CheckNodeIsFree(worker, hello.boot_id(), session, now_ms); !s.ok()) {
     return s;  // a registration without a boot id (an older worker, or a test's)

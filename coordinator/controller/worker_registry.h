@@ -79,8 +79,8 @@ class WorkerRegistry {
   // Binds the session to the worker of hello.worker_id: NotFound for an unregistered id,
   // PermissionDenied when the session's certificate is another node's, AlreadyExists while another
   // daemon run (another boot_id) holds a live session as the node. A previous session of the same
-  // run is closed (a reconnect); a new boot_id restarts the message numbering. A worker that was not READY
-  // becomes READY (its row and a WorkerReady event into `write`).
+  // run is closed (a reconnect); a new boot_id restarts the message numbering. A worker that was
+  // not READY becomes READY (its row and a WorkerReady event into `write`).
   absl::StatusOr<WorkerEntry*> Hello(const std::shared_ptr<WorkerSession>& session,
                                      const v1::Hello& hello, int64_t now_ms, StoreWrite& write);
   // Forgets a stream that ended; the worker it had said hello as ("" if none).

@@ -117,7 +117,8 @@ absl::Status ValidateConfig(const CoordinatorConfig& config) {
   // Port 0: any free port (tests; the chosen one is logged).
   if (absl::Status s = ParseHostPort("listen", config.listen, 0).status(); !s.ok()) return s;
   if (!config.worker_listen.empty()) {
-    if (absl::Status s = ParseHostPort("worker_listen", config.worker_listen, 0).status(); !s.ok()) {
+    if (absl::Status s = ParseHostPort("worker_listen", config.worker_listen, 0).status();
+        !s.ok()) {
       return s;
     }
   }

@@ -8,12 +8,12 @@
 #include <type_traits>
 #include <utility>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/host_port.h"
 #include "yaml-cpp/yaml.h"
 

@@ -515,11 +515,10 @@ TEST_F(Fp8BlockGroupedGemmTest, BadPointersNameTheArgument) {
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   // "<forward>+<data gradient>+<weight gradient>", each product's default (the weight gradient's
   // for 128 / 4 rows a group).
-  EXPECT_EQ((*gemm)->KernelName(),
-            absl::StrCat(Fp8BlockGroupedGemm::MGroupedKernelFor(kN, kK), "+",
-                         Fp8BlockGroupedGemm::MGroupedKernelFor(kK, kN), "+",
-                         Fp8BlockGroupedGemm::WeightGradientKernelFor(Options(4, 128).x_scaling,
-                                                                      128 / 4)));
+  EXPECT_EQ((*gemm)->KernelName(), absl::StrCat(Fp8BlockGroupedGemm::MGroupedKernelFor(kN, kK), "+",
+                                                Fp8BlockGroupedGemm::MGroupedKernelFor(kK, kN), "+",
+                                                Fp8BlockGroupedGemm::WeightGradientKernelFor(
+                                                    Options(4, 128).x_scaling, 128 / 4)));
   DeviceBuffer buf(1 << 20, 1);
   const uint8_t* u8 = reinterpret_cast<const uint8_t*>(buf.i32());
   const float* f = buf.f32();

@@ -134,18 +134,20 @@ TEST(TlsFilesTest, MismatchedOrWrongPemFilesFailAtStartNamingTheFile) {
   };
   CommandResult coordinator = coordinator_with("/ca.key", "/ca.pem");
   EXPECT_NE(coordinator.exit_code, 0);
-  EXPECT_THAT(coordinator.err, HasSubstr("tls_key " + certs + "/ca.key: is not the key of tls_cert"))
+  EXPECT_THAT(coordinator.err,
+              HasSubstr("tls_key " + certs + "/ca.key: is not the key of tls_cert"))
       << coordinator.err;
   CommandResult ca_is_a_key = coordinator_with("/coordinator.key", "/ca.key");
   EXPECT_NE(ca_is_a_key.exit_code, 0);
-  EXPECT_THAT(ca_is_a_key.err, HasSubstr("worker_ca " + certs + "/ca.key: holds no PEM certificate"))
+  EXPECT_THAT(ca_is_a_key.err,
+              HasSubstr("worker_ca " + certs + "/ca.key: holds no PEM certificate"))
       << ca_is_a_key.err;
 
   // An encrypted key is refused by name (OpenSSL would otherwise prompt for its passphrase on
   // the terminal, and gRPC could not use it anyway).
-  CommandResult encrypt = RunCommand({"openssl", "pkey", "-in", certs + "/coordinator.key",
-                                      "-aes256", "-passout", "pass:secret", "-out",
-                                      certs + "/encrypted.key"});
+  CommandResult encrypt =
+      RunCommand({"openssl", "pkey", "-in", certs + "/coordinator.key", "-aes256", "-passout",
+                  "pass:secret", "-out", certs + "/encrypted.key"});
   ASSERT_EQ(encrypt.exit_code, 0) << encrypt.err;
   CommandResult encrypted = coordinator_with("/encrypted.key", "/ca.pem");
   EXPECT_NE(encrypted.exit_code, 0);
@@ -156,7 +158,8 @@ TEST(TlsFilesTest, MismatchedOrWrongPemFilesFailAtStartNamingTheFile) {
                                   "--tls-ca", certs + "/ca.key", "get", "jobs"},
                                  absl::Seconds(30));
   EXPECT_EQ(cli.exit_code, 2) << cli.err;
-  EXPECT_THAT(cli.err, HasSubstr("TLS CA certificate " + certs + "/ca.key: holds no PEM certificate"))
+  EXPECT_THAT(cli.err,
+              HasSubstr("TLS CA certificate " + certs + "/ca.key: holds no PEM certificate"))
       << cli.err;
 
   CommandResult worker = RunCommand(
@@ -165,7 +168,8 @@ TEST(TlsFilesTest, MismatchedOrWrongPemFilesFailAtStartNamingTheFile) {
        "--tls-cert=" + certs + "/workers/node-a.pem", "--tls-key=" + certs + "/workers/node-a.pem"},
       absl::Seconds(30));
   EXPECT_NE(worker.exit_code, 0);
-  EXPECT_THAT(worker.err, HasSubstr("TLS key " + certs + "/workers/node-a.pem: holds no PEM private key"))
+  EXPECT_THAT(worker.err,
+              HasSubstr("TLS key " + certs + "/workers/node-a.pem: holds no PEM private key"))
       << worker.err;
 }
 

@@ -218,7 +218,8 @@ TEST_F(CliEndToEndTest, LogsFollowResumesAcrossACoordinatorRestart) {
 TEST_F(CliEndToEndTest, TopAndGetJobsWatchRideOutACoordinatorRestart) {
   std::string spec = ReadFile(SourcePath("configs/jobs/tiny-cpu.yaml"));
   spec.replace(spec.find("steps: 40"), 9, "steps: 1000");
-  CommandResult submitted = Cli({"submit", "-f", WriteFile("polled.yaml", spec), "--name", "polled"});
+  CommandResult submitted =
+      Cli({"submit", "-f", WriteFile("polled.yaml", spec), "--name", "polled"});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
   const std::string id = Trimmed(submitted.out);
   auto top = Process::Start(CliArgv({"top", id, "-w"}));

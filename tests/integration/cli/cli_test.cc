@@ -266,8 +266,8 @@ TEST(CliNoServerTest, UsageErrorsExitTwo) {
   CommandResult wrapped = RunCommand({bin, "--coordinator", "127.0.0.1:70000", "get", "jobs"});
   EXPECT_EQ(wrapped.exit_code, 2) << wrapped.err;
   EXPECT_THAT(wrapped.err, HasSubstr("--coordinator: "));
-  CommandResult from_env = RunCommand(
-      {"/usr/bin/env", "DROPLESS_COORDINATOR=localhost:99999", bin, "get", "jobs"});
+  CommandResult from_env =
+      RunCommand({"/usr/bin/env", "DROPLESS_COORDINATOR=localhost:99999", bin, "get", "jobs"});
   EXPECT_EQ(from_env.exit_code, 2) << from_env.err;
   EXPECT_THAT(from_env.err, HasSubstr("$DROPLESS_COORDINATOR: "));
 }
@@ -283,15 +283,18 @@ TEST(CliNoServerTest, BadSpecFailsBeforeAnyNetworkCall) {
   EXPECT_THAT(r.err, HasSubstr("<stdin>: model.experts: must be divisible by parallel.ep"));
   // An oversized spec is refused with the limit (not the bytes read before stopping); a file that
   // cannot be read says why.
-  CommandResult big = RunCommand({BinaryPath("dropless"), "--coordinator", dead, "submit", "-f", "-"},
-                                 absl::Seconds(30), "# " + std::string(200 * 1024, 'x') + "\n");
+  CommandResult big =
+      RunCommand({BinaryPath("dropless"), "--coordinator", dead, "submit", "-f", "-"},
+                 absl::Seconds(30), "# " + std::string(200 * 1024, 'x') + "\n");
   EXPECT_EQ(big.exit_code, 1);
-  EXPECT_THAT(big.err, HasSubstr("<stdin>: a job spec may be at most 65536 bytes; this one is larger"));
+  EXPECT_THAT(big.err,
+              HasSubstr("<stdin>: a job spec may be at most 65536 bytes; this one is larger"));
   CommandResult missing = RunCommand(
       {BinaryPath("dropless"), "--coordinator", dead, "submit", "-f", "/nonexistent/spec.yaml"},
       absl::Seconds(30));
   EXPECT_EQ(missing.exit_code, 1);
-  EXPECT_THAT(missing.err, HasSubstr("cannot read /nonexistent/spec.yaml: No such file or directory"));
+  EXPECT_THAT(missing.err,
+              HasSubstr("cannot read /nonexistent/spec.yaml: No such file or directory"));
 }
 
 }  // namespace

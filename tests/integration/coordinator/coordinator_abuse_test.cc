@@ -410,7 +410,8 @@ TEST(CoordinatorAbuseTest, ACancelReasonWithControlCharactersIsRefused) {
   v1::Job out;
   for (const std::string& bad : {std::string("done\n2026-12-04 I coordinator: forged"),
                                  std::string("\x1b[2Jcleared"), std::string("tab\there"),
-                                 std::string("c1 \xc2\x9b" "31m csi")}) {
+                                 std::string("c1 \xc2\x9b"
+                                             "31m csi")}) {
     grpc::Status refused = cancel(bad, &out);
     EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(refused.error_message(), HasSubstr("reason: "));

@@ -126,8 +126,8 @@ TEST(WorkerDaemonTest, ASilentCoordinatorBreaksTheSessionThroughKeepalive) {
 TEST(WorkerDaemonTest, BadFlagsAreRejectedNamingTheField) {
   // -1 is a value like any other (it once meant "not given"); 5000 slots the coordinator refuses.
   for (const char* slots : {"--cpu-slots=0", "--cpu-slots=-1", "--cpu-slots=5000"}) {
-    CommandResult r = RunCommand({BinaryPath("dropless-worker"), slots, "--metrics-port=0"},
-                                 absl::Seconds(30));
+    CommandResult r =
+        RunCommand({BinaryPath("dropless-worker"), slots, "--metrics-port=0"}, absl::Seconds(30));
     EXPECT_EQ(r.exit_code, 2) << slots << r.out << r.err;
     EXPECT_TRUE(Has(r.err, "cpu_slots")) << slots << r.err;
   }
@@ -158,9 +158,13 @@ TEST(WorkerDaemonTest, ASecondDaemonOfTheSameNodeWaitsForTheFirst) {
   ASSERT_TRUE(cluster.WaitForWorker("node-d", ready, absl::Seconds(30)).has_value())
       << cluster.Diagnostics();
   absl::StatusOr<std::unique_ptr<Process>> second = Process::Start({
-      BinaryPath("dropless-worker"), "--insecure",
-      absl::StrCat("--coordinator=", cluster.coordinator_address()), "--node=node-d",
-      "--cpu-slots=1", "--metrics-port=0", absl::StrCat("--work-dir=", cluster.dir(), "/second"),
+      BinaryPath("dropless-worker"),
+      "--insecure",
+      absl::StrCat("--coordinator=", cluster.coordinator_address()),
+      "--node=node-d",
+      "--cpu-slots=1",
+      "--metrics-port=0",
+      absl::StrCat("--work-dir=", cluster.dir(), "/second"),
   });
   ASSERT_TRUE(second.ok()) << second.status();
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
@@ -199,16 +203,20 @@ TEST(WorkerDaemonTest, ARegistrationRefusedAsInvalidStopsTheDaemon) {
   WorkerCluster cluster;
   ASSERT_TRUE(cluster.StartCoordinator().ok());
   absl::StatusOr<std::unique_ptr<Process>> worker = Process::Start({
-      BinaryPath("dropless-worker"), "--insecure",
+      BinaryPath("dropless-worker"),
+      "--insecure",
       absl::StrCat("--coordinator=", cluster.coordinator_address()),
-      absl::StrCat("--node=", std::string(300, 'n')), "--cpu-slots=1", "--metrics-port=0",
+      absl::StrCat("--node=", std::string(300, 'n')),
+      "--cpu-slots=1",
+      "--metrics-port=0",
       absl::StrCat("--work-dir=", cluster.dir(), "/long"),
   });
   ASSERT_TRUE(worker.ok()) << worker.status();
   absl::StatusOr<int> code = (*worker)->Wait(absl::Seconds(30));
   ASSERT_TRUE(code.ok()) << code.status() << (*worker)->Output();
   EXPECT_EQ(*code, 1) << (*worker)->Output();
-  EXPECT_TRUE(Has((*worker)->Output(), "the coordinator refuses this worker")) << (*worker)->Output();
+  EXPECT_TRUE(Has((*worker)->Output(), "the coordinator refuses this worker"))
+      << (*worker)->Output();
   EXPECT_TRUE(Has((*worker)->Output(), "node: longer than")) << (*worker)->Output();
 }
 

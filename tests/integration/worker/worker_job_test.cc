@@ -237,7 +237,8 @@ TEST_F(WorkerJobTest, SigtermOnAWorkerStopsItsRanks) {
   absl::StatusOr<std::vector<v1::Event>> events = cluster_.Events(id);
   ASSERT_TRUE(events.ok()) << events.status();
   bool leaving = false;
-  for (const v1::Event& e : *events) leaving |= e.type() == "WorkerLeaving" && Has(e.message(), "node-1");
+  for (const v1::Event& e : *events)
+    leaving |= e.type() == "WorkerLeaving" && Has(e.message(), "node-1");
   EXPECT_TRUE(leaving) << cluster_.Diagnostics();
 }
 
@@ -248,7 +249,8 @@ TEST_F(WorkerJobTest, ASigkilledWorkerIsNamedInItsPeersFailure) {
   const std::string id = StartLongJob(&pids);
   ASSERT_FALSE(id.empty());
   ASSERT_TRUE(cluster_.worker("node-1")->Signal(SIGKILL).ok());
-  absl::StatusOr<v1::Job> job = cluster_.WaitForState(id, {v1::JOB_STATE_FAILED}, absl::Seconds(60));
+  absl::StatusOr<v1::Job> job =
+      cluster_.WaitForState(id, {v1::JOB_STATE_FAILED}, absl::Seconds(60));
   ASSERT_TRUE(job.ok());
   ASSERT_EQ(job->state(), v1::JOB_STATE_FAILED) << cluster_.Diagnostics();
   EXPECT_TRUE(Has(job->message(), "node-1")) << job->message();

@@ -26,9 +26,9 @@ TEST(HostPortTest, SplitsNamesIPv4AndBracketedIPv6) {
 }
 
 TEST(HostPortTest, RefusesWhatWouldWrapOrMisparseNamingTheField) {
-  for (const char* bad : {"host:65536", "host:70000", "host:99999999999", "host:-1", "host:+80",
-                          "host:", "host", ":7070", "::1:7070", "[::1", "[::1]7070",
-                          "host:80x", "host: 80"}) {
+  for (const char* bad :
+       {"host:65536", "host:70000", "host:99999999999", "host:-1", "host:+80", "host:", "host",
+        ":7070", "::1:7070", "[::1", "[::1]7070", "host:80x", "host: 80"}) {
     absl::Status s = ParseHostPort("--coordinator", bad, 1).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(std::string(s.message()), HasSubstr("--coordinator: ")) << bad;

@@ -51,7 +51,10 @@ TEST(Utf8Test, MalformedBytesBecomeReplacementCharacters) {
 
 TEST(Utf8Test, ControlCharactersAreFoundAndReplaced) {
   EXPECT_FALSE(HasControlCharacters("plain text, \xc3\xa9t\xc3\xa9 and \xe2\x82\xac"));
-  for (const char* bad : {"a\nb", "\x1b[2J", "tab\t", "del\x7f", "csi\xc2\x9b" "31m", "\xc2\x80"}) {
+  for (const char* bad : {"a\nb", "\x1b[2J", "tab\t", "del\x7f",
+                          "csi\xc2\x9b"
+                          "31m",
+                          "\xc2\x80"}) {
     EXPECT_TRUE(HasControlCharacters(bad)) << bad;
   }
   EXPECT_EQ(ReplaceControlCharacters("a\nb\x1b[1m\xc2\x9b\xc3\xa9"), "a?b?[1m?\xc3\xa9");

@@ -182,7 +182,8 @@ TEST(WorkerRegistryTest, HelloBindsTheSessionOfTheCertifiedNodeOnly) {
   other_run.set_boot_id("boot-2");
   StoreWrite untouched;
   bool fresh_again = true;
-  absl::StatusOr<const v1::Worker*> taken = registry.Register(other_run, 15, untouched, &fresh_again);
+  absl::StatusOr<const v1::Worker*> taken =
+      registry.Register(other_run, 15, untouched, &fresh_again);
   EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(taken.status().message(), HasSubstr("node \"node-a\" is held by another running"));
   EXPECT_TRUE(untouched.workers.empty());

@@ -299,11 +299,13 @@ TEST_F(RankManagerTest, StoppingKillsRanksWithTheReasonAndStartsNoMore) {
     if (!m.has_rank_status()) continue;
     const v1::RankStatus& st = m.rank_status();
     if (st.state() == v1::RANK_STATE_KILLED || st.state() == v1::RANK_STATE_FAILED) {
-      ends.push_back(absl::StrCat(st.job_id(), " ", v1::RankState_Name(st.state()), " ", st.message()));
+      ends.push_back(
+          absl::StrCat(st.job_id(), " ", v1::RankState_Name(st.state()), " ", st.message()));
     }
   }
   ASSERT_EQ(ends.size(), 2u) << ::testing::PrintToString(ends);
-  EXPECT_EQ(ends[0].rfind("hang RANK_STATE_KILLED stopped: the worker daemon got Terminated (", 0), 0u)
+  EXPECT_EQ(ends[0].rfind("hang RANK_STATE_KILLED stopped: the worker daemon got Terminated (", 0),
+            0u)
       << ends[0];
   EXPECT_EQ(ends[1], "late RANK_STATE_FAILED not started: the worker daemon got Terminated");
 }

@@ -89,7 +89,8 @@ absl::Status ValidateOptions(const Fp8BlockGroupedGemmOptions& o) {
         "padded_rows: the default Fp8ColwisePaddedRows(max_rows, num_groups) is not below 2^31");
   }
   if (o.expected_rows_per_group < 0) {
-    return absl::InvalidArgumentError("expected_rows_per_group must be >= 0 (0: max_rows / num_groups)");
+    return absl::InvalidArgumentError(
+        "expected_rows_per_group must be >= 0 (0: max_rows / num_groups)");
   }
   if (o.x_scaling != Fp8ColwiseScaling::kPerColumn && o.x_scaling != Fp8ColwiseScaling::kPerBlock) {
     return absl::InvalidArgumentError("x_scaling: must be kPerColumn or kPerBlock");
@@ -112,13 +113,12 @@ absl::Status ValidateOptions(const Fp8BlockGroupedGemmOptions& o) {
 // checked that the named one reads X's scale layout).
 const fp8_block_gemm::NamedWeightGradientRunner& WeightGradientKernel(
     const Fp8BlockGroupedGemmOptions& o) {
-  const std::string name =
-      !o.weight_gradient_kernel.empty()
-          ? o.weight_gradient_kernel
-          : Fp8BlockGroupedGemm::WeightGradientKernelFor(
-                o.x_scaling, o.expected_rows_per_group > 0
-                                 ? o.expected_rows_per_group
-                                 : o.max_rows / std::max(1, o.num_groups));
+  const std::string name = !o.weight_gradient_kernel.empty()
+                               ? o.weight_gradient_kernel
+                               : Fp8BlockGroupedGemm::WeightGradientKernelFor(
+                                     o.x_scaling, o.expected_rows_per_group > 0
+                                                      ? o.expected_rows_per_group
+                                                      : o.max_rows / std::max(1, o.num_groups));
   for (const auto& k : fp8_block_gemm::kWeightGradientKernels) {
     if (name == k.name) return k;
   }
@@ -219,8 +219,8 @@ std::string Fp8BlockGroupedGemm::WeightGradientKernelFor(Fp8ColwiseScaling x_sca
   // a tile); 18-21% slower at 2048 (dsv3 EP-8, mixtral), where the epilogue is a smaller share
   // of a tile and the 64-row tile reads more operand bytes per FLOP (docs/grouped_gemm.md).
   constexpr int64_t kPingpongMaxRowsPerGroup = 1024;
-  const bool pingpong = expected_rows_per_group > 0 &&
-                        expected_rows_per_group <= kPingpongMaxRowsPerGroup;
+  const bool pingpong =
+      expected_rows_per_group > 0 && expected_rows_per_group <= kPingpongMaxRowsPerGroup;
   if (x_scaling == Fp8ColwiseScaling::kPerBlock) {
     return pingpong ? "fp8_block_wgrad_x_blocks_pingpong_64x128x128_c1x2"
                     : "fp8_block_wgrad_x_blocks_coop_128x128x128_c1x2_d4";
