@@ -11,6 +11,7 @@
 #include "common/engine_config.h"
 #include "common/job_spec.h"
 #include "common/job_spec_internal.h"
+#include "common/utf8.h"
 
 namespace dropless::internal {
 namespace {
@@ -225,10 +226,8 @@ absl::Status CheckJobSpecRules(const JobSpec& s) {
     return Fail("checkpoint.every", "needs checkpoint.dir to be set");
   }
   if (s.checkpoint.dir.size() > 4096) return Fail("checkpoint.dir", "must be <= 4096 bytes");
-  for (char c : s.checkpoint.dir) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      return Fail("checkpoint.dir", "must not contain control characters");
-    }
+  if (HasControlCharacters(s.checkpoint.dir)) {
+    return Fail("checkpoint.dir", "must not contain control characters");
   }
   if (!(s.data.zipf_exponent > 0.0 && s.data.zipf_exponent <= 10.0)) {
     return Fail("data.zipf_exponent",

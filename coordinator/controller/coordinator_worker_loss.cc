@@ -2,6 +2,7 @@
 // stops its ranks) and what that means for the jobs placed on it: an event on each of their
 // active attempts, and the cause named when a peer rank then fails because those ranks are gone
 // (a rank on another node sees only "connection closed by peer").
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,13 +45,9 @@ void Coordinator::NoteWorkerGoneLocked(const WorkerEntry& worker, absl::string_v
 std::string Coordinator::GonePeersLocked(const ActiveJob& job, const WorkerEntry& reporter) {
   std::vector<std::string> causes;
   const int64_t now_ms = NowMs();
-  std::vector<std::string> seen;
+  std::set<std::string> seen;
   for (const RankRecord& r : job.attempt->ranks) {
-    if (r.worker_id == reporter.info.id()) continue;
-    bool counted = false;
-    for (const std::string& s : seen) counted |= s == r.worker_id;
-    if (counted) continue;
-    seen.push_back(r.worker_id);
+    if (r.worker_id == reporter.info.id() || !seen.insert(r.worker_id).second) continue;
     const WorkerEntry* peer = workers_.Find(r.worker_id);
     if (peer == nullptr) continue;
     const std::string ranks = RanksOn(*job.attempt, peer->info.id());

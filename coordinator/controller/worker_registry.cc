@@ -93,19 +93,14 @@ absl::Status WorkerRegistry::CheckRegistration(const v1::RegisterWorkerRequest& 
   return absl::OkStatus();
 }
 
-absl::Status WorkerRegistry::CheckNodeIsFree(const WorkerEntry& worker, const std::string& boot_id,
-                                             const std::shared_ptr<WorkerSession>& session,
-                                             int64_t now_ms) const {
+absl::Status WorkerRegistry::CheckNodeIsFree(const WorkerEntry& worker,
+                                             const std::string& boot_id) const {
   // The run that said hello last (worker.boot_id) holds the node until its lease runs out, also
   // while it reconnects or while a restarted coordinator waits for it; a run that said Goodbye
   // gives it up when its session ends. Workers that predate boot ids ("") never hold it.
   const bool same_run = boot_id == worker.boot_id || worker.boot_id.empty();
-  const bool gone =
-      worker.lease_expired || (worker.session == nullptr && !worker.leaving.empty()) ||
-      (worker.session == nullptr && now_ms - worker.last_message_ms > lease_timeout_ms_);
-  if (same_run || gone || (session != nullptr && worker.session == session)) {
-    return absl::OkStatus();
-  }
+  const bool gone = worker.lease_expired || (worker.session == nullptr && !worker.leaving.empty());
+  if (same_run || gone) return absl::OkStatus();
   return absl::AlreadyExistsError(absl::StrCat(
       "node \"", worker.info.node(), "\" is held by another running worker daemon (",
       worker.info.id(), ", address ", worker.info.address(),
@@ -121,9 +116,7 @@ absl::StatusOr<const v1::Worker*> WorkerRegistry::Register(const v1::RegisterWor
   *fresh = known == worker_by_node_.end();
   // A worker that predates boot ids registers without one: only its Hello is checked.
   if (!*fresh && !request.boot_id().empty()) {
-    if (absl::Status s =
-            CheckNodeIsFree(workers_.at(known->second), request.boot_id(), nullptr, now_ms);
-        !s.ok()) {
+    if (absl::Status s = CheckNodeIsFree(workers_.at(known->second), request.boot_id()); !s.ok()) {
       return s;
     }
   }
@@ -194,7 +187,7 @@ absl::StatusOr<WorkerEntry*> WorkerRegistry::Hello(const std::shared_ptr<WorkerS
                        "\" was registered since by another worker daemon run; "
                        "register again"));
     }
-  } else if (absl::Status s = CheckNodeIsFree(worker, hello.boot_id(), session, now_ms); !s.ok()) {
+  } else if (absl::Status s = CheckNodeIsFree(worker, hello.boot_id()); !s.ok()) {
     return s;  // a registration without a boot id (an older worker, or a test's)
   }
   if (worker.session != nullptr && worker.session != session) worker.session->Close();

@@ -133,10 +133,9 @@ class WorkerRegistry {
     int64_t opened_ms = 0;
   };
 
-  // AlreadyExists when a daemon run other than `boot_id` (arriving on `session`, null for a
-  // registration) holds the node of `worker`.
-  absl::Status CheckNodeIsFree(const WorkerEntry& worker, const std::string& boot_id,
-                               const std::shared_ptr<WorkerSession>& session, int64_t now_ms) const;
+  // AlreadyExists when a daemon run other than `boot_id` holds the node of `worker`: the run that
+  // said hello last, until its lease expires (ExpireLeases) or, after a Goodbye, its session ends.
+  absl::Status CheckNodeIsFree(const WorkerEntry& worker, const std::string& boot_id) const;
 
   const int64_t lease_timeout_ms_;
   std::map<std::string, WorkerEntry> workers_;

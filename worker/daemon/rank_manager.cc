@@ -384,6 +384,7 @@ void RankManager::OnPhaseLine(RankSupervisor::ChildId id, absl::string_view line
 
 void RankManager::OnExit(RankSupervisor::ChildId id, const ChildExit& exit) {
   RankEntry entry;
+  std::string stop_reason;  // the daemon's, once it stops
   {
     absl::MutexLock lock(&mu_);
     auto it = ranks_.find(id);
@@ -391,6 +392,7 @@ void RankManager::OnExit(RankSupervisor::ChildId id, const ChildExit& exit) {
     entry = std::move(it->second);
     ranks_.erase(it);
     UpdateGauges();
+    stop_reason = stop_reason_;
   }
   v1::RankState state;
   RankExitResult result;
@@ -401,9 +403,9 @@ void RankManager::OnExit(RankSupervisor::ChildId id, const ChildExit& exit) {
   } else if (entry.cancelled || exit.stop_requested) {
     state = v1::RANK_STATE_KILLED;
     result = RankExitResult::kKilled;
-    message = entry.stop_reason.empty()
+    message = stop_reason.empty()
                   ? absl::StrCat("stopped on cancel (", exit.Describe(), ")")
-                  : absl::StrCat("stopped: ", entry.stop_reason, " (", exit.Describe(), ")");
+                  : absl::StrCat("stopped: ", stop_reason, " (", exit.Describe(), ")");
   } else {
     state = v1::RANK_STATE_FAILED;
     result = RankExitResult::kFailed;
@@ -448,10 +450,7 @@ bool RankManager::StopAllAndWait(absl::Duration timeout, absl::string_view why) 
   {
     absl::MutexLock lock(&mu_);
     stop_reason_ = std::string(why);
-    for (auto& [id, entry] : ranks_) {
-      entry.cancelled = true;
-      entry.stop_reason = std::string(why);
-    }
+    for (auto& [id, entry] : ranks_) entry.cancelled = true;
   }
   supervisor_->StopAll(options_.kill_grace);
   return supervisor_->WaitUntilIdle(timeout);

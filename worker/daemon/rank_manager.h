@@ -77,7 +77,6 @@ class RankManager {
     pid_t pid = -1;
     dropless::v1::RankState state = dropless::v1::RANK_STATE_STARTING;
     bool cancelled = false;
-    std::string stop_reason;  // why it was stopped, when not on a cancellation
     bool bad_report_logged = false;
     std::string last_output;  // last line it printed, quoted in failure messages
     std::optional<PhaseReport> phase;  // the step phase it reported last (hang watchdog)

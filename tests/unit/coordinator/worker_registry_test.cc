@@ -103,7 +103,9 @@ TEST(WorkerRegistryTest, RestoredReceiptsMakeTheSameBootsResendsHandled) {
   hello.set_boot_id("boot-b");
   EXPECT_EQ(registry.Hello(next, hello, 300, write).status().code(),
             absl::StatusCode::kAlreadyExists);
-  // ... then a restarted daemon (a new run) numbers from 1 again: nothing of it is handled yet.
+  // ... then, its lease expired, a restarted daemon (a new run) numbers from 1 again: nothing of
+  // it is handled yet.
+  ASSERT_EQ(registry.ExpireLeases(200 + kLeaseMs + 1).size(), 1u);
   ASSERT_TRUE(registry.Hello(next, hello, 200 + kLeaseMs + 1, write).ok());
   EXPECT_FALSE(WorkerRegistry::Handled(*worker, 1));
 }
