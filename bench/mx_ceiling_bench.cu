@@ -30,6 +30,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/bench_registry.h"
 #include "bench/gemm_bench_common.h"
+#include "dropless/kernels/adamw.h"
 #include "kernels/cuda/grouped_gemm/mxfp8/mx_gemm_wide_kernel.cuh"
 #include "kernels/cuda/hopper/bulk_copy.cuh"
 #include "kernels/cuda/hopper/smem.cuh"
@@ -52,14 +53,7 @@ constexpr int kKbPerChunk = 16;  // K blocks whose scales stay resident (4 stage
 constexpr int kSmemBytes = 1024 + wide::kATileBytes + wide::kBTileBytes +
                            kKbPerChunk * (wide::kBM + wide::kSbKb) * 4;
 
-__device__ __forceinline__ uint32_t Hash(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
+__device__ __forceinline__ uint32_t Hash(uint32_t x) { return kernels::MixBits32(x); }
 
 // Two consumer warpgroups (256 threads) per SM; each runs `chunks` x 16 K blocks of a resident
 // 256 x 128 tile. The operands are random E4M3 bytes (no NaN codes, |x| <= 1 so no partial sum

@@ -125,7 +125,9 @@ int Run(const std::vector<std::string>& args) {
       OptimizerSpec spec;
       spec.weight_decay = 0.1;
       auto adamw = cuda_engine::FusedAdamW::Create(
-          spec, {cuda_engine::AdamWTensor{param, grad, m, v, params, reinterpret_cast<cuda_engine::Bf16*>(copy), 0, 0}},
+          spec,
+          {cuda_engine::AdamWTensor{param, grad, kernels::AdamWMoments{m, v, false}, params,
+                                    reinterpret_cast<cuda_engine::Bf16*>(copy), 0, 0}},
           counter);
       CheckStatus(adamw.status(), kBench, "FusedAdamW::Create");
       CheckStatus((*adamw)->PrepareStep(nullptr), kBench, "PrepareStep");

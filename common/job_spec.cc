@@ -272,7 +272,7 @@ absl::Status ReadBetas(const Node& n, const std::string& path, OptimizerSpec* op
 
 absl::Status ReadOptimizer(const Node& node, OptimizerSpec* opt) {
   absl::StatusOr<FieldMap> m = FieldMap::Open(
-      node, "optimizer", {"name", "lr", "betas", "eps", "weight_decay", "warmup"});
+      node, "optimizer", {"name", "lr", "betas", "eps", "weight_decay", "warmup", "moment_dtype"});
   if (!m.ok()) return m.status();
   DROPLESS_RETURN_IF_ERROR(Optional(*m, "name", &opt->name, ToText));
   DROPLESS_RETURN_IF_ERROR(Optional(*m, "lr", &opt->lr, ToDouble));
@@ -281,7 +281,11 @@ absl::Status ReadOptimizer(const Node& node, OptimizerSpec* opt) {
   }
   DROPLESS_RETURN_IF_ERROR(Optional(*m, "eps", &opt->eps, ToDouble));
   DROPLESS_RETURN_IF_ERROR(Optional(*m, "weight_decay", &opt->weight_decay, ToDouble));
-  return Optional(*m, "warmup", &opt->warmup_steps, ToInt);
+  DROPLESS_RETURN_IF_ERROR(Optional(*m, "warmup", &opt->warmup_steps, ToInt));
+  auto moment_dtype = [](const Node& n, const std::string& p, MomentDtype* o) {
+    return ToEnum<MomentDtype>(n, p, internal::kMomentDtypeNames, o);
+  };
+  return Optional(*m, "moment_dtype", &opt->moment_dtype, moment_dtype);
 }
 
 absl::Status ReadCheckpoint(const Node& node, CheckpointSpec* ckpt) {

@@ -22,6 +22,7 @@ enum class Precision { kBf16, kMxfp8, kFp8Block, kFp8BlockWgrad128 };
 enum class Dispatcher { kAuto, kGloo, kNcclA2a, kNcclLsa, kNcclEp };
 enum class RoutingDistribution { kUniform, kZipf };
 enum class Backend { kCpu, kCuda };
+enum class MomentDtype { kFp32, kBf16 };
 
 // The fp8-block recipes (1x128 activation tiles, 128x128 weight blocks).
 inline bool IsFp8Block(Precision p) {
@@ -54,6 +55,11 @@ struct OptimizerSpec {
   double eps = 1e-8;
   double weight_decay = 0.0;
   int64_t warmup_steps = 0;  // linear warmup of lr
+  // How AdamW stores its moments between steps (YAML optimizer.moment_dtype: fp32 | bf16). Each
+  // step computes m and v in fp32 and the update uses those fp32 values; bf16 then stores them
+  // rounded stochastically (kernels/adamw.h says why). As DeepSeek-V3 keeps them: 4 fewer bytes
+  // a parameter in memory and 8 fewer moved by every step's update.
+  MomentDtype moment_dtype = MomentDtype::kFp32;
 };
 
 struct CheckpointSpec {
@@ -130,6 +136,7 @@ std::string_view ToString(Precision v);
 std::string_view ToString(Dispatcher v);
 std::string_view ToString(RoutingDistribution v);
 std::string_view ToString(Backend v);
+std::string_view ToString(MomentDtype v);
 
 }  // namespace dropless
 

@@ -31,6 +31,8 @@ inline const std::vector<std::pair<std::string_view, RoutingDistribution>> kDist
     {"uniform", RoutingDistribution::kUniform}, {"zipf", RoutingDistribution::kZipf}};
 inline const std::vector<std::pair<std::string_view, Backend>> kBackendNames = {
     {"cpu", Backend::kCpu}, {"cuda", Backend::kCuda}};
+inline const std::vector<std::pair<std::string_view, MomentDtype>> kMomentDtypeNames = {
+    {"fp32", MomentDtype::kFp32}, {"bf16", MomentDtype::kBf16}};
 
 // Value ranges and the rules that span fields, on a spec whose fields all parsed. The first
 // failure, as InvalidArgument "<field path>: <rule> (got ...)".

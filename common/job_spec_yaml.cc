@@ -52,6 +52,7 @@ std::string_view ToString(Precision v) { return NameOf(internal::kPrecisionNames
 std::string_view ToString(Dispatcher v) { return NameOf(internal::kDispatcherNames, v); }
 std::string_view ToString(RoutingDistribution v) { return NameOf(internal::kDistributionNames, v); }
 std::string_view ToString(Backend v) { return NameOf(internal::kBackendNames, v); }
+std::string_view ToString(MomentDtype v) { return NameOf(internal::kMomentDtypeNames, v); }
 
 std::string JobSpecToYaml(const JobSpec& s) {
   const ModelSpec& m = s.model;
@@ -74,10 +75,15 @@ std::string JobSpecToYaml(const JobSpec& s) {
                   "\n");
   absl::StrAppend(&out, "precision: ", Str(ToString(s.precision)), "\n",
                   "tokens_per_rank: ", s.tokens_per_rank, "\n", "steps: ", s.steps, "\n");
-  absl::StrAppend(&out, "optimizer:\n", "  name: ", o.name, "\n", "  lr: ", Number(o.lr),
-                  "\n", "  betas: [", Number(o.beta1), ", ", Number(o.beta2), "]\n",
+  absl::StrAppend(&out, "optimizer:\n", "  name: ", o.name, "\n", "  lr: ", Number(o.lr), "\n",
+                  "  betas: [", Number(o.beta1), ", ", Number(o.beta2), "]\n",
                   "  eps: ", Number(o.eps), "\n", "  weight_decay: ", Number(o.weight_decay), "\n",
                   "  warmup: ", o.warmup_steps, "\n");
+  // Only when not the default, so that a spec stored by this coordinator stays readable by the
+  // ranks of the release before the field (a rolling upgrade).
+  if (o.moment_dtype != MomentDtype::kFp32) {
+    absl::StrAppend(&out, "  moment_dtype: ", Str(ToString(o.moment_dtype)), "\n");
+  }
   absl::StrAppend(&out, "dispatcher: ", Str(ToString(s.dispatcher)), "\n",
                   "overlap: ", Bool(s.overlap), "\n",
                   "activation_offload: ", Bool(s.activation_offload), "\n");

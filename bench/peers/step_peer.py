@@ -40,6 +40,8 @@ Impls (names as in ../shared/docs/BENCH.md):
           // combine_ms; returns how many it wrote
       void  dl_step_destroy(void* h);
 
+  dropless-bf16-moments and dropless-bf16-bf16-moments (opt-in) are dropless and dropless-bf16
+  with AdamW's moments stored in bf16 (optimizer.moment_dtype: bf16; the JSON row's moment_dtype).
   dropless-bf16 (default with a quantized --precision) is the same engine in bf16, so that the
   quantized step and the bf16 step are compared in one run. dropless-mx-promotion (opt-in, with
   --precision mxfp8) is the mxfp8 engine on its per-32 promotion kernels (DROPLESS_MX_CORE=0)
@@ -94,7 +96,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_impls import (DEFAULT_IMPLS, DROPLESS, DROPLESS_BF16, DROPLESS_IMPLS,  # noqa: E402
+from step_impls import (BF16_MOMENT_IMPLS, DEFAULT_IMPLS, DROPLESS, DROPLESS_BF16,  # noqa: E402
+                        DROPLESS_BF16_BF16_MOMENTS, DROPLESS_BF16_MOMENTS, DROPLESS_IMPLS,
                         DROPLESS_FP8_BLOCK, DROPLESS_FUSED, DROPLESS_MX_PROMOTION,
                         DROPLESS_TWO_PASS, FP8, JAX, PEAK,
                         SHAPES, short, step_flop)
@@ -140,7 +143,7 @@ def run_one(name, shape, ctx, args):
     meas, obj = {}, None
     try:
         if name in DROPLESS_IMPLS:
-            precision = {DROPLESS_BF16: "bf16",
+            precision = {DROPLESS_BF16: "bf16", DROPLESS_BF16_BF16_MOMENTS: "bf16",
                          DROPLESS_FP8_BLOCK: "fp8-block"}.get(name, args.precision)
             # Read by the engine when it is created.
             if name in (DROPLESS_FUSED, DROPLESS_TWO_PASS):
@@ -151,7 +154,8 @@ def run_one(name, shape, ctx, args):
                 os.environ["DROPLESS_MX_CORE"] = "0"
             else:
                 os.environ.pop("DROPLESS_MX_CORE", None)
-            obj = DroplessStep(ctx["lib"], dropless_spec(shape, args, precision))
+            moments = "bf16" if name in BF16_MOMENT_IMPLS else None
+            obj = DroplessStep(ctx["lib"], dropless_spec(shape, args, precision, moments))
             obj.run(1)
             t0 = time.perf_counter()
             obj.run(args.steps)
@@ -278,6 +282,7 @@ def bench(args, impls):
             peaks = [m["peak"] for m in res[name] if m.get("peak") is not None]
             loss = res[name][-1].get("loss")
             prec = {DROPLESS: args.precision, DROPLESS_MX_PROMOTION: args.precision,
+                    DROPLESS_BF16_MOMENTS: args.precision,
                     DROPLESS_FP8_BLOCK: "fp8-block", FP8: "fp8-rowwise"}.get(name, "bf16")
             ours = name in DROPLESS_IMPLS
             row = {"name": "step", "shape": shape, "impl": name, "precision": prec,
@@ -288,6 +293,7 @@ def bench(args, impls):
                    "offload": bool(args.offload) if ours else False,
                    "loss": loss, "round_ms": [round(x, 3) for x in ms_all], "note": note}
             if ours:
+                row["moment_dtype"] = "bf16" if name in BF16_MOMENT_IMPLS else "fp32"
                 st = {key: statistics.median(m["stats"][key] for m in res[name])
                       for key in STAT_NAMES[2:] if all(key in m["stats"] for m in res[name])}
                 row["phases_ms"] = {key: round(v, 3) for key, v in st.items()}

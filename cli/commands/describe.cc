@@ -42,8 +42,9 @@ std::string SpecSummary(const std::string& spec_yaml) {
   out += Field("  precision", std::string(ToString(spec->precision)));
   out += Field("  tokens/rank", absl::StrCat(spec->tokens_per_rank));
   out += Field("  optimizer",
-               absl::StrFormat("%s lr %g betas (%g, %g) weight_decay %g warmup %d", o.name, o.lr,
-                               o.beta1, o.beta2, o.weight_decay, o.warmup_steps));
+               absl::StrFormat("%s lr %g betas (%g, %g) weight_decay %g warmup %d moment_dtype %s",
+                               o.name, o.lr, o.beta1, o.beta2, o.weight_decay, o.warmup_steps,
+                               std::string(ToString(o.moment_dtype))));
   out += Field("  dispatcher",
                absl::StrFormat("%s, overlap %s, activation offload %s",
                                std::string(ToString(spec->dispatcher)),

@@ -277,12 +277,12 @@ __global__ void __launch_bounds__(kWeightThreads)
 // the block from their bf16 values.
 constexpr int kAdamWWeightThreads = 512;
 
+template <typename M>  // the moments' element type: float or __nv_bfloat16 (moments.bf16)
 __global__ void __launch_bounds__(kAdamWWeightThreads)
     AdamWWeightKernel(const AdamWStep* __restrict__ step, const float* __restrict__ grad,
-                      float* __restrict__ param, float* __restrict__ m, float* __restrict__ v,
-                      int64_t k, int64_t n, bool pow2, uint32_t* __restrict__ data,
-                      float* __restrict__ scales, uint32_t* __restrict__ data_t,
-                      float* __restrict__ scales_t) {
+                      float* __restrict__ param, const AdamWMoments moments, int64_t k, int64_t n,
+                      bool pow2, uint32_t* __restrict__ data, float* __restrict__ scales,
+                      uint32_t* __restrict__ data_t, float* __restrict__ scales_t) {
   namespace fw = fp8_block_weight;
   __shared__ fw::BlockSmem<kAdamWWeightThreads> smem;
   const AdamWStep s = *step;
@@ -290,7 +290,8 @@ __global__ void __launch_bounds__(kAdamWWeightThreads)
   uint2 values[fw::kRowsPerThread<kAdamWWeightThreads>];
 #pragma unroll
   for (int r = 0; r < fw::kRowsPerThread<kAdamWWeightThreads>; ++r) {
-    values[r] = AdamWUpdateFour(s, fw::ElementOf<kAdamWWeightThreads>(b, k, n, r), grad, param, m, v);
+    values[r] =
+        AdamWUpdateFour<M>(s, fw::ElementOf<kAdamWWeightThreads>(b, k, n, r), grad, param, moments);
   }
   fw::QuantizeBlock<kAdamWWeightThreads>(values, b, k, n, pow2, data, scales, data_t, scales_t, smem);
 }
@@ -413,27 +414,36 @@ absl::Status QuantizeFp8BlockWeights(const Fp8BlockWeightShape& shape, const Bf1
 }
 
 absl::Status AdamWQuantizeFp8BlockWeights(const Fp8BlockWeightShape& shape, const AdamWStep* step,
-                                          const float* grad, float* param, float* m, float* v,
-                                          const Fp8BlockWeights& out, Stream stream) {
+                                          const float* grad, float* param,
+                                          const AdamWMoments& moments, const Fp8BlockWeights& out,
+                                          Stream stream) {
   if (absl::Status s = ValidateFp8BlockWeights(shape, reinterpret_cast<const Bf16*>(param), out);
       !s.ok()) {
     return s;
   }
-  if (step == nullptr || grad == nullptr || m == nullptr || v == nullptr) {
-    return absl::InvalidArgumentError("step: step, grad, m and v must be set");
+  if (step == nullptr || grad == nullptr || moments.m == nullptr || moments.v == nullptr) {
+    return absl::InvalidArgumentError("step: step, grad, moments.m and moments.v must be set");
   }
-  if (!Aligned(param, 16) || !Aligned(grad, 16) || !Aligned(m, 16) || !Aligned(v, 16)) {
-    return absl::InvalidArgumentError("param: param, grad, m and v must be 16-byte aligned");
+  if (!Aligned(param, 16) || !Aligned(grad, 16)) {
+    return absl::InvalidArgumentError("param: param and grad must be 16-byte aligned");
+  }
+  if (!Aligned(moments.m, 4 * moments.element_bytes()) ||
+      !Aligned(moments.v, 4 * moments.element_bytes())) {
+    return absl::InvalidArgumentError(
+        "moments: m and v must be aligned to four elements (16 bytes fp32, 8 bytes bf16)");
   }
   if (!Aligned(out.data, 4) || !Aligned(out.data_t, 4)) {
     return absl::InvalidArgumentError("out.data: data and data_t must be 4-byte aligned");
   }
   const int64_t blocks = shape.num_experts * (shape.k / kFp8Block) * (shape.n / kFp8Block);
   if (blocks > INT32_MAX) return absl::InvalidArgumentError("num_experts: too many blocks");
-  AdamWWeightKernel<<<static_cast<unsigned>(blocks), kAdamWWeightThreads, 0, stream>>>(
-      step, grad, param, m, v, shape.k, shape.n, shape.mode == Fp8ScaleMode::kPowerOfTwo,
-      reinterpret_cast<uint32_t*>(out.data), out.scales, reinterpret_cast<uint32_t*>(out.data_t),
-      out.scales_t);
+  const bool pow2 = shape.mode == Fp8ScaleMode::kPowerOfTwo;
+  auto* data = reinterpret_cast<uint32_t*>(out.data);
+  auto* data_t = reinterpret_cast<uint32_t*>(out.data_t);
+  const unsigned grid = static_cast<unsigned>(blocks);
+  auto kernel = moments.bf16 ? AdamWWeightKernel<__nv_bfloat16> : AdamWWeightKernel<float>;
+  kernel<<<grid, kAdamWWeightThreads, 0, stream>>>(step, grad, param, moments, shape.k, shape.n,
+                                                   pow2, data, out.scales, data_t, out.scales_t);
   return LaunchStatus("Fp8Block AdamWWeightKernel");
 }
 

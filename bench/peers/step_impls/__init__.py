@@ -17,8 +17,13 @@ DROPLESS_TWO_PASS = "dropless-two-pass-adamw"
 DROPLESS_MX_PROMOTION = "dropless-mx-promotion"
 # dropless in fp8-block (X per 1x128 column tile) beside --precision fp8-block-wgrad128, same run
 DROPLESS_FP8_BLOCK = "dropless-fp8-block"
+# dropless with AdamW's moments stored in bf16 (optimizer.moment_dtype: bf16): in --precision, and
+# in bf16 beside a quantized --precision, same run
+DROPLESS_BF16_MOMENTS = "dropless-bf16-moments"
+DROPLESS_BF16_BF16_MOMENTS = "dropless-bf16-bf16-moments"
+BF16_MOMENT_IMPLS = (DROPLESS_BF16_MOMENTS, DROPLESS_BF16_BF16_MOMENTS)
 DROPLESS_IMPLS = (DROPLESS, DROPLESS_BF16, DROPLESS_FUSED, DROPLESS_TWO_PASS,
-                  DROPLESS_MX_PROMOTION, DROPLESS_FP8_BLOCK)
+                  DROPLESS_MX_PROMOTION, DROPLESS_FP8_BLOCK, *BF16_MOMENT_IMPLS)
 DEFAULT_IMPLS = [DROPLESS, GROUPED, NAIVE, JAX]
 
 

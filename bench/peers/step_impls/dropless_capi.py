@@ -26,10 +26,11 @@ def yfloat(x):
     return r.replace("e", ".0e", 1) if "e" in r and "." not in r else r
 
 
-def dropless_spec(shape, args, precision=None):
+def dropless_spec(shape, args, precision=None, moment_dtype=None):
     """The engine runs one GPU: with --ep N it gets one GPU's share of the layer, E/N experts that
     receive all T*k routed rows (the peers' model of an EP rank); its router then scores E/N experts
-    instead of E (a negligible part of the step's FLOPs). precision: default args.precision."""
+    instead of E (a negligible part of the step's FLOPs). precision: default args.precision;
+    moment_dtype: AdamW's moments (default: the spec's default, fp32)."""
     t, h, f, e, k = SHAPES[shape]
     ep = args.ep_of[shape]
     e //= ep
@@ -40,6 +41,8 @@ def dropless_spec(shape, args, precision=None):
              f"precision: {precision or args.precision}", f"tokens_per_rank: {t}", "steps: 1000000",
              "optimizer:", "  name: adamw", f"  lr: {yfloat(LR)}", f"  betas: [{BETAS[0]}, {BETAS[1]}]",
              f"  eps: {yfloat(EPS)}", f"  weight_decay: {yfloat(args.weight_decay)}"]
+    if moment_dtype:
+        lines.append(f"  moment_dtype: {moment_dtype}")
     if args.dispatcher:
         lines.append(f"dispatcher: {args.dispatcher}")
     if args.offload:

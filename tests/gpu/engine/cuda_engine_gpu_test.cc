@@ -2,20 +2,21 @@
 // seed: the step-1 loss, and every gradient recovered from the weights after one AdamW step (with
 // eps = 1 and lr = 1 the first update of a parameter is d = g / (|g| + 1), so g = d / (1 - |d|)),
 // in bf16 and mxfp8, softmax and sigmoid routers, skewed routing and experts that receive no
-// token. Then: the synthetic task learns over 500 steps in both precisions; a run stopped and
-// resumed from its checkpoint continues the uninterrupted loss curve; a CPU-engine checkpoint
-// resumes on the CUDA engine.
+// token. Then: the synthetic task learns over 500 steps in every precision (and with bf16 AdamW
+// moments); a run stopped and resumed from its checkpoint continues the uninterrupted loss curve
+// (fp32 and bf16 moments); a CPU-engine checkpoint resumes on the CUDA engine.
 #include <unistd.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "dropless/kernels/types.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/engine/local_ep_test_support.h"
 #include "tests/gpu/kernels/gpu_test_util.h"
@@ -304,28 +305,41 @@ TEST_F(CudaEngineGpu, LearnsIn500StepsInEveryPrecisionWithinOnePercentOfBf16) {
     return s / 20;
   };
   const std::vector<uint64_t> seeds = {5, 6, 7};
-  const std::vector<Precision> precisions = {Precision::kBf16, Precision::kMxfp8,
-                                             Precision::kFp8Block, Precision::kFp8BlockWgrad128};
-  std::vector<double> end(precisions.size(), 0.0);
+  struct Run {
+    Precision precision;
+    MomentDtype moments;
+  };
+  // The first is the reference; the last keeps AdamW's moments in bf16 (optimizer.moment_dtype).
+  const std::vector<Run> runs = {{Precision::kBf16, MomentDtype::kFp32},
+                                 {Precision::kMxfp8, MomentDtype::kFp32},
+                                 {Precision::kFp8Block, MomentDtype::kFp32},
+                                 {Precision::kFp8BlockWgrad128, MomentDtype::kFp32},
+                                 {Precision::kBf16, MomentDtype::kBf16}};
+  auto name_of = [](const Run& r) {
+    return std::string(ToString(r.precision)) +
+           (r.moments == MomentDtype::kBf16 ? "+bf16-moments" : "");
+  };
+  std::vector<double> end(runs.size(), 0.0);
   for (uint64_t seed : seeds) {
-    for (size_t p = 0; p < precisions.size(); ++p) {
-      const std::string name(ToString(precisions[p]));
+    for (size_t p = 0; p < runs.size(); ++p) {
+      const std::string name = name_of(runs[p]);
       SCOPED_TRACE(name + " seed " + std::to_string(seed));
-      EngineConfig config = LearningConfig(precisions[p]);
+      EngineConfig config = LearningConfig(runs[p].precision);
+      config.optimizer.moment_dtype = runs[p].moments;
       config.data.seed = seed;
       std::unique_ptr<Engine> e = MakeCuda(config);
       ASSERT_TRUE(e);
       const std::vector<double> losses = Losses(e.get(), 500);
       ASSERT_EQ(losses.size(), 500u);
-      std::printf("500 steps, seed %llu: %-9s loss %.5f -> %.5f (last-20 mean %.5f)\n",
+      std::printf("500 steps, seed %llu: %-22s loss %.5f -> %.5f (last-20 mean %.5f)\n",
                   static_cast<unsigned long long>(seed), name.c_str(), losses.front(),
                   losses.back(), tail_mean(losses));
       EXPECT_LT(tail_mean(losses), 0.5 * losses.front());
       end[p] += tail_mean(losses) / seeds.size();
     }
   }
-  for (size_t p = 1; p < precisions.size(); ++p) {
-    const std::string name(ToString(precisions[p]));
+  for (size_t p = 1; p < runs.size(); ++p) {
+    const std::string name = name_of(runs[p]);
     std::printf("500 steps over %zu seeds: bf16 %.5f, %s %.5f (%+.2f%%)\n", seeds.size(), end[0],
                 name.c_str(), end[p], 100.0 * (end[p] / end[0] - 1.0));
     EXPECT_LE(end[p], 1.01 * end[0]) << name;
@@ -333,8 +347,12 @@ TEST_F(CudaEngineGpu, LearnsIn500StepsInEveryPrecisionWithinOnePercentOfBf16) {
   }
 }
 
-TEST_F(CudaEngineGpu, ResumedRunContinuesTheLossCurve) {
+class CudaEngineMomentsGpu : public CudaEngineGpu,
+                             public ::testing::WithParamInterface<MomentDtype> {};
+
+TEST_P(CudaEngineMomentsGpu, ResumedRunContinuesTheLossCurve) {
   EngineConfig c = LearningConfig(Precision::kBf16);
+  c.optimizer.moment_dtype = GetParam();
   std::vector<double> straight;
   {
     std::unique_ptr<Engine> e = MakeCuda(c);
@@ -362,6 +380,52 @@ TEST_F(CudaEngineGpu, ResumedRunContinuesTheLossCurve) {
     EXPECT_NEAR(first[i], straight[i], 1e-4 * straight[i]) << "step " << i + 1;
     EXPECT_NEAR(second[i], straight[15 + i], 1e-3 * straight[15 + i]) << "step " << 16 + i;
   }
+  // The checkpoint's moments (fp32 in the file) are the engine's: bf16 values with bf16 moments.
+  const cpu::MoeParameterLayout layout(c.model, 1, 0, c.tokens_per_rank);
+  std::vector<float> rp(layout.replicated_size()), rm(rp.size()), rv(rp.size());
+  std::vector<float> ep(layout.experts_size()), em(ep.size()), ev(ep.size());
+  absl::StatusOr<int64_t> step =
+      engine::ReadMoeCheckpoint(c.checkpoint.dir, engine::MoeCheckpointIdentityOf(c, 0), layout,
+                                {absl::MakeSpan(rp), absl::MakeSpan(rm), absl::MakeSpan(rv)},
+                                {absl::MakeSpan(ep), absl::MakeSpan(em), absl::MakeSpan(ev)});
+  ASSERT_TRUE(step.ok()) << step.status();
+  int64_t not_bf16 = 0, nonzero = 0;
+  for (const std::vector<float>* moments : {&rm, &rv, &em, &ev}) {
+    for (float x : *moments) {
+      nonzero += x != 0.0f;
+      not_bf16 += kernels::Bf16ToFloat(kernels::FloatToBf16(x)) != x;
+    }
+  }
+  EXPECT_GT(nonzero, 0);
+  if (GetParam() == MomentDtype::kBf16) {
+    EXPECT_EQ(not_bf16, 0);
+  } else {
+    EXPECT_GT(not_bf16, 0);  // fp32 moments use their low bits
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(MomentDtypes, CudaEngineMomentsGpu,
+                         ::testing::Values(MomentDtype::kFp32, MomentDtype::kBf16),
+                         [](const ::testing::TestParamInfo<MomentDtype>& info) {
+                           return info.param == MomentDtype::kBf16 ? "bf16_moments"
+                                                                   : "fp32_moments";
+                         });
+
+// bf16 moments are updated by the AdamW pass: forcing the fused weight-gradient update on them is
+// refused at creation, naming the field.
+TEST_F(CudaEngineGpu, Bf16MomentsRefuseTheForcedFusedUpdate) {
+  EngineConfig c = SmallConfig();
+  c.optimizer.moment_dtype = MomentDtype::kBf16;
+  setenv("DROPLESS_FUSED_EXPERT_ADAMW", "1", 1);
+  absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> e =
+      cuda_engine::CreateCudaEngine(c, 0, 1, nullptr);
+  unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("optimizer.moment_dtype"), std::string::npos) << e.status();
+  // Not forced, the small shape that would fuse the update runs the two passes.
+  std::unique_ptr<Engine> two_passes = MakeCuda(c);
+  ASSERT_TRUE(two_passes);
+  EXPECT_EQ(Losses(two_passes.get(), 3).size(), 3u);
 }
 
 TEST_F(CudaEngineGpu, CpuCheckpointResumesOnTheCudaEngine) {

@@ -1,9 +1,11 @@
 // The CUDA engine's own kernels against host references on fresh random data each run, outputs
 // poisoned first: parameter fills and tokens against the CPU engine's generators, fused AdamW
-// (with bf16 and transposed bf16 copies, vectorized and scalar paths, updates in separate launches) against cpu::AdamWUpdate over several steps, the sum,
+// (with bf16 and transposed bf16 copies, vectorized and scalar paths, updates in separate
+// launches, fp32 and bf16 moments) against cpu::AdamWUpdate over several steps, the sum,
 // squared-error, transpose and bias kernels against plain loops.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -29,6 +31,40 @@ using kernels::testing::RandomFloat;
 using kernels::testing::Rng;
 
 class EngineKernelsGpu : public GpuTest {};
+
+// The optimizer's moment_dtype.
+class EngineKernelsMomentsGpu : public GpuTest,
+                                public ::testing::WithParamInterface<MomentDtype> {};
+
+// A tensor's AdamW moments on the device, zeroed, in the dtype asked for.
+class DeviceMoments {
+ public:
+  DeviceMoments(int64_t n, MomentDtype dtype)
+      : bf16_(dtype == MomentDtype::kBf16),
+        m_(static_cast<size_t>(n) * (bf16_ ? 2 : 4), 0),
+        v_(static_cast<size_t>(n) * (bf16_ ? 2 : 4), 0) {}  // zeroed
+  kernels::AdamWMoments get() const { return kernels::AdamWMoments{m_.get(), v_.get(), bf16_}; }
+  // The moments widened to fp32.
+  std::vector<float> DownloadM() const { return Widen(m_.Download()); }
+  std::vector<float> DownloadV() const { return Widen(v_.Download()); }
+
+ private:
+  std::vector<float> Widen(const std::vector<uint8_t>& raw) const {
+    std::vector<float> out(raw.size() / (bf16_ ? 2 : 4));
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (bf16_) {
+        Bf16 b;
+        std::memcpy(&b, raw.data() + 2 * i, 2);
+        out[i] = Bf16ToFloat(b);
+      } else {
+        std::memcpy(&out[i], raw.data() + 4 * i, 4);
+      }
+    }
+    return out;
+  }
+  bool bf16_;
+  DeviceArray<uint8_t> m_, v_;
+};
 
 TEST_F(EngineKernelsGpu, FillNormalDrawsTheCpuInitialization) {
   ModelSpec m;
@@ -78,8 +114,9 @@ TEST_F(EngineKernelsGpu, GenerateTokensDrawsTheCpuTokens) {
   }
 }
 
-TEST_F(EngineKernelsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
+TEST_P(EngineKernelsMomentsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
   OptimizerSpec o;
+  o.moment_dtype = GetParam();
   o.lr = 3e-3;
   o.beta1 = 0.9;
   o.beta2 = 0.95;
@@ -91,33 +128,36 @@ TEST_F(EngineKernelsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
   const int64_t rows = 37, cols = 45, n2 = 70001, n3 = 3 * 16384 + 4 * 1000 + 3;
   std::vector<float> p1 = RandomFloat(rows * cols), p2 = RandomFloat(n2), p3 = RandomFloat(n3);
   std::vector<float> m3(n3, 0), v3(n3, 0);
-  DeviceArray<float> dp3(p3), dm3(m3), dv3(v3), dg3(n3);
+  DeviceArray<float> dp3(p3), dg3(n3);
+  DeviceMoments dmv3(n3, o.moment_dtype);
   DeviceArray<Bf16> copy3(n3);
   std::vector<float> m1(p1.size(), 0), v1(p1.size(), 0), m2(p2.size(), 0), v2(p2.size(), 0);
-  DeviceArray<float> dp1(p1), dp2(p2), dm1(m1), dv1(v1), dm2(m2), dv2(v2);
+  DeviceArray<float> dp1(p1), dp2(p2);
+  DeviceMoments dmv1(rows * cols, o.moment_dtype), dmv2(n2, o.moment_dtype);
   DeviceArray<float> dg1(p1.size()), dg2(p2.size());
   DeviceArray<Bf16> copy1(p1.size()), copy2(p2.size());
   DeviceArray<int64_t> counter(std::vector<int64_t>{0});
   AdamWTensor t1, t2;
   t1.param = dp1.get();
   t1.grad = dg1.get();
-  t1.m = dm1.get();
-  t1.v = dv1.get();
+  t1.moments = dmv1.get();
   t1.n = rows * cols;
   t1.bf16_copy = copy1.get();
   t1.copy_rows = rows;
   t1.copy_cols = cols;
   t2.param = dp2.get();
   t2.grad = dg2.get();
-  t2.m = dm2.get();
-  t2.v = dv2.get();
+  t2.moments = dmv2.get();
   t2.n = n2;
   t2.bf16_copy = copy2.get();
   AdamWTensor t3;
   t3.param = dp3.get();
   t3.grad = dg3.get();
-  t3.m = dm3.get();
-  t3.v = dv3.get();
+  // Placed past 2^32 in the experts' stream: bf16 moments draw their rounding from the place.
+  constexpr int64_t kFirst3 = 5'000'000'123;
+  t3.moments = dmv3.get();
+  t3.moments.stream = cpu::kExpertMoments;
+  t3.moments.first = kFirst3;
   t3.n = n3;
   t3.bf16_copy = copy3.get();
   absl::StatusOr<std::unique_ptr<FusedAdamW>> adamw =
@@ -141,7 +181,8 @@ TEST_F(EngineKernelsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
     }
     cpu::AdamWUpdate<float>(o, step, static_cast<int64_t>(p1.size()), g1.data(), p1.data(), m1.data(), v1.data());
     cpu::AdamWUpdate<float>(o, step, static_cast<int64_t>(p2.size()), g2.data(), p2.data(), m2.data(), v2.data());
-    cpu::AdamWUpdate<float>(o, step, n3, g3.data(), p3.data(), m3.data(), v3.data());
+    cpu::AdamWUpdate<float>(o, step, n3, g3.data(), p3.data(), m3.data(), v3.data(),
+                            cpu::kExpertMoments, kFirst3);
   }
   EXPECT_EQ(counter.Download()[0], 5);
   const std::vector<float> got1 = dp1.Download(), got2 = dp2.Download();
@@ -160,14 +201,26 @@ TEST_F(EngineKernelsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
     ASSERT_NEAR(got3[i], p3[i], 2e-6f * (1 + std::fabs(p3[i]))) << i;
     ASSERT_EQ(c3[i].bits, FloatToBf16(got3[i]).bits) << i;
   }
+  // The moments: the CPU's bits (bf16: rounded stochastically after each step).
+  ASSERT_TRUE(kernels::testing::BitEqual(dmv1.DownloadM(), m1));
+  ASSERT_TRUE(kernels::testing::BitEqual(dmv1.DownloadV(), v1));
+  ASSERT_TRUE(kernels::testing::BitEqual(dmv2.DownloadM(), m2));
+  ASSERT_TRUE(kernels::testing::BitEqual(dmv3.DownloadM(), m3));
+  ASSERT_TRUE(kernels::testing::BitEqual(dmv3.DownloadV(), v3));
+  if (o.moment_dtype == MomentDtype::kBf16) {
+    for (size_t i = 0; i < m2.size(); ++i) {
+      ASSERT_EQ(Bf16ToFloat(FloatToBf16(m2[i])), m2[i]) << "not a bf16 value at " << i;
+    }
+  }
 }
 
 // AdamW fused with the fp8-block weight quantization against the two passes it replaces (Update
 // with a bf16 copy, then QuantizeFp8BlockWeights of the copy): the same master, moment and
 // quantized bits over several steps, in both scale modes, and the quantized weight against the
 // CPU reference of the updated masters.
-TEST_F(EngineKernelsGpu, FusedAdamWFp8BlockMatchesUpdateThenQuantize) {
+TEST_P(EngineKernelsMomentsGpu, FusedAdamWFp8BlockMatchesUpdateThenQuantize) {
   OptimizerSpec o;
+  o.moment_dtype = GetParam();
   o.lr = 1e-2;
   o.beta1 = 0.9;
   o.beta2 = 0.99;
@@ -179,11 +232,10 @@ TEST_F(EngineKernelsGpu, FusedAdamWFp8BlockMatchesUpdateThenQuantize) {
        {kernels::Fp8ScaleMode::kFloat32, kernels::Fp8ScaleMode::kPowerOfTwo}) {
     const kernels::Fp8BlockWeightShape shape{experts, k, n, mode};
     const std::vector<float> p0 = RandomFloat(size);
-    const std::vector<float> zeros(size, 0.0f);
     // Path 0: Update then QuantizeFp8BlockWeights; path 1: UpdateFp8Block.
     DeviceArray<float> p[2] = {DeviceArray<float>(p0), DeviceArray<float>(p0)};
-    DeviceArray<float> m[2] = {DeviceArray<float>(zeros), DeviceArray<float>(zeros)};
-    DeviceArray<float> v[2] = {DeviceArray<float>(zeros), DeviceArray<float>(zeros)};
+    DeviceMoments mv[2] = {DeviceMoments(size, o.moment_dtype),
+                           DeviceMoments(size, o.moment_dtype)};
     DeviceArray<float> g(size);
     DeviceArray<Bf16> copy(size);
     DeviceArray<uint8_t> data[2] = {DeviceArray<uint8_t>(size), DeviceArray<uint8_t>(size)};
@@ -197,8 +249,7 @@ TEST_F(EngineKernelsGpu, FusedAdamWFp8BlockMatchesUpdateThenQuantize) {
       AdamWTensor t;
       t.param = p[i].get();
       t.grad = g.get();
-      t.m = m[i].get();
-      t.v = v[i].get();
+      t.moments = mv[i].get();
       t.n = size;
       t.bf16_copy = i == 0 ? copy.get() : nullptr;
       absl::StatusOr<std::unique_ptr<FusedAdamW>> a =
@@ -216,8 +267,8 @@ TEST_F(EngineKernelsGpu, FusedAdamWFp8BlockMatchesUpdateThenQuantize) {
       STATUS_ASSERT(adamw[1]->UpdateFp8Block(0, shape, out[1], nullptr));
     }
     ASSERT_TRUE(kernels::testing::BitEqual(p[1].Download(), p[0].Download()));
-    ASSERT_TRUE(kernels::testing::BitEqual(m[1].Download(), m[0].Download()));
-    ASSERT_TRUE(kernels::testing::BitEqual(v[1].Download(), v[0].Download()));
+    ASSERT_TRUE(kernels::testing::BitEqual(mv[1].DownloadM(), mv[0].DownloadM()));
+    ASSERT_TRUE(kernels::testing::BitEqual(mv[1].DownloadV(), mv[0].DownloadV()));
     ASSERT_TRUE(kernels::testing::BitEqual(data[1].Download(), data[0].Download()));
     ASSERT_TRUE(kernels::testing::BitEqual(data_t[1].Download(), data_t[0].Download()));
     ASSERT_TRUE(kernels::testing::BitEqual(scales[1].Download(), scales[0].Download()));
@@ -236,14 +287,18 @@ TEST_F(EngineKernelsGpu, FusedAdamWFp8BlockMatchesUpdateThenQuantize) {
     ASSERT_TRUE(kernels::testing::BitEqual(scales[1].Download(), want_s));
   }
   // Refusals: a tensor index out of range, a shape that is not the tensor's.
-  DeviceArray<float> a(128 * 128), b(128 * 128), c(128 * 128), d(128 * 128);
+  DeviceArray<float> a(128 * 128), b(128 * 128);
+  DeviceMoments cd(128 * 128, o.moment_dtype);
   DeviceArray<int64_t> counter(std::vector<int64_t>{0});
   AdamWTensor t;
   t.param = a.get();
   t.grad = b.get();
-  t.m = c.get();
-  t.v = d.get();
+  t.moments = cd.get();
   t.n = 128 * 128;
+  // Moments of the other dtype than the optimizer's are refused.
+  AdamWTensor other = t;
+  other.moments.bf16 = !other.moments.bf16;
+  EXPECT_FALSE(FusedAdamW::Create(o, {other}, counter.get()).ok());
   absl::StatusOr<std::unique_ptr<FusedAdamW>> one = FusedAdamW::Create(o, {t}, counter.get());
   ASSERT_TRUE(one.ok());
   DeviceArray<uint8_t> q(2 * 128 * 128);
@@ -252,6 +307,13 @@ TEST_F(EngineKernelsGpu, FusedAdamWFp8BlockMatchesUpdateThenQuantize) {
   EXPECT_FALSE((*one)->UpdateFp8Block(1, kernels::Fp8BlockWeightShape{1, 128, 128}, qo, nullptr).ok());
   EXPECT_FALSE((*one)->UpdateFp8Block(0, kernels::Fp8BlockWeightShape{2, 128, 128}, qo, nullptr).ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(MomentDtypes, EngineKernelsMomentsGpu,
+                         ::testing::Values(MomentDtype::kFp32, MomentDtype::kBf16),
+                         [](const ::testing::TestParamInfo<MomentDtype>& info) {
+                           return info.param == MomentDtype::kBf16 ? "bf16_moments"
+                                                                   : "fp32_moments";
+                         });
 
 TEST_F(EngineKernelsGpu, SumSquaredErrorTransposeAndBias) {
   const int64_t n = 100003;

@@ -124,9 +124,14 @@ TEST_F(WgradAdamWTest, UpdateIsGradientThenAdamWBitForBit) {
       v[i] = std::fabs(normal(rng)) * 1e-4f;
     }
     // Step 3 of lr 1e-3, weight decay 0.1.
-    AdamWStep step{0.9f, 0.999f, 1e-8f, 1.0f - 1e-3f * 0.1f, 1e-3f,
+    AdamWStep step{0.9f,
+                   0.999f,
+                   1e-8f,
+                   1.0f - 1e-3f * 0.1f,
+                   1e-3f,
                    static_cast<float>(1.0 / (1.0 - std::pow(0.9, 3))),
-                   static_cast<float>(1.0 / (1.0 - std::pow(0.999, 3)))};
+                   static_cast<float>(1.0 / (1.0 - std::pow(0.999, 3))),
+                   3};
     gemm_test::DeviceBuffer d_param(count * 4, 4), d_m(count * 4, 4), d_v(count * 4, 4),
         d_copy(count * 2, 2), d_step(sizeof(AdamWStep), 4);
     d_param.Upload(param.data(), count * 4);

@@ -36,6 +36,7 @@ void ExpectSameSpec(const JobSpec& a, const JobSpec& b) {
   EXPECT_EQ(a.optimizer.eps, b.optimizer.eps);
   EXPECT_EQ(a.optimizer.weight_decay, b.optimizer.weight_decay);
   EXPECT_EQ(a.optimizer.warmup_steps, b.optimizer.warmup_steps);
+  EXPECT_EQ(a.optimizer.moment_dtype, b.optimizer.moment_dtype);
   EXPECT_EQ(a.dispatcher, b.dispatcher);
   EXPECT_EQ(a.overlap, b.overlap);
   EXPECT_EQ(a.activation_offload, b.activation_offload);
@@ -81,6 +82,7 @@ JobSpec RandomSpec(std::mt19937_64& rng) {
   s.optimizer.eps = real(1e-12, 1e-6);
   s.optimizer.weight_decay = real(0, 0.5);
   s.optimizer.warmup_steps = pick(0, 1000);
+  s.optimizer.moment_dtype = pick(0, 1) ? MomentDtype::kBf16 : MomentDtype::kFp32;
   s.dispatcher = cuda ? Dispatcher::kAuto : static_cast<Dispatcher>(pick(0, 1));
   s.overlap = false;
   s.activation_offload = false;

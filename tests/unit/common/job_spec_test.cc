@@ -124,14 +124,18 @@ std::vector<BadCase> BadCases() {
        "needs resources.backend cuda"},
       {"nccl_ep_on_cpu", With("dispatcher: auto", "dispatcher: nccl-ep"), "dispatcher",
        "needs resources.backend cuda"},
-      {"mxfp8_hidden", WithAll({{"precision: bf16", "precision: mxfp8"}, {"  hidden: 64", "  hidden: 48"}}),
+      {"mxfp8_hidden",
+       WithAll({{"precision: bf16", "precision: mxfp8"}, {"  hidden: 64", "  hidden: 48"}}),
        "model.hidden", "must be divisible by 32 with precision mxfp8 (got 48)"},
-      {"mxfp8_ffn", WithAll({{"precision: bf16", "precision: mxfp8"}, {"  ffn: 128", "  ffn: 100"}}),
+      {"mxfp8_ffn",
+       WithAll({{"precision: bf16", "precision: mxfp8"}, {"  ffn: 128", "  ffn: 100"}}),
        "model.ffn", "must be divisible by 32 with precision mxfp8 (got 100)"},
-      {"fp8_block_hidden", WithAll({{"precision: bf16", "precision: fp8-block"}, {"  hidden: 64", "  hidden: 192"}}),
+      {"fp8_block_hidden",
+       WithAll({{"precision: bf16", "precision: fp8-block"}, {"  hidden: 64", "  hidden: 192"}}),
        "model.hidden", "must be divisible by 128 with precision fp8-block (got 192)"},
       {"fp8_block_wgrad128_ffn",
-       WithAll({{"precision: bf16", "precision: fp8-block-wgrad128"}, {"  hidden: 64", "  hidden: 128"},
+       WithAll({{"precision: bf16", "precision: fp8-block-wgrad128"},
+                {"  hidden: 64", "  hidden: 128"},
                 {"  ffn: 128", "  ffn: 64"}}),
        "model.ffn", "must be divisible by 128 with precision fp8-block-wgrad128 (got 64)"},
       {"checkpoint_every_without_dir", With("  every: 0", "  every: 10"), "checkpoint.every",
@@ -150,12 +154,14 @@ std::vector<BadCase> BadCases() {
       {"dp_negative", With("  dp: 1", "  dp: -2"), "parallel.dp", "must be >= 1"},
       {"tokens_zero", With("tokens_per_rank: 256", "tokens_per_rank: 0"), "tokens_per_rank",
        "must be >= 1"},
-      {"tokens_huge", With("tokens_per_rank: 256", "tokens_per_rank: 100000000"),
-       "tokens_per_rank", "must be <= 1048576"},
+      {"tokens_huge", With("tokens_per_rank: 256", "tokens_per_rank: 100000000"), "tokens_per_rank",
+       "must be <= 1048576"},
       {"steps_negative", With("steps: 40", "steps: -1"), "steps", "must be >= 1"},
-      {"hidden_huge", With("  hidden: 64", "  hidden: 1000000"), "model.hidden", "must be <= 65536"},
+      {"hidden_huge", With("  hidden: 64", "  hidden: 1000000"), "model.hidden",
+       "must be <= 65536"},
       {"cpu_memory_bound",
-       WithAll({{"  hidden: 64", "  hidden: 16384"}, {"  ffn: 128", "  ffn: 65536"},
+       WithAll({{"  hidden: 64", "  hidden: 16384"},
+                {"  ffn: 128", "  ffn: 65536"},
                 {"  experts: 8", "  experts: 64"}}),
        "tokens_per_rank", "cpu backend needs"},
       {"max_attempts_zero", With("max_attempts: 1", "max_attempts: 0"), "max_attempts",
@@ -171,8 +177,8 @@ std::vector<BadCase> BadCases() {
        "optimizer.betas[0]", "must be in [0, 1)"},
       {"betas_three", With("  betas: [0.9, 0.999]", "  betas: [0.9, 0.99, 0.999]"),
        "optimizer.betas", "list of two numbers"},
-      {"betas_string", With("  betas: [0.9, 0.999]", "  betas: [0.9, high]"),
-       "optimizer.betas[1]", "must be a finite number, got 'high'"},
+      {"betas_string", With("  betas: [0.9, 0.999]", "  betas: [0.9, high]"), "optimizer.betas[1]",
+       "must be a finite number, got 'high'"},
       {"eps_zero", With("  eps: 1.0e-8", "  eps: 0"), "optimizer.eps", "must be > 0"},
       {"optimizer_sgd", With("  name: adamw", "  name: sgd"), "optimizer.name", "must be adamw"},
       {"weight_decay_negative", With("  weight_decay: 0.0", "  weight_decay: -1"),
@@ -198,12 +204,15 @@ std::vector<BadCase> BadCases() {
        "must be one of cpu | cuda"},
       {"distribution_unknown", With("  distribution: uniform", "  distribution: normal"),
        "data.distribution", "must be one of uniform | zipf"},
-      {"activation_unknown", With("  activation: swiglu", "  activation: gelu"),
-       "model.activation", "must be one of swiglu"},
+      {"activation_unknown", With("  activation: swiglu", "  activation: gelu"), "model.activation",
+       "must be one of swiglu"},
+      {"moment_dtype_unknown", With("  warmup: 5", "  warmup: 5\n  moment_dtype: fp16"),
+       "optimizer.moment_dtype", "must be one of fp32 | bf16, got 'fp16'"},
+      {"moment_dtype_not_a_string", With("  warmup: 5", "  warmup: 5\n  moment_dtype: [bf16]"),
+       "optimizer.moment_dtype", "must be a string, got list"},
       // Unknown fields, at every level.
       {"unknown_top", With("steps: 40", "steps: 40\nstep: 40"), "step", "unknown field"},
-      {"unknown_model", With("  topk: 2", "  topk: 2\n  top_k: 2"), "model.top_k",
-       "unknown field"},
+      {"unknown_model", With("  topk: 2", "  topk: 2\n  top_k: 2"), "model.top_k", "unknown field"},
       {"misspelt_required", With("  hidden: 64", "  hiden: 64"), "model.hiden", "unknown field"},
       {"unknown_optimizer", With("  lr: 0.003", "  lr: 0.003\n  momentum: 0.9"),
        "optimizer.momentum", "unknown field"},
@@ -212,8 +221,8 @@ std::vector<BadCase> BadCases() {
        "unknown field"},
       {"unknown_data", With("  seed: 1234", "  seed: 1234\n  skew: 2"), "data.skew",
        "unknown field"},
-      {"unknown_resources", With("  backend: cpu", "  backend: cpu\n  gpus: 8"),
-       "resources.gpus", "unknown field"},
+      {"unknown_resources", With("  backend: cpu", "  backend: cpu\n  gpus: 8"), "resources.gpus",
+       "unknown field"},
       // Wrong types.
       {"string_for_int", With("  hidden: 64", "  hidden: sixty-four"), "model.hidden",
        "must be a decimal integer, got 'sixty-four'"},
@@ -331,6 +340,7 @@ TEST(JobSpecTest, OptionalSectionsTakeDefaults) {
   EXPECT_EQ(spec->precision, Precision::kBf16);
   EXPECT_EQ(spec->dispatcher, Dispatcher::kAuto);
   EXPECT_DOUBLE_EQ(spec->optimizer.lr, defaults.optimizer.lr);
+  EXPECT_EQ(spec->optimizer.moment_dtype, MomentDtype::kFp32);
   EXPECT_EQ(spec->resources.backend, Backend::kCpu);
   EXPECT_TRUE(spec->checkpoint.dir.empty());
 }
@@ -458,6 +468,38 @@ TEST(JobSpecTest, OverridesAreCheckedByTheSpecRules) {
   EXPECT_EQ(spec->priority, 7);
 }
 
+TEST(JobSpecTest, MomentDtypeParsesAndDefaultsToFp32) {
+  absl::StatusOr<JobSpec> base = ParseJobSpec(kBase);  // optimizer section without the field
+  ASSERT_TRUE(base.ok()) << base.status();
+  EXPECT_EQ(base->optimizer.moment_dtype, MomentDtype::kFp32);
+  const std::pair<const char*, MomentDtype> cases[] = {{"fp32", MomentDtype::kFp32},
+                                                       {"bf16", MomentDtype::kBf16}};
+  for (const auto& [name, want] : cases) {
+    const std::string yaml =
+        With("  warmup: 5", std::string("  warmup: 5\n  moment_dtype: ") + name);
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml);
+    ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
+    EXPECT_EQ(spec->optimizer.moment_dtype, want) << name;
+    EXPECT_EQ(ToString(spec->optimizer.moment_dtype), name);
+    // Both engines honour it: the cuda backend takes it too.
+    absl::StatusOr<JobSpec> cuda = ParseJobSpec(absl::StrReplaceAll(
+        yaml, {{"  backend: cpu\n", "  backend: cuda\n"}, {"  ep: 2\n", "  ep: 1\n"}}));
+    ASSERT_TRUE(cuda.ok()) << name << ": " << cuda.status();
+    EXPECT_EQ(cuda->optimizer.moment_dtype, want) << name;
+    EXPECT_EQ(cuda->resources.backend, Backend::kCuda);
+  }
+  // In flow style too, and null means "not set".
+  absl::StatusOr<JobSpec> flow = ParseJobSpec(
+      "name: flow\nmodel: {hidden: 32, ffn: 64, experts: 4, topk: 1}\nparallel: {ep: 1}\n"
+      "tokens_per_rank: 8\nsteps: 2\noptimizer: {lr: 0.01, moment_dtype: bf16}\n");
+  ASSERT_TRUE(flow.ok()) << flow.status();
+  EXPECT_EQ(flow->optimizer.moment_dtype, MomentDtype::kBf16);
+  absl::StatusOr<JobSpec> null =
+      ParseJobSpec(With("  warmup: 5", "  warmup: 5\n  moment_dtype: ~"));
+  ASSERT_TRUE(null.ok()) << null.status();
+  EXPECT_EQ(null->optimizer.moment_dtype, MomentDtype::kFp32);
+}
+
 TEST(JobSpecTest, EnumNames) {
   EXPECT_EQ(ToString(RouterKind::kSigmoid), "sigmoid");
   EXPECT_EQ(ToString(Precision::kMxfp8), "mxfp8");
@@ -471,6 +513,8 @@ TEST(JobSpecTest, EnumNames) {
   EXPECT_EQ(ToString(Dispatcher::kNcclA2a), "nccl-a2a");
   EXPECT_EQ(ToString(RoutingDistribution::kZipf), "zipf");
   EXPECT_EQ(ToString(Backend::kCuda), "cuda");
+  EXPECT_EQ(ToString(MomentDtype::kFp32), "fp32");
+  EXPECT_EQ(ToString(MomentDtype::kBf16), "bf16");
 }
 
 }  // namespace

@@ -1,11 +1,16 @@
-// AdamW against values worked out by hand and against a plain fp64 loop of the formula.
+// AdamW against values worked out by hand and against a plain fp64 loop of the formula; bf16
+// moments (optimizer.moment_dtype) against the fp32 update followed by an independent rounding.
 #include "worker/engine/cpu/adamw.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
+#include "dropless/kernels/adamw.h"
+#include "dropless/kernels/types.h"
 #include "gtest/gtest.h"
 
 namespace dropless::cpu {
@@ -92,6 +97,179 @@ TEST(AdamWTest, FloatUpdateFollowsFp64Reference) {
     // m mixes gradients of both signs and scales: float keeps ~1e-7 of the largest term.
     ASSERT_NEAR(mf[i], m[i], 1e-6 * std::max(0.1, std::abs(m[i]))) << i;
   }
+}
+
+// x rounded to the nearest bf16 (8 significant bits), ties to even, computed from the value rather
+// than the bits (kernels' FloatToBf16 works on the bits): nearbyint in the default rounding mode
+// rounds ties to even. Finite x well inside float's range (moments are).
+float ReferenceBf16(float x) {
+  // |x| in [2^(e-1), 2^e): bf16's spacing there is 2^(e-8), at least 2^-133 (its subnormals).
+  int e = 0;
+  std::frexp(static_cast<double>(x), &e);
+  const double quantum = std::ldexp(1.0, std::max(e - 8, -133));
+  return static_cast<float>(std::nearbyint(static_cast<double>(x) / quantum) * quantum);
+}
+
+bool IsBf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return (bits & 0xffffu) == 0;
+}
+
+bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(a)) == 0; }
+
+TEST(AdamWTest, ReferenceBf16RoundsToNearestEven) {
+  EXPECT_EQ(ReferenceBf16(1.0f + 0x1p-8f), 1.0f);                       // tie: down to even
+  EXPECT_EQ(ReferenceBf16(1.0f + 3 * 0x1p-8f), 1.0f + 0x1p-6f);         // tie: up to even
+  EXPECT_EQ(ReferenceBf16(1.0f + 0x1p-8f + 0x1p-20f), 1.0f + 0x1p-7f);  // above the tie
+  EXPECT_EQ(ReferenceBf16(-3.0e-5f), -ReferenceBf16(3.0e-5f));
+  EXPECT_EQ(ReferenceBf16(0.0f), 0.0f);
+}
+
+// x rounded stochastically to bf16, computed from the value: its neighbours toward and away from
+// zero on bf16's grid, away when the dropped fraction (in 2^-16 units of the spacing) plus
+// random16 reaches 2^16. Finite normal x (moments are).
+float ReferenceStochasticBf16(float x, uint32_t random16) {
+  int e = 0;
+  std::frexp(static_cast<double>(x), &e);
+  const double quantum = std::ldexp(1.0, std::max(e - 8, -133));
+  const double magnitude = std::fabs(static_cast<double>(x));
+  const double down = std::floor(magnitude / quantum) * quantum;
+  const double dropped = (magnitude - down) / quantum * 65536.0;  // an integer in [0, 65536)
+  const double rounded = dropped + random16 >= 65536.0 ? down + quantum : down;
+  return static_cast<float>(x < 0 ? -rounded : rounded);
+}
+
+TEST(AdamWTest, ReferenceStochasticBf16RoundsByTheDrawnBits) {
+  const float x = 1.0f + 0x1p-7f * 0.25f;  // a quarter of the way from 1 to the next bf16
+  EXPECT_EQ(ReferenceStochasticBf16(x, 0), 1.0f);
+  EXPECT_EQ(ReferenceStochasticBf16(x, 49151), 1.0f);
+  EXPECT_EQ(ReferenceStochasticBf16(x, 49152), 1.0f + 0x1p-7f);
+  EXPECT_EQ(ReferenceStochasticBf16(-x, 49152), -1.0f - 0x1p-7f);
+  EXPECT_EQ(ReferenceStochasticBf16(1.0f, 65535), 1.0f);  // bf16 values stay
+  for (uint32_t r : {0u, 12345u, 65535u}) {
+    EXPECT_EQ(kernels::StochasticBf16(x, r), ReferenceStochasticBf16(x, r)) << r;
+    EXPECT_EQ(kernels::StochasticBf16(-x, r), ReferenceStochasticBf16(-x, r)) << r;
+  }
+}
+
+TEST(AdamWTest, Bf16MomentsAreTheFp32MomentsRoundedStochasticallyAfterEachStep) {
+  const uint32_t seed = std::random_device{}();  // fresh data each run
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  OptimizerSpec fp32 = HandSpec();
+  fp32.lr = 3e-3;
+  fp32.weight_decay = 0.1;
+  fp32.warmup_steps = 3;
+  OptimizerSpec bf16 = fp32;
+  bf16.moment_dtype = MomentDtype::kBf16;
+  ASSERT_EQ(OptimizerSpec().moment_dtype, MomentDtype::kFp32);  // the default
+
+  constexpr int kN = 1031;
+  constexpr int64_t kFirst = 5'000'000'123;  // past 2^32: the draws use the index's high bits
+  std::vector<float> p(kN), m(kN, 0), v(kN, 0);
+  for (float& x : p) x = normal(rng);
+  // The reference: the fp32 update, then the stored moments rounded by ReferenceStochasticBf16
+  // with the element's draws.
+  std::vector<float> ref_p = p, ref_m = m, ref_v = v;
+  // The same job with fp32 moments, for the parameter path.
+  std::vector<float> fp32_p = p, fp32_m = m, fp32_v = v;
+  // The same elements updated in two slices (as the CUDA engine splits a flat buffer).
+  std::vector<float> split_p = p, split_m = m, split_v = v;
+  for (int t = 1; t <= 8; ++t) {
+    SCOPED_TRACE(testing::Message() << "step " << t);
+    std::vector<float> g(kN);
+    for (float& x : g) x = normal(rng) * (t % 2 ? 1.0f : 1e-3f);
+    AdamWUpdate<float>(bf16, t, kN, g.data(), p.data(), m.data(), v.data(), kExpertMoments, kFirst);
+    constexpr int kSplit = 500;
+    AdamWUpdate<float>(bf16, t, kSplit, g.data(), split_p.data(), split_m.data(), split_v.data(),
+                       kExpertMoments, kFirst);
+    AdamWUpdate<float>(bf16, t, kN - kSplit, g.data() + kSplit, split_p.data() + kSplit,
+                       split_m.data() + kSplit, split_v.data() + kSplit, kExpertMoments,
+                       kFirst + kSplit);
+    AdamWUpdate<float>(fp32, t, kN, g.data(), ref_p.data(), ref_m.data(), ref_v.data());
+    for (int i = 0; i < kN; ++i) {
+      const uint32_t bits = kernels::BF16MomentBits(kExpertMoments, kFirst + i, t);
+      ref_m[i] = ReferenceStochasticBf16(ref_m[i], bits & 0xffffu);
+      ref_v[i] = ReferenceStochasticBf16(ref_v[i], bits >> 16);
+    }
+    AdamWUpdate<float>(fp32, t, kN, g.data(), fp32_p.data(), fp32_m.data(), fp32_v.data());
+    int p_differs = 0, m_not_bf16 = 0;
+    for (int i = 0; i < kN; ++i) {
+      ASSERT_TRUE(IsBf16(m[i]) && IsBf16(v[i])) << i << ": m " << m[i] << " v " << v[i];
+      ASSERT_TRUE(SameBits(m[i], ref_m[i])) << i << ": " << m[i] << " != " << ref_m[i];
+      ASSERT_TRUE(SameBits(v[i], ref_v[i])) << i << ": " << v[i] << " != " << ref_v[i];
+      ASSERT_TRUE(SameBits(p[i], ref_p[i])) << i << ": " << p[i] << " != " << ref_p[i];
+      ASSERT_TRUE(SameBits(split_m[i], m[i]) && SameBits(split_v[i], v[i]) &&
+                  SameBits(split_p[i], p[i]))
+          << i;
+      p_differs += !SameBits(p[i], fp32_p[i]);
+      m_not_bf16 += !IsBf16(fp32_m[i]);
+    }
+    if (t == 1) {
+      // Both start from zero moments and the update uses the moments before rounding.
+      EXPECT_EQ(p_differs, 0);
+    } else {
+      // From step 2 on, the rounded moments feed the update.
+      EXPECT_GT(p_differs, kN / 4);
+    }
+    EXPECT_GT(m_not_bf16, kN / 2);  // fp32 moments are kept as computed
+  }
+}
+
+// Why the rounding is stochastic: with beta2 = 0.999 and no gradient, v should decay by 0.1% a
+// step, less than half of bf16's spacing, so rounding to nearest would keep it at 1 forever.
+// Rounded stochastically it follows 0.999^t on average (one draw per element and step).
+TEST(AdamWTest, Bf16SecondMomentsDecayAsFp32OnesDo) {
+  OptimizerSpec o = HandSpec();
+  o.beta2 = 0.999;
+  o.moment_dtype = MomentDtype::kBf16;
+  constexpr int kN = 4096, kSteps = 2000;
+  std::vector<float> p(kN, 1.0f), m(kN, 0.0f), v(kN, 1.0f), g(kN, 0.0f);
+  const int64_t first = std::random_device{}();  // other draws each run
+  for (int t = 1; t <= kSteps; ++t) {
+    AdamWUpdate<float>(o, t, kN, g.data(), p.data(), m.data(), v.data(), kReplicatedMoments, first);
+  }
+  double mean = 0;
+  for (float x : v) mean += x / kN;
+  const double want = std::pow(0.999, kSteps);  // 0.135
+  EXPECT_NEAR(mean, want, 0.03 * want) << "first index " << first;
+  EXPECT_EQ(kernels::Bf16ToFloat(kernels::FloatToBf16(0.999f)), 1.0f);  // nearest would stall
+}
+
+// Moments restored from a checkpoint (fp32 in the file) into a job with bf16 moments.
+TEST(AdamWTest, RoundMomentsToStoresWhatTheDtypeHolds) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  std::vector<float> fp32(257);
+  for (float& x : fp32) x = normal(rng);
+  std::vector<float> kept = fp32, rounded = fp32;
+  RoundMomentsTo(MomentDtype::kFp32, static_cast<int64_t>(kept.size()), kept.data());
+  RoundMomentsTo(MomentDtype::kBf16, static_cast<int64_t>(rounded.size()), rounded.data());
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    ASSERT_TRUE(SameBits(kept[i], fp32[i])) << i;
+    ASSERT_TRUE(SameBits(rounded[i], ReferenceBf16(fp32[i]))) << i << ": " << fp32[i];
+    ASSERT_TRUE(IsBf16(rounded[i])) << i;
+  }
+}
+
+TEST(AdamWTest, DoubleReferenceKeepsItsMomentsInDouble) {
+  OptimizerSpec bf16 = HandSpec();
+  bf16.moment_dtype = MomentDtype::kBf16;
+  const OptimizerSpec fp32 = HandSpec();
+  const double grads[3] = {0.5, -0.25, 0.125};
+  double p1 = 1, m1 = 0, v1 = 0, p2 = 1, m2 = 0, v2 = 0;
+  for (int t = 1; t <= 3; ++t) {
+    AdamWUpdate<double>(bf16, t, 1, &grads[t - 1], &p1, &m1, &v1);
+    AdamWUpdate<double>(fp32, t, 1, &grads[t - 1], &p2, &m2, &v2);
+    EXPECT_EQ(p1, p2);
+    EXPECT_EQ(m1, m2);
+    EXPECT_EQ(v1, v2);
+  }
+  EXPECT_NEAR(m1, 0.0305, 1e-15);  // MatchesHandComputedSteps' step 3, not a bf16 value
 }
 
 }  // namespace

@@ -212,23 +212,38 @@ void ExpectResumedCurve(const JobSpec& spec, int ep, int64_t from,
 }
 
 TEST(CpuEngineTest, ResumeFromCheckpointContinuesTheSameCurve) {
-  JobSpec spec = TinySpec();
-  spec.steps = 8;
-  const auto uninterrupted = RunJob(spec, 2, 1, spec.steps);
+  // With bf16 moments too: the files hold them as F32, which keeps their bf16 values exactly.
+  std::vector<double> fp32_losses;
+  for (MomentDtype moment_dtype : {MomentDtype::kFp32, MomentDtype::kBf16}) {
+    SCOPED_TRACE(std::string("moment_dtype ") + std::string(ToString(moment_dtype)));
+    JobSpec spec = TinySpec();
+    spec.steps = 8;
+    spec.optimizer.moment_dtype = moment_dtype;
+    const auto uninterrupted = RunJob(spec, 2, 1, spec.steps);
+    if (moment_dtype == MomentDtype::kFp32) {
+      fp32_losses = Losses(uninterrupted[0]);
+    } else {
+      // The engine honours the field: step 1's update uses the moments before rounding, so the
+      // curves part only at step 3's loss (after step 2's update, the first to read them).
+      const std::vector<double> losses = Losses(uninterrupted[0]);
+      EXPECT_EQ(losses[1], fp32_losses[1]);
+      EXPECT_NE(losses.back(), fp32_losses.back());
+    }
 
-  spec.checkpoint.dir = TempDir("resume");
-  spec.checkpoint.every = 4;
-  RunJob(spec, 2, 1, 5);  // checkpoint at 4; step 5 is lost
-  for (int rank = 0; rank < 2; ++rank) {
-    ASSERT_TRUE(
-        std::filesystem::exists(engine::MoeCheckpointManifestPath(spec.checkpoint.dir, rank)));
-    ASSERT_TRUE(
-        std::filesystem::exists(engine::MoeCheckpointDataPath(spec.checkpoint.dir, rank, 4)));
+    spec.checkpoint.dir = TempDir(std::string("resume-") + std::string(ToString(moment_dtype)));
+    spec.checkpoint.every = 4;
+    RunJob(spec, 2, 1, 5);  // checkpoint at 4; step 5 is lost
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(
+          std::filesystem::exists(engine::MoeCheckpointManifestPath(spec.checkpoint.dir, rank)));
+      ASSERT_TRUE(
+          std::filesystem::exists(engine::MoeCheckpointDataPath(spec.checkpoint.dir, rank, 4)));
+    }
+    spec.parallel.ep = 2;
+    ExpectResumedCurve(spec, 2, 4, uninterrupted);
+    // The last step (spec.steps) always writes a checkpoint.
+    std::filesystem::remove_all(spec.checkpoint.dir);
   }
-  spec.parallel.ep = 2;
-  ExpectResumedCurve(spec, 2, 4, uninterrupted);
-  // The last step (spec.steps) always writes a checkpoint.
-  std::filesystem::remove_all(spec.checkpoint.dir);
 }
 
 // What another engine (the CUDA engine) does: read a checkpoint into its own buffers through the

@@ -1,6 +1,8 @@
 // Checkpoints of one rank of a MoE job, the same files for the CPU and the CUDA engine so that each
 // resumes from the other's: the parameters and AdamW moments of the two flat float32 buffers of
 // worker/engine/cpu/moe_model.h (an engine holding them elsewhere copies them to host first).
+// The moments are F32 in the files whatever optimizer.moment_dtype is; a job with bf16 moments
+// writes bf16-representable values, which F32 holds exactly.
 //
 // In `dir`, per rank r:
 //   rank-<r>-step-<s>.safetensors  the tensors, by name (H hidden, E experts, F ffn, S shared,

@@ -2,8 +2,26 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+
+#include "dropless/kernels/adamw.h"
+#include "dropless/kernels/types.h"
 
 namespace dropless::cpu {
+namespace {
+
+// A moment as stored with optimizer.moment_dtype bf16 (kernels/adamw.h's StochasticBf16 with the
+// element's draw). The double instantiation (a reference) keeps its moments in double.
+template <typename T>
+T Bf16Moment(T x, uint32_t random16) {
+  if constexpr (std::is_same_v<T, float>) {
+    return kernels::StochasticBf16(x, random16);
+  } else {
+    return x;
+  }
+}
+
+}  // namespace
 
 double AdamWLearningRate(const OptimizerSpec& optimizer, int64_t step) {
   if (optimizer.warmup_steps <= 0) return optimizer.lr;
@@ -13,7 +31,7 @@ double AdamWLearningRate(const OptimizerSpec& optimizer, int64_t step) {
 
 template <typename T>
 void AdamWUpdate(const OptimizerSpec& optimizer, int64_t step, int64_t n, const T* grad, T* param,
-                 T* m, T* v) {
+                 T* m, T* v, uint32_t moment_stream, int64_t first_index) {
   const double lr = AdamWLearningRate(optimizer, step);
   const double t = static_cast<double>(step);
   const T beta1 = static_cast<T>(optimizer.beta1);
@@ -23,18 +41,35 @@ void AdamWUpdate(const OptimizerSpec& optimizer, int64_t step, int64_t n, const 
   const T v_correction = static_cast<T>(1.0 / (1.0 - std::pow(optimizer.beta2, t)));
   const T step_size = static_cast<T>(lr);
   const T eps = static_cast<T>(optimizer.eps);
+  const bool bf16_moments = optimizer.moment_dtype == MomentDtype::kBf16;
   for (int64_t i = 0; i < n; ++i) {
     const T g = grad[i];
-    m[i] = beta1 * m[i] + (T(1) - beta1) * g;
-    v[i] = beta2 * v[i] + (T(1) - beta2) * g * g;
-    const T update = (m[i] * m_correction) / (std::sqrt(v[i] * v_correction) + eps);
+    const T mi = beta1 * m[i] + (T(1) - beta1) * g;
+    const T vi = beta2 * v[i] + (T(1) - beta2) * g * g;
+    const T update = (mi * m_correction) / (std::sqrt(vi * v_correction) + eps);
     param[i] = param[i] * decay - step_size * update;
+    // The update used the moments as computed; bf16 moments are stored rounded.
+    if (bf16_moments) {
+      const uint32_t bits = kernels::BF16MomentBits(moment_stream, first_index + i, step);
+      m[i] = Bf16Moment(mi, bits & 0xffffu);
+      v[i] = Bf16Moment(vi, bits >> 16);
+    } else {
+      m[i] = mi;
+      v[i] = vi;
+    }
+  }
+}
+
+void RoundMomentsTo(MomentDtype dtype, int64_t n, float* moments) {
+  if (dtype != MomentDtype::kBf16) return;
+  for (int64_t i = 0; i < n; ++i) {
+    moments[i] = kernels::Bf16ToFloat(kernels::FloatToBf16(moments[i]));
   }
 }
 
 template void AdamWUpdate<float>(const OptimizerSpec&, int64_t, int64_t, const float*, float*,
-                                 float*, float*);
+                                 float*, float*, uint32_t, int64_t);
 template void AdamWUpdate<double>(const OptimizerSpec&, int64_t, int64_t, const double*, double*,
-                                  double*, double*);
+                                  double*, double*, uint32_t, int64_t);
 
 }  // namespace dropless::cpu

@@ -280,10 +280,11 @@ absl::StatusOr<StepStats> CpuEngine::Step() {
     load_imbalance += (mean_load > 0 ? max_load / mean_load : 1.0) / static_cast<double>(layers);
   }
 
-  for (ParameterBuffer* buffer : {&student_replicated_, &student_experts_}) {
+  for (auto [buffer, stream] : {std::pair{&student_replicated_, cpu::kReplicatedMoments},
+                                std::pair{&student_experts_, cpu::kExpertMoments}}) {
     cpu::AdamWUpdate<float>(spec_.optimizer, step, static_cast<int64_t>(buffer->value.size()),
                             buffer->grad.data(), buffer->value.data(), buffer->m.data(),
-                            buffer->v.data());
+                            buffer->v.data(), stream);
   }
   steps_done_ = step;
 
@@ -343,6 +344,13 @@ absl::Status CpuEngine::Restore(const std::string& dir) {
   int64_t restored = 0;
   if (step.ok()) {
     restored = *step;
+    // Files hold fp32 moments; a job with bf16 moments keeps them as it would have stored them.
+    for (ParameterBuffer* b : {&student_replicated_, &student_experts_}) {
+      for (std::vector<float>* moments : {&b->m, &b->v}) {
+        cpu::RoundMomentsTo(spec_.optimizer.moment_dtype, static_cast<int64_t>(moments->size()),
+                            moments->data());
+      }
+    }
   } else if (!absl::IsNotFound(step.status())) {
     return step.status();
   }

@@ -10,16 +10,19 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/engine/cpu/moe_model.h"
 #include "common/engine_config.h"
+#include "dropless/kernels/adamw.h"
+#include "worker/engine/cpu/moe_model.h"
 
 namespace dropless::cuda_engine {
 
-// Device pointers of one flat parameter buffer and its moments, `size` floats each.
+// Device pointers of one flat parameter buffer (`size` fp32 masters) and its moments (`size` fp32
+// or bf16 elements each). The files hold fp32 moments either way: bf16 ones are widened exactly
+// when written, and rounded to nearest even when read (a checkpoint of fp32 moments resumes a job
+// with bf16 moments, and back).
 struct DeviceOptimizerBuffers {
   float* value = nullptr;
-  float* m = nullptr;
-  float* v = nullptr;
+  kernels::AdamWMoments moments;
   int64_t size = 0;
 };
 

@@ -172,6 +172,8 @@ absl::Status LaunchTranspose(int64_t batch, int64_t rows, int64_t cols, const T*
 using kernels::AdamWElement;
 using kernels::AdamWStep;
 using kernels::AdamWUpdateFour;
+using kernels::LoadMoment;
+using kernels::StoreMoments;
 
 struct AdamWHyper {
   double lr, beta1, beta2, eps, weight_decay;
@@ -192,6 +194,7 @@ __global__ void AdamWStepKernel(AdamWHyper hyper, int64_t* step_counter, AdamWSt
   out->step_size = static_cast<float>(lr);
   out->m_correction = static_cast<float>(1.0 / (1.0 - pow(hyper.beta1, t)));
   out->v_correction = static_cast<float>(1.0 / (1.0 - pow(hyper.beta2, t)));
+  out->step = step;
 }
 
 constexpr int64_t kAdamWChunk = 16384;  // elements per block
@@ -201,35 +204,41 @@ struct AdamWChunk {
   int64_t begin;
 };
 
-// One block per chunk of one tensor. Memory-bound (30 bytes per parameter with the bf16 copy): tensors with a plain
-// bf16 copy (or none) and 16-byte aligned pointers move four values per thread with 16-byte loads
-// and stores; the others (a transposed copy, unaligned) take the scalar loop.
+// One block per chunk of one tensor; M: the moments' element type (every tensor of the launch has
+// the job's moment_dtype). Memory-bound (30 bytes per parameter with the bf16 copy and fp32
+// moments, 22 with bf16 moments): tensors with a plain bf16 copy (or none) and aligned pointers
+// move four values per thread with vector loads and stores; the others (a transposed copy,
+// unaligned) take the scalar loop.
+template <typename M>
 __global__ void AdamWKernel(const AdamWTensor* tensors, const AdamWChunk* chunks,
                             const AdamWStep* scalars_ptr) {
   const AdamWStep s = *scalars_ptr;
   const AdamWChunk chunk = chunks[blockIdx.x];
   const AdamWTensor t = tensors[chunk.tensor];
+  const M* const m_state = static_cast<const M*>(t.moments.m);
+  const M* const v_state = static_cast<const M*>(t.moments.v);
   const int64_t end = min(chunk.begin + kAdamWChunk, t.n);
-  const bool vector = t.copy_rows == 0 && chunk.begin % 4 == 0 &&
-                      ((reinterpret_cast<uintptr_t>(t.param) | reinterpret_cast<uintptr_t>(t.grad) |
-                        reinterpret_cast<uintptr_t>(t.m) | reinterpret_cast<uintptr_t>(t.v)) % 16) == 0 &&
-                      reinterpret_cast<uintptr_t>(t.bf16_copy) % 8 == 0;
+  const bool vector =
+      t.copy_rows == 0 && chunk.begin % 4 == 0 &&
+      ((reinterpret_cast<uintptr_t>(t.param) | reinterpret_cast<uintptr_t>(t.grad)) % 16) == 0 &&
+      ((reinterpret_cast<uintptr_t>(m_state) | reinterpret_cast<uintptr_t>(v_state)) %
+       (4 * sizeof(M))) == 0 &&
+      reinterpret_cast<uintptr_t>(t.bf16_copy) % 8 == 0;
   int64_t scalar_begin = chunk.begin;
   if (vector) {
     const int64_t vector_end = chunk.begin + (end - chunk.begin) / 4 * 4;
     for (int64_t i = chunk.begin + 4 * static_cast<int64_t>(threadIdx.x); i < vector_end;
          i += 4 * static_cast<int64_t>(blockDim.x)) {
-      const uint2 packed = AdamWUpdateFour(s, i, t.grad, t.param, t.m, t.v);
+      const uint2 packed = AdamWUpdateFour<M>(s, i, t.grad, t.param, t.moments);
       if (t.bf16_copy != nullptr) *reinterpret_cast<uint2*>(t.bf16_copy + i) = packed;
     }
     scalar_begin = vector_end;
   }
   for (int64_t i = scalar_begin + threadIdx.x; i < end; i += blockDim.x) {
     const float g = t.grad[i];
-    float m = t.m[i], v = t.v[i];
+    float m = LoadMoment(m_state, i), v = LoadMoment(v_state, i);
     const float p = AdamWElement(s, g, m, v, t.param[i]);
-    t.m[i] = m;
-    t.v[i] = v;
+    StoreMoments<M>(s, t.moments, i, m, v);
     t.param[i] = p;
     if (t.bf16_copy != nullptr) {
       if (t.copy_rows > 0) {
@@ -254,6 +263,14 @@ class FusedAdamWImpl final : public FusedAdamW {
                     int64_t* step_counter) {
     hyper_ = AdamWHyper{optimizer.lr, optimizer.beta1, optimizer.beta2, optimizer.eps,
                         optimizer.weight_decay, optimizer.warmup_steps};
+    bf16_moments_ = optimizer.moment_dtype == MomentDtype::kBf16;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].moments.bf16 != bf16_moments_) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "FusedAdamW: tensor %d has %s moments, optimizer.moment_dtype is %s", i,
+            tensors[i].moments.bf16 ? "bf16" : "fp32", bf16_moments_ ? "bf16" : "fp32"));
+      }
+    }
     host_tensors_ = tensors;
     step_counter_ = step_counter;
     std::vector<AdamWChunk> chunks;
@@ -292,8 +309,9 @@ class FusedAdamWImpl final : public FusedAdamW {
     }
     const int64_t begin = first_chunk_[first], end = first_chunk_[first + count];
     if (end == begin) return absl::OkStatus();
-    AdamWKernel<<<static_cast<unsigned>(end - begin), 512, 0, stream>>>(tensors_, chunks_ + begin,
-                                                                         scalars_);
+    auto kernel = bf16_moments_ ? AdamWKernel<__nv_bfloat16> : AdamWKernel<float>;
+    kernel<<<static_cast<unsigned>(end - begin), 512, 0, stream>>>(tensors_, chunks_ + begin,
+                                                                   scalars_);
     return LaunchStatus("AdamWKernel");
   }
 
@@ -310,7 +328,7 @@ class FusedAdamWImpl final : public FusedAdamW {
           "without a transposed copy",
           tensor, t.n, shape.num_experts, shape.k, shape.n));
     }
-    return kernels::cuda::AdamWQuantizeFp8BlockWeights(shape, scalars_, t.grad, t.param, t.m, t.v,
+    return kernels::cuda::AdamWQuantizeFp8BlockWeights(shape, scalars_, t.grad, t.param, t.moments,
                                                        out, stream);
   }
 
@@ -319,6 +337,7 @@ class FusedAdamWImpl final : public FusedAdamW {
 
  private:
   AdamWHyper hyper_{};
+  bool bf16_moments_ = false;
   int64_t* step_counter_ = nullptr;
   AdamWTensor* tensors_ = nullptr;
   AdamWChunk* chunks_ = nullptr;
@@ -428,7 +447,7 @@ absl::StatusOr<std::unique_ptr<FusedAdamW>> FusedAdamW::Create(
     const OptimizerSpec& optimizer, const std::vector<AdamWTensor>& tensors, int64_t* step_counter) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const AdamWTensor& t = tensors[i];
-    if (t.n < 0 || (t.n > 0 && (!t.param || !t.grad || !t.m || !t.v)) ||
+    if (t.n < 0 || (t.n > 0 && (!t.param || !t.grad || !t.moments.m || !t.moments.v)) ||
         (t.copy_rows > 0 && t.copy_rows * t.copy_cols != t.n)) {
       return absl::InvalidArgumentError(absl::StrFormat("FusedAdamW: tensor %d is malformed", i));
     }

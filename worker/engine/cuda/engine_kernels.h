@@ -74,15 +74,14 @@ absl::Status AddRowBias(int64_t rows, int64_t cols, const float* bias, float* x,
 absl::Status WriteMarker(int32_t* marker, int32_t value, Stream stream);
 
 // AdamW (worker/engine/cpu/adamw.h, same formula in fp32 with the step's scalars in fp64) over
-// several tensors in one launch. Each tensor may also write a bf16 copy of its updated values,
-// transposed when copy_rows > 0 (copy[c][r] = param[r][c] for a copy_rows x copy_cols tensor).
-// The step number lives on the device (the counter is incremented by each Step), so a captured
-// graph replays correctly step after step.
+// several tensors in one launch, their moments stored as the optimizer's moment_dtype. Each tensor
+// may also write a bf16 copy of its updated values, transposed when copy_rows > 0 (copy[c][r] =
+// param[r][c] for a copy_rows x copy_cols tensor). The step number lives on the device (the counter
+// is incremented by each Step), so a captured graph replays correctly step after step.
 struct AdamWTensor {
   float* param = nullptr;
   const float* grad = nullptr;
-  float* m = nullptr;
-  float* v = nullptr;
+  kernels::AdamWMoments moments;  // bf16 exactly when optimizer.moment_dtype is bf16
   int64_t n = 0;
   Bf16* bf16_copy = nullptr;
   int64_t copy_rows = 0;

@@ -5,22 +5,30 @@
 
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
-#include "worker/engine/cuda/cuda_checkpoint.h"
+#include "worker/engine/cpu/adamw.h"
 
 namespace dropless::cuda_engine {
 
-absl::Status TrainableBuffer::Allocate(DeviceArena* arena, int64_t n, bool with_gradient) {
+absl::Status TrainableBuffer::Allocate(DeviceArena* arena, int64_t n, MomentDtype moment_dtype,
+                                       uint32_t moment_stream, bool with_gradient) {
   size = n;
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "master weights", &value));
   if (with_gradient) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "weight gradients", &grad));
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(grad, 0, n * sizeof(float)));
   }
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "AdamW first moments", &m));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "AdamW second moments", &v));
+  moments.bf16 = moment_dtype == MomentDtype::kBf16;
+  moments.stream = moment_stream;
+  moments.first = 0;
+  const size_t moment_bytes = static_cast<size_t>(n) * moments.element_bytes();
+  for (auto [what, out] : {std::pair{"AdamW first moments", &moments.m},
+                           std::pair{"AdamW second moments", &moments.v}}) {
+    absl::StatusOr<char*> p = arena->Allocate<char>(static_cast<int64_t>(moment_bytes), what);
+    if (!p.ok()) return p.status();
+    *out = *p;
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(*p, 0, moment_bytes));
+  }
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "bf16 weights", &bf16));
-  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(m, 0, n * sizeof(float)));
-  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(v, 0, n * sizeof(float)));
   return absl::OkStatus();
 }
 
@@ -67,8 +75,15 @@ LayerGrads RankModel::Grads(int64_t layer) const {
     // No routed-expert gradient is stored: the weight-gradient GEMM applies AdamW to its tiles.
     const int64_t w1 = layer * ExpPerLayer(), w2 = w1 + El * H * 2 * F;
     g.adamw_step = adamw_->step_scalars();
-    g.w1_adamw = {experts_.value + w1, experts_.m + w1, experts_.v + w1, reinterpret_cast<__nv_bfloat16*>(experts_.bf16 + w1)};
-    g.w2_adamw = {experts_.value + w2, experts_.m + w2, experts_.v + w2, reinterpret_cast<__nv_bfloat16*>(experts_.bf16 + w2)};
+    // LayerDimsOf fuses the update only with fp32 moments.
+    auto state = [&](int64_t at) {
+      const kernels::AdamWMoments mv = experts_.moments.At(at);
+      return kernels::AdamWTensors{experts_.value + at, static_cast<float*>(mv.m),
+                                   static_cast<float*>(mv.v),
+                                   reinterpret_cast<__nv_bfloat16*>(experts_.bf16 + at)};
+    };
+    g.w1_adamw = state(w1);
+    g.w2_adamw = state(w2);
   }
   return g;
 }
@@ -153,10 +168,12 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
   }
 
   const int64_t T = dims_.tokens, H = dims_.hidden, E = dims_.experts;
-  DROPLESS_RETURN_IF_ERROR(replicated_.Allocate(arena, layout_.replicated_size()));
+  const MomentDtype moment_dtype = config_.optimizer.moment_dtype;
+  DROPLESS_RETURN_IF_ERROR(replicated_.Allocate(arena, layout_.replicated_size(), moment_dtype,
+                                                cpu::kReplicatedMoments));
   // The fused update keeps the routed experts' gradients in registers: no buffer for them.
-  DROPLESS_RETURN_IF_ERROR(
-      experts_.Allocate(arena, layout_.experts_size(), !dims_.fused_expert_adamw));
+  DROPLESS_RETURN_IF_ERROR(experts_.Allocate(arena, layout_.experts_size(), moment_dtype,
+                                             cpu::kExpertMoments, !dims_.fused_expert_adamw));
   for (ModelWeights* w : {&student_, &teacher_}) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(layers() * E * H, "bf16 router", &w->router));
     if (dims_.quantized()) {
@@ -213,8 +230,8 @@ absl::Status RankModel::CreateOptimizer() {
   std::vector<AdamWTensor> tensors;
   auto add = [&](TrainableBuffer& b, int64_t offset, int64_t n, Bf16* copy, int64_t rows,
                  int64_t cols) {
-    tensors.push_back(AdamWTensor{b.value + offset, b.grad + offset, b.m + offset, b.v + offset, n,
-                                  copy, rows, cols});
+    tensors.push_back(
+        AdamWTensor{b.value + offset, b.grad + offset, b.moments.At(offset), n, copy, rows, cols});
     return static_cast<int>(tensors.size()) - 1;
   };
   const int64_t w1_size = int64_t{dims_.local_experts()} * H * 2 * dims_.ffn;
@@ -243,17 +260,13 @@ absl::Status RankModel::CreateOptimizer() {
 
 absl::Status RankModel::SaveCheckpoint(const std::string& dir, int64_t step) {
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.main));
-  return WriteCudaCheckpoint(
-      dir, config_, rank_, layout_, step,
-      DeviceOptimizerBuffers{replicated_.value, replicated_.m, replicated_.v, replicated_.size},
-      DeviceOptimizerBuffers{experts_.value, experts_.m, experts_.v, experts_.size});
+  return WriteCudaCheckpoint(dir, config_, rank_, layout_, step, replicated_.Optimizer(),
+                             experts_.Optimizer());
 }
 
 absl::Status RankModel::Restore(const std::string& dir) {
-  absl::StatusOr<int64_t> step = ReadCudaCheckpoint(
-      dir, config_, rank_, layout_,
-      DeviceOptimizerBuffers{replicated_.value, replicated_.m, replicated_.v, replicated_.size},
-      DeviceOptimizerBuffers{experts_.value, experts_.m, experts_.v, experts_.size});
+  absl::StatusOr<int64_t> step = ReadCudaCheckpoint(dir, config_, rank_, layout_,
+                                                    replicated_.Optimizer(), experts_.Optimizer());
   if (absl::IsNotFound(step.status())) return absl::OkStatus();
   if (!step.ok()) return step.status();
   steps_restored_ = *step;

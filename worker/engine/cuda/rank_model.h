@@ -19,6 +19,7 @@
 #include "worker/engine/cpu/moe_model.h"
 #include "worker/engine/cpu/synthetic_task.h"
 #include "worker/engine/cuda/activation_offload.h"
+#include "worker/engine/cuda/cuda_checkpoint.h"
 #include "worker/engine/cuda/device_memory.h"
 #include "worker/engine/cuda/engine_kernels.h"
 #include "worker/engine/cuda/moe_layer_gpu.h"
@@ -26,17 +27,20 @@
 namespace dropless::cuda_engine {
 
 // A trainable flat buffer (MoeParameterLayout's replicated or experts buffer) with its fp32
-// gradient (none when the update is fused into the weight-gradient GEMM), AdamW moments and bf16
-// working copy.
+// gradient (none when the update is fused into the weight-gradient GEMM), AdamW moments (fp32 or
+// bf16, the optimizer's moment_dtype) and bf16 working copy.
 struct TrainableBuffer {
   float* value = nullptr;
   float* grad = nullptr;
-  float* m = nullptr;
-  float* v = nullptr;
+  kernels::AdamWMoments moments;
   Bf16* bf16 = nullptr;
   int64_t size = 0;
 
-  absl::Status Allocate(DeviceArena* arena, int64_t n, bool with_gradient = true);
+  // moment_stream: the buffer's rounding stream for bf16 moments (cpu::kReplicatedMoments or
+  // cpu::kExpertMoments, as the CPU engine draws them).
+  absl::Status Allocate(DeviceArena* arena, int64_t n, MomentDtype moment_dtype,
+                        uint32_t moment_stream, bool with_gradient = true);
+  DeviceOptimizerBuffers Optimizer() const { return DeviceOptimizerBuffers{value, moments, size}; }
 };
 
 // The bf16 (and quantized) weights of a model: the student's working copies or the fixed teacher.

@@ -1,13 +1,17 @@
 // AdamW's update of one parameter as the engines compute it (worker/engine/cpu/adamw.h's formula in
-// fp32, its step's scalars in fp64): the step's scalars, and on the device the element update, one
-// IEEE fp32 operation per step in the CPU formula's order (no contraction into fused
-// multiply-adds), so that every kernel that updates a parameter writes the CPU engine's bits.
-// Shared by the CUDA engine's AdamW (worker/engine/cuda/engine_kernels.cu) and the kernels that
-// fuse the update with what reads the new value (fp8_block.h's AdamWQuantizeFp8BlockWeights).
+// fp32, its step's scalars in fp64): the step's scalars, the stochastic rounding of bf16 moments,
+// and on the device the element update, one IEEE fp32 operation per step in the CPU formula's order
+// (no contraction into fused multiply-adds), so that every kernel that updates a parameter writes
+// the CPU engine's bits. Shared by the CPU engine's AdamW (the rounding), the CUDA engine's
+// (worker/engine/cuda/engine_kernels.cu) and the kernels that fuse the update with what reads the
+// new value (fp8_block.h's AdamWQuantizeFp8BlockWeights).
 #ifndef DROPLESS_KERNELS_ADAMW_H_
 #define DROPLESS_KERNELS_ADAMW_H_
 
 #include <cstdint>
+#include <cstring>
+
+#include "dropless/kernels/types.h"
 
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
@@ -17,10 +21,67 @@
 namespace dropless::kernels {
 
 // One step's scalars (decay = 1 - lr * weight_decay, step_size = lr, the bias corrections
-// 1 / (1 - beta^t)), computed once per step on the device.
+// 1 / (1 - beta^t)) and the 1-based step number, computed once per step on the device.
 struct AdamWStep {
   float beta1, beta2, eps, decay, step_size, m_correction, v_correction;
+  int64_t step;
 };
+
+// Where a tensor's moments live: `m` and `v` point at fp32 elements, or at bf16 ones when `bf16`
+// (the job's optimizer.moment_dtype). Each step computes the moments in fp32 and the update uses
+// those values; bf16 moments are then stored stochastically rounded (BF16MomentBits below), with
+// draws keyed by the element's place: `stream` names its flat parameter buffer (the engines'
+// replicated 0, experts 1) and `first` the index there of the tensor's element 0.
+struct AdamWMoments {
+  void* m = nullptr;
+  void* v = nullptr;
+  bool bf16 = false;
+  uint32_t stream = 0;
+  int64_t first = 0;
+
+  int element_bytes() const { return bf16 ? 2 : 4; }
+  // The moments of the element `offset` elements further on.
+  AdamWMoments At(int64_t offset) const {
+    return AdamWMoments{static_cast<char*>(m) + offset * element_bytes(),
+                        static_cast<char*>(v) + offset * element_bytes(), bf16, stream,
+                        first + offset};
+  }
+};
+
+// bf16 moments are rounded stochastically, not to nearest: with beta2 = 0.999 a step moves v by
+// 0.1% of (g^2 - v), under half of bf16's spacing (0.2-0.4%) unless g^2 > ~3 v, so rounding to
+// nearest would freeze v (it could grow on large gradients but never decay). Rounding up with
+// probability equal to the dropped fraction keeps every moment unbiased. The draws are a hash of
+// (stream, index, step), so the CPU and the CUDA engine, and a resumed run, round alike.
+DROPLESS_KERNELS_HD inline uint32_t MixBits32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// 32 random bits for element `index` of buffer `stream` at `step`: the low 16 round its m, the
+// high 16 its v.
+DROPLESS_KERNELS_HD inline uint32_t BF16MomentBits(uint32_t stream, int64_t index, int64_t step) {
+  const uint64_t i = static_cast<uint64_t>(index);
+  uint32_t h = MixBits32(static_cast<uint32_t>(step) * 0x9e3779b9u ^ stream * 0x85ebca6bu);
+  h = MixBits32(h ^ static_cast<uint32_t>(i));
+  return MixBits32(h ^ static_cast<uint32_t>(i >> 32) ^ 0x5bd1e995u);
+}
+
+// x rounded to a bf16 neighbour: away from zero when `random16` (0..65535) plus the 16 bits that
+// bf16 drops reach 2^16, i.e. with probability (dropped bits) / 2^16. Infinities and NaNs pass
+// unchanged. The result's low 16 bits are zero.
+DROPLESS_KERNELS_HD inline float StochasticBf16(float x, uint32_t random16) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;
+  u = (u + (random16 & 0xffffu)) & 0xffff0000u;
+  std::memcpy(&x, &u, sizeof(u));
+  return x;
+}
 
 #if defined(__CUDACC__)
 // m, v and the returned parameter of one element.
@@ -33,23 +94,91 @@ __device__ __forceinline__ float AdamWElement(const AdamWStep& s, float g, float
   return __fsub_rn(__fmul_rn(p, s.decay), __fmul_rn(s.step_size, update));
 }
 
-// Elements i .. i + 3 (16-byte aligned) updated with 16-byte loads and stores; returns their bf16
-// values, rounded to nearest even (low half first, the order of memory).
+// One moment element as fp32, and stored back: fp32 as is, bf16 from StochasticBf16's value
+// (whose low 16 bits are zero) with the given random bits.
+__device__ __forceinline__ float LoadMoment(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float LoadMoment(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void StoreMoment(float* p, int64_t i, float x, uint32_t) { p[i] = x; }
+__device__ __forceinline__ uint16_t Bf16BitsOf(float rounded) {
+  return static_cast<uint16_t>(__float_as_uint(rounded) >> 16);
+}
+__device__ __forceinline__ void StoreMoment(__nv_bfloat16* p, int64_t i, float x,
+                                            uint32_t random16) {
+  reinterpret_cast<uint16_t*>(p)[i] = Bf16BitsOf(StochasticBf16(x, random16));
+}
+
+// Element i of a tensor whose moments are `mv`, at the step of `s`: m then v stored (M: float or
+// __nv_bfloat16, as mv.bf16 says).
+template <typename M>
+__device__ __forceinline__ void StoreMoments(const AdamWStep& s, const AdamWMoments& mv, int64_t i,
+                                             float m, float v) {
+  const uint32_t bits = sizeof(M) == 2 ? BF16MomentBits(mv.stream, mv.first + i, s.step) : 0u;
+  StoreMoment(static_cast<M*>(mv.m), i, m, bits & 0xffffu);
+  StoreMoment(static_cast<M*>(mv.v), i, v, bits >> 16);
+}
+
+// Moment elements i .. i + 3 (16-byte aligned for fp32, 8-byte for bf16).
+__device__ __forceinline__ float4 LoadMomentFour(const float* p, int64_t i) {
+  return *reinterpret_cast<const float4*>(p + i);
+}
+__device__ __forceinline__ float4 LoadMomentFour(const __nv_bfloat16* p, int64_t i) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p + i);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// Four bf16 values, rounded to nearest even, packed in the order of memory (low half first).
+__device__ __forceinline__ uint2 PackBf16Four(const float4& x) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
+                    *reinterpret_cast<const uint32_t*>(&hi));
+}
+
+// Moments of elements i .. i + 3, stored with vector stores.
+__device__ __forceinline__ void StoreMomentsFour(const AdamWStep&, const AdamWMoments& mv,
+                                                 int64_t i, const float4& m, const float4& v,
+                                                 float*) {
+  *reinterpret_cast<float4*>(static_cast<float*>(mv.m) + i) = m;
+  *reinterpret_cast<float4*>(static_cast<float*>(mv.v) + i) = v;
+}
+__device__ __forceinline__ void StoreMomentsFour(const AdamWStep& s, const AdamWMoments& mv,
+                                                 int64_t i, const float4& m, const float4& v,
+                                                 __nv_bfloat16*) {
+  uint32_t bits[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) bits[q] = BF16MomentBits(mv.stream, mv.first + i + q, s.step);
+  const uint32_t m01 = Bf16BitsOf(StochasticBf16(m.x, bits[0] & 0xffffu)) |
+                       uint32_t{Bf16BitsOf(StochasticBf16(m.y, bits[1] & 0xffffu))} << 16;
+  const uint32_t m23 = Bf16BitsOf(StochasticBf16(m.z, bits[2] & 0xffffu)) |
+                       uint32_t{Bf16BitsOf(StochasticBf16(m.w, bits[3] & 0xffffu))} << 16;
+  const uint32_t v01 = Bf16BitsOf(StochasticBf16(v.x, bits[0] >> 16)) |
+                       uint32_t{Bf16BitsOf(StochasticBf16(v.y, bits[1] >> 16))} << 16;
+  const uint32_t v23 = Bf16BitsOf(StochasticBf16(v.z, bits[2] >> 16)) |
+                       uint32_t{Bf16BitsOf(StochasticBf16(v.w, bits[3] >> 16))} << 16;
+  *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(mv.m) + i) = make_uint2(m01, m23);
+  *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(mv.v) + i) = make_uint2(v01, v23);
+}
+
+// Elements i .. i + 3 (16-byte aligned; the moments M: float or __nv_bfloat16, as mv.bf16 says)
+// updated with vector loads and stores; returns their bf16 values, rounded to nearest even (low
+// half first, the order of memory).
+template <typename M>
 __device__ __forceinline__ uint2 AdamWUpdateFour(const AdamWStep& s, int64_t i, const float* grad,
-                                                 float* param, float* m_state, float* v_state) {
+                                                 float* param, const AdamWMoments& mv) {
   const float4 g = *reinterpret_cast<const float4*>(grad + i);
-  float4 m = *reinterpret_cast<const float4*>(m_state + i);
-  float4 v = *reinterpret_cast<const float4*>(v_state + i);
+  float4 m = LoadMomentFour(static_cast<const M*>(mv.m), i);
+  float4 v = LoadMomentFour(static_cast<const M*>(mv.v), i);
   float4 p = *reinterpret_cast<const float4*>(param + i);
   p.x = AdamWElement(s, g.x, m.x, v.x, p.x);
   p.y = AdamWElement(s, g.y, m.y, v.y, p.y);
   p.z = AdamWElement(s, g.z, m.z, v.z, p.z);
   p.w = AdamWElement(s, g.w, m.w, v.w, p.w);
-  *reinterpret_cast<float4*>(m_state + i) = m;
-  *reinterpret_cast<float4*>(v_state + i) = v;
+  StoreMomentsFour(s, mv, i, m, v, static_cast<M*>(nullptr));
   *reinterpret_cast<float4*>(param + i) = p;
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
-  return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  return PackBf16Four(p);
 }
 #endif
 
