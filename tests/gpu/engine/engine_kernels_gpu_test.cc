@@ -153,8 +153,9 @@ TEST_P(EngineKernelsMomentsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
   AdamWTensor t3;
   t3.param = dp3.get();
   t3.grad = dg3.get();
-  // Placed past 2^32 in the experts' stream: bf16 moments draw their rounding from the place.
-  constexpr int64_t kFirst3 = 5'000'000'123;
+  // Placed across 2^32 in the experts' stream (bf16 moments draw their rounding from the place):
+  // the vector group at element 10004 holds indices 2^32 - 1 .. 2^32 + 2.
+  constexpr int64_t kFirst3 = (int64_t{1} << 32) - 10005;
   t3.moments = dmv3.get();
   t3.moments.stream = cpu::kExpertMoments;
   t3.moments.first = kFirst3;

@@ -63,12 +63,20 @@ DROPLESS_KERNELS_HD inline uint32_t MixBits32(uint32_t x) {
 }
 
 // 32 random bits for element `index` of buffer `stream` at `step`: the low 16 round its m, the
-// high 16 its v.
+// high 16 its v. The key holds what the elements of one step, buffer and high index word share,
+// so a kernel mixes it once for several elements and then once per element.
+DROPLESS_KERNELS_HD inline uint32_t BF16MomentKey(uint32_t stream, uint32_t index_high,
+                                                  int64_t step) {
+  const uint32_t h = MixBits32(static_cast<uint32_t>(step) * 0x9e3779b9u ^ stream * 0x85ebca6bu);
+  return MixBits32(h ^ index_high ^ 0x5bd1e995u);
+}
+DROPLESS_KERNELS_HD inline uint32_t BF16MomentBits(uint32_t key, uint32_t index_low) {
+  return MixBits32(key ^ index_low);
+}
 DROPLESS_KERNELS_HD inline uint32_t BF16MomentBits(uint32_t stream, int64_t index, int64_t step) {
   const uint64_t i = static_cast<uint64_t>(index);
-  uint32_t h = MixBits32(static_cast<uint32_t>(step) * 0x9e3779b9u ^ stream * 0x85ebca6bu);
-  h = MixBits32(h ^ static_cast<uint32_t>(i));
-  return MixBits32(h ^ static_cast<uint32_t>(i >> 32) ^ 0x5bd1e995u);
+  return BF16MomentBits(BF16MomentKey(stream, static_cast<uint32_t>(i >> 32), step),
+                        static_cast<uint32_t>(i));
 }
 
 // x rounded to a bf16 neighbour: away from zero when `random16` (0..65535) plus the 16 bits that
@@ -147,9 +155,17 @@ __device__ __forceinline__ void StoreMomentsFour(const AdamWStep&, const AdamWMo
 __device__ __forceinline__ void StoreMomentsFour(const AdamWStep& s, const AdamWMoments& mv,
                                                  int64_t i, const float4& m, const float4& v,
                                                  __nv_bfloat16*) {
+  // One key for the four unless their indices cross a multiple of 2^32.
+  const uint64_t first = static_cast<uint64_t>(mv.first + i);
   uint32_t bits[4];
+  if (static_cast<uint32_t>(first) <= 0xfffffffcu) {
+    const uint32_t key = BF16MomentKey(mv.stream, static_cast<uint32_t>(first >> 32), s.step);
 #pragma unroll
-  for (int q = 0; q < 4; ++q) bits[q] = BF16MomentBits(mv.stream, mv.first + i + q, s.step);
+    for (int q = 0; q < 4; ++q) bits[q] = BF16MomentBits(key, static_cast<uint32_t>(first) + q);
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) bits[q] = BF16MomentBits(mv.stream, mv.first + i + q, s.step);
+  }
   const uint32_t m01 = Bf16BitsOf(StochasticBf16(m.x, bits[0] & 0xffffu)) |
                        uint32_t{Bf16BitsOf(StochasticBf16(m.y, bits[1] & 0xffffu))} << 16;
   const uint32_t m23 = Bf16BitsOf(StochasticBf16(m.z, bits[2] & 0xffffu)) |
