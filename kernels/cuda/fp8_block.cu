@@ -287,11 +287,24 @@ __global__ void __launch_bounds__(kAdamWWeightThreads)
   __shared__ fw::BlockSmem<kAdamWWeightThreads> smem;
   const AdamWStep s = *step;
   const fw::Block b = fw::BlockOfCta(k, n);
-  uint2 values[fw::kRowsPerThread<kAdamWWeightThreads>];
+  constexpr int kRows = fw::kRowsPerThread<kAdamWWeightThreads>;
+  uint2 values[kRows];
+  // The loads of kLoadBatch rows in flight at once, then their updates.
+  constexpr int kLoadBatch = 4;
+  static_assert(kRows % kLoadBatch == 0, "whole batches of rows");
 #pragma unroll
-  for (int r = 0; r < fw::kRowsPerThread<kAdamWWeightThreads>; ++r) {
-    values[r] =
-        AdamWUpdateFour<M>(s, fw::ElementOf<kAdamWWeightThreads>(b, k, n, r), grad, param, moments);
+  for (int r0 = 0; r0 < kRows; r0 += kLoadBatch) {
+    AdamWFour x[kLoadBatch];
+#pragma unroll
+    for (int q = 0; q < kLoadBatch; ++q) {
+      x[q] = LoadAdamWFour<M>(fw::ElementOf<kAdamWWeightThreads>(b, k, n, r0 + q), grad, param,
+                              moments);
+    }
+#pragma unroll
+    for (int q = 0; q < kLoadBatch; ++q) {
+      values[r0 + q] = ApplyAdamWFour<M>(s, fw::ElementOf<kAdamWWeightThreads>(b, k, n, r0 + q),
+                                         x[q], param, moments);
+    }
   }
   fw::QuantizeBlock<kAdamWWeightThreads>(values, b, k, n, pow2, data, scales, data_t, scales_t, smem);
 }

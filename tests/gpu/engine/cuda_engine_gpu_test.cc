@@ -2,9 +2,10 @@
 // seed: the step-1 loss, and every gradient recovered from the weights after one AdamW step (with
 // eps = 1 and lr = 1 the first update of a parameter is d = g / (|g| + 1), so g = d / (1 - |d|)),
 // in bf16 and mxfp8, softmax and sigmoid routers, skewed routing and experts that receive no
-// token. Then: the synthetic task learns over 500 steps in every precision (and with bf16 AdamW
-// moments); a run stopped and resumed from its checkpoint continues the uninterrupted loss curve
-// (fp32 and bf16 moments); a CPU-engine checkpoint resumes on the CUDA engine.
+// token. Then: the synthetic task learns over 500 steps in every precision, and with bf16 AdamW
+// moments as with fp32 ones; a run stopped and resumed from its checkpoint continues the
+// uninterrupted loss curve (fp32 and bf16 moments); a CPU-engine checkpoint resumes on the CUDA
+// engine.
 #include <unistd.h>
 
 #include <cmath>
@@ -305,46 +306,72 @@ TEST_F(CudaEngineGpu, LearnsIn500StepsInEveryPrecisionWithinOnePercentOfBf16) {
     return s / 20;
   };
   const std::vector<uint64_t> seeds = {5, 6, 7};
-  struct Run {
-    Precision precision;
-    MomentDtype moments;
-  };
-  // The first is the reference; the last keeps AdamW's moments in bf16 (optimizer.moment_dtype).
-  const std::vector<Run> runs = {{Precision::kBf16, MomentDtype::kFp32},
-                                 {Precision::kMxfp8, MomentDtype::kFp32},
-                                 {Precision::kFp8Block, MomentDtype::kFp32},
-                                 {Precision::kFp8BlockWgrad128, MomentDtype::kFp32},
-                                 {Precision::kBf16, MomentDtype::kBf16}};
-  auto name_of = [](const Run& r) {
-    return std::string(ToString(r.precision)) +
-           (r.moments == MomentDtype::kBf16 ? "+bf16-moments" : "");
-  };
-  std::vector<double> end(runs.size(), 0.0);
+  const std::vector<Precision> precisions = {Precision::kBf16, Precision::kMxfp8,
+                                             Precision::kFp8Block, Precision::kFp8BlockWgrad128};
+  std::vector<double> end(precisions.size(), 0.0);
   for (uint64_t seed : seeds) {
-    for (size_t p = 0; p < runs.size(); ++p) {
-      const std::string name = name_of(runs[p]);
+    for (size_t p = 0; p < precisions.size(); ++p) {
+      const std::string name(ToString(precisions[p]));
       SCOPED_TRACE(name + " seed " + std::to_string(seed));
-      EngineConfig config = LearningConfig(runs[p].precision);
-      config.optimizer.moment_dtype = runs[p].moments;
+      EngineConfig config = LearningConfig(precisions[p]);
       config.data.seed = seed;
       std::unique_ptr<Engine> e = MakeCuda(config);
       ASSERT_TRUE(e);
       const std::vector<double> losses = Losses(e.get(), 500);
       ASSERT_EQ(losses.size(), 500u);
-      std::printf("500 steps, seed %llu: %-22s loss %.5f -> %.5f (last-20 mean %.5f)\n",
+      std::printf("500 steps, seed %llu: %-18s loss %.5f -> %.5f (last-20 mean %.5f)\n",
                   static_cast<unsigned long long>(seed), name.c_str(), losses.front(),
                   losses.back(), tail_mean(losses));
       EXPECT_LT(tail_mean(losses), 0.5 * losses.front());
       end[p] += tail_mean(losses) / seeds.size();
     }
   }
-  for (size_t p = 1; p < runs.size(); ++p) {
-    const std::string name = name_of(runs[p]);
+  for (size_t p = 1; p < precisions.size(); ++p) {
+    const std::string name(ToString(precisions[p]));
     std::printf("500 steps over %zu seeds: bf16 %.5f, %s %.5f (%+.2f%%)\n", seeds.size(), end[0],
                 name.c_str(), end[p], 100.0 * (end[p] / end[0] - 1.0));
     EXPECT_LE(end[p], 1.01 * end[0]) << name;
     EXPECT_GE(end[p], 0.99 * end[0]) << name;
   }
+}
+
+// bf16 AdamW moments learn as fp32 ones do: 500 steps end within 1% of fp32 moments' loss, over
+// eight data seeds (the stochastic rounding's draws move each trajectory, so more seeds than the
+// precisions above). Both run the AdamW pass (bf16 moments never fuse the update into the weight
+// gradient); the fused update with fp32 moments is printed beside them. Rounding to nearest
+// instead froze v (beta2 = 0.999) and ended 1.7% below fp32 moments on the first three seeds.
+TEST_F(CudaEngineGpu, Bf16MomentsLearnWithinOnePercentOfFp32Moments) {
+  double end[3] = {0, 0, 0};  // fp32 two passes, bf16, fp32 fused
+  const std::vector<uint64_t> seeds = {5, 6, 7, 8, 9, 10, 11, 12};
+  for (uint64_t seed : seeds) {
+    for (int run = 0; run < 3; ++run) {
+      EngineConfig config = LearningConfig(Precision::kBf16);
+      config.data.seed = seed;
+      config.optimizer.moment_dtype = run == 1 ? MomentDtype::kBf16 : MomentDtype::kFp32;
+      setenv("DROPLESS_FUSED_EXPERT_ADAMW", run == 2 ? "1" : "0", 1);
+      std::unique_ptr<Engine> e = MakeCuda(config);
+      unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+      ASSERT_TRUE(e);
+      const std::vector<double> losses = Losses(e.get(), 500);
+      ASSERT_EQ(losses.size(), 500u);
+      double tail = 0;
+      for (size_t i = losses.size() - 20; i < losses.size(); ++i) tail += losses[i] / 20;
+      std::printf("500 steps, seed %llu, %s: last-20 mean %.5f\n",
+                  static_cast<unsigned long long>(seed),
+                  run == 0   ? "fp32 moments"
+                  : run == 1 ? "bf16 moments"
+                             : "fp32 moments, fused",
+                  tail);
+      end[run] += tail / seeds.size();
+    }
+  }
+  std::printf(
+      "500 steps over %zu seeds: fp32 moments %.5f, bf16 moments %.5f (%+.2f%%), fp32 "
+      "moments fused %.5f (%+.2f%%)\n",
+      seeds.size(), end[0], end[1], 100.0 * (end[1] / end[0] - 1.0), end[2],
+      100.0 * (end[2] / end[0] - 1.0));
+  EXPECT_LE(end[1], 1.01 * end[0]);
+  EXPECT_GE(end[1], 0.99 * end[0]);
 }
 
 class CudaEngineMomentsGpu : public CudaEngineGpu,

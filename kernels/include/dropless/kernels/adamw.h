@@ -178,23 +178,42 @@ __device__ __forceinline__ void StoreMomentsFour(const AdamWStep& s, const AdamW
   *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(mv.v) + i) = make_uint2(v01, v23);
 }
 
+// What the update of elements i .. i + 3 reads: their gradients, moments (as fp32) and masters.
+struct AdamWFour {
+  float4 g, m, v, p;
+};
+
 // Elements i .. i + 3 (16-byte aligned; the moments M: float or __nv_bfloat16, as mv.bf16 says)
-// updated with vector loads and stores; returns their bf16 values, rounded to nearest even (low
-// half first, the order of memory).
+// loaded with vector loads. Split from ApplyAdamWFour so that a kernel can have several groups'
+// loads in flight before the first update's stores (which, for all the compiler knows, alias
+// the later loads).
+template <typename M>
+__device__ __forceinline__ AdamWFour LoadAdamWFour(int64_t i, const float* grad, const float* param,
+                                                   const AdamWMoments& mv) {
+  return AdamWFour{
+      *reinterpret_cast<const float4*>(grad + i), LoadMomentFour(static_cast<const M*>(mv.m), i),
+      LoadMomentFour(static_cast<const M*>(mv.v), i), *reinterpret_cast<const float4*>(param + i)};
+}
+
+// The update of elements i .. i + 3 from what LoadAdamWFour read: moments and masters stored with
+// vector stores; returns their bf16 values, rounded to nearest even (low half first, the order of
+// memory).
+template <typename M>
+__device__ __forceinline__ uint2 ApplyAdamWFour(const AdamWStep& s, int64_t i, AdamWFour x,
+                                                float* param, const AdamWMoments& mv) {
+  x.p.x = AdamWElement(s, x.g.x, x.m.x, x.v.x, x.p.x);
+  x.p.y = AdamWElement(s, x.g.y, x.m.y, x.v.y, x.p.y);
+  x.p.z = AdamWElement(s, x.g.z, x.m.z, x.v.z, x.p.z);
+  x.p.w = AdamWElement(s, x.g.w, x.m.w, x.v.w, x.p.w);
+  StoreMomentsFour(s, mv, i, x.m, x.v, static_cast<M*>(nullptr));
+  *reinterpret_cast<float4*>(param + i) = x.p;
+  return PackBf16Four(x.p);
+}
+
 template <typename M>
 __device__ __forceinline__ uint2 AdamWUpdateFour(const AdamWStep& s, int64_t i, const float* grad,
                                                  float* param, const AdamWMoments& mv) {
-  const float4 g = *reinterpret_cast<const float4*>(grad + i);
-  float4 m = LoadMomentFour(static_cast<const M*>(mv.m), i);
-  float4 v = LoadMomentFour(static_cast<const M*>(mv.v), i);
-  float4 p = *reinterpret_cast<const float4*>(param + i);
-  p.x = AdamWElement(s, g.x, m.x, v.x, p.x);
-  p.y = AdamWElement(s, g.y, m.y, v.y, p.y);
-  p.z = AdamWElement(s, g.z, m.z, v.z, p.z);
-  p.w = AdamWElement(s, g.w, m.w, v.w, p.w);
-  StoreMomentsFour(s, mv, i, m, v, static_cast<M*>(nullptr));
-  *reinterpret_cast<float4*>(param + i) = p;
-  return PackBf16Four(p);
+  return ApplyAdamWFour<M>(s, i, LoadAdamWFour<M>(i, grad, param, mv), param, mv);
 }
 #endif
 
