@@ -335,12 +335,14 @@ TEST_F(CudaEngineGpu, LearnsIn500StepsInEveryPrecisionWithinOnePercentOfBf16) {
   }
 }
 
-// bf16 AdamW moments learn as fp32 ones do: 500 steps end within 1% of fp32 moments' loss, over
-// eight data seeds (the stochastic rounding's draws move each trajectory, so more seeds than the
-// precisions above). Both run the AdamW pass (bf16 moments never fuse the update into the weight
-// gradient); the fused update with fp32 moments is printed beside them. Rounding to nearest
-// instead froze v (beta2 = 0.999) and ended 1.7% below fp32 moments on the first three seeds.
-TEST_F(CudaEngineGpu, Bf16MomentsLearnWithinOnePercentOfFp32Moments) {
+// bf16 AdamW moments learn as fp32 ones do: over eight data seeds, 500 steps end no more than 1%
+// above fp32 moments' loss, and no more than 3% below. Both run the AdamW pass (bf16 moments never
+// fuse the update into the weight gradient); the fused update with fp32 moments, bit for bit the
+// same run, is printed beside them. Measured on an H200: bf16 moments end 0.94% below fp32
+// moments (per seed -2.2% .. +0.2%; the mean's standard error about 0.3%), so the lower bound is
+// loose: that the rounding keeps the moments unbiased is adamw_test's Bf16SecondMomentsDecayAs-
+// Fp32OnesDo's job (rounding to nearest froze v at beta2 = 0.999 and ended 1.7% below here).
+TEST_F(CudaEngineGpu, Bf16MomentsLearnAsFp32MomentsDo) {
   double end[3] = {0, 0, 0};  // fp32 two passes, bf16, fp32 fused
   const std::vector<uint64_t> seeds = {5, 6, 7, 8, 9, 10, 11, 12};
   for (uint64_t seed : seeds) {
@@ -371,7 +373,10 @@ TEST_F(CudaEngineGpu, Bf16MomentsLearnWithinOnePercentOfFp32Moments) {
       seeds.size(), end[0], end[1], 100.0 * (end[1] / end[0] - 1.0), end[2],
       100.0 * (end[2] / end[0] - 1.0));
   EXPECT_LE(end[1], 1.01 * end[0]);
-  EXPECT_GE(end[1], 0.99 * end[0]);
+  EXPECT_GE(end[1], 0.97 * end[0]);
+  // The fused update is the AdamW pass's arithmetic (the routing statistics' fp32 atomics leave a
+  // few ulps between runs).
+  EXPECT_NEAR(end[2], end[0], 1e-4 * end[0]);
 }
 
 class CudaEngineMomentsGpu : public CudaEngineGpu,
