@@ -58,7 +58,7 @@ WgradAdamWShape ShapeOf(const Problem& p) {
   return WgradAdamWShape{static_cast<int>(p.sizes.size()), p.k, p.n, p.max_rows};
 }
 
-// AdamW's element update in fp32, one IEEE operation at a time in adamw.h's order (the host
+// AdamW's element update in fp32, one IEEE operation at a time in adamw_update.h's order (the host
 // compiler contracts nothing here: no FMA in the x86-64 baseline).
 float AdamWReference(const AdamWStep& s, float g, float& m, float& v, float p) {
   const float m1 = s.beta1 * m;

@@ -53,6 +53,7 @@ TEST(ShippedConfigsTest, ModelShapesAreTheNamedModels) {
   EXPECT_EQ(dsv3->model.shared_experts, 1);
   EXPECT_EQ(dsv3->precision, Precision::kMxfp8);
   EXPECT_EQ(dsv3->resources.backend, Backend::kCuda);
+  EXPECT_EQ(dsv3->optimizer.moment_dtype, MomentDtype::kBf16);  // as DeepSeek-V3 trained
 
   absl::StatusOr<JobSpec> qwen = Load("qwen3-30b-a3b-layer");
   ASSERT_TRUE(qwen.ok()) << qwen.status();

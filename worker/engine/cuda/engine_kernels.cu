@@ -1,6 +1,4 @@
 // The CUDA engine's elementwise kernels (contracts: engine_kernels.h).
-#include "worker/engine/cuda/engine_kernels.h"
-
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -8,8 +6,10 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
+#include "dropless/kernels/adamw_update.h"
 #include "kernels/cuda/cuda_check.h"
 #include "worker/engine/cpu/counter_rng.h"
+#include "worker/engine/cuda/engine_kernels.h"
 
 namespace dropless::cuda_engine {
 namespace {

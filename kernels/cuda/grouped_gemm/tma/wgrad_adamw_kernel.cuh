@@ -1,6 +1,6 @@
 // The bf16 weight gradient fused with AdamW (sm_90a): per expert e, G = X_e^T . dY_e in fp32
-// registers, then in the epilogue AdamW of every element of W[e] (adamw.h's AdamWElement: the
-// fp32 master, its moments and the bf16 working copy), so the gradient never reaches memory and
+// registers, then in the epilogue AdamW of every element of W[e] (adamw_update.h's AdamWElement:
+// the fp32 master, its moments and the bf16 working copy), so the gradient never reaches memory and
 // the optimizer's traffic runs under the other warpgroup's tensor-core work. kAdamW = false
 // stores G as fp32 instead (the same kernel's gradient, for tests and benchmarks). Launcher in
 // wgrad_adamw.cu; contract in dropless/kernels/grouped_wgrad_adamw.h.
@@ -19,7 +19,8 @@
 // per array in the 128-byte swizzle, so a warp's 8-byte reads take two wavefronts); 24 copies of
 // 1 KiB per piece. Loads from registers could not keep enough bytes in flight beside 128
 // accumulators. The new values are stored straight from registers. The epilogue is a rolled loop
-// over the pieces: unrolled, its IEEE arithmetic missed the instruction cache (docs/grouped_gemm.md).
+// over the pieces: unrolled, its IEEE arithmetic missed the instruction cache
+// (docs/grouped_gemm.md).
 #ifndef DROPLESS_KERNELS_CUDA_GROUPED_GEMM_TMA_WGRAD_ADAMW_KERNEL_CUH_
 #define DROPLESS_KERNELS_CUDA_GROUPED_GEMM_TMA_WGRAD_ADAMW_KERNEL_CUH_
 
@@ -29,7 +30,7 @@
 
 #include <cstdint>
 
-#include "dropless/kernels/adamw.h"
+#include "dropless/kernels/adamw_update.h"
 #include "kernels/cuda/grouped_gemm/tma/tma_kernel_common.cuh"
 
 namespace dropless::kernels::tmagemm {

@@ -189,9 +189,9 @@ absl::Status PermuteFp8Block(const PermuteShape& shape, const Bf16* x,
                              const int32_t* slot_of_choice, const Fp8BlockRowwise& rows,
                              Fp8ScaleMode mode, Stream stream);
 
-// AdamW (adamw.h) of an [E][k][n] fp32 weight (param, grad: 16-byte aligned; the moments fp32 or
-// bf16, aligned to four elements) fused with its quantization into `out`: the same bits as the
-// update followed by QuantizeFp8BlockWeights of the updated values rounded to bf16, in one pass
+// AdamW (adamw_update.h) of an [E][k][n] fp32 weight (param, grad: 16-byte aligned; the moments
+// fp32 or bf16, aligned to four elements) fused with its quantization into `out`: the same bits as
+// the update followed by QuantizeFp8BlockWeights of the updated values rounded to bf16, in one pass
 // (one block per 128x128 block). `step` is device memory (the step's scalars, computed on the
 // device each step).
 absl::Status AdamWQuantizeFp8BlockWeights(const Fp8BlockWeightShape& shape, const AdamWStep* step,

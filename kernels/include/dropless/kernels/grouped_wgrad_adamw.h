@@ -2,11 +2,11 @@
 //
 // Per group e, G[e] = X_e^T . dY_e (grouped_gemm.h's BackwardWeight: X [max_rows][k], dY
 // [max_rows][n], groups by device offsets; G[e] = 0 for an empty group) is computed in registers
-// and never stored: every element of W[e] takes its AdamW step at once (adamw.h's AdamWElement,
-// the CPU engine's bits for a given gradient) on the fp32 master `param`, the moments `m` and `v`,
-// and the bf16 working copy `copy` of the new value, all [num_groups][k][n]. An optimizer that
-// runs inside the GEMM's epilogue moves its bytes while the tensor cores work on other tiles, and
-// the fp32 gradient's write and read disappear.
+// and never stored: every element of W[e] takes its AdamW step at once (adamw_update.h's
+// AdamWElement, the CPU engine's bits for a given gradient) on the fp32 master `param`, the moments
+// `m` and `v`, and the bf16 working copy `copy` of the new value, all [num_groups][k][n]. An
+// optimizer that runs inside the GEMM's epilogue moves its bytes while the tensor cores work on
+// other tiles, and the fp32 gradient's write and read disappear.
 //
 // The AdamW step's scalars are read from the device (`step`, computed by the caller's step
 // preparation), so a call is one launch, never synchronizes and can be captured in a CUDA graph.
