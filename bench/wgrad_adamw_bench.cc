@@ -2,8 +2,9 @@
 // (kernels::GroupedWgradAdamW) against the two passes it replaces, the bf16 grouped GEMM's weight
 // gradient (fp32 out, the engine's default kernel) and the engine's AdamW kernel over the same
 // weight, on the step's expert shapes (dsv3 as one GPU's EP=8 share: 32 experts), uniform
-// groups. Also the fused kernel's own gradient (its GEMM without the update). Rounds alternate
-// the four; each figure is the median of the rounds' medians.
+// groups. Also the fused kernel's own gradient (its GEMM without the update). --moments=bf16
+// keeps AdamW's moments in bf16 (optimizer.moment_dtype) in both forms. Rounds alternate the four;
+// each figure is the median of the rounds' medians.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -64,6 +65,7 @@ T* Alloc(int64_t count) {
 int Run(const std::vector<std::string>& args) {
   CommonGemmFlags f;
   int rounds = 3;
+  bool bf16_moments = false;
   for (const std::string& a : args) {
     const size_t eq = a.find('=');
     const std::string key = a.substr(0, eq), value = eq == std::string::npos ? "" : a.substr(eq + 1);
@@ -72,8 +74,14 @@ int Run(const std::vector<std::string>& args) {
       rounds = std::max(1, std::atoi(value.c_str()));
       continue;
     }
-    std::fprintf(stderr, "%s bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
-                 "--iters=N --rounds=N --json=PATH --commit=SHA\n", kBench, a.c_str());
+    if (key == "--moments" && (value == "fp32" || value == "bf16")) {
+      bf16_moments = value == "bf16";
+      continue;
+    }
+    std::fprintf(stderr,
+                 "%s bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
+                 "--iters=N --rounds=N --moments=fp32|bf16 --json=PATH --commit=SHA\n",
+                 kBench, a.c_str());
     return 2;
   }
   RequireCudaDevice(kBench);
@@ -98,15 +106,17 @@ int Run(const std::vector<std::string>& args) {
       auto* x = Alloc<__nv_bfloat16>(rows_total * k);
       auto* dy = Alloc<__nv_bfloat16>(rows_total * n);
       auto* d_offsets = Alloc<int32_t>(experts + 1);
-      float *param = Alloc<float>(params), *m = Alloc<float>(params), *v = Alloc<float>(params),
-            *grad = Alloc<float>(params);
+      float *param = Alloc<float>(params), *grad = Alloc<float>(params);
+      const int64_t moment_floats = bf16_moments ? (params + 1) / 2 : params;
+      float *m = Alloc<float>(moment_floats), *v = Alloc<float>(moment_floats);
       auto* copy = Alloc<__nv_bfloat16>(params);
       auto* counter = Alloc<int64_t>(1);
       Fill(x, rows_total * k, true, -1, 1, 1);
       Fill(dy, rows_total * n, true, -1e-3f, 1e-3f, 2);
       Fill(param, params, false, -0.05f, 0.05f, 3);
-      Fill(m, params, false, -1e-4f, 1e-4f, 4);
-      Fill(v, params, false, 0, 1e-8f, 5);
+      Fill(m, params, bf16_moments, -1e-4f, 1e-4f, 4);
+      Fill(v, params, bf16_moments, 0, 1e-8f, 5);
+      const kernels::AdamWMoments moments{m, v, bf16_moments, /*stream=*/1, /*first=*/0};
       CheckCuda(cudaMemset(counter, 0, sizeof(int64_t)), kBench, "counter");
       CheckCuda(cudaMemcpy(d_offsets, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice),
                 kBench, "offsets");
@@ -126,12 +136,12 @@ int Run(const std::vector<std::string>& args) {
       spec.weight_decay = 0.1;
       auto adamw = cuda_engine::FusedAdamW::Create(
           spec,
-          {cuda_engine::AdamWTensor{param, grad, kernels::AdamWMoments{m, v, false}, params,
+          {cuda_engine::AdamWTensor{param, grad, moments, params,
                                     reinterpret_cast<cuda_engine::Bf16*>(copy), 0, 0}},
           counter);
       CheckStatus(adamw.status(), kBench, "FusedAdamW::Create");
       CheckStatus((*adamw)->PrepareStep(nullptr), kBench, "PrepareStep");
-      const kernels::AdamWTensors state{param, m, v, copy};
+      const kernels::AdamWTensors state{param, moments, copy};
 
       std::vector<double> t[4];
       for (int r = 0; r < rounds; ++r) {
@@ -159,11 +169,13 @@ int Run(const std::vector<std::string>& args) {
       std::printf("%-8s %-4s %9.3f %9.3f %9.3f %9.3f %9.3f %7.2fx\n", s.name, wname, med[0], med[1],
                   med[0] + med[1], med[2], med[3], (med[0] + med[1]) / med[2]);
       rows.push_back(absl::StrFormat(
-          "    {\"shape\": \"%s\", \"weight\": \"%s\", \"experts\": %d, \"params\": %d, "
+          "    {\"shape\": \"%s\", \"weight\": \"%s\", \"moment_dtype\": \"%s\", \"experts\": %d, "
+          "\"params\": %d, "
           "\"gemm_ms\": %.4f, \"adamw_ms\": %.4f, \"fused_ms\": %.4f, \"fused_gradient_ms\": %.4f, "
           "\"gemm_tflops\": %.1f, \"fused_gradient_tflops\": %.1f, \"adamw_gbps\": %.0f}",
-          s.name, wname, experts, params, med[0], med[1], med[2], med[3], flop / med[0] * 1e-9,
-          flop / med[3] * 1e-9, params * 30.0 / med[1] * 1e-6));
+          s.name, wname, bf16_moments ? "bf16" : "fp32", experts, params, med[0], med[1], med[2],
+          med[3], flop / med[0] * 1e-9, flop / med[3] * 1e-9,
+          params * (bf16_moments ? 22.0 : 30.0) / med[1] * 1e-6));
       for (void* p : std::initializer_list<void*>{x, dy, d_offsets, param, m, v, grad, copy, counter}) {
         cudaFree(p);
       }

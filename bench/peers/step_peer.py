@@ -41,7 +41,8 @@ Impls (names as in ../shared/docs/BENCH.md):
       void  dl_step_destroy(void* h);
 
   dropless-bf16-moments and dropless-bf16-bf16-moments (opt-in) are dropless and dropless-bf16
-  with AdamW's moments stored in bf16 (optimizer.moment_dtype: bf16; the JSON row's moment_dtype).
+  with AdamW's moments stored in bf16 (optimizer.moment_dtype: bf16; the JSON row's moment_dtype);
+  dropless-bf16-moments-two-pass-adamw is dropless-bf16-moments with the two passes forced.
   dropless-bf16 (default with a quantized --precision) is the same engine in bf16, so that the
   quantized step and the bf16 step are compared in one run. dropless-mx-promotion (opt-in, with
   --precision mxfp8) is the mxfp8 engine on its per-32 promotion kernels (DROPLESS_MX_CORE=0)
@@ -97,6 +98,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_impls import (BF16_MOMENT_IMPLS, DEFAULT_IMPLS, DROPLESS, DROPLESS_BF16,  # noqa: E402
+                        DROPLESS_BF16_MOMENTS_TWO_PASS,
                         DROPLESS_BF16_BF16_MOMENTS, DROPLESS_BF16_MOMENTS, DROPLESS_IMPLS,
                         DROPLESS_FP8_BLOCK, DROPLESS_FUSED, DROPLESS_MX_PROMOTION,
                         DROPLESS_TWO_PASS, FP8, JAX, PEAK,
@@ -146,7 +148,7 @@ def run_one(name, shape, ctx, args):
             precision = {DROPLESS_BF16: "bf16", DROPLESS_BF16_BF16_MOMENTS: "bf16",
                          DROPLESS_FP8_BLOCK: "fp8-block"}.get(name, args.precision)
             # Read by the engine when it is created.
-            if name in (DROPLESS_FUSED, DROPLESS_TWO_PASS):
+            if name in (DROPLESS_FUSED, DROPLESS_TWO_PASS, DROPLESS_BF16_MOMENTS_TWO_PASS):
                 os.environ["DROPLESS_FUSED_EXPERT_ADAMW"] = "1" if name == DROPLESS_FUSED else "0"
             else:
                 os.environ.pop("DROPLESS_FUSED_EXPERT_ADAMW", None)

@@ -11,7 +11,7 @@
 namespace dropless {
 
 // Bump whenever EngineContext, EngineConfig, Engine or StepStats change shape.
-inline constexpr int kEngineModuleAbi = 3;
+inline constexpr int kEngineModuleAbi = 4;  // 4: OptimizerSpec::moment_dtype
 
 inline constexpr char kCudaEngineLibrary[] = "libdropless_engine_cuda.so";
 inline constexpr char kEngineModuleAbiSymbol[] = "DroplessEngineModuleAbi";

@@ -206,6 +206,7 @@ TEST_P(EngineKernelsMomentsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
   ASSERT_TRUE(kernels::testing::BitEqual(dmv1.DownloadM(), m1));
   ASSERT_TRUE(kernels::testing::BitEqual(dmv1.DownloadV(), v1));
   ASSERT_TRUE(kernels::testing::BitEqual(dmv2.DownloadM(), m2));
+  ASSERT_TRUE(kernels::testing::BitEqual(dmv2.DownloadV(), v2));
   ASSERT_TRUE(kernels::testing::BitEqual(dmv3.DownloadM(), m3));
   ASSERT_TRUE(kernels::testing::BitEqual(dmv3.DownloadV(), v3));
   if (o.moment_dtype == MomentDtype::kBf16) {
@@ -251,6 +252,8 @@ TEST_P(EngineKernelsMomentsGpu, FusedAdamWFp8BlockMatchesUpdateThenQuantize) {
       t.param = p[i].get();
       t.grad = g.get();
       t.moments = mv[i].get();
+      t.moments.stream = cpu::kExpertMoments;  // as the engine's routed experts, far in
+      t.moments.first = 3'000'000'001;
       t.n = size;
       t.bf16_copy = i == 0 ? copy.get() : nullptr;
       absl::StatusOr<std::unique_ptr<FusedAdamW>> a =
@@ -260,8 +263,13 @@ TEST_P(EngineKernelsMomentsGpu, FusedAdamWFp8BlockMatchesUpdateThenQuantize) {
       out[i] = kernels::Fp8BlockWeights{data[i].get(), scales[i].get(), data_t[i].get(),
                                         scales_t[i].get()};
     }
+    // The CPU engine's update of the same elements.
+    std::vector<float> cpu_p = p0, cpu_m(size, 0.0f), cpu_v(size, 0.0f);
     for (int step = 1; step <= 3; ++step) {
-      g.Upload(RandomFloat(size, 1e-2f));
+      const std::vector<float> grad = RandomFloat(size, 1e-2f);
+      g.Upload(grad);
+      cpu::AdamWUpdate<float>(o, step, size, grad.data(), cpu_p.data(), cpu_m.data(), cpu_v.data(),
+                              cpu::kExpertMoments, 3'000'000'001);
       STATUS_ASSERT(adamw[0]->Step(nullptr));
       STATUS_ASSERT(kernels::cuda::QuantizeFp8BlockWeights(shape, copy.get(), out[0], nullptr));
       STATUS_ASSERT(adamw[1]->PrepareStep(nullptr));
@@ -270,6 +278,12 @@ TEST_P(EngineKernelsMomentsGpu, FusedAdamWFp8BlockMatchesUpdateThenQuantize) {
     ASSERT_TRUE(kernels::testing::BitEqual(p[1].Download(), p[0].Download()));
     ASSERT_TRUE(kernels::testing::BitEqual(mv[1].DownloadM(), mv[0].DownloadM()));
     ASSERT_TRUE(kernels::testing::BitEqual(mv[1].DownloadV(), mv[0].DownloadV()));
+    ASSERT_TRUE(kernels::testing::BitEqual(mv[1].DownloadM(), cpu_m));
+    ASSERT_TRUE(kernels::testing::BitEqual(mv[1].DownloadV(), cpu_v));
+    const std::vector<float> gpu_p = p[1].Download();
+    for (int64_t i = 0; i < size; ++i) {
+      ASSERT_NEAR(gpu_p[i], cpu_p[i], 2e-6f * (1 + std::fabs(cpu_p[i]))) << i;
+    }
     ASSERT_TRUE(kernels::testing::BitEqual(data[1].Download(), data[0].Download()));
     ASSERT_TRUE(kernels::testing::BitEqual(data_t[1].Download(), data_t[0].Download()));
     ASSERT_TRUE(kernels::testing::BitEqual(scales[1].Download(), scales[0].Download()));

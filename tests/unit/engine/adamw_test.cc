@@ -153,6 +153,45 @@ TEST(AdamWTest, ReferenceStochasticBf16RoundsByTheDrawnBits) {
   }
 }
 
+float FromBits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+}
+uint32_t BitsOf(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+}
+
+TEST(AdamWTest, StochasticBf16AtTheEdges) {
+  for (uint32_t r : {0u, 1u, 32768u, 65535u}) {
+    SCOPED_TRACE(testing::Message() << "draw " << r);
+    EXPECT_EQ(BitsOf(kernels::StochasticBf16(0.0f, r)), 0u);
+    EXPECT_EQ(BitsOf(kernels::StochasticBf16(-0.0f, r)), 0x80000000u);
+    EXPECT_EQ(BitsOf(kernels::StochasticBf16(FromBits(0x7f800000u), r)), 0x7f800000u);  // +inf
+    EXPECT_EQ(BitsOf(kernels::StochasticBf16(FromBits(0xff800000u), r)), 0xff800000u);  // -inf
+    // A NaN whose payload is all in the dropped bits stays a NaN (quiet), not an infinity.
+    const float nan = kernels::StochasticBf16(FromBits(0x7f800001u), r);
+    EXPECT_TRUE(std::isnan(nan));
+    EXPECT_EQ(BitsOf(nan) & 0xffffu, 0u);
+    // Finite values never round to infinity: bf16's largest finite value instead.
+    EXPECT_EQ(BitsOf(kernels::StochasticBf16(FromBits(0x7f7f0001u), r)), 0x7f7f0000u);
+    EXPECT_EQ(BitsOf(kernels::StochasticBf16(FromBits(0xff7fffffu), r)), 0xff7f0000u);
+  }
+  // Subnormals round to bf16's subnormal grid, up with the dropped fraction's probability: the
+  // mean over all 2^16 draws is the value itself.
+  for (uint32_t u : {0x00000001u, 0x0000ffffu, 0x007fffffu, 0x80012345u}) {
+    double mean = 0;
+    for (uint32_t r = 0; r < 65536; ++r) {
+      const float y = kernels::StochasticBf16(FromBits(u), r);
+      ASSERT_EQ(BitsOf(y) & 0xffffu, 0u);
+      mean += static_cast<double>(y) / 65536.0;
+    }
+    EXPECT_EQ(mean, static_cast<double>(FromBits(u))) << std::hex << u;
+  }
+}
+
 TEST(AdamWTest, Bf16MomentsAreTheFp32MomentsRoundedStochasticallyAfterEachStep) {
   const uint32_t seed = std::random_device{}();  // fresh data each run
   SCOPED_TRACE(testing::Message() << "seed " << seed);

@@ -280,11 +280,18 @@ absl::StatusOr<StepStats> CpuEngine::Step() {
     load_imbalance += (mean_load > 0 ? max_load / mean_load : 1.0) / static_cast<double>(layers);
   }
 
-  for (auto [buffer, stream] : {std::pair{&student_replicated_, cpu::kReplicatedMoments},
-                                std::pair{&student_experts_, cpu::kExpertMoments}}) {
-    cpu::AdamWUpdate<float>(spec_.optimizer, step, static_cast<int64_t>(buffer->value.size()),
-                            buffer->grad.data(), buffer->value.data(), buffer->m.data(),
-                            buffer->v.data(), stream);
+  {
+    ParameterBuffer& r = student_replicated_;
+    cpu::AdamWUpdate<float>(spec_.optimizer, step, static_cast<int64_t>(r.value.size()),
+                            r.grad.data(), r.value.data(), r.m.data(), r.v.data(),
+                            cpu::kReplicatedMoments, 0);
+  }
+  // The routed experts run by run, so that bf16 moments draw by the single-rank index.
+  for (const cpu::MoeParameterLayout::ExpertRun& run : layout_.ExpertRuns()) {
+    ParameterBuffer& x = student_experts_;
+    cpu::AdamWUpdate<float>(spec_.optimizer, step, run.count, x.grad.data() + run.offset,
+                            x.value.data() + run.offset, x.m.data() + run.offset,
+                            x.v.data() + run.offset, cpu::kExpertMoments, run.global_index);
   }
   steps_done_ = step;
 

@@ -31,6 +31,18 @@ MoeParameterLayout::MoeParameterLayout(const ModelSpec& model, int64_t ep, int64
   experts_per_layer_ = local_experts_ * (w1_size_ + w2_size_);
 }
 
+std::vector<MoeParameterLayout::ExpertRun> MoeParameterLayout::ExpertRuns() const {
+  std::vector<ExpertRun> runs;
+  const int64_t global_per_layer = shape_.experts * (w1_size_ + w2_size_);
+  for (int64_t l = 0; l < layers_; ++l) {
+    const int64_t offset = l * experts_per_layer_, global = l * global_per_layer;
+    runs.push_back(ExpertRun{offset, local_experts_ * w1_size_, global + first_expert_ * w1_size_});
+    runs.push_back(ExpertRun{offset + local_experts_ * w1_size_, local_experts_ * w2_size_,
+                             global + shape_.experts * w1_size_ + first_expert_ * w2_size_});
+  }
+  return runs;
+}
+
 template <typename T>
 MoeLayerWeights<T> MoeParameterLayout::Weights(const T* replicated, const T* experts,
                                                int64_t layer, const T* router_bias) const {

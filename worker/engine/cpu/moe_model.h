@@ -53,6 +53,17 @@ class MoeParameterLayout {
   };
   std::vector<NormalFill> InitialFills(uint64_t seed) const;
 
+  // The runs of the experts buffer that hold one layer's w1, or w2, of the local experts (per
+  // layer, w1 then w2), each with the index its first value has in the single-rank (ep 1) experts
+  // buffer: bf16 AdamW moments draw their rounding from that index (kernels/adamw.h), so that
+  // every EP layout rounds each expert's moments alike.
+  struct ExpertRun {
+    int64_t offset = 0;
+    int64_t count = 0;
+    int64_t global_index = 0;
+  };
+  std::vector<ExpertRun> ExpertRuns() const;
+
  private:
   MoeLayerShape shape_;
   int64_t layers_ = 1;

@@ -86,18 +86,12 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
   d.renormalize = m.renormalize;
   d.precision = config.precision;
   d.recompute = config.activation_offload;
-  // The routed experts' AdamW fused into their weight-gradient GEMM (bf16, fp32 moments) where a
-  // local expert expects few rows (kFusedAdamWMaxRowsPerExpert); DROPLESS_FUSED_EXPERT_ADAMW=1 or
-  // 0 forces it on or off (tests, A/B runs).
+  // The routed experts' AdamW fused into their weight-gradient GEMM (bf16, either moment width)
+  // where a local expert expects few rows (kFusedAdamWMaxRowsPerExpert);
+  // DROPLESS_FUSED_EXPERT_ADAMW=1 or 0 forces it on or off (tests, A/B runs).
   const char* forced = std::getenv("DROPLESS_FUSED_EXPERT_ADAMW");
-  const bool bf16_moments = config.optimizer.moment_dtype == MomentDtype::kBf16;
-  if (bf16_moments && forced != nullptr && std::strcmp(forced, "1") == 0) {
-    return absl::InvalidArgumentError(
-        "optimizer.moment_dtype: bf16 moments are updated by the AdamW pass, not by the "
-        "weight-gradient GEMM that DROPLESS_FUSED_EXPERT_ADAMW=1 asks for");
-  }
   d.fused_expert_adamw =
-      d.precision == Precision::kBf16 && !bf16_moments &&
+      d.precision == Precision::kBf16 &&
       (forced != nullptr ? std::strcmp(forced, "1") == 0
                          : d.expected_rows_per_expert() <= kFusedAdamWMaxRowsPerExpert);
   // MXFP8 on the bf16 tensor cores where every reduction length is a multiple of 64 (H for w1's

@@ -72,18 +72,18 @@ LayerGrads RankModel::Grads(int64_t layer) const {
     g.w1 = experts_.grad + layer * ExpPerLayer();
     g.w2 = g.w1 + El * H * 2 * F;
   } else {
-    // No routed-expert gradient is stored: the weight-gradient GEMM applies AdamW to its tiles.
-    const int64_t w1 = layer * ExpPerLayer(), w2 = w1 + El * H * 2 * F;
+    // No routed-expert gradient is stored: the weight-gradient GEMM applies AdamW to its tiles,
+    // bf16 moments drawing their rounding from the single-rank index as the AdamW pass does.
     g.adamw_step = adamw_->step_scalars();
-    // LayerDimsOf fuses the update only with fp32 moments.
-    auto state = [&](int64_t at) {
-      const kernels::AdamWMoments mv = experts_.moments.At(at);
-      return kernels::AdamWTensors{experts_.value + at, static_cast<float*>(mv.m),
-                                   static_cast<float*>(mv.v),
-                                   reinterpret_cast<__nv_bfloat16*>(experts_.bf16 + at)};
+    const std::vector<cpu::MoeParameterLayout::ExpertRun> runs = layout_.ExpertRuns();
+    auto state = [&](const cpu::MoeParameterLayout::ExpertRun& run) {
+      kernels::AdamWMoments mv = experts_.moments.At(run.offset);
+      mv.first = run.global_index;
+      return kernels::AdamWTensors{experts_.value + run.offset, mv,
+                                   reinterpret_cast<__nv_bfloat16*>(experts_.bf16 + run.offset)};
     };
-    g.w1_adamw = state(w1);
-    g.w2_adamw = state(w2);
+    g.w1_adamw = state(runs[2 * layer]);
+    g.w2_adamw = state(runs[2 * layer + 1]);
   }
   return g;
 }
@@ -234,7 +234,14 @@ absl::Status RankModel::CreateOptimizer() {
         AdamWTensor{b.value + offset, b.grad + offset, b.moments.At(offset), n, copy, rows, cols});
     return static_cast<int>(tensors.size()) - 1;
   };
-  const int64_t w1_size = int64_t{dims_.local_experts()} * H * 2 * dims_.ffn;
+  // The routed experts' runs (w1, w2 per layer) carry their single-rank index, from which bf16
+  // moments draw their rounding as the CPU engine does.
+  const std::vector<cpu::MoeParameterLayout::ExpertRun> runs = layout_.ExpertRuns();
+  auto add_run = [&](const cpu::MoeParameterLayout::ExpertRun& run) {
+    const int t = add(experts_, run.offset, run.count, experts_.bf16 + run.offset, 0, 0);
+    tensors[t].moments.first = run.global_index;
+    return t;
+  };
   for (int64_t l = 0; l < layers(); ++l) {
     OptimizerGroups g;
     const int64_t base = l * RepPerLayer();
@@ -244,10 +251,9 @@ absl::Status RankModel::CreateOptimizer() {
       add(replicated_, base + H * E, RepPerLayer() - H * E, replicated_.bf16 + base + H * E, 0, 0);
       g.router_count = 2;
     }
-    const int64_t exp = l * ExpPerLayer();
     if (!dims_.fused_expert_adamw) {  // else updated by their weight-gradient GEMMs
-      g.w1 = add(experts_, exp, w1_size, experts_.bf16 + exp, 0, 0);
-      g.w2 = add(experts_, exp + w1_size, ExpPerLayer() - w1_size, experts_.bf16 + exp + w1_size, 0, 0);
+      g.w1 = add_run(runs[2 * l]);
+      g.w2 = add_run(runs[2 * l + 1]);
     }
     optimizer_groups_.push_back(g);
   }

@@ -1,6 +1,6 @@
 // GroupedWgradAdamW (dropless/kernels/grouped_wgrad_adamw.h): the launcher of
-// TmaWgradAdamWKernel (wgrad_adamw_kernel.cuh) in its two forms, the fused update and the plain
-// fp32 gradient.
+// TmaWgradAdamWKernel (wgrad_adamw_kernel.cuh) in its forms: the fused update with fp32 or bf16
+// moments and the plain fp32 gradient.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -35,21 +35,21 @@ class GroupedWgradAdamWImpl final : public GroupedWgradAdamW {
   absl::Status Update(const __nv_bfloat16* x, const __nv_bfloat16* dy, const int32_t* offsets,
                       const AdamWStep* step, const AdamWTensors& state,
                       cudaStream_t stream) override {
-    if (step == nullptr || state.param == nullptr || state.m == nullptr || state.v == nullptr ||
+    const AdamWMoments& mv = state.moments;
+    if (step == nullptr || state.param == nullptr || mv.m == nullptr || mv.v == nullptr ||
         state.copy == nullptr) {
       return absl::InvalidArgumentError("wgrad adamw: Update needs the step and all four tensors");
     }
-    if (!Aligned16(state.param) || !Aligned16(state.m) || !Aligned16(state.v) ||
-        !Aligned16(state.copy)) {
+    if (!Aligned16(state.param) || !Aligned16(mv.m) || !Aligned16(mv.v) || !Aligned16(state.copy)) {
       return absl::InvalidArgumentError("wgrad adamw: the AdamW tensors must be 16-byte aligned");
     }
     tmagemm::FParams p = Params(offsets);
     p.param = state.param;
-    p.m = state.m;
-    p.v = state.v;
+    p.moments = mv;
     p.copy = state.copy;
     p.step = step;
-    return Launch<true>(x, dy, p, stream);
+    return mv.bf16 ? Launch<true, __nv_bfloat16>(x, dy, p, stream)
+                   : Launch<true, float>(x, dy, p, stream);
   }
 
   absl::Status Gradient(const __nv_bfloat16* x, const __nv_bfloat16* dy, const int32_t* offsets,
@@ -57,7 +57,7 @@ class GroupedWgradAdamWImpl final : public GroupedWgradAdamW {
     if (grad == nullptr) return absl::InvalidArgumentError("wgrad adamw: null gradient");
     tmagemm::FParams p = Params(offsets);
     p.out = grad;
-    return Launch<false>(x, dy, p, stream);
+    return Launch<false, float>(x, dy, p, stream);
   }
 
  private:
@@ -71,7 +71,7 @@ class GroupedWgradAdamWImpl final : public GroupedWgradAdamW {
     return p;
   }
 
-  template <bool kAdamW>
+  template <bool kAdamW, typename M>
   absl::Status Launch(const __nv_bfloat16* x, const __nv_bfloat16* dy, const tmagemm::FParams& p,
                       cudaStream_t stream) {
     if (x == nullptr || dy == nullptr || p.offsets == nullptr) {
@@ -87,15 +87,20 @@ class GroupedWgradAdamWImpl final : public GroupedWgradAdamW {
     if (absl::Status s = tmagemm::Encode(&map_x, x, 2, x_dims, box, "X"); !s.ok()) return s;
     if (absl::Status s = tmagemm::Encode(&map_dy, dy, 2, dy_dims, box, "dY"); !s.ok()) return s;
     if constexpr (kAdamW) {
-      // The masters and moments as [E k][n] fp32, read in the epilogue's 8 x 32 boxes.
+      // The masters and moments as [E k][n], read in the epilogue's boxes: 8 x 32 fp32, or 8 x 64
+      // bf16 moments.
       const uint64_t state_dims[2] = {static_cast<uint64_t>(shape_.n),
                                       static_cast<uint64_t>(shape_.num_groups) * shape_.k};
-      const uint32_t state_box[2] = {32, 8};
-      const std::pair<CUtensorMap*, const float*> state[3] = {
-          {&map_param, p.param}, {&map_m, p.m}, {&map_v, p.v}};
-      for (const auto& [map, data] : state) {
-        if (absl::Status s = tmagemm::Encode(map, data, 2, state_dims, state_box, "AdamW state",
-                                             /*fp32=*/true);
+      constexpr bool kFp32Moments = sizeof(M) == 4;
+      const uint32_t fp32_box[2] = {32, 8}, moment_box[2] = {kFp32Moments ? 32u : 64u, 8};
+      if (absl::Status s = tmagemm::Encode(&map_param, p.param, 2, state_dims, fp32_box,
+                                           "AdamW master", /*fp32=*/true);
+          !s.ok()) {
+        return s;
+      }
+      for (auto [map, data] : {std::pair{&map_m, p.moments.m}, std::pair{&map_v, p.moments.v}}) {
+        if (absl::Status s = tmagemm::Encode(map, data, 2, state_dims, moment_box, "AdamW moments",
+                                             kFp32Moments);
             !s.ok()) {
           return s;
         }
@@ -103,8 +108,8 @@ class GroupedWgradAdamWImpl final : public GroupedWgradAdamW {
     } else {
       map_param = map_m = map_v = map_x;  // unused
     }
-    tmagemm::TmaWgradAdamWKernel<kAdamW>
-        <<<sm_count_, tmagemm::kThreads, tmagemm::kFSmemBytes<kAdamW>, stream>>>(
+    tmagemm::TmaWgradAdamWKernel<kAdamW, M>
+        <<<sm_count_, tmagemm::kThreads, tmagemm::kFSmemBytes<kAdamW, M>, stream>>>(
             map_x, map_dy, map_param, map_m, map_v, p);
     return CudaStatus(cudaGetLastError(), "launch");
   }
@@ -140,10 +145,13 @@ absl::StatusOr<std::unique_ptr<GroupedWgradAdamW>> GroupedWgradAdamW::Create(
     return absl::FailedPreconditionError(
         absl::StrCat("wgrad adamw: needs a Hopper GPU (sm_90); this is sm_", major, "x"));
   }
-  // Both forms of the kernel: the fused update and the plain gradient.
+  // Every form of the kernel: the fused update (fp32, bf16 moments) and the plain gradient.
   for (auto [kernel, smem] :
-       {std::pair{tmagemm::TmaWgradAdamWKernel<true>, tmagemm::kFSmemBytes<true>},
-        std::pair{tmagemm::TmaWgradAdamWKernel<false>, tmagemm::kFSmemBytes<false>}}) {
+       {std::pair{tmagemm::TmaWgradAdamWKernel<true, float>, tmagemm::kFSmemBytes<true, float>},
+        std::pair{tmagemm::TmaWgradAdamWKernel<true, __nv_bfloat16>,
+                  tmagemm::kFSmemBytes<true, __nv_bfloat16>},
+        std::pair{tmagemm::TmaWgradAdamWKernel<false, float>,
+                  tmagemm::kFSmemBytes<false, float>}}) {
     if (absl::Status s = CudaStatus(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
             "cudaFuncSetAttribute");

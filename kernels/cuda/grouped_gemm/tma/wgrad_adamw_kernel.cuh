@@ -15,12 +15,14 @@
 // The epilogue's master weights and moments come through shared memory: one thread of the
 // producer warpgroup's warp 1 loads them with 2-D tensor maps, in the tile order, a piece ahead
 // into a ring of kFPieceSlots pieces (a piece: the 32 rows one (accumulator half, row octet) of a
-// warpgroup holds, 64 columns of each of m, v and the master, as 8 boxes of 8 rows x 32 columns
-// per array in the 128-byte swizzle, so a warp's 8-byte reads take two wavefronts); 24 copies of
-// 1 KiB per piece. Loads from registers could not keep enough bytes in flight beside 128
-// accumulators. The new values are stored straight from registers. The epilogue is a rolled loop
-// over the pieces: unrolled, its IEEE arithmetic missed the instruction cache
-// (docs/grouped_gemm.md).
+// warpgroup holds, 64 columns of each of m, v and the master; an fp32 array as 8 boxes of 8 rows x
+// 32 columns in the 128-byte swizzle, so a warp's 8-byte reads take two wavefronts; bf16 moments
+// (M = __nv_bfloat16) as 4 boxes of 8 rows x 64 columns, a warp's 4-byte reads one wavefront):
+// 24 copies of 1 KiB per piece, 16 with bf16 moments. Loads from registers could not keep enough
+// bytes in flight beside 128 accumulators. The new values are stored straight from registers, bf16
+// moments stochastically rounded as adamw.h says (the draws keyed by the element's index plus
+// AdamWMoments::first). The epilogue is a rolled loop over the pieces: unrolled, its IEEE
+// arithmetic missed the instruction cache (docs/grouped_gemm.md).
 #ifndef DROPLESS_KERNELS_CUDA_GROUPED_GEMM_TMA_WGRAD_ADAMW_KERNEL_CUH_
 #define DROPLESS_KERNELS_CUDA_GROUPED_GEMM_TMA_WGRAD_ADAMW_KERNEL_CUH_
 
@@ -41,12 +43,16 @@ inline constexpr int kFStageBytes = 4 * 64 * 128;  // two X and two dY [64 rows]
 inline constexpr int kFPieceCols = 64;
 inline constexpr int kFBoxBytes = 8 * 32 * 4;                 // 8 rows x 32 fp32, 128B-swizzled
 inline constexpr int kFPieceArrayBytes = 4 * 2 * kFBoxBytes;  // box (warp w, column half c): 2 w + c
-inline constexpr int kFPieceBytes = 3 * kFPieceArrayBytes;    // param, m, v
+// A piece's moment array (m or v) with moments of type M: 32 rows x 64 columns.
+template <typename M>
+inline constexpr int kFMomentArrayBytes = 32 * kFPieceCols* static_cast<int>(sizeof(M));
+template <typename M>  // param, m, v
+inline constexpr int kFPieceBytes = kFPieceArrayBytes + 2 * kFMomentArrayBytes<M>;
 inline constexpr int kFPiecesPerTile = 8;  // 2 accumulators x 2 row octets x 2 column halves
 inline constexpr int kFPieceSlots = 3;
-template <bool kAdamW>
-inline constexpr int kFSmemBytes = 1024 + kFStages * kFStageBytes +
-                                   (kAdamW ? kFPieceSlots * kFPieceBytes : 0) +
+template <bool kAdamW, typename M>
+inline constexpr int kFSmemBytes = 1024 + kFStages* kFStageBytes +
+                                   (kAdamW ? kFPieceSlots * kFPieceBytes<M> : 0) +
                                    (2 * kFStages + 2 * kFPieceSlots + 4) * 8;
 
 struct FParams {
@@ -58,8 +64,7 @@ struct FParams {
   float* out;            // kAdamW = false: G [E][k][n]
   // kAdamW: [E][k][n] each
   float* param;
-  float* m;
-  float* v;
+  AdamWMoments moments;  // of type M
   __nv_bfloat16* copy;
   const AdamWStep* step;
 };
@@ -94,6 +99,15 @@ __device__ __forceinline__ uint32_t PieceElements(uint32_t array, int w, int j, 
   const int chunk = (2 * (i % 4) + quad / 2) ^ j;
   return array + (2 * w + i / 4) * kFBoxBytes + j * 128 + chunk * 16 + (quad % 2) * 8;
 }
+// The same for a bf16 moment array (4 boxes of 8 rows x 64, one per warp): the two bf16 at (row j,
+// columns 8 i + 2 quad, + 1), in 16-byte chunk i swizzled by the row.
+__device__ __forceinline__ uint32_t PieceBf16Elements(uint32_t array, int w, int j, int i,
+                                                      int quad) {
+  return array + w * 1024 + j * 128 + ((i ^ j) * 16) + quad * 4;
+}
+__device__ __forceinline__ float2 Bf16PairToFloat2(uint32_t bits) {
+  return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+}
 // Piece q's gradients of this thread: column pair ii (0..7) in g[2 ii], g[2 ii + 1].
 template <int q>
 __device__ __forceinline__ void PieceGradients(const float (&acc0)[64], const float (&acc1)[64],
@@ -107,8 +121,7 @@ __device__ __forceinline__ void PieceGradients(const float (&acc0)[64], const fl
   }
 }
 
-
-template <bool kAdamW>
+template <bool kAdamW, typename M>
 __global__ void __launch_bounds__(kThreads, 1)
     TmaWgradAdamWKernel(const __grid_constant__ CUtensorMap map_x,
                         const __grid_constant__ CUtensorMap map_dy,
@@ -119,7 +132,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* smem = hopper::AlignedDynamicSmem();
   uint8_t* s_ab = smem;  // stage s: X boxes at s * kFStageBytes, dY boxes 16 KiB after
   uint8_t* s_piece = s_ab + kFStages * kFStageBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(s_piece + (kAdamW ? kFPieceSlots * kFPieceBytes : 0));
+  uint64_t* full =
+      reinterpret_cast<uint64_t*>(s_piece + (kAdamW ? kFPieceSlots * kFPieceBytes<M> : 0));
   uint64_t* empty = full + kFStages;
   uint64_t* piece_full = empty + kFStages;
   uint64_t* piece_empty = piece_full + kFPieceSlots;
@@ -177,12 +191,21 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int row0 = row_base + 64 * (q / 4) + 8 * ((q / 2) % 2);
           const int col0 = tile.n_tile * kFTile + kFPieceCols * (q % 2);
           hopper::BarrierWait(&piece_empty[slot], ((piece / kFPieceSlots) & 1) ^ 1);
-          hopper::BarrierArriveExpectBytes(&piece_full[slot], kFPieceBytes);
-          uint8_t* dst = s_piece + slot * kFPieceBytes;
+          hopper::BarrierArriveExpectBytes(&piece_full[slot], kFPieceBytes<M>);
+          uint8_t* dst = s_piece + slot * kFPieceBytes<M>;
           for (int arr = 0; arr < 3; ++arr) {
-            for (int box = 0; box < 8; ++box) {
-              hopper::TmaLoad2d(dst + arr * kFPieceArrayBytes + box * kFBoxBytes, maps[arr],
-                                &piece_full[slot], col0 + 32 * (box % 2), row0 + 16 * (box / 2));
+            uint8_t* array =
+                dst + (arr == 0 ? 0 : kFPieceArrayBytes + (arr - 1) * kFMomentArrayBytes<M>);
+            if (arr == 0 || sizeof(M) == 4) {
+              for (int box = 0; box < 8; ++box) {
+                hopper::TmaLoad2d(array + box * kFBoxBytes, maps[arr], &piece_full[slot],
+                                  col0 + 32 * (box % 2), row0 + 16 * (box / 2));
+              }
+            } else {
+              for (int box = 0; box < 4; ++box) {
+                hopper::TmaLoad2d(array + box * 1024, maps[arr], &piece_full[slot], col0,
+                                  row0 + 16 * box);
+              }
             }
           }
         }
@@ -288,21 +311,54 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int col0 = n0 + kFPieceCols * (q % 2) + 2 * quad;
         const int slot = piece % kFPieceSlots;
         hopper::BarrierWait(&piece_full[slot], (piece / kFPieceSlots) & 1);
-        const uint32_t base = hopper::SmemAddr(s_piece + slot * kFPieceBytes);
+        const uint32_t base = hopper::SmemAddr(s_piece + slot * kFPieceBytes<M>);
+        const uint32_t m_base = base + kFPieceArrayBytes;
+        const uint32_t v_base = m_base + kFMomentArrayBytes<M>;
+        // bf16 moments: this thread's elements of the piece are `first` + 8 ii + {0, 1}, under one
+        // key unless their indices cross a multiple of 2^32.
+        const uint64_t first = static_cast<uint64_t>(p.moments.first + row_off + col0);
+        const bool one_key = static_cast<uint32_t>(first) <= 0xffffffffu - 64;
+        uint32_t key = 0;
+        if constexpr (sizeof(M) == 2) {
+          key = BF16MomentKey(p.moments.stream, static_cast<uint32_t>(first >> 32), step.step);
+        }
 #pragma unroll
         for (int ii = 0; ii < 8; ++ii) {
           const int col = col0 + 8 * ii;
           if (!row_ok || col >= p.n_out) continue;
           const uint32_t at = PieceElements(base, wq, lane / 4, ii, quad);
           float2 w = hopper::LdsV2F32(at);
-          float2 m = hopper::LdsV2F32(at + kFPieceArrayBytes);
-          float2 v = hopper::LdsV2F32(at + 2 * kFPieceArrayBytes);
+          float2 m, v;
+          if constexpr (sizeof(M) == 4) {
+            m = hopper::LdsV2F32(m_base + (at - base));
+            v = hopper::LdsV2F32(v_base + (at - base));
+          } else {
+            const uint32_t mv_at = PieceBf16Elements(0, wq, lane / 4, ii, quad);
+            m = Bf16PairToFloat2(__float_as_uint(hopper::LdsF32(m_base + mv_at)));
+            v = Bf16PairToFloat2(__float_as_uint(hopper::LdsF32(v_base + mv_at)));
+          }
           w.x = AdamWElement(step, g[2 * ii], m.x, v.x, w.x);
           w.y = AdamWElement(step, g[2 * ii + 1], m.y, v.y, w.y);
           const int64_t at_g = row_off + col;
           *reinterpret_cast<float2*>(p.param + at_g) = w;
-          *reinterpret_cast<float2*>(p.m + at_g) = m;
-          *reinterpret_cast<float2*>(p.v + at_g) = v;
+          if constexpr (sizeof(M) == 4) {
+            *reinterpret_cast<float2*>(static_cast<float*>(p.moments.m) + at_g) = m;
+            *reinterpret_cast<float2*>(static_cast<float*>(p.moments.v) + at_g) = v;
+          } else {
+            const uint32_t low = static_cast<uint32_t>(first) + 8 * ii;
+            const uint32_t b0 = one_key
+                                    ? BF16MomentBits(key, low)
+                                    : BF16MomentBits(p.moments.stream, first + 8 * ii, step.step);
+            const uint32_t b1 =
+                one_key ? BF16MomentBits(key, low + 1)
+                        : BF16MomentBits(p.moments.stream, first + 8 * ii + 1, step.step);
+            const uint32_t m01 = Bf16BitsOf(StochasticBf16(m.x, b0 & 0xffffu)) |
+                                 uint32_t{Bf16BitsOf(StochasticBf16(m.y, b1 & 0xffffu))} << 16;
+            const uint32_t v01 = Bf16BitsOf(StochasticBf16(v.x, b0 >> 16)) |
+                                 uint32_t{Bf16BitsOf(StochasticBf16(v.y, b1 >> 16))} << 16;
+            *reinterpret_cast<uint32_t*>(static_cast<M*>(p.moments.m) + at_g) = m01;
+            *reinterpret_cast<uint32_t*>(static_cast<M*>(p.moments.v) + at_g) = v01;
+          }
           *reinterpret_cast<__nv_bfloat162*>(p.copy + at_g) = __floats2bfloat162_rn(w.x, w.y);
         }
         __syncwarp();

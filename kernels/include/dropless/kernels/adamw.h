@@ -22,7 +22,8 @@ struct AdamWStep {
 // (the job's optimizer.moment_dtype). Each step computes the moments in fp32 and the update uses
 // those values; bf16 moments are then stored stochastically rounded (BF16MomentBits below), with
 // draws keyed by the element's place: `stream` names its flat parameter buffer (the engines'
-// replicated 0, experts 1) and `first` the index there of the tensor's element 0.
+// replicated 0, experts 1) and `first` the index there of the tensor's element 0, in the
+// single-rank layout (the same for every ep/dp layout: MoeParameterLayout::ExpertRuns).
 struct AdamWMoments {
   void* m = nullptr;
   void* v = nullptr;
@@ -71,13 +72,19 @@ DROPLESS_KERNELS_HD inline uint32_t BF16MomentBits(uint32_t stream, int64_t inde
 }
 
 // x rounded to a bf16 neighbour: away from zero when `random16` (0..65535) plus the 16 bits that
-// bf16 drops reach 2^16, i.e. with probability (dropped bits) / 2^16. Infinities and NaNs pass
-// unchanged. The result's low 16 bits are zero.
+// bf16 drops reach 2^16, i.e. with probability (dropped bits) / 2^16. A finite x never rounds to
+// infinity (bf16's largest finite value instead); infinities stay, NaNs become quiet NaNs (as
+// FloatToBf16 makes them). The result's low 16 bits are zero.
 DROPLESS_KERNELS_HD inline float StochasticBf16(float x, uint32_t random16) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof(u));
-  if ((u & 0x7f800000u) == 0x7f800000u) return x;
-  u = (u + (random16 & 0xffffu)) & 0xffff0000u;
+  if ((u & 0x7f800000u) == 0x7f800000u) {
+    if ((u & 0x007fffffu) != 0) u |= 0x00400000u;  // NaN: quiet, its payload's top bits kept
+    u &= 0xffff0000u;
+  } else {
+    u = (u + (random16 & 0xffffu)) & 0xffff0000u;
+    if ((u & 0x7f800000u) == 0x7f800000u) u = (u & 0x80000000u) | 0x7f7f0000u;
+  }
   std::memcpy(&x, &u, sizeof(u));
   return x;
 }

@@ -4,7 +4,8 @@
 // [max_rows][n], groups by device offsets; G[e] = 0 for an empty group) is computed in registers
 // and never stored: every element of W[e] takes its AdamW step at once (adamw_update.h's
 // AdamWElement, the CPU engine's bits for a given gradient) on the fp32 master `param`, the moments
-// `m` and `v`, and the bf16 working copy `copy` of the new value, all [num_groups][k][n]. An
+// (fp32, or bf16 stochastically rounded as adamw.h says) and the bf16 working copy `copy` of the
+// new value, all [num_groups][k][n]. An
 // optimizer that runs inside the GEMM's epilogue moves its bytes while the tensor cores work on
 // other tiles, and the fp32 gradient's write and read disappear.
 //
@@ -38,11 +39,11 @@ struct WgradAdamWShape {
   int max_sms = 0;
 };
 
-// One expert weight's AdamW state: [num_groups][k][n] each, 16-byte aligned.
+// One expert weight's AdamW state: [num_groups][k][n] each, 16-byte aligned. The moments' `first`
+// is the index of element 0 in their buffer (the bf16 rounding's key).
 struct AdamWTensors {
   float* param = nullptr;
-  float* m = nullptr;
-  float* v = nullptr;
+  AdamWMoments moments;
   __nv_bfloat16* copy = nullptr;
 };
 
