@@ -134,6 +134,7 @@ int Run(const std::vector<std::string>& args) {
       CheckStatus(fused.status(), kBench, "GroupedWgradAdamW::Create");
       OptimizerSpec spec;
       spec.weight_decay = 0.1;
+      spec.moment_dtype = bf16_moments ? MomentDtype::kBf16 : MomentDtype::kFp32;
       auto adamw = cuda_engine::FusedAdamW::Create(
           spec,
           {cuda_engine::AdamWTensor{param, grad, moments, params,

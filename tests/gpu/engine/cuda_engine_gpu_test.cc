@@ -444,16 +444,18 @@ INSTANTIATE_TEST_SUITE_P(MomentDtypes, CudaEngineMomentsGpu,
                                                                    : "fp32_moments";
                          });
 
-// bf16 moments updated by the weight-gradient GEMM (the small shape fuses the update unless
-// DROPLESS_FUSED_EXPERT_ADAMW=0) take the AdamW pass's steps: losses equal to the routing
-// statistics' ulps, and the checkpoint's expert moments are bf16 values, every one of them
-// rounded from the same fp32 moment as the pass's (equal, or one bf16 step apart where the
+// bf16 moments updated by the weight-gradient GEMM (DROPLESS_FUSED_EXPERT_ADAMW=1; the engine
+// fuses the update by itself with fp32 moments only) take the AdamW pass's steps: losses equal to
+// the routing statistics' ulps, and the checkpoint's expert moments are bf16 values, every one of
+// them rounded from the same fp32 moment as the pass's (equal, or one bf16 step apart where the
 // gradients' last bits flipped a draw).
 TEST_F(CudaEngineGpu, Bf16MomentsFusedIntoTheWeightGradientAsThePassUpdatesThem) {
   EngineConfig c = SmallConfig();
   c.optimizer.moment_dtype = MomentDtype::kBf16;
-  unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+  setenv("DROPLESS_FUSED_EXPERT_ADAMW", "1", 1);
   ASSERT_TRUE(cuda_engine::FusesExpertUpdate(c));
+  unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+  EXPECT_FALSE(cuda_engine::FusesExpertUpdate(c));
   std::vector<double> losses[2];
   const cpu::MoeParameterLayout layout(c.model, 1, 0, c.tokens_per_rank);
   std::vector<float> em[2], ev[2];

@@ -28,8 +28,9 @@ inline constexpr double kHopperDenseBf16PeakFlops = 989.5e12;
 absl::Status CheckCudaEngineConfig(const EngineConfig& config, int world_size);
 
 // Whether the engine runs the routed experts' AdamW in the epilogue of their weight-gradient GEMM
-// for `config` (bf16 with at most 1024 rows expected per local expert; DROPLESS_FUSED_EXPERT_ADAMW
-// =1 or 0 forces it on or off), as the engine decides it at creation. Needs no GPU.
+// for `config` (bf16, fp32 moments, at most 1024 rows expected per local expert;
+// DROPLESS_FUSED_EXPERT_ADAMW=1 or 0 forces it on or off with either moment width), as the engine
+// decides it at creation. Needs no GPU.
 bool FusesExpertUpdate(const EngineConfig& config);
 // Whether mxfp8's expert GEMMs run on the bf16 tensor cores over exact bf16 images of their
 // MXFP8 operands for `config` (LayerDims::mx_core: hidden and ffn multiples of 64;

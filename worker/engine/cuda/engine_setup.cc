@@ -86,14 +86,17 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
   d.renormalize = m.renormalize;
   d.precision = config.precision;
   d.recompute = config.activation_offload;
-  // The routed experts' AdamW fused into their weight-gradient GEMM (bf16, either moment width)
-  // where a local expert expects few rows (kFusedAdamWMaxRowsPerExpert);
-  // DROPLESS_FUSED_EXPERT_ADAMW=1 or 0 forces it on or off (tests, A/B runs).
+  // The routed experts' AdamW fused into their weight-gradient GEMM (bf16) where a local expert
+  // expects few rows (kFusedAdamWMaxRowsPerExpert) and the moments are fp32: with bf16 moments the
+  // fused update runs no faster than with fp32 ones while the AdamW pass gains their 8 bytes a
+  // parameter, so the two passes win (docs/grouped_gemm.md). DROPLESS_FUSED_EXPERT_ADAMW=1 or 0
+  // forces it on or off with either width (the fused form keeps no expert gradient: less memory).
   const char* forced = std::getenv("DROPLESS_FUSED_EXPERT_ADAMW");
-  d.fused_expert_adamw =
-      d.precision == Precision::kBf16 &&
-      (forced != nullptr ? std::strcmp(forced, "1") == 0
-                         : d.expected_rows_per_expert() <= kFusedAdamWMaxRowsPerExpert);
+  const bool fp32_moments = config.optimizer.moment_dtype == MomentDtype::kFp32;
+  d.fused_expert_adamw = d.precision == Precision::kBf16 &&
+                         (forced != nullptr ? std::strcmp(forced, "1") == 0
+                                            : fp32_moments && d.expected_rows_per_expert() <=
+                                                                  kFusedAdamWMaxRowsPerExpert);
   // MXFP8 on the bf16 tensor cores where every reduction length is a multiple of 64 (H for w1's
   // forward and w2's data gradient, F and 2F for the others); DROPLESS_MX_CORE=0 keeps the
   // per-32 promotion kernels (A/B runs).
