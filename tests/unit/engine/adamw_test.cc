@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -293,6 +294,14 @@ TEST(AdamWTest, RoundMomentsToStoresWhatTheDtypeHolds) {
     ASSERT_TRUE(SameBits(rounded[i], ReferenceBf16(fp32[i]))) << i << ": " << fp32[i];
     ASSERT_TRUE(IsBf16(rounded[i])) << i;
   }
+  // A finite moment past bf16's largest finite value (0x7f7f0000) stays finite; infinities stay.
+  const float max_bf16 = std::ldexp(255.0f / 128.0f, 127);
+  std::vector<float> edges = {3.4e38f, -3.4e38f, max_bf16, std::numeric_limits<float>::infinity()};
+  RoundMomentsTo(MomentDtype::kBf16, static_cast<int64_t>(edges.size()), edges.data());
+  EXPECT_TRUE(SameBits(edges[0], max_bf16));
+  EXPECT_TRUE(SameBits(edges[1], -max_bf16));
+  EXPECT_TRUE(SameBits(edges[2], max_bf16));
+  EXPECT_TRUE(std::isinf(edges[3]));
 }
 
 TEST(AdamWTest, DoubleReferenceKeepsItsMomentsInDouble) {

@@ -63,7 +63,7 @@ void AdamWUpdate(const OptimizerSpec& optimizer, int64_t step, int64_t n, const 
 void RoundMomentsTo(MomentDtype dtype, int64_t n, float* moments) {
   if (dtype != MomentDtype::kBf16) return;
   for (int64_t i = 0; i < n; ++i) {
-    moments[i] = kernels::Bf16ToFloat(kernels::FloatToBf16(moments[i]));
+    moments[i] = kernels::NearestBf16Moment(moments[i]);
   }
 }
 

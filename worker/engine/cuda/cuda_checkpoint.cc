@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "dropless/kernels/adamw.h"
 #include "dropless/kernels/types.h"
 #include "kernels/cuda/cuda_check.h"
 #include "worker/engine/checkpoint/moe_checkpoint.h"
@@ -38,7 +39,9 @@ absl::Status CopyMoments(float* host, void* device, bool bf16, int64_t n, bool t
         cudaMemcpy(staging.data(), device, bytes, cudaMemcpyDeviceToHost));
     for (int64_t i = 0; i < n; ++i) host[i] = kernels::Bf16ToFloat(staging[i]);
   } else {
-    for (int64_t i = 0; i < n; ++i) staging[i] = kernels::FloatToBf16(host[i]);
+    for (int64_t i = 0; i < n; ++i) {
+      staging[i] = kernels::FloatToBf16(kernels::NearestBf16Moment(host[i]));
+    }
     DROPLESS_CUDA_RETURN_IF_ERROR(
         cudaMemcpy(device, staging.data(), bytes, cudaMemcpyHostToDevice));
   }

@@ -36,7 +36,8 @@ RankModel::RankModel(const EngineConfig& config, int rank, const LayerDims& dims
     : config_(config),
       rank_(rank),
       dims_(dims),
-      layout_(config.model, config.parallel.ep, rank % config.parallel.ep, config.tokens_per_rank) {}
+      layout_(config.model, config.parallel.ep, rank % config.parallel.ep, config.tokens_per_rank),
+      expert_runs_(layout_.ExpertRuns()) {}
 
 RankModel::~RankModel() {
   for (cudaStream_t s : {streams_.main, streams_.comm, streams_.side, streams_.wgrad, streams_.optimizer}) {
@@ -75,15 +76,14 @@ LayerGrads RankModel::Grads(int64_t layer) const {
     // No routed-expert gradient is stored: the weight-gradient GEMM applies AdamW to its tiles,
     // bf16 moments drawing their rounding from the single-rank index as the AdamW pass does.
     g.adamw_step = adamw_->step_scalars();
-    const std::vector<cpu::MoeParameterLayout::ExpertRun> runs = layout_.ExpertRuns();
     auto state = [&](const cpu::MoeParameterLayout::ExpertRun& run) {
       kernels::AdamWMoments mv = experts_.moments.At(run.offset);
       mv.first = run.global_index;
       return kernels::AdamWTensors{experts_.value + run.offset, mv,
                                    reinterpret_cast<__nv_bfloat16*>(experts_.bf16 + run.offset)};
     };
-    g.w1_adamw = state(runs[2 * layer]);
-    g.w2_adamw = state(runs[2 * layer + 1]);
+    g.w1_adamw = state(expert_runs_[2 * layer]);
+    g.w2_adamw = state(expert_runs_[2 * layer + 1]);
   }
   return g;
 }
@@ -236,7 +236,6 @@ absl::Status RankModel::CreateOptimizer() {
   };
   // The routed experts' runs (w1, w2 per layer) carry their single-rank index, from which bf16
   // moments draw their rounding as the CPU engine does.
-  const std::vector<cpu::MoeParameterLayout::ExpertRun> runs = layout_.ExpertRuns();
   auto add_run = [&](const cpu::MoeParameterLayout::ExpertRun& run) {
     const int t = add(experts_, run.offset, run.count, experts_.bf16 + run.offset, 0, 0);
     tensors[t].moments.first = run.global_index;
@@ -252,8 +251,8 @@ absl::Status RankModel::CreateOptimizer() {
       g.router_count = 2;
     }
     if (!dims_.fused_expert_adamw) {  // else updated by their weight-gradient GEMMs
-      g.w1 = add_run(runs[2 * l]);
-      g.w2 = add_run(runs[2 * l + 1]);
+      g.w1 = add_run(expert_runs_[2 * l]);
+      g.w2 = add_run(expert_runs_[2 * l + 1]);
     }
     optimizer_groups_.push_back(g);
   }

@@ -125,6 +125,8 @@ class RankModel {
   const int rank_;
   const LayerDims dims_;
   const cpu::MoeParameterLayout layout_;
+  // layout_'s routed-expert runs (w1, w2 per layer) with their single-rank indices.
+  const std::vector<cpu::MoeParameterLayout::ExpertRun> expert_runs_;
   DeviceArena* arena_ = nullptr;
   LayerStreams streams_;
   std::unique_ptr<LayerKernels> kernels_;

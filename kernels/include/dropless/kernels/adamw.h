@@ -89,6 +89,14 @@ DROPLESS_KERNELS_HD inline float StochasticBf16(float x, uint32_t random16) {
   return x;
 }
 
+// A moment restored into bf16 from an fp32 checkpoint: x rounded to the nearest bf16, ties to
+// even, with StochasticBf16's edges (a finite x stays finite; NaNs become quiet).
+DROPLESS_KERNELS_HD inline float NearestBf16Moment(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return StochasticBf16(x, 0x7fffu + ((u >> 16) & 1u));
+}
+
 }  // namespace dropless::kernels
 
 #endif  // DROPLESS_KERNELS_ADAMW_H_
