@@ -104,6 +104,7 @@ class CpuEngine final : public Engine {
         peak_flops_(peak_flops),
         layout_(spec_.model, spec_.parallel.ep, ctx.rank % spec_.parallel.ep,
                 spec_.tokens_per_rank),
+        expert_runs_(layout_.ExpertRuns()),
         seeds_(cpu::DeriveTaskSeeds(spec_.data.seed)),
         token_generator_(seeds_.tokens, spec_.model.hidden),
         exchange_(cpu::NewCommunicatorExpertExchange(groups_->ep.get(), groups_->world.get())),
@@ -157,6 +158,8 @@ class CpuEngine final : public Engine {
   RankGroups* const groups_;
   const double peak_flops_;
   const MoeParameterLayout layout_;
+  // layout_'s routed-expert runs with their single-rank indices (bf16 moments' rounding keys).
+  const std::vector<MoeParameterLayout::ExpertRun> expert_runs_;
   const cpu::TaskSeeds seeds_;
   const cpu::TokenGenerator token_generator_;
   std::unique_ptr<cpu::ExpertExchange> exchange_;
@@ -287,7 +290,7 @@ absl::StatusOr<StepStats> CpuEngine::Step() {
                             cpu::kReplicatedMoments, 0);
   }
   // The routed experts run by run, so that bf16 moments draw by the single-rank index.
-  for (const cpu::MoeParameterLayout::ExpertRun& run : layout_.ExpertRuns()) {
+  for (const cpu::MoeParameterLayout::ExpertRun& run : expert_runs_) {
     ParameterBuffer& x = student_experts_;
     cpu::AdamWUpdate<float>(spec_.optimizer, step, run.count, x.grad.data() + run.offset,
                             x.value.data() + run.offset, x.m.data() + run.offset,
