@@ -8,18 +8,19 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <string>
 #include <cmath>
 #include <cstdint>
-#include <numeric>
+#include <cstdio>
 #include <memory>
+#include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "nccl.h"
+#include "tests/gpu/engine/local_ep_test_support.h"
 #include "tests/gpu/kernels/gpu_test_util.h"
 #include "worker/engine/cuda/device_memory.h"
 #include "worker/engine/cuda/ep/expert_dispatcher.h"
@@ -76,6 +77,10 @@ std::vector<std::vector<int32_t>> RandomCounts(int ep, int experts, int64_t rows
 }
 
 TEST_P(DispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
+  if (std::string(GetParam().name) == "nccl-lsa") {
+    const std::string unavailable = local_ep_testing::NcclLsaUnavailableReason();
+    if (!unavailable.empty()) GTEST_SKIP() << unavailable;
+  }
   const int ep = GetParam().ep;
   const int experts = 64, local = experts / ep;
   const int64_t rows = 300;           // T * k per rank

@@ -1,6 +1,7 @@
 // Shared by the CUDA engine's GPU tests (local_ep_gpu_test.cc, overlap_gpu_test.cc,
-// cuda_engine_gpu_test.cc): a small skewed MoE job, the engine at EP 1 or in-process EP, and the group's weights read back
-// from its checkpoint in the EP = 1 layout.
+// cuda_engine_gpu_test.cc, expert_dispatcher_gpu_test.cc): a small skewed MoE job, the engine at
+// EP 1 or in-process EP, the group's weights read back from its checkpoint in the EP = 1 layout,
+// and whether this process can run nccl-lsa.
 #ifndef DROPLESS_TESTS_GPU_ENGINE_LOCAL_EP_TEST_SUPPORT_H_
 #define DROPLESS_TESTS_GPU_ENGINE_LOCAL_EP_TEST_SUPPORT_H_
 
@@ -10,12 +11,26 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "nccl.h"
 #include "worker/engine/checkpoint/moe_checkpoint.h"
 #include "worker/engine/cpu/moe_model.h"
 #include "worker/engine/cuda/cuda_engine.h"
 
 namespace dropless::local_ep_testing {
+
+// Why nccl-lsa cannot run in this process, or "" when it can: it needs the NCCL runtime it was
+// built against or newer, and refuses an older one
+// (NcclGroupGpu.AutoProbeAnswersByTheRuntimeVersion tests that refusal), so the tests that exchange
+// through it skip with this reason there.
+inline std::string NcclLsaUnavailableReason() {
+  int runtime = 0;
+  if (ncclGetVersion(&runtime) != ncclSuccess) return "SKIPPED: ncclGetVersion failed";
+  if (runtime >= NCCL_VERSION_CODE) return "";
+  return absl::StrCat("SKIPPED: nccl-lsa needs NCCL version code ", NCCL_VERSION_CODE,
+                      " or newer at run time; this process loaded ", runtime);
+}
 
 constexpr int64_t kTokensPerRank = 24;
 

@@ -243,13 +243,16 @@ TEST(Fp8BlockGroupedGemmOptionsTest, DefaultMGroupedKernelFollowsTheShape) {
 }
 
 // The default weight-gradient kernel by the rows a group is expected to get: pingpong up to
-// 1024 (qwen3: 8 K blocks a tile), cooperative beyond (dsv3 at EP 8, mixtral: 2048), each for
-// X's scale layout; unknown (0) is cooperative. Host-only: runs everywhere.
+// 1024 (qwen3: 8 K blocks a tile), cooperative beyond (dsv3 at EP 8, mixtral: 2048; with X per
+// block the overlapped-promotion cooperative kernel), each for X's scale layout; unknown (0) is
+// cooperative. Host-only: runs everywhere.
 TEST(Fp8BlockGroupedGemmOptionsTest, DefaultWeightGradientKernelFollowsTheGroupSize) {
   for (Fp8ColwiseScaling scaling : {Fp8ColwiseScaling::kPerColumn, Fp8ColwiseScaling::kPerBlock}) {
     const std::string blocks = scaling == Fp8ColwiseScaling::kPerBlock ? "x_blocks_" : "";
     const std::string pingpong = "fp8_block_wgrad_" + blocks + "pingpong_64x128x128_c1x2";
-    const std::string coop = "fp8_block_wgrad_" + blocks + "coop_128x128x128_c1x2_d4";
+    const std::string coop = "fp8_block_wgrad_" + blocks +
+                             (scaling == Fp8ColwiseScaling::kPerBlock ? "coop_overlap_" : "coop_") +
+                             "128x128x128_c1x2_d4";
     for (int64_t rows : {1, 256, 1000, 1024}) {
       EXPECT_EQ(Fp8BlockGroupedGemm::WeightGradientKernelFor(scaling, rows), pingpong) << rows;
     }

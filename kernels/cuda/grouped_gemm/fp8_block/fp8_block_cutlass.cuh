@@ -27,6 +27,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "kernels/cuda/grouped_gemm/cutlass_grouped_gemm.cuh"
 #include "kernels/cuda/grouped_gemm/fp8_block/fp8_block_runner.h"
+#include "kernels/cuda/grouped_gemm/fp8_block/overlapped_promotion_mainloop.cuh"
 #include "kernels/cuda/grouped_gemm/fp8_block/wave_promotion_mainloop.cuh"
 #include "kernels/cuda/grouped_gemm/fp8_block/wide_tile_accumulation.cuh"
 #include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
@@ -100,11 +101,13 @@ struct ProductTraits<Product::kBackwardWeight, WeightScaleSplit, XScale> {
 // group and 18-21% slower at 2048, hence WeightGradientKernelFor, docs/grouped_gemm.md.)
 // Cooperative in waves: the cooperative kernel with our consumer mainloop
 // (wave_promotion_mainloop.cuh), each warp group's rows in 64-row waves sharing one partial sum,
-// for 256-row tiles. (A cooperative consumer keeping two partial sums a warp group, promoting one
-// K block while the tensor cores work on the next, was measured and removed:
-// docs/grouped_gemm.md.)
-enum class Schedule { kCooperative, kPingpong, kCooperativeWaves };
-
+// for 256-row tiles. Cooperative overlapped: our consumer mainloop
+// (overlapped_promotion_mainloop.cuh) keeping two partial sums a warp group, promoting one K
+// block while the tensor cores work on the next; only where B has one scale a K block (the
+// weight gradient reading X per 128 x 128 block). With a scale per column of B the same consumer
+// was slower, and in the pingpong schedule (each warp group a 64 x 128 tile) level at 1024 rows a
+// group: both removed (docs/grouped_gemm.md).
+enum class Schedule { kCooperative, kPingpong, kCooperativeWaves, kCooperativeOverlapped };
 template <Schedule S>
 struct SchedulePolicies {
   using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum;
@@ -114,6 +117,19 @@ template <>
 struct SchedulePolicies<Schedule::kPingpong> {
   using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8BlockScaledAccum;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+// The consumer mainloop a schedule runs: CUTLASS's, or one of ours deriving from it.
+template <Schedule S, class CutlassMainloop>
+struct ScheduleMainloop {
+  using type = CutlassMainloop;
+};
+template <class CutlassMainloop>
+struct ScheduleMainloop<Schedule::kCooperativeWaves, CutlassMainloop> {
+  using type = WavePromotionMainloop<CutlassMainloop>;
+};
+template <class CutlassMainloop>
+struct ScheduleMainloop<Schedule::kCooperativeOverlapped, CutlassMainloop> {
+  using type = OverlappedPromotionMainloop<CutlassMainloop>;
 };
 
 // The builder's epilogue with `StoreStages` shared-memory buffers for the output subtiles
@@ -180,8 +196,7 @@ struct KernelDef {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
       typename SchedulePolicies<S>::Mainloop>::CollectiveOp;
-  using Mainloop = std::conditional_t<S == Schedule::kCooperativeWaves,
-                                      WavePromotionMainloop<CutlassMainloop>, CutlassMainloop>;
+  using Mainloop = typename ScheduleMainloop<S, CutlassMainloop>::type;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
