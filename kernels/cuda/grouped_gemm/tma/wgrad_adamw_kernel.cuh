@@ -314,14 +314,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t base = hopper::SmemAddr(s_piece + slot * kFPieceBytes<M>);
         const uint32_t m_base = base + kFPieceArrayBytes;
         const uint32_t v_base = m_base + kFMomentArrayBytes<M>;
-        // bf16 moments: this thread's elements of the piece are `first` + 8 ii + {0, 1}, under one
-        // key unless their indices cross a multiple of 2^32.
-        const uint64_t first = static_cast<uint64_t>(p.moments.first + row_off + col0);
-        const bool one_key = static_cast<uint32_t>(first) <= 0xffffffffu - 64;
-        uint32_t key = 0;
-        if constexpr (sizeof(M) == 2) {
-          key = BF16MomentKey(p.moments.stream, static_cast<uint32_t>(first >> 32), step.step);
-        }
+        // bf16 moments: this thread's elements of the piece are p.moments.first + row_off + col0
+        // + 8 ii + {0, 1}.
+        const MomentDraws draws(p.moments.stream,
+                                static_cast<uint64_t>(p.moments.first + row_off + col0), step.step,
+                                8 * 7 + 1);
 #pragma unroll
         for (int ii = 0; ii < 8; ++ii) {
           const int col = col0 + 8 * ii;
@@ -345,19 +342,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             *reinterpret_cast<float2*>(static_cast<float*>(p.moments.m) + at_g) = m;
             *reinterpret_cast<float2*>(static_cast<float*>(p.moments.v) + at_g) = v;
           } else {
-            const uint32_t low = static_cast<uint32_t>(first) + 8 * ii;
-            const uint32_t b0 = one_key
-                                    ? BF16MomentBits(key, low)
-                                    : BF16MomentBits(p.moments.stream, first + 8 * ii, step.step);
-            const uint32_t b1 =
-                one_key ? BF16MomentBits(key, low + 1)
-                        : BF16MomentBits(p.moments.stream, first + 8 * ii + 1, step.step);
-            const uint32_t m01 = Bf16BitsOf(StochasticBf16(m.x, b0 & 0xffffu)) |
-                                 uint32_t{Bf16BitsOf(StochasticBf16(m.y, b1 & 0xffffu))} << 16;
-            const uint32_t v01 = Bf16BitsOf(StochasticBf16(v.x, b0 >> 16)) |
-                                 uint32_t{Bf16BitsOf(StochasticBf16(v.y, b1 >> 16))} << 16;
-            *reinterpret_cast<uint32_t*>(static_cast<M*>(p.moments.m) + at_g) = m01;
-            *reinterpret_cast<uint32_t*>(static_cast<M*>(p.moments.v) + at_g) = v01;
+            const uint2 packed =
+                StochasticMomentPairs(m.x, m.y, v.x, v.y, draws(8 * ii), draws(8 * ii + 1));
+            *reinterpret_cast<uint32_t*>(static_cast<M*>(p.moments.m) + at_g) = packed.x;
+            *reinterpret_cast<uint32_t*>(static_cast<M*>(p.moments.v) + at_g) = packed.y;
           }
           *reinterpret_cast<__nv_bfloat162*>(p.copy + at_g) = __floats2bfloat162_rn(w.x, w.y);
         }

@@ -74,6 +74,41 @@ __device__ __forceinline__ uint2 PackBf16Four(const float4& x) {
                     *reinterpret_cast<const uint32_t*>(&hi));
 }
 
+// The random draws of the bf16 moments of elements first + j, j <= span, of buffer `stream` at
+// `step` (BF16MomentBits): one key mixed once for all of them unless their indices cross a
+// multiple of 2^32.
+class MomentDraws {
+ public:
+  __device__ __forceinline__ MomentDraws(uint32_t stream, uint64_t first, int64_t step,
+                                         uint32_t span)
+      : stream_(stream),
+        first_(first),
+        step_(step),
+        one_key_(static_cast<uint32_t>(first) <= 0xffffffffu - span),
+        key_(BF16MomentKey(stream, static_cast<uint32_t>(first >> 32), step)) {}
+  __device__ __forceinline__ uint32_t operator()(uint32_t j) const {
+    return one_key_ ? BF16MomentBits(key_, static_cast<uint32_t>(first_) + j)
+                    : BF16MomentBits(stream_, static_cast<int64_t>(first_ + j), step_);
+  }
+
+ private:
+  uint32_t stream_;
+  uint64_t first_;
+  int64_t step_;
+  bool one_key_;
+  uint32_t key_;
+};
+
+// The moments of two adjacent elements rounded stochastically with their draws (m with the low
+// 16 bits, v with the high 16) and packed low element first: {m pair, v pair}.
+__device__ __forceinline__ uint2 StochasticMomentPairs(float m0, float m1, float v0, float v1,
+                                                       uint32_t draw0, uint32_t draw1) {
+  return make_uint2(Bf16BitsOf(StochasticBf16(m0, draw0 & 0xffffu)) |
+                        uint32_t{Bf16BitsOf(StochasticBf16(m1, draw1 & 0xffffu))} << 16,
+                    Bf16BitsOf(StochasticBf16(v0, draw0 >> 16)) |
+                        uint32_t{Bf16BitsOf(StochasticBf16(v1, draw1 >> 16))} << 16);
+}
+
 // Moments of elements i .. i + 3, stored with vector stores.
 __device__ __forceinline__ void StoreMomentsFour(const AdamWStep&, const AdamWMoments& mv,
                                                  int64_t i, const float4& m, const float4& v,
@@ -84,27 +119,11 @@ __device__ __forceinline__ void StoreMomentsFour(const AdamWStep&, const AdamWMo
 __device__ __forceinline__ void StoreMomentsFour(const AdamWStep& s, const AdamWMoments& mv,
                                                  int64_t i, const float4& m, const float4& v,
                                                  __nv_bfloat16*) {
-  // One key for the four unless their indices cross a multiple of 2^32.
-  const uint64_t first = static_cast<uint64_t>(mv.first + i);
-  uint32_t bits[4];
-  if (static_cast<uint32_t>(first) <= 0xfffffffcu) {
-    const uint32_t key = BF16MomentKey(mv.stream, static_cast<uint32_t>(first >> 32), s.step);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) bits[q] = BF16MomentBits(key, static_cast<uint32_t>(first) + q);
-  } else {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) bits[q] = BF16MomentBits(mv.stream, mv.first + i + q, s.step);
-  }
-  const uint32_t m01 = Bf16BitsOf(StochasticBf16(m.x, bits[0] & 0xffffu)) |
-                       uint32_t{Bf16BitsOf(StochasticBf16(m.y, bits[1] & 0xffffu))} << 16;
-  const uint32_t m23 = Bf16BitsOf(StochasticBf16(m.z, bits[2] & 0xffffu)) |
-                       uint32_t{Bf16BitsOf(StochasticBf16(m.w, bits[3] & 0xffffu))} << 16;
-  const uint32_t v01 = Bf16BitsOf(StochasticBf16(v.x, bits[0] >> 16)) |
-                       uint32_t{Bf16BitsOf(StochasticBf16(v.y, bits[1] >> 16))} << 16;
-  const uint32_t v23 = Bf16BitsOf(StochasticBf16(v.z, bits[2] >> 16)) |
-                       uint32_t{Bf16BitsOf(StochasticBf16(v.w, bits[3] >> 16))} << 16;
-  *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(mv.m) + i) = make_uint2(m01, m23);
-  *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(mv.v) + i) = make_uint2(v01, v23);
+  const MomentDraws draws(mv.stream, static_cast<uint64_t>(mv.first + i), s.step, 3);
+  const uint2 lo = StochasticMomentPairs(m.x, m.y, v.x, v.y, draws(0), draws(1));
+  const uint2 hi = StochasticMomentPairs(m.z, m.w, v.z, v.w, draws(2), draws(3));
+  *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(mv.m) + i) = make_uint2(lo.x, hi.x);
+  *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(mv.v) + i) = make_uint2(lo.y, hi.y);
 }
 
 // What the update of elements i .. i + 3 reads: their gradients, moments (as fp32) and masters.
