@@ -162,7 +162,11 @@ TEST_F(GroupedGemmTest, FixedMapWeightGradientIgnoresRowsPastItsGroup) {
 
 TEST_F(GroupedGemmTest, BackwardWeightEveryKernelMatchesFp64) {
   for (GradType grad : {GradType::kFloat32, GradType::kBFloat16}) {
-    for (const std::string& name : GroupedGemm::KernelNames(GroupedGemmOp::kBackwardWeight, grad)) {
+    std::vector<std::string> names = GroupedGemm::KernelNames(GroupedGemmOp::kBackwardWeight, grad);
+    // A visiting-order variant (tiles along N): measured 3-22% faster than the default's order
+    // on groups of 2048 rows (docs/grouped_gemm.md), a candidate default.
+    if (grad == GradType::kFloat32) names.push_back("pingpong_128x128x64_c2x1@N1");
+    for (const std::string& name : names) {
       SCOPED_TRACE(name + (grad == GradType::kFloat32 ? " fp32" : " bf16"));
       for (const Problem& p : {MixedProblem(31), RandomProblem(32)}) {
         GroupedGemmOptions o = Options(p, grad);
