@@ -13,23 +13,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "nccl.h"
 #include "worker/engine/checkpoint/moe_checkpoint.h"
 #include "worker/engine/cpu/moe_model.h"
 #include "worker/engine/cuda/cuda_engine.h"
+#include "worker/engine/cuda/ep/expert_dispatcher.h"
 
 namespace dropless::local_ep_testing {
 
-// Why nccl-lsa cannot run in this process, or "" when it can: it needs the NCCL runtime it was
-// built against or newer, and refuses an older one
-// (NcclGroupGpu.AutoProbeAnswersByTheRuntimeVersion tests that refusal), so the tests that exchange
-// through it skip with this reason there.
+// Why nccl-lsa cannot run in this process, or "" when it can: the dispatcher's own runtime check
+// (NcclGroupGpu.AutoProbeAnswersByTheRuntimeVersion tests its refusal), so the tests that exchange
+// through nccl-lsa skip with this reason on an older NCCL.
 inline std::string NcclLsaUnavailableReason() {
-  int runtime = 0;
-  if (ncclGetVersion(&runtime) != ncclSuccess) return "SKIPPED: ncclGetVersion failed";
-  if (runtime >= NCCL_VERSION_CODE) return "";
-  return absl::StrCat("SKIPPED: nccl-lsa needs NCCL version code ", NCCL_VERSION_CODE,
-                      " or newer at run time; this process loaded ", runtime);
+  const absl::Status supported = cuda_engine::NcclLsaRuntimeSupported();
+  return supported.ok() ? "" : absl::StrCat("SKIPPED: ", supported.message());
 }
 
 constexpr int64_t kTokensPerRank = 24;

@@ -5,9 +5,9 @@
 // and never stored: every element of W[e] takes its AdamW step at once (adamw_update.h's
 // AdamWElement, the CPU engine's bits for a given gradient) on the fp32 master `param`, the moments
 // (fp32, or bf16 stochastically rounded as adamw.h says) and the bf16 working copy `copy` of the
-// new value, all [num_groups][k][n]. An
-// optimizer that runs inside the GEMM's epilogue moves its bytes while the tensor cores work on
-// other tiles, and the fp32 gradient's write and read disappear.
+// new value, all [num_groups][k][n]. An optimizer that runs inside the GEMM's epilogue moves its
+// bytes while the tensor cores work on other tiles, and the fp32 gradient's write and read
+// disappear.
 //
 // The AdamW step's scalars are read from the device (`step`, computed by the caller's step
 // preparation), so a call is one launch, never synchronizes and can be captured in a CUDA graph.

@@ -152,6 +152,9 @@ absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewNcclLsaDispatcher(
 // load/store reachable and the loaded NCCL runtime has the device API of the headers; otherwise
 // FailedPrecondition saying why (what `auto` reports when it picks nccl-a2a instead).
 absl::Status NcclLsaReachable(NcclGroup& group);
+// Whether this process's NCCL runtime has the device API nccl-lsa was built against (needs no
+// group): OK, or FailedPrecondition naming both versions when the loaded NCCL is older.
+absl::Status NcclLsaRuntimeSupported();
 
 // `nccl-a2a`: one EP rank per process over NCCL's host API (ncclAllGather of the counts, grouped
 // ncclSend/ncclRecv of the rows), for ranks that load/store cannot reach. Sizes stay on the device,

@@ -76,20 +76,6 @@ __global__ void LsaRowsKernel(ncclWindow_t recv_window, size_t recv_offset,
                               gridDim.x * warps_per_block);
 }
 
-// The device API's structures are those of the headers built against: an older library would
-// misread them. FailedPrecondition naming both versions when the loaded NCCL is older.
-absl::Status CheckDeviceApiRuntime() {
-  int version = 0;
-  DROPLESS_RETURN_IF_ERROR(NcclStatus(ncclGetVersion(&version), "ncclGetVersion"));
-  if (version < NCCL_VERSION_CODE) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "dispatcher: nccl-lsa was built against NCCL %d.%d.%d and needs at least that at run "
-        "time; this process loaded NCCL version code %d (set LD_LIBRARY_PATH to a newer "
-        "libnccl.so.2)", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, version));
-  }
-  return absl::OkStatus();
-}
-
 class NcclLsaDispatcher final : public ExpertDispatcher {
  public:
   NcclLsaDispatcher(const EpShape& shape, std::unique_ptr<NcclGroup> group)
@@ -107,7 +93,7 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
   }
 
   absl::Status Initialize() {
-    DROPLESS_RETURN_IF_ERROR(CheckDeviceApiRuntime());
+    DROPLESS_RETURN_IF_ERROR(NcclLsaRuntimeSupported());
     ncclDevCommRequirements reqs;
     std::memset(&reqs, 0, sizeof(reqs));
     reqs.lsaBarrierCount = 1;
@@ -234,8 +220,23 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
 
 }  // namespace
 
+// The device API's structures are those of the headers built against: an older library would
+// misread them.
+absl::Status NcclLsaRuntimeSupported() {
+  int version = 0;
+  DROPLESS_RETURN_IF_ERROR(NcclStatus(ncclGetVersion(&version), "ncclGetVersion"));
+  if (version < NCCL_VERSION_CODE) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "dispatcher: nccl-lsa was built against NCCL %d.%d.%d and needs at least that at run "
+        "time; this process loaded NCCL version code %d (set LD_LIBRARY_PATH to a newer "
+        "libnccl.so.2)",
+        NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, version));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status NcclLsaReachable(NcclGroup& group) {
-  DROPLESS_RETURN_IF_ERROR(CheckDeviceApiRuntime());
+  DROPLESS_RETURN_IF_ERROR(NcclLsaRuntimeSupported());
   ncclDevCommRequirements reqs;
   std::memset(&reqs, 0, sizeof(reqs));
   ncclDevComm probe{};
