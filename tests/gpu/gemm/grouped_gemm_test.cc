@@ -382,9 +382,9 @@ TEST_F(GroupedGemmTest, DefaultKernelsFollowTheShapeRules) {
       // qwen3 w13 / w2: short reductions: ping-pong; to fp32, 1024-row groups: CUTLASS pingpong.
       {2048, 1536, 1024, GradType::kBFloat16, pp, pp, tma},
       {768, 2048, 1024, GradType::kFloat32, pp, pp, "pingpong_128x128x64_c2x1"},
-      // mixtral w13.
+      // mixtral w13: 2048-row groups to fp32: the pingpong kernel with its tiles along N.
       {4096, 28672, 2048, GradType::kBFloat16, tma, tma, tma},
-      {4096, 28672, 2048, GradType::kFloat32, tma, tma, "pingpong_128x128x64_c2x1"},
+      {4096, 28672, 2048, GradType::kFloat32, tma, tma, "pingpong_128x128x64_c2x1@N1"},
   };
   for (const Case& c : cases) {
     GroupedGemmOptions o;
