@@ -40,6 +40,8 @@ Impls (names as in ../shared/docs/BENCH.md):
           // combine_ms; returns how many it wrote
       void  dl_step_destroy(void* h);
 
+  Any dropless impl may carry environment variables for its engine, "dropless@VAR=VALUE;VAR=VALUE"
+  (set while the engine is created): variants of one engine timed in the same rounds.
   dropless-bf16-moments and dropless-bf16-bf16-moments (opt-in) are dropless and dropless-bf16
   with AdamW's moments stored in bf16 (optimizer.moment_dtype: bf16; the JSON row's moment_dtype);
   dropless-bf16-moments-two-pass-adamw is dropless-bf16-moments with the two passes forced.
@@ -139,10 +141,19 @@ def free(torch, device):
         torch.cuda.empty_cache()
 
 
+def split_env(name):
+    """'dropless@VAR=VALUE[;VAR=VALUE]' -> ('dropless', {VAR: VALUE}): a dropless impl created
+    with those environment variables set (engine A/B variants in one process)."""
+    base, _, rest = name.partition("@")
+    env = dict(kv.split("=", 1) for kv in rest.split(";") if kv) if rest else {}
+    return base, env
+
+
 def run_one(name, shape, ctx, args):
     """Builds one impl, warms it, times args.steps steps; returns a measurement dict."""
     torch, jax, dev = ctx["torch"], ctx.get("jax"), ctx["device"]
     meas, obj = {}, None
+    name, env = split_env(name)
     try:
         if name in DROPLESS_IMPLS:
             precision = {DROPLESS_BF16: "bf16", DROPLESS_BF16_BF16_MOMENTS: "bf16",
@@ -157,7 +168,16 @@ def run_one(name, shape, ctx, args):
             else:
                 os.environ.pop("DROPLESS_MX_CORE", None)
             moments = "bf16" if name in BF16_MOMENT_IMPLS else None
-            obj = DroplessStep(ctx["lib"], dropless_spec(shape, args, precision, moments))
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                obj = DroplessStep(ctx["lib"], dropless_spec(shape, args, precision, moments))
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
             obj.run(1)
             t0 = time.perf_counter()
             obj.run(args.steps)
@@ -208,7 +228,7 @@ def preflight(args, ctx, impls, nparam):
     for name in impls:
         need = nparam * (16 if name == JAX else 20)
         have = total * (args.jax_mem_fraction if name == JAX else 1.0)
-        if name not in DROPLESS_IMPLS and need > have:
+        if split_env(name)[0] not in DROPLESS_IMPLS and need > have:
             skip[name] = (f"skipped: needs > {need / 2 ** 30:.0f} GiB for weights, fp32 masters, "
                           f"grads and AdamW state, {have / 2 ** 30:.0f} GiB available"
                           + ("; raise --jax-mem-fraction" if name == JAX else "; use a larger --ep for it"))
@@ -230,7 +250,7 @@ def bench(args, impls):
         except Exception as exc:
             ctx["skipped"].append(f"{JAX}: {short(exc)}")
             impls.remove(JAX)
-    ours = [n for n in impls if n in DROPLESS_IMPLS]
+    ours = [n for n in impls if split_env(n)[0] in DROPLESS_IMPLS]
     if ours:
         problem = "no --lib" if not args.lib else None
         if args.lib:
@@ -279,14 +299,15 @@ def bench(args, impls):
             ms_all = [m["ms"] for m in res[name]]
             if not ms_all or name in failed:
                 continue
+            base = split_env(name)[0]
             ms = statistics.median(ms_all)
             tflops = flop / (ms * 1e9)
             peaks = [m["peak"] for m in res[name] if m.get("peak") is not None]
             loss = res[name][-1].get("loss")
             prec = {DROPLESS: args.precision, DROPLESS_MX_PROMOTION: args.precision,
                     DROPLESS_BF16_MOMENTS: args.precision,
-                    DROPLESS_FP8_BLOCK: "fp8-block", FP8: "fp8-rowwise"}.get(name, "bf16")
-            ours = name in DROPLESS_IMPLS
+                    DROPLESS_FP8_BLOCK: "fp8-block", FP8: "fp8-rowwise"}.get(base, "bf16")
+            ours = base in DROPLESS_IMPLS
             row = {"name": "step", "shape": shape, "impl": name, "precision": prec,
                    "ms": round(ms, 3), "tflops": round(tflops, 1), "gbps": None,
                    "mfu": round(tflops / PEAK["tflops"], 4),
@@ -295,7 +316,7 @@ def bench(args, impls):
                    "offload": bool(args.offload) if ours else False,
                    "loss": loss, "round_ms": [round(x, 3) for x in ms_all], "note": note}
             if ours:
-                row["moment_dtype"] = "bf16" if name in BF16_MOMENT_IMPLS else "fp32"
+                row["moment_dtype"] = "bf16" if base in BF16_MOMENT_IMPLS else "fp32"
                 st = {key: statistics.median(m["stats"][key] for m in res[name])
                       for key in STAT_NAMES[2:] if all(key in m["stats"] for m in res[name])}
                 row["phases_ms"] = {key: round(v, 3) for key, v in st.items()}
@@ -389,7 +410,8 @@ def main():
         return
     quantized = [FP8, DROPLESS_BF16] if args.precision != "bf16" else []
     impls = args.impls.split(",") if args.impls else DEFAULT_IMPLS + quantized
-    bad = [i for i in impls if i not in DEFAULT_IMPLS + [FP8, *DROPLESS_IMPLS]]
+    bad = [i for i in impls if i not in DEFAULT_IMPLS + [FP8]
+           and split_env(i)[0] not in DROPLESS_IMPLS]
     if bad:
         sys.exit(f"--impls: unknown {','.join(bad)}")
     rows, errors, ceil, ctx = bench(args, list(impls))

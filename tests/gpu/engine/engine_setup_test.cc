@@ -2,7 +2,8 @@
 // weight-gradient GEMM in bf16 with fp32 moments where a local expert expects at most 1024 rows
 // (forced, with either width), the two passes
 // elsewhere and in every quantized precision; DROPLESS_FUSED_EXPERT_ADAMW forces either. Host-only
-// (no CUDA call without overlap): runs without a GPU. Also mxfp8's choice of the bf16-core GEMMs.
+// (no CUDA call without overlap): runs without a GPU. Also mxfp8's choice of the bf16-core GEMMs
+// and the backward's order of the expert GEMMs.
 #include <cstdlib>
 
 #include "gtest/gtest.h"
@@ -74,6 +75,24 @@ TEST(EngineSetup, MxCoreWhereEveryReductionIsAMultipleOf64) {
   setenv("DROPLESS_MX_CORE", "0", 1);
   EXPECT_FALSE(core(Layer(16384, 2048, 768, 128, 8, 1, Precision::kMxfp8)));
   unsetenv("DROPLESS_MX_CORE");
+}
+
+// The backward's expert GEMMs run one at a time without overlap (LayerDims::
+// serial_expert_backward); DROPLESS_SERIAL_EXPERT_BACKWARD=0 puts them side by side.
+TEST(EngineSetup, BackwardExpertGemmsRunOneAtATime) {
+  unsetenv("DROPLESS_SERIAL_EXPERT_BACKWARD");
+  for (Precision p : {Precision::kBf16, Precision::kMxfp8, Precision::kFp8Block}) {
+    EXPECT_TRUE(
+        cuda_engine::RunsExpertBackwardOneGemmAtATime(Layer(8192, 4096, 14336, 8, 2, 1, p)));
+  }
+  // With overlap, in its chunks, side by side.
+  EngineConfig overlap = Layer(8192, 4096, 14336, 8, 2, 1, Precision::kBf16);
+  overlap.overlap = true;
+  EXPECT_FALSE(cuda_engine::RunsExpertBackwardOneGemmAtATime(overlap));
+  setenv("DROPLESS_SERIAL_EXPERT_BACKWARD", "0", 1);
+  EXPECT_FALSE(cuda_engine::RunsExpertBackwardOneGemmAtATime(
+      Layer(8192, 4096, 14336, 8, 2, 1, Precision::kBf16)));
+  unsetenv("DROPLESS_SERIAL_EXPERT_BACKWARD");
 }
 
 }  // namespace

@@ -36,6 +36,17 @@ constexpr int kExchangeSms = 20;
 // slower at 2048 (dsv3 at EP 8, mixtral). Either way it allocates no routed-expert gradient.
 constexpr int64_t kFusedAdamWMaxRowsPerExpert = 1024;
 
+int OverlapChunks(const EngineConfig& config, int local_experts) {
+  return config.overlap ? std::min(kOverlapChunks, local_experts) : 1;
+}
+
+// The backward's expert GEMMs one at a time, except in overlap's chunks (whose weight gradients
+// wait for every chunk anyway); DROPLESS_SERIAL_EXPERT_BACKWARD=0 puts them side by side (A/B).
+bool SerialExpertBackward(int overlap_chunks) {
+  const char* serial = std::getenv("DROPLESS_SERIAL_EXPERT_BACKWARD");
+  return overlap_chunks == 1 && (serial == nullptr || std::strcmp(serial, "0") != 0);
+}
+
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NcclDispatcher(const EngineConfig& config,
                                                                  const LayerDims& dims, int rank,
                                                                  RankGroups* groups) {
@@ -103,7 +114,8 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
   const char* mx_core = std::getenv("DROPLESS_MX_CORE");
   d.mx_core = d.precision == Precision::kMxfp8 && d.hidden % 64 == 0 && d.ffn % 64 == 0 &&
               (mx_core == nullptr || std::strcmp(mx_core, "0") != 0);
-  d.overlap_chunks = config.overlap ? std::min(kOverlapChunks, d.local_experts()) : 1;
+  d.overlap_chunks = OverlapChunks(config, d.local_experts());
+  d.serial_expert_backward = SerialExpertBackward(d.overlap_chunks);
   if (config.overlap) {
     int sms = 0, reserve = kExchangeSms;
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -132,6 +144,11 @@ bool FusesExpertUpdate(const EngineConfig& config) {
 bool UsesMxCore(const EngineConfig& config) {
   absl::StatusOr<LayerDims> d = HostLayerDims(config);
   return d.ok() && d->mx_core;
+}
+
+bool RunsExpertBackwardOneGemmAtATime(const EngineConfig& config) {
+  absl::StatusOr<LayerDims> d = HostLayerDims(config);
+  return d.ok() && SerialExpertBackward(OverlapChunks(config, d->local_experts()));
 }
 
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> CreateEngineDispatcher(

@@ -74,6 +74,12 @@ struct LayerDims {
   // The routed experts' GEMMs stay on at most this many multiprocessors (0: all): with overlap,
   // the rest are left to the exchange kernels that run beside them.
   int expert_gemm_sms = 0;
+  // Each expert weight's data- and weight-gradient GEMMs run one after the other, and w1's after
+  // w2's, instead of beside each other on the main and wgrad streams (without overlap's chunks;
+  // LayerDimsOf). Two persistent GEMMs side by side split the multiprocessors and the L2 between
+  // them: on an H100 the mixtral bf16 step was 10% slower with them side by side (docs/
+  // architecture.md, "Backward order of the expert GEMMs").
+  bool serial_expert_backward = false;
   // The routed experts' AdamW runs in the epilogue of their weight-gradient GEMM
   // (kernels::GroupedWgradAdamW; bf16 only): their gradients are never stored, and each weight's
   // update follows its data-gradient GEMM, the last reader of its working copy. Chosen by

@@ -180,8 +180,9 @@ absl::Status MoeLayerGpu::BackwardW2Data(const LayerWeights& w, const LayerGrads
                                                   o.dy, offsets, o.dy_fb,
                                                   whole ? o.dy_fb_col : nullptr, s.main));
   }
-  // Every expert at once: the weight gradient may start beside the data gradient.
-  if (whole) DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
+  // Every expert at once: the weight gradient may start beside the data gradient (unless the
+  // backward's GEMMs run one at a time: BackwardExpertsMiddle).
+  if (whole && !d.serial_expert_backward) DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.main));
   DROPLESS_RETURN_IF_ERROR(ExpertBackwardData(Run(o, run), s.main));
   return End(s, PhaseTimer::kGemmDgrad, s.main);
@@ -198,9 +199,11 @@ absl::Status MoeLayerGpu::BackwardExpertsMiddle(const LayerWeights& w, const Lay
   // In chunks, the weight gradient waits for every run's output gradient (and quantizes its
   // column-wise form itself).
   // With the update fused into the weight gradient, w2's waits for its data gradient (the last
-  // reader of the working copy it rewrites).
+  // reader of the working copy it rewrites); so it does when the GEMMs run one at a time.
   const bool chunked = ExpertRuns(d, s).size() > 1;
-  if (chunked || d.fused_expert_adamw) DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
+  if (chunked || d.fused_expert_adamw || d.serial_expert_backward) {
+    DROPLESS_RETURN_IF_ERROR(s.links->Link(s.main, s.wgrad));
+  }
   DROPLESS_RETURN_IF_ERROR(WeightGradient(W2(w, grads), F, H, /*dy_colwise=*/chunked, s));
   // w2's gradient is complete and no later work reads its working copy: its update can start.
   DROPLESS_RETURN_IF_ERROR(RunHook(hooks.experts_w2, s, {s.main, s.wgrad}));
@@ -225,6 +228,8 @@ absl::Status MoeLayerGpu::BackwardExpertsMiddle(const LayerWeights& w, const Lay
 
 absl::Status MoeLayerGpu::BackwardW1Data(const LayerWeights& w, const LayerGrads& grads,
                                          LocalExperts run, const LayerStreams& s) {
+  // One at a time: after the weight gradients before it (w2's, and unfused w1's).
+  if (k_->dims_.serial_expert_backward) DROPLESS_RETURN_IF_ERROR(s.links->Link(s.wgrad, s.main));
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmDgrad, s.main));
   DROPLESS_RETURN_IF_ERROR(ExpertBackwardData(Run(W1(w, grads), run), s.main));
   return End(s, PhaseTimer::kGemmDgrad, s.main);
