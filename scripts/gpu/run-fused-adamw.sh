@@ -34,8 +34,8 @@ echo "step_peer exit $?"
 grep -E "^(qwen3|dsv3|mixtral):|^  (dropless|torch)" "$out/step-peer.log"
 if [ "${RUN_NCU:-0}" = 1 ]; then
   # Nsight Compute on qwen3 w13: the fused update and its gradient alone, memory tables included,
-  # to tell L2/HBM contention from shared-memory bandwidth (docs/grouped_gemm.md). The reports stay
-  # in $OUT; a summary goes to stdout.
+  # to tell L2/HBM contention from shared-memory bandwidth (docs/step_performance.md). The reports
+  # stay in $OUT; a summary goes to stdout.
   ncu_bin=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   for form in true false; do
     timeout 120 "$ncu_bin" --kernel-name-base demangled -k "regex:TmaWgradAdamWKernel<$form" \

@@ -36,7 +36,7 @@ DROPLESS_KERNELS_HD inline bool PreferClusterAlongM(int64_t tiles, int64_t paddi
 // MXFP8 weight gradient (mxfp8/mx_grouped_gemm.cu): 256 x 128 tiles ("wide") or 128 x 128 tiles.
 // Its reduction runs over each group's padded rows, so a tile's main loop is as long as its group:
 // short groups leave the wide kernel's larger tiles with few stages to amortize their start and
-// store. Measured on an H200 (fp32 out, TFLOP/s, wide / 128 x 128; docs/grouped_gemm.md): dsv3
+// store. Measured on an H200 (fp32 out, TFLOP/s, wide / 128 x 128; docs/mxfp8_gemm.md): dsv3
 // uniform (256-row groups) 178 / 226, dsv3 zipf 163 / 196, qwen3 zipf 300 / 309 and 274 / 306,
 // qwen3 uniform 359 / 341, mixtral 367-391 / 346-377. The share of rows in groups of at least 512
 // padded rows is 0, 57%, 82%, 100% and 100% for those distributions; the wide kernel is taken

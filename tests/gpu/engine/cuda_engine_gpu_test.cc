@@ -299,7 +299,7 @@ EngineConfig LearningConfig(Precision precision) {
 // 3.5% below bf16 (1.3% below at step 1); with the scale rounded up it ends 0.07% below. Measured
 // on an H200: fp8-block ends about 0.2% above bf16, fp8-block-wgrad128 about 0.3% below. (The
 // weight gradient's output gradient per 128x128 block instead of its activations, built and
-// measured, ended 1.4% above bf16: docs/grouped_gemm.md.)
+// measured, ended 1.4% above bf16: docs/fp8_block_gemm.md.)
 TEST_F(CudaEngineGpu, LearnsIn500StepsInEveryPrecisionWithinOnePercentOfBf16) {
   auto tail_mean = [](const std::vector<double>& v) {
     double s = 0;

@@ -31,9 +31,9 @@ constexpr int kExchangeSms = 20;
 // The routed experts' AdamW runs in their weight-gradient GEMM's epilogue (bf16) when a local
 // expert expects at most this many rows: the fused update saves the gradient's 8 bytes of traffic
 // a parameter and costs tensor-core time in proportion to the rows, so it wins on short
-// reductions. On an H200 (docs/grouped_gemm.md, "The weight gradient fused with AdamW") the step
-// with it was 2.7% and 2.9% faster than the two passes at 1024 rows per expert (qwen3) and 7-9%
-// slower at 2048 (dsv3 at EP 8, mixtral). Either way it allocates no routed-expert gradient.
+// reductions. On an H200 (docs/step_performance.md, "The weight gradient fused with AdamW") the
+// step with it was 2.7% and 2.9% faster than the two passes at 1024 rows per expert (qwen3) and
+// 7-9% slower at 2048 (dsv3 at EP 8, mixtral). Either way it allocates no routed-expert gradient.
 constexpr int64_t kFusedAdamWMaxRowsPerExpert = 1024;
 
 int OverlapChunks(const EngineConfig& config, int local_experts) {
@@ -100,7 +100,7 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
   // The routed experts' AdamW fused into their weight-gradient GEMM (bf16) where a local expert
   // expects few rows (kFusedAdamWMaxRowsPerExpert) and the moments are fp32: with bf16 moments the
   // fused update runs no faster than with fp32 ones while the AdamW pass gains their 8 bytes a
-  // parameter, so the two passes win (docs/grouped_gemm.md). DROPLESS_FUSED_EXPERT_ADAMW=1 or 0
+  // parameter, so the two passes win (docs/step_performance.md). DROPLESS_FUSED_EXPERT_ADAMW=1 or 0
   // forces it on or off with either width (the fused form keeps no expert gradient: less memory).
   const char* forced = std::getenv("DROPLESS_FUSED_EXPERT_ADAMW");
   const bool fp32_moments = config.optimizer.moment_dtype == MomentDtype::kFp32;

@@ -58,7 +58,7 @@ using grouped_gemm_internal::LeadingDimStride;
 //                                       two row scales a thread and promotes with one FMA an
 //                                       accumulator (with X's block on M, each thread would load
 //                                       and multiply its 32 column scales every K block: measured
-//                                       4-18% slower, docs/grouped_gemm.md).
+//                                       4-18% slower, docs/fp8_block_gemm.md).
 // Both operands' scales have the same major order in each kernel: CUTLASS 4.2's
 // Sm1xxBlockwiseScaleConfig::smem_atom_layoutSFB tests majorSFA, not majorSFB.
 //
@@ -98,7 +98,7 @@ struct ProductTraits<Product::kBackwardWeight, WeightScaleSplit, XScale> {
 // loop is short (the weight gradient of small groups), where the store is most of a tile's time.
 // (Measured with 64 x 128 x 128 tiles on an H200: the m-grouped products slower than the
 // cooperative kernels on every benchmark shape; the weight gradient 7-11% faster at 1024 rows a
-// group and 18-21% slower at 2048, hence WeightGradientKernelFor, docs/grouped_gemm.md.)
+// group and 18-21% slower at 2048, hence WeightGradientKernelFor, docs/fp8_block_gemm.md.)
 // Cooperative in waves: the cooperative kernel with our consumer mainloop
 // (wave_promotion_mainloop.cuh), each warp group's rows in 64-row waves sharing one partial sum,
 // for 256-row tiles. Cooperative overlapped: our consumer mainloop
@@ -106,7 +106,7 @@ struct ProductTraits<Product::kBackwardWeight, WeightScaleSplit, XScale> {
 // block while the tensor cores work on the next; only where B has one scale a K block (the
 // weight gradient reading X per 128 x 128 block). With a scale per column of B the same consumer
 // was slower, and in the pingpong schedule (each warp group a 64 x 128 tile) level at 1024 rows a
-// group: both removed (docs/grouped_gemm.md).
+// group: both removed (docs/fp8_block_gemm.md).
 enum class Schedule { kCooperative, kPingpong, kCooperativeWaves, kCooperativeOverlapped };
 template <Schedule S>
 struct SchedulePolicies {
@@ -412,7 +412,7 @@ class CutlassRunner final : public Runner {
     // moves along N where M > N, so that the operand the CTAs sweep is the smaller one and stays
     // in L2 from one column of tiles to the next (an H100, same process: mixtral w13, M = 28672,
     // +16%; dsv3 EP-8 w2, M = 7168 and N = 2048, +2-3%; along N where M < N lost 4-11%;
-    // docs/grouped_gemm.md). Group sizes stay on the device, so the order follows the weights'
+    // docs/fp8_block_gemm.md). Group sizes stay on the device, so the order follows the weights'
     // fixed dimensions only.
     using RasterOrder = cutlass::gemm::kernel::detail::RasterOrderOptions;
     args.scheduler.raster_order = RasterOrder::AlongM;

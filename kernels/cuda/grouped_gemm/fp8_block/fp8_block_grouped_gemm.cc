@@ -194,7 +194,7 @@ std::string Fp8BlockGroupedGemm::MGroupedKernelFor(int output_width, int reducti
   // width within 3%, and the 1 x 2 cluster (A multicast) is level with no cluster or ahead; at
   // 2048 (eleven 192-wide tiles, twelve with the cluster) the unclustered 192 tile is 3-6% ahead
   // of 128 on two of the three benchmark products and 3% behind on the third
-  // (docs/grouped_gemm.md).
+  // (docs/fp8_block_gemm.md).
   constexpr double kWideTileMinRelativeCover = 0.93;
   const double narrow = covered(128, 2);
   if (covered(192, 2) >= kWideTileMinRelativeCover * narrow) {
@@ -217,7 +217,7 @@ std::string Fp8BlockGroupedGemm::WeightGradientKernelFor(Fp8ColwiseScaling x_sca
   // On the H200 (64 x 128 pingpong tiles against the 128 x 128 cooperative ones, same run): 8-9%
   // faster with per-column X and 7-11% with per-block X at qwen3's 1024 rows a group (8 K blocks
   // a tile); 18-21% slower at 2048 (dsv3 EP-8, mixtral), where the epilogue is a smaller share
-  // of a tile and the 64-row tile reads more operand bytes per FLOP (docs/grouped_gemm.md).
+  // of a tile and the 64-row tile reads more operand bytes per FLOP (docs/fp8_block_gemm.md).
   constexpr int64_t kPingpongMaxRowsPerGroup = 1024;
   const bool pingpong =
       expected_rows_per_group > 0 && expected_rows_per_group <= kPingpongMaxRowsPerGroup;

@@ -56,7 +56,7 @@ using RunnerFactory = absl::StatusOr<std::unique_ptr<Runner>> (*)(const RunnerSh
 // by every GPU test of its products, and timed by bench/peers/interleaved_gemm.py
 // --fp8-block-m-kernels / --fp8-block-wgrad-kernels. A pingpong 64 x 128 x 128 m-grouped
 // variant, an overlapped-promotion weight gradient with per-column X, and store-buffer variants of
-// the 192-wide kernels were measured and removed (docs/grouped_gemm.md).
+// the 192-wide kernels were measured and removed (docs/fp8_block_gemm.md).
 //
 // The m-grouped kernels (A row-wise 1 x 128 scales, B 128 x 128 block scales, bf16 out), each
 // compiled once for both m-grouped products: m_grouped_coop_128x128x128_c1x2.cu,
@@ -89,7 +89,7 @@ absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightXBlocksPingpong64x128x
     const RunnerShape& shape);
 // The cooperative one with X per block and our overlapped-promotion consumer mainloop (the
 // default above 1024 rows a group): wgrad_x_blocks_coop_overlap_128x128x128_c1x2_d4.cu. (The
-// pingpong form of it was measured and removed: +2% / -3% on qwen3, docs/grouped_gemm.md.)
+// pingpong form of it was measured and removed: +2% / -3% on qwen3, docs/fp8_block_gemm.md.)
 absl::StatusOr<std::unique_ptr<Runner>> MakeBackwardWeightXBlocksCoopOverlap128x128x128C1x2D4(
     const RunnerShape& shape);
 

@@ -18,7 +18,7 @@
 // (The same overlap with a scale per column of B, fp8-block's per-column X, was built and
 // measured 1-22% slower than CUTLASS's consumer: 32 column scales a thread per block do not fit
 // beside the three fragments; the static_assert below keeps it out. In the pingpong schedule this
-// consumer was level with CUTLASS's at 1024 rows a group: docs/grouped_gemm.md.)
+// consumer was level with CUTLASS's at 1024 rows a group: docs/fp8_block_gemm.md.)
 #ifndef DROPLESS_KERNELS_CUDA_GROUPED_GEMM_FP8_BLOCK_OVERLAPPED_PROMOTION_MAINLOOP_CUH_
 #define DROPLESS_KERNELS_CUDA_GROUPED_GEMM_FP8_BLOCK_OVERLAPPED_PROMOTION_MAINLOOP_CUH_
 

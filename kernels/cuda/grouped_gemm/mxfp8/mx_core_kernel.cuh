@@ -9,7 +9,7 @@
 // Every product of two MXFP8 values is exact in bf16 x bf16 -> fp32, so the result is the exact
 // product of the dequantized operands up to fp32 accumulation: the promotion kernels' semantics,
 // without their two fp32 instructions per output element and 32 of K (whose issue rate bounds
-// them at ~476 TFLOP/s on an H200, docs/grouped_gemm.md). The bf16 tensor cores run at half the
+// them at ~476 TFLOP/s on an H200, docs/mxfp8_gemm.md). The bf16 tensor cores run at half the
 // fp8 rate; the activations still cross HBM as E4M3.
 //
 //   warpgroup 0, warp 0, lane 0   TMA: per stage A's box [128 rows][64 bytes] (no swizzle) and the

@@ -22,7 +22,7 @@
 // bytes in flight beside 128 accumulators. The new values are stored straight from registers, bf16
 // moments stochastically rounded as adamw.h says (the draws keyed by the element's index plus
 // AdamWMoments::first). The epilogue is a rolled loop over the pieces: unrolled, its IEEE
-// arithmetic missed the instruction cache (docs/grouped_gemm.md).
+// arithmetic missed the instruction cache (docs/step_performance.md).
 #ifndef DROPLESS_KERNELS_CUDA_GROUPED_GEMM_TMA_WGRAD_ADAMW_KERNEL_CUH_
 #define DROPLESS_KERNELS_CUDA_GROUPED_GEMM_TMA_WGRAD_ADAMW_KERNEL_CUH_
 

@@ -129,7 +129,7 @@ class MxGroupedGemm {
   // The bf16-core variant the image products run: kCoreKernelName unless options.kernel names
   // kCoreClusterKernelName. (The cluster variant measured 2-4.5% faster alone on groups of 2048
   // rows and 1-3% slower at 1024, but 3-5% slower inside the training step, where the expert
-  // GEMMs share the GPU with other streams: docs/grouped_gemm.md.)
+  // GEMMs share the GPU with other streams: docs/mxfp8_gemm.md.)
   virtual std::string CoreKernelName() const = 0;
 };
 

@@ -22,7 +22,7 @@
 // 1.75, the spec's value), else e - 7. The OCP spec's section 6.3 takes floor(log2(amax)) - 8 for
 // every block, which leaves amax / X in [256, 512): a block's largest elements then saturate to
 // 448 whenever amax's significand is above 1.75, losing up to 12.5% of their value, always toward
-// zero. That bias is what moved the 500-step loss 3.5% off bf16's (docs/grouped_gemm.md, "The MX
+// zero. That bias is what moved the 500-step loss 3.5% off bf16's (docs/mxfp8_gemm.md, "The MX
 // scale rounds up"). Rounding the exponent up (the scale rounding of "Recipes for Pre-training
 // LLMs with MXFP8", arXiv:2506.08027) keeps amax / X in (224, 448] for 1.75 * 2^-120 < amax <=
 // 1.75 * 2^127 (below, the -127 clamp makes it smaller; above, the cap lets it reach 510) and
