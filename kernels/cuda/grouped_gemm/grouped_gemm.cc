@@ -111,6 +111,15 @@ const KernelEntry* FindKernel(GroupedGemmOp op, OutType out, const std::string& 
   return nullptr;
 }
 
+// Peak memory bandwidth from which the fp32 weight gradient keeps the pingpong kernel
+// (DefaultKernel): between the H100's HBM3 (3.35 TB/s) and the H200's HBM3e (4.8 TB/s).
+constexpr double kHighBandwidth = 4.0e12;
+
+// The device's peak memory bandwidth in bytes a second: double data rate over the bus.
+double PeakMemoryBytesPerSecond(int memory_khz, int bus_bits) {
+  return 2.0 * memory_khz * 1e3 * bus_bits / 8.0;
+}
+
 // The shape-class choice, made once at creation, from H200 runs that timed every kernel next to
 // torch._grouped_mm in one process, alternating (bench/results/gemm-h200-20261130-tma-kernels.json,
 // docs/grouped_gemm.md):
@@ -126,11 +135,21 @@ const KernelEntry* FindKernel(GroupedGemmOp op, OutType out, const std::string& 
 //   bench/results/gemm-h200-20261130-tma-wgrad.json). To fp32 its epilogue (four 64-column
 //   blocks through 16 KiB of shared memory each) is no faster, so the CUTLASS rule stays: small
 //   groups (<= 512 rows, dsv3) give short main loops and the store of the k x n gradient
-//   dominates: the 128x256 cooperative tile there, the pingpong kernel (epilogue of one warpgroup
-//   under the other's main loop) otherwise, its tiles moving along N above 1024 rows a group
-//   (3-22% faster than along M on dsv3 at EP 8 and mixtral, H100, one process:
-//   bench/results/gemm-h100-20261206-bf16-wgrad-raster.json).
-std::string DefaultKernel(GroupedGemmOp op, OutType out, const GroupedGemmOptions& options) {
+//   dominates: the 128x256 cooperative tile there. Above 512 rows the choice follows the
+//   device's memory bandwidth (kHighBandwidth):
+//   - H200-class: the pingpong kernel (epilogue of one warpgroup under the other's main loop),
+//     its tiles moving along N above 1024 rows a group (3-22% faster than along M on dsv3 at
+//     EP 8 and mixtral on an H100: bench/results/gemm-h100-20261206-bf16-wgrad-raster.json; on
+//     the H200 the 128x256 tiles were within -5..+3% of it, along M, in session 5);
+//   - H100-class (less bandwidth: the 128x128 tiles' operand traffic, twice the 128x256 tiles'
+//     per FLOP, bounds them): 128x256 tiles, 5-36% faster than the pingpong kernel on the six
+//     products of dsv3 at EP 8, mixtral and qwen3 (bench/results/
+//     gemm-h100-20261206-bf16-wgrad-fp32-kernels.json): CUTLASS's cooperative kernel along N
+//     where the gradient has more rows than columns (k > n) above 1024 rows a group (dsv3 w13,
+//     mixtral w2: 650 / 625 TFLOP/s against 596 / 533 for the fixed-map kernel), else the
+//     fixed-map kernel (dsv3 w2, mixtral w13, qwen3: 655 / 660 / 566 / 540).
+std::string DefaultKernel(GroupedGemmOp op, OutType out, const GroupedGemmOptions& options,
+                          bool high_bandwidth) {
   const int64_t rows = options.expected_rows_per_group;
   switch (op) {
     case GroupedGemmOp::kForward:
@@ -140,8 +159,10 @@ std::string DefaultKernel(GroupedGemmOp op, OutType out, const GroupedGemmOption
     case GroupedGemmOp::kBackwardWeight:
       if (out == OutType::kBFloat16) return "tma_128x256x64";
       if (rows > 0 && rows <= 512) return "coop_128x256x64_c2x1";
-      if (rows > 1024) return "pingpong_128x128x64_c2x1@N1";
-      return "pingpong_128x128x64_c2x1";
+      if (high_bandwidth) {
+        return rows > 1024 ? "pingpong_128x128x64_c2x1@N1" : "pingpong_128x128x64_c2x1";
+      }
+      return rows > 1024 && options.k > options.n ? "coop_128x256x64_c2x1@N1" : "tma_128x256x64";
   }
   return "";
 }
@@ -155,8 +176,13 @@ class GroupedGemmImpl final : public GroupedGemm {
     cudaError_t err = cudaGetDevice(&device);
     int major = 0;
     int sms = 0;
+    int memory_khz = 0, bus_bits = 0;
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device);
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
     if (err != cudaSuccess) {
       return absl::FailedPreconditionError(
           absl::StrCat("grouped gemm: no usable CUDA device: ", cudaGetErrorString(err)));
@@ -166,6 +192,7 @@ class GroupedGemmImpl final : public GroupedGemm {
           "grouped gemm: needs a Hopper (sm_90) device, device ", device, " is sm_", major, "x"));
     }
     if (options_.max_sms > 0) sms = std::min(sms, options_.max_sms);
+    const bool high_bandwidth = PeakMemoryBytesPerSecond(memory_khz, bus_bits) >= kHighBandwidth;
     grouped_gemm_internal::RunnerShape shape{options_.num_groups, options_.k, options_.n,
                                              options_.max_rows, sms};
     const std::string* forced[3] = {&options_.forward_kernel, &options_.backward_data_kernel,
@@ -175,7 +202,8 @@ class GroupedGemmImpl final : public GroupedGemm {
     for (int i = 0; i < 3; ++i) {
       const GroupedGemmOp op = ops[i];
       const auto out = OutTypeOf(op, options_.weight_grad_type);
-      const std::string name = forced[i]->empty() ? DefaultKernel(op, out, options_) : *forced[i];
+      const std::string name =
+          forced[i]->empty() ? DefaultKernel(op, out, options_, high_bandwidth) : *forced[i];
       grouped_gemm_internal::RunnerShape variant = shape;
       std::string base;
       // The pair's choice rule assumes CUTLASS's default visiting order (padding to the cluster's

@@ -2,19 +2,21 @@
 // kernel of every product against an fp64 CPU reference on fresh random data, with poisoned
 // outputs, group sizes including 0 and odd values, device-side offsets captured in a CUDA graph.
 // Without a Hopper GPU the device tests skip and say so.
+#include "dropless/kernels/grouped_gemm.h"
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "dropless/kernels/grouped_gemm.h"
 #include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
 #include "kernels/cuda/grouped_gemm/kernel_choice.h"
 #include "tests/gpu/gemm/gemm_test_util.h"
@@ -163,9 +165,11 @@ TEST_F(GroupedGemmTest, FixedMapWeightGradientIgnoresRowsPastItsGroup) {
 TEST_F(GroupedGemmTest, BackwardWeightEveryKernelMatchesFp64) {
   for (GradType grad : {GradType::kFloat32, GradType::kBFloat16}) {
     std::vector<std::string> names = GroupedGemm::KernelNames(GroupedGemmOp::kBackwardWeight, grad);
-    // A visiting-order variant (tiles along N): measured 3-22% faster than the default's order
-    // on groups of 2048 rows (docs/grouped_gemm.md), a candidate default.
-    if (grad == GradType::kFloat32) names.push_back("pingpong_128x128x64_c2x1@N1");
+    // The visiting-order variants (tiles along N) that the fp32 defaults name above 1024 rows.
+    if (grad == GradType::kFloat32) {
+      names.push_back("pingpong_128x128x64_c2x1@N1");
+      names.push_back("coop_128x256x64_c2x1@N1");
+    }
     for (const std::string& name : names) {
       SCOPED_TRACE(name + (grad == GradType::kFloat32 ? " fp32" : " bf16"));
       for (const Problem& p : {MixedProblem(31), RandomProblem(32)}) {
@@ -361,8 +365,15 @@ TEST_F(GroupedGemmTest, DeviceChoicesMatchTheHostRules) {
   }
 }
 
-// The shape-class defaults of grouped_gemm.cc on the benchmark's expert shapes.
+// The shape-class defaults of grouped_gemm.cc on the benchmark's expert shapes. The fp32 weight
+// gradient above 512 rows a group follows the device's memory bandwidth (H200 class or not).
 TEST_F(GroupedGemmTest, DefaultKernelsFollowTheShapeRules) {
+  int khz = 0, bits = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, 0), cudaSuccess);
+  const bool h200_class = 2.0 * khz * 1e3 * bits / 8 >= 4.0e12;
+  std::printf("peak memory bandwidth %.2f TB/s: %s rules\n", 2.0 * khz * 1e3 * bits / 8 / 1e12,
+              h200_class ? "H200-class" : "H100-class");
   struct Case {
     int k, n;
     int64_t rows;
@@ -381,10 +392,15 @@ TEST_F(GroupedGemmTest, DefaultKernelsFollowTheShapeRules) {
       {2048, 7168, 256, GradType::kFloat32, pp, tma, "coop_128x256x64_c2x1"},
       // qwen3 w13 / w2: short reductions: ping-pong; to fp32, 1024-row groups: CUTLASS pingpong.
       {2048, 1536, 1024, GradType::kBFloat16, pp, pp, tma},
-      {768, 2048, 1024, GradType::kFloat32, pp, pp, "pingpong_128x128x64_c2x1"},
-      // mixtral w13: 2048-row groups to fp32: the pingpong kernel with its tiles along N.
+      {768, 2048, 1024, GradType::kFloat32, pp, pp, h200_class ? "pingpong_128x128x64_c2x1" : tma},
+      // mixtral w13: 2048-row groups to fp32: the pingpong kernel with its tiles along N, or
+      // (H100 class, k < n) the fixed-map kernel.
       {4096, 28672, 2048, GradType::kBFloat16, tma, tma, tma},
-      {4096, 28672, 2048, GradType::kFloat32, tma, tma, "pingpong_128x128x64_c2x1@N1"},
+      {4096, 28672, 2048, GradType::kFloat32, tma, tma,
+       h200_class ? "pingpong_128x128x64_c2x1@N1" : tma},
+      // dsv3 w13 at EP 8 (2048 rows, k > n): H100 class, CUTLASS's cooperative tile along N.
+      {7168, 4096, 2048, GradType::kFloat32, tma, tma,
+       h200_class ? "pingpong_128x128x64_c2x1@N1" : "coop_128x256x64_c2x1@N1"},
   };
   for (const Case& c : cases) {
     GroupedGemmOptions o;
