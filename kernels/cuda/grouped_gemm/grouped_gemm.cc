@@ -129,7 +129,9 @@ double PeakMemoryBytesPerSecond(int memory_khz, int bus_bits) {
 //   take the ping-pong kernel, whose epilogue runs under the other warpgroup's main loop (3-12%
 //   faster there); longer ones (dsv3, mixtral) the cooperative 128x256 tile (5-14% faster than
 //   the ping-pong kernel there: half the operand traffic per FLOP, and the epilogue is a smaller
-//   share of a long tile);
+//   share of a long tile). The forward's ping-pong rule holds to 1024 rows a group: with 2048
+//   (dsv3 w2 at EP 8) the 128x256 tile read 695 TFLOP/s against 527 on an H100, and tied at 1024
+//   (qwen3 w13: 620 / 611; bench/results/gemm-h100-20261206-bf16-fwd-dgrad-kernels.json);
 // - weight gradient to bf16: the fixed-map kernel (+2-17% over the CUTLASS kernels on uniform
 //   groups, +8.5% on mixtral w2's skewed ones; -2 to -4% on qwen3 w2 and mixtral w13 zipf:
 //   bench/results/gemm-h200-20261130-tma-wgrad.json). To fp32 its epilogue (four 64-column
@@ -152,8 +154,8 @@ std::string DefaultKernel(GroupedGemmOp op, OutType out, const GroupedGemmOption
                           bool high_bandwidth) {
   const int64_t rows = options.expected_rows_per_group;
   switch (op) {
-    case GroupedGemmOp::kForward:
-      return options.k <= 2048 ? "tma_pingpong_128x128x64" : "tma_128x256x64";
+    case GroupedGemmOp::kForward:  // reduces over k
+      return options.k <= 2048 && rows <= 1024 ? "tma_pingpong_128x128x64" : "tma_128x256x64";
     case GroupedGemmOp::kBackwardData:  // reduces over n
       return options.n <= 2048 ? "tma_pingpong_128x128x64" : "tma_128x256x64";
     case GroupedGemmOp::kBackwardWeight:

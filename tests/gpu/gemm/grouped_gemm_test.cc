@@ -398,6 +398,9 @@ TEST_F(GroupedGemmTest, DefaultKernelsFollowTheShapeRules) {
       {4096, 28672, 2048, GradType::kBFloat16, tma, tma, tma},
       {4096, 28672, 2048, GradType::kFloat32, tma, tma,
        h200_class ? "pingpong_128x128x64_c2x1@N1" : tma},
+      // dsv3 w2 at EP 8: a 2048-long reduction over 2048-row groups: the 128x256 tile.
+      {2048, 7168, 2048, GradType::kFloat32, tma, tma,
+       h200_class ? "pingpong_128x128x64_c2x1@N1" : tma},
       // dsv3 w13 at EP 8 (2048 rows, k > n): H100 class, CUTLASS's cooperative tile along N.
       {7168, 4096, 2048, GradType::kFloat32, tma, tma,
        h200_class ? "pingpong_128x128x64_c2x1@N1" : "coop_128x256x64_c2x1@N1"},
