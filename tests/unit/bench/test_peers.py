@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "be
 import deepgemm_impl  # noqa: E402
 import gemm_peer  # noqa: E402
 import interleaved_gemm  # noqa: E402
+import step_peer  # noqa: E402
 
 
 class FakeTorch:
@@ -147,6 +148,49 @@ class DeepGemmPeerTest(unittest.TestCase):
     def test_checked_groups_are_first_middle_last(self):
         self.assertEqual(deepgemm_impl.check_groups(256), [0, 128, 255])
         self.assertEqual(deepgemm_impl.check_groups(1), [0])
+
+
+class StepPeerEngineVariantsTest(unittest.TestCase):
+    """'dropless@VAR=VALUE;...' creates the engine with those variables set, then restores them."""
+
+    def test_split_env_parses_the_suffix(self):
+        self.assertEqual(step_peer.split_env("dropless"), ("dropless", {}))
+        self.assertEqual(step_peer.split_env("dropless-bf16@A=1;B=x=2"),
+                         ("dropless-bf16", {"A": "1", "B": "x=2"}))
+
+    def test_engine_sees_the_variables_and_they_are_restored(self):
+        seen = []
+
+        class FakeStep:
+            engine_ms = 1.5
+
+            def __init__(self, lib, spec):
+                seen.append((os.environ.get("DL_TEST_A"), os.environ.get("DL_TEST_B")))
+
+            def run(self, steps):
+                pass
+
+            def stats(self):
+                return {"peak_mem_bytes": 1, "loss": 0.5}
+
+            def close(self):
+                pass
+
+        ctx = {"torch": None, "device": "cpu", "lib": object()}
+        args = argparse.Namespace(precision="bf16", steps=2)
+        os.environ["DL_TEST_B"] = "before"
+        os.environ.pop("DL_TEST_A", None)
+        try:
+            with mock.patch.object(step_peer, "DroplessStep", FakeStep), \
+                    mock.patch.object(step_peer, "dropless_spec", lambda *a: "spec"), \
+                    mock.patch.object(step_peer, "free", lambda *a: None):
+                meas = step_peer.run_one("dropless@DL_TEST_A=1;DL_TEST_B=2", "qwen3", ctx, args)
+            self.assertEqual(seen, [("1", "2")])
+            self.assertEqual(meas["ms"], 1.5)
+            self.assertNotIn("DL_TEST_A", os.environ)
+            self.assertEqual(os.environ["DL_TEST_B"], "before")
+        finally:
+            os.environ.pop("DL_TEST_B", None)
 
 
 if __name__ == "__main__":
