@@ -41,7 +41,8 @@ Impls (names as in ../shared/docs/BENCH.md):
       void  dl_step_destroy(void* h);
 
   Any dropless impl may carry environment variables for its engine, "dropless@VAR=VALUE;VAR=VALUE"
-  (set while the engine is created): variants of one engine timed in the same rounds.
+  (set while the engine is created, over those the impl's name sets): variants of one engine timed
+  in the same rounds.
   dropless-bf16-moments and dropless-bf16-bf16-moments (opt-in) are dropless and dropless-bf16
   with AdamW's moments stored in bf16 (optimizer.moment_dtype: bf16; the JSON row's moment_dtype);
   dropless-bf16-moments-two-pass-adamw is dropless-bf16-moments with the two passes forced.
@@ -145,8 +146,10 @@ def split_env(name):
     """'dropless@VAR=VALUE[;VAR=VALUE]' -> ('dropless', {VAR: VALUE}): a dropless impl created
     with those environment variables set (engine A/B variants in one process)."""
     base, _, rest = name.partition("@")
-    env = dict(kv.split("=", 1) for kv in rest.split(";") if kv) if rest else {}
-    return base, env
+    pairs = [kv.split("=", 1) for kv in rest.split(";") if kv]
+    if any(len(p) != 2 or not p[0] for p in pairs):
+        raise ValueError(f"{name}: an engine variant is IMPL@VAR=VALUE[;VAR=VALUE]")
+    return base, dict(pairs)
 
 
 def run_one(name, shape, ctx, args):
@@ -410,8 +413,11 @@ def main():
         return
     quantized = [FP8, DROPLESS_BF16] if args.precision != "bf16" else []
     impls = args.impls.split(",") if args.impls else DEFAULT_IMPLS + quantized
-    bad = [i for i in impls if i not in DEFAULT_IMPLS + [FP8]
-           and split_env(i)[0] not in DROPLESS_IMPLS]
+    try:
+        bad = [i for i in impls if i not in DEFAULT_IMPLS + [FP8]
+               and split_env(i)[0] not in DROPLESS_IMPLS]
+    except ValueError as exc:
+        sys.exit(f"--impls: {exc}")
     if bad:
         sys.exit(f"--impls: unknown {','.join(bad)}")
     rows, errors, ceil, ctx = bench(args, list(impls))

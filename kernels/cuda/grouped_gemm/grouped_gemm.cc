@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/cuda/grouped_gemm/grouped_gemm_runner.h"
+#include "kernels/cuda/grouped_gemm/kernel_choice.h"
 
 namespace dropless::kernels {
 namespace grouped_gemm_internal {
@@ -111,15 +112,6 @@ const KernelEntry* FindKernel(GroupedGemmOp op, OutType out, const std::string& 
   return nullptr;
 }
 
-// Peak memory bandwidth from which the fp32 weight gradient keeps the pingpong kernel
-// (DefaultKernel): between the H100's HBM3 (3.35 TB/s) and the H200's HBM3e (4.8 TB/s).
-constexpr double kHighBandwidth = 4.0e12;
-
-// The device's peak memory bandwidth in bytes a second: double data rate over the bus.
-double PeakMemoryBytesPerSecond(int memory_khz, int bus_bits) {
-  return 2.0 * memory_khz * 1e3 * bus_bits / 8.0;
-}
-
 // The shape-class choice, made once at creation, from H200 runs that timed every kernel next to
 // torch._grouped_mm in one process, alternating (bench/results/gemm-h200-20261130-tma-kernels.json,
 // docs/grouped_gemm.md):
@@ -128,24 +120,27 @@ double PeakMemoryBytesPerSecond(int memory_khz, int bus_bits) {
 //   qwen3's 1024-row groups). Reductions of at most 2048 (qwen3; dsv3 w2 forward, where both tie)
 //   take the ping-pong kernel, whose epilogue runs under the other warpgroup's main loop (3-12%
 //   faster there); longer ones (dsv3, mixtral) the cooperative 128x256 tile (5-14% faster than
-//   the ping-pong kernel there: half the operand traffic per FLOP, and the epilogue is a smaller
+//   the ping-pong kernel there: a third fewer operand bytes per FLOP, and the epilogue is a smaller
 //   share of a long tile). The forward's ping-pong rule holds to 1024 rows a group: with 2048
 //   (dsv3 w2 at EP 8) the 128x256 tile read 695 TFLOP/s against 527 on an H100, and tied at 1024
-//   (qwen3 w13: 620 / 611; bench/results/gemm-h100-20261206-bf16-fwd-dgrad-kernels.json);
+//   (qwen3 w13: 620 / 611; bench/results/gemm-h100-20261206-bf16-fwd-dgrad-kernels.json; the
+//   2048-row case was not measured on an H200);
 // - weight gradient to bf16: the fixed-map kernel (+2-17% over the CUTLASS kernels on uniform
 //   groups, +8.5% on mixtral w2's skewed ones; -2 to -4% on qwen3 w2 and mixtral w13 zipf:
 //   bench/results/gemm-h200-20261130-tma-wgrad.json). To fp32 its epilogue (four 64-column
 //   blocks through 16 KiB of shared memory each) is no faster, so the CUTLASS rule stays: small
 //   groups (<= 512 rows, dsv3) give short main loops and the store of the k x n gradient
 //   dominates: the 128x256 cooperative tile there. Above 512 rows the choice follows the
-//   device's memory bandwidth (kHighBandwidth):
+//   device's memory bandwidth (kernel_choice.h, IsHighMemoryBandwidth):
 //   - H200-class: the pingpong kernel (epilogue of one warpgroup under the other's main loop),
 //     its tiles moving along N above 1024 rows a group (3-22% faster than along M on dsv3 at
-//     EP 8 and mixtral on an H100: bench/results/gemm-h100-20261206-bf16-wgrad-raster.json; on
-//     the H200 the 128x256 tiles were within -5..+3% of it, along M, in session 5);
-//   - H100-class (less bandwidth: the 128x128 tiles' operand traffic, twice the 128x256 tiles'
-//     per FLOP, bounds them): 128x256 tiles, 5-36% faster than the pingpong kernel on the six
-//     products of dsv3 at EP 8, mixtral and qwen3 (bench/results/
+//     EP 8 and mixtral on an H100: bench/results/gemm-h100-20261206-bf16-wgrad-raster.json; not
+//     measured on an H200). On the H200 in session 5 (along M, bench/results/
+//     gemm-h200-20261130-tma-wgrad-fp32.json) the 128x256 tiles were within -5..+3% of it on
+//     uniform groups but 12-18% faster on mixtral w2 with zipf groups: a rule to revisit there;
+//   - H100-class: 128x256 tiles (a third fewer operand bytes per FLOP than 128x128 tiles), 5-36%
+//     faster than the pingpong kernel on the six products of dsv3 at EP 8, mixtral and qwen3
+//     (bench/results/
 //     gemm-h100-20261206-bf16-wgrad-fp32-kernels.json): CUTLASS's cooperative kernel along N
 //     where the gradient has more rows than columns (k > n) above 1024 rows a group (dsv3 w13,
 //     mixtral w2: 650 / 625 TFLOP/s against 596 / 533 for the fixed-map kernel), else the
@@ -194,7 +189,7 @@ class GroupedGemmImpl final : public GroupedGemm {
           "grouped gemm: needs a Hopper (sm_90) device, device ", device, " is sm_", major, "x"));
     }
     if (options_.max_sms > 0) sms = std::min(sms, options_.max_sms);
-    const bool high_bandwidth = PeakMemoryBytesPerSecond(memory_khz, bus_bits) >= kHighBandwidth;
+    const bool high_bandwidth = grouped_gemm_internal::IsHighMemoryBandwidth(memory_khz, bus_bits);
     grouped_gemm_internal::RunnerShape shape{options_.num_groups, options_.k, options_.n,
                                              options_.max_rows, sms};
     const std::string* forced[3] = {&options_.forward_kernel, &options_.backward_data_kernel,

@@ -48,6 +48,21 @@ DROPLESS_KERNELS_HD inline bool PreferWideWeightGradient(int64_t rows_in_long_gr
   return rows > 0 && rows_in_long_groups * 10 >= rows * 9;
 }
 
+// The bf16 weight gradient to fp32 (grouped_gemm.cc, DefaultKernel) takes its tiles by the
+// device's peak memory bandwidth, double data rate over the memory bus (the device's memory clock
+// and bus width): H200-class devices (4.8 TB/s of HBM3e) keep the 128x128 ping-pong kernel, the
+// others (H100 SXM 3.35 TB/s; H100 NVL, H20 and GH200-96GB 3.9-4.0) take 128x256 tiles. The
+// threshold sits in the gap, clear of any part's rounding; a device reporting no memory clock
+// gets the 128x256 tiles.
+inline constexpr double kHighMemoryBandwidth = 4.4e12;
+
+inline double PeakMemoryBytesPerSecond(int memory_khz, int bus_bits) {
+  return 2.0 * memory_khz * 1e3 * bus_bits / 8.0;
+}
+inline bool IsHighMemoryBandwidth(int memory_khz, int bus_bits) {
+  return PeakMemoryBytesPerSecond(memory_khz, bus_bits) >= kHighMemoryBandwidth;
+}
+
 }  // namespace dropless::kernels::grouped_gemm_internal
 
 #endif  // DROPLESS_KERNELS_CUDA_GROUPED_GEMM_KERNEL_CHOICE_H_

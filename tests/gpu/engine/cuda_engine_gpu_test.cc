@@ -138,6 +138,9 @@ struct MatchCase {
   // DROPLESS_MX_CORE for mxfp8: "1" the bf16-core expert GEMMs (the default), "0" the per-32
   // promotion kernels.
   const char* mx_core = "1";
+  // DROPLESS_SERIAL_EXPERT_BACKWARD: "1" the backward's expert GEMMs one at a time (the default),
+  // "0" the weight gradients beside the data gradients.
+  const char* serial_expert_backward = "1";
 };
 
 // The fp8-block precisions need hidden and ffn multiples of 128.
@@ -167,9 +170,11 @@ TEST_P(CudaMatchesCpu, LossAndGradientsOfOneStep) {
   Engines cpu = MakeCpu(reference);
   setenv("DROPLESS_FUSED_EXPERT_ADAMW", mc.fused_expert_adamw, 1);
   setenv("DROPLESS_MX_CORE", mc.mx_core, 1);
+  setenv("DROPLESS_SERIAL_EXPERT_BACKWARD", mc.serial_expert_backward, 1);
   std::unique_ptr<Engine> gpu = MakeCuda(c);
   unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
   unsetenv("DROPLESS_MX_CORE");
+  unsetenv("DROPLESS_SERIAL_EXPERT_BACKWARD");
   ASSERT_TRUE(cpu.engine && gpu);
   ASSERT_TRUE(cpu.engine->SaveCheckpoint(Dir("cpu0")).ok());
   ASSERT_TRUE(gpu->SaveCheckpoint(Dir("gpu0")).ok());
@@ -224,19 +229,24 @@ TEST_P(CudaMatchesCpu, LossAndGradientsOfOneStep) {
 // precisions quantize the same operands to e4m3 (hidden 256, ffn 128) and get MXFP8's bounds.
 INSTANTIATE_TEST_SUITE_P(
     Precisions, CudaMatchesCpu,
-    ::testing::Values(MatchCase{"bf16_softmax", Precision::kBf16, RouterKind::kSoftmax, 0.02, 0.05},
-                      MatchCase{"bf16_sigmoid", Precision::kBf16, RouterKind::kSigmoid, 0.02, 0.05},
-                      // The routed experts' AdamW in their weight-gradient GEMM's epilogue.
-                      MatchCase{"bf16_fused_adamw", Precision::kBf16, RouterKind::kSoftmax, 0.02,
-                                0.05, "1"},
-                      MatchCase{"mxfp8_softmax", Precision::kMxfp8, RouterKind::kSoftmax, 0.05, 0.3},
-                      // The per-32 promotion kernels instead of the bf16-core ones.
-                      MatchCase{"mxfp8_promotion", Precision::kMxfp8, RouterKind::kSoftmax, 0.05,
-                                0.3, "0", "0"},
-                      MatchCase{"fp8_block", Precision::kFp8Block, RouterKind::kSigmoid, 0.05,
-                                0.3},
-                      MatchCase{"fp8_block_wgrad128", Precision::kFp8BlockWgrad128,
-                                RouterKind::kSigmoid, 0.05, 0.3}),
+    ::testing::Values(
+        MatchCase{"bf16_softmax", Precision::kBf16, RouterKind::kSoftmax, 0.02, 0.05},
+        MatchCase{"bf16_sigmoid", Precision::kBf16, RouterKind::kSigmoid, 0.02, 0.05},
+        // The routed experts' AdamW in their weight-gradient GEMM's epilogue.
+        MatchCase{"bf16_fused_adamw", Precision::kBf16, RouterKind::kSoftmax, 0.02, 0.05, "1"},
+        // The weight gradients beside the data gradients (two passes, fused).
+        MatchCase{"bf16_side_by_side", Precision::kBf16, RouterKind::kSoftmax, 0.02, 0.05, "0", "1",
+                  "0"},
+        MatchCase{"bf16_fused_adamw_side_by_side", Precision::kBf16, RouterKind::kSoftmax, 0.02,
+                  0.05, "1", "1", "0"},
+        MatchCase{"fp8_block_side_by_side", Precision::kFp8Block, RouterKind::kSigmoid, 0.05, 0.3,
+                  "0", "1", "0"},
+        MatchCase{"mxfp8_softmax", Precision::kMxfp8, RouterKind::kSoftmax, 0.05, 0.3},
+        // The per-32 promotion kernels instead of the bf16-core ones.
+        MatchCase{"mxfp8_promotion", Precision::kMxfp8, RouterKind::kSoftmax, 0.05, 0.3, "0", "0"},
+        MatchCase{"fp8_block", Precision::kFp8Block, RouterKind::kSigmoid, 0.05, 0.3},
+        MatchCase{"fp8_block_wgrad128", Precision::kFp8BlockWgrad128, RouterKind::kSigmoid, 0.05,
+                  0.3}),
     [](const ::testing::TestParamInfo<MatchCase>& info) { return std::string(info.param.name); });
 
 // The fused update keeps each tile's gradient in registers: the engine allocates no gradient for

@@ -85,10 +85,13 @@ TEST(EngineSetup, BackwardExpertGemmsRunOneAtATime) {
     EXPECT_TRUE(
         cuda_engine::RunsExpertBackwardOneGemmAtATime(Layer(8192, 4096, 14336, 8, 2, 1, p)));
   }
-  // With overlap, in its chunks, side by side.
+  // With overlap, in its chunks, side by side; with one local expert there is one chunk.
   EngineConfig overlap = Layer(8192, 4096, 14336, 8, 2, 1, Precision::kBf16);
   overlap.overlap = true;
   EXPECT_FALSE(cuda_engine::RunsExpertBackwardOneGemmAtATime(overlap));
+  EngineConfig one_expert = Layer(8192, 4096, 14336, 8, 2, 8, Precision::kBf16);
+  one_expert.overlap = true;
+  EXPECT_TRUE(cuda_engine::RunsExpertBackwardOneGemmAtATime(one_expert));
   setenv("DROPLESS_SERIAL_EXPERT_BACKWARD", "0", 1);
   EXPECT_FALSE(cuda_engine::RunsExpertBackwardOneGemmAtATime(
       Layer(8192, 4096, 14336, 8, 2, 1, Precision::kBf16)));

@@ -371,8 +371,9 @@ TEST_F(GroupedGemmTest, DefaultKernelsFollowTheShapeRules) {
   int khz = 0, bits = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, 0), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, 0), cudaSuccess);
-  const bool h200_class = 2.0 * khz * 1e3 * bits / 8 >= 4.0e12;
-  std::printf("peak memory bandwidth %.2f TB/s: %s rules\n", 2.0 * khz * 1e3 * bits / 8 / 1e12,
+  const bool h200_class = grouped_gemm_internal::IsHighMemoryBandwidth(khz, bits);
+  std::printf("peak memory bandwidth %.2f TB/s: %s rules\n",
+              grouped_gemm_internal::PeakMemoryBytesPerSecond(khz, bits) / 1e12,
               h200_class ? "H200-class" : "H100-class");
   struct Case {
     int k, n;
@@ -390,7 +391,8 @@ TEST_F(GroupedGemmTest, DefaultKernelsFollowTheShapeRules) {
       {7168, 4096, 256, GradType::kFloat32, tma, tma, "coop_128x256x64_c2x1"},
       // dsv3 w2: the forward reduces over 2048 (ping-pong), the data gradient over 7168.
       {2048, 7168, 256, GradType::kFloat32, pp, tma, "coop_128x256x64_c2x1"},
-      // qwen3 w13 / w2: short reductions: ping-pong; to fp32, 1024-row groups: CUTLASS pingpong.
+      // qwen3 w13 / w2: short reductions: ping-pong; to fp32, 1024-row groups: CUTLASS pingpong
+      // (H200 class) or the fixed-map kernel.
       {2048, 1536, 1024, GradType::kBFloat16, pp, pp, tma},
       {768, 2048, 1024, GradType::kFloat32, pp, pp, h200_class ? "pingpong_128x128x64_c2x1" : tma},
       // mixtral w13: 2048-row groups to fp32: the pingpong kernel with its tiles along N, or
@@ -398,7 +400,7 @@ TEST_F(GroupedGemmTest, DefaultKernelsFollowTheShapeRules) {
       {4096, 28672, 2048, GradType::kBFloat16, tma, tma, tma},
       {4096, 28672, 2048, GradType::kFloat32, tma, tma,
        h200_class ? "pingpong_128x128x64_c2x1@N1" : tma},
-      // dsv3 w2 at EP 8: a 2048-long reduction over 2048-row groups: the 128x256 tile.
+      // dsv3 w2 at EP 8: a 2048-long forward reduction over 2048-row groups: the 128x256 tile.
       {2048, 7168, 2048, GradType::kFloat32, tma, tma,
        h200_class ? "pingpong_128x128x64_c2x1@N1" : tma},
       // dsv3 w13 at EP 8 (2048 rows, k > n): H100 class, CUTLASS's cooperative tile along N.

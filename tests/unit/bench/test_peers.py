@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU checks of the benchmark peers' own logic (bench/peers/): the group sizes the same-process
 comparison builds, its alternating rounds, the --ops / --cooldown-ms flags of gemm_peer.py and
-the DeepGEMM peer's skip reasons and padded layout.
+the DeepGEMM peer's skip reasons and padded layout, and step_peer.py's engine variants.
 A fake torch stands in for the GPU: these test the scripts, not torch."""
 import argparse
 import os
@@ -157,6 +157,9 @@ class StepPeerEngineVariantsTest(unittest.TestCase):
         self.assertEqual(step_peer.split_env("dropless"), ("dropless", {}))
         self.assertEqual(step_peer.split_env("dropless-bf16@A=1;B=x=2"),
                          ("dropless-bf16", {"A": "1", "B": "x=2"}))
+        for bad in ("dropless@FOO", "dropless@=1"):
+            with self.assertRaisesRegex(ValueError, "IMPL@VAR=VALUE"):
+                step_peer.split_env(bad)
 
     def test_engine_sees_the_variables_and_they_are_restored(self):
         seen = []

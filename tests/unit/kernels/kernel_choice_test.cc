@@ -105,5 +105,16 @@ TEST(WeightGradientChoice, ThresholdAndEmptyCalls) {
   EXPECT_FALSE(ChooseWide({40, 300, 0, 7, 600, 129}));
 }
 
+// The fp32 weight gradient's device classes, from the memory clock (kHz) and bus width (bits)
+// that the devices report.
+TEST(MemoryBandwidthClass, HopperPartsFallOnTheirSideOfTheGap) {
+  EXPECT_NEAR(PeakMemoryBytesPerSecond(2619000, 5120), 3.352e12, 1e9);  // H100 SXM, HBM3
+  EXPECT_FALSE(IsHighMemoryBandwidth(2619000, 5120));
+  EXPECT_NEAR(PeakMemoryBytesPerSecond(3201000, 6144), 4.917e12, 1e9);  // H200, HBM3e
+  EXPECT_TRUE(IsHighMemoryBandwidth(3201000, 6144));
+  EXPECT_FALSE(IsHighMemoryBandwidth(2619000, 6144));  // 4.0 TB/s parts (H100 NVL, GH200-96GB)
+  EXPECT_FALSE(IsHighMemoryBandwidth(0, 6144));        // no clock reported
+}
+
 }  // namespace
 }  // namespace dropless::kernels::grouped_gemm_internal

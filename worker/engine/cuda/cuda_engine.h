@@ -37,8 +37,9 @@ bool FusesExpertUpdate(const EngineConfig& config);
 // DROPLESS_MX_CORE=0 keeps the per-32 promotion kernels).
 bool UsesMxCore(const EngineConfig& config);
 // Whether the backward's expert GEMMs run one at a time for `config` (LayerDims::
-// serial_expert_backward: without overlap; DROPLESS_SERIAL_EXPERT_BACKWARD=0 puts them side by
-// side), as the engine decides it at creation. Needs no GPU.
+// serial_expert_backward: without overlap's chunks, so also with overlap and one local expert;
+// DROPLESS_SERIAL_EXPERT_BACKWARD=0 puts them side by side), as the engine decides it at
+// creation. Needs no GPU.
 bool RunsExpertBackwardOneGemmAtATime(const EngineConfig& config);
 
 // Measurements beyond StepStats, for dropless-bench.

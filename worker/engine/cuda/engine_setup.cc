@@ -127,7 +127,9 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
 
 namespace {
 
-// LayerDimsOf without the device query (overlap's SM count), which bears on no other field.
+// LayerDimsOf without the device query (overlap's SM count), for the host-side answers below
+// that do not depend on overlap (overlap_chunks and serial_expert_backward do: see
+// RunsExpertBackwardOneGemmAtATime).
 absl::StatusOr<LayerDims> HostLayerDims(const EngineConfig& config) {
   EngineConfig c = config;
   c.overlap = false;

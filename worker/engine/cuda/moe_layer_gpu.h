@@ -17,9 +17,10 @@
 // next (or previous) chunk's rows on the `comm` stream.
 //
 // Streams: `main` carries the routed path; `side` runs the shared experts beside it (and, in
-// backward, the router's backward); `wgrad` runs the weight-gradient GEMMs beside the data
-// gradients. Every call ends with side and wgrad joined into main, so successive layers may reuse
-// the scratch buffers. Nothing here synchronizes with the host: group sizes stay on the device.
+// backward, the router's backward); `wgrad` runs the weight-gradient GEMMs, beside the data
+// gradients in overlap's chunks, else in turn with them (LayerDims::serial_expert_backward). Every
+// call ends with side and wgrad joined into main, so successive layers may reuse the scratch
+// buffers. Nothing here synchronizes with the host: group sizes stay on the device.
 #ifndef DROPLESS_WORKER_ENGINE_CUDA_MOE_LAYER_GPU_H_
 #define DROPLESS_WORKER_ENGINE_CUDA_MOE_LAYER_GPU_H_
 
@@ -77,7 +78,7 @@ struct LayerDims {
   // Each expert weight's data- and weight-gradient GEMMs run one after the other, and w1's after
   // w2's, instead of beside each other on the main and wgrad streams (without overlap's chunks;
   // LayerDimsOf). Two persistent GEMMs side by side split the multiprocessors and the L2 between
-  // them: on an H100 the mixtral bf16 step was 10% slower with them side by side (docs/
+  // them: on an H100 the mixtral bf16 step was 8.4% slower with them side by side (docs/
   // architecture.md, "Backward order of the expert GEMMs").
   bool serial_expert_backward = false;
   // The routed experts' AdamW runs in the epilogue of their weight-gradient GEMM
@@ -319,10 +320,12 @@ class MoeLayerGpu {
                                const LayerStreams& s, const LayerOptimizerHooks& hooks);
   // BackwardExperts in parts, for overlap's chunks. W2Data: w2's data gradient of a run (its
   // output gradient quantized row-wise first in mxfp8 / fp8-block; for every expert at once also
-  // column-wise, the weight gradient starting beside it). Middle, once every run's W2Data is
-  // queued: w2's weight gradient and hook, SwiGLU's backward, w1's operands and weight gradient.
-  // W1Data: w1's data gradient of a run. End: w1's hook. With fused_expert_adamw each weight
-  // gradient waits for every data gradient of its weight, and w1's moves to End.
+  // column-wise, the weight gradient starting beside it unless serial_expert_backward). Middle,
+  // once every run's W2Data is queued: w2's weight gradient (after the data gradients when
+  // serial) and hook, SwiGLU's backward, w1's operands and weight gradient. W1Data: w1's data
+  // gradient of a run (when serial, after the weight gradients queued before it). End: w1's
+  // hook. With fused_expert_adamw each weight gradient waits for every data gradient of its
+  // weight, and w1's moves to End.
   absl::Status BackwardW2Data(const LayerWeights& w, const LayerGrads& grads, LocalExperts run,
                               const LayerStreams& s);
   absl::Status BackwardExpertsMiddle(const LayerWeights& w, const LayerGrads& grads,

@@ -19,12 +19,13 @@
 // offsets: device int32 [num_groups + 1], non-decreasing; offsets[0] is 0, or for Forward and
 // BackwardData a run of a larger grouping's groups (offsets + first with W at its expert first):
 // rows before offsets[0] are then neither read nor written. Values are clamped to
-// [0, max_rows] on the device (a corrupt plan cannot make the kernel read past the buffers). Rows at
-// or past offsets[num_groups] of Y / dX are left untouched.
+// [0, max_rows] on the device (a corrupt plan cannot make the kernel read past the buffers). Rows
+// at or past offsets[num_groups] of Y / dX are left untouched.
 //
 // A GroupedGemm picks one kernel (tile shape, schedule) per product when it is created, from the
-// shape class (expected rows per group, k, n); the forward's and some data gradients' kernel is a
-// pair of cluster shapes chosen on the device per call from the offsets. Calls do no host work
+// shape class (expected rows per group, k, n) and, for the fp32 weight gradient, the device's
+// peak memory bandwidth (docs/grouped_gemm.md, "Defaults"); the pair of cluster shapes, chosen
+// on the device per call from the offsets, runs where a caller names it. Calls do no host work
 // beyond launching: one or two small kernels and the GEMM (the pair: three small kernels and two
 // GEMMs, the one not chosen finding no tile). Calls of
 // the same product on one object must be ordered on one stream (each product owns the device
