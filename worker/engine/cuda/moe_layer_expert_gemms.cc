@@ -3,9 +3,11 @@
 // weight's operands, and the forward / data-gradient / weight-gradient products.
 #include <algorithm>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "dropless/kernels/fp8_block.h"
 #include "dropless/kernels/mxfp8.h"
@@ -100,6 +102,35 @@ absl::Status LayerKernels::CreateExpertGemms(int groups, ExpertGemms* out) const
     }
   }
   return absl::OkStatus();
+}
+
+std::string LayerKernels::ExpertGemmKernels() const {
+  const auto it = expert_gemms_.find(dims_.local_experts());
+  if (it == expert_gemms_.end()) return "";
+  const ExpertGemms& g = it->second;
+  std::string out;
+  for (int product = 0; product < 2; ++product) {
+    absl::StrAppend(&out, product == 0 ? "w1 " : "; w2 ");
+    const kernels::GroupedGemm* bf16 = (product == 0 ? g.w1 : g.w2).get();
+    if (dims_.fp8_block()) {
+      // "<forward>+<data gradient>+<weight gradient>"
+      absl::StrAppend(&out, (product == 0 ? g.fb_w1 : g.fb_w2)->KernelName());
+    } else if (dims_.mxfp8()) {
+      const kernels::MxGroupedGemm* mx = (product == 0 ? g.mx_w1 : g.mx_w2).get();
+      absl::StrAppend(&out, dims_.mx_core ? mx->CoreKernelName() : mx->KernelName());
+      if (bf16 != nullptr) {
+        absl::StrAppend(&out, ", weight gradient ",
+                        bf16->KernelName(kernels::GroupedGemmOp::kBackwardWeight));
+      }
+    } else {
+      absl::StrAppend(
+          &out, "forward ", bf16->KernelName(kernels::GroupedGemmOp::kForward), ", data gradient ",
+          bf16->KernelName(kernels::GroupedGemmOp::kBackwardData), ", weight gradient ",
+          dims_.fused_expert_adamw ? std::string("fused with AdamW")
+                                   : bf16->KernelName(kernels::GroupedGemmOp::kBackwardWeight));
+    }
+  }
+  return out;
 }
 
 absl::Status LayerKernels::AllocateQuantizedScratch(DeviceArena* arena) {

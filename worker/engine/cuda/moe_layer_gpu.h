@@ -31,6 +31,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -205,6 +206,10 @@ class LayerKernels {
   // Allocates the precision's two forms of an [E][k][n] weight (none in bf16).
   absl::StatusOr<QuantizedWeight> AllocateQuantizedWeight(int64_t k, int64_t n,
                                                           DeviceArena* arena) const;
+  // The kernels the routed experts' GEMMs over every local expert run, per weight and product
+  // ("w1 forward ..., data gradient ..., weight gradient ...; w2 ..."): the defaults follow the
+  // shapes and the device (docs/grouped_gemm.md), so the engine logs them.
+  std::string ExpertGemmKernels() const;
 
  private:
   friend class MoeLayerGpu;

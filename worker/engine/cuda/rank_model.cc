@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
 #include "worker/engine/cpu/adamw.h"
@@ -152,6 +153,7 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
   absl::StatusOr<std::unique_ptr<LayerKernels>> k = LayerKernels::Create(dims_, arena, dispatcher);
   if (!k.ok()) return k.status();
   kernels_ = *std::move(k);
+  if (rank_ == 0) LogInfo("cuda engine: expert GEMM kernels: " + kernels_->ExpertGemmKernels());
   if (config_.activation_offload) {
     absl::StatusOr<std::unique_ptr<ActivationRing>> ring = ActivationRing::Create(layers(), arena);
     if (!ring.ok()) return ring.status();
