@@ -241,7 +241,9 @@ __global__ void __launch_bounds__(kThreads)
           scaled[e] = __fmul_rn(w, gf[e]);
           dot[j] = __fmaf_rn(gf[e], f[e], dot[j]);
         }
-        d_rows[static_cast<int64_t>(route.slot[j]) * vecs_per_row + c] = detail::Pack8(scaled);
+        if (d_rows != nullptr) {
+          d_rows[static_cast<int64_t>(route.slot[j]) * vecs_per_row + c] = detail::Pack8(scaled);
+        }
       }
     }
   }
@@ -357,8 +359,9 @@ absl::Status UnpermuteCombine(const PermuteShape& shape, const Bf16* rows,
 absl::Status UnpermuteCombineBackward(const PermuteShape& shape, const Bf16* d_y, const Bf16* rows,
                                       const int32_t* slot_of_choice, const float* weights,
                                       Bf16* d_rows, float* d_weights, Stream stream) {
-  if (absl::Status s =
-          CheckBuffers(shape, false, {d_y, rows, slot_of_choice, weights, d_rows, d_weights});
+  // d_rows may be null: the weight gradients only (UnpermuteCombineBackwardFp8Block writes the
+  // row gradients' quantized forms).
+  if (absl::Status s = CheckBuffers(shape, false, {d_y, rows, slot_of_choice, weights, d_weights});
       !s.ok()) {
     return s;
   }

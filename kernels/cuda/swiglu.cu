@@ -1,5 +1,6 @@
 // SwiGLU forward (bf16 and/or row-wise MXFP8 output; bf16 and/or row-wise fp8-block output) and
-// backward (contracts: swiglu.h).
+// backward (bf16 output; or fp8-block row- and column-wise output, d_h never stored) (contracts:
+// swiglu.h).
 // Memory-bound: the rows stream through shared memory in chunks moved by bulk copies
 // (stream_chunks.cuh). Fast exp and division keep the arithmetic under the memory time.
 #include <cuda_runtime.h>
@@ -11,6 +12,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/fp8_block_math.cuh"
+#include "kernels/cuda/fp8_block_tile.cuh"
 #include "kernels/cuda/hopper/bulk_copy.cuh"
 #include "kernels/cuda/hopper/mbarrier.cuh"
 #include "kernels/cuda/stream_chunks.cuh"
@@ -36,6 +38,16 @@ __device__ __forceinline__ int64_t LiveRows(int64_t rows, const int32_t* num_row
 // silu(g) * u with the fast exp and division (a few fp32 ulps from the CPU reference's exact
 // formula g / (1 + exp(-g)); the tests bound the difference at one bf16 ulp).
 __device__ __forceinline__ float Sigmoid(float g) { return __fdividef(1.0f, 1.0f + __expf(-g)); }
+
+// d_gate and d_up of one element (swiglu.h's formulas) in explicit IEEE operations, so that the
+// two backward kernels (bf16 output; fp8-block output) round every step the same way: the
+// operations nvcc's default contraction made of dy * u * s * (1 + g * (1 - s)) and dy * g * s
+// (one fused multiply-add), so the bf16 output keeps its bits.
+__device__ __forceinline__ void SwigluGrad(float g, float u, float dy, float* dg, float* du) {
+  const float s = Sigmoid(g);
+  *dg = __fmul_rn(__fmul_rn(__fmul_rn(dy, u), s), __fmaf_rn(g, __fsub_rn(1.0f, s), 1.0f));
+  *du = __fmul_rn(__fmul_rn(dy, g), s);
+}
 
 __device__ __forceinline__ uint4 SwigluVec(uint4 gate, uint4 up) {
   float g[8], u[8], o[8];
@@ -164,11 +176,7 @@ __global__ void __launch_bounds__(kConsumers + 32)
           detail::Unpack8(in[(2 * r + 1) * vpr + cv], u);
           detail::Unpack8(dy_in[v], dy);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const float s = Sigmoid(g[e]);
-            dg[e] = dy[e] * u[e] * s * (1.0f + g[e] * (1.0f - s));
-            du[e] = dy[e] * g[e] * s;
-          }
+          for (int e = 0; e < 8; ++e) SwigluGrad(g[e], u[e], dy[e], &dg[e], &du[e]);
           o[2 * r * vpr + cv] = detail::Pack8(dg);
           o[(2 * r + 1) * vpr + cv] = detail::Pack8(du);
         }
@@ -222,6 +230,32 @@ __global__ void __launch_bounds__(kFp8BlockThreads)
     if (lane == 0) scales[t] = sc.scale;
   }
 }
+
+// The backward with the fp8-block output: fp8_block_tile.cuh's tile quantizer over d_h [M][2F]
+// whose 16-byte pieces are computed here from h and d_out instead of read (d_h is never stored).
+// A 128-column tile is all gate or all up columns (F % 128 == 0); the gate and up tiles of a row
+// block read the same h and d_out pieces, through L2 for the second.
+struct SwigluGradTiles {
+  const Bf16* h;
+  const Bf16* d_out;
+  int64_t F;
+  __device__ __forceinline__ uint4 Load(int64_t row, int64_t col) const {
+    const bool up = col >= F;
+    const int64_t c = up ? col - F : col;
+    const Bf16* hr = h + row * 2 * F + c;
+    float g[8], u[8], dy[8], o[8];
+    detail::Unpack8(*reinterpret_cast<const uint4*>(hr), g);
+    detail::Unpack8(*reinterpret_cast<const uint4*>(hr + F), u);
+    detail::Unpack8(*reinterpret_cast<const uint4*>(d_out + row * F + c), dy);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      float dg, du;
+      SwigluGrad(g[e], u[e], dy[e], &dg, &du);
+      o[e] = up ? du : dg;
+    }
+    return detail::Pack8(o);
+  }
+};
 
 // Bulk copies need 16-byte aligned addresses: every row and segment is (F % 8 == 0), so only the
 // base pointers can break it.
@@ -302,6 +336,27 @@ absl::Status SwigluBackward(const SwigluShape& shape, const int32_t* num_rows, c
   return streaming::Launch<SwigluBackwardKernel, kConsumers + 32>(
       "SwigluBackwardKernel", streaming::MakePlan(shape.rows, shape.ffn, 6, 4, kBlockBudget, 32),
       stream, h, d_out, num_rows, d_h);
+}
+
+absl::Status SwigluBackwardFp8Block(const SwigluShape& shape, const int32_t* group_offsets,
+                                    int num_groups, const Bf16* h, const Bf16* d_out,
+                                    const Fp8BlockRowwise* rowwise, const Fp8BlockColwise* colwise,
+                                    Fp8ScaleMode mode, Stream stream) {
+  if (absl::Status s = ValidateSwigluShape(shape, false); !s.ok()) return s;
+  if (shape.ffn % kFp8Block != 0) {
+    return absl::InvalidArgumentError("ffn: must be a multiple of 128 for the fp8-block output");
+  }
+  if (shape.ffn > (1 << 28)) return absl::InvalidArgumentError("ffn: too large");
+  if (shape.rows > 0 && (h == nullptr || d_out == nullptr)) {
+    return absl::InvalidArgumentError("h, d_out: must be set");
+  }
+  const Fp8BlockQuantizeShape quantize{shape.rows, 2 * shape.ffn, num_groups, mode};
+  if (absl::Status s = ValidateFp8BlockQuantize(quantize, h, rowwise, colwise); !s.ok()) return s;
+  if (!Aligned16(h) || !Aligned16(d_out)) {
+    return absl::InvalidArgumentError("h, d_out: must be 16-byte aligned");
+  }
+  return fp8_block_tile::LaunchTiles(quantize, SwigluGradTiles{h, d_out, shape.ffn}, group_offsets,
+                                     rowwise, colwise, stream);
 }
 
 }  // namespace dropless::kernels::cuda

@@ -1,18 +1,21 @@
 // fp8-block CUDA kernels against the CPU reference, bit for bit: row-wise, grouped row-wise +
-// column-wise (per column and per 128x128 block) with empty and odd group sizes, special values, both scale modes, the weight blocks
-// in both orientations, a captured graph replayed with new device offsets, and SwiGLU with the
-// fp8-block output against the quantizers applied to its bf16 output.
+// column-wise (per column and per 128x128 block) with empty and odd group sizes, special values,
+// both scale modes, the weight blocks in both orientations, a captured graph replayed with new
+// device offsets, and SwiGLU (forward and backward) and the combine's backward with the fp8-block
+// output against the quantizers applied to their bf16 output.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "dropless/kernels/dispatch_plan.h"
 #include "dropless/kernels/fp8_block.h"
+#include "dropless/kernels/permute.h"
 #include "dropless/kernels/swiglu.h"
 #include "tests/gpu/kernels/gpu_test_util.h"
 #include "tests/unit/kernels/test_data.h"
@@ -254,16 +257,26 @@ TEST_F(Fp8BlockGpu, PermuteAndDequantizeMatchReference) {
       const int64_t rows = tokens * k;
       DeviceArray<Bf16> d_x(x);
       DeviceArray<int32_t> d_slots(slots);
-      DeviceArray<uint8_t> d_data(rows * hidden);
-      DeviceArray<float> d_scales(rows * hidden / kFp8Block);
+      DeviceArray<uint8_t> d_data(rows * hidden), d_data2(rows * hidden);
+      DeviceArray<float> d_scales(rows * hidden / kFp8Block), d_scales2(rows * hidden / kFp8Block);
+      DeviceArray<Bf16> d_permuted(rows * hidden);
       STATUS_ASSERT(cuda::PermuteFp8Block(shape, d_x.get(), d_slots.get(),
-                                          {d_data.get(), d_scales.get()}, mode, nullptr));
+                                          {d_data.get(), d_scales.get()}, mode, nullptr, nullptr));
+      // With the bf16 rows as well: the same quantized rows, and the bf16 rows Permute writes.
+      STATUS_ASSERT(cuda::PermuteFp8Block(shape, d_x.get(), d_slots.get(),
+                                          {d_data2.get(), d_scales2.get()}, mode, d_permuted.get(),
+                                          nullptr));
       auto data = Poisoned<uint8_t>(rows * hidden);
       auto scales = Poisoned<float>(rows * hidden / kFp8Block);
       STATUS_ASSERT(cpu::PermuteFp8Block(shape, x.data(), slots.data(),
                                          {data.data(), scales.data()}, mode));
+      auto permuted = Poisoned<Bf16>(rows * hidden);
+      STATUS_ASSERT(cpu::Permute(shape, x.data(), slots.data(), permuted.data()));
       EXPECT_TRUE(BitEqual(d_data.Download(), data));  // dropped slots stay poisoned in both
       EXPECT_TRUE(BitEqual(d_scales.Download(), scales));
+      EXPECT_TRUE(BitEqual(d_data2.Download(), data));
+      EXPECT_TRUE(BitEqual(d_scales2.Download(), scales));
+      EXPECT_TRUE(BitEqual(d_permuted.Download(), permuted)) << "bf16 rows";
 
       // Dequantize what the reference wrote (every slot written: no poison), the first 90% rows.
       const int32_t live = static_cast<int32_t>(rows * 9 / 10);
@@ -357,6 +370,182 @@ TEST_F(Fp8BlockGpu, SwigluOutputMatchesTheQuantizedBf16Output) {
                                                      {d_data.get(), d_scales.get()},
                                                      Fp8ScaleMode::kFloat32, nullptr);
   EXPECT_NE(s.message().find("ffn"), std::string::npos) << s;
+}
+
+// SwiGLU's backward with the fp8-block output (d_h computed per piece inside the tile quantizer,
+// never stored) equals the quantization of SwigluBackward's bf16 d_h, bit for bit, by the CUDA
+// quantizer and by the CPU reference: row-wise and column-wise (per column and per 128x128 block)
+// over random groups with empty ones and sizes that are not multiples of 128, every untouched byte
+// of the poisoned outputs included.
+TEST_F(Fp8BlockGpu, SwigluBackwardMatchesTheQuantizedBf16Gradient) {
+  struct Case {
+    int64_t rows, ffn;
+    int groups;
+    bool null_offsets;
+  };
+  for (Fp8ScaleMode mode : kModes) {
+    for (const Case& c :
+         {Case{200, 128, 6, false}, Case{1531, 384, 7, false}, Case{4099, 768, 40, false},
+          Case{555, 256, 1, true}, Case{3, 128, 3, false}}) {
+      SCOPED_TRACE(::testing::Message() << c.rows << " x 2*" << c.ffn << " groups " << c.groups
+                                        << " " << ModeName(mode));
+      const int64_t rows = c.rows, cols = 2 * c.ffn;
+      const SwigluShape shape{rows, c.ffn};
+      const std::vector<Bf16> h = testing::RandomBf16(rows * cols, 3.0f);
+      const std::vector<Bf16> d_out = testing::RandomBf16(rows * c.ffn, 2.0f);
+      std::vector<int32_t> offsets =
+          c.null_offsets ? std::vector<int32_t>{0, static_cast<int32_t>(rows)}
+                         : RandomGroupOffsets(c.groups, rows - std::min<int64_t>(5, rows / 2));
+      if (c.groups > 8) {  // a run of empty groups at the end
+        for (int g = c.groups - 6; g <= c.groups; ++g) offsets[g] = offsets[c.groups - 6];
+      }
+      const int64_t padded = Fp8ColwisePaddedRows(rows, c.groups);
+      const Fp8BlockQuantizeShape qshape{rows, cols, c.groups, mode};
+      DeviceArray<Bf16> d_h(h), d_dout(d_out), d_dh(Poisoned<Bf16>(rows * cols));
+      DeviceArray<int32_t> d_offsets(offsets);
+      const int32_t* group_offsets = c.null_offsets ? nullptr : d_offsets.get();
+      // The unfused path: SwiGLU's backward to bf16 over the live rows, then the quantizer.
+      STATUS_ASSERT(cuda::SwigluBackward(shape, d_offsets.get() + c.groups, d_h.get(), d_dout.get(),
+                                         d_dh.get(), nullptr));
+      const std::vector<Bf16> dh = d_dh.Download();
+      for (auto [with_rowwise, scaling] : {std::pair{true, Fp8ColwiseScaling::kPerColumn},
+                                           std::pair{false, Fp8ColwiseScaling::kPerBlock},
+                                           std::pair{true, Fp8ColwiseScaling::kPerBlock}}) {
+        SCOPED_TRACE(scaling == Fp8ColwiseScaling::kPerBlock ? "per 128x128 block" : "per column");
+        struct Outputs {
+          DeviceArray<uint8_t> rdata, cdata;
+          DeviceArray<float> rscales, cscales;
+          DeviceArray<int32_t> poffsets;
+        };
+        auto poisoned = [&] {  // DeviceArray poisons as Poisoned does
+          return Outputs{DeviceArray<uint8_t>(rows * cols), DeviceArray<uint8_t>(cols * padded),
+                         DeviceArray<float>(rows * cols / kFp8Block),
+                         DeviceArray<float>(cols * padded / kFp8Block),
+                         DeviceArray<int32_t>(c.groups + 1)};
+        };
+        Outputs fused = poisoned(), ref = poisoned();
+        auto forms = [&](Outputs& o, Fp8BlockRowwise* rw, Fp8BlockColwise* cw) {
+          *rw = {o.rdata.get(), o.rscales.get()};
+          *cw = {o.cdata.get(), o.cscales.get(), o.poffsets.get(), padded, scaling};
+        };
+        Fp8BlockRowwise f_row, r_row;
+        Fp8BlockColwise f_col, r_col;
+        forms(fused, &f_row, &f_col);
+        forms(ref, &r_row, &r_col);
+        STATUS_ASSERT(cuda::SwigluBackwardFp8Block(shape, group_offsets, c.groups, d_h.get(),
+                                                   d_dout.get(), with_rowwise ? &f_row : nullptr,
+                                                   &f_col, mode, nullptr));
+        STATUS_ASSERT(cuda::QuantizeFp8Block(qshape, d_dh.get(), group_offsets,
+                                             with_rowwise ? &r_row : nullptr, &r_col, nullptr));
+        auto rdata = Poisoned<uint8_t>(rows * cols), cdata = Poisoned<uint8_t>(cols * padded);
+        auto rscales = Poisoned<float>(rows * cols / kFp8Block);
+        auto cscales = Poisoned<float>(cols * padded / kFp8Block);
+        auto poffsets = Poisoned<int32_t>(c.groups + 1);
+        Fp8BlockRowwise cpu_row{rdata.data(), rscales.data()};
+        Fp8BlockColwise cpu_col{cdata.data(), cscales.data(), poffsets.data(), padded, scaling};
+        STATUS_ASSERT(cpu::QuantizeFp8Block(qshape, dh.data(),
+                                            c.null_offsets ? nullptr : offsets.data(),
+                                            with_rowwise ? &cpu_row : nullptr, &cpu_col));
+        EXPECT_TRUE(BitEqual(fused.cdata.Download(), ref.cdata.Download())) << "column-wise data";
+        EXPECT_TRUE(BitEqual(fused.cdata.Download(), cdata)) << "column-wise data (CPU)";
+        EXPECT_TRUE(BitEqual(fused.cscales.Download(), cscales)) << "column-wise scales (CPU)";
+        EXPECT_TRUE(BitEqual(fused.poffsets.Download(), poffsets)) << "padded offsets";
+        EXPECT_TRUE(BitEqual(fused.rdata.Download(), rdata)) << "row-wise data (CPU)";
+        EXPECT_TRUE(BitEqual(fused.rdata.Download(), ref.rdata.Download())) << "row-wise data";
+        EXPECT_TRUE(BitEqual(fused.rscales.Download(), rscales)) << "row-wise scales (CPU)";
+      }
+    }
+  }
+  DeviceArray<Bf16> d_h(256), d_dout(128);
+  DeviceArray<uint8_t> d_data(256);
+  DeviceArray<float> d_scales(2);
+  Fp8BlockRowwise rowwise{d_data.get(), d_scales.get()};
+  absl::Status s = cuda::SwigluBackwardFp8Block({1, 64}, nullptr, 1, d_h.get(), d_dout.get(),
+                                                &rowwise, nullptr, Fp8ScaleMode::kFloat32, nullptr);
+  EXPECT_NE(s.message().find("ffn"), std::string::npos) << s;
+  s = cuda::SwigluBackwardFp8Block({1, 128}, nullptr, 1, d_h.get(), nullptr, &rowwise, nullptr,
+                                   Fp8ScaleMode::kFloat32, nullptr);
+  EXPECT_NE(s.message().find("d_out"), std::string::npos) << s;
+}
+
+// The combine's backward with the fp8-block output (each slot's row gradient gathered from the
+// token rows through choice_of_slot, never stored in bf16) equals the quantization of the bf16
+// d_rows UnpermuteCombineBackward writes, bit for bit, by the CUDA quantizer and by the CPU
+// reference, over a random dispatch plan with skewed and empty experts; UnpermuteCombineBackward
+// without d_rows computes the same weight gradients.
+TEST_F(Fp8BlockGpu, CombineBackwardMatchesTheQuantizedBf16Gradient) {
+  struct Case {
+    int64_t tokens, hidden;
+    int experts, top_k;
+  };
+  for (Fp8ScaleMode mode : kModes) {
+    for (const Case& c : {Case{1, 128, 4, 1}, Case{333, 384, 16, 4}, Case{1024, 1024, 40, 8},
+                          Case{257, 2048, 8, 2}}) {
+      SCOPED_TRACE(::testing::Message() << c.tokens << "x" << c.hidden << " E " << c.experts
+                                        << " k " << c.top_k << " " << ModeName(mode));
+      const int64_t rows = c.tokens * c.top_k, H = c.hidden;
+      const PermuteShape shape{c.tokens, H, c.top_k};
+      // Skewed routing: expert 0 takes about two thirds, the last two experts none.
+      std::vector<int32_t> ids(rows);
+      std::uniform_int_distribution<int> pick(0, 3 * (c.experts - 3) - 1);
+      for (int32_t& id : ids) id = std::max(0, pick(testing::Rng()) - 2 * (c.experts - 3) + 1);
+      if (c.experts <= 4) std::fill(ids.begin(), ids.end(), 0);
+      std::vector<int32_t> offsets(c.experts + 1), slot_of(rows), choice_of(rows);
+      STATUS_ASSERT(cpu::BuildDispatchPlan({c.tokens, c.experts, c.top_k}, ids.data(),
+                                           {offsets.data(), slot_of.data(), choice_of.data()},
+                                           nullptr));
+      std::vector<float> weights(rows);
+      std::uniform_real_distribution<float> gate(0.0f, 1.0f);
+      for (float& w : weights) w = gate(testing::Rng());
+      const std::vector<Bf16> d_y = testing::RandomBf16(c.tokens * H, 2.0f);
+      const std::vector<Bf16> expert_out = testing::RandomBf16(rows * H, 1.0f);
+      DeviceArray<Bf16> dd_y(d_y), d_rows_in(expert_out), d_rows(rows * H);
+      DeviceArray<int32_t> d_offsets(offsets), d_slot(slot_of), d_choice(choice_of);
+      DeviceArray<float> d_weights(weights), d_w_grad(rows), d_w_grad_only(rows);
+      STATUS_ASSERT(cuda::UnpermuteCombineBackward(shape, dd_y.get(), d_rows_in.get(), d_slot.get(),
+                                                   d_weights.get(), d_rows.get(), d_w_grad.get(),
+                                                   nullptr));
+      STATUS_ASSERT(cuda::UnpermuteCombineBackward(shape, dd_y.get(), d_rows_in.get(), d_slot.get(),
+                                                   d_weights.get(), nullptr, d_w_grad_only.get(),
+                                                   nullptr));
+      EXPECT_TRUE(BitEqual(d_w_grad_only.Download(), d_w_grad.Download())) << "weight gradients";
+      const std::vector<Bf16> bf16_rows = d_rows.Download();
+      const int64_t padded = Fp8ColwisePaddedRows(rows, c.experts);
+      const Fp8BlockQuantizeShape qshape{rows, H, c.experts, mode};
+      for (Fp8ColwiseScaling scaling :
+           {Fp8ColwiseScaling::kPerColumn, Fp8ColwiseScaling::kPerBlock}) {
+        DeviceArray<uint8_t> f_rdata(rows * H), f_cdata(H * padded), r_rdata(rows * H),
+            r_cdata(H * padded);
+        DeviceArray<float> f_rscales(rows * H / kFp8Block), f_cscales(H * padded / kFp8Block),
+            r_rscales(rows * H / kFp8Block), r_cscales(H * padded / kFp8Block);
+        DeviceArray<int32_t> f_poffsets(c.experts + 1), r_poffsets(c.experts + 1);
+        Fp8BlockRowwise f_row{f_rdata.get(), f_rscales.get()},
+            r_row{r_rdata.get(), r_rscales.get()};
+        Fp8BlockColwise f_col{f_cdata.get(), f_cscales.get(), f_poffsets.get(), padded, scaling};
+        Fp8BlockColwise r_col{r_cdata.get(), r_cscales.get(), r_poffsets.get(), padded, scaling};
+        STATUS_ASSERT(cuda::UnpermuteCombineBackwardFp8Block(
+            shape, dd_y.get(), d_choice.get(), d_weights.get(), d_offsets.get(), c.experts, &f_row,
+            &f_col, mode, nullptr));
+        STATUS_ASSERT(
+            cuda::QuantizeFp8Block(qshape, d_rows.get(), d_offsets.get(), &r_row, &r_col, nullptr));
+        auto rdata = Poisoned<uint8_t>(rows * H), cdata = Poisoned<uint8_t>(H * padded);
+        auto rscales = Poisoned<float>(rows * H / kFp8Block);
+        auto cscales = Poisoned<float>(H * padded / kFp8Block);
+        auto poffsets = Poisoned<int32_t>(c.experts + 1);
+        Fp8BlockRowwise cpu_row{rdata.data(), rscales.data()};
+        Fp8BlockColwise cpu_col{cdata.data(), cscales.data(), poffsets.data(), padded, scaling};
+        STATUS_ASSERT(
+            cpu::QuantizeFp8Block(qshape, bf16_rows.data(), offsets.data(), &cpu_row, &cpu_col));
+        EXPECT_TRUE(BitEqual(f_rdata.Download(), r_rdata.Download())) << "row-wise data";
+        EXPECT_TRUE(BitEqual(f_rdata.Download(), rdata)) << "row-wise data (CPU)";
+        EXPECT_TRUE(BitEqual(f_rscales.Download(), rscales)) << "row-wise scales (CPU)";
+        EXPECT_TRUE(BitEqual(f_cdata.Download(), r_cdata.Download())) << "column-wise data";
+        EXPECT_TRUE(BitEqual(f_cdata.Download(), cdata)) << "column-wise data (CPU)";
+        EXPECT_TRUE(BitEqual(f_cscales.Download(), cscales)) << "column-wise scales (CPU)";
+        EXPECT_TRUE(BitEqual(f_poffsets.Download(), poffsets)) << "padded offsets";
+      }
+    }
+  }
 }
 
 TEST_F(Fp8BlockGpu, RejectsBadArgumentsNamingTheField) {

@@ -114,6 +114,9 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
   const char* mx_core = std::getenv("DROPLESS_MX_CORE");
   d.mx_core = d.precision == Precision::kMxfp8 && d.hidden % 64 == 0 && d.ffn % 64 == 0 &&
               (mx_core == nullptr || std::strcmp(mx_core, "0") != 0);
+  const char* fused_quantizers = std::getenv("DROPLESS_FP8_BLOCK_FUSED_QUANTIZERS");
+  d.fp8_block_fused_quantizers =
+      d.fp8_block() && (fused_quantizers == nullptr || std::strcmp(fused_quantizers, "0") != 0);
   d.overlap_chunks = OverlapChunks(config, d.local_experts());
   d.serial_expert_backward = SerialExpertBackward(d.overlap_chunks);
   if (config.overlap) {

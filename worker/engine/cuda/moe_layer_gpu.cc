@@ -112,9 +112,15 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
   if (d.recompute) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * F, "SwiGLU output (recomputed)", &k->swiglu_scratch_));
   }
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * 2 * F, "w1 output gradient", &k->d_h_));
+  if (!d.fp8_block_fused_quantizers) {  // else only its fp8-block forms exist
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * 2 * F, "w1 output gradient", &k->d_h_));
+  }
   if (dispatcher == nullptr) {
-    DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert output gradient", &k->d_out_rows_));
+    // With fp8_block_fused_quantizers only its fp8-block forms exist (the combine's backward
+    // quantizes it: MoeLayerGpu::BackwardCombine).
+    if (!d.fp8_block_fused_quantizers) {
+      DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert output gradient", &k->d_out_rows_));
+    }
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert input gradient", &k->d_rows_));
     k->d_out_send_ = k->d_out_rows_;
     k->d_rows_send_ = k->d_rows_;
@@ -296,10 +302,14 @@ absl::Status MoeLayerGpu::ForwardRoute(const LayerWeights& w, const Bf16* x, con
   if (quantized_tokens() && d.fp8_block()) {
     DROPLESS_RETURN_IF_ERROR(kc::PermuteFp8Block(kernels::PermuteShape{T, H, d.topk}, x,
                                                  slot_of_choice_, k_->fb_send_,
-                                                 kernels::Fp8ScaleMode::kFloat32, s.main));
+                                                 kernels::Fp8ScaleMode::kFloat32, nullptr, s.main));
   } else if (quantized_tokens()) {
     DROPLESS_RETURN_IF_ERROR(kc::PermuteMxfp8(kernels::PermuteShape{T, H, d.topk}, x,
                                               slot_of_choice_, k_->mx_send_, s.main));
+  } else if (d.fp8_block_fused_quantizers) {  // the bf16 rows and w1's row-wise operand
+    DROPLESS_RETURN_IF_ERROR(kc::PermuteFp8Block(kernels::PermuteShape{T, H, d.topk}, x,
+                                                 slot_of_choice_, k_->fb_rows_,
+                                                 kernels::Fp8ScaleMode::kFloat32, rows_, s.main));
   } else {
     DROPLESS_RETURN_IF_ERROR(kc::Permute(kernels::PermuteShape{T, H, d.topk}, x, slot_of_choice_,
                                          rows_, s.main));
@@ -318,13 +328,13 @@ absl::Status MoeLayerGpu::ForwardW1(const LayerWeights& w, LocalExperts run, con
   const int El = d.local_experts();
   const int64_t R = d.recv_rows(), H = d.hidden;
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmForward, s.main));
-  // Without an exchange the permuted bf16 rows are quantized here (with one, they travel
-  // quantized: every run arrives so).
+  // Without an exchange the permuted bf16 rows are quantized here, unless the permute did
+  // (fp8_block_fused_quantizers; with an exchange they travel quantized: every run arrives so).
   if (d.mxfp8() && !quantized_tokens()) {
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, H, El}, recv_rows_,
                                                ExpertOffsets(), &k_->mx_rows_, nullptr, s.main));
   }
-  if (d.fp8_block() && !quantized_tokens()) {
+  if (d.fp8_block() && !quantized_tokens() && !d.fp8_block_fused_quantizers) {
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, H, El},
                                                   recv_rows_, ExpertOffsets(), &k_->fb_rows_,
                                                   nullptr, s.main));

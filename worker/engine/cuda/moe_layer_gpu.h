@@ -94,6 +94,15 @@ struct LayerDims {
   // (kernels::MxColwiseImage); else with per-32 promotion on the fp8 tensor cores. Chosen by
   // LayerDimsOf (mxfp8 only; hidden and ffn multiples of 64; DROPLESS_MX_CORE=0 turns it off).
   bool mx_core = false;
+  // fp8-block: activations quantized by the passes that produce them instead of passes of their
+  // own: SwiGLU's backward writes w1's output gradient in its two fp8-block forms
+  // (kernels::cuda::SwigluBackwardFp8Block; its bf16 form is neither stored nor allocated), and
+  // without an exchange the permute writes w1's row-wise operand beside the bf16 rows
+  // (PermuteFp8Block) and the combine's backward w2's output gradient in both forms
+  // (UnpermuteCombineBackwardFp8Block; its bf16 form is neither stored nor allocated). Chosen by
+  // LayerDimsOf (DROPLESS_FP8_BLOCK_FUSED_QUANTIZERS=0 keeps the separate quantization passes, for
+  // A/B runs).
+  bool fp8_block_fused_quantizers = false;
 
   bool mxfp8() const { return precision == Precision::kMxfp8; }
   bool fp8_block() const { return IsFp8Block(precision); }

@@ -87,11 +87,19 @@ absl::Status MoeLayerGpu::BackwardCombine(const LayerWeights& w, const Bf16* x,
   }
   // Combine backward: gate gradients and the expert outputs' gradients.
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kCombine, s.main));
-  DROPLESS_RETURN_IF_ERROR(kc::UnpermuteCombineBackward(kernels::PermuteShape{T, H, d.topk},
-                                                        d_x_next, out_send_, slot_of_choice_,
-                                                        gates_, k.d_out_send_, k.d_weights_,
-                                                        s.main));
+  // Without an exchange, fp8-block quantizes the expert outputs' gradients from d_x_next directly
+  // (both forms, every expert: BackwardW2Data's operands) and the combine writes no bf16 copy.
+  const bool quantize_here = d.fp8_block_fused_quantizers && !k.exchange();
+  DROPLESS_RETURN_IF_ERROR(kc::UnpermuteCombineBackward(
+      kernels::PermuteShape{T, H, d.topk}, d_x_next, out_send_, slot_of_choice_, gates_,
+      quantize_here ? nullptr : k.d_out_send_, k.d_weights_, s.main));
   DROPLESS_RETURN_IF_ERROR(End(s, PhaseTimer::kCombine, s.main));
+  if (quantize_here) {
+    const ExpertOperands w2 = W2(w, grads);
+    DROPLESS_RETURN_IF_ERROR(kc::UnpermuteCombineBackwardFp8Block(
+        kernels::PermuteShape{T, H, d.topk}, d_x_next, choice_of_slot_, gates_, ExpertOffsets(),
+        d.local_experts(), w2.dy_fb, w2.dy_fb_col, kernels::Fp8ScaleMode::kFloat32, s.main));
+  }
 
   // Router backward on the side stream once the gate gradients exist; the aux loss's gradient
   // uses the group's counts over the group's tokens (RoutingShape's aux_tokens).
@@ -175,7 +183,7 @@ absl::Status MoeLayerGpu::BackwardW2Data(const LayerWeights& w, const LayerGrads
                                                offsets, o.dy_mx, whole ? o.dy_col : nullptr,
                                                s.main));
   }
-  if (d.fp8_block()) {
+  if (d.fp8_block() && !(d.fp8_block_fused_quantizers && !k_->exchange())) {  // else done
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, H, groups},
                                                   o.dy, offsets, o.dy_fb,
                                                   whole ? o.dy_fb_col : nullptr, s.main));
@@ -207,15 +215,22 @@ absl::Status MoeLayerGpu::BackwardExpertsMiddle(const LayerWeights& w, const Lay
   DROPLESS_RETURN_IF_ERROR(WeightGradient(W2(w, grads), F, H, /*dy_colwise=*/chunked, s));
   // w2's gradient is complete and no later work reads its working copy: its update can start.
   DROPLESS_RETURN_IF_ERROR(RunHook(hooks.experts_w2, s, {s.main, s.wgrad}));
-  DROPLESS_RETURN_IF_ERROR(kc::SwigluBackward(kernels::SwigluShape{R, F}, live_rows, h_, k.d_a_,
-                                              k.d_h_, s.main));
-  // w1's output gradient in both forms over every expert (SwiGLU's backward is one pass).
+  // w1's output gradient in both forms over every expert (SwiGLU's backward is one pass; for
+  // fp8-block the pass that writes them, without a bf16 form).
   const ExpertOperands w1 = W1(w, grads);
+  if (d.fp8_block_fused_quantizers) {
+    DROPLESS_RETURN_IF_ERROR(kc::SwigluBackwardFp8Block(kernels::SwigluShape{R, F}, ExpertOffsets(),
+                                                        El, h_, k.d_a_, w1.dy_fb, w1.dy_fb_col,
+                                                        kernels::Fp8ScaleMode::kFloat32, s.main));
+  } else {
+    DROPLESS_RETURN_IF_ERROR(
+        kc::SwigluBackward(kernels::SwigluShape{R, F}, live_rows, h_, k.d_a_, k.d_h_, s.main));
+  }
   if (d.mxfp8()) {
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeMxfp8(kernels::MxQuantizeShape{R, 2 * F, El}, w1.dy,
                                                ExpertOffsets(), w1.dy_mx, w1.dy_col, s.main));
   }
-  if (d.fp8_block()) {
+  if (d.fp8_block() && !d.fp8_block_fused_quantizers) {
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, 2 * F, El},
                                                   w1.dy, ExpertOffsets(), w1.dy_fb, w1.dy_fb_col,
                                                   s.main));

@@ -185,9 +185,22 @@ absl::Status DequantizeFp8BlockRowwise(int64_t rows, int64_t cols, const int32_t
                                        const uint8_t* data, const float* scales, Bf16* out,
                                        Stream stream);
 
+// permuted (may be null): also the bf16 rows, as Permute writes them, from the same read of x.
 absl::Status PermuteFp8Block(const PermuteShape& shape, const Bf16* x,
                              const int32_t* slot_of_choice, const Fp8BlockRowwise& rows,
-                             Fp8ScaleMode mode, Stream stream);
+                             Fp8ScaleMode mode, Bf16* permuted, Stream stream);
+
+// The combine's row gradient (permute.h's UnpermuteCombineBackward: d_rows[slot(t, j)] =
+// w[t][j] * d_y[t], T*k rows of H) in fp8-block form only, never stored in bf16: rowwise and/or
+// colwise exactly as QuantizeFp8Block({T*k, H, num_groups, mode}, d_rows, group_offsets, ...)
+// writes them, each row gathered from d_y through the dispatch plan's choice_of_slot. Every slot
+// inside the groups must hold a choice (a dropless plan's slots below expert_offsets[E]).
+absl::Status UnpermuteCombineBackwardFp8Block(const PermuteShape& shape, const Bf16* d_y,
+                                              const int32_t* choice_of_slot, const float* weights,
+                                              const int32_t* group_offsets, int num_groups,
+                                              const Fp8BlockRowwise* rowwise,
+                                              const Fp8BlockColwise* colwise, Fp8ScaleMode mode,
+                                              Stream stream);
 
 // AdamW (adamw_update.h) of an [E][k][n] fp32 weight (param, grad: 16-byte aligned; the moments
 // fp32 or bf16, aligned to four elements) fused with its quantization into `out`: the same bits as

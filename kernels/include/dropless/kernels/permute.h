@@ -1,5 +1,5 @@
-// Permute (tokens -> expert-contiguous rows) and unpermute + weighted combine (rows -> tokens), with
-// their backward passes. The slot map is the dispatch plan's slot_of_choice [T][k] (see
+// Permute (tokens -> expert-contiguous rows) and unpermute + weighted combine (rows -> tokens),
+// with their backward passes. The slot map is the dispatch plan's slot_of_choice [T][k] (see
 // dispatch_plan.h); permuted buffers have T*k rows of H elements, row s = slot s.
 //
 //   Permute                 rows[slot(t,j)]   = x[t]                              bf16
@@ -19,7 +19,9 @@
 // Each kernel reads every token row once and every permuted row once: permute scatters (a token's
 // row is loaded once and stored k times), unpermute gathers. H is a multiple of 8 (16-byte rows
 // chunks), and of 32 for PermuteMxfp8. A slot of -1 (a choice the plan dropped) is skipped: it is
-// neither written nor read (it contributes 0).
+// neither written nor read (it contributes 0). The CUDA UnpermuteCombineBackward takes a null
+// d_rows (the weight gradients only): fp8_block.h's UnpermuteCombineBackwardFp8Block then writes
+// d_rows' fp8-block forms.
 #ifndef DROPLESS_KERNELS_PERMUTE_H_
 #define DROPLESS_KERNELS_PERMUTE_H_
 

@@ -14,6 +14,12 @@
 // out_fb, row-wise fp8-block 1x128 tiles of the same [M][F] (fp8_block.h; F a multiple of 128),
 // likewise from the bf16-rounded values: it equals QuantizeFp8Block's row-wise output of `out`
 // (over the live rows) bit for bit.
+//
+// SwigluBackwardFp8Block (CUDA): the backward's d_h in fp8-block form only, without storing d_h:
+// rowwise (may be null) and colwise (may be null, not both) as QuantizeFp8Block of
+// {rows, 2F, num_groups, mode} writes them from d_h over group_offsets (device, num_groups + 1;
+// null for one group of `rows` rows), bit for bit those of SwigluBackward's d_h (F a multiple of
+// 128). Rows outside the groups are not read.
 #ifndef DROPLESS_KERNELS_SWIGLU_H_
 #define DROPLESS_KERNELS_SWIGLU_H_
 
@@ -62,6 +68,10 @@ absl::Status SwigluForwardFp8Block(const SwigluShape& shape, const int32_t* num_
                                    Fp8ScaleMode mode, Stream stream);
 absl::Status SwigluBackward(const SwigluShape& shape, const int32_t* num_rows, const Bf16* h,
                             const Bf16* d_out, Bf16* d_h, Stream stream);
+absl::Status SwigluBackwardFp8Block(const SwigluShape& shape, const int32_t* group_offsets,
+                                    int num_groups, const Bf16* h, const Bf16* d_out,
+                                    const Fp8BlockRowwise* rowwise, const Fp8BlockColwise* colwise,
+                                    Fp8ScaleMode mode, Stream stream);
 
 }  // namespace cuda
 }  // namespace dropless::kernels
