@@ -132,20 +132,23 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-// The source of UnpermuteCombineBackwardFp8Block: row (slot) s of the combine's row gradient,
-// w[c] * d_y[c / k] for its choice c = choice_of_slot[s], rounded to bf16 as the combine's backward
-// rounds it (permute.h), gathered from the token rows instead of read from a stored copy.
-struct CombineGradTiles {
-  const Bf16* d_y;
+// The source of PermuteFp8BlockGrouped and UnpermuteCombineBackwardFp8Block: row (slot) s is the
+// token row of its choice c = choice_of_slot[s], x[c / k] (Permute's rows), or with weights
+// w[c] * x[c / k] rounded to bf16 as the combine's backward rounds its row gradient (permute.h),
+// gathered from the token rows instead of read from a stored copy.
+struct GatheredTokenTiles {
+  const Bf16* x;
   const int32_t* choice_of_slot;
-  const float* weights;
+  const float* weights;  // null: the rows themselves
   int64_t hidden;
   int top_k;
   __device__ __forceinline__ uint4 Load(int64_t row, int64_t col) const {
     const int32_t choice = choice_of_slot[row];
+    const uint4 v = *reinterpret_cast<const uint4*>(x + (choice / top_k) * hidden + col);
+    if (weights == nullptr) return v;
     const float w = weights[choice];
     float g[8];
-    detail::Unpack8(*reinterpret_cast<const uint4*>(d_y + (choice / top_k) * hidden + col), g);
+    detail::Unpack8(v, g);
 #pragma unroll
     for (int e = 0; e < 8; ++e) g[e] = __fmul_rn(w, g[e]);
     return detail::Pack8(g);
@@ -153,6 +156,25 @@ struct CombineGradTiles {
 };
 
 bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// One launch of the tile quantizer over the T*k slots of `shape`, gathering through the plan.
+absl::Status GatheredTiles(const PermuteShape& shape, const Bf16* x, const int32_t* choice_of_slot,
+                           const float* weights, const int32_t* group_offsets, int num_groups,
+                           const Fp8BlockRowwise* rowwise, const Fp8BlockColwise* colwise,
+                           Fp8ScaleMode mode, cudaStream_t stream) {
+  if (absl::Status s = ValidatePermuteShape(shape, /*mxfp8=*/false); !s.ok()) return s;
+  const int64_t rows = shape.num_tokens * shape.top_k;
+  if (rows > 0 && (x == nullptr || choice_of_slot == nullptr)) {
+    return absl::InvalidArgumentError("x: x and choice_of_slot must be set");
+  }
+  // x stands for the T*k rows it expands to (the validation only checks that it is set).
+  const Fp8BlockQuantizeShape quantize{rows, shape.hidden, num_groups, mode};
+  if (absl::Status s = ValidateFp8BlockQuantize(quantize, x, rowwise, colwise); !s.ok()) return s;
+  if (!Aligned(x, 16)) return absl::InvalidArgumentError("x: must be 16-byte aligned");
+  return fp8_block_tile::LaunchTiles(
+      quantize, GatheredTokenTiles{x, choice_of_slot, weights, shape.hidden, shape.top_k},
+      group_offsets, rowwise, colwise, stream);
+}
 
 }  // namespace
 
@@ -260,24 +282,26 @@ absl::Status PermuteFp8Block(const PermuteShape& shape, const Bf16* x,
   return LaunchStatus("Fp8Block PermuteKernel");
 }
 
+absl::Status PermuteFp8BlockGrouped(const PermuteShape& shape, const Bf16* x,
+                                    const int32_t* choice_of_slot, const int32_t* group_offsets,
+                                    int num_groups, const Fp8BlockRowwise* rowwise,
+                                    const Fp8BlockColwise* colwise, Fp8ScaleMode mode,
+                                    Stream stream) {
+  return GatheredTiles(shape, x, choice_of_slot, nullptr, group_offsets, num_groups, rowwise,
+                       colwise, mode, stream);
+}
+
 absl::Status UnpermuteCombineBackwardFp8Block(const PermuteShape& shape, const Bf16* d_y,
                                               const int32_t* choice_of_slot, const float* weights,
                                               const int32_t* group_offsets, int num_groups,
                                               const Fp8BlockRowwise* rowwise,
                                               const Fp8BlockColwise* colwise, Fp8ScaleMode mode,
                                               Stream stream) {
-  if (absl::Status s = ValidatePermuteShape(shape, /*mxfp8=*/false); !s.ok()) return s;
-  const int64_t rows = shape.num_tokens * shape.top_k;
-  if (rows > 0 && (d_y == nullptr || choice_of_slot == nullptr || weights == nullptr)) {
-    return absl::InvalidArgumentError("d_y: d_y, choice_of_slot and weights must be set");
+  if (shape.num_tokens > 0 && weights == nullptr) {
+    return absl::InvalidArgumentError("weights: is null");
   }
-  // d_y stands for the row gradients it expands to (the validation only checks it is set).
-  const Fp8BlockQuantizeShape quantize{rows, shape.hidden, num_groups, mode};
-  if (absl::Status s = ValidateFp8BlockQuantize(quantize, d_y, rowwise, colwise); !s.ok()) return s;
-  if (!Aligned(d_y, 16)) return absl::InvalidArgumentError("d_y: must be 16-byte aligned");
-  return fp8_block_tile::LaunchTiles(
-      quantize, CombineGradTiles{d_y, choice_of_slot, weights, shape.hidden, shape.top_k},
-      group_offsets, rowwise, colwise, stream);
+  return GatheredTiles(shape, d_y, choice_of_slot, weights, group_offsets, num_groups, rowwise,
+                       colwise, mode, stream);
 }
 
 }  // namespace dropless::kernels::cuda

@@ -372,6 +372,50 @@ TEST_F(Fp8BlockGpu, SwigluOutputMatchesTheQuantizedBf16Output) {
   EXPECT_NE(s.message().find("ffn"), std::string::npos) << s;
 }
 
+// The fp8-block forms of a [rows][cols] matrix in poisoned device buffers.
+struct DeviceForms {
+  DeviceForms(int64_t rows, int64_t cols, int64_t padded, int groups, Fp8ColwiseScaling scaling)
+      : rdata(rows * cols),
+        cdata(cols * padded),
+        rscales(rows * cols / kFp8Block),
+        cscales(cols * padded / kFp8Block),
+        poffsets(groups + 1),
+        row{rdata.get(), rscales.get()},
+        col{cdata.get(), cscales.get(), poffsets.get(), padded, scaling} {}
+  DeviceArray<uint8_t> rdata, cdata;
+  DeviceArray<float> rscales, cscales;
+  DeviceArray<int32_t> poffsets;
+  Fp8BlockRowwise row;
+  Fp8BlockColwise col;
+};
+
+// A fused kernel's forms (`fused`) against the quantizers applied to the bf16 matrix it stands for
+// (`bf16`, device and host copies): the CUDA quantizer's and the CPU reference's, bit for bit,
+// every poisoned byte included.
+void ExpectQuantizedEqual(const DeviceForms& fused, const Fp8BlockQuantizeShape& q,
+                          const DeviceArray<Bf16>& bf16, const std::vector<Bf16>& host_bf16,
+                          const int32_t* d_offsets, const int32_t* offsets, int64_t padded,
+                          Fp8ColwiseScaling scaling, bool with_rowwise) {
+  DeviceForms ref(q.rows, q.cols, padded, q.num_groups, scaling);
+  STATUS_ASSERT(cuda::QuantizeFp8Block(q, bf16.get(), d_offsets, with_rowwise ? &ref.row : nullptr,
+                                       &ref.col, nullptr));
+  auto rdata = Poisoned<uint8_t>(q.rows * q.cols), cdata = Poisoned<uint8_t>(q.cols * padded);
+  auto rscales = Poisoned<float>(q.rows * q.cols / kFp8Block);
+  auto cscales = Poisoned<float>(q.cols * padded / kFp8Block);
+  auto poffsets = Poisoned<int32_t>(q.num_groups + 1);
+  Fp8BlockRowwise cpu_row{rdata.data(), rscales.data()};
+  Fp8BlockColwise cpu_col{cdata.data(), cscales.data(), poffsets.data(), padded, scaling};
+  STATUS_ASSERT(cpu::QuantizeFp8Block(q, host_bf16.data(), offsets,
+                                      with_rowwise ? &cpu_row : nullptr, &cpu_col));
+  EXPECT_TRUE(BitEqual(fused.cdata.Download(), ref.cdata.Download())) << "column-wise data";
+  EXPECT_TRUE(BitEqual(fused.cdata.Download(), cdata)) << "column-wise data (CPU)";
+  EXPECT_TRUE(BitEqual(fused.cscales.Download(), cscales)) << "column-wise scales (CPU)";
+  EXPECT_TRUE(BitEqual(fused.poffsets.Download(), poffsets)) << "padded offsets";
+  EXPECT_TRUE(BitEqual(fused.rdata.Download(), ref.rdata.Download())) << "row-wise data";
+  EXPECT_TRUE(BitEqual(fused.rdata.Download(), rdata)) << "row-wise data (CPU)";
+  EXPECT_TRUE(BitEqual(fused.rscales.Download(), rscales)) << "row-wise scales (CPU)";
+}
+
 // SwiGLU's backward with the fp8-block output (d_h computed per piece inside the tile quantizer,
 // never stored) equals the quantization of SwigluBackward's bf16 d_h, bit for bit, by the CUDA
 // quantizer and by the CPU reference: row-wise and column-wise (per column and per 128x128 block)
@@ -412,47 +456,13 @@ TEST_F(Fp8BlockGpu, SwigluBackwardMatchesTheQuantizedBf16Gradient) {
                                            std::pair{false, Fp8ColwiseScaling::kPerBlock},
                                            std::pair{true, Fp8ColwiseScaling::kPerBlock}}) {
         SCOPED_TRACE(scaling == Fp8ColwiseScaling::kPerBlock ? "per 128x128 block" : "per column");
-        struct Outputs {
-          DeviceArray<uint8_t> rdata, cdata;
-          DeviceArray<float> rscales, cscales;
-          DeviceArray<int32_t> poffsets;
-        };
-        auto poisoned = [&] {  // DeviceArray poisons as Poisoned does
-          return Outputs{DeviceArray<uint8_t>(rows * cols), DeviceArray<uint8_t>(cols * padded),
-                         DeviceArray<float>(rows * cols / kFp8Block),
-                         DeviceArray<float>(cols * padded / kFp8Block),
-                         DeviceArray<int32_t>(c.groups + 1)};
-        };
-        Outputs fused = poisoned(), ref = poisoned();
-        auto forms = [&](Outputs& o, Fp8BlockRowwise* rw, Fp8BlockColwise* cw) {
-          *rw = {o.rdata.get(), o.rscales.get()};
-          *cw = {o.cdata.get(), o.cscales.get(), o.poffsets.get(), padded, scaling};
-        };
-        Fp8BlockRowwise f_row, r_row;
-        Fp8BlockColwise f_col, r_col;
-        forms(fused, &f_row, &f_col);
-        forms(ref, &r_row, &r_col);
-        STATUS_ASSERT(cuda::SwigluBackwardFp8Block(shape, group_offsets, c.groups, d_h.get(),
-                                                   d_dout.get(), with_rowwise ? &f_row : nullptr,
-                                                   &f_col, mode, nullptr));
-        STATUS_ASSERT(cuda::QuantizeFp8Block(qshape, d_dh.get(), group_offsets,
-                                             with_rowwise ? &r_row : nullptr, &r_col, nullptr));
-        auto rdata = Poisoned<uint8_t>(rows * cols), cdata = Poisoned<uint8_t>(cols * padded);
-        auto rscales = Poisoned<float>(rows * cols / kFp8Block);
-        auto cscales = Poisoned<float>(cols * padded / kFp8Block);
-        auto poffsets = Poisoned<int32_t>(c.groups + 1);
-        Fp8BlockRowwise cpu_row{rdata.data(), rscales.data()};
-        Fp8BlockColwise cpu_col{cdata.data(), cscales.data(), poffsets.data(), padded, scaling};
-        STATUS_ASSERT(cpu::QuantizeFp8Block(qshape, dh.data(),
-                                            c.null_offsets ? nullptr : offsets.data(),
-                                            with_rowwise ? &cpu_row : nullptr, &cpu_col));
-        EXPECT_TRUE(BitEqual(fused.cdata.Download(), ref.cdata.Download())) << "column-wise data";
-        EXPECT_TRUE(BitEqual(fused.cdata.Download(), cdata)) << "column-wise data (CPU)";
-        EXPECT_TRUE(BitEqual(fused.cscales.Download(), cscales)) << "column-wise scales (CPU)";
-        EXPECT_TRUE(BitEqual(fused.poffsets.Download(), poffsets)) << "padded offsets";
-        EXPECT_TRUE(BitEqual(fused.rdata.Download(), rdata)) << "row-wise data (CPU)";
-        EXPECT_TRUE(BitEqual(fused.rdata.Download(), ref.rdata.Download())) << "row-wise data";
-        EXPECT_TRUE(BitEqual(fused.rscales.Download(), rscales)) << "row-wise scales (CPU)";
+        DeviceForms fused(rows, cols, padded, c.groups, scaling);
+        STATUS_ASSERT(cuda::SwigluBackwardFp8Block(
+            shape, group_offsets, c.groups, d_h.get(), d_dout.get(),
+            with_rowwise ? &fused.row : nullptr, &fused.col, mode, nullptr));
+        ExpectQuantizedEqual(fused, qshape, d_dh, dh, group_offsets,
+                             c.null_offsets ? nullptr : offsets.data(), padded, scaling,
+                             with_rowwise);
       }
     }
   }
@@ -468,12 +478,12 @@ TEST_F(Fp8BlockGpu, SwigluBackwardMatchesTheQuantizedBf16Gradient) {
   EXPECT_NE(s.message().find("d_out"), std::string::npos) << s;
 }
 
-// The combine's backward with the fp8-block output (each slot's row gradient gathered from the
-// token rows through choice_of_slot, never stored in bf16) equals the quantization of the bf16
-// d_rows UnpermuteCombineBackward writes, bit for bit, by the CUDA quantizer and by the CPU
-// reference, over a random dispatch plan with skewed and empty experts; UnpermuteCombineBackward
-// without d_rows computes the same weight gradients.
-TEST_F(Fp8BlockGpu, CombineBackwardMatchesTheQuantizedBf16Gradient) {
+// The permute's rows and the combine's row gradient with the fp8-block output (each slot's row
+// gathered from the token rows through choice_of_slot, never stored in bf16) equal the quantization
+// of the bf16 rows Permute and UnpermuteCombineBackward write, bit for bit, by the CUDA quantizer
+// and by the CPU reference, over a random dispatch plan with skewed and empty experts;
+// UnpermuteCombineBackward without d_rows computes the same weight gradients.
+TEST_F(Fp8BlockGpu, GatheredRowsMatchTheQuantizedBf16Rows) {
   struct Case {
     int64_t tokens, hidden;
     int experts, top_k;
@@ -497,52 +507,40 @@ TEST_F(Fp8BlockGpu, CombineBackwardMatchesTheQuantizedBf16Gradient) {
       std::vector<float> weights(rows);
       std::uniform_real_distribution<float> gate(0.0f, 1.0f);
       for (float& w : weights) w = gate(testing::Rng());
-      const std::vector<Bf16> d_y = testing::RandomBf16(c.tokens * H, 2.0f);
+      const std::vector<Bf16> x = testing::RandomBf16(c.tokens * H, 2.0f);
       const std::vector<Bf16> expert_out = testing::RandomBf16(rows * H, 1.0f);
-      DeviceArray<Bf16> dd_y(d_y), d_rows_in(expert_out), d_rows(rows * H);
+      DeviceArray<Bf16> d_x(x), d_rows_in(expert_out), d_grad_rows(rows * H), d_perm_rows(rows * H);
       DeviceArray<int32_t> d_offsets(offsets), d_slot(slot_of), d_choice(choice_of);
       DeviceArray<float> d_weights(weights), d_w_grad(rows), d_w_grad_only(rows);
-      STATUS_ASSERT(cuda::UnpermuteCombineBackward(shape, dd_y.get(), d_rows_in.get(), d_slot.get(),
-                                                   d_weights.get(), d_rows.get(), d_w_grad.get(),
-                                                   nullptr));
-      STATUS_ASSERT(cuda::UnpermuteCombineBackward(shape, dd_y.get(), d_rows_in.get(), d_slot.get(),
+      STATUS_ASSERT(cuda::UnpermuteCombineBackward(shape, d_x.get(), d_rows_in.get(), d_slot.get(),
+                                                   d_weights.get(), d_grad_rows.get(),
+                                                   d_w_grad.get(), nullptr));
+      STATUS_ASSERT(cuda::UnpermuteCombineBackward(shape, d_x.get(), d_rows_in.get(), d_slot.get(),
                                                    d_weights.get(), nullptr, d_w_grad_only.get(),
                                                    nullptr));
       EXPECT_TRUE(BitEqual(d_w_grad_only.Download(), d_w_grad.Download())) << "weight gradients";
-      const std::vector<Bf16> bf16_rows = d_rows.Download();
+      STATUS_ASSERT(cuda::Permute(shape, d_x.get(), d_slot.get(), d_perm_rows.get(), nullptr));
       const int64_t padded = Fp8ColwisePaddedRows(rows, c.experts);
       const Fp8BlockQuantizeShape qshape{rows, H, c.experts, mode};
-      for (Fp8ColwiseScaling scaling :
-           {Fp8ColwiseScaling::kPerColumn, Fp8ColwiseScaling::kPerBlock}) {
-        DeviceArray<uint8_t> f_rdata(rows * H), f_cdata(H * padded), r_rdata(rows * H),
-            r_cdata(H * padded);
-        DeviceArray<float> f_rscales(rows * H / kFp8Block), f_cscales(H * padded / kFp8Block),
-            r_rscales(rows * H / kFp8Block), r_cscales(H * padded / kFp8Block);
-        DeviceArray<int32_t> f_poffsets(c.experts + 1), r_poffsets(c.experts + 1);
-        Fp8BlockRowwise f_row{f_rdata.get(), f_rscales.get()},
-            r_row{r_rdata.get(), r_rscales.get()};
-        Fp8BlockColwise f_col{f_cdata.get(), f_cscales.get(), f_poffsets.get(), padded, scaling};
-        Fp8BlockColwise r_col{r_cdata.get(), r_cscales.get(), r_poffsets.get(), padded, scaling};
-        STATUS_ASSERT(cuda::UnpermuteCombineBackwardFp8Block(
-            shape, dd_y.get(), d_choice.get(), d_weights.get(), d_offsets.get(), c.experts, &f_row,
-            &f_col, mode, nullptr));
-        STATUS_ASSERT(
-            cuda::QuantizeFp8Block(qshape, d_rows.get(), d_offsets.get(), &r_row, &r_col, nullptr));
-        auto rdata = Poisoned<uint8_t>(rows * H), cdata = Poisoned<uint8_t>(H * padded);
-        auto rscales = Poisoned<float>(rows * H / kFp8Block);
-        auto cscales = Poisoned<float>(H * padded / kFp8Block);
-        auto poffsets = Poisoned<int32_t>(c.experts + 1);
-        Fp8BlockRowwise cpu_row{rdata.data(), rscales.data()};
-        Fp8BlockColwise cpu_col{cdata.data(), cscales.data(), poffsets.data(), padded, scaling};
-        STATUS_ASSERT(
-            cpu::QuantizeFp8Block(qshape, bf16_rows.data(), offsets.data(), &cpu_row, &cpu_col));
-        EXPECT_TRUE(BitEqual(f_rdata.Download(), r_rdata.Download())) << "row-wise data";
-        EXPECT_TRUE(BitEqual(f_rdata.Download(), rdata)) << "row-wise data (CPU)";
-        EXPECT_TRUE(BitEqual(f_rscales.Download(), rscales)) << "row-wise scales (CPU)";
-        EXPECT_TRUE(BitEqual(f_cdata.Download(), r_cdata.Download())) << "column-wise data";
-        EXPECT_TRUE(BitEqual(f_cdata.Download(), cdata)) << "column-wise data (CPU)";
-        EXPECT_TRUE(BitEqual(f_cscales.Download(), cscales)) << "column-wise scales (CPU)";
-        EXPECT_TRUE(BitEqual(f_poffsets.Download(), poffsets)) << "padded offsets";
+      for (bool combine : {false, true}) {
+        SCOPED_TRACE(combine ? "combine's row gradient" : "permuted rows");
+        const DeviceArray<Bf16>& bf16_rows = combine ? d_grad_rows : d_perm_rows;
+        const std::vector<Bf16> host_rows = bf16_rows.Download();
+        for (Fp8ColwiseScaling scaling :
+             {Fp8ColwiseScaling::kPerColumn, Fp8ColwiseScaling::kPerBlock}) {
+          DeviceForms fused(rows, H, padded, c.experts, scaling);
+          if (combine) {
+            STATUS_ASSERT(cuda::UnpermuteCombineBackwardFp8Block(
+                shape, d_x.get(), d_choice.get(), d_weights.get(), d_offsets.get(), c.experts,
+                &fused.row, &fused.col, mode, nullptr));
+          } else {
+            STATUS_ASSERT(cuda::PermuteFp8BlockGrouped(shape, d_x.get(), d_choice.get(),
+                                                       d_offsets.get(), c.experts, &fused.row,
+                                                       &fused.col, mode, nullptr));
+          }
+          ExpectQuantizedEqual(fused, qshape, bf16_rows, host_rows, d_offsets.get(), offsets.data(),
+                               padded, scaling, /*with_rowwise=*/true);
+        }
       }
     }
   }

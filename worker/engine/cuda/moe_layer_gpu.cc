@@ -164,8 +164,21 @@ absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* k
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk, "slot of choice", &l.slot_of_choice_));
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk, "choice of slot", &l.choice_of_slot_));
   ExpertDispatcher* dispatcher = kernels->dispatcher_;
-  // The permuted rows are kept only when the experts read them in place and are not recomputed.
-  if (kernels->permuted_scratch_ != nullptr) {
+  // The permuted rows are kept only when the experts read them in place and are not recomputed;
+  // in fp8-block, as w1's column-wise operand only.
+  if (kernels->fp8_block_x_colwise_in_forward()) {
+    kernels::Fp8BlockColwise& c = l.fb_col_x_;
+    c.scaling = d.fp8_block_x_scaling();
+    c.padded_rows = kernels->padded_rows_;
+    const int El = d.local_experts();
+    DROPLESS_RETURN_IF_ERROR(
+        saved->Allocate(li, c.padded_rows * H, "permuted rows, column-wise fp8", &c.data));
+    DROPLESS_RETURN_IF_ERROR(saved->Allocate(
+        li, c.padded_rows / kernels::kFp8Block * kernels::Fp8ColwiseScalesPerTile(H, c.scaling),
+        "permuted rows, column-wise scales", &c.scales));
+    DROPLESS_RETURN_IF_ERROR(
+        arena->Allocate(El + 1, "permuted rows, padded offsets", &c.group_offsets));
+  } else if (kernels->permuted_scratch_ != nullptr) {
     l.rows_ = kernels->permuted_scratch_;
   } else {
     DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, Tk * H, "permuted rows", &l.rows_));
@@ -306,6 +319,10 @@ absl::Status MoeLayerGpu::ForwardRoute(const LayerWeights& w, const Bf16* x, con
   } else if (quantized_tokens()) {
     DROPLESS_RETURN_IF_ERROR(kc::PermuteMxfp8(kernels::PermuteShape{T, H, d.topk}, x,
                                               slot_of_choice_, k_->mx_send_, s.main));
+  } else if (k_->fp8_block_x_colwise_in_forward()) {  // w1's operands, both forms
+    DROPLESS_RETURN_IF_ERROR(kc::PermuteFp8BlockGrouped(
+        kernels::PermuteShape{T, H, d.topk}, x, choice_of_slot_, ExpertOffsets(), d.local_experts(),
+        &k_->fb_rows_, &fb_col_x_, kernels::Fp8ScaleMode::kFloat32, s.main));
   } else if (d.fp8_block_fused_quantizers) {  // the bf16 rows and w1's row-wise operand
     DROPLESS_RETURN_IF_ERROR(kc::PermuteFp8Block(kernels::PermuteShape{T, H, d.topk}, x,
                                                  slot_of_choice_, k_->fb_rows_,

@@ -149,15 +149,16 @@ absl::Status MoeLayerGpu::WeightGradient(const ExpertOperands& o, int64_t in_col
                                                  ExpertOffsets(), nullptr, o.dy_col, s.wgrad));
     }
   }
-  if (d.fp8_block()) {
+  // (w1's X column-wise came with the permute: LayerKernels::fp8_block_x_colwise_in_forward.)
+  if (d.fp8_block() && !(o.is_w1 && k_->fp8_block_x_colwise_in_forward())) {
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, in_cols, El},
                                                   o.x, ExpertOffsets(), nullptr, o.x_fb_col,
                                                   s.wgrad));
-    if (dy_colwise) {
-      DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(
-          kernels::Fp8BlockQuantizeShape{R, out_cols, El}, o.dy, ExpertOffsets(), nullptr,
-          o.dy_fb_col, s.wgrad));
-    }
+  }
+  if (d.fp8_block() && dy_colwise) {
+    DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, out_cols, El},
+                                                  o.dy, ExpertOffsets(), nullptr, o.dy_fb_col,
+                                                  s.wgrad));
   }
   DROPLESS_RETURN_IF_ERROR(ExpertBackwardWeight(o, s.wgrad));
   return End(s, PhaseTimer::kGemmWgrad, s.wgrad);

@@ -190,11 +190,20 @@ absl::Status PermuteFp8Block(const PermuteShape& shape, const Bf16* x,
                              const int32_t* slot_of_choice, const Fp8BlockRowwise& rows,
                              Fp8ScaleMode mode, Bf16* permuted, Stream stream);
 
+// The permuted rows (Permute's output: rows[slot(t, j)] = x[t], T*k rows of H) in fp8-block form
+// only, never stored in bf16: rowwise and/or colwise exactly as QuantizeFp8Block({T*k, H,
+// num_groups, mode}, rows, group_offsets, ...) writes them, each row gathered from x through the
+// dispatch plan's choice_of_slot. Every slot inside the groups must hold a choice (a dropless
+// plan's slots below expert_offsets[E]).
+absl::Status PermuteFp8BlockGrouped(const PermuteShape& shape, const Bf16* x,
+                                    const int32_t* choice_of_slot, const int32_t* group_offsets,
+                                    int num_groups, const Fp8BlockRowwise* rowwise,
+                                    const Fp8BlockColwise* colwise, Fp8ScaleMode mode,
+                                    Stream stream);
+
 // The combine's row gradient (permute.h's UnpermuteCombineBackward: d_rows[slot(t, j)] =
 // w[t][j] * d_y[t], T*k rows of H) in fp8-block form only, never stored in bf16: rowwise and/or
-// colwise exactly as QuantizeFp8Block({T*k, H, num_groups, mode}, d_rows, group_offsets, ...)
-// writes them, each row gathered from d_y through the dispatch plan's choice_of_slot. Every slot
-// inside the groups must hold a choice (a dropless plan's slots below expert_offsets[E]).
+// colwise as PermuteFp8BlockGrouped writes the rows', from d_y and the gates.
 absl::Status UnpermuteCombineBackwardFp8Block(const PermuteShape& shape, const Bf16* d_y,
                                               const int32_t* choice_of_slot, const float* weights,
                                               const int32_t* group_offsets, int num_groups,
