@@ -1,6 +1,6 @@
-// SwiGLU forward (bf16 and/or row-wise MXFP8 output; bf16 and/or row-wise fp8-block output) and
-// backward (bf16 output; or fp8-block row- and column-wise output, d_h never stored) (contracts:
-// swiglu.h).
+// SwiGLU forward (bf16 and/or row-wise MXFP8 output; bf16 and/or row-wise fp8-block output; or
+// fp8-block row- and column-wise output, out never stored) and backward (bf16 output; or fp8-block
+// row- and column-wise output, d_h never stored) (contracts: swiglu.h).
 // Memory-bound: the rows stream through shared memory in chunks moved by bulk copies
 // (stream_chunks.cuh). Fast exp and division keep the arithmetic under the memory time.
 #include <cuda_runtime.h>
@@ -235,6 +235,17 @@ __global__ void __launch_bounds__(kFp8BlockThreads)
 // whose 16-byte pieces are computed here from h and d_out instead of read (d_h is never stored).
 // A 128-column tile is all gate or all up columns (F % 128 == 0); the gate and up tiles of a row
 // block read the same h and d_out pieces, through L2 for the second.
+// The forward with the fp8-block output in both forms: the tile quantizer over out [M][F] whose
+// pieces are SwigluVec of h's gate and up pieces (out is never stored).
+struct SwigluTiles {
+  const Bf16* h;
+  int64_t F;
+  __device__ __forceinline__ uint4 Load(int64_t row, int64_t col) const {
+    const Bf16* hr = h + row * 2 * F + col;
+    return SwigluVec(*reinterpret_cast<const uint4*>(hr), *reinterpret_cast<const uint4*>(hr + F));
+  }
+};
+
 struct SwigluGradTiles {
   const Bf16* h;
   const Bf16* d_out;
@@ -336,6 +347,24 @@ absl::Status SwigluBackward(const SwigluShape& shape, const int32_t* num_rows, c
   return streaming::Launch<SwigluBackwardKernel, kConsumers + 32>(
       "SwigluBackwardKernel", streaming::MakePlan(shape.rows, shape.ffn, 6, 4, kBlockBudget, 32),
       stream, h, d_out, num_rows, d_h);
+}
+
+absl::Status SwigluForwardFp8BlockGrouped(const SwigluShape& shape, const int32_t* group_offsets,
+                                          int num_groups, const Bf16* h,
+                                          const Fp8BlockRowwise* rowwise,
+                                          const Fp8BlockColwise* colwise, Fp8ScaleMode mode,
+                                          Stream stream) {
+  if (absl::Status s = ValidateSwigluShape(shape, false); !s.ok()) return s;
+  if (shape.ffn % kFp8Block != 0) {
+    return absl::InvalidArgumentError("ffn: must be a multiple of 128 for the fp8-block output");
+  }
+  if (shape.ffn > (1 << 28)) return absl::InvalidArgumentError("ffn: too large");
+  if (shape.rows > 0 && h == nullptr) return absl::InvalidArgumentError("h: is null");
+  const Fp8BlockQuantizeShape quantize{shape.rows, shape.ffn, num_groups, mode};
+  if (absl::Status s = ValidateFp8BlockQuantize(quantize, h, rowwise, colwise); !s.ok()) return s;
+  if (!Aligned16(h)) return absl::InvalidArgumentError("h: must be 16-byte aligned");
+  return fp8_block_tile::LaunchTiles(quantize, SwigluTiles{h, shape.ffn}, group_offsets, rowwise,
+                                     colwise, stream);
 }
 
 absl::Status SwigluBackwardFp8Block(const SwigluShape& shape, const int32_t* group_offsets,

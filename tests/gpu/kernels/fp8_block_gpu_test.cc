@@ -416,12 +416,12 @@ void ExpectQuantizedEqual(const DeviceForms& fused, const Fp8BlockQuantizeShape&
   EXPECT_TRUE(BitEqual(fused.rscales.Download(), rscales)) << "row-wise scales (CPU)";
 }
 
-// SwiGLU's backward with the fp8-block output (d_h computed per piece inside the tile quantizer,
-// never stored) equals the quantization of SwigluBackward's bf16 d_h, bit for bit, by the CUDA
-// quantizer and by the CPU reference: row-wise and column-wise (per column and per 128x128 block)
-// over random groups with empty ones and sizes that are not multiples of 128, every untouched byte
-// of the poisoned outputs included.
-TEST_F(Fp8BlockGpu, SwigluBackwardMatchesTheQuantizedBf16Gradient) {
+// SwiGLU's forward and backward with the fp8-block output in both forms (out and d_h computed per
+// piece inside the tile quantizer, never stored) equal the quantization of SwigluForward's bf16 out
+// and SwigluBackward's bf16 d_h, bit for bit, by the CUDA quantizer and by the CPU reference:
+// row-wise and column-wise (per column and per 128x128 block) over random groups with empty ones
+// and sizes that are not multiples of 128, every untouched byte of the poisoned outputs included.
+TEST_F(Fp8BlockGpu, SwigluForwardAndBackwardMatchTheQuantizedBf16Outputs) {
   struct Case {
     int64_t rows, ffn;
     int groups;
@@ -452,6 +452,11 @@ TEST_F(Fp8BlockGpu, SwigluBackwardMatchesTheQuantizedBf16Gradient) {
       STATUS_ASSERT(cuda::SwigluBackward(shape, d_offsets.get() + c.groups, d_h.get(), d_dout.get(),
                                          d_dh.get(), nullptr));
       const std::vector<Bf16> dh = d_dh.Download();
+      DeviceArray<Bf16> d_out_bf16(Poisoned<Bf16>(rows * c.ffn));
+      STATUS_ASSERT(cuda::SwigluForward(shape, d_offsets.get() + c.groups, d_h.get(),
+                                        d_out_bf16.get(), nullptr, nullptr));
+      const std::vector<Bf16> out_bf16 = d_out_bf16.Download();
+      const Fp8BlockQuantizeShape fwd_shape{rows, c.ffn, c.groups, mode};
       for (auto [with_rowwise, scaling] : {std::pair{true, Fp8ColwiseScaling::kPerColumn},
                                            std::pair{false, Fp8ColwiseScaling::kPerBlock},
                                            std::pair{true, Fp8ColwiseScaling::kPerBlock}}) {
@@ -461,6 +466,14 @@ TEST_F(Fp8BlockGpu, SwigluBackwardMatchesTheQuantizedBf16Gradient) {
             shape, group_offsets, c.groups, d_h.get(), d_dout.get(),
             with_rowwise ? &fused.row : nullptr, &fused.col, mode, nullptr));
         ExpectQuantizedEqual(fused, qshape, d_dh, dh, group_offsets,
+                             c.null_offsets ? nullptr : offsets.data(), padded, scaling,
+                             with_rowwise);
+        SCOPED_TRACE("forward");
+        DeviceForms forward(rows, c.ffn, padded, c.groups, scaling);
+        STATUS_ASSERT(cuda::SwigluForwardFp8BlockGrouped(shape, group_offsets, c.groups, d_h.get(),
+                                                         with_rowwise ? &forward.row : nullptr,
+                                                         &forward.col, mode, nullptr));
+        ExpectQuantizedEqual(forward, fwd_shape, d_out_bf16, out_bf16, group_offsets,
                              c.null_offsets ? nullptr : offsets.data(), padded, scaling,
                              with_rowwise);
       }

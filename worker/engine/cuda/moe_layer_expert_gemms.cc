@@ -174,11 +174,14 @@ absl::Status LayerKernels::AllocateQuantizedScratch(DeviceArena* arena) {
     DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, H, kernels::kFp8Block, &fb_d_out_));
     DROPLESS_RETURN_IF_ERROR(AllocRowwise(arena, R, 2 * F, kernels::kFp8Block, &fb_d_h_));
     fb_col_rows_.scaling = fb_col_a_.scaling = d.fp8_block_x_scaling();
-    if (!fp8_block_x_colwise_in_forward()) {  // else each layer keeps its own
+    if (!fp8_block_operands_in_forward()) {  // else each layer keeps its own
       DROPLESS_RETURN_IF_ERROR(
           AllocColwise(arena, padded_rows_, H, El, kernels::kFp8Block, &fb_col_rows_));
     }
-    DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, F, El, kernels::kFp8Block, &fb_col_a_));
+    if (!fp8_block_operands_in_forward()) {
+      DROPLESS_RETURN_IF_ERROR(
+          AllocColwise(arena, padded_rows_, F, El, kernels::kFp8Block, &fb_col_a_));
+    }
     DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, H, El, kernels::kFp8Block, &fb_col_d_out_));
     DROPLESS_RETURN_IF_ERROR(AllocColwise(arena, padded_rows_, 2 * F, El, kernels::kFp8Block, &fb_col_d_h_));
   }
@@ -255,7 +258,7 @@ MoeLayerGpu::ExpertOperands MoeLayerGpu::W1(const LayerWeights& w, const LayerGr
   o.x_mx = quantized_tokens() ? &mx_recv_ : &k.mx_rows_;
   o.x_col = &k.col_rows_;
   o.x_fb = quantized_tokens() ? &fb_recv_ : &k.fb_rows_;
-  o.x_fb_col = k.fp8_block_x_colwise_in_forward() ? &fb_col_x_ : &k.fb_col_rows_;
+  o.x_fb_col = k.fp8_block_operands_in_forward() ? &fb_col_x_ : &k.fb_col_rows_;
   o.y = h_;
   o.dy = k.d_h_;
   o.dy_mx = &k.mx_d_h_;
@@ -288,7 +291,7 @@ MoeLayerGpu::ExpertOperands MoeLayerGpu::W2(const LayerWeights& w, const LayerGr
   o.x_mx = &k.mx_a_;
   o.x_col = &k.col_a_;
   o.x_fb = &k.fb_a_;
-  o.x_fb_col = &k.fb_col_a_;
+  o.x_fb_col = k.fp8_block_operands_in_forward() ? &fb_col_a_ : &k.fb_col_a_;
   o.y = out_rows_;
   o.dy = k.d_out_rows_;
   o.dy_mx = &k.mx_d_out_;

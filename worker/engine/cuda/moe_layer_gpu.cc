@@ -165,26 +165,30 @@ absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* k
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk, "choice of slot", &l.choice_of_slot_));
   ExpertDispatcher* dispatcher = kernels->dispatcher_;
   // The permuted rows are kept only when the experts read them in place and are not recomputed;
-  // in fp8-block, as w1's column-wise operand only.
-  if (kernels->fp8_block_x_colwise_in_forward()) {
-    kernels::Fp8BlockColwise& c = l.fb_col_x_;
-    c.scaling = d.fp8_block_x_scaling();
-    c.padded_rows = kernels->padded_rows_;
-    const int El = d.local_experts();
-    DROPLESS_RETURN_IF_ERROR(
-        saved->Allocate(li, c.padded_rows * H, "permuted rows, column-wise fp8", &c.data));
+  // in fp8-block, as w1's column-wise operand only (so is the SwiGLU output, below).
+  const bool operands_in_forward = kernels->fp8_block_operands_in_forward();
+  // A layer's own column-wise fp8-block form of a [R][cols] weight-gradient operand.
+  auto colwise = [&](int64_t cols, const char* what, kernels::Fp8BlockColwise* c) -> absl::Status {
+    c->scaling = d.fp8_block_x_scaling();
+    c->padded_rows = kernels->padded_rows_;
+    DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, c->padded_rows * cols, what, &c->data));
     DROPLESS_RETURN_IF_ERROR(saved->Allocate(
-        li, c.padded_rows / kernels::kFp8Block * kernels::Fp8ColwiseScalesPerTile(H, c.scaling),
-        "permuted rows, column-wise scales", &c.scales));
-    DROPLESS_RETURN_IF_ERROR(
-        arena->Allocate(El + 1, "permuted rows, padded offsets", &c.group_offsets));
+        li,
+        c->padded_rows / kernels::kFp8Block * kernels::Fp8ColwiseScalesPerTile(cols, c->scaling),
+        what, &c->scales));
+    return arena->Allocate(d.local_experts() + 1, what, &c->group_offsets);
+  };
+  if (operands_in_forward) {
+    DROPLESS_RETURN_IF_ERROR(colwise(H, "permuted rows, column-wise fp8-block", &l.fb_col_x_));
   } else if (kernels->permuted_scratch_ != nullptr) {
     l.rows_ = kernels->permuted_scratch_;
   } else {
     DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, Tk * H, "permuted rows", &l.rows_));
   }
   DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, R * 2 * F, "w1 output", &l.h_));
-  if (d.recompute) {
+  if (operands_in_forward) {
+    DROPLESS_RETURN_IF_ERROR(colwise(F, "SwiGLU output, column-wise fp8-block", &l.fb_col_a_));
+  } else if (d.recompute) {
     l.a_ = kernels->swiglu_scratch_;
   } else {
     DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, R * F, "SwiGLU output", &l.a_));
@@ -319,7 +323,7 @@ absl::Status MoeLayerGpu::ForwardRoute(const LayerWeights& w, const Bf16* x, con
   } else if (quantized_tokens()) {
     DROPLESS_RETURN_IF_ERROR(kc::PermuteMxfp8(kernels::PermuteShape{T, H, d.topk}, x,
                                               slot_of_choice_, k_->mx_send_, s.main));
-  } else if (k_->fp8_block_x_colwise_in_forward()) {  // w1's operands, both forms
+  } else if (k_->fp8_block_operands_in_forward()) {  // w1's operands, both forms
     DROPLESS_RETURN_IF_ERROR(kc::PermuteFp8BlockGrouped(
         kernels::PermuteShape{T, H, d.topk}, x, choice_of_slot_, ExpertOffsets(), d.local_experts(),
         &k_->fb_rows_, &fb_col_x_, kernels::Fp8ScaleMode::kFloat32, s.main));
@@ -366,8 +370,12 @@ absl::Status MoeLayerGpu::ForwardSwiglu(const LayerStreams& s) {
   const int32_t* live_rows = ExpertOffsets() + d.local_experts();
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmForward, s.main));
   // SwiGLU writes the bf16 output (w2's weight-gradient operand) and, for the quantized
-  // precisions, w2's forward operand in the same pass.
-  if (d.fp8_block()) {
+  // precisions, w2's forward operand in the same pass; or w2's two fp8-block operands only.
+  if (k_->fp8_block_operands_in_forward()) {
+    DROPLESS_RETURN_IF_ERROR(kc::SwigluForwardFp8BlockGrouped(
+        kernels::SwigluShape{R, F}, ExpertOffsets(), d.local_experts(), h_, &k_->fb_a_, &fb_col_a_,
+        kernels::Fp8ScaleMode::kFloat32, s.main));
+  } else if (d.fp8_block()) {
     DROPLESS_RETURN_IF_ERROR(kc::SwigluForwardFp8Block(kernels::SwigluShape{R, F}, live_rows, h_,
                                                        a_, k_->fb_a_,
                                                        kernels::Fp8ScaleMode::kFloat32, s.main));

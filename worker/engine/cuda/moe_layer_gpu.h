@@ -97,12 +97,12 @@ struct LayerDims {
   // fp8-block: activations quantized by the passes that produce them instead of passes of their
   // own: SwiGLU's backward writes w1's output gradient in its two fp8-block forms
   // (kernels::cuda::SwigluBackwardFp8Block; its bf16 form is neither stored nor allocated), and
-  // without an exchange the permute writes w1's row-wise and column-wise operands
-  // (LayerKernels::fp8_block_x_colwise_in_forward; with recomputation its row-wise operand beside
-  // the bf16 rows instead) and the combine's backward w2's output gradient in both forms
-  // (UnpermuteCombineBackwardFp8Block; its bf16 form is neither stored nor allocated). Chosen by
-  // LayerDimsOf (DROPLESS_FP8_BLOCK_FUSED_QUANTIZERS=0 keeps the separate quantization passes, for
-  // A/B runs).
+  // without an exchange the permute and SwiGLU write w1's and w2's inputs in both forms
+  // (LayerKernels::fp8_block_operands_in_forward; with recomputation the permute writes the
+  // row-wise form beside the bf16 rows instead) and the combine's backward w2's output gradient in
+  // both forms (UnpermuteCombineBackwardFp8Block; its bf16 form is neither stored nor allocated).
+  // Chosen by LayerDimsOf (DROPLESS_FP8_BLOCK_FUSED_QUANTIZERS=0 keeps the separate quantization
+  // passes, for A/B runs).
   bool fp8_block_fused_quantizers = false;
 
   bool mxfp8() const { return precision == Precision::kMxfp8; }
@@ -208,10 +208,11 @@ class LayerKernels {
                                                               DeviceArena* arena,
                                                               ExpertDispatcher* dispatcher);
   bool exchange() const { return dispatcher_ != nullptr; }
-  // fp8-block without an exchange or recomputation: the permute writes w1's input in both
-  // fp8-block forms (PermuteFp8BlockGrouped), each layer keeps the column-wise one for its weight
-  // gradient (MoeLayerGpu::fb_col_x_), and the bf16 permuted rows are never stored.
-  bool fp8_block_x_colwise_in_forward() const {
+  // fp8-block without an exchange or recomputation: the permute and SwiGLU write w1's and w2's
+  // inputs in both fp8-block forms (PermuteFp8BlockGrouped, SwigluForwardFp8BlockGrouped), each
+  // layer keeps the column-wise ones for its weight gradients (MoeLayerGpu::fb_col_x_,
+  // fb_col_a_), and the bf16 permuted rows and SwiGLU output are never stored.
+  bool fp8_block_operands_in_forward() const {
     return dims_.fp8_block_fused_quantizers && !dims_.recompute && dispatcher_ == nullptr;
   }
 
@@ -449,16 +450,17 @@ class MoeLayerGpu {
   int32_t* offsets_ = nullptr;     // [E + 1] this rank's rows per global expert
   int32_t* slot_of_choice_ = nullptr;
   int32_t* choice_of_slot_ = nullptr;
-  Bf16* rows_ = nullptr;               // [Tk][H] permuted input (null with
-                                       // fp8_block_x_colwise_in_forward)
-  kernels::Fp8BlockColwise fb_col_x_;  // with fp8_block_x_colwise_in_forward: the permuted input's
-                                       // column-wise form (w1's weight-gradient operand)
+  Bf16* rows_ = nullptr;  // [Tk][H] permuted input (null with
+                          // fp8_block_operands_in_forward)
+  // With fp8_block_operands_in_forward: the column-wise forms of the permuted input and of the
+  // SwiGLU output (w1's and w2's weight-gradient operands).
+  kernels::Fp8BlockColwise fb_col_x_, fb_col_a_;
   Bf16* recv_rows_ = nullptr;      // [R][H] the experts' input (quantized tokens: the kernels'
                                    // dequantization scratch, filled in the backward)
   kernels::MxRowwise mx_recv_;     // [R][H] quantized tokens as received (mxfp8)
   kernels::Fp8BlockRowwise fb_recv_;  // the same in fp8-block
   Bf16* h_ = nullptr;              // [R][2F]
-  Bf16* a_ = nullptr;              // [R][F]
+  Bf16* a_ = nullptr;              // [R][F] (null with fp8_block_operands_in_forward)
   Bf16* out_rows_ = nullptr;       // [R][H] expert outputs
   Bf16* out_send_ = nullptr;       // [Tk][H] expert outputs back at the tokens' rank
   ExchangePlan plan_;              // with a dispatcher

@@ -149,8 +149,8 @@ absl::Status MoeLayerGpu::WeightGradient(const ExpertOperands& o, int64_t in_col
                                                  ExpertOffsets(), nullptr, o.dy_col, s.wgrad));
     }
   }
-  // (w1's X column-wise came with the permute: LayerKernels::fp8_block_x_colwise_in_forward.)
-  if (d.fp8_block() && !(o.is_w1 && k_->fp8_block_x_colwise_in_forward())) {
+  // (Else X's column-wise form came with the permute or SwiGLU in the forward.)
+  if (d.fp8_block() && !k_->fp8_block_operands_in_forward()) {
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, in_cols, El},
                                                   o.x, ExpertOffsets(), nullptr, o.x_fb_col,
                                                   s.wgrad));

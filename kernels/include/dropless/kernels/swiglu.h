@@ -15,6 +15,11 @@
 // likewise from the bf16-rounded values: it equals QuantizeFp8Block's row-wise output of `out`
 // (over the live rows) bit for bit.
 //
+// SwigluForwardFp8BlockGrouped (CUDA): out in fp8-block form only, without storing it: rowwise
+// and/or colwise (not both null) as QuantizeFp8Block of {rows, F, num_groups, mode} writes them
+// from SwigluForward's bf16 out over group_offsets (device, num_groups + 1; null for one group of
+// `rows` rows), bit for bit (F a multiple of 128). Rows outside the groups are not read.
+//
 // SwigluBackwardFp8Block (CUDA): the backward's d_h in fp8-block form only, without storing d_h:
 // rowwise (may be null) and colwise (may be null, not both) as QuantizeFp8Block of
 // {rows, 2F, num_groups, mode} writes them from d_h over group_offsets (device, num_groups + 1;
@@ -66,6 +71,11 @@ absl::Status SwigluForward(const SwigluShape& shape, const int32_t* num_rows, co
 absl::Status SwigluForwardFp8Block(const SwigluShape& shape, const int32_t* num_rows,
                                    const Bf16* h, Bf16* out, const Fp8BlockRowwise& out_fb,
                                    Fp8ScaleMode mode, Stream stream);
+absl::Status SwigluForwardFp8BlockGrouped(const SwigluShape& shape, const int32_t* group_offsets,
+                                          int num_groups, const Bf16* h,
+                                          const Fp8BlockRowwise* rowwise,
+                                          const Fp8BlockColwise* colwise, Fp8ScaleMode mode,
+                                          Stream stream);
 absl::Status SwigluBackward(const SwigluShape& shape, const int32_t* num_rows, const Bf16* h,
                             const Bf16* d_out, Bf16* d_h, Stream stream);
 absl::Status SwigluBackwardFp8Block(const SwigluShape& shape, const int32_t* group_offsets,
