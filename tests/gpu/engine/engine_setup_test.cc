@@ -3,7 +3,8 @@
 // (forced, with either width), the two passes
 // elsewhere and in every quantized precision; DROPLESS_FUSED_EXPERT_ADAMW forces either. Host-only
 // (no CUDA call without overlap): runs without a GPU. Also mxfp8's choice of the bf16-core GEMMs
-// and the backward's order of the expert GEMMs.
+// and the backward's order of the expert GEMMs, and fp8-block's quantizers fused into the passes
+// that produce their activations.
 #include <cstdlib>
 
 #include "gtest/gtest.h"
@@ -96,6 +97,19 @@ TEST(EngineSetup, BackwardExpertGemmsRunOneAtATime) {
   EXPECT_FALSE(cuda_engine::RunsExpertBackwardOneGemmAtATime(
       Layer(8192, 4096, 14336, 8, 2, 1, Precision::kBf16)));
   unsetenv("DROPLESS_SERIAL_EXPERT_BACKWARD");
+}
+
+TEST(EngineSetup, Fp8BlockActivationsQuantizedByTheirProducersUnlessTheEnvironmentSaysNo) {
+  unsetenv("DROPLESS_FP8_BLOCK_FUSED_QUANTIZERS");
+  for (Precision p : {Precision::kBf16, Precision::kMxfp8}) {
+    EXPECT_FALSE(cuda_engine::FusesFp8BlockQuantizers(Layer(8192, 4096, 14336, 8, 2, 1, p)));
+  }
+  for (Precision p : {Precision::kFp8Block, Precision::kFp8BlockWgrad128}) {
+    EXPECT_TRUE(cuda_engine::FusesFp8BlockQuantizers(Layer(8192, 4096, 14336, 8, 2, 1, p)));
+    setenv("DROPLESS_FP8_BLOCK_FUSED_QUANTIZERS", "0", 1);
+    EXPECT_FALSE(cuda_engine::FusesFp8BlockQuantizers(Layer(8192, 4096, 14336, 8, 2, 1, p)));
+    unsetenv("DROPLESS_FP8_BLOCK_FUSED_QUANTIZERS");
+  }
 }
 
 }  // namespace

@@ -41,6 +41,10 @@ bool UsesMxCore(const EngineConfig& config);
 // DROPLESS_SERIAL_EXPERT_BACKWARD=0 puts them side by side), as the engine decides it at
 // creation. Needs no GPU.
 bool RunsExpertBackwardOneGemmAtATime(const EngineConfig& config);
+// Whether the fp8-block activations are quantized by the passes that produce them for `config`
+// (LayerDims::fp8_block_fused_quantizers: the fp8-block precisions, unless
+// DROPLESS_FP8_BLOCK_FUSED_QUANTIZERS=0), as the engine decides it at creation. Needs no GPU.
+bool FusesFp8BlockQuantizers(const EngineConfig& config);
 
 // Measurements beyond StepStats, for dropless-bench.
 struct CudaStepDetails {

@@ -156,6 +156,11 @@ bool RunsExpertBackwardOneGemmAtATime(const EngineConfig& config) {
   return d.ok() && SerialExpertBackward(OverlapChunks(config, d->local_experts()));
 }
 
+bool FusesFp8BlockQuantizers(const EngineConfig& config) {
+  absl::StatusOr<LayerDims> d = HostLayerDims(config);
+  return d.ok() && d->fp8_block_fused_quantizers;
+}
+
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> CreateEngineDispatcher(
     const EngineConfig& config, const LayerDims& dims, int rank, int ep_local, RankGroups* groups,
     StreamLinks* links, DeviceArena* arena) {
