@@ -116,9 +116,8 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * 2 * F, "w1 output gradient", &k->d_h_));
   }
   if (dispatcher == nullptr) {
-    // With fp8_block_fused_quantizers only its fp8-block forms exist (the combine's backward
-    // quantizes it: MoeLayerGpu::BackwardCombine).
-    if (!d.fp8_block_fused_quantizers) {
+    // Only its fp8-block forms exist when the combine's backward writes them.
+    if (!k->fp8_block_combine_quantizes()) {
       DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert output gradient", &k->d_out_rows_));
     }
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert input gradient", &k->d_rows_));

@@ -215,6 +215,11 @@ class LayerKernels {
   bool fp8_block_operands_in_forward() const {
     return dims_.fp8_block_fused_quantizers && !dims_.recompute && dispatcher_ == nullptr;
   }
+  // fp8-block without an exchange: the combine's backward writes w2's output gradient in both
+  // fp8-block forms (UnpermuteCombineBackwardFp8Block) and no bf16 copy of it exists.
+  bool fp8_block_combine_quantizes() const {
+    return dims_.fp8_block_fused_quantizers && dispatcher_ == nullptr;
+  }
 
   // Quantizes a bf16 expert weight [E][k][n] into the precision's two forms (MXFP8 uses the
   // scratch transpose); nothing in bf16.

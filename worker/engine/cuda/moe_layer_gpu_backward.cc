@@ -89,7 +89,7 @@ absl::Status MoeLayerGpu::BackwardCombine(const LayerWeights& w, const Bf16* x,
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kCombine, s.main));
   // Without an exchange, fp8-block quantizes the expert outputs' gradients from d_x_next directly
   // (both forms, every expert: BackwardW2Data's operands) and the combine writes no bf16 copy.
-  const bool quantize_here = d.fp8_block_fused_quantizers && !k.exchange();
+  const bool quantize_here = k.fp8_block_combine_quantizes();
   DROPLESS_RETURN_IF_ERROR(kc::UnpermuteCombineBackward(
       kernels::PermuteShape{T, H, d.topk}, d_x_next, out_send_, slot_of_choice_, gates_,
       quantize_here ? nullptr : k.d_out_send_, k.d_weights_, s.main));
@@ -184,7 +184,7 @@ absl::Status MoeLayerGpu::BackwardW2Data(const LayerWeights& w, const LayerGrads
                                                offsets, o.dy_mx, whole ? o.dy_col : nullptr,
                                                s.main));
   }
-  if (d.fp8_block() && !(d.fp8_block_fused_quantizers && !k_->exchange())) {  // else done
+  if (d.fp8_block() && !k_->fp8_block_combine_quantizes()) {  // else BackwardCombine did
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, H, groups},
                                                   o.dy, offsets, o.dy_fb,
                                                   whole ? o.dy_fb_col : nullptr, s.main));
