@@ -442,7 +442,7 @@ void KernelsBench::RunFp8Block(const Shape& s, const DeviceBuffer& x, const Devi
   Time(s, "permute_fp8_block", "fp8-block", token_bytes + fb_bytes + 4.0 * M,
        absl::StrFormat("T=%d H=%d k=%d; row-wise 1x128, fp32 scales rotated", T, H, K), [&] {
          return k::cuda::PermuteFp8Block(ps, x.as<k::Bf16>(), slot_of.as<int32_t>(), rw(),
-                                         k::Fp8ScaleMode::kFloat32, nullptr, nullptr);
+                                         k::Fp8ScaleMode::kFloat32, nullptr);
        });
   Time(s, "fp8_block_quantize_rowwise", "fp8-block", row_bytes + fb_bytes, note + "; scales rotated",
        [&] {

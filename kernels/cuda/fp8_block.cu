@@ -78,15 +78,14 @@ __global__ void __launch_bounds__(kAdamWWeightThreads)
 }
 
 // ---- Permute fused with row-wise quantization: one warp per (token, tile), the token's tile
-// quantized once and stored to each of its k slots (and its bf16 values too, with `permuted`). ----
+// quantized once and stored to each of its k slots. ----
 
 constexpr int kRowThreads = 256;
 
 __global__ void __launch_bounds__(kRowThreads)
     PermuteKernel(const uint2* __restrict__ x, int64_t tokens, int64_t hidden, int top_k,
                   const int32_t* __restrict__ slot_of_choice, bool pow2,
-                  uint32_t* __restrict__ data, float* __restrict__ scales,
-                  uint2* __restrict__ permuted) {
+                  uint32_t* __restrict__ data, float* __restrict__ scales) {
   namespace fb = fp8_block_math;
   const int lane = threadIdx.x & 31;
   const int64_t tiles_per_row = hidden / kFp8Block;
@@ -105,7 +104,6 @@ __global__ void __launch_bounds__(kRowThreads)
       if (slot < 0) continue;
       data[(slot * tiles_per_row + tile) * 32 + lane] = q;
       if (lane == 0) scales[slot * tiles_per_row + tile] = s.scale;
-      if (permuted != nullptr) permuted[(slot * tiles_per_row + tile) * 32 + lane] = v;
     }
   }
 }
@@ -260,7 +258,7 @@ absl::Status DequantizeFp8BlockRowwise(int64_t rows, int64_t cols, const int32_t
 
 absl::Status PermuteFp8Block(const PermuteShape& shape, const Bf16* x,
                              const int32_t* slot_of_choice, const Fp8BlockRowwise& rows,
-                             Fp8ScaleMode mode, Bf16* permuted, Stream stream) {
+                             Fp8ScaleMode mode, Stream stream) {
   if (absl::Status s = ValidatePermuteShape(shape, /*mxfp8=*/false); !s.ok()) return s;
   if (shape.hidden % kFp8Block != 0) {
     return absl::InvalidArgumentError("hidden: must be a multiple of 128 for fp8-block");
@@ -269,16 +267,15 @@ absl::Status PermuteFp8Block(const PermuteShape& shape, const Bf16* x,
   if (x == nullptr || slot_of_choice == nullptr || rows.data == nullptr || rows.scales == nullptr) {
     return absl::InvalidArgumentError("x: x, slot_of_choice and rows must be set");
   }
-  if (!Aligned(x, 8) || !Aligned(rows.data, 4) || !Aligned(permuted, 8)) {
-    return absl::InvalidArgumentError(
-        "x: x and permuted must be 8-byte and rows.data 4-byte aligned");
+  if (!Aligned(x, 8) || !Aligned(rows.data, 4)) {
+    return absl::InvalidArgumentError("x: x must be 8-byte and rows.data 4-byte aligned");
   }
   const int blocks =
       GridStrideBlocks(shape.num_tokens * (shape.hidden / kFp8Block), kRowThreads / 32);
   PermuteKernel<<<blocks, kRowThreads, 0, stream>>>(
       reinterpret_cast<const uint2*>(x), shape.num_tokens, shape.hidden, shape.top_k,
       slot_of_choice, mode == Fp8ScaleMode::kPowerOfTwo, reinterpret_cast<uint32_t*>(rows.data),
-      rows.scales, reinterpret_cast<uint2*>(permuted));
+      rows.scales);
   return LaunchStatus("Fp8Block PermuteKernel");
 }
 

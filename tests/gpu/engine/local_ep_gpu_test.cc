@@ -222,13 +222,23 @@ TEST(NcclEngineGpu, WorldSizeOneMatchesTheEngineWithoutExchange) {
 }
 
 // activation_offload: with 5 layers, layers 0-2 leave the device after their forward and come
-// back for their backward; the step must be the same (the same kernels on the same values) and
-// the engine's device memory smaller. At EP 1 and at EP 2 (a ring per rank).
+// back for their backward; the step must be the same (the same kernels on the same values: the
+// recomputed activations are the kept ones, bit for bit) and the engine's device memory smaller.
+// At EP 1 and at EP 2 (a ring per rank), in bf16 and in fp8-block (whose recomputation without an
+// exchange writes the weight gradients' column-wise operands directly).
 TEST(ActivationOffloadGpu, SameStepsLessDeviceMemory) {
   if (!kernels::testing::HaveCudaDevice()) GTEST_SKIP() << "SKIPPED: no CUDA device";
-  for (int ep : {1, 2}) {
+  for (auto [ep, precision] :
+       {std::pair{1, Precision::kBf16}, std::pair{2, Precision::kBf16},
+        std::pair{1, Precision::kFp8Block}, std::pair{2, Precision::kFp8Block}}) {
+    SCOPED_TRACE(std::string(ToString(precision)));
     EngineConfig c = Config(ep);
     c.model.layers = 5;
+    c.precision = precision;
+    if (precision == Precision::kFp8Block) {  // multiples of 128
+      c.model.hidden = 256;
+      c.model.ffn = 128;
+    }
     EngineConfig offload = c;
     offload.activation_offload = true;
     std::unique_ptr<cuda_engine::CudaEngine> plain = Make(c), off = Make(offload);
@@ -243,8 +253,9 @@ TEST(ActivationOffloadGpu, SameStepsLessDeviceMemory) {
     }
     const int64_t with = off->LastStepDetails().engine_bytes;
     const int64_t without = plain->LastStepDetails().engine_bytes;
-    std::printf("ep %d, 5 layers: engine device memory %ld bytes with offload, %ld without\n", ep,
-                static_cast<long>(with), static_cast<long>(without));
+    std::printf("ep %d, 5 layers, %s: engine device memory %ld bytes with offload, %ld without\n",
+                ep, std::string(ToString(precision)).c_str(), static_cast<long>(with),
+                static_cast<long>(without));
     EXPECT_LT(with, without);
   }
 }

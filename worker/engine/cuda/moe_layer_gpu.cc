@@ -106,10 +106,12 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "shared expert input gradient", &k->d_x_shared_[s]));
   }
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * F, "activation gradient", &k->d_a_));
-  if (d.recompute || dispatcher != nullptr) {
+  // (fp8_block_local recomputes the fp8-block forms themselves: no bf16 scratch.)
+  const bool bf16_recompute = d.recompute && !k->fp8_block_local();
+  if (bf16_recompute || dispatcher != nullptr) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "permuted rows (transient)", &k->permuted_scratch_));
   }
-  if (d.recompute) {
+  if (bf16_recompute) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * F, "SwiGLU output (recomputed)", &k->swiglu_scratch_));
   }
   if (!d.fp8_block_fused_quantizers) {  // else only its fp8-block forms exist
@@ -117,7 +119,7 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
   }
   if (dispatcher == nullptr) {
     // Only its fp8-block forms exist when the combine's backward writes them.
-    if (!k->fp8_block_combine_quantizes()) {
+    if (!k->fp8_block_local()) {
       DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert output gradient", &k->d_out_rows_));
     }
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert input gradient", &k->d_rows_));
@@ -164,7 +166,9 @@ absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* k
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk, "choice of slot", &l.choice_of_slot_));
   ExpertDispatcher* dispatcher = kernels->dispatcher_;
   // The permuted rows are kept only when the experts read them in place and are not recomputed;
-  // in fp8-block, as w1's column-wise operand only (so is the SwiGLU output, below).
+  // in fp8-block, as w1's column-wise operand only, or not at all when recomputed (so is the
+  // SwiGLU output, below).
+  const bool fp8_local = kernels->fp8_block_local();
   const bool operands_in_forward = kernels->fp8_block_operands_in_forward();
   // A layer's own column-wise fp8-block form of a [R][cols] weight-gradient operand.
   auto colwise = [&](int64_t cols, const char* what, kernels::Fp8BlockColwise* c) -> absl::Status {
@@ -179,6 +183,8 @@ absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* k
   };
   if (operands_in_forward) {
     DROPLESS_RETURN_IF_ERROR(colwise(H, "permuted rows, column-wise fp8-block", &l.fb_col_x_));
+  } else if (fp8_local) {
+    // Recomputed in fp8-block form by the backward: nothing kept.
   } else if (kernels->permuted_scratch_ != nullptr) {
     l.rows_ = kernels->permuted_scratch_;
   } else {
@@ -187,6 +193,8 @@ absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* k
   DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, R * 2 * F, "w1 output", &l.h_));
   if (operands_in_forward) {
     DROPLESS_RETURN_IF_ERROR(colwise(F, "SwiGLU output, column-wise fp8-block", &l.fb_col_a_));
+  } else if (fp8_local) {
+    // Recomputed in fp8-block form by the backward: nothing kept.
   } else if (d.recompute) {
     l.a_ = kernels->swiglu_scratch_;
   } else {
@@ -318,18 +326,15 @@ absl::Status MoeLayerGpu::ForwardRoute(const LayerWeights& w, const Bf16* x, con
   if (quantized_tokens() && d.fp8_block()) {
     DROPLESS_RETURN_IF_ERROR(kc::PermuteFp8Block(kernels::PermuteShape{T, H, d.topk}, x,
                                                  slot_of_choice_, k_->fb_send_,
-                                                 kernels::Fp8ScaleMode::kFloat32, nullptr, s.main));
+                                                 kernels::Fp8ScaleMode::kFloat32, s.main));
   } else if (quantized_tokens()) {
     DROPLESS_RETURN_IF_ERROR(kc::PermuteMxfp8(kernels::PermuteShape{T, H, d.topk}, x,
                                               slot_of_choice_, k_->mx_send_, s.main));
-  } else if (k_->fp8_block_operands_in_forward()) {  // w1's operands, both forms
+  } else if (k_->fp8_block_local()) {  // w1's operands (column-wise unless recomputed)
     DROPLESS_RETURN_IF_ERROR(kc::PermuteFp8BlockGrouped(
         kernels::PermuteShape{T, H, d.topk}, x, choice_of_slot_, ExpertOffsets(), d.local_experts(),
-        &k_->fb_rows_, &fb_col_x_, kernels::Fp8ScaleMode::kFloat32, s.main));
-  } else if (d.fp8_block_fused_quantizers) {  // the bf16 rows and w1's row-wise operand
-    DROPLESS_RETURN_IF_ERROR(kc::PermuteFp8Block(kernels::PermuteShape{T, H, d.topk}, x,
-                                                 slot_of_choice_, k_->fb_rows_,
-                                                 kernels::Fp8ScaleMode::kFloat32, rows_, s.main));
+        &k_->fb_rows_, k_->fp8_block_operands_in_forward() ? &fb_col_x_ : nullptr,
+        kernels::Fp8ScaleMode::kFloat32, s.main));
   } else {
     DROPLESS_RETURN_IF_ERROR(kc::Permute(kernels::PermuteShape{T, H, d.topk}, x, slot_of_choice_,
                                          rows_, s.main));
@@ -369,11 +374,13 @@ absl::Status MoeLayerGpu::ForwardSwiglu(const LayerStreams& s) {
   const int32_t* live_rows = ExpertOffsets() + d.local_experts();
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kGemmForward, s.main));
   // SwiGLU writes the bf16 output (w2's weight-gradient operand) and, for the quantized
-  // precisions, w2's forward operand in the same pass; or w2's two fp8-block operands only.
-  if (k_->fp8_block_operands_in_forward()) {
+  // precisions, w2's forward operand in the same pass; or w2's fp8-block operands only
+  // (column-wise unless recomputed).
+  if (k_->fp8_block_local()) {
     DROPLESS_RETURN_IF_ERROR(kc::SwigluForwardFp8BlockGrouped(
-        kernels::SwigluShape{R, F}, ExpertOffsets(), d.local_experts(), h_, &k_->fb_a_, &fb_col_a_,
-        kernels::Fp8ScaleMode::kFloat32, s.main));
+        kernels::SwigluShape{R, F}, ExpertOffsets(), d.local_experts(), h_, &k_->fb_a_,
+        k_->fp8_block_operands_in_forward() ? &fb_col_a_ : nullptr, kernels::Fp8ScaleMode::kFloat32,
+        s.main));
   } else if (d.fp8_block()) {
     DROPLESS_RETURN_IF_ERROR(kc::SwigluForwardFp8Block(kernels::SwigluShape{R, F}, live_rows, h_,
                                                        a_, k_->fb_a_,

@@ -97,10 +97,9 @@ struct LayerDims {
   // fp8-block: activations quantized by the passes that produce them instead of passes of their
   // own: SwiGLU's backward writes w1's output gradient in its two fp8-block forms
   // (kernels::cuda::SwigluBackwardFp8Block; its bf16 form is neither stored nor allocated), and
-  // without an exchange the permute and SwiGLU write w1's and w2's inputs in both forms
-  // (LayerKernels::fp8_block_operands_in_forward; with recomputation the permute writes the
-  // row-wise form beside the bf16 rows instead) and the combine's backward w2's output gradient in
-  // both forms (UnpermuteCombineBackwardFp8Block; its bf16 form is neither stored nor allocated).
+  // without an exchange (LayerKernels::fp8_block_local) the permute and SwiGLU write w1's and
+  // w2's inputs in fp8-block form only, and the combine's backward w2's output gradient in both
+  // forms (UnpermuteCombineBackwardFp8Block; no bf16 copy of any of them is stored or allocated).
   // Chosen by LayerDimsOf (DROPLESS_FP8_BLOCK_FUSED_QUANTIZERS=0 keeps the separate quantization
   // passes, for A/B runs).
   bool fp8_block_fused_quantizers = false;
@@ -208,18 +207,17 @@ class LayerKernels {
                                                               DeviceArena* arena,
                                                               ExpertDispatcher* dispatcher);
   bool exchange() const { return dispatcher_ != nullptr; }
-  // fp8-block without an exchange or recomputation: the permute and SwiGLU write w1's and w2's
-  // inputs in both fp8-block forms (PermuteFp8BlockGrouped, SwigluForwardFp8BlockGrouped), each
-  // layer keeps the column-wise ones for its weight gradients (MoeLayerGpu::fb_col_x_,
-  // fb_col_a_), and the bf16 permuted rows and SwiGLU output are never stored.
-  bool fp8_block_operands_in_forward() const {
-    return dims_.fp8_block_fused_quantizers && !dims_.recompute && dispatcher_ == nullptr;
-  }
-  // fp8-block without an exchange: the combine's backward writes w2's output gradient in both
-  // fp8-block forms (UnpermuteCombineBackwardFp8Block) and no bf16 copy of it exists.
-  bool fp8_block_combine_quantizes() const {
+  // fp8-block (fused quantizers) without an exchange: the permute and SwiGLU write w1's and w2's
+  // inputs in fp8-block form only (PermuteFp8BlockGrouped, SwigluForwardFp8BlockGrouped), the
+  // combine's backward w2's output gradient (UnpermuteCombineBackwardFp8Block): the bf16 permuted
+  // rows, SwiGLU output and expert output gradient are never stored.
+  bool fp8_block_local() const {
     return dims_.fp8_block_fused_quantizers && dispatcher_ == nullptr;
   }
+  // fp8_block_local without recomputation: the forward writes the weight gradients' column-wise
+  // operands too, and each layer keeps them (MoeLayerGpu::fb_col_x_, fb_col_a_); with it, the
+  // backward recomputes them into the shared fb_col_rows_ and fb_col_a_ (BackwardCombine).
+  bool fp8_block_operands_in_forward() const { return fp8_block_local() && !dims_.recompute; }
 
   // Quantizes a bf16 expert weight [E][k][n] into the precision's two forms (MXFP8 uses the
   // scratch transpose); nothing in bf16.
@@ -455,8 +453,7 @@ class MoeLayerGpu {
   int32_t* offsets_ = nullptr;     // [E + 1] this rank's rows per global expert
   int32_t* slot_of_choice_ = nullptr;
   int32_t* choice_of_slot_ = nullptr;
-  Bf16* rows_ = nullptr;  // [Tk][H] permuted input (null with
-                          // fp8_block_operands_in_forward)
+  Bf16* rows_ = nullptr;  // [Tk][H] permuted input (null with fp8_block_local)
   // With fp8_block_operands_in_forward: the column-wise forms of the permuted input and of the
   // SwiGLU output (w1's and w2's weight-gradient operands).
   kernels::Fp8BlockColwise fb_col_x_, fb_col_a_;
@@ -465,7 +462,7 @@ class MoeLayerGpu {
   kernels::MxRowwise mx_recv_;     // [R][H] quantized tokens as received (mxfp8)
   kernels::Fp8BlockRowwise fb_recv_;  // the same in fp8-block
   Bf16* h_ = nullptr;              // [R][2F]
-  Bf16* a_ = nullptr;              // [R][F] (null with fp8_block_operands_in_forward)
+  Bf16* a_ = nullptr;              // [R][F] (null with fp8_block_local)
   Bf16* out_rows_ = nullptr;       // [R][H] expert outputs
   Bf16* out_send_ = nullptr;       // [Tk][H] expert outputs back at the tokens' rank
   ExchangePlan plan_;              // with a dispatcher

@@ -76,11 +76,19 @@ absl::Status MoeLayerGpu::BackwardCombine(const LayerWeights& w, const Bf16* x,
   // scratch into main): the permuted rows (the experts' input at EP = 1, read by w1's weight
   // gradient) and the SwiGLU output (w2's weight-gradient operand) from the kept w1 output, here
   // so that neither waits for the output gradients' exchange.
-  if (d.recompute && !k_->exchange()) {
+  // fp8_block_local recomputes the weight gradients' column-wise operands themselves.
+  if (d.recompute && k.fp8_block_local()) {
+    DROPLESS_RETURN_IF_ERROR(kc::PermuteFp8BlockGrouped(
+        kernels::PermuteShape{T, H, d.topk}, x, choice_of_slot_, ExpertOffsets(), d.local_experts(),
+        nullptr, &k.fb_col_rows_, kernels::Fp8ScaleMode::kFloat32, s.main));
+    DROPLESS_RETURN_IF_ERROR(kc::SwigluForwardFp8BlockGrouped(
+        kernels::SwigluShape{d.recv_rows(), d.ffn}, ExpertOffsets(), d.local_experts(), h_, nullptr,
+        &k.fb_col_a_, kernels::Fp8ScaleMode::kFloat32, s.main));
+  } else if (d.recompute && !k_->exchange()) {
     DROPLESS_RETURN_IF_ERROR(kc::Permute(kernels::PermuteShape{T, H, d.topk}, x, slot_of_choice_,
                                          rows_, s.main));
   }
-  if (d.recompute) {
+  if (d.recompute && !k.fp8_block_local()) {
     DROPLESS_RETURN_IF_ERROR(kc::SwigluForward(
         kernels::SwigluShape{d.recv_rows(), d.ffn}, ExpertOffsets() + d.local_experts(), h_, a_,
         nullptr, s.main));
@@ -89,7 +97,7 @@ absl::Status MoeLayerGpu::BackwardCombine(const LayerWeights& w, const Bf16* x,
   DROPLESS_RETURN_IF_ERROR(Begin(s, PhaseTimer::kCombine, s.main));
   // Without an exchange, fp8-block quantizes the expert outputs' gradients from d_x_next directly
   // (both forms, every expert: BackwardW2Data's operands) and the combine writes no bf16 copy.
-  const bool quantize_here = k.fp8_block_combine_quantizes();
+  const bool quantize_here = k.fp8_block_local();
   DROPLESS_RETURN_IF_ERROR(kc::UnpermuteCombineBackward(
       kernels::PermuteShape{T, H, d.topk}, d_x_next, out_send_, slot_of_choice_, gates_,
       quantize_here ? nullptr : k.d_out_send_, k.d_weights_, s.main));
@@ -149,8 +157,8 @@ absl::Status MoeLayerGpu::WeightGradient(const ExpertOperands& o, int64_t in_col
                                                  ExpertOffsets(), nullptr, o.dy_col, s.wgrad));
     }
   }
-  // (Else X's column-wise form came with the permute or SwiGLU in the forward.)
-  if (d.fp8_block() && !k_->fp8_block_operands_in_forward()) {
+  // (Else X's column-wise form came with the permute or SwiGLU, or their recomputation.)
+  if (d.fp8_block() && !k_->fp8_block_local()) {
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, in_cols, El},
                                                   o.x, ExpertOffsets(), nullptr, o.x_fb_col,
                                                   s.wgrad));
@@ -184,7 +192,7 @@ absl::Status MoeLayerGpu::BackwardW2Data(const LayerWeights& w, const LayerGrads
                                                offsets, o.dy_mx, whole ? o.dy_col : nullptr,
                                                s.main));
   }
-  if (d.fp8_block() && !k_->fp8_block_combine_quantizes()) {  // else BackwardCombine did
+  if (d.fp8_block() && !k_->fp8_block_local()) {  // else BackwardCombine did
     DROPLESS_RETURN_IF_ERROR(kc::QuantizeFp8Block(kernels::Fp8BlockQuantizeShape{R, H, groups},
                                                   o.dy, offsets, o.dy_fb,
                                                   whole ? o.dy_fb_col : nullptr, s.main));

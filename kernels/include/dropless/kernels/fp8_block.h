@@ -185,10 +185,9 @@ absl::Status DequantizeFp8BlockRowwise(int64_t rows, int64_t cols, const int32_t
                                        const uint8_t* data, const float* scales, Bf16* out,
                                        Stream stream);
 
-// permuted (may be null): also the bf16 rows, as Permute writes them, from the same read of x.
 absl::Status PermuteFp8Block(const PermuteShape& shape, const Bf16* x,
                              const int32_t* slot_of_choice, const Fp8BlockRowwise& rows,
-                             Fp8ScaleMode mode, Bf16* permuted, Stream stream);
+                             Fp8ScaleMode mode, Stream stream);
 
 // The permuted rows (Permute's output: rows[slot(t, j)] = x[t], T*k rows of H) in fp8-block form
 // only, never stored in bf16: rowwise and/or colwise exactly as QuantizeFp8Block({T*k, H,
