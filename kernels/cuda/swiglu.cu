@@ -349,20 +349,43 @@ absl::Status SwigluBackward(const SwigluShape& shape, const int32_t* num_rows, c
       stream, h, d_out, num_rows, d_h);
 }
 
-absl::Status SwigluForwardFp8BlockGrouped(const SwigluShape& shape, const int32_t* group_offsets,
-                                          int num_groups, const Bf16* h,
-                                          const Fp8BlockRowwise* rowwise,
-                                          const Fp8BlockColwise* colwise, Fp8ScaleMode mode,
-                                          Stream stream) {
+namespace {
+
+// The checks the two tile-quantizer launchers below share, in their order: the SwiGLU shape with
+// F a multiple of 128, h (and d_out) set and 16-byte aligned, and the fp8-block outputs of the
+// [rows][cols] matrix they stand for (`quantize`).
+absl::Status ValidateTileLaunch(const SwigluShape& shape, const Fp8BlockQuantizeShape& quantize,
+                                const Bf16* h, const Bf16* d_out, bool backward,
+                                const Fp8BlockRowwise* rowwise, const Fp8BlockColwise* colwise) {
   if (absl::Status s = ValidateSwigluShape(shape, false); !s.ok()) return s;
   if (shape.ffn % kFp8Block != 0) {
     return absl::InvalidArgumentError("ffn: must be a multiple of 128 for the fp8-block output");
   }
   if (shape.ffn > (1 << 28)) return absl::InvalidArgumentError("ffn: too large");
-  if (shape.rows > 0 && h == nullptr) return absl::InvalidArgumentError("h: is null");
-  const Fp8BlockQuantizeShape quantize{shape.rows, shape.ffn, num_groups, mode};
+  if (shape.rows > 0 && (h == nullptr || (backward && d_out == nullptr))) {
+    return absl::InvalidArgumentError(backward ? "h, d_out: must be set" : "h: is null");
+  }
   if (absl::Status s = ValidateFp8BlockQuantize(quantize, h, rowwise, colwise); !s.ok()) return s;
-  if (!Aligned16(h)) return absl::InvalidArgumentError("h: must be 16-byte aligned");
+  if (!Aligned16(h) || (backward && !Aligned16(d_out))) {
+    return absl::InvalidArgumentError(backward ? "h, d_out: must be 16-byte aligned"
+                                               : "h: must be 16-byte aligned");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SwigluForwardFp8BlockGrouped(const SwigluShape& shape, const int32_t* group_offsets,
+                                          int num_groups, const Bf16* h,
+                                          const Fp8BlockRowwise* rowwise,
+                                          const Fp8BlockColwise* colwise, Fp8ScaleMode mode,
+                                          Stream stream) {
+  const Fp8BlockQuantizeShape quantize{shape.rows, shape.ffn, num_groups, mode};
+  if (absl::Status s = ValidateTileLaunch(shape, quantize, h, nullptr, /*backward=*/false,
+                                          rowwise, colwise);
+      !s.ok()) {
+    return s;
+  }
   return fp8_block_tile::LaunchTiles(quantize, SwigluTiles{h, shape.ffn}, group_offsets, rowwise,
                                      colwise, stream);
 }
@@ -371,18 +394,11 @@ absl::Status SwigluBackwardFp8Block(const SwigluShape& shape, const int32_t* gro
                                     int num_groups, const Bf16* h, const Bf16* d_out,
                                     const Fp8BlockRowwise* rowwise, const Fp8BlockColwise* colwise,
                                     Fp8ScaleMode mode, Stream stream) {
-  if (absl::Status s = ValidateSwigluShape(shape, false); !s.ok()) return s;
-  if (shape.ffn % kFp8Block != 0) {
-    return absl::InvalidArgumentError("ffn: must be a multiple of 128 for the fp8-block output");
-  }
-  if (shape.ffn > (1 << 28)) return absl::InvalidArgumentError("ffn: too large");
-  if (shape.rows > 0 && (h == nullptr || d_out == nullptr)) {
-    return absl::InvalidArgumentError("h, d_out: must be set");
-  }
   const Fp8BlockQuantizeShape quantize{shape.rows, 2 * shape.ffn, num_groups, mode};
-  if (absl::Status s = ValidateFp8BlockQuantize(quantize, h, rowwise, colwise); !s.ok()) return s;
-  if (!Aligned16(h) || !Aligned16(d_out)) {
-    return absl::InvalidArgumentError("h, d_out: must be 16-byte aligned");
+  if (absl::Status s = ValidateTileLaunch(shape, quantize, h, d_out, /*backward=*/true, rowwise,
+                                          colwise);
+      !s.ok()) {
+    return s;
   }
   return fp8_block_tile::LaunchTiles(quantize, SwigluGradTiles{h, d_out, shape.ffn}, group_offsets,
                                      rowwise, colwise, stream);
