@@ -8,7 +8,8 @@
 // steps: loss within 2.5e-5 / 7.9e-4 / 6.6e-3 and weights within 4e-6 / 2.6e-3 / 8.4e-3 at
 // EP = 2 / 4 / 8, hence the tolerances of 2e-2 there.
 // Skewed routing (zipf teacher, top-1 over 64 experts with few tokens) leaves experts, and at
-// EP = 8 whole ranks, without tokens in some steps.
+// EP = 8 whole ranks, without tokens in some steps. Also: every precision's targets are the bf16
+// teacher's, and activation offload changes no step.
 #include <unistd.h>
 
 #include <cmath>
@@ -257,6 +258,53 @@ TEST(ActivationOffloadGpu, SameStepsLessDeviceMemory) {
                 ep, std::string(ToString(precision)).c_str(), static_cast<long>(with),
                 static_cast<long>(without));
     EXPECT_LT(with, without);
+  }
+}
+
+// The synthetic task is the same in every precision: the teacher computes its targets in bf16
+// whatever the student's precision (RankModel::teacher_layer), so each quantized precision's
+// targets are the bf16 engine's bit for bit, at EP 1, at EP 2 and with overlap's chunked
+// exchange, over three steps (fresh tokens each). A teacher quantized like its student moves
+// them: that made each precision fit a task of its own.
+TEST(TeacherGpu, TargetsAreTheBf16TeachersInEveryPrecision) {
+  if (!kernels::testing::HaveCudaDevice()) GTEST_SKIP() << "SKIPPED: no CUDA device";
+  struct Case {
+    int ep;
+    bool overlap;
+  };
+  for (const Case& t : {Case{1, false}, Case{2, false}, Case{2, true}}) {
+    EngineConfig c = Config(t.ep);
+    c.model.hidden = 256;  // the fp8-block precisions need multiples of 128
+    c.model.ffn = 128;
+    c.overlap = t.overlap;
+    std::vector<std::unique_ptr<cuda_engine::CudaEngine>> engines;
+    const std::vector<Precision> precisions = {Precision::kBf16, Precision::kMxfp8,
+                                               Precision::kFp8Block, Precision::kFp8BlockWgrad128};
+    for (Precision p : precisions) {
+      c.precision = p;
+      engines.push_back(Make(c));
+      ASSERT_TRUE(engines.back()) << ToString(p);
+    }
+    for (int step = 1; step <= 3; ++step) {
+      std::vector<std::vector<float>> targets;
+      for (size_t i = 0; i < engines.size(); ++i) {
+        absl::StatusOr<StepStats> s = engines[i]->Step();
+        ASSERT_TRUE(s.ok()) << s.status();
+        absl::StatusOr<std::vector<float>> target = engines[i]->LastTargets();
+        ASSERT_TRUE(target.ok()) << target.status();
+        targets.push_back(*std::move(target));
+      }
+      double norm = 0;
+      for (float v : targets[0]) norm += static_cast<double>(v) * v;
+      EXPECT_GT(norm, 0) << "ep " << t.ep << " step " << step;
+      for (size_t i = 1; i < engines.size(); ++i) {
+        size_t differ = 0;
+        for (size_t j = 0; j < targets[0].size(); ++j) differ += targets[i][j] != targets[0][j];
+        EXPECT_EQ(differ, 0u) << ToString(precisions[i]) << " against bf16, ep " << t.ep
+                              << (t.overlap ? " with overlap" : "") << ", step " << step
+                              << ": targets that differ, of " << targets[0].size();
+      }
+    }
   }
 }
 

@@ -63,6 +63,7 @@ class CudaEngineImpl final : public CudaEngine {
   int64_t StepsDone() const override { return steps_done_; }
   absl::StatusOr<GemmSeconds> TimeExpertGemms(int iterations) override;
   CudaStepDetails LastStepDetails() const override { return details_; }
+  absl::StatusOr<std::vector<float>> LastTargets() override;
 
  private:
   int64_t L() const { return ranks_[0]->layers(); }
@@ -188,7 +189,7 @@ std::vector<RankLayer> CudaEngineImpl::Group(int64_t layer, bool teacher) {
   std::vector<RankLayer> group;
   for (const std::unique_ptr<RankModel>& r : ranks_) {
     RankLayer g;
-    g.layer = r->layer_list()[teacher ? 0 : layer].get();
+    g.layer = teacher ? r->teacher_layer() : r->layer_list()[layer].get();
     g.weights = r->Weights(teacher ? r->teacher() : r->student(), layer);
     g.streams = r->streams();
     if (teacher) g.streams.timer = nullptr;
@@ -223,8 +224,9 @@ absl::Status CudaEngineImpl::RecordStep() {
     source.step_counter = r->step_counter();
     DROPLESS_RETURN_IF_ERROR(GenerateTokens(source, r->activations()[0], s));
   }
-  // Teacher forward: layer 0's buffers as scratch (the student's forward overwrites them after),
-  // the student's activation buffers as the ping-pong between layers, the last into the target.
+  // Teacher forward in bf16 (RankModel::teacher_layer: in bf16 layer 0's buffers as scratch,
+  // which the student's forward overwrites after), the student's activation buffers as the
+  // ping-pong between layers, the last into the target.
   for (int64_t l = 0; l < L(); ++l) {
     std::vector<RankLayer> group = Group(l, /*teacher=*/true);
     for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -475,6 +477,16 @@ absl::StatusOr<CudaEngine::GemmSeconds> CudaEngineImpl::TimeExpertGemms(int iter
     }
   }
   return total;
+}
+
+absl::StatusOr<std::vector<float>> CudaEngineImpl::LastTargets() {
+  if (steps_done_ == 0) return absl::FailedPreconditionError("LastTargets: run a step first");
+  std::vector<Bf16> target(static_cast<size_t>(dims_.tokens * dims_.hidden));
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpy(target.data(), lead().target(),
+                                           target.size() * sizeof(Bf16), cudaMemcpyDeviceToHost));
+  std::vector<float> out(target.size());
+  for (size_t i = 0; i < target.size(); ++i) out[i] = kernels::Bf16ToFloat(target[i]);
+  return out;
 }
 
 absl::Status CudaEngineImpl::SaveCheckpoint(const std::string& dir) {

@@ -64,6 +64,9 @@ class CudaEngine : public Engine {
   };
   virtual absl::StatusOr<GemmSeconds> TimeExpertGemms(int iterations) = 0;
   virtual CudaStepDetails LastStepDetails() const = 0;
+  // The synthetic task's targets of the last step (the teacher's output) for the first rank of
+  // this process, [tokens][hidden] as floats: for tests that every precision fits the same task.
+  virtual absl::StatusOr<std::vector<float>> LastTargets() = 0;
 };
 
 absl::StatusOr<std::unique_ptr<CudaEngine>> CreateCudaEngine(const EngineConfig& config, int rank,

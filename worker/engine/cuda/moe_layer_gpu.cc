@@ -46,10 +46,16 @@ std::vector<LocalExperts> ExpertRuns(const LayerDims& dims, const LayerStreams& 
 
 absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDims& d,
                                                                    DeviceArena* arena,
-                                                                   ExpertDispatcher* dispatcher) {
+                                                                   ExpertDispatcher* dispatcher,
+                                                                   bool forward_only) {
   auto k = std::unique_ptr<LayerKernels>(new LayerKernels());
   k->dims_ = d;
   k->dispatcher_ = dispatcher;
+  k->forward_only_ = forward_only;
+  if (forward_only && d.quantized()) {
+    return absl::InvalidArgumentError(
+        "LayerKernels: forward_only layers run in bf16 (the teacher)");
+  }
   const int64_t T = d.tokens, H = d.hidden, F = d.ffn, Tk = d.rows(), R = d.recv_rows();
   const int El = d.local_experts();
   DROPLESS_RETURN_IF_ERROR(ValidateEpShape(d.ep_shape()));
@@ -100,12 +106,9 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
 
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "combined output", &k->combined_));
   k->shared_out_.resize(d.shared);
-  k->d_x_shared_.resize(d.shared);
   for (int s = 0; s < d.shared; ++s) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "shared expert output", &k->shared_out_[s]));
-    DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "shared expert input gradient", &k->d_x_shared_[s]));
   }
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * F, "activation gradient", &k->d_a_));
   // (fp8_block_local recomputes the fp8-block forms themselves: no bf16 scratch.)
   const bool bf16_recompute = d.recompute && !k->fp8_block_local();
   if (bf16_recompute || dispatcher != nullptr) {
@@ -114,36 +117,51 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
   if (bf16_recompute) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * F, "SwiGLU output (recomputed)", &k->swiglu_scratch_));
   }
-  if (!d.fp8_block_fused_quantizers) {  // else only its fp8-block forms exist
-    DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * 2 * F, "w1 output gradient", &k->d_h_));
-  }
-  if (dispatcher == nullptr) {
-    // Only its fp8-block forms exist when the combine's backward writes them.
-    if (!k->fp8_block_local()) {
-      DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert output gradient", &k->d_out_rows_));
-    }
-    DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert input gradient", &k->d_rows_));
-    k->d_out_send_ = k->d_out_rows_;
-    k->d_rows_send_ = k->d_rows_;
-  } else {
-    // The received side: written or read by the peers.
-    DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "expert output gradient", &k->d_out_rows_));
-    DROPLESS_RETURN_IF_ERROR(dispatcher->AllocateShared(R * H, "expert input gradient", &k->d_rows_));
-    DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "sent rows' output gradient", &k->d_out_send_));
-    DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "sent rows' input gradient", &k->d_rows_send_));
-  }
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "routed input gradient", &k->d_x_routed_));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "router input gradient", &k->d_x_router_));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * d.topk, "gate gradient", &k->d_weights_));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * d.experts, "logit gradient", &k->d_logits_));
-  DROPLESS_RETURN_IF_ERROR(arena->Allocate(int64_t{d.experts} * H, "router weight gradient", &k->d_router_));
-  if (d.shared > 0) {
-    DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * F, "shared activation gradient", &k->d_shared_a_));
-    DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * 2 * F, "shared w1 output gradient", &k->d_shared_h_));
-  }
-
+  if (!forward_only) DROPLESS_RETURN_IF_ERROR(k->AllocateBackwardScratch(arena));
   DROPLESS_RETURN_IF_ERROR(k->AllocateQuantizedScratch(arena));
   return k;
+}
+
+// The backward's bf16 and fp32 scratch, shared by every layer.
+absl::Status LayerKernels::AllocateBackwardScratch(DeviceArena* arena) {
+  const LayerDims& d = dims_;
+  const int64_t T = d.tokens, H = d.hidden, F = d.ffn, Tk = d.rows(), R = d.recv_rows();
+  d_x_shared_.resize(d.shared);
+  for (int s = 0; s < d.shared; ++s) {
+    DROPLESS_RETURN_IF_ERROR(
+        arena->Allocate(T * H, "shared expert input gradient", &d_x_shared_[s]));
+  }
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * F, "activation gradient", &d_a_));
+  if (!d.fp8_block_fused_quantizers) {  // else only its fp8-block forms exist
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * 2 * F, "w1 output gradient", &d_h_));
+  }
+  if (dispatcher_ == nullptr) {
+    // Only its fp8-block forms exist when the combine's backward writes them.
+    if (!fp8_block_local()) {
+      DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert output gradient", &d_out_rows_));
+    }
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(R * H, "expert input gradient", &d_rows_));
+    d_out_send_ = d_out_rows_;
+    d_rows_send_ = d_rows_;
+  } else {
+    // The received side: written or read by the peers.
+    DROPLESS_RETURN_IF_ERROR(
+        dispatcher_->AllocateShared(R * H, "expert output gradient", &d_out_rows_));
+    DROPLESS_RETURN_IF_ERROR(dispatcher_->AllocateShared(R * H, "expert input gradient", &d_rows_));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "sent rows' output gradient", &d_out_send_));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(Tk * H, "sent rows' input gradient", &d_rows_send_));
+  }
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "routed input gradient", &d_x_routed_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * H, "router input gradient", &d_x_router_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * d.topk, "gate gradient", &d_weights_));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * d.experts, "logit gradient", &d_logits_));
+  DROPLESS_RETURN_IF_ERROR(
+      arena->Allocate(int64_t{d.experts} * H, "router weight gradient", &d_router_));
+  if (d.shared > 0) {
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * F, "shared activation gradient", &d_shared_a_));
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(T * 2 * F, "shared w1 output gradient", &d_shared_h_));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* kernels,

@@ -203,10 +203,14 @@ class LayerKernels {
  public:
   // dispatcher: how the routed rows reach the experts' owners, or null (EP = 1, no exchange:
   // the experts read the permuted rows in place). Buffers that peers access come from it.
+  // forward_only: bf16 layers that run their forward only (the synthetic task's teacher): no
+  // backward scratch is allocated and the backward refuses to run.
   static absl::StatusOr<std::unique_ptr<LayerKernels>> Create(const LayerDims& dims,
                                                               DeviceArena* arena,
-                                                              ExpertDispatcher* dispatcher);
+                                                              ExpertDispatcher* dispatcher,
+                                                              bool forward_only = false);
   bool exchange() const { return dispatcher_ != nullptr; }
+  bool forward_only() const { return forward_only_; }
   // fp8-block (fused quantizers) without an exchange: the permute and SwiGLU write w1's and w2's
   // inputs in fp8-block form only (PermuteFp8BlockGrouped, SwigluForwardFp8BlockGrouped), the
   // combine's backward w2's output gradient (UnpermuteCombineBackwardFp8Block): the bf16 permuted
@@ -246,9 +250,11 @@ class LayerKernels {
   // (moe_layer_expert_gemms.cc).
   absl::Status CreateExpertGemms(int groups, ExpertGemms* out) const;
   absl::Status AllocateQuantizedScratch(DeviceArena* arena);
+  absl::Status AllocateBackwardScratch(DeviceArena* arena);
 
   LayerDims dims_;
   ExpertDispatcher* dispatcher_ = nullptr;
+  bool forward_only_ = false;
   std::unique_ptr<kernels::cuda::RouterGemm> router_;
   std::unique_ptr<kernels::GroupedGemm> shared_w1_, shared_w2_;
   // By group count: every local expert, and the sizes of overlap's chunks.

@@ -65,6 +65,9 @@ absl::Status MoeLayerGpu::BackwardCombine(const LayerWeights& w, const Bf16* x,
                                           const Bf16* d_x_next, float aux_coef,
                                           const LayerGrads& grads, const LayerStreams& s,
                                           const LayerOptimizerHooks& hooks) {
+  if (k_->forward_only()) {
+    return absl::FailedPreconditionError("MoeLayerGpu: a forward-only layer has no backward");
+  }
   const LayerDims& d = k_->dims_;
   const int64_t T = d.tokens, H = d.hidden;
   LayerKernels& k = *k_;

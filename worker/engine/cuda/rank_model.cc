@@ -9,6 +9,19 @@
 #include "worker/engine/cpu/adamw.h"
 
 namespace dropless::cuda_engine {
+namespace {
+
+// The teacher's layers: the student's shapes, routing and exchange in bf16, forward only.
+LayerDims TeacherDims(LayerDims d) {
+  d.precision = Precision::kBf16;
+  d.recompute = false;
+  d.fused_expert_adamw = false;
+  d.mx_core = false;
+  d.fp8_block_fused_quantizers = false;
+  return d;
+}
+
+}  // namespace
 
 absl::Status TrainableBuffer::Allocate(DeviceArena* arena, int64_t n, MomentDtype moment_dtype,
                                        uint32_t moment_stream, bool with_gradient) {
@@ -168,6 +181,17 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
     if (!layer.ok()) return layer.status();
     layers_.push_back(*std::move(layer));
   }
+  if (dims_.quantized()) {
+    absl::StatusOr<std::unique_ptr<LayerKernels>> tk =
+        LayerKernels::Create(TeacherDims(dims_), arena, dispatcher, /*forward_only=*/true);
+    if (!tk.ok()) return tk.status();
+    teacher_kernels_ = *std::move(tk);
+    teacher_saved_ = NewDeviceActivations(arena);
+    absl::StatusOr<std::unique_ptr<MoeLayerGpu>> tl =
+        MoeLayerGpu::Create(teacher_kernels_.get(), arena, teacher_saved_.get(), 0);
+    if (!tl.ok()) return tl.status();
+    teacher_layer_ = *std::move(tl);
+  }
 
   const int64_t T = dims_.tokens, H = dims_.hidden, E = dims_.experts;
   const MomentDtype moment_dtype = config_.optimizer.moment_dtype;
@@ -178,15 +202,16 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
                                              cpu::kExpertMoments, !dims_.fused_expert_adamw));
   for (ModelWeights* w : {&student_, &teacher_}) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(layers() * E * H, "bf16 router", &w->router));
-    if (dims_.quantized()) {
-      for (int64_t l = 0; l < layers(); ++l) {
-        absl::StatusOr<QuantizedWeight> w1 = kernels_->AllocateQuantizedWeight(H, 2 * dims_.ffn, arena);
-        if (!w1.ok()) return w1.status();
-        absl::StatusOr<QuantizedWeight> w2 = kernels_->AllocateQuantizedWeight(dims_.ffn, H, arena);
-        if (!w2.ok()) return w2.status();
-        w->q_w1.push_back(*w1);
-        w->q_w2.push_back(*w2);
-      }
+  }
+  if (dims_.quantized()) {
+    for (int64_t l = 0; l < layers(); ++l) {
+      absl::StatusOr<QuantizedWeight> w1 =
+          kernels_->AllocateQuantizedWeight(H, 2 * dims_.ffn, arena);
+      if (!w1.ok()) return w1.status();
+      absl::StatusOr<QuantizedWeight> w2 = kernels_->AllocateQuantizedWeight(dims_.ffn, H, arena);
+      if (!w2.ok()) return w2.status();
+      student_.q_w1.push_back(*w1);
+      student_.q_w2.push_back(*w2);
     }
   }
   student_.replicated = replicated_.bf16;
@@ -209,15 +234,16 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(1, "step counter", &step_counter_));
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(static_cast<int64_t>(StatsBytes()), "step statistics", &stats_));
 
-  // The teacher: fp32 draws (in the student's not yet initialized buffers), kept in bf16.
+  // The teacher: fp32 draws (in the student's not yet initialized buffers), kept in bf16 (and
+  // never quantized: teacher_layer()).
   DROPLESS_RETURN_IF_ERROR(InitializeWeights(seeds.teacher, replicated_.value, experts_.value));
   DROPLESS_RETURN_IF_ERROR(RefreshWorkingCopies(replicated_.value, experts_.value, &teacher_, streams_.main));
   DROPLESS_RETURN_IF_ERROR(InitializeWeights(seeds.student, replicated_.value, experts_.value));
   if (!config_.checkpoint.dir.empty()) DROPLESS_RETURN_IF_ERROR(Restore(config_.checkpoint.dir));
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpy(step_counter_, &steps_restored_, sizeof(int64_t),
                                            cudaMemcpyHostToDevice));
-  DROPLESS_RETURN_IF_ERROR(RefreshWorkingCopies(replicated_.value, experts_.value, &student_, streams_.main));
-  DROPLESS_RETURN_IF_ERROR(QuantizeExperts(&teacher_, streams_.main));
+  DROPLESS_RETURN_IF_ERROR(
+      RefreshWorkingCopies(replicated_.value, experts_.value, &student_, streams_.main));
   DROPLESS_RETURN_IF_ERROR(QuantizeExperts(&student_, streams_.main));
   DROPLESS_RETURN_IF_ERROR(CreateOptimizer());
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.main));

@@ -43,7 +43,8 @@ struct TrainableBuffer {
   DeviceOptimizerBuffers Optimizer() const { return DeviceOptimizerBuffers{value, moments, size}; }
 };
 
-// The bf16 (and quantized) weights of a model: the student's working copies or the fixed teacher.
+// The bf16 (and quantized) weights of a model: the student's working copies or the fixed teacher
+// (bf16 only: q_w1 and q_w2 empty).
 struct ModelWeights {
   Bf16* router = nullptr;      // [L][E][H]
   Bf16* replicated = nullptr;  // the replicated buffer's layout (router region unused)
@@ -93,6 +94,13 @@ class RankModel {
   // The offload ring of the layers' saved activations (activation_offload), else null.
   ActivationRing* activation_ring() { return ring_; }
   std::vector<std::unique_ptr<MoeLayerGpu>>& layer_list() { return layers_; }
+  // The layer the teacher's forward runs through, for every layer of the teacher in turn: the
+  // teacher computes in bf16 whatever the precision, so that every precision learns the same
+  // task (the CPU engine's teacher is float32). bf16: the student's layer 0 (its buffers are free
+  // until the student's forward); quantized precisions: a bf16 forward-only layer of its own.
+  MoeLayerGpu* teacher_layer() {
+    return teacher_layer_ != nullptr ? teacher_layer_.get() : layers_[0].get();
+  }
   FusedAdamW* adamw() { return adamw_.get(); }
   const OptimizerGroups& optimizer_groups(int64_t layer) const { return optimizer_groups_[layer]; }
   TrainableBuffer& replicated() { return replicated_; }
@@ -133,6 +141,10 @@ class RankModel {
   std::unique_ptr<SavedActivations> saved_;
   ActivationRing* ring_ = nullptr;  // saved_, when it is the offload ring
   std::vector<std::unique_ptr<MoeLayerGpu>> layers_;
+  // The quantized precisions' bf16 teacher (teacher_layer()); null in bf16.
+  std::unique_ptr<LayerKernels> teacher_kernels_;
+  std::unique_ptr<SavedActivations> teacher_saved_;
+  std::unique_ptr<MoeLayerGpu> teacher_layer_;
   std::unique_ptr<FusedAdamW> adamw_;
   std::vector<OptimizerGroups> optimizer_groups_;
   TrainableBuffer replicated_, experts_;
