@@ -2,10 +2,10 @@
 // seed: the step-1 loss, and every gradient recovered from the weights after one AdamW step (with
 // eps = 1 and lr = 1 the first update of a parameter is d = g / (|g| + 1), so g = d / (1 - |d|)),
 // in bf16 and mxfp8, softmax and sigmoid routers, skewed routing and experts that receive no
-// token. Then: the synthetic task learns over 500 steps in every precision, and with bf16 AdamW
-// moments as with fp32 ones; a run stopped and resumed from its checkpoint continues the
-// uninterrupted loss curve (fp32 and bf16 moments); a CPU-engine checkpoint resumes on the CUDA
-// engine.
+// token. Then: the synthetic task learns over 500 steps with bf16 AdamW moments as with fp32
+// ones (every precision: precision_loss_gpu_test.cc); a run stopped and resumed from its checkpoint
+// continues the uninterrupted loss curve (fp32 and bf16 moments); a CPU-engine checkpoint resumes
+// on the CUDA engine.
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,6 +32,8 @@ namespace dropless {
 namespace {
 
 using kernels::testing::GpuTest;
+using local_ep_testing::LearningConfig;
+using local_ep_testing::Losses;
 
 class CudaEngineGpu : public GpuTest {
  protected:
@@ -268,100 +270,6 @@ TEST_F(CudaEngineGpu, FusedExpertUpdateAllocatesNoRoutedExpertGradient) {
   std::printf("engine bytes: two passes %lld, fused %lld\n", static_cast<long long>(bytes[0]),
               static_cast<long long>(bytes[1]));
   EXPECT_EQ(bytes[0] - bytes[1], layout.experts_size() * static_cast<int64_t>(sizeof(float)));
-}
-
-std::vector<double> Losses(Engine* engine, int steps) {
-  std::vector<double> losses;
-  for (int i = 0; i < steps; ++i) {
-    absl::StatusOr<StepStats> s = engine->Step();
-    EXPECT_TRUE(s.ok()) << s.status();
-    if (!s.ok()) break;
-    losses.push_back(s->loss);
-  }
-  return losses;
-}
-
-EngineConfig LearningConfig(Precision precision) {
-  EngineConfig c;
-  c.model.hidden = 256;
-  c.model.ffn = 128;
-  c.model.experts = 16;
-  c.model.topk = 2;
-  c.model.shared_experts = 1;
-  c.model.layers = 1;
-  c.model.aux_loss_coeff = 0.01;
-  c.tokens_per_rank = 1024;
-  c.steps = 500;
-  c.optimizer.lr = 3e-3;
-  c.optimizer.warmup_steps = 20;
-  c.data.seed = 5;
-  c.precision = precision;
-  return c;
-}
-
-// The quantized precisions learn the synthetic task about as bf16 does. The issues' goal is 500
-// steps ending within 1% of bf16's loss (issue 15 for mxfp8, issue 17 for the fp8-block
-// precisions); measured over 24 data seeds they end 1.2-1.6% above it (H100, 2026-12-06: mxfp8
-// +1.21%, fp8-block +1.35%, fp8-block-wgrad128 +1.53%, standard errors 0.3-0.5%; with a one-ulp
-// change in SwiGLU's backward, which moves every trajectory: +1.57%, +1.25%, +1.64%), so the goal
-// is missed by a few tenths of a percent, and this test guards against regressions instead: each
-// precision ends below bf16 + 2.5% and above bf16 - 1%. The end loss is the mean of the last 20
-// steps, averaged over 24 seeds: one seed's end loss moves by up to 6% between precisions, and the
-// three seeds used before read 0.07% below to 0.21% above, then (after that one-ulp change) 1.1%
-// to 2.8% above. Ending far below bf16 would mean the quantized step computes another function:
-// with the OCP spec's floor scale (mxfp8.h), MXFP8 saturated the top elements of the blocks whose
-// amax significand is above 1.75 (about one in four) and ended 3.5% below bf16 (three seeds; 1.3%
-// below at step 1). (The weight gradient's output gradient per 128x128 block instead of its
-// activations, built and measured, ended 1.4% above bf16 over three seeds: docs/fp8_block_gemm.md.)
-TEST_F(CudaEngineGpu, LearnsIn500StepsInEveryPrecisionNearBf16) {
-  auto tail_mean = [](const std::vector<double>& v) {
-    double s = 0;
-    for (size_t i = v.size() - 20; i < v.size(); ++i) s += v[i];
-    return s / 20;
-  };
-  std::vector<uint64_t> seeds;
-  for (uint64_t seed = 5; seed < 5 + 24; ++seed) seeds.push_back(seed);
-  const std::vector<Precision> precisions = {Precision::kBf16, Precision::kMxfp8,
-                                             Precision::kFp8Block, Precision::kFp8BlockWgrad128};
-  std::vector<double> end(precisions.size(), 0.0);
-  std::vector<std::vector<double>> per_seed(precisions.size());
-  for (uint64_t seed : seeds) {
-    for (size_t p = 0; p < precisions.size(); ++p) {
-      const std::string name(ToString(precisions[p]));
-      SCOPED_TRACE(name + " seed " + std::to_string(seed));
-      EngineConfig config = LearningConfig(precisions[p]);
-      config.data.seed = seed;
-      std::unique_ptr<Engine> e = MakeCuda(config);
-      ASSERT_TRUE(e);
-      const std::vector<double> losses = Losses(e.get(), 500);
-      ASSERT_EQ(losses.size(), 500u);
-      std::printf("500 steps, seed %llu: %-18s loss %.5f -> %.5f (last-20 mean %.5f)\n",
-                  static_cast<unsigned long long>(seed), name.c_str(), losses.front(),
-                  losses.back(), tail_mean(losses));
-      EXPECT_LT(tail_mean(losses), 0.5 * losses.front());
-      end[p] += tail_mean(losses) / seeds.size();
-      per_seed[p].push_back(tail_mean(losses));
-    }
-  }
-  for (size_t p = 1; p < precisions.size(); ++p) {
-    const std::string name(ToString(precisions[p]));
-    // The per-seed ratios' spread, so that a reader can tell a miss from noise.
-    double mean = 0, square = 0;
-    for (size_t i = 0; i < seeds.size(); ++i) mean += per_seed[p][i] / per_seed[0][i] - 1.0;
-    mean /= seeds.size();
-    for (size_t i = 0; i < seeds.size(); ++i) {
-      const double d = per_seed[p][i] / per_seed[0][i] - 1.0 - mean;
-      square += d * d;
-    }
-    const double se = std::sqrt(square / (seeds.size() - 1) / seeds.size());
-    std::printf(
-        "500 steps over %zu seeds: bf16 %.5f, %s %.5f (%+.2f%%; per-seed ratios %+.2f%% +- "
-        "%.2f%%; the issues' goal is within 1%%)\n",
-        seeds.size(), end[0], name.c_str(), end[p], 100.0 * (end[p] / end[0] - 1.0), 100.0 * mean,
-        100.0 * se);
-    EXPECT_LE(end[p], 1.025 * end[0]) << name;
-    EXPECT_GE(end[p], 0.99 * end[0]) << name;
-  }
 }
 
 // bf16 AdamW moments learn as fp32 ones do: over eight data seeds, 500 steps end no more than 1%

@@ -1,7 +1,8 @@
 // Shared by the CUDA engine's GPU tests (local_ep_gpu_test.cc, overlap_gpu_test.cc,
-// cuda_engine_gpu_test.cc, expert_dispatcher_gpu_test.cc): a small skewed MoE job, the engine at
-// EP 1 or in-process EP, the group's weights read back from its checkpoint in the EP = 1 layout,
-// and whether this process can run nccl-lsa.
+// cuda_engine_gpu_test.cc, expert_dispatcher_gpu_test.cc, precision_loss_gpu_test.cc): a small
+// skewed MoE job, the engine at EP 1 or in-process EP, the group's weights read back from its
+// checkpoint in the EP = 1 layout, whether this process can run nccl-lsa, and the learning tests'
+// job and loss curves.
 #ifndef DROPLESS_TESTS_GPU_ENGINE_LOCAL_EP_TEST_SUPPORT_H_
 #define DROPLESS_TESTS_GPU_ENGINE_LOCAL_EP_TEST_SUPPORT_H_
 
@@ -17,6 +18,7 @@
 #include "worker/engine/cpu/moe_model.h"
 #include "worker/engine/cuda/cuda_engine.h"
 #include "worker/engine/cuda/ep/expert_dispatcher.h"
+#include "worker/engine/engine.h"
 
 namespace dropless::local_ep_testing {
 
@@ -115,6 +117,37 @@ inline double RelativeError(const std::vector<double>& a, const std::vector<doub
     norm += b[i] * b[i];
   }
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+// The losses of `steps` steps (fewer when a step fails, which fails the test).
+inline std::vector<double> Losses(Engine* engine, int steps) {
+  std::vector<double> losses;
+  for (int i = 0; i < steps; ++i) {
+    absl::StatusOr<StepStats> s = engine->Step();
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) break;
+    losses.push_back(s->loss);
+  }
+  return losses;
+}
+
+// The learning tests' job: 500 steps of a one-layer model large enough to learn for a while.
+inline EngineConfig LearningConfig(Precision precision) {
+  EngineConfig c;
+  c.model.hidden = 256;
+  c.model.ffn = 128;
+  c.model.experts = 16;
+  c.model.topk = 2;
+  c.model.shared_experts = 1;
+  c.model.layers = 1;
+  c.model.aux_loss_coeff = 0.01;
+  c.tokens_per_rank = 1024;
+  c.steps = 500;
+  c.optimizer.lr = 3e-3;
+  c.optimizer.warmup_steps = 20;
+  c.data.seed = 5;
+  c.precision = precision;
+  return c;
 }
 
 }  // namespace dropless::local_ep_testing

@@ -1,0 +1,151 @@
+// The quantized precisions against bf16 on the synthetic task: 500 steps from the same seeds, and
+// where a gap in the end loss comes from (the trained weights evaluated in both precisions).
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/gpu/engine/local_ep_test_support.h"
+#include "tests/gpu/kernels/gpu_test_util.h"
+#include "worker/engine/cuda/cuda_engine.h"
+
+namespace dropless {
+namespace {
+
+using kernels::testing::GpuTest;
+using local_ep_testing::LearningConfig;
+using local_ep_testing::Losses;
+using local_ep_testing::Make;
+
+class PrecisionLossGpu : public GpuTest {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
+    dir_ =
+        std::filesystem::temp_directory_path() / absl::StrCat("dropless-precision-loss-", getpid());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  std::string Dir(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::filesystem::path dir_;
+};
+
+double Mean(const std::vector<double>& v, size_t first) {
+  double s = 0;
+  for (size_t i = first; i < v.size(); ++i) s += v[i];
+  return s / static_cast<double>(v.size() - first);
+}
+
+// The loss of the weights checkpointed in `dir` evaluated in `precision`: the mean over the 10
+// batches after the checkpoint's step, with a learning rate of 1e-9 (each step's loss is computed
+// before its update, and the updates leave the weights where they were to about 1e-9).
+double EvaluatedLoss(EngineConfig config, Precision precision, const std::string& dir) {
+  config.precision = precision;
+  config.checkpoint.dir = dir;
+  config.steps = 1000;
+  config.optimizer.lr = 1e-9;
+  config.optimizer.warmup_steps = 0;
+  std::unique_ptr<cuda_engine::CudaEngine> e = Make(config);
+  if (e == nullptr) return NAN;
+  EXPECT_EQ(e->StepsDone(), 500) << "the checkpoint in " << dir;
+  const std::vector<double> losses = Losses(e.get(), 10);
+  return losses.size() == 10 ? Mean(losses, 0) : NAN;
+}
+
+// Mean and standard error of the per-seed ratios a[i] / b[i] - 1.
+struct RatioSummary {
+  double mean = 0, se = 0;
+};
+RatioSummary Ratios(const std::vector<double>& a, const std::vector<double>& b) {
+  const size_t n = a.size();
+  RatioSummary r;
+  for (size_t i = 0; i < n; ++i) r.mean += (a[i] / b[i] - 1.0) / n;
+  double square = 0;
+  for (size_t i = 0; i < n; ++i) square += std::pow(a[i] / b[i] - 1.0 - r.mean, 2);
+  r.se = std::sqrt(square / (n - 1) / n);
+  return r;
+}
+
+// The quantized precisions learn the synthetic task about as bf16 does. The issues' goal is 500
+// steps ending within 1% of bf16's loss (issue 15 for mxfp8, issue 17 for the fp8-block
+// precisions); measured over 24 data seeds they end 1.2-1.6% above it (H100, 2026-12-06: mxfp8
+// +1.21%, fp8-block +1.35%, fp8-block-wgrad128 +1.53%, standard errors 0.3-0.5%; with a one-ulp
+// change in SwiGLU's backward, which moves every trajectory: +1.57%, +1.25%, +1.64%), so the goal
+// is missed by a few tenths of a percent, and this test guards against regressions instead: each
+// precision ends below bf16 + 2.5% and above bf16 - 1%. The end loss is the mean of the last 20
+// steps, averaged over 24 seeds: one seed's end loss moves by up to 6% between precisions, and the
+// three seeds used before read 0.07% below to 0.21% above, then (after that one-ulp change) 1.1%
+// to 2.8% above. Ending far below bf16 would mean the quantized step computes another function:
+// with the OCP spec's floor scale (mxfp8.h), MXFP8 saturated the top elements of the blocks whose
+// amax significand is above 1.75 (about one in four) and ended 3.5% below bf16 (three seeds; 1.3%
+// below at step 1). (The weight gradient's output gradient per 128x128 block instead of its
+// activations, built and measured, ended 1.4% above bf16 over three seeds: docs/fp8_block_gemm.md.)
+TEST_F(PrecisionLossGpu, LearnsIn500StepsInEveryPrecisionNearBf16) {
+  std::vector<uint64_t> seeds;
+  for (uint64_t seed = 5; seed < 5 + 24; ++seed) seeds.push_back(seed);
+  const std::vector<Precision> precisions = {Precision::kBf16, Precision::kMxfp8,
+                                             Precision::kFp8Block, Precision::kFp8BlockWgrad128};
+  const size_t P = precisions.size();
+  // Per precision, per seed: the last-20 mean of training; the trained weights' loss evaluated
+  // in their own precision and in bf16 (after the 500 steps, on the same 10 batches).
+  std::vector<std::vector<double>> end(P), own(P), in_bf16(P);
+  for (uint64_t seed : seeds) {
+    for (size_t p = 0; p < P; ++p) {
+      const std::string name(ToString(precisions[p]));
+      SCOPED_TRACE(name + " seed " + std::to_string(seed));
+      EngineConfig config = LearningConfig(precisions[p]);
+      config.data.seed = seed;
+      std::unique_ptr<cuda_engine::CudaEngine> e = Make(config);
+      ASSERT_TRUE(e);
+      const std::vector<double> losses = Losses(e.get(), 500);
+      ASSERT_EQ(losses.size(), 500u);
+      const std::string dir = Dir(absl::StrCat(name, "-", seed));
+      ASSERT_TRUE(e->SaveCheckpoint(dir).ok());
+      e.reset();
+      end[p].push_back(Mean(losses, 480));
+      own[p].push_back(EvaluatedLoss(config, precisions[p], dir));
+      in_bf16[p].push_back(p == 0 ? own[p].back() : EvaluatedLoss(config, Precision::kBf16, dir));
+      std::printf(
+          "500 steps, seed %llu: %-18s loss %.5f -> %.5f (last-20 mean %.5f); trained "
+          "weights on the next 10 batches: %.5f, in bf16 %.5f\n",
+          static_cast<unsigned long long>(seed), name.c_str(), losses.front(), losses.back(),
+          end[p].back(), own[p].back(), in_bf16[p].back());
+      EXPECT_LT(end[p].back(), 0.5 * losses.front());
+      EXPECT_LT(own[p].back(), 0.5 * losses.front()) << "the checkpoint did not load";
+    }
+  }
+  std::vector<double> mean_end(P, 0.0);
+  for (size_t p = 0; p < P; ++p) mean_end[p] = Mean(end[p], 0);
+  for (size_t p = 1; p < P; ++p) {
+    const std::string name(ToString(precisions[p]));
+    // The per-seed ratios' spread, so that a reader can tell a miss from noise.
+    const RatioSummary training = Ratios(end[p], end[0]);
+    const RatioSummary evaluated = Ratios(own[p], own[0]);
+    const RatioSummary weights = Ratios(in_bf16[p], own[0]);
+    const RatioSummary forward = Ratios(own[p], in_bf16[p]);
+    std::printf(
+        "500 steps over %zu seeds: bf16 %.5f, %s %.5f (%+.2f%%; per-seed ratios %+.2f%% +- "
+        "%.2f%%; the issues' goal is within 1%%). Evaluated after training: %+.2f%% +- %.2f%% = "
+        "its weights in bf16 %+.2f%% +- %.2f%% (what training in %s cost) and its forward's "
+        "quantization %+.2f%% +- %.2f%%\n",
+        seeds.size(), mean_end[0], name.c_str(), mean_end[p],
+        100.0 * (mean_end[p] / mean_end[0] - 1.0), 100.0 * training.mean, 100.0 * training.se,
+        100.0 * evaluated.mean, 100.0 * evaluated.se, 100.0 * weights.mean, 100.0 * weights.se,
+        name.c_str(), 100.0 * forward.mean, 100.0 * forward.se);
+    EXPECT_LE(mean_end[p], 1.025 * mean_end[0]) << name;
+    EXPECT_GE(mean_end[p], 0.99 * mean_end[0]) << name;
+  }
+}
+
+}  // namespace
+}  // namespace dropless
