@@ -76,20 +76,21 @@ RatioSummary Ratios(const std::vector<double>& a, const std::vector<double>& b) 
   return r;
 }
 
-// The quantized precisions learn the synthetic task about as bf16 does. The issues' goal is 500
-// steps ending within 1% of bf16's loss (issue 15 for mxfp8, issue 17 for the fp8-block
-// precisions); measured over 24 data seeds they end 1.2-1.6% above it (H100, 2026-12-06: mxfp8
-// +1.21%, fp8-block +1.35%, fp8-block-wgrad128 +1.53%, standard errors 0.3-0.5%; with a one-ulp
-// change in SwiGLU's backward, which moves every trajectory: +1.57%, +1.25%, +1.64%), so the goal
-// is missed by a few tenths of a percent, and this test guards against regressions instead: each
-// precision ends below bf16 + 2.5% and above bf16 - 1%. The end loss is the mean of the last 20
-// steps, averaged over 24 seeds: one seed's end loss moves by up to 6% between precisions, and the
-// three seeds used before read 0.07% below to 0.21% above, then (after that one-ulp change) 1.1%
-// to 2.8% above. Ending far below bf16 would mean the quantized step computes another function:
-// with the OCP spec's floor scale (mxfp8.h), MXFP8 saturated the top elements of the blocks whose
-// amax significand is above 1.75 (about one in four) and ended 3.5% below bf16 (three seeds; 1.3%
-// below at step 1). (The weight gradient's output gradient per 128x128 block instead of its
-// activations, built and measured, ended 1.4% above bf16 over three seeds: docs/fp8_block_gemm.md.)
+// The quantized precisions learn the synthetic task as bf16 does: the issues' goal is 500 steps
+// ending within 1% of bf16's loss (issue 15 for mxfp8, issue 17 for the fp8-block precisions).
+// The end loss is the mean of the last 20 steps, averaged over 24 data seeds: one seed's end loss
+// moves by up to 6% between precisions (three seeds read anything from 0.3% below to 2.8% above
+// as the code changed). Measured on an H100 (2026-12-06, loss-h100-20261206-bf16-teacher.json):
+// mxfp8 +0.78%, fp8-block +0.56%, fp8-block-wgrad128 +0.63% (standard errors of the per-seed
+// ratios 0.36-0.44%). Then each trained model is evaluated on the 10 batches after training in
+// its own precision and in bf16, which splits the gap: its weights in bf16 are as good as bf16's
+// (-0.32%, -0.04%, -0.07%, within their standard errors) and its forward's quantization costs
+// +0.72-0.74% (standard error 0.03%): training in the precision costs nothing measurable. Before
+// the teacher computed in bf16 in every precision (RankModel::teacher_layer), each precision
+// fitted a quantized teacher of its own and ended 1.2-1.5% above bf16. Ending far below bf16
+// would mean the quantized step computes another function: with the OCP spec's floor scale
+// (mxfp8.h), MXFP8 saturated the top elements of the blocks whose amax significand is above 1.75
+// (about one in four) and ended 3.5% below bf16 (three seeds; 1.3% below at step 1).
 TEST_F(PrecisionLossGpu, LearnsIn500StepsInEveryPrecisionNearBf16) {
   std::vector<uint64_t> seeds;
   for (uint64_t seed = 5; seed < 5 + 24; ++seed) seeds.push_back(seed);
@@ -142,8 +143,10 @@ TEST_F(PrecisionLossGpu, LearnsIn500StepsInEveryPrecisionNearBf16) {
         100.0 * (mean_end[p] / mean_end[0] - 1.0), 100.0 * training.mean, 100.0 * training.se,
         100.0 * evaluated.mean, 100.0 * evaluated.se, 100.0 * weights.mean, 100.0 * weights.se,
         name.c_str(), 100.0 * forward.mean, 100.0 * forward.se);
-    EXPECT_LE(mean_end[p], 1.025 * mean_end[0]) << name;
+    EXPECT_LE(mean_end[p], 1.01 * mean_end[0]) << name << ": the issues' goal";
     EXPECT_GE(mean_end[p], 0.99 * mean_end[0]) << name;
+    EXPECT_LT(forward.mean, 0.01) << name << ": the forward's quantization alone";
+    EXPECT_LT(weights.mean, 0.01) << name << ": the trained weights evaluated in bf16";
   }
 }
 
