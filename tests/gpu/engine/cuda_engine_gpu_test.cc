@@ -4,8 +4,8 @@
 // in bf16 and mxfp8, softmax and sigmoid routers, skewed routing and experts that receive no
 // token. Then: the synthetic task learns over 500 steps with bf16 AdamW moments as with fp32
 // ones (every precision: precision_loss_gpu_test.cc); a run stopped and resumed from its checkpoint
-// continues the uninterrupted loss curve (fp32 and bf16 moments); a CPU-engine checkpoint resumes
-// on the CUDA engine.
+// continues the uninterrupted loss curve (fp32 and bf16 moments, and every quantized precision);
+// a CPU-engine checkpoint resumes on the CUDA engine.
 #include <unistd.h>
 
 #include <algorithm>
@@ -319,16 +319,16 @@ TEST_F(CudaEngineGpu, Bf16MomentsLearnAsFp32MomentsDo) {
 class CudaEngineMomentsGpu : public CudaEngineGpu,
                              public ::testing::WithParamInterface<MomentDtype> {};
 
-TEST_P(CudaEngineMomentsGpu, ResumedRunContinuesTheLossCurve) {
-  EngineConfig c = LearningConfig(Precision::kBf16);
-  c.optimizer.moment_dtype = GetParam();
+// 30 steps straight, and 15 steps, a checkpoint in `dir`, the engine "killed" and a new one
+// resumed from the checkpoint for 15 more: the resumed curve must continue the straight one.
+void ExpectResumedRunContinuesTheLossCurve(EngineConfig c, const std::string& dir) {
   std::vector<double> straight;
   {
     std::unique_ptr<Engine> e = MakeCuda(c);
     ASSERT_TRUE(e);
     straight = Losses(e.get(), 30);
   }
-  c.checkpoint.dir = Dir("resume");
+  c.checkpoint.dir = dir;
   std::vector<double> first, second;
   {
     std::unique_ptr<Engine> e = MakeCuda(c);
@@ -349,6 +349,13 @@ TEST_P(CudaEngineMomentsGpu, ResumedRunContinuesTheLossCurve) {
     EXPECT_NEAR(first[i], straight[i], 1e-4 * straight[i]) << "step " << i + 1;
     EXPECT_NEAR(second[i], straight[15 + i], 1e-3 * straight[15 + i]) << "step " << 16 + i;
   }
+}
+
+TEST_P(CudaEngineMomentsGpu, ResumedRunContinuesTheLossCurve) {
+  EngineConfig c = LearningConfig(Precision::kBf16);
+  c.optimizer.moment_dtype = GetParam();
+  ExpectResumedRunContinuesTheLossCurve(c, Dir("resume"));
+  if (HasFatalFailure()) return;
   // The checkpoint's moments (fp32 in the file) are the engine's: bf16 values with bf16 moments.
   const cpu::MoeParameterLayout layout(c.model, 1, 0, c.tokens_per_rank);
   std::vector<float> rp(layout.replicated_size()), rm(rp.size()), rv(rp.size());
@@ -370,6 +377,16 @@ TEST_P(CudaEngineMomentsGpu, ResumedRunContinuesTheLossCurve) {
     EXPECT_EQ(not_bf16, 0);
   } else {
     EXPECT_GT(not_bf16, 0);  // fp32 moments use their low bits
+  }
+}
+
+// The quantized precisions resume too: their quantized weights are made again from the restored
+// masters, as the update made them.
+TEST_F(CudaEngineGpu, ResumedRunContinuesTheLossCurveInTheQuantizedPrecisions) {
+  for (Precision p : {Precision::kMxfp8, Precision::kFp8Block, Precision::kFp8BlockWgrad128}) {
+    SCOPED_TRACE(std::string(ToString(p)));
+    ExpectResumedRunContinuesTheLossCurve(LearningConfig(p),
+                                          Dir("resume-" + std::string(ToString(p))));
   }
 }
 
