@@ -354,7 +354,8 @@ void ExpectResumedRunContinuesTheLossCurve(EngineConfig c, const std::string& di
 TEST_P(CudaEngineMomentsGpu, ResumedRunContinuesTheLossCurve) {
   EngineConfig c = LearningConfig(Precision::kBf16);
   c.optimizer.moment_dtype = GetParam();
-  ExpectResumedRunContinuesTheLossCurve(c, Dir("resume"));
+  c.checkpoint.dir = Dir("resume");
+  ExpectResumedRunContinuesTheLossCurve(c, c.checkpoint.dir);
   if (HasFatalFailure()) return;
   // The checkpoint's moments (fp32 in the file) are the engine's: bf16 values with bf16 moments.
   const cpu::MoeParameterLayout layout(c.model, 1, 0, c.tokens_per_rank);
