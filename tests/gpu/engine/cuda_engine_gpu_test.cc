@@ -354,15 +354,15 @@ void ExpectResumedRunContinuesTheLossCurve(EngineConfig c, const std::string& di
 TEST_P(CudaEngineMomentsGpu, ResumedRunContinuesTheLossCurve) {
   EngineConfig c = LearningConfig(Precision::kBf16);
   c.optimizer.moment_dtype = GetParam();
-  c.checkpoint.dir = Dir("resume");
-  ExpectResumedRunContinuesTheLossCurve(c, c.checkpoint.dir);
+  const std::string dir = Dir("resume");
+  ExpectResumedRunContinuesTheLossCurve(c, dir);
   if (HasFatalFailure()) return;
   // The checkpoint's moments (fp32 in the file) are the engine's: bf16 values with bf16 moments.
   const cpu::MoeParameterLayout layout(c.model, 1, 0, c.tokens_per_rank);
   std::vector<float> rp(layout.replicated_size()), rm(rp.size()), rv(rp.size());
   std::vector<float> ep(layout.experts_size()), em(ep.size()), ev(ep.size());
   absl::StatusOr<int64_t> step =
-      engine::ReadMoeCheckpoint(c.checkpoint.dir, engine::MoeCheckpointIdentityOf(c, 0), layout,
+      engine::ReadMoeCheckpoint(dir, engine::MoeCheckpointIdentityOf(c, 0), layout,
                                 {absl::MakeSpan(rp), absl::MakeSpan(rm), absl::MakeSpan(rv)},
                                 {absl::MakeSpan(ep), absl::MakeSpan(em), absl::MakeSpan(ev)});
   ASSERT_TRUE(step.ok()) << step.status();

@@ -263,9 +263,9 @@ TEST(ActivationOffloadGpu, SameStepsLessDeviceMemory) {
 
 // The synthetic task is the same in every precision: the teacher computes its targets in bf16
 // whatever the student's precision (RankModel::teacher_layer), so each quantized precision's
-// targets are the bf16 engine's bit for bit, at EP 1, at EP 2 and with overlap's chunked
-// exchange, over three steps (fresh tokens each). A teacher quantized like its student moves
-// them: that made each precision fit a task of its own.
+// targets are the bf16 engine's bit for bit (every rank's), at EP 1, at EP 2 and with overlap's
+// chunked exchange, over three steps (fresh tokens each). A teacher quantized like its student
+// moves them: that made each precision fit a task of its own.
 TEST(TeacherGpu, TargetsAreTheBf16TeachersInEveryPrecision) {
   if (!kernels::testing::HaveCudaDevice()) GTEST_SKIP() << "SKIPPED: no CUDA device";
   struct Case {

@@ -116,6 +116,7 @@ TEST_F(PrecisionLossGpu, LearnsIn500StepsInEveryPrecisionNearBf16) {
       end[p].push_back(Mean(losses, 480));
       own[p].push_back(EvaluatedLoss(config, precisions[p], dir));
       in_bf16[p].push_back(p == 0 ? own[p].back() : EvaluatedLoss(config, Precision::kBf16, dir));
+      std::filesystem::remove_all(dir);
       std::printf(
           "500 steps, seed %llu: %-18s loss %.5f -> %.5f (last-20 mean %.5f); trained "
           "weights on the next 10 batches: %.5f, in bf16 %.5f\n",

@@ -481,11 +481,15 @@ absl::StatusOr<CudaEngine::GemmSeconds> CudaEngineImpl::TimeExpertGemms(int iter
 
 absl::StatusOr<std::vector<float>> CudaEngineImpl::LastTargets() {
   if (steps_done_ == 0) return absl::FailedPreconditionError("LastTargets: run a step first");
-  std::vector<Bf16> target(static_cast<size_t>(dims_.tokens * dims_.hidden));
-  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpy(target.data(), lead().target(),
-                                           target.size() * sizeof(Bf16), cudaMemcpyDeviceToHost));
-  std::vector<float> out(target.size());
-  for (size_t i = 0; i < target.size(); ++i) out[i] = kernels::Bf16ToFloat(target[i]);
+  const size_t n = static_cast<size_t>(dims_.tokens * dims_.hidden);
+  std::vector<Bf16> target(n);
+  std::vector<float> out;
+  out.reserve(n * ranks_.size());
+  for (const std::unique_ptr<RankModel>& r : ranks_) {
+    DROPLESS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(target.data(), r->target(), n * sizeof(Bf16), cudaMemcpyDeviceToHost));
+    for (Bf16 v : target) out.push_back(kernels::Bf16ToFloat(v));
+  }
   return out;
 }
 

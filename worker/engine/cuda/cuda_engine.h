@@ -64,8 +64,9 @@ class CudaEngine : public Engine {
   };
   virtual absl::StatusOr<GemmSeconds> TimeExpertGemms(int iterations) = 0;
   virtual CudaStepDetails LastStepDetails() const = 0;
-  // The synthetic task's targets of the last step (the teacher's output) for the first rank of
-  // this process, [tokens][hidden] as floats: for tests that every precision fits the same task.
+  // The synthetic task's targets of the last step (the teacher's output) of every EP rank this
+  // process drives, in rank order, [ranks][tokens][hidden] as floats: for tests that every
+  // precision fits the same task.
   virtual absl::StatusOr<std::vector<float>> LastTargets() = 0;
 };
 

@@ -56,6 +56,12 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
     return absl::InvalidArgumentError(
         "LayerKernels: forward_only layers run in bf16 (the teacher)");
   }
+  // The precision-specific choices (fp8_block_local() reads the flag alone).
+  if ((d.fp8_block_fused_quantizers && !d.fp8_block()) || (d.mx_core && !d.mxfp8())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LayerKernels: fp8_block_fused_quantizers (%d) or mx_core (%d) set for precision %s",
+        d.fp8_block_fused_quantizers, d.mx_core, std::string(ToString(d.precision))));
+  }
   const int64_t T = d.tokens, H = d.hidden, F = d.ffn, Tk = d.rows(), R = d.recv_rows();
   const int El = d.local_experts();
   DROPLESS_RETURN_IF_ERROR(ValidateEpShape(d.ep_shape()));
@@ -247,6 +253,45 @@ absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::Create(LayerKernels* k
   for (int s = 0; s < d.shared; ++s) {
     DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, T * 2 * F, "shared w1 output", &l.shared_h_[s]));
     DROPLESS_RETURN_IF_ERROR(saved->Allocate(li, T * F, "shared SwiGLU output", &l.shared_a_[s]));
+  }
+  return layer;
+}
+
+absl::StatusOr<std::unique_ptr<MoeLayerGpu>> MoeLayerGpu::CreateOver(LayerKernels* kernels,
+                                                                     const MoeLayerGpu& other) {
+  const LayerDims& d = kernels->dims_;
+  const LayerDims& o = other.k_->dims_;
+  if (!kernels->forward_only() || !kernels->exchange() ||
+      kernels->dispatcher_ != other.k_->dispatcher_ || d.tokens != o.tokens ||
+      d.hidden != o.hidden || d.ffn != o.ffn || d.experts != o.experts || d.ep != o.ep ||
+      d.topk != o.topk || d.shared != o.shared) {
+    return absl::InvalidArgumentError(
+        "MoeLayerGpu::CreateOver: a forward-only layer with the other layer's exchange and shapes");
+  }
+  auto layer = std::unique_ptr<MoeLayerGpu>(new MoeLayerGpu(kernels));
+  MoeLayerGpu& l = *layer;
+  l.logits_ = other.logits_;
+  l.expert_ids_ = other.expert_ids_;
+  l.gates_ = other.gates_;
+  l.counts_ = other.counts_;
+  l.prob_sums_ = other.prob_sums_;
+  l.offsets_ = other.offsets_;
+  l.slot_of_choice_ = other.slot_of_choice_;
+  l.choice_of_slot_ = other.choice_of_slot_;
+  l.rows_ = kernels->permuted_scratch_;  // the rows an exchange sends
+  l.recv_rows_ = other.k_->d_rows_;
+  l.h_ = other.h_;
+  l.a_ = other.a_;
+  l.out_rows_ = other.out_rows_;
+  l.out_send_ = other.out_send_;
+  l.plan_ = other.plan_;
+  l.shared_h_ = other.shared_h_;
+  l.shared_a_ = other.shared_a_;
+  if (l.rows_ == nullptr || l.recv_rows_ == nullptr || l.h_ == nullptr || l.a_ == nullptr ||
+      l.out_rows_ == nullptr || l.out_send_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "MoeLayerGpu::CreateOver: the other layer keeps no bf16 form of a buffer the forward "
+        "writes");
   }
   return layer;
 }

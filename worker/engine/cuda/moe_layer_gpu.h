@@ -198,7 +198,8 @@ struct LayerOptimizerHooks {
   std::function<absl::Status(cudaStream_t)> router_and_shared;
 };
 
-// Kernel objects and scratch shared by every layer of an engine (teacher included).
+// Kernel objects and scratch shared by every layer of an engine (the student's; the quantized
+// precisions' bf16 teacher has a forward-only set of its own: RankModel::teacher_layer).
 class LayerKernels {
  public:
   // dispatcher: how the routed rows reach the experts' owners, or null (EP = 1, no exchange:
@@ -312,6 +313,15 @@ class MoeLayerGpu {
                                                              DeviceArena* arena,
                                                              SavedActivations* saved,
                                                              int64_t layer);
+  // A forward-only layer (kernels->forward_only(), with an exchange) that runs over `other`'s
+  // buffers: its routing, saved activations, exchange plan and expert outputs are other's, its
+  // received rows other's kernels' input-gradient buffer (R x H bf16, written by the peers; free
+  // outside the backward). For the bf16 teacher of a quantized engine at EP > 1, whose forward
+  // ends before the student's layer 0 (`other`) writes any of them: no receive-sized buffer of
+  // its own. `other` must keep bf16 forms of what a bf16 forward writes (any layer with an
+  // exchange does).
+  static absl::StatusOr<std::unique_ptr<MoeLayerGpu>> CreateOver(LayerKernels* kernels,
+                                                                 const MoeLayerGpu& other);
 
   // x [T][H] -> x_next [T][H] (must not alias x) at EP = 1 (the three stages below in a row).
   // With train, keeps what Backward needs; aux_loss (device float) receives the layer's aux loss

@@ -186,9 +186,15 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
         LayerKernels::Create(TeacherDims(dims_), arena, dispatcher, /*forward_only=*/true);
     if (!tk.ok()) return tk.status();
     teacher_kernels_ = *std::move(tk);
-    teacher_saved_ = NewDeviceActivations(arena);
-    absl::StatusOr<std::unique_ptr<MoeLayerGpu>> tl =
-        MoeLayerGpu::Create(teacher_kernels_.get(), arena, teacher_saved_.get(), 0);
+    // With an exchange, over the student's layer 0 (no receive-sized buffer of its own: those
+    // take the EP group's rows); without one, buffers of its own.
+    absl::StatusOr<std::unique_ptr<MoeLayerGpu>> tl;
+    if (dispatcher != nullptr) {
+      tl = MoeLayerGpu::CreateOver(teacher_kernels_.get(), *layers_[0]);
+    } else {
+      teacher_saved_ = NewDeviceActivations(arena);
+      tl = MoeLayerGpu::Create(teacher_kernels_.get(), arena, teacher_saved_.get(), 0);
+    }
     if (!tl.ok()) return tl.status();
     teacher_layer_ = *std::move(tl);
   }

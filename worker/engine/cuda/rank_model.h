@@ -1,8 +1,9 @@
 // RankModel: one EP rank's share of the CUDA engine's model, on the device: its fp32 master
 // weights, gradients and AdamW moments in the CPU engine's flat layout (MoeParameterLayout for
-// this rank's experts), the bf16 (and MXFP8) working copies, the fixed teacher, the layers and
-// their activations, and the streams its work runs on. The engine (cuda_engine.cc) drives one
-// RankModel per EP rank of this process through the step.
+// this rank's experts), the bf16 (and quantized) working copies, the fixed teacher (bf16, with a
+// forward-only layer of its own in the quantized precisions), the layers and their activations, and
+// the streams its work runs on. The engine (cuda_engine.cc) drives one RankModel per EP rank of
+// this process through the step.
 #ifndef DROPLESS_WORKER_ENGINE_CUDA_RANK_MODEL_H_
 #define DROPLESS_WORKER_ENGINE_CUDA_RANK_MODEL_H_
 
@@ -97,7 +98,8 @@ class RankModel {
   // The layer the teacher's forward runs through, for every layer of the teacher in turn: the
   // teacher computes in bf16 whatever the precision, so that every precision learns the same
   // task (the CPU engine's teacher is float32). bf16: the student's layer 0 (its buffers are free
-  // until the student's forward); quantized precisions: a bf16 forward-only layer of its own.
+  // until the student's forward); quantized precisions: a bf16 forward-only layer, over the
+  // student's layer 0's buffers with an exchange (MoeLayerGpu::CreateOver), else of its own.
   MoeLayerGpu* teacher_layer() {
     return teacher_layer_ != nullptr ? teacher_layer_.get() : layers_[0].get();
   }
