@@ -21,12 +21,7 @@
 namespace dropless::kernels::cuda::fp8_block_tile {
 
 using detail::kFullMask;
-using fp8_block_math::AmaxFromBits;
-using fp8_block_math::DeviceScale;
-using fp8_block_math::MagnitudeMax;
-using fp8_block_math::QuantizeFour;
-using fp8_block_math::ScaleForAmax;
-using fp8_block_math::WarpMaxBits;
+namespace fb = fp8_block_math;
 
 // ---- Row-wise and/or column-wise from one read: one block per 128x128 tile. ----
 //
@@ -90,7 +85,7 @@ __device__ __forceinline__ void QuantizeColumns(const uint8_t* stage, int warp, 
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
       w[u][e] = *reinterpret_cast<const uint32_t*>(base + e * kTilePitch + 4 * pair);
-      m[u] = MagnitudeMax(m[u], w[u][e]);
+      m[u] = fb::MagnitudeMax(m[u], w[u][e]);
     }
 #pragma unroll
     for (int o = 1; o < 8; o <<= 1) m[u] = __vmaxu2(m[u], __shfl_xor_sync(kFullMask, m[u], o));
@@ -106,14 +101,14 @@ __device__ __forceinline__ void QuantizeColumns(const uint8_t* stage, int warp, 
     uint32_t block = 0;
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) block = max(block, max(m[u] & 0xffffu, m[u] >> 16));
-    block = WarpMaxBits(block);
+    block = fb::WarpMaxBits(block);
     if (lane == 0) warp_amax[warp] = block;
     __syncthreads();
 #pragma unroll
     for (int w = 0; w < kTileWarps; ++w) block = max(block, warp_amax[w]);
     amax = block;
   }
-  const DeviceScale mine = ScaleForAmax(AmaxFromBits(amax), pow2);
+  const fb::DeviceScale mine = fb::ScaleForAmax(fb::AmaxFromBits(amax), pow2);
   if (per_block) {
     if (warp == 0 && lane == 0) {
       col_scales[t.padded_row / kFp8Block * (t.cols / kFp8Block) + t.c0 / kFp8Block] = mine.scale;
@@ -160,8 +155,8 @@ __device__ __forceinline__ void QuantizeRows(const uint8_t* stage, int warp, int
   for (int k = 0; k < kPasses; ++k) {
     const int r = 2 * (warp + kTileWarps * k) + half;
     v[k] = *reinterpret_cast<const uint4*>(stage + StagedRow(r) + 16 * l16);
-    uint32_t m =
-        MagnitudeMax(MagnitudeMax(MagnitudeMax(MagnitudeMax(0, v[k].x), v[k].y), v[k].z), v[k].w);
+    uint32_t m = fb::MagnitudeMax(
+        fb::MagnitudeMax(fb::MagnitudeMax(fb::MagnitudeMax(0, v[k].x), v[k].y), v[k].z), v[k].w);
 #pragma unroll
     for (int o = 1; o < 16; o <<= 1) m = __vmaxu2(m, __shfl_xor_sync(kFullMask, m, o));
     uint32_t a = max(m & 0xffffu, m >> 16);
@@ -169,7 +164,7 @@ __device__ __forceinline__ void QuantizeRows(const uint8_t* stage, int warp, int
     a = __vmaxu2(a, __shfl_xor_sync(kFullMask, a, 16));  // low half: row 2 i, high: 2 i + 1
     if ((lane >> 1) == k) amax = (lane & 1) ? a >> 16 : a & 0xffffu;
   }
-  const DeviceScale mine = ScaleForAmax(AmaxFromBits(amax), pow2);
+  const fb::DeviceScale mine = fb::ScaleForAmax(fb::AmaxFromBits(amax), pow2);
   if (lane < 2 * kPasses) {
     const int r = 2 * (warp + kTileWarps * (lane >> 1)) + (lane & 1);
     if (r < t.live) row_scales[((t.source_row + r) * t.cols + t.c0) / kFp8Block] = mine.scale;
@@ -178,8 +173,8 @@ __device__ __forceinline__ void QuantizeRows(const uint8_t* stage, int warp, int
   for (int k = 0; k < kPasses; ++k) {
     const int r = 2 * (warp + kTileWarps * k) + half;
     const float inverse = __shfl_sync(kFullMask, mine.inverse, 2 * k + half);
-    const uint2 e4m3 =
-        make_uint2(QuantizeFour(v[k].x, v[k].y, inverse), QuantizeFour(v[k].z, v[k].w, inverse));
+    const uint2 e4m3 = make_uint2(fb::QuantizeFour(v[k].x, v[k].y, inverse),
+                                  fb::QuantizeFour(v[k].z, v[k].w, inverse));
     if (r < t.live) {
       *reinterpret_cast<uint2*>(row_data + (t.source_row + r) * t.cols + t.c0 + 8 * l16) = e4m3;
     }

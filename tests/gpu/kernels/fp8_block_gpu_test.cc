@@ -32,6 +32,42 @@ using testing::RandomGroupOffsets;
 
 class Fp8BlockGpu : public testing::GpuTest {};
 
+// The fp8-block forms of a [rows][cols] matrix in poisoned device buffers.
+struct DeviceForms {
+  DeviceForms(int64_t rows, int64_t cols, int64_t padded, int groups, Fp8ColwiseScaling scaling)
+      : rdata(rows * cols),
+        cdata(cols * padded),
+        rscales(rows * cols / kFp8Block),
+        cscales(cols * padded / kFp8Block),
+        poffsets(groups + 1),
+        row{rdata.get(), rscales.get()},
+        col{cdata.get(), cscales.get(), poffsets.get(), padded, scaling} {}
+  DeviceArray<uint8_t> rdata, cdata;
+  DeviceArray<float> rscales, cscales;
+  DeviceArray<int32_t> poffsets;
+  Fp8BlockRowwise row;
+  Fp8BlockColwise col;
+};
+
+// The CPU reference's forms of the same shapes, poisoned as the device's are.
+struct HostForms {
+  HostForms(int64_t rows, int64_t cols, int64_t padded, int groups, Fp8ColwiseScaling scaling)
+      : rdata(Poisoned<uint8_t>(rows * cols)),
+        cdata(Poisoned<uint8_t>(cols * padded)),
+        rscales(Poisoned<float>(rows * cols / kFp8Block)),
+        cscales(Poisoned<float>(cols * padded / kFp8Block)),
+        poffsets(Poisoned<int32_t>(groups + 1)),
+        row{rdata.data(), rscales.data()},
+        col{cdata.data(), cscales.data(), poffsets.data(), padded, scaling} {}
+  HostForms(const HostForms&) = delete;
+  HostForms& operator=(const HostForms&) = delete;
+  std::vector<uint8_t> rdata, cdata;
+  std::vector<float> rscales, cscales;
+  std::vector<int32_t> poffsets;
+  Fp8BlockRowwise row;
+  Fp8BlockColwise col;
+};
+
 constexpr Fp8ScaleMode kModes[] = {Fp8ScaleMode::kFloat32, Fp8ScaleMode::kPowerOfTwo};
 
 const char* ModeName(Fp8ScaleMode mode) {
@@ -123,31 +159,19 @@ TEST_F(Fp8BlockGpu, GroupedRowAndColumnwiseMatchReference) {
         // stays poisoned on both sides.
         DeviceArray<Bf16> d_x(x);
         DeviceArray<int32_t> d_offsets(offsets);
-        DeviceArray<uint8_t> d_rdata(c.rows * c.cols), d_cdata(c.cols * padded);
-        DeviceArray<float> d_rscales(c.rows * c.cols / kFp8Block);
-        DeviceArray<float> d_cscales(c.cols * padded / kFp8Block);
-        DeviceArray<int32_t> d_poffsets(c.groups + 1);
-        Fp8BlockRowwise d_rowwise{d_rdata.get(), d_rscales.get()};
-        Fp8BlockColwise d_colwise{d_cdata.get(), d_cscales.get(), d_poffsets.get(), padded,
-                                  scaling};
+        DeviceForms dev(c.rows, c.cols, padded, c.groups, scaling);
         STATUS_ASSERT(cuda::QuantizeFp8Block(shape, d_x.get(),
                                              c.null_offsets ? nullptr : d_offsets.get(),
-                                             with_rowwise ? &d_rowwise : nullptr, &d_colwise,
-                                             nullptr));
-        auto rdata = Poisoned<uint8_t>(c.rows * c.cols), cdata = Poisoned<uint8_t>(c.cols * padded);
-        auto rscales = Poisoned<float>(c.rows * c.cols / kFp8Block);
-        auto cscales = Poisoned<float>(c.cols * padded / kFp8Block);
-        auto poffsets = Poisoned<int32_t>(c.groups + 1);
-        Fp8BlockRowwise rowwise{rdata.data(), rscales.data()};
-        Fp8BlockColwise colwise{cdata.data(), cscales.data(), poffsets.data(), padded, scaling};
+                                             with_rowwise ? &dev.row : nullptr, &dev.col, nullptr));
+        HostForms host(c.rows, c.cols, padded, c.groups, scaling);
         STATUS_ASSERT(cpu::QuantizeFp8Block(shape, x.data(),
                                             c.null_offsets ? nullptr : offsets.data(),
-                                            with_rowwise ? &rowwise : nullptr, &colwise));
-        EXPECT_TRUE(BitEqual(d_poffsets.Download(), poffsets));
-        EXPECT_TRUE(BitEqual(d_cdata.Download(), cdata));  // includes untouched rows past G
-        EXPECT_TRUE(BitEqual(d_cscales.Download(), cscales));
-        EXPECT_TRUE(BitEqual(d_rdata.Download(), rdata));  // all poison when !with_rowwise
-        EXPECT_TRUE(BitEqual(d_rscales.Download(), rscales));
+                                            with_rowwise ? &host.row : nullptr, &host.col));
+        EXPECT_TRUE(BitEqual(dev.poffsets.Download(), host.poffsets));
+        EXPECT_TRUE(BitEqual(dev.cdata.Download(), host.cdata));  // includes untouched rows past G
+        EXPECT_TRUE(BitEqual(dev.cscales.Download(), host.cscales));
+        EXPECT_TRUE(BitEqual(dev.rdata.Download(), host.rdata));  // all poison when !with_rowwise
+        EXPECT_TRUE(BitEqual(dev.rscales.Download(), host.rscales));
       }
     }
   }
@@ -362,23 +386,6 @@ TEST_F(Fp8BlockGpu, SwigluOutputMatchesTheQuantizedBf16Output) {
   EXPECT_NE(s.message().find("ffn"), std::string::npos) << s;
 }
 
-// The fp8-block forms of a [rows][cols] matrix in poisoned device buffers.
-struct DeviceForms {
-  DeviceForms(int64_t rows, int64_t cols, int64_t padded, int groups, Fp8ColwiseScaling scaling)
-      : rdata(rows * cols),
-        cdata(cols * padded),
-        rscales(rows * cols / kFp8Block),
-        cscales(cols * padded / kFp8Block),
-        poffsets(groups + 1),
-        row{rdata.get(), rscales.get()},
-        col{cdata.get(), cscales.get(), poffsets.get(), padded, scaling} {}
-  DeviceArray<uint8_t> rdata, cdata;
-  DeviceArray<float> rscales, cscales;
-  DeviceArray<int32_t> poffsets;
-  Fp8BlockRowwise row;
-  Fp8BlockColwise col;
-};
-
 // A fused kernel's forms (`fused`) against the quantizers applied to the bf16 matrix it stands for
 // (`bf16`, device and host copies): the CUDA quantizer's and the CPU reference's, bit for bit,
 // every poisoned byte included.
@@ -389,21 +396,16 @@ void ExpectQuantizedEqual(const DeviceForms& fused, const Fp8BlockQuantizeShape&
   DeviceForms ref(q.rows, q.cols, padded, q.num_groups, scaling);
   STATUS_ASSERT(cuda::QuantizeFp8Block(q, bf16.get(), d_offsets, with_rowwise ? &ref.row : nullptr,
                                        &ref.col, nullptr));
-  auto rdata = Poisoned<uint8_t>(q.rows * q.cols), cdata = Poisoned<uint8_t>(q.cols * padded);
-  auto rscales = Poisoned<float>(q.rows * q.cols / kFp8Block);
-  auto cscales = Poisoned<float>(q.cols * padded / kFp8Block);
-  auto poffsets = Poisoned<int32_t>(q.num_groups + 1);
-  Fp8BlockRowwise cpu_row{rdata.data(), rscales.data()};
-  Fp8BlockColwise cpu_col{cdata.data(), cscales.data(), poffsets.data(), padded, scaling};
+  HostForms host(q.rows, q.cols, padded, q.num_groups, scaling);
   STATUS_ASSERT(cpu::QuantizeFp8Block(q, host_bf16.data(), offsets,
-                                      with_rowwise ? &cpu_row : nullptr, &cpu_col));
+                                      with_rowwise ? &host.row : nullptr, &host.col));
   EXPECT_TRUE(BitEqual(fused.cdata.Download(), ref.cdata.Download())) << "column-wise data";
-  EXPECT_TRUE(BitEqual(fused.cdata.Download(), cdata)) << "column-wise data (CPU)";
-  EXPECT_TRUE(BitEqual(fused.cscales.Download(), cscales)) << "column-wise scales (CPU)";
-  EXPECT_TRUE(BitEqual(fused.poffsets.Download(), poffsets)) << "padded offsets";
+  EXPECT_TRUE(BitEqual(fused.cdata.Download(), host.cdata)) << "column-wise data (CPU)";
+  EXPECT_TRUE(BitEqual(fused.cscales.Download(), host.cscales)) << "column-wise scales (CPU)";
+  EXPECT_TRUE(BitEqual(fused.poffsets.Download(), host.poffsets)) << "padded offsets";
   EXPECT_TRUE(BitEqual(fused.rdata.Download(), ref.rdata.Download())) << "row-wise data";
-  EXPECT_TRUE(BitEqual(fused.rdata.Download(), rdata)) << "row-wise data (CPU)";
-  EXPECT_TRUE(BitEqual(fused.rscales.Download(), rscales)) << "row-wise scales (CPU)";
+  EXPECT_TRUE(BitEqual(fused.rdata.Download(), host.rdata)) << "row-wise data (CPU)";
+  EXPECT_TRUE(BitEqual(fused.rscales.Download(), host.rscales)) << "row-wise scales (CPU)";
 }
 
 // SwiGLU's forward and backward with the fp8-block output in both forms (out and d_h computed per

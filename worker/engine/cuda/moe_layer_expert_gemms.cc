@@ -177,8 +177,6 @@ absl::Status LayerKernels::AllocateQuantizedScratch(DeviceArena* arena) {
     if (!fp8_block_operands_in_forward()) {  // else each layer keeps its own
       DROPLESS_RETURN_IF_ERROR(
           AllocColwise(arena, padded_rows_, H, El, kernels::kFp8Block, &fb_col_rows_));
-    }
-    if (!fp8_block_operands_in_forward()) {
       DROPLESS_RETURN_IF_ERROR(
           AllocColwise(arena, padded_rows_, F, El, kernels::kFp8Block, &fb_col_a_));
     }
