@@ -45,7 +45,7 @@ def short_name(name):
     return short
 
 
-def profile(lib, spec, steps):
+def profile(lib, spec, steps, trace=None):
     import torch
     from torch.profiler import ProfilerActivity
     engine = DroplessStep(lib, spec)
@@ -58,6 +58,8 @@ def profile(lib, spec, steps):
             torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - t0) * 1e3 / steps
         eager_ms = engine.engine_ms
+        if trace:
+            prof.export_chrome_trace(trace)
     finally:
         engine.close()
     per_kernel = defaultdict(lambda: [0.0, 0])
@@ -79,6 +81,8 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json")
+    ap.add_argument("--trace-dir", help="also write each profile's Chrome trace (kernels with their "
+                    "streams and start times) to DIR/<shape>-<precision>.json")
     args = ap.parse_args()
     shapes = args.shapes.split(",")
     if "=" in args.ep:
@@ -93,7 +97,10 @@ def main():
         for precision in args.precisions.split(","):
             spec_args = SimpleNamespace(ep_of=ep_of, precision=precision, dispatcher=None,
                                         offload=False, weight_decay=0.0)
-            eager_ms, wall_ms, kernels = profile(lib, dropless_spec(shape, spec_args), args.steps)
+            trace = (os.path.join(args.trace_dir, f"{shape}-{precision}.json")
+                     if args.trace_dir else None)
+            eager_ms, wall_ms, kernels = profile(lib, dropless_spec(shape, spec_args), args.steps,
+                                                 trace)
             total = sum(ms for ms, _ in kernels.values())
             print(f"\n== {shape} {precision} ep {ep_of[shape]}: eager step {eager_ms:.3f} ms "
                   f"(engine's phases), wall {wall_ms:.3f} ms/step under the profiler, "

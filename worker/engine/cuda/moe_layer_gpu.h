@@ -80,7 +80,7 @@ struct LayerDims {
   // w2's, instead of beside each other on the main and wgrad streams (without overlap's chunks;
   // LayerDimsOf). Two persistent GEMMs side by side split the multiprocessors and the L2 between
   // them: on an H100 the mixtral bf16 step was 8.4% slower with them side by side (docs/
-  // architecture.md, "Backward order of the expert GEMMs").
+  // cuda_engine.md, "Backward order of the expert GEMMs").
   bool serial_expert_backward = false;
   // The routed experts' AdamW runs in the epilogue of their weight-gradient GEMM
   // (kernels::GroupedWgradAdamW; bf16 only): their gradients are never stored, and each weight's
