@@ -5,8 +5,6 @@
 
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "dropless/kernels/fused_state_order.h"
-#include "dropless/kernels/grouped_wgrad_adamw.h"
 #include "kernels/cuda/cuda_check.h"
 #include "worker/engine/cpu/adamw.h"
 
@@ -96,8 +94,7 @@ LayerGrads RankModel::Grads(int64_t layer) const {
       kernels::AdamWMoments mv = experts_.moments.At(run.offset);
       mv.first = run.global_index;
       return kernels::AdamWTensors{experts_.value + run.offset, mv,
-                                   reinterpret_cast<__nv_bfloat16*>(experts_.bf16 + run.offset),
-                                   FusedStateOrder()};
+                                   reinterpret_cast<__nv_bfloat16*>(experts_.bf16 + run.offset)};
     };
     g.w1_adamw = state(expert_runs_[2 * layer]);
     g.w2_adamw = state(expert_runs_[2 * layer + 1]);
@@ -256,34 +253,6 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
   DROPLESS_RETURN_IF_ERROR(QuantizeExperts(&student_, streams_.main));
   DROPLESS_RETURN_IF_ERROR(CreateOptimizer());
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.main));
-  if (FusedStateOrder()) DROPLESS_RETURN_IF_ERROR(ReorderRoutedState(/*to_fused=*/true));
-  return absl::OkStatus();
-}
-
-// The fused update reads its state in its own order where its tiles cover the weights exactly
-// (kernels::AdamWTensors::fused_order): 256-byte runs of rows 4 n bytes apart become contiguous
-// pieces.
-bool RankModel::FusedStateOrder() const {
-  return dims_.fused_expert_adamw && dims_.hidden % kernels::kFusedStateTile == 0 &&
-         dims_.ffn % kernels::kFusedStateTile == 0;
-}
-
-absl::Status RankModel::ReorderRoutedState(bool to_fused) {
-  const int64_t H = dims_.hidden, F = dims_.ffn, El = dims_.local_experts();
-  for (int64_t l = 0; l < layers(); ++l) {
-    for (int w = 0; w < 2; ++w) {
-      const cpu::MoeParameterLayout::ExpertRun& run = expert_runs_[2 * l + w];
-      const int64_t k = w == 0 ? H : F, n = w == 0 ? 2 * F : H;
-      const kernels::AdamWMoments mv = experts_.moments.At(run.offset);
-      const int moment_bytes = mv.element_bytes();
-      DROPLESS_RETURN_IF_ERROR(
-          kernels::ReorderFusedState(experts_.value + run.offset, 4, El, k, n, to_fused));
-      for (void* moment : {mv.m, mv.v}) {
-        DROPLESS_RETURN_IF_ERROR(
-            kernels::ReorderFusedState(moment, moment_bytes, El, k, n, to_fused));
-      }
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -328,14 +297,10 @@ absl::Status RankModel::CreateOptimizer() {
   return absl::OkStatus();
 }
 
-// Checkpoints hold [E][k][n] state: the fused order is undone for the write and made again.
 absl::Status RankModel::SaveCheckpoint(const std::string& dir, int64_t step) {
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.main));
-  if (FusedStateOrder()) DROPLESS_RETURN_IF_ERROR(ReorderRoutedState(/*to_fused=*/false));
-  const absl::Status written = WriteCudaCheckpoint(dir, config_, rank_, layout_, step,
-                                                   replicated_.Optimizer(), experts_.Optimizer());
-  if (FusedStateOrder()) DROPLESS_RETURN_IF_ERROR(ReorderRoutedState(/*to_fused=*/true));
-  return written;
+  return WriteCudaCheckpoint(dir, config_, rank_, layout_, step, replicated_.Optimizer(),
+                             experts_.Optimizer());
 }
 
 absl::Status RankModel::Restore(const std::string& dir) {

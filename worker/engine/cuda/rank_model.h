@@ -130,10 +130,6 @@ class RankModel {
                                     ModelWeights* weights, cudaStream_t stream);
   absl::Status Restore(const std::string& dir);
   absl::Status CreateOptimizer();
-  // FusedStateOrder(): the routed experts' fp32 masters and moments between [E][k][n] (set-up,
-  // checkpoints) and the fused update's order (training).
-  bool FusedStateOrder() const;
-  absl::Status ReorderRoutedState(bool to_fused);
 
   const EngineConfig& config_;
   const int rank_;
