@@ -7,10 +7,13 @@ torch.profiler (CUPTI sees every kernel of the process, the engine's included) a
 shape and precision, each kernel's GPU time per step (summed over its launches, whatever stream
 it ran on), its share of the summed kernel time and its launches per step. The streams overlap,
 so the shares say where work goes, not what the step waits for; the step time that step_peer.py
-reports is the graph-replayed one. --json writes the same table.
+reports is the graph-replayed one. --json writes the same table; --trace-dir also writes each
+profile's Chrome trace, and --timeline-ms prints the last step's longer kernels in start order
+with their streams (what runs beside what).
 
   python3 bench/peers/step_profile.py --lib libdropless_engine_cuda.so --shapes qwen3 \
-      --precisions bf16,fp8-block --ep dsv3=8 [--steps 3] [--top 30] [--json out.json]
+      --precisions bf16,fp8-block --ep dsv3=8 [--steps 3] [--top 30] [--json out.json] \
+      [--trace-dir DIR [--timeline-ms 0.3]]
 """
 import argparse
 import json
@@ -29,6 +32,8 @@ from step_impls.dropless_capi import DroplessStep, dropless_spec, load_lib  # no
 
 def short_name(name):
     """A kernel's name without template arguments and parameter lists."""
+    if name.startswith("_ZN7cutlass"):  # mangled (as in Chrome traces): told apart by a hash
+        return f"cutlass kernel #{zlib.crc32(name.encode()) % 1000:03d}"
     name = name.replace("(anonymous namespace)::", "")
     depth, out = 0, []
     for ch in name:
@@ -72,6 +77,20 @@ def profile(lib, spec, steps, trace=None):
     return eager_ms, wall_ms, {n: (ms, count / steps) for n, (ms, count) in per_kernel.items()}
 
 
+def last_step_timeline(trace_path, min_ms):
+    """The last profiled step's kernels of at least min_ms from a Chrome trace, in start order:
+    (start ms from the step's first kernel, ms, stream, short name). A step starts with the
+    teacher's token generation (the data phase)."""
+    with open(trace_path) as f:
+        events = [e for e in json.load(f)["traceEvents"]
+                  if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    events.sort(key=lambda e: e["ts"])
+    starts = [e["ts"] for e in events if "GenerateTokens" in e["name"]]
+    t0 = starts[-1] if starts else events[0]["ts"]
+    return [((e["ts"] - t0) / 1e3, e["dur"] / 1e3, e.get("args", {}).get("stream"), short_name(e["name"]))
+            for e in events if e["ts"] >= t0 and e["dur"] / 1e3 >= min_ms]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", required=True)
@@ -83,7 +102,11 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--trace-dir", help="also write each profile's Chrome trace (kernels with their "
                     "streams and start times) to DIR/<shape>-<precision>.json")
+    ap.add_argument("--timeline-ms", type=float, help="also print the last step's kernels of at "
+                    "least this many ms in start order, with their streams (needs --trace-dir)")
     args = ap.parse_args()
+    if args.timeline_ms is not None and not args.trace_dir:
+        ap.error("--timeline-ms needs --trace-dir")
     shapes = args.shapes.split(",")
     if "=" in args.ep:
         ep_of = {s: 1 for s in shapes}
@@ -108,6 +131,11 @@ def main():
             rows = sorted(kernels.items(), key=lambda kv: -kv[1][0])
             for name, (ms, launches) in rows[:args.top]:
                 print(f"  {ms:8.3f} ms {100 * ms / total:5.1f}%  x{launches:<6.1f} {short_name(name)}")
+            if trace and args.timeline_ms is not None:
+                print(f"  -- the last step's kernels of at least {args.timeline_ms} ms "
+                      "(start ms, ms, stream):")
+                for start, ms, stream, name in last_step_timeline(trace, args.timeline_ms):
+                    print(f"  {start:8.3f} {ms:7.3f}  s{stream}  {name}")
             results.append({"shape": shape, "precision": precision, "ep": ep_of[shape],
                             "eager_step_ms": eager_ms, "profiled_wall_ms": wall_ms,
                             "kernel_ms": total,
