@@ -107,6 +107,8 @@ def main():
     args = ap.parse_args()
     if args.timeline_ms is not None and not args.trace_dir:
         ap.error("--timeline-ms needs --trace-dir")
+    if args.trace_dir:
+        os.makedirs(args.trace_dir, exist_ok=True)
     shapes = args.shapes.split(",")
     if "=" in args.ep:
         ep_of = {s: 1 for s in shapes}
