@@ -2,10 +2,9 @@
 // (kernels::GroupedWgradAdamW) against the two passes it replaces, the bf16 grouped GEMM's weight
 // gradient (fp32 out, the engine's default kernel) and the engine's AdamW kernel over the same
 // weight, on the step's expert shapes (dsv3 as one GPU's EP=8 share: 32 experts), uniform
-// groups. Also the fused update with its state in its own order ("ordered": the engine's where k
-// and n are multiples of 128, fused_state_order.h) and the fused kernel's own gradient (its GEMM
-// without the update). --moments=bf16 keeps AdamW's moments in bf16 (optimizer.moment_dtype) in
-// every form. Rounds alternate the five; each figure is the median of the rounds' medians.
+// groups. Also the fused kernel's own gradient (its GEMM without the update). --moments=bf16
+// keeps AdamW's moments in bf16 (optimizer.moment_dtype) in both forms. Rounds alternate the four;
+// each figure is the median of the rounds' medians.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -23,7 +22,6 @@
 #include "bench/bench_registry.h"
 #include "bench/gemm_bench_common.h"
 #include "common/job_spec.h"
-#include "dropless/kernels/fused_state_order.h"
 #include "dropless/kernels/grouped_gemm.h"
 #include "dropless/kernels/grouped_wgrad_adamw.h"
 #include "worker/engine/cuda/engine_kernels.h"
@@ -91,8 +89,8 @@ int Run(const std::vector<std::string>& args) {
   CheckCuda(cudaGetDeviceProperties(&prop, 0), kBench, "cudaGetDeviceProperties");
   std::vector<std::string> rows;
   std::vector<std::pair<std::string, std::vector<int>>> groups;
-  std::printf("%-8s %-4s %9s %9s %9s %9s %9s %9s %8s\n", "shape", "w", "gemm ms", "adamw ms",
-              "sum ms", "fused ms", "ordered", "grad ms", "speedups");
+  std::printf("%-8s %-4s %9s %9s %9s %9s %9s %8s\n", "shape", "w", "gemm ms", "adamw ms",
+              "sum ms", "fused ms", "grad ms", "speedup");
   for (const MoeShape& s : kMoeShapes) {
     if (std::find(f.shapes.begin(), f.shapes.end(), s.name) == f.shapes.end()) continue;
     const int experts = std::string(s.name) == "dsv3" ? 32 : static_cast<int>(s.experts);
@@ -145,13 +143,8 @@ int Run(const std::vector<std::string>& args) {
       CheckStatus(adamw.status(), kBench, "FusedAdamW::Create");
       CheckStatus((*adamw)->PrepareStep(nullptr), kBench, "PrepareStep");
       const kernels::AdamWTensors state{param, moments, copy};
-      // The same state taken as in the fused update's own order (the engine's where k and n are
-      // multiples of 128; the values' order does not change the time).
-      const bool fused_order =
-          k % kernels::kFusedStateTile == 0 && n % kernels::kFusedStateTile == 0;
-      const kernels::AdamWTensors state_fused{param, moments, copy, /*fused_order=*/true};
 
-      std::vector<double> t[5];
+      std::vector<double> t[4];
       for (int r = 0; r < rounds; ++r) {
         t[0].push_back(MedianMs([&] {
           CheckStatus((*gemm)->BackwardWeight(x, dy, d_offsets, grad, nullptr), kBench, "gemm");
@@ -166,40 +159,24 @@ int Run(const std::vector<std::string>& args) {
         t[3].push_back(MedianMs([&] {
           CheckStatus((*fused)->Gradient(x, dy, d_offsets, grad, nullptr), kBench, "gradient");
         }, f.warmup, f.iters, kBench));
-        if (fused_order) {
-          t[4].push_back(MedianMs(
-              [&] {
-                CheckStatus((*fused)->Update(x, dy, d_offsets, (*adamw)->step_scalars(),
-                                             state_fused, nullptr),
-                            kBench, "fused, fused order");
-              },
-              f.warmup, f.iters, kBench));
-        }
       }
-      double med[5] = {0, 0, 0, 0, 0};
-      for (int i = 0; i < 5; ++i) {
-        if (t[i].empty()) continue;
+      double med[4];
+      for (int i = 0; i < 4; ++i) {
         std::sort(t[i].begin(), t[i].end());
         med[i] = t[i][t[i].size() / 2];
       }
       const double flop = 2.0 * rows_total * k * n;
       const char* wname = w == 0 ? "w13" : "w2";
-      // The speedups of the fused update over the two passes: [E][k][n] state / its own order.
-      const std::string ordered = fused_order ? absl::StrFormat("%9.3f", med[4]) : "        -";
-      const std::string ordered_speedup =
-          fused_order ? absl::StrFormat("%.2fx", (med[0] + med[1]) / med[4]) : "-";
-      std::printf("%-8s %-4s %9.3f %9.3f %9.3f %9.3f %s %9.3f %7.2fx / %s\n", s.name, wname, med[0],
-                  med[1], med[0] + med[1], med[2], ordered.c_str(), med[3],
-                  (med[0] + med[1]) / med[2], ordered_speedup.c_str());
+      std::printf("%-8s %-4s %9.3f %9.3f %9.3f %9.3f %9.3f %7.2fx\n", s.name, wname, med[0], med[1],
+                  med[0] + med[1], med[2], med[3], (med[0] + med[1]) / med[2]);
       rows.push_back(absl::StrFormat(
           "    {\"shape\": \"%s\", \"weight\": \"%s\", \"moment_dtype\": \"%s\", \"experts\": %d, "
           "\"params\": %d, "
-          "\"gemm_ms\": %.4f, \"adamw_ms\": %.4f, \"fused_ms\": %.4f, \"fused_order_ms\": %s, "
-          "\"fused_gradient_ms\": %.4f, "
+          "\"gemm_ms\": %.4f, \"adamw_ms\": %.4f, \"fused_ms\": %.4f, \"fused_gradient_ms\": %.4f, "
           "\"gemm_tflops\": %.1f, \"fused_gradient_tflops\": %.1f, \"adamw_gbps\": %.0f}",
           s.name, wname, bf16_moments ? "bf16" : "fp32", experts, params, med[0], med[1], med[2],
-          fused_order ? absl::StrFormat("%.4f", med[4]) : "null", med[3], flop / med[0] * 1e-9,
-          flop / med[3] * 1e-9, params * (bf16_moments ? 22.0 : 30.0) / med[1] * 1e-6));
+          med[3], flop / med[0] * 1e-9, flop / med[3] * 1e-9,
+          params * (bf16_moments ? 22.0 : 30.0) / med[1] * 1e-6));
       for (void* p : std::initializer_list<void*>{x, dy, d_offsets, param, m, v, grad, copy, counter}) {
         cudaFree(p);
       }

@@ -2,9 +2,8 @@
 // the kernel's gradient against fp64 on fresh random data (empty groups, group sizes and k, n that
 // are not tile multiples, NaN rows past the groups, many tiles per CTA), and its fused update
 // bit for bit against that gradient followed by AdamW's fp32 formula on the CPU, with fp32 moments
-// and with bf16 ones (adamw.h's stochastic rounding, keyed by index), with the state in [E][k][n]
-// and in the fused order (fused_state_order.h), and ReorderFusedState against that order. Without
-// a Hopper GPU the device tests skip and say so.
+// and with bf16 ones (adamw.h's stochastic rounding, keyed by index). Without a Hopper GPU the
+// device tests skip and say so.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -13,11 +12,8 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
-#include <string>
-#include <tuple>
 #include <vector>
 
-#include "dropless/kernels/fused_state_order.h"
 #include "dropless/kernels/grouped_wgrad_adamw.h"
 #include "tests/gpu/gemm/gemm_test_util.h"
 
@@ -57,33 +53,6 @@ std::vector<Problem> Problems() {
       WithNanPadding(gemm_test::MakeProblem(many, 512, 384, 102)),
       gemm_test::MakeProblem({0, 0, 0}, 128, 128, 103),
   };
-}
-
-// The fused order's problems: k and n multiples of 128 (fused_state_order.h).
-std::vector<Problem> FusedOrderProblems() {
-  std::mt19937_64 rng(gemm_test::RunSeed() ^ 0xf05ed);
-  std::vector<int> many(40);
-  for (int& s : many) s = (rng() % 5 == 0) ? 0 : static_cast<int>(rng() % 300);
-  return {
-      WithNanPadding(
-          gemm_test::MakeProblem({0, 1, 37, 0, 200, 129, 513, 3, 0, 64, 255, 0}, 256, 384, 104)),
-      WithNanPadding(gemm_test::MakeProblem(many, 384, 256, 105)),
-  };
-}
-
-// Element i of a [E][k][n] array goes to place FusedStateIndex of it (to_fused), or back.
-template <typename T>
-std::vector<T> Reordered(const std::vector<T>& a, int64_t k, int64_t n, bool to_fused) {
-  std::vector<T> out(a.size());
-  for (int64_t i = 0; i < static_cast<int64_t>(a.size()); ++i) {
-    const int64_t f = FusedStateIndex(i / (k * n), (i / n) % k, i % n, k, n);
-    if (to_fused) {
-      out[f] = a[i];
-    } else {
-      out[i] = a[f];
-    }
-  }
-  return out;
 }
 
 WgradAdamWShape ShapeOf(const Problem& p) {
@@ -133,21 +102,17 @@ TEST_F(WgradAdamWTest, GradientMatchesFp64) {
   }
 }
 
-// (bf16 moments, state in the fused order)
-class WgradAdamWMomentsTest : public WgradAdamWTest,
-                              public ::testing::WithParamInterface<std::tuple<bool, bool>> {};
+class WgradAdamWMomentsTest : public WgradAdamWTest, public ::testing::WithParamInterface<bool> {};
 
 // Update == Gradient, then AdamW on the CPU, bit for bit, for every element (empty groups take
 // their step with a zero gradient); the bf16 copy is the new master rounded to nearest even. bf16
 // moments (the parameter) are stored as adamw.h's StochasticBf16 of the fp32 moment with the draws
 // of BF16MomentBits(stream, first + index, step); `first` puts a multiple of 2^32 inside the
-// tensor, where a thread's elements stop sharing one key. In the fused order (the second
-// parameter) the state goes up and comes back reordered by FusedStateIndex; the bf16 copy and the
-// rounding keys stay [E][k][n].
+// tensor, where a thread's elements stop sharing one key.
 TEST_P(WgradAdamWMomentsTest, UpdateIsGradientThenAdamWBitForBit) {
-  const bool bf16 = std::get<0>(GetParam()), fused_order = std::get<1>(GetParam());
+  const bool bf16 = GetParam();
   int trial = 0;
-  for (const Problem& p : fused_order ? FusedOrderProblems() : Problems()) {
+  for (const Problem& p : Problems()) {
     SCOPED_TRACE(::testing::Message() << p.sizes.size() << " groups, " << p.k << " x " << p.n);
     auto op = GroupedWgradAdamW::Create(ShapeOf(p));
     ASSERT_TRUE(op.ok()) << op.status();
@@ -186,25 +151,17 @@ TEST_P(WgradAdamWMomentsTest, UpdateIsGradientThenAdamWBitForBit) {
     const size_t moment_bytes = bf16 ? 2 : 4;
     gemm_test::DeviceBuffer d_param(count * 4, 4), d_m(count * moment_bytes, moment_bytes),
         d_v(count * moment_bytes, moment_bytes), d_copy(count * 2, 2), d_step(sizeof(AdamWStep), 4);
-    const auto up = [&](const auto& host) {
-      return fused_order ? Reordered(host, p.k, p.n, true) : host;
-    };
-    d_param.Upload(up(param).data(), count * 4);
-    d_m.Upload(bf16 ? static_cast<const void*>(up(m16).data()) : up(m).data(),
-               count * moment_bytes);
-    d_v.Upload(bf16 ? static_cast<const void*>(up(v16).data()) : up(v).data(),
-               count * moment_bytes);
+    d_param.Upload(param.data(), count * 4);
+    d_m.Upload(bf16 ? static_cast<const void*>(m16.data()) : m.data(), count * moment_bytes);
+    d_v.Upload(bf16 ? static_cast<const void*>(v16.data()) : v.data(), count * moment_bytes);
     d_step.Upload(&step, sizeof(step));
     AdamWTensors state{d_param.f32(), AdamWMoments{d_m.f32(), d_v.f32(), bf16, stream, first_index},
-                       d_copy.bf16(), fused_order};
+                       d_copy.bf16()};
     ASSERT_TRUE((*op)->Update(d.x.bf16(), d.dy.bf16(), d.offsets.i32(),
                               reinterpret_cast<const AdamWStep*>(d_step.f32()), state, nullptr)
                     .ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto down = [&](const auto& device) {
-      return fused_order ? Reordered(device, p.k, p.n, false) : device;
-    };
-    const std::vector<float> new_param = down(d_param.ToHostF32());
+    const std::vector<float> new_param = d_param.ToHostF32();
     std::vector<float> new_m(count), new_v(count);
     if (bf16) {
       std::vector<uint16_t> raw_m(count), raw_v(count);
@@ -212,15 +169,13 @@ TEST_P(WgradAdamWMomentsTest, UpdateIsGradientThenAdamWBitForBit) {
                 cudaSuccess);
       ASSERT_EQ(cudaMemcpy(raw_v.data(), d_v.f32(), count * 2, cudaMemcpyDeviceToHost),
                 cudaSuccess);
-      raw_m = down(raw_m);
-      raw_v = down(raw_v);
       for (size_t i = 0; i < count; ++i) {
         new_m[i] = gemm_test::Bf16ToFloat(raw_m[i]);
         new_v[i] = gemm_test::Bf16ToFloat(raw_v[i]);
       }
     } else {
-      new_m = down(d_m.ToHostF32());
-      new_v = down(d_v.ToHostF32());
+      new_m = d_m.ToHostF32();
+      new_v = d_v.ToHostF32();
     }
     std::vector<uint16_t> copy(count);
     ASSERT_EQ(cudaMemcpy(copy.data(), d_copy.bf16(), count * 2, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -245,49 +200,10 @@ TEST_P(WgradAdamWMomentsTest, UpdateIsGradientThenAdamWBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Moments, WgradAdamWMomentsTest,
-                         ::testing::Combine(::testing::Bool(), ::testing::Bool()),
-                         [](const ::testing::TestParamInfo<std::tuple<bool, bool>>& info) {
-                           return std::string(std::get<0>(info.param) ? "bf16_moments"
-                                                                      : "fp32_moments") +
-                                  (std::get<1>(info.param) ? "_fused_order" : "");
+INSTANTIATE_TEST_SUITE_P(Moments, WgradAdamWMomentsTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "bf16_moments" : "fp32_moments";
                          });
-
-// ReorderFusedState moves every element to FusedStateIndex's place and back, in fp32 and in bf16.
-TEST_F(WgradAdamWTest, ReorderFusedStateFollowsTheOrder) {
-  const int64_t experts = 3, k = 256, n = 384, count = experts * k * n;
-  std::mt19937_64 rng(gemm_test::RunSeed() ^ 0x0dde);
-  gemm_test::DeviceBuffer scratch(k * n * 4, 4);
-  for (int bytes : {4, 2}) {
-    std::vector<uint32_t> host(count);
-    for (uint32_t& x : host) x = static_cast<uint32_t>(rng()) & (bytes == 4 ? ~0u : 0xffffu);
-    std::vector<uint32_t> want = Reordered(host, k, n, true);
-    gemm_test::DeviceBuffer d(count * bytes, bytes);
-    std::vector<uint16_t> host16(host.begin(), host.end());
-    d.Upload(bytes == 4 ? static_cast<const void*>(host.data()) : host16.data(), count * bytes);
-    ASSERT_TRUE(
-        ReorderFusedState(d.f32(), bytes, experts, k, n, /*to_fused=*/true, scratch.f32(), nullptr)
-            .ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<uint32_t> got(count);
-    std::vector<uint16_t> got16(count);
-    ASSERT_EQ(cudaMemcpy(bytes == 4 ? static_cast<void*>(got.data()) : got16.data(), d.f32(),
-                         count * bytes, cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    if (bytes == 2) got.assign(got16.begin(), got16.end());
-    EXPECT_EQ(got, want) << bytes << "-byte elements";
-    ASSERT_TRUE(
-        ReorderFusedState(d.f32(), bytes, experts, k, n, /*to_fused=*/false, scratch.f32(), nullptr)
-            .ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(bytes == 4 ? static_cast<void*>(got.data()) : got16.data(), d.f32(),
-                         count * bytes, cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    if (bytes == 2) got.assign(got16.begin(), got16.end());
-    EXPECT_EQ(got, host) << bytes << "-byte elements, back";
-  }
-  EXPECT_FALSE(ReorderFusedState(nullptr, 4, 1, 128, 128, true, scratch.f32(), nullptr).ok());
-}
 
 }  // namespace
 }  // namespace dropless::kernels

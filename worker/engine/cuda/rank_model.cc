@@ -3,11 +3,8 @@
 
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "dropless/kernels/fused_state_order.h"
-#include "dropless/kernels/grouped_wgrad_adamw.h"
 #include "kernels/cuda/cuda_check.h"
 #include "worker/engine/cpu/adamw.h"
 
@@ -97,8 +94,7 @@ LayerGrads RankModel::Grads(int64_t layer) const {
       kernels::AdamWMoments mv = experts_.moments.At(run.offset);
       mv.first = run.global_index;
       return kernels::AdamWTensors{experts_.value + run.offset, mv,
-                                   reinterpret_cast<__nv_bfloat16*>(experts_.bf16 + run.offset),
-                                   FusedStateOrder()};
+                                   reinterpret_cast<__nv_bfloat16*>(experts_.bf16 + run.offset)};
     };
     g.w1_adamw = state(expert_runs_[2 * layer]);
     g.w2_adamw = state(expert_runs_[2 * layer + 1]);
@@ -210,10 +206,6 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
   // The fused update keeps the routed experts' gradients in registers: no buffer for them.
   DROPLESS_RETURN_IF_ERROR(experts_.Allocate(arena, layout_.experts_size(), moment_dtype,
                                              cpu::kExpertMoments, !dims_.fused_expert_adamw));
-  if (FusedStateOrder()) {  // one expert's w1 (the larger weight) in fp32
-    DROPLESS_RETURN_IF_ERROR(
-        arena->Allocate(H * 2 * dims_.ffn, "fused-order scratch", &reorder_scratch_));
-  }
   for (ModelWeights* w : {&student_, &teacher_}) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(layers() * E * H, "bf16 router", &w->router));
   }
@@ -261,41 +253,6 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
   DROPLESS_RETURN_IF_ERROR(QuantizeExperts(&student_, streams_.main));
   DROPLESS_RETURN_IF_ERROR(CreateOptimizer());
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.main));
-  if (FusedStateOrder()) DROPLESS_RETURN_IF_ERROR(ReorderRoutedState(/*to_fused=*/true));
-  return absl::OkStatus();
-}
-
-// The fused update reads its state in its own order where its tiles cover the weights exactly
-// (kernels::AdamWTensors::fused_order): 256-byte runs of rows 4 n bytes apart become contiguous
-// pieces.
-bool RankModel::FusedStateOrder() const {
-  return dims_.fused_expert_adamw && dims_.hidden % kernels::kFusedStateTile == 0 &&
-         dims_.ffn % kernels::kFusedStateTile == 0;
-}
-
-// On the main stream through reorder_scratch_, then synchronized. A failure is the device's (the
-// arguments are checked once, by the layout): the engine is then unusable whatever order the
-// state was left in.
-absl::Status RankModel::ReorderRoutedState(bool to_fused) {
-  const int64_t H = dims_.hidden, F = dims_.ffn, El = dims_.local_experts();
-  for (int64_t l = 0; l < layers(); ++l) {
-    for (int w = 0; w < 2; ++w) {
-      const cpu::MoeParameterLayout::ExpertRun& run = expert_runs_[2 * l + w];
-      const int64_t k = w == 0 ? H : F, n = w == 0 ? 2 * F : H;
-      if (run.count != El * k * n) {
-        return absl::InternalError(absl::StrCat("routed-expert run of ", run.count,
-                                                " elements, expected ", El, " x ", k, " x ", n));
-      }
-      const kernels::AdamWMoments mv = experts_.moments.At(run.offset);
-      DROPLESS_RETURN_IF_ERROR(kernels::ReorderFusedState(
-          experts_.value + run.offset, 4, El, k, n, to_fused, reorder_scratch_, streams_.main));
-      for (void* moment : {mv.m, mv.v}) {
-        DROPLESS_RETURN_IF_ERROR(kernels::ReorderFusedState(
-            moment, mv.element_bytes(), El, k, n, to_fused, reorder_scratch_, streams_.main));
-      }
-    }
-  }
-  DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.main));
   return absl::OkStatus();
 }
 
@@ -340,14 +297,10 @@ absl::Status RankModel::CreateOptimizer() {
   return absl::OkStatus();
 }
 
-// Checkpoints hold [E][k][n] state: the fused order is undone for the write and made again.
 absl::Status RankModel::SaveCheckpoint(const std::string& dir, int64_t step) {
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.main));
-  if (FusedStateOrder()) DROPLESS_RETURN_IF_ERROR(ReorderRoutedState(/*to_fused=*/false));
-  const absl::Status written = WriteCudaCheckpoint(dir, config_, rank_, layout_, step,
-                                                   replicated_.Optimizer(), experts_.Optimizer());
-  if (FusedStateOrder()) DROPLESS_RETURN_IF_ERROR(ReorderRoutedState(/*to_fused=*/true));
-  return written;
+  return WriteCudaCheckpoint(dir, config_, rank_, layout_, step, replicated_.Optimizer(),
+                             experts_.Optimizer());
 }
 
 absl::Status RankModel::Restore(const std::string& dir) {

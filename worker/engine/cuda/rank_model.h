@@ -130,10 +130,6 @@ class RankModel {
                                     ModelWeights* weights, cudaStream_t stream);
   absl::Status Restore(const std::string& dir);
   absl::Status CreateOptimizer();
-  // FusedStateOrder(): the routed experts' fp32 masters and moments between [E][k][n] (set-up,
-  // checkpoints) and the fused update's order (training).
-  bool FusedStateOrder() const;
-  absl::Status ReorderRoutedState(bool to_fused);
 
   const EngineConfig& config_;
   const int rank_;
@@ -162,7 +158,6 @@ class RankModel {
   int64_t* step_counter_ = nullptr;
   uint8_t* stats_ = nullptr;
   int64_t steps_restored_ = 0;
-  float* reorder_scratch_ = nullptr;  // FusedStateOrder(): ReorderRoutedState's, else null
 };
 
 }  // namespace dropless::cuda_engine

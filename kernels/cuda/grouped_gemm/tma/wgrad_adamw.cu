@@ -13,7 +13,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "dropless/kernels/fused_state_order.h"
 #include "dropless/kernels/grouped_wgrad_adamw.h"
 #include "kernels/cuda/grouped_gemm/tma/tensor_map_encode.h"
 #include "kernels/cuda/grouped_gemm/tma/wgrad_adamw_kernel.cuh"
@@ -49,15 +48,6 @@ class GroupedWgradAdamWImpl final : public GroupedWgradAdamW {
     p.moments = mv;
     p.copy = state.copy;
     p.step = step;
-    if (state.fused_order) {
-      if (shape_.k % kFusedStateTile != 0 || shape_.n % kFusedStateTile != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("wgrad adamw: state in the fused order needs k and n multiples of ",
-                         kFusedStateTile, "; got ", shape_.k, " x ", shape_.n));
-      }
-      return mv.bf16 ? Launch<true, __nv_bfloat16, true>(x, dy, p, stream)
-                     : Launch<true, float, true>(x, dy, p, stream);
-    }
     return mv.bf16 ? Launch<true, __nv_bfloat16>(x, dy, p, stream)
                    : Launch<true, float>(x, dy, p, stream);
   }
@@ -81,7 +71,7 @@ class GroupedWgradAdamWImpl final : public GroupedWgradAdamW {
     return p;
   }
 
-  template <bool kAdamW, typename M, bool kFusedOrder = false>
+  template <bool kAdamW, typename M>
   absl::Status Launch(const __nv_bfloat16* x, const __nv_bfloat16* dy, const tmagemm::FParams& p,
                       cudaStream_t stream) {
     if (x == nullptr || dy == nullptr || p.offsets == nullptr) {
@@ -96,7 +86,7 @@ class GroupedWgradAdamWImpl final : public GroupedWgradAdamW {
     const uint32_t box[2] = {64, tmagemm::kBK};
     if (absl::Status s = tmagemm::Encode(&map_x, x, 2, x_dims, box, "X"); !s.ok()) return s;
     if (absl::Status s = tmagemm::Encode(&map_dy, dy, 2, dy_dims, box, "dY"); !s.ok()) return s;
-    if constexpr (kAdamW && !kFusedOrder) {
+    if constexpr (kAdamW) {
       // The masters and moments as [E k][n], read in the epilogue's boxes: 8 x 32 fp32, or 8 x 64
       // bf16 moments.
       const uint64_t state_dims[2] = {static_cast<uint64_t>(shape_.n),
@@ -118,7 +108,7 @@ class GroupedWgradAdamWImpl final : public GroupedWgradAdamW {
     } else {
       map_param = map_m = map_v = map_x;  // unused
     }
-    tmagemm::TmaWgradAdamWKernel<kAdamW, M, kFusedOrder>
+    tmagemm::TmaWgradAdamWKernel<kAdamW, M>
         <<<sm_count_, tmagemm::kThreads, tmagemm::kFSmemBytes<kAdamW, M>, stream>>>(
             map_x, map_dy, map_param, map_m, map_v, p);
     return CudaStatus(cudaGetLastError(), "launch");
@@ -160,11 +150,8 @@ absl::StatusOr<std::unique_ptr<GroupedWgradAdamW>> GroupedWgradAdamW::Create(
        {std::pair{tmagemm::TmaWgradAdamWKernel<true, float>, tmagemm::kFSmemBytes<true, float>},
         std::pair{tmagemm::TmaWgradAdamWKernel<true, __nv_bfloat16>,
                   tmagemm::kFSmemBytes<true, __nv_bfloat16>},
-        std::pair{tmagemm::TmaWgradAdamWKernel<false, float>, tmagemm::kFSmemBytes<false, float>},
-        std::pair{tmagemm::TmaWgradAdamWKernel<true, float, true>,
-                  tmagemm::kFSmemBytes<true, float>},
-        std::pair{tmagemm::TmaWgradAdamWKernel<true, __nv_bfloat16, true>,
-                  tmagemm::kFSmemBytes<true, __nv_bfloat16>}}) {
+        std::pair{tmagemm::TmaWgradAdamWKernel<false, float>,
+                  tmagemm::kFSmemBytes<false, float>}}) {
     if (absl::Status s = CudaStatus(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
             "cudaFuncSetAttribute");

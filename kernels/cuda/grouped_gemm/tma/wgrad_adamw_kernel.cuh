@@ -13,13 +13,11 @@
 // and the weight).
 //
 // The epilogue's master weights and moments come through shared memory: one thread of the
-// producer warpgroup's warp 1 loads them, in the tile order, a piece ahead into a ring of
-// kFPieceSlots pieces (a piece: the 32 rows one (accumulator half, row octet) of a warpgroup
-// holds, 64 columns of each of m, v and the master). In the fused order (kFusedOrder, the
-// engine's where k and n are multiples of 128) a piece is one bulk copy an array. In [E][k][n]
-// order it comes with 2-D tensor maps: an fp32 array as 8 boxes of 8 rows x 32 columns in the
-// 128-byte swizzle, so a warp's 8-byte reads take two wavefronts; bf16 moments
-// (M = __nv_bfloat16) as 4 boxes of 8 rows x 64 columns, a warp's 4-byte reads one wavefront:
+// producer warpgroup's warp 1 loads them with 2-D tensor maps, in the tile order, a piece ahead
+// into a ring of kFPieceSlots pieces (a piece: the 32 rows one (accumulator half, row octet) of a
+// warpgroup holds, 64 columns of each of m, v and the master; an fp32 array as 8 boxes of 8 rows x
+// 32 columns in the 128-byte swizzle, so a warp's 8-byte reads take two wavefronts; bf16 moments
+// (M = __nv_bfloat16) as 4 boxes of 8 rows x 64 columns, a warp's 4-byte reads one wavefront):
 // 24 copies of 1 KiB per piece, 16 with bf16 moments. Loads from registers could not keep enough
 // bytes in flight beside 128 accumulators. The new values are stored straight from registers, bf16
 // moments stochastically rounded as adamw.h says (the draws keyed by the element's index plus
@@ -35,9 +33,7 @@
 #include <cstdint>
 
 #include "dropless/kernels/adamw_update.h"
-#include "dropless/kernels/fused_state_order.h"
 #include "kernels/cuda/grouped_gemm/tma/tma_kernel_common.cuh"
-#include "kernels/cuda/hopper/bulk_copy.cuh"
 
 namespace dropless::kernels::tmagemm {
 
@@ -94,13 +90,6 @@ struct FWalker : hopper::GroupWalk<FWalker, FParams> {
   }
 };
 
-// kFusedOrder: the index of piece q of `tile` in fused_state_order.h's order.
-__device__ __forceinline__ int64_t FusedPieceIndex(const FWalker& walk, const FTile& tile, int q) {
-  return ((int64_t{tile.g} * walk.m_tiles + tile.m_tile) * walk.n_tiles + tile.n_tile) *
-             (int64_t{kFPiecesPerTile} * kFusedStatePiece) +
-         int64_t{q} * kFusedStatePiece;
-}
-
 // Piece q of a tile: accumulator a = q / 4 (tile rows 64 a ..), row octet hh = (q / 2) % 2, column
 // half q % 2 (64 columns). Warp w of a warpgroup holds its rows 64 a + 16 w + 8 hh .. + 7.
 
@@ -132,12 +121,7 @@ __device__ __forceinline__ void PieceGradients(const float (&acc0)[64], const fl
   }
 }
 
-// kFusedOrder: the masters and moments in fused_state_order.h's order (k and n multiples of 128)
-// instead of [E][k][n]: a piece is 2048 contiguous elements of each array, thread j of the
-// warpgroup holding elements 2 (128 ii + j) and + 1 (its column pair ii), so the piece comes in
-// as one bulk copy an array and every shared-memory read and global store of the state is
-// contiguous across the warp. The bf16 copy stays [E][k][n].
-template <bool kAdamW, typename M, bool kFusedOrder = false>
+template <bool kAdamW, typename M>
 __global__ void __launch_bounds__(kThreads, 1)
     TmaWgradAdamWKernel(const __grid_constant__ CUtensorMap map_x,
                         const __grid_constant__ CUtensorMap map_dy,
@@ -209,29 +193,18 @@ __global__ void __launch_bounds__(kThreads, 1)
           hopper::BarrierWait(&piece_empty[slot], ((piece / kFPieceSlots) & 1) ^ 1);
           hopper::BarrierArriveExpectBytes(&piece_full[slot], kFPieceBytes<M>);
           uint8_t* dst = s_piece + slot * kFPieceBytes<M>;
-          if constexpr (kFusedOrder) {
-            const int64_t at = FusedPieceIndex(walk, tile, q);
-            constexpr uint32_t kMomentBytes = kFusedStatePiece * sizeof(M);
-            hopper::BulkLoad(dst, p.param + at, kFPieceArrayBytes, &piece_full[slot]);
-            hopper::BulkLoad(dst + kFPieceArrayBytes, static_cast<const M*>(p.moments.m) + at,
-                             kMomentBytes, &piece_full[slot]);
-            hopper::BulkLoad(dst + kFPieceArrayBytes + kMomentBytes,
-                             static_cast<const M*>(p.moments.v) + at, kMomentBytes,
-                             &piece_full[slot]);
-          } else {
-            for (int arr = 0; arr < 3; ++arr) {
-              uint8_t* array =
-                  dst + (arr == 0 ? 0 : kFPieceArrayBytes + (arr - 1) * kFMomentArrayBytes<M>);
-              if (arr == 0 || sizeof(M) == 4) {
-                for (int box = 0; box < 8; ++box) {
-                  hopper::TmaLoad2d(array + box * kFBoxBytes, maps[arr], &piece_full[slot],
-                                    col0 + 32 * (box % 2), row0 + 16 * (box / 2));
-                }
-              } else {
-                for (int box = 0; box < 4; ++box) {
-                  hopper::TmaLoad2d(array + box * 1024, maps[arr], &piece_full[slot], col0,
-                                    row0 + 16 * box);
-                }
+          for (int arr = 0; arr < 3; ++arr) {
+            uint8_t* array =
+                dst + (arr == 0 ? 0 : kFPieceArrayBytes + (arr - 1) * kFMomentArrayBytes<M>);
+            if (arr == 0 || sizeof(M) == 4) {
+              for (int box = 0; box < 8; ++box) {
+                hopper::TmaLoad2d(array + box * kFBoxBytes, maps[arr], &piece_full[slot],
+                                  col0 + 32 * (box % 2), row0 + 16 * (box / 2));
+              }
+            } else {
+              for (int box = 0; box < 4; ++box) {
+                hopper::TmaLoad2d(array + box * 1024, maps[arr], &piece_full[slot], col0,
+                                  row0 + 16 * box);
               }
             }
           }
@@ -346,67 +319,35 @@ __global__ void __launch_bounds__(kThreads, 1)
         const MomentDraws draws(p.moments.stream,
                                 static_cast<uint64_t>(p.moments.first + row_off + col0), step.step,
                                 8 * 7 + 1);
-        if constexpr (kFusedOrder) {  // k and n multiples of 128: every element is W's
-          const int64_t piece_at = FusedPieceIndex(walk, tile, q);
-          const int thread = threadIdx.x % 128;  // in the warpgroup
 #pragma unroll
-          for (int ii = 0; ii < 8; ++ii) {
-            const int pair = 128 * ii + thread;  // this thread's column pair ii in the piece
-            float2 w = hopper::LdsV2F32(base + pair * 8), m, v;
-            if constexpr (sizeof(M) == 4) {
-              m = hopper::LdsV2F32(m_base + pair * 8);
-              v = hopper::LdsV2F32(v_base + pair * 8);
-            } else {
-              m = Bf16PairToFloat2(__float_as_uint(hopper::LdsF32(m_base + pair * 4)));
-              v = Bf16PairToFloat2(__float_as_uint(hopper::LdsF32(v_base + pair * 4)));
-            }
-            w.x = AdamWElement(step, g[2 * ii], m.x, v.x, w.x);
-            w.y = AdamWElement(step, g[2 * ii + 1], m.y, v.y, w.y);
-            const int64_t at = piece_at + 2 * pair;
-            *reinterpret_cast<float2*>(p.param + at) = w;
-            if constexpr (sizeof(M) == 4) {
-              *reinterpret_cast<float2*>(static_cast<float*>(p.moments.m) + at) = m;
-              *reinterpret_cast<float2*>(static_cast<float*>(p.moments.v) + at) = v;
-            } else {
-              const uint2 packed =
-                  StochasticMomentPairs(m.x, m.y, v.x, v.y, draws(8 * ii), draws(8 * ii + 1));
-              *reinterpret_cast<uint32_t*>(static_cast<M*>(p.moments.m) + at) = packed.x;
-              *reinterpret_cast<uint32_t*>(static_cast<M*>(p.moments.v) + at) = packed.y;
-            }
-            *reinterpret_cast<__nv_bfloat162*>(p.copy + row_off + col0 + 8 * ii) =
-                __floats2bfloat162_rn(w.x, w.y);
+        for (int ii = 0; ii < 8; ++ii) {
+          const int col = col0 + 8 * ii;
+          if (!row_ok || col >= p.n_out) continue;
+          const uint32_t at = PieceElements(base, wq, lane / 4, ii, quad);
+          float2 w = hopper::LdsV2F32(at);
+          float2 m, v;
+          if constexpr (sizeof(M) == 4) {
+            m = hopper::LdsV2F32(m_base + (at - base));
+            v = hopper::LdsV2F32(v_base + (at - base));
+          } else {
+            const uint32_t mv_at = PieceBf16Elements(0, wq, lane / 4, ii, quad);
+            m = Bf16PairToFloat2(__float_as_uint(hopper::LdsF32(m_base + mv_at)));
+            v = Bf16PairToFloat2(__float_as_uint(hopper::LdsF32(v_base + mv_at)));
           }
-        } else {
-#pragma unroll
-          for (int ii = 0; ii < 8; ++ii) {
-            const int col = col0 + 8 * ii;
-            if (!row_ok || col >= p.n_out) continue;
-            const uint32_t at = PieceElements(base, wq, lane / 4, ii, quad);
-            float2 w = hopper::LdsV2F32(at);
-            float2 m, v;
-            if constexpr (sizeof(M) == 4) {
-              m = hopper::LdsV2F32(m_base + (at - base));
-              v = hopper::LdsV2F32(v_base + (at - base));
-            } else {
-              const uint32_t mv_at = PieceBf16Elements(0, wq, lane / 4, ii, quad);
-              m = Bf16PairToFloat2(__float_as_uint(hopper::LdsF32(m_base + mv_at)));
-              v = Bf16PairToFloat2(__float_as_uint(hopper::LdsF32(v_base + mv_at)));
-            }
-            w.x = AdamWElement(step, g[2 * ii], m.x, v.x, w.x);
-            w.y = AdamWElement(step, g[2 * ii + 1], m.y, v.y, w.y);
-            const int64_t at_g = row_off + col;
-            *reinterpret_cast<float2*>(p.param + at_g) = w;
-            if constexpr (sizeof(M) == 4) {
-              *reinterpret_cast<float2*>(static_cast<float*>(p.moments.m) + at_g) = m;
-              *reinterpret_cast<float2*>(static_cast<float*>(p.moments.v) + at_g) = v;
-            } else {
-              const uint2 packed =
-                  StochasticMomentPairs(m.x, m.y, v.x, v.y, draws(8 * ii), draws(8 * ii + 1));
-              *reinterpret_cast<uint32_t*>(static_cast<M*>(p.moments.m) + at_g) = packed.x;
-              *reinterpret_cast<uint32_t*>(static_cast<M*>(p.moments.v) + at_g) = packed.y;
-            }
-            *reinterpret_cast<__nv_bfloat162*>(p.copy + at_g) = __floats2bfloat162_rn(w.x, w.y);
+          w.x = AdamWElement(step, g[2 * ii], m.x, v.x, w.x);
+          w.y = AdamWElement(step, g[2 * ii + 1], m.y, v.y, w.y);
+          const int64_t at_g = row_off + col;
+          *reinterpret_cast<float2*>(p.param + at_g) = w;
+          if constexpr (sizeof(M) == 4) {
+            *reinterpret_cast<float2*>(static_cast<float*>(p.moments.m) + at_g) = m;
+            *reinterpret_cast<float2*>(static_cast<float*>(p.moments.v) + at_g) = v;
+          } else {
+            const uint2 packed =
+                StochasticMomentPairs(m.x, m.y, v.x, v.y, draws(8 * ii), draws(8 * ii + 1));
+            *reinterpret_cast<uint32_t*>(static_cast<M*>(p.moments.m) + at_g) = packed.x;
+            *reinterpret_cast<uint32_t*>(static_cast<M*>(p.moments.v) + at_g) = packed.y;
           }
+          *reinterpret_cast<__nv_bfloat162*>(p.copy + at_g) = __floats2bfloat162_rn(w.x, w.y);
         }
         __syncwarp();
         if (lane == 0) hopper::BarrierArrive(&piece_empty[slot]);

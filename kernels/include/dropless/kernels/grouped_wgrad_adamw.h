@@ -39,25 +39,13 @@ struct WgradAdamWShape {
   int max_sms = 0;
 };
 
-// One expert weight's AdamW state: num_groups x k x n elements each, 16-byte aligned. The moments'
-// `first` is the index of element 0 in their buffer (the bf16 rounding's key, always the [E][k][n]
-// index). `copy` is [E][k][n]; `param` and the moments are too, unless `fused_order`: then they
-// are in fused_state_order.h's order (k and n multiples of 128), which the update reads and writes
-// in contiguous pieces instead of 256-byte runs of rows n elements apart
-// (ReorderFusedState converts).
+// One expert weight's AdamW state: [num_groups][k][n] each, 16-byte aligned. The moments' `first`
+// is the index of element 0 in their buffer (the bf16 rounding's key).
 struct AdamWTensors {
   float* param = nullptr;
   AdamWMoments moments;
   __nv_bfloat16* copy = nullptr;
-  bool fused_order = false;
 };
-
-// Reorders `experts` x k x n elements of `element_bytes` (4, or 2 for bf16 moments) at `data`
-// between [E][k][n] and fused_state_order.h's order (to_fused: into it), one expert at a time
-// through `scratch` (at least k x n x element_bytes bytes), on `stream`. For set-up and
-// checkpoints, not for the step.
-absl::Status ReorderFusedState(void* data, int element_bytes, int64_t experts, int64_t k, int64_t n,
-                               bool to_fused, void* scratch, cudaStream_t stream);
 
 class GroupedWgradAdamW {
  public:
