@@ -56,7 +56,9 @@ struct Flags {
   // Engine settings compared in one run (engines held side by side, rounds alternating):
   // "default", "optimizer-overlap" / "optimizer-after-backward" (DROPLESS_OPTIMIZER_OVERLAP), or
   // "activation-offload" (the spec's activation_offload: true), "overlap" (overlap: true; EP > 1),
-  // "overlap:N" (the same with N multiprocessors left to the exchanges, DROPLESS_EXCHANGE_SMS).
+  // "overlap:N" (the same with N multiprocessors left to the exchanges, DROPLESS_EXCHANGE_SMS),
+  // "fused-adamw" / "two-pass-adamw" (DROPLESS_FUSED_EXPERT_ADAMW), "bf16-expert-grad" (the two
+  // passes with the routed experts' gradient in bf16, DROPLESS_BF16_EXPERT_GRAD).
   std::vector<std::string> variants = {"default"};
   // The EP exchange: auto (`local` at EP > 1, none at EP 1), or nccl-lsa / nccl-a2a at world size
   // 1 (one rank per process: on one GPU, --ep=1 through NCCL).
@@ -106,16 +108,17 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
     } else if (kv.first == "--commit") {
       f.commit = kv.second;
     } else {
-      std::fprintf(stderr,
-                   "step bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
-                   "--precision=bf16,mxfp8,fp8-block,fp8-block-wgrad128 "
-                   "--steps=N --warmup=N --rounds=N --layers=N --ep=1,2,8 "
-                   "--dispatcher=auto|nccl-lsa|nccl-a2a "
-                   "--variants=default|optimizer-overlap,optimizer-after-backward,activation-offload,overlap,"
-                   "overlap:N,fused-adamw,two-pass-adamw "
-                   "--json=PATH "
-                   "--commit=SHA\n",
-                   a.c_str());
+      std::fprintf(
+          stderr,
+          "step bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
+          "--precision=bf16,mxfp8,fp8-block,fp8-block-wgrad128 "
+          "--steps=N --warmup=N --rounds=N --layers=N --ep=1,2,8 "
+          "--dispatcher=auto|nccl-lsa|nccl-a2a "
+          "--variants=default|optimizer-overlap,optimizer-after-backward,"
+          "activation-offload,overlap,overlap:N,fused-adamw,two-pass-adamw,bf16-expert-grad "
+          "--json=PATH "
+          "--commit=SHA\n",
+          a.c_str());
       std::exit(2);
     }
   }
@@ -196,15 +199,17 @@ int RunStepBench(const std::vector<std::string>& args) {
         std::vector<Run> runs;
         for (const std::string& variant : f.variants) {
           // Read when the engine starts (each variant's engine is created below).
-          if (variant == "fused-adamw" || variant == "two-pass-adamw") {
+          const bool bf16_grad = variant == "bf16-expert-grad";
+          if (variant == "fused-adamw" || variant == "two-pass-adamw" || bf16_grad) {
             setenv("DROPLESS_FUSED_EXPERT_ADAMW", variant == "fused-adamw" ? "1" : "0", 1);
           } else {
             unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
           }
+          setenv("DROPLESS_BF16_EXPERT_GRAD", bf16_grad ? "1" : "0", 1);
           if (variant == "optimizer-after-backward") {
             setenv("DROPLESS_OPTIMIZER_OVERLAP", "0", 1);
-          } else if (variant == "optimizer-overlap" || variant == "default" || variant == "fused-adamw" ||
-                     variant == "two-pass-adamw" ||
+          } else if (variant == "optimizer-overlap" || variant == "default" ||
+                     variant == "fused-adamw" || variant == "two-pass-adamw" || bf16_grad ||
                      variant == "activation-offload" || IsOverlap(variant)) {
             unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
           } else {
@@ -230,6 +235,7 @@ int RunStepBench(const std::vector<std::string>& args) {
                       : cuda_engine::CreateLocalEpCudaEngine(config);
           unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
           unsetenv("DROPLESS_EXCHANGE_SMS");
+          unsetenv("DROPLESS_BF16_EXPERT_GRAD");
           CheckStatus(engine.status(), "step", "creating the engine");
           run.engine = *std::move(engine);
           runs.push_back(std::move(run));

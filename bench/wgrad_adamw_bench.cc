@@ -137,7 +137,7 @@ int Run(const std::vector<std::string>& args) {
       spec.moment_dtype = bf16_moments ? MomentDtype::kBf16 : MomentDtype::kFp32;
       auto adamw = cuda_engine::FusedAdamW::Create(
           spec,
-          {cuda_engine::AdamWTensor{param, grad, moments, params,
+          {cuda_engine::AdamWTensor{param, grad, /*grad_bf16=*/nullptr, moments, params,
                                     reinterpret_cast<cuda_engine::Bf16*>(copy), 0, 0}},
           counter);
       CheckStatus(adamw.status(), kBench, "FusedAdamW::Create");

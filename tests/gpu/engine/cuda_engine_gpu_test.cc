@@ -143,6 +143,9 @@ struct MatchCase {
   // DROPLESS_SERIAL_EXPERT_BACKWARD: "1" the backward's expert GEMMs one at a time (the default),
   // "0" the weight gradients beside the data gradients.
   const char* serial_expert_backward = "1";
+  // DROPLESS_BF16_EXPERT_GRAD: "1" the routed experts' weight gradient stored in bf16 (bf16 with
+  // the two passes), "0" in fp32 (the default).
+  const char* bf16_expert_grad = "0";
 };
 
 // The fp8-block precisions need hidden and ffn multiples of 128.
@@ -173,10 +176,12 @@ TEST_P(CudaMatchesCpu, LossAndGradientsOfOneStep) {
   setenv("DROPLESS_FUSED_EXPERT_ADAMW", mc.fused_expert_adamw, 1);
   setenv("DROPLESS_MX_CORE", mc.mx_core, 1);
   setenv("DROPLESS_SERIAL_EXPERT_BACKWARD", mc.serial_expert_backward, 1);
+  setenv("DROPLESS_BF16_EXPERT_GRAD", mc.bf16_expert_grad, 1);
   std::unique_ptr<Engine> gpu = MakeCuda(c);
   unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
   unsetenv("DROPLESS_MX_CORE");
   unsetenv("DROPLESS_SERIAL_EXPERT_BACKWARD");
+  unsetenv("DROPLESS_BF16_EXPERT_GRAD");
   ASSERT_TRUE(cpu.engine && gpu);
   ASSERT_TRUE(cpu.engine->SaveCheckpoint(Dir("cpu0")).ok());
   ASSERT_TRUE(gpu->SaveCheckpoint(Dir("gpu0")).ok());
@@ -241,6 +246,10 @@ INSTANTIATE_TEST_SUITE_P(
                   "0"},
         MatchCase{"bf16_fused_adamw_side_by_side", Precision::kBf16, RouterKind::kSoftmax, 0.02,
                   0.05, "1", "1", "0"},
+        // The routed experts' weight gradient stored in bf16 between the two passes: its one
+        // rounding moves g by at most 2^-9 relative, far inside the bf16 bounds.
+        MatchCase{"bf16_expert_grad", Precision::kBf16, RouterKind::kSoftmax, 0.02, 0.05, "0", "1",
+                  "1", "1"},
         MatchCase{"fp8_block_side_by_side", Precision::kFp8Block, RouterKind::kSigmoid, 0.05, 0.3,
                   "0", "1", "0"},
         MatchCase{"mxfp8_softmax", Precision::kMxfp8, RouterKind::kSoftmax, 0.05, 0.3},
@@ -251,25 +260,43 @@ INSTANTIATE_TEST_SUITE_P(
                   0.3}),
     [](const ::testing::TestParamInfo<MatchCase>& info) { return std::string(info.param.name); });
 
+// Device memory the engine allocates for `c` with DROPLESS_FUSED_EXPERT_ADAMW and
+// DROPLESS_BF16_EXPERT_GRAD set as given, after one step.
+int64_t EngineBytes(const EngineConfig& c, const char* fused_expert_adamw,
+                    const char* bf16_expert_grad) {
+  setenv("DROPLESS_FUSED_EXPERT_ADAMW", fused_expert_adamw, 1);
+  setenv("DROPLESS_BF16_EXPERT_GRAD", bf16_expert_grad, 1);
+  absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> e =
+      cuda_engine::CreateCudaEngine(c, 0, 1, nullptr);
+  unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+  unsetenv("DROPLESS_BF16_EXPERT_GRAD");
+  EXPECT_TRUE(e.ok()) << e.status();
+  if (!e.ok()) return -1;
+  absl::StatusOr<StepStats> step = (*e)->Step();
+  EXPECT_TRUE(step.ok()) << step.status();
+  return (*e)->LastStepDetails().engine_bytes;
+}
+
 // The fused update keeps each tile's gradient in registers: the engine allocates no gradient for
 // the routed experts, exactly 4 bytes per routed-expert parameter less than the two passes.
 TEST_F(CudaEngineGpu, FusedExpertUpdateAllocatesNoRoutedExpertGradient) {
   const EngineConfig c = SmallConfig();
-  int64_t bytes[2] = {0, 0};
-  for (int fused = 0; fused < 2; ++fused) {
-    setenv("DROPLESS_FUSED_EXPERT_ADAMW", fused == 1 ? "1" : "0", 1);
-    absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> e =
-        cuda_engine::CreateCudaEngine(c, 0, 1, nullptr);
-    unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
-    ASSERT_TRUE(e.ok()) << e.status();
-    absl::StatusOr<StepStats> step = (*e)->Step();
-    ASSERT_TRUE(step.ok()) << step.status();
-    bytes[fused] = (*e)->LastStepDetails().engine_bytes;
-  }
+  const int64_t two_passes = EngineBytes(c, "0", "0"), fused = EngineBytes(c, "1", "0");
   const cpu::MoeParameterLayout layout(c.model, 1, 0, c.tokens_per_rank);
-  std::printf("engine bytes: two passes %lld, fused %lld\n", static_cast<long long>(bytes[0]),
-              static_cast<long long>(bytes[1]));
-  EXPECT_EQ(bytes[0] - bytes[1], layout.experts_size() * static_cast<int64_t>(sizeof(float)));
+  std::printf("engine bytes: two passes %lld, fused %lld\n", static_cast<long long>(two_passes),
+              static_cast<long long>(fused));
+  EXPECT_EQ(two_passes - fused, layout.experts_size() * static_cast<int64_t>(sizeof(float)));
+}
+
+// DROPLESS_BF16_EXPERT_GRAD=1: the two passes keep the routed experts' gradient in bf16, 2 bytes
+// per routed-expert parameter less than in fp32.
+TEST_F(CudaEngineGpu, Bf16ExpertGradientHalvesTheRoutedExpertGradient) {
+  const EngineConfig c = SmallConfig();
+  const int64_t fp32 = EngineBytes(c, "0", "0"), bf16 = EngineBytes(c, "0", "1");
+  const cpu::MoeParameterLayout layout(c.model, 1, 0, c.tokens_per_rank);
+  std::printf("engine bytes: fp32 routed-expert gradient %lld, bf16 %lld\n",
+              static_cast<long long>(fp32), static_cast<long long>(bf16));
+  EXPECT_EQ(fp32 - bf16, layout.experts_size() * static_cast<int64_t>(sizeof(kernels::Bf16)));
 }
 
 // bf16 AdamW moments learn as fp32 ones do: over eight data seeds, 500 steps end no more than 1%

@@ -1,7 +1,8 @@
 // The CUDA engine's own kernels against host references on fresh random data each run, outputs
 // poisoned first: parameter fills and tokens against the CPU engine's generators, fused AdamW
 // (with bf16 and transposed bf16 copies, vectorized and scalar paths, updates in separate
-// launches, fp32 and bf16 moments) against cpu::AdamWUpdate over several steps, the sum,
+// launches, fp32 and bf16 moments, fp32 and bf16 gradients) against cpu::AdamWUpdate over several
+// steps, the sum,
 // squared-error, transpose and bias kernels against plain loops.
 #include <cmath>
 #include <cstdint>
@@ -114,15 +115,21 @@ TEST_F(EngineKernelsGpu, GenerateTokensDrawsTheCpuTokens) {
   }
 }
 
-TEST_P(EngineKernelsMomentsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
+// The AdamW settings of the tests below: a short warmup, decay, moments of `dtype`.
+OptimizerSpec TestOptimizer(MomentDtype dtype) {
   OptimizerSpec o;
-  o.moment_dtype = GetParam();
+  o.moment_dtype = dtype;
   o.lr = 3e-3;
   o.beta1 = 0.9;
   o.beta2 = 0.95;
   o.eps = 1e-8;
   o.weight_decay = 0.1;
   o.warmup_steps = 3;
+  return o;
+}
+
+TEST_P(EngineKernelsMomentsGpu, FusedAdamWMatchesTheCpuUpdateOverSteps) {
+  const OptimizerSpec o = TestOptimizer(GetParam());
   // A transposed copy (scalar loop); a tensor of many chunks ending off a multiple of four (its
   // last values in the scalar loop); a vectorized one ending on a partial chunk.
   const int64_t rows = 37, cols = 45, n2 = 70001, n3 = 3 * 16384 + 4 * 1000 + 3;
@@ -321,6 +328,119 @@ TEST_P(EngineKernelsMomentsGpu, FusedAdamWFp8BlockMatchesUpdateThenQuantize) {
   const kernels::Fp8BlockWeights qo{q.get(), qs.get(), nullptr, nullptr};
   EXPECT_FALSE((*one)->UpdateFp8Block(1, kernels::Fp8BlockWeightShape{1, 128, 128}, qo, nullptr).ok());
   EXPECT_FALSE((*one)->UpdateFp8Block(0, kernels::Fp8BlockWeightShape{2, 128, 128}, qo, nullptr).ok());
+}
+
+// AdamW reading bf16 gradients (the routed experts' with DROPLESS_BF16_EXPERT_GRAD) against the
+// CPU update fed the same bf16 values: a vectorized tensor of several chunks ending off a multiple
+// of four; scalar loops for a gradient 2 bytes off the vector loads' alignment and for a
+// transposed copy; an fp32-gradient tensor in the same launches.
+TEST_P(EngineKernelsMomentsGpu, FusedAdamWReadsBf16Gradients) {
+  const OptimizerSpec o = TestOptimizer(GetParam());
+  const int64_t rows = 37, cols = 45;
+  // One tensor: the CPU reference's state and the device's (param and copy poisoned until set).
+  struct Tensor {
+    Tensor(int64_t n, MomentDtype dtype, bool bf16_grad, int64_t grad_offset)
+        : p(RandomFloat(n)),
+          m(n, 0),
+          v(n, 0),
+          dp(p),
+          dmv(n, dtype),
+          dg(bf16_grad ? 0 : n),
+          dg_bf16(bf16_grad ? grad_offset + n : 0),
+          copy(n) {}
+    std::vector<float> p, m, v;
+    DeviceArray<float> dp;
+    DeviceMoments dmv;
+    DeviceArray<float> dg;
+    DeviceArray<Bf16> dg_bf16;
+    DeviceArray<Bf16> copy;
+  };
+  struct Case {
+    int64_t n, grad_offset, copy_rows;
+    bool bf16_grad;
+  };
+  const Case cases[] = {{2 * 16384 + 4 * 100 + 3, 0, 0, true},
+                        {5001, 1, 0, true},
+                        {rows * cols, 0, rows, true},
+                        {4099, 0, 0, false}};
+  std::vector<std::unique_ptr<Tensor>> host;
+  std::vector<AdamWTensor> tensors;
+  for (const Case& c : cases) {
+    host.push_back(std::make_unique<Tensor>(c.n, o.moment_dtype, c.bf16_grad, c.grad_offset));
+    Tensor& h = *host.back();
+    AdamWTensor t;
+    t.param = h.dp.get();
+    if (c.bf16_grad) {
+      t.grad_bf16 = h.dg_bf16.get() + c.grad_offset;
+    } else {
+      t.grad = h.dg.get();
+    }
+    t.moments = h.dmv.get();
+    t.moments.stream = cpu::kExpertMoments;
+    t.moments.first = int64_t{1'000'000} * static_cast<int64_t>(tensors.size());
+    t.n = c.n;
+    t.bf16_copy = h.copy.get();
+    t.copy_rows = c.copy_rows;
+    t.copy_cols = c.copy_rows > 0 ? cols : 0;
+    tensors.push_back(t);
+  }
+  DeviceArray<int64_t> counter(std::vector<int64_t>{0});
+  absl::StatusOr<std::unique_ptr<FusedAdamW>> adamw = FusedAdamW::Create(o, tensors, counter.get());
+  ASSERT_TRUE(adamw.ok()) << adamw.status();
+  for (int step = 1; step <= 4; ++step) {
+    for (size_t i = 0; i < host.size(); ++i) {
+      const Case& c = cases[i];
+      Tensor& h = *host[i];
+      std::vector<float> g(c.n);
+      if (c.bf16_grad) {
+        const std::vector<Bf16> b = RandomBf16(c.grad_offset + c.n, 1e-2f);
+        for (int64_t j = 0; j < c.n; ++j) g[j] = Bf16ToFloat(b[c.grad_offset + j]);
+        h.dg_bf16.Upload(b);
+      } else {
+        g = RandomFloat(c.n, 1e-2f);
+        h.dg.Upload(g);
+      }
+      cpu::AdamWUpdate<float>(o, step, c.n, g.data(), h.p.data(), h.m.data(), h.v.data(),
+                              cpu::kExpertMoments, tensors[i].moments.first);
+    }
+    // One launch on odd steps, one per tensor (last first) on even ones.
+    STATUS_ASSERT((*adamw)->PrepareStep(nullptr));
+    if (step % 2 == 1) {
+      STATUS_ASSERT((*adamw)->Update(0, static_cast<int>(host.size()), nullptr));
+    } else {
+      for (int t = static_cast<int>(host.size()) - 1; t >= 0; --t) {
+        STATUS_ASSERT((*adamw)->Update(t, 1, nullptr));
+      }
+    }
+  }
+  for (size_t i = 0; i < host.size(); ++i) {
+    const Case& c = cases[i];
+    const Tensor& h = *host[i];
+    const std::vector<float> got = h.dp.Download();
+    const std::vector<Bf16> copy = h.copy.Download();
+    for (int64_t j = 0; j < c.n; ++j) {
+      ASSERT_NEAR(got[j], h.p[j], 2e-6f * (1 + std::fabs(h.p[j]))) << "tensor " << i << ", " << j;
+      const int64_t at = c.copy_rows > 0 ? j % cols * c.copy_rows + j / cols : j;
+      ASSERT_EQ(copy[at].bits, FloatToBf16(got[j]).bits) << "tensor " << i << ", " << j;
+    }
+    ASSERT_TRUE(kernels::testing::BitEqual(h.dmv.DownloadM(), h.m)) << "tensor " << i;
+    ASSERT_TRUE(kernels::testing::BitEqual(h.dmv.DownloadV(), h.v)) << "tensor " << i;
+  }
+  // Refused: both gradients or neither; the fp8-block update of a bf16-gradient tensor.
+  AdamWTensor both = tensors[0], neither = tensors[0];
+  both.grad = host[3]->dg.get();
+  neither.grad_bf16 = nullptr;
+  EXPECT_FALSE(FusedAdamW::Create(o, {both}, counter.get()).ok());
+  EXPECT_FALSE(FusedAdamW::Create(o, {neither}, counter.get()).ok());
+  AdamWTensor block = tensors[0];
+  block.n = 128 * 128;
+  absl::StatusOr<std::unique_ptr<FusedAdamW>> one = FusedAdamW::Create(o, {block}, counter.get());
+  ASSERT_TRUE(one.ok()) << one.status();
+  DeviceArray<uint8_t> q(128 * 128);
+  DeviceArray<float> qs(1);
+  const kernels::Fp8BlockWeights qo{q.get(), qs.get(), q.get(), qs.get()};
+  EXPECT_FALSE(
+      (*one)->UpdateFp8Block(0, kernels::Fp8BlockWeightShape{1, 128, 128}, qo, nullptr).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(MomentDtypes, EngineKernelsMomentsGpu,

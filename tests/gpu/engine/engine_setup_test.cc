@@ -2,9 +2,10 @@
 // weight-gradient GEMM in bf16 with fp32 moments where a local expert expects at most 1024 rows
 // (forced, with either width), the two passes
 // elsewhere and in every quantized precision; DROPLESS_FUSED_EXPERT_ADAMW forces either. Host-only
-// (no CUDA call without overlap): runs without a GPU. Also mxfp8's choice of the bf16-core GEMMs
-// and the backward's order of the expert GEMMs, and fp8-block's quantizers fused into the passes
-// that produce their activations.
+// (no CUDA call without overlap): runs without a GPU. Also the routed experts' bf16 gradient
+// (DROPLESS_BF16_EXPERT_GRAD), mxfp8's choice of the bf16-core GEMMs and the backward's order of
+// the expert GEMMs, and fp8-block's quantizers fused into the passes that produce their
+// activations.
 #include <cstdlib>
 
 #include "gtest/gtest.h"
@@ -60,6 +61,35 @@ TEST(EngineSetup, FusedExpertUpdateForcedByTheEnvironment) {
   EXPECT_TRUE(Fused(bf16_moments));
   EXPECT_FALSE(Fused(Layer(8192, 4096, 14336, 8, 2, 1, Precision::kFp8Block)));
   unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+}
+
+// The routed experts' gradient is stored in bf16 only when DROPLESS_BF16_EXPERT_GRAD=1 asks for it
+// and the bf16 two passes store one: never with the fused update (no gradient) or a quantized
+// precision (fp32 weight gradients).
+TEST(EngineSetup, Bf16ExpertGradientOnlyWhenAskedAndTheBf16TwoPassesStoreOne) {
+  auto bf16_grad = [](const EngineConfig& c) { return cuda_engine::StoresBf16ExpertGradient(c); };
+  const EngineConfig qwen3 = Layer(16384, 2048, 768, 128, 8, 1, Precision::kBf16);   // fused
+  const EngineConfig mixtral = Layer(8192, 4096, 14336, 8, 2, 1, Precision::kBf16);  // two passes
+  unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+  unsetenv("DROPLESS_BF16_EXPERT_GRAD");
+  EXPECT_FALSE(bf16_grad(mixtral));
+  setenv("DROPLESS_BF16_EXPERT_GRAD", "0", 1);
+  EXPECT_FALSE(bf16_grad(mixtral));
+  setenv("DROPLESS_BF16_EXPERT_GRAD", "1", 1);
+  EXPECT_TRUE(bf16_grad(mixtral));
+  EXPECT_FALSE(bf16_grad(qwen3));
+  EngineConfig bf16_moments = qwen3;  // the two passes by default
+  bf16_moments.optimizer.moment_dtype = MomentDtype::kBf16;
+  EXPECT_TRUE(bf16_grad(bf16_moments));
+  setenv("DROPLESS_FUSED_EXPERT_ADAMW", "0", 1);
+  EXPECT_TRUE(bf16_grad(qwen3));
+  setenv("DROPLESS_FUSED_EXPERT_ADAMW", "1", 1);
+  EXPECT_FALSE(bf16_grad(mixtral));
+  unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+  for (Precision p : {Precision::kMxfp8, Precision::kFp8Block, Precision::kFp8BlockWgrad128}) {
+    EXPECT_FALSE(bf16_grad(Layer(8192, 4096, 14336, 8, 2, 1, p)));
+  }
+  unsetenv("DROPLESS_BF16_EXPERT_GRAD");
 }
 
 // mxfp8's expert GEMMs run on the bf16 tensor cores over weight images where every reduction

@@ -3,10 +3,12 @@
 // on their own stream beside the GEMMs of the chunk before or after. A chunk's GEMMs compute its
 // experts' rows with the same kernels, so the steps must be those of the same engine without
 // overlap: the losses of 5 steps and the weights after them, in bf16, mxfp8 and fp8-block, and
-// at EP 8 with 5 experts per rank (uneven chunks of 2, 1, 1, 1 experts).
+// at EP 8 with 5 experts per rank (uneven chunks of 2, 1, 1, 1 experts); in bf16 also with the
+// routed experts' gradient stored in bf16 between the two passes (DROPLESS_BF16_EXPERT_GRAD).
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -30,6 +32,9 @@ struct OverlapCase {
   int ep;
   int experts;
   Precision precision;
+  // Both engines with the two passes and a bf16 routed-expert gradient (these small shapes would
+  // pick the fused update).
+  bool bf16_expert_grad = false;
 };
 
 class OverlapGpu : public GpuTest, public ::testing::WithParamInterface<OverlapCase> {
@@ -39,7 +44,7 @@ class OverlapGpu : public GpuTest, public ::testing::WithParamInterface<OverlapC
     if (IsSkipped()) return;
     dir_ = std::filesystem::temp_directory_path() /
            absl::StrCat("dropless-overlap-", getpid(), "-", GetParam().ep, "-",
-                        static_cast<int>(GetParam().precision));
+                        static_cast<int>(GetParam().precision), "-", GetParam().bf16_expert_grad);
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override {
@@ -65,7 +70,15 @@ TEST_P(OverlapGpu, StepsMatchTheEngineWithoutOverlap) {
   }
   EngineConfig o = c;
   o.overlap = true;
+  if (p.bf16_expert_grad) {
+    setenv("DROPLESS_FUSED_EXPERT_ADAMW", "0", 1);
+    setenv("DROPLESS_BF16_EXPERT_GRAD", "1", 1);
+  }
   std::unique_ptr<cuda_engine::CudaEngine> plain = Make(c), overlapped = Make(o);
+  if (p.bf16_expert_grad) {
+    unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+    unsetenv("DROPLESS_BF16_EXPERT_GRAD");
+  }
   ASSERT_TRUE(plain && overlapped);
   const std::string precision(ToString(p.precision));
   for (int step = 1; step <= 5; ++step) {
@@ -98,6 +111,7 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, OverlapGpu,
     ::testing::Values(OverlapCase{2, 64, Precision::kBf16}, OverlapCase{4, 64, Precision::kBf16},
                       OverlapCase{8, 64, Precision::kBf16}, OverlapCase{8, 40, Precision::kBf16},
+                      OverlapCase{4, 64, Precision::kBf16, true},
                       OverlapCase{4, 64, Precision::kMxfp8}, OverlapCase{8, 40, Precision::kMxfp8},
                       OverlapCase{2, 64, Precision::kFp8Block},
                       OverlapCase{8, 40, Precision::kFp8Block},
@@ -105,7 +119,8 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<OverlapCase>& info) {
       std::string precision(ToString(info.param.precision));
       for (char& ch : precision) ch = ch == '-' ? '_' : ch;
-      return absl::StrCat("ep", info.param.ep, "_experts", info.param.experts, "_", precision);
+      return absl::StrCat("ep", info.param.ep, "_experts", info.param.experts, "_", precision,
+                          info.param.bf16_expert_grad ? "_bf16_expert_grad" : "");
     });
 
 }  // namespace

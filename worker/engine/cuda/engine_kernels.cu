@@ -172,7 +172,7 @@ absl::Status LaunchTranspose(int64_t batch, int64_t rows, int64_t cols, const T*
 using kernels::AdamWElement;
 using kernels::AdamWStep;
 using kernels::AdamWUpdateFour;
-using kernels::LoadMoment;
+using kernels::LoadFloat;
 using kernels::StoreMoments;
 
 struct AdamWHyper {
@@ -204,39 +204,34 @@ struct AdamWChunk {
   int64_t begin;
 };
 
-// One block per chunk of one tensor; M: the moments' element type (every tensor of the launch has
-// the job's moment_dtype). Memory-bound (30 bytes per parameter with the bf16 copy and fp32
-// moments, 22 with bf16 moments): tensors with a plain bf16 copy (or none) and aligned pointers
-// move four values per thread with vector loads and stores; the others (a transposed copy,
-// unaligned) take the scalar loop.
-template <typename M>
-__global__ void AdamWKernel(const AdamWTensor* tensors, const AdamWChunk* chunks,
-                            const AdamWStep* scalars_ptr) {
-  const AdamWStep s = *scalars_ptr;
-  const AdamWChunk chunk = chunks[blockIdx.x];
-  const AdamWTensor t = tensors[chunk.tensor];
+// Elements [begin, end) of tensor t, whose gradient `grad` has elements G (float, or
+// __nv_bfloat16 widened to fp32); M: the moments' element type. With a plain bf16 copy (or none)
+// and aligned pointers four values per thread with vector loads and stores (a bf16 gradient's four
+// in one 8-byte load); the others (a transposed copy, unaligned) take the scalar loop.
+template <typename M, typename G>
+__device__ __forceinline__ void AdamWRange(const AdamWStep& s, const AdamWTensor& t, const G* grad,
+                                           int64_t begin, int64_t end) {
   const M* const m_state = static_cast<const M*>(t.moments.m);
   const M* const v_state = static_cast<const M*>(t.moments.v);
-  const int64_t end = min(chunk.begin + kAdamWChunk, t.n);
   const bool vector =
-      t.copy_rows == 0 && chunk.begin % 4 == 0 &&
-      ((reinterpret_cast<uintptr_t>(t.param) | reinterpret_cast<uintptr_t>(t.grad)) % 16) == 0 &&
+      t.copy_rows == 0 && begin % 4 == 0 && reinterpret_cast<uintptr_t>(t.param) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(grad) % (4 * sizeof(G)) == 0 &&
       ((reinterpret_cast<uintptr_t>(m_state) | reinterpret_cast<uintptr_t>(v_state)) %
        (4 * sizeof(M))) == 0 &&
       reinterpret_cast<uintptr_t>(t.bf16_copy) % 8 == 0;
-  int64_t scalar_begin = chunk.begin;
+  int64_t scalar_begin = begin;
   if (vector) {
-    const int64_t vector_end = chunk.begin + (end - chunk.begin) / 4 * 4;
-    for (int64_t i = chunk.begin + 4 * static_cast<int64_t>(threadIdx.x); i < vector_end;
+    const int64_t vector_end = begin + (end - begin) / 4 * 4;
+    for (int64_t i = begin + 4 * static_cast<int64_t>(threadIdx.x); i < vector_end;
          i += 4 * static_cast<int64_t>(blockDim.x)) {
-      const uint2 packed = AdamWUpdateFour<M>(s, i, t.grad, t.param, t.moments);
+      const uint2 packed = AdamWUpdateFour<M>(s, i, grad, t.param, t.moments);
       if (t.bf16_copy != nullptr) *reinterpret_cast<uint2*>(t.bf16_copy + i) = packed;
     }
     scalar_begin = vector_end;
   }
   for (int64_t i = scalar_begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float g = t.grad[i];
-    float m = LoadMoment(m_state, i), v = LoadMoment(v_state, i);
+    const float g = LoadFloat(grad, i);
+    float m = LoadFloat(m_state, i), v = LoadFloat(v_state, i);
     const float p = AdamWElement(s, g, m, v, t.param[i]);
     StoreMoments<M>(s, t.moments, i, m, v);
     t.param[i] = p;
@@ -248,6 +243,23 @@ __global__ void AdamWKernel(const AdamWTensor* tensors, const AdamWChunk* chunks
         t.bf16_copy[i] = ToBf16(p);
       }
     }
+  }
+}
+
+// One block per chunk of one tensor; M: the moments' element type (every tensor of the launch has
+// the job's moment_dtype). Memory-bound (30 bytes per parameter with an fp32 gradient, the bf16
+// copy and fp32 moments, 22 with bf16 moments; 2 fewer with a bf16 gradient).
+template <typename M>
+__global__ void AdamWKernel(const AdamWTensor* tensors, const AdamWChunk* chunks,
+                            const AdamWStep* scalars_ptr) {
+  const AdamWStep s = *scalars_ptr;
+  const AdamWChunk chunk = chunks[blockIdx.x];
+  const AdamWTensor t = tensors[chunk.tensor];
+  const int64_t end = min(chunk.begin + kAdamWChunk, t.n);
+  if (t.grad_bf16 != nullptr) {
+    AdamWRange<M>(s, t, reinterpret_cast<const __nv_bfloat16*>(t.grad_bf16), chunk.begin, end);
+  } else {
+    AdamWRange<M>(s, t, t.grad, chunk.begin, end);
   }
 }
 
@@ -322,10 +334,11 @@ class FusedAdamWImpl final : public FusedAdamW {
           "FusedAdamW::UpdateFp8Block: tensor %d of %d", tensor, num_tensors()));
     }
     const AdamWTensor& t = host_tensors_[tensor];
-    if (t.n != int64_t{shape.num_experts} * shape.k * shape.n || t.copy_rows != 0) {
+    if (t.n != int64_t{shape.num_experts} * shape.k * shape.n || t.copy_rows != 0 ||
+        t.grad == nullptr) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "FusedAdamW::UpdateFp8Block: tensor %d (%d values) is not a [%d][%d][%d] weight "
-          "without a transposed copy",
+          "with an fp32 gradient and without a transposed copy",
           tensor, t.n, shape.num_experts, shape.k, shape.n));
     }
     return kernels::cuda::AdamWQuantizeFp8BlockWeights(shape, scalars_, t.grad, t.param, t.moments,
@@ -447,7 +460,8 @@ absl::StatusOr<std::unique_ptr<FusedAdamW>> FusedAdamW::Create(
     const OptimizerSpec& optimizer, const std::vector<AdamWTensor>& tensors, int64_t* step_counter) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const AdamWTensor& t = tensors[i];
-    if (t.n < 0 || (t.n > 0 && (!t.param || !t.grad || !t.moments.m || !t.moments.v)) ||
+    const bool one_grad = (t.grad != nullptr) != (t.grad_bf16 != nullptr);
+    if (t.n < 0 || (t.n > 0 && (!t.param || !one_grad || !t.moments.m || !t.moments.v)) ||
         (t.copy_rows > 0 && t.copy_rows * t.copy_cols != t.n)) {
       return absl::InvalidArgumentError(absl::StrFormat("FusedAdamW: tensor %d is malformed", i));
     }

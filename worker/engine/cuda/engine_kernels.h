@@ -74,13 +74,17 @@ absl::Status AddRowBias(int64_t rows, int64_t cols, const float* bias, float* x,
 absl::Status WriteMarker(int32_t* marker, int32_t value, Stream stream);
 
 // AdamW (worker/engine/cpu/adamw.h, same formula in fp32 with the step's scalars in fp64) over
-// several tensors in one launch, their moments stored as the optimizer's moment_dtype. Each tensor
-// may also write a bf16 copy of its updated values, transposed when copy_rows > 0 (copy[c][r] =
-// param[r][c] for a copy_rows x copy_cols tensor). The step number lives on the device (the counter
-// is incremented by each Step), so a captured graph replays correctly step after step.
+// several tensors in one launch, their moments stored as the optimizer's moment_dtype. A tensor's
+// gradient is fp32 or bf16 (widened to fp32 as read). Each tensor may also write a bf16 copy of its
+// updated values, transposed when copy_rows > 0 (copy[c][r] = param[r][c] for a copy_rows x
+// copy_cols tensor). The step number lives on the device (the counter is incremented by each Step),
+// so a captured graph replays correctly step after step.
 struct AdamWTensor {
   float* param = nullptr;
+  // Exactly one of the two when n > 0: fp32, or bf16 (the routed experts' with
+  // LayerDims::bf16_expert_grad).
   const float* grad = nullptr;
+  const Bf16* grad_bf16 = nullptr;
   kernels::AdamWMoments moments;  // bf16 exactly when optimizer.moment_dtype is bf16
   int64_t n = 0;
   Bf16* bf16_copy = nullptr;
@@ -106,7 +110,7 @@ class FusedAdamW {
   // step's fp8-block GEMMs: one launch, one block per 128x128 block, the same bits as Update then
   // QuantizeFp8BlockWeights of the bf16 copy. The bf16 copy itself is not written (the fp8-block
   // GEMMs read only the quantized forms), which saves 4 of the 34 bytes per parameter that the
-  // two passes move.
+  // two passes move. fp32 gradients only.
   virtual absl::Status UpdateFp8Block(int tensor, const kernels::Fp8BlockWeightShape& shape,
                                       const kernels::Fp8BlockWeights& out, Stream stream) = 0;
   // The step's scalars on the device, written by PrepareStep: for kernels that fuse a tensor's

@@ -108,6 +108,11 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
                          (forced != nullptr ? std::strcmp(forced, "1") == 0
                                             : fp32_moments && d.expected_rows_per_expert() <=
                                                                   kFusedAdamWMaxRowsPerExpert);
+  // The routed experts' gradient in bf16 where it is stored: bf16 with the two passes (the fused
+  // update keeps none; the quantized precisions' weight gradients stay fp32). Opt-in for A/B runs.
+  const char* bf16_grad = std::getenv("DROPLESS_BF16_EXPERT_GRAD");
+  d.bf16_expert_grad = d.precision == Precision::kBf16 && !d.fused_expert_adamw &&
+                       bf16_grad != nullptr && std::strcmp(bf16_grad, "1") == 0;
   // MXFP8 on the bf16 tensor cores where every reduction length is a multiple of 64 (H for w1's
   // forward and w2's data gradient, F and 2F for the others); DROPLESS_MX_CORE=0 keeps the
   // per-32 promotion kernels (A/B runs).
@@ -144,6 +149,11 @@ absl::StatusOr<LayerDims> HostLayerDims(const EngineConfig& config) {
 bool FusesExpertUpdate(const EngineConfig& config) {
   absl::StatusOr<LayerDims> d = HostLayerDims(config);
   return d.ok() && d->fused_expert_adamw;
+}
+
+bool StoresBf16ExpertGradient(const EngineConfig& config) {
+  absl::StatusOr<LayerDims> d = HostLayerDims(config);
+  return d.ok() && d->bf16_expert_grad;
 }
 
 bool UsesMxCore(const EngineConfig& config) {

@@ -93,7 +93,10 @@ absl::Status LayerKernels::CreateExpertGemms(int groups, ExpertGemms* out) const
     } else {
       kernels::GroupedGemmOptions o = shaped(kernels::GroupedGemmOptions{});
       o.expected_rows_per_group = expected_rows;
-      o.weight_grad_type = kernels::GradType::kFloat32;
+      // bf16 with LayerDims::bf16_expert_grad, with overlap too: the weight gradient is never
+      // chunked (it runs over every local expert once every chunk's output gradient is in).
+      o.weight_grad_type =
+          d.bf16_expert_grad ? kernels::GradType::kBFloat16 : kernels::GradType::kFloat32;
       DROPLESS_RETURN_IF_ERROR(make(o, product == 0 ? &out->w1 : &out->w2));
       if (d.fused_expert_adamw && groups == El) {
         kernels::WgradAdamWShape s{groups, o.k, o.n, R, d.expert_gemm_sms};
@@ -123,11 +126,13 @@ std::string LayerKernels::ExpertGemmKernels() const {
                         bf16->KernelName(kernels::GroupedGemmOp::kBackwardWeight));
       }
     } else {
-      absl::StrAppend(
-          &out, "forward ", bf16->KernelName(kernels::GroupedGemmOp::kForward), ", data gradient ",
-          bf16->KernelName(kernels::GroupedGemmOp::kBackwardData), ", weight gradient ",
-          dims_.fused_expert_adamw ? std::string("fused with AdamW")
-                                   : bf16->KernelName(kernels::GroupedGemmOp::kBackwardWeight));
+      absl::StrAppend(&out, "forward ", bf16->KernelName(kernels::GroupedGemmOp::kForward),
+                      ", data gradient ", bf16->KernelName(kernels::GroupedGemmOp::kBackwardData),
+                      ", weight gradient ",
+                      dims_.fused_expert_adamw
+                          ? std::string("fused with AdamW")
+                          : absl::StrCat(bf16->KernelName(kernels::GroupedGemmOp::kBackwardWeight),
+                                         dims_.bf16_expert_grad ? " to bf16" : ""));
     }
   }
   return out;
@@ -247,6 +252,7 @@ MoeLayerGpu::ExpertOperands MoeLayerGpu::W1(const LayerWeights& w, const LayerGr
   o.w = w.w1;
   o.q_w = w.q_w1;
   o.dw = g.w1;
+  o.dw_bf16 = g.w1_bf16;
   if (g.adamw_step != nullptr) {
     o.wgrad_adamw = gemms.adamw_w1.get();
     o.adamw_step = g.adamw_step;
@@ -280,6 +286,7 @@ MoeLayerGpu::ExpertOperands MoeLayerGpu::W2(const LayerWeights& w, const LayerGr
   o.w = w.w2;
   o.q_w = w.q_w2;
   o.dw = g.w2;
+  o.dw_bf16 = g.w2_bf16;
   if (g.adamw_step != nullptr) {
     o.wgrad_adamw = gemms.adamw_w2.get();
     o.adamw_step = g.adamw_step;
@@ -390,6 +397,9 @@ absl::Status MoeLayerGpu::ExpertBackwardWeight(const ExpertOperands& o, cudaStre
   }
   if (o.adamw_step != nullptr) {
     return o.wgrad_adamw->Update(Nv(o.x), Nv(o.dy), o.offsets, o.adamw_step, o.adamw, stream);
+  }
+  if (o.dw_bf16 != nullptr) {  // LayerDims::bf16_expert_grad
+    return o.gemm->BackwardWeight(Nv(o.x), Nv(o.dy), o.offsets, Nv(o.dw_bf16), stream);
   }
   return o.gemm->BackwardWeight(Nv(o.x), Nv(o.dy), o.offsets, o.dw, stream);
 }

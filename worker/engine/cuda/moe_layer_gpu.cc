@@ -56,11 +56,15 @@ absl::StatusOr<std::unique_ptr<LayerKernels>> LayerKernels::Create(const LayerDi
     return absl::InvalidArgumentError(
         "LayerKernels: forward_only layers run in bf16 (the teacher)");
   }
-  // The precision-specific choices (fp8_block_local() reads the flag alone).
-  if ((d.fp8_block_fused_quantizers && !d.fp8_block()) || (d.mx_core && !d.mxfp8())) {
+  // The precision-specific choices (fp8_block_local() reads the flag alone; a bf16 routed-expert
+  // gradient is the bf16 two passes' only).
+  if ((d.fp8_block_fused_quantizers && !d.fp8_block()) || (d.mx_core && !d.mxfp8()) ||
+      (d.bf16_expert_grad && (d.quantized() || d.fused_expert_adamw))) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "LayerKernels: fp8_block_fused_quantizers (%d) or mx_core (%d) set for precision %s",
-        d.fp8_block_fused_quantizers, d.mx_core, std::string(ToString(d.precision))));
+        "LayerKernels: fp8_block_fused_quantizers (%d), mx_core (%d) or bf16_expert_grad (%d, "
+        "fused_expert_adamw %d) set for precision %s",
+        d.fp8_block_fused_quantizers, d.mx_core, d.bf16_expert_grad, d.fused_expert_adamw,
+        std::string(ToString(d.precision))));
   }
   const int64_t T = d.tokens, H = d.hidden, F = d.ffn, Tk = d.rows(), R = d.recv_rows();
   const int El = d.local_experts();

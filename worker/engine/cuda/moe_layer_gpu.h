@@ -87,6 +87,11 @@ struct LayerDims {
   // update follows its data-gradient GEMM, the last reader of its working copy. Chosen by
   // LayerDimsOf (engine_setup.h) from expected_rows_per_expert().
   bool fused_expert_adamw = false;
+  // The routed experts' weight gradient is stored in bf16 (the GEMM's fp32 accumulator rounded
+  // once in its epilogue, as autograd gives bf16 weights theirs) and the AdamW pass reads it so:
+  // 4 bytes a parameter less traffic than fp32, half the buffer. bf16 with the two passes only
+  // (not fused_expert_adamw); opt-in by DROPLESS_BF16_EXPERT_GRAD=1 (LayerDimsOf), for A/B runs.
+  bool bf16_expert_grad = false;
   // mxfp8: the expert GEMMs run on the bf16 tensor cores, every MXFP8 product exact in bf16 with
   // fp32 accumulation: the forward and data gradient over exact bf16 images of the quantized
   // weights (MxGroupedGemm's image products; the images written after every update), the weight
@@ -164,13 +169,16 @@ struct LayerWeights {
   QuantizedWeight q_w1, q_w2;         // precisions mxfp8 and fp8-block
 };
 
-// fp32 gradients, overwritten by Backward (the flat buffers' layout of MoeParameterLayout).
-// (bf16 weight gradients for the routed experts were measured: no faster step on an H200, and
-// the 500-step mxfp8-vs-bf16 loss drifted by 3%; bench/results/step-h200-20261202-*.json.)
+// fp32 gradients, overwritten by Backward (the flat buffers' layout of MoeParameterLayout); the
+// routed experts' in bf16 instead with LayerDims::bf16_expert_grad. (bf16 routed-expert gradients
+// as the default were measured once, with the scalar AdamW pass: no faster step on an H200, and
+// the 500-step mxfp8-vs-bf16 loss drifted by 3%; bench/results/step-h200-20261202-bf16-wgrad.json.)
 struct LayerGrads {
   float* router = nullptr;     // [H][E]
   float* w1 = nullptr;         // [El][H][2F]
   float* w2 = nullptr;         // [El][F][H]
+  Bf16* w1_bf16 = nullptr;     // w1 and w2 in bf16 (LayerDims::bf16_expert_grad; w1, w2 null)
+  Bf16* w2_bf16 = nullptr;
   float* shared_w1 = nullptr;  // [S][H][2F]
   float* shared_w2 = nullptr;  // [S][F][H]
   // LayerDims::fused_expert_adamw: the step's AdamW scalars (device) and the routed experts'
@@ -426,6 +434,7 @@ class MoeLayerGpu {
     const Bf16* w = nullptr;
     QuantizedWeight q_w;
     float* dw = nullptr;
+    Bf16* dw_bf16 = nullptr;  // instead of dw with LayerDims::bf16_expert_grad
     // Set (fused_expert_adamw): the weight gradient applies AdamW to `adamw` instead of writing dw.
     kernels::GroupedWgradAdamW* wgrad_adamw = nullptr;
     const kernels::AdamWStep* adamw_step = nullptr;

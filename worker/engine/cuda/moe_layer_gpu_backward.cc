@@ -311,7 +311,7 @@ absl::Status MoeLayerGpu::TimeExpertGemms(const LayerWeights& w, const LayerGrad
   LayerGrads plain = grads;
   plain.adamw_step = nullptr;
   float* scratch = nullptr;
-  if (plain.w1 == nullptr) {
+  if (plain.w1 == nullptr && plain.w1_bf16 == nullptr) {
     const LayerDims& d = k_->dims_;
     const int64_t w1_values = int64_t{d.local_experts()} * d.hidden * 2 * d.ffn;  // >= w2's
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch, w1_values * sizeof(float)));

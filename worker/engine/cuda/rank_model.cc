@@ -16,6 +16,7 @@ LayerDims TeacherDims(LayerDims d) {
   d.precision = Precision::kBf16;
   d.recompute = false;
   d.fused_expert_adamw = false;
+  d.bf16_expert_grad = false;
   d.mx_core = false;
   d.fp8_block_fused_quantizers = false;
   return d;
@@ -24,12 +25,15 @@ LayerDims TeacherDims(LayerDims d) {
 }  // namespace
 
 absl::Status TrainableBuffer::Allocate(DeviceArena* arena, int64_t n, MomentDtype moment_dtype,
-                                       uint32_t moment_stream, bool with_gradient) {
+                                       uint32_t moment_stream, GradStorage grad_storage) {
   size = n;
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "master weights", &value));
-  if (with_gradient) {
+  if (grad_storage == GradStorage::kFp32) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "weight gradients", &grad));
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(grad, 0, n * sizeof(float)));
+  } else if (grad_storage == GradStorage::kBf16) {
+    DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "weight gradients (bf16)", &grad_bf16));
+    DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemset(grad_bf16, 0, n * sizeof(Bf16)));
   }
   moments.bf16 = moment_dtype == MomentDtype::kBf16;
   moments.stream = moment_stream;
@@ -44,6 +48,16 @@ absl::Status TrainableBuffer::Allocate(DeviceArena* arena, int64_t n, MomentDtyp
   }
   DROPLESS_RETURN_IF_ERROR(arena->Allocate(n, "bf16 weights", &bf16));
   return absl::OkStatus();
+}
+
+AdamWTensor TrainableBuffer::Tensor(int64_t offset, int64_t n) const {
+  AdamWTensor t;
+  t.param = value + offset;
+  if (grad != nullptr) t.grad = grad + offset;
+  if (grad_bf16 != nullptr) t.grad_bf16 = grad_bf16 + offset;
+  t.moments = moments.At(offset);
+  t.n = n;
+  return t;
 }
 
 RankModel::RankModel(const EngineConfig& config, int rank, const LayerDims& dims)
@@ -84,8 +98,14 @@ LayerGrads RankModel::Grads(int64_t layer) const {
   g.shared_w1 = g.router + H * E;
   g.shared_w2 = g.shared_w1 + S * H * 2 * F;
   if (!dims_.fused_expert_adamw) {
-    g.w1 = experts_.grad + layer * ExpPerLayer();
-    g.w2 = g.w1 + El * H * 2 * F;
+    const int64_t w1 = layer * ExpPerLayer(), w2 = w1 + El * H * 2 * F;
+    if (dims_.bf16_expert_grad) {
+      g.w1_bf16 = experts_.grad_bf16 + w1;
+      g.w2_bf16 = experts_.grad_bf16 + w2;
+    } else {
+      g.w1 = experts_.grad + w1;
+      g.w2 = experts_.grad + w2;
+    }
   } else {
     // No routed-expert gradient is stored: the weight-gradient GEMM applies AdamW to its tiles,
     // bf16 moments drawing their rounding from the single-rank index as the AdamW pass does.
@@ -204,8 +224,11 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
   DROPLESS_RETURN_IF_ERROR(replicated_.Allocate(arena, layout_.replicated_size(), moment_dtype,
                                                 cpu::kReplicatedMoments));
   // The fused update keeps the routed experts' gradients in registers: no buffer for them.
+  const GradStorage expert_grad = dims_.fused_expert_adamw ? GradStorage::kNone
+                                  : dims_.bf16_expert_grad ? GradStorage::kBf16
+                                                           : GradStorage::kFp32;
   DROPLESS_RETURN_IF_ERROR(experts_.Allocate(arena, layout_.experts_size(), moment_dtype,
-                                             cpu::kExpertMoments, !dims_.fused_expert_adamw));
+                                             cpu::kExpertMoments, expert_grad));
   for (ModelWeights* w : {&student_, &teacher_}) {
     DROPLESS_RETURN_IF_ERROR(arena->Allocate(layers() * E * H, "bf16 router", &w->router));
   }
@@ -264,8 +287,11 @@ absl::Status RankModel::CreateOptimizer() {
   std::vector<AdamWTensor> tensors;
   auto add = [&](TrainableBuffer& b, int64_t offset, int64_t n, Bf16* copy, int64_t rows,
                  int64_t cols) {
-    tensors.push_back(
-        AdamWTensor{b.value + offset, b.grad + offset, b.moments.At(offset), n, copy, rows, cols});
+    AdamWTensor t = b.Tensor(offset, n);
+    t.bf16_copy = copy;
+    t.copy_rows = rows;
+    t.copy_cols = cols;
+    tensors.push_back(t);
     return static_cast<int>(tensors.size()) - 1;
   };
   // The routed experts' runs (w1, w2 per layer) carry their single-rank index, from which bf16

@@ -27,12 +27,17 @@
 
 namespace dropless::cuda_engine {
 
-// A trainable flat buffer (MoeParameterLayout's replicated or experts buffer) with its fp32
-// gradient (none when the update is fused into the weight-gradient GEMM), AdamW moments (fp32 or
-// bf16, the optimizer's moment_dtype) and bf16 working copy.
+// How a TrainableBuffer keeps its gradient: none (the update fused into the weight-gradient
+// GEMM), fp32, or bf16 (the routed experts' with LayerDims::bf16_expert_grad).
+enum class GradStorage { kNone, kFp32, kBf16 };
+
+// A trainable flat buffer (MoeParameterLayout's replicated or experts buffer) with its gradient
+// (`grad` or `grad_bf16`, as GradStorage says; at most one set), AdamW moments (fp32 or bf16, the
+// optimizer's moment_dtype) and bf16 working copy.
 struct TrainableBuffer {
   float* value = nullptr;
   float* grad = nullptr;
+  Bf16* grad_bf16 = nullptr;
   kernels::AdamWMoments moments;
   Bf16* bf16 = nullptr;
   int64_t size = 0;
@@ -40,8 +45,11 @@ struct TrainableBuffer {
   // moment_stream: the buffer's rounding stream for bf16 moments (cpu::kReplicatedMoments or
   // cpu::kExpertMoments, as the CPU engine draws them).
   absl::Status Allocate(DeviceArena* arena, int64_t n, MomentDtype moment_dtype,
-                        uint32_t moment_stream, bool with_gradient = true);
+                        uint32_t moment_stream, GradStorage grad_storage = GradStorage::kFp32);
   DeviceOptimizerBuffers Optimizer() const { return DeviceOptimizerBuffers{value, moments, size}; }
+  // The AdamW tensor of elements [offset, offset + n): their masters, gradient and moments (no
+  // working copy).
+  AdamWTensor Tensor(int64_t offset, int64_t n) const;
 };
 
 // The bf16 (and quantized) weights of a model: the student's working copies or the fixed teacher

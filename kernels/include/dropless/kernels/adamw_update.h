@@ -31,10 +31,10 @@ __device__ __forceinline__ float AdamWElement(const AdamWStep& s, float g, float
   return __fsub_rn(__fmul_rn(p, s.decay), __fmul_rn(s.step_size, update));
 }
 
-// One moment element as fp32, and stored back: fp32 as is, bf16 from StochasticBf16's value
-// (whose low 16 bits are zero) with the given random bits.
-__device__ __forceinline__ float LoadMoment(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float LoadMoment(const __nv_bfloat16* p, int64_t i) {
+// One fp32 or bf16 element (a moment; a bf16 gradient) as fp32; a moment stored back: fp32 as is,
+// bf16 from StochasticBf16's value (whose low 16 bits are zero) with the given random bits.
+__device__ __forceinline__ float LoadFloat(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float LoadFloat(const __nv_bfloat16* p, int64_t i) {
   return __bfloat162float(p[i]);
 }
 __device__ __forceinline__ void StoreMoment(float* p, int64_t i, float x, uint32_t) { p[i] = x; }
@@ -56,11 +56,11 @@ __device__ __forceinline__ void StoreMoments(const AdamWStep& s, const AdamWMome
   StoreMoment(static_cast<M*>(mv.v), i, v, bits >> 16);
 }
 
-// Moment elements i .. i + 3 (16-byte aligned for fp32, 8-byte for bf16).
-__device__ __forceinline__ float4 LoadMomentFour(const float* p, int64_t i) {
+// Elements i .. i + 3 as fp32 (moments, gradients; 16-byte aligned for fp32, 8-byte for bf16).
+__device__ __forceinline__ float4 LoadFloatFour(const float* p, int64_t i) {
   return *reinterpret_cast<const float4*>(p + i);
 }
-__device__ __forceinline__ float4 LoadMomentFour(const __nv_bfloat16* p, int64_t i) {
+__device__ __forceinline__ float4 LoadFloatFour(const __nv_bfloat16* p, int64_t i) {
   const uint2 raw = *reinterpret_cast<const uint2*>(p + i);
   const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
   const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
@@ -131,16 +131,16 @@ struct AdamWFour {
   float4 g, m, v, p;
 };
 
-// Elements i .. i + 3 (16-byte aligned; the moments M: float or __nv_bfloat16, as mv.bf16 says)
-// loaded with vector loads. Split from ApplyAdamWFour so that a kernel can have several groups'
-// loads in flight before the first update's stores (which, for all the compiler knows, alias
-// the later loads).
-template <typename M>
-__device__ __forceinline__ AdamWFour LoadAdamWFour(int64_t i, const float* grad, const float* param,
+// Elements i .. i + 3 (the moments M and the gradient G: float or __nv_bfloat16, as mv.bf16
+// and the caller say; aligned as LoadFloatFour needs) loaded with vector loads. Split from
+// ApplyAdamWFour so that a kernel can have several groups' loads in flight before the first
+// update's stores (which, for all the compiler knows, alias the later loads).
+template <typename M, typename G>
+__device__ __forceinline__ AdamWFour LoadAdamWFour(int64_t i, const G* grad, const float* param,
                                                    const AdamWMoments& mv) {
-  return AdamWFour{
-      *reinterpret_cast<const float4*>(grad + i), LoadMomentFour(static_cast<const M*>(mv.m), i),
-      LoadMomentFour(static_cast<const M*>(mv.v), i), *reinterpret_cast<const float4*>(param + i)};
+  return AdamWFour{LoadFloatFour(grad, i), LoadFloatFour(static_cast<const M*>(mv.m), i),
+                   LoadFloatFour(static_cast<const M*>(mv.v), i),
+                   *reinterpret_cast<const float4*>(param + i)};
 }
 
 // The update of elements i .. i + 3 from what LoadAdamWFour read: moments and masters stored with
@@ -158,8 +158,8 @@ __device__ __forceinline__ uint2 ApplyAdamWFour(const AdamWStep& s, int64_t i, A
   return PackBf16Four(x.p);
 }
 
-template <typename M>
-__device__ __forceinline__ uint2 AdamWUpdateFour(const AdamWStep& s, int64_t i, const float* grad,
+template <typename M, typename G>
+__device__ __forceinline__ uint2 AdamWUpdateFour(const AdamWStep& s, int64_t i, const G* grad,
                                                  float* param, const AdamWMoments& mv) {
   return ApplyAdamWFour<M>(s, i, LoadAdamWFour<M>(i, grad, param, mv), param, mv);
 }
