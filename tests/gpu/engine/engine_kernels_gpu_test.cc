@@ -2,8 +2,7 @@
 // poisoned first: parameter fills and tokens against the CPU engine's generators, fused AdamW
 // (with bf16 and transposed bf16 copies, vectorized and scalar paths, updates in separate
 // launches, fp32 and bf16 moments, fp32 and bf16 gradients) against cpu::AdamWUpdate over several
-// steps, the sum,
-// squared-error, transpose and bias kernels against plain loops.
+// steps, the sum, squared-error, transpose and bias kernels against plain loops.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
