@@ -415,17 +415,15 @@ void RankSupervisor::Reap() {
     }
     ChildExit exit;
     exit.stop_requested = c.stop_requested;
-    if (r < 0) {
+    const bool zombie = r == 0;
+    if (!zombie) {
       exit.exit_code = 127;  // ECHILD: reaped by someone else; treat as a failure
     } else {
       kill(-c.pid, SIGKILL);  // grandchildren left in its process group
-      int status = 0;
-      while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      if (WIFSIGNALED(status)) {
-        exit.signal = WTERMSIG(status);
+      if (info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED) {
+        exit.signal = info.si_status;
       } else {
-        exit.exit_code = WEXITSTATUS(status);
+        exit.exit_code = info.si_status;
       }
     }
     // Whatever the child wrote before it ended is delivered before its exit. A grandchild that
@@ -437,10 +435,19 @@ void RankSupervisor::Reap() {
     CloseFd(c.report_fd);
     CloseFd(c.log_fd);
     const ChildId id = c.id;
+    const pid_t pid = c.pid;
     children_.erase(children_.begin() + i);
     // The child counts as live until its on_exit returned: WaitUntilIdle callers (the daemon's
     // stop path) rely on every final status having been handed over by then.
     if (callbacks_.on_exit) callbacks_.on_exit(id, exit);
+    // Reaped only now that on_exit has handed its status over (to the outbound journal): until
+    // then the zombie keeps the end visible, so a daemon killed in between loses no end that
+    // anyone could have seen, and a restarted daemon is never told less than the process table.
+    if (zombie) {
+      int status = 0;
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
     {
       absl::MutexLock lock(&mu_);
       --live_;

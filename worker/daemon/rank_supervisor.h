@@ -5,7 +5,9 @@
 // was reaped, and children get PR_SET_PDEATHSIG tied to a thread that lives as long as the
 // supervisor (children die with the daemon). Children are reaped by waitpid on their own pids
 // (never waitpid(-1): other children of the process are left alone), polled every few tens of ms,
-// so no SIGCHLD handler is needed and no zombie outlives a poll.
+// so no SIGCHLD handler is needed. An ended child is seen without reaping it (waitid WNOWAIT) and
+// reaped only after on_exit returned: while the daemon has not handed its end over (the rank
+// manager journals it), the zombie still shows it.
 //
 // Each child runs in its own process group (stop signals reach its whole tree), with stdin from
 // /dev/null, stdout and stderr on one pipe (lines to on_output, bytes appended to log_path), and

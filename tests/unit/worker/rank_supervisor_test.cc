@@ -135,10 +135,11 @@ TEST(RankSupervisorTest, CapturesOutputReportsAndExitCode) {
   EXPECT_EQ(exit.Describe(), "exit code 3");
   EXPECT_EQ(rec.Output(1), (std::vector<std::string>{"hello", "to-stderr", "no newline"}));
   EXPECT_EQ(rec.Reports(1), (std::vector<std::string>{"ready", "step=1"}));
-  EXPECT_TRUE(FullyGone(*pid));
-  // A child counts as live until its on_exit has returned, which may be just after WaitExit saw it.
+  // A child counts as live until its on_exit has returned, which may be just after WaitExit saw it,
+  // and it is reaped only then.
   EXPECT_TRUE(supervisor.WaitUntilIdle(absl::Seconds(10)));
   EXPECT_EQ(supervisor.live_children(), 0);
+  EXPECT_TRUE(FullyGone(*pid));
   std::ifstream in(log);
   std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(content, "hello\nto-stderr\nno newline");
@@ -184,6 +185,7 @@ TEST(RankSupervisorTest, StopTerminatesAPoliteChild) {
   EXPECT_EQ(exit.signal, SIGTERM);
   EXPECT_TRUE(exit.stop_requested);
   EXPECT_LT(rec.ExitTime(3) - stop, absl::Seconds(5));
+  ASSERT_TRUE(supervisor.WaitUntilIdle(absl::Seconds(10)));
   EXPECT_TRUE(FullyGone(*pid));
 }
 
@@ -202,6 +204,7 @@ TEST(RankSupervisorTest, StopKillsAChildIgnoringSigtermAfterTheGrace) {
   EXPECT_LT(took, absl::Seconds(6));
   EXPECT_EQ(rec.Exit(4).signal, SIGKILL);
   EXPECT_TRUE(rec.Exit(4).stop_requested);
+  ASSERT_TRUE(supervisor.WaitUntilIdle(absl::Seconds(10)));
   EXPECT_TRUE(FullyGone(*pid));
 }
 
@@ -346,6 +349,32 @@ TEST(RankSupervisorTest, IdleOnlyAfterEveryExitCallbackReturned) {
   ASSERT_TRUE(supervisor.WaitUntilIdle(absl::Seconds(30)));
   absl::MutexLock lock(&mu);
   EXPECT_EQ(exits_done, 2);
+}
+
+// The daemon journals a rank's end in on_exit. The child stays a zombie until that returned, so
+// whoever sees the process gone (a test, an operator, a restarted daemon) knows its end is stored:
+// a daemon killed after the reap can never have lost it.
+TEST(RankSupervisorTest, ChildIsReapedOnlyAfterItsExitCallbackReturned) {
+  absl::Mutex mu;
+  pid_t pid = 0;
+  char state_in_callback = 0;
+  RankSupervisor::Callbacks cb;
+  cb.on_exit = [&](RankSupervisor::ChildId, const ChildExit& exit) {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(exit.exit_code, 5);
+    state_in_callback = ProcessState(pid);
+  };
+  RankSupervisor supervisor(std::move(cb));
+  {
+    absl::MutexLock lock(&mu);  // the child cannot be reaped before pid is known
+    absl::StatusOr<pid_t> started = supervisor.Start(14, Shell("exit 5"));
+    ASSERT_TRUE(started.ok()) << started.status();
+    pid = *started;
+  }
+  ASSERT_TRUE(supervisor.WaitUntilIdle(absl::Seconds(10)));
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(state_in_callback, 'Z') << "the child was reaped before its exit was handed over";
+  EXPECT_TRUE(FullyGone(pid));
 }
 
 TEST(RankSupervisorTest, DestructorKillsAndReapsLiveChildren) {
