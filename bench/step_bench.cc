@@ -14,11 +14,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -57,8 +60,9 @@ struct Flags {
   // "default", "optimizer-overlap" / "optimizer-after-backward" (DROPLESS_OPTIMIZER_OVERLAP), or
   // "activation-offload" (the spec's activation_offload: true), "overlap" (overlap: true; EP > 1),
   // "overlap:N" (the same with N multiprocessors left to the exchanges, DROPLESS_EXCHANGE_SMS),
-  // "fused-adamw" / "two-pass-adamw" (DROPLESS_FUSED_EXPERT_ADAMW), "bf16-expert-grad" (the two
-  // passes with the routed experts' gradient in bf16, DROPLESS_BF16_EXPERT_GRAD).
+  // "fused-adamw" / "two-pass-adamw" (DROPLESS_FUSED_EXPERT_ADAMW), "bf16-expert-grad" /
+  // "fp32-expert-grad" (the two passes with the routed experts' gradient in bf16 / fp32,
+  // DROPLESS_BF16_EXPERT_GRAD). A knob a variant does not set keeps the bench's environment.
   std::vector<std::string> variants = {"default"};
   // The EP exchange: auto (`local` at EP > 1, none at EP 1), or nccl-lsa / nccl-a2a at world size
   // 1 (one rank per process: on one GPU, --ep=1 through NCCL).
@@ -108,17 +112,17 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
     } else if (kv.first == "--commit") {
       f.commit = kv.second;
     } else {
-      std::fprintf(
-          stderr,
-          "step bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
-          "--precision=bf16,mxfp8,fp8-block,fp8-block-wgrad128 "
-          "--steps=N --warmup=N --rounds=N --layers=N --ep=1,2,8 "
-          "--dispatcher=auto|nccl-lsa|nccl-a2a "
-          "--variants=default|optimizer-overlap,optimizer-after-backward,"
-          "activation-offload,overlap,overlap:N,fused-adamw,two-pass-adamw,bf16-expert-grad "
-          "--json=PATH "
-          "--commit=SHA\n",
-          a.c_str());
+      std::fprintf(stderr,
+                   "step bench: unknown flag %s\nflags: --shapes=dsv3,qwen3,mixtral "
+                   "--precision=bf16,mxfp8,fp8-block,fp8-block-wgrad128 "
+                   "--steps=N --warmup=N --rounds=N --layers=N --ep=1,2,8 "
+                   "--dispatcher=auto|nccl-lsa|nccl-a2a "
+                   "--variants=default|optimizer-overlap,optimizer-after-backward,"
+                   "activation-offload,overlap,overlap:N,fused-adamw,two-pass-adamw,bf16-expert-"
+                   "grad,fp32-expert-grad "
+                   "--json=PATH "
+                   "--commit=SHA\n",
+                   a.c_str());
       std::exit(2);
     }
   }
@@ -127,6 +131,66 @@ Flags ParseStepFlags(const std::vector<std::string>& args) {
 
 bool IsOverlap(const std::string& variant) {
   return variant == "overlap" || absl::StartsWith(variant, "overlap:");
+}
+
+// Environment variables set for a while, then put back as they were (set or not).
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment() = default;
+  ScopedEnvironment(ScopedEnvironment&& other) noexcept : saved_(std::move(other.saved_)) {
+    other.saved_.clear();
+  }
+  ScopedEnvironment& operator=(ScopedEnvironment&&) = delete;
+  ~ScopedEnvironment() { Restore(); }
+
+  void Set(const char* name, const std::string& value) {
+    Save(name);
+    setenv(name, value.c_str(), 1);
+  }
+  void Unset(const char* name) {
+    Save(name);
+    unsetenv(name);
+  }
+  void Restore() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      if (it->second.has_value()) {
+        setenv(it->first.c_str(), it->second->c_str(), 1);
+      } else {
+        unsetenv(it->first.c_str());
+      }
+    }
+    saved_.clear();
+  }
+
+ private:
+  void Save(const char* name) {
+    const char* was = std::getenv(name);
+    saved_.emplace_back(name, was != nullptr ? std::optional<std::string>(was) : std::nullopt);
+  }
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// The engine knobs a variant sets (Flags::variants); the others keep the bench's environment.
+absl::StatusOr<ScopedEnvironment> VariantEnvironment(const std::string& variant) {
+  ScopedEnvironment env;
+  if (variant == "default" || variant == "activation-offload" || variant == "overlap") {
+  } else if (variant == "optimizer-overlap") {
+    env.Unset("DROPLESS_OPTIMIZER_OVERLAP");
+  } else if (variant == "optimizer-after-backward") {
+    env.Set("DROPLESS_OPTIMIZER_OVERLAP", "0");
+  } else if (absl::StartsWith(variant, "overlap:")) {
+    env.Set("DROPLESS_EXCHANGE_SMS", variant.substr(8));
+  } else if (variant == "fused-adamw") {
+    env.Set("DROPLESS_FUSED_EXPERT_ADAMW", "1");
+  } else if (variant == "two-pass-adamw") {
+    env.Set("DROPLESS_FUSED_EXPERT_ADAMW", "0");
+  } else if (variant == "bf16-expert-grad" || variant == "fp32-expert-grad") {
+    env.Set("DROPLESS_FUSED_EXPERT_ADAMW", "0");
+    env.Set("DROPLESS_BF16_EXPERT_GRAD", variant == "bf16-expert-grad" ? "1" : "0");
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown variant ", variant));
+  }
+  return env;
 }
 
 EngineConfig ConfigOf(const StepShape& s, const std::string& precision, int layers, int ep) {
@@ -198,30 +262,17 @@ int RunStepBench(const std::vector<std::string>& args) {
         };
         std::vector<Run> runs;
         for (const std::string& variant : f.variants) {
-          // Read when the engine starts (each variant's engine is created below).
-          const bool bf16_grad = variant == "bf16-expert-grad";
-          if (variant == "fused-adamw" || variant == "two-pass-adamw" || bf16_grad) {
-            setenv("DROPLESS_FUSED_EXPERT_ADAMW", variant == "fused-adamw" ? "1" : "0", 1);
-          } else {
-            unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
-          }
-          setenv("DROPLESS_BF16_EXPERT_GRAD", bf16_grad ? "1" : "0", 1);
-          if (variant == "optimizer-after-backward") {
-            setenv("DROPLESS_OPTIMIZER_OVERLAP", "0", 1);
-          } else if (variant == "optimizer-overlap" || variant == "default" ||
-                     variant == "fused-adamw" || variant == "two-pass-adamw" || bf16_grad ||
-                     variant == "activation-offload" || IsOverlap(variant)) {
-            unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
-          } else {
-            std::fprintf(stderr, "step bench: unknown variant %s\n", variant.c_str());
+          // The variant's engine knobs, read when its engine starts below; the environment the
+          // bench was started with is back once the engine exists, so a knob set outside holds
+          // for every variant that does not set it itself.
+          absl::StatusOr<ScopedEnvironment> env = VariantEnvironment(variant);
+          if (!env.ok()) {
+            std::fprintf(stderr, "step bench: %s\n", std::string(env.status().message()).c_str());
             return 2;
           }
           EngineConfig config = ConfigOf(*shape, precision, f.layers, ep);
           config.activation_offload = variant == "activation-offload";
           config.overlap = IsOverlap(variant);
-          if (absl::StartsWith(variant, "overlap:")) {
-            setenv("DROPLESS_EXCHANGE_SMS", variant.substr(8).c_str(), 1);
-          }
           Run run;
           run.variant = variant;
           if (nccl) {
@@ -233,9 +284,7 @@ int RunStepBench(const std::vector<std::string>& args) {
           absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> engine =
               ep == 1 ? cuda_engine::CreateCudaEngine(config, 0, 1, run.groups.get())
                       : cuda_engine::CreateLocalEpCudaEngine(config);
-          unsetenv("DROPLESS_OPTIMIZER_OVERLAP");
-          unsetenv("DROPLESS_EXCHANGE_SMS");
-          unsetenv("DROPLESS_BF16_EXPERT_GRAD");
+          env->Restore();
           CheckStatus(engine.status(), "step", "creating the engine");
           run.engine = *std::move(engine);
           runs.push_back(std::move(run));
