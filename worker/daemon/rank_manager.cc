@@ -384,37 +384,37 @@ void RankManager::OnPhaseLine(RankSupervisor::ChildId id, absl::string_view line
 
 void RankManager::OnExit(RankSupervisor::ChildId id, const ChildExit& exit) {
   RankEntry entry;
-  std::string stop_reason;  // the daemon's, once it stops
+  RankExitResult result;
   {
     absl::MutexLock lock(&mu_);
     auto it = ranks_.find(id);
     if (it == ranks_.end()) return;
     entry = std::move(it->second);
+    v1::RankState state;
+    std::string message;
+    if (exit.success()) {
+      state = v1::RANK_STATE_SUCCEEDED;
+      result = RankExitResult::kSucceeded;
+    } else if (entry.cancelled || exit.stop_requested) {
+      state = v1::RANK_STATE_KILLED;
+      result = RankExitResult::kKilled;
+      message = stop_reason_.empty()
+                    ? absl::StrCat("stopped on cancel (", exit.Describe(), ")")
+                    : absl::StrCat("stopped: ", stop_reason_, " (", exit.Describe(), ")");
+    } else {
+      state = v1::RANK_STATE_FAILED;
+      result = RankExitResult::kFailed;
+      message = exit.Describe();
+      if (!entry.last_output.empty()) absl::StrAppend(&message, ": ", entry.last_output);
+    }
+    // Queued before the rank leaves ranks_, under the same lock: a Hello built meanwhile lists the
+    // rank either as live or (from the queue) as ended, never as neither.
+    PushStatus(entry, state, exit.shell_status(), message);
     ranks_.erase(it);
     UpdateGauges();
-    stop_reason = stop_reason_;
-  }
-  v1::RankState state;
-  RankExitResult result;
-  std::string message;
-  if (exit.success()) {
-    state = v1::RANK_STATE_SUCCEEDED;
-    result = RankExitResult::kSucceeded;
-  } else if (entry.cancelled || exit.stop_requested) {
-    state = v1::RANK_STATE_KILLED;
-    result = RankExitResult::kKilled;
-    message = stop_reason.empty()
-                  ? absl::StrCat("stopped on cancel (", exit.Describe(), ")")
-                  : absl::StrCat("stopped: ", stop_reason, " (", exit.Describe(), ")");
-  } else {
-    state = v1::RANK_STATE_FAILED;
-    result = RankExitResult::kFailed;
-    message = exit.Describe();
-    if (!entry.last_output.empty()) absl::StrAppend(&message, ": ", entry.last_output);
   }
   LogInfo(absl::StrCat("job ", entry.job_id, " attempt ", entry.attempt, " rank ", entry.rank,
-                         " (pid ", entry.pid, ") ended: ", exit.Describe()));
-  PushStatus(entry, state, exit.shell_status(), message);
+                       " (pid ", entry.pid, ") ended: ", exit.Describe()));
   metrics_->RecordRankExit(result);
 }
 

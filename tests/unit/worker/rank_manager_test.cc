@@ -272,6 +272,46 @@ TEST_F(RankManagerTest, CancellationStopsTheAttemptsRanksOnly) {
   EXPECT_TRUE(manager_->LiveRanks().empty());
 }
 
+// The daemon's Hello lists LiveRanks() and then the ended statuses still queued: a rank ending
+// meanwhile must be in one of the two (its status is queued before it leaves the live list), or
+// the coordinator would take it for missing and fail its attempt. Each round races the check
+// against two ranks that end at once; a rank in neither list fails the test.
+TEST_F(RankManagerTest, AnEndingRankIsAlwaysListedLiveOrQueuedAsEnded) {
+  auto ended = [](v1::RankState state) {
+    return state == v1::RANK_STATE_SUCCEEDED || state == v1::RANK_STATE_FAILED ||
+           state == v1::RANK_STATE_KILLED;
+  };
+  for (int round = 0; round < 10; ++round) {
+    v1::Assignment assignment = Assignment("ok", {{0, 0}, {1, 1}}, 2);
+    assignment.set_attempt(round + 1);
+    manager_->HandleAssignment(assignment);
+    int ended_seen = 0;
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (ended_seen < 2 && absl::Now() < deadline) {
+      const std::vector<v1::RankStatus> live = manager_->LiveRanks();
+      const std::vector<v1::RankStatus> queued = queue_.PendingRankStatuses();
+      ended_seen = 0;
+      for (int rank : {0, 1}) {
+        bool listed = false;
+        for (const v1::RankStatus& s : live) listed |= s.rank() == rank;
+        for (const v1::RankStatus& s : queued) {
+          if (s.attempt() == round + 1 && s.rank() == rank && ended(s.state())) {
+            listed = true;
+            ++ended_seen;
+          }
+        }
+        ASSERT_TRUE(listed) << "round " << round << ": rank " << rank
+                            << " neither live nor queued as ended";
+      }
+    }
+    ASSERT_EQ(ended_seen, 2) << "round " << round;
+    ASSERT_TRUE(manager_->LiveRanks().empty());
+    while (auto e = queue_.Peek(absl::ZeroDuration())) queue_.Pop(e->sequence);  // next round
+    // Log lines of the end may still sit in an open batch.
+    while (auto e = queue_.Peek(OutboundQueue::kLogBatchDelay * 2)) queue_.Pop(e->sequence);
+  }
+}
+
 TEST_F(RankManagerTest, DuplicateAssignmentIsIgnoredAndLiveRanksAreListed) {
   manager_->HandleAssignment(Assignment("hang", {{0, 0}}, 1));
   ASSERT_TRUE(WaitRunning(1, absl::Seconds(10)));
