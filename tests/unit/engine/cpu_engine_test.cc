@@ -256,6 +256,28 @@ TEST(CpuEngineTest, ResumeFromCheckpointContinuesTheSameCurve) {
   }
 }
 
+// Rank 1 is killed while writing step 8's checkpoint, after rank 0 committed its own: the ranks
+// hold {8, 4} and {4}. Both resume from 4 (rank 0 kept it as its previous checkpoint) on the
+// uninterrupted curve, write 8 again, and a later restart resumes both from the end.
+TEST(CpuEngineTest, ARankKilledWhileCheckpointingSendsEveryRankBackToTheStepAllHold) {
+  JobSpec spec = TinySpec();
+  spec.steps = 10;
+  spec.parallel.ep = 2;
+  const auto uninterrupted = RunJob(spec, 2, 1, spec.steps);
+  spec.checkpoint.dir = TempDir("cut-short");
+  spec.checkpoint.every = 4;
+  RunJob(spec, 2, 1, 5);  // both ranks commit 4
+  const std::string manifest1 = engine::MoeCheckpointManifestPath(spec.checkpoint.dir, 1);
+  const std::string saved = manifest1 + ".at-4";
+  std::filesystem::copy_file(manifest1, saved);
+  RunJob(spec, 2, 1, 4);                      // resumed at 4, both ranks commit 8
+  std::filesystem::rename(saved, manifest1);  // rank 1's commit of 8 never happened
+  ASSERT_TRUE(std::filesystem::exists(engine::MoeCheckpointDataPath(spec.checkpoint.dir, 0, 4)));
+  ExpectResumedCurve(spec, 2, 4, uninterrupted);
+  ExpectResumedCurve(spec, 2, spec.steps, uninterrupted);
+  std::filesystem::remove_all(spec.checkpoint.dir);
+}
+
 // What another engine (the CUDA engine) does: read a checkpoint into its own buffers through the
 // shared API and write one; the CPU engine resumes from it on the same curve.
 TEST(CpuEngineTest, ResumesFromACheckpointWrittenThroughTheSharedApi) {

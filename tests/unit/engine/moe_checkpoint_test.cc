@@ -274,8 +274,67 @@ TEST_F(MoeCheckpointTest, LeftoverOrFailedWritesLeaveThePreviousCheckpoint) {
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(dir_)) names.push_back(entry.path().filename());
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"manifest-rank-0.json", "rank-0-step-8.safetensors",
-                                             "rank-10-step-4.safetensors"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"manifest-rank-0.json", "rank-0-step-4.safetensors",
+                                      "rank-0-step-8.safetensors", "rank-10-step-4.safetensors"}));
+}
+
+// The manifest keeps the checkpoint before the newest ("previous"), readable by step, so that the
+// job's ranks can all go back to it when one of them was killed before committing the newest.
+TEST_F(MoeCheckpointTest, KeepsThePreviousCheckpointReadableByStep) {
+  const JobSpec spec = TinyJob(1, 1);
+  RankState at4(spec, 0, std::random_device{}()), at8(spec, 0, std::random_device{}()),
+      at12(spec, 0, std::random_device{}());
+  ASSERT_TRUE(at4.Write(dir_, 4).ok());
+  EXPECT_EQ(*MoeCheckpointSteps(dir_, at4.id), (std::vector<int64_t>{4}));
+  ASSERT_TRUE(at8.Write(dir_, 8).ok());
+  EXPECT_EQ(*MoeCheckpointSteps(dir_, at4.id), (std::vector<int64_t>{8, 4}));
+  absl::StatusOr<json::Value> manifest =
+      json::Parse(*ReadSmallFile(MoeCheckpointManifestPath(dir_, 0), 1 << 20));
+  ASSERT_TRUE(manifest.ok());
+  ASSERT_NE(manifest->Find("previous"), nullptr);
+  EXPECT_EQ(manifest->Find("previous")->Find("step")->text(), "4");
+
+  RankState read(spec, 0, 0);
+  EXPECT_EQ(*read.Read(dir_), 8);
+  EXPECT_TRUE(read == at8);
+  EXPECT_EQ(*ReadMoeCheckpoint(dir_, read.id, read.layout, read.Replicated(), read.Experts(), 4),
+            4);
+  EXPECT_TRUE(read == at4);
+  EXPECT_EQ(ReadMoeCheckpoint(dir_, read.id, read.layout, read.Replicated(), read.Experts(), 6)
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+
+  ASSERT_TRUE(at12.Write(dir_, 12).ok());
+  EXPECT_EQ(*MoeCheckpointSteps(dir_, at4.id), (std::vector<int64_t>{12, 8}));
+  EXPECT_FALSE(fs::exists(MoeCheckpointDataPath(dir_, 0, 4)));
+}
+
+// A run resumed from the previous step writes the newer step again: the manifest first drops that
+// step, so a crash while its data file is replaced leaves the older step committed and intact.
+TEST_F(MoeCheckpointTest, RewritingAStepAfterResumingFromTheOneBeforeIt) {
+  const JobSpec spec = TinyJob(1, 1);
+  RankState at4(spec, 0, 41), at8(spec, 0, 81), again8(spec, 0, 82);
+  ASSERT_TRUE(at4.Write(dir_, 4).ok());
+  ASSERT_TRUE(at8.Write(dir_, 8).ok());
+  // The data file's temp path cannot be created: the write fails after the manifest dropped 8.
+  const std::string data8 = MoeCheckpointDataPath(dir_, 0, 8);
+  fs::create_directory(AtomicFileWriter::TempPath(data8));
+  EXPECT_FALSE(again8.Write(dir_, 8).ok());
+  EXPECT_EQ(*MoeCheckpointSteps(dir_, at4.id), (std::vector<int64_t>{4}));
+  RankState read(spec, 0, 0);
+  EXPECT_EQ(*read.Read(dir_), 4);
+  EXPECT_TRUE(read == at4);
+  fs::remove(AtomicFileWriter::TempPath(data8));
+  ASSERT_TRUE(again8.Write(dir_, 8).ok());
+  EXPECT_EQ(*MoeCheckpointSteps(dir_, at4.id), (std::vector<int64_t>{8, 4}));
+  EXPECT_EQ(*read.Read(dir_), 8);
+  EXPECT_TRUE(read == again8);
+  // Back to a fresh start (step 0 agreed) and writing 4 again: nothing older is left to keep.
+  ASSERT_TRUE(at4.Write(dir_, 4).ok());
+  EXPECT_EQ(*MoeCheckpointSteps(dir_, at4.id), (std::vector<int64_t>{4}));
+  EXPECT_FALSE(fs::exists(data8));
 }
 
 TEST_F(MoeCheckpointTest, RanksWriteTheSameDirectoryConcurrently) {

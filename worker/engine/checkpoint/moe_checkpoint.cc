@@ -3,9 +3,13 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -129,29 +133,54 @@ SafetensorsMetadata Metadata(const MoeCheckpointIdentity& id, int64_t step,
   return metadata;
 }
 
-std::string ManifestText(const MoeCheckpointIdentity& id, int64_t step, const std::string& file,
-                         uint64_t bytes, uint32_t crc) {
+// One committed data file of a manifest.
+struct ManifestEntry {
+  int64_t step = 0;
+  std::string file;
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
+};
+
+std::string EntryText(const ManifestEntry& e) {
+  char crc_text[9];
+  std::snprintf(crc_text, sizeof(crc_text), "%08" PRIx32, e.crc);
+  return absl::StrCat("{\"name\": ", json::Quote(e.file), ", \"bytes\": ", e.bytes,
+                      ", \"crc32c\": \"", crc_text, "\"}");
+}
+
+// `newest` is what the manifest commits ("step", "files"); `previous`, when set, the checkpoint
+// before it, kept until every rank is known to hold a newer one ("previous": step and file).
+std::string ManifestText(const MoeCheckpointIdentity& id, const ManifestEntry& newest,
+                         const std::optional<ManifestEntry>& previous) {
   std::vector<std::string> identity;
   for (auto& [name, value] : IdentityFields(id)) {
     identity.push_back(absl::StrCat(json::Quote(name), ": ", value));
   }
-  char crc_text[9];
-  std::snprintf(crc_text, sizeof(crc_text), "%08" PRIx32, crc);
-  return absl::StrCat("{\n  \"format\": \"", kManifestFormat,
-                      "\",\n  \"version\": ", kMoeCheckpointVersion, ",\n  \"step\": ", step,
-                      ",\n  \"identity\": {", absl::StrJoin(identity, ", "),
-                      "},\n  \"files\": [{\"name\": ", json::Quote(file), ", \"bytes\": ", bytes,
-                      ", \"crc32c\": \"", crc_text, "\"}]\n}\n");
+  std::string text = absl::StrCat(
+      "{\n  \"format\": \"", kManifestFormat, "\",\n  \"version\": ", kMoeCheckpointVersion,
+      ",\n  \"step\": ", newest.step, ",\n  \"identity\": {", absl::StrJoin(identity, ", "),
+      "},\n  \"files\": [", EntryText(newest), "]");
+  if (previous.has_value()) {
+    absl::StrAppend(&text, ",\n  \"previous\": {\"step\": ", previous->step, ", \"files\": [",
+                    EntryText(*previous), "]}");
+  }
+  absl::StrAppend(&text, "\n}\n");
+  return text;
 }
 
-// This rank's data files (and their temp files) other than `keep`; best effort, after a commit.
-void RemoveStaleDataFiles(const std::string& dir, int64_t rank, const std::string& keep) {
+// This rank's data files (and their temp files) other than those in `keep`; best effort, after a
+// commit.
+void RemoveStaleDataFiles(const std::string& dir, int64_t rank,
+                          const std::vector<std::string>& keep) {
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return;
   const std::string prefix = absl::StrCat("rank-", rank, "-step-");
   while (const dirent* entry = readdir(d)) {
     const std::string name = entry->d_name;
-    if (name == keep || !absl::StartsWith(name, prefix)) continue;
+    if (std::find(keep.begin(), keep.end(), name) != keep.end() ||
+        !absl::StartsWith(name, prefix)) {
+      continue;
+    }
     if (absl::EndsWith(name, ".safetensors") || absl::EndsWith(name, ".safetensors.tmp")) {
       unlink((dir + "/" + name).c_str());
     }
@@ -181,12 +210,47 @@ absl::Status CompareIdentity(const std::string& where, const MoeCheckpointIdenti
                    " belongs to another job or layout: ", absl::StrJoin(differences, "; ")));
 }
 
+// A parsed manifest: the newest checkpoint it commits, then the one before it when kept.
 struct Manifest {
-  int64_t step = 0;
-  std::string file;
-  uint64_t bytes = 0;
-  uint32_t crc = 0;
+  std::vector<ManifestEntry> entries;  // newest first, steps decreasing
 };
+
+// `holder`'s "step" and its one-element "files" list.
+absl::StatusOr<ManifestEntry> ParseEntry(const std::string& path, const json::Value& holder,
+                                         const std::string& what) {
+  ManifestEntry entry;
+  const json::Value* step = holder.Find("step");
+  absl::StatusOr<int64_t> step_value =
+      step ? json::ToNonNegativeInt64(*step) : absl::InvalidArgumentError("missing");
+  if (!step_value.ok()) {
+    return DamagedError(path, absl::StrCat(what, "step: ", step_value.status().message()));
+  }
+  entry.step = *step_value;
+  const json::Value* files = holder.Find("files");
+  if (files == nullptr || !files->is_array() || files->items().size() != 1 ||
+      !files->items()[0].is_object()) {
+    return DamagedError(path, absl::StrCat(what, "files must list one data file"));
+  }
+  const json::Value& file = files->items()[0];
+  const json::Value* name = file.Find("name");
+  const json::Value* bytes = file.Find("bytes");
+  const json::Value* crc = file.Find("crc32c");
+  absl::StatusOr<uint64_t> byte_count =
+      bytes ? json::ToUint64(*bytes) : absl::InvalidArgumentError("missing");
+  uint32_t crc_value = 0;
+  if (name == nullptr || !name->is_string() || name->text().empty() ||
+      name->text().find('/') != std::string::npos || name->text() == "." || name->text() == ".." ||
+      !byte_count.ok() || crc == nullptr || !crc->is_string() || crc->text().size() != 8 ||
+      !absl::SimpleHexAtoi(crc->text(), &crc_value)) {
+    return DamagedError(path, absl::StrCat(what,
+                                           "the data file entry needs a plain name, bytes "
+                                           "and an 8-digit crc32c"));
+  }
+  entry.file = name->text();
+  entry.bytes = *byte_count;
+  entry.crc = crc_value;
+  return entry;
+}
 
 absl::StatusOr<Manifest> ParseManifest(const std::string& path, const std::string& text,
                                        const MoeCheckpointIdentity& id) {
@@ -210,35 +274,58 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& path, const std::strin
   });
   if (!same.ok()) return same;
   Manifest manifest;
-  const json::Value* step = root->Find("step");
-  absl::StatusOr<int64_t> step_value =
-      step ? json::ToNonNegativeInt64(*step) : absl::InvalidArgumentError("missing");
-  if (!step_value.ok())
-    return DamagedError(path, absl::StrCat("step: ", step_value.status().message()));
-  manifest.step = *step_value;
-  const json::Value* files = root->Find("files");
-  if (files == nullptr || !files->is_array() || files->items().size() != 1 ||
-      !files->items()[0].is_object()) {
-    return DamagedError(path, "files must list one data file");
+  absl::StatusOr<ManifestEntry> newest = ParseEntry(path, *root, "");
+  if (!newest.ok()) return newest.status();
+  manifest.entries.push_back(*std::move(newest));
+  if (const json::Value* previous = root->Find("previous"); previous != nullptr) {
+    if (!previous->is_object()) return DamagedError(path, "previous must be an object");
+    absl::StatusOr<ManifestEntry> entry = ParseEntry(path, *previous, "previous: ");
+    if (!entry.ok()) return entry.status();
+    if (entry->step >= manifest.entries[0].step || entry->file == manifest.entries[0].file) {
+      return DamagedError(path, "previous must be an older step in another file");
+    }
+    manifest.entries.push_back(*std::move(entry));
   }
-  const json::Value& file = files->items()[0];
-  const json::Value* name = file.Find("name");
-  const json::Value* bytes = file.Find("bytes");
-  const json::Value* crc = file.Find("crc32c");
-  absl::StatusOr<uint64_t> byte_count =
-      bytes ? json::ToUint64(*bytes) : absl::InvalidArgumentError("missing");
-  uint32_t crc_value = 0;
-  if (name == nullptr || !name->is_string() || name->text().empty() ||
-      name->text().find('/') != std::string::npos || name->text() == "." || name->text() == ".." ||
-      !byte_count.ok() || crc == nullptr || !crc->is_string() || crc->text().size() != 8 ||
-      !absl::SimpleHexAtoi(crc->text(), &crc_value)) {
-    return DamagedError(path,
-                        "the data file entry needs a plain name, bytes and an 8-digit crc32c");
-  }
-  manifest.file = name->text();
-  manifest.bytes = *byte_count;
-  manifest.crc = crc_value;
   return manifest;
+}
+
+// id.rank's manifest in `dir`; NotFound when there is none (FailedPrecondition when only the
+// pre-safetensors format is there).
+absl::StatusOr<Manifest> ReadManifest(const std::string& dir, const MoeCheckpointIdentity& id) {
+  const std::string manifest_path = MoeCheckpointManifestPath(dir, id.rank);
+  absl::StatusOr<std::string> text = ReadSmallFile(manifest_path, kMaxManifestBytes);
+  if (absl::IsNotFound(text.status())) {
+    const std::string legacy = absl::StrCat(dir, "/rank-", id.rank, ".ckpt");
+    if (access(legacy.c_str(), F_OK) == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint: ", legacy,
+                       " is in the pre-safetensors format, which this build no longer "
+                       "reads; remove it or choose another checkpoint.dir"));
+    }
+    return absl::NotFoundError(absl::StrCat("checkpoint: no ", manifest_path));
+  }
+  if (!text.ok()) return text.status();
+  return ParseManifest(manifest_path, *text, id);
+}
+
+// Commits a manifest of `entries` (newest first, at most two) atomically; none removes it.
+absl::Status CommitManifest(const std::string& dir, const MoeCheckpointIdentity& id,
+                            const std::vector<ManifestEntry>& entries) {
+  const std::string path = MoeCheckpointManifestPath(dir, id.rank);
+  if (entries.empty()) {
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return absl::InternalError(
+          absl::StrCat("checkpoint: removing ", path, ": ", std::strerror(errno)));
+    }
+    return SyncDirectory(dir);
+  }
+  const std::optional<ManifestEntry> previous =
+      entries.size() > 1 ? std::optional<ManifestEntry>(entries[1]) : std::nullopt;
+  const std::string text = ManifestText(id, entries[0], previous);
+  AtomicFileWriter manifest(path);
+  if (absl::Status s = manifest.Open(); !s.ok()) return s;
+  if (absl::Status s = manifest.Append(text.data(), text.size()); !s.ok()) return s;
+  return manifest.Commit();
 }
 
 }  // namespace
@@ -281,50 +368,77 @@ absl::Status WriteMoeCheckpoint(const std::string& dir, const MoeCheckpointIdent
   if (!tensors.ok()) return tensors.status();
   if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
 
+  // What this rank committed before and is older than `step` stays committed as the fallback.
+  // Anything at `step` or later (a run resumed from an older step writes it again) leaves the
+  // manifest first, so that its data file is never replaced while a manifest names it.
+  std::vector<ManifestEntry> older;
+  absl::StatusOr<Manifest> before = ReadManifest(dir, id);
+  if (before.ok()) {
+    for (const ManifestEntry& e : before->entries) {
+      if (e.step < step) older.push_back(e);
+    }
+    if (older.size() != before->entries.size()) {
+      if (absl::Status s = CommitManifest(dir, id, older); !s.ok()) return s;
+    }
+  }
+
   std::vector<SafetensorsTensorRef> refs;
   for (const MoeTensor& t : *tensors) {
     refs.push_back({t.name, SafetensorsDtype::kF32, t.shape, t.data});
   }
-  const std::string file = DataFileName(id.rank, step);
-  AtomicFileWriter data(dir + "/" + file);
+  ManifestEntry newest;
+  newest.step = step;
+  newest.file = DataFileName(id.rank, step);
+  AtomicFileWriter data(dir + "/" + newest.file);
   if (absl::Status s = data.Open(); !s.ok()) return s;
   if (absl::Status s = WriteSafetensors(std::move(refs), Metadata(id, step, layout), &data);
       !s.ok()) {
     return s;
   }
   if (absl::Status s = data.Commit(); !s.ok()) return s;
+  newest.bytes = data.size();
+  newest.crc = data.crc32c();
 
-  const std::string text = ManifestText(id, step, file, data.size(), data.crc32c());
-  AtomicFileWriter manifest(MoeCheckpointManifestPath(dir, id.rank));
-  if (absl::Status s = manifest.Open(); !s.ok()) return s;
-  if (absl::Status s = manifest.Append(text.data(), text.size()); !s.ok()) return s;
-  if (absl::Status s = manifest.Commit(); !s.ok()) return s;
-  RemoveStaleDataFiles(dir, id.rank, file);
+  std::vector<ManifestEntry> entries = {newest};
+  if (!older.empty()) entries.push_back(older[0]);
+  if (absl::Status s = CommitManifest(dir, id, entries); !s.ok()) return s;
+  std::vector<std::string> keep;
+  for (const ManifestEntry& e : entries) keep.push_back(e.file);
+  RemoveStaleDataFiles(dir, id.rank, keep);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> MoeCheckpointSteps(const std::string& dir,
+                                                        const MoeCheckpointIdentity& id) {
+  absl::StatusOr<Manifest> manifest = ReadManifest(dir, id);
+  if (!manifest.ok()) return manifest.status();
+  std::vector<int64_t> steps;
+  for (const ManifestEntry& e : manifest->entries) steps.push_back(e.step);
+  return steps;
 }
 
 absl::StatusOr<int64_t> ReadMoeCheckpoint(const std::string& dir, const MoeCheckpointIdentity& id,
                                           const cpu::MoeParameterLayout& layout,
                                           const MoeOptimizerBuffers& replicated,
-                                          const MoeOptimizerBuffers& experts) {
+                                          const MoeOptimizerBuffers& experts,
+                                          std::optional<int64_t> step) {
   absl::StatusOr<std::vector<MoeTensor>> tensors =
       CheckpointTensors(id, layout, replicated, experts);
   if (!tensors.ok()) return tensors.status();
+  absl::StatusOr<Manifest> parsed = ReadManifest(dir, id);
+  if (!parsed.ok()) return parsed.status();
   const std::string manifest_path = MoeCheckpointManifestPath(dir, id.rank);
-  absl::StatusOr<std::string> text = ReadSmallFile(manifest_path, kMaxManifestBytes);
-  if (absl::IsNotFound(text.status())) {
-    const std::string legacy = absl::StrCat(dir, "/rank-", id.rank, ".ckpt");
-    if (access(legacy.c_str(), F_OK) == 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint: ", legacy,
-                       " is in the pre-safetensors format, which this build no longer "
-                       "reads; remove it or choose another checkpoint.dir"));
+  const ManifestEntry* manifest = &parsed->entries[0];
+  if (step.has_value()) {
+    manifest = nullptr;
+    for (const ManifestEntry& e : parsed->entries) {
+      if (e.step == *step) manifest = &e;
     }
-    return absl::NotFoundError(absl::StrCat("checkpoint: no ", manifest_path));
+    if (manifest == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("checkpoint: ", manifest_path, " commits no step ", *step));
+    }
   }
-  if (!text.ok()) return text.status();
-  absl::StatusOr<Manifest> manifest = ParseManifest(manifest_path, *text, id);
-  if (!manifest.ok()) return manifest.status();
 
   const std::string data_path = dir + "/" + manifest->file;
   absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(data_path);

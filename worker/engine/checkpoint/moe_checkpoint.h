@@ -15,15 +15,21 @@
 //     local_experts and rng_state ({"seed":..,"step":..}: the task's random numbers are a pure
 //     function of (seed, step), so this is their whole state).
 //   manifest-rank-<r>.json  format, version, step, identity, and the data file's name, size and
-//                           CRC-32C. Renaming it into place commits the checkpoint.
+//                           CRC-32C; renaming it into place commits the checkpoint. "previous"
+//                           (step and files) names the rank's checkpoint before it, still kept.
 // Writing: the data file (temp, fsync, rename, directory fsync), then the manifest the same way,
-// then this rank's other data files are removed. A crash at any point leaves the previous manifest
-// and the data file it names intact. Ranks write their own files only, so they may write at once.
+// then this rank's data files other than the newest and the previous are removed. A crash at any
+// point leaves the previous manifest and the data files it names intact. Ranks write their own
+// files only, so they may write at once, and a rank killed while writing leaves the job's ranks one
+// checkpoint apart at most: the previous one lets all of them resume from a step each holds
+// (checkpoint_agreement.h picks it).
 #ifndef DROPLESS_WORKER_ENGINE_CHECKPOINT_MOE_CHECKPOINT_H_
 #define DROPLESS_WORKER_ENGINE_CHECKPOINT_MOE_CHECKPOINT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -72,15 +78,21 @@ absl::Status WriteMoeCheckpoint(const std::string& dir, const MoeCheckpointIdent
                                 const MoeOptimizerBuffers& replicated,
                                 const MoeOptimizerBuffers& experts);
 
-// Reads id.rank's checkpoint in `dir` into the buffers and returns its step. NotFound when there is
-// none; InvalidArgument when it belongs to another job (the message names each field that
-// differs) or another format version; FailedPrecondition when `dir` holds a checkpoint of the
-// pre-safetensors format; DataLoss when it is damaged. After an error the buffers may hold part of
-// the checkpoint.
+// The steps id.rank's manifest in `dir` commits, newest first (the newest, then the previous one
+// when kept). Errors as ReadMoeCheckpoint's, NotFound when there is none.
+absl::StatusOr<std::vector<int64_t>> MoeCheckpointSteps(const std::string& dir,
+                                                        const MoeCheckpointIdentity& id);
+
+// Reads id.rank's checkpoint of `step` (default: its newest) in `dir` into the buffers and returns
+// its step. NotFound when there is none, or none of `step`; InvalidArgument when it belongs to
+// another job (the message names each field that differs) or another format version;
+// FailedPrecondition when `dir` holds a checkpoint of the pre-safetensors format; DataLoss when it
+// is damaged. After an error the buffers may hold part of the checkpoint.
 absl::StatusOr<int64_t> ReadMoeCheckpoint(const std::string& dir, const MoeCheckpointIdentity& id,
                                           const cpu::MoeParameterLayout& layout,
                                           const MoeOptimizerBuffers& replicated,
-                                          const MoeOptimizerBuffers& experts);
+                                          const MoeOptimizerBuffers& experts,
+                                          std::optional<int64_t> step = std::nullopt);
 
 }  // namespace dropless::engine
 

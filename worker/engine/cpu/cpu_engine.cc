@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "common/engine_config.h"
 #include "common/step_phase.h"
+#include "worker/engine/checkpoint/checkpoint_agreement.h"
 #include "worker/engine/checkpoint/moe_checkpoint.h"
 #include "worker/engine/cpu/adamw.h"
 #include "worker/engine/cpu/blas_gemm.h"
@@ -348,12 +349,20 @@ absl::Status CpuEngine::SaveCheckpoint(const std::string& dir) {
 }
 
 absl::Status CpuEngine::Restore(const std::string& dir) {
-  absl::StatusOr<int64_t> step = engine::ReadMoeCheckpoint(
-      dir, engine::MoeCheckpointIdentityOf(spec_, rank_), layout_, Buffers(student_replicated_),
-      Buffers(student_experts_));
-  int64_t restored = 0;
-  if (step.ok()) {
-    restored = *step;
+  // Every rank resumes from the same step: the newest that all of them hold.
+  const engine::MoeCheckpointIdentity id = engine::MoeCheckpointIdentityOf(spec_, rank_);
+  absl::Status unreadable;
+  std::vector<engine::HeldCheckpoints> held = engine::ListHeldCheckpoints(dir, {id}, &unreadable);
+  absl::StatusOr<std::vector<engine::HeldCheckpoints>> all = engine::ExchangeHeldCheckpoints(
+      world_size_ > 1 ? groups_->world.get() : nullptr, world_size_, rank_, held);
+  if (!all.ok()) return all.status();
+  if (!unreadable.ok()) return unreadable;
+  absl::StatusOr<int64_t> agreed = engine::AgreeOnCheckpointStep(dir, *all);
+  if (!agreed.ok()) return agreed.status();
+  if (*agreed > 0) {
+    absl::StatusOr<int64_t> step = engine::ReadMoeCheckpoint(
+        dir, id, layout_, Buffers(student_replicated_), Buffers(student_experts_), *agreed);
+    if (!step.ok()) return step.status();
     // Files hold fp32 moments; a job with bf16 moments keeps them as it would have stored them.
     for (ParameterBuffer* b : {&student_replicated_, &student_experts_}) {
       for (std::vector<float>* moments : {&b->m, &b->v}) {
@@ -361,22 +370,8 @@ absl::Status CpuEngine::Restore(const std::string& dir) {
                             moments->data());
       }
     }
-  } else if (!absl::IsNotFound(step.status())) {
-    return step.status();
   }
-  // Every rank must resume from the same step: equal sums of s and s^2 over the world mean the
-  // variance is zero.
-  double sums[2] = {static_cast<double>(restored), static_cast<double>(restored) * restored};
-  if (world_size_ > 1) {
-    if (absl::Status status = groups_->world->AllReduceSum(sums, 2); !status.ok()) return status;
-  }
-  const double mean = sums[0] / world_size_;
-  if (sums[1] * world_size_ != sums[0] * sums[0]) {  // exact: integers far below 2^53
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "cpu engine: checkpoint.dir %s: ranks hold checkpoints of different steps (rank %d is at "
-        "step %d, the mean is %.1f)", dir, rank_, restored, mean));
-  }
-  steps_done_ = restored;
+  steps_done_ = *agreed;
   return absl::OkStatus();
 }
 

@@ -77,15 +77,15 @@ absl::Status WriteCudaCheckpoint(const std::string& dir, const EngineConfig& con
 
 absl::StatusOr<int64_t> ReadCudaCheckpoint(const std::string& dir, const EngineConfig& config,
                                            int rank, const cpu::MoeParameterLayout& layout,
-                                           const DeviceOptimizerBuffers& replicated,
+                                           int64_t step, const DeviceOptimizerBuffers& replicated,
                                            const DeviceOptimizerBuffers& experts) {
   HostBuffers rep(replicated.size), exp(experts.size);
-  absl::StatusOr<int64_t> step = engine::ReadMoeCheckpoint(
-      dir, engine::MoeCheckpointIdentityOf(config, rank), layout, rep.Spans(), exp.Spans());
-  if (!step.ok()) return step.status();
+  absl::StatusOr<int64_t> read = engine::ReadMoeCheckpoint(
+      dir, engine::MoeCheckpointIdentityOf(config, rank), layout, rep.Spans(), exp.Spans(), step);
+  if (!read.ok()) return read.status();
   if (absl::Status s = Copy(rep, replicated, cudaMemcpyHostToDevice); !s.ok()) return s;
   if (absl::Status s = Copy(exp, experts, cudaMemcpyHostToDevice); !s.ok()) return s;
-  return *step;
+  return *read;
 }
 
 }  // namespace dropless::cuda_engine

@@ -31,10 +31,10 @@ absl::Status WriteCudaCheckpoint(const std::string& dir, const EngineConfig& con
                                  int64_t step, const DeviceOptimizerBuffers& replicated,
                                  const DeviceOptimizerBuffers& experts);
 
-// The step restored; NotFound when `dir` holds no checkpoint of this rank.
+// Restores this rank's checkpoint of `step` and returns it; NotFound when `dir` holds none of it.
 absl::StatusOr<int64_t> ReadCudaCheckpoint(const std::string& dir, const EngineConfig& config,
                                            int rank, const cpu::MoeParameterLayout& layout,
-                                           const DeviceOptimizerBuffers& replicated,
+                                           int64_t step, const DeviceOptimizerBuffers& replicated,
                                            const DeviceOptimizerBuffers& experts);
 
 }  // namespace dropless::cuda_engine

@@ -17,9 +17,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "common/log.h"
-#include "common/step_phase.h"
 #include "common/status_macros.h"
+#include "common/step_phase.h"
 #include "kernels/cuda/cuda_check.h"
+#include "worker/engine/checkpoint/checkpoint_agreement.h"
 #include "worker/engine/cpu/moe_model.h"
 #include "worker/engine/cpu/synthetic_task.h"
 #include "worker/engine/cuda/device_memory.h"
@@ -88,6 +89,8 @@ class CudaEngineImpl final : public CudaEngine {
     }
     return absl::OkStatus();
   }
+  // The checkpoint step every rank of the job resumes from (0: none; checkpoint_agreement.h).
+  absl::StatusOr<int64_t> AgreedRestoreStep();
   absl::Status RecordStep();
   absl::Status RecordBackward();
   absl::Status MarkPhase(StepPhase phase) {
@@ -167,22 +170,36 @@ absl::Status CudaEngineImpl::Initialize() {
   phase_marker_ = static_cast<int32_t*>(*marker);
   *phase_marker_ = static_cast<int32_t>(StepPhase::kForward);
 
+  absl::StatusOr<int64_t> restore_step = AgreedRestoreStep();
+  if (!restore_step.ok()) return restore_step.status();
   for (int r = 0; r < ep_local_; ++r) {
     auto rank = std::make_unique<RankModel>(config_, rank_ + r, dims_);
     DROPLESS_RETURN_IF_ERROR(rank->Initialize(&arena_, &links_, r == 0 ? &timer_ : nullptr, seeds_,
-                                              dispatcher_.get()));
-    if (!ranks_.empty() && rank->steps_restored() != steps_done_) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "cuda engine: checkpoint.dir: rank %d resumes from step %d but rank %d from step %d",
-          rank_ + r, rank->steps_restored(), rank_, steps_done_));
-    }
-    steps_done_ = rank->steps_restored();
+                                              dispatcher_.get(), *restore_step));
     ranks_.push_back(std::move(rank));
   }
+  steps_done_ = *restore_step;
   absl::StatusOr<void*> host_stats = arena_.AllocatePinnedHost(lead().StatsBytes(), "step statistics");
   if (!host_stats.ok()) return host_stats.status();
   host_stats_ = static_cast<uint8_t*>(*host_stats);
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CudaEngineImpl::AgreedRestoreStep() {
+  const std::string& dir = config_.checkpoint.dir;
+  if (dir.empty()) return 0;
+  std::vector<engine::MoeCheckpointIdentity> ids;
+  for (int r = 0; r < ep_local_; ++r)
+    ids.push_back(engine::MoeCheckpointIdentityOf(config_, rank_ + r));
+  absl::Status unreadable;
+  std::vector<engine::HeldCheckpoints> held = engine::ListHeldCheckpoints(dir, ids, &unreadable);
+  Communicator* world =
+      world_size_ > ep_local_ && groups_ != nullptr ? groups_->world.get() : nullptr;
+  absl::StatusOr<std::vector<engine::HeldCheckpoints>> all =
+      engine::ExchangeHeldCheckpoints(world, world_size_, rank_, held);
+  if (!all.ok()) return all.status();
+  if (!unreadable.ok()) return unreadable;
+  return engine::AgreeOnCheckpointStep(dir, *all);
 }
 
 std::vector<RankLayer> CudaEngineImpl::Group(int64_t layer, bool teacher) {

@@ -172,7 +172,8 @@ absl::Status RankModel::UpdateExpertWeight(int64_t layer, bool w1, cudaStream_t 
 }
 
 absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, PhaseTimer* timer,
-                                   const cpu::TaskSeeds& seeds, ExpertDispatcher* dispatcher) {
+                                   const cpu::TaskSeeds& seeds, ExpertDispatcher* dispatcher,
+                                   int64_t restore_step) {
   arena_ = arena;
   for (cudaStream_t* s : {&streams_.main, &streams_.side, &streams_.wgrad, &streams_.optimizer}) {
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
@@ -268,7 +269,7 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
   DROPLESS_RETURN_IF_ERROR(InitializeWeights(seeds.teacher, replicated_.value, experts_.value));
   DROPLESS_RETURN_IF_ERROR(RefreshWorkingCopies(replicated_.value, experts_.value, &teacher_, streams_.main));
   DROPLESS_RETURN_IF_ERROR(InitializeWeights(seeds.student, replicated_.value, experts_.value));
-  if (!config_.checkpoint.dir.empty()) DROPLESS_RETURN_IF_ERROR(Restore(config_.checkpoint.dir));
+  if (restore_step > 0) DROPLESS_RETURN_IF_ERROR(Restore(config_.checkpoint.dir, restore_step));
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpy(step_counter_, &steps_restored_, sizeof(int64_t),
                                            cudaMemcpyHostToDevice));
   DROPLESS_RETURN_IF_ERROR(
@@ -329,12 +330,11 @@ absl::Status RankModel::SaveCheckpoint(const std::string& dir, int64_t step) {
                              experts_.Optimizer());
 }
 
-absl::Status RankModel::Restore(const std::string& dir) {
-  absl::StatusOr<int64_t> step = ReadCudaCheckpoint(dir, config_, rank_, layout_,
-                                                    replicated_.Optimizer(), experts_.Optimizer());
-  if (absl::IsNotFound(step.status())) return absl::OkStatus();
-  if (!step.ok()) return step.status();
-  steps_restored_ = *step;
+absl::Status RankModel::Restore(const std::string& dir, int64_t step) {
+  absl::StatusOr<int64_t> restored = ReadCudaCheckpoint(
+      dir, config_, rank_, layout_, step, replicated_.Optimizer(), experts_.Optimizer());
+  if (!restored.ok()) return restored.status();
+  steps_restored_ = *restored;
   return absl::OkStatus();
 }
 

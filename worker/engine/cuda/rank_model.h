@@ -75,11 +75,12 @@ class RankModel {
   ~RankModel();
 
   // Streams, layers, buffers; the teacher and the student initialized from the task's seeds (or
-  // the student restored from config.checkpoint.dir when that holds this rank's checkpoint).
-  // `timer` may be null (only one rank of a process times its phases); `dispatcher` is null at
-  // EP = 1 without an exchange.
+  // the student restored from config.checkpoint.dir at `restore_step`, the step the job's ranks
+  // agreed on; 0: none). `timer` may be null (only one rank of a process times its phases);
+  // `dispatcher` is null at EP = 1 without an exchange.
   absl::Status Initialize(DeviceArena* arena, StreamLinks* links, PhaseTimer* timer,
-                          const cpu::TaskSeeds& seeds, ExpertDispatcher* dispatcher);
+                          const cpu::TaskSeeds& seeds, ExpertDispatcher* dispatcher,
+                          int64_t restore_step);
 
   int rank() const { return rank_; }
   int64_t layers() const { return layout_.layers(); }
@@ -136,7 +137,7 @@ class RankModel {
   absl::Status InitializeWeights(uint64_t seed, float* replicated, float* experts);
   absl::Status RefreshWorkingCopies(const float* replicated, const float* experts,
                                     ModelWeights* weights, cudaStream_t stream);
-  absl::Status Restore(const std::string& dir);
+  absl::Status Restore(const std::string& dir, int64_t step);
   absl::Status CreateOptimizer();
 
   const EngineConfig& config_;

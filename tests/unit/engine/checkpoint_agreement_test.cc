@@ -1,0 +1,81 @@
+// The step a job's ranks resume from: the rule on every rank's holdings, and the exchange of those
+// holdings over a group of ranks in threads (each rank knows only its own).
+#include "worker/engine/checkpoint/checkpoint_agreement.h"
+
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/transport/transport_factory.h"
+
+namespace dropless::engine {
+namespace {
+
+HeldCheckpoints Held(std::vector<int64_t> steps) {
+  HeldCheckpoints h;
+  h.steps = std::move(steps);
+  return h;
+}
+
+TEST(CheckpointAgreementTest, TheNewestStepEveryRankHolds) {
+  EXPECT_EQ(*AgreeOnCheckpointStep("d", {Held({8, 4}), Held({8, 4})}), 8);
+  // Rank 1 was killed before committing 8: everyone goes back to 4.
+  EXPECT_EQ(*AgreeOnCheckpointStep("d", {Held({8, 4}), Held({4}), Held({8, 4})}), 4);
+  EXPECT_EQ(*AgreeOnCheckpointStep("d", {Held({8, 4}), Held({4, 0})}), 4);
+  // No checkpoint anywhere, or the first one cut short on some rank: a fresh start.
+  EXPECT_EQ(*AgreeOnCheckpointStep("d", {Held({}), Held({})}), 0);
+  EXPECT_EQ(*AgreeOnCheckpointStep("d", {Held({4}), Held({})}), 0);
+  EXPECT_EQ(*AgreeOnCheckpointStep("d", {}), 0);
+}
+
+TEST(CheckpointAgreementTest, NoCommonStepOrAnUnreadableManifestIsRefused) {
+  absl::StatusOr<int64_t> apart = AgreeOnCheckpointStep("ckpt", {Held({12, 8}), Held({4})});
+  ASSERT_EQ(apart.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(apart.status().message().find("checkpoint.dir ckpt"), std::string::npos);
+  EXPECT_NE(apart.status().message().find("rank 0: 12, 8; rank 1: 4"), std::string::npos)
+      << apart.status();
+  // Some ranks hold none while another holds two: not a first checkpoint cut short.
+  EXPECT_FALSE(AgreeOnCheckpointStep("d", {Held({8, 4}), Held({})}).ok());
+  HeldCheckpoints unreadable;
+  unreadable.unreadable = true;
+  absl::StatusOr<int64_t> bad = AgreeOnCheckpointStep("d", {Held({4}), unreadable});
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(bad.status().message().find("rank 1 could not read"), std::string::npos);
+}
+
+// Four ranks in two processes of two ranks each (as the CUDA engine's local ranks) and four
+// processes of one rank: every rank ends with everyone's holdings.
+TEST(CheckpointAgreementTest, ExchangeGivesEveryRankEveryonesHoldings) {
+  const std::vector<HeldCheckpoints> truth = {Held({8, 4}), Held({4}), Held({}), Held({12, 8})};
+  for (int per_process : {1, 2}) {
+    const int processes = 4 / per_process;
+    std::vector<RankGroups> groups = CreateLocalGroups(processes, 1);
+    std::vector<std::vector<HeldCheckpoints>> got(processes);
+    std::vector<std::thread> threads;
+    for (int p = 0; p < processes; ++p) {
+      threads.emplace_back([&, p] {
+        std::vector<HeldCheckpoints> local(truth.begin() + p * per_process,
+                                           truth.begin() + (p + 1) * per_process);
+        absl::StatusOr<std::vector<HeldCheckpoints>> all =
+            ExchangeHeldCheckpoints(groups[p].world.get(), 4, p * per_process, local);
+        ASSERT_TRUE(all.ok()) << all.status();
+        got[p] = *all;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int p = 0; p < processes; ++p) {
+      ASSERT_EQ(got[p].size(), truth.size());
+      for (size_t r = 0; r < truth.size(); ++r) {
+        EXPECT_EQ(got[p][r].steps, truth[r].steps) << "process " << p << " rank " << r;
+        EXPECT_FALSE(got[p][r].unreadable);
+      }
+    }
+  }
+  // Without a group the local ranks must be the whole job.
+  EXPECT_TRUE(ExchangeHeldCheckpoints(nullptr, 2, 0, {Held({4}), Held({4})}).ok());
+  EXPECT_EQ(ExchangeHeldCheckpoints(nullptr, 4, 0, {Held({4})}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dropless::engine

@@ -1,0 +1,100 @@
+#include "worker/engine/checkpoint/checkpoint_agreement.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace dropless::engine {
+
+std::vector<HeldCheckpoints> ListHeldCheckpoints(const std::string& dir,
+                                                 const std::vector<MoeCheckpointIdentity>& ids,
+                                                 absl::Status* error) {
+  std::vector<HeldCheckpoints> held(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    absl::StatusOr<std::vector<int64_t>> steps = MoeCheckpointSteps(dir, ids[i]);
+    if (steps.ok()) {
+      held[i].steps = *std::move(steps);
+    } else if (!absl::IsNotFound(steps.status())) {
+      held[i].unreadable = true;
+      if (error->ok()) *error = steps.status();
+    }
+  }
+  return held;
+}
+
+absl::StatusOr<std::vector<HeldCheckpoints>> ExchangeHeldCheckpoints(
+    Communicator* world, int world_size, int first_rank,
+    const std::vector<HeldCheckpoints>& local) {
+  const int local_ranks = static_cast<int>(local.size());
+  if (first_rank < 0 || first_rank + local_ranks > world_size ||
+      (world == nullptr && local_ranks != world_size)) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ranks ", first_rank, "..",
+                                                   first_rank + local_ranks - 1, " of ", world_size,
+                                                   " and no way to reach the others"));
+  }
+  // A sum over ranks where each rank fills only its own slots is an all-gather: per rank, the
+  // unreadable flag, then each step + 1 (0: no step). Exact in doubles for steps below 2^53.
+  constexpr int kSlots = 1 + kMaxHeldSteps;
+  std::vector<double> slots(static_cast<size_t>(world_size) * kSlots, 0.0);
+  for (int i = 0; i < local_ranks; ++i) {
+    double* own = &slots[static_cast<size_t>(first_rank + i) * kSlots];
+    own[0] = local[i].unreadable ? 1.0 : 0.0;
+    const size_t n = std::min<size_t>(local[i].steps.size(), kMaxHeldSteps);
+    for (size_t j = 0; j < n; ++j) own[1 + j] = static_cast<double>(local[i].steps[j]) + 1.0;
+  }
+  if (world != nullptr && world->size() > 1) {
+    if (absl::Status s = world->AllReduceSum(slots.data(), slots.size()); !s.ok()) return s;
+  }
+  std::vector<HeldCheckpoints> all(world_size);
+  for (int r = 0; r < world_size; ++r) {
+    const double* own = &slots[static_cast<size_t>(r) * kSlots];
+    all[r].unreadable = own[0] != 0.0;
+    for (int j = 0; j < kMaxHeldSteps; ++j) {
+      if (own[1 + j] > 0.0) all[r].steps.push_back(static_cast<int64_t>(own[1 + j]) - 1);
+    }
+  }
+  return all;
+}
+
+absl::StatusOr<int64_t> AgreeOnCheckpointStep(const std::string& dir,
+                                              const std::vector<HeldCheckpoints>& held) {
+  auto describe = [&]() {
+    std::vector<std::string> parts;
+    for (size_t r = 0; r < held.size() && parts.size() < 8; ++r) {
+      parts.push_back(absl::StrCat("rank ", r, ": ",
+                                   held[r].unreadable      ? "unreadable"
+                                   : held[r].steps.empty() ? "none"
+                                                           : absl::StrJoin(held[r].steps, ", ")));
+    }
+    if (held.size() > parts.size()) parts.push_back("...");
+    return absl::StrJoin(parts, "; ");
+  };
+  for (size_t r = 0; r < held.size(); ++r) {
+    if (held[r].unreadable) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint.dir ", dir, ": rank ", r,
+                                                        " could not read its checkpoint manifest"));
+    }
+  }
+  if (held.empty()) return 0;
+  // The newest step every rank holds.
+  for (int64_t candidate : held[0].steps) {
+    bool everywhere = true;
+    for (const HeldCheckpoints& h : held) {
+      everywhere &= std::find(h.steps.begin(), h.steps.end(), candidate) != h.steps.end();
+    }
+    if (everywhere) return candidate;
+  }
+  bool some_none = false, others_one = true, any = false;
+  for (const HeldCheckpoints& h : held) {
+    some_none |= h.steps.empty();
+    any |= !h.steps.empty();
+    others_one &= h.steps.size() <= 1;
+  }
+  if (!any || (some_none && others_one)) return 0;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint.dir ", dir, ": the ranks hold no checkpoint step in common (", describe(), ")"));
+}
+
+}  // namespace dropless::engine

@@ -1,0 +1,48 @@
+// The step every rank of a job resumes from. Each rank commits its own checkpoint files
+// (moe_checkpoint.h), so a rank killed while writing leaves the others one checkpoint ahead of it;
+// their manifests keep the checkpoint before the newest, and the ranks resume from the newest step
+// that all of them hold. Both engines restore through this, so the rule is written once.
+#ifndef DROPLESS_WORKER_ENGINE_CHECKPOINT_CHECKPOINT_AGREEMENT_H_
+#define DROPLESS_WORKER_ENGINE_CHECKPOINT_CHECKPOINT_AGREEMENT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/checkpoint/moe_checkpoint.h"
+#include "worker/transport/communicator.h"
+
+namespace dropless::engine {
+
+// What one rank holds in the checkpoint directory.
+struct HeldCheckpoints {
+  std::vector<int64_t> steps;  // newest first; empty: none
+  bool unreadable = false;     // its manifest could not be read (the rank has the error)
+};
+
+// The steps of `ids` (this process's ranks) in `dir`. A manifest that cannot be read is reported
+// as unreadable, with the first such error in *error, so that every rank still takes part in the
+// exchange below and fails with the others.
+std::vector<HeldCheckpoints> ListHeldCheckpoints(const std::string& dir,
+                                                 const std::vector<MoeCheckpointIdentity>& ids,
+                                                 absl::Status* error);
+
+// Every rank's holdings, indexed by rank: `local` is ranks [first_rank, first_rank + local.size())
+// and `world` (null when the local ranks are the whole job) exchanges them with the other
+// processes' ranks (a collective call on every rank of `world`, whose size times local.size() is
+// world_size). At most kMaxHeldSteps steps per rank take part.
+inline constexpr int kMaxHeldSteps = 2;
+absl::StatusOr<std::vector<HeldCheckpoints>> ExchangeHeldCheckpoints(
+    Communicator* world, int world_size, int first_rank, const std::vector<HeldCheckpoints>& local);
+
+// The step all ranks resume from, 0 for a fresh start: the newest step every rank holds. When
+// no step is held by all, a fresh start if some ranks hold none and each of the others holds one
+// (the job's first checkpoint, cut short on some rank); otherwise FailedPrecondition naming what
+// the ranks hold. FailedPrecondition too when a rank could not read its manifest.
+absl::StatusOr<int64_t> AgreeOnCheckpointStep(const std::string& dir,
+                                              const std::vector<HeldCheckpoints>& held);
+
+}  // namespace dropless::engine
+
+#endif  // DROPLESS_WORKER_ENGINE_CHECKPOINT_CHECKPOINT_AGREEMENT_H_
