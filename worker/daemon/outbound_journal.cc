@@ -142,10 +142,21 @@ OutboundJournal::~OutboundJournal() {
 
 void OutboundJournal::Disable(const std::string& why) {
   if (fd_ < 0) return;
-  LogInfo(absl::StrCat("outbound journal ", path_, " off (", why,
-                         "); unacknowledged messages will not survive a restart"));
   ::close(fd_);
   fd_ = -1;
+  // The file stops short of the numbers this run goes on to use. Kept, it would give a restarted
+  // daemon this boot id with a lower last sequence, and the coordinator would take the messages
+  // it numbers again for ones already stored. Without it the next run is a new boot: a numbering
+  // of its own. (unlink needs no free space, the usual reason to be here.)
+  const bool removed =
+      ::unlink(path_.c_str()) == 0 || errno == ENOENT || ::truncate(path_.c_str(), 0) == 0;
+  ::unlink((path_ + ".tmp").c_str());
+  LogWarning(absl::StrCat("outbound journal ", path_, " off (", why, "); ",
+                          removed
+                              ? "removed, so a restart begins a new boot; "
+                              : absl::StrCat("and could not be removed or emptied (",
+                                             strerror(errno), "): remove it before restarting; "),
+                          "unacknowledged messages will not survive a restart"));
 }
 
 void OutboundJournal::Write(char kind, uint64_t sequence, const std::string& payload) {

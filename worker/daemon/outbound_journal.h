@@ -9,7 +9,8 @@
 // it survives the process, not the host (no fsync, as the coordinator's log and metrics rows). A
 // record cut by a crash ends the replay. The file is rewritten (temporary file + rename) with
 // only the unacknowledged messages once it is mostly acknowledged ones. A failing disk turns the
-// journal off (logged once); the queue goes on in memory.
+// journal off (logged once) and removes the file, so that a restart begins a new boot rather than
+// renumbering from the file's last record; the queue goes on in memory.
 //
 // Not thread-safe: OutboundQueue calls it under its own lock.
 #ifndef DROPLESS_WORKER_DAEMON_OUTBOUND_JOURNAL_H_

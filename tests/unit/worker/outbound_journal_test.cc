@@ -2,7 +2,9 @@
 // survive a restart of the daemon (a new OutboundQueue on the same file).
 #include "worker/daemon/outbound_journal.h"
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <fstream>
@@ -133,6 +135,35 @@ TEST(OutboundJournalTest, OneProcessAtATimeHoldsAJournal) {
   first->reset();
   EXPECT_TRUE(OutboundJournal::Open(path, "boot-2", &recovered).ok());
   EXPECT_EQ(recovered.boot_id, "boot-1");
+}
+
+// A write that fails (here: the file size limit, as a full disk would) turns the journal off while
+// the queue numbers on in memory. The file is removed: kept, it would restart this boot's numbering
+// below what the coordinator already stored, and those messages would be dropped as resends.
+TEST(OutboundJournalTest, AJournalThatFailsIsRemovedSoARestartIsANewBoot) {
+  const std::string path = TempJournalPath();
+  {
+    DaemonRun first(path, "boot-1");
+    for (int step = 1; step <= 3; ++step) first.queue.Push(Metrics(step));
+    struct stat st;
+    ASSERT_EQ(stat(path.c_str(), &st), 0);
+    struct rlimit old_limit;
+    ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
+    struct rlimit limit = old_limit;
+    limit.rlim_cur = static_cast<rlim_t>(st.st_size) + 16;
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limit), 0);
+    first.queue.Push(Metrics(4));  // its record does not fit under the limit
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+    signal(SIGXFSZ, old_handler);
+    for (int step = 5; step <= 6; ++step) first.queue.Push(Metrics(step));
+    EXPECT_EQ(first.queue.size(), 6u);  // the queue goes on in memory
+    EXPECT_NE(stat(path.c_str(), &st), 0) << "the journal was left behind";
+  }  // the daemon dies
+  DaemonRun second(path, "boot-2");
+  EXPECT_EQ(second.recovered.boot_id, "boot-2");
+  EXPECT_EQ(second.recovered.last_sequence, 0u);
+  EXPECT_TRUE(second.recovered.pending.empty());
 }
 
 TEST(OutboundJournalTest, AnUnwritableDirectoryIsAnError) {
