@@ -201,7 +201,9 @@ TEST(CoordinatorLifecycleTest, TwoRankJobSplitAcrossTwoWorkersRunsAndSucceeds) {
 }
 
 TEST(CoordinatorLifecycleTest, CancelSendsCancellationAndIsFinal) {
-  auto coordinator = CoordinatorUnderTest::Start();
+  // The heartbeats pause below while the cancel commits (an fsync): a lease with room for a slow
+  // disk, so that the worker is not taken for lost meanwhile.
+  auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
   FakeWorker w(coordinator->channel(), "node-c", 2);
   ASSERT_TRUE(w.Register().ok());
   ASSERT_TRUE(w.Connect().ok());

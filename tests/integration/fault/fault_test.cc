@@ -77,6 +77,7 @@ std::optional<absl::Duration> WaitForStepPast(WorkerCluster& cluster, const std:
 
 TEST(FaultTest, CoordinatorKilledMidJobRestartsAndTheJobCompletes) {
   WorkerCluster cluster;
+  cluster.set_lease_timeout(absl::Seconds(20));  // the daemons reconnect after the restart
   ASSERT_TRUE(cluster.StartCoordinator().ok()) << cluster.Diagnostics();
   StartWorkers(cluster, {"node-1", "node-2"});
   absl::StatusOr<v1::Job> job = cluster.Submit(TinyCpuSpec(600));
@@ -190,6 +191,7 @@ TEST(FaultTest, WorkerKilledMidJobTheJobCompletesFromItsCheckpoint) {
 // report the ranks as ended and the job succeeds instead of failing for ranks gone missing.
 TEST(FaultTest, RankResultsQueuedWhenTheDaemonDiesAreDeliveredAfterItsRestart) {
   WorkerCluster cluster;
+  cluster.set_lease_timeout(absl::Seconds(20));  // both daemons restart after the coordinator
   ASSERT_TRUE(cluster.StartCoordinator().ok()) << cluster.Diagnostics();
   StartWorkers(cluster, {"node-1", "node-2"});
   absl::StatusOr<v1::Job> job = cluster.Submit(TinyCpuSpec(120));

@@ -67,7 +67,7 @@ absl::Status WorkerCluster::StartCoordinator(const std::vector<std::string>& ext
       absl::StrCat("--db=", dir_, "/coordinator.db"),
       "--metrics-port=0",
       "--heartbeat-interval-ms=200",
-      "--lease-timeout-ms=5000",
+      absl::StrCat("--lease-timeout-ms=", absl::ToInt64Milliseconds(lease_)),
   };
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(argv);

@@ -31,6 +31,10 @@ class WorkerCluster {
   // Starts (or restarts, on the same port and database) the coordinator, with `extra_flags` after
   // the cluster's own.
   absl::Status StartCoordinator(const std::vector<std::string>& extra_flags = {});
+  // The coordinator's worker lease from the next StartCoordinator on (5 s unless set). Tests that
+  // restart the coordinator and then their daemons, which must say Hello within the lease of the
+  // restart, take a longer one so that a loaded machine does not fail the attempt.
+  void set_lease_timeout(absl::Duration lease) { lease_ = lease; }
   // SIGKILLs the coordinator and waits for it.
   void KillCoordinator();
   Process* coordinator() { return coordinator_.get(); }
@@ -78,6 +82,7 @@ class WorkerCluster {
   };
   std::string dir_;
   int port_;
+  absl::Duration lease_ = absl::Seconds(5);
   std::unique_ptr<Process> coordinator_;
   std::vector<std::string> old_coordinator_output_;
   std::map<std::string, Worker> workers_;
