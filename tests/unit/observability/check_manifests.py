@@ -291,6 +291,25 @@ def check_dockerfiles(stages, source_dir):
                 fail(s.dockerfile, "COPY source %s does not exist" % src)
 
 
+def check_cuda_images(source_dir):
+    """A Dockerfile that builds with CUDA ships the CUDA engine beside the rank binary: the rank
+    dlopens libdropless_engine_cuda.so from its own directory, and without it every cuda job fails."""
+    import glob
+    for path in sorted(glob.glob(os.path.join(source_dir, "deploy/docker/Dockerfile*"))):
+        if path.endswith(".dockerignore"):
+            continue
+        with open(path, encoding="utf-8") as f:
+            text = re.sub(r"\\\n", " ", f.read())
+        if "-DDROPLESS_ENABLE_CUDA=ON" not in text:
+            continue
+        name = os.path.relpath(path, source_dir)
+        if not re.search(r"--target\b[^\n]*\bdropless_engine_cuda\b", text):
+            fail(name, "builds with CUDA but not --target dropless_engine_cuda")
+        copies = [l for l in text.splitlines() if l.strip().upper().startswith("COPY --FROM")]
+        if not any("libdropless_engine_cuda.so" in l and "dropless-worker-rank" in l for l in copies):
+            fail(name, "its image does not copy libdropless_engine_cuda.so beside dropless-worker-rank")
+
+
 def cmake_targets(source_dir):
     names = set()
     for root, dirs, files in os.walk(source_dir):
@@ -313,6 +332,7 @@ def main():
     if not stages:
         fail("deploy/docker", "no Dockerfile")
     check_dockerfiles(stages, args.source_dir)
+    check_cuda_images(args.source_dir)
     rendered = 0
     for name, path in manifests.kustomize_dirs(args.source_dir):
         try:
