@@ -1,6 +1,7 @@
 #include "kernels/cuda/cuda_check.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "absl/strings/str_cat.h"
 
@@ -17,11 +18,35 @@ absl::Status CublasStatus(cublasStatus_t status, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": cuBLASLt status ", static_cast<int>(status)));
 }
 
-int GridStrideBlocks(int64_t work_items, int64_t items_per_block) {
-  int device = 0, sms = 132;
-  if (cudaGetDevice(&device) == cudaSuccess) {
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+DeviceShape CurrentDeviceShape() {
+  constexpr int kMaxDevices = 64;
+  // Per device: multiprocessors and shared memory, 0 until known.
+  static std::atomic<int64_t> known[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
+    (void)cudaGetLastError();  // the query's own error (every launch before it was checked)
+    return DeviceShape{};
   }
+  const int64_t cached = known[device].load(std::memory_order_relaxed);
+  if (cached != 0) {
+    return DeviceShape{static_cast<int>(cached >> 32), static_cast<int>(cached & 0xffffffff)};
+  }
+  DeviceShape shape;
+  if (cudaDeviceGetAttribute(&shape.multiprocessors, cudaDevAttrMultiProcessorCount, device) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&shape.smem_per_multiprocessor,
+                             cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
+      shape.multiprocessors <= 0 || shape.smem_per_multiprocessor <= 0) {
+    (void)cudaGetLastError();
+    return DeviceShape{};
+  }
+  known[device].store((int64_t{shape.multiprocessors} << 32) | shape.smem_per_multiprocessor,
+                      std::memory_order_relaxed);
+  return shape;
+}
+
+int GridStrideBlocks(int64_t work_items, int64_t items_per_block) {
+  const int sms = CurrentDeviceShape().multiprocessors;
   const int64_t blocks = (work_items + items_per_block - 1) / items_per_block;
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t{sms} * 16)));
 }

@@ -49,8 +49,15 @@ class Matmul {
         !s.ok()) {
       return s;
     }
-    cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a));
-    cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b));
+    for (auto [attribute, op] : {std::pair{CUBLASLT_MATMUL_DESC_TRANSA, &op_a},
+                                 std::pair{CUBLASLT_MATMUL_DESC_TRANSB, &op_b}}) {
+      if (absl::Status s =
+              CublasStatus(cublasLtMatmulDescSetAttribute(desc_, attribute, op, sizeof(*op)),
+                           "cublasLtMatmulDescSetAttribute");
+          !s.ok()) {
+        return s;
+      }
+    }
     const int64_t a_rows = op_a == CUBLAS_OP_N ? m : k, a_cols = op_a == CUBLAS_OP_N ? k : m;
     const int64_t b_rows = op_b == CUBLAS_OP_N ? k : n, b_cols = op_b == CUBLAS_OP_N ? n : k;
     for (auto [layout, type, rows, cols] :
@@ -71,12 +78,18 @@ class Matmul {
       return s;
     }
     const size_t workspace = kWorkspaceBytes;
-    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                         &workspace, sizeof(workspace));
+    absl::Status limited = CublasStatus(
+        cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &workspace, sizeof(workspace)),
+        "cublasLtMatmulPreferenceSetAttribute");
     int found = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        handle, desc_, a_, b_, c_, c_, preference, 1, &heuristic_, &found);
-    cublasLtMatmulPreferenceDestroy(preference);
+    const cublasStatus_t status =
+        limited.ok() ? cublasLtMatmulAlgoGetHeuristic(handle, desc_, a_, b_, c_, c_, preference, 1,
+                                                      &heuristic_, &found)
+                     : CUBLAS_STATUS_SUCCESS;
+    // Only the creator's status matters: a preference that fails to be destroyed holds nothing.
+    (void)cublasLtMatmulPreferenceDestroy(preference);
+    if (!limited.ok()) return limited;
     if (absl::Status s = CublasStatus(status, "cublasLtMatmulAlgoGetHeuristic"); !s.ok()) return s;
     if (found == 0) return absl::InternalError("cuBLASLt found no algorithm for a router GEMM");
     return absl::OkStatus();

@@ -71,19 +71,10 @@ inline size_t SmemBytes(const Plan& p) {
 
 // Blocks resident at once for blocks of `threads` threads using `smem` bytes of shared memory.
 inline int ResidentGrid(size_t smem, int threads) {
-  static const int2 device = [] {
-    int dev = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) !=
-            cudaSuccess) {
-      (void)cudaGetLastError();
-      return make_int2(0, 0);
-    }
-    return make_int2(sms, per_sm);
-  }();
-  const int by_smem = static_cast<int>(device.y / (smem + 1024));  // 1 KB reserved per block
-  return device.x * std::max(1, std::min(by_smem, 2048 / threads));
+  const DeviceShape device = CurrentDeviceShape();
+  const int by_smem =
+      static_cast<int>(device.smem_per_multiprocessor / (smem + 1024));  // 1 KB a block
+  return device.multiprocessors * std::max(1, std::min(by_smem, 2048 / threads));
 }
 
 struct Chunk {

@@ -375,14 +375,16 @@ absl::StatusOr<StepStats> CudaEngineImpl::Step() {
       const absl::Status recorded = RecordStep();
       const cudaError_t ended = cudaStreamEndCapture(main(), &graph);
       if (!recorded.ok()) {
-        if (graph != nullptr) cudaGraphDestroy(graph);
+        // The capture's error is the one to report; the graph is dropped either way.
+        if (graph != nullptr) (void)cudaGraphDestroy(graph);
         return absl::Status(recorded.code(),
                             absl::StrCat("capturing the step graph: ", recorded.message()));
       }
       DROPLESS_CUDA_RETURN_IF_ERROR(ended);
       const cudaError_t instantiated = cudaGraphInstantiate(&graph_exec_, graph, 0);
-      cudaGraphDestroy(graph);
+      const cudaError_t destroyed = cudaGraphDestroy(graph);  // the executable graph lives on
       DROPLESS_CUDA_RETURN_IF_ERROR(instantiated);
+      DROPLESS_CUDA_RETURN_IF_ERROR(destroyed);
     }
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph_exec_, main()));
   }

@@ -195,7 +195,10 @@ class NcclA2aDispatcher final : public ExpertDispatcher {
                      comm, stream);
       }
       if (r != ncclSuccess && r != ncclInProgress) {
-        (void)ncclGroupEnd();
+        // Close the group (waiting it out on a non-blocking communicator, so that the next call
+        // does not meet an unsettled one); the send/recv failure is the error to report.
+        group_->Await(ncclGroupEnd(), "nccl-a2a: ncclGroupEnd after a failed send/recv")
+            .IgnoreError();
         return NcclStatus(r, "nccl-a2a: ncclSend/ncclRecv");
       }
     }
