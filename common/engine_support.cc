@@ -66,8 +66,11 @@ absl::Status CheckCuda(const EngineConfig& c) {
     case Dispatcher::kAuto:
     case Dispatcher::kNcclLsa:
     case Dispatcher::kNcclA2a:
-    case Dispatcher::kNcclEp:  // whether the node has the library is known at rank start
       break;
+    case Dispatcher::kNcclEp:
+      return Refuse("dispatcher",
+                    "nccl-ep (NVIDIA's NCCL EP library) is not driven by the cuda "
+                    "engine yet; use nccl-lsa, nccl-a2a or auto");
     case Dispatcher::kGloo:
       return Refuse("dispatcher", "gloo moves host buffers (the cpu engine's); use nccl-lsa, "
                                   "nccl-a2a or auto with resources.backend cuda");

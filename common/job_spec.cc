@@ -304,7 +304,13 @@ absl::Status ReadData(const Node& node, DataSpec* data) {
   };
   DROPLESS_RETURN_IF_ERROR(Optional(*m, "distribution", &data->distribution, dist));
   DROPLESS_RETURN_IF_ERROR(Optional(*m, "zipf_exponent", &data->zipf_exponent, ToDouble));
-  return Optional(*m, "seed", &data->seed, ToUint64);
+  DROPLESS_RETURN_IF_ERROR(Optional(*m, "seed", &data->seed, ToUint64));
+  // The exponent shapes zipf routing only. Elsewhere it is dropped (a submitted spec that sets it
+  // is refused, CheckSubmittedOnly; specs stored before that rule still parse), so that the
+  // canonical YAML, which writes it for zipf only, reads back to the same spec.
+  if (data->distribution != RoutingDistribution::kZipf)
+    data->zipf_exponent = DataSpec{}.zipf_exponent;
+  return absl::OkStatus();
 }
 
 absl::Status ReadResources(const Node& node, ResourcesSpec* res) {
@@ -402,6 +408,45 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text) {
   absl::StatusOr<JobSpec> spec = ReadJobSpec(*root);
   if (!spec.ok()) return spec.status();
   DROPLESS_RETURN_IF_ERROR(internal::CheckJobSpecRules(*spec));
+  return spec;
+}
+
+namespace {
+
+// Rules for a spec as a user submits it, not for one already stored (which every rank parses
+// again, and which an older coordinator may have written): fields that are set but cannot apply.
+absl::Status CheckSubmittedOnly(const Node& root) {
+  auto find = [](const Node& map, absl::string_view key) -> const Node* {
+    if (map.kind != Node::Kind::kMap) return nullptr;
+    for (size_t i = 0; i < map.map_size(); ++i) {
+      if (map.key(i).scalar == key && map.value(i).kind != Node::Kind::kNull) return &map.value(i);
+    }
+    return nullptr;
+  };
+  const Node* data = find(root, "data");
+  const Node* exponent = data != nullptr ? find(*data, "zipf_exponent") : nullptr;
+  if (exponent != nullptr) {
+    const Node* distribution = find(*data, "distribution");
+    if (distribution == nullptr || distribution->scalar != "zipf") {
+      return Invalid("data.zipf_exponent", *exponent,
+                     absl::StrCat("applies only with data.distribution: zipf (the distribution "
+                                  "here is ",
+                                  distribution != nullptr ? distribution->scalar : "uniform",
+                                  "); remove it or choose zipf"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseSubmittedJobSpec(std::string_view yaml_text) {
+  absl::StatusOr<Node> root = yaml::LoadSingleDocument(yaml_text, kMaxJobSpecBytes);
+  if (!root.ok()) return root.status();
+  absl::StatusOr<JobSpec> spec = ReadJobSpec(*root);
+  if (!spec.ok()) return spec.status();
+  DROPLESS_RETURN_IF_ERROR(internal::CheckJobSpecRules(*spec));
+  DROPLESS_RETURN_IF_ERROR(CheckSubmittedOnly(*root));
   return spec;
 }
 

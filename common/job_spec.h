@@ -111,6 +111,12 @@ inline constexpr size_t kMaxJobSpecBytes = 64 * 1024;
 // path and the rule, e.g. "model.experts: must be divisible by parallel.ep (got 10 % 4 != 0)".
 absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml);
 
+// ParseJobSpec and the rules for a spec as submitted (the coordinator's SubmitJob, the CLI), not
+// for one already stored: a field that is set but cannot apply is refused (data.zipf_exponent
+// without distribution zipf). Stored specs are parsed with ParseJobSpec, so that specs an older
+// coordinator accepted still run.
+absl::StatusOr<JobSpec> ParseSubmittedJobSpec(std::string_view yaml);
+
 // Submit-time overrides of a spec's name and priority (SubmitJobRequest.name / .priority, the
 // CLI's --name / --priority); one left unset keeps the spec's value.
 struct JobSpecOverrides {

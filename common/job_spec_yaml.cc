@@ -58,7 +58,9 @@ std::string JobSpecToYaml(const JobSpec& s) {
   const ModelSpec& m = s.model;
   const OptimizerSpec& o = s.optimizer;
   std::string out;
-  absl::StrAppend(&out, "name: ", s.name, "\n", "labels:", s.labels.empty() ? " {}\n" : "\n");
+  // Quoted: a name such as null, true or 123 would read back as another type.
+  absl::StrAppend(&out, "name: ", Quoted(s.name), "\n",
+                  "labels:", s.labels.empty() ? " {}\n" : "\n");
   for (const auto& [key, value] : s.labels) {
     absl::StrAppend(&out, "  ", Quoted(key), ": ", Quoted(value), "\n");
   }
@@ -89,9 +91,11 @@ std::string JobSpecToYaml(const JobSpec& s) {
                   "activation_offload: ", Bool(s.activation_offload), "\n");
   absl::StrAppend(&out, "checkpoint:\n", "  dir: ", Quoted(s.checkpoint.dir), "\n",
                   "  every: ", s.checkpoint.every, "\n");
-  absl::StrAppend(&out, "data:\n", "  distribution: ", Str(ToString(s.data.distribution)), "\n",
-                  "  zipf_exponent: ", Number(s.data.zipf_exponent), "\n",
-                  "  seed: ", s.data.seed, "\n");
+  absl::StrAppend(&out, "data:\n", "  distribution: ", Str(ToString(s.data.distribution)), "\n");
+  if (s.data.distribution == RoutingDistribution::kZipf) {
+    absl::StrAppend(&out, "  zipf_exponent: ", Number(s.data.zipf_exponent), "\n");
+  }
+  absl::StrAppend(&out, "  seed: ", s.data.seed, "\n");
   absl::StrAppend(&out, "resources:\n", "  backend: ", Str(ToString(s.resources.backend)), "\n");
   return out;
 }

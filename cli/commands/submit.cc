@@ -94,7 +94,7 @@ int RunSubmit(const Invocation& inv) {
     std::cerr << "error: " << error << "\n";
     return kExitError;
   }
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(text);
+  absl::StatusOr<JobSpec> spec = ParseSubmittedJobSpec(text);
   if (!spec.ok()) {
     std::cerr << "error: " << (path == "-" ? "<stdin>" : path) << ": " << spec.status().message()
               << "\n";

@@ -177,7 +177,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
     return absl::InvalidArgumentError("spec_yaml: must not be empty");
   }
   if (absl::Status s = CheckRequestId(request.request_id()); !s.ok()) return s;
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(request.spec_yaml());
+  absl::StatusOr<JobSpec> spec = ParseSubmittedJobSpec(request.spec_yaml());
   if (!spec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("invalid job spec: ", spec.status().message()));
   }

@@ -452,7 +452,7 @@ TEST(CoordinatorAbuseTest, OverridesFollowTheSpecRules) {
   ASSERT_TRUE(fine.ok()) << fine.status();
   EXPECT_EQ(fine->name(), "renamed-job");
   EXPECT_EQ(fine->priority(), -7);
-  EXPECT_THAT(fine->spec_yaml(), HasSubstr("name: renamed-job"));
+  EXPECT_THAT(fine->spec_yaml(), HasSubstr("name: \"renamed-job\""));
 }
 
 TEST(CoordinatorAbuseTest, LogsOfARankOutsideTheJobAreRefused) {

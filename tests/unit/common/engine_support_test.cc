@@ -43,14 +43,18 @@ TEST(EngineSupportTest, RunnableSpecsPass) {
   EXPECT_TRUE(ParseJobSpec(offload).ok()) << ParseJobSpec(offload).status();
   const std::string cpu = With(With(kCudaJob, "backend: cuda", "backend: cpu"), "ep: 1", "ep: 2");
   EXPECT_TRUE(ParseJobSpec(cpu).ok()) << ParseJobSpec(cpu).status();
-  // Expert parallelism on GPUs: nccl-lsa (or auto, which picks it), nccl-a2a, and nccl-ep, whose
-  // library is looked for on the node at rank start.
+  // Expert parallelism on GPUs: nccl-lsa (or auto, which picks it) and nccl-a2a. nccl-ep, which
+  // the engine does not drive, is refused at submit rather than failing every attempt.
   const std::string ep8 = With(kCudaJob, "ep: 1", "ep: 8");
   EXPECT_TRUE(ParseJobSpec(ep8).ok()) << ParseJobSpec(ep8).status();
-  for (const char* dispatcher : {"nccl-lsa", "nccl-a2a", "nccl-ep"}) {
+  for (const char* dispatcher : {"nccl-lsa", "nccl-a2a"}) {
     const std::string ep = With(ep8, "dispatcher: auto", std::string("dispatcher: ") + dispatcher);
     EXPECT_TRUE(ParseJobSpec(ep).ok()) << dispatcher << ": " << ParseJobSpec(ep).status();
   }
+  const absl::StatusOr<JobSpec> nccl_ep =
+      ParseJobSpec(With(ep8, "dispatcher: auto", "dispatcher: nccl-ep"));
+  ASSERT_FALSE(nccl_ep.ok());
+  EXPECT_THAT(std::string(nccl_ep.status().message()), StartsWith("dispatcher: nccl-ep"));
   // Overlap: chunks of each rank's experts (2 per rank here) over nccl-lsa or auto.
   const std::string overlap = With(ep8, "overlap: false", "overlap: true");
   EXPECT_TRUE(ParseJobSpec(overlap).ok()) << ParseJobSpec(overlap).status();

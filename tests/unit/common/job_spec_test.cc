@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -184,8 +185,10 @@ std::vector<BadCase> BadCases() {
       {"weight_decay_negative", With("  weight_decay: 0.0", "  weight_decay: -1"),
        "optimizer.weight_decay", "must be in [0, 1]"},
       {"warmup_negative", With("  warmup: 5", "  warmup: -5"), "optimizer.warmup", "must be >= 0"},
-      {"zipf_zero", With("  zipf_exponent: 1.1", "  zipf_exponent: 0"), "data.zipf_exponent",
-       "must be > 0"},
+      {"zipf_zero",
+       absl::StrReplaceAll(kBase, {{"  zipf_exponent: 1.1\n", "  zipf_exponent: 0\n"},
+                                   {"  distribution: uniform\n", "  distribution: zipf\n"}}),
+       "data.zipf_exponent", "must be > 0"},
       {"seed_negative", With("  seed: 1234", "  seed: -1"), "data.seed", "must be >= 0"},
       // Names and enums.
       {"name_upper", With("name: base-job", "name: Base-Job"), "name",
@@ -373,15 +376,34 @@ TEST(JobSpecTest, BooleansAcceptTrueFalseInAnyCase) {
   EXPECT_TRUE(spec->model.renormalize);
 }
 
+// As submitted, a field that cannot apply is refused: the zipf exponent with uniform routing. A
+// spec already stored with it (an older coordinator wrote it for every distribution) still parses.
+TEST(JobSpecTest, ASubmittedZipfExponentNeedsZipfRouting) {
+  absl::StatusOr<JobSpec> uniform = ParseSubmittedJobSpec(kBase);
+  ASSERT_FALSE(uniform.ok());
+  EXPECT_TRUE(absl::StartsWith(uniform.status().message(),
+                               "data.zipf_exponent: applies only with data.distribution: zipf"))
+      << uniform.status();
+  EXPECT_TRUE(ParseJobSpec(kBase).ok());
+  EXPECT_TRUE(ParseSubmittedJobSpec(With("  zipf_exponent: 1.1", "")).ok());
+  absl::StatusOr<JobSpec> zipf =
+      ParseSubmittedJobSpec(With("  distribution: uniform", "  distribution: zipf"));
+  ASSERT_TRUE(zipf.ok()) << zipf.status();
+  EXPECT_EQ(zipf->data.zipf_exponent, 1.1);
+  // Stored without it when uniform; read back with the default.
+  EXPECT_EQ(JobSpecToYaml(*ParseJobSpec(kBase)).find("zipf_exponent"), std::string::npos);
+  EXPECT_EQ(ParseJobSpec(kBase)->data.zipf_exponent, DataSpec{}.zipf_exponent);
+}
+
 TEST(JobSpecTest, NcclDispatchersParseAndTheCudaEngineTakesThem) {
-  // The names parse and the cuda engine takes every NCCL backend (engine_support_test.cc has the
-  // engine's whole table; nccl-ep's library is looked for at rank start).
+  // The names parse and the cuda engine takes the NCCL backends it drives (engine_support_test.cc
+  // has the engine's whole table; nccl-ep is refused there).
   auto with_dispatcher = [](const std::string& dispatcher) {
     return absl::StrReplaceAll(kBase, {{"dispatcher: auto\n", "dispatcher: " + dispatcher + "\n"},
                                        {"backend: cpu", "backend: cuda"},
                                        {"  ep: 2", "  ep: 1"}});
   };
-  for (const std::string dispatcher : {"nccl-lsa", "nccl-a2a", "nccl-ep"}) {
+  for (const std::string dispatcher : {"nccl-lsa", "nccl-a2a"}) {
     absl::StatusOr<JobSpec> spec = ParseJobSpec(with_dispatcher(dispatcher));
     EXPECT_TRUE(spec.ok()) << dispatcher << ": " << spec.status();
   }

@@ -190,14 +190,10 @@ absl::StatusOr<std::unique_ptr<ExpertDispatcher>> CreateEngineDispatcher(
       case Dispatcher::kNcclA2a:
         d = NcclDispatcher(config, dims, rank, groups);
         break;
-      case Dispatcher::kNcclEp:
-        DROPLESS_RETURN_IF_ERROR(NcclEpLibraryAvailable());
-        d = std::unique_ptr<ExpertDispatcher>();
-        break;
       default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            "dispatcher: ", std::string(ToString(config.dispatcher)),
-            " is not available to the cuda engine (nccl-lsa, nccl-a2a, nccl-ep or auto)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("dispatcher: ", std::string(ToString(config.dispatcher)),
+                         " is not available to the cuda engine (nccl-lsa, nccl-a2a or auto)"));
     }
   }
   if (!d.ok()) return d.status();

@@ -165,10 +165,6 @@ absl::Status NcclLsaRuntimeSupported();
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewNcclA2aDispatcher(
     const EpShape& shape, size_t max_row_bytes, std::unique_ptr<NcclGroup> group);
 
-// `nccl-ep`: NVIDIA's NCCL EP library, loaded at run time. OK when libnccl_ep.so can be loaded on
-// this machine; otherwise Unavailable naming the library (the backend is never faked).
-absl::Status NcclEpLibraryAvailable();
-
 // The most EP ranks one process drives (`local`) or one LSA team holds (`nccl-lsa`).
 inline constexpr int kMaxLocalRanks = 8;
 
