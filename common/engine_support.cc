@@ -92,6 +92,14 @@ absl::Status CheckCuda(const EngineConfig& c) {
                                                std::string(ToString(c.dispatcher))));
     }
   }
+  if (c.activation_offload && m.layers < 3) {
+    // The ring keeps the last two layers' activations on the device (their backward comes first).
+    return Refuse("activation_offload", absl::StrFormat("moves the saved activations of all but "
+                                                        "the last two layers to host memory; with "
+                                                        "model.layers %d nothing would leave the "
+                                                        "GPU (needs 3 or more)",
+                                                        m.layers));
+  }
   const int64_t align = IsFp8Block(c.precision)             ? 128
                         : c.precision == Precision::kMxfp8  ? 32
                                                              : 8;

@@ -65,6 +65,12 @@ struct OptimizerSpec {
 struct CheckpointSpec {
   std::string dir;    // empty: no checkpoints
   int64_t every = 0;  // steps between checkpoints; 0: only at the end when dir is set
+
+  // Whether a checkpoint is written after `step` of a job of `steps` steps: every `every` steps
+  // and after the last one, when dir is set. The rank process saves by it (the engines do not).
+  bool DueAfter(int64_t step, int64_t steps) const {
+    return !dir.empty() && ((every > 0 && step % every == 0) || step == steps);
+  }
 };
 
 struct DataSpec {

@@ -154,8 +154,14 @@ absl::Status RankRun::Run() {
   const std::string& checkpoint_dir = spec->checkpoint.dir;
   // An engine restored from a checkpoint (a later attempt of the job) continues where it was.
   const int64_t first_step = (*engine)->StepsDone() + 1;
+  if (first_step > steps + 1) {
+    // Another run's checkpoint (a longer job in the same directory): nothing of this one to run.
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "checkpoint.dir %s holds step %d, beyond this job's steps (%d); choose another "
+        "checkpoint.dir or raise steps",
+        checkpoint_dir, first_step - 1, steps));
+  }
   if (first_step > 1) Say(absl::StrFormat("resuming from a checkpoint at step %d", first_step));
-  int64_t last_checkpoint = first_step - 1;
   for (int64_t step = first_step; step <= steps; ++step) {
     PhaseReporter::SetStep(step);
     absl::StatusOr<StepStats> stats = (*engine)->Step();
@@ -173,18 +179,11 @@ absl::Status RankRun::Run() {
                           step, steps, r.loss, r.aux_loss, r.step_seconds * 1e3,
                           r.FlopsPerSecond() / 1e9, r.TokensPerSecond()));
     }
-    if (!checkpoint_dir.empty() && spec->checkpoint.every > 0 && step % spec->checkpoint.every == 0) {
+    if (spec->checkpoint.DueAfter(step, steps)) {
       EnterStepPhase(StepPhase::kCheckpoint);
       if (absl::Status st = (*engine)->SaveCheckpoint(checkpoint_dir); !st.ok()) {
         return absl::Status(st.code(), absl::StrCat("checkpoint at step ", step, ": ", st.message()));
       }
-      last_checkpoint = step;
-    }
-  }
-  if (!checkpoint_dir.empty() && last_checkpoint != steps) {
-    EnterStepPhase(StepPhase::kCheckpoint);
-    if (absl::Status st = (*engine)->SaveCheckpoint(checkpoint_dir); !st.ok()) {
-      return absl::Status(st.code(), absl::StrCat("final checkpoint: ", st.message()));
     }
   }
   Say(absl::StrFormat("done: %d steps in %.2f s", steps - first_step + 1,

@@ -184,6 +184,33 @@ TEST_F(WorkerJobTest, ARankCrashFailsTheJobNotTheWorker) {
   }
 }
 
+// A job whose checkpoint.dir holds a longer run's checkpoint (the same spec resubmitted with fewer
+// steps) fails naming the directory and the steps, instead of running nothing and succeeding.
+TEST_F(WorkerJobTest, ACheckpointBeyondTheJobsStepsFailsIt) {
+  auto with_checkpoint = [&](int steps) {
+    std::string spec = TinyCpuSpec(steps);
+    const std::string from = "checkpoint: {dir: \"\", every: 0}";
+    spec.replace(spec.find(from), from.size(),
+                 absl::StrCat("checkpoint: {dir: \"", cluster_.dir(), "/ckpt\", every: 0}"));
+    return spec;
+  };
+  absl::StatusOr<v1::Job> longer = cluster_.Submit(with_checkpoint(6));
+  ASSERT_TRUE(longer.ok()) << longer.status();
+  absl::StatusOr<v1::Job> done = cluster_.WaitForState(
+      longer->id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, absl::Seconds(120));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->message() << cluster_.Diagnostics();
+
+  absl::StatusOr<v1::Job> shorter = cluster_.Submit(with_checkpoint(4));
+  ASSERT_TRUE(shorter.ok()) << shorter.status();
+  absl::StatusOr<v1::Job> failed = cluster_.WaitForState(
+      shorter->id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, absl::Seconds(120));
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED) << cluster_.Diagnostics();
+  EXPECT_NE(failed->message().find("holds step 6, beyond this job's steps (4)"), std::string::npos)
+      << failed->message();
+}
+
 TEST_F(WorkerJobTest, RanksKeepRunningThroughACoordinatorRestart) {
   std::vector<pid_t> pids;
   const std::string id = StartLongJob(&pids);

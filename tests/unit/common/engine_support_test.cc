@@ -39,7 +39,9 @@ TEST(EngineSupportTest, RunnableSpecsPass) {
   EXPECT_TRUE(ParseJobSpec(mxfp8).ok()) << ParseJobSpec(mxfp8).status();
   const std::string fp8_block = With(kCudaJob, "precision: bf16", "precision: fp8-block");
   EXPECT_TRUE(ParseJobSpec(fp8_block).ok()) << ParseJobSpec(fp8_block).status();
-  const std::string offload = With(kCudaJob, "activation_offload: false", "activation_offload: true");
+  const std::string offload =
+      With(With(kCudaJob, "activation_offload: false", "activation_offload: true"), "layers: 1}",
+           "layers: 3}");
   EXPECT_TRUE(ParseJobSpec(offload).ok()) << ParseJobSpec(offload).status();
   const std::string cpu = With(With(kCudaJob, "backend: cuda", "backend: cpu"), "ep: 1", "ep: 2");
   EXPECT_TRUE(ParseJobSpec(cpu).ok()) << ParseJobSpec(cpu).status();
@@ -101,7 +103,11 @@ TEST(EngineSupportTest, EnginesCheckTheSameRulesOnTheirConfig) {
   ASSERT_TRUE(spec.ok());
   EngineConfig config = EngineConfigFromSpec(*spec);
   EXPECT_TRUE(CheckEngineSupport(Backend::kCuda, config).ok());
-  config.activation_offload = true;  // the cuda engine offloads; the cpu engine refuses
+  config.activation_offload =
+      true;  // the cuda engine offloads (from 3 layers); the cpu engine refuses
+  EXPECT_THAT(std::string(CheckEngineSupport(Backend::kCuda, config).message()),
+              StartsWith("activation_offload: "));
+  config.model.layers = 3;
   EXPECT_TRUE(CheckEngineSupport(Backend::kCuda, config).ok());
   EXPECT_THAT(std::string(CheckEngineSupport(Backend::kCpu, config).message()),
               StartsWith("activation_offload: "));

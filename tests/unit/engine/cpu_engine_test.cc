@@ -44,6 +44,13 @@ JobSpec TinySpec() {
 
 enum class Transport { kLocal, kGloo };
 
+// What the rank process does after each step: a checkpoint when the spec says one is due.
+void SaveWhenDue(const JobSpec& spec, Engine* engine) {
+  if (spec.checkpoint.DueAfter(engine->StepsDone(), spec.steps)) {
+    ASSERT_TRUE(engine->SaveCheckpoint(spec.checkpoint.dir).ok());
+  }
+}
+
 // Runs `steps` steps on ep*dp ranks (threads); result[rank][step].
 std::vector<std::vector<StepStats>> RunJob(JobSpec spec, int ep, int dp, int steps,
                                            Transport transport = Transport::kLocal) {
@@ -73,6 +80,7 @@ std::vector<std::vector<StepStats>> RunJob(JobSpec spec, int ep, int dp, int ste
         absl::StatusOr<StepStats> step = (*engine)->Step();
         ASSERT_TRUE(step.ok()) << step.status();
         stats[rank].push_back(*step);
+        SaveWhenDue(spec, engine->get());
       }
     });
   }
@@ -209,6 +217,7 @@ void ExpectResumedCurve(const JobSpec& spec, int ep, int64_t from,
         ASSERT_TRUE(step.ok()) << step.status();
         EXPECT_EQ(step->step, (*engine)->StepsDone());
         resumed[rank].push_back(step->loss);
+        SaveWhenDue(spec, engine->get());
       }
     });
   }

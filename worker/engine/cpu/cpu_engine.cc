@@ -330,14 +330,6 @@ absl::StatusOr<StepStats> CpuEngine::Step() {
   }
   stats.device_memory_bytes = BytesHeld();
 
-  const CheckpointSpec& checkpoint = spec_.checkpoint;
-  const bool checkpoint_due =
-      !checkpoint.dir.empty() &&
-      ((checkpoint.every > 0 && step % checkpoint.every == 0) || step == spec_.steps);
-  if (checkpoint_due) {
-    EnterStepPhase(StepPhase::kCheckpoint);
-    if (absl::Status status = SaveCheckpoint(checkpoint.dir); !status.ok()) return status;
-  }
   stats.step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
   return stats;
 }
