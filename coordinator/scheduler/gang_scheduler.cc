@@ -37,6 +37,8 @@ void AssignRanks(const std::vector<std::pair<const NodeCapacity*, int32_t>>& tak
 
 }  // namespace
 
+bool GangNeedsOneNode(const std::string& slot_kind) { return slot_kind == "cuda"; }
+
 std::optional<std::vector<RankSlot>> PackGang(int32_t world_size, const std::string& slot_kind,
                                               const std::vector<NodeCapacity>& nodes) {
   if (world_size <= 0) return std::nullopt;
@@ -56,6 +58,7 @@ std::optional<std::vector<RankSlot>> PackGang(int32_t world_size, const std::str
       return ranks;
     }
   }
+  if (GangNeedsOneNode(slot_kind)) return std::nullopt;
 
   // Fewest nodes: the largest ones until the remainder fits in one more node, which is then the
   // smallest node that holds it.
@@ -86,12 +89,27 @@ SchedulePlan PlanSchedule(std::vector<QueuedJob> queue, std::vector<NodeCapacity
     return a.seq < b.seq;
   });
   std::map<std::string, int64_t> total_slots;  // by kind, busy or free
-  for (const NodeCapacity& node : nodes) total_slots[node.slot_kind] += node.slots;
+  std::map<std::string, int64_t> largest_node;  // by kind: the most slots of one worker
+  for (const NodeCapacity& node : nodes) {
+    total_slots[node.slot_kind] += node.slots;
+    largest_node[node.slot_kind] = std::max<int64_t>(largest_node[node.slot_kind], node.slots);
+  }
 
   SchedulePlan plan;
   std::map<std::string, const QueuedJob*> blocked_by;  // backend -> first job that did not fit
   for (const QueuedJob& job : queue) {
     int64_t total = total_slots.count(job.backend) ? total_slots[job.backend] : 0;
+    const bool one_node = GangNeedsOneNode(job.backend);
+    const int64_t largest = largest_node.count(job.backend) ? largest_node[job.backend] : 0;
+    if (one_node && total >= job.world_size && job.world_size > largest) {
+      plan.waiting.push_back(
+          {job.job_id,
+           absl::StrCat("needs ", job.world_size, " ", job.backend,
+                        " slots on one node (the cuda engine's EP group is one NVLink "
+                        "domain) but the largest READY ",
+                        job.backend, " worker has ", largest, "; waiting for a larger worker")});
+      continue;
+    }
     if (job.world_size > total) {
       plan.waiting.push_back(
           {job.job_id, absl::StrCat("needs ", job.world_size, " ", job.backend,
@@ -109,12 +127,18 @@ SchedulePlan PlanSchedule(std::vector<QueuedJob> queue, std::vector<NodeCapacity
     }
     std::optional<std::vector<RankSlot>> ranks = PackGang(job.world_size, job.backend, nodes);
     if (!ranks.has_value()) {
-      int64_t free = 0;
+      int64_t free = 0, most_on_one = 0;
       for (const NodeCapacity& node : nodes) {
-        if (node.slot_kind == job.backend) free += static_cast<int64_t>(node.free_slots.size());
+        if (node.slot_kind != job.backend) continue;
+        free += static_cast<int64_t>(node.free_slots.size());
+        most_on_one = std::max<int64_t>(most_on_one, static_cast<int64_t>(node.free_slots.size()));
       }
-      plan.waiting.push_back({job.job_id, absl::StrCat("needs ", job.world_size, " ", job.backend,
-                                                       " slots; ", free, " free now")});
+      plan.waiting.push_back(
+          {job.job_id,
+           one_node ? absl::StrCat("needs ", job.world_size, " ", job.backend,
+                                   " slots on one node; at most ", most_on_one, " free on one now")
+                    : absl::StrCat("needs ", job.world_size, " ", job.backend, " slots; ", free,
+                                   " free now")});
       blocked_by[job.backend] = &job;
       continue;
     }

@@ -8,6 +8,8 @@
 //   slots that still fits, so large holes stay for large gangs); otherwise the fewest nodes,
 //   largest free first, the last node being the smallest one that holds the remainder. Ranks are
 //   consecutive per node, so an EP group (consecutive ranks) shares a node where it can.
+// - A cuda gang goes on one node only (GangNeedsOneNode): the cuda engine's EP group is one NVLink
+//   domain. One larger than every READY cuda worker waits for a larger one without blocking.
 // - Order: higher priority first, FIFO (submission order) among equals.
 // - A job that does not fit now blocks every later job of the same backend (they have lower or
 //   equal priority), so a large gang is never starved by smaller jobs behind it. Backends are
@@ -66,6 +68,9 @@ struct SchedulePlan {
   std::vector<JobPlacement> placements;  // in decision order
   std::vector<WaitingJob> waiting;       // in queue order
 };
+
+// Whether a gang of this slot kind must fit on one node (cuda: one NVLink domain).
+bool GangNeedsOneNode(const std::string& slot_kind);
 
 // Places world_size ranks onto the nodes per the packing rule, or nullopt when they do not fit.
 // Nodes of other kinds than slot_kind are ignored.
