@@ -331,9 +331,8 @@ absl::Status MoeLayerGpu::TimeExpertGemms(const LayerWeights& w, const LayerGrad
     return ExpertBackwardWeight(w1, stream);
   };
   cudaEvent_t begin = nullptr, end = nullptr;
-  DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&begin));
-  DROPLESS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&end));
-  absl::Status status;
+  absl::Status status = kc::CudaStatus(cudaEventCreate(&begin), "cudaEventCreate");
+  if (status.ok()) status = kc::CudaStatus(cudaEventCreate(&end), "cudaEventCreate");
   const std::function<absl::Status()> products[3] = {forward, dgrad, wgrad};
   for (int product = 0; product < 3 && status.ok(); ++product) {
     status = products[product]();  // warm
@@ -345,9 +344,10 @@ absl::Status MoeLayerGpu::TimeExpertGemms(const LayerWeights& w, const LayerGrad
     if (status.ok()) status = kc::CudaStatus(cudaEventElapsedTime(&ms, begin, end), "cudaEventElapsedTime");
     seconds[product] = ms * 1e-3 / std::max(1, iterations);
   }
-  cudaEventDestroy(begin);
-  cudaEventDestroy(end);
-  if (scratch != nullptr) cudaFree(scratch);
+  // Teardown: the timing's status is the one to report.
+  if (begin != nullptr) (void)cudaEventDestroy(begin);
+  if (end != nullptr) (void)cudaEventDestroy(end);
+  if (scratch != nullptr) (void)cudaFree(scratch);
   return status;
 }
 
