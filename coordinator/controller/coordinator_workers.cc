@@ -9,6 +9,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job_error.h"
 #include "common/log.h"
 #include "common/utf8.h"
 #include "coordinator/controller/coordinator.h"
@@ -235,7 +236,9 @@ void Coordinator::HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStat
       reason = absl::StrCat(gone, ", then ", reason);
     }
     AddEvent(write, j.id(), status.attempt(), "RankExited", reason);
-    jobs_.FailAttempt(*job, reason, write);
+    const bool job_error =
+        status.state() == v1::RANK_STATE_FAILED && status.exit_code() == kRankExitJobError;
+    jobs_.FailAttempt(*job, reason, write, /*retry=*/!job_error);
     write.durable = true;
   } else {
     bool all_running = true, all_succeeded = true;

@@ -168,12 +168,22 @@ void JobController::EndAttempt(ActiveJob& job, v1::JobState state, const std::st
   MarkDirty(job);
 }
 
-void JobController::FailAttempt(ActiveJob& job, const std::string& reason, StoreWrite& write) {
+void JobController::FailAttempt(ActiveJob& job, const std::string& reason, StoreWrite& write,
+                                bool retry) {
   v1::Job& j = job.record.job;
   const int32_t number = j.attempt();
   EndAttempt(job, v1::JOB_STATE_FAILED, reason, write);
   AddEvent(write, j.id(), number, "AttemptFailed", reason);
   LogWarning(absl::StrFormat("job %s attempt %d failed: %s", j.id(), number, reason));
+  if (!retry) {
+    FinishJob(
+        job, v1::JOB_STATE_FAILED,
+        absl::StrFormat("attempt %d failed: %s; not retried: a problem of the job itself, which "
+                        "another attempt would meet again",
+                        number, reason),
+        write);
+    return;
+  }
   if (number < job.record.max_attempts) {
     j.set_state(v1::JOB_STATE_PENDING);
     j.clear_placement();

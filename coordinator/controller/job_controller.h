@@ -79,8 +79,9 @@ class JobController {
   // Places what the gang scheduler can place on the registry's free slots; a job that must wait
   // gets a Waiting event when its reason changes.
   void Schedule();
-  // Ends the attempt; the job is queued again while attempts remain, else it FAILS.
-  void FailAttempt(ActiveJob& job, const std::string& reason, StoreWrite& write);
+  // Ends the attempt; the job is queued again while attempts remain, else it FAILS. `retry` false
+  // (a rank reported a problem of the job itself, common/job_error.h) FAILS it at once.
+  void FailAttempt(ActiveJob& job, const std::string& reason, StoreWrite& write, bool retry = true);
   // Fails the attempts with a live rank placed on the worker.
   void FailAttemptsOnWorker(const WorkerEntry& worker, const std::string& reason,
                             StoreWrite& write);

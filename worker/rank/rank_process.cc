@@ -17,12 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "common/grpc_security.h"
-#include "common/job_spec.h"
 #include "common/engine_config.h"
+#include "common/grpc_security.h"
+#include "common/job_error.h"
+#include "common/job_spec.h"
+#include "common/step_phase.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_registry.h"
-#include "common/step_phase.h"
 #include "worker/rank/phase_reporter.h"
 #include "worker/rank/step_report.h"
 #include "worker/transport/transport_factory.h"
@@ -84,13 +85,13 @@ absl::Status RankRun::Run() {
   if (!yaml.ok()) return yaml.status();
   absl::StatusOr<JobSpec> spec = ParseJobSpec(*yaml);
   if (!spec.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("job spec ", options_.spec_path, ": ",
-                                                   spec.status().message()));
+    return MarkJobError(absl::InvalidArgumentError(
+        absl::StrCat("job spec ", options_.spec_path, ": ", spec.status().message())));
   }
   if (spec->world_size() != options_.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--world-size ", options_.world_size, " does not match the spec's parallel.ep * parallel.dp = ",
-        spec->world_size()));
+    return MarkJobError(absl::InvalidArgumentError(absl::StrCat(
+        "--world-size ", options_.world_size,
+        " does not match the spec's parallel.ep * parallel.dp = ", spec->world_size())));
   }
   const std::string backend(ToString(spec->resources.backend));
   if (absl::Status st = PrepareEngine(spec->resources.backend, EngineConfigFromSpec(*spec)); !st.ok()) {
@@ -156,10 +157,10 @@ absl::Status RankRun::Run() {
   const int64_t first_step = (*engine)->StepsDone() + 1;
   if (first_step > steps + 1) {
     // Another run's checkpoint (a longer job in the same directory): nothing of this one to run.
-    return absl::FailedPreconditionError(absl::StrFormat(
+    return MarkJobError(absl::FailedPreconditionError(absl::StrFormat(
         "checkpoint.dir %s holds step %d, beyond this job's steps (%d); choose another "
         "checkpoint.dir or raise steps",
-        checkpoint_dir, first_step - 1, steps));
+        checkpoint_dir, first_step - 1, steps)));
   }
   if (first_step > 1) Say(absl::StrFormat("resuming from a checkpoint at step %d", first_step));
   for (int64_t step = first_step; step <= steps; ++step) {
@@ -203,7 +204,8 @@ int RunRankProcess(const RankOptions& options) {
   RankRun run(options);
   if (absl::Status st = run.Run(); !st.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
-    return 1;
+    // A problem of the job itself: the coordinator ends the job rather than retrying it.
+    return IsJobError(st) ? kRankExitJobError : 1;
   }
   return 0;
 }

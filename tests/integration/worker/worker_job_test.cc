@@ -185,13 +185,19 @@ TEST_F(WorkerJobTest, ARankCrashFailsTheJobNotTheWorker) {
 }
 
 // A job whose checkpoint.dir holds a longer run's checkpoint (the same spec resubmitted with fewer
-// steps) fails naming the directory and the steps, instead of running nothing and succeeding.
+// steps) fails naming the directory and the steps, instead of running nothing and succeeding; and
+// at once, although it may take 3 attempts: another attempt would meet the same checkpoint.
 TEST_F(WorkerJobTest, ACheckpointBeyondTheJobsStepsFailsIt) {
   auto with_checkpoint = [&](int steps) {
     std::string spec = TinyCpuSpec(steps);
-    const std::string from = "checkpoint: {dir: \"\", every: 0}";
-    spec.replace(spec.find(from), from.size(),
-                 absl::StrCat("checkpoint: {dir: \"", cluster_.dir(), "/ckpt\", every: 0}"));
+    for (auto [from, to] :
+         {std::pair<std::string, std::string>{
+              "checkpoint: {dir: \"\", every: 0}",
+              absl::StrCat("checkpoint: {dir: \"", cluster_.dir(), "/ckpt\", every: 0}")},
+          {"max_attempts: 1", "max_attempts: 3"}}) {
+      EXPECT_NE(spec.find(from), std::string::npos) << from;
+      spec.replace(spec.find(from), from.size(), to);
+    }
     return spec;
   };
   absl::StatusOr<v1::Job> longer = cluster_.Submit(with_checkpoint(6));
@@ -209,6 +215,8 @@ TEST_F(WorkerJobTest, ACheckpointBeyondTheJobsStepsFailsIt) {
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED) << cluster_.Diagnostics();
   EXPECT_NE(failed->message().find("holds step 6, beyond this job's steps (4)"), std::string::npos)
       << failed->message();
+  EXPECT_EQ(failed->attempt(), 1) << failed->message();
+  EXPECT_NE(failed->message().find("not retried"), std::string::npos) << failed->message();
 }
 
 TEST_F(WorkerJobTest, RanksKeepRunningThroughACoordinatorRestart) {

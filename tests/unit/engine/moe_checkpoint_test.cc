@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/job_error.h"
 #include "gtest/gtest.h"
 #include "worker/engine/checkpoint/file_io.h"
 #include "worker/engine/checkpoint/json.h"
@@ -160,8 +161,10 @@ TEST_F(MoeCheckpointTest, NoCheckpointIsNotFound) {
   EXPECT_EQ(state.Read(dir_).status().code(), absl::StatusCode::kNotFound);
   fs::create_directories(dir_);
   EXPECT_EQ(state.Read(dir_).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(IsJobError(state.Read(dir_).status()));  // nothing there: a fresh start
   std::ofstream(dir_ + "/rank-0.ckpt") << "old";  // the pre-safetensors format is not ignored
   EXPECT_EQ(state.Read(dir_).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(IsJobError(state.Read(dir_).status()));
 }
 
 TEST_F(MoeCheckpointTest, AnotherJobIsRefusedNamingTheFields) {
@@ -208,6 +211,8 @@ TEST_F(MoeCheckpointTest, DamageIsDataLoss) {
   const std::string manifest = MoeCheckpointManifestPath(dir_, 0);
   const auto expect_code = [&](absl::StatusCode code, const char* what) {
     EXPECT_EQ(state.Read(dir_).status().code(), code) << what << ": " << state.Read(dir_).status();
+    // The directory stays damaged for every retry: the rank reports a job error.
+    EXPECT_TRUE(IsJobError(state.Read(dir_).status())) << what;
     ASSERT_TRUE(state.Write(dir_, 5).ok());  // repair for the next case
   };
   ASSERT_TRUE(state.Write(dir_, 5).ok());

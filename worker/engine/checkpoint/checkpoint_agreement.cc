@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/job_error.h"
 
 namespace dropless::engine {
 
@@ -93,8 +94,8 @@ absl::StatusOr<int64_t> AgreeOnCheckpointStep(const std::string& dir,
     others_one &= h.steps.size() <= 1;
   }
   if (!any || (some_none && others_one)) return 0;
-  return absl::FailedPreconditionError(absl::StrCat(
-      "checkpoint.dir ", dir, ": the ranks hold no checkpoint step in common (", describe(), ")"));
+  return MarkJobError(absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint.dir ", dir, ": the ranks hold no checkpoint step in common (", describe(), ")")));
 }
 
 }  // namespace dropless::engine

@@ -39,7 +39,8 @@ absl::StatusOr<std::vector<HeldCheckpoints>> ExchangeHeldCheckpoints(
 // The step all ranks resume from, 0 for a fresh start: the newest step every rank holds. When
 // no step is held by all, a fresh start if some ranks hold none and each of the others holds one
 // (the job's first checkpoint, cut short on some rank); otherwise FailedPrecondition naming what
-// the ranks hold. FailedPrecondition too when a rank could not read its manifest.
+// the ranks hold (a job error, common/job_error.h). FailedPrecondition too when a rank could not
+// read its manifest (that rank has its own error, which says whether a retry may help).
 absl::StatusOr<int64_t> AgreeOnCheckpointStep(const std::string& dir,
                                               const std::vector<HeldCheckpoints>& held);
 

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/job_error.h"
 #include "worker/engine/checkpoint/file_io.h"
 #include "worker/engine/checkpoint/json.h"
 #include "worker/engine/checkpoint/safetensors.h"
@@ -186,6 +187,16 @@ void RemoveStaleDataFiles(const std::string& dir, int64_t rank,
     }
   }
   closedir(d);
+}
+
+// Damage, another job's or format's files: properties of the directory that a retry of the job
+// would meet again (common/job_error.h).
+absl::Status AsJobError(absl::Status status) {
+  if (absl::IsDataLoss(status) || absl::IsInvalidArgument(status) ||
+      absl::IsFailedPrecondition(status)) {
+    return MarkJobError(std::move(status));
+  }
+  return status;
 }
 
 absl::Status DamagedError(const std::string& path, absl::string_view what) {
@@ -411,17 +422,19 @@ absl::Status WriteMoeCheckpoint(const std::string& dir, const MoeCheckpointIdent
 absl::StatusOr<std::vector<int64_t>> MoeCheckpointSteps(const std::string& dir,
                                                         const MoeCheckpointIdentity& id) {
   absl::StatusOr<Manifest> manifest = ReadManifest(dir, id);
-  if (!manifest.ok()) return manifest.status();
+  if (!manifest.ok()) return AsJobError(manifest.status());
   std::vector<int64_t> steps;
   for (const ManifestEntry& e : manifest->entries) steps.push_back(e.step);
   return steps;
 }
 
-absl::StatusOr<int64_t> ReadMoeCheckpoint(const std::string& dir, const MoeCheckpointIdentity& id,
-                                          const cpu::MoeParameterLayout& layout,
-                                          const MoeOptimizerBuffers& replicated,
-                                          const MoeOptimizerBuffers& experts,
-                                          std::optional<int64_t> step) {
+namespace {
+
+absl::StatusOr<int64_t> ReadCheckpointFiles(const std::string& dir, const MoeCheckpointIdentity& id,
+                                            const cpu::MoeParameterLayout& layout,
+                                            const MoeOptimizerBuffers& replicated,
+                                            const MoeOptimizerBuffers& experts,
+                                            std::optional<int64_t> step) {
   absl::StatusOr<std::vector<MoeTensor>> tensors =
       CheckpointTensors(id, layout, replicated, experts);
   if (!tensors.ok()) return tensors.status();
@@ -486,6 +499,18 @@ absl::StatusOr<int64_t> ReadMoeCheckpoint(const std::string& dir, const MoeCheck
     return DamagedError(data_path, "fails its checksum (the manifest's crc32c)");
   }
   return manifest->step;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> ReadMoeCheckpoint(const std::string& dir, const MoeCheckpointIdentity& id,
+                                          const cpu::MoeParameterLayout& layout,
+                                          const MoeOptimizerBuffers& replicated,
+                                          const MoeOptimizerBuffers& experts,
+                                          std::optional<int64_t> step) {
+  absl::StatusOr<int64_t> read = ReadCheckpointFiles(dir, id, layout, replicated, experts, step);
+  if (!read.ok()) return AsJobError(read.status());
+  return read;
 }
 
 }  // namespace dropless::engine

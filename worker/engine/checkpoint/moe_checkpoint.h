@@ -87,7 +87,8 @@ absl::StatusOr<std::vector<int64_t>> MoeCheckpointSteps(const std::string& dir,
 // its step. NotFound when there is none, or none of `step`; InvalidArgument when it belongs to
 // another job (the message names each field that differs) or another format version;
 // FailedPrecondition when `dir` holds a checkpoint of the pre-safetensors format; DataLoss when it
-// is damaged. After an error the buffers may hold part of the checkpoint.
+// is damaged. Those three are job errors (common/job_error.h): a retry would meet them again.
+// After an error the buffers may hold part of the checkpoint.
 absl::StatusOr<int64_t> ReadMoeCheckpoint(const std::string& dir, const MoeCheckpointIdentity& id,
                                           const cpu::MoeParameterLayout& layout,
                                           const MoeOptimizerBuffers& replicated,
