@@ -50,12 +50,13 @@ absl::StatusOr<std::unique_ptr<ActivationRing>> ActivationRing::Create(int64_t l
 }
 
 ActivationRing::~ActivationRing() {
+  // Teardown: a destructor has no caller to report a failed release to.
   for (auto* events : {&forward_done_, &copied_out_, &backward_done_, &copied_in_}) {
     for (cudaEvent_t e : *events) {
-      if (e != nullptr) cudaEventDestroy(e);
+      if (e != nullptr) (void)cudaEventDestroy(e);
     }
   }
-  if (copy_ != nullptr) cudaStreamDestroy(copy_);
+  if (copy_ != nullptr) (void)cudaStreamDestroy(copy_);
 }
 
 absl::Status ActivationRing::Allocate(int64_t layer, size_t bytes, const char* what, void** out) {

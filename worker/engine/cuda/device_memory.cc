@@ -7,6 +7,7 @@ namespace dropless::cuda_engine {
 
 using kernels::cuda::CudaStatus;
 
+// The destructors release without checking: they have no caller to report a failure to.
 DeviceArena::~DeviceArena() {
   for (void* p : device_) (void)cudaFree(p);
   for (void* p : pinned_) (void)cudaFreeHost(p);

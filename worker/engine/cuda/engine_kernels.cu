@@ -266,6 +266,7 @@ __global__ void AdamWKernel(const AdamWTensor* tensors, const AdamWChunk* chunks
 class FusedAdamWImpl final : public FusedAdamW {
  public:
   ~FusedAdamWImpl() override {
+    // Teardown: a destructor has no caller to report a failed release to.
     (void)cudaFree(tensors_);
     (void)cudaFree(chunks_);
     (void)cudaFree(scalars_);
@@ -381,7 +382,7 @@ absl::Status FillNormal(const std::vector<DeviceNormalFill>& fills, float* buffe
     status = LaunchStatus("FillNormalKernel");
   }
   if (status.ok()) status = CudaStatus(cudaStreamSynchronize(stream), "FillNormal");
-  (void)cudaFree(device);
+  (void)cudaFree(device);  // the fill's status is the one to report
   return status;
 }
 

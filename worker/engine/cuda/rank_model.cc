@@ -68,8 +68,9 @@ RankModel::RankModel(const EngineConfig& config, int rank, const LayerDims& dims
       expert_runs_(layout_.ExpertRuns()) {}
 
 RankModel::~RankModel() {
+  // Teardown: a destructor has no caller to report a failed release to.
   for (cudaStream_t s : {streams_.main, streams_.comm, streams_.side, streams_.wgrad, streams_.optimizer}) {
-    if (s != nullptr) cudaStreamDestroy(s);
+    if (s != nullptr) (void)cudaStreamDestroy(s);
   }
 }
 

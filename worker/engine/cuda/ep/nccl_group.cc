@@ -37,11 +37,12 @@ absl::Status NcclStatus(ncclResult_t result, const char* what) {
 
 NcclGroup::~NcclGroup() {
   if (comm_ == nullptr) return;
-  // Finalize flushes what is in flight (non-blocking: wait for it); on any error, abort.
+  // Finalize flushes what is in flight (non-blocking: wait for it); on any error, abort. The
+  // release's own result has no caller to go to.
   if (Await(ncclCommFinalize(comm_), "ncclCommFinalize").ok()) {
-    ncclCommDestroy(comm_);
+    (void)ncclCommDestroy(comm_);
   } else {
-    ncclCommAbort(comm_);
+    (void)ncclCommAbort(comm_);
   }
 }
 
@@ -63,7 +64,7 @@ absl::Status NcclGroup::Await(ncclResult_t result, const char* what) {
 }
 
 void NcclGroup::Abort() {
-  if (comm_ != nullptr) ncclCommAbort(comm_);
+  if (comm_ != nullptr) (void)ncclCommAbort(comm_);  // the error that led here is the one reported
   comm_ = nullptr;
 }
 
@@ -115,7 +116,7 @@ absl::StatusOr<std::unique_ptr<NcclGroup>> JoinNcclGroup(KeyValueStore* store,
       break;
     }
     if (absl::Now() > deadline) {
-      ncclCommAbort(comm);
+      (void)ncclCommAbort(comm);  // the timeout below is the error to report
       return absl::DeadlineExceededError(absl::StrFormat(
           "NCCL group %s: rank %d's communicator not ready after %s (aborted); ranks that did "
           "not join: %s",
@@ -123,7 +124,7 @@ absl::StatusOr<std::unique_ptr<NcclGroup>> JoinNcclGroup(KeyValueStore* store,
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  if (comm != nullptr) ncclCommAbort(comm);
+  if (comm != nullptr) (void)ncclCommAbort(comm);  // the init's failure is the error to report
   return absl::Status(NcclStatus(result, "ncclCommInitRankConfig").code(),
                       absl::StrFormat("NCCL group %s: rank %d: ncclCommInitRankConfig: %s", prefix,
                                       rank, ncclGetErrorString(result)));
