@@ -175,6 +175,11 @@ class Coordinator {
   // step phase too long.
   void CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A heartbeat that lists the ended ranks too (lists_ended_ranks): a rank held as STARTING or
+  // RUNNING on the worker that is in neither list ended without a status that can still arrive;
+  // its attempt fails.
+  void FailRanksGoneWithoutAnEndLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Both store the message's receipt (when not null) with its rows, and return false when the
   // store write failed (the message is not acknowledged).
   bool HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics,

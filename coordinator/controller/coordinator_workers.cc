@@ -315,6 +315,7 @@ void Coordinator::HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat
     HandleRankStatusLocked(worker, status, /*from_list=*/true);
   }
   CheckProgressLocked(worker, heartbeat);
+  if (heartbeat.lists_ended_ranks()) FailRanksGoneWithoutAnEndLocked(worker, heartbeat);
   bool released = false;
   for (auto slot = worker.occupied.begin(); slot != worker.occupied.end();) {
     const RankKey& key = slot->second;
@@ -327,6 +328,42 @@ void Coordinator::HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat
     }
   }
   if (released) ScheduleLocked();
+}
+
+void Coordinator::FailRanksGoneWithoutAnEndLocked(WorkerEntry& worker,
+                                                  const v1::Heartbeat& heartbeat) {
+  std::set<std::tuple<std::string, int32_t, int32_t>> listed;
+  for (const auto* list : {&heartbeat.ranks(), &heartbeat.ended_ranks()}) {
+    for (const v1::RankStatus& status : *list) {
+      listed.insert({status.job_id(), status.attempt(), status.rank()});
+    }
+  }
+  // The worker reported these ranks (STARTING goes out after the rank joins the live list, and an
+  // end is queued before it leaves it), and this heartbeat was written after those reports: a rank
+  // in neither list lost its end (e.g. with the worker's queue).
+  StoreWrite failures;
+  for (auto& [id, job] : jobs_.jobs()) {
+    if (!job.attempt.has_value() || IsTerminal(job.record.job.state())) continue;
+    for (const RankRecord& rank : job.attempt->ranks) {
+      if (rank.worker_id != worker.info.id() ||
+          (rank.state != v1::RANK_STATE_STARTING && rank.state != v1::RANK_STATE_RUNNING) ||
+          listed.count({id, job.attempt->attempt, rank.rank}) != 0) {
+        continue;
+      }
+      worker.occupied.erase(rank.slot);
+      jobs_.FailAttempt(job,
+                        absl::StrFormat("rank %d on node %s ended without a final status reaching "
+                                        "the coordinator",
+                                        rank.rank, worker.info.node()),
+                        failures);
+      break;
+    }
+  }
+  if (failures.events.empty()) return;
+  (void)jobs_.Commit(failures);
+  jobs_.Publish(failures);
+  jobs_.RetireFinished();
+  ScheduleLocked();
 }
 
 bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics,

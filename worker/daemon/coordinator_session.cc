@@ -107,6 +107,25 @@ bool CoordinatorSession::SayGoodbye(const std::string& reason, absl::Duration ti
   return !goodbye_.has_value();
 }
 
+std::vector<v1::RankStatus> CoordinatorSession::EndedRanksStillQueued(
+    const google::protobuf::RepeatedPtrField<v1::RankStatus>& listed) const {
+  std::vector<v1::RankStatus> ended;
+  for (v1::RankStatus& pending : outbound_->PendingRankStatuses()) {
+    const v1::RankState state = pending.state();
+    if (state != v1::RANK_STATE_SUCCEEDED && state != v1::RANK_STATE_FAILED &&
+        state != v1::RANK_STATE_KILLED) {
+      continue;
+    }
+    bool is_listed = false;
+    for (const v1::RankStatus& r : listed) {
+      is_listed |= r.job_id() == pending.job_id() && r.attempt() == pending.attempt() &&
+                   r.rank() == pending.rank();
+    }
+    if (!is_listed) ended.push_back(std::move(pending));
+  }
+  return ended;
+}
+
 absl::Status CoordinatorSession::Register() {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
@@ -219,18 +238,8 @@ absl::Status CoordinatorSession::RunSession() {
   for (v1::RankStatus& r : ranks_->LiveRanks()) *hello.mutable_hello()->add_ranks() = std::move(r);
   // Ranks that ended while no session was up (their exit status still queued, unacknowledged):
   // listed with it, or the coordinator would see them missing and fail their attempt.
-  for (const v1::RankStatus& pending : outbound_->PendingRankStatuses()) {
-    const v1::RankState state = pending.state();
-    if (state != v1::RANK_STATE_SUCCEEDED && state != v1::RANK_STATE_FAILED &&
-        state != v1::RANK_STATE_KILLED) {
-      continue;
-    }
-    bool listed = false;
-    for (const v1::RankStatus& r : hello.hello().ranks()) {
-      listed |= r.job_id() == pending.job_id() && r.attempt() == pending.attempt() &&
-                r.rank() == pending.rank();
-    }
-    if (!listed) *hello.mutable_hello()->add_ranks() = pending;
+  for (v1::RankStatus& ended : EndedRanksStillQueued(hello.hello().ranks())) {
+    *hello.mutable_hello()->add_ranks() = std::move(ended);
   }
   bool opened = false;
   std::atomic<bool> write_failed{false};
@@ -318,10 +327,15 @@ bool CoordinatorSession::WriteLoop(
     const absl::Time now = absl::Now();
     if (now >= next_heartbeat) {
       v1::WorkerMessage beat;
-      beat.mutable_heartbeat()->set_time_ms(absl::ToUnixMillis(now));
-      for (v1::RankStatus& r : ranks_->LiveRanks()) {
-        *beat.mutable_heartbeat()->add_ranks() = std::move(r);
+      v1::Heartbeat* heartbeat = beat.mutable_heartbeat();
+      heartbeat->set_time_ms(absl::ToUnixMillis(now));
+      // Live ranks first, then the queue: a rank's end is queued before it leaves the live list,
+      // so one ending in between is in one of the two.
+      for (v1::RankStatus& r : ranks_->LiveRanks()) *heartbeat->add_ranks() = std::move(r);
+      for (v1::RankStatus& ended : EndedRanksStillQueued(heartbeat->ranks())) {
+        *heartbeat->add_ended_ranks() = std::move(ended);
       }
+      heartbeat->set_lists_ended_ranks(true);
       if (!stream->Write(beat)) return false;
       next_heartbeat = now + interval;
       continue;

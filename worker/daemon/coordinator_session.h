@@ -12,6 +12,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -66,6 +67,9 @@ class CoordinatorSession {
 
  private:
   absl::Status Register();
+  // The final statuses still in the outbound queue of ranks not in `listed` (the live ones).
+  std::vector<dropless::v1::RankStatus> EndedRanksStillQueued(
+      const google::protobuf::RepeatedPtrField<dropless::v1::RankStatus>& listed) const;
   // One session: Hello, then until the stream breaks or Shutdown(). Returns why it ended.
   absl::Status RunSession();
   // Heartbeats and the outbound queue until *stop; false when a write failed.

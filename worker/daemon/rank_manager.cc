@@ -257,14 +257,16 @@ void RankManager::StartRank(const v1::Assignment& assignment, int rank, int slot
   absl::StatusOr<pid_t> pid = supervisor_->Start(id, spec);
   if (!pid.ok()) {
     {
+      // Queued before the rank leaves the live list (as OnExit does), so a Hello or heartbeat
+      // built meanwhile lists it either live or as ended.
       absl::MutexLock lock(&mu_);
+      PushStatus(entry, v1::RANK_STATE_FAILED, 127,
+                 absl::StrCat("cannot start rank process: ", pid.status().message()));
       ranks_.erase(id);
       UpdateGauges();
     }
-    LogError(absl::StrCat("job ", entry.job_id, " rank ", rank, ": cannot start: ",
-                           pid.status().message()));
-    PushStatus(entry, v1::RANK_STATE_FAILED, 127,
-               absl::StrCat("cannot start rank process: ", pid.status().message()));
+    LogError(absl::StrCat("job ", entry.job_id, " rank ", rank,
+                          ": cannot start: ", pid.status().message()));
     metrics_->RecordRankExit(RankExitResult::kFailed);
     return;
   }

@@ -2,7 +2,9 @@
 // acknowledged and stored exactly once, across reconnects and coordinator restarts, without the
 // acknowledgements filling the outbox; a hello that lists an ended rank completes its attempt.
 // (Suite CoordinatorLifecycleTest, shared with coordinator_lifecycle_test.cc.)
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -212,6 +214,55 @@ TEST(CoordinatorLifecycleTest, ResendAfterACoordinatorRestartIsStoredOnce) {
   ASSERT_TRUE(w.Send(LogMessage(id, 4, "next")).ok());
   ASSERT_TRUE(NextAck(w, 4));
   EXPECT_EQ(StoredLogTexts(*coordinator, id), (std::vector<std::string>{"once", "next"}));
+}
+
+// A daemon's heartbeat that lists the ended ranks too (lists_ended_ranks): a rank held as RUNNING
+// on that worker that is in neither list lost its end, and its attempt fails at once instead of at
+// the job's time limit. Listed as ended (its status still queued), it is waited for; a heartbeat
+// of an older daemon (no lists_ended_ranks) decides nothing.
+TEST(CoordinatorLifecycleTest, ARunningRankInNeitherListOfAHeartbeatFailsItsAttempt) {
+  auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
+  FakeWorker w(coordinator->channel(), "node-h", 2);
+  ASSERT_TRUE(w.Register().ok());
+  ASSERT_TRUE(w.Connect().ok());
+  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::optional<v1::Assignment> assignment = w.NextAssignment();
+  ASSERT_TRUE(assignment.has_value());
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(w.ReportRank(job->id(), 1, r, v1::RANK_STATE_RUNNING).ok());
+  coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+  w.StopHeartbeats();
+  auto beat = [&](bool lists_ended, std::vector<int> live, std::vector<int> ended) {
+    v1::WorkerMessage message;
+    v1::Heartbeat* heartbeat = message.mutable_heartbeat();
+    heartbeat->set_time_ms(absl::ToUnixMillis(absl::Now()));
+    heartbeat->set_lists_ended_ranks(lists_ended);
+    for (auto [list, ranks, state] :
+         {std::tuple{heartbeat->mutable_ranks(), &live, v1::RANK_STATE_RUNNING},
+          std::tuple{heartbeat->mutable_ended_ranks(), &ended, v1::RANK_STATE_SUCCEEDED}}) {
+      for (int r : *ranks) {
+        v1::RankStatus* status = list->Add();
+        status->set_job_id(job->id());
+        status->set_attempt(1);
+        status->set_rank(r);
+        status->set_state(state);
+      }
+    }
+    ASSERT_TRUE(w.Send(message).ok());
+    absl::SleepFor(absl::Milliseconds(4 * kHeartbeatMs));
+  };
+  beat(false, {}, {});  // an older daemon's heartbeat: it does not say where ended ranks are
+  EXPECT_EQ(coordinator->Get(job->id())->state(), v1::JOB_STATE_RUNNING);
+  beat(true, {0}, {1});  // rank 1 ended, its status still queued behind other messages
+  EXPECT_EQ(coordinator->Get(job->id())->state(), v1::JOB_STATE_RUNNING);
+  beat(true, {0}, {});  // rank 1 in neither list
+  v1::Job failed = coordinator->WaitForState(job->id(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(failed.message().find("rank 1 on node node-h ended without a final status"),
+            std::string::npos)
+      << failed.message();
+  w.ResumeHeartbeats();
 }
 
 }  // namespace
