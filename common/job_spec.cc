@@ -400,19 +400,6 @@ absl::StatusOr<JobSpec> ReadJobSpec(const Node& root) {
   return spec;
 }
 
-}  // namespace
-
-absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text) {
-  absl::StatusOr<Node> root = yaml::LoadSingleDocument(yaml_text, kMaxJobSpecBytes);
-  if (!root.ok()) return root.status();
-  absl::StatusOr<JobSpec> spec = ReadJobSpec(*root);
-  if (!spec.ok()) return spec.status();
-  DROPLESS_RETURN_IF_ERROR(internal::CheckJobSpecRules(*spec));
-  return spec;
-}
-
-namespace {
-
 // Rules for a spec as a user submits it, not for one already stored (which every rank parses
 // again, and which an older coordinator may have written): fields that are set but cannot apply.
 absl::Status CheckSubmittedOnly(const Node& root) {
@@ -438,16 +425,25 @@ absl::Status CheckSubmittedOnly(const Node& root) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<JobSpec> ParseSubmittedJobSpec(std::string_view yaml_text) {
+// Parse and validate; `submitted` adds the rules for a spec as a user submits it.
+absl::StatusOr<JobSpec> ParseSpec(std::string_view yaml_text, bool submitted) {
   absl::StatusOr<Node> root = yaml::LoadSingleDocument(yaml_text, kMaxJobSpecBytes);
   if (!root.ok()) return root.status();
   absl::StatusOr<JobSpec> spec = ReadJobSpec(*root);
   if (!spec.ok()) return spec.status();
   DROPLESS_RETURN_IF_ERROR(internal::CheckJobSpecRules(*spec));
-  DROPLESS_RETURN_IF_ERROR(CheckSubmittedOnly(*root));
+  if (submitted) DROPLESS_RETURN_IF_ERROR(CheckSubmittedOnly(*root));
   return spec;
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpec(std::string_view yaml_text) {
+  return ParseSpec(yaml_text, /*submitted=*/false);
+}
+
+absl::StatusOr<JobSpec> ParseSubmittedJobSpec(std::string_view yaml_text) {
+  return ParseSpec(yaml_text, /*submitted=*/true);
 }
 
 absl::Status ApplyJobSpecOverrides(const JobSpecOverrides& overrides, JobSpec* spec) {

@@ -175,10 +175,13 @@ class Coordinator {
   // step phase too long.
   void CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A heartbeat that lists the ended ranks too (lists_ended_ranks): a rank held as STARTING or
-  // RUNNING on the worker that is in neither list ended without a status that can still arrive;
-  // its attempt fails.
-  void FailRanksGoneWithoutAnEndLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat)
+  // (job_id, attempt, rank) of the ranks a worker listed.
+  using ListedRanks = std::set<std::tuple<std::string, int32_t, int32_t>>;
+  // Fails the attempt of each rank of an active attempt placed on `worker` that is not in `listed`
+  // ("rank N <what>"): with reported_only, of those the worker reported as STARTING or RUNNING (a
+  // heartbeat); otherwise of every one not ended (a Hello). True when one failed.
+  bool FailUnlistedRanksLocked(WorkerEntry& worker, const ListedRanks& listed, bool reported_only,
+                               const std::string& what, StoreWrite& failures)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Both store the message's receipt (when not null) with its rows, and return false when the
   // store write failed (the message is not acknowledged).

@@ -151,7 +151,7 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
                           worker.info.node(), hello.ranks_size()));
 
   // Reconcile: reported ranks of current attempts are kept, others are cancelled ...
-  std::set<std::tuple<std::string, int32_t, int32_t>> alive;
+  ListedRanks alive;
   for (const v1::RankStatus& status : hello.ranks()) {
     alive.insert({status.job_id(), status.attempt(), status.rank()});
     // A rank listed as ended ended while the worker had no session: it is listed so that it is
@@ -163,22 +163,10 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
   }
   // ... and a rank of an active attempt placed here but not reported is gone: its attempt fails.
   StoreWrite failures;
-  for (auto& [id, job] : jobs_.jobs()) {
-    if (!job.attempt.has_value() || IsTerminal(job.record.job.state())) continue;
-    for (const RankRecord& rank : job.attempt->ranks) {
-      if (rank.worker_id != worker.info.id() || RankEnded(rank.state) ||
-          alive.count({id, job.attempt->attempt, rank.rank}) != 0) {
-        continue;
-      }
-      worker.occupied.erase(rank.slot);
-      jobs_.FailAttempt(job,
-                        absl::StrFormat("rank %d was not running on node %s when its worker "
-                                        "reconnected",
-                                        rank.rank, worker.info.node()),
-                        failures);
-      break;
-    }
-  }
+  FailUnlistedRanksLocked(
+      worker, alive, /*reported_only=*/false,
+      absl::StrCat("was not running on node ", worker.info.node(), " when its worker reconnected"),
+      failures);
   // Slots of ended attempts whose ranks are not alive any more are free again.
   for (auto slot = worker.occupied.begin(); slot != worker.occupied.end();) {
     const RankKey& key = slot->second;
@@ -309,14 +297,33 @@ void Coordinator::CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatu
 }
 
 void Coordinator::HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat) {
-  std::set<std::tuple<std::string, int32_t, int32_t>> alive;
+  ListedRanks alive;
   for (const v1::RankStatus& status : heartbeat.ranks()) {
     alive.insert({status.job_id(), status.attempt(), status.rank()});
     HandleRankStatusLocked(worker, status, /*from_list=*/true);
   }
   CheckProgressLocked(worker, heartbeat);
-  if (heartbeat.lists_ended_ranks()) FailRanksGoneWithoutAnEndLocked(worker, heartbeat);
   bool released = false;
+  if (heartbeat.lists_ended_ranks()) {
+    // The worker reported these ranks (STARTING goes out after a rank joins the live list, and an
+    // end is queued before it leaves it), and this heartbeat was written after those reports: a
+    // rank in neither list lost its end (e.g. with the worker's queue).
+    ListedRanks listed = alive;
+    for (const v1::RankStatus& status : heartbeat.ended_ranks()) {
+      listed.insert({status.job_id(), status.attempt(), status.rank()});
+    }
+    StoreWrite failures;
+    if (FailUnlistedRanksLocked(worker, listed, /*reported_only=*/true,
+                                absl::StrCat("on node ", worker.info.node(),
+                                             " ended without a final status reaching the "
+                                             "coordinator"),
+                                failures)) {
+      (void)jobs_.Commit(failures);
+      jobs_.Publish(failures);
+      jobs_.RetireFinished();
+      released = true;
+    }
+  }
   for (auto slot = worker.occupied.begin(); slot != worker.occupied.end();) {
     const RankKey& key = slot->second;
     if (jobs_.FindActiveAttempt(key.job_id, key.attempt) == nullptr &&
@@ -330,40 +337,27 @@ void Coordinator::HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat
   if (released) ScheduleLocked();
 }
 
-void Coordinator::FailRanksGoneWithoutAnEndLocked(WorkerEntry& worker,
-                                                  const v1::Heartbeat& heartbeat) {
-  std::set<std::tuple<std::string, int32_t, int32_t>> listed;
-  for (const auto* list : {&heartbeat.ranks(), &heartbeat.ended_ranks()}) {
-    for (const v1::RankStatus& status : *list) {
-      listed.insert({status.job_id(), status.attempt(), status.rank()});
-    }
-  }
-  // The worker reported these ranks (STARTING goes out after the rank joins the live list, and an
-  // end is queued before it leaves it), and this heartbeat was written after those reports: a rank
-  // in neither list lost its end (e.g. with the worker's queue).
-  StoreWrite failures;
+bool Coordinator::FailUnlistedRanksLocked(WorkerEntry& worker, const ListedRanks& listed,
+                                          bool reported_only, const std::string& what,
+                                          StoreWrite& failures) {
+  bool failed = false;
   for (auto& [id, job] : jobs_.jobs()) {
     if (!job.attempt.has_value() || IsTerminal(job.record.job.state())) continue;
     for (const RankRecord& rank : job.attempt->ranks) {
-      if (rank.worker_id != worker.info.id() ||
-          (rank.state != v1::RANK_STATE_STARTING && rank.state != v1::RANK_STATE_RUNNING) ||
+      const bool reported =
+          rank.state == v1::RANK_STATE_STARTING || rank.state == v1::RANK_STATE_RUNNING;
+      if (rank.worker_id != worker.info.id() || RankEnded(rank.state) ||
+          (reported_only && !reported) ||
           listed.count({id, job.attempt->attempt, rank.rank}) != 0) {
         continue;
       }
       worker.occupied.erase(rank.slot);
-      jobs_.FailAttempt(job,
-                        absl::StrFormat("rank %d on node %s ended without a final status reaching "
-                                        "the coordinator",
-                                        rank.rank, worker.info.node()),
-                        failures);
+      jobs_.FailAttempt(job, absl::StrCat("rank ", rank.rank, " ", what), failures);
+      failed = true;
       break;
     }
   }
-  if (failures.events.empty()) return;
-  (void)jobs_.Commit(failures);
-  jobs_.Publish(failures);
-  jobs_.RetireFinished();
-  ScheduleLocked();
+  return failed;
 }
 
 bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics,
