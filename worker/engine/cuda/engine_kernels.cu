@@ -379,9 +379,9 @@ absl::Status FillNormal(const std::vector<DeviceNormalFill>& fills, float* buffe
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(1024, (longest + kThreads - 1) / kThreads)),
                     static_cast<unsigned>(count));
     FillNormalKernel<<<grid, kThreads, 0, stream>>>(device + first, buffer0, buffer1);
-    status = LaunchStatus("FillNormalKernel");
+    status.Update(LaunchStatus("FillNormalKernel"));
   }
-  if (status.ok()) status = CudaStatus(cudaStreamSynchronize(stream), "FillNormal");
+  if (status.ok()) status.Update(CudaStatus(cudaStreamSynchronize(stream), "FillNormal"));
   (void)cudaFree(device);  // the fill's status is the one to report
   return status;
 }

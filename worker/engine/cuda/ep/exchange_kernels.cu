@@ -141,11 +141,11 @@ absl::Status AllocateExchangePlan(ExpertDispatcher* dispatcher, DeviceArena* are
   const EpShape& shape = dispatcher->shape();
   DROPLESS_RETURN_IF_ERROR(ValidateEpShape(shape));
   const int64_t E = shape.experts;
-  absl::Status s = dispatcher->AllocateShared(shape.ep * E, "EP count matrix", &plan->count_matrix);
-  if (s.ok()) s = arena->Allocate(E, "EP job counts", &plan->job_counts);
-  if (s.ok()) s = arena->Allocate(E, "EP destination rows", &plan->dest_rows);
-  if (s.ok()) s = arena->Allocate(shape.local_experts() + 1, "EP receive offsets", &plan->recv_offsets);
-  return s;
+  DROPLESS_RETURN_IF_ERROR(
+      dispatcher->AllocateShared(shape.ep * E, "EP count matrix", &plan->count_matrix));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(E, "EP job counts", &plan->job_counts));
+  DROPLESS_RETURN_IF_ERROR(arena->Allocate(E, "EP destination rows", &plan->dest_rows));
+  return arena->Allocate(shape.local_experts() + 1, "EP receive offsets", &plan->recv_offsets);
 }
 
 absl::Status PlanGroupExchange(const GroupPlans& plans, const EpShape& shape, cudaStream_t stream) {
