@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_error.h"
 #include "dropless/kernels/types.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/engine/local_ep_test_support.h"
@@ -107,8 +108,8 @@ Params ReadParams(const EngineConfig& c, const std::string& dir) {
 }
 
 // g = d / (1 - |d|) with d = (before - after) / lr: the first AdamW step with eps 1, no decay.
-std::vector<double> RecoverGradient(const std::vector<float>& before, const std::vector<float>& after,
-                                    double lr) {
+std::vector<double> RecoverGradient(const std::vector<float>& before,
+                                    const std::vector<float>& after, double lr) {
   std::vector<double> g(before.size());
   for (size_t i = 0; i < before.size(); ++i) {
     const double d = (static_cast<double>(before[i]) - after[i]) / lr;
@@ -533,6 +534,29 @@ TEST_F(CudaEngineGpu, StepStatisticsAreFilled) {
   EXPECT_GE(s->load_imbalance, 1.0);
   EXPECT_EQ(s->tokens, 1024);
   EXPECT_GT(s->flops, 0);
+}
+
+// A job that needs more device memory than the whole GPU holds is the job's error, not the
+// node's: the engine says so (the rank exits kRankExitJobError and the job ends unretried) and
+// names what to change. 2^20 tokens (the spec's limit) at top-8 over H = 8192, F = 4096 need
+// hundreds of GiB of activations.
+TEST_F(CudaEngineGpu, AJobLargerThanTheDeviceIsAJobError) {
+  EngineConfig c = SmallConfig();
+  c.model.hidden = 8192;
+  c.model.ffn = 4096;
+  c.model.topk = 8;
+  c.tokens_per_rank = int64_t{1} << 20;
+  absl::StatusOr<std::unique_ptr<cuda_engine::CudaEngine>> e =
+      cuda_engine::CreateCudaEngine(c, 0, 1, nullptr);
+  ASSERT_FALSE(e.ok());
+  std::printf("%s\n", std::string(e.status().message()).c_str());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kResourceExhausted) << e.status();
+  EXPECT_TRUE(IsJobError(e.status())) << e.status();
+  EXPECT_NE(e.status().message().find("tokens_per_rank"), absl::string_view::npos) << e.status();
+  // The device is usable again: a small engine still runs.
+  std::unique_ptr<Engine> small = MakeCuda(SmallConfig());
+  ASSERT_TRUE(small);
+  EXPECT_TRUE(small->Step().ok());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "worker/engine/cuda/device_memory.h"
 
 #include "absl/strings/str_format.h"
+#include "common/job_error.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace dropless::cuda_engine {
@@ -18,10 +19,24 @@ absl::StatusOr<void*> DeviceArena::AllocateBytes(size_t bytes, const char* what)
   const cudaError_t error = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
   if (error != cudaSuccess) {
     (void)cudaGetLastError();
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "cuda engine: allocating %s (%.2f GiB; %.2f GiB allocated before): %s", what,
-        static_cast<double>(bytes) / (1 << 30), static_cast<double>(device_bytes_) / (1 << 30),
-        cudaGetErrorString(error)));
+    absl::Status status = absl::ResourceExhaustedError(
+        absl::StrFormat("cuda engine: allocating %s (%.2f GiB; %.2f GiB allocated before): %s",
+                        what, static_cast<double>(bytes) / (1 << 30),
+                        static_cast<double>(device_bytes_) / (1 << 30), cudaGetErrorString(error)));
+    // More than the whole device holds is a property of the job (its model and tokens_per_rank):
+    // no node or retry runs it. Less than that may be memory another process holds: a node problem.
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    if (error == cudaErrorMemoryAllocation &&
+        cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess &&
+        static_cast<size_t>(device_bytes_) + bytes > total_bytes) {
+      return MarkJobError(absl::ResourceExhaustedError(absl::StrFormat(
+          "%s; the job needs more than the device's %.2f GiB: fewer tokens_per_rank, a larger "
+          "parallel.ep or activation_offload needs less",
+          status.message(), static_cast<double>(total_bytes) / (1 << 30))));
+    }
+    (void)cudaGetLastError();
+    return status;
   }
   device_.push_back(p);
   device_bytes_ += static_cast<int64_t>(bytes);
@@ -33,9 +48,9 @@ absl::StatusOr<void*> DeviceArena::AllocatePinnedHost(size_t bytes, const char* 
   const cudaError_t error = cudaMallocHost(&p, bytes == 0 ? 1 : bytes);
   if (error != cudaSuccess) {
     (void)cudaGetLastError();
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "cuda engine: allocating pinned host memory for %s (%.2f GiB): %s", what,
-        static_cast<double>(bytes) / (1 << 30), cudaGetErrorString(error)));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("cuda engine: allocating pinned host memory for %s (%.2f GiB): %s", what,
+                        static_cast<double>(bytes) / (1 << 30), cudaGetErrorString(error)));
   }
   pinned_.push_back(p);
   pinned_bytes_ += static_cast<int64_t>(bytes);
