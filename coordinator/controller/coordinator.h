@@ -167,8 +167,11 @@ class Coordinator {
   // Workers (coordinator_workers.cc).
   absl::Status HandleHelloLocked(const std::shared_ptr<WorkerSession>& session,
                                  const v1::Hello& hello) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStatus& status,
-                              bool from_heartbeat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies a rank's status (from_list: as listed by a Hello or heartbeat, which only moves a
+  // rank forward); a change of its state is committed with fsync. True when what the status says
+  // is in the store: only then is a queued RankStatus acknowledged (else it comes again).
+  bool HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStatus& status, bool from_list)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The hang watchdog (coordinator_watchdog.cc): fails the attempt of a rank that stayed in one
@@ -177,12 +180,15 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // (job_id, attempt, rank) of the ranks a worker listed.
   using ListedRanks = std::set<std::tuple<std::string, int32_t, int32_t>>;
-  // Fails the attempt of each rank of an active attempt placed on `worker` that is not in `listed`
-  // ("rank N <what>"): with reported_only, of those the worker reported as STARTING or RUNNING (a
-  // heartbeat); otherwise of every one not ended (a Hello). True when one failed.
-  bool FailUnlistedRanksLocked(WorkerEntry& worker, const ListedRanks& listed, bool reported_only,
-                               const std::string& what, StoreWrite& failures)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The ranks of active attempts placed on `worker` that are neither ended nor in `listed`
+  // (coordinator_worker_loss.cc). From a heartbeat (hello null): the attempt of one the worker
+  // reported as STARTING or RUNNING fails ("rank N <what>"). From a Hello: the attempt of every
+  // one fails, but where all such ranks of an attempt were never reported and were assigned to
+  // this daemon run, which takes resent assignments: that run never got their Assignment, and it
+  // is sent again. Both go into `write`; true when an attempt failed.
+  bool ReconcileUnlistedRanksLocked(WorkerEntry& worker, const ListedRanks& listed,
+                                    const v1::Hello* hello, const std::string& what,
+                                    StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Both store the message's receipt (when not null) with its rows, and return false when the
   // store write failed (the message is not acknowledged).
   bool HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics,

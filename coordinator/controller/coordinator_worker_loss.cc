@@ -1,7 +1,9 @@
 // Coordinator: a worker that goes away (its session ends, or its daemon says Goodbye before it
 // stops its ranks) and what that means for the jobs placed on it: an event on each of their
 // active attempts, and the cause named when a peer rank then fails because those ranks are gone
-// (a rank on another node sees only "connection closed by peer").
+// (a rank on another node sees only "connection closed by peer"); ranks a worker's Hello or
+// heartbeat no longer lists: gone, or, after a restart of the coordinator, never assigned.
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -61,6 +63,51 @@ std::string Coordinator::GonePeersLocked(const ActiveJob& job, const WorkerEntry
     }
   }
   return absl::StrJoin(causes, " and ");
+}
+
+bool Coordinator::ReconcileUnlistedRanksLocked(WorkerEntry& worker, const ListedRanks& listed,
+                                               const v1::Hello* hello, const std::string& what,
+                                               StoreWrite& write) {
+  // Only the daemon run a rank was assigned to knows whether it got the Assignment: one that
+  // restarted with a new boot (its journal lost) may have started the rank and lost it.
+  const bool takes_resent =
+      hello != nullptr && hello->takes_resent_assignments() && !hello->boot_id().empty();
+  bool failed = false;
+  for (auto& [id, job] : jobs_.jobs()) {
+    if (!job.attempt.has_value() || IsTerminal(job.record.job.state())) continue;
+    std::vector<const RankRecord*> unlisted;
+    for (const RankRecord& rank : job.attempt->ranks) {
+      const bool reported =
+          rank.state == v1::RANK_STATE_STARTING || rank.state == v1::RANK_STATE_RUNNING;
+      if (rank.worker_id != worker.info.id() || RankEnded(rank.state) ||
+          (hello == nullptr && !reported) ||
+          listed.count({id, job.attempt->attempt, rank.rank}) != 0) {
+        continue;
+      }
+      unlisted.push_back(&rank);
+    }
+    if (unlisted.empty()) continue;
+    // Never reported (an acknowledged status is stored with fsync, so a restart keeps it) and
+    // neither alive on the worker nor queued there: its daemon run never got the Assignment.
+    const bool never_assigned =
+        takes_resent && std::all_of(unlisted.begin(), unlisted.end(), [&](const RankRecord* r) {
+          return r->state == v1::RANK_STATE_UNSPECIFIED && r->boot_id == hello->boot_id();
+        });
+    if (never_assigned) {
+      jobs_.ResendAssignment(
+          job, worker.info.id(),
+          absl::StrFormat("the assignment of %s to node %s never reached its worker (lost to a "
+                          "restart of the coordinator?); sent again",
+                          RanksOn(*job.attempt, worker.info.id()), worker.info.node()),
+          write);
+      continue;
+    }
+    const RankRecord gone = *unlisted.front();
+    worker.occupied.erase(gone.slot);
+    jobs_.FailAttempt(job, absl::StrCat("rank ", gone.rank, " ", what), write);
+    failed = true;
+  }
+  return failed;
 }
 
 void Coordinator::HandleGoodbyeLocked(WorkerEntry& worker, const v1::Goodbye& goodbye) {

@@ -112,7 +112,7 @@ absl::Status Coordinator::HandleWorkerMessage(const std::shared_ptr<WorkerSessio
       HandleHeartbeatLocked(worker, message.heartbeat());
       break;
     case v1::WorkerMessage::kRankStatus:
-      HandleRankStatusLocked(worker, message.rank_status(), /*from_list=*/false);
+      stored = HandleRankStatusLocked(worker, message.rank_status(), /*from_list=*/false);
       break;
     case v1::WorkerMessage::kMetrics:
       stored = HandleMetricsLocked(worker, message.metrics(), receipt_of_seq);
@@ -132,7 +132,8 @@ absl::Status Coordinator::HandleWorkerMessage(const std::shared_ptr<WorkerSessio
     return absl::UnavailableError("the coordinator could not store a message; send it again");
   }
   if (seq != 0) {
-    // The handlers above wrote to the store synchronously: the message is stored.
+    // The handlers above wrote to the store synchronously (a rank's status with fsync): the
+    // message is stored.
     worker.last_seq = seq;
     session->Acknowledge(seq);
   }
@@ -161,10 +162,11 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
     if (RankEnded(status.state())) continue;
     HandleRankStatusLocked(worker, status, /*from_list=*/true);
   }
-  // ... and a rank of an active attempt placed here but not reported is gone: its attempt fails.
+  // ... and a rank of an active attempt placed here but not listed is gone: its attempt fails,
+  // unless the daemon run never got its Assignment, which then goes again.
   StoreWrite failures;
-  FailUnlistedRanksLocked(
-      worker, alive, /*reported_only=*/false,
+  ReconcileUnlistedRanksLocked(
+      worker, alive, &hello,
       absl::StrCat("was not running on node ", worker.info.node(), " when its worker reconnected"),
       failures);
   // Slots of ended attempts whose ranks are not alive any more are free again.
@@ -184,11 +186,14 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
   return absl::OkStatus();
 }
 
-void Coordinator::HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStatus& status,
+bool Coordinator::HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStatus& status,
                                          bool from_list) {
   if (status.state() == v1::RANK_STATE_UNSPECIFIED || !v1::RankState_IsValid(status.state())) {
-    return;
+    return true;  // says nothing
   }
+  // A status that changes nothing (sent again, or older than what is known) is stored once its
+  // job is: a commit that failed left the job dirty, and it is tried again now.
+  auto stored_already = [&] { return jobs_.StoreIfDirty(status.job_id()).ok(); };
   ActiveJob* job = jobs_.FindActiveAttempt(status.job_id(), status.attempt());
   RankRecord* rank = nullptr;
   if (job != nullptr) {
@@ -198,17 +203,20 @@ void Coordinator::HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStat
   }
   if (rank == nullptr || rank->worker_id != worker.info.id()) {
     CancelStrayRankLocked(worker, status);
-    return;
+    return stored_already();  // e.g. the last rank's end again, its job's commit having failed
   }
-  if (RankEnded(rank->state)) return;                          // no way back from an end
-  if (status.state() < rank->state) return;  // a late or resent older report (STARTING after RUNNING)
-  if (from_list && status.state() == rank->state) return;      // lists only move ranks forward
+  if (RankEnded(rank->state)) return stored_already();  // no way back from an end
+  // A late or resent older report (STARTING after RUNNING).
+  if (status.state() < rank->state) return stored_already();
+  if (from_list && status.state() == rank->state) return true;  // lists only move ranks forward
   rank->state = status.state();
   rank->exit_code = status.exit_code();
   if (RankEnded(status.state())) worker.occupied.erase(rank->slot);
 
+  // Fsync'ed: the worker forgets a status once acknowledged, and a restarted coordinator must
+  // still know it (an end, or that the rank's daemon run got its Assignment: it is never sent
+  // again). One commit per change of a rank's state, a few per rank and attempt.
   StoreWrite write;
-  write.durable = false;
   v1::Job& j = job->record.job;
   const int32_t rank_number = rank->rank;
   jobs_.MarkDirty(*job);
@@ -227,7 +235,6 @@ void Coordinator::HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStat
     const bool job_error =
         status.state() == v1::RANK_STATE_FAILED && status.exit_code() == kRankExitJobError;
     jobs_.FailAttempt(*job, reason, write, /*retry=*/!job_error);
-    write.durable = true;
   } else {
     bool all_running = true, all_succeeded = true;
     for (const RankRecord& r : job->attempt->ranks) {
@@ -240,20 +247,21 @@ void Coordinator::HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStat
       if (j.start_time_ms() == 0) j.set_start_time_ms(NowMs());
       AddEvent(write, j.id(), status.attempt(), "Running",
                absl::StrFormat("all %d ranks running", j.world_size()));
-      write.durable = true;
     }
     if (all_succeeded) {
       jobs_.EndAttempt(*job, v1::JOB_STATE_SUCCEEDED, "", write);
       jobs_.FinishJob(*job, v1::JOB_STATE_SUCCEEDED, "", write);
-      write.durable = true;
     }
   }
-  (void)jobs_.Commit(write);
+  // A failed commit keeps the job dirty (retried with the next commit); the status is not
+  // acknowledged meanwhile.
+  const bool stored = jobs_.Commit(write).ok();
   jobs_.Publish(write);
   if (RankEnded(status.state())) {
     jobs_.RetireFinished();
     ScheduleLocked();
   }
+  return stored;
 }
 
 void Coordinator::CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatus& status) {
@@ -313,11 +321,11 @@ void Coordinator::HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat
       listed.insert({status.job_id(), status.attempt(), status.rank()});
     }
     StoreWrite failures;
-    if (FailUnlistedRanksLocked(worker, listed, /*reported_only=*/true,
-                                absl::StrCat("on node ", worker.info.node(),
-                                             " ended without a final status reaching the "
-                                             "coordinator"),
-                                failures)) {
+    if (ReconcileUnlistedRanksLocked(worker, listed, /*hello=*/nullptr,
+                                     absl::StrCat("on node ", worker.info.node(),
+                                                  " ended without a final status reaching the "
+                                                  "coordinator"),
+                                     failures)) {
       (void)jobs_.Commit(failures);
       jobs_.Publish(failures);
       jobs_.RetireFinished();
@@ -335,29 +343,6 @@ void Coordinator::HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat
     }
   }
   if (released) ScheduleLocked();
-}
-
-bool Coordinator::FailUnlistedRanksLocked(WorkerEntry& worker, const ListedRanks& listed,
-                                          bool reported_only, const std::string& what,
-                                          StoreWrite& failures) {
-  bool failed = false;
-  for (auto& [id, job] : jobs_.jobs()) {
-    if (!job.attempt.has_value() || IsTerminal(job.record.job.state())) continue;
-    for (const RankRecord& rank : job.attempt->ranks) {
-      const bool reported =
-          rank.state == v1::RANK_STATE_STARTING || rank.state == v1::RANK_STATE_RUNNING;
-      if (rank.worker_id != worker.info.id() || RankEnded(rank.state) ||
-          (reported_only && !reported) ||
-          listed.count({id, job.attempt->attempt, rank.rank}) != 0) {
-        continue;
-      }
-      worker.occupied.erase(rank.slot);
-      jobs_.FailAttempt(job, absl::StrCat("rank ", rank.rank, " ", what), failures);
-      failed = true;
-      break;
-    }
-  }
-  return failed;
 }
 
 bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,12 @@ absl::Status JobController::Commit(StoreWrite& write) {
   return status;
 }
 
+absl::Status JobController::StoreIfDirty(const std::string& job_id) {
+  if (dirty_.count(job_id) == 0) return absl::OkStatus();
+  StoreWrite write;
+  return Commit(write);
+}
+
 void JobController::Schedule() {
   std::vector<QueuedJob> queue;
   for (const auto& [id, job] : jobs_) {
@@ -102,29 +109,18 @@ void JobController::Place(ActiveJob& job, const JobPlacement& placement, StoreWr
   j.set_attempt(attempt.attempt);
   j.clear_placement();
   j.clear_message();
-  std::map<std::string, v1::CoordinatorMessage> assignments;  // by worker
+  std::set<std::string> placed_on;  // workers
   for (const RankSlot& r : placement.ranks) {
-    attempt.ranks.push_back(
-        RankRecord{r.rank, r.worker_id, r.node, r.slot, v1::RANK_STATE_UNSPECIFIED, 0});
+    WorkerEntry* worker = workers_.Find(r.worker_id);
+    attempt.ranks.push_back(RankRecord{r.rank, r.worker_id, r.node, r.slot,
+                                       v1::RANK_STATE_UNSPECIFIED, 0, worker->boot_id});
     v1::RankPlacement* p = j.add_placement();
     p->set_rank(r.rank);
     p->set_worker_id(r.worker_id);
     p->set_node(r.node);
     p->set_slot(r.slot);
-    workers_.Find(r.worker_id)->occupied[r.slot] = RankKey{j.id(), attempt.attempt, r.rank};
-    v1::RankAssignment* mine = assignments[r.worker_id].mutable_assignment()->add_ranks();
-    mine->set_rank(r.rank);
-    mine->set_slot(r.slot);
-  }
-  for (auto& [worker_id, message] : assignments) {
-    v1::Assignment* a = message.mutable_assignment();
-    a->set_job_id(j.id());
-    a->set_attempt(attempt.attempt);
-    a->set_spec_yaml(j.spec_yaml());
-    a->set_world_size(j.world_size());
-    *a->mutable_placement() = j.placement();
-    a->set_rendezvous_secret(attempt.rendezvous_secret);
-    pending_sends_.emplace_back(worker_id, std::move(message));
+    worker->occupied[r.slot] = RankKey{j.id(), attempt.attempt, r.rank};
+    placed_on.insert(r.worker_id);
   }
   if (metrics_ != nullptr) {
     double waited = static_cast<double>(now - job.record.queued_time_ms) / 1000.0;
@@ -139,7 +135,39 @@ void JobController::Place(ActiveJob& job, const JobPlacement& placement, StoreWr
   LogInfo(absl::StrFormat("job %s attempt %d placed on %s", j.id(), attempt.attempt,
                           DescribePlacement(placement.ranks)));
   job.attempt = std::move(attempt);
+  for (const std::string& worker_id : placed_on) {
+    pending_sends_.emplace_back(worker_id, AssignmentFor(job, worker_id));
+  }
   MarkDirty(job);
+}
+
+v1::CoordinatorMessage JobController::AssignmentFor(const ActiveJob& job,
+                                                    const std::string& worker_id) {
+  const v1::Job& j = job.record.job;
+  const AttemptRecord& attempt = *job.attempt;
+  v1::CoordinatorMessage message;
+  v1::Assignment* a = message.mutable_assignment();
+  a->set_job_id(j.id());
+  a->set_attempt(attempt.attempt);
+  a->set_spec_yaml(j.spec_yaml());
+  a->set_world_size(j.world_size());
+  for (const RankRecord& r : attempt.ranks) {
+    if (r.worker_id != worker_id) continue;
+    v1::RankAssignment* mine = a->add_ranks();
+    mine->set_rank(r.rank);
+    mine->set_slot(r.slot);
+  }
+  *a->mutable_placement() = j.placement();
+  a->set_rendezvous_secret(attempt.rendezvous_secret);
+  return message;
+}
+
+void JobController::ResendAssignment(const ActiveJob& job, const std::string& worker_id,
+                                     const std::string& why, StoreWrite& write) {
+  const AttemptRecord& attempt = *job.attempt;
+  AddEvent(write, attempt.job_id, attempt.attempt, "AssignmentResent", why);
+  LogInfo(absl::StrFormat("job %s attempt %d: %s", attempt.job_id, attempt.attempt, why));
+  pending_sends_.emplace_back(worker_id, AssignmentFor(job, worker_id));
 }
 
 void JobController::SendCancellations(const AttemptRecord& attempt, const std::string& reason) {

@@ -73,6 +73,9 @@ class JobController {
   bool HasDirty() const { return !dirty_.empty(); }
   // Writes the dirty jobs with `write` in one transaction, then sends the queued worker messages.
   absl::Status Commit(StoreWrite& write);
+  // OK when the job's state in memory is in the store: it is not dirty (a failed Commit leaves
+  // its jobs dirty), or committing the dirty jobs again succeeds now.
+  absl::Status StoreIfDirty(const std::string& job_id);
   // The events of a committed write, to the watchers of their jobs.
   void Publish(const StoreWrite& write);
 
@@ -82,6 +85,11 @@ class JobController {
   // Ends the attempt; the job is queued again while attempts remain, else it FAILS. `retry` false
   // (a rank reported a problem of the job itself, common/job_error.h) FAILS it at once.
   void FailAttempt(ActiveJob& job, const std::string& reason, StoreWrite& write, bool retry = true);
+  // Sends the job's current Assignment for the worker's ranks again (with the next Commit, after
+  // the AssignmentResent event that says why in `write`): its placement is stored, but the
+  // worker's daemon run never got it (lost to a restart of the coordinator).
+  void ResendAssignment(const ActiveJob& job, const std::string& worker_id, const std::string& why,
+                        StoreWrite& write);
   // Fails the attempts with a live rank placed on the worker.
   void FailAttemptsOnWorker(const WorkerEntry& worker, const std::string& reason,
                             StoreWrite& write);
@@ -98,6 +106,8 @@ class JobController {
 
  private:
   void Place(ActiveJob& job, const JobPlacement& placement, StoreWrite& write);
+  // The Assignment of the job's current attempt for the ranks placed on `worker_id`.
+  static v1::CoordinatorMessage AssignmentFor(const ActiveJob& job, const std::string& worker_id);
   void SendCancellations(const AttemptRecord& attempt, const std::string& reason);
 
   JobStore& store_;

@@ -118,6 +118,12 @@ ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
 CREATE INDEX jobs_by_owner ON jobs(owner, seq);
 )sql";
 
+// Schema version 3: the worker daemon run each rank was assigned to (RankRecord.boot_id). Ranks
+// of older files have none, and their Assignments are never sent again.
+constexpr absl::string_view kRankBootIdColumn = R"sql(
+ALTER TABLE rank_assignments ADD COLUMN boot_id TEXT NOT NULL DEFAULT '';
+)sql";
+
 // The SQL parameter number of the owner in job queries: above any numbered integer argument.
 constexpr int kOwnerParam = 100;
 
@@ -213,6 +219,9 @@ absl::Status JobStore::Initialize() {
   if (schema < 2) {
     if (absl::Status s = MigrateToOwners(); !s.ok()) return s;
   }
+  if (schema < 3) {
+    if (absl::Status s = MigrateToRankBootIds(); !s.ok()) return s;
+  }
   // Added after schema version 1 shipped; a table of its own, so older files gain it in place.
   if (absl::Status s = db_->Exec(kRendezvousTable); !s.ok()) return s;
   if (absl::Status s = db_->Exec(kSubmitRequestsTable); !s.ok()) return s;
@@ -231,6 +240,13 @@ absl::Status JobStore::MigrateToOwners() {
   return InTransaction(*db_, [&] {
     if (absl::Status c = db_->Exec(kJobsOwnerColumn); !c.ok()) return c;
     return db_->Exec("PRAGMA user_version=2");
+  });
+}
+
+absl::Status JobStore::MigrateToRankBootIds() {
+  return InTransaction(*db_, [&] {
+    if (absl::Status c = db_->Exec(kRankBootIdColumn); !c.ok()) return c;
+    return db_->Exec("PRAGMA user_version=3");
   });
 }
 
@@ -304,7 +320,7 @@ absl::Status JobStore::WriteAttempt(const AttemptRecord& attempt) {
   for (const RankRecord& rank : attempt.ranks) {
     absl::StatusOr<SqliteStatement> ins = db_->Prepare(
         "INSERT INTO rank_assignments(job_id, attempt, rank, worker_id, node, slot, state, "
-        "exit_code) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+        "exit_code, boot_id) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
     if (!ins.ok()) return ins.status();
     ins->Bind(1, attempt.job_id)
         .Bind(2, static_cast<int64_t>(attempt.attempt))
@@ -313,7 +329,8 @@ absl::Status JobStore::WriteAttempt(const AttemptRecord& attempt) {
         .Bind(5, rank.node)
         .Bind(6, static_cast<int64_t>(rank.slot))
         .Bind(7, static_cast<int64_t>(rank.state))
-        .Bind(8, static_cast<int64_t>(rank.exit_code));
+        .Bind(8, static_cast<int64_t>(rank.exit_code))
+        .Bind(9, rank.boot_id);
     if (absl::Status s = ins->Run(); !s.ok()) return s;
   }
   return absl::OkStatus();

@@ -34,6 +34,10 @@ struct RankRecord {
   int32_t slot = 0;
   v1::RankState state = v1::RANK_STATE_UNSPECIFIED;  // unspecified: assigned, not reported yet
   int32_t exit_code = 0;
+  // The worker daemon run (Hello.boot_id) the rank was assigned to; "" when its worker has no
+  // boot ids or the attempt predates schema version 3. Only that run can say whether it got the
+  // Assignment, so only to that run is it ever sent again.
+  std::string boot_id;
 };
 
 struct AttemptRecord {
@@ -96,7 +100,7 @@ struct ActiveState {
 
 class JobStore {
  public:
-  static constexpr int kSchemaVersion = 2;  // 2: jobs.owner
+  static constexpr int kSchemaVersion = 3;  // 2: jobs.owner; 3: rank_assignments.boot_id
 
   struct Limits {
     int max_logs_per_job = 10000;
@@ -183,6 +187,7 @@ class JobStore {
                                                    const std::vector<int64_t>& args,
                                                    const std::string* owner = nullptr);
   absl::Status MigrateToOwners();
+  absl::Status MigrateToRankBootIds();
   absl::Status FillView(const JobRecord& record, v1::Job* job);
   absl::Status Trim(absl::string_view table, absl::string_view job_id, int keep);
 

@@ -36,7 +36,7 @@ absl::StatusOr<AttemptRecord> JobStore::GetAttempt(absl::string_view job_id, int
   if (*has_secret) record.rendezvous_secret = secret->ColumnText(0);
 
   absl::StatusOr<SqliteStatement> ranks = db_->Prepare(
-      "SELECT rank, worker_id, node, slot, state, exit_code FROM rank_assignments "
+      "SELECT rank, worker_id, node, slot, state, exit_code, boot_id FROM rank_assignments "
       "WHERE job_id = ?1 AND attempt = ?2 ORDER BY rank");
   if (!ranks.ok()) return ranks.status();
   ranks->Bind(1, job_id).Bind(2, static_cast<int64_t>(attempt));
@@ -51,6 +51,7 @@ absl::StatusOr<AttemptRecord> JobStore::GetAttempt(absl::string_view job_id, int
     rank.slot = static_cast<int32_t>(ranks->ColumnInt(3));
     rank.state = static_cast<v1::RankState>(ranks->ColumnInt(4));
     rank.exit_code = static_cast<int32_t>(ranks->ColumnInt(5));
+    rank.boot_id = ranks->ColumnText(6);
     record.ranks.push_back(std::move(rank));
   }
   return record;

@@ -233,6 +233,8 @@ absl::Status CoordinatorSession::RunSession() {
   v1::WorkerMessage hello;
   hello.mutable_hello()->set_worker_id(worker_id);
   hello.mutable_hello()->set_boot_id(boot_id_);
+  // RankManager::HandleAssignment starts a rank at most once per run (alive or queued status).
+  hello.mutable_hello()->set_takes_resent_assignments(true);
   // Whatever the last session wrote but the coordinator did not acknowledge goes again.
   outbound_->Rewind();
   for (v1::RankStatus& r : ranks_->LiveRanks()) *hello.mutable_hello()->add_ranks() = std::move(r);

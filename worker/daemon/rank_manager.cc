@@ -147,9 +147,24 @@ void RankManager::HandleAssignment(const v1::Assignment& assignment) {
   absl::Status written = WriteFileAtomically(spec_path, assignment.spec_yaml());
   if (!written.ok()) return reject_all(std::string(written.message()));
 
+  // Ranks of this attempt with a status still queued: started (or refused) here before. Their
+  // statuses leave the queue only once the coordinator stored them (with fsync), so a rank
+  // started before is either alive, in this list, or known to the coordinator, which then never
+  // sends its Assignment again (Hello.takes_resent_assignments).
+  std::set<int> reported;
+  for (const v1::RankStatus& status : outbound_->PendingRankStatuses()) {
+    if (status.job_id() == base.job_id && status.attempt() == base.attempt) {
+      reported.insert(status.rank());
+    }
+  }
   for (const v1::RankAssignment& ra : assignment.ranks()) {
     RankEntry e = base;
     e.rank = ra.rank();
+    if (reported.count(ra.rank()) != 0) {
+      LogInfo(absl::StrCat("job ", e.job_id, " attempt ", e.attempt, " rank ", e.rank,
+                           " was started (or refused) here before; assignment ignored"));
+      continue;
+    }
     if (ra.rank() < 0 || ra.rank() >= assignment.world_size()) {
       PushStatus(e, v1::RANK_STATE_FAILED, 127,
                  absl::StrCat("assignment: rank ", ra.rank(), " outside 0..",

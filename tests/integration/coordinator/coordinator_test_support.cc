@@ -207,6 +207,7 @@ absl::Status FakeWorker::Connect(const std::string& boot_id,
   v1::WorkerMessage hello;
   hello.mutable_hello()->set_worker_id(worker_id_);
   hello.mutable_hello()->set_boot_id(boot_id);
+  hello.mutable_hello()->set_takes_resent_assignments(takes_resent_assignments_);
   for (const v1::RankStatus& rank : LiveRanks()) *hello.mutable_hello()->add_ranks() = rank;
   for (const v1::RankStatus& rank : also_list) *hello.mutable_hello()->add_ranks() = rank;
   absl::Status sent = Send(hello);

@@ -138,6 +138,8 @@ class FakeWorker {
                        const std::vector<v1::RankStatus>& also_list = {});
   // Ends the session from the worker's side (the stream is cancelled).
   void Disconnect();
+  // Whether the next Hellos say Hello.takes_resent_assignments (as today's daemons do).
+  void SetTakesResentAssignments(bool takes) { takes_resent_assignments_ = takes; }
   // Keeps the stream open but sends nothing more: a hung worker.
   void StopHeartbeats() { heartbeats_on_ = false; }
   void ResumeHeartbeats() { heartbeats_on_ = true; }
@@ -177,6 +179,7 @@ class FakeWorker {
   const std::string slot_kind_;
   std::string worker_id_;
   std::string boot_id_;  // of the last Connect
+  bool takes_resent_assignments_ = false;
 
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream_;

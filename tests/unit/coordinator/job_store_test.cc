@@ -359,11 +359,13 @@ TEST(JobStoreTest, VersionOneFileGainsOwners) {
     ASSERT_TRUE((*opened)->Commit(write).ok());
   }
   {
-    // Back to version 1 as it shipped: no owner column, no index.
+    // Back to version 1 as it shipped: no owner column, no index, no rank boot ids.
     auto db = SqliteDb::Open(path);
     ASSERT_TRUE(db.ok());
-    ASSERT_TRUE((*db)->Exec("DROP INDEX jobs_by_owner; ALTER TABLE jobs DROP COLUMN owner; "
-                            "PRAGMA user_version=1").ok());
+    const char* to_version_1 =
+        "DROP INDEX jobs_by_owner; ALTER TABLE jobs DROP COLUMN owner; "
+        "ALTER TABLE rank_assignments DROP COLUMN boot_id; PRAGMA user_version=1";
+    ASSERT_TRUE((*db)->Exec(to_version_1).ok());
   }
   auto opened = JobStore::Open(path);
   ASSERT_TRUE(opened.ok()) << opened.status();
@@ -413,6 +415,39 @@ TEST(JobStoreTest, AttemptUpsertReplacesRankStates) {
   ASSERT_EQ((*read)[0].ranks.size(), 1u);
   EXPECT_EQ((*read)[0].ranks[0].exit_code, 3);
   EXPECT_EQ((*read)[0].ranks[0].state, v1::RANK_STATE_FAILED);
+}
+
+// Each rank keeps the worker daemon run it was assigned to (schema 3); the ranks of a version-2
+// file have none, so their Assignments are never sent again.
+TEST(JobStoreTest, RanksKeepTheDaemonRunTheyWereAssignedTo) {
+  const std::string path = TempDbPath();
+  AttemptRecord attempt{"job-000001", 1, v1::JOB_STATE_SCHEDULED, 1, 0, "", {}};
+  attempt.ranks.push_back({0, "w1", "n1", 0, v1::RANK_STATE_UNSPECIFIED, 0, "boot-a"});
+  {
+    auto opened = JobStore::Open(path);
+    ASSERT_TRUE(opened.ok());
+    StoreWrite write;
+    write.attempts = {attempt};
+    ASSERT_TRUE((*opened)->Commit(write).ok());
+    auto read = (*opened)->GetAttempt("job-000001", 1);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ASSERT_EQ(read->ranks.size(), 1u);
+    EXPECT_EQ(read->ranks[0].boot_id, "boot-a");
+  }
+  {
+    auto db = SqliteDb::Open(path);
+    ASSERT_TRUE(db.ok());
+    const char* to_version_2 =
+        "ALTER TABLE rank_assignments DROP COLUMN boot_id; PRAGMA user_version=2";
+    ASSERT_TRUE((*db)->Exec(to_version_2).ok());
+  }
+  auto opened = JobStore::Open(path);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  auto read = (*opened)->GetAttempt("job-000001", 1);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->ranks.size(), 1u);
+  EXPECT_EQ(read->ranks[0].worker_id, "w1");
+  EXPECT_EQ(read->ranks[0].boot_id, "");
 }
 
 TEST(JobStoreTest, RendezvousKeysOutliveTheStoreUntilTheirAttemptEnds) {

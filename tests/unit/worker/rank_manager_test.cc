@@ -325,6 +325,40 @@ TEST_F(RankManagerTest, DuplicateAssignmentIsIgnoredAndLiveRanksAreListed) {
   EXPECT_TRUE(manager_->LiveRanks().empty());
 }
 
+// An Assignment that comes again (a coordinator resends one it placed but never heard of) never
+// starts a rank twice: one that already ran and ended, its statuses still queued (not yet
+// acknowledged), is not started again. Once the coordinator acknowledged them it knows the rank
+// and sends nothing again; a fresh assignment of another attempt starts as usual.
+TEST_F(RankManagerTest, AssignmentOfARankWithAQueuedStatusIsNotStartedAgain) {
+  manager_->HandleAssignment(Assignment("ok", {{0, 0}}, 1));
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  auto ended = [&] {
+    for (const v1::RankStatus& s : queue_.PendingRankStatuses()) {
+      if (s.state() == v1::RANK_STATE_SUCCEEDED) return true;
+    }
+    return false;
+  };
+  while (!ended() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(ended());
+  ASSERT_TRUE(manager_->LiveRanks().empty());
+  const size_t queued = queue_.size();
+
+  manager_->HandleAssignment(Assignment("ok", {{0, 0}}, 1));  // the same attempt again
+  EXPECT_TRUE(manager_->LiveRanks().empty()) << "rank 0 of attempt 1 started a second time";
+  EXPECT_EQ(queue_.size(), queued) << "nothing new to report";
+
+  v1::Assignment next = Assignment("ok", {{0, 0}}, 1);
+  next.set_attempt(2);
+  manager_->HandleAssignment(next);
+  std::vector<v1::WorkerMessage> got = CollectUntilEnded(2, absl::Seconds(20));
+  int starts_of_attempt_2 = 0;
+  for (const v1::WorkerMessage& m : got) {
+    starts_of_attempt_2 += m.has_rank_status() && m.rank_status().attempt() == 2 &&
+                           m.rank_status().state() == v1::RANK_STATE_STARTING;
+  }
+  EXPECT_EQ(starts_of_attempt_2, 1);
+}
+
 // A daemon that stops: its ranks end KILLED "stopped: <why>" (not "on cancel"), and an
 // assignment that arrives meanwhile starts nothing and fails "not started: <why>".
 TEST_F(RankManagerTest, StoppingKillsRanksWithTheReasonAndStartsNoMore) {

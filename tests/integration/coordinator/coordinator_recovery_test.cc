@@ -1,0 +1,191 @@
+// What a failing store or a restart of the real dropless-coordinator must not lose: a worker's
+// rank status is acknowledged only once it is stored (the worker forgets it then), and an
+// Assignment whose placement was stored but which never reached the worker's daemon run is sent
+// again after a restart rather than costing the job an attempt. (Suite CoordinatorRecoveryTest.)
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/coordinator/coordinator_test_support.h"
+
+namespace dropless::testing {
+namespace {
+
+bool NextAck(FakeWorker& w, uint64_t seq, absl::Duration timeout = absl::Seconds(5)) {
+  auto is_ack = [seq](const v1::CoordinatorMessage& m) {
+    return m.has_ack() && m.ack().seq() == seq;
+  };
+  return w.Next(is_ack, timeout).has_value();
+}
+
+v1::RankStatus Status(const std::string& job_id, int rank, v1::RankState state) {
+  v1::RankStatus status;
+  status.set_job_id(job_id);
+  status.set_attempt(1);
+  status.set_rank(rank);
+  status.set_state(state);
+  return status;
+}
+
+v1::WorkerMessage Queued(const v1::RankStatus& status, uint64_t seq) {
+  v1::WorkerMessage message;
+  *message.mutable_rank_status() = status;
+  message.set_seq(seq);
+  return message;
+}
+
+// Registers again, while the channel may still be backing off from a coordinator that died.
+absl::Status RegisterAgain(FakeWorker& w, const std::string& boot_id) {
+  absl::Status registered = w.Register(boot_id);
+  for (int i = 0; i < 100 && !registered.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    registered = w.Register(boot_id);
+  }
+  return registered;
+}
+
+// The coordinator's files may grow to `bytes` (RLIMIT_FSIZE's soft limit): at 0 every write of
+// its store fails as on a full disk (EFBIG: the test ignores SIGXFSZ, and the coordinator
+// inherits that).
+void LimitFileSize(Process& process, rlim_t bytes) {
+  rlimit limit{};
+  ASSERT_EQ(prlimit(process.pid(), RLIMIT_FSIZE, nullptr, &limit), 0);
+  limit.rlim_cur = std::min(bytes, limit.rlim_max);
+  ASSERT_EQ(prlimit(process.pid(), RLIMIT_FSIZE, &limit, nullptr), 0);
+}
+
+bool HasEvent(CoordinatorUnderTest& coordinator, const std::string& job_id,
+              const std::string& type) {
+  for (const v1::Event& e : coordinator.Events(job_id)) {
+    if (e.type() == type) return true;
+  }
+  return false;
+}
+
+// A rank's end whose commit failed (the disk is full) is not acknowledged: the session ends and
+// the worker keeps it and sends it again; once acknowledged it is in the store (fsync'ed), so a
+// coordinator killed right after knows the rank ended although the worker has forgotten it.
+TEST(CoordinatorRecoveryTest, ARankStatusIsAcknowledgedOnlyOnceStored) {
+  signal(SIGXFSZ, SIG_IGN);
+  auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
+  FakeWorker w(coordinator->channel(), "node-full", 2);
+  ASSERT_TRUE(w.Register("boot-1").ok());
+  ASSERT_TRUE(w.Connect("boot-1").ok());
+  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(w.NextAssignment().has_value());
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(w.ReportRank(job->id(), 1, r, v1::RANK_STATE_RUNNING).ok());
+  coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+
+  const v1::RankStatus rank0_done = Status(job->id(), 0, v1::RANK_STATE_SUCCEEDED);
+  ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), 0));
+  ASSERT_TRUE(w.Send(Queued(rank0_done, 1)).ok());
+  EXPECT_FALSE(NextAck(w, 1, absl::Seconds(2))) << "acknowledged, yet the store refused it";
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (w.SessionOpen() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_FALSE(w.SessionOpen()) << "the session goes on without the status stored";
+
+  // Space again: the worker's next session sends the status again (its Hello lists it as ended).
+  ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), RLIM_INFINITY));
+  (void)w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_SUCCEEDED);  // no session: not delivered
+  ASSERT_TRUE(RegisterAgain(w, "boot-1").ok());
+  ASSERT_TRUE(w.Connect("boot-1", {rank0_done}).ok());
+  ASSERT_TRUE(w.Send(Queued(rank0_done, 1)).ok());
+  ASSERT_TRUE(NextAck(w, 1));
+
+  // Acknowledged, so the worker drops it; killed now, the coordinator still has it.
+  w.Disconnect();
+  coordinator->KillAndRestart();
+  ASSERT_TRUE(RegisterAgain(w, "boot-1").ok());
+  ASSERT_TRUE(w.Connect("boot-1").ok());  // lists rank 1 only: rank 0's end was acknowledged
+  ASSERT_TRUE(w.Send(Queued(Status(job->id(), 1, v1::RANK_STATE_SUCCEEDED), 2)).ok());
+  ASSERT_TRUE(NextAck(w, 2));
+  v1::Job done = coordinator->WaitForJob(job->id(), [](const v1::Job& j) {
+    return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED;
+  });
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.message();
+  EXPECT_EQ(done.attempt(), 1);
+}
+
+// The coordinator stored a placement and died before its Assignment reached the worker: the
+// worker's daemon run (same boot_id, takes_resent_assignments) says Hello without the rank, and
+// the restarted coordinator sends the Assignment again instead of failing the attempt.
+TEST(CoordinatorRecoveryTest, AnAssignmentLostToACoordinatorRestartIsSentAgain) {
+  auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
+  FakeWorker w(coordinator->channel(), "node-lost", 1);
+  w.SetTakesResentAssignments(true);
+  ASSERT_TRUE(w.Register("boot-1").ok());
+  ASSERT_TRUE(w.Connect("boot-1").ok());
+  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(1));  // max_attempts 1
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::optional<v1::Assignment> first = w.NextAssignment();
+  ASSERT_TRUE(first.has_value());  // as if it never arrived: the worker starts nothing
+
+  w.Disconnect();
+  coordinator->KillAndRestart();
+  ASSERT_TRUE(RegisterAgain(w, "boot-1").ok());
+  ASSERT_TRUE(w.Connect("boot-1").ok());
+  std::optional<v1::Assignment> again = w.NextAssignment();
+  ASSERT_TRUE(again.has_value()) << "attempt 1 was failed instead: "
+                                 << coordinator->Get(job->id())->message();
+  EXPECT_EQ(again->SerializeAsString(), first->SerializeAsString());
+  EXPECT_TRUE(HasEvent(*coordinator, job->id(), "AssignmentResent"));
+
+  ASSERT_TRUE(w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_RUNNING).ok());
+  coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_SUCCEEDED).ok());
+  v1::Job done = coordinator->WaitForState(job->id(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.attempt(), 1);
+}
+
+// Sent again only where the rank cannot have started: to the daemon run it was assigned to, that
+// takes resent assignments, and never after the rank was reported. Otherwise the rank is gone and
+// its attempt fails, as before.
+TEST(CoordinatorRecoveryTest, AnAssignmentIsNotSentAgainWhereTheRankMayHaveRun) {
+  struct Case {
+    std::string name;
+    std::string boot_after;  // the daemon run that says Hello after the restart
+    bool takes_resent;
+    bool reported;  // the rank was reported STARTING before the restart
+  };
+  for (const Case& c : {Case{"another daemon run", "boot-2", true, false},
+                        Case{"an older daemon", "boot-1", false, false},
+                        Case{"a rank reported before", "boot-1", true, true}}) {
+    SCOPED_TRACE(c.name);
+    auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
+    FakeWorker w(coordinator->channel(), "node-gone", 1);
+    w.SetTakesResentAssignments(c.takes_resent);
+    ASSERT_TRUE(w.Register("boot-1").ok());
+    ASSERT_TRUE(w.Connect("boot-1").ok());
+    absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(1));
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_TRUE(w.NextAssignment().has_value());
+    if (c.reported) {
+      ASSERT_TRUE(w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_STARTING).ok());
+      coordinator->WaitForJob(job->id(), [](const v1::Job&) { return true; });
+      absl::SleepFor(absl::Milliseconds(300));  // stored before the kill
+    }
+    w.Disconnect();
+    coordinator->KillAndRestart();
+    // The rank died with its daemon: not alive, nothing queued.
+    (void)w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_KILLED);
+    ASSERT_TRUE(RegisterAgain(w, c.boot_after).ok());
+    ASSERT_TRUE(w.Connect(c.boot_after).ok());
+    v1::Job failed = coordinator->WaitForState(job->id(), v1::JOB_STATE_FAILED);
+    EXPECT_NE(failed.message().find("was not running on node node-gone"), std::string::npos)
+        << failed.message();
+    EXPECT_FALSE(w.NextAssignment(absl::Milliseconds(500)).has_value());
+    EXPECT_FALSE(HasEvent(*coordinator, job->id(), "AssignmentResent"));
+  }
+}
+
+}  // namespace
+}  // namespace dropless::testing
