@@ -353,6 +353,18 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std:
   }
   absl::MutexLock lock(&mu_);
   ActiveJob* found = jobs_.Find(id);
+  if (found != nullptr && found->record.job.state() == v1::JOB_STATE_CANCELLED &&
+      jobs_.IsDirty(id)) {
+    // An earlier cancel whose commit failed (its caller got UNAVAILABLE): this one succeeds once
+    // that cancel is stored, and not before, for a restart would forget it.
+    v1::Job result = found->record.job;
+    if (absl::Status s = jobs_.StoreIfDirty(id); !s.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("the cancellation could not be stored: ", s.message()));
+    }
+    jobs_.RetireFinished();
+    return result;
+  }
   if (found == nullptr || IsTerminal(found->record.job.state())) {
     absl::StatusOr<v1::Job> stored = store_->GetJob(id);
     if (!stored.ok()) return stored.status();
@@ -366,8 +378,11 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std:
   StoreWrite write;
   jobs_.StopJob(job, v1::JOB_STATE_CANCELLED, message, write);
   v1::Job result = job.record.job;
+  // The Cancellations go out even if the commit fails (JobController::Commit says why), and the
+  // job stays CANCELLED in memory, stored by the next commit that succeeds; but until then a
+  // restart would bring it back, so the caller hears UNAVAILABLE and cancels again.
   absl::Status committed = jobs_.Commit(write);
-  jobs_.Publish(write);
+  if (committed.ok()) jobs_.Publish(write);
   jobs_.RetireFinished();
   ScheduleLocked();
   if (!committed.ok()) {

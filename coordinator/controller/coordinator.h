@@ -7,9 +7,11 @@
 // of its own; watch_hub.h), the RendezvousStore and the hang watchdog's policy (hang_watchdog.h).
 //
 // Every accepted change is written to the JobStore before anyone hears about it (the RPC
-// answer, a watcher, a worker's Assignment). One mutex guards the job table and the worker
-// registry, SQLite included: the control plane's rates (submits, rank state changes, one metrics
-// record per rank per step) are far below what one SQLite connection sustains.
+// answer, a watcher, a worker's Assignment); only a Cancellation goes out whether or not its
+// commit succeeded (stopping ranks is safe whatever the store holds; job_controller.h). One mutex
+// guards the job table and the worker registry, SQLite included: the control plane's rates
+// (submits, rank state changes, one metrics record per rank per step) are far below what one SQLite
+// connection sustains.
 //
 // Worker protocol (docs/architecture.md, "Worker session protocol"):
 // - RegisterWorker: the same node name always gets the same id.
@@ -131,9 +133,16 @@ class Coordinator {
       const v1::RegisterWorkerRequest& request);
   // A new Session stream; it must say Hello within the lease timeout or it is closed.
   void AddSession(const std::shared_ptr<WorkerSession>& session);
-  // One message from the stream. An error ends the stream with that status.
+  // Messages from the stream, in order, under one hold of the lock: consecutive RankStatus
+  // messages among them go into one commit with fsync, and are acknowledged once it succeeded
+  // (so the statuses a worker sent back to back cost one fsync, not one each). An error ends the
+  // stream with that status; the messages after the one that failed are not handled.
+  absl::Status HandleWorkerMessages(const std::shared_ptr<WorkerSession>& session,
+                                    const std::vector<v1::WorkerMessage>& messages);
   absl::Status HandleWorkerMessage(const std::shared_ptr<WorkerSession>& session,
-                                   const v1::WorkerMessage& message);
+                                   const v1::WorkerMessage& message) {
+    return HandleWorkerMessages(session, {message});
+  }
   void RemoveSession(const std::shared_ptr<WorkerSession>& session);
 
   bool ShuttingDown() ABSL_LOCKS_EXCLUDED(mu_) {
@@ -167,16 +176,35 @@ class Coordinator {
   // Workers (coordinator_workers.cc).
   absl::Status HandleHelloLocked(const std::shared_ptr<WorkerSession>& session,
                                  const v1::Hello& hello) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies a rank's status (from_list: as listed by a Hello or heartbeat, which only moves a
-  // rank forward); a change of its state is committed with fsync. True when what the status says
-  // is in the store: only then is a queued RankStatus acknowledged (else it comes again).
-  bool HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStatus& status, bool from_list)
+  // Rank statuses applied in memory and not committed yet (coordinator_rank_status.cc): those of
+  // one worker message (a Hello's or a heartbeat's list) or consecutive queued RankStatus
+  // messages go into one commit with fsync, so a gang's start costs a commit per worker message,
+  // not one per rank.
+  struct RankStatusCommit {
+    StoreWrite write;
+    bool needs_commit = false;  // a rank's state changed, or a status's job has unstored changes
+    bool slot_freed = false;    // retire finished jobs and schedule once committed
+    uint64_t ack_seq = 0;       // the last queued RankStatus among them, acknowledged once stored
+  };
+  // One queued message (HandleWorkerMessages); a RankStatus goes into `statuses`.
+  absl::Status HandleWorkerMessageLocked(const std::shared_ptr<WorkerSession>& session,
+                                         const v1::WorkerMessage& message,
+                                         RankStatusCommit& statuses)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies a rank's status in memory (from_list: as listed by a Hello or heartbeat, which only
+  // moves a rank forward), into `commit`.
+  void ApplyRankStatusLocked(WorkerEntry& worker, const v1::RankStatus& status, bool from_list,
+                             RankStatusCommit& commit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Commits what `commit` holds (with fsync when a rank's state changed) and the jobs with
+  // changes not stored yet, publishes its events, then retires and schedules when a slot was
+  // freed; `commit` starts over. True when what the statuses say is in the store: only then is a
+  // queued RankStatus acknowledged (else it comes again).
+  bool CommitRankStatusesLocked(RankStatusCommit& commit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The hang watchdog (coordinator_watchdog.cc): fails the attempt of a rank that stayed in one
-  // step phase too long.
-  void CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat)
+  // step phase too long, into `write` (the heartbeat's commit).
+  void CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat, StoreWrite& write)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // (job_id, attempt, rank) of the ranks a worker listed.
   using ListedRanks = std::set<std::tuple<std::string, int32_t, int32_t>>;
@@ -195,7 +223,9 @@ class Coordinator {
                            const WorkerReceipt* receipt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batch,
                         const WorkerReceipt* receipt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatus& status)
+  // A status of a rank that is not active here: cancels it (rate-limited) and keeps its slot
+  // busy until it ends. True when the status ends it and its slot is free.
+  bool CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatus& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker going away (coordinator_worker_loss.cc): an event of `type` on each active attempt
   // with ranks on it; the Goodbye of a daemon that is shutting down; and, for a rank of `job`

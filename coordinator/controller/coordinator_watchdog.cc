@@ -10,7 +10,8 @@
 
 namespace dropless::coordinator {
 
-void Coordinator::CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat) {
+void Coordinator::CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat,
+                                      StoreWrite& write) {
   for (const v1::RankStatus& status : heartbeat.ranks()) {
     if (status.phase().empty() || status.phase_since_ms() <= 0) continue;
     ActiveJob* job = jobs_.FindActiveAttempt(status.job_id(), status.attempt());
@@ -47,7 +48,6 @@ void Coordinator::CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& 
     const std::string reason =
         absl::StrFormat("rank %d on node %s stuck in %s (step %d) for %.1f s", stuck_rank,
                         stuck->node, stuck->phase, stuck->step, stalled_s);
-    StoreWrite write;
     AddEvent(write, status.job_id(), status.attempt(), "RankStuck",
              absl::StrFormat("rank %d on node %s (%s) made no progress for %.1f s in phase %s of "
                              "step %d (limit %.1f s: %s); aborting attempt %d",
@@ -56,8 +56,6 @@ void Coordinator::CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& 
                              DescribeStallLimit(options_.hang, median), status.attempt()));
     job->progress.clear();
     jobs_.FailAttempt(*job, reason, write);
-    (void)jobs_.Commit(write);  // logged there
-    jobs_.Publish(write);
   }
 }
 

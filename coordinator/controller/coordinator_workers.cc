@@ -77,10 +77,45 @@ void Coordinator::RemoveSession(const std::shared_ptr<WorkerSession>& session) {
   jobs_.Publish(write);
 }
 
-absl::Status Coordinator::HandleWorkerMessage(const std::shared_ptr<WorkerSession>& session,
-                                              const v1::WorkerMessage& message) {
+absl::Status Coordinator::HandleWorkerMessages(const std::shared_ptr<WorkerSession>& session,
+                                               const std::vector<v1::WorkerMessage>& messages) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("coordinator is shutting down");
+  RankStatusCommit statuses;
+  // Not acknowledged (acknowledgements are cumulative, so nothing after it may be either): the
+  // session ends and the worker sends it again from its queue on the next one.
+  const absl::Status not_stored =
+      absl::UnavailableError("the coordinator could not store a message; send it again");
+  // The statuses so far are stored before a message of another kind is handled, so that what
+  // it means is judged against stored state and the order of acknowledgements is kept.
+  auto commit_statuses = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t seq = statuses.ack_seq;
+    if (!CommitRankStatusesLocked(statuses)) return false;
+    if (seq != 0) {
+      // Every status up to it is in the store (a change of a rank's state with fsync).
+      const std::string* worker_id = workers_.SessionWorker(session);
+      if (WorkerEntry* worker = worker_id != nullptr ? workers_.Find(*worker_id) : nullptr;
+          worker != nullptr && worker->session == session) {
+        worker->last_seq = seq;
+        session->Acknowledge(seq);
+      }
+    }
+    return true;
+  };
+  for (const v1::WorkerMessage& message : messages) {
+    if (!message.has_rank_status() && !commit_statuses()) return not_stored;
+    absl::Status handled = HandleWorkerMessageLocked(session, message, statuses);
+    if (!handled.ok()) {
+      (void)commit_statuses();  // the statuses before it are stored and acknowledged
+      return handled;
+    }
+  }
+  return commit_statuses() ? absl::OkStatus() : not_stored;
+}
+
+absl::Status Coordinator::HandleWorkerMessageLocked(const std::shared_ptr<WorkerSession>& session,
+                                                    const v1::WorkerMessage& message,
+                                                    RankStatusCommit& statuses) {
   const std::string* worker_id = workers_.SessionWorker(session);
   if (worker_id == nullptr) return absl::AbortedError("session is closed");
   if (worker_id->empty()) {
@@ -112,8 +147,10 @@ absl::Status Coordinator::HandleWorkerMessage(const std::shared_ptr<WorkerSessio
       HandleHeartbeatLocked(worker, message.heartbeat());
       break;
     case v1::WorkerMessage::kRankStatus:
-      stored = HandleRankStatusLocked(worker, message.rank_status(), /*from_list=*/false);
-      break;
+      // Acknowledged by HandleWorkerMessages once committed with the statuses after it.
+      ApplyRankStatusLocked(worker, message.rank_status(), /*from_list=*/false, statuses);
+      if (seq != 0) statuses.ack_seq = seq;
+      return absl::OkStatus();
     case v1::WorkerMessage::kMetrics:
       stored = HandleMetricsLocked(worker, message.metrics(), receipt_of_seq);
       break;
@@ -127,13 +164,10 @@ absl::Status Coordinator::HandleWorkerMessage(const std::shared_ptr<WorkerSessio
       break;  // a newer worker's message kind: the lease renewal is all it means to us
   }
   if (!stored) {
-    // Not acknowledged (acknowledgements are cumulative, so nothing after it may be either): the
-    // session ends and the worker sends it again from its queue on the next one.
     return absl::UnavailableError("the coordinator could not store a message; send it again");
   }
   if (seq != 0) {
-    // The handlers above wrote to the store synchronously (a rank's status with fsync): the
-    // message is stored.
+    // The handlers above wrote to the store synchronously: the message is stored.
     worker.last_seq = seq;
     session->Acknowledge(seq);
   }
@@ -142,12 +176,11 @@ absl::Status Coordinator::HandleWorkerMessage(const std::shared_ptr<WorkerSessio
 
 absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>& session,
                                             const v1::Hello& hello) {
-  StoreWrite write;
-  write.durable = false;
-  absl::StatusOr<WorkerEntry*> hello_from = workers_.Hello(session, hello, NowMs(), write);
+  // The worker's row, its listed ranks and what their absence means: one commit.
+  RankStatusCommit commit;
+  absl::StatusOr<WorkerEntry*> hello_from = workers_.Hello(session, hello, NowMs(), commit.write);
   if (!hello_from.ok()) return hello_from.status();
   WorkerEntry& worker = **hello_from;
-  (void)jobs_.Commit(write);
   LogInfo(absl::StrFormat("%s (node %s) said hello with %d live ranks", worker.info.id(),
                           worker.info.node(), hello.ranks_size()));
 
@@ -160,15 +193,14 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
     // behind the step metrics and log lines it reported before it. Ending the attempt here would
     // finish the job first, and those would then be dropped as reports of an ended attempt.
     if (RankEnded(status.state())) continue;
-    HandleRankStatusLocked(worker, status, /*from_list=*/true);
+    ApplyRankStatusLocked(worker, status, /*from_list=*/true, commit);
   }
   // ... and a rank of an active attempt placed here but not listed is gone: its attempt fails,
   // unless the daemon run never got its Assignment, which then goes again.
-  StoreWrite failures;
   ReconcileUnlistedRanksLocked(
       worker, alive, &hello,
       absl::StrCat("was not running on node ", worker.info.node(), " when its worker reconnected"),
-      failures);
+      commit.write);
   // Slots of ended attempts whose ranks are not alive any more are free again.
   for (auto slot = worker.occupied.begin(); slot != worker.occupied.end();) {
     const RankKey& key = slot->second;
@@ -179,170 +211,10 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
       ++slot;
     }
   }
-  (void)jobs_.Commit(failures);
-  jobs_.Publish(failures);
-  jobs_.RetireFinished();
-  ScheduleLocked();
+  commit.slot_freed = true;
+  // A Hello is not a queued message: a failed commit is logged and retried with the next one.
+  (void)CommitRankStatusesLocked(commit);
   return absl::OkStatus();
-}
-
-bool Coordinator::HandleRankStatusLocked(WorkerEntry& worker, const v1::RankStatus& status,
-                                         bool from_list) {
-  if (status.state() == v1::RANK_STATE_UNSPECIFIED || !v1::RankState_IsValid(status.state())) {
-    return true;  // says nothing
-  }
-  // A status that changes nothing (sent again, or older than what is known) is stored once its
-  // job is: a commit that failed left the job dirty, and it is tried again now.
-  auto stored_already = [&] { return jobs_.StoreIfDirty(status.job_id()).ok(); };
-  ActiveJob* job = jobs_.FindActiveAttempt(status.job_id(), status.attempt());
-  RankRecord* rank = nullptr;
-  if (job != nullptr) {
-    for (RankRecord& r : job->attempt->ranks) {
-      if (r.rank == status.rank()) rank = &r;
-    }
-  }
-  if (rank == nullptr || rank->worker_id != worker.info.id()) {
-    CancelStrayRankLocked(worker, status);
-    return stored_already();  // e.g. the last rank's end again, its job's commit having failed
-  }
-  if (RankEnded(rank->state)) return stored_already();  // no way back from an end
-  // A late or resent older report (STARTING after RUNNING).
-  if (status.state() < rank->state) return stored_already();
-  if (from_list && status.state() == rank->state) return true;  // lists only move ranks forward
-  rank->state = status.state();
-  rank->exit_code = status.exit_code();
-  if (RankEnded(status.state())) worker.occupied.erase(rank->slot);
-
-  // Fsync'ed: the worker forgets a status once acknowledged, and a restarted coordinator must
-  // still know it (an end, or that the rank's daemon run got its Assignment: it is never sent
-  // again). One commit per change of a rank's state, a few per rank and attempt.
-  StoreWrite write;
-  v1::Job& j = job->record.job;
-  const int32_t rank_number = rank->rank;
-  jobs_.MarkDirty(*job);
-  if (status.state() == v1::RANK_STATE_FAILED || status.state() == v1::RANK_STATE_KILLED) {
-    std::string reason =
-        status.state() == v1::RANK_STATE_FAILED
-            ? absl::StrFormat("rank %d on node %s failed with exit code %d", rank_number,
-                              worker.info.node(), status.exit_code())
-            : absl::StrFormat("rank %d on node %s was killed", rank_number, worker.info.node());
-    if (!status.message().empty()) absl::StrAppend(&reason, ": ", TruncateUtf8(status.message(), 512));
-    // A peer whose worker went away first is the likely cause ("connection closed by peer").
-    if (std::string gone = GonePeersLocked(*job, worker); !gone.empty()) {
-      reason = absl::StrCat(gone, ", then ", reason);
-    }
-    AddEvent(write, j.id(), status.attempt(), "RankExited", reason);
-    const bool job_error =
-        status.state() == v1::RANK_STATE_FAILED && status.exit_code() == kRankExitJobError;
-    jobs_.FailAttempt(*job, reason, write, /*retry=*/!job_error);
-  } else {
-    bool all_running = true, all_succeeded = true;
-    for (const RankRecord& r : job->attempt->ranks) {
-      all_running &= r.state == v1::RANK_STATE_RUNNING || r.state == v1::RANK_STATE_SUCCEEDED;
-      all_succeeded &= r.state == v1::RANK_STATE_SUCCEEDED;
-    }
-    if (all_running && j.state() == v1::JOB_STATE_SCHEDULED) {
-      j.set_state(v1::JOB_STATE_RUNNING);
-      job->attempt->state = v1::JOB_STATE_RUNNING;
-      if (j.start_time_ms() == 0) j.set_start_time_ms(NowMs());
-      AddEvent(write, j.id(), status.attempt(), "Running",
-               absl::StrFormat("all %d ranks running", j.world_size()));
-    }
-    if (all_succeeded) {
-      jobs_.EndAttempt(*job, v1::JOB_STATE_SUCCEEDED, "", write);
-      jobs_.FinishJob(*job, v1::JOB_STATE_SUCCEEDED, "", write);
-    }
-  }
-  // A failed commit keeps the job dirty (retried with the next commit); the status is not
-  // acknowledged meanwhile.
-  const bool stored = jobs_.Commit(write).ok();
-  jobs_.Publish(write);
-  if (RankEnded(status.state())) {
-    jobs_.RetireFinished();
-    ScheduleLocked();
-  }
-  return stored;
-}
-
-void Coordinator::CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatus& status) {
-  auto holds = [&](const std::pair<const int32_t, RankKey>& slot) {
-    return slot.second.job_id == status.job_id() && slot.second.attempt == status.attempt() &&
-           slot.second.rank == status.rank();
-  };
-  if (RankEnded(status.state())) {
-    for (auto it = worker.occupied.begin(); it != worker.occupied.end();) {
-      it = holds(*it) ? worker.occupied.erase(it) : std::next(it);
-    }
-    ScheduleLocked();
-    return;
-  }
-  if (!workers_.TakeStrayCancelTurn(worker.info.id(), status.job_id(), status.attempt(), NowMs())) {
-    return;
-  }
-  LogInfo(
-      absl::StrFormat("%s runs rank %d of %s attempt %d, which is not active here: "
-                      "cancelling it",
-                      worker.info.id(), status.rank(),
-                      absl::CHexEscape(TruncateUtf8(status.job_id(), 64)), status.attempt()));
-  if (worker.session != nullptr) {
-    v1::CoordinatorMessage message;
-    v1::Cancellation* c = message.mutable_cancellation();
-    c->set_job_id(status.job_id());
-    c->set_attempt(status.attempt());
-    c->set_reason("this attempt is not active on the coordinator");
-    worker.session->Send(std::move(message));
-  }
-  // Until it exits, the process holds its slot: find which one from the stored placement.
-  if (std::any_of(worker.occupied.begin(), worker.occupied.end(), holds)) return;
-  absl::StatusOr<AttemptRecord> attempt = store_->GetAttempt(status.job_id(), status.attempt());
-  if (!attempt.ok()) return;
-  for (const RankRecord& r : attempt->ranks) {
-    if (r.rank == status.rank() && r.worker_id == worker.info.id() &&
-        worker.occupied.count(r.slot) == 0) {
-      worker.occupied[r.slot] = RankKey{status.job_id(), status.attempt(), status.rank()};
-    }
-  }
-}
-
-void Coordinator::HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat) {
-  ListedRanks alive;
-  for (const v1::RankStatus& status : heartbeat.ranks()) {
-    alive.insert({status.job_id(), status.attempt(), status.rank()});
-    HandleRankStatusLocked(worker, status, /*from_list=*/true);
-  }
-  CheckProgressLocked(worker, heartbeat);
-  bool released = false;
-  if (heartbeat.lists_ended_ranks()) {
-    // The worker reported these ranks (STARTING goes out after a rank joins the live list, and an
-    // end is queued before it leaves it), and this heartbeat was written after those reports: a
-    // rank in neither list lost its end (e.g. with the worker's queue).
-    ListedRanks listed = alive;
-    for (const v1::RankStatus& status : heartbeat.ended_ranks()) {
-      listed.insert({status.job_id(), status.attempt(), status.rank()});
-    }
-    StoreWrite failures;
-    if (ReconcileUnlistedRanksLocked(worker, listed, /*hello=*/nullptr,
-                                     absl::StrCat("on node ", worker.info.node(),
-                                                  " ended without a final status reaching the "
-                                                  "coordinator"),
-                                     failures)) {
-      (void)jobs_.Commit(failures);
-      jobs_.Publish(failures);
-      jobs_.RetireFinished();
-      released = true;
-    }
-  }
-  for (auto slot = worker.occupied.begin(); slot != worker.occupied.end();) {
-    const RankKey& key = slot->second;
-    if (jobs_.FindActiveAttempt(key.job_id, key.attempt) == nullptr &&
-        alive.count({key.job_id, key.attempt, key.rank}) == 0) {
-      slot = worker.occupied.erase(slot);
-      released = true;
-    } else {
-      ++slot;
-    }
-  }
-  if (released) ScheduleLocked();
 }
 
 bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics,

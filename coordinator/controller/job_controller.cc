@@ -53,20 +53,28 @@ absl::Status JobController::Commit(StoreWrite& write) {
   absl::Status status = store_.Commit(write);
   if (status.ok()) {
     dirty_.clear();
+    if (metrics_ != nullptr && !write.empty()) metrics_->CountStoreCommit(write.durable);
   } else {
     // Job rows are whole-record upserts: keeping them dirty makes the next commit store their
     // latest state, so memory and store meet again once the store recovers (e.g. disk freed).
     LogError(absl::StrCat("job store write failed (will retry with the next write): ",
                           status.ToString()));
   }
-  // Workers hear about a change only once it is stored (or the store has failed loudly).
+  // What is queued here goes out whether or not the commit succeeded (an Assignment of a new
+  // placement is not queued here: Schedule sends it only once stored). A Cancellation only stops
+  // processes, and stopping is safe whatever the store holds: ranks that the store still shows
+  // running end, and their ends (queued on the worker until stored) fail that attempt by the
+  // ordinary path after a restart, retried per max_attempts; held back, it would leave the ranks
+  // running (a failed rank's peers hung in a collective) for as long as the store fails, and a
+  // restart meanwhile would forget it. A resent Assignment names a placement that was loaded
+  // from the store.
   for (auto& [worker_id, message] : pending_sends_) workers_.Send(worker_id, std::move(message));
   pending_sends_.clear();
   return status;
 }
 
 absl::Status JobController::StoreIfDirty(const std::string& job_id) {
-  if (dirty_.count(job_id) == 0) return absl::OkStatus();
+  if (!IsDirty(job_id)) return absl::OkStatus();
   StoreWrite write;
   return Commit(write);
 }
@@ -82,18 +90,77 @@ void JobController::Schedule() {
   SchedulePlan plan = PlanSchedule(std::move(queue), workers_.Capacity());
   StoreWrite write;
   write.durable = !plan.placements.empty();
+  std::vector<UnstoredPlacement> placed;
   for (const JobPlacement& placement : plan.placements) {
-    Place(jobs_.at(placement.job_id), placement, write);
+    ActiveJob& job = jobs_.at(placement.job_id);
+    placed.push_back(
+        UnstoredPlacement{&job, job.record, job.waiting_reason, IsDirty(placement.job_id)});
+    Place(job, placement, write);
   }
+  std::vector<ActiveJob*> said_waiting;
   for (const WaitingJob& waiting : plan.waiting) {
     ActiveJob& job = jobs_.at(waiting.job_id);
     if (job.waiting_reason == waiting.reason) continue;  // said already
     job.waiting_reason = waiting.reason;
+    said_waiting.push_back(&job);
     AddEvent(write, waiting.job_id, job.record.job.attempt(), "Waiting", waiting.reason);
   }
   if (write.empty() && dirty_.empty()) return;
-  (void)Commit(write);  // logged there; memory stays the source of truth until restart
+  if (absl::Status committed = Commit(write); !committed.ok()) {
+    // Logged there. A placement goes no further than memory: undone, its job waits (PENDING, its
+    // slots free) for the next pass, which places it again once the store takes it. Nothing of
+    // the write is published, and the Waiting events are said again.
+    for (const UnstoredPlacement& p : placed) UndoPlacement(p);
+    for (ActiveJob* job : said_waiting) job->waiting_reason.clear();
+    return;
+  }
+  for (const UnstoredPlacement& p : placed) AnnouncePlacement(*p.job);
   Publish(write);
+}
+
+void JobController::UndoPlacement(const UnstoredPlacement& placement) {
+  ActiveJob& job = *placement.job;
+  const AttemptRecord& attempt = *job.attempt;
+  LogWarning(
+      absl::StrFormat("job %s attempt %d: its placement could not be stored; undone, the "
+                      "job waits to be placed again",
+                      attempt.job_id, attempt.attempt));
+  for (const RankRecord& r : attempt.ranks) {
+    WorkerEntry* worker = workers_.Find(r.worker_id);
+    if (worker == nullptr) continue;
+    auto slot = worker->occupied.find(r.slot);
+    if (slot != worker->occupied.end() && slot->second.job_id == attempt.job_id &&
+        slot->second.attempt == attempt.attempt) {
+      worker->occupied.erase(slot);
+    }
+  }
+  rendezvous_.Close(attempt.job_id, attempt.attempt);
+  job.attempt.reset();
+  job.record = placement.record;
+  job.waiting_reason = placement.waiting_reason;
+  if (!placement.was_dirty) dirty_.erase(job.record.job.id());
+}
+
+void JobController::AnnouncePlacement(const ActiveJob& job) {
+  const v1::Job& j = job.record.job;
+  const AttemptRecord& attempt = *job.attempt;
+  std::vector<RankSlot> slots;
+  std::set<std::string> placed_on;  // workers
+  for (const RankRecord& r : attempt.ranks) {
+    slots.push_back(RankSlot{r.rank, r.worker_id, r.node, r.slot});
+    placed_on.insert(r.worker_id);
+  }
+  LogInfo(absl::StrFormat("job %s attempt %d placed on %s", j.id(), attempt.attempt,
+                          DescribePlacement(slots)));
+  if (metrics_ != nullptr) {
+    double waited =
+        static_cast<double>(attempt.create_time_ms - job.record.queued_time_ms) / 1000.0;
+    metrics_->ObserveSchedulingLatency(waited);
+    metrics_->ObservePending(waited);
+  }
+  for (const std::string& worker_id : placed_on) {
+    workers_.Send(worker_id, AssignmentFor(job, worker_id));
+  }
 }
 
 void JobController::Place(ActiveJob& job, const JobPlacement& placement, StoreWrite& write) {
@@ -109,7 +176,6 @@ void JobController::Place(ActiveJob& job, const JobPlacement& placement, StoreWr
   j.set_attempt(attempt.attempt);
   j.clear_placement();
   j.clear_message();
-  std::set<std::string> placed_on;  // workers
   for (const RankSlot& r : placement.ranks) {
     WorkerEntry* worker = workers_.Find(r.worker_id);
     attempt.ranks.push_back(RankRecord{r.rank, r.worker_id, r.node, r.slot,
@@ -120,24 +186,13 @@ void JobController::Place(ActiveJob& job, const JobPlacement& placement, StoreWr
     p->set_node(r.node);
     p->set_slot(r.slot);
     worker->occupied[r.slot] = RankKey{j.id(), attempt.attempt, r.rank};
-    placed_on.insert(r.worker_id);
-  }
-  if (metrics_ != nullptr) {
-    double waited = static_cast<double>(now - job.record.queued_time_ms) / 1000.0;
-    metrics_->ObserveSchedulingLatency(waited);
-    metrics_->ObservePending(waited);
   }
   job.waiting_reason.clear();
   rendezvous_.Open(j.id(), attempt.attempt, attempt.rendezvous_secret);
   AddEvent(write, j.id(), attempt.attempt, "Scheduled",
            absl::StrFormat("attempt %d: %d ranks on %s", attempt.attempt, j.world_size(),
                            DescribePlacement(placement.ranks)));
-  LogInfo(absl::StrFormat("job %s attempt %d placed on %s", j.id(), attempt.attempt,
-                          DescribePlacement(placement.ranks)));
   job.attempt = std::move(attempt);
-  for (const std::string& worker_id : placed_on) {
-    pending_sends_.emplace_back(worker_id, AssignmentFor(job, worker_id));
-  }
   MarkDirty(job);
 }
 

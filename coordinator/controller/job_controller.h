@@ -5,8 +5,10 @@
 // per max_attempts, terminal states, time limits.
 //
 // The write path: a change is marked dirty and committed to the JobStore (Commit) with the events
-// that describe it before anyone hears about it: the Assignments and Cancellations it queues are
-// sent to the workers after the commit, and watchers get the events through Publish.
+// that describe it before anyone hears about it: watchers get the events through Publish, an
+// Assignment goes out only once its placement is stored (a placement whose commit fails is
+// undone), and the Cancellations a change queues are sent after its commit whether or not that
+// succeeded (stopping ranks is safe whatever the store holds; Commit says why).
 //
 // Not thread-safe: its owner serializes every call (the Coordinator, under its lock).
 #ifndef DROPLESS_COORDINATOR_CONTROLLER_JOB_CONTROLLER_H_
@@ -71,7 +73,10 @@ class JobController {
   // The job's record and current attempt go into the next Commit.
   void MarkDirty(const ActiveJob& job) { dirty_.insert(job.record.job.id()); }
   bool HasDirty() const { return !dirty_.empty(); }
-  // Writes the dirty jobs with `write` in one transaction, then sends the queued worker messages.
+  // Whether the job has changes that are not stored yet (a failed Commit leaves them dirty).
+  bool IsDirty(const std::string& job_id) const { return dirty_.count(job_id) != 0; }
+  // Writes the dirty jobs with `write` in one transaction, then sends the queued Cancellations
+  // and resent Assignments, stored or not (a failed commit keeps the jobs dirty).
   absl::Status Commit(StoreWrite& write);
   // OK when the job's state in memory is in the store: it is not dirty (a failed Commit leaves
   // its jobs dirty), or committing the dirty jobs again succeeds now.
@@ -80,7 +85,9 @@ class JobController {
   void Publish(const StoreWrite& write);
 
   // Places what the gang scheduler can place on the registry's free slots; a job that must wait
-  // gets a Waiting event when its reason changes.
+  // gets a Waiting event when its reason changes. The Assignments go out once the placements are
+  // stored; when that commit fails they are undone (the jobs PENDING again, their slots free),
+  // and a later pass places them again.
   void Schedule();
   // Ends the attempt; the job is queued again while attempts remain, else it FAILS. `retry` false
   // (a rank reported a problem of the job itself, common/job_error.h) FAILS it at once.
@@ -105,7 +112,18 @@ class JobController {
   void RetireFinished();
 
  private:
+  // A placement made in memory by Schedule, and what its job was before it.
+  struct UnstoredPlacement {
+    ActiveJob* job;
+    JobRecord record;
+    std::string waiting_reason;
+    bool was_dirty;
+  };
   void Place(ActiveJob& job, const JobPlacement& placement, StoreWrite& write);
+  // Its commit failed: the job as it was, the slots free, the rendezvous closed.
+  void UndoPlacement(const UnstoredPlacement& placement);
+  // Its commit succeeded: logged, measured, and the Assignments sent.
+  void AnnouncePlacement(const ActiveJob& job);
   // The Assignment of the job's current attempt for the ranks placed on `worker_id`.
   static v1::CoordinatorMessage AssignmentFor(const ActiveJob& job, const std::string& worker_id);
   void SendCancellations(const AttemptRecord& attempt, const std::string& reason);
@@ -118,7 +136,8 @@ class JobController {
 
   std::map<std::string, ActiveJob> jobs_;
   std::set<std::string> dirty_;
-  // Messages to workers, sent by Commit once the change behind them is stored.
+  // Cancellations and resent Assignments to workers, sent by the next Commit whatever its
+  // outcome (see Commit).
   std::vector<std::pair<std::string, v1::CoordinatorMessage>> pending_sends_;
 };
 

@@ -69,6 +69,11 @@ CoordinatorMetrics::CoordinatorMetrics()
                           .Help("Workers whose lease expired (no message within the lease timeout)")
                           .Register(*registry_)
                           .Add({})),
+      store_commits_(prometheus::BuildCounter()
+                         .Name("dropless_coordinator_store_commits_total")
+                         .Help("Transactions of job state (jobs, attempts, workers, events) "
+                               "committed to the job store, by sync: full (fsync) or normal")
+                         .Register(*registry_)),
       jobs_finished_(prometheus::BuildCounter()
                          .Name("dropless_coordinator_jobs_finished_total")
                          .Help("Jobs that reached a terminal state, by state")
@@ -90,6 +95,8 @@ CoordinatorMetrics::CoordinatorMetrics()
   }
   workers_.Add({{"state", "READY"}});
   workers_.Add({{"state", "LOST"}});
+  store_commits_.Add({{"sync", "full"}});
+  store_commits_.Add({{"sync", "normal"}});
   slots_.Add({{"state", "busy"}});
   slots_.Add({{"state", "free"}});
 }
@@ -129,6 +136,10 @@ void CoordinatorMetrics::ObserveSchedulingLatency(double seconds) {
 void CoordinatorMetrics::ObservePending(double seconds) { pending_.Observe(seconds); }
 
 void CoordinatorMetrics::CountLeaseExpiry() { lease_expiries_.Increment(); }
+
+void CoordinatorMetrics::CountStoreCommit(bool fsync) {
+  store_commits_.Add({{"sync", fsync ? "full" : "normal"}}).Increment();
+}
 
 void CoordinatorMetrics::CountJobFinished(v1::JobState state) {
   jobs_finished_.Add({{"state", JobStateName(state)}}).Increment();

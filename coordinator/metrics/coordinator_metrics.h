@@ -10,6 +10,7 @@
 //                                                           when a job leaves PENDING (placed or
 //                                                           cancelled)
 //   dropless_coordinator_lease_expiries_total               counter
+//   dropless_coordinator_store_commits_total{sync="full|normal"} counter: job-state transactions
 //   dropless_coordinator_jobs_finished_total{state}         counter
 //   dropless_coordinator_rpcs_total{method,code}            counter
 //   dropless_coordinator_rpc_duration_seconds{method}       histogram
@@ -52,6 +53,8 @@ class CoordinatorMetrics {
   void ObserveSchedulingLatency(double seconds);
   void ObservePending(double seconds);
   void CountLeaseExpiry();
+  // A transaction of job state committed to the store; fsync: with synchronous=FULL.
+  void CountStoreCommit(bool fsync);
   void CountJobFinished(v1::JobState state);
   // method: "Service/Method" (bounded: the coordinator's own methods, else "other");
   // code: the gRPC status code's name, e.g. "OK", "NOT_FOUND".
@@ -69,6 +72,7 @@ class CoordinatorMetrics {
   prometheus::Histogram& scheduling_latency_;
   prometheus::Histogram& pending_;
   prometheus::Counter& lease_expiries_;
+  prometheus::Family<prometheus::Counter>& store_commits_;
   prometheus::Family<prometheus::Counter>& jobs_finished_;
   prometheus::Family<prometheus::Counter>& rpcs_;
   prometheus::Family<prometheus::Histogram>& rpc_duration_;

@@ -3,12 +3,20 @@
 #include <memory>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "coordinator/auth/caller.h"
 #include "coordinator/util/grpc_status.h"
+#include "coordinator/util/mailbox.h"
 
 namespace dropless::coordinator {
+namespace {
+
+// Messages of one session read ahead of the coordinator, and handled together at most.
+constexpr size_t kMaxMessagesAhead = 256;
+
+}  // namespace
 
 grpc::Status WorkerServiceImpl::RegisterWorker(grpc::ServerContext* context,
                                                const v1::RegisterWorkerRequest* request,
@@ -48,13 +56,34 @@ grpc::Status WorkerServiceImpl::Session(
   });
 
   grpc::Status status = grpc::Status::OK;
-  v1::WorkerMessage message;
-  while (stream->Read(&message)) {
-    absl::Status handled = coordinator_->HandleWorkerMessage(session, message);
-    if (!handled.ok()) {
-      status = ToGrpcStatus(handled);
-      break;
+  v1::WorkerMessage hello;
+  // The Hello alone, before the reader starts: a refusal (ALREADY_EXISTS) goes out at once.
+  absl::Status hello_handled = stream->Read(&hello)
+                                   ? coordinator_->HandleWorkerMessages(session, {hello})
+                                   : absl::CancelledError("the stream ended before a message");
+  if (!hello_handled.ok()) {
+    if (!absl::IsCancelled(hello_handled)) status = ToGrpcStatus(hello_handled);
+  } else {
+    Mailbox<v1::WorkerMessage> received(kMaxMessagesAhead);
+    std::thread reader([&] {
+      v1::WorkerMessage message;
+      // Ends with the stream, or at the next message once the handler below stopped.
+      while (stream->Read(&message) && received.PushWaiting(std::move(message))) {
+      }
+      received.Close();
+    });
+    std::vector<v1::WorkerMessage> batch;
+    while (received.PopAll(absl::InfiniteDuration(), kMaxMessagesAhead, &batch) ==
+           Mailbox<v1::WorkerMessage>::Result::kItem) {
+      absl::Status handled = coordinator_->HandleWorkerMessages(session, batch);
+      batch.clear();
+      if (!handled.ok()) {
+        status = ToGrpcStatus(handled);
+        break;
+      }
     }
+    received.Close();
+    reader.join();
   }
   // Stop the writer before the stream goes away, and make sure nothing cancels this context
   // after the handler returned.

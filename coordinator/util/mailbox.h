@@ -1,7 +1,8 @@
 // Mailbox: a bounded queue from the coordinator (producer, under its lock) to one RPC handler
 // thread (consumer). A slow consumer never blocks the producer: past the capacity the mailbox
 // drops new items and remembers that it overflowed, so the consumer can resynchronize (a watcher
-// sends a fresh snapshot). Thread-safe.
+// sends a fresh snapshot). A producer that must lose nothing and may wait (a stream's reader
+// thread) uses PushWaiting instead. Thread-safe.
 #ifndef DROPLESS_COORDINATOR_UTIL_MAILBOX_H_
 #define DROPLESS_COORDINATOR_UTIL_MAILBOX_H_
 
@@ -9,6 +10,7 @@
 #include <deque>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -33,6 +35,18 @@ class Mailbox {
     return true;
   }
 
+  // Waits for room rather than dropping the item; false when the mailbox is (or gets) closed.
+  bool PushWaiting(T item) {
+    absl::MutexLock lock(&mu_);
+    auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return closed_ || items_.size() < capacity_;
+    };
+    mu_.Await(absl::Condition(&room));
+    if (closed_) return false;
+    items_.push_back(std::move(item));
+    return true;
+  }
+
   // No more items after the ones queued; Pop drains them, then reports closed.
   void Close() {
     absl::MutexLock lock(&mu_);
@@ -53,6 +67,20 @@ class Mailbox {
       return Result::kItem;
     }
     return closed_ ? Result::kClosed : Result::kTimeout;
+  }
+
+  // As Pop, but appends to `out` the item and every one queued behind it, up to `max` in all:
+  // what has arrived while the consumer was busy is taken together.
+  Result PopAll(absl::Duration timeout, size_t max, std::vector<T>* out) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !items_.empty() || closed_; };
+    mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+    if (items_.empty()) return closed_ ? Result::kClosed : Result::kTimeout;
+    for (size_t n = 0; n < max && !items_.empty(); ++n) {
+      out->push_back(std::move(items_.front()));
+      items_.pop_front();
+    }
+    return Result::kItem;
   }
 
   // True once since the last call if items were dropped for lack of room.

@@ -51,13 +51,6 @@ v1::WorkerMessage LogMessage(const std::string& job_id, uint64_t seq, const std:
   return m;
 }
 
-bool NextAck(FakeWorker& w, uint64_t seq, absl::Duration timeout = absl::Seconds(5)) {
-  auto is_ack = [seq](const v1::CoordinatorMessage& m) {
-    return m.has_ack() && m.ack().seq() == seq;
-  };
-  return w.Next(is_ack, timeout).has_value();
-}
-
 // Queued worker messages carry a seq (WorkerMessage.seq): the coordinator acknowledges each one
 // once it is stored, and a message that comes again (the same daemon run resending what it wrote
 // before a reconnect whose acknowledgement it never got) is acknowledged again but stored once. A

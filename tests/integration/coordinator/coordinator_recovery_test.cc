@@ -3,9 +3,7 @@
 // Assignment whose placement was stored but which never reached the worker's daemon run is sent
 // again after a restart rather than costing the job an attempt. (Suite CoordinatorRecoveryTest.)
 #include <signal.h>
-#include <sys/resource.h>
 
-#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,57 +15,6 @@
 
 namespace dropless::testing {
 namespace {
-
-bool NextAck(FakeWorker& w, uint64_t seq, absl::Duration timeout = absl::Seconds(5)) {
-  auto is_ack = [seq](const v1::CoordinatorMessage& m) {
-    return m.has_ack() && m.ack().seq() == seq;
-  };
-  return w.Next(is_ack, timeout).has_value();
-}
-
-v1::RankStatus Status(const std::string& job_id, int rank, v1::RankState state) {
-  v1::RankStatus status;
-  status.set_job_id(job_id);
-  status.set_attempt(1);
-  status.set_rank(rank);
-  status.set_state(state);
-  return status;
-}
-
-v1::WorkerMessage Queued(const v1::RankStatus& status, uint64_t seq) {
-  v1::WorkerMessage message;
-  *message.mutable_rank_status() = status;
-  message.set_seq(seq);
-  return message;
-}
-
-// Registers again, while the channel may still be backing off from a coordinator that died.
-absl::Status RegisterAgain(FakeWorker& w, const std::string& boot_id) {
-  absl::Status registered = w.Register(boot_id);
-  for (int i = 0; i < 100 && !registered.ok(); ++i) {
-    absl::SleepFor(absl::Milliseconds(100));
-    registered = w.Register(boot_id);
-  }
-  return registered;
-}
-
-// The coordinator's files may grow to `bytes` (RLIMIT_FSIZE's soft limit): at 0 every write of
-// its store fails as on a full disk (EFBIG: the test ignores SIGXFSZ, and the coordinator
-// inherits that).
-void LimitFileSize(Process& process, rlim_t bytes) {
-  rlimit limit{};
-  ASSERT_EQ(prlimit(process.pid(), RLIMIT_FSIZE, nullptr, &limit), 0);
-  limit.rlim_cur = std::min(bytes, limit.rlim_max);
-  ASSERT_EQ(prlimit(process.pid(), RLIMIT_FSIZE, &limit, nullptr), 0);
-}
-
-bool HasEvent(CoordinatorUnderTest& coordinator, const std::string& job_id,
-              const std::string& type) {
-  for (const v1::Event& e : coordinator.Events(job_id)) {
-    if (e.type() == type) return true;
-  }
-  return false;
-}
 
 // A rank's end whose commit failed (the disk is full) is not acknowledged: the session ends and
 // the worker keeps it and sends it again; once acknowledged it is in the store (fsync'ed), so a
@@ -85,9 +32,9 @@ TEST(CoordinatorRecoveryTest, ARankStatusIsAcknowledgedOnlyOnceStored) {
     ASSERT_TRUE(w.ReportRank(job->id(), 1, r, v1::RANK_STATE_RUNNING).ok());
   coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
 
-  const v1::RankStatus rank0_done = Status(job->id(), 0, v1::RANK_STATE_SUCCEEDED);
+  const v1::RankStatus rank0_done = RankStatusOf(job->id(), 1, 0, v1::RANK_STATE_SUCCEEDED);
   ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), 0));
-  ASSERT_TRUE(w.Send(Queued(rank0_done, 1)).ok());
+  ASSERT_TRUE(w.Send(QueuedMessage(rank0_done, 1)).ok());
   EXPECT_FALSE(NextAck(w, 1, absl::Seconds(2))) << "acknowledged, yet the store refused it";
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (w.SessionOpen() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
@@ -98,7 +45,7 @@ TEST(CoordinatorRecoveryTest, ARankStatusIsAcknowledgedOnlyOnceStored) {
   (void)w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_SUCCEEDED);  // no session: not delivered
   ASSERT_TRUE(RegisterAgain(w, "boot-1").ok());
   ASSERT_TRUE(w.Connect("boot-1", {rank0_done}).ok());
-  ASSERT_TRUE(w.Send(Queued(rank0_done, 1)).ok());
+  ASSERT_TRUE(w.Send(QueuedMessage(rank0_done, 1)).ok());
   ASSERT_TRUE(NextAck(w, 1));
 
   // Acknowledged, so the worker drops it; killed now, the coordinator still has it.
@@ -106,7 +53,8 @@ TEST(CoordinatorRecoveryTest, ARankStatusIsAcknowledgedOnlyOnceStored) {
   coordinator->KillAndRestart();
   ASSERT_TRUE(RegisterAgain(w, "boot-1").ok());
   ASSERT_TRUE(w.Connect("boot-1").ok());  // lists rank 1 only: rank 0's end was acknowledged
-  ASSERT_TRUE(w.Send(Queued(Status(job->id(), 1, v1::RANK_STATE_SUCCEEDED), 2)).ok());
+  ASSERT_TRUE(
+      w.Send(QueuedMessage(RankStatusOf(job->id(), 1, 1, v1::RANK_STATE_SUCCEEDED), 2)).ok());
   ASSERT_TRUE(NextAck(w, 2));
   v1::Job done = coordinator->WaitForJob(job->id(), [](const v1::Job& j) {
     return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED;

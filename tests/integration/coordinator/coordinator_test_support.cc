@@ -3,6 +3,8 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <future>
 #include <iostream>
 #include <utility>
@@ -262,6 +264,18 @@ absl::Status FakeWorker::Send(const v1::WorkerMessage& message) {
   return absl::OkStatus();
 }
 
+absl::Status FakeWorker::SendAll(const std::vector<v1::WorkerMessage>& messages) {
+  absl::MutexLock lock(&write_mu_);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    grpc::WriteOptions options;
+    if (i + 1 < messages.size()) options.set_buffer_hint();
+    if (stream_ == nullptr || !stream_->Write(messages[i], options)) {
+      return absl::UnavailableError("session stream is closed");
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::optional<grpc::Status> FakeWorker::SessionStatus() {
   absl::MutexLock lock(&mu_);
   return final_status_;
@@ -414,6 +428,62 @@ grpc::Status RawBidiExchange(grpc::Channel* channel, const std::string& method,
     }
   }
   return status;
+}
+
+v1::RankStatus RankStatusOf(const std::string& job_id, int attempt, int rank, v1::RankState state) {
+  v1::RankStatus status;
+  status.set_job_id(job_id);
+  status.set_attempt(attempt);
+  status.set_rank(rank);
+  status.set_state(state);
+  return status;
+}
+
+v1::WorkerMessage QueuedMessage(const v1::RankStatus& status, uint64_t seq) {
+  v1::WorkerMessage message;
+  *message.mutable_rank_status() = status;
+  message.set_seq(seq);
+  return message;
+}
+
+bool NextAck(FakeWorker& w, uint64_t seq, absl::Duration timeout) {
+  auto is_ack = [seq](const v1::CoordinatorMessage& m) {
+    return m.has_ack() && m.ack().seq() == seq;
+  };
+  return w.Next(is_ack, timeout).has_value();
+}
+
+absl::Status RegisterAgain(FakeWorker& w, const std::string& boot_id) {
+  absl::Status registered = w.Register(boot_id);
+  for (int i = 0; i < 100 && !registered.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    registered = w.Register(boot_id);
+  }
+  return registered;
+}
+
+void LimitFileSize(Process& process, rlim_t bytes) {
+  rlimit limit{};
+  ASSERT_EQ(prlimit(process.pid(), RLIMIT_FSIZE, nullptr, &limit), 0);
+  limit.rlim_cur = std::min(bytes, limit.rlim_max);
+  ASSERT_EQ(prlimit(process.pid(), RLIMIT_FSIZE, &limit, nullptr), 0);
+}
+
+bool HasEvent(CoordinatorUnderTest& coordinator, const std::string& job_id,
+              const std::string& type) {
+  for (const v1::Event& e : coordinator.Events(job_id)) {
+    if (e.type() == type) return true;
+  }
+  return false;
+}
+
+int64_t StoreCommits(CoordinatorUnderTest& coordinator, const std::string& sync) {
+  const std::string series =
+      absl::StrCat("dropless_coordinator_store_commits_total{sync=\"", sync, "\"} ");
+  const std::string text = HttpGet(coordinator.metrics_port(), "/metrics");
+  const size_t at = text.find(series);
+  if (at == std::string::npos) return -1;
+  return static_cast<int64_t>(std::strtod(text.c_str() + at + series.size(), nullptr));
 }
 
 }  // namespace dropless::testing

@@ -5,6 +5,7 @@
 #define DROPLESS_TESTS_INTEGRATION_COORDINATOR_COORDINATOR_TEST_SUPPORT_H_
 
 #include <grpcpp/grpcpp.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -159,6 +160,9 @@ class FakeWorker {
   absl::Status ReportLog(const std::string& job_id, int attempt, int rank,
                          const std::string& text);
   absl::Status Send(const v1::WorkerMessage& message);
+  // Sends them back to back in one write to the network (gRPC's buffer hint on all but the
+  // last), as a daemon with a full queue does.
+  absl::Status SendAll(const std::vector<v1::WorkerMessage>& messages);
 
   // Whether the session stream is still open (the reader has not seen its end).
   bool SessionOpen() const { return !session_ended_; }
@@ -195,6 +199,24 @@ class FakeWorker {
   std::map<RankKey, v1::RankState> ranks_ ABSL_GUARDED_BY(mu_);
   std::optional<grpc::Status> final_status_ ABSL_GUARDED_BY(mu_);
 };
+
+// A RankStatus of a rank of the job's attempt.
+v1::RankStatus RankStatusOf(const std::string& job_id, int attempt, int rank, v1::RankState state);
+// The status as a queued message with its place `seq` in the worker's queue.
+v1::WorkerMessage QueuedMessage(const v1::RankStatus& status, uint64_t seq);
+// Whether the coordinator acknowledges the worker's queue through `seq` within `timeout`.
+bool NextAck(FakeWorker& w, uint64_t seq, absl::Duration timeout = absl::Seconds(5));
+// Registers again, while the channel may still be backing off from a coordinator that died.
+absl::Status RegisterAgain(FakeWorker& w, const std::string& boot_id);
+// The coordinator's files may grow to `bytes` (RLIMIT_FSIZE's soft limit): at 0 every write of
+// its store fails as on a full disk (EFBIG: the test must ignore SIGXFSZ, which the coordinator
+// inherits). A fatal failure when the limit cannot be set.
+void LimitFileSize(Process& process, rlim_t bytes);
+bool HasEvent(CoordinatorUnderTest& coordinator, const std::string& job_id,
+              const std::string& type);
+// dropless_coordinator_store_commits_total{sync} as /metrics shows it now (sync: "full" counts
+// the commits with fsync).
+int64_t StoreCommits(CoordinatorUnderTest& coordinator, const std::string& sync = "full");
 
 // One unary call by method name with raw request bytes; for calls the tests have no stub for
 // (grpc.health.v1) and for malformed payloads.

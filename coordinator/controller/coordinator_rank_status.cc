@@ -1,0 +1,190 @@
+// Coordinator: what a worker says about its ranks (a queued RankStatus, or the list of a Hello or
+// heartbeat), applied in memory and committed together: the statuses of one worker message, or
+// consecutive RankStatus messages handled together, cost one commit with fsync. Ranks that are
+// not active here are cancelled.
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/job_error.h"
+#include "common/log.h"
+#include "common/utf8.h"
+#include "coordinator/controller/coordinator.h"
+#include "coordinator/util/clock.h"
+
+namespace dropless::coordinator {
+
+void Coordinator::ApplyRankStatusLocked(WorkerEntry& worker, const v1::RankStatus& status,
+                                        bool from_list, RankStatusCommit& commit) {
+  if (status.state() == v1::RANK_STATE_UNSPECIFIED || !v1::RankState_IsValid(status.state())) {
+    return;  // says nothing
+  }
+  // A status that changes nothing (sent again, or older than what is known) is stored once its
+  // job is: a commit that failed left the job dirty, and it is tried again with this one.
+  auto stored_once_its_job_is = [&] { commit.needs_commit |= jobs_.IsDirty(status.job_id()); };
+  ActiveJob* job = jobs_.FindActiveAttempt(status.job_id(), status.attempt());
+  RankRecord* rank = nullptr;
+  if (job != nullptr) {
+    for (RankRecord& r : job->attempt->ranks) {
+      if (r.rank == status.rank()) rank = &r;
+    }
+  }
+  if (rank == nullptr || rank->worker_id != worker.info.id()) {
+    commit.slot_freed |= CancelStrayRankLocked(worker, status);
+    return stored_once_its_job_is();  // e.g. the last rank's end again, its job's commit failed
+  }
+  if (RankEnded(rank->state)) return stored_once_its_job_is();  // no way back from an end
+  // A late or resent older report (STARTING after RUNNING).
+  if (status.state() < rank->state) return stored_once_its_job_is();
+  if (from_list && status.state() == rank->state) return;  // lists only move ranks forward
+  rank->state = status.state();
+  rank->exit_code = status.exit_code();
+  if (RankEnded(status.state())) {
+    worker.occupied.erase(rank->slot);
+    commit.slot_freed = true;
+  }
+
+  // Committed with fsync: the worker forgets a status once acknowledged, and a restarted
+  // coordinator must still know it (an end, or that the rank's daemon run got its Assignment:
+  // it is never sent again).
+  commit.needs_commit = true;
+  StoreWrite& write = commit.write;
+  v1::Job& j = job->record.job;
+  const int32_t rank_number = rank->rank;
+  jobs_.MarkDirty(*job);
+  if (status.state() == v1::RANK_STATE_FAILED || status.state() == v1::RANK_STATE_KILLED) {
+    std::string reason =
+        status.state() == v1::RANK_STATE_FAILED
+            ? absl::StrFormat("rank %d on node %s failed with exit code %d", rank_number,
+                              worker.info.node(), status.exit_code())
+            : absl::StrFormat("rank %d on node %s was killed", rank_number, worker.info.node());
+    if (!status.message().empty())
+      absl::StrAppend(&reason, ": ", TruncateUtf8(status.message(), 512));
+    // A peer whose worker went away first is the likely cause ("connection closed by peer").
+    if (std::string gone = GonePeersLocked(*job, worker); !gone.empty()) {
+      reason = absl::StrCat(gone, ", then ", reason);
+    }
+    AddEvent(write, j.id(), status.attempt(), "RankExited", reason);
+    const bool job_error =
+        status.state() == v1::RANK_STATE_FAILED && status.exit_code() == kRankExitJobError;
+    jobs_.FailAttempt(*job, reason, write, /*retry=*/!job_error);
+    return;
+  }
+  bool all_running = true, all_succeeded = true;
+  for (const RankRecord& r : job->attempt->ranks) {
+    all_running &= r.state == v1::RANK_STATE_RUNNING || r.state == v1::RANK_STATE_SUCCEEDED;
+    all_succeeded &= r.state == v1::RANK_STATE_SUCCEEDED;
+  }
+  if (all_running && j.state() == v1::JOB_STATE_SCHEDULED) {
+    j.set_state(v1::JOB_STATE_RUNNING);
+    job->attempt->state = v1::JOB_STATE_RUNNING;
+    if (j.start_time_ms() == 0) j.set_start_time_ms(NowMs());
+    AddEvent(write, j.id(), status.attempt(), "Running",
+             absl::StrFormat("all %d ranks running", j.world_size()));
+  }
+  if (all_succeeded) {
+    jobs_.EndAttempt(*job, v1::JOB_STATE_SUCCEEDED, "", write);
+    jobs_.FinishJob(*job, v1::JOB_STATE_SUCCEEDED, "", write);
+  }
+}
+
+bool Coordinator::CommitRankStatusesLocked(RankStatusCommit& commit) {
+  RankStatusCommit done = std::exchange(commit, RankStatusCommit{});
+  bool stored = true;
+  if (done.needs_commit || !done.write.empty()) {
+    // With fsync where it stores job state (a rank's state, an attempt that failed); a Hello
+    // that changed only its worker's row does without.
+    done.write.durable = done.needs_commit || jobs_.HasDirty();
+    // A failed commit keeps its jobs dirty (retried with the next commit), and nothing of it
+    // is published.
+    stored = jobs_.Commit(done.write).ok();
+    if (stored) jobs_.Publish(done.write);
+  }
+  if (done.slot_freed) {
+    jobs_.RetireFinished();
+    ScheduleLocked();
+  }
+  return stored;
+}
+
+bool Coordinator::CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatus& status) {
+  auto holds = [&](const std::pair<const int32_t, RankKey>& slot) {
+    return slot.second.job_id == status.job_id() && slot.second.attempt == status.attempt() &&
+           slot.second.rank == status.rank();
+  };
+  if (RankEnded(status.state())) {
+    for (auto it = worker.occupied.begin(); it != worker.occupied.end();) {
+      it = holds(*it) ? worker.occupied.erase(it) : std::next(it);
+    }
+    return true;
+  }
+  if (!workers_.TakeStrayCancelTurn(worker.info.id(), status.job_id(), status.attempt(), NowMs())) {
+    return false;
+  }
+  LogInfo(
+      absl::StrFormat("%s runs rank %d of %s attempt %d, which is not active here: "
+                      "cancelling it",
+                      worker.info.id(), status.rank(),
+                      absl::CHexEscape(TruncateUtf8(status.job_id(), 64)), status.attempt()));
+  if (worker.session != nullptr) {
+    v1::CoordinatorMessage message;
+    v1::Cancellation* c = message.mutable_cancellation();
+    c->set_job_id(status.job_id());
+    c->set_attempt(status.attempt());
+    c->set_reason("this attempt is not active on the coordinator");
+    worker.session->Send(std::move(message));
+  }
+  // Until it exits, the process holds its slot: find which one from the stored placement.
+  if (std::any_of(worker.occupied.begin(), worker.occupied.end(), holds)) return false;
+  absl::StatusOr<AttemptRecord> attempt = store_->GetAttempt(status.job_id(), status.attempt());
+  if (!attempt.ok()) return false;
+  for (const RankRecord& r : attempt->ranks) {
+    if (r.rank == status.rank() && r.worker_id == worker.info.id() &&
+        worker.occupied.count(r.slot) == 0) {
+      worker.occupied[r.slot] = RankKey{status.job_id(), status.attempt(), status.rank()};
+    }
+  }
+  return false;
+}
+
+void Coordinator::HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat) {
+  // The listed ranks and what the absence of one means: one commit.
+  RankStatusCommit commit;
+  ListedRanks alive;
+  for (const v1::RankStatus& status : heartbeat.ranks()) {
+    alive.insert({status.job_id(), status.attempt(), status.rank()});
+    ApplyRankStatusLocked(worker, status, /*from_list=*/true, commit);
+  }
+  CheckProgressLocked(worker, heartbeat, commit.write);
+  if (heartbeat.lists_ended_ranks()) {
+    // The worker reported these ranks (STARTING goes out after a rank joins the live list, and an
+    // end is queued before it leaves it), and this heartbeat was written after those reports: a
+    // rank in neither list lost its end (e.g. with the worker's queue).
+    ListedRanks listed = alive;
+    for (const v1::RankStatus& status : heartbeat.ended_ranks()) {
+      listed.insert({status.job_id(), status.attempt(), status.rank()});
+    }
+    commit.slot_freed |= ReconcileUnlistedRanksLocked(
+        worker, listed, /*hello=*/nullptr,
+        absl::StrCat("on node ", worker.info.node(),
+                     " ended without a final status reaching the coordinator"),
+        commit.write);
+  }
+  for (auto slot = worker.occupied.begin(); slot != worker.occupied.end();) {
+    const RankKey& key = slot->second;
+    if (jobs_.FindActiveAttempt(key.job_id, key.attempt) == nullptr &&
+        alive.count({key.job_id, key.attempt, key.rank}) == 0) {
+      slot = worker.occupied.erase(slot);
+      commit.slot_freed = true;
+    } else {
+      ++slot;
+    }
+  }
+  // A heartbeat is not a queued message: a failed commit is logged and retried with the next one.
+  (void)CommitRankStatusesLocked(commit);
+}
+
+}  // namespace dropless::coordinator

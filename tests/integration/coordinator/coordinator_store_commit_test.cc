@@ -1,0 +1,180 @@
+// What the real dropless-coordinator tells workers and users follows what its store holds, and
+// what that costs: an Assignment goes out only once its placement is stored (a placement whose
+// commit fails is undone), a cancel that cannot be stored is an error to its caller though its
+// Cancellations stop the ranks, and the rank statuses of one worker message, or of several the
+// worker sent back to back, cost one commit with fsync (counted by
+// dropless_coordinator_store_commits_total). (Suite CoordinatorStoreCommitTest.)
+#include <signal.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/coordinator/coordinator_test_support.h"
+
+namespace dropless::testing {
+namespace {
+
+grpc::Status Cancel(CoordinatorUnderTest& coordinator, const std::string& id, v1::Job* job) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::CancelJobRequest request;
+  request.set_id(id);
+  return coordinator.jobs().CancelJob(&context, request, job);
+}
+
+// The disk fills while a job waits for a worker: the placement the worker's Hello allows cannot
+// be stored, so it is undone (the job PENDING, the slots free) and no Assignment goes out; once
+// the disk has room the next scheduling pass places it again and the job runs on attempt 1.
+TEST(CoordinatorStoreCommitTest, AnAssignmentGoesOutOnlyOnceItsPlacementIsStored) {
+  signal(SIGXFSZ, SIG_IGN);
+  auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
+  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(2));  // no worker yet: PENDING
+  ASSERT_TRUE(job.ok()) << job.status();
+  FakeWorker w(coordinator->channel(), "node-full", 2);
+  ASSERT_TRUE(w.Register("boot-1").ok());
+
+  ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), 0));
+  ASSERT_TRUE(w.Connect("boot-1").ok());
+  ASSERT_TRUE(coordinator->WaitForWorkerState("node-full", v1::WORKER_STATE_READY));
+  EXPECT_FALSE(w.NextAssignment(absl::Seconds(2)).has_value())
+      << "an Assignment went out for a placement the store refused";
+  absl::StatusOr<v1::Job> waiting = coordinator->Get(job->id());
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  EXPECT_EQ(waiting->state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(waiting->attempt(), 0);
+  EXPECT_EQ(waiting->placement_size(), 0);
+  for (const v1::Worker& worker : coordinator->Workers()) {
+    EXPECT_EQ(worker.slots_busy(), 0) << "slots held by a placement that was never stored";
+  }
+
+  ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), RLIM_INFINITY));
+  std::optional<v1::Assignment> assignment = w.NextAssignment();
+  ASSERT_TRUE(assignment.has_value());
+  EXPECT_EQ(assignment->attempt(), 1);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(w.ReportRank(job->id(), 1, r, v1::RANK_STATE_RUNNING).ok());
+  }
+  coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(w.ReportRank(job->id(), 1, r, v1::RANK_STATE_SUCCEEDED).ok());
+  }
+  v1::Job done = coordinator->WaitForState(job->id(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.attempt(), 1);
+  EXPECT_TRUE(HasEvent(*coordinator, job->id(), "Scheduled"));
+}
+
+// A cancel whose commit fails is UNAVAILABLE to its caller (a restart would forget it), also when
+// repeated while the disk is full; its Cancellation stops the ranks all the same. Once the disk
+// has room the cancel is stored (by the caller's next try or the next commit) and survives a
+// kill -9.
+TEST(CoordinatorStoreCommitTest, ACancelThatCannotBeStoredIsAnErrorYetStopsTheRanks) {
+  signal(SIGXFSZ, SIG_IGN);
+  auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
+  FakeWorker w(coordinator->channel(), "node-cancel", 2);
+  ASSERT_TRUE(w.Register("boot-1").ok());
+  ASSERT_TRUE(w.Connect("boot-1").ok());
+  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(2, /*max_attempts=*/3));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(w.NextAssignment().has_value());
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(w.ReportRank(job->id(), 1, r, v1::RANK_STATE_RUNNING).ok());
+  }
+  coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+
+  ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), 0));
+  v1::Job answer;
+  grpc::Status cancelled = Cancel(*coordinator, job->id(), &answer);
+  EXPECT_EQ(cancelled.error_code(), grpc::StatusCode::UNAVAILABLE) << cancelled.error_message();
+  std::optional<v1::Cancellation> stop = w.NextCancellation();
+  ASSERT_TRUE(stop.has_value()) << "the ranks of a cancelled job go on running";
+  EXPECT_EQ(stop->attempt(), 1);
+  cancelled = Cancel(*coordinator, job->id(), &answer);
+  EXPECT_EQ(cancelled.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << "a repeated cancel that is still not stored: " << cancelled.error_message();
+
+  ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), RLIM_INFINITY));
+  cancelled = Cancel(*coordinator, job->id(), &answer);
+  // OK when this call stored it; FAILED_PRECONDITION (already CANCELLED) when a commit of the
+  // coordinator's ticker got there first.
+  EXPECT_TRUE(cancelled.ok() || (cancelled.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+                                 cancelled.error_message().find("CANCELLED") != std::string::npos))
+      << cancelled.error_code() << ": " << cancelled.error_message();
+  coordinator->WaitForState(job->id(), v1::JOB_STATE_CANCELLED);
+  w.Disconnect();
+  coordinator->KillAndRestart();
+  v1::Job after = coordinator->WaitForState(job->id(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(after.state(), v1::JOB_STATE_CANCELLED) << after.message();
+  EXPECT_EQ(after.attempt(), 1);
+}
+
+// A 64-rank gang on 4 workers starting: each worker reports its 16 ranks STARTING as 16 queued
+// RankStatus messages sent back to back, then, after a reconnect, lists them RUNNING in its
+// Hello. Every change of a rank's state is stored with fsync before it is acknowledged, but the
+// statuses handled together share the commit: a few per worker, not one per rank (128 before).
+TEST(CoordinatorStoreCommitTest, AGangStartsWithCommitsPerWorkerMessageNotPerRank) {
+  constexpr int kWorkers = 4;
+  constexpr int kRanksEach = 16;
+  auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
+  std::vector<std::unique_ptr<FakeWorker>> workers;
+  for (int i = 0; i < kWorkers; ++i) {
+    workers.push_back(
+        std::make_unique<FakeWorker>(coordinator->channel(), absl::StrCat("node-", i), kRanksEach));
+    ASSERT_TRUE(workers.back()->Register(absl::StrCat("boot-", i)).ok());
+    ASSERT_TRUE(workers.back()->Connect(absl::StrCat("boot-", i)).ok());
+  }
+  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(kWorkers * kRanksEach));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<std::vector<int>> ranks_of(kWorkers);
+  for (int i = 0; i < kWorkers; ++i) {
+    std::optional<v1::Assignment> assignment = workers[i]->NextAssignment();
+    ASSERT_TRUE(assignment.has_value());
+    for (const v1::RankAssignment& r : assignment->ranks()) ranks_of[i].push_back(r.rank());
+    ASSERT_EQ(ranks_of[i].size(), static_cast<size_t>(kRanksEach));
+  }
+
+  const int64_t before_starting = StoreCommits(*coordinator);
+  ASSERT_GE(before_starting, 0) << "no dropless_coordinator_store_commits_total on /metrics";
+  for (int i = 0; i < kWorkers; ++i) {
+    std::vector<v1::WorkerMessage> starting;
+    for (int rank : ranks_of[i]) {
+      starting.push_back(QueuedMessage(RankStatusOf(job->id(), 1, rank, v1::RANK_STATE_STARTING),
+                                       starting.size() + 1));
+    }
+    ASSERT_TRUE(workers[i]->SendAll(starting).ok());
+  }
+  for (int i = 0; i < kWorkers; ++i) ASSERT_TRUE(NextAck(*workers[i], kRanksEach));
+  const int64_t starting_commits = StoreCommits(*coordinator) - before_starting;
+  // Typically 2 a worker (the first status alone, the 15 read meanwhile together).
+  EXPECT_LE(starting_commits, kWorkers * kRanksEach / 4)
+      << "commits with fsync for " << kWorkers * kRanksEach << " STARTING statuses";
+  EXPECT_GE(starting_commits, 1);
+
+  for (int i = 0; i < kWorkers; ++i) workers[i]->Disconnect();
+  for (int i = 0; i < kWorkers; ++i) {
+    ASSERT_TRUE(coordinator->WaitForWorkerState(absl::StrCat("node-", i), v1::WORKER_STATE_LOST));
+  }
+  const int64_t before_running = StoreCommits(*coordinator);
+  for (int i = 0; i < kWorkers; ++i) {
+    std::vector<v1::RankStatus> running;
+    for (int rank : ranks_of[i]) {
+      running.push_back(RankStatusOf(job->id(), 1, rank, v1::RANK_STATE_RUNNING));
+    }
+    ASSERT_TRUE(workers[i]->Connect(absl::StrCat("boot-", i), running).ok());
+    ASSERT_TRUE(coordinator->WaitForWorkerState(absl::StrCat("node-", i), v1::WORKER_STATE_READY));
+  }
+  v1::Job running = coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(running.attempt(), 1);
+  // One for each Hello: its worker's row, its 16 ranks, and (the last) the job RUNNING.
+  EXPECT_EQ(StoreCommits(*coordinator) - before_running, kWorkers)
+      << "commits with fsync for " << kWorkers << " Hellos listing " << kRanksEach
+      << " RUNNING ranks each";
+}
+
+}  // namespace
+}  // namespace dropless::testing
