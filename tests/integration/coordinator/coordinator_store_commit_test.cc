@@ -150,8 +150,9 @@ TEST(CoordinatorStoreCommitTest, AGangStartsWithCommitsPerWorkerMessageNotPerRan
   }
   for (int i = 0; i < kWorkers; ++i) ASSERT_TRUE(NextAck(*workers[i], kRanksEach));
   const int64_t starting_commits = StoreCommits(*coordinator) - before_starting;
-  // Typically 2 a worker (the first status alone, the 15 read meanwhile together).
-  EXPECT_LE(starting_commits, kWorkers * kRanksEach / 4)
+  // Typically 2 a worker (the first status alone, the 15 read meanwhile together). How many
+  // arrive during a commit is timing, so the bound leaves room: one commit per status fails it.
+  EXPECT_LE(starting_commits, kWorkers * kRanksEach / 2)
       << "commits with fsync for " << kWorkers * kRanksEach << " STARTING statuses";
   EXPECT_GE(starting_commits, 1);
 
