@@ -138,6 +138,7 @@ void Coordinator::TickLoop() {
     if (shutting_down_) break;
     ExpireLeasesLocked(NowMs());
     jobs_.EnforceTimeLimits(NowMs());
+    jobs_.StoreUnstored();
     ScheduleLocked();
     jobs_.RetireFinished();
     RefreshGaugesLocked();
@@ -238,7 +239,7 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
   }
   ActiveJob& stored = jobs_.jobs()[id] = std::move(job);
   jobs_.MarkDirty(stored);
-  if (absl::Status s = jobs_.Commit(write); !s.ok()) {
+  if (absl::Status s = jobs_.Commit(write, JobController::IfNotStored::kForget); !s.ok()) {
     jobs_.jobs().erase(id);  // the transaction rolled back: the job was never accepted
     return absl::UnavailableError(absl::StrCat("the job could not be stored: ", s.message()));
   }
@@ -382,7 +383,6 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std:
   // job stays CANCELLED in memory, stored by the next commit that succeeds; but until then a
   // restart would bring it back, so the caller hears UNAVAILABLE and cancels again.
   absl::Status committed = jobs_.Commit(write);
-  if (committed.ok()) jobs_.Publish(write);
   jobs_.RetireFinished();
   ScheduleLocked();
   if (!committed.ok()) {

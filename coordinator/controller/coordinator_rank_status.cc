@@ -98,10 +98,9 @@ bool Coordinator::CommitRankStatusesLocked(RankStatusCommit& commit) {
     // With fsync where it stores job state (a rank's state, an attempt that failed); a Hello
     // that changed only its worker's row does without.
     done.write.durable = done.needs_commit || jobs_.HasDirty();
-    // A failed commit keeps its jobs dirty (retried with the next commit), and nothing of it
-    // is published.
+    // A failed commit keeps its jobs dirty and its ended attempts and events aside (stored with
+    // the next commit), and publishes nothing.
     stored = jobs_.Commit(done.write).ok();
-    if (stored) jobs_.Publish(done.write);
   }
   if (done.slot_freed) {
     jobs_.RetireFinished();

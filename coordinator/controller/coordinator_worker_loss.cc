@@ -124,7 +124,6 @@ void Coordinator::HandleGoodbyeLocked(WorkerEntry& worker, const v1::Goodbye& go
                        write);
   if (write.empty()) return;
   (void)jobs_.Commit(write);
-  jobs_.Publish(write);
 }
 
 }  // namespace dropless::coordinator

@@ -74,7 +74,6 @@ void Coordinator::RemoveSession(const std::shared_ptr<WorkerSession>& session) {
                          write);
   }
   (void)jobs_.Commit(write);
-  jobs_.Publish(write);
 }
 
 absl::Status Coordinator::HandleWorkerMessages(const std::shared_ptr<WorkerSession>& session,
@@ -343,10 +342,9 @@ void Coordinator::ExpireLeasesLocked(int64_t now_ms) {
     jobs_.FailAttemptsOnWorker(worker, reason, write);
     worker.occupied.clear();
   }
-  if (write.empty() && !jobs_.HasDirty()) return;
+  if (write.empty()) return;  // the ticker stores what earlier commits could not
   write.durable = true;
   (void)jobs_.Commit(write);
-  jobs_.Publish(write);
   jobs_.RetireFinished();
 }
 

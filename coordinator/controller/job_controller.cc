@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/log.h"
 #include "coordinator/controller/job_events.h"
 #include "coordinator/util/clock.h"
@@ -43,7 +44,24 @@ bool RankEnded(v1::RankState state) {
          state == v1::RANK_STATE_KILLED;
 }
 
-absl::Status JobController::Commit(StoreWrite& write) {
+absl::Status JobController::Commit(StoreWrite& write, IfNotStored if_not_stored) {
+  // Kept should this commit fail: what `write` brings besides the dirty jobs (callers add no job
+  // rows and, but for a submit, which is forgotten, no submit requests).
+  StoreWrite kept;
+  if (if_not_stored == IfNotStored::kStoreWithNextCommit) {
+    kept.attempts = write.attempts;
+    kept.workers = write.workers;
+    kept.events = write.events;
+  }
+  if (!unstored_.empty()) {
+    // Earlier changes first: an ended attempt's row and a worker's row are upserts that the
+    // newer rows of this write replace, and events keep the order they happened in.
+    write.attempts.insert(write.attempts.begin(), unstored_.attempts.begin(),
+                          unstored_.attempts.end());
+    write.workers.insert(write.workers.begin(), unstored_.workers.begin(), unstored_.workers.end());
+    write.events.insert(write.events.begin(), unstored_.events.begin(), unstored_.events.end());
+    write.durable = true;  // ended attempts, accepted state
+  }
   for (const std::string& id : dirty_) {
     auto it = jobs_.find(id);
     if (it == jobs_.end()) continue;
@@ -53,12 +71,24 @@ absl::Status JobController::Commit(StoreWrite& write) {
   absl::Status status = store_.Commit(write);
   if (status.ok()) {
     dirty_.clear();
-    if (metrics_ != nullptr && !write.empty()) metrics_->CountStoreCommit(write.durable);
+    unstored_ = StoreWrite{};
+    if (!write.empty()) {
+      if (metrics_ != nullptr) metrics_->CountStoreCommit(write.durable);
+      if (auto line = commit_failure_log_.Succeeded(absl::Now())) LogInfo(*line);
+    }
+    Publish(write);
   } else {
     // Job rows are whole-record upserts: keeping them dirty makes the next commit store their
     // latest state, so memory and store meet again once the store recovers (e.g. disk freed).
-    LogError(absl::StrCat("job store write failed (will retry with the next write): ",
-                          status.ToString()));
+    // What only this write says (an attempt that ended, events) waits in unstored_.
+    for (AttemptRecord& attempt : kept.attempts) unstored_.attempts.push_back(std::move(attempt));
+    for (v1::Worker& worker : kept.workers) unstored_.workers.push_back(std::move(worker));
+    for (v1::Event& event : kept.events) unstored_.events.push_back(std::move(event));
+    if (metrics_ != nullptr) metrics_->CountStoreCommitFailure();
+    if (auto line = commit_failure_log_.Failed(
+            absl::StrCat(status.ToString(), "; retried with the next commit"), absl::Now())) {
+      LogError(*line);
+    }
   }
   // What is queued here goes out whether or not the commit succeeded (an Assignment of a new
   // placement is not queued here: Schedule sends it only once stored). A Cancellation only stops
@@ -77,6 +107,12 @@ absl::Status JobController::StoreIfDirty(const std::string& job_id) {
   if (!IsDirty(job_id)) return absl::OkStatus();
   StoreWrite write;
   return Commit(write);
+}
+
+void JobController::StoreUnstored() {
+  if (dirty_.empty() && unstored_.empty()) return;
+  StoreWrite write;
+  (void)Commit(write);  // a failure is counted and logged there
 }
 
 void JobController::Schedule() {
@@ -105,26 +141,31 @@ void JobController::Schedule() {
     said_waiting.push_back(&job);
     AddEvent(write, waiting.job_id, job.record.job.attempt(), "Waiting", waiting.reason);
   }
-  if (write.empty() && dirty_.empty()) return;
-  if (absl::Status committed = Commit(write); !committed.ok()) {
+  if (write.empty() && dirty_.empty() && unstored_.empty()) return;
+  if (absl::Status committed = Commit(write, IfNotStored::kForget); !committed.ok()) {
     // Logged there. A placement goes no further than memory: undone, its job waits (PENDING, its
     // slots free) for the next pass, which places it again once the store takes it. Nothing of
-    // the write is published, and the Waiting events are said again.
+    // the write is kept or published (what earlier failed commits kept stays kept), and the
+    // Waiting events are said again.
     for (const UnstoredPlacement& p : placed) UndoPlacement(p);
     for (ActiveJob* job : said_waiting) job->waiting_reason.clear();
     return;
   }
+  if (!placed.empty()) {
+    if (auto line = undone_placement_log_.Succeeded(absl::Now())) LogInfo(*line);
+  }
   for (const UnstoredPlacement& p : placed) AnnouncePlacement(*p.job);
-  Publish(write);
 }
 
 void JobController::UndoPlacement(const UnstoredPlacement& placement) {
   ActiveJob& job = *placement.job;
   const AttemptRecord& attempt = *job.attempt;
-  LogWarning(
-      absl::StrFormat("job %s attempt %d: its placement could not be stored; undone, the "
-                      "job waits to be placed again",
-                      attempt.job_id, attempt.attempt));
+  if (auto line = undone_placement_log_.Failed(
+          absl::StrFormat("job %s attempt %d undone, the job waits to be placed again",
+                          attempt.job_id, attempt.attempt),
+          absl::Now())) {
+    LogWarning(*line);
+  }
   for (const RankRecord& r : attempt.ranks) {
     WorkerEntry* worker = workers_.Find(r.worker_id);
     if (worker == nullptr) continue;
@@ -340,8 +381,7 @@ void JobController::EnforceTimeLimits(int64_t now_ms) {
     stopped = true;
   }
   if (!stopped) return;
-  (void)Commit(write);  // a failed write is retried with the next one (Commit logs it)
-  Publish(write);
+  (void)Commit(write);  // a failed write is kept for the next one (Commit logs it)
   RetireFinished();
 }
 

@@ -5,10 +5,13 @@
 // per max_attempts, terminal states, time limits.
 //
 // The write path: a change is marked dirty and committed to the JobStore (Commit) with the events
-// that describe it before anyone hears about it: watchers get the events through Publish, an
-// Assignment goes out only once its placement is stored (a placement whose commit fails is
-// undone), and the Cancellations a change queues are sent after its commit whether or not that
-// succeeded (stopping ranks is safe whatever the store holds; Commit says why).
+// that describe it before anyone hears about it: watchers get the events once they are stored
+// (Commit publishes them), an Assignment goes out only once its placement is stored (a placement
+// whose commit fails is undone), and the Cancellations a change queues are sent after its commit
+// whether or not that succeeded (stopping ranks is safe whatever the store holds; Commit says
+// why). What a failed commit could not store is stored by the next one that succeeds: the dirty
+// jobs' rows (whole-record upserts of their latest state) and, kept aside, the rows of attempts
+// that ended, worker rows and events (unless the caller undoes the change: a placement, a submit).
 //
 // Not thread-safe: its owner serializes every call (the Coordinator, under its lock).
 #ifndef DROPLESS_COORDINATOR_CONTROLLER_JOB_CONTROLLER_H_
@@ -30,6 +33,7 @@
 #include "coordinator/rendezvous/rendezvous_store.h"
 #include "coordinator/scheduler/gang_scheduler.h"
 #include "coordinator/store/job_store.h"
+#include "coordinator/util/failure_log_throttle.h"
 #include "dropless/v1/worker_service.pb.h"
 
 namespace dropless::coordinator {
@@ -75,14 +79,26 @@ class JobController {
   bool HasDirty() const { return !dirty_.empty(); }
   // Whether the job has changes that are not stored yet (a failed Commit leaves them dirty).
   bool IsDirty(const std::string& job_id) const { return dirty_.count(job_id) != 0; }
-  // Writes the dirty jobs with `write` in one transaction, then sends the queued Cancellations
-  // and resent Assignments, stored or not (a failed commit keeps the jobs dirty).
-  absl::Status Commit(StoreWrite& write);
+
+  // What a failed Commit does with the attempts, workers and events of its write (the dirty
+  // jobs stay dirty either way).
+  enum class IfNotStored {
+    kStoreWithNextCommit,  // kept, and written (before its own) by the next Commit that succeeds
+    kForget,               // the caller undoes the change in memory (a placement, a submit)
+  };
+  // Writes, in one transaction, what earlier failed commits kept, then `write`, then the dirty
+  // jobs (`write` ends up holding all of it); once stored, publishes the events to the watchers
+  // of their jobs, in the order stored. Then sends the queued Cancellations and resent
+  // Assignments, stored or not. A failure is counted and logged (throttled: a full disk fails
+  // every commit).
+  absl::Status Commit(StoreWrite& write,
+                      IfNotStored if_not_stored = IfNotStored::kStoreWithNextCommit);
   // OK when the job's state in memory is in the store: it is not dirty (a failed Commit leaves
   // its jobs dirty), or committing the dirty jobs again succeeds now.
   absl::Status StoreIfDirty(const std::string& job_id);
-  // The events of a committed write, to the watchers of their jobs.
-  void Publish(const StoreWrite& write);
+  // Commits the dirty jobs and what failed commits kept, if any (the ticker: memory and store
+  // meet again once the store recovers, whether or not anything else happens).
+  void StoreUnstored();
 
   // Places what the gang scheduler can place on the registry's free slots; a job that must wait
   // gets a Waiting event when its reason changes. The Assignments go out once the placements are
@@ -119,6 +135,8 @@ class JobController {
     std::string waiting_reason;
     bool was_dirty;
   };
+  // The events of a committed write, to the watchers of their jobs.
+  void Publish(const StoreWrite& write);
   void Place(ActiveJob& job, const JobPlacement& placement, StoreWrite& write);
   // Its commit failed: the job as it was, the slots free, the rendezvous closed.
   void UndoPlacement(const UnstoredPlacement& placement);
@@ -136,6 +154,11 @@ class JobController {
 
   std::map<std::string, ActiveJob> jobs_;
   std::set<std::string> dirty_;
+  // Rows of ended attempts, worker rows and events that failed commits could not store (never a
+  // current attempt: that is a dirty job's); written first by the next commit that succeeds.
+  StoreWrite unstored_;
+  FailureLogThrottle commit_failure_log_{"a job store commit"};
+  FailureLogThrottle undone_placement_log_{"storing a placement"};
   // Cancellations and resent Assignments to workers, sent by the next Commit whatever its
   // outcome (see Commit).
   std::vector<std::pair<std::string, v1::CoordinatorMessage>> pending_sends_;

@@ -74,6 +74,13 @@ CoordinatorMetrics::CoordinatorMetrics()
                          .Help("Transactions of job state (jobs, attempts, workers, events) "
                                "committed to the job store, by sync: full (fsync) or normal")
                          .Register(*registry_)),
+      store_commit_failures_(
+          prometheus::BuildCounter()
+              .Name("dropless_coordinator_store_commit_failures_total")
+              .Help("Transactions of job state the job store failed to commit (e.g. a full "
+                    "disk); what they held is retried with the next commit")
+              .Register(*registry_)
+              .Add({})),
       jobs_finished_(prometheus::BuildCounter()
                          .Name("dropless_coordinator_jobs_finished_total")
                          .Help("Jobs that reached a terminal state, by state")
@@ -140,6 +147,8 @@ void CoordinatorMetrics::CountLeaseExpiry() { lease_expiries_.Increment(); }
 void CoordinatorMetrics::CountStoreCommit(bool fsync) {
   store_commits_.Add({{"sync", fsync ? "full" : "normal"}}).Increment();
 }
+
+void CoordinatorMetrics::CountStoreCommitFailure() { store_commit_failures_.Increment(); }
 
 void CoordinatorMetrics::CountJobFinished(v1::JobState state) {
   jobs_finished_.Add({{"state", JobStateName(state)}}).Increment();

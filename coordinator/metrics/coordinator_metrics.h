@@ -11,6 +11,7 @@
 //                                                           cancelled)
 //   dropless_coordinator_lease_expiries_total               counter
 //   dropless_coordinator_store_commits_total{sync="full|normal"} counter: job-state transactions
+//   dropless_coordinator_store_commit_failures_total        counter: those that failed
 //   dropless_coordinator_jobs_finished_total{state}         counter
 //   dropless_coordinator_rpcs_total{method,code}            counter
 //   dropless_coordinator_rpc_duration_seconds{method}       histogram
@@ -55,6 +56,8 @@ class CoordinatorMetrics {
   void CountLeaseExpiry();
   // A transaction of job state committed to the store; fsync: with synchronous=FULL.
   void CountStoreCommit(bool fsync);
+  // A transaction of job state that the store refused (e.g. a full disk); it is retried.
+  void CountStoreCommitFailure();
   void CountJobFinished(v1::JobState state);
   // method: "Service/Method" (bounded: the coordinator's own methods, else "other");
   // code: the gRPC status code's name, e.g. "OK", "NOT_FOUND".
@@ -73,6 +76,7 @@ class CoordinatorMetrics {
   prometheus::Histogram& pending_;
   prometheus::Counter& lease_expiries_;
   prometheus::Family<prometheus::Counter>& store_commits_;
+  prometheus::Counter& store_commit_failures_;
   prometheus::Family<prometheus::Counter>& jobs_finished_;
   prometheus::Family<prometheus::Counter>& rpcs_;
   prometheus::Family<prometheus::Histogram>& rpc_duration_;

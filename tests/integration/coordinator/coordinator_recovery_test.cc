@@ -25,12 +25,8 @@ TEST(CoordinatorRecoveryTest, ARankStatusIsAcknowledgedOnlyOnceStored) {
   FakeWorker w(coordinator->channel(), "node-full", 2);
   ASSERT_TRUE(w.Register("boot-1").ok());
   ASSERT_TRUE(w.Connect("boot-1").ok());
-  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(2));
+  absl::StatusOr<v1::Job> job = SubmitRunning(*coordinator, w, TinySpec(2));
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(w.NextAssignment().has_value());
-  for (int r = 0; r < 2; ++r)
-    ASSERT_TRUE(w.ReportRank(job->id(), 1, r, v1::RANK_STATE_RUNNING).ok());
-  coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
 
   const v1::RankStatus rank0_done = RankStatusOf(job->id(), 1, 0, v1::RANK_STATE_SUCCEEDED);
   ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), 0));

@@ -1,18 +1,23 @@
 // What the real dropless-coordinator tells workers and users follows what its store holds, and
 // what that costs: an Assignment goes out only once its placement is stored (a placement whose
 // commit fails is undone), a cancel that cannot be stored is an error to its caller though its
-// Cancellations stop the ranks, and the rank statuses of one worker message, or of several the
-// worker sent back to back, cost one commit with fsync (counted by
+// Cancellations stop the ranks, what a failed commit could not store (an ended attempt, events)
+// is stored by the next one and reaches watchers once, failed commits are counted
+// (dropless_coordinator_store_commit_failures_total), and the rank statuses of one worker message,
+// or of several the worker sent back to back, cost one commit with fsync (counted by
 // dropless_coordinator_store_commits_total). (Suite CoordinatorStoreCommitTest.)
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/coordinator/coordinator_test_support.h"
@@ -26,6 +31,146 @@ grpc::Status Cancel(CoordinatorUnderTest& coordinator, const std::string& id, v1
   v1::CancelJobRequest request;
   request.set_id(id);
   return coordinator.jobs().CancelJob(&context, request, job);
+}
+
+// The events a WatchJob stream delivers, read on a thread of its own while the test goes on.
+class EventWatcher {
+ public:
+  EventWatcher(v1::JobService::Stub& stub, const std::string& job_id) {
+    v1::WatchJobRequest request;
+    request.set_id(job_id);
+    reader_ = stub.WatchJob(&context_, request);
+    thread_ = std::thread([this] {
+      v1::JobUpdate update;
+      while (reader_->Read(&update)) {
+        absl::MutexLock lock(&mu_);
+        ++updates_;
+        if (update.has_event()) events_.push_back(update.event());
+      }
+      (void)reader_->Finish();
+    });
+  }
+  ~EventWatcher() {
+    context_.TryCancel();
+    thread_.join();
+  }
+  std::vector<v1::Event> events() {
+    absl::MutexLock lock(&mu_);
+    return events_;
+  }
+  // Waits (up to 15 s) for the first update (the job as of subscription); whether it came.
+  bool WaitForSnapshot() {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(
+                                    +[](int* updates) { return *updates > 0; }, &updates_),
+                                absl::Seconds(15));
+  }
+  // Waits (up to 15 s) for an event of `type`; whether it came.
+  bool WaitFor(const std::string& type) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(15);
+    do {
+      for (const v1::Event& e : events()) {
+        if (e.type() == type) return true;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    } while (absl::Now() < deadline);
+    return false;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReader<v1::JobUpdate>> reader_;
+  std::thread thread_;
+  absl::Mutex mu_;
+  int updates_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<v1::Event> events_ ABSL_GUARDED_BY(mu_);
+};
+
+// The types of the events, in their order, that are among `types`.
+std::vector<std::string> TypesAmong(const std::vector<v1::Event>& events,
+                                    const std::vector<std::string>& types) {
+  std::vector<std::string> out;
+  for (const v1::Event& e : events) {
+    if (std::find(types.begin(), types.end(), e.type()) != types.end()) out.push_back(e.type());
+  }
+  return out;
+}
+
+// A rank fails while the disk is full: the attempt ends in memory (the job queued for attempt 2,
+// the other rank cancelled) but the commit fails. Once the disk has room, the next commit stores
+// what that one could not: the attempt's final row and its events, which a watcher then gets
+// once each, in order, and which survive a kill -9. (Before: only the job's row was stored again;
+// the attempt's row said RUNNING and the events were gone.)
+TEST(CoordinatorStoreCommitTest, AnAttemptThatEndsWhileTheDiskIsFullIsStoredOnceItHasRoom) {
+  signal(SIGXFSZ, SIG_IGN);
+  auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
+  FakeWorker w(coordinator->channel(), "node-end", 2);
+  ASSERT_TRUE(w.Register("boot-1").ok());
+  ASSERT_TRUE(w.Connect("boot-1").ok());
+  absl::StatusOr<v1::Job> job = SubmitRunning(*coordinator, w, TinySpec(2, /*max_attempts=*/2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EventWatcher watcher(coordinator->jobs(), job->id());
+  ASSERT_TRUE(watcher.WaitForSnapshot()) << "the watcher's stream did not start";
+
+  ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), 0));
+  ASSERT_TRUE(w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_FAILED, /*exit_code=*/1).ok());
+  // The attempt ended in memory: its other rank is stopped though the end is not stored.
+  ASSERT_TRUE(w.NextCancellation().has_value());
+  absl::SleepFor(absl::Seconds(1));  // the ticker's commits fail too
+  const std::vector<std::string> ended = {"RankExited", "AttemptFailed", "Retrying"};
+  EXPECT_TRUE(TypesAmong(watcher.events(), ended).empty())
+      << "a watcher got events that are not stored";
+
+  ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), RLIM_INFINITY));
+  EXPECT_TRUE(watcher.WaitFor("Retrying"))
+      << "the ended attempt's events never reached the watcher";
+  absl::SleepFor(absl::Milliseconds(500));  // a duplicate would come with the next commits
+  std::vector<v1::Event> watched = watcher.events();
+  EXPECT_EQ(TypesAmong(watched, ended), ended) << "once each, in the order they happened";
+  for (size_t i = 1; i < watched.size(); ++i) {
+    EXPECT_GT(watched[i].id(), watched[i - 1].id()) << "watched events out of the stored order";
+  }
+  EXPECT_EQ(TypesAmong(coordinator->Events(job->id()), ended), ended);
+
+  w.Disconnect();
+  ASSERT_NO_FATAL_FAILURE(coordinator->Kill());
+  absl::StatusOr<v1::JobState> attempt_state = StoredAttemptState(coordinator->db(), job->id(), 1);
+  ASSERT_TRUE(attempt_state.ok()) << attempt_state.status();
+  EXPECT_EQ(*attempt_state, v1::JOB_STATE_FAILED)
+      << "the stored row of attempt 1 says " << v1::JobState_Name(*attempt_state);
+  ASSERT_NO_FATAL_FAILURE(coordinator->Restart());
+  EXPECT_EQ(TypesAmong(coordinator->Events(job->id()), ended), ended);
+  absl::StatusOr<v1::Job> after = coordinator->Get(job->id());
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(after->attempt(), 1);
+}
+
+// Each commit the store refuses is counted on /metrics (what a disk-full alert watches), and
+// while something is not stored the coordinator keeps trying; none is counted once it has room.
+TEST(CoordinatorStoreCommitTest, FailedCommitsAreCounted) {
+  signal(SIGXFSZ, SIG_IGN);
+  auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
+  ASSERT_EQ(StoreCommitFailures(*coordinator), 0)
+      << "no dropless_coordinator_store_commit_failures_total on /metrics";
+  ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), 0));
+  absl::StatusOr<v1::Job> refused = coordinator->Submit(TinySpec(1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_EQ(StoreCommitFailures(*coordinator), 1);
+  FakeWorker w(coordinator->channel(), "node-count", 1);
+  EXPECT_FALSE(w.Register("boot-1").ok());  // its row is kept, and retried every tick
+  absl::SleepFor(absl::Seconds(1));
+  const int64_t failures = StoreCommitFailures(*coordinator);
+  EXPECT_GE(failures, 4) << "failed commits while the worker's row waits to be stored";
+
+  ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), RLIM_INFINITY));
+  ASSERT_TRUE(w.Register("boot-1").ok());
+  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const int64_t settled = StoreCommitFailures(*coordinator);
+  EXPECT_GE(settled, failures);
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_EQ(StoreCommitFailures(*coordinator), settled) << "failures counted with room on disk";
 }
 
 // The disk fills while a job waits for a worker: the placement the worker's Hello allows cannot
@@ -79,13 +224,8 @@ TEST(CoordinatorStoreCommitTest, ACancelThatCannotBeStoredIsAnErrorYetStopsTheRa
   FakeWorker w(coordinator->channel(), "node-cancel", 2);
   ASSERT_TRUE(w.Register("boot-1").ok());
   ASSERT_TRUE(w.Connect("boot-1").ok());
-  absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(2, /*max_attempts=*/3));
+  absl::StatusOr<v1::Job> job = SubmitRunning(*coordinator, w, TinySpec(2, /*max_attempts=*/3));
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(w.NextAssignment().has_value());
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(w.ReportRank(job->id(), 1, r, v1::RANK_STATE_RUNNING).ok());
-  }
-  coordinator->WaitForState(job->id(), v1::JOB_STATE_RUNNING);
 
   ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), 0));
   v1::Job answer;

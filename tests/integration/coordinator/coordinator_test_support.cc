@@ -2,6 +2,7 @@
 
 #include <grpcpp/generic/generic_stub.h>
 #include <signal.h>
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -76,9 +77,13 @@ CoordinatorUnderTest::~CoordinatorUnderTest() {
 }
 
 void CoordinatorUnderTest::KillAndRestart() {
+  ASSERT_NO_FATAL_FAILURE(Kill());
+  Launch();
+}
+
+void CoordinatorUnderTest::Kill() {
   ASSERT_TRUE(process_->Signal(SIGKILL).ok());
   ASSERT_TRUE(process_->Wait(absl::Seconds(10)).ok());
-  Launch();
 }
 
 absl::StatusOr<v1::Job> CoordinatorUnderTest::Submit(const std::string& spec,
@@ -462,6 +467,24 @@ absl::Status RegisterAgain(FakeWorker& w, const std::string& boot_id) {
   return registered;
 }
 
+absl::StatusOr<v1::Job> SubmitRunning(CoordinatorUnderTest& coordinator, FakeWorker& w,
+                                      const std::string& spec) {
+  absl::StatusOr<v1::Job> job = coordinator.Submit(spec);
+  if (!job.ok()) return job.status();
+  std::optional<v1::Assignment> assignment = w.NextAssignment();
+  if (!assignment.has_value()) return absl::DeadlineExceededError("no Assignment came");
+  for (const v1::RankAssignment& r : assignment->ranks()) {
+    if (absl::Status s = w.ReportRank(job->id(), 1, r.rank(), v1::RANK_STATE_RUNNING); !s.ok()) {
+      return s;
+    }
+  }
+  v1::Job running = coordinator.WaitForState(job->id(), v1::JOB_STATE_RUNNING);
+  if (running.state() != v1::JOB_STATE_RUNNING) {
+    return absl::DeadlineExceededError(absl::StrCat(job->id(), " did not start running"));
+  }
+  return job;
+}
+
 void LimitFileSize(Process& process, rlim_t bytes) {
   rlimit limit{};
   ASSERT_EQ(prlimit(process.pid(), RLIMIT_FSIZE, nullptr, &limit), 0);
@@ -477,13 +500,51 @@ bool HasEvent(CoordinatorUnderTest& coordinator, const std::string& job_id,
   return false;
 }
 
-int64_t StoreCommits(CoordinatorUnderTest& coordinator, const std::string& sync) {
-  const std::string series =
-      absl::StrCat("dropless_coordinator_store_commits_total{sync=\"", sync, "\"} ");
+namespace {
+
+// The value of a counter series ("name{labels} " or "name ") as /metrics shows it; -1 if absent.
+int64_t CounterValue(CoordinatorUnderTest& coordinator, const std::string& series) {
   const std::string text = HttpGet(coordinator.metrics_port(), "/metrics");
   const size_t at = text.find(series);
   if (at == std::string::npos) return -1;
   return static_cast<int64_t>(std::strtod(text.c_str() + at + series.size(), nullptr));
+}
+
+}  // namespace
+
+int64_t StoreCommits(CoordinatorUnderTest& coordinator, const std::string& sync) {
+  return CounterValue(
+      coordinator, absl::StrCat("dropless_coordinator_store_commits_total{sync=\"", sync, "\"} "));
+}
+
+int64_t StoreCommitFailures(CoordinatorUnderTest& coordinator) {
+  return CounterValue(coordinator, "\ndropless_coordinator_store_commit_failures_total ");
+}
+
+absl::StatusOr<v1::JobState> StoredAttemptState(const std::string& db, const std::string& job_id,
+                                                int attempt) {
+  sqlite3* handle = nullptr;
+  if (sqlite3_open_v2(db.c_str(), &handle, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
+    std::string error = handle != nullptr ? sqlite3_errmsg(handle) : "out of memory";
+    sqlite3_close(handle);
+    return absl::InternalError(absl::StrCat("opening ", db, ": ", error));
+  }
+  sqlite3_stmt* statement = nullptr;
+  absl::StatusOr<v1::JobState> state =
+      absl::NotFoundError(absl::StrCat("no row of ", job_id, " attempt ", attempt, " in ", db));
+  if (sqlite3_prepare_v2(handle, "SELECT state FROM attempts WHERE job_id = ?1 AND attempt = ?2",
+                         -1, &statement, nullptr) != SQLITE_OK) {
+    state = absl::InternalError(sqlite3_errmsg(handle));
+  } else {
+    sqlite3_bind_text(statement, 1, job_id.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int(statement, 2, attempt);
+    if (sqlite3_step(statement) == SQLITE_ROW) {
+      state = static_cast<v1::JobState>(sqlite3_column_int(statement, 0));
+    }
+  }
+  sqlite3_finalize(statement);
+  sqlite3_close(handle);
+  return state;
 }
 
 }  // namespace dropless::testing

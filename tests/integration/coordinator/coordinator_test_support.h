@@ -59,6 +59,10 @@ class CoordinatorUnderTest {
 
   // kill -9, then the same binary on the same database and ports.
   void KillAndRestart();
+  // kill -9 and wait for the process: its database may be read (StoredAttemptState) until
+  // Restart starts the same binary on it and the same ports again.
+  void Kill();
+  void Restart() { Launch(); }
 
   // Polls GetJob until pred holds; the last job seen either way.
   v1::Job WaitForJob(const std::string& id, const std::function<bool(const v1::Job&)>& pred,
@@ -200,6 +204,10 @@ class FakeWorker {
   std::optional<grpc::Status> final_status_ ABSL_GUARDED_BY(mu_);
 };
 
+// Submits `spec` and runs its attempt 1 on `w` (connected, with a slot for each rank): the
+// Assignment taken, each rank reported RUNNING, the job RUNNING; the job as submitted.
+absl::StatusOr<v1::Job> SubmitRunning(CoordinatorUnderTest& coordinator, FakeWorker& w,
+                                      const std::string& spec);
 // A RankStatus of a rank of the job's attempt.
 v1::RankStatus RankStatusOf(const std::string& job_id, int attempt, int rank, v1::RankState state);
 // The status as a queued message with its place `seq` in the worker's queue.
@@ -217,6 +225,12 @@ bool HasEvent(CoordinatorUnderTest& coordinator, const std::string& job_id,
 // dropless_coordinator_store_commits_total{sync} as /metrics shows it now (sync: "full" counts
 // the commits with fsync).
 int64_t StoreCommits(CoordinatorUnderTest& coordinator, const std::string& sync = "full");
+// dropless_coordinator_store_commit_failures_total as /metrics shows it now; -1 when absent.
+int64_t StoreCommitFailures(CoordinatorUnderTest& coordinator);
+// The state of the job's attempt as its row in the database file says (read with SQLite while
+// no coordinator holds the file: after Kill); NotFound when there is no row.
+absl::StatusOr<v1::JobState> StoredAttemptState(const std::string& db, const std::string& job_id,
+                                                int attempt);
 
 // One unary call by method name with raw request bytes; for calls the tests have no stub for
 // (grpc.health.v1) and for malformed payloads.
