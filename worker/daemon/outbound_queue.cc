@@ -4,22 +4,33 @@
 #include <utility>
 
 namespace dropless {
+namespace {
+
+// What dropped() counts for a message that is dropped or refused: its lines, or the message.
+int64_t DroppedCount(const dropless::v1::WorkerMessage& message) {
+  return message.has_logs() ? message.logs().lines_size() : 1;
+}
+
+}  // namespace
 
 OutboundQueue::OutboundQueue(size_t max_messages) : max_messages_(max_messages > 0 ? max_messages : 1) {}
 
 void OutboundQueue::Append(dropless::v1::WorkerMessage message) {
   if (messages_.size() >= max_messages_) {
-    // Drop the oldest message that is not a rank status change; if there is none, the oldest.
-    auto victim = messages_.begin();
-    for (auto it = messages_.begin(); it != messages_.end(); ++it) {
-      if (!it->message.has_rank_status()) {
-        victim = it;
-        break;
-      }
+    // A rank status is never dropped: the coordinator would not learn that the rank ended, and
+    // could send its Assignment again (the rank would start twice). They are bounded by the
+    // ranks this daemon runs; the bound is kept by dropping the oldest message of another kind,
+    // or, when only statuses are queued, by refusing a new message of another kind.
+    auto victim = std::find_if(messages_.begin(), messages_.end(),
+                               [](const Entry& e) { return !e.message.has_rank_status(); });
+    if (victim != messages_.end()) {
+      dropped_ += DroppedCount(victim->message);
+      if (journal_ != nullptr) journal_->Dropped(victim->sequence);
+      messages_.erase(victim);
+    } else if (!message.has_rank_status()) {
+      dropped_ += DroppedCount(message);
+      return;
     }
-    dropped_ += victim->message.has_logs() ? victim->message.logs().lines_size() : 1;
-    if (journal_ != nullptr) journal_->Dropped(victim->sequence);
-    messages_.erase(victim);
   }
   messages_.push_back(Entry{next_sequence_++, std::move(message)});
   if (journal_ != nullptr) journal_->Appended(messages_.back().sequence, messages_.back().message);

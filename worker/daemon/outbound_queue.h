@@ -1,10 +1,12 @@
 // OutboundQueue: messages from the worker daemon to the coordinator, kept while the session is
-// down and sent in order once it is back. Bounded: when full, the oldest metrics/log messages are
-// dropped first (rank status changes are kept as long as anything else can go).
+// down and sent in order once it is back. Bounded: when full, the oldest message that is not a
+// rank status is dropped; a rank status is never dropped (the coordinator would not learn that the
+// rank ended and could start it again), so with only statuses queued a new message of another kind
+// is refused, and statuses (bounded by the ranks the daemon runs) may exceed the bound.
 //
 // Log lines are batched: they collect into one LogBatch until it holds kMaxLogBatchLines lines
-// (or about kMaxLogBatchBytes) or its first line is kLogBatchDelay old, and any other message seals the open batch first, so a
-// rank's last lines go out before its exit status.
+// (or about kMaxLogBatchBytes) or its first line is kLogBatchDelay old, and any other message seals
+// the open batch first, so a rank's last lines go out before its exit status.
 //
 // One consumer (the session writer) uses Peek / MarkSent / Acknowledge: Peek returns the oldest
 // message not yet sent on this session, and a message leaves the queue only when the coordinator
@@ -66,7 +68,7 @@ class OutboundQueue {
   std::vector<dropless::v1::RankStatus> PendingRankStatuses() const;
 
   size_t size() const;
-  // Messages (or log lines) dropped because the queue was full.
+  // Messages (or log lines) dropped or refused because the queue was full.
   int64_t dropped() const;
 
  private:

@@ -7,15 +7,16 @@
 #include <set>
 #include <system_error>
 #include <utility>
+#include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "common/log.h"
 #include "common/step_phase.h"
 #include "common/utf8.h"
-#include "common/log.h"
 #include "worker/daemon/step_metrics_proto.h"
 #include "worker/rank/step_report.h"
 
@@ -111,10 +112,39 @@ void RankManager::HandleAssignment(const v1::Assignment& assignment) {
   RankEntry base;
   base.job_id = assignment.job_id();
   base.attempt = assignment.attempt();
+  // First, before anything can refuse it: a rank of this attempt that is alive here, or has a
+  // status still queued, was started (or refused) here before, and an Assignment that comes again
+  // (a coordinator resends one it placed but never heard of) must neither start it twice nor
+  // report it a second time (a FAILED after its real end). Statuses leave the queue only once the
+  // coordinator stored them (with fsync), so a rank started before is alive, queued, or known to
+  // the coordinator, which then never sends its Assignment again (Hello.takes_resent_assignments).
+  std::set<int> here;
+  for (const v1::RankStatus& status : outbound_->PendingRankStatuses()) {
+    if (status.job_id() == base.job_id && status.attempt() == base.attempt) {
+      here.insert(status.rank());
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, entry] : ranks_) {
+      if (entry.job_id == base.job_id && entry.attempt == base.attempt) here.insert(entry.rank);
+    }
+  }
+  std::vector<v1::RankAssignment> fresh;
+  for (const v1::RankAssignment& ra : assignment.ranks()) {
+    if (here.count(ra.rank()) != 0) {
+      LogInfo(absl::StrCat("job ", base.job_id, " attempt ", base.attempt, " rank ", ra.rank(),
+                           " was started (or refused) here before; assignment ignored"));
+      continue;
+    }
+    fresh.push_back(ra);
+  }
+  if (fresh.empty()) return;
+
   auto reject_all = [&](const std::string& why) {
     LogWarning(absl::StrCat("assignment of job ", assignment.job_id(), " attempt ",
                            assignment.attempt(), " rejected: ", why));
-    for (const v1::RankAssignment& ra : assignment.ranks()) {
+    for (const v1::RankAssignment& ra : fresh) {
       RankEntry e = base;
       e.rank = ra.rank();
       PushStatus(e, v1::RANK_STATE_FAILED, 127, why);
@@ -147,24 +177,9 @@ void RankManager::HandleAssignment(const v1::Assignment& assignment) {
   absl::Status written = WriteFileAtomically(spec_path, assignment.spec_yaml());
   if (!written.ok()) return reject_all(std::string(written.message()));
 
-  // Ranks of this attempt with a status still queued: started (or refused) here before. Their
-  // statuses leave the queue only once the coordinator stored them (with fsync), so a rank
-  // started before is either alive, in this list, or known to the coordinator, which then never
-  // sends its Assignment again (Hello.takes_resent_assignments).
-  std::set<int> reported;
-  for (const v1::RankStatus& status : outbound_->PendingRankStatuses()) {
-    if (status.job_id() == base.job_id && status.attempt() == base.attempt) {
-      reported.insert(status.rank());
-    }
-  }
-  for (const v1::RankAssignment& ra : assignment.ranks()) {
+  for (const v1::RankAssignment& ra : fresh) {
     RankEntry e = base;
     e.rank = ra.rank();
-    if (reported.count(ra.rank()) != 0) {
-      LogInfo(absl::StrCat("job ", e.job_id, " attempt ", e.attempt, " rank ", e.rank,
-                           " was started (or refused) here before; assignment ignored"));
-      continue;
-    }
     if (ra.rank() < 0 || ra.rank() >= assignment.world_size()) {
       PushStatus(e, v1::RANK_STATE_FAILED, 127,
                  absl::StrCat("assignment: rank ", ra.rank(), " outside 0..",
@@ -177,23 +192,15 @@ void RankManager::HandleAssignment(const v1::Assignment& assignment) {
                               " of node ", options_.node));
       continue;
     }
-    bool duplicate = false;
     {
       absl::MutexLock lock(&mu_);
       for (const auto& [id, entry] : ranks_) {
-        if (entry.job_id == e.job_id && entry.attempt == e.attempt && entry.rank == e.rank) {
-          duplicate = true;
-        } else if (entry.slot == ra.slot()) {
+        if (entry.slot == ra.slot()) {
           LogWarning(absl::StrCat("slot ", ra.slot(), " is still held by job ", entry.job_id,
                                  " rank ", entry.rank, "; starting job ", e.job_id, " rank ",
                                  e.rank, " beside it"));
         }
       }
-    }
-    if (duplicate) {
-      LogInfo(absl::StrCat("job ", e.job_id, " attempt ", e.attempt, " rank ", e.rank,
-                             " is already running here; assignment ignored"));
-      continue;
     }
     StartRank(assignment, ra.rank(), ra.slot(), spec_path, attempt_dir);
   }

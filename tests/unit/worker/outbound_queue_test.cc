@@ -207,6 +207,25 @@ TEST(OutboundQueueTest, BoundedDropsOldestMetricsBeforeStatuses) {
   EXPECT_EQ(got[3].metrics().step(), 5);
 }
 
+// A rank status is never dropped, even when the queue holds nothing else: the coordinator would
+// not learn that the rank ended and could send its Assignment again. A message of another kind is
+// refused instead, and statuses go beyond the bound (they are bounded by the daemon's ranks).
+TEST(OutboundQueueTest, BoundedNeverDropsARankStatus) {
+  OutboundQueue q(2);
+  q.Push(Status(0));
+  q.Push(Status(1));
+  q.Push(Metrics(2));  // refused: only statuses are queued
+  q.PushLogLine(Line("refused too"));
+  q.Push(Status(3));  // kept beyond the bound
+  EXPECT_EQ(q.dropped(), 2);
+  std::vector<v1::WorkerMessage> got = Drain(q);
+  ASSERT_EQ(got.size(), 3u);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(got[i].has_rank_status()) << i;
+  EXPECT_EQ(got[0].rank_status().rank(), 0);
+  EXPECT_EQ(got[1].rank_status().rank(), 1);
+  EXPECT_EQ(got[2].rank_status().rank(), 3);
+}
+
 TEST(OutboundQueueTest, PopAfterTheEntryWasDroppedKeepsTheNewFront) {
   OutboundQueue q(1);
   q.Push(Metrics(1));

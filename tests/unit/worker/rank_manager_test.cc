@@ -384,6 +384,22 @@ TEST_F(RankManagerTest, StoppingKillsRanksWithTheReasonAndStartsNoMore) {
   EXPECT_EQ(ends[1], "late RANK_STATE_FAILED not started: the worker daemon got Terminated");
 }
 
+// An Assignment that comes again while the daemon stops (a coordinator resends it after a
+// reconnect) for a rank that already ended here, its status still queued: it is ignored, not
+// refused. A refusal would queue a FAILED behind the rank's real end.
+TEST_F(RankManagerTest, AResentAssignmentOfAReportedRankIsIgnoredEvenWhileStopping) {
+  manager_->HandleAssignment(Assignment("hang", {{0, 0}}, 1));
+  ASSERT_TRUE(WaitRunning(1, absl::Seconds(10)));
+  EXPECT_TRUE(manager_->StopAllAndWait(absl::Seconds(5), "the worker daemon got Terminated"));
+  manager_->HandleAssignment(Assignment("hang", {{0, 0}}, 1));
+  std::vector<v1::RankState> ends;
+  for (const v1::RankState state : StatesOf(CollectUntilEnded(2, absl::Seconds(2)), 0)) {
+    if (state == v1::RANK_STATE_KILLED || state == v1::RANK_STATE_FAILED) ends.push_back(state);
+  }
+  EXPECT_EQ(ends, std::vector<v1::RankState>{v1::RANK_STATE_KILLED})
+      << "the resent assignment queued a second end for rank 0";
+}
+
 TEST_F(RankManagerTest, BadAssignmentsFailWithoutStartingAnything) {
   manager_->HandleAssignment(Assignment("ok", {{0, 5}, {3, 0}}, 2));  // slot 5 of 2; rank 3 of 2
   std::vector<v1::WorkerMessage> msgs = CollectUntilEnded(2, absl::Seconds(5));
