@@ -369,6 +369,9 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& id, const std:
   if (found == nullptr || IsTerminal(found->record.job.state())) {
     absl::StatusOr<v1::Job> stored = store_->GetJob(id);
     if (!stored.ok()) return stored.status();
+    // A cancel again (its caller did not hear the answer, or heard UNAVAILABLE and a later commit
+    // stored it): the cancelled job, as for the cancel that stored it.
+    if (stored->state() == v1::JOB_STATE_CANCELLED) return *stored;
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " already finished (",
                                                       JobStateName(stored->state()),
                                                       "); nothing to cancel"));

@@ -55,6 +55,7 @@
 #include "coordinator/rendezvous/rendezvous_store.h"
 #include "coordinator/scheduler/gang_scheduler.h"
 #include "coordinator/store/job_store.h"
+#include "coordinator/util/failure_log_throttle.h"
 #include "coordinator/util/mailbox.h"
 #include "dropless/v1/job_service.pb.h"
 #include "dropless/v1/worker_service.pb.h"
@@ -251,6 +252,10 @@ class Coordinator {
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_){options_.lease_timeout_ms};
   JobController jobs_ ABSL_GUARDED_BY(mu_){*store_, workers_, hub_, rendezvous_, metrics_};
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Workers' step metrics and log lines the store refused: a full disk refuses each one, and
+  // every worker sends them again on its next session.
+  FailureLogThrottle message_store_log_ ABSL_GUARDED_BY(mu_){
+      "storing a worker's step metrics or log lines"};
 
   absl::Notification stop_;
   std::thread ticker_;

@@ -95,9 +95,9 @@ bool Coordinator::CommitRankStatusesLocked(RankStatusCommit& commit) {
   RankStatusCommit done = std::exchange(commit, RankStatusCommit{});
   bool stored = true;
   if (done.needs_commit || !done.write.empty()) {
-    // With fsync where it stores job state (a rank's state, an attempt that failed); a Hello
-    // that changed only its worker's row does without.
-    done.write.durable = done.needs_commit || jobs_.HasDirty();
+    // Commit fsyncs it where it stores job state (a rank's state, an attempt that failed, any
+    // dirty job); a Hello that changed only its worker's row does without.
+    done.write.durable = false;
     // A failed commit keeps its jobs dirty and its ended attempts and events aside (stored with
     // the next commit), and publishes nothing.
     stored = jobs_.Commit(done.write).ok();

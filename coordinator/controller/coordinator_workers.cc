@@ -9,6 +9,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/job_error.h"
 #include "common/log.h"
 #include "common/utf8.h"
@@ -227,23 +228,25 @@ bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metri
   if (!placed_here) return true;
   if (metrics.node().empty()) metrics.set_node(worker.info.node());
   if (metrics.time_ms() == 0) metrics.set_time_ms(NowMs());
+  // Heard of only once stored: a step that is not comes again (the worker resends it), and
+  // watchers and the hang watchdog would count it twice.
+  if (absl::Status s = store_->PutStepMetrics(metrics, receipt); !s.ok()) {
+    if (auto line = message_store_log_.Failed(s.ToString(), absl::Now())) LogError(*line);
+    return false;
+  }
+  if (auto line = message_store_log_.Succeeded(absl::Now())) LogInfo(*line);
   job->step_times.Add(metrics.step_seconds());
   v1::Job& j = job->record.job;
   if (!j.has_latest() || j.latest().attempt() != metrics.attempt() ||
       metrics.rank() <= j.latest().rank()) {
     *j.mutable_latest() = metrics;
   }
-  bool stored = true;
-  if (absl::Status s = store_->PutStepMetrics(metrics, receipt); !s.ok()) {
-    LogError(absl::StrCat("storing step metrics failed: ", s.ToString()));
-    stored = false;
-  }
-  if (!hub_.Watched(j.id())) return stored;
+  if (!hub_.Watched(j.id())) return true;
   v1::JobUpdate update;
   *update.mutable_job() = j;
   *update.mutable_metrics() = std::move(metrics);
   hub_.Publish(j.id(), std::move(update));
-  return stored;
+  return true;
 }
 
 bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batch,
@@ -307,13 +310,14 @@ bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
         worker.info.id(), dropped));
   }
   absl::StatusOr<int64_t> first_seq = store_->AppendLogs(lines, receipt);
-  const bool stored = first_seq.ok();
   if (!first_seq.ok()) {
-    LogError(absl::StrCat("storing log lines failed: ", first_seq.status().ToString()));
-  } else {
-    for (size_t i = 0; i < lines.size(); ++i) lines[i].set_seq(*first_seq + static_cast<int64_t>(i));
+    if (auto line = message_store_log_.Failed(first_seq.status().ToString(), absl::Now())) {
+      LogError(*line);
+    }
+    return false;  // the worker sends them again; followers see them then
   }
-  if (!stored) return false;  // the worker sends them again; followers see them then
+  if (auto line = message_store_log_.Succeeded(absl::Now())) LogInfo(*line);
+  for (size_t i = 0; i < lines.size(); ++i) lines[i].set_seq(*first_seq + static_cast<int64_t>(i));
   for (const v1::LogLine& line : lines) {
     if (jobs_.Find(line.job_id()) == nullptr) continue;
     hub_.PublishLog(line);

@@ -56,12 +56,12 @@ absl::Status JobController::Commit(StoreWrite& write, IfNotStored if_not_stored)
   if (!unstored_.empty()) {
     // Earlier changes first: an ended attempt's row and a worker's row are upserts that the
     // newer rows of this write replace, and events keep the order they happened in.
-    write.attempts.insert(write.attempts.begin(), unstored_.attempts.begin(),
-                          unstored_.attempts.end());
-    write.workers.insert(write.workers.begin(), unstored_.workers.begin(), unstored_.workers.end());
-    write.events.insert(write.events.begin(), unstored_.events.begin(), unstored_.events.end());
+    unstored_.PrependTo(write);
     write.durable = true;  // ended attempts, accepted state
   }
+  // A job's state is stored with fsync whoever commits it: a queued RankStatus whose commit
+  // failed is acknowledged when it comes again once its job is not dirty any more.
+  if (!dirty_.empty()) write.durable = true;
   for (const std::string& id : dirty_) {
     auto it = jobs_.find(id);
     if (it == jobs_.end()) continue;
@@ -69,24 +69,25 @@ absl::Status JobController::Commit(StoreWrite& write, IfNotStored if_not_stored)
     if (it->second.attempt.has_value()) write.attempts.push_back(*it->second.attempt);
   }
   absl::Status status = store_.Commit(write);
+  const absl::Time now = absl::Now();
   if (status.ok()) {
     dirty_.clear();
-    unstored_ = StoreWrite{};
+    unstored_.Clear();
+    unstored_retry_.Succeeded();
     if (!write.empty()) {
       if (metrics_ != nullptr) metrics_->CountStoreCommit(write.durable);
-      if (auto line = commit_failure_log_.Succeeded(absl::Now())) LogInfo(*line);
+      if (auto line = commit_failure_log_.Succeeded(now)) LogInfo(*line);
     }
     Publish(write);
   } else {
     // Job rows are whole-record upserts: keeping them dirty makes the next commit store their
     // latest state, so memory and store meet again once the store recovers (e.g. disk freed).
     // What only this write says (an attempt that ended, events) waits in unstored_.
-    for (AttemptRecord& attempt : kept.attempts) unstored_.attempts.push_back(std::move(attempt));
-    for (v1::Worker& worker : kept.workers) unstored_.workers.push_back(std::move(worker));
-    for (v1::Event& event : kept.events) unstored_.events.push_back(std::move(event));
+    unstored_.Keep(std::move(kept.attempts), std::move(kept.workers), std::move(kept.events));
+    unstored_retry_.Failed(now);
     if (metrics_ != nullptr) metrics_->CountStoreCommitFailure();
     if (auto line = commit_failure_log_.Failed(
-            absl::StrCat(status.ToString(), "; retried with the next commit"), absl::Now())) {
+            absl::StrCat(status.ToString(), "; retried with the next commit"), now)) {
       LogError(*line);
     }
   }
@@ -110,7 +111,12 @@ absl::Status JobController::StoreIfDirty(const std::string& job_id) {
 }
 
 void JobController::StoreUnstored() {
+  const absl::Time now = absl::Now();
+  // Said once a success has lasted (a failure since resets it).
+  if (auto line = commit_failure_log_.Recovered(now)) LogInfo(*line);
+  if (auto line = undone_placement_log_.Recovered(now)) LogInfo(*line);
   if (dirty_.empty() && unstored_.empty()) return;
+  if (!unstored_retry_.Due(now)) return;  // the store keeps failing: tried less often
   StoreWrite write;
   (void)Commit(write);  // a failure is counted and logged there
 }

@@ -11,7 +11,8 @@
 // whether or not that succeeded (stopping ranks is safe whatever the store holds; Commit says
 // why). What a failed commit could not store is stored by the next one that succeeds: the dirty
 // jobs' rows (whole-record upserts of their latest state) and, kept aside, the rows of attempts
-// that ended, worker rows and events (unless the caller undoes the change: a placement, a submit).
+// that ended, worker rows and events (unless the caller undoes the change: a placement, a submit;
+// bounded: UnstoredWrites). A commit that carries a job's state is fsync'ed, whoever makes it.
 //
 // Not thread-safe: its owner serializes every call (the Coordinator, under its lock).
 #ifndef DROPLESS_COORDINATOR_CONTROLLER_JOB_CONTROLLER_H_
@@ -27,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "coordinator/controller/hang_watchdog.h"
+#include "coordinator/controller/unstored_writes.h"
 #include "coordinator/controller/watch_hub.h"
 #include "coordinator/controller/worker_registry.h"
 #include "coordinator/metrics/coordinator_metrics.h"
@@ -34,6 +36,7 @@
 #include "coordinator/scheduler/gang_scheduler.h"
 #include "coordinator/store/job_store.h"
 #include "coordinator/util/failure_log_throttle.h"
+#include "coordinator/util/retry_backoff.h"
 #include "dropless/v1/worker_service.pb.h"
 
 namespace dropless::coordinator {
@@ -76,7 +79,6 @@ class JobController {
 
   // The job's record and current attempt go into the next Commit.
   void MarkDirty(const ActiveJob& job) { dirty_.insert(job.record.job.id()); }
-  bool HasDirty() const { return !dirty_.empty(); }
   // Whether the job has changes that are not stored yet (a failed Commit leaves them dirty).
   bool IsDirty(const std::string& job_id) const { return dirty_.count(job_id) != 0; }
 
@@ -97,7 +99,8 @@ class JobController {
   // its jobs dirty), or committing the dirty jobs again succeeds now.
   absl::Status StoreIfDirty(const std::string& job_id);
   // Commits the dirty jobs and what failed commits kept, if any (the ticker: memory and store
-  // meet again once the store recovers, whether or not anything else happens).
+  // meet again once the store recovers, whether or not anything else happens). While commits
+  // keep failing it tries less often: 100 ms after a failure, doubling up to 5 s.
   void StoreUnstored();
 
   // Places what the gang scheduler can place on the registry's free slots; a job that must wait
@@ -156,7 +159,8 @@ class JobController {
   std::set<std::string> dirty_;
   // Rows of ended attempts, worker rows and events that failed commits could not store (never a
   // current attempt: that is a dirty job's); written first by the next commit that succeeds.
-  StoreWrite unstored_;
+  UnstoredWrites unstored_;
+  RetryBackoff unstored_retry_{absl::Milliseconds(100), absl::Seconds(5)};
   FailureLogThrottle commit_failure_log_{"a job store commit"};
   FailureLogThrottle undone_placement_log_{"storing a placement"};
   // Cancellations and resent Assignments to workers, sent by the next Commit whatever its

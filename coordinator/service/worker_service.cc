@@ -7,14 +7,32 @@
 
 #include "absl/time/time.h"
 #include "coordinator/auth/caller.h"
+#include "coordinator/util/byte_budget.h"
 #include "coordinator/util/grpc_status.h"
 #include "coordinator/util/mailbox.h"
 
 namespace dropless::coordinator {
 namespace {
 
-// Messages of one session read ahead of the coordinator, and handled together at most.
+// Messages of one session read ahead of the coordinator, and handled together at most: a count,
+// and their bytes (a worker's message may be 4 MiB; one larger than this still goes alone).
 constexpr size_t kMaxMessagesAhead = 256;
+constexpr size_t kMaxBytesAhead = 16 << 20;
+
+// A batch as the coordinator takes it, one lock at a time: a run of consecutive RankStatus
+// messages together (one commit with fsync for all), every other message alone, so the lock is
+// released between them (a log batch is one transaction of its own).
+std::vector<std::vector<v1::WorkerMessage>> LockRuns(std::vector<v1::WorkerMessage>& batch) {
+  std::vector<std::vector<v1::WorkerMessage>> runs;
+  bool in_status_run = false;
+  for (v1::WorkerMessage& message : batch) {
+    const bool status = message.has_rank_status();
+    if (runs.empty() || !status || !in_status_run) runs.emplace_back();
+    runs.back().push_back(std::move(message));
+    in_status_run = status;
+  }
+  return runs;
+}
 
 }  // namespace
 
@@ -65,24 +83,32 @@ grpc::Status WorkerServiceImpl::Session(
     if (!absl::IsCancelled(hello_handled)) status = ToGrpcStatus(hello_handled);
   } else {
     Mailbox<v1::WorkerMessage> received(kMaxMessagesAhead);
+    ByteBudget bytes_ahead(kMaxBytesAhead);
     std::thread reader([&] {
       v1::WorkerMessage message;
       // Ends with the stream, or at the next message once the handler below stopped.
-      while (stream->Read(&message) && received.PushWaiting(std::move(message))) {
+      while (stream->Read(&message) && bytes_ahead.Take(message.ByteSizeLong()) &&
+             received.PushWaiting(std::move(message))) {
       }
       received.Close();
     });
     std::vector<v1::WorkerMessage> batch;
-    while (received.PopAll(absl::InfiniteDuration(), kMaxMessagesAhead, &batch) ==
-           Mailbox<v1::WorkerMessage>::Result::kItem) {
-      absl::Status handled = coordinator_->HandleWorkerMessages(session, batch);
-      batch.clear();
-      if (!handled.ok()) {
-        status = ToGrpcStatus(handled);
-        break;
+    while (status.ok() && received.PopAll(absl::InfiniteDuration(), kMaxMessagesAhead, &batch) ==
+                              Mailbox<v1::WorkerMessage>::Result::kItem) {
+      for (std::vector<v1::WorkerMessage>& run : LockRuns(batch)) {
+        size_t run_bytes = 0;
+        for (const v1::WorkerMessage& m : run) run_bytes += m.ByteSizeLong();
+        absl::Status handled = coordinator_->HandleWorkerMessages(session, run);
+        bytes_ahead.Give(run_bytes);
+        if (!handled.ok()) {
+          status = ToGrpcStatus(handled);
+          break;
+        }
       }
+      batch.clear();
     }
     received.Close();
+    bytes_ahead.Close();
     reader.join();
   }
   // Stop the writer before the stream goes away, and make sure nothing cancels this context

@@ -12,6 +12,7 @@ std::string Rounded(absl::Duration d) {
 }  // namespace
 
 std::optional<std::string> FailureLogThrottle::Failed(absl::string_view detail, absl::Time now) {
+  succeeding_ = false;
   ++failures_;
   if (failures_ == 1) {
     first_failure_ = now;
@@ -33,10 +34,21 @@ std::optional<std::string> FailureLogThrottle::Failed(absl::string_view detail, 
 
 std::optional<std::string> FailureLogThrottle::Succeeded(absl::Time now) {
   if (failures_ == 0) return std::nullopt;
-  std::string line = absl::StrFormat("%s succeeds again, after %d failures over %s", what_,
-                                     failures_, Rounded(now - first_failure_));
+  if (!succeeding_) {
+    succeeding_ = true;
+    succeeding_since_ = now;
+  }
+  return Recovered(now);
+}
+
+std::optional<std::string> FailureLogThrottle::Recovered(absl::Time now) {
+  if (failures_ == 0 || !succeeding_ || now - succeeding_since_ < settle_) return std::nullopt;
+  std::string line = absl::StrFormat("%s succeeds again (for %s), after %d failures over %s", what_,
+                                     Rounded(now - succeeding_since_), failures_,
+                                     Rounded(succeeding_since_ - first_failure_));
   failures_ = 0;
   failures_unlogged_ = 0;
+  succeeding_ = false;
   return line;
 }
 

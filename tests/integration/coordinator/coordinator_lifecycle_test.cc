@@ -236,8 +236,11 @@ TEST(CoordinatorLifecycleTest, CancelSendsCancellationAndIsFinal) {
   grpc::ClientContext again_context;
   v1::Job again;
   grpc::Status again_status = coordinator->jobs().CancelJob(&again_context, request, &again);
-  EXPECT_EQ(again_status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_THAT(again_status.error_message(), HasSubstr(job->id()));
+  // Final: a cancel again answers the cancelled job as it is.
+  EXPECT_TRUE(again_status.ok()) << again_status.error_message();
+  EXPECT_EQ(again.id(), job->id());
+  EXPECT_EQ(again.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_THAT(again.message(), HasSubstr("test says stop"));
 
   // The slots stay busy until the ranks are reported gone.
   absl::StatusOr<v1::Job> next = coordinator->Submit(TinySpec(2));

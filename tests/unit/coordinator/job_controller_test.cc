@@ -3,14 +3,18 @@
 // retries per max_attempts, retirement.
 #include "coordinator/controller/job_controller.h"
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "coordinator/controller/job_events.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -33,7 +37,7 @@ class JobControllerTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<JobStore>> opened = JobStore::Open(TempDbPath());
     ASSERT_TRUE(opened.ok()) << opened.status();
     store_ = *std::move(opened);
-    controller_ = std::make_unique<JobController>(*store_, registry_, hub_, rendezvous_, nullptr);
+    controller_ = std::make_unique<JobController>(*store_, registry_, hub_, rendezvous_, &metrics_);
     // One READY worker with two CPU slots.
     v1::RegisterWorkerRequest request;
     request.set_node("node-a");
@@ -86,6 +90,35 @@ class JobControllerTest : public ::testing::Test {
     return types;
   }
 
+  // A counter of /metrics as it reads now (sync: "full" or "normal" for the commits, "" for the
+  // failures); 0 when absent.
+  int64_t Counted(const std::string& sync) {
+    const std::string series =
+        sync.empty()
+            ? "dropless_coordinator_store_commit_failures_total "
+            : absl::StrCat("dropless_coordinator_store_commits_total{sync=\"", sync, "\"} ");
+    const std::string text = metrics_.collectable()->Serialize();
+    const size_t at = text.find("\n" + series);
+    return at == std::string::npos ? 0 : std::stoll(text.substr(at + 1 + series.size()));
+  }
+
+  // Every write to a file of this process fails (as on a full disk) while it lives.
+  class FullDisk {
+   public:
+    FullDisk() {
+      signal(SIGXFSZ, SIG_IGN);
+      EXPECT_EQ(getrlimit(RLIMIT_FSIZE, &saved_), 0);
+      rlimit none = saved_;
+      none.rlim_cur = 0;
+      EXPECT_EQ(setrlimit(RLIMIT_FSIZE, &none), 0);
+    }
+    ~FullDisk() { EXPECT_EQ(setrlimit(RLIMIT_FSIZE, &saved_), 0); }
+
+   private:
+    rlimit saved_{};
+  };
+
+  CoordinatorMetrics metrics_;
   std::unique_ptr<JobStore> store_;
   WorkerRegistry registry_{10'000};
   WatchHub hub_{16, 16};
@@ -166,6 +199,59 @@ TEST_F(JobControllerTest, StopJobCancelsTheRanksAndEndsTheJob) {
   ASSERT_TRUE(cancellation.has_cancellation());
   EXPECT_EQ(cancellation.cancellation().reason(), "cancelled by user");
   EXPECT_EQ(controller_->FindActiveAttempt(id, 1), nullptr);
+}
+
+// A job's state is stored with fsync whoever commits it: a caller that asks for none (a session
+// that ended, a scheduling pass without placements) commits a dirty job durably, for a queued
+// RankStatus whose own commit failed is acknowledged once its job is not dirty any more.
+TEST_F(JobControllerTest, ACommitCarryingAJobsStateIsFsynced) {
+  const std::string id = AddJob(1);
+  const int64_t full = Counted("full");
+  const int64_t normal = Counted("normal");
+  controller_->MarkDirty(*controller_->Find(id));
+  StoreWrite write;
+  write.durable = false;
+  AddEvent(write, "", 0, "WorkerDisconnected", "a worker row's change needs no fsync");
+  ASSERT_TRUE(controller_->Commit(write).ok());
+  EXPECT_EQ(Counted("full"), full + 1);
+  EXPECT_EQ(Counted("normal"), normal);
+}
+
+// A long outage: every failed commit brings the same worker's row again (it reconnects every few
+// seconds) and an event. What is kept holds that worker's latest row once and every event, and
+// the ticker's retries back off instead of committing all of it every tick.
+TEST_F(JobControllerTest, WhatFailedCommitsKeepIsBoundedAndRetriedWithBackoff) {
+  v1::Worker row = registry_.Find(worker_id_)->info;
+  {
+    FullDisk full;
+    auto commit_round = [&](int i) {
+      StoreWrite write;
+      row.set_state(i % 2 == 0 ? v1::WORKER_STATE_LOST : v1::WORKER_STATE_READY);
+      write.workers.push_back(row);
+      AddEvent(write, "", 0, i % 2 == 0 ? "WorkerLost" : "WorkerReady", absl::StrCat(i));
+      return controller_->Commit(write);
+    };
+    ASSERT_FALSE(commit_round(0).ok());
+    const int64_t failures = Counted("");
+    for (int i = 0; i < 20; ++i) controller_->StoreUnstored();
+    EXPECT_EQ(Counted(""), failures) << "the ticker retried at once after a failure";
+    absl::SleepFor(absl::Milliseconds(150));
+    controller_->StoreUnstored();
+    EXPECT_EQ(Counted(""), failures + 1) << "the retry 100 ms after the first failure";
+    for (int i = 0; i < 20; ++i) controller_->StoreUnstored();
+    EXPECT_EQ(Counted(""), failures + 1) << "retried again before 200 ms";
+    for (int i = 1; i < 50; ++i) ASSERT_FALSE(commit_round(i).ok());
+  }
+  StoreWrite write;
+  ASSERT_TRUE(controller_->Commit(write).ok());
+  ASSERT_EQ(write.workers.size(), 1u) << "one row per worker, not one per failed commit";
+  EXPECT_EQ(write.workers[0].state(), v1::WORKER_STATE_READY) << "its latest";
+  EXPECT_EQ(write.events.size(), 50u);
+  absl::StatusOr<std::vector<v1::Event>> stored = store_->ListEvents("", 100);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  int lost = 0;
+  for (const v1::Event& e : *stored) lost += e.type() == "WorkerLost";
+  EXPECT_EQ(lost, 25);
 }
 
 }  // namespace
