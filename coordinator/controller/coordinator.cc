@@ -96,9 +96,7 @@ absl::Status Coordinator::Load() {
       p->set_node(rank.node);
       p->set_slot(rank.slot);
       WorkerEntry* worker = workers_.Find(rank.worker_id);
-      bool ended = rank.state == v1::RANK_STATE_SUCCEEDED || rank.state == v1::RANK_STATE_FAILED ||
-                   rank.state == v1::RANK_STATE_KILLED;
-      if (worker != nullptr && !ended) {
+      if (worker != nullptr && !RankEnded(rank.state)) {
         worker->occupied[rank.slot] = RankKey{attempt.job_id, attempt.attempt, rank.rank};
       }
     }

@@ -18,24 +18,24 @@ absl::StatusOr<void*> DeviceArena::AllocateBytes(size_t bytes, const char* what)
   void* p = nullptr;
   const cudaError_t error = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
   if (error != cudaSuccess) {
-    (void)cudaGetLastError();
-    absl::Status status = absl::ResourceExhaustedError(
-        absl::StrFormat("cuda engine: allocating %s (%.2f GiB; %.2f GiB allocated before): %s",
-                        what, static_cast<double>(bytes) / (1 << 30),
-                        static_cast<double>(device_bytes_) / (1 << 30), cudaGetErrorString(error)));
     // More than the whole device holds is a property of the job (its model and tokens_per_rank):
     // no node or retry runs it. Less than that may be memory another process holds: a node problem.
     size_t free_bytes = 0;
     size_t total_bytes = 0;
-    if (error == cudaErrorMemoryAllocation &&
-        cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess &&
-        static_cast<size_t>(device_bytes_) + bytes > total_bytes) {
+    const bool beyond_device = error == cudaErrorMemoryAllocation &&
+                               cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess &&
+                               static_cast<size_t>(device_bytes_) + bytes > total_bytes;
+    (void)cudaGetLastError();  // neither failure is sticky: cleared for the next launch check
+    absl::Status status = absl::ResourceExhaustedError(
+        absl::StrFormat("cuda engine: allocating %s (%.2f GiB; %.2f GiB allocated before): %s",
+                        what, static_cast<double>(bytes) / (1 << 30),
+                        static_cast<double>(device_bytes_) / (1 << 30), cudaGetErrorString(error)));
+    if (beyond_device) {
       return MarkJobError(absl::ResourceExhaustedError(absl::StrFormat(
           "%s; the job needs more than the device's %.2f GiB: fewer tokens_per_rank, a larger "
           "parallel.ep or activation_offload needs less",
           status.message(), static_cast<double>(total_bytes) / (1 << 30))));
     }
-    (void)cudaGetLastError();
     return status;
   }
   device_.push_back(p);
