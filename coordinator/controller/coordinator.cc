@@ -137,6 +137,9 @@ void Coordinator::TickLoop() {
     ExpireLeasesLocked(NowMs());
     jobs_.EnforceTimeLimits(NowMs());
     jobs_.StoreUnstored();
+    // The step metrics and log lines are stored as workers send them, not by the ticker: the
+    // line saying their failures are over comes here once success has lasted.
+    if (auto line = message_store_log_.Recovered(absl::Now())) LogInfo(*line);
     ScheduleLocked();
     jobs_.RetireFinished();
     RefreshGaugesLocked();

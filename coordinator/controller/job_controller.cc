@@ -122,6 +122,10 @@ void JobController::StoreUnstored() {
 }
 
 void JobController::Schedule() {
+  // While the store keeps failing, a pass waits for the retry's turn (StoreUnstored's back-off):
+  // its commit would fail as the last one did, and its placements would be undone again, every
+  // tick. Otherwise (no failure since the last success) it is always due.
+  if (!unstored_retry_.Due(absl::Now())) return;
   std::vector<QueuedJob> queue;
   for (const auto& [id, job] : jobs_) {
     const v1::Job& j = job.record.job;

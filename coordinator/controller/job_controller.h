@@ -106,7 +106,8 @@ class JobController {
   // Places what the gang scheduler can place on the registry's free slots; a job that must wait
   // gets a Waiting event when its reason changes. The Assignments go out once the placements are
   // stored; when that commit fails they are undone (the jobs PENDING again, their slots free),
-  // and a later pass places them again.
+  // and a later pass places them again. While commits keep failing a pass does nothing until
+  // StoreUnstored's back-off makes a try due.
   void Schedule();
   // Ends the attempt; the job is queued again while attempts remain, else it FAILS. `retry` false
   // (a rank reported a problem of the job itself, common/job_error.h) FAILS it at once.

@@ -323,6 +323,39 @@ TEST(CoordinatorStoreCommitTest, RetriesOfWhatIsNotStoredBackOff) {
   EXPECT_TRUE(coordinator->WaitForWorkerState("node-backoff", v1::WORKER_STATE_READY));
 }
 
+// The same with a job that the scheduler could place: its attempt fails while the disk is full
+// (the status is not stored, so its worker's session ends) and attempt 2 fits on a second,
+// idle worker. The scheduling passes wait for the back-off's turn as the ticker's retries do
+// (before: a placement, a failed commit and the placement undone every tick), no Assignment goes
+// out, and once the disk has room attempt 2 is placed there.
+TEST(CoordinatorStoreCommitTest, APlaceableJobWaitsForTheRetrysTurnWhileTheStoreFails) {
+  signal(SIGXFSZ, SIG_IGN);
+  auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
+  FakeWorker w(coordinator->channel(), "node-first", 2);
+  ASSERT_TRUE(w.Register("boot-1").ok());
+  ASSERT_TRUE(w.Connect("boot-1").ok());
+  absl::StatusOr<v1::Job> job = SubmitRunning(*coordinator, w, TinySpec(2, /*max_attempts=*/2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  FakeWorker idle(coordinator->channel(), "node-idle", 2);
+  ASSERT_TRUE(idle.Register("boot-1").ok());
+  ASSERT_TRUE(idle.Connect("boot-1").ok());
+  ASSERT_TRUE(coordinator->WaitForWorkerState("node-idle", v1::WORKER_STATE_READY));
+
+  ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), 0));
+  ASSERT_TRUE(w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_FAILED, /*exit_code=*/1).ok());
+  const int64_t failed_first = StoreCommitFailures(*coordinator);
+  EXPECT_FALSE(idle.NextAssignment(absl::Seconds(3)).has_value())
+      << "an Assignment went out for a placement the store refused";
+  const int64_t retries = StoreCommitFailures(*coordinator) - failed_first;
+  EXPECT_GE(retries, 2);
+  EXPECT_LE(retries, 8) << "commits tried in 3 s while every commit fails";
+
+  ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), RLIM_INFINITY));
+  std::optional<v1::Assignment> assignment = idle.NextAssignment();
+  ASSERT_TRUE(assignment.has_value()) << "attempt 2 was never placed once the disk had room";
+  EXPECT_EQ(assignment->attempt(), 2);
+}
+
 // A 64-rank gang on 4 workers starting: each worker reports its 16 ranks STARTING as 16 queued
 // RankStatus messages sent back to back, then, after a reconnect, lists them RUNNING in its
 // Hello. Every change of a rank's state is stored with fsync before it is acknowledged, but the
