@@ -21,6 +21,7 @@ namespace {
 namespace v1 = dropless::v1;
 
 constexpr char kBoot = 'B';
+constexpr char kHostBoot = 'H';
 constexpr char kMessage = 'M';
 constexpr char kAck = 'A';
 constexpr char kDrop = 'D';
@@ -65,8 +66,16 @@ std::string OutboundJournal::Record(char kind, uint64_t sequence, const std::str
   return out;
 }
 
+std::string OutboundJournal::HostBootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!(in >> id)) return "";
+  return id;
+}
+
 absl::StatusOr<std::unique_ptr<OutboundJournal>> OutboundJournal::Open(
-    const std::string& path, const std::string& new_boot_id, Recovered* recovered) {
+    const std::string& path, const std::string& new_boot_id, const std::string& host_boot_id,
+    Recovered* recovered) {
   *recovered = Recovered{};
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
@@ -92,6 +101,7 @@ absl::StatusOr<std::unique_ptr<OutboundJournal>> OutboundJournal::Open(
     }
   }
   std::map<uint64_t, v1::WorkerMessage> pending;
+  std::string written_in_host_boot;
   size_t offset = 0;
   while (offset + kHeaderBytes <= content.size()) {
     const char kind = content[offset];
@@ -101,6 +111,8 @@ absl::StatusOr<std::unique_ptr<OutboundJournal>> OutboundJournal::Open(
     const std::string payload = content.substr(offset + kHeaderBytes, length);
     if (kind == kBoot) {
       recovered->boot_id = payload;
+    } else if (kind == kHostBoot) {
+      written_in_host_boot = payload;
     } else if (kind == kMessage) {
       v1::WorkerMessage message;
       if (!message.ParseFromString(payload)) break;
@@ -124,10 +136,17 @@ absl::StatusOr<std::unique_ptr<OutboundJournal>> OutboundJournal::Open(
   for (auto& [sequence, message] : pending) {
     recovered->pending.emplace_back(sequence, std::move(message));
   }
+  if (!written_in_host_boot.empty() && !host_boot_id.empty() &&
+      written_in_host_boot != host_boot_id) {
+    const size_t discarded = recovered->pending.size();
+    *recovered = Recovered{};
+    recovered->discarded_after_host_boot = discarded;
+  }
   if (recovered->boot_id.empty()) recovered->boot_id = new_boot_id;
 
-  // Start from a compact file: the boot id, the acknowledgement and what is still pending.
+  // Start from a compact file: the boot ids, the acknowledgement and what is still pending.
   journal->boot_id_ = recovered->boot_id;
+  journal->host_boot_id_ = host_boot_id;
   journal->acknowledged_ = recovered->acknowledged;
   std::vector<std::pair<uint64_t, const v1::WorkerMessage*>> live;
   for (const auto& [sequence, message] : recovered->pending) live.emplace_back(sequence, &message);
@@ -209,6 +228,7 @@ absl::Status OutboundJournal::RewriteFile(
     const std::vector<std::pair<uint64_t, const v1::WorkerMessage*>>& pending) {
   const std::string tmp = path_ + ".tmp";
   std::string bytes = Record(kBoot, 0, boot_id_) + Record(kAck, acknowledged_, "");
+  if (!host_boot_id_.empty()) bytes += Record(kHostBoot, 0, host_boot_id_);
   std::map<uint64_t, uint64_t> live;
   uint64_t live_bytes = 0;
   for (const auto& [sequence, message] : pending) {

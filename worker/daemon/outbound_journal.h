@@ -5,12 +5,16 @@
 // sequence and the messages after it, so the coordinator stores each message once and a rank
 // that ended just before the restart is known to have ended.
 //
-// An append-only file of records (boot id, message, acknowledgement, drop), each one write(2):
-// it survives the process, not the host (no fsync, as the coordinator's log and metrics rows). A
-// record cut by a crash ends the replay. The file is rewritten (temporary file + rename) with
-// only the unacknowledged messages once it is mostly acknowledged ones. A failing disk turns the
-// journal off (logged once) and removes the file, so that a restart begins a new boot rather than
-// renumbering from the file's last record; the queue goes on in memory.
+// An append-only file of records (boot id, host boot id, message, acknowledgement, drop), each one
+// write(2): it survives the process, not the host (no fsync, as the coordinator's log and metrics
+// rows). So a journal written before the host last booted (its host boot id is not the kernel's
+// now) is not replayed: its tail may be lost (a rank's STARTING, a final status), and going on with
+// its boot id would let the coordinator resend an Assignment whose rank this host already started
+// once; the daemon begins a new boot, whose Hello tells the coordinator that the old one's ranks
+// are gone. A record cut by a crash ends the replay. The file is rewritten (temporary file +
+// rename) with only the unacknowledged messages once it is mostly acknowledged ones. A failing disk
+// turns the journal off (logged once) and removes the file, so that a restart begins a new boot
+// rather than renumbering from the file's last record; the queue goes on in memory.
 //
 // Not thread-safe: OutboundQueue calls it under its own lock.
 #ifndef DROPLESS_WORKER_DAEMON_OUTBOUND_JOURNAL_H_
@@ -34,6 +38,9 @@ class OutboundJournal {
   // What a previous run of the daemon left.
   struct Recovered {
     std::string boot_id;         // empty: no journal yet (first start)
+    // Messages of a journal written before the host last booted, not replayed (then boot_id is
+    // the new one and nothing else is recovered).
+    size_t discarded_after_host_boot = 0;
     uint64_t acknowledged = 0;   // the highest sequence the coordinator acknowledged
     uint64_t last_sequence = 0;  // the highest sequence ever numbered
     // Unacknowledged messages, oldest first.
@@ -41,12 +48,18 @@ class OutboundJournal {
   };
 
   // Opens `path` (creating it and its directory), replays it into *recovered and, when it held no
-  // boot id, records `new_boot_id` (then recovered->boot_id is that one). The journal is locked
+  // boot id or was written before the host last booted, records `new_boot_id` (then
+  // recovered->boot_id is that one). `host_boot_id`: the kernel's boot id
+  // (/proc/sys/kernel/random/boot_id, HostBootId()); empty when unknown, and a journal that
+  // records none (written by an older daemon) is replayed. The journal is locked
   // (flock on <path>.lock) while this object lives: FailedPrecondition when another process holds
   // it (a second daemon on the same work dir); other errors are Unavailable.
   static absl::StatusOr<std::unique_ptr<OutboundJournal>> Open(const std::string& path,
                                                                const std::string& new_boot_id,
+                                                               const std::string& host_boot_id,
                                                                Recovered* recovered);
+  // The kernel's boot id (changes with every boot of the host); empty when it cannot be read.
+  static std::string HostBootId();
   ~OutboundJournal();
 
   void Appended(uint64_t sequence, const dropless::v1::WorkerMessage& message);
@@ -76,6 +89,7 @@ class OutboundJournal {
   int lock_fd_ = -1;
   int fd_ = -1;
   std::string boot_id_;
+  std::string host_boot_id_;
   uint64_t acknowledged_ = 0;
   uint64_t file_bytes_ = 0;
   uint64_t live_bytes_ = 0;

@@ -81,10 +81,17 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   std::string boot_id = CoordinatorSession::NewBootId();
   {
     OutboundJournal::Recovered recovered;
-    absl::StatusOr<std::unique_ptr<OutboundJournal>> journal = OutboundJournal::Open(
-        absl::StrCat(config.work_dir, "/outbound.journal"), boot_id, &recovered);
+    absl::StatusOr<std::unique_ptr<OutboundJournal>> journal =
+        OutboundJournal::Open(absl::StrCat(config.work_dir, "/outbound.journal"), boot_id,
+                              OutboundJournal::HostBootId(), &recovered);
     if (journal.ok()) {
       boot_id = recovered.boot_id;
+      if (recovered.discarded_after_host_boot > 0) {
+        LogWarning(absl::StrCat(
+            "outbound journal: written before this host last booted; a new "
+            "boot (the previous run's ranks are gone with the host), its ",
+            recovered.discarded_after_host_boot, " unacknowledged message(s) not sent"));
+      }
       if (!recovered.pending.empty()) {
         LogInfo(absl::StrCat("outbound journal: ", recovered.pending.size(),
                                " message(s) of the previous run not acknowledged yet; sending them"

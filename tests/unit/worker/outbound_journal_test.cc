@@ -37,10 +37,10 @@ v1::WorkerMessage Metrics(int step) {
 // One daemon run: a queue restored from the journal at `path`.
 struct DaemonRun {
   explicit DaemonRun(const std::string& path, const std::string& boot_id = "boot-new",
-               size_t max_messages = 10000)
+                     size_t max_messages = 10000, const std::string& host_boot_id = "host-boot-1")
       : queue(max_messages) {
     absl::StatusOr<std::unique_ptr<OutboundJournal>> journal =
-        OutboundJournal::Open(path, boot_id, &recovered);
+        OutboundJournal::Open(path, boot_id, host_boot_id, &recovered);
     EXPECT_TRUE(journal.ok()) << journal.status();
     if (journal.ok()) queue.Restore(*std::move(journal), recovered);
   }
@@ -125,15 +125,15 @@ TEST(OutboundJournalTest, OneProcessAtATimeHoldsAJournal) {
   const std::string path = TempJournalPath();
   OutboundJournal::Recovered recovered;
   absl::StatusOr<std::unique_ptr<OutboundJournal>> first =
-      OutboundJournal::Open(path, "boot-1", &recovered);
+      OutboundJournal::Open(path, "boot-1", "host-boot-1", &recovered);
   ASSERT_TRUE(first.ok()) << first.status();
   // flock is per open file description: a second Open in this process stands for another daemon.
   absl::StatusOr<std::unique_ptr<OutboundJournal>> second =
-      OutboundJournal::Open(path, "boot-2", &recovered);
+      OutboundJournal::Open(path, "boot-2", "host-boot-1", &recovered);
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(second.status().message().find("work_dir"), absl::string_view::npos);
   first->reset();
-  EXPECT_TRUE(OutboundJournal::Open(path, "boot-2", &recovered).ok());
+  EXPECT_TRUE(OutboundJournal::Open(path, "boot-2", "host-boot-1", &recovered).ok());
   EXPECT_EQ(recovered.boot_id, "boot-1");
 }
 
@@ -166,9 +166,61 @@ TEST(OutboundJournalTest, AJournalThatFailsIsRemovedSoARestartIsANewBoot) {
   EXPECT_TRUE(second.recovered.pending.empty());
 }
 
+// The journal is not synced, so one written before the host last booted may have lost its tail
+// (a rank's STARTING): it is not replayed, and the daemon begins a new boot, which the coordinator
+// never resends an old boot's Assignments to. A journal without a host boot id (an older daemon's)
+// is replayed, and records the host's from then on.
+TEST(OutboundJournalTest, AJournalFromBeforeTheHostBootedIsANewBoot) {
+  const std::string path = TempJournalPath();
+  {
+    DaemonRun first(path, "boot-1", 10000, "host-boot-1");
+    for (int step = 1; step <= 3; ++step) first.queue.Push(Metrics(step));
+    first.queue.Acknowledge(1);
+  }  // the daemon dies; the daemon starts again on the same host boot
+  {
+    DaemonRun same_host(path, "boot-2", 10000, "host-boot-1");
+    EXPECT_EQ(same_host.recovered.boot_id, "boot-1");
+    EXPECT_EQ(same_host.recovered.pending.size(), 2u);
+    EXPECT_EQ(same_host.recovered.discarded_after_host_boot, 0u);
+  }  // the host reboots
+  {
+    DaemonRun rebooted(path, "boot-3", 10000, "host-boot-2");
+    EXPECT_EQ(rebooted.recovered.boot_id, "boot-3");
+    EXPECT_TRUE(rebooted.recovered.pending.empty());
+    EXPECT_EQ(rebooted.recovered.acknowledged, 0u);
+    EXPECT_EQ(rebooted.recovered.last_sequence, 0u);
+    EXPECT_EQ(rebooted.recovered.discarded_after_host_boot, 2u);
+    rebooted.queue.Push(Metrics(10));
+  }
+  {
+    DaemonRun again(path, "boot-4", 10000, "host-boot-2");  // the new boot goes on
+    EXPECT_EQ(again.recovered.boot_id, "boot-3");
+    EXPECT_EQ(again.recovered.pending.size(), 1u);
+  }
+  const std::string old_daemons = TempJournalPath();
+  {
+    DaemonRun unknown_host(old_daemons, "boot-1", 10000, /*host_boot_id=*/"");
+    unknown_host.queue.Push(Metrics(1));
+  }
+  {
+    DaemonRun first_known(old_daemons, "boot-2", 10000, "host-boot-2");
+    EXPECT_EQ(first_known.recovered.boot_id, "boot-1");
+    EXPECT_EQ(first_known.recovered.pending.size(), 1u);
+  }
+  DaemonRun rebooted(old_daemons, "boot-3", 10000, "host-boot-3");
+  EXPECT_EQ(rebooted.recovered.boot_id, "boot-3");
+}
+
+TEST(OutboundJournalTest, HostBootIdIsTheKernels) {
+  const std::string id = OutboundJournal::HostBootId();
+  EXPECT_EQ(id.size(), 36u) << id;  // a UUID
+  EXPECT_EQ(id, OutboundJournal::HostBootId());
+}
+
 TEST(OutboundJournalTest, AnUnwritableDirectoryIsAnError) {
   OutboundJournal::Recovered recovered;
-  EXPECT_FALSE(OutboundJournal::Open("/proc/no-such-dir/outbound.journal", "b", &recovered).ok());
+  EXPECT_FALSE(
+      OutboundJournal::Open("/proc/no-such-dir/outbound.journal", "b", "h", &recovered).ok());
 }
 
 }  // namespace
