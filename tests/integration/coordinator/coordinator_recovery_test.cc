@@ -23,8 +23,7 @@ TEST(CoordinatorRecoveryTest, ARankStatusIsAcknowledgedOnlyOnceStored) {
   signal(SIGXFSZ, SIG_IGN);
   auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
   FakeWorker w(coordinator->channel(), "node-full", 2);
-  ASSERT_TRUE(w.Register("boot-1").ok());
-  ASSERT_TRUE(w.Connect("boot-1").ok());
+  ASSERT_TRUE(w.Join().ok());
   absl::StatusOr<v1::Job> job = SubmitRunning(*coordinator, w, TinySpec(2));
   ASSERT_TRUE(job.ok()) << job.status();
 
@@ -66,8 +65,7 @@ TEST(CoordinatorRecoveryTest, AnAssignmentLostToACoordinatorRestartIsSentAgain) 
   auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
   FakeWorker w(coordinator->channel(), "node-lost", 1);
   w.SetTakesResentAssignments(true);
-  ASSERT_TRUE(w.Register("boot-1").ok());
-  ASSERT_TRUE(w.Connect("boot-1").ok());
+  ASSERT_TRUE(w.Join().ok());
   absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(1));  // max_attempts 1
   ASSERT_TRUE(job.ok()) << job.status();
   std::optional<v1::Assignment> first = w.NextAssignment();
@@ -107,8 +105,7 @@ TEST(CoordinatorRecoveryTest, AnAssignmentIsNotSentAgainWhereTheRankMayHaveRun) 
     auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
     FakeWorker w(coordinator->channel(), "node-gone", 1);
     w.SetTakesResentAssignments(c.takes_resent);
-    ASSERT_TRUE(w.Register("boot-1").ok());
-    ASSERT_TRUE(w.Connect("boot-1").ok());
+    ASSERT_TRUE(w.Join().ok());
     absl::StatusOr<v1::Job> job = coordinator->Submit(TinySpec(1));
     ASSERT_TRUE(job.ok()) << job.status();
     ASSERT_TRUE(w.NextAssignment().has_value());

@@ -112,8 +112,7 @@ TEST(CoordinatorStoreCommitTest, AnAttemptThatEndsWhileTheDiskIsFullIsStoredOnce
   signal(SIGXFSZ, SIG_IGN);
   auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
   FakeWorker w(coordinator->channel(), "node-end", 2);
-  ASSERT_TRUE(w.Register("boot-1").ok());
-  ASSERT_TRUE(w.Connect("boot-1").ok());
+  ASSERT_TRUE(w.Join().ok());
   absl::StatusOr<v1::Job> job = SubmitRunning(*coordinator, w, TinySpec(2, /*max_attempts=*/2));
   ASSERT_TRUE(job.ok()) << job.status();
   EventWatcher watcher(coordinator->jobs(), job->id());
@@ -229,8 +228,7 @@ TEST(CoordinatorStoreCommitTest, ACancelThatCannotBeStoredIsAnErrorYetStopsTheRa
   signal(SIGXFSZ, SIG_IGN);
   auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
   FakeWorker w(coordinator->channel(), "node-cancel", 2);
-  ASSERT_TRUE(w.Register("boot-1").ok());
-  ASSERT_TRUE(w.Connect("boot-1").ok());
+  ASSERT_TRUE(w.Join().ok());
   absl::StatusOr<v1::Job> job = SubmitRunning(*coordinator, w, TinySpec(2, /*max_attempts=*/3));
   ASSERT_TRUE(job.ok()) << job.status();
 
@@ -270,8 +268,7 @@ TEST(CoordinatorStoreCommitTest, StepMetricsReachWatchersOnceStored) {
   signal(SIGXFSZ, SIG_IGN);
   auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
   FakeWorker w(coordinator->channel(), "node-metrics", 1);
-  ASSERT_TRUE(w.Register("boot-1").ok());
-  ASSERT_TRUE(w.Connect("boot-1").ok());
+  ASSERT_TRUE(w.Join().ok());
   absl::StatusOr<v1::Job> job = SubmitRunning(*coordinator, w, TinySpec(1));
   ASSERT_TRUE(job.ok()) << job.status();
   EventWatcher watcher(coordinator->jobs(), job->id());
@@ -318,8 +315,7 @@ TEST(CoordinatorStoreCommitTest, RetriesOfWhatIsNotStoredBackOff) {
   EXPECT_LE(retries, 8) << "retries in 3 s while every commit fails";
 
   ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), RLIM_INFINITY));
-  ASSERT_TRUE(w.Register("boot-1").ok());
-  ASSERT_TRUE(w.Connect("boot-1").ok());
+  ASSERT_TRUE(w.Join().ok());
   EXPECT_TRUE(coordinator->WaitForWorkerState("node-backoff", v1::WORKER_STATE_READY));
 }
 
@@ -332,13 +328,11 @@ TEST(CoordinatorStoreCommitTest, APlaceableJobWaitsForTheRetrysTurnWhileTheStore
   signal(SIGXFSZ, SIG_IGN);
   auto coordinator = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
   FakeWorker w(coordinator->channel(), "node-first", 2);
-  ASSERT_TRUE(w.Register("boot-1").ok());
-  ASSERT_TRUE(w.Connect("boot-1").ok());
+  ASSERT_TRUE(w.Join().ok());
   absl::StatusOr<v1::Job> job = SubmitRunning(*coordinator, w, TinySpec(2, /*max_attempts=*/2));
   ASSERT_TRUE(job.ok()) << job.status();
   FakeWorker idle(coordinator->channel(), "node-idle", 2);
-  ASSERT_TRUE(idle.Register("boot-1").ok());
-  ASSERT_TRUE(idle.Connect("boot-1").ok());
+  ASSERT_TRUE(idle.Join().ok());
   ASSERT_TRUE(coordinator->WaitForWorkerState("node-idle", v1::WORKER_STATE_READY));
 
   ASSERT_NO_FATAL_FAILURE(LimitFileSize(coordinator->process(), 0));

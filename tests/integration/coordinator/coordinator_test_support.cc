@@ -199,6 +199,11 @@ absl::Status FakeWorker::Register(std::optional<std::string> boot_id) {
   return absl::OkStatus();
 }
 
+absl::Status FakeWorker::Join(const std::string& boot_id) {
+  if (absl::Status registered = Register(boot_id); !registered.ok()) return registered;
+  return Connect(boot_id);
+}
+
 absl::Status FakeWorker::Connect(const std::string& boot_id,
                                  const std::vector<v1::RankStatus>& also_list) {
   Disconnect();

@@ -141,6 +141,8 @@ class FakeWorker {
   // had no session, from its unacknowledged queue).
   absl::Status Connect(const std::string& boot_id = "",
                        const std::vector<v1::RankStatus>& also_list = {});
+  // Register(boot_id), then Connect(boot_id): a daemon run joining the cluster.
+  absl::Status Join(const std::string& boot_id = "boot-1");
   // Ends the session from the worker's side (the stream is cancelled).
   void Disconnect();
   // Whether the next Hellos say Hello.takes_resent_assignments (as today's daemons do).
