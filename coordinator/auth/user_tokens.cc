@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_context.h"
 
 namespace dropless::coordinator {
 namespace {
@@ -112,8 +113,7 @@ absl::StatusOr<UserTokens> UserTokens::LoadFile(const std::string& path) {
   text << in.rdbuf();
   absl::StatusOr<UserTokens> tokens = ParseYaml(text.str());
   if (!tokens.ok()) {
-    return absl::Status(tokens.status().code(),
-                        absl::StrCat("tokens file ", path, ": ", tokens.status().message()));
+    return WithContext(absl::StrCat("tokens file ", path), tokens.status());
   }
   return tokens;
 }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/host_port.h"
+#include "common/status_context.h"
 
 namespace dropless::coordinator {
 namespace {
@@ -106,8 +107,7 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigFile(const std::string& path,
   text << in.rdbuf();
   absl::StatusOr<CoordinatorConfig> config = ApplyConfigYaml(text.str(), base);
   if (!config.ok()) {
-    return absl::Status(config.status().code(),
-                        absl::StrCat(path, ": ", config.status().message()));
+    return WithContext(path, config.status());
   }
   return config;
 }

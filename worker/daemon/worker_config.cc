@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/host_port.h"
+#include "common/status_context.h"
 #include "yaml-cpp/yaml.h"
 
 namespace dropless {
@@ -106,7 +107,7 @@ absl::StatusOr<WorkerSettings> LoadWorkerSettingsFile(const std::string& path) {
   text << in.rdbuf();
   absl::StatusOr<WorkerSettings> s = ParseWorkerSettingsYaml(text.str());
   if (!s.ok()) {
-    return absl::Status(s.status().code(), absl::StrCat(path, ": ", s.status().message()));
+    return WithContext(path, s.status());
   }
   return s;
 }

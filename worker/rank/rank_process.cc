@@ -21,6 +21,7 @@
 #include "common/grpc_security.h"
 #include "common/job_error.h"
 #include "common/job_spec.h"
+#include "common/status_context.h"
 #include "common/step_phase.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_registry.h"
@@ -95,7 +96,7 @@ absl::Status RankRun::Run() {
   }
   const std::string backend(ToString(spec->resources.backend));
   if (absl::Status st = PrepareEngine(spec->resources.backend, EngineConfigFromSpec(*spec)); !st.ok()) {
-    return absl::Status(st.code(), absl::StrCat("the ", backend, " engine: ", st.message()));
+    return WithContext(absl::StrCat("the ", backend, " engine"), st);
   }
   Say(absl::StrFormat("job %s attempt %d: joining %d rank(s) (ep=%d, dp=%d) on %s, slot %d",
                       options_.job_id, options_.attempt, options_.world_size, spec->parallel.ep,
@@ -119,8 +120,7 @@ absl::Status RankRun::Run() {
   gloo.host = options_.host;
   absl::StatusOr<RankGroups> groups = CreateGlooGroups(gloo, store.get());
   if (!groups.ok()) {
-    return absl::Status(groups.status().code(),
-                        absl::StrCat("joining the rank groups: ", groups.status().message()));
+    return WithContext("joining the rank groups", groups.status());
   }
 
   groups->store = store.get();
@@ -131,8 +131,7 @@ absl::Status RankRun::Run() {
   context.groups = &*groups;
   absl::StatusOr<std::unique_ptr<Engine>> engine = CreateEngine(spec->resources.backend, context);
   if (!engine.ok()) {
-    return absl::Status(engine.status().code(), absl::StrCat("building the ", backend,
-                                                             " engine: ", engine.status().message()));
+    return WithContext(absl::StrCat("building the ", backend, " engine"), engine.status());
   }
 
   ReportPipe report(options_.report_fd);
@@ -167,8 +166,7 @@ absl::Status RankRun::Run() {
     PhaseReporter::SetStep(step);
     absl::StatusOr<StepStats> stats = (*engine)->Step();
     if (!stats.ok()) {
-      return absl::Status(stats.status().code(),
-                          absl::StrCat("step ", step, ": ", stats.status().message()));
+      return WithContext(absl::StrCat("step ", step), stats.status());
     }
     StepStats& r = *stats;
     r.step = step;
@@ -183,7 +181,7 @@ absl::Status RankRun::Run() {
     if (spec->checkpoint.DueAfter(step, steps)) {
       EnterStepPhase(StepPhase::kCheckpoint);
       if (absl::Status st = (*engine)->SaveCheckpoint(checkpoint_dir); !st.ok()) {
-        return absl::Status(st.code(), absl::StrCat("checkpoint at step ", step, ": ", st.message()));
+        return WithContext(absl::StrCat("checkpoint at step ", step), st);
       }
     }
   }

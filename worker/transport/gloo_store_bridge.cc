@@ -3,6 +3,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_context.h"
 
 namespace dropless {
 
@@ -36,7 +37,7 @@ void GlooStoreBridge::wait(const std::vector<std::string>& keys,
 absl::Status StatusFromGlooException(const std::exception& e, absl::string_view what) {
   if (const auto* store_error = dynamic_cast<const KvStoreError*>(&e)) {
     const absl::Status& s = store_error->status();
-    return absl::Status(s.code(), absl::StrCat(what, ": rendezvous store: ", s.message()));
+    return WithContext(absl::StrCat(what, ": rendezvous store"), s);
   }
   const std::string message = absl::StrCat(what, ": ", e.what());
   // Gloo reports every timeout as an IoException whose text says so.

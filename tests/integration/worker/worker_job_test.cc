@@ -2,6 +2,7 @@
 // expert-parallel ranks of tiny-cpu run on different workers), real rank processes.
 #include <signal.h>
 
+#include <filesystem>
 #include <set>
 #include <string>
 #include <vector>
@@ -35,6 +36,22 @@ class WorkerJobTest : public ::testing::Test {
                       .has_value())
           << cluster_.Diagnostics();
     }
+  }
+
+  // Submits `spec` and waits until the job has succeeded or failed.
+  absl::StatusOr<v1::Job> RunToEnd(const std::string& spec) {
+    absl::StatusOr<v1::Job> job = cluster_.Submit(spec);
+    if (!job.ok()) return job.status();
+    return cluster_.WaitForState(job->id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED},
+                                 absl::Seconds(120));
+  }
+  ::testing::AssertionResult RunToSuccess(const std::string& spec) {
+    absl::StatusOr<v1::Job> done = RunToEnd(spec);
+    if (!done.ok()) return ::testing::AssertionFailure() << done.status();
+    if (done->state() != v1::JOB_STATE_SUCCEEDED) {
+      return ::testing::AssertionFailure() << done->message() << cluster_.Diagnostics();
+    }
+    return ::testing::AssertionSuccess();
   }
 
   // Submits a long tiny-cpu job and waits until both ranks run; returns its id and rank pids.
@@ -184,37 +201,53 @@ TEST_F(WorkerJobTest, ARankCrashFailsTheJobNotTheWorker) {
   }
 }
 
+// tiny-cpu with `steps`, checkpointing into the cluster's ckpt/ at its end and allowed 3 attempts.
+std::string CheckpointedSpec(const std::string& cluster_dir, int steps) {
+  std::string spec = TinyCpuSpec(steps);
+  for (auto [from, to] :
+       {std::pair<std::string, std::string>{
+            "checkpoint: {dir: \"\", every: 0}",
+            absl::StrCat("checkpoint: {dir: \"", cluster_dir, "/ckpt\", every: 0}")},
+        {"max_attempts: 1", "max_attempts: 3"}}) {
+    EXPECT_NE(spec.find(from), std::string::npos) << from;
+    spec.replace(spec.find(from), from.size(), to);
+  }
+  return spec;
+}
+
 // A job whose checkpoint.dir holds a longer run's checkpoint (the same spec resubmitted with fewer
 // steps) fails naming the directory and the steps, instead of running nothing and succeeding; and
 // at once, although it may take 3 attempts: another attempt would meet the same checkpoint.
 TEST_F(WorkerJobTest, ACheckpointBeyondTheJobsStepsFailsIt) {
-  auto with_checkpoint = [&](int steps) {
-    std::string spec = TinyCpuSpec(steps);
-    for (auto [from, to] :
-         {std::pair<std::string, std::string>{
-              "checkpoint: {dir: \"\", every: 0}",
-              absl::StrCat("checkpoint: {dir: \"", cluster_.dir(), "/ckpt\", every: 0}")},
-          {"max_attempts: 1", "max_attempts: 3"}}) {
-      EXPECT_NE(spec.find(from), std::string::npos) << from;
-      spec.replace(spec.find(from), from.size(), to);
-    }
-    return spec;
-  };
-  absl::StatusOr<v1::Job> longer = cluster_.Submit(with_checkpoint(6));
-  ASSERT_TRUE(longer.ok()) << longer.status();
-  absl::StatusOr<v1::Job> done = cluster_.WaitForState(
-      longer->id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, absl::Seconds(120));
-  ASSERT_TRUE(done.ok()) << done.status();
-  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->message() << cluster_.Diagnostics();
-
-  absl::StatusOr<v1::Job> shorter = cluster_.Submit(with_checkpoint(4));
-  ASSERT_TRUE(shorter.ok()) << shorter.status();
-  absl::StatusOr<v1::Job> failed = cluster_.WaitForState(
-      shorter->id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, absl::Seconds(120));
+  ASSERT_TRUE(RunToSuccess(CheckpointedSpec(cluster_.dir(), 6)));
+  absl::StatusOr<v1::Job> failed = RunToEnd(CheckpointedSpec(cluster_.dir(), 4));
   ASSERT_TRUE(failed.ok()) << failed.status();
   EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED) << cluster_.Diagnostics();
   EXPECT_NE(failed->message().find("holds step 6, beyond this job's steps (4)"), std::string::npos)
       << failed->message();
+  EXPECT_EQ(failed->attempt(), 1) << failed->message();
+  EXPECT_NE(failed->message().find("not retried"), std::string::npos) << failed->message();
+}
+
+// A damaged checkpoint is found while the engine is built (the rank wraps the engine's error in
+// where it happened): it is still the job's error, so the job fails at once instead of meeting the
+// same files in two more attempts.
+TEST_F(WorkerJobTest, ADamagedCheckpointFailsTheJobUnretried) {
+  ASSERT_TRUE(RunToSuccess(CheckpointedSpec(cluster_.dir(), 4)));
+  int damaged = 0;
+  for (const std::filesystem::directory_entry& e :
+       std::filesystem::directory_iterator(cluster_.dir() + "/ckpt")) {
+    if (e.path().extension() != ".safetensors") continue;
+    std::filesystem::resize_file(e.path(), e.file_size() / 2);  // a write cut short
+    ++damaged;
+  }
+  ASSERT_GT(damaged, 0) << "no checkpoint data file in " << cluster_.dir() << "/ckpt";
+  absl::StatusOr<v1::Job> failed = RunToEnd(CheckpointedSpec(cluster_.dir(), 8));
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED) << cluster_.Diagnostics();
+  EXPECT_NE(failed->message().find("building the cpu engine"), std::string::npos)
+      << failed->message();
+  EXPECT_NE(failed->message().find(".safetensors"), std::string::npos) << failed->message();
   EXPECT_EQ(failed->attempt(), 1) << failed->message();
   EXPECT_NE(failed->message().find("not retried"), std::string::npos) << failed->message();
 }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_context.h"
 #include "worker/engine/checkpoint/crc32c.h"
 #include "worker/engine/checkpoint/json.h"
 
@@ -271,8 +272,7 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
   absl::StatusOr<SafetensorsHeader> header =
       ParseSafetensorsHeader(absl::string_view(reader.raw_header_).substr(8), size - 8 - n);
   if (!header.ok()) {
-    return absl::Status(header.status().code(),
-                        absl::StrCat(path, ": ", header.status().message()));
+    return WithContext(path, header.status());
   }
   reader.header_ = *std::move(header);
   reader.header_.buffer_offset = 8 + n;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/engine_config.h"
+#include "common/status_context.h"
 #include "common/step_phase.h"
 #include "worker/engine/checkpoint/checkpoint_agreement.h"
 #include "worker/engine/checkpoint/moe_checkpoint.h"
@@ -59,7 +60,7 @@ absl::Status CheckContext(const EngineContext& ctx) {
   const EngineConfig& spec = ctx.config;
   // The config's fields are checked in one place, common/ (the spec validator runs the same).
   if (absl::Status st = CheckEngineSupport(Backend::kCpu, spec); !st.ok()) {
-    return absl::Status(st.code(), absl::StrCat("cpu engine: ", st.message()));
+    return WithContext("cpu engine", st);
   }
   if (ctx.world_size != spec.world_size() || ctx.rank < 0 || ctx.rank >= ctx.world_size) {
     return absl::InvalidArgumentError(absl::StrFormat(

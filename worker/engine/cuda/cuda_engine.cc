@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "common/log.h"
+#include "common/status_context.h"
 #include "common/status_macros.h"
 #include "common/step_phase.h"
 #include "kernels/cuda/cuda_check.h"
@@ -378,8 +379,7 @@ absl::StatusOr<StepStats> CudaEngineImpl::Step() {
       if (!recorded.ok()) {
         // The capture's error is the one to report; the graph is dropped either way.
         if (graph != nullptr) (void)cudaGraphDestroy(graph);
-        return absl::Status(recorded.code(),
-                            absl::StrCat("capturing the step graph: ", recorded.message()));
+        return WithContext("capturing the step graph", recorded);
       }
       DROPLESS_CUDA_RETURN_IF_ERROR(ended);
       const cudaError_t instantiated = cudaGraphInstantiate(&graph_exec_, graph, 0);
