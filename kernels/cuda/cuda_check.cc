@@ -9,6 +9,10 @@ namespace dropless::kernels::cuda {
 
 absl::Status CudaStatus(cudaError_t error, const char* what) {
   if (error == cudaSuccess) return absl::OkStatus();
+  // The runtime also keeps a failed call's error as the last error; this status reports it, so
+  // it is consumed here: the next launch check (LaunchStatus) then reports that launch's own
+  // error, not a failed allocation's or query's from before. Sticky errors stay regardless.
+  (void)cudaGetLastError();
   return absl::InternalError(
       absl::StrCat(what, ": ", cudaGetErrorName(error), " (", cudaGetErrorString(error), ")"));
 }

@@ -102,7 +102,7 @@ WHOLE_TREE_PRIVATE = {
     "kernels_cpu_test": "kernel_choice_test.cc checks the grouped GEMM's kernel choice "
                         "(kernels/cuda/grouped_gemm/kernel_choice.h, host code)",
     "grouped_gemm_test": "checks the grouped GEMM's runners and kernel choice "
-                         "(kernels/cuda/grouped_gemm/)",
+                         "(kernels/cuda/grouped_gemm/) and the launch checks (cuda_check.h)",
     "dropless-bench": "measures the kernels' internals; includes its own bench/ headers",
 }
 

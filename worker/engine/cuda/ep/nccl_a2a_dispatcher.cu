@@ -167,6 +167,7 @@ class NcclA2aDispatcher final : public ExpertDispatcher {
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
     if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // reported here, not by the next launch check
       return absl::ResourceExhaustedError(absl::StrFormat(
           "nccl-a2a: cudaMalloc of %d bytes for %s: %s", bytes, what, cudaGetErrorString(e)));
     }
