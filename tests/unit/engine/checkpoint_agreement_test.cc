@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/job_error.h"
 #include "gtest/gtest.h"
 #include "worker/transport/transport_factory.h"
 
@@ -41,14 +42,22 @@ TEST(CheckpointAgreementTest, NoCommonStepOrAnUnreadableManifestIsRefused) {
   absl::StatusOr<int64_t> bad = AgreeOnCheckpointStep("d", {Held({4}), unreadable});
   ASSERT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(bad.status().message().find("rank 1 could not read"), std::string::npos);
+  EXPECT_FALSE(IsJobError(bad.status()));  // that rank's own error may be an I/O error's
+  unreadable.unreadable_job_error = true;  // damaged: every rank fails with a job error
+  bad = AgreeOnCheckpointStep("d", {Held({4}), unreadable});
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(IsJobError(bad.status())) << bad.status();
 }
 
-// Four ranks in two processes of two ranks each (as the CUDA engine's local ranks) and four
-// processes of one rank: every rank ends with everyone's holdings.
+// Six ranks in three processes of two ranks each (as the CUDA engine's local ranks) and six
+// processes of one rank: every rank ends with everyone's holdings, unreadable ones included.
 TEST(CheckpointAgreementTest, ExchangeGivesEveryRankEveryonesHoldings) {
-  const std::vector<HeldCheckpoints> truth = {Held({8, 4}), Held({4}), Held({}), Held({12, 8})};
+  HeldCheckpoints damaged, unreadable;
+  damaged.unreadable = damaged.unreadable_job_error = unreadable.unreadable = true;
+  const std::vector<HeldCheckpoints> truth = {Held({8, 4}),  Held({4}), Held({}),
+                                              Held({12, 8}), damaged,   unreadable};
   for (int per_process : {1, 2}) {
-    const int processes = 4 / per_process;
+    const int processes = 6 / per_process;
     std::vector<RankGroups> groups = CreateLocalGroups(processes, 1);
     std::vector<std::vector<HeldCheckpoints>> got(processes);
     std::vector<std::thread> threads;
@@ -57,7 +66,7 @@ TEST(CheckpointAgreementTest, ExchangeGivesEveryRankEveryonesHoldings) {
         std::vector<HeldCheckpoints> local(truth.begin() + p * per_process,
                                            truth.begin() + (p + 1) * per_process);
         absl::StatusOr<std::vector<HeldCheckpoints>> all =
-            ExchangeHeldCheckpoints(groups[p].world.get(), 4, p * per_process, local);
+            ExchangeHeldCheckpoints(groups[p].world.get(), 6, p * per_process, local);
         ASSERT_TRUE(all.ok()) << all.status();
         got[p] = *all;
       });
@@ -67,7 +76,8 @@ TEST(CheckpointAgreementTest, ExchangeGivesEveryRankEveryonesHoldings) {
       ASSERT_EQ(got[p].size(), truth.size());
       for (size_t r = 0; r < truth.size(); ++r) {
         EXPECT_EQ(got[p][r].steps, truth[r].steps) << "process " << p << " rank " << r;
-        EXPECT_FALSE(got[p][r].unreadable);
+        EXPECT_EQ(got[p][r].unreadable, truth[r].unreadable) << "process " << p << " rank " << r;
+        EXPECT_EQ(got[p][r].unreadable_job_error, truth[r].unreadable_job_error) << r;
       }
     }
   }

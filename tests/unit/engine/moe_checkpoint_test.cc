@@ -213,7 +213,8 @@ TEST_F(MoeCheckpointTest, DamageIsDataLoss) {
     EXPECT_EQ(state.Read(dir_).status().code(), code) << what << ": " << state.Read(dir_).status();
     // The directory stays damaged for every retry: the rank reports a job error.
     EXPECT_TRUE(IsJobError(state.Read(dir_).status())) << what;
-    ASSERT_TRUE(state.Write(dir_, 5).ok());  // repair for the next case
+    fs::remove(manifest);  // repair for the next case (a save refuses a damaged manifest)
+    ASSERT_TRUE(state.Write(dir_, 5).ok());
   };
   ASSERT_TRUE(state.Write(dir_, 5).ok());
   Overwrite(data, -100, "\x5a\x5a");
@@ -282,6 +283,44 @@ TEST_F(MoeCheckpointTest, LeftoverOrFailedWritesLeaveThePreviousCheckpoint) {
   EXPECT_EQ(names,
             (std::vector<std::string>{"manifest-rank-0.json", "rank-0-step-4.safetensors",
                                       "rank-0-step-8.safetensors", "rank-10-step-4.safetensors"}));
+}
+
+// A checkpoint.dir that is a file (or under one) fails the job rather than each of its attempts.
+TEST_F(MoeCheckpointTest, ACheckpointDirThatIsAFileIsAJobError) {
+  RankState state(TinyJob(1, 1), 0, 1);
+  fs::create_directories(dir_);
+  const std::string file = dir_ + "/a-file";
+  std::ofstream(file) << "x";
+  for (const std::string& dir : {file, file + "/under"}) {
+    const absl::Status read = state.Read(dir).status();
+    EXPECT_EQ(read.code(), absl::StatusCode::kFailedPrecondition) << dir << ": " << read;
+    EXPECT_TRUE(IsJobError(read)) << dir << ": " << read;
+    const absl::Status write = state.Write(dir, 3);
+    EXPECT_EQ(write.code(), absl::StatusCode::kFailedPrecondition) << dir << ": " << write;
+    EXPECT_TRUE(IsJobError(write)) << dir << ": " << write;
+  }
+}
+
+// A save that cannot read the manifest it would extend fails instead of committing one without
+// the fallback (and removing the fallback's data file): the checkpoint on disk stays as it was.
+TEST_F(MoeCheckpointTest, ASaveThatCannotReadTheManifestKeepsTheCheckpoint) {
+  const JobSpec spec = TinyJob(1, 1);
+  RankState at4(spec, 0, std::random_device{}()), at8(spec, 0, std::random_device{}());
+  ASSERT_TRUE(at4.Write(dir_, 4).ok());
+  const std::string manifest = MoeCheckpointManifestPath(dir_, 0);
+  const std::string good = *ReadSmallFile(manifest, 1 << 20);
+  Overwrite(manifest, 0, "{{");
+  const absl::Status failed = at8.Write(dir_, 8);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kDataLoss) << failed;
+  EXPECT_TRUE(IsJobError(failed)) << failed;  // restore would meet the same manifest
+  EXPECT_TRUE(fs::exists(MoeCheckpointDataPath(dir_, 0, 4)));
+  EXPECT_FALSE(fs::exists(MoeCheckpointDataPath(dir_, 0, 8)));
+  std::ofstream(manifest, std::ios::trunc) << good;
+  RankState read(spec, 0, 2);
+  EXPECT_EQ(*read.Read(dir_), 4);
+  EXPECT_TRUE(read == at4);
+  ASSERT_TRUE(at8.Write(dir_, 8).ok());
+  EXPECT_EQ(*MoeCheckpointSteps(dir_, at4.id), (std::vector<int64_t>{8, 4}));
 }
 
 // The manifest keeps the checkpoint before the newest ("previous"), readable by step, so that the

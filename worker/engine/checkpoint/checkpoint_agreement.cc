@@ -19,6 +19,7 @@ std::vector<HeldCheckpoints> ListHeldCheckpoints(const std::string& dir,
       held[i].steps = *std::move(steps);
     } else if (!absl::IsNotFound(steps.status())) {
       held[i].unreadable = true;
+      held[i].unreadable_job_error = IsJobError(steps.status());
       if (error->ok()) *error = steps.status();
     }
   }
@@ -36,12 +37,13 @@ absl::StatusOr<std::vector<HeldCheckpoints>> ExchangeHeldCheckpoints(
                                                    " and no way to reach the others"));
   }
   // A sum over ranks where each rank fills only its own slots is an all-gather: per rank, the
-  // unreadable flag, then each step + 1 (0: no step). Exact in doubles for steps below 2^53.
+  // unreadable flag (1; 2 when its error is a job error), then each step + 1 (0: no step). Exact
+  // in doubles for steps below 2^53.
   constexpr int kSlots = 1 + kMaxHeldSteps;
   std::vector<double> slots(static_cast<size_t>(world_size) * kSlots, 0.0);
   for (int i = 0; i < local_ranks; ++i) {
     double* own = &slots[static_cast<size_t>(first_rank + i) * kSlots];
-    own[0] = local[i].unreadable ? 1.0 : 0.0;
+    own[0] = local[i].unreadable_job_error ? 2.0 : local[i].unreadable ? 1.0 : 0.0;
     const size_t n = std::min<size_t>(local[i].steps.size(), kMaxHeldSteps);
     for (size_t j = 0; j < n; ++j) own[1 + j] = static_cast<double>(local[i].steps[j]) + 1.0;
   }
@@ -52,6 +54,7 @@ absl::StatusOr<std::vector<HeldCheckpoints>> ExchangeHeldCheckpoints(
   for (int r = 0; r < world_size; ++r) {
     const double* own = &slots[static_cast<size_t>(r) * kSlots];
     all[r].unreadable = own[0] != 0.0;
+    all[r].unreadable_job_error = own[0] == 2.0;
     for (int j = 0; j < kMaxHeldSteps; ++j) {
       if (own[1 + j] > 0.0) all[r].steps.push_back(static_cast<int64_t>(own[1 + j]) - 1);
     }
@@ -74,8 +77,10 @@ absl::StatusOr<int64_t> AgreeOnCheckpointStep(const std::string& dir,
   };
   for (size_t r = 0; r < held.size(); ++r) {
     if (held[r].unreadable) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint.dir ", dir, ": rank ", r,
-                                                        " could not read its checkpoint manifest"));
+      absl::Status error = absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint.dir ", dir, ": rank ", r, " could not read its checkpoint manifest",
+          held[r].unreadable_job_error ? " (damaged, or another job's)" : ""));
+      return held[r].unreadable_job_error ? MarkJobError(error) : error;
     }
   }
   if (held.empty()) return 0;

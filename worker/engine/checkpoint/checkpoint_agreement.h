@@ -19,6 +19,9 @@ namespace dropless::engine {
 struct HeldCheckpoints {
   std::vector<int64_t> steps;  // newest first; empty: none
   bool unreadable = false;     // its manifest could not be read (the rank has the error)
+  // ... and that error is the job's (a damaged or foreign manifest, common/job_error.h): every
+  // rank then fails with a job error, whichever rank's exit the coordinator hears first.
+  bool unreadable_job_error = false;
 };
 
 // The steps of `ids` (this process's ranks) in `dir`. A manifest that cannot be read is reported
@@ -40,7 +43,7 @@ absl::StatusOr<std::vector<HeldCheckpoints>> ExchangeHeldCheckpoints(
 // no step is held by all, a fresh start if some ranks hold none and each of the others holds one
 // (the job's first checkpoint, cut short on some rank); otherwise FailedPrecondition naming what
 // the ranks hold (a job error, common/job_error.h). FailedPrecondition too when a rank could not
-// read its manifest (that rank has its own error, which says whether a retry may help).
+// read its manifest (that rank has its own error), a job error where that rank's is one.
 absl::StatusOr<int64_t> AgreeOnCheckpointStep(const std::string& dir,
                                               const std::vector<HeldCheckpoints>& held);
 

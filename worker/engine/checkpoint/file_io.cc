@@ -18,6 +18,8 @@ absl::Status ErrnoStatus(const std::string& what, const std::string& path) {
   const int error = errno;
   const std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(error));
   if (error == ENOENT) return absl::NotFoundError(message);
+  // A component of the path is a file: the configured path's property, not the moment's.
+  if (error == ENOTDIR) return absl::FailedPreconditionError(message);
   return absl::InternalError(message);
 }
 

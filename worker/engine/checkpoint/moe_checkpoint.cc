@@ -377,13 +377,19 @@ absl::Status WriteMoeCheckpoint(const std::string& dir, const MoeCheckpointIdent
   absl::StatusOr<std::vector<MoeTensor>> tensors =
       CheckpointTensors(id, layout, replicated, experts);
   if (!tensors.ok()) return tensors.status();
-  if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
+  if (absl::Status s = MakeDirectories(dir); !s.ok()) return AsJobError(s);  // a file there
 
   // What this rank committed before and is older than `step` stays committed as the fallback.
   // Anything at `step` or later (a run resumed from an older step writes it again) leaves the
   // manifest first, so that its data file is never replaced while a manifest names it.
   std::vector<ManifestEntry> older;
   absl::StatusOr<Manifest> before = ReadManifest(dir, id);
+  if (!before.ok() && !absl::IsNotFound(before.status())) {
+    // An unreadable manifest is not an empty one: writing on would commit a manifest without the
+    // fallback and remove the fallback's data file. A damaged one is the job's error (restore
+    // meets it too); an I/O error fails this save only, and a retry finds the fallback intact.
+    return AsJobError(before.status());
+  }
   if (before.ok()) {
     for (const ManifestEntry& e : before->entries) {
       if (e.step < step) older.push_back(e);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "dropless/kernels/adamw.h"
 #include "dropless/kernels/types.h"
 #include "kernels/cuda/cuda_check.h"
@@ -23,41 +24,46 @@ struct HostBuffers {
   }
 };
 
+// `bytes` between host and device on `stream`, finished when this returns (the host memory is
+// pageable and may be freed right after).
+absl::Status CopyOnStream(void* to, const void* from, size_t bytes, bool to_host,
+                          cudaStream_t stream) {
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      to, from, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream));
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
 // One buffer of n moment elements between the device (fp32 or bf16) and the host (fp32).
-absl::Status CopyMoments(float* host, void* device, bool bf16, int64_t n, bool to_host) {
+absl::Status CopyMoments(float* host, void* device, bool bf16, int64_t n, bool to_host,
+                         cudaStream_t stream) {
   if (!bf16) {
     const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-    DROPLESS_CUDA_RETURN_IF_ERROR(to_host
-                                      ? cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost)
-                                      : cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
-    return absl::OkStatus();
+    return to_host ? CopyOnStream(host, device, bytes, true, stream)
+                   : CopyOnStream(device, host, bytes, false, stream);
   }
   std::vector<kernels::Bf16> staging(static_cast<size_t>(n));
   const size_t bytes = staging.size() * sizeof(kernels::Bf16);
   if (to_host) {
-    DROPLESS_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(staging.data(), device, bytes, cudaMemcpyDeviceToHost));
+    DROPLESS_RETURN_IF_ERROR(CopyOnStream(staging.data(), device, bytes, true, stream));
     for (int64_t i = 0; i < n; ++i) host[i] = kernels::Bf16ToFloat(staging[i]);
-  } else {
-    for (int64_t i = 0; i < n; ++i) {
-      staging[i] = kernels::FloatToBf16(kernels::NearestBf16Moment(host[i]));
-    }
-    DROPLESS_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(device, staging.data(), bytes, cudaMemcpyHostToDevice));
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+  for (int64_t i = 0; i < n; ++i) {
+    staging[i] = kernels::FloatToBf16(kernels::NearestBf16Moment(host[i]));
+  }
+  return CopyOnStream(device, staging.data(), bytes, false, stream);
 }
 
-absl::Status Copy(HostBuffers& host, const DeviceOptimizerBuffers& device, cudaMemcpyKind kind) {
+absl::Status Copy(HostBuffers& host, const DeviceOptimizerBuffers& device, bool to_host,
+                  cudaStream_t stream) {
   const size_t bytes = static_cast<size_t>(device.size) * sizeof(float);
-  const bool to_host = kind == cudaMemcpyDeviceToHost;
-  DROPLESS_CUDA_RETURN_IF_ERROR(to_host ? cudaMemcpy(host.value.data(), device.value, bytes, kind)
-                                        : cudaMemcpy(device.value, host.value.data(), bytes, kind));
+  DROPLESS_RETURN_IF_ERROR(
+      to_host ? CopyOnStream(host.value.data(), device.value, bytes, true, stream)
+              : CopyOnStream(device.value, host.value.data(), bytes, false, stream));
   for (auto [h, d] :
        {std::pair{host.m.data(), device.moments.m}, std::pair{host.v.data(), device.moments.v}}) {
-    if (absl::Status s = CopyMoments(h, d, device.moments.bf16, device.size, to_host); !s.ok()) {
-      return s;
-    }
+    DROPLESS_RETURN_IF_ERROR(CopyMoments(h, d, device.moments.bf16, device.size, to_host, stream));
   }
   return absl::OkStatus();
 }
@@ -65,12 +71,12 @@ absl::Status Copy(HostBuffers& host, const DeviceOptimizerBuffers& device, cudaM
 }  // namespace
 
 absl::Status WriteCudaCheckpoint(const std::string& dir, const EngineConfig& config, int rank,
-                                 const cpu::MoeParameterLayout& layout,
-                                 int64_t step, const DeviceOptimizerBuffers& replicated,
-                                 const DeviceOptimizerBuffers& experts) {
+                                 const cpu::MoeParameterLayout& layout, int64_t step,
+                                 const DeviceOptimizerBuffers& replicated,
+                                 const DeviceOptimizerBuffers& experts, cudaStream_t stream) {
   HostBuffers rep(replicated.size), exp(experts.size);
-  if (absl::Status s = Copy(rep, replicated, cudaMemcpyDeviceToHost); !s.ok()) return s;
-  if (absl::Status s = Copy(exp, experts, cudaMemcpyDeviceToHost); !s.ok()) return s;
+  DROPLESS_RETURN_IF_ERROR(Copy(rep, replicated, /*to_host=*/true, stream));
+  DROPLESS_RETURN_IF_ERROR(Copy(exp, experts, /*to_host=*/true, stream));
   return engine::WriteMoeCheckpoint(dir, engine::MoeCheckpointIdentityOf(config, rank), step, layout,
                                     rep.Spans(), exp.Spans());
 }
@@ -78,13 +84,14 @@ absl::Status WriteCudaCheckpoint(const std::string& dir, const EngineConfig& con
 absl::StatusOr<int64_t> ReadCudaCheckpoint(const std::string& dir, const EngineConfig& config,
                                            int rank, const cpu::MoeParameterLayout& layout,
                                            int64_t step, const DeviceOptimizerBuffers& replicated,
-                                           const DeviceOptimizerBuffers& experts) {
+                                           const DeviceOptimizerBuffers& experts,
+                                           cudaStream_t stream) {
   HostBuffers rep(replicated.size), exp(experts.size);
   absl::StatusOr<int64_t> read = engine::ReadMoeCheckpoint(
       dir, engine::MoeCheckpointIdentityOf(config, rank), layout, rep.Spans(), exp.Spans(), step);
   if (!read.ok()) return read.status();
-  if (absl::Status s = Copy(rep, replicated, cudaMemcpyHostToDevice); !s.ok()) return s;
-  if (absl::Status s = Copy(exp, experts, cudaMemcpyHostToDevice); !s.ok()) return s;
+  DROPLESS_RETURN_IF_ERROR(Copy(rep, replicated, /*to_host=*/false, stream));
+  DROPLESS_RETURN_IF_ERROR(Copy(exp, experts, /*to_host=*/false, stream));
   return *read;
 }
 

@@ -5,6 +5,8 @@
 #ifndef DROPLESS_WORKER_ENGINE_CUDA_CUDA_CHECKPOINT_H_
 #define DROPLESS_WORKER_ENGINE_CUDA_CUDA_CHECKPOINT_H_
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 #include <string>
 
@@ -26,16 +28,20 @@ struct DeviceOptimizerBuffers {
   int64_t size = 0;
 };
 
+// The copies run on `stream` (the engine's main stream, a non-blocking one that the legacy
+// stream's cudaMemcpy would not wait for, nor be waited for by): after the work that wrote the
+// buffers, and finished before these return.
 absl::Status WriteCudaCheckpoint(const std::string& dir, const EngineConfig& config, int rank,
-                                 const cpu::MoeParameterLayout& layout,
-                                 int64_t step, const DeviceOptimizerBuffers& replicated,
-                                 const DeviceOptimizerBuffers& experts);
+                                 const cpu::MoeParameterLayout& layout, int64_t step,
+                                 const DeviceOptimizerBuffers& replicated,
+                                 const DeviceOptimizerBuffers& experts, cudaStream_t stream);
 
 // Restores this rank's checkpoint of `step` and returns it; NotFound when `dir` holds none of it.
 absl::StatusOr<int64_t> ReadCudaCheckpoint(const std::string& dir, const EngineConfig& config,
                                            int rank, const cpu::MoeParameterLayout& layout,
                                            int64_t step, const DeviceOptimizerBuffers& replicated,
-                                           const DeviceOptimizerBuffers& experts);
+                                           const DeviceOptimizerBuffers& experts,
+                                           cudaStream_t stream);
 
 }  // namespace dropless::cuda_engine
 

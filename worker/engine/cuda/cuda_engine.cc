@@ -184,6 +184,11 @@ absl::Status CudaEngineImpl::Initialize() {
   absl::StatusOr<void*> host_stats = arena_.AllocatePinnedHost(lead().StatsBytes(), "step statistics");
   if (!host_stats.ok()) return host_stats.status();
   host_stats_ = static_cast<uint8_t*>(*host_stats);
+  // Set-up's cudaMemcpy calls from pageable memory (the token basis, the teacher's router bias,
+  // the shared experts' offsets, the optimizer's tensor lists) may return before their DMA has
+  // landed, on the legacy stream that the engine's non-blocking streams do not wait for: the first
+  // step starts after all of it.
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return absl::OkStatus();
 }
 

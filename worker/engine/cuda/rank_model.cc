@@ -271,8 +271,10 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
   DROPLESS_RETURN_IF_ERROR(RefreshWorkingCopies(replicated_.value, experts_.value, &teacher_, streams_.main));
   DROPLESS_RETURN_IF_ERROR(InitializeWeights(seeds.student, replicated_.value, experts_.value));
   if (restore_step > 0) DROPLESS_RETURN_IF_ERROR(Restore(config_.checkpoint.dir, restore_step));
-  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpy(step_counter_, &steps_restored_, sizeof(int64_t),
-                                           cudaMemcpyHostToDevice));
+  // Copies in the main stream's order (the legacy stream's cudaMemcpy is not ordered with it):
+  // after the student's draws, before the working copies read what was restored.
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_counter_, &steps_restored_, sizeof(int64_t),
+                                                cudaMemcpyHostToDevice, streams_.main));
   DROPLESS_RETURN_IF_ERROR(
       RefreshWorkingCopies(replicated_.value, experts_.value, &student_, streams_.main));
   DROPLESS_RETURN_IF_ERROR(QuantizeExperts(&student_, streams_.main));
@@ -328,12 +330,13 @@ absl::Status RankModel::CreateOptimizer() {
 absl::Status RankModel::SaveCheckpoint(const std::string& dir, int64_t step) {
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.main));
   return WriteCudaCheckpoint(dir, config_, rank_, layout_, step, replicated_.Optimizer(),
-                             experts_.Optimizer());
+                             experts_.Optimizer(), streams_.main);
 }
 
 absl::Status RankModel::Restore(const std::string& dir, int64_t step) {
-  absl::StatusOr<int64_t> restored = ReadCudaCheckpoint(
-      dir, config_, rank_, layout_, step, replicated_.Optimizer(), experts_.Optimizer());
+  absl::StatusOr<int64_t> restored =
+      ReadCudaCheckpoint(dir, config_, rank_, layout_, step, replicated_.Optimizer(),
+                         experts_.Optimizer(), streams_.main);
   if (!restored.ok()) return restored.status();
   steps_restored_ = *restored;
   return absl::OkStatus();
