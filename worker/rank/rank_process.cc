@@ -161,7 +161,9 @@ absl::Status RankRun::Run() {
         "checkpoint.dir or raise steps",
         checkpoint_dir, first_step - 1, steps)));
   }
-  if (first_step > 1) Say(absl::StrFormat("resuming from a checkpoint at step %d", first_step));
+  if (first_step > 1) {
+    Say(absl::StrFormat("resuming from the checkpoint of step %d", first_step - 1));
+  }
   for (int64_t step = first_step; step <= steps; ++step) {
     PhaseReporter::SetStep(step);
     absl::StatusOr<StepStats> stats = (*engine)->Step();

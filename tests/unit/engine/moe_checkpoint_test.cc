@@ -2,6 +2,7 @@
 // manifest, refusal of other jobs (naming the field), damage, and atomicity of replacement.
 #include "worker/engine/checkpoint/moe_checkpoint.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -299,6 +300,17 @@ TEST_F(MoeCheckpointTest, ACheckpointDirThatIsAFileIsAJobError) {
     EXPECT_EQ(write.code(), absl::StatusCode::kFailedPrecondition) << dir << ": " << write;
     EXPECT_TRUE(IsJobError(write)) << dir << ": " << write;
   }
+}
+
+// Something other than a file where the manifest belongs (here a FIFO, whose open would wait for
+// a writer) is refused at once.
+TEST_F(MoeCheckpointTest, AFifoInPlaceOfTheManifestIsRefusedWithoutBlocking) {
+  RankState state(TinyJob(1, 1), 0, 1);
+  fs::create_directories(dir_);
+  ASSERT_EQ(mkfifo(MoeCheckpointManifestPath(dir_, 0).c_str(), 0600), 0);
+  const absl::Status read = state.Read(dir_).status();
+  EXPECT_EQ(read.code(), absl::StatusCode::kFailedPrecondition) << read;
+  EXPECT_NE(read.message().find("not a regular file"), absl::string_view::npos) << read;
 }
 
 // A save that cannot read the manifest it would extend fails instead of committing one without

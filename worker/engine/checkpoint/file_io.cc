@@ -128,7 +128,9 @@ ReadOnlyFile& ReadOnlyFile::operator=(ReadOnlyFile&& other) noexcept {
 absl::StatusOr<ReadOnlyFile> ReadOnlyFile::Open(const std::string& path) {
   ReadOnlyFile file;
   file.path_ = path;
-  file.fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO put where a checkpoint file belongs is refused below instead of blocking
+  // the open until a writer comes (reads of regular files ignore the flag).
+  file.fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (file.fd_ < 0) return ErrnoStatus("open", path);
   struct stat info;
   if (fstat(file.fd_, &info) != 0) return ErrnoStatus("stat", path);
