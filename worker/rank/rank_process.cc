@@ -22,7 +22,9 @@
 #include "common/job_error.h"
 #include "common/job_spec.h"
 #include "common/status_context.h"
+#include "common/status_macros.h"
 #include "common/step_phase.h"
+#include "worker/engine/checkpoint/checkpoint_claim.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_registry.h"
 #include "worker/rank/phase_reporter.h"
@@ -95,6 +97,8 @@ absl::Status RankRun::Run() {
         " does not match the spec's parallel.ep * parallel.dp = ", spec->world_size())));
   }
   const std::string backend(ToString(spec->resources.backend));
+  const std::string& checkpoint_dir = spec->checkpoint.dir;
+  const engine::CheckpointClaim claim{options_.job_id, options_.attempt, options_.rank};
   if (absl::Status st = PrepareEngine(spec->resources.backend, EngineConfigFromSpec(*spec)); !st.ok()) {
     return WithContext(absl::StrCat("the ", backend, " engine"), st);
   }
@@ -112,6 +116,12 @@ absl::Status RankRun::Run() {
   rendezvous.credentials = *credentials;
   std::unique_ptr<KeyValueStore> store = NewRendezvousKvStore(
       options_.coordinator, options_.job_id, options_.attempt, rendezvous);
+  // This attempt writes the rank's checkpoints from now on: a rank of an earlier attempt still
+  // running (its worker cut off from the coordinator) stops at its next save.
+  if (!checkpoint_dir.empty()) {
+    DROPLESS_RETURN_IF_ERROR(
+        WithContext("checkpoint", engine::ClaimCheckpoints(checkpoint_dir, claim)));
+  }
   GlooOptions gloo;
   gloo.layout.rank = options_.rank;
   gloo.layout.world_size = options_.world_size;
@@ -151,7 +161,6 @@ absl::Status RankRun::Run() {
                       spec->tokens_per_rank));
 
   const absl::Time start = absl::Now();
-  const std::string& checkpoint_dir = spec->checkpoint.dir;
   // An engine restored from a checkpoint (a later attempt of the job) continues where it was.
   const int64_t first_step = (*engine)->StepsDone() + 1;
   if (first_step > steps + 1) {
@@ -182,6 +191,9 @@ absl::Status RankRun::Run() {
     }
     if (spec->checkpoint.DueAfter(step, steps)) {
       EnterStepPhase(StepPhase::kCheckpoint);
+      if (absl::Status st = engine::CheckCheckpointClaim(checkpoint_dir, claim); !st.ok()) {
+        return WithContext(absl::StrCat("checkpoint at step ", step), st);
+      }
       if (absl::Status st = (*engine)->SaveCheckpoint(checkpoint_dir); !st.ok()) {
         return WithContext(absl::StrCat("checkpoint at step ", step), st);
       }

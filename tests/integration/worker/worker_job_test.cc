@@ -3,6 +3,8 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -201,13 +203,14 @@ TEST_F(WorkerJobTest, ARankCrashFailsTheJobNotTheWorker) {
   }
 }
 
-// tiny-cpu with `steps`, checkpointing into the cluster's ckpt/ at its end and allowed 3 attempts.
-std::string CheckpointedSpec(const std::string& cluster_dir, int steps) {
+// tiny-cpu with `steps`, checkpointing into the cluster's ckpt/ every `every` steps (0: at its
+// end) and allowed 3 attempts.
+std::string CheckpointedSpec(const std::string& cluster_dir, int steps, int every = 0) {
   std::string spec = TinyCpuSpec(steps);
   for (auto [from, to] :
        {std::pair<std::string, std::string>{
             "checkpoint: {dir: \"\", every: 0}",
-            absl::StrCat("checkpoint: {dir: \"", cluster_dir, "/ckpt\", every: 0}")},
+            absl::StrCat("checkpoint: {dir: \"", cluster_dir, "/ckpt\", every: ", every, "}")},
         {"max_attempts: 1", "max_attempts: 3"}}) {
     EXPECT_NE(spec.find(from), std::string::npos) << from;
     spec.replace(spec.find(from), from.size(), to);
@@ -250,6 +253,53 @@ TEST_F(WorkerJobTest, ADamagedCheckpointFailsTheJobUnretried) {
   EXPECT_NE(failed->message().find(".safetensors"), std::string::npos) << failed->message();
   EXPECT_EQ(failed->attempt(), 1) << failed->message();
   EXPECT_NE(failed->message().find("not retried"), std::string::npos) << failed->message();
+}
+
+// A rank of an attempt the coordinator has moved on from (its worker was cut off, say) and the
+// next attempt must not both write the rank's checkpoints: the attempt that started last owns
+// them, and a rank of an earlier one stops at its next save. Here the record says attempt 2 while
+// attempt 1 runs; its rank 0 stops, and attempt 2 claims the directory and trains on.
+TEST_F(WorkerJobTest, ARankOfASupersededAttemptStopsInsteadOfSaving) {
+  absl::StatusOr<v1::Job> job = cluster_.Submit(CheckpointedSpec(cluster_.dir(), 1000000, 5));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string owner = cluster_.dir() + "/ckpt/owner-rank-0.txt";
+  const std::string manifest = cluster_.dir() + "/ckpt/manifest-rank-0.json";
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!(std::filesystem::exists(owner) && std::filesystem::exists(manifest)) &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(std::filesystem::exists(manifest)) << cluster_.Diagnostics();
+  std::ofstream(owner, std::ios::trunc)
+      << "dropless-checkpoint-owner job=" << job->id() << " attempt=2\n";
+  absl::StatusOr<v1::Job> second = cluster_.Get(job->id());
+  const absl::Time second_by = absl::Now() + absl::Seconds(60);
+  while (second.ok() && !(second->attempt() == 2 && second->state() == v1::JOB_STATE_RUNNING) &&
+         absl::Now() < second_by) {
+    absl::SleepFor(absl::Milliseconds(100));
+    second = cluster_.Get(job->id());
+  }
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(second->attempt(), 2) << second->message() << "\n" << cluster_.Diagnostics();
+  ASSERT_EQ(second->state(), v1::JOB_STATE_RUNNING) << second->message() << cluster_.Diagnostics();
+  absl::StatusOr<std::vector<v1::Event>> events = cluster_.Events(job->id());
+  ASSERT_TRUE(events.ok()) << events.status();
+  bool stopped = false;
+  for (const v1::Event& e : *events) {
+    stopped |= e.attempt() == 1 &&
+               Has(e.message(), "attempt 2 of this job writes rank 0's checkpoints now");
+  }
+  EXPECT_TRUE(stopped) << cluster_.Diagnostics();
+  // Attempt 2 saves on (its record is its own): its manifest moves past where attempt 1 stopped.
+  auto read = [&]() {
+    std::ifstream in(manifest);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const std::string before = read();
+  const absl::Time saved_by = absl::Now() + absl::Seconds(30);
+  while (read() == before && absl::Now() < saved_by) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_NE(read(), before) << cluster_.Diagnostics();
+  ASSERT_TRUE(cluster_.Cancel(job->id()).ok());
 }
 
 TEST_F(WorkerJobTest, RanksKeepRunningThroughACoordinatorRestart) {

@@ -1,0 +1,79 @@
+#include "worker/engine/checkpoint/checkpoint_claim.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/job_error.h"
+#include "worker/engine/checkpoint/file_io.h"
+
+namespace dropless::engine {
+namespace {
+
+constexpr char kClaimTag[] = "dropless-checkpoint-owner";
+constexpr uint64_t kMaxClaimBytes = 4096;
+
+std::string ClaimLine(const CheckpointClaim& claim) {
+  return absl::StrCat(kClaimTag, " job=", claim.job_id, " attempt=", claim.attempt, "\n");
+}
+
+absl::StatusOr<CheckpointClaim> ParseClaim(const std::string& path, absl::string_view text,
+                                           int rank) {
+  const std::vector<absl::string_view> fields =
+      absl::StrSplit(absl::StripTrailingAsciiWhitespace(text), ' ');
+  CheckpointClaim claim;
+  claim.rank = rank;
+  absl::string_view job, attempt;
+  if (fields.size() == 3 && fields[0] == kClaimTag) {
+    job = fields[1];
+    attempt = fields[2];
+  }
+  if (absl::ConsumePrefix(&job, "job=") && !job.empty() &&
+      absl::ConsumePrefix(&attempt, "attempt=") && absl::SimpleAtoi(attempt, &claim.attempt)) {
+    claim.job_id = std::string(job);
+    return claim;
+  }
+  return absl::DataLossError(absl::StrCat("checkpoint: ", path, ": not a checkpoint owner record"));
+}
+
+}  // namespace
+
+std::string CheckpointClaimPath(const std::string& dir, int rank) {
+  return absl::StrCat(dir, "/owner-rank-", rank, ".txt");
+}
+
+absl::Status ClaimCheckpoints(const std::string& dir, const CheckpointClaim& claim) {
+  if (absl::Status s = MakeDirectories(dir); !s.ok()) {
+    return absl::IsFailedPrecondition(s) ? MarkJobError(s) : s;  // a file where dir belongs
+  }
+  AtomicFileWriter writer(CheckpointClaimPath(dir, claim.rank));
+  const std::string line = ClaimLine(claim);
+  if (absl::Status s = writer.Open(); !s.ok()) return s;
+  if (absl::Status s = writer.Append(line.data(), line.size()); !s.ok()) return s;
+  return writer.Commit();
+}
+
+absl::Status CheckCheckpointClaim(const std::string& dir, const CheckpointClaim& claim) {
+  const std::string path = CheckpointClaimPath(dir, claim.rank);
+  absl::StatusOr<std::string> text = ReadSmallFile(path, kMaxClaimBytes);
+  if (absl::IsNotFound(text.status())) return absl::OkStatus();
+  if (!text.ok()) return text.status();
+  absl::StatusOr<CheckpointClaim> owner = ParseClaim(path, *text, claim.rank);
+  if (!owner.ok()) return MarkJobError(owner.status());
+  if (owner->job_id == claim.job_id && owner->attempt == claim.attempt) return absl::OkStatus();
+  if (owner->job_id == claim.job_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint.dir ", dir, ": attempt ", owner->attempt, " of this job writes rank ",
+        claim.rank, "'s checkpoints now; attempt ", claim.attempt, " stops without saving"));
+  }
+  return MarkJobError(absl::FailedPreconditionError(
+      absl::StrCat("checkpoint.dir ", dir, ": job ", owner->job_id, " (attempt ", owner->attempt,
+                   ") writes rank ", claim.rank,
+                   "'s checkpoints now; two jobs cannot share a checkpoint.dir: choose another")));
+}
+
+}  // namespace dropless::engine

@@ -1,0 +1,37 @@
+// Which run of a job writes a rank's checkpoints: the attempt that started last. A worker cut off
+// from the coordinator keeps its ranks running (docs/architecture.md, "Lease"), while the
+// coordinator fails their attempt and starts the next one elsewhere, on the same checkpoint.dir
+// when it is shared storage. Both would then write the same rank's files. So each rank records
+// its (job, attempt) in the directory before its engine restores, and checks the record before
+// each save: a rank whose record was replaced stops instead of writing.
+#ifndef DROPLESS_WORKER_ENGINE_CHECKPOINT_CHECKPOINT_CLAIM_H_
+#define DROPLESS_WORKER_ENGINE_CHECKPOINT_CHECKPOINT_CLAIM_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace dropless::engine {
+
+struct CheckpointClaim {
+  std::string job_id;
+  int attempt = 0;
+  int rank = 0;
+};
+
+// `dir`/owner-rank-<rank>.txt, one line: "dropless-checkpoint-owner job=<id> attempt=<n>".
+std::string CheckpointClaimPath(const std::string& dir, int rank);
+
+// Records `claim` as the writer of its rank's checkpoints in `dir` (created when missing),
+// replacing any earlier record: the attempt starting now owns them.
+absl::Status ClaimCheckpoints(const std::string& dir, const CheckpointClaim& claim);
+
+// OK while `claim` is still the record of its rank in `dir` (or none is there). Otherwise
+// FailedPrecondition naming the writer since: a later attempt of the same job (this attempt is
+// over: its rank stops), or another job, a job error (common/job_error.h), since the next attempt
+// would take the directory back from that job, and so on. DataLoss when the record is damaged.
+absl::Status CheckCheckpointClaim(const std::string& dir, const CheckpointClaim& claim);
+
+}  // namespace dropless::engine
+
+#endif  // DROPLESS_WORKER_ENGINE_CHECKPOINT_CHECKPOINT_CLAIM_H_
