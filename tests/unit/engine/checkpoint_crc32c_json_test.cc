@@ -102,6 +102,24 @@ TEST(JsonTest, RefusesWhatRfc8259Refuses) {
   EXPECT_TRUE(json::Parse(std::string(60, '[') + std::string(60, ']')).ok());
 }
 
+// A document of many small values is refused before its tree outgrows the text many times over:
+// the budget counts every value, containers included.
+TEST(JsonTest, RefusesMoreValuesThanItsBudget) {
+  std::string zeros = "[0";
+  for (int i = 1; i < 99; ++i) zeros += ",0";
+  zeros += "]";  // 100 values: the array and 99 zeros
+  EXPECT_TRUE(json::Parse(zeros, json::kDefaultMaxDepth, 100).ok());
+  absl::StatusOr<json::Value> over = json::Parse(zeros, json::kDefaultMaxDepth, 99);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(over.status().message().find("more values"), std::string::npos) << over.status();
+  std::string many = "[0";
+  many.reserve(2 * json::kDefaultMaxValues + 2);
+  while (static_cast<int64_t>(many.size()) < 2 * json::kDefaultMaxValues) many += ",0";
+  many += "]";
+  EXPECT_FALSE(json::Parse(many).ok());  // ~2^20 + 1 values by default: refused
+}
+
 TEST(JsonTest, QuoteEscapesLikeSerdeJsonAndRoundTrips) {
   const std::string text = "a\"b\\c\b\f\n\r\t\x01\x1f\x7f/\xc3\xa9";
   const std::string quoted = json::Quote(text);

@@ -36,7 +36,8 @@ const char* KindName(Value::Kind kind) {
 
 class Parser {
  public:
-  Parser(absl::string_view text, int max_depth) : text_(text), max_depth_(max_depth) {}
+  Parser(absl::string_view text, int max_depth, int64_t max_values)
+      : text_(text), max_depth_(max_depth), values_left_(max_values) {}
 
   absl::StatusOr<Value> ParseDocument() {
     Value value;
@@ -67,6 +68,7 @@ class Parser {
 
   absl::Status ParseValue(int depth, Value* out) {
     if (depth > max_depth_) return Error("nested too deeply");
+    if (--values_left_ < 0) return Error("more values than the document may hold");
     if (AtEnd()) return Error("unexpected end of text");
     switch (Peek()) {
       case '{':
@@ -311,11 +313,12 @@ class Parser {
 
   absl::string_view text_;
   int max_depth_;
+  int64_t values_left_;
   size_t pos_ = 0;
 };
 
-absl::StatusOr<Value> Parse(absl::string_view text, int max_depth) {
-  return Parser(text, max_depth).ParseDocument();
+absl::StatusOr<Value> Parse(absl::string_view text, int max_depth, int64_t max_values) {
+  return Parser(text, max_depth, max_values).ParseDocument();
 }
 
 absl::StatusOr<uint64_t> ToUint64(const Value& value) {

@@ -44,9 +44,13 @@ class Value {
 };
 
 inline constexpr int kDefaultMaxDepth = 64;
+// Values (of any kind, containers included) a document may hold: a tree of ~100 bytes a value,
+// so a crafted text of small values ("[0,0,...]") costs at most ~100 MiB, not 50x its size.
+inline constexpr int64_t kDefaultMaxValues = int64_t{1} << 20;
 
 // Parses `text`: one value, with only JSON whitespace around it.
-absl::StatusOr<Value> Parse(absl::string_view text, int max_depth = kDefaultMaxDepth);
+absl::StatusOr<Value> Parse(absl::string_view text, int max_depth = kDefaultMaxDepth,
+                            int64_t max_values = kDefaultMaxValues);
 
 // A number that is a plain non-negative integer (no sign, fraction or exponent) within range.
 absl::StatusOr<uint64_t> ToUint64(const Value& value);
