@@ -87,5 +87,38 @@ TEST(CheckpointAgreementTest, ExchangeGivesEveryRankEveryonesHoldings) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Each rank reads its own files: when one cannot, every rank fails, and as a job error on all of
+// them when that rank's error is one (the coordinator acts on whichever exit it hears first).
+TEST(CheckpointAgreementTest, EveryRankFailsAlikeWhenOneCannotRestore) {
+  const absl::Status damaged = MarkJobError(absl::DataLossError("rank-1-step-8: checksum"));
+  const absl::Status io = absl::InternalError("read: I/O error");
+  for (const absl::Status& failure : {absl::OkStatus(), damaged, io}) {
+    std::vector<RankGroups> groups = CreateLocalGroups(3, 1);
+    std::vector<absl::Status> got(3);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        got[r] = AgreeOnRestoreOutcome(groups[r].world.get(), 3, r,
+                                       {r == 1 ? failure : absl::OkStatus()}, "ckpt");
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    if (failure.ok()) {
+      for (const absl::Status& s : got) EXPECT_TRUE(s.ok()) << s;
+      continue;
+    }
+    EXPECT_EQ(got[1], failure);  // the rank that failed reports its own error
+    for (int r : {0, 2}) {
+      EXPECT_EQ(got[r].code(), absl::StatusCode::kFailedPrecondition) << got[r];
+      EXPECT_NE(got[r].message().find("rank 1 could not restore"), std::string::npos) << got[r];
+      EXPECT_EQ(IsJobError(got[r]), IsJobError(failure)) << got[r];
+    }
+  }
+  // One process holding every rank needs no group.
+  EXPECT_EQ(AgreeOnRestoreOutcome(nullptr, 2, 0, {absl::OkStatus(), damaged}, "d"), damaged);
+  EXPECT_EQ(AgreeOnRestoreOutcome(nullptr, 4, 0, {absl::OkStatus()}, "d").code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace dropless::engine

@@ -103,4 +103,34 @@ absl::StatusOr<int64_t> AgreeOnCheckpointStep(const std::string& dir,
       "checkpoint.dir ", dir, ": the ranks hold no checkpoint step in common (", describe(), ")")));
 }
 
+absl::Status AgreeOnRestoreOutcome(Communicator* world, int world_size, int first_rank,
+                                   const std::vector<absl::Status>& local, const std::string& dir) {
+  const int local_ranks = static_cast<int>(local.size());
+  if (first_rank < 0 || first_rank + local_ranks > world_size ||
+      (world == nullptr && local_ranks != world_size)) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ranks ", first_rank, "..",
+                                                   first_rank + local_ranks - 1, " of ", world_size,
+                                                   " and no way to reach the others"));
+  }
+  // Per rank: 0 read, 1 failed, 2 failed with a job error (each rank fills its own slot).
+  std::vector<double> outcome(static_cast<size_t>(world_size), 0.0);
+  for (int i = 0; i < local_ranks; ++i) {
+    outcome[first_rank + i] = local[i].ok() ? 0.0 : IsJobError(local[i]) ? 2.0 : 1.0;
+  }
+  if (world != nullptr && world->size() > 1) {
+    if (absl::Status s = world->AllReduceSum(outcome.data(), outcome.size()); !s.ok()) return s;
+  }
+  for (const absl::Status& s : local) {
+    if (!s.ok()) return s;
+  }
+  for (int r = 0; r < world_size; ++r) {
+    if (outcome[r] == 0.0) continue;
+    absl::Status failed = absl::FailedPreconditionError(
+        absl::StrCat("checkpoint.dir ", dir, ": rank ", r, " could not restore its checkpoint",
+                     outcome[r] == 2.0 ? " (damaged, or another job's)" : ""));
+    return outcome[r] == 2.0 ? MarkJobError(failed) : failed;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace dropless::engine

@@ -47,6 +47,15 @@ absl::StatusOr<std::vector<HeldCheckpoints>> ExchangeHeldCheckpoints(
 absl::StatusOr<int64_t> AgreeOnCheckpointStep(const std::string& dir,
                                               const std::vector<HeldCheckpoints>& held);
 
+// After each rank of this process read its part of the agreed checkpoint (`local`, one status per
+// rank from first_rank on): OK when every rank of the job did; otherwise this rank's own error,
+// or on a rank whose read succeeded, FailedPrecondition naming the first rank that failed, a job
+// error when that rank's error is one. So every rank fails alike, whichever exit the coordinator
+// hears first (it retries the attempt unless the rank's error is a job error). A collective call
+// on every rank of `world` (null when the local ranks are the whole job).
+absl::Status AgreeOnRestoreOutcome(Communicator* world, int world_size, int first_rank,
+                                   const std::vector<absl::Status>& local, const std::string& dir);
+
 }  // namespace dropless::engine
 
 #endif  // DROPLESS_WORKER_ENGINE_CHECKPOINT_CHECKPOINT_AGREEMENT_H_

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "common/engine_config.h"
 #include "common/status_context.h"
+#include "common/status_macros.h"
 #include "common/step_phase.h"
 #include "worker/engine/checkpoint/checkpoint_agreement.h"
 #include "worker/engine/checkpoint/moe_checkpoint.h"
@@ -344,10 +345,11 @@ absl::Status CpuEngine::SaveCheckpoint(const std::string& dir) {
 absl::Status CpuEngine::Restore(const std::string& dir) {
   // Every rank resumes from the same step: the newest that all of them hold.
   const engine::MoeCheckpointIdentity id = engine::MoeCheckpointIdentityOf(spec_, rank_);
+  Communicator* const world = world_size_ > 1 ? groups_->world.get() : nullptr;
   absl::Status unreadable;
   std::vector<engine::HeldCheckpoints> held = engine::ListHeldCheckpoints(dir, {id}, &unreadable);
-  absl::StatusOr<std::vector<engine::HeldCheckpoints>> all = engine::ExchangeHeldCheckpoints(
-      world_size_ > 1 ? groups_->world.get() : nullptr, world_size_, rank_, held);
+  absl::StatusOr<std::vector<engine::HeldCheckpoints>> all =
+      engine::ExchangeHeldCheckpoints(world, world_size_, rank_, held);
   if (!all.ok()) return all.status();
   if (!unreadable.ok()) return unreadable;
   absl::StatusOr<int64_t> agreed = engine::AgreeOnCheckpointStep(dir, *all);
@@ -355,7 +357,9 @@ absl::Status CpuEngine::Restore(const std::string& dir) {
   if (*agreed > 0) {
     absl::StatusOr<int64_t> step = engine::ReadMoeCheckpoint(
         dir, id, layout_, Buffers(student_replicated_), Buffers(student_experts_), *agreed);
-    if (!step.ok()) return step.status();
+    // Every rank learns whether all read their part, so that all fail alike.
+    DROPLESS_RETURN_IF_ERROR(
+        engine::AgreeOnRestoreOutcome(world, world_size_, rank_, {step.status()}, dir));
     // Files hold fp32 moments; a job with bf16 moments keeps them as it would have stored them.
     for (ParameterBuffer* b : {&student_replicated_, &student_experts_}) {
       for (std::vector<float>* moments : {&b->m, &b->v}) {

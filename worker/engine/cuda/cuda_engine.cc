@@ -93,6 +93,11 @@ class CudaEngineImpl final : public CudaEngine {
   }
   // The checkpoint step every rank of the job resumes from (0: none; checkpoint_agreement.h).
   absl::StatusOr<int64_t> AgreedRestoreStep();
+  // The group of every rank of the job, for the restore's agreements; null when this process's
+  // ranks are the whole job.
+  Communicator* World() const {
+    return world_size_ > ep_local_ && groups_ != nullptr ? groups_->world.get() : nullptr;
+  }
   absl::Status RecordStep();
   absl::Status RecordBackward();
   absl::Status MarkPhase(StepPhase phase) {
@@ -174,12 +179,20 @@ absl::Status CudaEngineImpl::Initialize() {
 
   absl::StatusOr<int64_t> restore_step = AgreedRestoreStep();
   if (!restore_step.ok()) return restore_step.status();
-  for (int r = 0; r < ep_local_; ++r) {
+  absl::Status set_up;
+  for (int r = 0; r < ep_local_ && set_up.ok(); ++r) {
     auto rank = std::make_unique<RankModel>(config_, rank_ + r, dims_);
-    DROPLESS_RETURN_IF_ERROR(rank->Initialize(&arena_, &links_, r == 0 ? &timer_ : nullptr, seeds_,
-                                              dispatcher_.get(), *restore_step));
-    ranks_.push_back(std::move(rank));
+    set_up = rank->Initialize(&arena_, &links_, r == 0 ? &timer_ : nullptr, seeds_,
+                              dispatcher_.get(), *restore_step);
+    if (set_up.ok()) ranks_.push_back(std::move(rank));
   }
+  if (*restore_step > 0) {
+    // Every rank learns whether all restored (each read its own files), so that all fail alike.
+    DROPLESS_RETURN_IF_ERROR(engine::AgreeOnRestoreOutcome(
+        World(), world_size_, rank_, std::vector<absl::Status>(ep_local_, set_up),
+        config_.checkpoint.dir));
+  }
+  DROPLESS_RETURN_IF_ERROR(set_up);
   steps_done_ = *restore_step;
   absl::StatusOr<void*> host_stats = arena_.AllocatePinnedHost(lead().StatsBytes(), "step statistics");
   if (!host_stats.ok()) return host_stats.status();
@@ -200,10 +213,8 @@ absl::StatusOr<int64_t> CudaEngineImpl::AgreedRestoreStep() {
     ids.push_back(engine::MoeCheckpointIdentityOf(config_, rank_ + r));
   absl::Status unreadable;
   std::vector<engine::HeldCheckpoints> held = engine::ListHeldCheckpoints(dir, ids, &unreadable);
-  Communicator* world =
-      world_size_ > ep_local_ && groups_ != nullptr ? groups_->world.get() : nullptr;
   absl::StatusOr<std::vector<engine::HeldCheckpoints>> all =
-      engine::ExchangeHeldCheckpoints(world, world_size_, rank_, held);
+      engine::ExchangeHeldCheckpoints(World(), world_size_, rank_, held);
   if (!all.ok()) return all.status();
   if (!unreadable.ok()) return unreadable;
   return engine::AgreeOnCheckpointStep(dir, *all);
