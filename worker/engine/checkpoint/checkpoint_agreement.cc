@@ -6,8 +6,24 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/job_error.h"
+#include "common/status_macros.h"
 
 namespace dropless::engine {
+namespace {
+
+// Ranks [first_rank, first_rank + local_ranks) of world_size, and a way to reach the others.
+absl::Status CheckLocalRanks(const Communicator* world, int world_size, int first_rank,
+                             int local_ranks) {
+  if (first_rank < 0 || first_rank + local_ranks > world_size ||
+      (world == nullptr && local_ranks != world_size)) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ranks ", first_rank, "..",
+                                                   first_rank + local_ranks - 1, " of ", world_size,
+                                                   " and no way to reach the others"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 std::vector<HeldCheckpoints> ListHeldCheckpoints(const std::string& dir,
                                                  const std::vector<MoeCheckpointIdentity>& ids,
@@ -30,12 +46,7 @@ absl::StatusOr<std::vector<HeldCheckpoints>> ExchangeHeldCheckpoints(
     Communicator* world, int world_size, int first_rank,
     const std::vector<HeldCheckpoints>& local) {
   const int local_ranks = static_cast<int>(local.size());
-  if (first_rank < 0 || first_rank + local_ranks > world_size ||
-      (world == nullptr && local_ranks != world_size)) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ranks ", first_rank, "..",
-                                                   first_rank + local_ranks - 1, " of ", world_size,
-                                                   " and no way to reach the others"));
-  }
+  DROPLESS_RETURN_IF_ERROR(CheckLocalRanks(world, world_size, first_rank, local_ranks));
   // A sum over ranks where each rank fills only its own slots is an all-gather: per rank, the
   // unreadable flag (1; 2 when its error is a job error), then each step + 1 (0: no step). Exact
   // in doubles for steps below 2^53.
@@ -106,12 +117,7 @@ absl::StatusOr<int64_t> AgreeOnCheckpointStep(const std::string& dir,
 absl::Status AgreeOnRestoreOutcome(Communicator* world, int world_size, int first_rank,
                                    const std::vector<absl::Status>& local, const std::string& dir) {
   const int local_ranks = static_cast<int>(local.size());
-  if (first_rank < 0 || first_rank + local_ranks > world_size ||
-      (world == nullptr && local_ranks != world_size)) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ranks ", first_rank, "..",
-                                                   first_rank + local_ranks - 1, " of ", world_size,
-                                                   " and no way to reach the others"));
-  }
+  DROPLESS_RETURN_IF_ERROR(CheckLocalRanks(world, world_size, first_rank, local_ranks));
   // Per rank: 0 read, 1 failed, 2 failed with a job error (each rank fills its own slot).
   std::vector<double> outcome(static_cast<size_t>(world_size), 0.0);
   for (int i = 0; i < local_ranks; ++i) {
