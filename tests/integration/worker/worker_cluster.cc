@@ -227,6 +227,20 @@ absl::StatusOr<std::vector<v1::Event>> WorkerCluster::Events(const std::string& 
   return std::vector<v1::Event>(response.events().begin(), response.events().end());
 }
 
+absl::StatusOr<std::vector<v1::LogLine>> WorkerCluster::Logs(const std::string& job_id) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  v1::GetLogsRequest request;
+  request.set_job_id(job_id);
+  std::unique_ptr<grpc::ClientReader<v1::LogLine>> reader = stub_->GetLogs(&ctx, request);
+  std::vector<v1::LogLine> lines;
+  v1::LogLine line;
+  while (reader->Read(&line)) lines.push_back(line);
+  absl::Status st = FromGrpc(reader->Finish(), "GetLogs");
+  if (!st.ok()) return st;
+  return lines;
+}
+
 absl::StatusOr<std::vector<v1::StepMetrics>> WorkerCluster::StepMetrics(
     const std::string& job_id) {
   grpc::ClientContext ctx;

@@ -54,6 +54,8 @@ class WorkerCluster {
   absl::StatusOr<dropless::v1::Job> Get(const std::string& job_id);
   absl::StatusOr<dropless::v1::Job> Cancel(const std::string& job_id);
   absl::StatusOr<std::vector<dropless::v1::Event>> Events(const std::string& job_id);
+  // Every stored log line of the job's ranks, oldest first.
+  absl::StatusOr<std::vector<dropless::v1::LogLine>> Logs(const std::string& job_id);
   // Every stored step metrics record of the job, oldest first.
   absl::StatusOr<std::vector<dropless::v1::StepMetrics>> StepMetrics(const std::string& job_id);
   // The job once its state is one of `states` (or the last state seen at timeout).
