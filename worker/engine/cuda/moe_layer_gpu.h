@@ -90,7 +90,8 @@ struct LayerDims {
   // The routed experts' weight gradient is stored in bf16 (the GEMM's fp32 accumulator rounded
   // once in its epilogue, as autograd gives bf16 weights theirs) and the AdamW pass reads it so:
   // 4 bytes a parameter less traffic than fp32, half the buffer. bf16 with the two passes only
-  // (not fused_expert_adamw); opt-in by DROPLESS_BF16_EXPERT_GRAD=1 (LayerDimsOf), for A/B runs.
+  // (not fused_expert_adamw); opt-in by DROPLESS_BF16_EXPERT_GRAD=1 (LayerDimsOf): faster, but it
+  // moves bf16's loss away from the quantized precisions' (docs/step_performance.md, session 50).
   bool bf16_expert_grad = false;
   // mxfp8: the expert GEMMs run on the bf16 tensor cores, every MXFP8 product exact in bf16 with
   // fp32 accumulation: the forward and data gradient over exact bf16 images of the quantized
