@@ -89,6 +89,20 @@ class LocalEpGpu : public GpuTest, public ::testing::WithParamInterface<int> {
     out->experts = RelativeError(Gradient(g0.experts, g1.experts), Gradient(o0.experts, o1.experts));
   }
 
+  // An engine of `c` resumes at step 4 and goes on along `straight`, the uninterrupted run's
+  // losses.
+  void ExpectTheCurveFromStep4(const EngineConfig& c, const std::vector<double>& straight) {
+    std::unique_ptr<cuda_engine::CudaEngine> resumed = Make(c);
+    ASSERT_TRUE(resumed);
+    ASSERT_EQ(resumed->StepsDone(), 4);
+    for (int step = 5; step <= 8; ++step) {
+      absl::StatusOr<StepStats> s = resumed->Step();
+      ASSERT_TRUE(s.ok()) << s.status();
+      // Routing statistics use fp32 atomics (order unspecified): equal to a few ulps, not bits.
+      EXPECT_NEAR(s->loss, straight[step - 1], 1e-4 * straight[step - 1]) << "step " << step;
+    }
+  }
+
   std::filesystem::path dir_;
 };
 
@@ -329,15 +343,29 @@ TEST_P(LocalEpGpu, ARankOneCheckpointBehindSendsTheGroupBackToTheStepAllHold) {
     }
     std::filesystem::rename(manifest1 + ".at-4", manifest1);  // rank 1 never committed 8
   }
-  std::unique_ptr<cuda_engine::CudaEngine> resumed = Make(c);
-  ASSERT_TRUE(resumed);
-  ASSERT_EQ(resumed->StepsDone(), 4);
-  for (int step = 5; step <= 8; ++step) {
-    absl::StatusOr<StepStats> s = resumed->Step();
-    ASSERT_TRUE(s.ok()) << s.status();
-    // Routing statistics use fp32 atomics (order unspecified): equal to a few ulps, not bits.
-    EXPECT_NEAR(s->loss, straight[step - 1], 1e-4 * straight[step - 1]) << "step " << step;
+  ExpectTheCurveFromStep4(c, straight);
+}
+
+// Rank 1's files of the newest checkpoint damaged (a write its filesystem lost): every rank goes
+// back to the previous checkpoint, which all of them hold, and on along the uninterrupted curve.
+TEST_P(LocalEpGpu, ADamagedNewestCheckpointSendsTheGroupBackToThePreviousOne) {
+  EngineConfig c = Config(GetParam());
+  c.checkpoint.dir = Dir("damaged");
+  std::vector<double> straight;
+  {
+    std::unique_ptr<cuda_engine::CudaEngine> engine = Make(c);
+    ASSERT_TRUE(engine);
+    for (int step = 1; step <= 8; ++step) {
+      absl::StatusOr<StepStats> s = engine->Step();
+      ASSERT_TRUE(s.ok()) << s.status();
+      straight.push_back(s->loss);
+      if (step % 4 == 0) ASSERT_TRUE(engine->SaveCheckpoint(c.checkpoint.dir).ok());
+    }
   }
+  const std::string data = engine::MoeCheckpointDataPath(c.checkpoint.dir, 1, 8);
+  ASSERT_TRUE(std::filesystem::exists(data)) << data;
+  std::filesystem::resize_file(data, std::filesystem::file_size(data) / 2);
+  ExpectTheCurveFromStep4(c, straight);
 }
 
 INSTANTIATE_TEST_SUITE_P(EpSizes, LocalEpGpu, ::testing::Values(2, 4, 8),

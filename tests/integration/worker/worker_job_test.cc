@@ -2,6 +2,7 @@
 // expert-parallel ranks of tiny-cpu run on different workers), real rank processes.
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -251,6 +252,34 @@ TEST_F(WorkerJobTest, ADamagedCheckpointFailsTheJobUnretried) {
       << failed->message();
   EXPECT_EQ(failed->attempt(), 1) << failed->message();
   EXPECT_NE(failed->message().find("not retried"), std::string::npos) << failed->message();
+}
+
+// A newest checkpoint damaged on one rank while every rank also holds the previous one: the ranks
+// all go back to the previous step (and say so) instead of failing the job.
+TEST_F(WorkerJobTest, ADamagedNewestCheckpointFallsBackToThePreviousOne) {
+  ASSERT_TRUE(RunToSuccess(CheckpointedSpec(cluster_.dir(), 4, 2)));  // steps 4 and 2 kept
+  const std::string data = cluster_.dir() + "/ckpt/rank-1-step-4.safetensors";
+  ASSERT_TRUE(std::filesystem::exists(data)) << data;
+  std::filesystem::resize_file(data, std::filesystem::file_size(data) / 2);
+  absl::StatusOr<v1::Job> job = cluster_.Submit(CheckpointedSpec(cluster_.dir(), 8, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<v1::Job> done = cluster_.WaitForState(
+      job->id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, absl::Seconds(120));
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::JOB_STATE_SUCCEEDED) << done->message() << cluster_.Diagnostics();
+  EXPECT_EQ(done->attempt(), 1);
+  absl::StatusOr<std::vector<v1::StepMetrics>> metrics = cluster_.StepMetrics(job->id());
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  ASSERT_FALSE(metrics->empty());
+  int64_t first = 1 << 30;
+  for (const v1::StepMetrics& m : *metrics) first = std::min<int64_t>(first, m.step());
+  EXPECT_EQ(first, 3) << "resumed from step 2, the step before the damaged one";
+  absl::StatusOr<std::vector<v1::LogLine>> lines = cluster_.Logs(job->id());
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  int said = 0;
+  for (const v1::LogLine& l : *lines)
+    said += Has(l.text(), "every rank resumes from step 2 instead");
+  EXPECT_EQ(said, 2) << "each rank says it went back";
 }
 
 // A rank of an attempt the coordinator has moved on from (its worker was cut off, say) and the

@@ -114,10 +114,37 @@ TEST(CheckpointAgreementTest, EveryRankFailsAlikeWhenOneCannotRestore) {
       EXPECT_EQ(IsJobError(got[r]), IsJobError(failure)) << got[r];
     }
   }
+  // Damaged files (DataLoss) on some rank and nothing else: the ranks may go back together.
+  for (const absl::Status& other : {absl::OkStatus(), damaged, io}) {
+    std::vector<RankGroups> groups = CreateLocalGroups(3, 1);
+    std::vector<bool> only_damaged(3, false);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        bool d = false;
+        (void)AgreeOnRestoreOutcome(groups[r].world.get(), 3, r,
+                                    {r == 1   ? damaged
+                                     : r == 2 ? other
+                                              : absl::OkStatus()},
+                                    "ckpt", &d);
+        only_damaged[r] = d;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(only_damaged[r], other.code() != io.code()) << r;
+  }
   // One process holding every rank needs no group.
   EXPECT_EQ(AgreeOnRestoreOutcome(nullptr, 2, 0, {absl::OkStatus(), damaged}, "d"), damaged);
   EXPECT_EQ(AgreeOnRestoreOutcome(nullptr, 4, 0, {absl::OkStatus()}, "d").code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CheckpointAgreementTest, TheOlderStepEveryRankHolds) {
+  EXPECT_EQ(OlderCommonStep({Held({8, 4}), Held({8, 4})}, 8), std::optional<int64_t>(4));
+  EXPECT_EQ(OlderCommonStep({Held({8, 4}), Held({8})}, 8), std::nullopt);
+  EXPECT_EQ(OlderCommonStep({Held({8, 4}), Held({8, 4})}, 4), std::nullopt);
+  EXPECT_EQ(OlderCommonStep({Held({12, 8}), Held({8, 4})}, 12), std::optional<int64_t>(8));
+  EXPECT_EQ(OlderCommonStep({}, 8), std::nullopt);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "worker/engine/checkpoint/checkpoint_agreement.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -114,27 +115,55 @@ absl::StatusOr<int64_t> AgreeOnCheckpointStep(const std::string& dir,
       "checkpoint.dir ", dir, ": the ranks hold no checkpoint step in common (", describe(), ")")));
 }
 
+std::optional<int64_t> OlderCommonStep(const std::vector<HeldCheckpoints>& held, int64_t step) {
+  std::optional<int64_t> older;
+  if (held.empty()) return older;
+  for (int64_t candidate : held[0].steps) {
+    if (candidate <= 0 || candidate >= step || (older && candidate <= *older)) continue;
+    bool everywhere = true;
+    for (const HeldCheckpoints& h : held) {
+      everywhere &= std::find(h.steps.begin(), h.steps.end(), candidate) != h.steps.end();
+    }
+    if (everywhere) older = candidate;
+  }
+  return older;
+}
+
 absl::Status AgreeOnRestoreOutcome(Communicator* world, int world_size, int first_rank,
-                                   const std::vector<absl::Status>& local, const std::string& dir) {
+                                   const std::vector<absl::Status>& local, const std::string& dir,
+                                   bool* only_damaged) {
   const int local_ranks = static_cast<int>(local.size());
   DROPLESS_RETURN_IF_ERROR(CheckLocalRanks(world, world_size, first_rank, local_ranks));
-  // Per rank: 0 read, 1 failed, 2 failed with a job error (each rank fills its own slot).
-  std::vector<double> outcome(static_cast<size_t>(world_size), 0.0);
+  // Per rank (each fills its own slot): 0 read, 1 failed, 2 failed with a job error, 3 found its
+  // files damaged (DataLoss, a job error too).
+  constexpr double kRead = 0, kFailed = 1, kJobError = 2, kDamaged = 3;
+  std::vector<double> outcome(static_cast<size_t>(world_size), kRead);
   for (int i = 0; i < local_ranks; ++i) {
-    outcome[first_rank + i] = local[i].ok() ? 0.0 : IsJobError(local[i]) ? 2.0 : 1.0;
+    const absl::Status& s = local[i];
+    outcome[first_rank + i] = s.ok()                ? kRead
+                              : !IsJobError(s)      ? kFailed
+                              : absl::IsDataLoss(s) ? kDamaged
+                                                    : kJobError;
   }
   if (world != nullptr && world->size() > 1) {
     if (absl::Status s = world->AllReduceSum(outcome.data(), outcome.size()); !s.ok()) return s;
   }
+  bool all_read = true, damaged = true;
+  for (double o : outcome) {
+    all_read &= o == kRead;
+    damaged &= o == kRead || o == kDamaged;
+  }
+  if (only_damaged != nullptr) *only_damaged = !all_read && damaged;
   for (const absl::Status& s : local) {
     if (!s.ok()) return s;
   }
   for (int r = 0; r < world_size; ++r) {
-    if (outcome[r] == 0.0) continue;
+    if (outcome[r] == kRead) continue;
+    const bool job_error = outcome[r] != kFailed;
     absl::Status failed = absl::FailedPreconditionError(
         absl::StrCat("checkpoint.dir ", dir, ": rank ", r, " could not restore its checkpoint",
-                     outcome[r] == 2.0 ? " (damaged, or another job's)" : ""));
-    return outcome[r] == 2.0 ? MarkJobError(failed) : failed;
+                     job_error ? " (damaged, or another job's)" : ""));
+    return job_error ? MarkJobError(failed) : failed;
   }
   return absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 #define DROPLESS_WORKER_ENGINE_CHECKPOINT_CHECKPOINT_AGREEMENT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,9 +53,16 @@ absl::StatusOr<int64_t> AgreeOnCheckpointStep(const std::string& dir,
 // or on a rank whose read succeeded, FailedPrecondition naming the first rank that failed, a job
 // error when that rank's error is one. So every rank fails alike, whichever exit the coordinator
 // hears first (it retries the attempt unless the rank's error is a job error). A collective call
-// on every rank of `world` (null when the local ranks are the whole job).
+// on every rank of `world` (null when the local ranks are the whole job). *only_damaged (when
+// given) says, on every rank alike, whether each failure was a rank finding its files damaged
+// (DataLoss): the ranks may then all go back to an older step they hold (OlderCommonStep).
 absl::Status AgreeOnRestoreOutcome(Communicator* world, int world_size, int first_rank,
-                                   const std::vector<absl::Status>& local, const std::string& dir);
+                                   const std::vector<absl::Status>& local, const std::string& dir,
+                                   bool* only_damaged = nullptr);
+
+// The newest step older than `step` that every rank holds, if any: where the ranks go back to when
+// some rank's files of `step` are damaged (a write its filesystem reported durable and lost).
+std::optional<int64_t> OlderCommonStep(const std::vector<HeldCheckpoints>& held, int64_t step);
 
 }  // namespace dropless::engine
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/engine_config.h"
+#include "common/log.h"
 #include "common/status_context.h"
 #include "common/status_macros.h"
 #include "common/step_phase.h"
@@ -354,12 +356,23 @@ absl::Status CpuEngine::Restore(const std::string& dir) {
   if (!unreadable.ok()) return unreadable;
   absl::StatusOr<int64_t> agreed = engine::AgreeOnCheckpointStep(dir, *all);
   if (!agreed.ok()) return agreed.status();
-  if (*agreed > 0) {
-    absl::StatusOr<int64_t> step = engine::ReadMoeCheckpoint(
-        dir, id, layout_, Buffers(student_replicated_), Buffers(student_experts_), *agreed);
-    // Every rank learns whether all read their part, so that all fail alike.
-    DROPLESS_RETURN_IF_ERROR(
-        engine::AgreeOnRestoreOutcome(world, world_size_, rank_, {step.status()}, dir));
+  int64_t step = *agreed;
+  while (step > 0) {
+    absl::StatusOr<int64_t> read = engine::ReadMoeCheckpoint(
+        dir, id, layout_, Buffers(student_replicated_), Buffers(student_experts_), step);
+    // Every rank learns whether all read their part, so that all fail alike, or all go back to
+    // an older step when some rank's files are damaged.
+    bool only_damaged = false;
+    const absl::Status outcome = engine::AgreeOnRestoreOutcome(world, world_size_, rank_,
+                                                               {read.status()}, dir, &only_damaged);
+    if (outcome.ok()) break;
+    const std::optional<int64_t> older = engine::OlderCommonStep(*all, step);
+    if (!only_damaged || !older) return outcome;
+    LogWarning(absl::StrFormat("rank %d: %s; every rank resumes from step %d instead", rank_,
+                               outcome.message(), *older));
+    step = *older;
+  }
+  if (step > 0) {
     // Files hold fp32 moments; a job with bf16 moments keeps them as it would have stored them.
     for (ParameterBuffer* b : {&student_replicated_, &student_experts_}) {
       for (std::vector<float>* moments : {&b->m, &b->v}) {
@@ -368,7 +381,7 @@ absl::Status CpuEngine::Restore(const std::string& dir) {
       }
     }
   }
-  steps_done_ = *agreed;
+  steps_done_ = step;
   return absl::OkStatus();
 }
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -93,6 +94,9 @@ class CudaEngineImpl final : public CudaEngine {
   }
   // The checkpoint step every rank of the job resumes from (0: none; checkpoint_agreement.h).
   absl::StatusOr<int64_t> AgreedRestoreStep();
+  // After the local ranks read `step`: the step every rank restored, once all agree on it (an
+  // older one they hold when some rank's files of `step` are damaged), or the restore's error.
+  absl::StatusOr<int64_t> AgreeOnRestore(int64_t step);
   // The group of every rank of the job, for the restore's agreements; null when this process's
   // ranks are the whole job.
   Communicator* World() const {
@@ -110,6 +114,7 @@ class CudaEngineImpl final : public CudaEngine {
   const int world_size_;
   const int ep_local_;
   RankGroups* const groups_;
+  std::vector<engine::HeldCheckpoints> held_;  // every rank's checkpoints (AgreedRestoreStep)
   const cpu::TaskSeeds seeds_;
   const cpu::TokenGenerator tokens_;
   LayerDims dims_;
@@ -179,21 +184,15 @@ absl::Status CudaEngineImpl::Initialize() {
 
   absl::StatusOr<int64_t> restore_step = AgreedRestoreStep();
   if (!restore_step.ok()) return restore_step.status();
-  absl::Status set_up;
-  for (int r = 0; r < ep_local_ && set_up.ok(); ++r) {
+  for (int r = 0; r < ep_local_; ++r) {
     auto rank = std::make_unique<RankModel>(config_, rank_ + r, dims_);
-    set_up = rank->Initialize(&arena_, &links_, r == 0 ? &timer_ : nullptr, seeds_,
-                              dispatcher_.get(), *restore_step);
-    if (set_up.ok()) ranks_.push_back(std::move(rank));
+    DROPLESS_RETURN_IF_ERROR(rank->Initialize(&arena_, &links_, r == 0 ? &timer_ : nullptr, seeds_,
+                                              dispatcher_.get(), *restore_step));
+    ranks_.push_back(std::move(rank));
   }
-  if (*restore_step > 0) {
-    // Every rank learns whether all restored (each read its own files), so that all fail alike.
-    DROPLESS_RETURN_IF_ERROR(engine::AgreeOnRestoreOutcome(
-        World(), world_size_, rank_, std::vector<absl::Status>(ep_local_, set_up),
-        config_.checkpoint.dir));
-  }
-  DROPLESS_RETURN_IF_ERROR(set_up);
-  steps_done_ = *restore_step;
+  absl::StatusOr<int64_t> restored = AgreeOnRestore(*restore_step);
+  if (!restored.ok()) return restored.status();
+  steps_done_ = *restored;
   absl::StatusOr<void*> host_stats = arena_.AllocatePinnedHost(lead().StatsBytes(), "step statistics");
   if (!host_stats.ok()) return host_stats.status();
   host_stats_ = static_cast<uint8_t*>(*host_stats);
@@ -203,6 +202,28 @@ absl::Status CudaEngineImpl::Initialize() {
   // step starts after all of it.
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CudaEngineImpl::AgreeOnRestore(int64_t step) {
+  const std::string& dir = config_.checkpoint.dir;
+  while (step > 0) {
+    // Every rank learns whether all restored (each read its own files), so that all fail alike,
+    // or all go back to an older step when some rank's files are damaged.
+    std::vector<absl::Status> local;
+    for (const std::unique_ptr<RankModel>& r : ranks_) local.push_back(r->restore_status());
+    bool only_damaged = false;
+    const absl::Status outcome =
+        engine::AgreeOnRestoreOutcome(World(), world_size_, rank_, local, dir, &only_damaged);
+    if (outcome.ok()) break;
+    const std::optional<int64_t> older = engine::OlderCommonStep(held_, step);
+    if (!only_damaged || !older) return outcome;
+    LogWarning(absl::StrFormat("rank %d: %s; every rank resumes from step %d instead", rank_,
+                               outcome.message(), *older));
+    step = *older;
+    for (const std::unique_ptr<RankModel>& r : ranks_)
+      DROPLESS_RETURN_IF_ERROR(r->RestoreAgain(step));
+  }
+  return step;
 }
 
 absl::StatusOr<int64_t> CudaEngineImpl::AgreedRestoreStep() {
@@ -217,7 +238,8 @@ absl::StatusOr<int64_t> CudaEngineImpl::AgreedRestoreStep() {
       engine::ExchangeHeldCheckpoints(World(), world_size_, rank_, held);
   if (!all.ok()) return all.status();
   if (!unreadable.ok()) return unreadable;
-  return engine::AgreeOnCheckpointStep(dir, *all);
+  held_ = *std::move(all);
+  return engine::AgreeOnCheckpointStep(dir, held_);
 }
 
 std::vector<RankLayer> CudaEngineImpl::Group(int64_t layer, bool teacher) {

@@ -270,15 +270,26 @@ absl::Status RankModel::Initialize(DeviceArena* arena, StreamLinks* links, Phase
   DROPLESS_RETURN_IF_ERROR(InitializeWeights(seeds.teacher, replicated_.value, experts_.value));
   DROPLESS_RETURN_IF_ERROR(RefreshWorkingCopies(replicated_.value, experts_.value, &teacher_, streams_.main));
   DROPLESS_RETURN_IF_ERROR(InitializeWeights(seeds.student, replicated_.value, experts_.value));
-  if (restore_step > 0) DROPLESS_RETURN_IF_ERROR(Restore(config_.checkpoint.dir, restore_step));
+  if (restore_step > 0) restore_status_ = Restore(config_.checkpoint.dir, restore_step);
+  DROPLESS_RETURN_IF_ERROR(LoadWorkingState());
+  DROPLESS_RETURN_IF_ERROR(CreateOptimizer());
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.main));
+  return absl::OkStatus();
+}
+
+absl::Status RankModel::LoadWorkingState() {
   // Copies in the main stream's order (the legacy stream's cudaMemcpy is not ordered with it):
   // after the student's draws, before the working copies read what was restored.
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_counter_, &steps_restored_, sizeof(int64_t),
                                                 cudaMemcpyHostToDevice, streams_.main));
   DROPLESS_RETURN_IF_ERROR(
       RefreshWorkingCopies(replicated_.value, experts_.value, &student_, streams_.main));
-  DROPLESS_RETURN_IF_ERROR(QuantizeExperts(&student_, streams_.main));
-  DROPLESS_RETURN_IF_ERROR(CreateOptimizer());
+  return QuantizeExperts(&student_, streams_.main);
+}
+
+absl::Status RankModel::RestoreAgain(int64_t step) {
+  restore_status_ = Restore(config_.checkpoint.dir, step);
+  DROPLESS_RETURN_IF_ERROR(LoadWorkingState());
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.main));
   return absl::OkStatus();
 }

@@ -77,10 +77,15 @@ class RankModel {
   // Streams, layers, buffers; the teacher and the student initialized from the task's seeds (or
   // the student restored from config.checkpoint.dir at `restore_step`, the step the job's ranks
   // agreed on; 0: none). `timer` may be null (only one rank of a process times its phases);
-  // `dispatcher` is null at EP = 1 without an exchange.
+  // `dispatcher` is null at EP = 1 without an exchange. A restore that fails does not fail
+  // Initialize: restore_status() says why, for the engine to agree on with the other ranks.
   absl::Status Initialize(DeviceArena* arena, StreamLinks* links, PhaseTimer* timer,
                           const cpu::TaskSeeds& seeds, ExpertDispatcher* dispatcher,
                           int64_t restore_step);
+  const absl::Status& restore_status() const { return restore_status_; }
+  // The student restored from `step` instead (an older step every rank holds, when some rank's
+  // files of the agreed one are damaged), its working copies rebuilt; restore_status() again.
+  absl::Status RestoreAgain(int64_t step);
 
   int rank() const { return rank_; }
   int64_t layers() const { return layout_.layers(); }
@@ -138,6 +143,8 @@ class RankModel {
   absl::Status RefreshWorkingCopies(const float* replicated, const float* experts,
                                     ModelWeights* weights, cudaStream_t stream);
   absl::Status Restore(const std::string& dir, int64_t step);
+  // The step counter and the student's working copies (bf16, quantized) from its masters.
+  absl::Status LoadWorkingState();
   absl::Status CreateOptimizer();
 
   const EngineConfig& config_;
@@ -167,6 +174,7 @@ class RankModel {
   int64_t* step_counter_ = nullptr;
   uint8_t* stats_ = nullptr;
   int64_t steps_restored_ = 0;
+  absl::Status restore_status_;
 };
 
 }  // namespace dropless::cuda_engine
