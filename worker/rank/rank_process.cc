@@ -114,14 +114,8 @@ absl::Status RankRun::Run() {
       MakeChannelCredentials(ChannelSecurityFromEnvironment());
   if (!credentials.ok()) return credentials.status();
   rendezvous.credentials = *credentials;
-  std::unique_ptr<KeyValueStore> store = NewRendezvousKvStore(
-      options_.coordinator, options_.job_id, options_.attempt, rendezvous);
-  // This attempt writes the rank's checkpoints from now on: a rank of an earlier attempt still
-  // running (its worker cut off from the coordinator) stops at its next save.
-  if (!checkpoint_dir.empty()) {
-    DROPLESS_RETURN_IF_ERROR(
-        WithContext("checkpoint", engine::ClaimCheckpoints(checkpoint_dir, claim)));
-  }
+  std::unique_ptr<KeyValueStore> store =
+      NewRendezvousKvStore(options_.coordinator, options_.job_id, options_.attempt, rendezvous);
   GlooOptions gloo;
   gloo.layout.rank = options_.rank;
   gloo.layout.world_size = options_.world_size;
@@ -133,6 +127,13 @@ absl::Status RankRun::Run() {
     return WithContext("joining the rank groups", groups.status());
   }
 
+  // This attempt writes the rank's checkpoints from now on (after the rendezvous, which only the
+  // coordinator's current attempt passes): a rank of an earlier attempt still running (its
+  // worker cut off from the coordinator) stops at its next save.
+  if (!checkpoint_dir.empty()) {
+    DROPLESS_RETURN_IF_ERROR(
+        WithContext("checkpoint", engine::ClaimCheckpoints(checkpoint_dir, claim)));
+  }
   groups->store = store.get();
   EngineContext context;
   context.config = EngineConfigFromSpec(*spec);

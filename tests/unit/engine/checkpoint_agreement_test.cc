@@ -47,6 +47,16 @@ TEST(CheckpointAgreementTest, NoCommonStepOrAnUnreadableManifestIsRefused) {
   bad = AgreeOnCheckpointStep("d", {Held({4}), unreadable});
   ASSERT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(IsJobError(bad.status())) << bad.status();
+  // One damaged manifest, one that an I/O error kept from being read: a retry on every rank.
+  HeldCheckpoints io_error;
+  io_error.unreadable = true;
+  const absl::Status damaged = MarkJobError(absl::DataLossError("manifest: not JSON"));
+  for (const absl::Status& local : {absl::OkStatus(), damaged}) {
+    bad = AgreeOnCheckpointStep("d", {Held({4}), unreadable, io_error}, local);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_FALSE(IsJobError(bad.status())) << bad.status();
+  }
+  EXPECT_EQ(AgreeOnCheckpointStep("d", {Held({4}), unreadable}, damaged).status(), damaged);
 }
 
 // Six ranks in three processes of two ranks each (as the CUDA engine's local ranks) and six
@@ -113,6 +123,28 @@ TEST(CheckpointAgreementTest, EveryRankFailsAlikeWhenOneCannotRestore) {
       EXPECT_NE(got[r].message().find("rank 1 could not restore"), std::string::npos) << got[r];
       EXPECT_EQ(IsJobError(got[r]), IsJobError(failure)) << got[r];
     }
+  }
+  // Rank 1's files damaged (a job error) and rank 2's read failed otherwise (worth a retry): one
+  // verdict everywhere, a retry; rank 1's own error without its mark.
+  {
+    std::vector<RankGroups> groups = CreateLocalGroups(3, 1);
+    std::vector<absl::Status> got(3);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        got[r] = AgreeOnRestoreOutcome(groups[r].world.get(), 3, r,
+                                       {r == 1   ? damaged
+                                        : r == 2 ? io
+                                                 : absl::OkStatus()},
+                                       "ckpt");
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < 3; ++r) EXPECT_FALSE(got[r].ok() || IsJobError(got[r])) << r << got[r];
+    EXPECT_EQ(got[1].code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(got[1].message(), damaged.message());
+    EXPECT_EQ(got[2], io);
+    EXPECT_NE(got[0].message().find("rank 1 could not restore"), std::string::npos) << got[0];
   }
   // Damaged files (DataLoss) on some rank and nothing else: the ranks may go back together.
   for (const absl::Status& other : {absl::OkStatus(), damaged, io}) {

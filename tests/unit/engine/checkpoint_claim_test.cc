@@ -43,6 +43,10 @@ TEST_F(CheckpointClaimTest, TheAttemptThatStartedLastWritesTheRanksCheckpoints) 
             absl::string_view::npos)
       << stale;
   EXPECT_FALSE(IsJobError(stale));  // the coordinator has moved on to attempt 2 already
+  // Attempt 1 starting after attempt 2 claimed the files does not take them back.
+  const absl::Status late = ClaimCheckpoints(dir_ + "/nested", first);
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_TRUE(CheckCheckpointClaim(dir_ + "/nested", second).ok());
   // Each rank has its own record (ranks of one attempt may run on other nodes' directories).
   EXPECT_TRUE(CheckCheckpointClaim(dir_ + "/nested", other_rank).ok());
 }

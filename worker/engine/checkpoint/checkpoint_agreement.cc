@@ -5,8 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/job_error.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 
 namespace dropless::engine {
@@ -22,6 +24,26 @@ absl::Status CheckLocalRanks(const Communicator* world, int world_size, int firs
                                                    " and no way to reach the others"));
   }
   return absl::OkStatus();
+}
+
+// When some ranks failed (failed[r]; job_error[r] for those whose error is a job error), every rank
+// reaches the same verdict: a job error when each failure is one (another attempt would meet them
+// all again), else worth a retry. This rank returns its own error (its job-error mark dropped when
+// the verdict is a retry), the others FailedPrecondition naming the first rank that failed.
+absl::Status FailAlike(const std::vector<bool>& failed, const std::vector<bool>& job_error,
+                       const absl::Status& local, const std::string& dir, absl::string_view what) {
+  bool job = true;
+  int first = -1;
+  for (size_t r = 0; r < failed.size(); ++r) {
+    if (!failed[r]) continue;
+    job &= job_error[r];
+    if (first < 0) first = static_cast<int>(r);
+  }
+  if (!local.ok()) return job ? local : absl::Status(local.code(), local.message());
+  absl::Status error = absl::FailedPreconditionError(
+      absl::StrCat("checkpoint.dir ", dir, ": rank ", first, " could not ", what,
+                   job ? " (damaged, or another job's)" : ""));
+  return job ? MarkJobError(error) : error;
 }
 
 }  // namespace
@@ -75,7 +97,8 @@ absl::StatusOr<std::vector<HeldCheckpoints>> ExchangeHeldCheckpoints(
 }
 
 absl::StatusOr<int64_t> AgreeOnCheckpointStep(const std::string& dir,
-                                              const std::vector<HeldCheckpoints>& held) {
+                                              const std::vector<HeldCheckpoints>& held,
+                                              const absl::Status& local_error) {
   auto describe = [&]() {
     std::vector<std::string> parts;
     for (size_t r = 0; r < held.size() && parts.size() < 8; ++r) {
@@ -87,13 +110,14 @@ absl::StatusOr<int64_t> AgreeOnCheckpointStep(const std::string& dir,
     if (held.size() > parts.size()) parts.push_back("...");
     return absl::StrJoin(parts, "; ");
   };
-  for (size_t r = 0; r < held.size(); ++r) {
-    if (held[r].unreadable) {
-      absl::Status error = absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint.dir ", dir, ": rank ", r, " could not read its checkpoint manifest",
-          held[r].unreadable_job_error ? " (damaged, or another job's)" : ""));
-      return held[r].unreadable_job_error ? MarkJobError(error) : error;
-    }
+  std::vector<bool> unreadable, job_error;
+  for (const HeldCheckpoints& h : held) {
+    unreadable.push_back(h.unreadable);
+    job_error.push_back(h.unreadable_job_error);
+  }
+  if (!local_error.ok() ||
+      std::find(unreadable.begin(), unreadable.end(), true) != unreadable.end()) {
+    return FailAlike(unreadable, job_error, local_error, dir, "read its checkpoint manifest");
   }
   if (held.empty()) return 0;
   // The newest step every rank holds.
@@ -154,18 +178,34 @@ absl::Status AgreeOnRestoreOutcome(Communicator* world, int world_size, int firs
     damaged &= o == kRead || o == kDamaged;
   }
   if (only_damaged != nullptr) *only_damaged = !all_read && damaged;
-  for (const absl::Status& s : local) {
-    if (!s.ok()) return s;
+  if (all_read) return absl::OkStatus();
+  std::vector<bool> failed, job_error;
+  for (double o : outcome) {
+    failed.push_back(o != kRead);
+    job_error.push_back(o == kJobError || o == kDamaged);
   }
-  for (int r = 0; r < world_size; ++r) {
-    if (outcome[r] == kRead) continue;
-    const bool job_error = outcome[r] != kFailed;
-    absl::Status failed = absl::FailedPreconditionError(
-        absl::StrCat("checkpoint.dir ", dir, ": rank ", r, " could not restore its checkpoint",
-                     job_error ? " (damaged, or another job's)" : ""));
-    return job_error ? MarkJobError(failed) : failed;
+  absl::Status mine;
+  for (const absl::Status& s : local) mine.Update(s);
+  return FailAlike(failed, job_error, mine, dir, "restore its checkpoint");
+}
+
+absl::StatusOr<int64_t> RestoreAgreedStep(
+    Communicator* world, int world_size, int first_rank, const std::string& dir,
+    const std::vector<HeldCheckpoints>& held, int64_t step, std::vector<absl::Status> local,
+    const std::function<std::vector<absl::Status>(int64_t step)>& read_again) {
+  while (step > 0) {
+    bool only_damaged = false;
+    const absl::Status outcome =
+        AgreeOnRestoreOutcome(world, world_size, first_rank, local, dir, &only_damaged);
+    if (outcome.ok()) return step;
+    const std::optional<int64_t> older = OlderCommonStep(held, step);
+    if (!only_damaged || !older) return outcome;
+    LogWarning(absl::StrFormat("rank %d: %s; every rank resumes from step %d instead", first_rank,
+                               outcome.message(), *older));
+    step = *older;
+    local = read_again(step);
   }
-  return absl::OkStatus();
+  return step;
 }
 
 }  // namespace dropless::engine

@@ -6,6 +6,7 @@
 #define DROPLESS_WORKER_ENGINE_CHECKPOINT_CHECKPOINT_AGREEMENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,21 +45,34 @@ absl::StatusOr<std::vector<HeldCheckpoints>> ExchangeHeldCheckpoints(
 // no step is held by all, a fresh start if some ranks hold none and each of the others holds one
 // (the job's first checkpoint, cut short on some rank); otherwise FailedPrecondition naming what
 // the ranks hold (a job error, common/job_error.h). FailedPrecondition too when a rank could not
-// read its manifest (that rank has its own error), a job error where that rank's is one.
+// read its manifest: `local_error` (ListHeldCheckpoints') on the ranks that could not, and a job
+// error on every rank exactly when each unreadable manifest's error is one (damaged, another
+// job's), so that all ranks fail alike.
 absl::StatusOr<int64_t> AgreeOnCheckpointStep(const std::string& dir,
-                                              const std::vector<HeldCheckpoints>& held);
+                                              const std::vector<HeldCheckpoints>& held,
+                                              const absl::Status& local_error = absl::OkStatus());
 
 // After each rank of this process read its part of the agreed checkpoint (`local`, one status per
-// rank from first_rank on): OK when every rank of the job did; otherwise this rank's own error,
-// or on a rank whose read succeeded, FailedPrecondition naming the first rank that failed, a job
-// error when that rank's error is one. So every rank fails alike, whichever exit the coordinator
-// hears first (it retries the attempt unless the rank's error is a job error). A collective call
-// on every rank of `world` (null when the local ranks are the whole job). *only_damaged (when
-// given) says, on every rank alike, whether each failure was a rank finding its files damaged
-// (DataLoss): the ranks may then all go back to an older step they hold (OlderCommonStep).
+// rank from first_rank on): OK when every rank of the job did. Otherwise every rank reaches the
+// same verdict, whichever exit the coordinator hears first: a job error when each failure is one
+// (damaged files, another job's), else worth a retry; a rank that failed returns its own error
+// (without its job-error mark when the verdict is a retry), the others FailedPrecondition naming
+// the first rank that failed. A collective call on every rank of `world` (null when the local
+// ranks are the whole job). *only_damaged (when given) says, on every rank alike, whether each
+// failure was a rank finding its files damaged (DataLoss): the ranks may then all go back to an
+// older step they hold (RestoreAgreedStep).
 absl::Status AgreeOnRestoreOutcome(Communicator* world, int world_size, int first_rank,
                                    const std::vector<absl::Status>& local, const std::string& dir,
                                    bool* only_damaged = nullptr);
+
+// The step every rank restored: `step` when all read it (`local`: this process's ranks' reads);
+// else, when the only failures were damaged files and every rank holds an older step, that step,
+// read through read_again (every rank says so in its log); else the agreed failure. A collective
+// call on every rank of `world`, once per step tried.
+absl::StatusOr<int64_t> RestoreAgreedStep(
+    Communicator* world, int world_size, int first_rank, const std::string& dir,
+    const std::vector<HeldCheckpoints>& held, int64_t step, std::vector<absl::Status> local,
+    const std::function<std::vector<absl::Status>(int64_t step)>& read_again);
 
 // The newest step older than `step` that every rank holds, if any: where the ranks go back to when
 // some rank's files of `step` are damaged (a write its filesystem reported durable and lost).

@@ -40,6 +40,23 @@ absl::StatusOr<CheckpointClaim> ParseClaim(const std::string& path, absl::string
   return absl::DataLossError(absl::StrCat("checkpoint: ", path, ": not a checkpoint owner record"));
 }
 
+// The record of `rank` in `dir`: NotFound when there is none, DataLoss (a job error) when damaged.
+absl::StatusOr<CheckpointClaim> ReadClaim(const std::string& dir, int rank) {
+  const std::string path = CheckpointClaimPath(dir, rank);
+  absl::StatusOr<std::string> text = ReadSmallFile(path, kMaxClaimBytes);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<CheckpointClaim> owner = ParseClaim(path, *text, rank);
+  if (!owner.ok()) return MarkJobError(owner.status());
+  return owner;
+}
+
+absl::Status Superseded(const std::string& dir, const CheckpointClaim& owner,
+                        const CheckpointClaim& claim) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint.dir ", dir, ": attempt ", owner.attempt, " of this job writes rank ", claim.rank,
+      "'s checkpoints now; attempt ", claim.attempt, " stops without saving"));
+}
+
 }  // namespace
 
 std::string CheckpointClaimPath(const std::string& dir, int rank) {
@@ -50,6 +67,14 @@ absl::Status ClaimCheckpoints(const std::string& dir, const CheckpointClaim& cla
   if (absl::Status s = MakeDirectories(dir); !s.ok()) {
     return absl::IsFailedPrecondition(s) ? MarkJobError(s) : s;  // a file where dir belongs
   }
+  // A later attempt of this job may have claimed the files already (this one started late).
+  absl::StatusOr<CheckpointClaim> owner = ReadClaim(dir, claim.rank);
+  if (!owner.ok() && !absl::IsNotFound(owner.status()) && !absl::IsDataLoss(owner.status())) {
+    return owner.status();
+  }
+  if (owner.ok() && owner->job_id == claim.job_id && owner->attempt > claim.attempt) {
+    return Superseded(dir, *owner, claim);
+  }
   AtomicFileWriter writer(CheckpointClaimPath(dir, claim.rank));
   const std::string line = ClaimLine(claim);
   if (absl::Status s = writer.Open(); !s.ok()) return s;
@@ -58,18 +83,11 @@ absl::Status ClaimCheckpoints(const std::string& dir, const CheckpointClaim& cla
 }
 
 absl::Status CheckCheckpointClaim(const std::string& dir, const CheckpointClaim& claim) {
-  const std::string path = CheckpointClaimPath(dir, claim.rank);
-  absl::StatusOr<std::string> text = ReadSmallFile(path, kMaxClaimBytes);
-  if (absl::IsNotFound(text.status())) return absl::OkStatus();
-  if (!text.ok()) return text.status();
-  absl::StatusOr<CheckpointClaim> owner = ParseClaim(path, *text, claim.rank);
-  if (!owner.ok()) return MarkJobError(owner.status());
+  absl::StatusOr<CheckpointClaim> owner = ReadClaim(dir, claim.rank);
+  if (absl::IsNotFound(owner.status())) return absl::OkStatus();
+  if (!owner.ok()) return owner.status();
   if (owner->job_id == claim.job_id && owner->attempt == claim.attempt) return absl::OkStatus();
-  if (owner->job_id == claim.job_id) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint.dir ", dir, ": attempt ", owner->attempt, " of this job writes rank ",
-        claim.rank, "'s checkpoints now; attempt ", claim.attempt, " stops without saving"));
-  }
+  if (owner->job_id == claim.job_id) return Superseded(dir, *owner, claim);
   return MarkJobError(absl::FailedPreconditionError(
       absl::StrCat("checkpoint.dir ", dir, ": job ", owner->job_id, " (attempt ", owner->attempt,
                    ") writes rank ", claim.rank,

@@ -23,7 +23,9 @@ struct CheckpointClaim {
 std::string CheckpointClaimPath(const std::string& dir, int rank);
 
 // Records `claim` as the writer of its rank's checkpoints in `dir` (created when missing),
-// replacing any earlier record: the attempt starting now owns them.
+// replacing an earlier record (a damaged one too): the attempt starting now owns them. Unless the
+// record names a later attempt of the same job: FailedPrecondition, this attempt was superseded
+// before it got here.
 absl::Status ClaimCheckpoints(const std::string& dir, const CheckpointClaim& claim);
 
 // OK while `claim` is still the record of its rank in `dir` (or none is there). Otherwise

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/engine_config.h"
-#include "common/log.h"
 #include "common/status_context.h"
 #include "common/status_macros.h"
 #include "common/step_phase.h"
@@ -353,25 +351,21 @@ absl::Status CpuEngine::Restore(const std::string& dir) {
   absl::StatusOr<std::vector<engine::HeldCheckpoints>> all =
       engine::ExchangeHeldCheckpoints(world, world_size_, rank_, held);
   if (!all.ok()) return all.status();
-  if (!unreadable.ok()) return unreadable;
-  absl::StatusOr<int64_t> agreed = engine::AgreeOnCheckpointStep(dir, *all);
+  absl::StatusOr<int64_t> agreed = engine::AgreeOnCheckpointStep(dir, *all, unreadable);
   if (!agreed.ok()) return agreed.status();
-  int64_t step = *agreed;
-  while (step > 0) {
-    absl::StatusOr<int64_t> read = engine::ReadMoeCheckpoint(
-        dir, id, layout_, Buffers(student_replicated_), Buffers(student_experts_), step);
-    // Every rank learns whether all read their part, so that all fail alike, or all go back to
-    // an older step when some rank's files are damaged.
-    bool only_damaged = false;
-    const absl::Status outcome = engine::AgreeOnRestoreOutcome(world, world_size_, rank_,
-                                                               {read.status()}, dir, &only_damaged);
-    if (outcome.ok()) break;
-    const std::optional<int64_t> older = engine::OlderCommonStep(*all, step);
-    if (!only_damaged || !older) return outcome;
-    LogWarning(absl::StrFormat("rank %d: %s; every rank resumes from step %d instead", rank_,
-                               outcome.message(), *older));
-    step = *older;
-  }
+  // Every rank learns whether all read their part, so that all fail alike, or all go back to an
+  // older step when some rank's files are damaged.
+  auto read = [&](int64_t at) {
+    return engine::ReadMoeCheckpoint(dir, id, layout_, Buffers(student_replicated_),
+                                     Buffers(student_experts_), at)
+        .status();
+  };
+  const int64_t first = *agreed;
+  absl::StatusOr<int64_t> restored = engine::RestoreAgreedStep(
+      world, world_size_, rank_, dir, *all, first, {first > 0 ? read(first) : absl::OkStatus()},
+      [&](int64_t at) { return std::vector<absl::Status>{read(at)}; });
+  if (!restored.ok()) return restored.status();
+  const int64_t step = *restored;
   if (step > 0) {
     // Files hold fp32 moments; a job with bf16 moments keeps them as it would have stored them.
     for (ParameterBuffer* b : {&student_replicated_, &student_experts_}) {

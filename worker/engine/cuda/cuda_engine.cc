@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -205,25 +204,20 @@ absl::Status CudaEngineImpl::Initialize() {
 }
 
 absl::StatusOr<int64_t> CudaEngineImpl::AgreeOnRestore(int64_t step) {
-  const std::string& dir = config_.checkpoint.dir;
-  while (step > 0) {
-    // Every rank learns whether all restored (each read its own files), so that all fail alike,
-    // or all go back to an older step when some rank's files are damaged.
+  // Every rank learns whether all restored (each read its own files), so that all fail alike, or
+  // all go back to an older step when some rank's files are damaged.
+  auto statuses = [&]() {
     std::vector<absl::Status> local;
     for (const std::unique_ptr<RankModel>& r : ranks_) local.push_back(r->restore_status());
-    bool only_damaged = false;
-    const absl::Status outcome =
-        engine::AgreeOnRestoreOutcome(World(), world_size_, rank_, local, dir, &only_damaged);
-    if (outcome.ok()) break;
-    const std::optional<int64_t> older = engine::OlderCommonStep(held_, step);
-    if (!only_damaged || !older) return outcome;
-    LogWarning(absl::StrFormat("rank %d: %s; every rank resumes from step %d instead", rank_,
-                               outcome.message(), *older));
-    step = *older;
-    for (const std::unique_ptr<RankModel>& r : ranks_)
-      DROPLESS_RETURN_IF_ERROR(r->RestoreAgain(step));
-  }
-  return step;
+    return local;
+  };
+  return engine::RestoreAgreedStep(World(), world_size_, rank_, config_.checkpoint.dir, held_, step,
+                                   statuses(), [&](int64_t older) {
+                                     for (const std::unique_ptr<RankModel>& r : ranks_) {
+                                       r->RestoreAgain(older);
+                                     }
+                                     return statuses();
+                                   });
 }
 
 absl::StatusOr<int64_t> CudaEngineImpl::AgreedRestoreStep() {
@@ -237,9 +231,8 @@ absl::StatusOr<int64_t> CudaEngineImpl::AgreedRestoreStep() {
   absl::StatusOr<std::vector<engine::HeldCheckpoints>> all =
       engine::ExchangeHeldCheckpoints(World(), world_size_, rank_, held);
   if (!all.ok()) return all.status();
-  if (!unreadable.ok()) return unreadable;
   held_ = *std::move(all);
-  return engine::AgreeOnCheckpointStep(dir, held_);
+  return engine::AgreeOnCheckpointStep(dir, held_, unreadable);
 }
 
 std::vector<RankLayer> CudaEngineImpl::Group(int64_t layer, bool teacher) {

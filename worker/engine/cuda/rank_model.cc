@@ -287,11 +287,11 @@ absl::Status RankModel::LoadWorkingState() {
   return QuantizeExperts(&student_, streams_.main);
 }
 
-absl::Status RankModel::RestoreAgain(int64_t step) {
+void RankModel::RestoreAgain(int64_t step) {
   restore_status_ = Restore(config_.checkpoint.dir, step);
-  DROPLESS_RETURN_IF_ERROR(LoadWorkingState());
-  DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_.main));
-  return absl::OkStatus();
+  restore_status_.Update(LoadWorkingState());
+  restore_status_.Update(
+      kernels::cuda::CudaStatus(cudaStreamSynchronize(streams_.main), "cudaStreamSynchronize"));
 }
 
 // AdamW over every tensor, in per-layer groups so that each weight is updated as soon as its

@@ -84,8 +84,9 @@ class RankModel {
                           int64_t restore_step);
   const absl::Status& restore_status() const { return restore_status_; }
   // The student restored from `step` instead (an older step every rank holds, when some rank's
-  // files of the agreed one are damaged), its working copies rebuilt; restore_status() again.
-  absl::Status RestoreAgain(int64_t step);
+  // files of the agreed one are damaged), its working copies rebuilt; restore_status() says how
+  // that went (every failure is kept there, for the ranks' next agreement).
+  void RestoreAgain(int64_t step);
 
   int rank() const { return rank_; }
   int64_t layers() const { return layout_.layers(); }
