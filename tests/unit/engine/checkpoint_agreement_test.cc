@@ -97,77 +97,63 @@ TEST(CheckpointAgreementTest, ExchangeGivesEveryRankEveryonesHoldings) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Three ranks in threads agree on their reads (`read[r]`): what each returns, and *only_damaged.
+struct Agreed {
+  std::vector<absl::Status> status = std::vector<absl::Status>(3);
+  std::vector<bool> only_damaged = std::vector<bool>(3, false);
+};
+Agreed AgreeInThreads(const std::vector<absl::Status>& read) {
+  std::vector<RankGroups> groups = CreateLocalGroups(3, 1);
+  Agreed out;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      bool d = false;
+      out.status[r] = AgreeOnRestoreOutcome(groups[r].world.get(), 3, r, {read[r]}, "ckpt", &d);
+      out.only_damaged[r] = d;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
 // Each rank reads its own files: when one cannot, every rank fails, and as a job error on all of
 // them when that rank's error is one (the coordinator acts on whichever exit it hears first).
 TEST(CheckpointAgreementTest, EveryRankFailsAlikeWhenOneCannotRestore) {
-  const absl::Status damaged = MarkJobError(absl::DataLossError("rank-1-step-8: checksum"));
+  const absl::Status ok, damaged = MarkJobError(absl::DataLossError("rank-1-step-8: checksum"));
   const absl::Status io = absl::InternalError("read: I/O error");
-  for (const absl::Status& failure : {absl::OkStatus(), damaged, io}) {
-    std::vector<RankGroups> groups = CreateLocalGroups(3, 1);
-    std::vector<absl::Status> got(3);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 3; ++r) {
-      threads.emplace_back([&, r] {
-        got[r] = AgreeOnRestoreOutcome(groups[r].world.get(), 3, r,
-                                       {r == 1 ? failure : absl::OkStatus()}, "ckpt");
-      });
-    }
-    for (std::thread& t : threads) t.join();
+  for (const absl::Status& failure : {ok, damaged, io}) {
+    const Agreed got = AgreeInThreads({ok, failure, ok});
     if (failure.ok()) {
-      for (const absl::Status& s : got) EXPECT_TRUE(s.ok()) << s;
+      for (const absl::Status& s : got.status) EXPECT_TRUE(s.ok()) << s;
       continue;
     }
-    EXPECT_EQ(got[1], failure);  // the rank that failed reports its own error
+    EXPECT_EQ(got.status[1], failure);  // the rank that failed reports its own error
     for (int r : {0, 2}) {
-      EXPECT_EQ(got[r].code(), absl::StatusCode::kFailedPrecondition) << got[r];
-      EXPECT_NE(got[r].message().find("rank 1 could not restore"), std::string::npos) << got[r];
-      EXPECT_EQ(IsJobError(got[r]), IsJobError(failure)) << got[r];
+      EXPECT_EQ(got.status[r].code(), absl::StatusCode::kFailedPrecondition) << got.status[r];
+      EXPECT_NE(got.status[r].message().find("rank 1 could not restore"), std::string::npos)
+          << got.status[r];
+      EXPECT_EQ(IsJobError(got.status[r]), IsJobError(failure)) << got.status[r];
     }
   }
   // Rank 1's files damaged (a job error) and rank 2's read failed otherwise (worth a retry): one
   // verdict everywhere, a retry; rank 1's own error without its mark.
-  {
-    std::vector<RankGroups> groups = CreateLocalGroups(3, 1);
-    std::vector<absl::Status> got(3);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 3; ++r) {
-      threads.emplace_back([&, r] {
-        got[r] = AgreeOnRestoreOutcome(groups[r].world.get(), 3, r,
-                                       {r == 1   ? damaged
-                                        : r == 2 ? io
-                                                 : absl::OkStatus()},
-                                       "ckpt");
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    for (int r = 0; r < 3; ++r) EXPECT_FALSE(got[r].ok() || IsJobError(got[r])) << r << got[r];
-    EXPECT_EQ(got[1].code(), absl::StatusCode::kDataLoss);
-    EXPECT_EQ(got[1].message(), damaged.message());
-    EXPECT_EQ(got[2], io);
-    EXPECT_NE(got[0].message().find("rank 1 could not restore"), std::string::npos) << got[0];
+  const Agreed mixed = AgreeInThreads({ok, damaged, io});
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(mixed.status[r].ok() || IsJobError(mixed.status[r])) << r << mixed.status[r];
   }
+  EXPECT_EQ(mixed.status[1].code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(mixed.status[1].message(), damaged.message());
+  EXPECT_EQ(mixed.status[2], io);
+  EXPECT_NE(mixed.status[0].message().find("rank 1 could not restore"), std::string::npos);
   // Damaged files (DataLoss) on some rank and nothing else: the ranks may go back together.
-  for (const absl::Status& other : {absl::OkStatus(), damaged, io}) {
-    std::vector<RankGroups> groups = CreateLocalGroups(3, 1);
-    std::vector<bool> only_damaged(3, false);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 3; ++r) {
-      threads.emplace_back([&, r] {
-        bool d = false;
-        (void)AgreeOnRestoreOutcome(groups[r].world.get(), 3, r,
-                                    {r == 1   ? damaged
-                                     : r == 2 ? other
-                                              : absl::OkStatus()},
-                                    "ckpt", &d);
-        only_damaged[r] = d;
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    for (int r = 0; r < 3; ++r) EXPECT_EQ(only_damaged[r], other.code() != io.code()) << r;
+  for (const absl::Status& other : {ok, damaged, io}) {
+    const Agreed got = AgreeInThreads({ok, damaged, other});
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(got.only_damaged[r], other.code() != io.code()) << r;
   }
   // One process holding every rank needs no group.
-  EXPECT_EQ(AgreeOnRestoreOutcome(nullptr, 2, 0, {absl::OkStatus(), damaged}, "d"), damaged);
-  EXPECT_EQ(AgreeOnRestoreOutcome(nullptr, 4, 0, {absl::OkStatus()}, "d").code(),
+  EXPECT_EQ(AgreeOnRestoreOutcome(nullptr, 2, 0, {ok, damaged}, "d"), damaged);
+  EXPECT_EQ(AgreeOnRestoreOutcome(nullptr, 4, 0, {ok}, "d").code(),
             absl::StatusCode::kInvalidArgument);
 }
 
