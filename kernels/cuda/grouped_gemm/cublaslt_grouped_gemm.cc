@@ -68,6 +68,7 @@ class CublasLtGroupedGemmImpl final : public CublasLtGroupedGemm {
     RETURN_IF_CUBLAS(cublasLtCreate(&handle_));
     cudaError_t err = cudaMalloc(&workspace_, kWorkspaceBytes);
     if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // reported here, not by the next launch check
       workspace_ = nullptr;
       return absl::ResourceExhaustedError(
           absl::StrCat("cublasLt grouped gemm: workspace: ", cudaGetErrorString(err)));

@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<GroupedGemmRunner>> MakePairedRunner(const Runner
   void* choice = nullptr;
   cudaError_t err = cudaMalloc(&choice, sizeof(int32_t));
   if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // reported here, not by the next launch check
     return absl::ResourceExhaustedError(
         absl::StrCat("grouped gemm: cudaMalloc: ", cudaGetErrorString(err)));
   }
