@@ -24,12 +24,13 @@ struct HostBuffers {
   }
 };
 
-// `bytes` between host and device on `stream`, finished when this returns (the host memory is
-// pageable and may be freed right after).
-absl::Status CopyOnStream(void* to, const void* from, size_t bytes, bool to_host,
+// `bytes` from device to host (to_host) or back on `stream`, finished when this returns (the host
+// memory is pageable and may be freed right after).
+absl::Status CopyOnStream(void* host, void* device, size_t bytes, bool to_host,
                           cudaStream_t stream) {
-  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      to, from, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream));
+  DROPLESS_CUDA_RETURN_IF_ERROR(
+      to_host ? cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream)
+              : cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream));
   DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return absl::OkStatus();
 }
@@ -39,28 +40,25 @@ absl::Status CopyMoments(float* host, void* device, bool bf16, int64_t n, bool t
                          cudaStream_t stream) {
   if (!bf16) {
     const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-    return to_host ? CopyOnStream(host, device, bytes, true, stream)
-                   : CopyOnStream(device, host, bytes, false, stream);
+    return CopyOnStream(host, device, bytes, to_host, stream);
   }
   std::vector<kernels::Bf16> staging(static_cast<size_t>(n));
   const size_t bytes = staging.size() * sizeof(kernels::Bf16);
   if (to_host) {
-    DROPLESS_RETURN_IF_ERROR(CopyOnStream(staging.data(), device, bytes, true, stream));
+    DROPLESS_RETURN_IF_ERROR(CopyOnStream(staging.data(), device, bytes, /*to_host=*/true, stream));
     for (int64_t i = 0; i < n; ++i) host[i] = kernels::Bf16ToFloat(staging[i]);
     return absl::OkStatus();
   }
   for (int64_t i = 0; i < n; ++i) {
     staging[i] = kernels::FloatToBf16(kernels::NearestBf16Moment(host[i]));
   }
-  return CopyOnStream(device, staging.data(), bytes, false, stream);
+  return CopyOnStream(staging.data(), device, bytes, /*to_host=*/false, stream);
 }
 
 absl::Status Copy(HostBuffers& host, const DeviceOptimizerBuffers& device, bool to_host,
                   cudaStream_t stream) {
   const size_t bytes = static_cast<size_t>(device.size) * sizeof(float);
-  DROPLESS_RETURN_IF_ERROR(
-      to_host ? CopyOnStream(host.value.data(), device.value, bytes, true, stream)
-              : CopyOnStream(device.value, host.value.data(), bytes, false, stream));
+  DROPLESS_RETURN_IF_ERROR(CopyOnStream(host.value.data(), device.value, bytes, to_host, stream));
   for (auto [h, d] :
        {std::pair{host.m.data(), device.moments.m}, std::pair{host.v.data(), device.moments.v}}) {
     DROPLESS_RETURN_IF_ERROR(CopyMoments(h, d, device.moments.bf16, device.size, to_host, stream));
