@@ -127,8 +127,8 @@ std::unique_ptr<Group> MakeGroup(const std::string& backend, int ep, int64_t tok
     auto group = cuda_engine::JoinNcclGroup(g->store.get(), "bench", 0, 1, absl::Seconds(60));
     CheckStatus(group.status(), "dispatch", "joining a one-rank NCCL group");
     d = backend == "nccl-a2a"
-            ? cuda_engine::NewNcclA2aDispatcher(shape, kHidden * 2, *std::move(group))
-            : cuda_engine::NewNcclLsaDispatcher(shape, *std::move(group));
+            ? cuda_engine::NewNcclA2aDispatcher(shape, kHidden * 2, *std::move(group), &g->arena)
+            : cuda_engine::NewNcclLsaDispatcher(shape, *std::move(group), &g->arena);
   }
   CheckStatus(d.status(), "dispatch", "creating the dispatcher");
   g->dispatcher = *std::move(d);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/job_error.h"
 #include "gtest/gtest.h"
 #include "nccl.h"
 #include "tests/gpu/engine/local_ep_test_support.h"
@@ -52,9 +53,9 @@ absl::StatusOr<std::unique_ptr<ExpertDispatcher>> MakeDispatcher(const Backend& 
       JoinNcclGroup(store, "dispatcher-test", 0, 1, absl::Seconds(60));
   if (!group.ok()) return group.status();
   if (std::string(b.name) == "nccl-a2a") {
-    return NewNcclA2aDispatcher(shape, static_cast<size_t>(b.row_bytes), *std::move(group));
+    return NewNcclA2aDispatcher(shape, static_cast<size_t>(b.row_bytes), *std::move(group), arena);
   }
-  return NewNcclLsaDispatcher(shape, *std::move(group));
+  return NewNcclLsaDispatcher(shape, *std::move(group), arena);
 }
 
 // counts[s][e]: rows rank s sends to global expert e.
@@ -314,9 +315,61 @@ TEST_F(NcclGroupGpu, AutoProbeAnswersByTheRuntimeVersion) {
     EXPECT_EQ(probe.code(), absl::StatusCode::kFailedPrecondition) << probe;
     EXPECT_NE(probe.message().find("NCCL"), std::string::npos) << probe;
   }
+  DeviceArena arena;
   absl::StatusOr<std::unique_ptr<ExpertDispatcher>> a2a =
-      NewNcclA2aDispatcher(EpShape{1, 8, 64}, 256, *std::move(group));
+      NewNcclA2aDispatcher(EpShape{1, 8, 64}, 256, *std::move(group), &arena);
   EXPECT_TRUE(a2a.ok()) << a2a.status();
+}
+
+// The NCCL dispatchers' device memory is the engine's: nccl-a2a's staging comes from the arena and
+// nccl-lsa's symmetric windows are counted in it (until the dispatcher is destroyed), so the
+// engine's device bytes and its beyond-the-device verdict include them.
+TEST_F(NcclGroupGpu, TheDispatchersDeviceMemoryIsCountedInTheArena) {
+  std::unique_ptr<KeyValueStore> store = NewMemoryKvStore();
+  {
+    absl::StatusOr<std::unique_ptr<NcclGroup>> group =
+        JoinNcclGroup(store.get(), "ep/a2a", 0, 1, absl::Seconds(60));
+    ASSERT_TRUE(group.ok()) << group.status();
+    DeviceArena arena;
+    absl::StatusOr<std::unique_ptr<ExpertDispatcher>> a2a =
+        NewNcclA2aDispatcher(EpShape{1, 8, 64}, 256, *std::move(group), &arena);
+    ASSERT_TRUE(a2a.ok()) << a2a.status();
+    // Both staging slots (ep x rows x max_row_bytes each) and the per-expert counts.
+    EXPECT_EQ(arena.device_bytes(), 2 * 64 * 256 + 8 * 4);
+    void* shared = nullptr;
+    ASSERT_TRUE((*a2a)->AllocateShared(1000, "test shared", &shared).ok());
+    EXPECT_EQ(arena.device_bytes(), 2 * 64 * 256 + 8 * 4 + 1000);
+  }
+  {
+    // Staging beyond the whole device is the job's property (its tokens and hidden size), not the
+    // node's: a job error, which no retry on another node would cure.
+    absl::StatusOr<std::unique_ptr<NcclGroup>> group =
+        JoinNcclGroup(store.get(), "ep/a2a-huge", 0, 1, absl::Seconds(60));
+    ASSERT_TRUE(group.ok()) << group.status();
+    DeviceArena arena;
+    absl::StatusOr<std::unique_ptr<ExpertDispatcher>> a2a = NewNcclA2aDispatcher(
+        EpShape{1, 8, int64_t{1} << 22}, size_t{1} << 18, *std::move(group), &arena);
+    ASSERT_FALSE(a2a.ok());
+    EXPECT_EQ(a2a.status().code(), absl::StatusCode::kResourceExhausted) << a2a.status();
+    EXPECT_TRUE(IsJobError(a2a.status())) << a2a.status();
+    EXPECT_NE(a2a.status().message().find("nccl-a2a receive slots"), std::string::npos)
+        << a2a.status();
+  }
+  absl::StatusOr<std::unique_ptr<NcclGroup>> group =
+      JoinNcclGroup(store.get(), "ep/lsa", 0, 1, absl::Seconds(60));
+  ASSERT_TRUE(group.ok()) << group.status();
+  const absl::Status probe = NcclLsaReachable(**group);
+  if (!probe.ok()) GTEST_SKIP() << "nccl-lsa cannot run with this NCCL runtime: " << probe;
+  DeviceArena arena;
+  {
+    absl::StatusOr<std::unique_ptr<ExpertDispatcher>> lsa =
+        NewNcclLsaDispatcher(EpShape{1, 8, 64}, *std::move(group), &arena);
+    ASSERT_TRUE(lsa.ok()) << lsa.status();
+    void* shared = nullptr;
+    ASSERT_TRUE((*lsa)->AllocateShared(1000, "test window", &shared).ok());
+    EXPECT_EQ(arena.device_bytes(), 1000);
+  }
+  EXPECT_EQ(arena.device_bytes(), 0);
 }
 
 TEST(LocalDispatcherShape, RefusesShapesItCannotRun) {

@@ -43,6 +43,11 @@ class DeviceArena {
   // Pinned host memory; counted separately.
   absl::StatusOr<void*> AllocatePinnedHost(size_t bytes, const char* what);
 
+  // Device memory the engine holds outside the arena (NCCL's symmetric windows): counted in
+  // device_bytes(), and so in whether a later failed allocation asked for more than the device.
+  void CountHeldElsewhere(int64_t bytes) { device_bytes_ += bytes; }
+
+  // Every byte of device memory the engine holds, the arena's and what CountHeldElsewhere named.
   int64_t device_bytes() const { return device_bytes_; }
   int64_t pinned_host_bytes() const { return pinned_bytes_; }
 

@@ -49,7 +49,8 @@ bool SerialExpertBackward(int overlap_chunks) {
 
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NcclDispatcher(const EngineConfig& config,
                                                                  const LayerDims& dims, int rank,
-                                                                 RankGroups* groups) {
+                                                                 RankGroups* groups,
+                                                                 DeviceArena* arena) {
   const bool a2a = config.dispatcher == Dispatcher::kNcclA2a;
   if (groups == nullptr || groups->store == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -72,8 +73,8 @@ absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NcclDispatcher(const EngineCon
   // The widest row an exchange moves: a bf16 token (hidden x 2 bytes).
   const size_t max_row_bytes = static_cast<size_t>(dims.hidden) * sizeof(Bf16);
   absl::StatusOr<std::unique_ptr<ExpertDispatcher>> d =
-      use_a2a ? NewNcclA2aDispatcher(dims.ep_shape(), max_row_bytes, *std::move(group))
-              : NewNcclLsaDispatcher(dims.ep_shape(), *std::move(group));
+      use_a2a ? NewNcclA2aDispatcher(dims.ep_shape(), max_row_bytes, *std::move(group), arena)
+              : NewNcclLsaDispatcher(dims.ep_shape(), *std::move(group), arena);
   if (!d.ok()) return d.status();
   LogInfo(absl::StrFormat("cuda engine: rank %d: EP group of %d, dispatcher %s (%s)", rank, ep,
                           (*d)->name(), why));
@@ -183,12 +184,12 @@ absl::StatusOr<std::unique_ptr<ExpertDispatcher>> CreateEngineDispatcher(
         if (dims.ep == 1) {
           d = std::unique_ptr<ExpertDispatcher>();
         } else {
-          d = NcclDispatcher(config, dims, rank, groups);
+          d = NcclDispatcher(config, dims, rank, groups, arena);
         }
         break;
       case Dispatcher::kNcclLsa:
       case Dispatcher::kNcclA2a:
-        d = NcclDispatcher(config, dims, rank, groups);
+        d = NcclDispatcher(config, dims, rank, groups, arena);
         break;
       default:
         return absl::InvalidArgumentError(

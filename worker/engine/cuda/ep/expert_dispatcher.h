@@ -145,9 +145,10 @@ absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewLocalDispatcher(const EpSha
 class NcclGroup;
 // `nccl-lsa`: one EP rank per process over NCCL's device API (symmetric memory, load/store across
 // NVLink); takes the group's communicator (ep/nccl_group.h). FailedPrecondition when the ranks
-// are not all load/store reachable.
+// are not all load/store reachable. Its symmetric windows are NCCL's allocations, counted in
+// `arena` (CountHeldElsewhere; it must outlive the dispatcher).
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewNcclLsaDispatcher(
-    const EpShape& shape, std::unique_ptr<NcclGroup> group);
+    const EpShape& shape, std::unique_ptr<NcclGroup> group, DeviceArena* arena);
 // Whether nccl-lsa can run on `group` (collective: every rank calls it): OK when every rank is
 // load/store reachable and the loaded NCCL runtime has the device API of the headers; otherwise
 // FailedPrecondition saying why (what `auto` reports when it picks nccl-a2a instead).
@@ -159,11 +160,13 @@ absl::Status NcclLsaRuntimeSupported();
 // `nccl-a2a`: one EP rank per process over NCCL's host API (ncclAllGather of the counts, grouped
 // ncclSend/ncclRecv of the rows), for ranks that load/store cannot reach. Sizes stay on the device,
 // so every exchange moves whole slots of shape.rows rows per peer (ep x an exact exchange's
-// bytes); max_row_bytes: the largest row any call moves (staging: 2 x ep x rows x max_row_bytes).
+// bytes); max_row_bytes: the largest row any call moves (staging: 2 x ep x rows x max_row_bytes,
+// allocated from `arena`, which must outlive the dispatcher).
 // Its slots do not shrink with the rows that count, so it refuses runs of the local experts
 // (exchanges_expert_runs() is false: overlap would multiply its bytes by the chunks).
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewNcclA2aDispatcher(
-    const EpShape& shape, size_t max_row_bytes, std::unique_ptr<NcclGroup> group);
+    const EpShape& shape, size_t max_row_bytes, std::unique_ptr<NcclGroup> group,
+    DeviceArena* arena);
 
 // The most EP ranks one process drives (`local`) or one LSA team holds (`nccl-lsa`).
 inline constexpr int kMaxLocalRanks = 8;

@@ -15,8 +15,8 @@
 //             the owner of row i's expert.
 // The price of host-free sizes is ep x the bytes of an exact exchange (the rows of other owners
 // travel too, and padding), reported by the benchmark as such; staging is 2 x ep x rows x the
-// largest row per rank. Sums over the group are ncclAllReduce. Nothing waits on the host; every
-// call is capturable in a CUDA graph.
+// largest row per rank, from the engine's arena. Sums over the group are ncclAllReduce. Nothing
+// waits on the host; every call is capturable in a CUDA graph.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -106,22 +106,18 @@ __global__ void SourceRowsKernel(const int32_t* send_offsets, const uint8_t* slo
 
 class NcclA2aDispatcher final : public ExpertDispatcher {
  public:
-  NcclA2aDispatcher(const EpShape& shape, size_t max_row_bytes, std::unique_ptr<NcclGroup> group)
-      : shape_(shape), max_row_bytes_(max_row_bytes), group_(std::move(group)) {}
-
-  ~NcclA2aDispatcher() override {
-    for (void* p : allocations_) cudaFree(p);  // teardown: nothing left to report to
-  }
+  NcclA2aDispatcher(const EpShape& shape, size_t max_row_bytes, std::unique_ptr<NcclGroup> group,
+                    DeviceArena* arena)
+      : shape_(shape), max_row_bytes_(max_row_bytes), group_(std::move(group)), arena_(arena) {}
 
   absl::Status Initialize() {
     int device = 0;
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
     DROPLESS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
-    const size_t slots = static_cast<size_t>(shape_.ep) * SlotBytes(max_row_bytes_);
-    DROPLESS_RETURN_IF_ERROR(Allocate(slots, "nccl-a2a receive slots", &recv_slots_));
-    DROPLESS_RETURN_IF_ERROR(Allocate(slots, "nccl-a2a send slots", &send_slots_));
-    return Allocate(static_cast<size_t>(shape_.experts) * sizeof(int32_t), "nccl-a2a counts",
-                    reinterpret_cast<void**>(&counts_));
+    const int64_t slots = shape_.ep * static_cast<int64_t>(SlotBytes(max_row_bytes_));
+    DROPLESS_RETURN_IF_ERROR(arena_->Allocate(slots, "nccl-a2a receive slots", &recv_slots_));
+    DROPLESS_RETURN_IF_ERROR(arena_->Allocate(slots, "nccl-a2a send slots", &send_slots_));
+    return arena_->Allocate(shape_.experts, "nccl-a2a counts", &counts_);
   }
 
   std::string_view name() const override { return "nccl-a2a"; }
@@ -130,7 +126,10 @@ class NcclA2aDispatcher final : public ExpertDispatcher {
   int first_local_rank() const override { return group_->rank(); }
 
   absl::Status AllocateShared(size_t bytes, const char* what, void** out) override {
-    return Allocate(bytes, what, out);
+    uint8_t* p = nullptr;
+    DROPLESS_RETURN_IF_ERROR(arena_->Allocate(static_cast<int64_t>(bytes), what, &p));
+    *out = p;
+    return absl::OkStatus();
   }
 
   absl::Status Plan(absl::Span<const RankCall> calls) override {
@@ -163,19 +162,6 @@ class NcclA2aDispatcher final : public ExpertDispatcher {
  private:
   size_t SlotBytes(size_t row_bytes) const { return static_cast<size_t>(shape_.rows) * row_bytes; }
 
-  absl::Status Allocate(size_t bytes, const char* what, void** out) {
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();  // reported here, not by the next launch check
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "nccl-a2a: cudaMalloc of %d bytes for %s: %s", bytes, what, cudaGetErrorString(e)));
-    }
-    allocations_.push_back(p);
-    *out = p;
-    return absl::OkStatus();
-  }
-
   absl::Status CheckOne(size_t buffers, size_t streams) const {
     if (buffers != 1 || streams != 1) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -192,8 +178,7 @@ class NcclA2aDispatcher final : public ExpertDispatcher {
     for (int q = 0; q < shape_.ep; ++q) {
       ncclResult_t r = ncclSend(send + q * send_stride, slot_bytes, ncclUint8, q, comm, stream);
       if (r == ncclSuccess || r == ncclInProgress) {
-        r = ncclRecv(static_cast<uint8_t*>(recv_slots_) + q * slot_bytes, slot_bytes, ncclUint8, q,
-                     comm, stream);
+        r = ncclRecv(recv_slots_ + q * slot_bytes, slot_bytes, ncclUint8, q, comm, stream);
       }
       if (r != ncclSuccess && r != ncclInProgress) {
         // Close the group (waiting it out on a non-blocking communicator, so that the next call
@@ -237,7 +222,7 @@ class NcclA2aDispatcher final : public ExpertDispatcher {
     const int64_t vectors = xd::RowVectors(row_bytes);
     const bool wide = xd::WideRows(row_bytes);
     const dim3 grid(RowBlocks(), static_cast<unsigned>(shape_.ep));
-    uint8_t* const recv_slots = static_cast<uint8_t*>(recv_slots_);
+    uint8_t* const recv_slots = recv_slots_;
     if (to_owner) {
       // The whole send buffer to every owner; each owner copies out its experts' rows.
       DROPLESS_RETURN_IF_ERROR(
@@ -249,7 +234,7 @@ class NcclA2aDispatcher final : public ExpertDispatcher {
       return LaunchStatus("nccl-a2a OwnerRowsKernel (dispatch)");
     }
     // Combine: slot s gets source s's rows back at their send positions, then goes home.
-    uint8_t* const send_slots = static_cast<uint8_t*>(send_slots_);
+    uint8_t* const send_slots = send_slots_;
     auto* pack = wide ? OwnerRowsKernel<uint4> : OwnerRowsKernel<uint32_t>;
     pack<<<grid, kRowThreads, 0, c.stream>>>(p.count_matrix, p.recv_offsets, send_slots, slot,
                                               static_cast<uint8_t*>(c.recv_rows), shape_.ep,
@@ -266,18 +251,20 @@ class NcclA2aDispatcher final : public ExpertDispatcher {
   const EpShape shape_;
   const size_t max_row_bytes_;
   std::unique_ptr<NcclGroup> group_;
+  DeviceArena* const arena_;  // owns every buffer below (and outlives the dispatcher)
   int sms_ = 132;
-  std::vector<void*> allocations_;
-  void* recv_slots_ = nullptr;  // [ep][rows * max_row_bytes]
-  void* send_slots_ = nullptr;  // [ep][rows * max_row_bytes] (combine)
+  uint8_t* recv_slots_ = nullptr;  // [ep][rows * max_row_bytes]
+  uint8_t* send_slots_ = nullptr;  // [ep][rows * max_row_bytes] (combine)
   int32_t* counts_ = nullptr;   // [E] this rank's rows per expert
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewNcclA2aDispatcher(
-    const EpShape& shape, size_t max_row_bytes, std::unique_ptr<NcclGroup> group) {
+    const EpShape& shape, size_t max_row_bytes, std::unique_ptr<NcclGroup> group,
+    DeviceArena* arena) {
   DROPLESS_RETURN_IF_ERROR(ValidateEpShape(shape));
+  if (arena == nullptr) return absl::InvalidArgumentError("nccl-a2a: no device arena");
   if (group == nullptr || group->size() != shape.ep) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "nccl-a2a: an NCCL group of %d ranks for EP %d", group == nullptr ? 0 : group->size(),
@@ -287,7 +274,7 @@ absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewNcclA2aDispatcher(
     return absl::InvalidArgumentError(absl::StrFormat(
         "nccl-a2a: max_row_bytes must be a positive multiple of 4, got %d", max_row_bytes));
   }
-  auto d = std::make_unique<NcclA2aDispatcher>(shape, max_row_bytes, std::move(group));
+  auto d = std::make_unique<NcclA2aDispatcher>(shape, max_row_bytes, std::move(group), arena);
   DROPLESS_RETURN_IF_ERROR(d->Initialize());
   return std::unique_ptr<ExpertDispatcher>(std::move(d));
 }

@@ -78,14 +78,15 @@ __global__ void LsaRowsKernel(ncclWindow_t recv_window, size_t recv_offset,
 
 class NcclLsaDispatcher final : public ExpertDispatcher {
  public:
-  NcclLsaDispatcher(const EpShape& shape, std::unique_ptr<NcclGroup> group)
-      : shape_(shape), group_(std::move(group)) {}
+  NcclLsaDispatcher(const EpShape& shape, std::unique_ptr<NcclGroup> group, DeviceArena* arena)
+      : shape_(shape), group_(std::move(group)), arena_(arena) {}
 
   ~NcclLsaDispatcher() override {
     for (const Window& w : windows_) {
       group_->Await(ncclCommWindowDeregister(group_->comm(), w.window), "ncclCommWindowDeregister")
           .IgnoreError();  // teardown: nothing left to report to
       ncclMemFree(w.base);
+      arena_->CountHeldElsewhere(-static_cast<int64_t>(w.bytes));
     }
     if (dev_comm_created_) {
       group_->Await(ncclDevCommDestroy(group_->comm(), &dev_comm_), "ncclDevCommDestroy").IgnoreError();
@@ -129,6 +130,7 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
       return s;
     }
     windows_.push_back(w);
+    arena_->CountHeldElsewhere(static_cast<int64_t>(w.bytes));
     *out = w.base;
     return absl::OkStatus();
   }
@@ -212,6 +214,7 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
 
   const EpShape shape_;
   std::unique_ptr<NcclGroup> group_;
+  DeviceArena* const arena_;  // counts the windows' bytes (outlives the dispatcher)
   ncclDevComm dev_comm_{};
   bool dev_comm_created_ = false;
   int sms_ = 132;
@@ -254,13 +257,14 @@ absl::Status NcclLsaReachable(NcclGroup& group) {
 }
 
 absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewNcclLsaDispatcher(
-    const EpShape& shape, std::unique_ptr<NcclGroup> group) {
+    const EpShape& shape, std::unique_ptr<NcclGroup> group, DeviceArena* arena) {
   DROPLESS_RETURN_IF_ERROR(ValidateEpShape(shape));
+  if (arena == nullptr) return absl::InvalidArgumentError("nccl-lsa: no device arena");
   if (group == nullptr || group->size() != shape.ep) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "nccl-lsa: an NCCL group of %d ranks for EP %d", group == nullptr ? 0 : group->size(), shape.ep));
   }
-  auto d = std::make_unique<NcclLsaDispatcher>(shape, std::move(group));
+  auto d = std::make_unique<NcclLsaDispatcher>(shape, std::move(group), arena);
   DROPLESS_RETURN_IF_ERROR(d->Initialize());
   return std::unique_ptr<ExpertDispatcher>(std::move(d));
 }
