@@ -308,39 +308,48 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
       return s;
     }
   }
-  std::vector<v1::JobState> states;
+  std::vector<v1::JobState> states;  // each state once, however often the request repeats it
   for (int state : request.states()) {
     if (!v1::JobState_IsValid(state) || state == v1::JOB_STATE_UNSPECIFIED) {
       return absl::InvalidArgumentError(absl::StrCat("states: unknown job state ", state));
     }
-    states.push_back(static_cast<v1::JobState>(state));
+    const auto s = static_cast<v1::JobState>(state);
+    if (std::find(states.begin(), states.end(), s) == states.end()) states.push_back(s);
   }
+  // A page is read from the store in batches, as far as it needs (one more match ends it), not
+  // the whole table under the lock; labels live in the job's stored blob and are matched here.
+  const int batch = request.page_size() == 0   ? 0
+                    : request.labels().empty() ? request.page_size() + 1
+                                               : std::max(request.page_size() + 1, 256);
   absl::MutexLock lock(&mu_);
-  std::vector<int64_t> seqs;
-  // Labels live in the job's stored blob: the rows after the token are read and filtered here.
-  absl::StatusOr<std::vector<v1::Job>> jobs =
-      store_->ListJobs(states, request.limit(), after_seq, &seqs, owner);
-  if (!jobs.ok()) return jobs.status();
   v1::ListJobsResponse response;
   int64_t last_taken_seq = 0;
-  for (size_t i = 0; i < jobs->size(); ++i) {
-    v1::Job& job = (*jobs)[i];
-    const ActiveJob* active = jobs_.Find(job.id());
-    if (active != nullptr) job = active->record.job;  // the same, plus anything in flight
-    bool match = true;
-    for (const auto& [key, value] : request.labels()) {
-      auto label = job.labels().find(key);
-      match = match && label != job.labels().end() && label->second == value;
+  for (int64_t read_after = after_seq;;) {
+    std::vector<int64_t> seqs;
+    absl::StatusOr<std::vector<v1::Job>> jobs =
+        store_->ListJobs(states, request.limit(), read_after, &seqs, owner, batch);
+    if (!jobs.ok()) return jobs.status();
+    for (size_t i = 0; i < jobs->size(); ++i) {
+      v1::Job& job = (*jobs)[i];
+      const ActiveJob* active = jobs_.Find(job.id());
+      if (active != nullptr) job = active->record.job;  // the same, plus anything in flight
+      bool match = true;
+      for (const auto& [key, value] : request.labels()) {
+        auto label = job.labels().find(key);
+        match = match && label != job.labels().end() && label->second == value;
+      }
+      if (!match) continue;
+      if (request.page_size() > 0 && response.jobs_size() == request.page_size()) {
+        // One more matches: the page ends at the last job taken.
+        response.set_next_page_token(
+            absl::WebSafeBase64Escape(absl::StrCat("after:", last_taken_seq)));
+        return response;
+      }
+      *response.add_jobs() = std::move(job);
+      last_taken_seq = seqs[i];
     }
-    if (!match) continue;
-    if (request.page_size() > 0 && response.jobs_size() == request.page_size()) {
-      // One more matches: the page ends at the last job taken.
-      response.set_next_page_token(
-          absl::WebSafeBase64Escape(absl::StrCat("after:", last_taken_seq)));
-      break;
-    }
-    *response.add_jobs() = std::move(job);
-    last_taken_seq = seqs[i];
+    if (batch == 0 || static_cast<int>(jobs->size()) < batch) break;
+    read_after = seqs.back();
   }
   return response;
 }
@@ -457,15 +466,18 @@ void Coordinator::EndWatch(const std::string& id,
 
 absl::StatusOr<LogStream> Coordinator::OpenLogs(const std::string& job_id,
                                                 std::optional<int32_t> rank, bool follow,
-                                                int64_t after_seq) {
+                                                int64_t after_seq, int tail_lines,
+                                                int64_t oldest_time_ms) {
   if (absl::Status s = RequireId(job_id, "job_id"); !s.ok()) return s;
   if (after_seq < 0) return absl::InvalidArgumentError("after_seq: must not be negative");
+  if (tail_lines < 0) return absl::InvalidArgumentError("tail_lines: must not be negative");
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("coordinator is shutting down");
   if (absl::Status s = jobs_.CheckJobRank(job_id, rank); !s.ok()) return s;
   const ActiveJob* active = jobs_.Find(job_id);
   LogStream stream;
-  absl::StatusOr<std::vector<v1::LogLine>> backlog = store_->ListLogs(job_id, rank, 0, after_seq);
+  absl::StatusOr<std::vector<v1::LogLine>> backlog =
+      store_->ListLogs(job_id, rank, tail_lines, after_seq, oldest_time_ms);
   if (!backlog.ok()) return backlog.status();
   stream.backlog = std::move(*backlog);
   if (follow && active != nullptr && !IsTerminal(active->record.job.state())) {

@@ -124,9 +124,11 @@ class Coordinator {
                                                                int limit);
   absl::StatusOr<JobWatch> WatchJob(const std::string& id);
   void EndWatch(const std::string& id, const std::shared_ptr<Mailbox<v1::JobUpdate>>& updates);
-  // The lines after after_seq (LogLine.seq), then, when following, the live ones.
+  // The stored lines after after_seq (LogLine.seq) and from oldest_time_ms on (with tail_lines > 0
+  // only the last tail_lines of them), then, when following, the live ones.
   absl::StatusOr<LogStream> OpenLogs(const std::string& job_id, std::optional<int32_t> rank,
-                                     bool follow, int64_t after_seq = 0);
+                                     bool follow, int64_t after_seq = 0, int tail_lines = 0,
+                                     int64_t oldest_time_ms = 0);
   void EndLogs(const std::string& job_id, const std::shared_ptr<Mailbox<v1::LogLine>>& live);
 
   // WorkerService.
@@ -227,6 +229,9 @@ class Coordinator {
   // A status of a rank that is not active here: cancels it (rate-limited) and keeps its slot
   // busy until it ends. True when the status ends it and its slot is free.
   bool CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatus& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the slot a stray rank's stored placement gave it busy (unless something holds it).
+  void HoldStraySlotLocked(WorkerEntry& worker, const v1::RankStatus& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker going away (coordinator_worker_loss.cc): an event of `type` on each active attempt
   // with ranks on it; the Goodbye of a daemon that is shutting down; and, for a rank of `job`

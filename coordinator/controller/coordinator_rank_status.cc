@@ -120,6 +120,9 @@ bool Coordinator::CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatu
     }
     return true;
   }
+  // Every stray rank holds its slot until it exits, whether or not its attempt's cancellation
+  // goes out this time.
+  HoldStraySlotLocked(worker, status);
   if (!workers_.TakeStrayCancelTurn(worker.info.id(), status.job_id(), status.attempt(), NowMs())) {
     return false;
   }
@@ -136,17 +139,28 @@ bool Coordinator::CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatu
     c->set_reason("this attempt is not active on the coordinator");
     worker.session->Send(std::move(message));
   }
+  return false;
+}
+
+void Coordinator::HoldStraySlotLocked(WorkerEntry& worker, const v1::RankStatus& status) {
   // Until it exits, the process holds its slot: find which one from the stored placement.
-  if (std::any_of(worker.occupied.begin(), worker.occupied.end(), holds)) return false;
+  const bool held =
+      std::any_of(worker.occupied.begin(), worker.occupied.end(), [&](const auto& slot) {
+        return slot.second.job_id == status.job_id() && slot.second.attempt == status.attempt() &&
+               slot.second.rank == status.rank();
+      });
+  if (held || !workers_.TakeStraySlotLookupTurn(worker.info.id(), status.job_id(), status.attempt(),
+                                                status.rank(), NowMs())) {
+    return;
+  }
   absl::StatusOr<AttemptRecord> attempt = store_->GetAttempt(status.job_id(), status.attempt());
-  if (!attempt.ok()) return false;
+  if (!attempt.ok()) return;
   for (const RankRecord& r : attempt->ranks) {
     if (r.rank == status.rank() && r.worker_id == worker.info.id() &&
         worker.occupied.count(r.slot) == 0) {
       worker.occupied[r.slot] = RankKey{status.job_id(), status.attempt(), status.rank()};
     }
   }
-  return false;
 }
 
 void Coordinator::HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat& heartbeat) {

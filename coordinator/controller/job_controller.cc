@@ -380,12 +380,20 @@ void JobController::EnforceTimeLimits(int64_t now_ms) {
   bool stopped = false;
   for (auto& [id, job] : jobs_) {
     const v1::Job& j = job.record.job;
-    if (IsTerminal(j.state()) || !j.has_time_limit() || j.start_time_ms() == 0) continue;
+    if (IsTerminal(j.state()) || !j.has_time_limit()) continue;
+    // From the job's first start; for a job that never started, from its current attempt's
+    // placement (a rank that hangs before its first step, in CUDA or NCCL set-up, is not
+    // watched by the hang watchdog, which waits for a phase).
+    const bool started = j.start_time_ms() != 0;
+    const int64_t since_ms = started                   ? j.start_time_ms()
+                             : job.attempt.has_value() ? job.attempt->create_time_ms
+                                                       : 0;
+    if (since_ms == 0) continue;
     const int64_t limit_ms = j.time_limit().seconds() * 1000;
-    if (now_ms - j.start_time_ms() <= limit_ms) continue;
-    const std::string message =
-        absl::StrFormat("time limit of %ds exceeded (running since %d ms)",
-                        j.time_limit().seconds(), now_ms - j.start_time_ms());
+    if (now_ms - since_ms <= limit_ms) continue;
+    const std::string message = absl::StrFormat(
+        "time limit of %ds exceeded (%s %d ms)", j.time_limit().seconds(),
+        started ? "running since" : "placed, never running, for", now_ms - since_ms);
     LogWarning(absl::StrCat("job ", id, ": ", message));
     StopJob(job, v1::JOB_STATE_FAILED, message, write);
     stopped = true;

@@ -72,6 +72,9 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& workers,
 absl::Status WorkerRegistry::CheckRegistration(const v1::RegisterWorkerRequest& request) {
   if (absl::Status s = CheckName(request.node(), "node", true); !s.ok()) return s;
   if (absl::Status s = CheckName(request.address(), "address", false); !s.ok()) return s;
+  // Stored with the worker and written into its events: the same bounds as a name.
+  if (absl::Status s = CheckName(request.version(), "version", false); !s.ok()) return s;
+  if (absl::Status s = CheckName(request.boot_id(), "boot_id", false); !s.ok()) return s;
   if (request.slot_kind() != "cpu" && request.slot_kind() != "cuda") {
     return absl::InvalidArgumentError(
         absl::StrCat("slot_kind: must be cpu or cuda (got \"", request.slot_kind(), "\")"));
@@ -166,6 +169,7 @@ absl::StatusOr<WorkerEntry*> WorkerRegistry::Hello(const std::shared_ptr<WorkerS
   if (hello.worker_id().empty()) {
     return absl::InvalidArgumentError("hello.worker_id: must not be empty");
   }
+  if (absl::Status s = CheckName(hello.boot_id(), "hello.boot_id", false); !s.ok()) return s;
   WorkerEntry* found = Find(hello.worker_id());
   if (found == nullptr) {
     return absl::NotFoundError(absl::StrCat("worker \"", hello.worker_id(),
@@ -258,8 +262,8 @@ std::vector<WorkerEntry*> WorkerRegistry::ExpireLeases(int64_t now_ms) {
   for (auto& [session, entry] : sessions_) {
     if (entry.worker_id.empty() && now_ms - entry.opened_ms > lease_timeout_ms_) session->Close();
   }
-  for (auto it = stray_cancels_.begin(); it != stray_cancels_.end();) {
-    it = now_ms - it->second > kStrayCancelMemoryMs ? stray_cancels_.erase(it) : std::next(it);
+  for (auto it = stray_turns_.begin(); it != stray_turns_.end();) {
+    it = now_ms - it->second > kStrayCancelMemoryMs ? stray_turns_.erase(it) : std::next(it);
   }
   return expired;
 }
@@ -269,12 +273,23 @@ void WorkerRegistry::Send(const std::string& worker_id, v1::CoordinatorMessage m
   if (worker != nullptr && worker->session != nullptr) worker->session->Send(std::move(message));
 }
 
+bool WorkerRegistry::TakeStrayTurn(const std::string& key, int64_t now_ms) {
+  auto [it, first] = stray_turns_.emplace(key, now_ms);
+  if (first) return true;
+  if (now_ms - it->second < kStrayCancelIntervalMs) return false;
+  it->second = now_ms;
+  return true;
+}
+
 bool WorkerRegistry::TakeStrayCancelTurn(const std::string& worker_id, const std::string& job_id,
                                          int32_t attempt, int64_t now_ms) {
-  int64_t& last = stray_cancels_[StrayKey(worker_id, job_id, attempt)];
-  if (now_ms - last < kStrayCancelIntervalMs) return false;
-  last = now_ms;
-  return true;
+  return TakeStrayTurn(StrayKey(worker_id, job_id, attempt), now_ms);
+}
+
+bool WorkerRegistry::TakeStraySlotLookupTurn(const std::string& worker_id,
+                                             const std::string& job_id, int32_t attempt,
+                                             int32_t rank, int64_t now_ms) {
+  return TakeStrayTurn(absl::StrCat(StrayKey(worker_id, job_id, attempt), "|rank ", rank), now_ms);
 }
 
 std::vector<NodeCapacity> WorkerRegistry::Capacity() const {

@@ -113,6 +113,10 @@ class WorkerRegistry {
   // interval per (worker, job, attempt): whether this is such a time (then it is recorded).
   bool TakeStrayCancelTurn(const std::string& worker_id, const std::string& job_id, int32_t attempt,
                            int64_t now_ms);
+  // The stored placement of each stray rank is looked up (to hold its slot until it exits) at
+  // most once per interval per (worker, job, attempt, rank): whether this is such a time.
+  bool TakeStraySlotLookupTurn(const std::string& worker_id, const std::string& job_id,
+                               int32_t attempt, int32_t rank, int64_t now_ms);
 
   // READY, connected workers and their free slots, for the scheduler.
   std::vector<NodeCapacity> Capacity() const;
@@ -128,6 +132,9 @@ class WorkerRegistry {
   Counts Count() const;
 
  private:
+  // Whether `key`'s turn has come (its first time, or the interval since its last): recorded.
+  bool TakeStrayTurn(const std::string& key, int64_t now_ms);
+
   struct SessionEntry {
     std::string worker_id;  // empty until Hello
     int64_t opened_ms = 0;
@@ -141,8 +148,9 @@ class WorkerRegistry {
   std::map<std::string, WorkerEntry> workers_;
   std::map<std::string, std::string> worker_by_node_;
   std::map<std::shared_ptr<WorkerSession>, SessionEntry> sessions_;
-  // (worker, job, attempt) -> when a Cancellation for a stray rank was last sent.
-  std::map<std::string, int64_t> stray_cancels_;
+  // (worker, job, attempt) -> when a Cancellation for a stray rank was last sent, and
+  // (worker, job, attempt, rank) -> when a stray rank's slot was last looked up.
+  std::map<std::string, int64_t> stray_turns_;
   int next_worker_number_ = 1;
 };
 

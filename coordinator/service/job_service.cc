@@ -1,6 +1,5 @@
 #include "coordinator/service/job_service.h"
 
-#include <algorithm>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -10,35 +9,21 @@
 #include "absl/time/time.h"
 #include "common/version.h"
 #include "coordinator/auth/caller.h"
+#include "coordinator/util/duration_field.h"
 #include "coordinator/util/grpc_status.h"
-#include "google/protobuf/util/time_util.h"
 
 namespace dropless::coordinator {
 namespace {
 
-using google::protobuf::util::TimeUtil;
-
 // How often a blocked stream looks at its RPC's cancellation.
 constexpr absl::Duration kPollInterval = absl::Milliseconds(200);
 
-// The stored lines a GetLogs request asks for: those at most `since` old, then the last tail_lines.
-absl::Status TrimBacklog(const v1::GetLogsRequest& request, std::vector<v1::LogLine>* lines) {
-  if (request.tail_lines() < 0) {
-    return absl::InvalidArgumentError("tail_lines: must not be negative");
-  }
-  if (request.has_since()) {
-    if (request.since().seconds() < 0 || request.since().nanos() < 0) {
-      return absl::InvalidArgumentError("since: must not be negative");
-    }
-    const int64_t oldest_ms =
-        absl::ToUnixMillis(absl::Now()) - TimeUtil::DurationToMilliseconds(request.since());
-    lines->erase(std::remove_if(lines->begin(), lines->end(),
-                                [&](const v1::LogLine& l) { return l.time_ms() < oldest_ms; }),
-                 lines->end());
-  }
-  const size_t tail = static_cast<size_t>(request.tail_lines());
-  if (tail > 0 && lines->size() > tail) lines->erase(lines->begin(), lines->end() - tail);
-  return absl::OkStatus();
+// The oldest time_ms of the stored lines a GetLogs request asks for (`since`; 0: any age).
+absl::StatusOr<int64_t> OldestStoredLineMs(const v1::GetLogsRequest& request) {
+  if (!request.has_since()) return 0;
+  absl::StatusOr<int64_t> since_ms = NonNegativeDurationMs(request.since(), "since");
+  if (!since_ms.ok()) return since_ms.status();
+  return absl::ToUnixMillis(absl::Now()) - *since_ms;
 }
 
 }  // namespace
@@ -145,6 +130,14 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::ListEvents(grpc::ServerContext* context,
                                         const v1::ListEventsRequest* request,
                                         v1::ListEventsResponse* response) {
+  const Caller caller = CallerOf(*context);
+  if (request->job_id().empty() && caller.role == Role::kSubmitter) {
+    // Cluster-wide events tell of every user's jobs and of the workers.
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("job_id: user ", caller.user,
+                                     " (role submitter) may list the events of their own jobs "
+                                     "only; the cluster's events (no job_id) need role viewer"));
+  }
   if (absl::Status s = CheckAccess(*context, request->job_id()); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<std::vector<v1::Event>> events =
       coordinator_->ListEvents(request->job_id(), request->limit());
@@ -172,13 +165,16 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
   if (absl::Status s = CheckAccess(*context, request->job_id()); !s.ok()) return ToGrpcStatus(s);
   std::optional<int32_t> rank;
   if (request->has_rank()) rank = request->rank();
-  absl::StatusOr<LogStream> stream =
-      coordinator_->OpenLogs(request->job_id(), rank, request->follow(), request->after_seq());
-  if (!stream.ok()) return ToGrpcStatus(stream.status());
-  if (absl::Status s = TrimBacklog(*request, &stream->backlog); !s.ok()) {
-    if (stream->live != nullptr) coordinator_->EndLogs(request->job_id(), stream->live);
-    return ToGrpcStatus(s);
+  if (request->tail_lines() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "tail_lines: must not be negative");
   }
+  absl::StatusOr<int64_t> oldest_ms = OldestStoredLineMs(*request);
+  if (!oldest_ms.ok()) return ToGrpcStatus(oldest_ms.status());
+  // The store selects the stored lines asked for (the last tail_lines of those since the oldest).
+  absl::StatusOr<LogStream> stream =
+      coordinator_->OpenLogs(request->job_id(), rank, request->follow(), request->after_seq(),
+                             request->tail_lines(), *oldest_ms);
+  if (!stream.ok()) return ToGrpcStatus(stream.status());
   bool open = true;
   for (const v1::LogLine& line : stream->backlog) {
     if (!(open = writer->Write(line))) break;

@@ -3,12 +3,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "coordinator/util/duration_field.h"
 #include "coordinator/util/grpc_status.h"
-#include "google/protobuf/util/time_util.h"
 
 namespace dropless::coordinator {
-
-using google::protobuf::util::TimeUtil;
 
 namespace {
 
@@ -51,14 +49,13 @@ grpc::Status RendezvousServiceImpl::Get(grpc::ServerContext*, const v1::GetReque
 grpc::Status RendezvousServiceImpl::Wait(grpc::ServerContext* context,
                                          const v1::WaitRequest* request, v1::WaitResponse*) {
   if (absl::Status s = CheckScope(request->scope()); !s.ok()) return ToGrpcStatus(s);
-  const bool has_timeout = request->has_timeout();
-  const int64_t timeout_ms =
-      has_timeout ? TimeUtil::DurationToMilliseconds(request->timeout()) : request->timeout_ms();
-  if (timeout_ms < 0 ||
-      (has_timeout && (request->timeout().seconds() < 0 || request->timeout().nanos() < 0))) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat(has_timeout ? "timeout" : "timeout_ms",
-                                     ": must not be negative"));
+  int64_t timeout_ms = request->timeout_ms();
+  if (request->has_timeout()) {
+    absl::StatusOr<int64_t> ms = NonNegativeDurationMs(request->timeout(), "timeout");
+    if (!ms.ok()) return ToGrpcStatus(ms.status());
+    timeout_ms = *ms;
+  } else if (timeout_ms < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "timeout_ms: must not be negative");
   }
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
   return ToGrpcStatus(store_->Wait(request->scope().job_id(), request->scope().attempt(), keys,

@@ -463,7 +463,12 @@ absl::StatusOr<v1::Job> JobStore::GetJob(absl::string_view id) {
 absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const std::vector<v1::JobState>& states,
                                                         int limit, int64_t after_seq,
                                                         std::vector<int64_t>* seqs,
-                                                        const std::string* owner) {
+                                                        const std::string* owner, int max_rows) {
+  // The numbered parameters (the states, after_seq, limit, max_rows) stay below the owner's.
+  if (states.size() + 3 >= static_cast<size_t>(kOwnerParam)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("states: at most ", kOwnerParam - 4, " (each state once)"));
+  }
   std::vector<std::string> conditions;
   std::vector<int64_t> args;
   if (!states.empty()) {
@@ -488,6 +493,10 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::ListJobs(const std::vector<v1::Jo
                           args.size(), ") ORDER BY seq");
   } else {
     suffix = absl::StrCat(where, "ORDER BY seq");
+  }
+  if (max_rows > 0) {
+    args.push_back(max_rows);
+    absl::StrAppend(&suffix, " LIMIT ?", args.size());
   }
   absl::StatusOr<std::vector<JobRecord>> records = QueryJobs(suffix, args, owner);
   if (!records.ok()) return records.status();

@@ -124,12 +124,14 @@ class JobStore {
   absl::StatusOr<v1::Job> GetJob(absl::string_view id);
   absl::StatusOr<JobRecord> GetJobRecord(absl::string_view id);
   // Submission order; with limit > 0 the most recent `limit` jobs; with after_seq > 0 only jobs
-  // submitted after the one of that seq. Empty states: all. `seqs`, when given, gets each job's seq.
-  // With `owner`, only that user's jobs.
-  absl::StatusOr<std::vector<v1::Job>> ListJobs(const std::vector<v1::JobState>& states,
-                                                int limit, int64_t after_seq = 0,
+  // submitted after the one of that seq. Empty states: all. `seqs`, when given, gets each job's
+  // seq. With `owner`, only that user's jobs. With max_rows > 0, at most the first max_rows of them
+  // (a page is read so, not the whole table). `states` must not repeat a state.
+  absl::StatusOr<std::vector<v1::Job>> ListJobs(const std::vector<v1::JobState>& states, int limit,
+                                                int64_t after_seq = 0,
                                                 std::vector<int64_t>* seqs = nullptr,
-                                                const std::string* owner = nullptr);
+                                                const std::string* owner = nullptr,
+                                                int max_rows = 0);
   absl::StatusOr<std::map<v1::JobState, int64_t>> CountJobsByState();
 
   absl::StatusOr<AttemptRecord> GetAttempt(absl::string_view job_id, int32_t attempt);
@@ -165,11 +167,12 @@ class JobStore {
   // consecutively), 0 when there are none. With a receipt, as PutStepMetrics.
   absl::StatusOr<int64_t> AppendLogs(const std::vector<v1::LogLine>& lines,
                                      const WorkerReceipt* receipt = nullptr);
-  // Oldest first, each with its seq; only lines with seq > after_seq; with limit > 0 the most
-  // recent `limit`; rank unset: every rank.
+  // Oldest first, each with its seq; only lines with seq > after_seq and time_ms >=
+  // oldest_time_ms; with limit > 0 the most recent `limit` of those; rank unset: every rank.
   absl::StatusOr<std::vector<v1::LogLine>> ListLogs(absl::string_view job_id,
                                                     std::optional<int32_t> rank, int limit,
-                                                    int64_t after_seq = 0);
+                                                    int64_t after_seq = 0,
+                                                    int64_t oldest_time_ms = 0);
 
  private:
   JobStore(std::unique_ptr<SqliteDb> db, Limits limits) : db_(std::move(db)), limits_(limits) {}

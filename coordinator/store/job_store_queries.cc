@@ -291,10 +291,12 @@ absl::StatusOr<int64_t> JobStore::AppendLogs(const std::vector<v1::LogLine>& lin
 }
 
 absl::StatusOr<std::vector<v1::LogLine>> JobStore::ListLogs(absl::string_view job_id,
-                                                            std::optional<int32_t> rank,
-                                                            int limit, int64_t after_seq) {
-  std::string filter = rank.has_value() ? "WHERE job_id = ?1 AND id > ?3 AND rank = ?2 "
-                                        : "WHERE job_id = ?1 AND id > ?3 ";
+                                                            std::optional<int32_t> rank, int limit,
+                                                            int64_t after_seq,
+                                                            int64_t oldest_time_ms) {
+  std::string filter = rank.has_value()
+                           ? "WHERE job_id = ?1 AND id > ?3 AND time_ms >= ?4 AND rank = ?2 "
+                           : "WHERE job_id = ?1 AND id > ?3 AND time_ms >= ?4 ";
   absl::StatusOr<SqliteStatement> st = db_->Prepare(absl::StrCat(
       "SELECT job_id, attempt, rank, time_ms, text, id FROM logs WHERE id IN (SELECT id FROM logs ",
       filter, "ORDER BY id DESC LIMIT ", limit > 0 ? limit : -1, ") ORDER BY id"));
@@ -302,6 +304,7 @@ absl::StatusOr<std::vector<v1::LogLine>> JobStore::ListLogs(absl::string_view jo
   st->Bind(1, job_id);
   if (rank.has_value()) st->Bind(2, static_cast<int64_t>(*rank));
   st->Bind(3, after_seq);
+  st->Bind(4, oldest_time_ms);
   std::vector<v1::LogLine> out;
   while (true) {
     absl::StatusOr<bool> row = st->Step();

@@ -74,6 +74,12 @@ TEST(CoordinatorAbuseTest, AbsurdRegistrationsAreRefusedNamingTheFieldAndNothing
     r = CpuWorker("n1", 1);
     r.set_slot_kind("");
     cases.push_back({"no slot kind", r, "slot_kind"});
+    r = CpuWorker("n1", 1);
+    r.set_version("1.0\n\x1b[31mforged event");
+    cases.push_back({"version with control characters", r, "version"});
+    r = CpuWorker("n1", 1);
+    r.set_boot_id(std::string(100000, 'b'));
+    cases.push_back({"100 kB boot id", r, "boot_id"});
   }
   for (const Case& k : cases) {
     grpc::Status status = Register(*c, k.request);

@@ -326,6 +326,23 @@ TEST(CoordinatorAuthTest, SubmitterSeesAndCancelsOnlyTheirOwnJobs) {
   }
   EXPECT_THAT(ListJobIds(bob), ::testing::ElementsAre(bobs.id()));
   EXPECT_THAT(ListJobIds(admin), ::testing::UnorderedElementsAre(alices.id(), bobs.id()));
+  // Events: a submitter's own job's, never the cluster's (which tell of every user's jobs).
+  {
+    auto events = [](const std::shared_ptr<grpc::Channel>& channel, const std::string& job_id) {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      v1::ListEventsRequest request;
+      request.set_job_id(job_id);
+      v1::ListEventsResponse response;
+      return v1::JobService::NewStub(channel)->ListEvents(&context, request, &response);
+    };
+    EXPECT_TRUE(events(bob, bobs.id()).ok());
+    EXPECT_EQ(events(bob, alices.id()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    const grpc::Status cluster = events(bob, "");
+    EXPECT_EQ(cluster.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(cluster.error_message(), HasSubstr("job_id: user bob (role submitter)"));
+    EXPECT_TRUE(events(admin, "").ok());
+  }
   EXPECT_TRUE(CancelJob(bob, bobs.id()).ok());
   EXPECT_TRUE(CancelJob(admin, alices.id()).ok());
 }

@@ -1,7 +1,9 @@
 // What a failing store or a restart of the real dropless-coordinator must not lose: a worker's
 // rank status is acknowledged only once it is stored (the worker forgets it then), and an
 // Assignment whose placement was stored but which never reached the worker's daemon run is sent
-// again after a restart rather than costing the job an attempt. (Suite CoordinatorRecoveryTest.)
+// again after a restart rather than costing the job an attempt; a worker that returns with the
+// ranks of a failed attempt still running keeps each one's slot busy until it ends. (Suite
+// CoordinatorRecoveryTest.)
 #include <signal.h>
 
 #include <optional>
@@ -10,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/coordinator/coordinator_test_support.h"
 
@@ -126,6 +129,42 @@ TEST(CoordinatorRecoveryTest, AnAssignmentIsNotSentAgainWhereTheRankMayHaveRun) 
     EXPECT_FALSE(w.NextAssignment(absl::Milliseconds(500)).has_value());
     EXPECT_FALSE(HasEvent(*coordinator, job->id(), "AssignmentResent"));
   }
+}
+
+// A worker lost past its lease comes back with both ranks of the failed attempt still running:
+// each is a stray, cancelled, and each keeps its slot until it is reported ended, so that no new
+// attempt lands on a slot (a GPU) whose old process is still exiting. (Before, the cancellation's
+// rate limit, one per attempt, also skipped holding the second rank's slot.)
+TEST(CoordinatorRecoveryTest, EveryStrayRankOfAReturningWorkerHoldsItsSlotUntilItEnds) {
+  auto coordinator = CoordinatorUnderTest::Start();
+  FakeWorker w(coordinator->channel(), "node-stray", 2);
+  ASSERT_TRUE(w.Join().ok());
+  absl::StatusOr<v1::Job> job = SubmitRunning(*coordinator, w, TinySpec(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+
+  w.StopHeartbeats();
+  v1::Job failed = coordinator->WaitForState(job->id(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.message(), ::testing::HasSubstr("no message"));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (w.SessionOpen() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_FALSE(w.SessionOpen());
+
+  // Back, its Hello listing both ranks as running.
+  ASSERT_TRUE(RegisterAgain(w, "boot-1").ok());
+  ASSERT_TRUE(w.Connect("boot-1").ok());
+  std::optional<v1::Cancellation> cancel = w.NextCancellation();
+  ASSERT_TRUE(cancel.has_value());
+  EXPECT_EQ(cancel->job_id(), job->id());
+  EXPECT_EQ(cancel->attempt(), 1);
+
+  absl::StatusOr<v1::Job> next = coordinator->Submit(TinySpec(1, 1, "after-the-strays"));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_FALSE(w.NextAssignment(absl::Seconds(2)).has_value())
+      << "placed on a slot whose stray rank still runs";
+  ASSERT_TRUE(w.ReportRank(job->id(), 1, 1, v1::RANK_STATE_KILLED).ok());
+  std::optional<v1::Assignment> placed = w.NextAssignment();
+  ASSERT_TRUE(placed.has_value());
+  EXPECT_EQ(placed->job_id(), next->id());
 }
 
 }  // namespace

@@ -214,10 +214,59 @@ TEST(JobStoreTest, ListJobsFiltersByStateAndLimitsToTheNewest) {
   ASSERT_TRUE(failed.ok());
   ASSERT_EQ(failed->size(), 2u);
   EXPECT_EQ((*failed)[0].name(), "j1");
+  // A page reads only its rows: the first max_rows after after_seq, in submission order.
+  std::vector<int64_t> seqs;
+  auto page = store.ListJobs({}, 0, 0, &seqs, nullptr, /*max_rows=*/2);
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->size(), 2u);
+  EXPECT_EQ((*page)[1].name(), "j1");
+  auto next = store.ListJobs({v1::JOB_STATE_PENDING, v1::JOB_STATE_FAILED}, 0, seqs.back(), nullptr,
+                             nullptr, /*max_rows=*/2);
+  ASSERT_TRUE(next.ok());
+  ASSERT_EQ(next->size(), 2u);
+  EXPECT_EQ((*next)[0].name(), "j2");
+  EXPECT_EQ((*next)[1].name(), "j3");
+  // The owner's parameter cannot be reached by the states' (one clear error instead).
+  const std::string owner = "alice";
+  auto too_many =
+      store.ListJobs(std::vector<v1::JobState>(97, v1::JOB_STATE_FAILED), 0, 1, nullptr, &owner, 1);
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument) << too_many.status();
   auto counts = store.CountJobsByState();
   ASSERT_TRUE(counts.ok());
   EXPECT_EQ((*counts)[v1::JOB_STATE_PENDING], 3);
   EXPECT_EQ((*counts)[v1::JOB_STATE_FAILED], 2);
+}
+
+// GetLogs' `since` and tail_lines are the store's selection: the last `limit` of the lines at or
+// after the oldest time, read as such (not the whole log, trimmed afterwards).
+TEST(JobStoreTest, ListLogsSelectsTheLastLinesSinceATime) {
+  auto opened = JobStore::Open(TempDbPath());
+  ASSERT_TRUE(opened.ok());
+  JobStore& store = **opened;
+  for (int i = 0; i < 10; ++i) {
+    v1::LogLine line;
+    line.set_job_id("job-000001");
+    line.set_rank(i % 2);
+    line.set_time_ms(1000 * (i + 1));
+    line.set_text(absl::StrCat("line ", i));
+    ASSERT_TRUE(store.AppendLogs({line}).ok());
+  }
+  auto since = store.ListLogs("job-000001", std::nullopt, 0, 0, /*oldest_time_ms=*/7000);
+  ASSERT_TRUE(since.ok());
+  ASSERT_EQ(since->size(), 4u);
+  EXPECT_EQ(since->front().text(), "line 6");
+  auto tail = store.ListLogs("job-000001", std::nullopt, 2, 0, 7000);
+  ASSERT_TRUE(tail.ok());
+  ASSERT_EQ(tail->size(), 2u);
+  EXPECT_EQ((*tail)[0].text(), "line 8");
+  EXPECT_EQ((*tail)[1].text(), "line 9");
+  auto rank0 = store.ListLogs("job-000001", 0, 5, 0, 4000);
+  ASSERT_TRUE(rank0.ok());
+  ASSERT_EQ(rank0->size(), 3u);  // lines 4, 6, 8
+  EXPECT_EQ((*rank0)[0].text(), "line 4");
+  auto none = store.ListLogs("job-000001", std::nullopt, 0, 0, 20000);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
 }
 
 TEST(JobStoreTest, LogsAndMetricsHistoryAreBoundedPerJob) {
