@@ -226,6 +226,31 @@ TEST(CoordinatorJobsApiTest, DurationsAreDurationsNextToTheirMillisecondFields) 
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(status.error_message(), HasSubstr("timeout: must not be negative"));
   }
+  // Past protobuf's range (the milliseconds would overflow): refused by name, not wrapped around.
+  wait.mutable_timeout()->set_seconds(int64_t{1} << 62);
+  wait.mutable_timeout()->set_nanos(0);
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    grpc::Status status = c->rendezvous().Wait(&context, wait, &waited);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr("timeout: out of range"));
+  }
+  // GetLogs' `since` likewise (before, it wrapped and silently filtered out every line).
+  v1::GetLogsRequest logs;
+  logs.set_job_id(job->id());
+  logs.mutable_since()->set_seconds(int64_t{1} << 62);
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto reader = c->jobs().GetLogs(&context, logs);
+    v1::LogLine line;
+    while (reader->Read(&line)) {
+    }
+    grpc::Status status = reader->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr("since: out of range"));
+  }
 }
 
 }  // namespace
