@@ -62,9 +62,13 @@ id=$("$bin/dropless" submit -f "$job")
 echo "==> submitted $job as $id"
 "$bin/dropless" watch "$id" -o json >"$out/watch.json" 2>/dev/null &
 watcher=$!
-# /metrics of the worker while the job runs (the last sample before it ends).
+# /metrics of the worker while the job runs: the last sample with the rank's gauges (they go when
+# its process ends).
 ( while kill -0 "$watcher" 2>/dev/null; do
-    curl -s "http://127.0.0.1:$wmetrics/metrics" >"$out/metrics.tmp" && mv "$out/metrics.tmp" "$out/worker-metrics.txt"
+    if curl -s "http://127.0.0.1:$wmetrics/metrics" >"$out/metrics.tmp" &&
+       grep -q '^dropless_rank_mfu_ratio' "$out/metrics.tmp"; then
+      mv "$out/metrics.tmp" "$out/worker-metrics.txt"
+    fi
     sleep 1
   done ) &
 status=0

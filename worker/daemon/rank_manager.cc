@@ -100,6 +100,17 @@ void RankManager::PushStatus(const RankEntry& entry, v1::RankState state, int ex
   outbound_->Push(std::move(msg));
 }
 
+RankIdentity RankManager::IdentityOf(const RankEntry& entry) const {
+  RankIdentity identity{entry.job_id, entry.rank, "", ""};
+  if (options_.slot_kind == "cuda") {
+    identity.gpu = CudaDeviceOfSlot(entry.slot);
+    if (entry.slot >= 0 && entry.slot < static_cast<int>(options_.slot_uuids.size())) {
+      identity.uuid = options_.slot_uuids[entry.slot];
+    }
+  }
+  return identity;
+}
+
 void RankManager::UpdateGauges() {
   std::set<int> busy;
   for (const auto& [id, entry] : ranks_) busy.insert(entry.slot);
@@ -148,7 +159,7 @@ void RankManager::HandleAssignment(const v1::Assignment& assignment) {
       RankEntry e = base;
       e.rank = ra.rank();
       PushStatus(e, v1::RANK_STATE_FAILED, 127, why);
-      metrics_->RecordRankExit(RankExitResult::kFailed);
+      metrics_->RecordRankExit(IdentityOf(e), RankExitResult::kFailed);
     }
   };
   if (assignment.job_id().empty()) return reject_all("assignment: job_id is empty");
@@ -289,7 +300,7 @@ void RankManager::StartRank(const v1::Assignment& assignment, int rank, int slot
     }
     LogError(absl::StrCat("job ", entry.job_id, " rank ", rank,
                           ": cannot start: ", pid.status().message()));
-    metrics_->RecordRankExit(RankExitResult::kFailed);
+    metrics_->RecordRankExit(IdentityOf(entry), RankExitResult::kFailed);
     return;
   }
   bool cancelled = false;
@@ -371,14 +382,7 @@ void RankManager::OnReport(RankSupervisor::ChildId id, absl::string_view line) {
   if (became_running) PushStatus(entry, v1::RANK_STATE_RUNNING, 0, "");
   if (ready) return;
 
-  RankIdentity identity{entry.job_id, entry.rank, "", ""};
-  if (options_.slot_kind == "cuda") {
-    identity.gpu = CudaDeviceOfSlot(entry.slot);
-    if (entry.slot < static_cast<int>(options_.slot_uuids.size())) {
-      identity.uuid = options_.slot_uuids[entry.slot];
-    }
-  }
-  metrics_->RecordStep(identity, *report);
+  metrics_->RecordStep(IdentityOf(entry), *report);
   v1::WorkerMessage msg;
   v1::StepMetrics* m = msg.mutable_metrics();
   m->set_job_id(entry.job_id);
@@ -439,7 +443,7 @@ void RankManager::OnExit(RankSupervisor::ChildId id, const ChildExit& exit) {
   }
   LogInfo(absl::StrCat("job ", entry.job_id, " attempt ", entry.attempt, " rank ", entry.rank,
                        " (pid ", entry.pid, ") ended: ", exit.Describe()));
-  metrics_->RecordRankExit(result);
+  metrics_->RecordRankExit(IdentityOf(entry), result);
 }
 
 std::vector<v1::RankStatus> RankManager::LiveRanks() const {

@@ -90,6 +90,8 @@ class RankManager {
   void OnExit(RankSupervisor::ChildId id, const ChildExit& exit);
   void PushStatus(const RankEntry& entry, dropless::v1::RankState state, int exit_code,
                   const std::string& message);
+  // The rank and its GPU (index and UUID on a cuda worker) as the metrics label it.
+  RankIdentity IdentityOf(const RankEntry& entry) const;
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PruneJobDirs(const std::string& keep);
 

@@ -1,5 +1,6 @@
 #include "worker/daemon/worker_metrics.h"
 
+#include <algorithm>
 #include <exception>
 #include <vector>
 
@@ -162,6 +163,13 @@ WorkerMetrics::~WorkerMetrics() {
   exposer_.reset();
 }
 
+prometheus::Labels WorkerMetrics::RankLabels(const RankIdentity& rank) const {
+  // `job` is the label Prometheus gives every scraped target: ours is job_id.
+  return {{"job_id", rank.job_id}, {"rank", absl::StrCat(rank.rank)},
+          {"node", node_},         {"gpu", rank.gpu},
+          {"UUID", rank.uuid},     {"Hostname", node_}};
+}
+
 WorkerMetrics::RankSeries& WorkerMetrics::SeriesFor(const RankIdentity& rank) {
   const std::string& job_id = rank.job_id;
   auto job = jobs_.find(job_id);
@@ -171,15 +179,25 @@ WorkerMetrics::RankSeries& WorkerMetrics::SeriesFor(const RankIdentity& rank) {
     }
     job_order_.push_back(job_id);
     job = jobs_.emplace(job_id, std::map<int, RankSeries>{}).first;
+  } else if (job_order_.back() != job_id) {
+    job_order_.erase(std::find(job_order_.begin(), job_order_.end(), job_id));
+    job_order_.push_back(job_id);
   }
   auto series = job->second.find(rank.rank);
-  if (series != job->second.end()) return series->second;
+  if (series != job->second.end()) {
+    RankSeries& s = series->second;
+    if (s.gpu == rank.gpu && s.uuid == rank.uuid) {
+      if (s.mfu == nullptr) AddGauges(rank, s);
+      return s;
+    }
+    RemoveSeries(s);  // now on another GPU: its series carry that GPU's labels
+    job->second.erase(series);
+  }
 
-  // `job` is the label Prometheus gives every scraped target: ours is job_id.
-  const prometheus::Labels labels{{"job_id", job_id},   {"rank", absl::StrCat(rank.rank)},
-                                  {"node", node_},      {"gpu", rank.gpu},
-                                  {"UUID", rank.uuid},  {"Hostname", node_}};
+  const prometheus::Labels labels = RankLabels(rank);
   RankSeries s{};
+  s.gpu = rank.gpu;
+  s.uuid = rank.uuid;
   s.step_duration = &step_duration_->Add(labels, StepBuckets());
   s.dispatch_duration = &dispatch_duration_->Add(labels, PhaseBuckets());
   s.combine_duration = &combine_duration_->Add(labels, PhaseBuckets());
@@ -197,36 +215,49 @@ WorkerMetrics::RankSeries& WorkerMetrics::SeriesFor(const RankIdentity& rank) {
   s.dispatch_bytes = &dispatch_bytes_->Add(labels);
   s.combine_bytes = &combine_bytes_->Add(labels);
   s.expert_load = &expert_load_->Add(labels, ExpertLoadBuckets());
+  AddGauges(rank, s);
+  return job->second.emplace(rank.rank, s).first->second;
+}
+
+void WorkerMetrics::AddGauges(const RankIdentity& rank, RankSeries& s) {
+  const prometheus::Labels labels = RankLabels(rank);
   s.flops_per_second = &flops_per_second_->Add(labels);
   s.mfu = &mfu_->Add(labels);
   s.load_imbalance = &load_imbalance_->Add(labels);
   s.loss = &loss_->Add(labels);
   s.device_memory = &device_memory_->Add(labels);
-  return job->second.emplace(rank.rank, s).first->second;
+}
+
+void WorkerMetrics::RemoveGauges(RankSeries& s) {
+  if (s.mfu == nullptr) return;
+  flops_per_second_->Remove(s.flops_per_second);
+  mfu_->Remove(s.mfu);
+  load_imbalance_->Remove(s.load_imbalance);
+  loss_->Remove(s.loss);
+  device_memory_->Remove(s.device_memory);
+  s.flops_per_second = s.mfu = s.load_imbalance = s.loss = s.device_memory = nullptr;
+}
+
+void WorkerMetrics::RemoveSeries(RankSeries& s) {
+  step_duration_->Remove(s.step_duration);
+  dispatch_duration_->Remove(s.dispatch_duration);
+  combine_duration_->Remove(s.combine_duration);
+  gemm_duration_->Remove(s.gemm_forward_duration);
+  gemm_duration_->Remove(s.gemm_dgrad_duration);
+  gemm_duration_->Remove(s.gemm_wgrad_duration);
+  steps_->Remove(s.steps);
+  tokens_->Remove(s.tokens);
+  flops_->Remove(s.flops);
+  dispatch_bytes_->Remove(s.dispatch_bytes);
+  combine_bytes_->Remove(s.combine_bytes);
+  expert_load_->Remove(s.expert_load);
+  RemoveGauges(s);
 }
 
 void WorkerMetrics::DropJob(const std::string& job_id) {
   auto job = jobs_.find(job_id);
   if (job != jobs_.end()) {
-    for (auto& [rank, s] : job->second) {
-      step_duration_->Remove(s.step_duration);
-      dispatch_duration_->Remove(s.dispatch_duration);
-      combine_duration_->Remove(s.combine_duration);
-      gemm_duration_->Remove(s.gemm_forward_duration);
-      gemm_duration_->Remove(s.gemm_dgrad_duration);
-      gemm_duration_->Remove(s.gemm_wgrad_duration);
-      steps_->Remove(s.steps);
-      tokens_->Remove(s.tokens);
-      flops_->Remove(s.flops);
-      dispatch_bytes_->Remove(s.dispatch_bytes);
-      combine_bytes_->Remove(s.combine_bytes);
-      expert_load_->Remove(s.expert_load);
-      flops_per_second_->Remove(s.flops_per_second);
-      mfu_->Remove(s.mfu);
-      load_imbalance_->Remove(s.load_imbalance);
-      loss_->Remove(s.loss);
-      device_memory_->Remove(s.device_memory);
-    }
+    for (auto& [rank, s] : job->second) RemoveSeries(s);
     jobs_.erase(job);
   }
   for (auto it = job_order_.begin(); it != job_order_.end(); ++it) {
@@ -274,7 +305,15 @@ void WorkerMetrics::SetSlots(int busy, int free) {
 
 void WorkerMetrics::SetRanksRunning(int running) { ranks_running_->Set(running); }
 
-void WorkerMetrics::RecordRankExit(RankExitResult result) {
+void WorkerMetrics::RecordRankExit(const RankIdentity& rank, RankExitResult result) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto job = jobs_.find(rank.job_id);
+    if (job != jobs_.end()) {
+      auto series = job->second.find(rank.rank);
+      if (series != job->second.end()) RemoveGauges(series->second);
+    }
+  }
   switch (result) {
     case RankExitResult::kSucceeded:
       exits_succeeded_->Increment();

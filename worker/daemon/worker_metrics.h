@@ -15,8 +15,12 @@
 // A scrape sees whole steps: RecordStep's updates and /metrics collection hold one lock, so the
 // phase histograms of a rank always count the same steps.
 //
-// Rank series of a finished job stay until kRetainedJobs newer jobs have reported, so a scrape
-// after the job ends still sees its last values; the oldest job's series are dropped first.
+// A rank's gauges (its last step's values) go when its process ends: they would read as current,
+// and a later rank on the same GPU would give DCGM's UUID join two series. Its counters and
+// histograms stay until kRetainedJobs other jobs have reported since its job's last step (the
+// least recently reporting job's series are dropped first), so rate() sees a job's last steps.
+// A rank that reports from another GPU than before (a retry placed elsewhere) gets new series
+// with that GPU's labels.
 #ifndef DROPLESS_WORKER_DAEMON_WORKER_METRICS_H_
 #define DROPLESS_WORKER_DAEMON_WORKER_METRICS_H_
 
@@ -63,7 +67,9 @@ class WorkerMetrics {
   void RecordStep(const RankIdentity& rank, const StepStats& stats);
   void SetSlots(int busy, int free);
   void SetRanksRunning(int running);
-  void RecordRankExit(RankExitResult result);
+  // The rank's process ended (whether or not it ever reported a step): counted by result, and
+  // the rank's gauges removed.
+  void RecordRankExit(const RankIdentity& rank, RankExitResult result);
   void RecordSessionReconnect();
 
   // Prometheus text exposition of everything above (what /metrics serves).
@@ -71,6 +77,7 @@ class WorkerMetrics {
 
  private:
   struct RankSeries {
+    std::string gpu, uuid;  // the labels the series were made with
     prometheus::Histogram* step_duration;
     prometheus::Histogram* dispatch_duration;
     prometheus::Histogram* combine_duration;
@@ -83,6 +90,7 @@ class WorkerMetrics {
     prometheus::Counter* dispatch_bytes;
     prometheus::Counter* combine_bytes;
     prometheus::Histogram* expert_load;
+    // Null while the rank's process is not running (after its exit, until it reports again).
     prometheus::Gauge* flops_per_second;
     prometheus::Gauge* mfu;
     prometheus::Gauge* load_imbalance;
@@ -91,7 +99,13 @@ class WorkerMetrics {
   };
 
   explicit WorkerMetrics(std::string node);
+  prometheus::Labels RankLabels(const RankIdentity& rank) const;
+  // The rank's series (made, or made again for a new GPU, with its gauges), its job now the most
+  // recently reporting one.
   RankSeries& SeriesFor(const RankIdentity& rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddGauges(const RankIdentity& rank, RankSeries& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveGauges(RankSeries& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveSeries(RankSeries& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string node_;
@@ -127,7 +141,7 @@ class WorkerMetrics {
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::map<int, RankSeries>> jobs_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::string> job_order_ ABSL_GUARDED_BY(mu_);  // oldest first
+  std::deque<std::string> job_order_ ABSL_GUARDED_BY(mu_);  // least recently reporting first
 };
 
 }  // namespace dropless

@@ -46,9 +46,9 @@ TEST(WorkerMetricsTest, DaemonSeries) {
   auto m = Make();
   m->SetSlots(1, 3);
   m->SetRanksRunning(1);
-  m->RecordRankExit(RankExitResult::kFailed);
-  m->RecordRankExit(RankExitResult::kKilled);
-  m->RecordRankExit(RankExitResult::kKilled);
+  m->RecordRankExit({"job-a", 0, "", ""}, RankExitResult::kFailed);
+  m->RecordRankExit({"job-a", 1, "", ""}, RankExitResult::kKilled);
+  m->RecordRankExit({"job-b", 0, "", ""}, RankExitResult::kKilled);
   m->RecordSessionReconnect();
   const std::string text = m->Serialize();
   EXPECT_TRUE(Has(text, "dropless_worker_up{node=\"n1\"} 1")) << text;
@@ -152,6 +152,52 @@ TEST(WorkerMetricsTest, GpuRanksCarryDcgmLabels) {
       << text;
 }
 
+// One GPU over time: a rank's gauges go when its process ends, so a later job's rank on the same
+// GPU is the only gauge series with that UUID (DCGM's join on UUID needs one); its counters stay.
+// A retry of the rank on another GPU reports under that GPU's labels, not the first one's.
+TEST(WorkerMetricsTest, GaugesOfAnEndedRankGoAndARankOnAnotherGpuGetsItsLabels) {
+  auto m = Make();
+  m->RecordStep({"job-a", 0, "0", "GPU-0"}, Report(1.0));
+  m->RecordRankExit({"job-a", 0, "0", "GPU-0"}, RankExitResult::kSucceeded);
+  m->RecordStep({"job-b", 0, "0", "GPU-0"}, Report(2.0));
+  std::string text = m->Serialize();
+  auto count = [&](const std::string& needle) {
+    size_t n = 0;
+    for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
+      ++n;
+    return n;
+  };
+  EXPECT_EQ(count("dropless_rank_mfu_ratio{Hostname=\"n1\",UUID=\"GPU-0\""), 1u) << text;
+  EXPECT_TRUE(Has(text,
+                  "dropless_rank_loss{Hostname=\"n1\",UUID=\"GPU-0\",gpu=\"0\","
+                  "job_id=\"job-b\",node=\"n1\",rank=\"0\"} 2"))
+      << text;
+  EXPECT_TRUE(Has(text,
+                  "dropless_rank_steps_total{Hostname=\"n1\",UUID=\"GPU-0\",gpu=\"0\","
+                  "job_id=\"job-a\",node=\"n1\",rank=\"0\"} 1"))
+      << text;
+  // job-b's rank 0 fails and its next attempt runs on GPU 5: new series with GPU 5's labels.
+  m->RecordRankExit({"job-b", 0, "0", "GPU-0"}, RankExitResult::kFailed);
+  m->RecordStep({"job-b", 0, "5", "GPU-5"}, Report(3.0));
+  text = m->Serialize();
+  EXPECT_EQ(count("job_id=\"job-b\""), count("UUID=\"GPU-5\"")) << text;
+  EXPECT_TRUE(Has(text,
+                  "dropless_rank_loss{Hostname=\"n1\",UUID=\"GPU-5\",gpu=\"5\","
+                  "job_id=\"job-b\",node=\"n1\",rank=\"0\"} 3"))
+      << text;
+  EXPECT_EQ(count("dropless_rank_mfu_ratio{"), 1u) << text;
+  // A rank that reports again on the same GPU (the next attempt) gets its gauges back.
+  m->RecordRankExit({"job-b", 0, "5", "GPU-5"}, RankExitResult::kFailed);
+  EXPECT_EQ(m->Serialize().find("dropless_rank_mfu_ratio{"), std::string::npos);
+  m->RecordStep({"job-b", 0, "5", "GPU-5"}, Report(4.0));
+  text = m->Serialize();
+  EXPECT_TRUE(Has(text,
+                  "dropless_rank_steps_total{Hostname=\"n1\",UUID=\"GPU-5\",gpu=\"5\","
+                  "job_id=\"job-b\",node=\"n1\",rank=\"0\"} 2"))
+      << text;
+  EXPECT_EQ(count("dropless_rank_mfu_ratio{"), 1u) << text;
+}
+
 TEST(WorkerMetricsTest, ExpertGemmDurationIsObservedPerPhase) {
   auto m = Make();
   m->RecordStep({"job-a", 1, "", ""}, Report(2.0));
@@ -182,21 +228,27 @@ TEST(WorkerMetricsTest, ExpertGemmDurationIsObservedPerPhase) {
   EXPECT_FALSE(Has(text, name + "_count" + CpuLabels() + "}")) << text;
 }
 
-TEST(WorkerMetricsTest, KeepsTheLastSixteenJobs) {
+TEST(WorkerMetricsTest, KeepsTheSixteenMostRecentlyReportingJobs) {
   auto m = Make();
-  for (int j = 0; j < 20; ++j) m->RecordStep({absl::StrCat("job-", j), 0, "", ""}, Report(j));
+  for (int j = 0; j < 19; ++j) {
+    m->RecordStep({absl::StrCat("job-", j), 0, "", ""}, Report(j));
+    // job-0 runs on: it stays the most recently reporting job while the others come and go.
+    m->RecordStep({"job-0", 0, "", ""}, Report(0));
+  }
+  m->RecordStep({"job-19", 0, "", ""}, Report(19));
   // Reporting again for a retained job does not evict anything.
   m->RecordStep({"job-10", 0, "", ""}, Report(10));
   const std::string text = m->Serialize();
   for (int j = 0; j < 20; ++j) {
     const bool kept = Has(text, absl::StrCat("job_id=\"job-", j, "\""));
-    EXPECT_EQ(kept, j >= 4) << "job-" << j;
+    const bool expect_kept = j == 0 || j >= 5;
+    EXPECT_EQ(kept, expect_kept) << "job-" << j;
     for (const char* phase : {"forward", "dgrad", "wgrad"}) {
       const bool gemm_kept =
           Has(text, absl::StrCat("dropless_rank_expert_gemm_duration_seconds_count{Hostname=\"n1\","
                                  "UUID=\"\",gpu=\"\",job_id=\"job-", j, "\",node=\"n1\",phase=\"",
                                  phase, "\""));
-      EXPECT_EQ(gemm_kept, j >= 4) << "job-" << j << " " << phase;
+      EXPECT_EQ(gemm_kept, expect_kept) << "job-" << j << " " << phase;
     }
   }
 }
