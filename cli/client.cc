@@ -14,6 +14,13 @@ Client::Client(const GlobalOptions& options) : options_(options) {
   // Fail fast and retry quickly: a CLI call should not sit in gRPC's reconnect backoff.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A stream (watch, logs -f, submit --wait) only reads: if the coordinator's host vanishes
+  // without closing the connection, nothing would ever tell the CLI. Keepalive pings expect an
+  // answer, so a dead coordinator ends the stream within ~15 s and the reconnect logic takes
+  // over. The coordinator accepts pings every 5 s.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   args.SetMaxReceiveMessageSize(64 << 20);
   channel_ = grpc::CreateCustomChannel(options_.coordinator,
                                        options_.credentials != nullptr

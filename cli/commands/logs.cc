@@ -13,6 +13,7 @@
 #include "cli/exit_codes.h"
 #include "cli/output/views.h"
 #include "cli/reconnect.h"
+#include "common/api_metadata.h"
 
 namespace dropless::cli {
 
@@ -49,7 +50,8 @@ int RunLogs(const Invocation& inv) {
   }
   Client client(inv.options);
   int64_t last_seq = 0;
-  bool received = false;
+  bool received = false;   // a line arrived: a new stream resumes after the last one
+  bool connected = false;  // a stream was open: losing it is a loss of the coordinator
   Reconnection reconnection("logs");
   while (true) {
     request.set_after_seq(last_seq);
@@ -62,6 +64,14 @@ int RunLogs(const Invocation& inv) {
         request.follow() ? client.StreamContext() : client.UnaryContext();
     std::unique_ptr<grpc::ClientReader<v1::LogLine>> reader =
         client.jobs().GetLogs(context.get(), request);
+    if (request.follow()) {
+      // The coordinator marks a stream it accepted before any line (a quiet job prints none).
+      reader->WaitForInitialMetadata();
+      if (context->GetServerInitialMetadata().count(kLogStreamOpenMetadata) != 0) {
+        connected = true;
+        reconnection.Connected();
+      }
+    }
     v1::LogLine line;
     while (reader->Read(&line)) {
       received = true;
@@ -86,7 +96,8 @@ int RunLogs(const Invocation& inv) {
     if (status.ok()) return kExitOk;
     // Following, and the coordinator went away (restart, network): the job lives on, and its
     // lines are stored; resume after the last one printed.
-    const bool retry = request.follow() && received && status.error_code() == grpc::UNAVAILABLE;
+    const bool retry =
+        request.follow() && (connected || received) && status.error_code() == grpc::UNAVAILABLE;
     if (!retry || !reconnection.Retry(status)) return client.Fail(status);
   }
 }

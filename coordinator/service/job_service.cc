@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/api_metadata.h"
 #include "common/version.h"
 #include "coordinator/auth/caller.h"
 #include "coordinator/util/duration_field.h"
@@ -175,6 +176,10 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
       coordinator_->OpenLogs(request->job_id(), rank, request->follow(), request->after_seq(),
                              request->tail_lines(), *oldest_ms);
   if (!stream.ok()) return ToGrpcStatus(stream.status());
+  // Tells the client the stream is open before any line: a follower of a quiet job that loses
+  // the coordinator then knows it was connected, and reconnects (cli/commands/logs.cc).
+  context->AddInitialMetadata(kLogStreamOpenMetadata, "1");
+  writer->SendInitialMetadata();
   bool open = true;
   for (const v1::LogLine& line : stream->backlog) {
     if (!(open = writer->Write(line))) break;

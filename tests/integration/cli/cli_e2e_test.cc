@@ -219,6 +219,34 @@ TEST_F(CliEndToEndTest, LogsFollowResumesAcrossACoordinatorRestart) {
   }
 }
 
+// `logs -f` of a job that has printed nothing yet (pending: more ranks than the worker's slots)
+// rides out a coordinator restart too: its stream was open, so the loss is a reconnect, not
+// "cannot reach the coordinator" (before, it gave up unless a line had arrived).
+TEST_F(CliEndToEndTest, LogsFollowOfAQuietJobRidesOutACoordinatorRestart) {
+  std::string spec = ReadFile(SourcePath("configs/jobs/tiny-cpu.yaml"));
+  spec.replace(spec.find("ep: 2"), 5, "ep: 4");
+  CommandResult submitted = Cli({"submit", "-f", WriteFile("quiet.yaml", spec), "--name", "quiet"});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  const std::string id = Trimmed(submitted.out);
+  auto logs = Process::Start(CliArgv({"logs", id, "-f"}));
+  ASSERT_TRUE(logs.ok()) << logs.status();
+  absl::SleepFor(absl::Seconds(2));  // its stream open (nothing to print)
+  ASSERT_TRUE((*logs)->Running()) << (*logs)->Output();
+  RestartCoordinator(absl::Seconds(2));
+  for (int i = 0; i < 100 && !absl::StrContains((*logs)->Output(), "logs: lost the coordinator");
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_THAT((*logs)->Output(), HasSubstr("logs: lost the coordinator"));
+  absl::SleepFor(absl::Seconds(3));  // back, and following again
+  EXPECT_TRUE((*logs)->Running()) << (*logs)->Output();
+  CommandResult cancelled = Cli({"cancel", id});
+  EXPECT_EQ(cancelled.exit_code, 0) << cancelled.err;
+  absl::StatusOr<int> code = (*logs)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << (*logs)->Output();
+  EXPECT_EQ(*code, 0) << (*logs)->Output();
+}
+
 // The polling watches (`top -w`, `get jobs -w`) ride out a coordinator restart as `watch` and
 // `logs -f` do: one notice, then the same view again once it is back (they exited 4 before).
 TEST_F(CliEndToEndTest, TopAndGetJobsWatchRideOutACoordinatorRestart) {
