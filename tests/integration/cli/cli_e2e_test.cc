@@ -247,6 +247,40 @@ TEST_F(CliEndToEndTest, LogsFollowOfAQuietJobRidesOutACoordinatorRestart) {
   EXPECT_EQ(*code, 0) << (*logs)->Output();
 }
 
+// A coordinator that stops answering without closing its connections (a hung host: SIGSTOP here)
+// is noticed by the CLI's keepalive pings: `watch` reports the loss within ~15 s and follows the
+// job again once the coordinator answers (before, it waited on the silent connection forever).
+TEST_F(CliEndToEndTest, WatchNoticesASilentCoordinatorAndReconnects) {
+  std::string spec = ReadFile(SourcePath("configs/jobs/tiny-cpu.yaml"));
+  spec.replace(spec.find("ep: 2"), 5, "ep: 4");  // pending: more ranks than the worker's slots
+  CommandResult submitted = Cli({"submit", "-f", WriteFile("hung.yaml", spec), "--name", "hung"});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  const std::string id = Trimmed(submitted.out);
+  std::unique_ptr<Process> watch = StartWatch(id);
+  ASSERT_NE(watch, nullptr);
+  for (int i = 0; i < 100 && !absl::StrContains(watch->Output(), "PENDING"); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_THAT(watch->Output(), HasSubstr("PENDING"));
+  ASSERT_TRUE(coordinator_->Signal(SIGSTOP).ok());
+  const absl::Time stopped = absl::Now();
+  for (int i = 0; i < 300 && !absl::StrContains(watch->Output(), "watch: lost the coordinator");
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  const absl::Duration noticed = absl::Now() - stopped;
+  ASSERT_TRUE(coordinator_->Signal(SIGCONT).ok());
+  EXPECT_THAT(watch->Output(), HasSubstr("watch: lost the coordinator"));
+  EXPECT_LT(noticed, absl::Seconds(25));
+  absl::SleepFor(absl::Seconds(3));  // back, and watching again
+  EXPECT_TRUE(watch->Running()) << watch->Output();
+  CommandResult cancel = Cli({"cancel", id});
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
+  absl::StatusOr<int> code = watch->Wait(absl::Seconds(60));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << watch->Output();
+  EXPECT_EQ(*code, 6) << watch->Output();
+}
+
 // The polling watches (`top -w`, `get jobs -w`) ride out a coordinator restart as `watch` and
 // `logs -f` do: one notice, then the same view again once it is back (they exited 4 before).
 TEST_F(CliEndToEndTest, TopAndGetJobsWatchRideOutACoordinatorRestart) {
