@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_format.h"
+#include "common/log.h"
+
 namespace dropless {
 namespace {
 
@@ -13,44 +16,83 @@ int64_t DroppedCount(const dropless::v1::WorkerMessage& message) {
 
 }  // namespace
 
-OutboundQueue::OutboundQueue(size_t max_messages) : max_messages_(max_messages > 0 ? max_messages : 1) {}
+OutboundQueue::OutboundQueue(size_t max_messages, size_t max_bytes)
+    : max_messages_(max_messages > 0 ? max_messages : 1), max_bytes_(max_bytes) {}
+
+void OutboundQueue::SetDropObserver(std::function<void(int64_t)> observer) {
+  absl::MutexLock lock(&mu_);
+  drop_observer_ = std::move(observer);
+}
+
+void OutboundQueue::CountDropped(int64_t count) {
+  dropped_ += count;
+  if (drop_observer_) drop_observer_(count);
+  const absl::Time now = absl::Now();
+  if (now - drop_logged_at_ < absl::Minutes(1)) return;
+  LogWarning(absl::StrFormat(
+      "outbound queue full (%d messages, %.1f MiB) while the coordinator does not take them: "
+      "%d more message(s) or log line(s) dropped, oldest step metrics and log lines first "
+      "(%d in all; rank statuses are kept)",
+      messages_.size(), static_cast<double>(bytes_) / (1 << 20), dropped_ - dropped_logged_,
+      dropped_));
+  dropped_logged_ = dropped_;
+  drop_logged_at_ = now;
+}
 
 void OutboundQueue::Append(dropless::v1::WorkerMessage message) {
-  if (messages_.size() >= max_messages_) {
+  const size_t bytes = message.ByteSizeLong();
+  bool dropped_any = false;
+  while (!messages_.empty() && Full(bytes)) {
     // A rank status is never dropped: the coordinator would not learn that the rank ended, and
     // could send its Assignment again (the rank would start twice). They are bounded by the
-    // ranks this daemon runs; the bound is kept by dropping the oldest message of another kind,
+    // ranks this daemon runs; the bound is kept by dropping the oldest messages of other kinds,
     // or, when only statuses are queued, by refusing a new message of another kind.
     auto victim = std::find_if(messages_.begin(), messages_.end(),
                                [](const Entry& e) { return !e.message.has_rank_status(); });
-    if (victim != messages_.end()) {
-      dropped_ += DroppedCount(victim->message);
-      if (journal_ != nullptr) journal_->Dropped(victim->sequence);
-      messages_.erase(victim);
-    } else if (!message.has_rank_status()) {
-      dropped_ += DroppedCount(message);
-      return;
-    }
+    if (victim == messages_.end()) break;
+    CountDropped(DroppedCount(victim->message));
+    if (journal_ != nullptr) journal_->Dropped(victim->sequence);
+    bytes_ -= victim->bytes;
+    messages_.erase(victim);
+    dropped_any = true;
   }
-  messages_.push_back(Entry{next_sequence_++, std::move(message)});
-  if (journal_ != nullptr) journal_->Appended(messages_.back().sequence, messages_.back().message);
+  if (Full(bytes) && !messages_.empty() && !message.has_rank_status()) {
+    CountDropped(DroppedCount(message));
+    return;
+  }
+  messages_.push_back(Entry{next_sequence_++, std::move(message), bytes});
+  bytes_ += bytes;
+  if (journal_ != nullptr) {
+    journal_->Appended(messages_.back().sequence, messages_.back().message);
+    // Through an outage the drops, not acknowledgements, are what leaves the journal.
+    if (dropped_any) CompactJournal();
+  }
 }
 
 void OutboundQueue::Restore(std::unique_ptr<OutboundJournal> journal,
                             OutboundJournal::Recovered recovered) {
   absl::MutexLock lock(&mu_);
   for (auto& [sequence, message] : recovered.pending) {
-    messages_.push_back(Entry{sequence, std::move(message)});
+    const size_t bytes = message.ByteSizeLong();
+    messages_.push_back(Entry{sequence, std::move(message), bytes});
+    bytes_ += bytes;
   }
   next_sequence_ = std::max(next_sequence_, recovered.last_sequence + 1);
   journal_ = std::move(journal);
 }
 
 void OutboundQueue::AcknowledgeLocked(uint64_t sequence) {
-  while (!messages_.empty() && messages_.front().sequence <= sequence) messages_.pop_front();
+  while (!messages_.empty() && messages_.front().sequence <= sequence) {
+    bytes_ -= messages_.front().bytes;
+    messages_.pop_front();
+  }
   if (journal_ == nullptr) return;
   journal_->Acknowledged(sequence);
-  if (!journal_->WantsRewrite()) return;
+  CompactJournal();
+}
+
+void OutboundQueue::CompactJournal() {
+  if (journal_ == nullptr || !journal_->WantsRewrite()) return;
   std::vector<std::pair<uint64_t, const dropless::v1::WorkerMessage*>> pending;
   pending.reserve(messages_.size());
   for (const Entry& entry : messages_) pending.emplace_back(entry.sequence, &entry.message);
@@ -149,6 +191,11 @@ std::vector<dropless::v1::RankStatus> OutboundQueue::PendingRankStatuses() const
 size_t OutboundQueue::size() const {
   absl::MutexLock lock(&mu_);
   return messages_.size() + (open_batch_.lines_size() > 0 ? 1 : 0);
+}
+
+size_t OutboundQueue::bytes() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_;
 }
 
 int64_t OutboundQueue::dropped() const {

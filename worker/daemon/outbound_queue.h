@@ -1,8 +1,10 @@
 // OutboundQueue: messages from the worker daemon to the coordinator, kept while the session is
-// down and sent in order once it is back. Bounded: when full, the oldest message that is not a
-// rank status is dropped; a rank status is never dropped (the coordinator would not learn that the
-// rank ended and could start it again), so with only statuses queued a new message of another kind
-// is refused, and statuses (bounded by the ranks the daemon runs) may exceed the bound.
+// down and sent in order once it is back. Bounded in messages and in bytes: when full, the oldest
+// message that is not a rank status is dropped; a rank status is never dropped (the coordinator
+// would not learn that the rank ended and could start it again), so with only statuses queued a
+// new message of another kind is refused, and statuses (bounded by the ranks the daemon runs) may
+// exceed the bound. Drops are counted (dropped(), and the observer the daemon turns into
+// dropless_worker_outbound_dropped_total) and logged, at most once a minute.
 //
 // Log lines are batched: they collect into one LogBatch until it holds kMaxLogBatchLines lines
 // (or about kMaxLogBatchBytes) or its first line is kLogBatchDelay old, and any other message seals
@@ -20,6 +22,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -38,7 +41,12 @@ class OutboundQueue {
   static constexpr size_t kMaxLogBatchBytes = 512 * 1024;
   static constexpr absl::Duration kLogBatchDelay = absl::Milliseconds(200);
 
-  explicit OutboundQueue(size_t max_messages = 10000);
+  // max_bytes counts the messages' serialized sizes.
+  explicit OutboundQueue(size_t max_messages = 10000, size_t max_bytes = size_t{256} << 20);
+
+  // Called (under the queue's lock: it must not call back into the queue) with how many messages
+  // or log lines each drop or refusal lost.
+  void SetDropObserver(std::function<void(int64_t)> observer);
 
   // Before any other call: takes the messages a previous run left (sequences continue after
   // recovered.last_sequence) and records every change in `journal` from now on.
@@ -50,6 +58,7 @@ class OutboundQueue {
   struct Entry {
     uint64_t sequence = 0;
     dropless::v1::WorkerMessage message;
+    size_t bytes = 0;  // message.ByteSizeLong() when queued
   };
   // A copy of the oldest message not yet sent on this session, waiting up to `timeout` for one
   // (an open log batch counts once it is kLogBatchDelay old). nullopt when none is ready in time.
@@ -68,6 +77,8 @@ class OutboundQueue {
   std::vector<dropless::v1::RankStatus> PendingRankStatuses() const;
 
   size_t size() const;
+  // Serialized bytes of the queued messages (the open log batch not counted).
+  size_t bytes() const;
   // Messages (or log lines) dropped or refused because the queue was full.
   int64_t dropped() const;
 
@@ -77,9 +88,16 @@ class OutboundQueue {
     return !messages_.empty() && messages_.back().sequence > sent_through_;
   }
   void Append(dropless::v1::WorkerMessage message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Full(size_t incoming_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return messages_.size() >= max_messages_ || bytes_ + incoming_bytes > max_bytes_;
+  }
+  void CountDropped(int64_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AcknowledgeLocked(uint64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rewrites the journal when it is mostly acknowledged or dropped messages.
+  void CompactJournal() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t max_messages_;
+  const size_t max_bytes_;
   mutable absl::Mutex mu_;
   std::deque<Entry> messages_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
@@ -87,7 +105,11 @@ class OutboundQueue {
   dropless::v1::LogBatch open_batch_ ABSL_GUARDED_BY(mu_);
   absl::Time open_batch_since_ ABSL_GUARDED_BY(mu_);
   size_t open_batch_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dropped_logged_ ABSL_GUARDED_BY(mu_) = 0;  // dropped_ as the last warning said
+  absl::Time drop_logged_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::function<void(int64_t)> drop_observer_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<OutboundJournal> journal_ ABSL_GUARDED_BY(mu_);  // null: memory only
 };
 

@@ -77,6 +77,8 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   }
 
   OutboundQueue outbound;
+  outbound.SetDropObserver(
+      [m = metrics->get()](int64_t count) { m->RecordOutboundDropped(count); });
   // What the previous run of this daemon had not delivered, and its message numbering.
   std::string boot_id = CoordinatorSession::NewBootId();
   {

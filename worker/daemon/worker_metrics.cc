@@ -150,6 +150,14 @@ WorkerMetrics::WorkerMetrics(std::string node)
                      .Help("Sessions with the coordinator re-opened after the first")
                      .Register(r)
                      .Add(node_label);
+  outbound_dropped_ =
+      &BuildCounter()
+           .Name("dropless_worker_outbound_dropped_total")
+           .Help(
+               "Messages and log lines the daemon dropped while its queue to the coordinator was "
+               "full (oldest step metrics and log lines first; rank statuses never)")
+           .Register(r)
+           .Add(node_label);
   up_ = &BuildGauge()
              .Name("dropless_worker_up")
              .Help("1 while the worker daemon runs")
@@ -328,6 +336,10 @@ void WorkerMetrics::RecordRankExit(const RankIdentity& rank, RankExitResult resu
 }
 
 void WorkerMetrics::RecordSessionReconnect() { reconnects_->Increment(); }
+
+void WorkerMetrics::RecordOutboundDropped(int64_t count) {
+  outbound_dropped_->Increment(static_cast<double>(count));
+}
 
 std::string WorkerMetrics::Serialize() const { return collectable_->Serialize(); }
 

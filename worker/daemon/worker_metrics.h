@@ -10,7 +10,8 @@
 // gauges of the last step's FLOP/s, MFU, expert load imbalance, loss and device memory.
 // Per daemon (label node): dropless_worker_slots{state=busy|free}, dropless_worker_ranks_running,
 // dropless_worker_rank_exits_total{result=succeeded|failed|killed},
-// dropless_worker_session_reconnects_total, dropless_worker_up.
+// dropless_worker_session_reconnects_total, dropless_worker_outbound_dropped_total,
+// dropless_worker_up.
 //
 // A scrape sees whole steps: RecordStep's updates and /metrics collection hold one lock, so the
 // phase histograms of a rank always count the same steps.
@@ -71,6 +72,8 @@ class WorkerMetrics {
   // the rank's gauges removed.
   void RecordRankExit(const RankIdentity& rank, RankExitResult result);
   void RecordSessionReconnect();
+  // Messages or log lines the outbound queue dropped or refused while full.
+  void RecordOutboundDropped(int64_t count);
 
   // Prometheus text exposition of everything above (what /metrics serves).
   std::string Serialize() const;
@@ -137,6 +140,7 @@ class WorkerMetrics {
   prometheus::Counter* exits_failed_;
   prometheus::Counter* exits_killed_;
   prometheus::Counter* reconnects_;
+  prometheus::Counter* outbound_dropped_;
   prometheus::Gauge* up_;
 
   mutable absl::Mutex mu_;

@@ -121,6 +121,25 @@ TEST(OutboundJournalTest, DroppedMessagesStayDroppedAndAcknowledgedOnesAreCompac
   EXPECT_EQ(third.recovered.last_sequence, 20004u);
 }
 
+// Through an outage nothing is acknowledged: the queue stays within its bound by dropping the
+// oldest messages, and the journal is compacted on those drops, so the file follows the bound, not
+// the outage's length (before, it grew by every message until the coordinator came back).
+TEST(OutboundJournalTest, AJournalThroughAnOutageStaysNearTheQueuesBound) {
+  const std::string path = TempJournalPath();
+  {
+    DaemonRun run(path, "boot-1", /*max_messages=*/100);
+    for (int step = 1; step <= 50000; ++step) run.queue.Push(Metrics(step));
+    EXPECT_EQ(run.queue.dropped(), 49900);
+  }
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_LT(st.st_size, 3 << 20);  // 50 000 records of ~110 bytes would be ~6 MiB
+  DaemonRun after(path);
+  ASSERT_EQ(after.recovered.pending.size(), 100u);
+  EXPECT_EQ(after.recovered.pending.front().second.metrics().step(), 49901);
+  EXPECT_EQ(after.recovered.pending.back().second.metrics().step(), 50000);
+}
+
 TEST(OutboundJournalTest, OneProcessAtATimeHoldsAJournal) {
   const std::string path = TempJournalPath();
   OutboundJournal::Recovered recovered;

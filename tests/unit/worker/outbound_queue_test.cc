@@ -226,6 +226,30 @@ TEST(OutboundQueueTest, BoundedNeverDropsARankStatus) {
   EXPECT_EQ(got[2].rank_status().rank(), 3);
 }
 
+// Bounded in bytes as well as messages: large messages (log batches reach 512 KiB) drop the oldest
+// others until the new one fits, every loss reaches the drop observer (the daemon's
+// dropless_worker_outbound_dropped_total), and rank statuses still stay.
+TEST(OutboundQueueTest, BoundedInBytesDropsTheOldestUntilTheNewOneFits) {
+  OutboundQueue q(/*max_messages=*/1000, /*max_bytes=*/3000);
+  int64_t observed = 0;
+  q.SetDropObserver([&](int64_t count) { observed += count; });
+  q.Push(Status(0));
+  for (int step = 1; step <= 5; ++step) {
+    v1::WorkerMessage m = Metrics(step);
+    m.mutable_metrics()->set_job_id(std::string(1000, 'j'));
+    q.Push(m);
+    EXPECT_LE(q.bytes(), 3000u) << step;
+  }
+  EXPECT_EQ(q.dropped(), 3);
+  EXPECT_EQ(observed, 3);
+  std::vector<v1::WorkerMessage> got = Drain(q);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_TRUE(got[0].has_rank_status());
+  EXPECT_EQ(got[1].metrics().step(), 4);
+  EXPECT_EQ(got[2].metrics().step(), 5);
+  EXPECT_EQ(q.bytes(), 0u);
+}
+
 TEST(OutboundQueueTest, PopAfterTheEntryWasDroppedKeepsTheNewFront) {
   OutboundQueue q(1);
   q.Push(Metrics(1));
