@@ -5,7 +5,7 @@
 namespace dropless::coordinator {
 
 std::shared_ptr<Mailbox<v1::JobUpdate>> WatchHub::Watch(const std::string& job_id) {
-  auto updates = std::make_shared<Mailbox<v1::JobUpdate>>(update_capacity_);
+  auto updates = std::make_shared<Mailbox<v1::JobUpdate>>(update_capacity_, update_bytes_);
   absl::MutexLock lock(&mu_);
   jobs_[job_id].watchers.push_back(updates);
   return updates;
@@ -23,7 +23,7 @@ void WatchHub::EndWatch(const std::string& job_id,
 
 std::shared_ptr<Mailbox<v1::LogLine>> WatchHub::FollowLogs(const std::string& job_id,
                                                            std::optional<int32_t> rank) {
-  auto live = std::make_shared<Mailbox<v1::LogLine>>(log_capacity_);
+  auto live = std::make_shared<Mailbox<v1::LogLine>>(log_capacity_, log_bytes_);
   absl::MutexLock lock(&mu_);
   jobs_[job_id].logs.emplace_back(rank, live);
   return live;

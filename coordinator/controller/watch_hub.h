@@ -26,8 +26,16 @@ namespace dropless::coordinator {
 
 class WatchHub {
  public:
-  WatchHub(size_t update_capacity, size_t log_capacity)
-      : update_capacity_(update_capacity), log_capacity_(log_capacity) {}
+  // Each stream's mailbox holds at most *_capacity items and *_bytes serialized bytes (a reader
+  // that does not read, e.g. a paused `logs -f | less`, pins no more); past them it overflows.
+  WatchHub(size_t update_capacity, size_t log_capacity, size_t update_bytes = kUpdateBytes,
+           size_t log_bytes = kLogBytes)
+      : update_capacity_(update_capacity),
+        log_capacity_(log_capacity),
+        update_bytes_(update_bytes),
+        log_bytes_(log_bytes) {}
+  static constexpr size_t kUpdateBytes = size_t{32} << 20;
+  static constexpr size_t kLogBytes = size_t{32} << 20;
 
   std::shared_ptr<Mailbox<v1::JobUpdate>> Watch(const std::string& job_id);
   void EndWatch(const std::string& job_id, const std::shared_ptr<Mailbox<v1::JobUpdate>>& updates);
@@ -56,6 +64,8 @@ class WatchHub {
 
   const size_t update_capacity_;
   const size_t log_capacity_;
+  const size_t update_bytes_;
+  const size_t log_bytes_;
   mutable absl::Mutex mu_;
   std::map<std::string, Subscribers> jobs_ ABSL_GUARDED_BY(mu_);
 };

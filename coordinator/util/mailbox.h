@@ -1,8 +1,9 @@
-// Mailbox: a bounded queue from the coordinator (producer, under its lock) to one RPC handler
-// thread (consumer). A slow consumer never blocks the producer: past the capacity the mailbox
-// drops new items and remembers that it overflowed, so the consumer can resynchronize (a watcher
-// sends a fresh snapshot). A producer that must lose nothing and may wait (a stream's reader
-// thread) uses PushWaiting instead. Thread-safe.
+// Mailbox: a bounded queue of protobuf messages from the coordinator (producer, under its lock) to
+// one RPC handler thread (consumer). Bounded in items and, optionally, in the items' serialized
+// bytes (one item always fits an empty mailbox). A slow consumer never blocks the producer: past
+// the bound the mailbox drops new items and remembers that it overflowed, so the consumer can
+// resynchronize (a watcher sends a fresh snapshot). A producer that must lose nothing and may wait
+// (a stream's reader thread) uses PushWaiting instead. Thread-safe.
 #ifndef DROPLESS_COORDINATOR_UTIL_MAILBOX_H_
 #define DROPLESS_COORDINATOR_UTIL_MAILBOX_H_
 
@@ -21,29 +22,32 @@ namespace dropless::coordinator {
 template <typename T>
 class Mailbox {
  public:
-  explicit Mailbox(size_t capacity) : capacity_(capacity) {}
+  // max_bytes 0: bounded in items only.
+  explicit Mailbox(size_t capacity, size_t max_bytes = 0)
+      : capacity_(capacity), max_bytes_(max_bytes) {}
 
   // False when the item was dropped (closed, or full).
   bool Push(T item) {
+    const size_t bytes = BytesOf(item);
     absl::MutexLock lock(&mu_);
     if (closed_) return false;
-    if (items_.size() >= capacity_) {
+    if (!Fits(bytes)) {
       overflowed_ = true;
       return false;
     }
-    items_.push_back(std::move(item));
+    Append(std::move(item), bytes);
     return true;
   }
 
   // Waits for room rather than dropping the item; false when the mailbox is (or gets) closed.
   bool PushWaiting(T item) {
+    const size_t bytes = BytesOf(item);
     absl::MutexLock lock(&mu_);
-    auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return closed_ || items_.size() < capacity_;
-    };
+    auto room = [this, bytes]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || Fits(bytes); };
     mu_.Await(absl::Condition(&room));
     if (closed_) return false;
-    items_.push_back(std::move(item));
+    Append(std::move(item), bytes);
     return true;
   }
 
@@ -62,8 +66,7 @@ class Mailbox {
     };
     mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
     if (!items_.empty()) {
-      *out = std::move(items_.front());
-      items_.pop_front();
+      *out = TakeFront();
       return Result::kItem;
     }
     return closed_ ? Result::kClosed : Result::kTimeout;
@@ -76,10 +79,7 @@ class Mailbox {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !items_.empty() || closed_; };
     mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
     if (items_.empty()) return closed_ ? Result::kClosed : Result::kTimeout;
-    for (size_t n = 0; n < max && !items_.empty(); ++n) {
-      out->push_back(std::move(items_.front()));
-      items_.pop_front();
-    }
+    for (size_t n = 0; n < max && !items_.empty(); ++n) out->push_back(TakeFront());
     return Result::kItem;
   }
 
@@ -94,10 +94,37 @@ class Mailbox {
     return closed_;
   }
 
+  // Serialized bytes of the queued items (0 without a byte bound).
+  size_t bytes() const {
+    absl::MutexLock lock(&mu_);
+    return bytes_;
+  }
+
  private:
+  size_t BytesOf(const T& item) const { return max_bytes_ == 0 ? 0 : item.ByteSizeLong(); }
+  bool Fits(size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return items_.size() < capacity_ &&
+           (max_bytes_ == 0 || items_.empty() || bytes_ + bytes <= max_bytes_);
+  }
+  void Append(T item, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    items_.push_back(std::move(item));
+    item_bytes_.push_back(bytes);
+    bytes_ += bytes;
+  }
+  T TakeFront() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    T item = std::move(items_.front());
+    items_.pop_front();
+    bytes_ -= item_bytes_.front();
+    item_bytes_.pop_front();
+    return item;
+  }
+
   const size_t capacity_;
+  const size_t max_bytes_;
   mutable absl::Mutex mu_;
   std::deque<T> items_ ABSL_GUARDED_BY(mu_);
+  std::deque<size_t> item_bytes_ ABSL_GUARDED_BY(mu_);  // each item's BytesOf
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool overflowed_ ABSL_GUARDED_BY(mu_) = false;
 };

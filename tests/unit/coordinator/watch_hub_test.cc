@@ -65,5 +65,34 @@ TEST(WatchHubTest, LogFollowersGetTheirRanksLines) {
   ASSERT_EQ(rank1->Pop(absl::ZeroDuration(), &got), Mailbox<v1::LogLine>::Result::kClosed);
 }
 
+// A follower that does not read (a paused `logs -f | less`) pins at most the byte bound: past it
+// lines are dropped and the overflow noted (the stream tells its reader), whatever the line count.
+TEST(WatchHubTest, AFollowerThatDoesNotReadHoldsAtMostItsByteBound) {
+  WatchHub hub(/*update_capacity=*/4096, /*log_capacity=*/65536, /*update_bytes=*/1 << 20,
+               /*log_bytes=*/64 << 10);
+  auto stalled = hub.FollowLogs("job-1", std::nullopt);
+  auto watcher = hub.Watch("job-1");
+  const std::string text(16 * 1024, 'x');
+  for (int i = 0; i < 100; ++i) hub.PublishLog(Line("job-1", 0, text));
+  EXPECT_LE(stalled->bytes(), size_t{64} << 10);
+  EXPECT_GE(stalled->bytes(), size_t{48} << 10);  // filled up to the bound
+  EXPECT_TRUE(stalled->TakeOverflow());
+  v1::LogLine got;
+  int lines = 0;
+  while (stalled->Pop(absl::ZeroDuration(), &got) == Mailbox<v1::LogLine>::Result::kItem) ++lines;
+  EXPECT_EQ(lines, 3);
+  EXPECT_EQ(stalled->bytes(), 0u);
+  // After draining, it takes lines again; one line larger than the bound still goes when empty.
+  hub.PublishLog(Line("job-1", 0, std::string(100 * 1024, 'y')));
+  ASSERT_EQ(stalled->Pop(absl::ZeroDuration(), &got), Mailbox<v1::LogLine>::Result::kItem);
+  EXPECT_EQ(got.text().size(), 100u * 1024);
+  // A watcher's updates likewise.
+  v1::JobUpdate big;
+  big.mutable_job()->set_spec_yaml(std::string(400 * 1024, 's'));
+  for (int i = 0; i < 10; ++i) hub.Publish("job-1", big);
+  EXPECT_LE(watcher->bytes(), size_t{1} << 20);
+  EXPECT_TRUE(watcher->TakeOverflow());
+}
+
 }  // namespace
 }  // namespace dropless::coordinator
