@@ -1,14 +1,15 @@
 #include "coordinator/auth/call_authorizer.h"
 
-#include <utility>
-
 #include <grpc/grpc_security_constants.h>
+
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "coordinator/auth/caller.h"
 
 namespace dropless::coordinator {
 namespace {
@@ -37,33 +38,26 @@ absl::string_view Find(const grpc::AuthMetadataProcessor::InputMetadata& metadat
   return absl::string_view();
 }
 
-std::string FirstProperty(const grpc::AuthContext& context, const char* name) {
-  std::vector<grpc::string_ref> values = context.FindPropertyValues(name);
-  return values.empty() ? std::string() : std::string(values[0].data(), values[0].size());
-}
-
 }  // namespace
 
 grpc::Status CallAuthorizer::Process(const InputMetadata& metadata, grpc::AuthContext* context,
-                                     OutputMetadata* consumed, OutputMetadata*) {
+                                     OutputMetadata*, OutputMetadata*) {
   absl::string_view path = Find(metadata, ":path");
   absl::ConsumePrefix(&path, "/");
   const size_t slash = path.find('/');
   const absl::string_view service = path.substr(0, slash);
   const absl::string_view method =
       slash == absl::string_view::npos ? absl::string_view() : path.substr(slash + 1);
-  if (service == kJobService) return AuthorizeUser(method, metadata, context, consumed);
+  if (service == kJobService) return AuthorizeUser(method, metadata);
   if (service == "dropless.v1.WorkerService" || service == "dropless.v1.RendezvousService") {
-    return AuthorizeWorker(service, context);
+    return AuthorizeWorker(service, *context);
   }
   // Health checks, reflection, and unknown services (answered UNIMPLEMENTED): nothing to protect.
   return grpc::Status::OK;
 }
 
 grpc::Status CallAuthorizer::AuthorizeUser(absl::string_view method,
-                                           const InputMetadata& metadata,
-                                           grpc::AuthContext* context,
-                                           OutputMetadata* consumed) {
+                                           const InputMetadata& metadata) {
   const absl::string_view header = Find(metadata, "authorization");
   if (header.empty()) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
@@ -109,24 +103,18 @@ grpc::Status CallAuthorizer::AuthorizeUser(absl::string_view method,
                         "second per token (burst %g; --submit-rate-per-second)",
                         grant->user, submit_limiter_->per_second(), submit_limiter_->burst()));
   }
-  context->AddProperty(kUserProperty, grant->user);
-  context->AddProperty(kRoleProperty, std::string(RoleName(grant->role)));
-  // The token stops here: handlers and logs never see it.
-  consumed->emplace("authorization", std::string(header));
+  // Nothing is recorded on the (connection-wide) AuthContext: CallerOf reads this call's header.
   return grpc::Status::OK;
 }
 
 grpc::Status CallAuthorizer::AuthorizeWorker(absl::string_view service,
-                                             grpc::AuthContext* context) {
-  // Set only when the handshake verified the client's certificate against the worker CA.
-  const std::string node = FirstProperty(*context, GRPC_X509_CN_PROPERTY_NAME);
-  if (node.empty()) {
+                                             const grpc::AuthContext& context) {
+  if (CertifiedNode(context).empty()) {
     return grpc::Status(
         grpc::StatusCode::UNAUTHENTICATED,
         absl::StrCat(service, " needs a worker's client certificate (mutual TLS; the node name "
                               "is its common name): none was presented"));
   }
-  context->AddProperty(kNodeProperty, node);
   return grpc::Status::OK;
 }
 

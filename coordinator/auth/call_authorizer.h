@@ -2,8 +2,8 @@
 // before any handler runs, with the call refused there when not.
 //
 // It is the listener's grpc::AuthMetadataProcessor rather than a ServerInterceptor: gRPC 1.51's C++
-// server interceptors cannot end a call with a status (grpc/grpc#24017), the auth processor can, and
-// it sees the method (:path), the metadata and the TLS peer.
+// server interceptors cannot end a call with a status (grpc/grpc#24017), the auth processor can,
+// and it sees the method (:path), the metadata and the TLS peer.
 //
 //   dropless.v1.JobService/*        `authorization: Bearer <token>` from the tokens file, not
 //                                   expired, with the method's role (kMethodRoles); SubmitJob also
@@ -12,8 +12,11 @@
 //   dropless.v1.RendezvousService/* TLS); its common name is the node the caller may act as.
 //   grpc.health.v1, reflection      anyone who completed the TLS handshake.
 //
-// What it learned goes into the call's AuthContext (kUserProperty, kRoleProperty, kNodeProperty),
-// read by the handlers through CallerOf / NodeOf (caller.h).
+// It records nothing: gRPC shares one AuthContext among all the calls of a connection, so a
+// caller stored there would answer for every later call on it (one client sending several users'
+// tokens). The handlers find each call's caller again from the call's own `authorization` header
+// (CallerOf, caller.h, with the same tokens) and the node from the connection's verified
+// certificate (NodeOf).
 #ifndef DROPLESS_COORDINATOR_AUTH_CALL_AUTHORIZER_H_
 #define DROPLESS_COORDINATOR_AUTH_CALL_AUTHORIZER_H_
 
@@ -27,10 +30,6 @@
 
 namespace dropless::coordinator {
 
-inline constexpr char kUserProperty[] = "dropless_user";
-inline constexpr char kRoleProperty[] = "dropless_role";
-inline constexpr char kNodeProperty[] = "dropless_node";
-
 class CallAuthorizer final : public grpc::AuthMetadataProcessor {
  public:
   CallAuthorizer(std::shared_ptr<const UserTokens> tokens,
@@ -41,10 +40,12 @@ class CallAuthorizer final : public grpc::AuthMetadataProcessor {
   grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
                        OutputMetadata* consumed, OutputMetadata* response) override;
 
+  // The tokens the calls were authorized with (CallerOf reads the caller from them).
+  const UserTokens* tokens() const { return tokens_.get(); }
+
  private:
-  grpc::Status AuthorizeUser(absl::string_view method, const InputMetadata& metadata,
-                             grpc::AuthContext* context, OutputMetadata* consumed);
-  grpc::Status AuthorizeWorker(absl::string_view service, grpc::AuthContext* context);
+  grpc::Status AuthorizeUser(absl::string_view method, const InputMetadata& metadata);
+  grpc::Status AuthorizeWorker(absl::string_view service, const grpc::AuthContext& context);
 
   const std::shared_ptr<const UserTokens> tokens_;
   const std::shared_ptr<SubmitRateLimiter> submit_limiter_;

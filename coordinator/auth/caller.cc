@@ -1,29 +1,31 @@
 #include "coordinator/auth/caller.h"
 
+#include <grpc/grpc_security_constants.h>
+
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/auth/call_authorizer.h"
+#include "absl/strings/strip.h"
 
 namespace dropless::coordinator {
 namespace {
 
-std::string Property(const grpc::ServerContext& context, const char* name) {
-  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-  if (auth == nullptr) return std::string();
-  std::vector<grpc::string_ref> values = auth->FindPropertyValues(name);
-  return values.empty() ? std::string() : std::string(values[0].data(), values[0].size());
-}
-
 }  // namespace
 
-Caller CallerOf(const grpc::ServerContext& context) {
-  Caller caller;
-  const std::string role = Property(context, kRoleProperty);
-  if (role.empty()) return caller;  // plaintext listener: CallAuthorizer lets no call through
-  caller.user = Property(context, kUserProperty);
-  absl::StatusOr<Role> parsed = ParseRole(role);
-  caller.role = parsed.ok() ? *parsed : Role::kViewer;
+Caller CallerOf(const grpc::ServerContext& context, const UserTokens* tokens) {
+  Caller caller;  // the anonymous admin of a plaintext listener
+  if (tokens == nullptr) return caller;
+  // The call's own header (never the connection's AuthContext, which its calls share).
+  caller.role = Role::kSubmitter;  // of nobody's jobs: what a call without a known token gets
+  const auto& metadata = context.client_metadata();
+  auto header = metadata.find("authorization");
+  if (header == metadata.end()) return caller;
+  absl::string_view token(header->second.data(), header->second.size());
+  if (!absl::ConsumePrefix(&token, "Bearer ")) return caller;
+  const TokenGrant* grant = tokens->Find(token);
+  if (grant == nullptr) return caller;
+  caller.user = grant->user;
+  caller.role = grant->role;
   return caller;
 }
 
@@ -50,8 +52,14 @@ absl::StatusOr<std::optional<std::string>> ListedOwner(const Caller& caller,
   return std::optional<std::string>(requested);
 }
 
+std::string CertifiedNode(const grpc::AuthContext& context) {
+  std::vector<grpc::string_ref> values = context.FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME);
+  return values.empty() ? std::string() : std::string(values[0].data(), values[0].size());
+}
+
 std::string NodeOf(const grpc::ServerContext& context) {
-  return Property(context, kNodeProperty);
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  return auth == nullptr ? std::string() : CertifiedNode(*auth);
 }
 
 absl::Status CheckNodeIdentity(const grpc::ServerContext& context, const std::string& node) {

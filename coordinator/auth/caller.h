@@ -1,4 +1,5 @@
-// Who made a call, as CallAuthorizer (call_authorizer.h) recorded it in the call's AuthContext.
+// Who made a call: the user of the call's bearer token, or the node of the connection's worker
+// certificate, both already checked by CallAuthorizer (call_authorizer.h).
 // On a plaintext listener (--insecure, development only) nobody is authenticated: every caller is
 // the anonymous admin, and ownership is not enforced.
 #ifndef DROPLESS_COORDINATOR_AUTH_CALLER_H_
@@ -26,7 +27,10 @@ struct Caller {
   }
 };
 
-Caller CallerOf(const grpc::ServerContext& context);
+// The caller of this call: the user and role of its `authorization: Bearer` token in `tokens`
+// (which CallAuthorizer already checked before the handler ran); the anonymous admin when
+// `tokens` is null (a plaintext listener).
+Caller CallerOf(const grpc::ServerContext& context, const UserTokens* tokens);
 
 // PermissionDenied naming the job and its owner when `caller` may not act on it.
 absl::Status CheckJobAccess(const Caller& caller, const std::string& job_id,
@@ -43,6 +47,9 @@ absl::StatusOr<std::optional<std::string>> ListedOwner(const Caller& caller,
 absl::Status CheckNodeIdentity(const grpc::ServerContext& context, const std::string& node);
 // The node of the caller's worker certificate; "" on a plaintext listener.
 std::string NodeOf(const grpc::ServerContext& context);
+// The common name of the connection's client certificate, set only when the TLS handshake
+// verified it against the worker CA; "" without one.
+std::string CertifiedNode(const grpc::AuthContext& context);
 
 }  // namespace dropless::coordinator
 

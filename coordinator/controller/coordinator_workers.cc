@@ -226,7 +226,7 @@ bool Coordinator::HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metri
     placed_here |= r.rank == metrics.rank() && r.worker_id == worker.info.id();
   }
   if (!placed_here) return true;
-  if (metrics.node().empty()) metrics.set_node(worker.info.node());
+  metrics.set_node(worker.info.node());  // the reporting worker's, whatever the message said
   if (metrics.time_ms() == 0) metrics.set_time_ms(NowMs());
   // Heard of only once stored: a step that is not comes again (the worker resends it), and
   // watchers and the hang watchdog would count it twice.

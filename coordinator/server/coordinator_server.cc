@@ -114,7 +114,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     server->metrics_port_ = ports.empty() ? config.metrics_port : ports.front();
   }
 
-  server->job_service_ = std::make_unique<JobServiceImpl>(server->coordinator_.get());
+  server->job_service_ = std::make_unique<JobServiceImpl>(
+      server->coordinator_.get(), server->authorizer_ ? server->authorizer_->tokens() : nullptr);
   server->worker_service_ = std::make_unique<WorkerServiceImpl>(server->coordinator_.get());
   server->rendezvous_service_ =
       std::make_unique<RendezvousServiceImpl>(server->coordinator_.get());

@@ -31,7 +31,7 @@ absl::StatusOr<int64_t> OldestStoredLineMs(const v1::GetLogsRequest& request) {
 
 absl::Status JobServiceImpl::CheckAccess(const grpc::ServerContext& context,
                                          const std::string& job_id) {
-  const Caller caller = CallerOf(context);
+  const Caller caller = CallerOf(context, tokens_);
   if (caller.role != Role::kSubmitter) return absl::OkStatus();
   absl::StatusOr<v1::Job> job = coordinator_->GetJob(job_id);
   if (!job.ok()) return job.status();
@@ -40,7 +40,7 @@ absl::Status JobServiceImpl::CheckAccess(const grpc::ServerContext& context,
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* request, v1::Job* response) {
-  absl::StatusOr<v1::Job> job = coordinator_->SubmitJob(*request, CallerOf(*context).user);
+  absl::StatusOr<v1::Job> job = coordinator_->SubmitJob(*request, CallerOf(*context, tokens_).user);
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response = std::move(*job);
   return grpc::Status::OK;
@@ -50,7 +50,8 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
                                     const v1::GetJobRequest* request, v1::Job* response) {
   absl::StatusOr<v1::Job> job = coordinator_->GetJob(request->id());
   if (!job.ok()) return ToGrpcStatus(job.status());
-  if (absl::Status s = CheckJobAccess(CallerOf(*context), job->id(), job->owner()); !s.ok()) {
+  if (absl::Status s = CheckJobAccess(CallerOf(*context, tokens_), job->id(), job->owner());
+      !s.ok()) {
     return ToGrpcStatus(s);
   }
   *response = std::move(*job);
@@ -62,7 +63,7 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
                                       v1::ListJobsResponse* response) {
   // A submitter lists their own jobs; viewers and admins every job, or one owner's.
   absl::StatusOr<std::optional<std::string>> owner =
-      ListedOwner(CallerOf(*context), request->owner());
+      ListedOwner(CallerOf(*context, tokens_), request->owner());
   if (!owner.ok()) return ToGrpcStatus(owner.status());
   absl::StatusOr<v1::ListJobsResponse> jobs =
       coordinator_->ListJobs(*request, owner->has_value() ? &**owner : nullptr);
@@ -131,7 +132,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::ListEvents(grpc::ServerContext* context,
                                         const v1::ListEventsRequest* request,
                                         v1::ListEventsResponse* response) {
-  const Caller caller = CallerOf(*context);
+  const Caller caller = CallerOf(*context, tokens_);
   if (request->job_id().empty() && caller.role == Role::kSubmitter) {
     // Cluster-wide events tell of every user's jobs and of the workers.
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,

@@ -3,6 +3,7 @@
 #ifndef DROPLESS_COORDINATOR_SERVICE_JOB_SERVICE_H_
 #define DROPLESS_COORDINATOR_SERVICE_JOB_SERVICE_H_
 
+#include "coordinator/auth/user_tokens.h"
 #include "coordinator/controller/coordinator.h"
 #include "dropless/v1/job_service.grpc.pb.h"
 
@@ -10,7 +11,10 @@ namespace dropless::coordinator {
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  explicit JobServiceImpl(Coordinator* coordinator) : coordinator_(coordinator) {}
+  // tokens: those the listener's CallAuthorizer checks calls with (null on a plaintext listener,
+  // where every caller is the anonymous admin).
+  JobServiceImpl(Coordinator* coordinator, const UserTokens* tokens)
+      : coordinator_(coordinator), tokens_(tokens) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::Job* response) override;
@@ -44,6 +48,7 @@ class JobServiceImpl final : public v1::JobService::Service {
   absl::Status CheckAccess(const grpc::ServerContext& context, const std::string& job_id);
 
   Coordinator* const coordinator_;
+  const UserTokens* const tokens_;
 };
 
 }  // namespace dropless::coordinator

@@ -283,9 +283,19 @@ TEST(CoordinatorApiTest, ListStepMetricsServesTheStoredHistory) {
   // Rank 1 first at each step: rank 0's step 5 (the job's latest once it lands) is then the last
   // report on the stream, so every report is stored when the wait below returns.
   for (int step = 1; step <= 5; ++step) {
-    for (int r : {1, 0}) {
-      ASSERT_TRUE(w.ReportMetrics(job->id(), 1, r, step, 5, 1.0 / step + r).ok());
-    }
+    ASSERT_TRUE(w.ReportMetrics(job->id(), 1, 1, step, 5, 1.0 / step + 1).ok());
+    // Rank 0's reports claim another node: the reporting worker's node is stored instead.
+    v1::WorkerMessage forged;
+    v1::StepMetrics* m = forged.mutable_metrics();
+    m->set_job_id(job->id());
+    m->set_attempt(1);
+    m->set_rank(0);
+    m->set_step(step);
+    m->set_steps(5);
+    m->set_loss(1.0 / step);
+    m->set_step_seconds(0.01);
+    m->set_node("some-other-node");
+    ASSERT_TRUE(w.Send(forged).ok());
   }
   c->WaitForJob(job->id(),
                 [](const v1::Job& j) { return j.latest().step() == 5 && j.latest().rank() == 0; });
@@ -303,6 +313,7 @@ TEST(CoordinatorApiTest, ListStepMetricsServesTheStoredHistory) {
   ASSERT_EQ(all.metrics_size(), 10);
   EXPECT_EQ(all.metrics(0).step(), 1);
   EXPECT_EQ(all.metrics(9).step(), 5);
+  for (const v1::StepMetrics& m : all.metrics()) EXPECT_EQ(m.node(), "node-metrics");
   v1::ListStepMetricsResponse rank1;
   ASSERT_TRUE(list(1, 3, &rank1, job->id()).ok());
   ASSERT_EQ(rank1.metrics_size(), 3);

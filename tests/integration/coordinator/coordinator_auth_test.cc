@@ -347,6 +347,54 @@ TEST(CoordinatorAuthTest, SubmitterSeesAndCancelsOnlyTheirOwnJobs) {
   EXPECT_TRUE(CancelJob(admin, alices.id()).ok());
 }
 
+// One connection carrying several users' calls (a gateway or web UI sending each user's token
+// per call): each call is its own caller. gRPC shares one AuthContext among a connection's calls,
+// so a caller recorded there (as it once was) answered for every later call on the connection.
+TEST(CoordinatorAuthTest, CallsOfSeveralUsersOnOneConnectionAreEachTheirOwnCaller) {
+  const std::string certs = MakeCerts();
+  ASSERT_FALSE(certs.empty());
+  SecureCoordinator c(certs, /*worker_listener=*/true);
+  auto shared = UserChannel(c.user_port(), certs, "");  // TLS only: tokens go per call
+  auto stub = v1::JobService::NewStub(shared);
+  auto as = [&](const std::string& user, grpc::ClientContext* context) {
+    SetDeadline(context);
+    context->AddMetadata("authorization", "Bearer " + Token(certs, user));
+  };
+  auto submit = [&](const std::string& user, v1::Job* job) {
+    grpc::ClientContext context;
+    as(user, &context);
+    v1::SubmitJobRequest request;
+    request.set_spec_yaml(TinySpec(1));
+    return stub->SubmitJob(&context, request, job);
+  };
+  auto get = [&](const std::string& user, const std::string& id) {
+    grpc::ClientContext context;
+    as(user, &context);
+    v1::GetJobRequest request;
+    request.set_id(id);
+    v1::Job job;
+    return stub->GetJob(&context, request, &job);
+  };
+  {
+    grpc::ClientContext context;
+    as("admin", &context);
+    v1::GetVersionResponse version;
+    ASSERT_TRUE(stub->GetVersion(&context, v1::GetVersionRequest(), &version).ok()) << c.Output();
+  }
+  v1::Job alices, bobs;
+  ASSERT_TRUE(submit("alice", &alices).ok());
+  ASSERT_TRUE(submit("bob", &bobs).ok());
+  EXPECT_EQ(alices.owner(), "alice");
+  EXPECT_EQ(bobs.owner(), "bob");
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(get("bob", bobs.id()).ok());
+    const grpc::Status refused = get("bob", alices.id());
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED) << refused.error_message();
+    EXPECT_THAT(refused.error_message(), HasSubstr("user bob (role submitter)"));
+    EXPECT_TRUE(get("admin", alices.id()).ok());
+  }
+}
+
 TEST(CoordinatorAuthTest, ListJobsOwnerFilterWithinTheCallersRights) {
   const std::string certs = MakeCerts();
   ASSERT_FALSE(certs.empty());
