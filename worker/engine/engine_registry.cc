@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/engine_config.h"
+#include "common/step_phase.h"
 #include "worker/engine/engine_module.h"
 
 namespace dropless {
@@ -32,8 +33,7 @@ absl::StatusOr<CreateEngineFn> LoadCudaModule() {
         "); this worker was built without CUDA or its libraries are missing"));
   }
   auto abi = reinterpret_cast<EngineModuleAbiFn>(dlsym(handle, kEngineModuleAbiSymbol));
-  auto create = reinterpret_cast<CreateEngineFn>(dlsym(handle, kCreateCudaEngineSymbol));
-  if (abi == nullptr || create == nullptr) {
+  if (abi == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " does not export the dropless engine entry points"));
   }
@@ -42,6 +42,16 @@ absl::StatusOr<CreateEngineFn> LoadCudaModule() {
         path, " is engine ABI ", abi(), ", this rank executable expects ", kEngineModuleAbi,
         ": install the library built with this worker"));
   }
+  auto create = reinterpret_cast<CreateEngineFn>(dlsym(handle, kCreateCudaEngineSymbol));
+  auto set_listener =
+      reinterpret_cast<SetStepPhaseListenerFn>(dlsym(handle, kSetStepPhaseListenerSymbol));
+  if (create == nullptr || set_listener == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " does not export the dropless engine entry points"));
+  }
+  // The module's phases go through this executable's hook (engine_module.h).
+  static const bool forwarded = (set_listener(&EnterStepPhase), true);
+  (void)forwarded;
   return create;
 }
 

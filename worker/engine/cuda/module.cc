@@ -5,6 +5,7 @@
 #include <memory>
 #include <utility>
 
+#include "common/step_phase.h"
 #include "worker/engine/cuda/cuda_engine.h"
 #include "worker/engine/engine_module.h"
 
@@ -12,6 +13,11 @@ extern "C" {
 
 __attribute__((visibility("default"))) int DroplessEngineModuleAbi() {
   return dropless::kEngineModuleAbi;
+}
+
+__attribute__((visibility("default"))) void DroplessSetStepPhaseListener(
+    dropless::StepPhaseListener listener) {
+  dropless::SetStepPhaseListener(listener);
 }
 
 __attribute__((visibility("default"))) void DroplessCreateCudaEngine(
