@@ -1,8 +1,5 @@
 #include "worker/rank/phase_reporter.h"
 
-#include <errno.h>
-#include <unistd.h>
-
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -16,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/step_phase.h"
+#include "worker/rank/report_pipe.h"
 
 namespace dropless {
 namespace {
@@ -99,15 +97,6 @@ void OnPhase(StepPhase phase) {
   if (sleep.has_value()) absl::SleepFor(*sleep);
 }
 
-void WriteLine(int fd, const std::string& line) {
-  // One write: a pipe write below PIPE_BUF is atomic, so it never interleaves with a step line.
-  const std::string text = line + "\n";
-  ssize_t n;
-  do {
-    n = ::write(fd, text.data(), text.size());
-  } while (n < 0 && errno == EINTR);
-}
-
 void WriterLoop() {
   PhaseReport written;
   bool any_written = false;
@@ -122,7 +111,8 @@ void WriterLoop() {
         now.since_ms == written.since_ms) {
       continue;
     }
-    WriteLine(state->fd, FormatPhaseLine(now));
+    // A failed write (the daemon gone) is the step loop's to report.
+    WriteReportLine(state->fd, FormatPhaseLine(now)).IgnoreError();
     written = now;
     any_written = true;
   }

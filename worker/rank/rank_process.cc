@@ -1,10 +1,7 @@
 #include "worker/rank/rank_process.h"
 
-#include <errno.h>
-#include <string.h>
-#include <unistd.h>
-
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -28,36 +25,12 @@
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_registry.h"
 #include "worker/rank/phase_reporter.h"
+#include "worker/rank/report_pipe.h"
 #include "worker/rank/step_report.h"
 #include "worker/transport/transport_factory.h"
 
 namespace dropless {
 namespace {
-
-// Writes whole lines to the daemon's report pipe; a closed pipe means the daemon is gone.
-class ReportPipe {
- public:
-  explicit ReportPipe(int fd) : fd_(fd) {}
-
-  absl::Status WriteLine(std::string line) {
-    if (fd_ < 0) return absl::OkStatus();
-    line += '\n';
-    size_t done = 0;
-    while (done < line.size()) {
-      ssize_t n = write(fd_, line.data() + done, line.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        return absl::UnavailableError(
-            absl::StrCat("report pipe (fd ", fd_, "): ", strerror(errno), "; is the worker daemon gone?"));
-      }
-      done += static_cast<size_t>(n);
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  const int fd_;
-};
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -145,8 +118,7 @@ absl::Status RankRun::Run() {
     return WithContext(absl::StrCat("building the ", backend, " engine"), engine.status());
   }
 
-  ReportPipe report(options_.report_fd);
-  if (absl::Status st = report.WriteLine(std::string(kReadyLine)); !st.ok()) return st;
+  if (absl::Status st = WriteReportLine(options_.report_fd, kReadyLine); !st.ok()) return st;
   // Phase lines for the hang watchdog (phase_reporter.h), until Run returns.
   if (absl::Status st = PhaseReporter::Start(options_.report_fd, options_.rank, options_.attempt);
       !st.ok()) {
@@ -184,7 +156,9 @@ absl::Status RankRun::Run() {
     r.step = step;
     r.steps = steps;
     r.peak_flops = peak;
-    if (absl::Status st = report.WriteLine(FormatStepReport(r)); !st.ok()) return st;
+    if (absl::Status st = WriteReportLine(options_.report_fd, FormatStepReport(r)); !st.ok()) {
+      return st;
+    }
     if (step == first_step || step % progress_every == 0 || step == steps) {
       Say(absl::StrFormat("step %d/%d loss=%.6g aux_loss=%.4g %.1f ms/step %.3g GFLOP/s %.0f tokens/s",
                           step, steps, r.loss, r.aux_loss, r.step_seconds * 1e3,
@@ -210,6 +184,10 @@ absl::Status RankRun::Run() {
 int RunRankProcess(const RankOptions& options) {
   // stdout is a pipe to the daemon: line buffering makes progress show up as it happens.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  // A write to a peer or a pipe that closed is an error with a message (Gloo's "connection
+  // reset", "is the worker daemon gone?"), not a death by SIGPIPE (the daemon resets every
+  // signal to its default in the child).
+  std::signal(SIGPIPE, SIG_IGN);
   if (absl::Status st = ValidateRankOptions(options); !st.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
     return 2;

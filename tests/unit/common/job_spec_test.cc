@@ -141,6 +141,8 @@ std::vector<BadCase> BadCases() {
        "model.ffn", "must be divisible by 128 with precision fp8-block-wgrad128 (got 64)"},
       {"checkpoint_every_without_dir", With("  every: 0", "  every: 10"), "checkpoint.every",
        "needs checkpoint.dir"},
+      {"checkpoint_dir_relative", With("  dir: \"\"", "  dir: ckpt/run-1"), "checkpoint.dir",
+       "must be an absolute path (got \"ckpt/run-1\")"},
       // Sizes: zero, negative, too large.
       {"hidden_zero", With("  hidden: 64", "  hidden: 0"), "model.hidden", "must be >= 1 (got 0)"},
       {"ffn_negative", With("  ffn: 128", "  ffn: -128"), "model.ffn", "must be >= 1 (got -128)"},
