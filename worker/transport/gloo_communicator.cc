@@ -60,14 +60,16 @@ int64_t Total(absl::Span<const int64_t> sizes) {
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(
     std::string group_name, int rank, int size, gloo::rendezvous::Store& store,
-    std::shared_ptr<gloo::transport::Device> device, absl::Duration timeout) {
-  const auto timeout_ms = absl::ToChronoMilliseconds(timeout);
+    std::shared_ptr<gloo::transport::Device> device, absl::Duration connect_timeout,
+    absl::Duration collective_timeout) {
   try {
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    context->setTimeout(timeout_ms);
+    context->setTimeout(absl::ToChronoMilliseconds(connect_timeout));
     context->connectFullMesh(store, device);
-    return std::unique_ptr<GlooCommunicator>(
-        new GlooCommunicator(std::move(group_name), std::move(context), timeout_ms));
+    // Every collective passes its own timeout (the options' setTimeout below): the context's
+    // bounded only the connection.
+    return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(
+        std::move(group_name), std::move(context), absl::ToChronoMilliseconds(collective_timeout)));
   } catch (const std::exception& e) {
     return StatusFromGlooException(
         e, absl::StrFormat("connecting gloo group %s as rank %d of %d", group_name, rank, size));

@@ -23,11 +23,12 @@ class GlooCommunicator : public Communicator {
  public:
   // Joins the group `group_name` (used in messages) as `rank` of `size`: publishes this rank's
   // address in `store` (already prefixed for the group), connects to every peer through `device`.
-  // DeadlineExceeded when a peer does not show up within `timeout`, which also bounds every
-  // later collective.
+  // DeadlineExceeded when a peer does not show up within `connect_timeout`; every later
+  // collective waits up to `collective_timeout` for its peers.
   static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Connect(
       std::string group_name, int rank, int size, gloo::rendezvous::Store& store,
-      std::shared_ptr<gloo::transport::Device> device, absl::Duration timeout);
+      std::shared_ptr<gloo::transport::Device> device, absl::Duration connect_timeout,
+      absl::Duration collective_timeout);
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }

@@ -20,11 +20,11 @@ namespace {
 
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectGroup(
     const std::string& prefix, int rank, int size, gloo::rendezvous::Store& store,
-    const std::shared_ptr<gloo::transport::Device>& device, absl::Duration timeout) {
+    const std::shared_ptr<gloo::transport::Device>& device, const GlooOptions& options) {
   // PrefixStore's constructor does not throw; Connect catches everything after it.
   gloo::rendezvous::PrefixStore group_store(prefix, store);
-  absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm =
-      GlooCommunicator::Connect(prefix, rank, size, group_store, device, timeout);
+  absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm = GlooCommunicator::Connect(
+      prefix, rank, size, group_store, device, options.connect_timeout, options.collective_timeout);
   if (!comm.ok()) return comm.status();
   return std::unique_ptr<Communicator>(std::move(*comm));
 }
@@ -36,9 +36,11 @@ absl::StatusOr<RankGroups> CreateGlooGroups(const GlooOptions& options, KeyValue
   if (absl::Status s = ValidateGroupLayout(layout); !s.ok()) return s;
   if (store == nullptr) return absl::InvalidArgumentError("store must not be null");
   if (options.host.empty()) return absl::InvalidArgumentError("host must not be empty");
-  if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("timeout must be positive, got ", absl::FormatDuration(options.timeout)));
+  if (options.connect_timeout <= absl::ZeroDuration() ||
+      options.collective_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "timeouts must be positive, got connect ", absl::FormatDuration(options.connect_timeout),
+        " and collective ", absl::FormatDuration(options.collective_timeout)));
   }
 
   std::shared_ptr<gloo::transport::Device> device;
@@ -53,20 +55,20 @@ absl::StatusOr<RankGroups> CreateGlooGroups(const GlooOptions& options, KeyValue
     return absl::InvalidArgumentError(s.message());
   }
 
-  GlooStoreBridge bridge(store, options.timeout);
+  GlooStoreBridge bridge(store, options.connect_timeout);
   const int ep_rank = EpRankOf(layout.rank, layout.ep);
   const int dp_rank = DpRankOf(layout.rank, layout.ep);
   RankGroups groups;
   absl::StatusOr<std::unique_ptr<Communicator>> world =
-      ConnectGroup("world", layout.rank, layout.world_size, bridge, device, options.timeout);
+      ConnectGroup("world", layout.rank, layout.world_size, bridge, device, options);
   if (!world.ok()) return world.status();
   groups.world = std::move(*world);
-  absl::StatusOr<std::unique_ptr<Communicator>> ep = ConnectGroup(
-      absl::StrCat("ep/", dp_rank), ep_rank, layout.ep, bridge, device, options.timeout);
+  absl::StatusOr<std::unique_ptr<Communicator>> ep =
+      ConnectGroup(absl::StrCat("ep/", dp_rank), ep_rank, layout.ep, bridge, device, options);
   if (!ep.ok()) return ep.status();
   groups.ep = std::move(*ep);
-  absl::StatusOr<std::unique_ptr<Communicator>> dp = ConnectGroup(
-      absl::StrCat("dp/", ep_rank), dp_rank, layout.dp, bridge, device, options.timeout);
+  absl::StatusOr<std::unique_ptr<Communicator>> dp =
+      ConnectGroup(absl::StrCat("dp/", ep_rank), dp_rank, layout.dp, bridge, device, options);
   if (!dp.ok()) return dp.status();
   groups.dp = std::move(*dp);
   return groups;

@@ -34,7 +34,14 @@ std::vector<RankGroups> CreateLocalGroups(int ep, int dp, absl::Duration timeout
 struct GlooOptions {
   GroupLayout layout;
   std::string host = "127.0.0.1";  // address this rank listens on (the worker's advertised host)
-  absl::Duration timeout = absl::Seconds(120);
+  // Finding the peers (rendezvous) and connecting the groups.
+  absl::Duration connect_timeout = absl::Seconds(120);
+  // One collective waiting for its slowest peer. A peer that dies closes its connections and
+  // fails the collective at once; one that is alive but stuck is the coordinator's hang
+  // watchdog's to find (its limits follow the job's own step times). This is only the backstop:
+  // a peer legitimately minutes behind (skewed routing on CPU, a slow checkpoint write) must not
+  // fail the attempt.
+  absl::Duration collective_timeout = absl::Minutes(30);
 };
 
 // Gloo (TCP) groups; peers find each other through `store` (keys prefixed per group).

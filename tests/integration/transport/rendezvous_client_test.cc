@@ -146,7 +146,7 @@ TEST_F(RendezvousClientTest, TwoRankGlooAllToAllVRendezvousedThroughTheCoordinat
     GlooOptions options;
     options.layout = {r, 2, 2, 1};
     options.host = "127.0.0.1";
-    options.timeout = absl::Seconds(60);
+    options.connect_timeout = absl::Seconds(60);
     absl::StatusOr<RankGroups> groups = CreateGlooGroups(options, store.get());
     ASSERT_TRUE(groups.ok()) << "rank " << r << ": " << groups.status();
     testing::CheckAllToAllV(*groups->ep, 42, 10, 4096, testing::SliceLayout::kPacked);

@@ -68,7 +68,7 @@ std::vector<std::vector<StepStats>> RunJob(JobSpec spec, int ep, int dp, int ste
         GlooOptions options;
         options.layout = GroupLayout{rank, ep * dp, ep, dp};
         options.host = "127.0.0.1";
-        options.timeout = absl::Seconds(60);
+        options.connect_timeout = absl::Seconds(60);
         absl::StatusOr<RankGroups> gloo = CreateGlooGroups(options, store.get());
         ASSERT_TRUE(gloo.ok()) << gloo.status();
         groups[rank] = *std::move(gloo);

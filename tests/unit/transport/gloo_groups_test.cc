@@ -26,7 +26,8 @@ GlooOptions Options(int rank, int ep, int dp, absl::Duration timeout = kTestTime
   options.layout.ep = ep;
   options.layout.dp = dp;
   options.host = "127.0.0.1";
-  options.timeout = timeout;
+  options.connect_timeout = timeout;
+  options.collective_timeout = timeout;
   return options;
 }
 
@@ -141,6 +142,24 @@ TEST(GlooGroupsTest, PeerThatLeavesMakesCollectivesFailNotHang) {
     EXPECT_LT(absl::Now() - start, timeout + absl::Seconds(5));
     // The group stays failed.
     EXPECT_FALSE(groups->world->Barrier().ok());
+  });
+}
+
+// The two timeouts are apart: a collective waits for a peer that is legitimately behind (skewed
+// routing, a slow checkpoint write) longer than finding the peers may take. (Once one 120 s bound
+// served both, and failed heavy CPU jobs whose slowest rank took longer than that.)
+TEST(GlooGroupsTest, ACollectiveWaitsForASlowPeerLongerThanTheConnectTimeout) {
+  std::unique_ptr<KeyValueStore> store = NewMemoryKvStore();
+  RunRankThreads(2, [&](int r) {
+    GlooOptions options = Options(r, 2, 1);
+    options.connect_timeout = absl::Seconds(1);
+    options.collective_timeout = absl::Seconds(60);
+    absl::StatusOr<RankGroups> groups = CreateGlooGroups(options, store.get());
+    ASSERT_TRUE(groups.ok()) << groups.status();
+    if (r == 1) absl::SleepFor(absl::Seconds(3));  // behind by three connect timeouts
+    float x = static_cast<float>(r + 1);
+    ASSERT_TRUE(groups->world->AllReduceSum(&x, 1).ok());
+    EXPECT_EQ(x, 3.0f);
   });
 }
 
