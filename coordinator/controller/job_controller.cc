@@ -265,6 +265,7 @@ v1::CoordinatorMessage JobController::AssignmentFor(const ActiveJob& job,
   }
   *a->mutable_placement() = j.placement();
   a->set_rendezvous_secret(attempt.rendezvous_secret);
+  a->set_owner(j.owner());
   return message;
 }
 

@@ -283,6 +283,8 @@ void RankManager::StartRank(const v1::Assignment& assignment, int rank, int slot
   // Only this attempt's ranks may use its rendezvous keys; the environment keeps it off `ps`.
   spec.env.push_back(
       absl::StrCat("DROPLESS_RENDEZVOUS_SECRET=", assignment.rendezvous_secret()));
+  // Whose checkpoints the rank may claim (checkpoint_claim.h).
+  spec.env.push_back(absl::StrCat("DROPLESS_JOB_OWNER=", assignment.owner()));
   spec.env.insert(spec.env.end(), options_.channel_env.begin(), options_.channel_env.end());
   spec.log_path = absl::StrCat(attempt_dir, "/rank-", rank, ".log");
   spec.report_pipe = true;

@@ -71,7 +71,8 @@ absl::Status RankRun::Run() {
   }
   const std::string backend(ToString(spec->resources.backend));
   const std::string& checkpoint_dir = spec->checkpoint.dir;
-  const engine::CheckpointClaim claim{options_.job_id, options_.attempt, options_.rank};
+  engine::CheckpointClaim claim{options_.job_id, options_.attempt, options_.rank};
+  if (const char* owner = std::getenv("DROPLESS_JOB_OWNER"); owner != nullptr) claim.user = owner;
   if (absl::Status st = PrepareEngine(spec->resources.backend, EngineConfigFromSpec(*spec)); !st.ok()) {
     return WithContext(absl::StrCat("the ", backend, " engine"), st);
   }

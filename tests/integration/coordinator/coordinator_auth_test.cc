@@ -395,6 +395,22 @@ TEST(CoordinatorAuthTest, CallsOfSeveralUsersOnOneConnectionAreEachTheirOwnCalle
   }
 }
 
+// The worker is told whose job it runs (Assignment.owner): its ranks mark the checkpoints they
+// claim with it and refuse a checkpoint.dir another user's job claimed (checkpoint_claim.h).
+TEST(CoordinatorAuthTest, AnAssignmentNamesTheJobsOwner) {
+  const std::string certs = MakeCerts();
+  ASSERT_FALSE(certs.empty());
+  SecureCoordinator c(certs, /*worker_listener=*/true);
+  FakeWorker worker(WorkerChannel(c.worker_port(), certs, certs + "/workers/node-a"), "node-a", 1);
+  ASSERT_TRUE(worker.Join().ok()) << c.Output();
+  v1::Job alices;
+  ASSERT_TRUE(Submit(UserChannel(c.user_port(), certs, Token(certs, "alice")), &alices).ok());
+  std::optional<v1::Assignment> assignment = worker.NextAssignment();
+  ASSERT_TRUE(assignment.has_value());
+  EXPECT_EQ(assignment->job_id(), alices.id());
+  EXPECT_EQ(assignment->owner(), "alice");
+}
+
 TEST(CoordinatorAuthTest, ListJobsOwnerFilterWithinTheCallersRights) {
   const std::string certs = MakeCerts();
   ASSERT_FALSE(certs.empty());

@@ -62,11 +62,44 @@ TEST_F(CheckpointClaimTest, AnotherJobsRunIsAJobError) {
   EXPECT_TRUE(CheckCheckpointClaim(dir_, {"job-a", 1, 0}).ok());
 }
 
+// One user's job neither resumes from nor overwrites another user's checkpoints: claiming a
+// directory whose record names another user is a job error before anything is read. The same
+// user's next job takes it (resuming a finished run); a record without a user is anyone's.
+TEST_F(CheckpointClaimTest, AnotherUsersCheckpointsAreRefused) {
+  ASSERT_TRUE(ClaimCheckpoints(dir_, {"job-a", 1, 0, "alice smith"}).ok());
+  EXPECT_TRUE(CheckCheckpointClaim(dir_, {"job-a", 1, 0, "alice smith"}).ok());
+  const absl::Status bobs = ClaimCheckpoints(dir_, {"job-b", 1, 0, "bob"});
+  EXPECT_EQ(bobs.code(), absl::StatusCode::kPermissionDenied) << bobs;
+  EXPECT_TRUE(IsJobError(bobs)) << bobs;
+  EXPECT_NE(bobs.message().find("job job-a of user alice smith; job job-b of user bob may "
+                                "neither resume from nor write them"),
+            absl::string_view::npos)
+      << bobs;
+  EXPECT_EQ(ClaimCheckpoints(dir_, {"job-c", 1, 0, ""}).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(CheckCheckpointClaim(dir_, {"job-a", 1, 0, "alice smith"}).ok());  // still hers
+  ASSERT_TRUE(ClaimCheckpoints(dir_, {"job-d", 1, 0, "alice smith"}).ok());
+  // A record without a user (a plaintext cluster's) is taken by anyone, and then is theirs.
+  ASSERT_TRUE(ClaimCheckpoints(dir_ + "/open", {"job-e", 1, 0, ""}).ok());
+  ASSERT_TRUE(ClaimCheckpoints(dir_ + "/open", {"job-f", 1, 0, "bob"}).ok());
+  EXPECT_EQ(ClaimCheckpoints(dir_ + "/open", {"job-g", 1, 0, "carol"}).code(),
+            absl::StatusCode::kPermissionDenied);
+  // A name with a newline or a quote survives the record.
+  ASSERT_TRUE(ClaimCheckpoints(dir_ + "/odd", {"job-h", 1, 0, "o'neil\nx"}).ok());
+  EXPECT_TRUE(CheckCheckpointClaim(dir_ + "/odd", {"job-h", 1, 0, "o'neil\nx"}).ok());
+  EXPECT_EQ(ClaimCheckpoints(dir_ + "/odd", {"job-i", 1, 0, "o'neil"}).code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
 TEST_F(CheckpointClaimTest, ADamagedRecordOrAFileForTheDirectoryIsAJobError) {
   fs::create_directories(dir_);
   for (const char* text :
        {"", "garbage", "dropless-checkpoint-owner job= attempt=1",
-        "dropless-checkpoint-owner job=a attempt=x", "dropless-checkpoint-owner job=a"}) {
+        "dropless-checkpoint-owner job=a attempt=x", "dropless-checkpoint-owner job=a",
+        "dropless-checkpoint-owner job=a attempt=1\nuser=",
+        "dropless-checkpoint-owner job=a "
+        "attempt=1\nowner=x",
+        "dropless-checkpoint-owner job=a attempt=1\nuser=a\nuser=b"}) {
     std::ofstream(CheckpointClaimPath(dir_, 0), std::ios::trunc) << text;
     const absl::Status s = CheckCheckpointClaim(dir_, {"a", 1, 0});
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << text << ": " << s;

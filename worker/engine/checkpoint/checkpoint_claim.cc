@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -17,14 +18,18 @@ namespace {
 constexpr char kClaimTag[] = "dropless-checkpoint-owner";
 constexpr uint64_t kMaxClaimBytes = 4096;
 
-std::string ClaimLine(const CheckpointClaim& claim) {
-  return absl::StrCat(kClaimTag, " job=", claim.job_id, " attempt=", claim.attempt, "\n");
+std::string ClaimText(const CheckpointClaim& claim) {
+  std::string text =
+      absl::StrCat(kClaimTag, " job=", claim.job_id, " attempt=", claim.attempt, "\n");
+  if (!claim.user.empty()) absl::StrAppend(&text, "user=", absl::CEscape(claim.user), "\n");
+  return text;
 }
 
 absl::StatusOr<CheckpointClaim> ParseClaim(const std::string& path, absl::string_view text,
                                            int rank) {
-  const std::vector<absl::string_view> fields =
-      absl::StrSplit(absl::StripTrailingAsciiWhitespace(text), ' ');
+  const std::vector<absl::string_view> lines =
+      absl::StrSplit(absl::StripTrailingAsciiWhitespace(text), '\n');
+  const std::vector<absl::string_view> fields = absl::StrSplit(lines[0], ' ');
   CheckpointClaim claim;
   claim.rank = rank;
   absl::string_view job, attempt;
@@ -32,7 +37,13 @@ absl::StatusOr<CheckpointClaim> ParseClaim(const std::string& path, absl::string
     job = fields[1];
     attempt = fields[2];
   }
-  if (absl::ConsumePrefix(&job, "job=") && !job.empty() &&
+  bool user_ok = lines.size() == 1;  // no user: a plaintext cluster's, or from before users
+  if (lines.size() == 2) {
+    absl::string_view user = lines[1];
+    user_ok = absl::ConsumePrefix(&user, "user=") && absl::CUnescape(user, &claim.user) &&
+              !claim.user.empty();
+  }
+  if (user_ok && absl::ConsumePrefix(&job, "job=") && !job.empty() &&
       absl::ConsumePrefix(&attempt, "attempt=") && absl::SimpleAtoi(attempt, &claim.attempt)) {
     claim.job_id = std::string(job);
     return claim;
@@ -75,8 +86,15 @@ absl::Status ClaimCheckpoints(const std::string& dir, const CheckpointClaim& cla
   if (owner.ok() && owner->job_id == claim.job_id && owner->attempt > claim.attempt) {
     return Superseded(dir, *owner, claim);
   }
+  if (owner.ok() && !owner->user.empty() && owner->user != claim.user) {
+    return MarkJobError(absl::PermissionDeniedError(absl::StrCat(
+        "checkpoint.dir ", dir, " holds the checkpoints of job ", owner->job_id, " of user ",
+        owner->user, "; job ", claim.job_id, " of ",
+        claim.user.empty() ? std::string("no user") : absl::StrCat("user ", claim.user),
+        " may neither resume from nor write them: choose another checkpoint.dir")));
+  }
   AtomicFileWriter writer(CheckpointClaimPath(dir, claim.rank));
-  const std::string line = ClaimLine(claim);
+  const std::string line = ClaimText(claim);
   if (absl::Status s = writer.Open(); !s.ok()) return s;
   if (absl::Status s = writer.Append(line.data(), line.size()); !s.ok()) return s;
   return writer.Commit();

@@ -17,15 +17,19 @@ struct CheckpointClaim {
   std::string job_id;
   int attempt = 0;
   int rank = 0;
+  std::string user;  // the job's owner; "" on a plaintext cluster (no users)
 };
 
-// `dir`/owner-rank-<rank>.txt, one line: "dropless-checkpoint-owner job=<id> attempt=<n>".
+// `dir`/owner-rank-<rank>.txt: "dropless-checkpoint-owner job=<id> attempt=<n>", then, for a job
+// with an owner, "user=<C-escaped name>" on a second line.
 std::string CheckpointClaimPath(const std::string& dir, int rank);
 
 // Records `claim` as the writer of its rank's checkpoints in `dir` (created when missing),
 // replacing an earlier record (a damaged one too): the attempt starting now owns them. Unless the
 // record names a later attempt of the same job: FailedPrecondition, this attempt was superseded
-// before it got here.
+// before it got here. Or unless it names another user: PermissionDenied, a job error (one user's
+// job must neither resume from nor overwrite another's checkpoints; a record without a user, of
+// a plaintext cluster or from before users, is anyone's).
 absl::Status ClaimCheckpoints(const std::string& dir, const CheckpointClaim& claim);
 
 // OK while `claim` is still the record of its rank in `dir` (or none is there). Otherwise
