@@ -3,10 +3,12 @@
 accept and serve on. For every container of base and every overlay (rendered with kubectl kustomize):
 
   - the binary is the image's ENTRYPOINT (deploy/docker) and every --flag is one its --helpfull lists;
-  - --listen / --metrics-port are the container's grpc / metrics ports (and the probes' and Services');
+  - --listen / --worker-listen / --metrics-port are the container's grpc / worker-grpc / metrics
+    ports (and the probes' and Services');
   - absolute paths (--db, --work-dir, ...) lie on a volume mount (the root filesystem is read-only),
     the coordinator's database on its PersistentVolumeClaim;
-  - the worker's --coordinator names the coordinator Service's grpc port;
+  - the worker's --coordinator names the coordinator Service's worker-grpc port (its grpc port
+    when the coordinator has no --worker-listen);
   - the binary really starts with those arguments (ports moved to free loopback ports, mount paths to
     temporary folders, the Secrets' files made by scripts/dev-certs, $(VARS) expanded as the kubelet
     would): the coordinator serves its API (TLS, tokens) and
@@ -65,6 +67,8 @@ def check_static(where, obj, c, flags, objects):
     served = {}
     if "listen" in flags:
         served["grpc"] = port_of(flags["listen"])
+    if "worker-listen" in flags:
+        served["worker-grpc"] = port_of(flags["worker-listen"])
     if "metrics-port" in flags:
         served["metrics"] = int(flags["metrics-port"])
     if served != ports:
@@ -95,8 +99,11 @@ def check_static(where, obj, c, flags, objects):
         svc = [s for s in objects if s["kind"] == "Service" and s["metadata"]["name"] == host]
         if not svc:
             fail(where, "--coordinator=%s names no Service" % flags["coordinator"])
-        elif not any(p["port"] == int(port) and p.get("name") == "grpc" for p in svc[0]["spec"]["ports"]):
-            fail(where, "--coordinator=%s is not the Service's grpc port" % flags["coordinator"])
+        else:
+            names = {p.get("name") for p in svc[0]["spec"]["ports"]}
+            want = "worker-grpc" if "worker-grpc" in names else "grpc"
+            if not any(p["port"] == int(port) and p.get("name") == want for p in svc[0]["spec"]["ports"]):
+                fail(where, "--coordinator=%s is not the Service's %s port" % (flags["coordinator"], want))
 
 
 def provision_secrets(tmp, source_dir):
@@ -131,6 +138,9 @@ def relocate(flags, mounts, tmp, ports):
         if name == "listen":
             ports["grpc"] = cluster.free_port()
             value = "127.0.0.1:%d" % ports["grpc"]
+        elif name == "worker-listen":
+            ports["worker-grpc"] = cluster.free_port()
+            value = "127.0.0.1:%d" % ports["worker-grpc"]
         elif name == "metrics-port":
             ports["metrics"] = cluster.free_port()
             value = str(ports["metrics"])
@@ -181,7 +191,9 @@ def run_for_real(where, binary, flags, c, tmp, state, cli_binary):
                     if status != 1:
                         fail(where, "%s: grpc.health.v1.Health/Check answers %s, not SERVING"
                              % (probe_name, status))
-            state["coordinator_port"], state["cli"] = ports["grpc"], cli
+            # Workers dial the worker listener when there is one.
+            state["coordinator_port"] = ports.get("worker-grpc", ports["grpc"])
+            state["cli"] = cli
         if "metrics" in ports:
             cluster.wait_until("%s /metrics" % name, up(lambda: "# TYPE" in cluster.http_get(
                 "http://127.0.0.1:%d/metrics" % ports["metrics"])), 20)
