@@ -8,6 +8,10 @@
 namespace dropless {
 namespace {
 
+// The most ranks a cpu job runs: 2 x 512 x 511 Gloo addresses of ~136 bytes (world and EP
+// groups) stay within the rendezvous store's 256 MiB an attempt (one more doubling would not).
+constexpr int64_t kMaxCpuWorldSize = 512;
+
 absl::Status Refuse(const char* field, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
 }
@@ -27,6 +31,14 @@ absl::Status CheckCpu(const EngineConfig& c) {
   if (c.parallel.ep <= 0 || c.parallel.dp <= 0 || m.experts % c.parallel.ep != 0) {
     return Refuse("parallel", absl::StrFormat("%d experts must split over ep %d (dp %d)", m.experts,
                                               c.parallel.ep, c.parallel.dp));
+  }
+  // Gloo connects every pair of ranks of the world group and of each EP group through the
+  // attempt's rendezvous keys (~136 bytes an address, 256 MiB an attempt) and a socket each.
+  if (c.parallel.ep * c.parallel.dp > kMaxCpuWorldSize) {
+    return Refuse("parallel",
+                  absl::StrFormat("ep x dp = %d ranks: the cpu engine runs at most %d (its Gloo "
+                                  "groups connect every pair of ranks through the rendezvous)",
+                                  c.parallel.ep * c.parallel.dp, kMaxCpuWorldSize));
   }
   if (c.tokens_per_rank <= 0) return Refuse("tokens_per_rank", "must be positive");
   if (c.precision != Precision::kBf16) {

@@ -1,5 +1,7 @@
 #include "worker/rank/rank_process.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
@@ -189,6 +191,11 @@ int RunRankProcess(const RankOptions& options) {
   // reset", "is the worker daemon gone?"), not a death by SIGPIPE (the daemon resets every
   // signal to its default in the child).
   std::signal(SIGPIPE, SIG_IGN);
+  // Gloo holds a socket per peer and group: as many descriptors as the hard limit allows.
+  if (rlimit files; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &files);  // best effort: the lower limit may still do
+  }
   if (absl::Status st = ValidateRankOptions(options); !st.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
     return 2;

@@ -33,6 +33,19 @@ std::string With(std::string yaml, const std::string& from, const std::string& t
   return out;
 }
 
+// A cpu job's Gloo groups connect every pair of ranks through the attempt's rendezvous keys: past
+// 512 ranks they would not fit its 256 MiB, so such a spec is refused at submit, naming parallel.
+TEST(EngineSupportTest, ACpuJobOfMoreRanksThanItsRendezvousHoldsIsRefused) {
+  const std::string cpu =
+      With(With(kCudaJob, "backend: cuda", "backend: cpu"), "experts: 16", "experts: 1024");
+  const std::string at_limit = With(cpu, "ep: 1, dp: 1", "ep: 512, dp: 1");
+  EXPECT_TRUE(ParseJobSpec(at_limit).ok()) << ParseJobSpec(at_limit).status();
+  const absl::StatusOr<JobSpec> over = ParseJobSpec(With(cpu, "ep: 1, dp: 1", "ep: 256, dp: 4"));
+  ASSERT_FALSE(over.ok());
+  EXPECT_THAT(std::string(over.status().message()),
+              StartsWith("parallel: ep x dp = 1024 ranks: the cpu engine runs at most 512"));
+}
+
 TEST(EngineSupportTest, RunnableSpecsPass) {
   EXPECT_TRUE(ParseJobSpec(kCudaJob).ok()) << ParseJobSpec(kCudaJob).status();
   const std::string mxfp8 = With(kCudaJob, "precision: bf16", "precision: mxfp8");
