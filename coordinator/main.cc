@@ -43,6 +43,9 @@ ABSL_FLAG(std::string, tokens_file, "",
 ABSL_FLAG(double, submit_rate_per_second, 5,
           "SubmitJob calls per bearer token per second (token bucket; 0: no limit)");
 ABSL_FLAG(double, submit_burst, 20, "SubmitJob calls a bearer token may make at once");
+ABSL_FLAG(int32_t, max_streams_per_user, 16,
+          "open WatchJob / GetLogs --follow streams per authenticated user");
+ABSL_FLAG(int32_t, max_streams, 128, "open WatchJob / GetLogs --follow streams in all");
 ABSL_FLAG(std::string, config, "",
           "optional YAML file with the same keys as the flags (flags given explicitly win)");
 
@@ -139,6 +142,10 @@ int main(int argc, char** argv) {
     config.submit_rate_per_second = absl::GetFlag(FLAGS_submit_rate_per_second);
   }
   if (FlagGiven(given, "submit_burst")) config.submit_burst = absl::GetFlag(FLAGS_submit_burst);
+  if (FlagGiven(given, "max_streams_per_user")) {
+    config.max_streams_per_user = absl::GetFlag(FLAGS_max_streams_per_user);
+  }
+  if (FlagGiven(given, "max_streams")) config.max_streams = absl::GetFlag(FLAGS_max_streams);
   if (absl::Status s = dropless::coordinator::ValidateConfig(config); !s.ok()) {
     dropless::LogError(std::string(s.message()));
     return 2;

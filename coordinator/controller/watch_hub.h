@@ -34,8 +34,8 @@ class WatchHub {
         log_capacity_(log_capacity),
         update_bytes_(update_bytes),
         log_bytes_(log_bytes) {}
-  static constexpr size_t kUpdateBytes = size_t{32} << 20;
-  static constexpr size_t kLogBytes = size_t{32} << 20;
+  static constexpr size_t kUpdateBytes = size_t{8} << 20;
+  static constexpr size_t kLogBytes = size_t{8} << 20;
 
   std::shared_ptr<Mailbox<v1::JobUpdate>> Watch(const std::string& job_id);
   void EndWatch(const std::string& job_id, const std::shared_ptr<Mailbox<v1::JobUpdate>>& updates);

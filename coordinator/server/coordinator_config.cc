@@ -86,13 +86,18 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
       s = Read(value, key, &base.submit_rate_per_second);
     } else if (key == "submit_burst") {
       s = Read(value, key, &base.submit_burst);
+    } else if (key == "max_streams_per_user") {
+      s = Read(value, key, &base.max_streams_per_user);
+    } else if (key == "max_streams") {
+      s = Read(value, key, &base.max_streams);
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "coordinator config: unknown key \"", key,
           "\" (known: listen, worker_listen, db, metrics_port, metrics_address, "
           "heartbeat_interval_ms, lease_timeout_ms, max_message_bytes, hang_step_multiple, "
           "hang_min_stall_ms, hang_first_step_ms, insecure, tls_cert, tls_key, worker_ca, "
-          "tokens_file, submit_rate_per_second, submit_burst)"));
+          "tokens_file, submit_rate_per_second, submit_burst, max_streams_per_user, "
+          "max_streams)"));
     }
     if (!s.ok()) return s;
   }
@@ -167,6 +172,9 @@ absl::Status ValidateConfig(const CoordinatorConfig& config) {
   if (!(config.submit_rate_per_second >= 0) || !(config.submit_burst >= 1)) {
     return absl::InvalidArgumentError(
         "submit_rate_per_second: must not be negative (0: no limit); submit_burst: at least 1");
+  }
+  if (config.max_streams_per_user < 1 || config.max_streams < 1) {
+    return absl::InvalidArgumentError("max_streams_per_user, max_streams: at least 1");
   }
   return absl::OkStatus();
 }

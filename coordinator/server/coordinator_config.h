@@ -42,6 +42,10 @@ struct CoordinatorConfig {
   // SubmitJob calls per bearer token: refilled at this rate up to the burst; 0: no limit.
   double submit_rate_per_second = 5;
   double submit_burst = 20;
+  // Open WatchJob / GetLogs --follow streams: per authenticated user and in all (each holds a
+  // server thread and up to 8 MiB of queued updates or lines).
+  int max_streams_per_user = 16;
+  int max_streams = 128;
 };
 
 // Overlays the keys present in a YAML mapping onto base. Unknown keys, wrong types and files

@@ -114,8 +114,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     server->metrics_port_ = ports.empty() ? config.metrics_port : ports.front();
   }
 
+  server->streams_ =
+      std::make_unique<StreamLimiter>(config.max_streams_per_user, config.max_streams);
   server->job_service_ = std::make_unique<JobServiceImpl>(
-      server->coordinator_.get(), server->authorizer_ ? server->authorizer_->tokens() : nullptr);
+      server->coordinator_.get(), server->authorizer_ ? server->authorizer_->tokens() : nullptr,
+      server->streams_.get());
   server->worker_service_ = std::make_unique<WorkerServiceImpl>(server->coordinator_.get());
   server->rendezvous_service_ =
       std::make_unique<RendezvousServiceImpl>(server->coordinator_.get());

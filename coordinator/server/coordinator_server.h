@@ -59,6 +59,7 @@ class CoordinatorServer {
   std::shared_ptr<CallAuthorizer> authorizer_;  // null with insecure
   std::unique_ptr<CoordinatorMetrics> metrics_;
   std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<StreamLimiter> streams_;  // before job_service_, which uses it
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<RendezvousServiceImpl> rendezvous_service_;

@@ -29,6 +29,10 @@ absl::StatusOr<int64_t> OldestStoredLineMs(const v1::GetLogsRequest& request) {
 
 }  // namespace
 
+std::string JobServiceImpl::StreamUser(const grpc::ServerContext& context) const {
+  return tokens_ == nullptr ? std::string() : CallerOf(context, tokens_).user;
+}
+
 absl::Status JobServiceImpl::CheckAccess(const grpc::ServerContext& context,
                                          const std::string& job_id) {
   const Caller caller = CallerOf(context, tokens_);
@@ -85,6 +89,8 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobUpdate>* writer) {
   if (absl::Status s = CheckAccess(*context, request->id()); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<StreamLimiter::Slot> slot = streams_->Acquire(StreamUser(*context));
+  if (!slot.ok()) return ToGrpcStatus(slot.status());
   absl::StatusOr<JobWatch> watch = coordinator_->WatchJob(request->id());
   if (!watch.ok()) return ToGrpcStatus(watch.status());
   v1::JobUpdate first;
@@ -172,6 +178,12 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
   }
   absl::StatusOr<int64_t> oldest_ms = OldestStoredLineMs(*request);
   if (!oldest_ms.ok()) return ToGrpcStatus(oldest_ms.status());
+  std::optional<StreamLimiter::Slot> slot;  // a follower holds one until it ends
+  if (request->follow()) {
+    absl::StatusOr<StreamLimiter::Slot> acquired = streams_->Acquire(StreamUser(*context));
+    if (!acquired.ok()) return ToGrpcStatus(acquired.status());
+    slot.emplace(*std::move(acquired));
+  }
   // The store selects the stored lines asked for (the last tail_lines of those since the oldest).
   absl::StatusOr<LogStream> stream =
       coordinator_->OpenLogs(request->job_id(), rank, request->follow(), request->after_seq(),

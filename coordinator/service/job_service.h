@@ -3,6 +3,7 @@
 #ifndef DROPLESS_COORDINATOR_SERVICE_JOB_SERVICE_H_
 #define DROPLESS_COORDINATOR_SERVICE_JOB_SERVICE_H_
 
+#include "coordinator/auth/stream_limiter.h"
 #include "coordinator/auth/user_tokens.h"
 #include "coordinator/controller/coordinator.h"
 #include "dropless/v1/job_service.grpc.pb.h"
@@ -13,8 +14,9 @@ class JobServiceImpl final : public v1::JobService::Service {
  public:
   // tokens: those the listener's CallAuthorizer checks calls with (null on a plaintext listener,
   // where every caller is the anonymous admin).
-  JobServiceImpl(Coordinator* coordinator, const UserTokens* tokens)
-      : coordinator_(coordinator), tokens_(tokens) {}
+  // streams: the bound on open WatchJob / GetLogs --follow streams (outlives the service).
+  JobServiceImpl(Coordinator* coordinator, const UserTokens* tokens, StreamLimiter* streams)
+      : coordinator_(coordinator), tokens_(tokens), streams_(streams) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::Job* response) override;
@@ -46,9 +48,12 @@ class JobServiceImpl final : public v1::JobService::Service {
   // The caller's right to one job: a submitter only to their own (coordinator/auth/caller.h; who
   // may call which method at all is decided before the handler, by CallAuthorizer).
   absl::Status CheckAccess(const grpc::ServerContext& context, const std::string& job_id);
+  // Whose a stream counts as (StreamLimiter): the caller's user; "" on a plaintext listener.
+  std::string StreamUser(const grpc::ServerContext& context) const;
 
   Coordinator* const coordinator_;
   const UserTokens* const tokens_;
+  StreamLimiter* const streams_;
 };
 
 }  // namespace dropless::coordinator

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/coordinator/coordinator_test_support.h"
@@ -409,6 +410,67 @@ TEST(CoordinatorAuthTest, AnAssignmentNamesTheJobsOwner) {
   ASSERT_TRUE(assignment.has_value());
   EXPECT_EQ(assignment->job_id(), alices.id());
   EXPECT_EQ(assignment->owner(), "alice");
+}
+
+// Open streams (WatchJob, GetLogs --follow) are bounded per user and in all: a client that opens
+// streams and never reads them cannot run the coordinator out of threads and memory. A stream
+// that ends gives its place back.
+TEST(CoordinatorAuthTest, OpenStreamsAreBoundedPerUserAndInAll) {
+  const std::string certs = MakeCerts();
+  ASSERT_FALSE(certs.empty());
+  SecureCoordinator c(certs, /*worker_listener=*/true,
+                      {"--max-streams-per-user=2", "--max-streams=3"});
+  auto alice = UserChannel(c.user_port(), certs, Token(certs, "alice"));
+  auto bob = UserChannel(c.user_port(), certs, Token(certs, "bob"));
+  v1::Job alices, bobs;
+  ASSERT_TRUE(Submit(alice, &alices).ok()) << c.Output();
+  ASSERT_TRUE(Submit(bob, &bobs).ok());
+  struct Stream {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::JobUpdate>> reader;
+  };
+  // A watch of the (pending) job: OK when its snapshot arrives, else the refusal.
+  auto watch = [](const std::shared_ptr<grpc::Channel>& channel, const std::string& id,
+                  std::vector<std::unique_ptr<Stream>>* open) {
+    auto s = std::make_unique<Stream>();
+    v1::WatchJobRequest request;
+    request.set_id(id);
+    s->reader = v1::JobService::NewStub(channel)->WatchJob(&s->context, request);
+    v1::JobUpdate first;
+    if (s->reader->Read(&first)) {
+      open->push_back(std::move(s));
+      return grpc::Status::OK;
+    }
+    return s->reader->Finish();
+  };
+  std::vector<std::unique_ptr<Stream>> alices_streams, bobs_streams;
+  ASSERT_TRUE(watch(alice, alices.id(), &alices_streams).ok());
+  ASSERT_TRUE(watch(alice, alices.id(), &alices_streams).ok());
+  const grpc::Status third = watch(alice, alices.id(), &alices_streams);
+  EXPECT_EQ(third.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(third.error_message(), HasSubstr("user alice has 2 streams open"));
+  ASSERT_TRUE(watch(bob, bobs.id(), &bobs_streams).ok());
+  const grpc::Status over = watch(bob, bobs.id(), &bobs_streams);
+  EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(over.error_message(), HasSubstr("3 streams open"));
+  EXPECT_THAT(over.error_message(), HasSubstr("--max-streams 3"));
+  // Alice ends one of hers: bob gets its place.
+  alices_streams.back()->context.TryCancel();
+  (void)alices_streams.back()->reader->Finish();
+  alices_streams.pop_back();
+  grpc::Status again;
+  for (int i = 0; i < 50; ++i) {
+    again = watch(bob, bobs.id(), &bobs_streams);
+    if (again.ok()) break;
+    absl::SleepFor(absl::Milliseconds(100));  // the server sees the cancel within its poll
+  }
+  EXPECT_TRUE(again.ok()) << again.error_message();
+  for (auto* streams : {&alices_streams, &bobs_streams}) {
+    for (auto& s : *streams) {
+      s->context.TryCancel();
+      (void)s->reader->Finish();
+    }
+  }
 }
 
 TEST(CoordinatorAuthTest, ListJobsOwnerFilterWithinTheCallersRights) {
