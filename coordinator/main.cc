@@ -46,6 +46,9 @@ ABSL_FLAG(double, submit_burst, 20, "SubmitJob calls a bearer token may make at 
 ABSL_FLAG(int32_t, max_streams_per_user, 16,
           "open WatchJob / GetLogs --follow streams per authenticated user");
 ABSL_FLAG(int32_t, max_streams, 128, "open WatchJob / GetLogs --follow streams in all");
+ABSL_FLAG(int64_t, max_unfinished_jobs_per_user, 1000,
+          "unfinished jobs one authenticated user may have (SubmitJob beyond is refused; 0: no "
+          "limit)");
 ABSL_FLAG(std::string, config, "",
           "optional YAML file with the same keys as the flags (flags given explicitly win)");
 
@@ -146,6 +149,9 @@ int main(int argc, char** argv) {
     config.max_streams_per_user = absl::GetFlag(FLAGS_max_streams_per_user);
   }
   if (FlagGiven(given, "max_streams")) config.max_streams = absl::GetFlag(FLAGS_max_streams);
+  if (FlagGiven(given, "max_unfinished_jobs_per_user")) {
+    config.max_unfinished_jobs_per_user = absl::GetFlag(FLAGS_max_unfinished_jobs_per_user);
+  }
   if (absl::Status s = dropless::coordinator::ValidateConfig(config); !s.ok()) {
     dropless::LogError(std::string(s.message()));
     return 2;

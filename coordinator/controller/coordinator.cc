@@ -219,6 +219,21 @@ absl::StatusOr<v1::Job> Coordinator::SubmitJob(const v1::SubmitJobRequest& reque
     if (!earlier.ok()) return earlier.status();
     if (earlier->has_value()) return **earlier;
   }
+  // Unfinished jobs are held in memory and looked at by every scheduling pass: one user may not
+  // queue without bound (jobs that can never be placed included).
+  if (!owner.empty() && options_.max_unfinished_jobs_per_user > 0) {
+    int64_t unfinished = 0;
+    for (const auto& [other_id, other] : jobs_.jobs()) {
+      unfinished += other.record.job.owner() == owner && !IsTerminal(other.record.job.state());
+    }
+    if (unfinished >= options_.max_unfinished_jobs_per_user) {
+      return absl::ResourceExhaustedError(absl::StrCat("user ", owner, " has ", unfinished,
+                                                       " unfinished jobs, the limit per user "
+                                                       "(--max-unfinished-jobs-per-user ",
+                                                       options_.max_unfinished_jobs_per_user,
+                                                       "); cancel some or wait for them to end"));
+    }
+  }
   ActiveJob job;
   JobRecord& record = job.record;
   v1::Job& j = record.job;

@@ -71,6 +71,9 @@ struct CoordinatorOptions {
   size_t max_log_lines_per_batch = 10000;
   size_t watch_mailbox_capacity = 4096;
   size_t log_mailbox_capacity = 65536;
+  // Jobs of one (authenticated) user not yet finished; SubmitJob beyond: RESOURCE_EXHAUSTED. 0:
+  // no limit.
+  int64_t max_unfinished_jobs_per_user = 1000;
   HangWatchdogOptions hang;
 };
 

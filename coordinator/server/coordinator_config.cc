@@ -90,6 +90,8 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
       s = Read(value, key, &base.max_streams_per_user);
     } else if (key == "max_streams") {
       s = Read(value, key, &base.max_streams);
+    } else if (key == "max_unfinished_jobs_per_user") {
+      s = Read(value, key, &base.max_unfinished_jobs_per_user);
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "coordinator config: unknown key \"", key,
@@ -97,7 +99,7 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
           "heartbeat_interval_ms, lease_timeout_ms, max_message_bytes, hang_step_multiple, "
           "hang_min_stall_ms, hang_first_step_ms, insecure, tls_cert, tls_key, worker_ca, "
           "tokens_file, submit_rate_per_second, submit_burst, max_streams_per_user, "
-          "max_streams)"));
+          "max_streams, max_unfinished_jobs_per_user)"));
     }
     if (!s.ok()) return s;
   }
@@ -175,6 +177,10 @@ absl::Status ValidateConfig(const CoordinatorConfig& config) {
   }
   if (config.max_streams_per_user < 1 || config.max_streams < 1) {
     return absl::InvalidArgumentError("max_streams_per_user, max_streams: at least 1");
+  }
+  if (config.max_unfinished_jobs_per_user < 0) {
+    return absl::InvalidArgumentError(
+        "max_unfinished_jobs_per_user: must not be negative (0: no limit)");
   }
   return absl::OkStatus();
 }

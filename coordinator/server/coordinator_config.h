@@ -46,6 +46,8 @@ struct CoordinatorConfig {
   // server thread and up to 8 MiB of queued updates or lines).
   int max_streams_per_user = 16;
   int max_streams = 128;
+  // Unfinished (pending, scheduled, running) jobs per authenticated user; 0: no limit.
+  int64_t max_unfinished_jobs_per_user = 1000;
 };
 
 // Overlays the keys present in a YAML mapping onto base. Unknown keys, wrong types and files

@@ -89,6 +89,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(config.db);
   if (!store.ok()) return store.status();
   CoordinatorOptions options;
+  options.max_unfinished_jobs_per_user = config.max_unfinished_jobs_per_user;
   options.heartbeat_interval_ms = config.heartbeat_interval_ms;
   options.lease_timeout_ms = config.lease_timeout_ms;
   options.hang.step_multiple = config.hang_step_multiple;

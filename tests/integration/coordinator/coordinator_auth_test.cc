@@ -502,6 +502,27 @@ TEST(CoordinatorAuthTest, ListJobsOwnerFilterWithinTheCallersRights) {
   EXPECT_TRUE(ids.empty());
 }
 
+// A user's unfinished jobs are bounded: jobs that can never be placed (no worker here) would
+// otherwise pile up in the coordinator's memory at the submission rate. Another user is not held
+// back, and a job that ends gives its place back.
+TEST(CoordinatorAuthTest, AUsersUnfinishedJobsAreBounded) {
+  const std::string certs = MakeCerts();
+  ASSERT_FALSE(certs.empty());
+  SecureCoordinator c(certs, /*worker_listener=*/true, {"--max-unfinished-jobs-per-user=2"});
+  auto alice = UserChannel(c.user_port(), certs, Token(certs, "alice"));
+  v1::Job first, second, third;
+  ASSERT_TRUE(Submit(alice, &first).ok()) << c.Output();
+  ASSERT_TRUE(Submit(alice, &second).ok());
+  const grpc::Status refused = Submit(alice, &third);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(),
+              HasSubstr("user alice has 2 unfinished jobs, the limit per user "
+                        "(--max-unfinished-jobs-per-user 2)"));
+  EXPECT_TRUE(Submit(UserChannel(c.user_port(), certs, Token(certs, "bob")), &third).ok());
+  ASSERT_TRUE(CancelJob(alice, first.id()).ok());
+  EXPECT_TRUE(Submit(alice, &third).ok());
+}
+
 TEST(CoordinatorAuthTest, SubmissionsOverTheRateLimitAreRefused) {
   const std::string certs = MakeCerts();
   ASSERT_FALSE(certs.empty());
