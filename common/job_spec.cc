@@ -402,7 +402,19 @@ absl::StatusOr<JobSpec> ReadJobSpec(const Node& root) {
 
 // Rules for a spec as a user submits it, not for one already stored (which every rank parses
 // again, and which an older coordinator may have written): fields that are set but cannot apply.
-absl::Status CheckSubmittedOnly(const Node& root) {
+absl::Status CheckSubmittedOnly(const Node& root, const JobSpec& spec) {
+  // A relative path would be resolved against each worker daemon's working directory. (Specs
+  // stored before this rule keep their relative dir.)
+  if (!spec.checkpoint.dir.empty() && spec.checkpoint.dir[0] != '/') {
+    const Node* checkpoint = nullptr;
+    for (size_t i = 0; root.kind == Node::Kind::kMap && i < root.map_size(); ++i) {
+      if (root.key(i).scalar == "checkpoint") checkpoint = &root.value(i);
+    }
+    return Invalid(
+        "checkpoint.dir", checkpoint != nullptr ? *checkpoint : root,
+        absl::StrCat("must be an absolute path (got \"", spec.checkpoint.dir.substr(0, 80),
+                     "\"): a relative one would be resolved on each worker"));
+  }
   auto find = [](const Node& map, absl::string_view key) -> const Node* {
     if (map.kind != Node::Kind::kMap) return nullptr;
     for (size_t i = 0; i < map.map_size(); ++i) {
@@ -432,7 +444,7 @@ absl::StatusOr<JobSpec> ParseSpec(std::string_view yaml_text, bool submitted) {
   absl::StatusOr<JobSpec> spec = ReadJobSpec(*root);
   if (!spec.ok()) return spec.status();
   DROPLESS_RETURN_IF_ERROR(internal::CheckJobSpecRules(*spec));
-  if (submitted) DROPLESS_RETURN_IF_ERROR(CheckSubmittedOnly(*root));
+  if (submitted) DROPLESS_RETURN_IF_ERROR(CheckSubmittedOnly(*root, *spec));
   return spec;
 }
 

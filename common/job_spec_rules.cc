@@ -229,12 +229,6 @@ absl::Status CheckJobSpecRules(const JobSpec& s) {
   if (HasControlCharacters(s.checkpoint.dir)) {
     return Fail("checkpoint.dir", "must not contain control characters");
   }
-  // A relative path would be resolved against each worker daemon's working directory.
-  if (!s.checkpoint.dir.empty() && s.checkpoint.dir[0] != '/') {
-    return Fail("checkpoint.dir",
-                absl::StrCat("must be an absolute path (got \"", s.checkpoint.dir.substr(0, 80),
-                             "\"): a relative one would be resolved on each worker"));
-  }
   if (!(s.data.zipf_exponent > 0.0 && s.data.zipf_exponent <= 10.0)) {
     return Fail("data.zipf_exponent",
                 absl::StrFormat("must be > 0 and <= 10 (got %g)", s.data.zipf_exponent));

@@ -16,7 +16,10 @@ Caller CallerOf(const grpc::ServerContext& context, const UserTokens* tokens) {
   Caller caller;  // the anonymous admin of a plaintext listener
   if (tokens == nullptr) return caller;
   // The call's own header (never the connection's AuthContext, which its calls share).
-  caller.role = Role::kSubmitter;  // of nobody's jobs: what a call without a known token gets
+  // A call without a known token (CallAuthorizer refuses those before any handler): a submitter
+  // whose name no job's owner can have, so it may act on no job, ownerless ones included.
+  caller.role = Role::kSubmitter;
+  caller.user = std::string(1, '\0');
   const auto& metadata = context.client_metadata();
   auto header = metadata.find("authorization");
   if (header == metadata.end()) return caller;

@@ -158,8 +158,9 @@ void RankManager::HandleAssignment(const v1::Assignment& assignment) {
     for (const v1::RankAssignment& ra : fresh) {
       RankEntry e = base;
       e.rank = ra.rank();
-      PushStatus(e, v1::RANK_STATE_FAILED, 127, why);
+      e.slot = ra.slot();
       metrics_->RecordRankExit(IdentityOf(e), RankExitResult::kFailed);
+      PushStatus(e, v1::RANK_STATE_FAILED, 127, why);
     }
   };
   if (assignment.job_id().empty()) return reject_all("assignment: job_id is empty");
@@ -437,6 +438,9 @@ void RankManager::OnExit(RankSupervisor::ChildId id, const ChildExit& exit) {
       message = exit.Describe();
       if (!entry.last_output.empty()) absl::StrAppend(&message, ": ", entry.last_output);
     }
+    // Its gauges go before its end is reported: whoever learns of the end (a test, a scraper after
+    // the job finished) no longer sees them.
+    metrics_->RecordRankExit(IdentityOf(entry), result);
     // Queued before the rank leaves ranks_, under the same lock: a Hello built meanwhile lists the
     // rank either as live or (from the queue) as ended, never as neither.
     PushStatus(entry, state, exit.shell_status(), message);
@@ -445,7 +449,6 @@ void RankManager::OnExit(RankSupervisor::ChildId id, const ChildExit& exit) {
   }
   LogInfo(absl::StrCat("job ", entry.job_id, " attempt ", entry.attempt, " rank ", entry.rank,
                        " (pid ", entry.pid, ") ended: ", exit.Describe()));
-  metrics_->RecordRankExit(IdentityOf(entry), result);
 }
 
 std::vector<v1::RankStatus> RankManager::LiveRanks() const {

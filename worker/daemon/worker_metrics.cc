@@ -319,7 +319,12 @@ void WorkerMetrics::RecordRankExit(const RankIdentity& rank, RankExitResult resu
     auto job = jobs_.find(rank.job_id);
     if (job != jobs_.end()) {
       auto series = job->second.find(rank.rank);
-      if (series != job->second.end()) RemoveGauges(series->second);
+      // Only the series of this process's GPU: a later attempt's process of the rank may report
+      // from another GPU already (its series then replaced these).
+      if (series != job->second.end() && series->second.gpu == rank.gpu &&
+          series->second.uuid == rank.uuid) {
+        RemoveGauges(series->second);
+      }
     }
   }
   switch (result) {

@@ -69,7 +69,7 @@ class WorkerMetrics {
   void SetSlots(int busy, int free);
   void SetRanksRunning(int running);
   // The rank's process ended (whether or not it ever reported a step): counted by result, and
-  // the rank's gauges removed.
+  // the rank's gauges removed unless they are another GPU's (a later attempt's process).
   void RecordRankExit(const RankIdentity& rank, RankExitResult result);
   void RecordSessionReconnect();
   // Messages or log lines the outbound queue dropped or refused while full.

@@ -230,7 +230,9 @@ TEST_F(CliEndToEndTest, LogsFollowOfAQuietJobRidesOutACoordinatorRestart) {
   const std::string id = Trimmed(submitted.out);
   auto logs = Process::Start(CliArgv({"logs", id, "-f"}));
   ASSERT_TRUE(logs.ok()) << logs.status();
-  absl::SleepFor(absl::Seconds(2));  // its stream open (nothing to print)
+  // Its stream open: nothing is printed to tell, so a margin a loaded machine's CLI start and
+  // connect fit in many times over.
+  absl::SleepFor(absl::Seconds(4));
   ASSERT_TRUE((*logs)->Running()) << (*logs)->Output();
   RestartCoordinator(absl::Seconds(2));
   for (int i = 0; i < 100 && !absl::StrContains((*logs)->Output(), "logs: lost the coordinator");

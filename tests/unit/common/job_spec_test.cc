@@ -141,8 +141,6 @@ std::vector<BadCase> BadCases() {
        "model.ffn", "must be divisible by 128 with precision fp8-block-wgrad128 (got 64)"},
       {"checkpoint_every_without_dir", With("  every: 0", "  every: 10"), "checkpoint.every",
        "needs checkpoint.dir"},
-      {"checkpoint_dir_relative", With("  dir: \"\"", "  dir: ckpt/run-1"), "checkpoint.dir",
-       "must be an absolute path (got \"ckpt/run-1\")"},
       // Sizes: zero, negative, too large.
       {"hidden_zero", With("  hidden: 64", "  hidden: 0"), "model.hidden", "must be >= 1 (got 0)"},
       {"ffn_negative", With("  ffn: 128", "  ffn: -128"), "model.ffn", "must be >= 1 (got -128)"},
@@ -395,6 +393,22 @@ TEST(JobSpecTest, ASubmittedZipfExponentNeedsZipfRouting) {
   // Stored without it when uniform; read back with the default.
   EXPECT_EQ(JobSpecToYaml(*ParseJobSpec(kBase)).find("zipf_exponent"), std::string::npos);
   EXPECT_EQ(ParseJobSpec(kBase)->data.zipf_exponent, DataSpec{}.zipf_exponent);
+}
+
+// As submitted, checkpoint.dir must be absolute (a relative one would be resolved against each
+// worker daemon's working directory); a spec stored before that rule still parses.
+TEST(JobSpecTest, ASubmittedCheckpointDirIsAbsolute) {
+  const std::string relative =
+      WithAll({{"  dir: \"\"", "  dir: ckpt/run-1"}, {"  zipf_exponent: 1.1", ""}});
+  absl::StatusOr<JobSpec> refused = ParseSubmittedJobSpec(relative);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::StartsWith(refused.status().message(),
+                               "checkpoint.dir: must be an absolute path (got \"ckpt/run-1\")"))
+      << refused.status();
+  EXPECT_TRUE(ParseJobSpec(relative).ok());
+  EXPECT_TRUE(ParseSubmittedJobSpec(
+                  WithAll({{"  dir: \"\"", "  dir: /data/ckpt"}, {"  zipf_exponent: 1.1", ""}}))
+                  .ok());
 }
 
 TEST(JobSpecTest, NcclDispatchersParseAndTheCudaEngineTakesThem) {

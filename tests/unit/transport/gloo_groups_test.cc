@@ -152,11 +152,11 @@ TEST(GlooGroupsTest, ACollectiveWaitsForASlowPeerLongerThanTheConnectTimeout) {
   std::unique_ptr<KeyValueStore> store = NewMemoryKvStore();
   RunRankThreads(2, [&](int r) {
     GlooOptions options = Options(r, 2, 1);
-    options.connect_timeout = absl::Seconds(1);
+    options.connect_timeout = absl::Seconds(5);
     options.collective_timeout = absl::Seconds(60);
     absl::StatusOr<RankGroups> groups = CreateGlooGroups(options, store.get());
     ASSERT_TRUE(groups.ok()) << groups.status();
-    if (r == 1) absl::SleepFor(absl::Seconds(3));  // behind by three connect timeouts
+    if (r == 1) absl::SleepFor(absl::Seconds(8));  // behind by more than the connect timeout
     float x = static_cast<float>(r + 1);
     ASSERT_TRUE(groups->world->AllReduceSum(&x, 1).ok());
     EXPECT_EQ(x, 3.0f);

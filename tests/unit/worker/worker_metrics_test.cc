@@ -186,6 +186,11 @@ TEST(WorkerMetricsTest, GaugesOfAnEndedRankGoAndARankOnAnotherGpuGetsItsLabels) 
                   "job_id=\"job-b\",node=\"n1\",rank=\"0\"} 3"))
       << text;
   EXPECT_EQ(count("dropless_rank_mfu_ratio{"), 1u) << text;
+  // An earlier attempt's process of the rank that ends late (on GPU 0) leaves the live one's
+  // gauges (on GPU 5) alone.
+  m->RecordRankExit({"job-b", 0, "0", "GPU-0"}, RankExitResult::kKilled);
+  text = m->Serialize();
+  EXPECT_EQ(count("dropless_rank_mfu_ratio{"), 1u) << text;
   // A rank that reports again on the same GPU (the next attempt) gets its gauges back.
   m->RecordRankExit({"job-b", 0, "5", "GPU-5"}, RankExitResult::kFailed);
   EXPECT_EQ(m->Serialize().find("dropless_rank_mfu_ratio{"), std::string::npos);
