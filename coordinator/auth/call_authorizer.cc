@@ -64,8 +64,8 @@ grpc::Status CallAuthorizer::AuthorizeUser(absl::string_view method,
                         "missing bearer token: JobService calls need `authorization: Bearer "
                         "<token>` (dropless --token, $DROPLESS_TOKEN or --token-file)");
   }
-  absl::string_view token = header;
-  if (!absl::ConsumePrefix(&token, "Bearer ") || token.empty()) {
+  const absl::string_view token = BearerToken(header);
+  if (token.empty()) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "malformed authorization header: expected `Bearer <token>`");
   }

@@ -23,13 +23,18 @@ Caller CallerOf(const grpc::ServerContext& context, const UserTokens* tokens) {
   const auto& metadata = context.client_metadata();
   auto header = metadata.find("authorization");
   if (header == metadata.end()) return caller;
-  absl::string_view token(header->second.data(), header->second.size());
-  if (!absl::ConsumePrefix(&token, "Bearer ")) return caller;
+  const absl::string_view token =
+      BearerToken(absl::string_view(header->second.data(), header->second.size()));
+  if (token.empty()) return caller;
   const TokenGrant* grant = tokens->Find(token);
   if (grant == nullptr) return caller;
   caller.user = grant->user;
   caller.role = grant->role;
   return caller;
+}
+
+absl::string_view BearerToken(absl::string_view header) {
+  return absl::ConsumePrefix(&header, "Bearer ") ? header : absl::string_view();
 }
 
 absl::Status CheckJobAccess(const Caller& caller, const std::string& job_id,

@@ -5,13 +5,14 @@
 #ifndef DROPLESS_COORDINATOR_AUTH_CALLER_H_
 #define DROPLESS_COORDINATOR_AUTH_CALLER_H_
 
+#include <grpcpp/server_context.h>
+
 #include <optional>
 #include <string>
 
-#include <grpcpp/server_context.h>
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "coordinator/auth/user_tokens.h"
 
 namespace dropless::coordinator {
@@ -31,6 +32,9 @@ struct Caller {
 // (which CallAuthorizer already checked before the handler ran); the anonymous admin when
 // `tokens` is null (a plaintext listener).
 Caller CallerOf(const grpc::ServerContext& context, const UserTokens* tokens);
+
+// The token of an `authorization: Bearer <token>` header; empty when the header is not one.
+absl::string_view BearerToken(absl::string_view header);
 
 // PermissionDenied naming the job and its owner when `caller` may not act on it.
 absl::Status CheckJobAccess(const Caller& caller, const std::string& job_id,

@@ -16,6 +16,15 @@
 #include "coordinator/util/clock.h"
 
 namespace dropless::coordinator {
+namespace {
+
+// Whether a busy slot's rank is the one `status` is about.
+bool IsRankOf(const RankKey& key, const v1::RankStatus& status) {
+  return key.job_id == status.job_id() && key.attempt == status.attempt() &&
+         key.rank == status.rank();
+}
+
+}  // namespace
 
 void Coordinator::ApplyRankStatusLocked(WorkerEntry& worker, const v1::RankStatus& status,
                                         bool from_list, RankStatusCommit& commit) {
@@ -110,10 +119,7 @@ bool Coordinator::CommitRankStatusesLocked(RankStatusCommit& commit) {
 }
 
 bool Coordinator::CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatus& status) {
-  auto holds = [&](const std::pair<const int32_t, RankKey>& slot) {
-    return slot.second.job_id == status.job_id() && slot.second.attempt == status.attempt() &&
-           slot.second.rank == status.rank();
-  };
+  auto holds = [&](const auto& slot) { return IsRankOf(slot.second, status); };
   if (RankEnded(status.state())) {
     for (auto it = worker.occupied.begin(); it != worker.occupied.end();) {
       it = holds(*it) ? worker.occupied.erase(it) : std::next(it);
@@ -144,11 +150,8 @@ bool Coordinator::CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatu
 
 void Coordinator::HoldStraySlotLocked(WorkerEntry& worker, const v1::RankStatus& status) {
   // Until it exits, the process holds its slot: find which one from the stored placement.
-  const bool held =
-      std::any_of(worker.occupied.begin(), worker.occupied.end(), [&](const auto& slot) {
-        return slot.second.job_id == status.job_id() && slot.second.attempt == status.attempt() &&
-               slot.second.rank == status.rank();
-      });
+  const bool held = std::any_of(worker.occupied.begin(), worker.occupied.end(),
+                                [&](const auto& slot) { return IsRankOf(slot.second, status); });
   if (held || !workers_.TakeStraySlotLookupTurn(worker.info.id(), status.job_id(), status.attempt(),
                                                 status.rank(), NowMs())) {
     return;

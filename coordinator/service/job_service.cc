@@ -29,10 +29,6 @@ absl::StatusOr<int64_t> OldestStoredLineMs(const v1::GetLogsRequest& request) {
 
 }  // namespace
 
-std::string JobServiceImpl::StreamUser(const grpc::ServerContext& context) const {
-  return tokens_ == nullptr ? std::string() : CallerOf(context, tokens_).user;
-}
-
 absl::Status JobServiceImpl::CheckAccess(const grpc::ServerContext& context,
                                          const std::string& job_id) {
   const Caller caller = CallerOf(context, tokens_);
@@ -89,7 +85,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobUpdate>* writer) {
   if (absl::Status s = CheckAccess(*context, request->id()); !s.ok()) return ToGrpcStatus(s);
-  absl::StatusOr<StreamLimiter::Slot> slot = streams_->Acquire(StreamUser(*context));
+  absl::StatusOr<StreamLimiter::Slot> slot = streams_->Acquire(CallerOf(*context, tokens_).user);
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   absl::StatusOr<JobWatch> watch = coordinator_->WatchJob(request->id());
   if (!watch.ok()) return ToGrpcStatus(watch.status());
@@ -173,14 +169,12 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
   if (absl::Status s = CheckAccess(*context, request->job_id()); !s.ok()) return ToGrpcStatus(s);
   std::optional<int32_t> rank;
   if (request->has_rank()) rank = request->rank();
-  if (request->tail_lines() < 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "tail_lines: must not be negative");
-  }
   absl::StatusOr<int64_t> oldest_ms = OldestStoredLineMs(*request);
   if (!oldest_ms.ok()) return ToGrpcStatus(oldest_ms.status());
   std::optional<StreamLimiter::Slot> slot;  // a follower holds one until it ends
   if (request->follow()) {
-    absl::StatusOr<StreamLimiter::Slot> acquired = streams_->Acquire(StreamUser(*context));
+    absl::StatusOr<StreamLimiter::Slot> acquired =
+        streams_->Acquire(CallerOf(*context, tokens_).user);
     if (!acquired.ok()) return ToGrpcStatus(acquired.status());
     slot.emplace(*std::move(acquired));
   }

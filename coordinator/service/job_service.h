@@ -48,8 +48,6 @@ class JobServiceImpl final : public v1::JobService::Service {
   // The caller's right to one job: a submitter only to their own (coordinator/auth/caller.h; who
   // may call which method at all is decided before the handler, by CallAuthorizer).
   absl::Status CheckAccess(const grpc::ServerContext& context, const std::string& job_id);
-  // Whose a stream counts as (StreamLimiter): the caller's user; "" on a plaintext listener.
-  std::string StreamUser(const grpc::ServerContext& context) const;
 
   Coordinator* const coordinator_;
   const UserTokens* const tokens_;
