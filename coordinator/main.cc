@@ -11,6 +11,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/log.h"
 #include "coordinator/server/coordinator_server.h"
 
@@ -49,6 +50,9 @@ ABSL_FLAG(int32_t, max_streams, 128, "open WatchJob / GetLogs --follow streams i
 ABSL_FLAG(int64_t, max_unfinished_jobs_per_user, 1000,
           "unfinished jobs one authenticated user may have (SubmitJob beyond is refused; 0: no "
           "limit)");
+ABSL_FLAG(absl::Duration, job_retention, absl::Hours(720),
+          "finished jobs, with their events, logs and step metrics, are deleted from the store "
+          "this long after they ended (a duration: 720h, 90m); 0 keeps them for good");
 ABSL_FLAG(std::string, config, "",
           "optional YAML file with the same keys as the flags (flags given explicitly win)");
 
@@ -152,6 +156,7 @@ int main(int argc, char** argv) {
   if (FlagGiven(given, "max_unfinished_jobs_per_user")) {
     config.max_unfinished_jobs_per_user = absl::GetFlag(FLAGS_max_unfinished_jobs_per_user);
   }
+  if (FlagGiven(given, "job_retention")) config.job_retention = absl::GetFlag(FLAGS_job_retention);
   if (absl::Status s = dropless::coordinator::ValidateConfig(config); !s.ok()) {
     dropless::LogError(std::string(s.message()));
     return 2;

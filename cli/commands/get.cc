@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/client.h"
@@ -117,6 +118,11 @@ void PrintWorkerTable(const std::vector<const v1::Worker*>& workers) {
   for (const v1::Worker* w : workers) {
     std::vector<std::string> devices(w->devices().begin(), w->devices().end());
     std::string device_text = devices.empty() ? "-" : devices[0];
+    if (w->device_memory_bytes_size() > 0 && w->device_memory_bytes(0) > 0) {
+      absl::StrAppend(&device_text, absl::StrFormat(" (%.1f GiB)",
+                                                    static_cast<double>(w->device_memory_bytes(0)) /
+                                                        (int64_t{1} << 30)));
+    }
     if (devices.size() > 1) absl::StrAppend(&device_text, " x", devices.size());
     table.AddRow({w->id(), w->node(), WorkerStateName(w->state()), w->slot_kind(),
                   absl::StrCat(w->slots_busy(), "/", w->slots()), device_text,

@@ -136,6 +136,8 @@ Value JobView(const v1::Job& job) {
       .Set("state", Value::String(JobStateName(job.state())))
       .Set("priority", Value::Int(job.priority()))
       .Set("attempt", Value::Int(job.attempt()))
+      .Set("uncounted_attempts", Value::Int(job.uncounted_attempts()))
+      .Set("needs_device_memory_above_bytes", Value::Int(job.needs_device_memory_above_bytes()))
       .Set("world_size", Value::Int(job.world_size()))
       .Set("backend", Value::String(job.backend()))
       .Set("step", Value::Int(has_step ? job.latest().step() : 0))
@@ -155,6 +157,8 @@ Value JobView(const v1::Job& job) {
 Value WorkerView(const v1::Worker& w) {
   Value devices = Value::Array();
   for (const std::string& d : w.devices()) devices.Push(Value::String(d));
+  Value memory = Value::Array();
+  for (int64_t bytes : w.device_memory_bytes()) memory.Push(Value::Int(bytes));
   Value v = Value::Object();
   v.Set("id", Value::String(w.id()))
       .Set("node", Value::String(w.node()))
@@ -165,6 +169,7 @@ Value WorkerView(const v1::Worker& w) {
       .Set("slots", Value::Int(w.slots()))
       .Set("slots_busy", Value::Int(w.slots_busy()))
       .Set("devices", std::move(devices))
+      .Set("device_memory_bytes", std::move(memory))
       .Set("registered_time", TimeValue(w.registered_time_ms()))
       .Set("last_heartbeat", TimeValue(w.last_heartbeat_ms()));
   return v;

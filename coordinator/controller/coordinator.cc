@@ -128,6 +128,12 @@ absl::Status Coordinator::Load() {
 
 void Coordinator::Start() {
   ticker_ = std::thread([this] { TickLoop(); });
+  if (options_.job_retention > absl::ZeroDuration() &&
+      options_.job_retention != absl::InfiniteDuration()) {
+    retention_ = std::thread([this] { RetentionLoop(); });
+  } else {
+    LogInfo("job retention off: finished jobs are kept for good");
+  }
 }
 
 void Coordinator::TickLoop() {
@@ -158,6 +164,7 @@ void Coordinator::Shutdown() {
   rendezvous_.Shutdown();
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (ticker_.joinable()) ticker_.join();
+  if (retention_.joinable()) retention_.join();
 }
 
 void Coordinator::ScheduleLocked() {

@@ -1,10 +1,12 @@
 // Coordinator: the control plane of dropless behind the gRPC services (thin adapters over it). It
-// checks requests, holds the lock, runs the ticker, and says what a worker's message means for a
-// job; the state lives in its parts, each with a header of its own: the JobController (desired vs
-// observed state of the unfinished jobs: attempts, placement, retries; job_controller.h), the
-// WorkerRegistry (the worker-facing state: identity, sessions, leases, slots;
-// worker_registry.h), the WatchHub (the subscribers of the streams that follow a job, with a lock
-// of its own; watch_hub.h), the RendezvousStore and the hang watchdog's policy (hang_watchdog.h).
+// checks requests, holds the lock, runs the ticker and the retention sweeper (finished jobs
+// older than options.job_retention deleted; coordinator_retention.cc), and says what a worker's
+// message means for a job; the state lives in its parts, each with a header of its own: the
+// JobController (desired vs observed state of the unfinished jobs: attempts, placement, retries;
+// job_controller.h), the WorkerRegistry (the worker-facing state: identity, sessions, leases,
+// slots; worker_registry.h), the WatchHub (the subscribers of the streams that follow a job, with
+// a lock of its own; watch_hub.h), the RendezvousStore and the hang watchdog's policy
+// (hang_watchdog.h).
 //
 // Every accepted change is written to the JobStore before anyone hears about it (the RPC
 // answer, a watcher, a worker's Assignment); only a Cancellation goes out whether or not its
@@ -75,7 +77,14 @@ struct CoordinatorOptions {
   // no limit.
   int64_t max_unfinished_jobs_per_user = 1000;
   HangWatchdogOptions hang;
+  // Finished jobs that ended longer ago than this are deleted from the store with everything that
+  // belongs to them (ExpireFinishedJobs); zero (or infinite) keeps them for good.
+  absl::Duration job_retention = absl::Hours(720);
 };
+
+// How often the retention sweep runs: every 10 minutes, or a tenth of the retention when that is
+// shorter, but at most once a minute.
+absl::Duration JobRetentionSweepPeriod(absl::Duration retention);
 
 // A WatchJob stream: the job as of subscription and the updates after it.
 struct JobWatch {
@@ -100,11 +109,23 @@ class Coordinator {
                                                              CoordinatorMetrics* metrics);
   ~Coordinator();
 
-  // Starts the lease/scheduling ticker.
+  // Starts the lease/scheduling ticker and, unless finished jobs are kept for good, the retention
+  // sweeper: ExpireFinishedJobs at once, then every JobRetentionSweepPeriod.
   void Start();
   // Ends every stream (sessions, watches, log follows, rendezvous waits) without changing
-  // persisted state, so workers reconcile with the next coordinator; stops the ticker.
+  // persisted state, so workers reconcile with the next coordinator; stops the ticker and the
+  // sweeper (a batch being deleted is finished first).
   void Shutdown();
+
+  // Retention (coordinator_retention.cc): deletes from the store the finished jobs that ended
+  // more than options.job_retention before now_ms, with all their rows, one bounded batch
+  // (JobStore::DeleteJobsEndedBefore) per hold of the lock, so that calls wait at most one batch.
+  // Nothing in memory refers to them: finished jobs are retired first (their streams end), and
+  // nothing is deleted while memory holds changes the store has not taken (UNAVAILABLE). Counted
+  // by dropless_coordinator_jobs_expired_total and logged in one line when any was deleted.
+  // Returns how many were deleted; an error says why it stopped (the batches deleted before it
+  // stay deleted, counted and logged).
+  absl::StatusOr<int64_t> ExpireFinishedJobs(int64_t now_ms);
 
   // JobService. Errors name the offending field or id.
   // A request_id seen before (for the same owner) returns the job it made; AlreadyExists when
@@ -168,6 +189,7 @@ class Coordinator {
       : store_(std::move(store)), options_(options), metrics_(metrics) {}
   absl::Status Load() ABSL_LOCKS_EXCLUDED(mu_);
   void TickLoop();
+  void RetentionLoop();
 
   // The job an earlier submit with (owner, request_id) made, if any.
   absl::StatusOr<std::optional<v1::Job>> FindSubmittedLocked(const std::string& owner,
@@ -267,6 +289,7 @@ class Coordinator {
 
   absl::Notification stop_;
   std::thread ticker_;
+  std::thread retention_;  // not started when finished jobs are kept for good
 };
 
 }  // namespace dropless::coordinator

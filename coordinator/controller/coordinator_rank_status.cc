@@ -77,8 +77,17 @@ void Coordinator::ApplyRankStatusLocked(WorkerEntry& worker, const v1::RankStatu
       reason = absl::StrCat(gone, ", then ", reason);
     }
     AddEvent(write, j.id(), status.attempt(), "RankExited", reason);
-    const bool job_error =
-        status.state() == v1::RANK_STATE_FAILED && status.exit_code() == kRankExitJobError;
+    const bool failed = status.state() == v1::RANK_STATE_FAILED;
+    if (failed && status.exit_code() == kRankExitDeviceTooSmall) {
+      // Out of memory on this GPU in all: larger GPUs only, if a READY worker has them.
+      const int32_t slot = rank->slot;
+      const int64_t bytes = slot >= 0 && slot < worker.info.device_memory_bytes_size()
+                                ? worker.info.device_memory_bytes(slot)
+                                : 0;
+      jobs_.FailAttemptOnTooSmallDevice(*job, reason, bytes, write);
+      return;
+    }
+    const bool job_error = failed && status.exit_code() == kRankExitJobError;
     jobs_.FailAttempt(*job, reason, write, /*retry=*/!job_error);
     return;
   }

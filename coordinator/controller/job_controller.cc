@@ -130,7 +130,8 @@ void JobController::Schedule() {
   for (const auto& [id, job] : jobs_) {
     const v1::Job& j = job.record.job;
     if (j.state() != v1::JOB_STATE_PENDING) continue;
-    queue.push_back(QueuedJob{id, j.priority(), job.record.seq, j.backend(), j.world_size()});
+    queue.push_back(QueuedJob{id, j.priority(), job.record.seq, j.backend(), j.world_size(),
+                              j.needs_device_memory_above_bytes()});
   }
   if (queue.empty()) return;
   SchedulePlan plan = PlanSchedule(std::move(queue), workers_.Capacity());
@@ -306,10 +307,7 @@ void JobController::EndAttempt(ActiveJob& job, v1::JobState state, const std::st
 void JobController::FailAttempt(ActiveJob& job, const std::string& reason, StoreWrite& write,
                                 bool retry) {
   v1::Job& j = job.record.job;
-  const int32_t number = j.attempt();
-  EndAttempt(job, v1::JOB_STATE_FAILED, reason, write);
-  AddEvent(write, j.id(), number, "AttemptFailed", reason);
-  LogWarning(absl::StrFormat("job %s attempt %d failed: %s", j.id(), number, reason));
+  const int32_t number = EndFailedAttempt(job, reason, write);
   if (!retry) {
     FinishJob(
         job, v1::JOB_STATE_FAILED,
@@ -319,21 +317,72 @@ void JobController::FailAttempt(ActiveJob& job, const std::string& reason, Store
         write);
     return;
   }
-  if (number < job.record.max_attempts) {
-    j.set_state(v1::JOB_STATE_PENDING);
-    j.clear_placement();
-    j.set_message(absl::StrCat("attempt ", number, " failed: ", reason));
-    job.record.queued_time_ms = NowMs();
-    job.waiting_reason.clear();
-    AddEvent(write, j.id(), number, "Retrying",
-             absl::StrFormat("attempt %d of %d failed; queued for attempt %d", number,
-                             job.record.max_attempts, number + 1));
-    MarkDirty(job);
+  // Attempts that ran out of memory on a GPU too small do not count (FailAttemptOnTooSmallDevice).
+  const int32_t counted = number - j.uncounted_attempts();
+  const std::string of_max =
+      j.uncounted_attempts() == 0
+          ? absl::StrFormat("attempt %d of %d", number, job.record.max_attempts)
+          : absl::StrFormat("attempt %d (%d of %d counted)", number, counted,
+                            job.record.max_attempts);
+  if (counted < job.record.max_attempts) {
+    Requeue(job, number, reason,
+            absl::StrFormat("%s failed; queued for attempt %d", of_max, number + 1), write);
     return;
   }
-  FinishJob(job, v1::JOB_STATE_FAILED,
-            absl::StrFormat("attempt %d of %d failed: %s", number, job.record.max_attempts, reason),
-            write);
+  FinishJob(job, v1::JOB_STATE_FAILED, absl::StrFormat("%s failed: %s", of_max, reason), write);
+}
+
+void JobController::FailAttemptOnTooSmallDevice(ActiveJob& job, const std::string& reason,
+                                                int64_t device_memory_bytes, StoreWrite& write) {
+  v1::Job& j = job.record.job;
+  const int64_t above = std::max(j.needs_device_memory_above_bytes(), device_memory_bytes);
+  const std::string gib =
+      absl::StrFormat("%.1f GiB", static_cast<double>(above) / (int64_t{1} << 30));
+  bool larger_ready = false;
+  if (device_memory_bytes > 0) {
+    for (const NodeCapacity& node : workers_.Capacity()) {
+      if (node.slot_kind != j.backend()) continue;
+      for (int64_t bytes : node.device_memory_bytes) larger_ready |= bytes > above;
+    }
+  }
+  if (!larger_ready) {
+    FailAttempt(job,
+                device_memory_bytes > 0 ? absl::StrCat(reason, "; no READY ", j.backend(),
+                                                       " worker has a GPU with more than ", gib)
+                                        : reason,
+                write, /*retry=*/false);
+    return;
+  }
+  j.set_needs_device_memory_above_bytes(above);
+  j.set_uncounted_attempts(j.uncounted_attempts() + 1);
+  const int32_t number = EndFailedAttempt(job, reason, write);
+  Requeue(job, number, reason,
+          absl::StrFormat("attempt %d ran out of memory on a GPU of %s; queued for attempt %d "
+                          "on GPUs with more memory (not counted against max_attempts)",
+                          number, gib, number + 1),
+          write);
+}
+
+int32_t JobController::EndFailedAttempt(ActiveJob& job, const std::string& reason,
+                                        StoreWrite& write) {
+  const v1::Job& j = job.record.job;
+  const int32_t number = j.attempt();
+  EndAttempt(job, v1::JOB_STATE_FAILED, reason, write);
+  AddEvent(write, j.id(), number, "AttemptFailed", reason);
+  LogWarning(absl::StrFormat("job %s attempt %d failed: %s", j.id(), number, reason));
+  return number;
+}
+
+void JobController::Requeue(ActiveJob& job, int32_t number, const std::string& reason,
+                            const std::string& event, StoreWrite& write) {
+  v1::Job& j = job.record.job;
+  j.set_state(v1::JOB_STATE_PENDING);
+  j.clear_placement();
+  j.set_message(absl::StrCat("attempt ", number, " failed: ", reason));
+  job.record.queued_time_ms = NowMs();
+  job.waiting_reason.clear();
+  AddEvent(write, j.id(), number, "Retrying", event);
+  MarkDirty(job);
 }
 
 void JobController::FinishJob(ActiveJob& job, v1::JobState state, const std::string& message,

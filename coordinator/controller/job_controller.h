@@ -81,6 +81,9 @@ class JobController {
   void MarkDirty(const ActiveJob& job) { dirty_.insert(job.record.job.id()); }
   // Whether the job has changes that are not stored yet (a failed Commit leaves them dirty).
   bool IsDirty(const std::string& job_id) const { return dirty_.count(job_id) != 0; }
+  // Whether memory holds anything the store does not have yet: dirty jobs, or what failed commits
+  // kept aside (which may name jobs that are no longer in memory).
+  bool HasUnstoredChanges() const { return !dirty_.empty() || !unstored_.empty(); }
 
   // What a failed Commit does with the attempts, workers and events of its write (the dirty
   // jobs stay dirty either way).
@@ -112,6 +115,13 @@ class JobController {
   // Ends the attempt; the job is queued again while attempts remain, else it FAILS. `retry` false
   // (a rank reported a problem of the job itself, common/job_error.h) FAILS it at once.
   void FailAttempt(ActiveJob& job, const std::string& reason, StoreWrite& write, bool retry = true);
+  // Ends the attempt of which a rank ran out of memory on a GPU with `device_memory_bytes` in all
+  // (kRankExitDeviceTooSmall): the job is queued again, the attempt not counted against
+  // max_attempts, for GPUs with more memory only (Job.needs_device_memory_above_bytes) while a
+  // READY worker of its kind has one; otherwise (or when that GPU's memory is unknown: 0) the job
+  // FAILS as for a problem of the job itself.
+  void FailAttemptOnTooSmallDevice(ActiveJob& job, const std::string& reason,
+                                   int64_t device_memory_bytes, StoreWrite& write);
   // Sends the job's current Assignment for the worker's ranks again (with the next Commit, after
   // the AssignmentResent event that says why in `write`): its placement is stored, but the
   // worker's daemon run never got it (lost to a restart of the coordinator).
@@ -144,6 +154,11 @@ class JobController {
   void Place(ActiveJob& job, const JobPlacement& placement, StoreWrite& write);
   // Its commit failed: the job as it was, the slots free, the rendezvous closed.
   void UndoPlacement(const UnstoredPlacement& placement);
+  // Ends the current attempt as FAILED with an AttemptFailed event; its number.
+  int32_t EndFailedAttempt(ActiveJob& job, const std::string& reason, StoreWrite& write);
+  // PENDING again after attempt `number` failed; `event` says why in a Retrying event.
+  void Requeue(ActiveJob& job, int32_t number, const std::string& reason, const std::string& event,
+               StoreWrite& write);
   // Its commit succeeded: logged, measured, and the Assignments sent.
   void AnnouncePlacement(const ActiveJob& job);
   // The Assignment of the job's current attempt for the ranks placed on `worker_id`.

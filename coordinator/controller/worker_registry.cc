@@ -89,6 +89,21 @@ absl::Status WorkerRegistry::CheckRegistration(const v1::RegisterWorkerRequest& 
     if (device.size() > 256)
       return absl::InvalidArgumentError("devices: entry longer than 256 bytes");
   }
+  if (!request.device_memory_bytes().empty()) {
+    if (request.slot_kind() != "cuda" ||
+        request.device_memory_bytes_size() != request.devices_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device_memory_bytes: one entry per slot of a cuda worker (got ",
+                       request.device_memory_bytes_size(), " for ", request.devices_size(), " ",
+                       request.slot_kind(), " slots)"));
+    }
+    for (int64_t bytes : request.device_memory_bytes()) {
+      if (bytes < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("device_memory_bytes: must be >= 0 (got ", bytes, ")"));
+      }
+    }
+  }
   if (request.metrics_port() < 0 || request.metrics_port() > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics_port: must be 0..65535 (got ", request.metrics_port(), ")"));
@@ -137,6 +152,7 @@ absl::StatusOr<const v1::Worker*> WorkerRegistry::Register(const v1::RegisterWor
   info.set_metrics_port(request.metrics_port());
   info.set_slot_kind(request.slot_kind());
   *info.mutable_devices() = request.devices();
+  *info.mutable_device_memory_bytes() = request.device_memory_bytes();
   info.set_slots(request.devices_size());
   worker.last_message_ms = now_ms;
   worker.registered_boot_id = request.boot_id();
@@ -300,7 +316,13 @@ std::vector<NodeCapacity> WorkerRegistry::Capacity() const {
         !worker.leaving.empty()) {
       continue;
     }
-    NodeCapacity node{id, worker.info.node(), worker.info.slot_kind(), worker.info.slots(), {}};
+    NodeCapacity node{
+        id,
+        worker.info.node(),
+        worker.info.slot_kind(),
+        worker.info.slots(),
+        {},
+        {worker.info.device_memory_bytes().begin(), worker.info.device_memory_bytes().end()}};
     for (int32_t slot = 0; slot < worker.info.slots(); ++slot) {
       if (worker.occupied.count(slot) == 0) node.free_slots.push_back(slot);
     }

@@ -85,6 +85,13 @@ CoordinatorMetrics::CoordinatorMetrics()
                          .Name("dropless_coordinator_jobs_finished_total")
                          .Help("Jobs that reached a terminal state, by state")
                          .Register(*registry_)),
+      jobs_expired_(prometheus::BuildCounter()
+                        .Name("dropless_coordinator_jobs_expired_total")
+                        .Help("Finished jobs deleted from the job store, with their attempts, "
+                              "events, logs and step metrics, because they ended longer than "
+                              "--job-retention ago")
+                        .Register(*registry_)
+                        .Add({})),
       rpcs_(prometheus::BuildCounter()
                 .Name("dropless_coordinator_rpcs_total")
                 .Help("gRPC calls handled, by method and status code")
@@ -152,6 +159,10 @@ void CoordinatorMetrics::CountStoreCommitFailure() { store_commit_failures_.Incr
 
 void CoordinatorMetrics::CountJobFinished(v1::JobState state) {
   jobs_finished_.Add({{"state", JobStateName(state)}}).Increment();
+}
+
+void CoordinatorMetrics::CountJobsExpired(int64_t jobs) {
+  jobs_expired_.Increment(static_cast<double>(jobs));
 }
 
 void CoordinatorMetrics::RecordRpc(const std::string& method, absl::string_view code,

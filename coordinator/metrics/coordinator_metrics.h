@@ -13,6 +13,8 @@
 //   dropless_coordinator_store_commits_total{sync="full|normal"} counter: job-state transactions
 //   dropless_coordinator_store_commit_failures_total        counter: those that failed
 //   dropless_coordinator_jobs_finished_total{state}         counter
+//   dropless_coordinator_jobs_expired_total                 counter: finished jobs deleted by
+//                                                           retention (--job-retention)
 //   dropless_coordinator_rpcs_total{method,code}            counter
 //   dropless_coordinator_rpc_duration_seconds{method}       histogram
 //
@@ -59,6 +61,8 @@ class CoordinatorMetrics {
   // A transaction of job state that the store refused (e.g. a full disk); it is retried.
   void CountStoreCommitFailure();
   void CountJobFinished(v1::JobState state);
+  // Finished jobs deleted from the store because they ended longer than --job-retention ago.
+  void CountJobsExpired(int64_t jobs);
   // method: "Service/Method" (bounded: the coordinator's own methods, else "other");
   // code: the gRPC status code's name, e.g. "OK", "NOT_FOUND".
   void RecordRpc(const std::string& method, absl::string_view code, double seconds);
@@ -78,6 +82,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>& store_commits_;
   prometheus::Counter& store_commit_failures_;
   prometheus::Family<prometheus::Counter>& jobs_finished_;
+  prometheus::Counter& jobs_expired_;
   prometheus::Family<prometheus::Counter>& rpcs_;
   prometheus::Family<prometheus::Histogram>& rpc_duration_;
 };

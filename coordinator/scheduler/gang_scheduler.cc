@@ -4,6 +4,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace dropless::coordinator {
 namespace {
@@ -33,6 +34,32 @@ void AssignRanks(const std::vector<std::pair<const NodeCapacity*, int32_t>>& tak
       out->push_back(RankSlot{rank++, node->worker_id, node->node, node->free_slots[i]});
     }
   }
+}
+
+// The nodes as a job that needs GPUs with more than `above` bytes sees them: only the slots that
+// qualify, counted in `slots` and listed in `free_slots`.
+std::vector<NodeCapacity> SlotsWithMoreMemory(const std::vector<NodeCapacity>& nodes,
+                                              int64_t above) {
+  std::vector<NodeCapacity> out;
+  for (const NodeCapacity& node : nodes) {
+    auto qualifies = [&](int32_t slot) {
+      return slot >= 0 && static_cast<size_t>(slot) < node.device_memory_bytes.size() &&
+             node.device_memory_bytes[slot] > above;
+    };
+    NodeCapacity view = node;
+    view.slots = 0;
+    for (int32_t slot = 0; slot < node.slots; ++slot) view.slots += qualifies(slot) ? 1 : 0;
+    view.free_slots.clear();
+    for (int32_t slot : node.free_slots) {
+      if (qualifies(slot)) view.free_slots.push_back(slot);
+    }
+    if (view.slots > 0) out.push_back(std::move(view));
+  }
+  return out;
+}
+
+std::string GiB(int64_t bytes) {
+  return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (int64_t{1} << 30));
 }
 
 }  // namespace
@@ -88,33 +115,41 @@ SchedulePlan PlanSchedule(std::vector<QueuedJob> queue, std::vector<NodeCapacity
     if (a.priority != b.priority) return a.priority > b.priority;
     return a.seq < b.seq;
   });
-  std::map<std::string, int64_t> total_slots;  // by kind, busy or free
-  std::map<std::string, int64_t> largest_node;  // by kind: the most slots of one worker
-  for (const NodeCapacity& node : nodes) {
-    total_slots[node.slot_kind] += node.slots;
-    largest_node[node.slot_kind] = std::max<int64_t>(largest_node[node.slot_kind], node.slots);
-  }
-
   SchedulePlan plan;
   std::map<std::string, const QueuedJob*> blocked_by;  // backend -> first job that did not fit
   for (const QueuedJob& job : queue) {
-    int64_t total = total_slots.count(job.backend) ? total_slots[job.backend] : 0;
+    // The slots this job may use: every slot of its kind, or those with GPUs larger than one it
+    // did not fit.
+    const int64_t above = job.needs_device_memory_above;
+    std::vector<NodeCapacity> larger;
+    if (above > 0) larger = SlotsWithMoreMemory(nodes, above);
+    const std::vector<NodeCapacity>& usable = above > 0 ? larger : nodes;
+    const std::string slots_text =
+        above > 0 ? absl::StrCat(job.backend, " slots with more than ", GiB(above),
+                                 " of GPU memory (an attempt ran out of memory on one that size)")
+                  : absl::StrCat(job.backend, " slots");
+    int64_t total = 0;    // busy or free
+    int64_t largest = 0;  // the most slots of one worker
+    for (const NodeCapacity& node : usable) {
+      if (node.slot_kind != job.backend) continue;
+      total += node.slots;
+      largest = std::max<int64_t>(largest, node.slots);
+    }
     const bool one_node = GangNeedsOneNode(job.backend);
-    const int64_t largest = largest_node.count(job.backend) ? largest_node[job.backend] : 0;
     if (one_node && total >= job.world_size && job.world_size > largest) {
       plan.waiting.push_back(
           {job.job_id,
-           absl::StrCat("needs ", job.world_size, " ", job.backend,
-                        " slots on one node (the cuda engine's EP group is one NVLink "
-                        "domain) but the largest READY ",
+           absl::StrCat("needs ", job.world_size, " ", slots_text,
+                        " on one node (the cuda engine's EP group is one NVLink domain) but the "
+                        "largest READY ",
                         job.backend, " worker has ", largest, "; waiting for a larger worker")});
       continue;
     }
     if (job.world_size > total) {
       plan.waiting.push_back(
-          {job.job_id, absl::StrCat("needs ", job.world_size, " ", job.backend,
-                                    " slots but the READY ", job.backend, " workers have ", total,
-                                    " in total; waiting for more workers")});
+          {job.job_id,
+           absl::StrCat("needs ", job.world_size, " ", slots_text, " but the READY ", job.backend,
+                        " workers have ", total, " in total; waiting for more workers")});
       continue;
     }
     auto blocker = blocked_by.find(job.backend);
@@ -125,20 +160,20 @@ SchedulePlan PlanSchedule(std::vector<QueuedJob> queue, std::vector<NodeCapacity
                                     blocker->second->world_size, " ", job.backend, " slots)")});
       continue;
     }
-    std::optional<std::vector<RankSlot>> ranks = PackGang(job.world_size, job.backend, nodes);
+    std::optional<std::vector<RankSlot>> ranks = PackGang(job.world_size, job.backend, usable);
     if (!ranks.has_value()) {
       int64_t free = 0, most_on_one = 0;
-      for (const NodeCapacity& node : nodes) {
+      for (const NodeCapacity& node : usable) {
         if (node.slot_kind != job.backend) continue;
         free += static_cast<int64_t>(node.free_slots.size());
         most_on_one = std::max<int64_t>(most_on_one, static_cast<int64_t>(node.free_slots.size()));
       }
       plan.waiting.push_back(
           {job.job_id,
-           one_node ? absl::StrCat("needs ", job.world_size, " ", job.backend,
-                                   " slots on one node; at most ", most_on_one, " free on one now")
-                    : absl::StrCat("needs ", job.world_size, " ", job.backend, " slots; ", free,
-                                   " free now")});
+           one_node
+               ? absl::StrCat("needs ", job.world_size, " ", slots_text, " on one node; at most ",
+                              most_on_one, " free on one now")
+               : absl::StrCat("needs ", job.world_size, " ", slots_text, "; ", free, " free now")});
       blocked_by[job.backend] = &job;
       continue;
     }

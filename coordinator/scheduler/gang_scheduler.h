@@ -16,6 +16,9 @@
 //   separate pools and do not block each other.
 // - A job larger than every READY slot of its kind together cannot fit until workers join; it
 //   waits with a reason but does not block the queue (it would otherwise block it forever).
+// - A cuda job that ran out of memory on a GPU of some size (QueuedJob.needs_device_memory_above)
+//   goes only on slots whose GPU has more; the rules above then count only those slots. Slots of
+//   unknown memory (a worker that predates reporting it) do not qualify.
 #ifndef DROPLESS_COORDINATOR_SCHEDULER_GANG_SCHEDULER_H_
 #define DROPLESS_COORDINATOR_SCHEDULER_GANG_SCHEDULER_H_
 
@@ -33,6 +36,8 @@ struct NodeCapacity {
   std::string slot_kind;            // cpu | cuda
   int32_t slots = 0;                // all slots of the worker
   std::vector<int32_t> free_slots;  // slot indices held by no live rank, ascending
+  // By slot index (cuda): the GPU's total memory in bytes; 0 or missing: unknown.
+  std::vector<int64_t> device_memory_bytes;
 };
 
 // A PENDING job waiting for placement.
@@ -42,6 +47,8 @@ struct QueuedJob {
   int64_t seq = 0;      // submission order
   std::string backend;  // cpu | cuda
   int32_t world_size = 0;
+  // Bytes: only slots whose GPU has more memory than this qualify (0: any slot).
+  int64_t needs_device_memory_above = 0;
 };
 
 struct RankSlot {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "common/host_port.h"
 #include "common/status_context.h"
 
@@ -22,6 +23,18 @@ absl::Status Read(const YAML::Node& node, const std::string& key, T* out) {
     *out = node.as<T>();
   } catch (const YAML::Exception&) {
     return absl::InvalidArgumentError(absl::StrCat("coordinator config: ", key, ": wrong type"));
+  }
+  return absl::OkStatus();
+}
+
+// A duration as the flags take it (absl::ParseDuration: "720h", "90m", "0").
+absl::Status ReadDuration(const YAML::Node& node, const std::string& key, absl::Duration* out) {
+  std::string text;
+  if (absl::Status s = Read(node, key, &text); !s.ok()) return s;
+  if (!absl::ParseDuration(text, out)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("coordinator config: ", key, ": not a duration such as 720h, 90m or 0 (got \"",
+                     text, "\")"));
   }
   return absl::OkStatus();
 }
@@ -92,6 +105,8 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
       s = Read(value, key, &base.max_streams);
     } else if (key == "max_unfinished_jobs_per_user") {
       s = Read(value, key, &base.max_unfinished_jobs_per_user);
+    } else if (key == "job_retention") {
+      s = ReadDuration(value, key, &base.job_retention);
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "coordinator config: unknown key \"", key,
@@ -99,7 +114,7 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
           "heartbeat_interval_ms, lease_timeout_ms, max_message_bytes, hang_step_multiple, "
           "hang_min_stall_ms, hang_first_step_ms, insecure, tls_cert, tls_key, worker_ca, "
           "tokens_file, submit_rate_per_second, submit_burst, max_streams_per_user, "
-          "max_streams, max_unfinished_jobs_per_user)"));
+          "max_streams, max_unfinished_jobs_per_user, job_retention)"));
     }
     if (!s.ok()) return s;
   }
@@ -181,6 +196,11 @@ absl::Status ValidateConfig(const CoordinatorConfig& config) {
   if (config.max_unfinished_jobs_per_user < 0) {
     return absl::InvalidArgumentError(
         "max_unfinished_jobs_per_user: must not be negative (0: no limit)");
+  }
+  if (config.job_retention < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job_retention (--job-retention): must not be negative (got ",
+        absl::FormatDuration(config.job_retention), "; 0 keeps finished jobs for good)"));
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace dropless::coordinator {
 
@@ -48,6 +49,9 @@ struct CoordinatorConfig {
   int max_streams = 128;
   // Unfinished (pending, scheduled, running) jobs per authenticated user; 0: no limit.
   int64_t max_unfinished_jobs_per_user = 1000;
+  // Finished jobs (with their events, logs and step metrics) are deleted from the store this long
+  // after they ended; 0 keeps them for good. A duration: "720h", "90m", "0". In YAML a string.
+  absl::Duration job_retention = absl::Hours(720);
 };
 
 // Overlays the keys present in a YAML mapping onto base. Unknown keys, wrong types and files

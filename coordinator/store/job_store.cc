@@ -124,6 +124,10 @@ constexpr absl::string_view kRankBootIdColumn = R"sql(
 ALTER TABLE rank_assignments ADD COLUMN boot_id TEXT NOT NULL DEFAULT '';
 )sql";
 
+constexpr absl::string_view kSubmitRequestsByJobIndex = R"sql(
+CREATE INDEX IF NOT EXISTS submit_requests_by_job ON submit_requests(job_id);
+)sql";
+
 // The SQL parameter number of the owner in job queries: above any numbered integer argument.
 constexpr int kOwnerParam = 100;
 
@@ -139,16 +143,6 @@ absl::Status ReadJobRow(const SqliteStatement& st, JobRecord* record) {
   record->max_attempts = static_cast<int32_t>(st.ColumnInt(4));
   record->queued_time_ms = st.ColumnInt(5);
   return absl::OkStatus();
-}
-
-// Wraps the body in BEGIN IMMEDIATE ... COMMIT, rolling back on any error.
-template <typename Body>
-absl::Status InTransaction(SqliteDb& db, Body body) {
-  if (absl::Status s = db.Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
-  absl::Status status = body();
-  if (status.ok()) status = db.Exec("COMMIT");
-  if (!status.ok()) (void)db.Exec("ROLLBACK");  // the original error is the one worth reporting
-  return status;
 }
 
 }  // namespace
@@ -222,17 +216,20 @@ absl::Status JobStore::Initialize() {
   if (schema < 3) {
     if (absl::Status s = MigrateToRankBootIds(); !s.ok()) return s;
   }
+  if (schema < 4) {
+    if (absl::Status s = MigrateToJobEndTimes(); !s.ok()) return s;
+  }
   // Added after schema version 1 shipped; a table of its own, so older files gain it in place.
   if (absl::Status s = db_->Exec(kRendezvousTable); !s.ok()) return s;
   if (absl::Status s = db_->Exec(kSubmitRequestsTable); !s.ok()) return s;
   if (absl::Status s = db_->Exec(kRendezvousSecretsTable); !s.ok()) return s;
   if (absl::Status s = db_->Exec(kWorkerReceiptsTable); !s.ok()) return s;
+  // Deleting expired jobs finds their submit requests by job (job_store_retention.cc).
+  if (absl::Status s = db_->Exec(kSubmitRequestsByJobIndex); !s.ok()) return s;
 
-  absl::StatusOr<SqliteStatement> max_seq = db_->Prepare("SELECT COALESCE(MAX(seq), 0) FROM jobs");
-  if (!max_seq.ok()) return max_seq.status();
-  absl::StatusOr<bool> row = max_seq->Step();
-  if (!row.ok()) return row.status();
-  next_seq_ = max_seq->ColumnInt(0) + 1;
+  absl::StatusOr<int64_t> highest = HighestJobSeq();
+  if (!highest.ok()) return highest.status();
+  next_seq_ = *highest + 1;
   return absl::OkStatus();
 }
 
@@ -268,7 +265,7 @@ absl::Status JobStore::WriteJob(const JobRecord& record) {
   stored.clear_latest();     // derived from step_metrics_latest on read
   absl::StatusOr<SqliteStatement> st = db_->Prepare(
       "INSERT OR REPLACE INTO jobs(id, seq, state, priority, max_attempts, queued_time_ms, data, "
-      "owner) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+      "owner, end_time_ms) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
   if (!st.ok()) return st.status();
   st->Bind(1, stored.id())
       .Bind(2, record.seq)
@@ -277,7 +274,8 @@ absl::Status JobStore::WriteJob(const JobRecord& record) {
       .Bind(5, static_cast<int64_t>(record.max_attempts))
       .Bind(6, record.queued_time_ms)
       .BindBlob(7, stored.SerializeAsString())
-      .Bind(8, stored.owner());
+      .Bind(8, stored.owner())
+      .Bind(9, EndTimeColumn(stored));
   return st->Run();
 }
 

@@ -100,11 +100,19 @@ struct ActiveState {
 
 class JobStore {
  public:
-  static constexpr int kSchemaVersion = 3;  // 2: jobs.owner; 3: rank_assignments.boot_id
+  // 2: jobs.owner; 3: rank_assignments.boot_id; 4: jobs.end_time_ms and store_counters
+  // (retention, job_store_retention.cc).
+  static constexpr int kSchemaVersion = 4;
 
   struct Limits {
     int max_logs_per_job = 10000;
     int max_metrics_history_per_job = 5000;
+    // One DeleteJobsEndedBefore transaction deletes at most this many jobs, and adds no further
+    // job once the log lines, step metrics and events of those it took pass max_expired_rows (it
+    // takes one job at least): the write lock, and the coordinator's, are held briefly however
+    // large the backlog is.
+    int max_expired_jobs = 500;
+    int max_expired_rows = 20000;
   };
 
   // Creates or upgrades the schema; refuses a file written by a newer schema or locked by
@@ -112,7 +120,8 @@ class JobStore {
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path, Limits limits);
 
-  // A fresh job id ("job-000042") in submission order. Ids are never reused.
+  // A fresh job id ("job-000042") in submission order. Ids are never reused, also once the newest
+  // jobs are deleted (DeleteJobsEndedBefore keeps the highest seq handed out).
   std::string NextJobId(int64_t* seq);
 
   absl::Status Commit(StoreWrite& write);
@@ -163,6 +172,13 @@ class JobStore {
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> RendezvousKeys(
       absl::string_view job_id, int32_t attempt);
 
+  // Retention: deletes finished jobs (SUCCEEDED, FAILED, CANCELLED) that ended before
+  // `end_time_ms` (Job.end_time_ms), oldest first, with every row that belongs to them (attempts,
+  // rank assignments, events, step metrics, logs, rendezvous keys and secrets, submit requests),
+  // in one transaction bounded by Limits::max_expired_jobs and max_expired_rows. Unfinished jobs
+  // are never touched. Returns the ids deleted, empty once none is left; call again for more.
+  absl::StatusOr<std::vector<std::string>> DeleteJobsEndedBefore(int64_t end_time_ms);
+
   // Stores the lines in one transaction; returns the seq of the first (the others follow it
   // consecutively), 0 when there are none. With a receipt, as PutStepMetrics.
   absl::StatusOr<int64_t> AppendLogs(const std::vector<v1::LogLine>& lines,
@@ -191,6 +207,12 @@ class JobStore {
                                                    const std::string* owner = nullptr);
   absl::Status MigrateToOwners();
   absl::Status MigrateToRankBootIds();
+  absl::Status MigrateToJobEndTimes();
+  // jobs.end_time_ms of a job row: when a finished job ended (its create time if it has no end
+  // time), 0 for an unfinished one.
+  static int64_t EndTimeColumn(const v1::Job& job);
+  // The highest seq any job was given: the newest stored job's, or a deleted one's.
+  absl::StatusOr<int64_t> HighestJobSeq();
   absl::Status FillView(const JobRecord& record, v1::Job* job);
   absl::Status Trim(absl::string_view table, absl::string_view job_id, int keep);
 

@@ -73,6 +73,17 @@ class SqliteStatement {
   int bind_error_ = 0;  // first failed bind; Step reports it
 };
 
+// Runs `body` (returning absl::Status) inside BEGIN IMMEDIATE ... COMMIT, rolling back on any
+// error; the body's error is the one returned.
+template <typename Body>
+absl::Status InTransaction(SqliteDb& db, Body body) {
+  if (absl::Status s = db.Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  absl::Status status = body();
+  if (status.ok()) status = db.Exec("COMMIT");
+  if (!status.ok()) (void)db.Exec("ROLLBACK");  // the original error is the one worth reporting
+  return status;
+}
+
 }  // namespace dropless::coordinator
 
 #endif  // DROPLESS_COORDINATOR_STORE_SQLITE_H_

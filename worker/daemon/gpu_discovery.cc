@@ -17,6 +17,7 @@ using CuDeviceGetFn = int (*)(int* device, int ordinal);
 using CuDeviceGetNameFn = int (*)(char* name, int len, int device);
 // CUuuid is a struct of 16 chars.
 using CuDeviceGetUuidFn = int (*)(unsigned char* uuid, int device);
+using CuDeviceTotalMemFn = int (*)(size_t* bytes, int device);
 
 constexpr int kCudaSuccess = 0;
 constexpr int kCudaErrorNoDevice = 100;
@@ -60,6 +61,7 @@ absl::StatusOr<std::vector<CudaDevice>> DiscoverCudaDevices(const std::string& d
   if (cu_uuid == nullptr) {
     cu_uuid = reinterpret_cast<CuDeviceGetUuidFn>(dlsym(lib.get(), "cuDeviceGetUuid"));
   }
+  auto cu_total_mem = reinterpret_cast<CuDeviceTotalMemFn>(dlsym(lib.get(), "cuDeviceTotalMem_v2"));
   if (cu_init == nullptr || cu_count == nullptr || cu_get == nullptr || cu_name == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(driver_library, ": missing driver API symbols (cuInit, cuDeviceGetCount, "
@@ -90,7 +92,7 @@ absl::StatusOr<std::vector<CudaDevice>> DiscoverCudaDevices(const std::string& d
       return absl::FailedPreconditionError(
           absl::StrCat("cuDeviceGetName(", ordinal, ") failed with CUresult ", rc));
     }
-    CudaDevice found{name, ""};
+    CudaDevice found{name, "", 0};
     if (cu_uuid != nullptr) {
       unsigned char uuid[16] = {};
       rc = cu_uuid(uuid, device);
@@ -99,6 +101,15 @@ absl::StatusOr<std::vector<CudaDevice>> DiscoverCudaDevices(const std::string& d
             absl::StrCat("cuDeviceGetUuid(", ordinal, ") failed with CUresult ", rc));
       }
       found.uuid = FormatUuid(uuid);
+    }
+    if (cu_total_mem != nullptr) {
+      size_t bytes = 0;
+      rc = cu_total_mem(&bytes, device);
+      if (rc != kCudaSuccess) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("cuDeviceTotalMem(", ordinal, ") failed with CUresult ", rc));
+      }
+      found.total_memory_bytes = static_cast<int64_t>(bytes);
     }
     devices.push_back(std::move(found));
   }

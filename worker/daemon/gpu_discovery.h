@@ -1,8 +1,10 @@
 // GPU discovery for the worker daemon. The daemon links no CUDA library (see docs/architecture.md):
-// it loads the driver API with dlopen, asks for the device names and UUIDs and nothing else.
+// it loads the driver API with dlopen, asks for the device names, UUIDs and total memory and
+// nothing else.
 #ifndef DROPLESS_WORKER_DAEMON_GPU_DISCOVERY_H_
 #define DROPLESS_WORKER_DAEMON_GPU_DISCOVERY_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,8 @@ struct CudaDevice {
   // digits), so /metrics series join with DCGM's on UUID; empty when the driver has no
   // cuDeviceGetUuid.
   std::string uuid;
+  // cuDeviceTotalMem_v2; 0 when the driver has no such entry point.
+  int64_t total_memory_bytes = 0;
 };
 
 // The CUDA devices in driver order (index = CUDA device ordinal = slot). An empty list, not an

@@ -222,10 +222,11 @@ absl::StatusOr<SlotPlan> PlanSlots(
 
   absl::StatusOr<std::vector<CudaDevice>> gpus = discover();
   auto gpu_plan = [](const std::vector<CudaDevice>& found) {
-    SlotPlan plan{"cuda", {}, {}};
+    SlotPlan plan{"cuda", {}, {}, {}};
     for (const CudaDevice& d : found) {
       plan.devices.push_back(d.name);
       plan.uuids.push_back(d.uuid);
+      plan.memory_bytes.push_back(d.total_memory_bytes);
     }
     return plan;
   };

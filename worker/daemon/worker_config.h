@@ -83,6 +83,8 @@ struct SlotPlan {
   std::string slot_kind;             // cpu | cuda
   std::vector<std::string> devices;  // one entry per slot
   std::vector<std::string> uuids;    // one entry per slot: the GPU's UUID; empty for CPU slots
+  // One entry per cuda slot: the GPU's total memory in bytes (0: unknown); none for CPU slots.
+  std::vector<int64_t> memory_bytes;
 };
 
 // gpus=none: CPU slots. gpus=N: the first N GPUs (error when fewer are found, or when cpu_slots

@@ -133,6 +133,7 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   reg.set_metrics_port(config.metrics_port);
   reg.set_slot_kind(plan->slot_kind);
   for (const std::string& d : plan->devices) reg.add_devices(d);
+  for (int64_t bytes : plan->memory_bytes) reg.add_device_memory_bytes(bytes);
   reg.set_version(DroplessVersion());
   CoordinatorSession session(session_options, ranks.get(), &outbound, metrics->get());
 

@@ -203,8 +203,9 @@ int RunRankProcess(const RankOptions& options) {
   RankRun run(options);
   if (absl::Status st = run.Run(); !st.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
-    // A problem of the job itself: the coordinator ends the job rather than retrying it.
-    return IsJobError(st) ? kRankExitJobError : 1;
+    // A problem of the job itself (the coordinator ends the job rather than retrying it), or of
+    // the job on this GPU (placed on larger ones next).
+    return RankExitCodeFor(st);
   }
   return 0;
 }

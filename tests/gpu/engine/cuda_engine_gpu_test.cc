@@ -491,11 +491,12 @@ TEST_F(CudaEngineGpu, StepStatisticsAreFilled) {
   EXPECT_GT(s->flops, 0);
 }
 
-// A job that needs more device memory than the whole GPU holds is the job's error, not the
-// node's: the engine says so (the rank exits kRankExitJobError and the job ends unretried) and
-// names what to change. 2^20 tokens (the spec's limit) at top-8 over H = 8192, F = 4096 need
-// hundreds of GiB of activations.
-TEST_F(CudaEngineGpu, AJobLargerThanTheDeviceIsAJobError) {
+// A job that needs more device memory than the whole GPU holds is the job's property on a GPU of
+// this size, not a node problem: the engine says so (the rank exits kRankExitDeviceTooSmall, and
+// the coordinator places the job on larger GPUs only, or fails it when there are none) and names
+// what to change. 2^20 tokens (the spec's limit) at top-8 over H = 8192, F = 4096 need hundreds
+// of GiB of activations.
+TEST_F(CudaEngineGpu, AJobLargerThanTheDeviceSaysTheDeviceIsTooSmall) {
   EngineConfig c = SmallConfig();
   c.model.hidden = 8192;
   c.model.ffn = 4096;
@@ -506,7 +507,9 @@ TEST_F(CudaEngineGpu, AJobLargerThanTheDeviceIsAJobError) {
   ASSERT_FALSE(e.ok());
   std::printf("%s\n", std::string(e.status().message()).c_str());
   EXPECT_EQ(e.status().code(), absl::StatusCode::kResourceExhausted) << e.status();
-  EXPECT_TRUE(IsJobError(e.status())) << e.status();
+  EXPECT_TRUE(IsDeviceTooSmall(e.status())) << e.status();
+  EXPECT_FALSE(IsJobError(e.status())) << e.status();
+  EXPECT_EQ(RankExitCodeFor(e.status()), kRankExitDeviceTooSmall);
   EXPECT_NE(e.status().message().find("tokens_per_rank"), absl::string_view::npos) << e.status();
   // The device is usable again: a small engine still runs.
   std::unique_ptr<Engine> small = MakeCuda(SmallConfig());

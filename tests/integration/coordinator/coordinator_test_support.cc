@@ -33,11 +33,12 @@ resources: {backend: cpu}
                          name, max_attempts, 4 * ranks, ranks);
 }
 
-std::unique_ptr<CoordinatorUnderTest> CoordinatorUnderTest::Start(const std::string& db,
-                                                                   int64_t lease_ms) {
+std::unique_ptr<CoordinatorUnderTest> CoordinatorUnderTest::Start(
+    const std::string& db, int64_t lease_ms, std::vector<std::string> extra_flags) {
   auto c = std::unique_ptr<CoordinatorUnderTest>(new CoordinatorUnderTest());
   c->db_ = db.empty() ? MakeTempDir() + "/coordinator.db" : db;
   c->lease_ms_ = lease_ms;
+  c->extra_flags_ = std::move(extra_flags);
   c->grpc_port_ = PickFreePort();
   c->metrics_port_ = PickFreePort();
   c->Launch();
@@ -45,13 +46,16 @@ std::unique_ptr<CoordinatorUnderTest> CoordinatorUnderTest::Start(const std::str
 }
 
 void CoordinatorUnderTest::Launch() {
-  auto process = Process::Start({BinaryPath("dropless-coordinator"), "--insecure",
-                                 absl::StrCat("--listen=127.0.0.1:", grpc_port_),
-                                 absl::StrCat("--db=", db_),
-                                 absl::StrCat("--metrics-port=", metrics_port_),
-                                 "--metrics-address=127.0.0.1",
-                                 absl::StrCat("--heartbeat-interval-ms=", kHeartbeatMs),
-                                 absl::StrCat("--lease-timeout-ms=", lease_ms_)});
+  std::vector<std::string> argv = {BinaryPath("dropless-coordinator"),
+                                   "--insecure",
+                                   absl::StrCat("--listen=127.0.0.1:", grpc_port_),
+                                   absl::StrCat("--db=", db_),
+                                   absl::StrCat("--metrics-port=", metrics_port_),
+                                   "--metrics-address=127.0.0.1",
+                                   absl::StrCat("--heartbeat-interval-ms=", kHeartbeatMs),
+                                   absl::StrCat("--lease-timeout-ms=", lease_ms_)};
+  argv.insert(argv.end(), extra_flags_.begin(), extra_flags_.end());
+  auto process = Process::Start(std::move(argv));
   ASSERT_TRUE(process.ok()) << process.status();
   process_ = std::move(*process);
   ASSERT_TRUE(WaitForTcpPort(grpc_port_, absl::Seconds(20))) << process_->Output();
@@ -187,7 +191,10 @@ absl::Status FakeWorker::Register(std::optional<std::string> boot_id) {
   request.set_address("127.0.0.1");
   request.set_metrics_port(0);
   request.set_slot_kind(slot_kind_);
-  for (int i = 0; i < slots_; ++i) request.add_devices(slot_kind_ == "cpu" ? "cpu" : "fake gpu");
+  for (int i = 0; i < slots_; ++i) {
+    request.add_devices(slot_kind_ == "cpu" ? "cpu" : "fake gpu");
+    if (gpu_memory_bytes_ > 0) request.add_device_memory_bytes(gpu_memory_bytes_);
+  }
   request.set_version("test");
   request.set_boot_id(boot_id_);
   v1::RegisterWorkerResponse response;
@@ -525,6 +532,10 @@ int64_t StoreCommits(CoordinatorUnderTest& coordinator, const std::string& sync)
 
 int64_t StoreCommitFailures(CoordinatorUnderTest& coordinator) {
   return CounterValue(coordinator, "\ndropless_coordinator_store_commit_failures_total ");
+}
+
+int64_t JobsExpired(CoordinatorUnderTest& coordinator) {
+  return CounterValue(coordinator, "\ndropless_coordinator_jobs_expired_total ");
 }
 
 absl::StatusOr<v1::JobState> StoredAttemptState(const std::string& db, const std::string& job_id,

@@ -44,9 +44,11 @@ std::string TinySpec(int ranks, int max_attempts = 1, const std::string& name = 
 // dropless-coordinator on 127.0.0.1 with a free gRPC and metrics port.
 class CoordinatorUnderTest {
  public:
-  // db empty: a fresh temporary file.
+  // db empty: a fresh temporary file. extra_flags: more dropless-coordinator flags, given to
+  // every restart too.
   static std::unique_ptr<CoordinatorUnderTest> Start(const std::string& db = "",
-                                                     int64_t lease_ms = kLeaseMs);
+                                                     int64_t lease_ms = kLeaseMs,
+                                                     std::vector<std::string> extra_flags = {});
   ~CoordinatorUnderTest();
 
   const std::string& db() const { return db_; }
@@ -82,6 +84,7 @@ class CoordinatorUnderTest {
 
   std::string db_;
   int64_t lease_ms_ = kLeaseMs;
+  std::vector<std::string> extra_flags_;
   int grpc_port_ = 0;
   int metrics_port_ = 0;
   std::unique_ptr<Process> process_;
@@ -145,6 +148,8 @@ class FakeWorker {
   absl::Status Join(const std::string& boot_id = "boot-1");
   // Ends the session from the worker's side (the stream is cancelled).
   void Disconnect();
+  // The total memory its registration reports for each GPU (cuda workers; none by default).
+  void SetGpuMemoryBytes(int64_t bytes) { gpu_memory_bytes_ = bytes; }
   // Whether the next Hellos say Hello.takes_resent_assignments (as today's daemons do).
   void SetTakesResentAssignments(bool takes) { takes_resent_assignments_ = takes; }
   // Keeps the stream open but sends nothing more: a hung worker.
@@ -190,6 +195,7 @@ class FakeWorker {
   std::string worker_id_;
   std::string boot_id_;  // of the last Connect
   bool takes_resent_assignments_ = false;
+  int64_t gpu_memory_bytes_ = 0;  // 0: not reported
 
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream_;
@@ -229,6 +235,8 @@ bool HasEvent(CoordinatorUnderTest& coordinator, const std::string& job_id,
 int64_t StoreCommits(CoordinatorUnderTest& coordinator, const std::string& sync = "full");
 // dropless_coordinator_store_commit_failures_total as /metrics shows it now; -1 when absent.
 int64_t StoreCommitFailures(CoordinatorUnderTest& coordinator);
+// dropless_coordinator_jobs_expired_total as /metrics shows it now; -1 when absent.
+int64_t JobsExpired(CoordinatorUnderTest& coordinator);
 // The state of the job's attempt as its row in the database file says (read with SQLite while
 // no coordinator holds the file: after Kill); NotFound when there is no row.
 absl::StatusOr<v1::JobState> StoredAttemptState(const std::string& db, const std::string& job_id,

@@ -78,6 +78,26 @@ TEST(CoordinatorConfigTest, TlsAndTokensAreRequiredUnlessInsecure) {
   EXPECT_TRUE(ValidateConfig(plaintext).ok());
 }
 
+TEST(CoordinatorConfigTest, JobRetentionIsADurationNeverNegative) {
+  EXPECT_EQ(CoordinatorConfig{}.job_retention, absl::Hours(720));
+  absl::StatusOr<CoordinatorConfig> config =
+      ApplyConfigYaml("job_retention: 48h\ninsecure: true\n", CoordinatorConfig{});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->job_retention, absl::Hours(48));
+  EXPECT_TRUE(ValidateConfig(*config).ok());
+  config = ApplyConfigYaml("job_retention: 0\ninsecure: true\n", CoordinatorConfig{});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->job_retention, absl::ZeroDuration());  // kept for good
+  EXPECT_TRUE(ValidateConfig(*config).ok());
+  absl::StatusOr<CoordinatorConfig> vague = ApplyConfigYaml("job_retention: a month\n", {});
+  ASSERT_FALSE(vague.ok());
+  EXPECT_THAT(vague.status().message(), HasSubstr("job_retention: not a duration"));
+  config = ApplyConfigYaml("job_retention: -1h\ninsecure: true\n", CoordinatorConfig{});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_THAT(ValidateConfig(*config).message(),
+              HasSubstr("job_retention (--job-retention): must not be negative (got -1h"));
+}
+
 TEST(CoordinatorConfigTest, ShippedExampleIsValid) {
   absl::StatusOr<CoordinatorConfig> config =
       ApplyConfigFile(DROPLESS_SOURCE_DIR "/configs/coordinator.yaml", CoordinatorConfig{});

@@ -28,6 +28,29 @@ QueuedJob Job(std::string id, int32_t priority, int64_t seq, std::string backend
   return QueuedJob{std::move(id), priority, seq, std::move(backend), world};
 }
 
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+// A cuda node whose GPUs have these totals (GiB; 0: unknown), one slot each, all free.
+NodeCapacity GpuNode(std::string name, std::vector<int64_t> gib) {
+  NodeCapacity node = FreeNode(std::move(name), "cuda", static_cast<int32_t>(gib.size()));
+  for (int64_t g : gib) node.device_memory_bytes.push_back(g * kGiB);
+  return node;
+}
+
+// The same with every slot busy.
+NodeCapacity BusyGpuNode(std::string name, std::vector<int64_t> gib) {
+  NodeCapacity node = GpuNode(std::move(name), std::move(gib));
+  node.free_slots.clear();
+  return node;
+}
+
+// A cuda job that ran out of memory on a GPU of `gib`.
+QueuedJob NeedsMoreThan(std::string id, int64_t seq, int32_t world, int64_t gib) {
+  QueuedJob job = Job(std::move(id), 0, seq, "cuda", world);
+  job.needs_device_memory_above = gib * kGiB;
+  return job;
+}
+
 // "job=node:slot,node:slot" with ranks in order; a wrong rank numbering fails the comparison.
 std::string Describe(const JobPlacement& p) {
   std::vector<std::string> parts;
@@ -152,6 +175,46 @@ INSTANTIATE_TEST_SUITE_P(
                      {Job("g", 0, 1, "cuda", 1)},
                      {},
                      {{"g", "READY cuda workers have 0 in total"}}},
+        // A job that ran out of memory on an 80 GiB GPU goes to the 141 GiB node, although the
+        // tie-break would pick the other; a job without that need fits the tightest node.
+        ScheduleCase{"OutOfMemoryJobGoesOnLargerGpusOnly",
+                     {GpuNode("h100", {80, 80}), GpuNode("h200", {141, 141})},
+                     {NeedsMoreThan("big", 1, 1, 80), Job("small", 0, 2, "cuda", 1)},
+                     {"big=h200:0", "small=h200:1"},
+                     {}},
+        ScheduleCase{"NoLargerGpuWaitsWithoutBlocking",
+                     {GpuNode("h100", {80, 80})},
+                     {NeedsMoreThan("big", 1, 1, 80), Job("small", 0, 2, "cuda", 1)},
+                     {"small=h100:0"},
+                     {{"big",
+                       "needs 1 cuda slots with more than 80.0 GiB of GPU memory (an attempt ran "
+                       "out of memory on one that size) but the READY cuda workers have 0 in "
+                       "total"}}},
+        ScheduleCase{"GpusOfUnknownMemoryDoNotQualify",
+                     {GpuNode("old", {0, 0}), FreeNode("older", "cuda", 2)},
+                     {NeedsMoreThan("big", 1, 1, 80)},
+                     {},
+                     {{"big", "have 0 in total"}}},
+        ScheduleCase{"EqualMemoryDoesNotQualify",
+                     {GpuNode("h100", {80})},
+                     {NeedsMoreThan("big", 1, 1, 80)},
+                     {},
+                     {{"big", "have 0 in total"}}},
+        ScheduleCase{"OneNodeGangCountsOnlyTheLargerGpusOfANode",
+                     {GpuNode("mixed", {80, 141, 141}), GpuNode("other", {141, 80, 80})},
+                     {NeedsMoreThan("pair", 1, 2, 80), NeedsMoreThan("three", 2, 3, 80)},
+                     {"pair=mixed:1,mixed:2"},
+                     {{"three",
+                       "on one node (the cuda engine's EP group is one NVLink domain) "
+                       "but the largest READY cuda worker has 2"}}},
+        ScheduleCase{"BusyLargerGpusBlockTheQueue",
+                     {BusyGpuNode("h200", {141}), GpuNode("h100", {80})},
+                     {NeedsMoreThan("big", 1, 1, 80), Job("small", 0, 2, "cuda", 1)},
+                     {},
+                     {{"big",
+                       "more than 80.0 GiB of GPU memory (an attempt ran out of memory on "
+                       "one that size) on one node; at most 0 free on one now"},
+                      {"small", "queued behind big"}}},
         ScheduleCase{
             "SuccessiveJobsShareCapacity",
             {FreeNode("a", "cpu", 4)},

@@ -408,12 +408,14 @@ TEST(JobStoreTest, VersionOneFileGainsOwners) {
     ASSERT_TRUE((*opened)->Commit(write).ok());
   }
   {
-    // Back to version 1 as it shipped: no owner column, no index, no rank boot ids.
+    // Back to version 1 as it shipped: no owner column, no index, no rank boot ids, no end times.
     auto db = SqliteDb::Open(path);
     ASSERT_TRUE(db.ok());
     const char* to_version_1 =
         "DROP INDEX jobs_by_owner; ALTER TABLE jobs DROP COLUMN owner; "
-        "ALTER TABLE rank_assignments DROP COLUMN boot_id; PRAGMA user_version=1";
+        "ALTER TABLE rank_assignments DROP COLUMN boot_id; DROP INDEX jobs_by_end_time; "
+        "ALTER TABLE jobs DROP COLUMN end_time_ms; DROP TABLE store_counters; "
+        "PRAGMA user_version=1";
     ASSERT_TRUE((*db)->Exec(to_version_1).ok());
   }
   auto opened = JobStore::Open(path);
@@ -487,7 +489,9 @@ TEST(JobStoreTest, RanksKeepTheDaemonRunTheyWereAssignedTo) {
     auto db = SqliteDb::Open(path);
     ASSERT_TRUE(db.ok());
     const char* to_version_2 =
-        "ALTER TABLE rank_assignments DROP COLUMN boot_id; PRAGMA user_version=2";
+        "ALTER TABLE rank_assignments DROP COLUMN boot_id; DROP INDEX jobs_by_end_time; "
+        "ALTER TABLE jobs DROP COLUMN end_time_ms; DROP TABLE store_counters; "
+        "PRAGMA user_version=2";
     ASSERT_TRUE((*db)->Exec(to_version_2).ok());
   }
   auto opened = JobStore::Open(path);

@@ -212,6 +212,39 @@ TEST(WorkerRegistryTest, HelloBindsTheSessionOfTheCertifiedNodeOnly) {
   EXPECT_EQ((*worker)->session, nullptr);
 }
 
+// A cuda worker's GPUs' total memory: one entry per slot, kept and handed to the scheduler.
+TEST(WorkerRegistryTest, GpuMemoryIsCheckedKeptAndScheduled) {
+  v1::RegisterWorkerRequest gpus = Request("g", 2);
+  gpus.set_slot_kind("cuda");
+  gpus.add_device_memory_bytes(int64_t{80} << 30);
+  EXPECT_THAT(WorkerRegistry::CheckRegistration(gpus).message(),
+              HasSubstr("device_memory_bytes: one entry per slot of a cuda worker (got 1 for 2"));
+  gpus.add_device_memory_bytes(-1);
+  EXPECT_THAT(WorkerRegistry::CheckRegistration(gpus).message(),
+              HasSubstr("device_memory_bytes: must be >= 0"));
+  gpus.set_device_memory_bytes(1, int64_t{141} << 30);
+  EXPECT_TRUE(WorkerRegistry::CheckRegistration(gpus).ok());
+  v1::RegisterWorkerRequest cpus = Request("c", 1);
+  cpus.add_device_memory_bytes(1);
+  EXPECT_THAT(WorkerRegistry::CheckRegistration(cpus).message(),
+              HasSubstr("of a cuda worker (got 1 for 1 cpu slots)"));
+
+  WorkerRegistry registry(kLeaseMs);
+  StoreWrite write;
+  bool fresh = false;
+  const v1::Worker& info = **registry.Register(gpus, 0, write, &fresh);
+  EXPECT_THAT(info.device_memory_bytes(), ElementsAre(int64_t{80} << 30, int64_t{141} << 30));
+  auto session = Session();
+  registry.OpenSession(session, 0);
+  ASSERT_TRUE(registry.Hello(session, HelloAs(info.id()), 0, write).ok());
+  std::vector<NodeCapacity> capacity = registry.Capacity();
+  ASSERT_EQ(capacity.size(), 1u);
+  EXPECT_THAT(capacity[0].device_memory_bytes, ElementsAre(int64_t{80} << 30, int64_t{141} << 30));
+  // Re-registered without it (an older daemon): unknown again.
+  gpus.clear_device_memory_bytes();
+  EXPECT_TRUE((*registry.Register(gpus, 1, write, &fresh))->device_memory_bytes().empty());
+}
+
 TEST(WorkerRegistryTest, LeasesExpireOnceAndFreeSlotsFeedTheScheduler) {
   WorkerRegistry registry(kLeaseMs);
   StoreWrite write;

@@ -193,15 +193,18 @@ absl::StatusOr<SlotPlan> Plan(WorkerSettings flags, absl::StatusOr<std::vector<s
   absl::StatusOr<WorkerConfig> c = ResolveWorkerConfig({}, flags, Host());
   if (!c.ok()) return c.status();
   *discovered = false;
-  return PlanSlots(*c, 12, [&]() -> absl::StatusOr<std::vector<CudaDevice>> {
-    *discovered = true;
-    if (!gpus.ok()) return gpus.status();
-    std::vector<CudaDevice> devices;
-    for (size_t i = 0; i < gpus->size(); ++i) {
-      devices.push_back({(*gpus)[i], absl::StrCat("GPU-", i)});
-    }
-    return devices;
-  }, warning);
+  return PlanSlots(
+      *c, 12,
+      [&]() -> absl::StatusOr<std::vector<CudaDevice>> {
+        *discovered = true;
+        if (!gpus.ok()) return gpus.status();
+        std::vector<CudaDevice> devices;
+        for (size_t i = 0; i < gpus->size(); ++i) {
+          devices.push_back({(*gpus)[i], absl::StrCat("GPU-", i), (int64_t{80} + i) << 30});
+        }
+        return devices;
+      },
+      warning);
 }
 
 TEST(PlanSlotsTest, AutoUsesGpusWhenFound) {
@@ -213,6 +216,7 @@ TEST(PlanSlotsTest, AutoUsesGpusWhenFound) {
   EXPECT_EQ(p->slot_kind, "cuda");
   EXPECT_EQ(p->devices, (std::vector<std::string>{"NVIDIA H200", "NVIDIA H200"}));
   EXPECT_EQ(p->uuids, (std::vector<std::string>{"GPU-0", "GPU-1"}));
+  EXPECT_EQ(p->memory_bytes, (std::vector<int64_t>{int64_t{80} << 30, int64_t{81} << 30}));
 }
 
 TEST(PlanSlotsTest, AutoFallsBackToOneCpuSlotPerCpu) {
@@ -222,13 +226,14 @@ TEST(PlanSlotsTest, AutoFallsBackToOneCpuSlotPerCpu) {
   EXPECT_EQ(p->slot_kind, "cpu");
   EXPECT_EQ(p->devices, std::vector<std::string>(12, "cpu"));
   EXPECT_EQ(p->uuids, std::vector<std::string>(12, ""));
+  EXPECT_TRUE(p->memory_bytes.empty());
 }
 
 TEST(PlanSlotsTest, AutoFallsBackToCpuOnDiscoveryErrorWithAWarning) {
   bool discovered;
   std::string warning;
-  absl::StatusOr<SlotPlan> p =
-      Plan({}, absl::FailedPreconditionError("cuInit failed with CUresult 999"), &discovered, &warning);
+  absl::StatusOr<SlotPlan> p = Plan(
+      {}, absl::FailedPreconditionError("cuInit failed with CUresult 999"), &discovered, &warning);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->slot_kind, "cpu");
   EXPECT_NE(warning.find("999"), std::string::npos);
@@ -259,6 +264,7 @@ TEST(PlanSlotsTest, GpuCountTakesTheFirstAndFailsWhenShort) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->devices, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(p->uuids, (std::vector<std::string>{"GPU-0", "GPU-1"}));
+  EXPECT_EQ(p->memory_bytes.size(), 2u);
   p = Plan(s, std::vector<std::string>{"a"}, &discovered);
   EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(p.status().message().find("1 found"), std::string::npos) << p.status();

@@ -18,8 +18,9 @@ absl::StatusOr<void*> DeviceArena::AllocateBytes(size_t bytes, const char* what)
   void* p = nullptr;
   const cudaError_t error = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
   if (error != cudaSuccess) {
-    // More than the whole device holds is a property of the job (its model and tokens_per_rank):
-    // no node or retry runs it. Less than that may be memory another process holds: a node problem.
+    // More than the whole device holds is a property of the job (its model and tokens_per_rank)
+    // on a GPU of this size: the coordinator places it on larger GPUs only, or fails it when there
+    // are none. Less than that may be memory another process holds: a node problem.
     size_t free_bytes = 0;
     size_t total_bytes = 0;
     const bool beyond_device = error == cudaErrorMemoryAllocation &&
@@ -31,7 +32,7 @@ absl::StatusOr<void*> DeviceArena::AllocateBytes(size_t bytes, const char* what)
                         what, static_cast<double>(bytes) / (1 << 30),
                         static_cast<double>(device_bytes_) / (1 << 30), cudaGetErrorString(error)));
     if (beyond_device) {
-      return MarkJobError(absl::ResourceExhaustedError(absl::StrFormat(
+      return MarkDeviceTooSmall(absl::ResourceExhaustedError(absl::StrFormat(
           "%s; the job needs more than the device's %.2f GiB: fewer tokens_per_rank, a larger "
           "parallel.ep or activation_offload needs less",
           status.message(), static_cast<double>(total_bytes) / (1 << 30))));
