@@ -4,6 +4,7 @@
 // {"workers": [...]}; a single object prints itself. The list is read a page (--chunk-size, 500)
 // at a time. -w (kubectl's watch): the list, then, polling every second until interrupted, a row
 // (or with -o one object) for each job that appeared or changed state, attempt or step.
+#include <algorithm>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -12,7 +13,6 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/client.h"
@@ -21,6 +21,7 @@
 #include "cli/output/table.h"
 #include "cli/output/views.h"
 #include "cli/reconnect.h"
+#include "common/byte_text.h"
 #include "common/job_spec.h"
 
 namespace dropless::cli {
@@ -118,10 +119,13 @@ void PrintWorkerTable(const std::vector<const v1::Worker*>& workers) {
   for (const v1::Worker* w : workers) {
     std::vector<std::string> devices(w->devices().begin(), w->devices().end());
     std::string device_text = devices.empty() ? "-" : devices[0];
-    if (w->device_memory_bytes_size() > 0 && w->device_memory_bytes(0) > 0) {
-      absl::StrAppend(&device_text, absl::StrFormat(" (%.1f GiB)",
-                                                    static_cast<double>(w->device_memory_bytes(0)) /
-                                                        (int64_t{1} << 30)));
+    if (!w->device_memory_bytes().empty()) {  // the smallest and largest GPU's memory
+      const auto [least, most] =
+          std::minmax_element(w->device_memory_bytes().begin(), w->device_memory_bytes().end());
+      if (*least > 0) {
+        absl::StrAppend(&device_text, " (", GibText(*least),
+                        *most != *least ? absl::StrCat(" to ", GibText(*most)) : "", ")");
+      }
     }
     if (devices.size() > 1) absl::StrAppend(&device_text, " x", devices.size());
     table.AddRow({w->id(), w->node(), WorkerStateName(w->state()), w->slot_kind(),

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/byte_text.h"
 #include "common/log.h"
 #include "coordinator/controller/job_events.h"
 #include "coordinator/util/clock.h"
@@ -335,31 +336,27 @@ void JobController::FailAttempt(ActiveJob& job, const std::string& reason, Store
 void JobController::FailAttemptOnTooSmallDevice(ActiveJob& job, const std::string& reason,
                                                 int64_t device_memory_bytes, StoreWrite& write) {
   v1::Job& j = job.record.job;
-  const int64_t above = std::max(j.needs_device_memory_above_bytes(), device_memory_bytes);
-  const std::string gib =
-      absl::StrFormat("%.1f GiB", static_cast<double>(above) / (int64_t{1} << 30));
-  bool larger_ready = false;
-  if (device_memory_bytes > 0) {
-    for (const NodeCapacity& node : workers_.Capacity()) {
-      if (node.slot_kind != j.backend()) continue;
-      for (int64_t bytes : node.device_memory_bytes) larger_ready |= bytes > above;
-    }
+  if (device_memory_bytes <= 0) {  // a worker that does not say: nothing to place by
+    FailAttempt(job, reason, write, /*retry=*/false);
+    return;
   }
-  if (!larger_ready) {
+  const int64_t above = std::max(j.needs_device_memory_above_bytes(), device_memory_bytes);
+  j.set_needs_device_memory_above_bytes(above);
+  // Workers that are away for now (LOST: a restart, a lease blip) count: the job waits for them.
+  if (!GangFitsCapacity(j.world_size(), j.backend(), above, workers_.KnownCapacity())) {
     FailAttempt(job,
-                device_memory_bytes > 0 ? absl::StrCat(reason, "; no READY ", j.backend(),
-                                                       " worker has a GPU with more than ", gib)
-                                        : reason,
+                absl::StrCat(reason, "; no known ", j.backend(), " worker has ", j.world_size(),
+                             " GPU(s) with more than ", GibText(above),
+                             GangNeedsOneNode(j.backend()) ? " on one node" : ""),
                 write, /*retry=*/false);
     return;
   }
-  j.set_needs_device_memory_above_bytes(above);
   j.set_uncounted_attempts(j.uncounted_attempts() + 1);
   const int32_t number = EndFailedAttempt(job, reason, write);
   Requeue(job, number, reason,
           absl::StrFormat("attempt %d ran out of memory on a GPU of %s; queued for attempt %d "
                           "on GPUs with more memory (not counted against max_attempts)",
-                          number, gib, number + 1),
+                          number, GibText(above), number + 1),
           write);
 }
 

@@ -331,6 +331,21 @@ std::vector<NodeCapacity> WorkerRegistry::Capacity() const {
   return nodes;
 }
 
+std::vector<NodeCapacity> WorkerRegistry::KnownCapacity() const {
+  std::vector<NodeCapacity> nodes;
+  for (const auto& [id, worker] : workers_) {
+    if (!worker.leaving.empty()) continue;
+    nodes.push_back(NodeCapacity{
+        id,
+        worker.info.node(),
+        worker.info.slot_kind(),
+        worker.info.slots(),
+        {},
+        {worker.info.device_memory_bytes().begin(), worker.info.device_memory_bytes().end()}});
+  }
+  return nodes;
+}
+
 std::vector<v1::Worker> WorkerRegistry::List() const {
   std::vector<v1::Worker> out;
   for (const auto& [id, worker] : workers_) {

@@ -4,7 +4,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "common/byte_text.h"
 
 namespace dropless::coordinator {
 namespace {
@@ -36,33 +36,71 @@ void AssignRanks(const std::vector<std::pair<const NodeCapacity*, int32_t>>& tak
   }
 }
 
-// The nodes as a job that needs GPUs with more than `above` bytes sees them: only the slots that
-// qualify, counted in `slots` and listed in `free_slots`.
-std::vector<NodeCapacity> SlotsWithMoreMemory(const std::vector<NodeCapacity>& nodes,
-                                              int64_t above) {
+// The nodes with only the slots that `keep` accepts, counted in `slots` and listed in
+// `free_slots`; nodes left without a slot are dropped.
+template <typename Keep>
+std::vector<NodeCapacity> SlotsWhere(const std::vector<NodeCapacity>& nodes, Keep keep) {
   std::vector<NodeCapacity> out;
   for (const NodeCapacity& node : nodes) {
-    auto qualifies = [&](int32_t slot) {
-      return slot >= 0 && static_cast<size_t>(slot) < node.device_memory_bytes.size() &&
-             node.device_memory_bytes[slot] > above;
-    };
     NodeCapacity view = node;
     view.slots = 0;
-    for (int32_t slot = 0; slot < node.slots; ++slot) view.slots += qualifies(slot) ? 1 : 0;
+    for (int32_t slot = 0; slot < node.slots; ++slot) view.slots += keep(node, slot) ? 1 : 0;
     view.free_slots.clear();
     for (int32_t slot : node.free_slots) {
-      if (qualifies(slot)) view.free_slots.push_back(slot);
+      if (keep(node, slot)) view.free_slots.push_back(slot);
     }
     if (view.slots > 0) out.push_back(std::move(view));
   }
   return out;
 }
 
-std::string GiB(int64_t bytes) {
-  return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (int64_t{1} << 30));
+// A slot's GPU memory in bytes; 0 when unknown.
+int64_t SlotMemory(const NodeCapacity& node, int32_t slot) {
+  return slot >= 0 && static_cast<size_t>(slot) < node.device_memory_bytes.size()
+             ? node.device_memory_bytes[slot]
+             : 0;
 }
 
+// The slots a job that needs GPUs with more than `above` bytes may use (every slot when 0).
+std::vector<NodeCapacity> SlotsFor(const std::vector<NodeCapacity>& nodes, int64_t above) {
+  if (above <= 0) return nodes;
+  return SlotsWhere(nodes, [above](const NodeCapacity& node, int32_t slot) {
+    return SlotMemory(node, slot) > above;
+  });
+}
+
+// Slots of one kind on the nodes, busy or free: in all, and the most on one node.
+struct KindCapacity {
+  int64_t total = 0;
+  int64_t largest = 0;
+};
+
+KindCapacity CapacityOf(const std::string& kind, const std::vector<NodeCapacity>& nodes) {
+  KindCapacity c;
+  for (const NodeCapacity& node : nodes) {
+    if (node.slot_kind != kind) continue;
+    c.total += node.slots;
+    c.largest = std::max<int64_t>(c.largest, node.slots);
+  }
+  return c;
+}
+
+// What the jobs that did not fit hold back from the jobs after them, per backend: every slot (a
+// job that may use any), or the slots with GPUs larger than `reserved_above` bytes (jobs that
+// need such GPUs only: the smaller GPUs stay usable by the jobs behind them).
+struct Holdback {
+  const QueuedJob* first = nullptr;  // the first job that did not fit
+  bool all = false;
+  int64_t reserved_above = 0;  // with !all: the smallest size the held-back GPUs exceed
+};
+
 }  // namespace
+
+bool GangFitsCapacity(int32_t world_size, const std::string& kind, int64_t above,
+                      const std::vector<NodeCapacity>& nodes) {
+  const KindCapacity c = CapacityOf(kind, SlotsFor(nodes, above));
+  return world_size <= c.total && (!GangNeedsOneNode(kind) || world_size <= c.largest);
+}
 
 bool GangNeedsOneNode(const std::string& slot_kind) { return slot_kind == "cuda"; }
 
@@ -116,65 +154,77 @@ SchedulePlan PlanSchedule(std::vector<QueuedJob> queue, std::vector<NodeCapacity
     return a.seq < b.seq;
   });
   SchedulePlan plan;
-  std::map<std::string, const QueuedJob*> blocked_by;  // backend -> first job that did not fit
+  std::map<std::string, Holdback> held;  // by backend
   for (const QueuedJob& job : queue) {
     // The slots this job may use: every slot of its kind, or those with GPUs larger than one it
     // did not fit.
     const int64_t above = job.needs_device_memory_above;
-    std::vector<NodeCapacity> larger;
-    if (above > 0) larger = SlotsWithMoreMemory(nodes, above);
-    const std::vector<NodeCapacity>& usable = above > 0 ? larger : nodes;
+    const std::vector<NodeCapacity> usable = SlotsFor(nodes, above);
     const std::string slots_text =
-        above > 0 ? absl::StrCat(job.backend, " slots with more than ", GiB(above),
+        above > 0 ? absl::StrCat(job.backend, " slots with more than ", GibText(above),
                                  " of GPU memory (an attempt ran out of memory on one that size)")
                   : absl::StrCat(job.backend, " slots");
-    int64_t total = 0;    // busy or free
-    int64_t largest = 0;  // the most slots of one worker
-    for (const NodeCapacity& node : usable) {
-      if (node.slot_kind != job.backend) continue;
-      total += node.slots;
-      largest = std::max<int64_t>(largest, node.slots);
-    }
+    const KindCapacity capacity = CapacityOf(job.backend, usable);
     const bool one_node = GangNeedsOneNode(job.backend);
-    if (one_node && total >= job.world_size && job.world_size > largest) {
+    if (one_node && capacity.total >= job.world_size && job.world_size > capacity.largest) {
       plan.waiting.push_back(
           {job.job_id,
            absl::StrCat("needs ", job.world_size, " ", slots_text,
                         " on one node (the cuda engine's EP group is one NVLink domain) but the "
                         "largest READY ",
-                        job.backend, " worker has ", largest, "; waiting for a larger worker")});
+                        job.backend, " worker has ", capacity.largest,
+                        "; waiting for a larger worker")});
       continue;
     }
-    if (job.world_size > total) {
+    if (job.world_size > capacity.total) {
       plan.waiting.push_back(
           {job.job_id,
            absl::StrCat("needs ", job.world_size, " ", slots_text, " but the READY ", job.backend,
-                        " workers have ", total, " in total; waiting for more workers")});
+                        " workers have ", capacity.total, " in total; waiting for more workers")});
       continue;
     }
-    auto blocker = blocked_by.find(job.backend);
-    if (blocker != blocked_by.end()) {
+    Holdback& hold = held[job.backend];
+    if (hold.all) {
       plan.waiting.push_back(
-          {job.job_id, absl::StrCat("queued behind ", blocker->second->job_id, " (priority ",
-                                    blocker->second->priority, ", needs ",
-                                    blocker->second->world_size, " ", job.backend, " slots)")});
+          {job.job_id,
+           absl::StrCat("queued behind ", hold.first->job_id, " (priority ", hold.first->priority,
+                        ", needs ", hold.first->world_size, " ", job.backend, " slots)")});
       continue;
     }
-    std::optional<std::vector<RankSlot>> ranks = PackGang(job.world_size, job.backend, usable);
+    // Jobs ahead that wait for larger GPUs keep those; this one may take the others.
+    std::vector<NodeCapacity> open = usable;
+    if (hold.first != nullptr) {
+      const int64_t reserved_above = hold.reserved_above;
+      open = SlotsWhere(usable, [reserved_above](const NodeCapacity& node, int32_t slot) {
+        return SlotMemory(node, slot) <= reserved_above;
+      });
+    }
+    std::optional<std::vector<RankSlot>> ranks = PackGang(job.world_size, job.backend, open);
     if (!ranks.has_value()) {
       int64_t free = 0, most_on_one = 0;
-      for (const NodeCapacity& node : usable) {
+      for (const NodeCapacity& node : open) {
         if (node.slot_kind != job.backend) continue;
         free += static_cast<int64_t>(node.free_slots.size());
         most_on_one = std::max<int64_t>(most_on_one, static_cast<int64_t>(node.free_slots.size()));
       }
-      plan.waiting.push_back(
-          {job.job_id,
-           one_node
-               ? absl::StrCat("needs ", job.world_size, " ", slots_text, " on one node; at most ",
-                              most_on_one, " free on one now")
-               : absl::StrCat("needs ", job.world_size, " ", slots_text, "; ", free, " free now")});
-      blocked_by[job.backend] = &job;
+      std::string reason =
+          one_node
+              ? absl::StrCat("needs ", job.world_size, " ", slots_text, " on one node; at most ",
+                             most_on_one, " free on one now")
+              : absl::StrCat("needs ", job.world_size, " ", slots_text, "; ", free, " free now");
+      if (hold.first != nullptr) {
+        absl::StrAppend(&reason, " (the GPUs with more than ", GibText(hold.reserved_above),
+                        " are held for ", hold.first->job_id, ", which needs them)");
+      }
+      plan.waiting.push_back({job.job_id, std::move(reason)});
+      // It holds back what it may use from the jobs behind it.
+      if (hold.first == nullptr) hold.first = &job;
+      if (above > 0) {
+        hold.reserved_above =
+            hold.reserved_above > 0 ? std::min(hold.reserved_above, above) : above;
+      } else {
+        hold.all = true;
+      }
       continue;
     }
     // Take the slots out of the pool for the jobs after this one.

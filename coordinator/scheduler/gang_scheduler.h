@@ -18,7 +18,8 @@
 //   waits with a reason but does not block the queue (it would otherwise block it forever).
 // - A cuda job that ran out of memory on a GPU of some size (QueuedJob.needs_device_memory_above)
 //   goes only on slots whose GPU has more; the rules above then count only those slots. Slots of
-//   unknown memory (a worker that predates reporting it) do not qualify.
+//   unknown memory (a worker that predates reporting it) do not qualify. Such a job that does not
+//   fit now holds back only the GPUs it could use: the jobs behind it may take the smaller ones.
 #ifndef DROPLESS_COORDINATOR_SCHEDULER_GANG_SCHEDULER_H_
 #define DROPLESS_COORDINATOR_SCHEDULER_GANG_SCHEDULER_H_
 
@@ -83,6 +84,11 @@ bool GangNeedsOneNode(const std::string& slot_kind);
 // Nodes of other kinds than slot_kind are ignored.
 std::optional<std::vector<RankSlot>> PackGang(int32_t world_size, const std::string& slot_kind,
                                               const std::vector<NodeCapacity>& nodes);
+
+// Whether world_size ranks of `kind` fit these nodes' slots whose GPUs have more than `above`
+// bytes (any slot when 0), busy or free, by the rules above: what could ever be placed there.
+bool GangFitsCapacity(int32_t world_size, const std::string& kind, int64_t above,
+                      const std::vector<NodeCapacity>& nodes);
 
 // Decides which queued jobs start now and where, and why the others wait.
 SchedulePlan PlanSchedule(std::vector<QueuedJob> queue, std::vector<NodeCapacity> nodes);

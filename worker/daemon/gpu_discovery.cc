@@ -102,13 +102,8 @@ absl::StatusOr<std::vector<CudaDevice>> DiscoverCudaDevices(const std::string& d
       }
       found.uuid = FormatUuid(uuid);
     }
-    if (cu_total_mem != nullptr) {
-      size_t bytes = 0;
-      rc = cu_total_mem(&bytes, device);
-      if (rc != kCudaSuccess) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("cuDeviceTotalMem(", ordinal, ") failed with CUresult ", rc));
-      }
+    // Advisory (placement on larger GPUs): a failure leaves it unknown rather than the GPU unused.
+    if (size_t bytes = 0; cu_total_mem != nullptr && cu_total_mem(&bytes, device) == kCudaSuccess) {
       found.total_memory_bytes = static_cast<int64_t>(bytes);
     }
     devices.push_back(std::move(found));

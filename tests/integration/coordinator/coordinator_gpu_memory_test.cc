@@ -1,6 +1,7 @@
 // Mixed GPU fleets: a cuda job whose rank ran out of memory on a GPU of one size
 // (kRankExitDeviceTooSmall) runs next on a larger GPU, without spending an attempt, or fails with
 // the reason when no READY worker has one. The real coordinator over loopback, fake workers.
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,18 +19,30 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kGiB = int64_t{1} << 30;
 
-// A one-rank job on the cuda backend.
-std::string OneRankCudaSpec() {
-  return R"yaml(name: gpu-memory
-max_attempts: 1
+// A job of `ranks` ranks (ep) on the cuda backend.
+std::string CudaSpec(int ranks = 1, int max_attempts = 1) {
+  return absl::StrFormat(R"yaml(name: gpu-memory
+max_attempts: %d
 model: {hidden: 64, ffn: 128, experts: 8, topk: 2, shared_experts: 0, layers: 1, router: softmax, renormalize: true, activation: swiglu}
-parallel: {ep: 1, dp: 1}
+parallel: {ep: %d, dp: 1}
 precision: bf16
 tokens_per_rank: 64
 steps: 5
 data: {distribution: uniform, seed: 7}
 resources: {backend: cuda}
-)yaml";
+)yaml",
+                         max_attempts, ranks);
+}
+
+std::string OneRankCudaSpec() { return CudaSpec(); }
+
+// A cuda worker of `slots` GPUs with `gib` GiB each, joined.
+std::unique_ptr<FakeWorker> GpuWorker(CoordinatorUnderTest& c, const std::string& node, int slots,
+                                      int64_t gib) {
+  auto w = std::make_unique<FakeWorker>(c.channel(), node, slots, "cuda");
+  w->SetGpuMemoryBytes(gib * kGiB);
+  EXPECT_TRUE(w->Join().ok());
+  return w;
 }
 
 bool RetryingSays(const std::vector<v1::Event>& events, const std::string& text) {
@@ -99,7 +112,8 @@ TEST(CoordinatorGpuMemoryTest, WithoutALargerGpuTheJobFailsAndSaysWhy) {
       small.ReportRank(job->id(), 1, 0, v1::RANK_STATE_FAILED, kRankExitDeviceTooSmall).ok());
   v1::Job failed = coordinator->WaitForState(job->id(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.message(),
-              HasSubstr("no READY cuda worker has a GPU with more than 80.0 GiB"));
+              HasSubstr("no known cuda worker has 1 GPU(s) with more than 80.0 GiB on one node"));
+  EXPECT_EQ(failed.needs_device_memory_above_bytes(), 80 * kGiB);  // learned, failed or not
   EXPECT_THAT(failed.message(), HasSubstr("not retried"));
   EXPECT_EQ(failed.attempt(), 1);
 
@@ -116,6 +130,66 @@ TEST(CoordinatorGpuMemoryTest, WithoutALargerGpuTheJobFailsAndSaysWhy) {
   v1::Job unknown = coordinator->WaitForState(again->id(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(unknown.message(), HasSubstr("not retried"));
   EXPECT_EQ(unknown.needs_device_memory_above_bytes(), 0);
+}
+
+// Attempts on the larger GPU count as usual: with max_attempts 2, attempts 2 and 3 are the two.
+TEST(CoordinatorGpuMemoryTest, AttemptsOnTheLargerGpuCountAgainstMaxAttempts) {
+  auto coordinator = CoordinatorUnderTest::Start();
+  auto small = GpuWorker(*coordinator, "node-h100", 1, 80);
+  auto large = GpuWorker(*coordinator, "node-h200", 1, 141);
+  absl::StatusOr<v1::Job> job = coordinator->Submit(CudaSpec(1, /*max_attempts=*/2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(small->NextAssignment().has_value());
+  ASSERT_TRUE(
+      small->ReportRank(job->id(), 1, 0, v1::RANK_STATE_FAILED, kRankExitDeviceTooSmall).ok());
+  ASSERT_TRUE(large->NextAssignment().has_value());
+  ASSERT_TRUE(large->ReportRank(job->id(), 2, 0, v1::RANK_STATE_FAILED, 1).ok());
+  std::optional<v1::Assignment> third = large->NextAssignment();
+  ASSERT_TRUE(third.has_value());
+  EXPECT_EQ(third->attempt(), 3);  // the larger GPU again: the size stays learned
+  EXPECT_TRUE(RetryingSays(coordinator->Events(job->id()),
+                           "attempt 2 (1 of 2 counted) failed; queued for attempt 3"));
+  ASSERT_TRUE(large->ReportRank(job->id(), 3, 0, v1::RANK_STATE_FAILED, 1).ok());
+  v1::Job failed = coordinator->WaitForState(job->id(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.message(), HasSubstr("attempt 3 (2 of 2 counted) failed"));
+  EXPECT_EQ(failed.uncounted_attempts(), 1);
+}
+
+// A larger worker that is away for now (LOST) still counts: the job waits for it, then runs there.
+TEST(CoordinatorGpuMemoryTest, ALostLargerWorkerIsWaitedFor) {
+  auto coordinator = CoordinatorUnderTest::Start();
+  auto large = GpuWorker(*coordinator, "node-h200", 1, 141);
+  large->Disconnect();
+  ASSERT_TRUE(coordinator->WaitForWorkerState("node-h200", v1::WORKER_STATE_LOST));
+  auto small = GpuWorker(*coordinator, "node-h100", 1, 80);
+  absl::StatusOr<v1::Job> job = coordinator->Submit(OneRankCudaSpec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(small->NextAssignment().has_value());
+  ASSERT_TRUE(
+      small->ReportRank(job->id(), 1, 0, v1::RANK_STATE_FAILED, kRankExitDeviceTooSmall).ok());
+  v1::Job waiting = coordinator->WaitForJob(job->id(), [](const v1::Job& j) {
+    return j.state() == v1::JOB_STATE_PENDING && j.needs_device_memory_above_bytes() > 0;
+  });
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_PENDING);
+  ASSERT_TRUE(large->Connect("boot-1").ok());
+  std::optional<v1::Assignment> second = large->NextAssignment(absl::Seconds(15));
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->attempt(), 2);
+}
+
+// Larger GPUs too few for the gang on one node: the job fails at once and says so.
+TEST(CoordinatorGpuMemoryTest, LargerGpusTooFewForTheGangFailTheJob) {
+  auto coordinator = CoordinatorUnderTest::Start();
+  auto small = GpuWorker(*coordinator, "node-h100", 2, 80);
+  auto large = GpuWorker(*coordinator, "node-h200", 1, 141);
+  absl::StatusOr<v1::Job> job = coordinator->Submit(CudaSpec(/*ranks=*/2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(small->NextAssignment().has_value());
+  ASSERT_TRUE(
+      small->ReportRank(job->id(), 1, 1, v1::RANK_STATE_FAILED, kRankExitDeviceTooSmall).ok());
+  v1::Job failed = coordinator->WaitForState(job->id(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.message(),
+              HasSubstr("no known cuda worker has 2 GPU(s) with more than 80.0 GiB on one node"));
 }
 
 }  // namespace

@@ -44,6 +44,13 @@ NodeCapacity BusyGpuNode(std::string name, std::vector<int64_t> gib) {
   return node;
 }
 
+// The same with its first slot busy.
+NodeCapacity HalfBusyGpuNode(std::string name, std::vector<int64_t> gib) {
+  NodeCapacity node = GpuNode(std::move(name), std::move(gib));
+  node.free_slots.erase(node.free_slots.begin());
+  return node;
+}
+
 // A cuda job that ran out of memory on a GPU of `gib`.
 QueuedJob NeedsMoreThan(std::string id, int64_t seq, int32_t world, int64_t gib) {
   QueuedJob job = Job(std::move(id), 0, seq, "cuda", world);
@@ -207,14 +214,24 @@ INSTANTIATE_TEST_SUITE_P(
                      {{"three",
                        "on one node (the cuda engine's EP group is one NVLink domain) "
                        "but the largest READY cuda worker has 2"}}},
-        ScheduleCase{"BusyLargerGpusBlockTheQueue",
-                     {BusyGpuNode("h200", {141}), GpuNode("h100", {80})},
-                     {NeedsMoreThan("big", 1, 1, 80), Job("small", 0, 2, "cuda", 1)},
-                     {},
-                     {{"big",
-                       "more than 80.0 GiB of GPU memory (an attempt ran out of memory on "
-                       "one that size) on one node; at most 0 free on one now"},
-                      {"small", "queued behind big"}}},
+        // A job that waits for larger GPUs holds back only those: the job behind it takes the
+        // smaller one, and a job that may use any slot waits behind it for the larger ones.
+        ScheduleCase{
+            "WaitingForLargerGpusHoldsBackOnlyThose",
+            {HalfBusyGpuNode("h200", {141, 141}), GpuNode("h100", {80}), GpuNode("h200b", {141})},
+            {NeedsMoreThan("big", 1, 2, 80), Job("small", 0, 2, "cuda", 1),
+             NeedsMoreThan("big2", 3, 1, 80), Job("any", 0, 4, "cuda", 1)},
+            {"small=h100:0"},
+            {{"big",
+              "needs 2 cuda slots with more than 80.0 GiB of GPU memory (an attempt "
+              "ran out of memory on one that size) on one node; at most 1 free on "
+              "one now"},
+             {"big2",
+              "(the GPUs with more than 80.0 GiB are held for big, which needs "
+              "them)"},
+             {"any",
+              "needs 1 cuda slots on one node; at most 0 free on one now (the GPUs "
+              "with more than 80.0 GiB are held for big"}}},
         ScheduleCase{
             "SuccessiveJobsShareCapacity",
             {FreeNode("a", "cpu", 4)},
@@ -222,6 +239,18 @@ INSTANTIATE_TEST_SUITE_P(
             {"j1=a:0,a:1", "j2=a:2,a:3"},
             {{"j3", "needs 1 cpu slots; 0 free now"}}}),
     [](const ::testing::TestParamInfo<ScheduleCase>& info) { return info.param.name; });
+
+// What could ever be placed, busy slots counted: the controller's test before it queues a job
+// for larger GPUs.
+TEST(GangFitsCapacityTest, CountsOnlyLargerGpusAndOneNodeForCuda) {
+  std::vector<NodeCapacity> nodes = {BusyGpuNode("h100", {80, 80}), GpuNode("h200", {141})};
+  EXPECT_TRUE(GangFitsCapacity(2, "cuda", 0, nodes));
+  EXPECT_TRUE(GangFitsCapacity(1, "cuda", 80 * kGiB, nodes));
+  EXPECT_FALSE(GangFitsCapacity(2, "cuda", 80 * kGiB, nodes));  // one larger GPU on one node
+  EXPECT_FALSE(GangFitsCapacity(1, "cuda", 141 * kGiB, nodes));
+  EXPECT_FALSE(GangFitsCapacity(1, "cpu", 0, nodes));
+  EXPECT_FALSE(GangFitsCapacity(1, "cuda", 80 * kGiB, {FreeNode("unknown", "cuda", 4)}));
+}
 
 TEST(PackGangTest, RejectsNonPositiveWorldSize) {
   EXPECT_FALSE(PackGang(0, "cpu", {FreeNode("a", "cpu", 4)}).has_value());
