@@ -52,7 +52,8 @@ ABSL_FLAG(int64_t, max_unfinished_jobs_per_user, 1000,
           "limit)");
 ABSL_FLAG(absl::Duration, job_retention, absl::Hours(720),
           "finished jobs, with their events, logs and step metrics, are deleted from the store "
-          "this long after they ended (a duration: 720h, 90m); 0 keeps them for good");
+          "this long after they ended, and the cluster-wide events this old (a duration of at "
+          "least 1h: 720h, 90m); 0 keeps them for good");
 ABSL_FLAG(std::string, config, "",
           "optional YAML file with the same keys as the flags (flags given explicitly win)");
 

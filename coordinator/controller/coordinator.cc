@@ -128,8 +128,7 @@ absl::Status Coordinator::Load() {
 
 void Coordinator::Start() {
   ticker_ = std::thread([this] { TickLoop(); });
-  if (options_.job_retention > absl::ZeroDuration() &&
-      options_.job_retention != absl::InfiniteDuration()) {
+  if (RetentionOn()) {
     retention_ = std::thread([this] { RetentionLoop(); });
   } else {
     LogInfo("job retention off: finished jobs are kept for good");

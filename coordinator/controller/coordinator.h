@@ -118,14 +118,15 @@ class Coordinator {
   void Shutdown();
 
   // Retention (coordinator_retention.cc): deletes from the store the finished jobs that ended
-  // more than options.job_retention before now_ms, with all their rows, one bounded batch
-  // (JobStore::DeleteJobsEndedBefore) per hold of the lock, so that calls wait at most one batch.
+  // more than options.job_retention before now_ms, with all their rows, then the cluster-wide
+  // events (of no job) stored before that time, one bounded batch (JobStore::DeleteJobsEndedBefore,
+  // DeleteClusterEventsBefore) per hold of the lock, so that calls wait at most one batch.
   // Nothing in memory refers to them: finished jobs are retired first (their streams end), and
-  // nothing is deleted while memory holds changes the store has not taken (UNAVAILABLE). Counted
-  // by dropless_coordinator_jobs_expired_total and logged in one line when any was deleted.
-  // Returns how many were deleted; an error says why it stopped (the batches deleted before it
-  // stay deleted, counted and logged).
-  absl::StatusOr<int64_t> ExpireFinishedJobs(int64_t now_ms);
+  // nothing is deleted while memory holds changes the store has not taken (UNAVAILABLE). Jobs are
+  // counted by dropless_coordinator_jobs_expired_total; a sweep that deleted anything logs one
+  // line. Returns how many jobs were deleted; an error says why it stopped (the batches deleted
+  // before it stay deleted, counted and logged).
+  absl::StatusOr<int64_t> ExpireFinishedJobs(int64_t now_ms) ABSL_LOCKS_EXCLUDED(mu_);
 
   // JobService. Errors name the offending field or id.
   // A request_id seen before (for the same owner) returns the job it made; AlreadyExists when
@@ -189,7 +190,9 @@ class Coordinator {
       : store_(std::move(store)), options_(options), metrics_(metrics) {}
   absl::Status Load() ABSL_LOCKS_EXCLUDED(mu_);
   void TickLoop();
-  void RetentionLoop();
+  // Whether finished jobs are ever deleted: options.job_retention neither zero nor infinite.
+  bool RetentionOn() const;
+  void RetentionLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The job an earlier submit with (owner, request_id) made, if any.
   absl::StatusOr<std::optional<v1::Job>> FindSubmittedLocked(const std::string& owner,

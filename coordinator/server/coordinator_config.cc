@@ -197,10 +197,11 @@ absl::Status ValidateConfig(const CoordinatorConfig& config) {
     return absl::InvalidArgumentError(
         "max_unfinished_jobs_per_user: must not be negative (0: no limit)");
   }
-  if (config.job_retention < absl::ZeroDuration()) {
+  if (config.job_retention != absl::ZeroDuration() && config.job_retention < kMinJobRetention) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "job_retention (--job-retention): must not be negative (got ",
-        absl::FormatDuration(config.job_retention), "; 0 keeps finished jobs for good)"));
+        "job_retention (--job-retention): 0 (finished jobs kept for good) or at least ",
+        absl::FormatDuration(kMinJobRetention), " (got ",
+        absl::FormatDuration(config.job_retention), ")"));
   }
   return absl::OkStatus();
 }

@@ -50,9 +50,16 @@ struct CoordinatorConfig {
   // Unfinished (pending, scheduled, running) jobs per authenticated user; 0: no limit.
   int64_t max_unfinished_jobs_per_user = 1000;
   // Finished jobs (with their events, logs and step metrics) are deleted from the store this long
-  // after they ended; 0 keeps them for good. A duration: "720h", "90m", "0". In YAML a string.
+  // after they ended; 0 keeps them for good; otherwise at least kMinJobRetention. A duration:
+  // "720h", "90m", "0". In YAML a string.
   absl::Duration job_retention = absl::Hours(720);
 };
+
+// The shortest retention ValidateConfig accepts (but 0). A cancelled job's ranks may still be
+// stopping (their grace period) when the coordinator restarts; the ranks a worker's Hello lists
+// hold their slots only while their job is in the store, so a job deleted by the sweep at start
+// would let a new gang land on a GPU its old process still holds.
+inline constexpr absl::Duration kMinJobRetention = absl::Hours(1);
 
 // Overlays the keys present in a YAML mapping onto base. Unknown keys, wrong types and files
 // that cannot be read are errors naming the key or file.

@@ -224,8 +224,10 @@ absl::Status JobStore::Initialize() {
   if (absl::Status s = db_->Exec(kSubmitRequestsTable); !s.ok()) return s;
   if (absl::Status s = db_->Exec(kRendezvousSecretsTable); !s.ok()) return s;
   if (absl::Status s = db_->Exec(kWorkerReceiptsTable); !s.ok()) return s;
-  // Deleting expired jobs finds their submit requests by job (job_store_retention.cc).
+  // Deleting expired jobs finds their submit requests by job, and expired cluster-wide events
+  // by time (job_store_retention.cc).
   if (absl::Status s = db_->Exec(kSubmitRequestsByJobIndex); !s.ok()) return s;
+  if (absl::Status s = IndexClusterEventsByTime(); !s.ok()) return s;
 
   absl::StatusOr<int64_t> highest = HighestJobSeq();
   if (!highest.ok()) return highest.status();

@@ -109,7 +109,8 @@ class JobStore {
     int max_metrics_history_per_job = 5000;
     // One DeleteJobsEndedBefore transaction deletes at most this many jobs, and adds no further
     // job once the log lines, step metrics and events of those it took pass max_expired_rows (it
-    // takes one job at least): the write lock, and the coordinator's, are held briefly however
+    // takes one job at least); one DeleteClusterEventsBefore transaction deletes at most
+    // max_expired_rows events: the write lock, and the coordinator's, are held briefly however
     // large the backlog is.
     int max_expired_jobs = 500;
     int max_expired_rows = 20000;
@@ -178,6 +179,11 @@ class JobStore {
   // in one transaction bounded by Limits::max_expired_jobs and max_expired_rows. Unfinished jobs
   // are never touched. Returns the ids deleted, empty once none is left; call again for more.
   absl::StatusOr<std::vector<std::string>> DeleteJobsEndedBefore(int64_t end_time_ms);
+  // Retention of the cluster-wide events (those of no job: workers registered, ready, lost,
+  // coordinator started, events dropped): deletes those stored with a time before `time_ms`,
+  // oldest first, at most Limits::max_expired_rows in one transaction. Returns how many it
+  // deleted, 0 once none is left; call again for more.
+  absl::StatusOr<int64_t> DeleteClusterEventsBefore(int64_t time_ms);
 
   // Stores the lines in one transaction; returns the seq of the first (the others follow it
   // consecutively), 0 when there are none. With a receipt, as PutStepMetrics.
@@ -208,6 +214,8 @@ class JobStore {
   absl::Status MigrateToOwners();
   absl::Status MigrateToRankBootIds();
   absl::Status MigrateToJobEndTimes();
+  // The index DeleteClusterEventsBefore reads, created in place in a file that lacks it.
+  absl::Status IndexClusterEventsByTime();
   // jobs.end_time_ms of a job row: when a finished job ended (its create time if it has no end
   // time), 0 for an unfinished one.
   static int64_t EndTimeColumn(const v1::Job& job);

@@ -1,7 +1,8 @@
 // JobStore retention: deleting finished jobs whose end is older than the coordinator's
-// --job-retention, with every row that belongs to them, and the schema that makes it cheap
-// (version 4: jobs.end_time_ms under an index of the finished jobs only, and store_counters,
-// which keeps job ids from being reused once the newest jobs are gone).
+// --job-retention, with every row that belongs to them, and the cluster-wide events as old, and
+// the schema that makes it cheap (version 4: jobs.end_time_ms under an index of the finished jobs
+// only, and store_counters, which keeps job ids from being reused once the newest jobs are gone;
+// an index of the cluster-wide events by time, added in place).
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -21,6 +22,11 @@ static_assert(v1::JOB_STATE_SUCCEEDED == 4 && v1::JOB_STATE_FAILED == 5 &&
 // The terminal states as a literal: the partial index below serves only queries whose WHERE
 // holds this very term (SQLite matches it as written, not through bound parameters).
 constexpr absl::string_view kFinishedJobs = "state IN (4, 5, 6)";
+
+// The events of no job, as a literal for the same reason: the partial index
+// events_of_cluster_by_time holds them alone, by time (through events_by_job each batch would
+// read and sort every cluster-wide event, the recent ones too).
+constexpr absl::string_view kClusterEvents = "job_id = ''";
 
 constexpr absl::string_view kLastJobSeqCounter = "last_job_seq";
 
@@ -87,6 +93,12 @@ absl::Status JobStore::MigrateToJobEndTimes() {
     }
     return db_->Exec("PRAGMA user_version=4");
   });
+}
+
+absl::Status JobStore::IndexClusterEventsByTime() {
+  return db_->Exec(
+      absl::StrCat("CREATE INDEX IF NOT EXISTS events_of_cluster_by_time ON events(time_ms) WHERE ",
+                   kClusterEvents));
 }
 
 absl::StatusOr<int64_t> JobStore::HighestJobSeq() {
@@ -171,6 +183,25 @@ absl::StatusOr<std::vector<std::string>> JobStore::DeleteJobsEndedBefore(int64_t
     metrics_since_trim_.erase(id);
   }
   return ids;
+}
+
+absl::StatusOr<int64_t> JobStore::DeleteClusterEventsBefore(int64_t time_ms) {
+  // Without fsync, as above.
+  if (absl::Status s = SetDurable(false); !s.ok()) return s;
+  int64_t deleted = 0;
+  absl::Status status = InTransaction(*db_, [&]() -> absl::Status {
+    absl::StatusOr<SqliteStatement> st = db_->Prepare(
+        absl::StrCat("DELETE FROM events WHERE id IN (SELECT id FROM events INDEXED BY "
+                     "events_of_cluster_by_time WHERE ",
+                     kClusterEvents, " AND time_ms < ?1 ORDER BY time_ms LIMIT ?2)"));
+    if (!st.ok()) return st.status();
+    st->Bind(1, time_ms).Bind(2, static_cast<int64_t>(std::max(limits_.max_expired_rows, 1)));
+    if (absl::Status s = st->Run(); !s.ok()) return s;
+    deleted = db_->Changes();
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return deleted;
 }
 
 }  // namespace dropless::coordinator

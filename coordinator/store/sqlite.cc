@@ -75,6 +75,8 @@ absl::StatusOr<SqliteStatement> SqliteDb::Prepare(absl::string_view sql) {
 
 int64_t SqliteDb::LastInsertRowId() const { return sqlite3_last_insert_rowid(db_); }
 
+int64_t SqliteDb::Changes() const { return sqlite3_changes(db_); }
+
 SqliteStatement::SqliteStatement(SqliteStatement&& other) noexcept
     : db_(other.db_), stmt_(std::exchange(other.stmt_, nullptr)), sql_(std::move(other.sql_)),
       bind_error_(other.bind_error_) {}

@@ -30,6 +30,8 @@ class SqliteDb {
   absl::Status Exec(absl::string_view sql);
   absl::StatusOr<SqliteStatement> Prepare(absl::string_view sql);
   int64_t LastInsertRowId() const;
+  // Rows the last INSERT, UPDATE or DELETE statement changed.
+  int64_t Changes() const;
 
   // Status for a failed SQLite call: the code's name, the connection's message and what we did.
   absl::Status Error(int rc, absl::string_view what) const;

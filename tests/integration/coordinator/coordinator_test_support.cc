@@ -564,4 +564,20 @@ absl::StatusOr<v1::JobState> StoredAttemptState(const std::string& db, const std
   return state;
 }
 
+absl::Status ExecStoreSql(const std::string& db, const std::string& sql) {
+  sqlite3* handle = nullptr;
+  absl::Status status;
+  if (sqlite3_open_v2(db.c_str(), &handle, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
+    status = absl::InternalError(absl::StrCat(
+        "opening ", db, ": ", handle != nullptr ? sqlite3_errmsg(handle) : "out of memory"));
+  } else if (char* error = nullptr;
+             sqlite3_exec(handle, sql.c_str(), nullptr, nullptr, &error) != SQLITE_OK) {
+    status = absl::InternalError(
+        absl::StrCat(sql, " on ", db, ": ", error != nullptr ? error : sqlite3_errmsg(handle)));
+    sqlite3_free(error);
+  }
+  sqlite3_close(handle);
+  return status;
+}
+
 }  // namespace dropless::testing

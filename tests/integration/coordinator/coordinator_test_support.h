@@ -241,6 +241,9 @@ int64_t JobsExpired(CoordinatorUnderTest& coordinator);
 // no coordinator holds the file: after Kill); NotFound when there is no row.
 absl::StatusOr<v1::JobState> StoredAttemptState(const std::string& db, const std::string& job_id,
                                                 int attempt);
+// Runs SQL statements on the database file while no coordinator holds it (after Kill, or once
+// the coordinator stopped): for a state the API cannot make, such as a job that ended long ago.
+absl::Status ExecStoreSql(const std::string& db, const std::string& sql);
 
 // One unary call by method name with raw request bytes; for calls the tests have no stub for
 // (grpc.health.v1) and for malformed payloads.

@@ -2,6 +2,7 @@
 
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -78,7 +79,7 @@ TEST(CoordinatorConfigTest, TlsAndTokensAreRequiredUnlessInsecure) {
   EXPECT_TRUE(ValidateConfig(plaintext).ok());
 }
 
-TEST(CoordinatorConfigTest, JobRetentionIsADurationNeverNegative) {
+TEST(CoordinatorConfigTest, JobRetentionIsZeroOrAtLeastAnHour) {
   EXPECT_EQ(CoordinatorConfig{}.job_retention, absl::Hours(720));
   absl::StatusOr<CoordinatorConfig> config =
       ApplyConfigYaml("job_retention: 48h\ninsecure: true\n", CoordinatorConfig{});
@@ -92,10 +93,19 @@ TEST(CoordinatorConfigTest, JobRetentionIsADurationNeverNegative) {
   absl::StatusOr<CoordinatorConfig> vague = ApplyConfigYaml("job_retention: a month\n", {});
   ASSERT_FALSE(vague.ok());
   EXPECT_THAT(vague.status().message(), HasSubstr("job_retention: not a duration"));
-  config = ApplyConfigYaml("job_retention: -1h\ninsecure: true\n", CoordinatorConfig{});
+  config = ApplyConfigYaml("job_retention: 1h\ninsecure: true\n", CoordinatorConfig{});
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_THAT(ValidateConfig(*config).message(),
-              HasSubstr("job_retention (--job-retention): must not be negative (got -1h"));
+  EXPECT_TRUE(ValidateConfig(*config).ok());
+  // Shorter could delete a cancelled job whose ranks are still stopping (kMinJobRetention).
+  for (const char* refused : {"-1h", "1s", "59m59s"}) {
+    config = ApplyConfigYaml(absl::StrCat("job_retention: ", refused, "\ninsecure: true\n"),
+                             CoordinatorConfig{});
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_THAT(ValidateConfig(*config).message(),
+                HasSubstr(absl::StrCat("job_retention (--job-retention): 0 (finished jobs kept for "
+                                       "good) or at least 1h (got ",
+                                       refused, ")")));
+  }
 }
 
 TEST(CoordinatorConfigTest, ShippedExampleIsValid) {

@@ -1,7 +1,7 @@
 // Retention through the Coordinator (coordinator_retention.cc): a job deleted for its age is gone
 // from every call as an unknown id is, the counter moves, unfinished jobs and the per-user limit
-// are untouched, and a zero retention keeps everything. "Now" is the test's: ExpireFinishedJobs
-// takes it, so no test waits for a job to age.
+// are untouched, cluster-wide events as old go too, and a zero retention keeps everything. "Now"
+// is the test's: ExpireFinishedJobs takes it, so no test waits for a job to age.
 #include <stdlib.h>
 
 #include <memory>
@@ -20,8 +20,11 @@
 namespace dropless::coordinator {
 namespace {
 
+using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int64_t kDayMs = 24 * 3600 * 1000;
 
@@ -72,6 +75,15 @@ class CoordinatorRetentionTest : public ::testing::Test {
     return ids;
   }
 
+  // Every stored event's type (ListEvents without a job: the jobs' and the cluster-wide ones).
+  std::vector<std::string> EventTypes() {
+    absl::StatusOr<std::vector<v1::Event>> events = coordinator_->ListEvents("", 0);
+    EXPECT_TRUE(events.ok()) << events.status();
+    std::vector<std::string> types;
+    for (const v1::Event& event : *events) types.push_back(event.type());
+    return types;
+  }
+
   // dropless_coordinator_jobs_expired_total as /metrics reads now; -1 when absent.
   int64_t Expired() {
     const std::string series = "dropless_coordinator_jobs_expired_total ";
@@ -97,11 +109,15 @@ TEST_F(CoordinatorRetentionTest, ExpiredJobIsUnknownEverywhereOthersStay) {
   EXPECT_EQ(*expired, 0);
   EXPECT_TRUE(coordinator_->GetJob(done).ok());
 
-  // 31 days later: the cancelled job goes; the pending one, as old, stays.
+  EXPECT_THAT(EventTypes(), Contains("CoordinatorStarted"));
+
+  // 31 days later: the cancelled job goes; the pending one, as old, stays. So does the
+  // cluster-wide CoordinatorStarted, uncounted by the jobs' counter.
   expired = coordinator_->ExpireFinishedJobs(NowMs() + 31 * kDayMs);
   ASSERT_TRUE(expired.ok()) << expired.status();
   EXPECT_EQ(*expired, 1);
   EXPECT_EQ(Expired(), 1);
+  EXPECT_THAT(EventTypes(), AllOf(Contains("Submitted"), Not(Contains("CoordinatorStarted"))));
   EXPECT_TRUE(absl::IsNotFound(coordinator_->GetJob(done).status()));
   EXPECT_THAT(coordinator_->GetJob(done).status().message(), HasSubstr(done));
   EXPECT_TRUE(absl::IsNotFound(coordinator_->ListEvents(done, 0).status()));

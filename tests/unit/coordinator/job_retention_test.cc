@@ -1,7 +1,8 @@
-// Retention in the job store (JobStore::DeleteJobsEndedBefore, job_store_retention.cc): finished
-// jobs that ended before a given time go with every row that belongs to them, in bounded batches;
-// unfinished and recently finished jobs stay; ids are never reused. The time is the test's (the
-// coordinator passes its clock's now minus --job-retention).
+// Retention in the job store (JobStore::DeleteJobsEndedBefore, DeleteClusterEventsBefore;
+// job_store_retention.cc): finished jobs that ended before a given time go with every row that
+// belongs to them, in bounded batches; unfinished and recently finished jobs stay; ids are never
+// reused; cluster-wide events as old go too. The time is the test's (the coordinator passes its
+// clock's now minus --job-retention).
 #include <stdlib.h>
 
 #include <map>
@@ -20,6 +21,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
+using ::testing::SizeIs;
 using ::testing::UnorderedElementsAre;
 
 constexpr int64_t kDay = 24 * 3600 * 1000;
@@ -268,6 +270,64 @@ TEST(JobRetentionTest, IdsOfDeletedJobsAreNeverReused) {
   int64_t seq = 0;
   EXPECT_EQ((*again)->NextJobId(&seq), "job-000005");
   EXPECT_EQ(seq, 5);
+}
+
+// Cluster-wide events (job_id "") go once older than the cutoff, oldest first, at most
+// max_expired_rows a call; the events of jobs, however old, are left to their jobs' retention.
+TEST(JobRetentionTest, OldClusterWideEventsGoInBoundedBatches) {
+  const std::string path = TempDbPath();
+  JobStore::Limits limits;
+  limits.max_expired_rows = 2;
+  std::string pending_id;
+  {
+    auto opened = JobStore::Open(path, limits);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    JobStore& store = **opened;
+    JobRecord pending = MakeJob(store, v1::JOB_STATE_PENDING, 0);
+    pending_id = pending.job.id();
+    StoreWrite write;
+    write.jobs = {pending};
+    // Stored out of time order: the deletion goes by time, not by id.
+    for (int64_t day : {5, 1, 40, 3, 2}) {
+      v1::Event event;
+      event.set_time_ms(kNow - day * kDay);
+      event.set_type(absl::StrCat("WorkerLost-", day));
+      write.events.push_back(event);
+    }
+    v1::Event old_of_job;
+    old_of_job.set_job_id(pending_id);
+    old_of_job.set_time_ms(kDay);
+    old_of_job.set_type("Submitted");
+    write.events.push_back(old_of_job);
+    ASSERT_TRUE(store.Commit(write).ok());
+  }
+  // A file that lacks the index (written before it existed) gains it when opened.
+  {
+    auto db = SqliteDb::Open(path);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE((*db)->Exec("DROP INDEX events_of_cluster_by_time").ok());
+  }
+  auto opened = JobStore::Open(path, limits);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  JobStore& store = **opened;
+  auto types = [&] {
+    absl::StatusOr<std::vector<v1::Event>> events = store.ListEvents("", 0);
+    EXPECT_TRUE(events.ok()) << events.status();
+    std::vector<std::string> out;
+    for (const v1::Event& event : *events) out.push_back(event.type());
+    return out;
+  };
+  auto deleted = [&] {
+    absl::StatusOr<int64_t> batch = store.DeleteClusterEventsBefore(kNow - 2 * kDay);
+    EXPECT_TRUE(batch.ok()) << batch.status();
+    return batch.ok() ? *batch : -1;
+  };
+  EXPECT_EQ(deleted(), 2);  // 40 and 5 days old
+  EXPECT_THAT(types(), ElementsAre("WorkerLost-1", "WorkerLost-3", "WorkerLost-2", "Submitted"));
+  EXPECT_EQ(deleted(), 1);  // 3 days; 2 days is the cutoff itself
+  EXPECT_EQ(deleted(), 0);
+  EXPECT_THAT(types(), ElementsAre("WorkerLost-1", "WorkerLost-2", "Submitted"));
+  EXPECT_THAT(*store.ListEvents(pending_id, 0), SizeIs(1));
 }
 
 // A file of schema version 3 (no end_time_ms column) opens: its finished jobs get their end time
