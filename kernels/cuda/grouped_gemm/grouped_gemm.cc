@@ -173,13 +173,9 @@ class GroupedGemmImpl final : public GroupedGemm {
     cudaError_t err = cudaGetDevice(&device);
     int major = 0;
     int sms = 0;
-    int memory_khz = 0, bus_bits = 0;
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err == cudaSuccess)
-      err = cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device);
-    if (err == cudaSuccess)
-      err = cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
+      err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) {
       return absl::FailedPreconditionError(
           absl::StrCat("grouped gemm: no usable CUDA device: ", cudaGetErrorString(err)));
@@ -189,7 +185,11 @@ class GroupedGemmImpl final : public GroupedGemm {
           "grouped gemm: needs a Hopper (sm_90) device, device ", device, " is sm_", major, "x"));
     }
     if (options_.max_sms > 0) sms = std::min(sms, options_.max_sms);
-    const bool high_bandwidth = grouped_gemm_internal::IsHighMemoryBandwidth(memory_khz, bus_bits);
+    absl::StatusOr<bool> high_bandwidth = DeviceHasHighMemoryBandwidth(device);
+    if (!high_bandwidth.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("grouped gemm: ", high_bandwidth.status().message()));
+    }
     grouped_gemm_internal::RunnerShape shape{options_.num_groups, options_.k, options_.n,
                                              options_.max_rows, sms};
     const std::string* forced[3] = {&options_.forward_kernel, &options_.backward_data_kernel,
@@ -200,7 +200,7 @@ class GroupedGemmImpl final : public GroupedGemm {
       const GroupedGemmOp op = ops[i];
       const auto out = OutTypeOf(op, options_.weight_grad_type);
       const std::string name =
-          forced[i]->empty() ? DefaultKernel(op, out, options_, high_bandwidth) : *forced[i];
+          forced[i]->empty() ? DefaultKernel(op, out, options_, *high_bandwidth) : *forced[i];
       grouped_gemm_internal::RunnerShape variant = shape;
       std::string base;
       // The pair's choice rule assumes CUTLASS's default visiting order (padding to the cluster's
@@ -278,6 +278,18 @@ class GroupedGemmImpl final : public GroupedGemm {
 
 }  // namespace
 }  // namespace grouped_gemm_internal
+
+absl::StatusOr<bool> DeviceHasHighMemoryBandwidth(int device) {
+  int memory_khz = 0, bus_bits = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
+  if (err != cudaSuccess) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device ", device, ": no memory clock or bus width: ", cudaGetErrorString(err)));
+  }
+  return grouped_gemm_internal::IsHighMemoryBandwidth(memory_khz, bus_bits);
+}
 
 const char* GroupedGemmOpName(GroupedGemmOp op) {
   switch (op) {

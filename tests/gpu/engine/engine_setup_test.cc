@@ -1,6 +1,6 @@
 // The CUDA engine's choice of the routed experts' update (FusesExpertUpdate): AdamW fused into the
-// weight-gradient GEMM in bf16 with fp32 moments where a local expert expects at most 1024 rows
-// (forced, with either width), the two passes
+// weight-gradient GEMM in bf16 with fp32 moments on H200-class devices where a local expert
+// expects at most 1024 rows (forced, with either width, on any device), the two passes
 // elsewhere and in every quantized precision; DROPLESS_FUSED_EXPERT_ADAMW forces either. Host-only
 // (no CUDA call without overlap): runs without a GPU. Also the routed experts' bf16 gradient
 // (DROPLESS_BF16_EXPERT_GRAD), mxfp8's choice of the bf16-core GEMMs and the backward's order of
@@ -47,6 +47,17 @@ TEST(EngineSetup, FusedExpertUpdateWhereALocalExpertExpectsFewRows) {
   // Quantized precisions have no fused update.
   EXPECT_FALSE(Fused(Layer(16384, 2048, 768, 128, 8, 1, Precision::kMxfp8)));
   EXPECT_FALSE(Fused(Layer(16384, 2048, 768, 128, 8, 1, Precision::kFp8Block)));
+}
+
+// On H100-class devices (less memory bandwidth) the two passes everywhere, unless forced.
+TEST(EngineSetup, TwoPassesOnDevicesOfLessMemoryBandwidth) {
+  unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+  const EngineConfig qwen3 = Layer(16384, 2048, 768, 128, 8, 1, Precision::kBf16);
+  EXPECT_TRUE(cuda_engine::FusesExpertUpdate(qwen3, /*high_memory_bandwidth=*/true));
+  EXPECT_FALSE(cuda_engine::FusesExpertUpdate(qwen3, /*high_memory_bandwidth=*/false));
+  setenv("DROPLESS_FUSED_EXPERT_ADAMW", "1", 1);
+  EXPECT_TRUE(cuda_engine::FusesExpertUpdate(qwen3, /*high_memory_bandwidth=*/false));
+  unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
 }
 
 TEST(EngineSetup, FusedExpertUpdateForcedByTheEnvironment) {

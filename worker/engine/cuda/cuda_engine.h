@@ -28,10 +28,11 @@ inline constexpr double kHopperDenseBf16PeakFlops = 989.5e12;
 absl::Status CheckCudaEngineConfig(const EngineConfig& config, int world_size);
 
 // Whether the engine runs the routed experts' AdamW in the epilogue of their weight-gradient GEMM
-// for `config` (bf16, fp32 moments, at most 1024 rows expected per local expert;
-// DROPLESS_FUSED_EXPERT_ADAMW=1 or 0 forces it on or off with either moment width), as the engine
-// decides it at creation. Needs no GPU.
-bool FusesExpertUpdate(const EngineConfig& config);
+// for `config` on a device that is H200-class by memory bandwidth or not (bf16, fp32 moments, at
+// most 1024 rows expected per local expert, H200-class; DROPLESS_FUSED_EXPERT_ADAMW=1 or 0 forces
+// it on or off with either moment width and on any device), as the engine decides it at
+// creation. Needs no GPU.
+bool FusesExpertUpdate(const EngineConfig& config, bool high_memory_bandwidth = true);
 // Whether the engine stores the routed experts' weight gradient in bf16 for `config` (LayerDims::
 // bf16_expert_grad: DROPLESS_BF16_EXPERT_GRAD=1, precision bf16 and the two passes, i.e. not
 // FusesExpertUpdate), as the engine decides it at creation. Needs no GPU.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -14,6 +15,7 @@
 #include "absl/time/time.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "dropless/kernels/grouped_gemm.h"
 #include "kernels/cuda/cuda_check.h"
 #include "worker/engine/cuda/cuda_engine.h"
 #include "worker/engine/cuda/ep/nccl_group.h"
@@ -83,7 +85,8 @@ absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NcclDispatcher(const EngineCon
 
 }  // namespace
 
-absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
+absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config,
+                                      std::optional<bool> high_memory_bandwidth) {
   const ModelSpec& m = config.model;
   LayerDims d;
   d.tokens = config.tokens_per_rank;
@@ -98,17 +101,27 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
   d.renormalize = m.renormalize;
   d.precision = config.precision;
   d.recompute = config.activation_offload;
-  // The routed experts' AdamW fused into their weight-gradient GEMM (bf16) where a local expert
-  // expects few rows (kFusedAdamWMaxRowsPerExpert) and the moments are fp32: with bf16 moments the
-  // fused update runs no faster than with fp32 ones while the AdamW pass gains their 8 bytes a
-  // parameter, so the two passes win (docs/step_performance.md). DROPLESS_FUSED_EXPERT_ADAMW=1 or 0
-  // forces it on or off with either width (the fused form keeps no expert gradient: less memory).
+  // The routed experts' AdamW fused into their weight-gradient GEMM (bf16) on H200-class devices
+  // where a local expert expects few rows (kFusedAdamWMaxRowsPerExpert) and the moments are fp32:
+  // with bf16 moments the fused update runs no faster than with fp32 ones while the AdamW pass
+  // gains their 8 bytes a parameter, and on H100-class devices (less memory bandwidth) the two
+  // passes measured 1-3% faster on qwen3 in four sessions, so the two passes win there
+  // (docs/step_performance.md). DROPLESS_FUSED_EXPERT_ADAMW=1 or 0 forces it on or off with
+  // either width (the fused form keeps no expert gradient: less memory).
   const char* forced = std::getenv("DROPLESS_FUSED_EXPERT_ADAMW");
   const bool fp32_moments = config.optimizer.moment_dtype == MomentDtype::kFp32;
-  d.fused_expert_adamw = d.precision == Precision::kBf16 &&
-                         (forced != nullptr ? std::strcmp(forced, "1") == 0
-                                            : fp32_moments && d.expected_rows_per_expert() <=
-                                                                  kFusedAdamWMaxRowsPerExpert);
+  if (d.precision == Precision::kBf16 && forced == nullptr && fp32_moments &&
+      d.expected_rows_per_expert() <= kFusedAdamWMaxRowsPerExpert) {
+    if (!high_memory_bandwidth.has_value()) {
+      absl::StatusOr<bool> asked = kernels::DeviceHasHighMemoryBandwidth(0);
+      if (!asked.ok()) return asked.status();
+      high_memory_bandwidth = *asked;
+    }
+    d.fused_expert_adamw = *high_memory_bandwidth;
+  } else {
+    d.fused_expert_adamw =
+        d.precision == Precision::kBf16 && forced != nullptr && std::strcmp(forced, "1") == 0;
+  }
   // The routed experts' gradient in bf16 where it is stored: bf16 with the two passes (the fused
   // update keeps none; the quantized precisions' weight gradients stay fp32). Opt-in for A/B runs.
   const char* bf16_grad = std::getenv("DROPLESS_BF16_EXPERT_GRAD");
@@ -136,19 +149,20 @@ absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config) {
 
 namespace {
 
-// LayerDimsOf without the device query (overlap's SM count), for the host-side answers below
-// that do not depend on overlap (overlap_chunks and serial_expert_backward do: see
-// RunsExpertBackwardOneGemmAtATime).
-absl::StatusOr<LayerDims> HostLayerDims(const EngineConfig& config) {
+// LayerDimsOf without the device queries (overlap's SM count; the device's memory bandwidth,
+// here H200-class unless said otherwise), for the host-side answers below that do not depend on
+// overlap (overlap_chunks and serial_expert_backward do: see RunsExpertBackwardOneGemmAtATime).
+absl::StatusOr<LayerDims> HostLayerDims(const EngineConfig& config,
+                                        bool high_memory_bandwidth = true) {
   EngineConfig c = config;
   c.overlap = false;
-  return LayerDimsOf(c);
+  return LayerDimsOf(c, high_memory_bandwidth);
 }
 
 }  // namespace
 
-bool FusesExpertUpdate(const EngineConfig& config) {
-  absl::StatusOr<LayerDims> d = HostLayerDims(config);
+bool FusesExpertUpdate(const EngineConfig& config, bool high_memory_bandwidth) {
+  absl::StatusOr<LayerDims> d = HostLayerDims(config, high_memory_bandwidth);
   return d.ok() && d->fused_expert_adamw;
 }
 

@@ -4,6 +4,7 @@
 #define DROPLESS_WORKER_ENGINE_CUDA_ENGINE_SETUP_H_
 
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "common/engine_config.h"
@@ -16,8 +17,11 @@ namespace dropless::cuda_engine {
 
 // The layers' dimensions for the job. With overlap: up to 4 chunks of the local experts, and the
 // expert GEMMs on all but 20 multiprocessors of device 0 (DROPLESS_EXCHANGE_SMS overrides the
-// 20, for A/B runs of dropless-bench step).
-absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config);
+// 20, for A/B runs of dropless-bench step). `high_memory_bandwidth`: whether device 0 is
+// H200-class (DeviceHasHighMemoryBandwidth), asked of the device where the choice of the fused
+// expert update depends on it and nothing is given.
+absl::StatusOr<LayerDims> LayerDimsOf(const EngineConfig& config,
+                                      std::optional<bool> high_memory_bandwidth = std::nullopt);
 
 // The dispatcher of this process's EP ranks: `local` when it drives more than one (ep_local);
 // across processes nccl-lsa (also what `auto` picks at EP > 1 when every rank is load/store

@@ -98,6 +98,12 @@ class GroupedGemm {
   virtual std::string KernelName(GroupedGemmOp op) const = 0;
 };
 
+// Whether a CUDA device is H200-class by its peak memory bandwidth (its memory clock and bus
+// width; docs/grouped_gemm.md, "Defaults"): the rule that picks the fp32 weight gradient's tiles,
+// and the engine's choice of the weight gradient fused with AdamW. An error when the device cannot
+// be queried.
+absl::StatusOr<bool> DeviceHasHighMemoryBandwidth(int device);
+
 // The correctness reference and fallback: one cuBLASLt matmul per non-empty group, with the group
 // offsets on the host (the caller has synchronized to get them). Same layouts and products as
 // GroupedGemm.
