@@ -14,8 +14,8 @@ inline constexpr int kRankExitJobError = 78;
 
 // The rank's exit code when the job needs more memory than its GPU has in all: not a job error
 // in a fleet with larger GPUs. The coordinator then places the job only on GPUs with more memory
-// than that one's (Job.needs_device_memory_above_bytes), and fails it when no READY worker has
-// one. Outside sysexits' range, which ends at 78.
+// than that one's (Job.needs_device_memory_above_bytes), and fails it when no known worker could
+// hold its gang on such GPUs. Outside sysexits' range, which ends at 78.
 inline constexpr int kRankExitDeviceTooSmall = 79;
 
 // `status` marked as a job error (an OK status stays OK).

@@ -344,11 +344,13 @@ void JobController::FailAttemptOnTooSmallDevice(ActiveJob& job, const std::strin
   j.set_needs_device_memory_above_bytes(above);
   // Workers that are away for now (LOST: a restart, a lease blip) count: the job waits for them.
   if (!GangFitsCapacity(j.world_size(), j.backend(), above, workers_.KnownCapacity())) {
-    FailAttempt(job,
-                absl::StrCat(reason, "; no known ", j.backend(), " worker has ", j.world_size(),
-                             " GPU(s) with more than ", GibText(above),
-                             GangNeedsOneNode(j.backend()) ? " on one node" : ""),
-                write, /*retry=*/false);
+    const int32_t number = EndFailedAttempt(job, reason, write);
+    FinishJob(job, v1::JOB_STATE_FAILED,
+              absl::StrFormat("attempt %d failed: %s; not retried: no known %s worker has %d "
+                              "GPU(s) with more than %s%s (submit it again once one has joined)",
+                              number, reason, j.backend(), j.world_size(), GibText(above),
+                              GangNeedsOneNode(j.backend()) ? " on one node" : ""),
+              write);
     return;
   }
   j.set_uncounted_attempts(j.uncounted_attempts() + 1);

@@ -118,7 +118,7 @@ class JobController {
   // Ends the attempt of which a rank ran out of memory on a GPU with `device_memory_bytes` in all
   // (kRankExitDeviceTooSmall): the job is queued again, the attempt not counted against
   // max_attempts, for GPUs with more memory only (Job.needs_device_memory_above_bytes) while the
-  // known workers of its kind (READY or LOST, WorkerRegistry::KnownCapacity) could hold its gang
+  // known workers of its kind (READY or away, WorkerRegistry::KnownCapacity) could hold its gang
   // on such GPUs; otherwise (or when that GPU's memory is unknown: 0) the job FAILS as for a
   // problem of the job itself.
   void FailAttemptOnTooSmallDevice(ActiveJob& job, const std::string& reason,

@@ -334,7 +334,6 @@ std::vector<NodeCapacity> WorkerRegistry::Capacity() const {
 std::vector<NodeCapacity> WorkerRegistry::KnownCapacity() const {
   std::vector<NodeCapacity> nodes;
   for (const auto& [id, worker] : workers_) {
-    if (!worker.leaving.empty()) continue;
     nodes.push_back(NodeCapacity{
         id,
         worker.info.node(),

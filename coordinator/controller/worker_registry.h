@@ -120,8 +120,9 @@ class WorkerRegistry {
 
   // READY, connected workers and their free slots, for the scheduler.
   std::vector<NodeCapacity> Capacity() const;
-  // Every worker that may run ranks again, READY or LOST (not one whose daemon said Goodbye), with
-  // all its slots and none free: what a job could ever be placed on (GangFitsCapacity).
+  // Every registered worker, READY or away for now (LOST, or its daemon said Goodbye: a restart
+  // as often as a drain), with all its slots and none free: what a job could ever be placed on
+  // (GangFitsCapacity).
   std::vector<NodeCapacity> KnownCapacity() const;
   // Every worker as the API shows it (busy slots, last message).
   std::vector<v1::Worker> List() const;

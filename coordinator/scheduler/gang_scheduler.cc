@@ -4,6 +4,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/byte_text.h"
 
 namespace dropless::coordinator {
@@ -86,12 +87,32 @@ KindCapacity CapacityOf(const std::string& kind, const std::vector<NodeCapacity>
 }
 
 // What the jobs that did not fit hold back from the jobs after them, per backend: every slot (a
-// job that may use any), or the slots with GPUs larger than `reserved_above` bytes (jobs that
-// need such GPUs only: the smaller GPUs stay usable by the jobs behind them).
+// job that may use any did not fit), or the GPUs that each job waiting for larger GPUs could run
+// on (slots with more memory than it needs, on nodes that could hold its gang): the other GPUs
+// stay open to the jobs behind them.
 struct Holdback {
-  const QueuedJob* first = nullptr;  // the first job that did not fit
-  bool all = false;
-  int64_t reserved_above = 0;  // with !all: the smallest size the held-back GPUs exceed
+  const QueuedJob* all_by = nullptr;     // the job that holds back every slot
+  std::vector<const QueuedJob*> larger;  // jobs that wait for larger GPUs
+
+  bool Reserved(const NodeCapacity& node, int32_t slot) const {
+    for (const QueuedJob* job : larger) {
+      const int64_t above = job->needs_device_memory_above;
+      if (SlotMemory(node, slot) <= above) continue;
+      if (!GangNeedsOneNode(job->backend)) return true;
+      int64_t qualifying = 0;
+      for (int32_t s = 0; s < node.slots; ++s) qualifying += SlotMemory(node, s) > above ? 1 : 0;
+      if (qualifying >= job->world_size) return true;
+    }
+    return false;
+  }
+
+  std::string HeldFor() const {
+    std::vector<std::string> ids;
+    for (const QueuedJob* job : larger) ids.push_back(job->job_id);
+    return absl::StrCat(" (the larger GPUs that ", absl::StrJoin(ids, ", "),
+                        larger.size() == 1 ? " waits" : " wait", " for are held for ",
+                        larger.size() == 1 ? "it" : "them", ")");
+  }
 };
 
 }  // namespace
@@ -159,7 +180,9 @@ SchedulePlan PlanSchedule(std::vector<QueuedJob> queue, std::vector<NodeCapacity
     // The slots this job may use: every slot of its kind, or those with GPUs larger than one it
     // did not fit.
     const int64_t above = job.needs_device_memory_above;
-    const std::vector<NodeCapacity> usable = SlotsFor(nodes, above);
+    std::vector<NodeCapacity> larger;  // only when the job needs larger GPUs: no copy otherwise
+    if (above > 0) larger = SlotsFor(nodes, above);
+    const std::vector<NodeCapacity>& usable = above > 0 ? larger : nodes;
     const std::string slots_text =
         above > 0 ? absl::StrCat(job.backend, " slots with more than ", GibText(above),
                                  " of GPU memory (an attempt ran out of memory on one that size)")
@@ -184,21 +207,22 @@ SchedulePlan PlanSchedule(std::vector<QueuedJob> queue, std::vector<NodeCapacity
       continue;
     }
     Holdback& hold = held[job.backend];
-    if (hold.all) {
+    if (hold.all_by != nullptr) {
       plan.waiting.push_back(
           {job.job_id,
-           absl::StrCat("queued behind ", hold.first->job_id, " (priority ", hold.first->priority,
-                        ", needs ", hold.first->world_size, " ", job.backend, " slots)")});
+           absl::StrCat("queued behind ", hold.all_by->job_id, " (priority ", hold.all_by->priority,
+                        ", needs ", hold.all_by->world_size, " ", job.backend, " slots)")});
       continue;
     }
-    // Jobs ahead that wait for larger GPUs keep those; this one may take the others.
-    std::vector<NodeCapacity> open = usable;
-    if (hold.first != nullptr) {
-      const int64_t reserved_above = hold.reserved_above;
-      open = SlotsWhere(usable, [reserved_above](const NodeCapacity& node, int32_t slot) {
-        return SlotMemory(node, slot) <= reserved_above;
+    // Jobs ahead that wait for larger GPUs keep the ones they could run on; this one may take
+    // the others.
+    std::vector<NodeCapacity> unreserved;
+    if (!hold.larger.empty()) {
+      unreserved = SlotsWhere(usable, [&hold](const NodeCapacity& node, int32_t slot) {
+        return !hold.Reserved(node, slot);
       });
     }
+    const std::vector<NodeCapacity>& open = hold.larger.empty() ? usable : unreserved;
     std::optional<std::vector<RankSlot>> ranks = PackGang(job.world_size, job.backend, open);
     if (!ranks.has_value()) {
       int64_t free = 0, most_on_one = 0;
@@ -212,18 +236,13 @@ SchedulePlan PlanSchedule(std::vector<QueuedJob> queue, std::vector<NodeCapacity
               ? absl::StrCat("needs ", job.world_size, " ", slots_text, " on one node; at most ",
                              most_on_one, " free on one now")
               : absl::StrCat("needs ", job.world_size, " ", slots_text, "; ", free, " free now");
-      if (hold.first != nullptr) {
-        absl::StrAppend(&reason, " (the GPUs with more than ", GibText(hold.reserved_above),
-                        " are held for ", hold.first->job_id, ", which needs them)");
-      }
+      if (!hold.larger.empty()) absl::StrAppend(&reason, hold.HeldFor());
       plan.waiting.push_back({job.job_id, std::move(reason)});
       // It holds back what it may use from the jobs behind it.
-      if (hold.first == nullptr) hold.first = &job;
       if (above > 0) {
-        hold.reserved_above =
-            hold.reserved_above > 0 ? std::min(hold.reserved_above, above) : above;
+        hold.larger.push_back(&job);
       } else {
-        hold.all = true;
+        hold.all_by = &job;
       }
       continue;
     }

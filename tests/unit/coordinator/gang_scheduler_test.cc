@@ -214,24 +214,24 @@ INSTANTIATE_TEST_SUITE_P(
                      {{"three",
                        "on one node (the cuda engine's EP group is one NVLink domain) "
                        "but the largest READY cuda worker has 2"}}},
-        // A job that waits for larger GPUs holds back only those: the job behind it takes the
-        // smaller one, and a job that may use any slot waits behind it for the larger ones.
+        // A job that waits for larger GPUs holds back only those it could run on (h200: two on
+        // one node); the smaller GPU and the lone larger one on h200b stay open to the jobs
+        // behind it, and a job that may use any slot then waits for the rest.
         ScheduleCase{
-            "WaitingForLargerGpusHoldsBackOnlyThose",
+            "WaitingForLargerGpusHoldsBackOnlyThoseItCouldUse",
             {HalfBusyGpuNode("h200", {141, 141}), GpuNode("h100", {80}), GpuNode("h200b", {141})},
             {NeedsMoreThan("big", 1, 2, 80), Job("small", 0, 2, "cuda", 1),
-             NeedsMoreThan("big2", 3, 1, 80), Job("any", 0, 4, "cuda", 1)},
-            {"small=h100:0"},
+             NeedsMoreThan("big2", 3, 1, 80), Job("any", 0, 4, "cuda", 1),
+             Job("last", 0, 5, "cuda", 1)},
+            {"small=h100:0", "big2=h200b:0"},
             {{"big",
               "needs 2 cuda slots with more than 80.0 GiB of GPU memory (an attempt "
               "ran out of memory on one that size) on one node; at most 1 free on "
               "one now"},
-             {"big2",
-              "(the GPUs with more than 80.0 GiB are held for big, which needs "
-              "them)"},
              {"any",
-              "needs 1 cuda slots on one node; at most 0 free on one now (the GPUs "
-              "with more than 80.0 GiB are held for big"}}},
+              "needs 1 cuda slots on one node; at most 0 free on one now (the "
+              "larger GPUs that big waits for are held for it)"},
+             {"last", "queued behind any"}}},
         ScheduleCase{
             "SuccessiveJobsShareCapacity",
             {FreeNode("a", "cpu", 4)},
@@ -250,6 +250,10 @@ TEST(GangFitsCapacityTest, CountsOnlyLargerGpusAndOneNodeForCuda) {
   EXPECT_FALSE(GangFitsCapacity(1, "cuda", 141 * kGiB, nodes));
   EXPECT_FALSE(GangFitsCapacity(1, "cpu", 0, nodes));
   EXPECT_FALSE(GangFitsCapacity(1, "cuda", 80 * kGiB, {FreeNode("unknown", "cuda", 4)}));
+  // Two larger GPUs, one per node: not one cuda gang of two.
+  std::vector<NodeCapacity> apart = {GpuNode("a", {141}), GpuNode("b", {141})};
+  EXPECT_FALSE(GangFitsCapacity(2, "cuda", 80 * kGiB, apart));
+  EXPECT_TRUE(GangFitsCapacity(1, "cuda", 80 * kGiB, apart));
 }
 
 TEST(PackGangTest, RejectsNonPositiveWorldSize) {
