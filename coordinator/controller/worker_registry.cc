@@ -308,6 +308,21 @@ bool WorkerRegistry::TakeStraySlotLookupTurn(const std::string& worker_id,
   return TakeStrayTurn(absl::StrCat(StrayKey(worker_id, job_id, attempt), "|rank ", rank), now_ms);
 }
 
+namespace {
+
+// The worker's slots as the scheduler sees them, none free yet.
+NodeCapacity AllSlotsOf(const std::string& id, const WorkerEntry& worker) {
+  return NodeCapacity{
+      id,
+      worker.info.node(),
+      worker.info.slot_kind(),
+      worker.info.slots(),
+      {},
+      {worker.info.device_memory_bytes().begin(), worker.info.device_memory_bytes().end()}};
+}
+
+}  // namespace
+
 std::vector<NodeCapacity> WorkerRegistry::Capacity() const {
   std::vector<NodeCapacity> nodes;
   for (const auto& [id, worker] : workers_) {
@@ -316,13 +331,7 @@ std::vector<NodeCapacity> WorkerRegistry::Capacity() const {
         !worker.leaving.empty()) {
       continue;
     }
-    NodeCapacity node{
-        id,
-        worker.info.node(),
-        worker.info.slot_kind(),
-        worker.info.slots(),
-        {},
-        {worker.info.device_memory_bytes().begin(), worker.info.device_memory_bytes().end()}};
+    NodeCapacity node = AllSlotsOf(id, worker);
     for (int32_t slot = 0; slot < worker.info.slots(); ++slot) {
       if (worker.occupied.count(slot) == 0) node.free_slots.push_back(slot);
     }
@@ -333,15 +342,7 @@ std::vector<NodeCapacity> WorkerRegistry::Capacity() const {
 
 std::vector<NodeCapacity> WorkerRegistry::KnownCapacity() const {
   std::vector<NodeCapacity> nodes;
-  for (const auto& [id, worker] : workers_) {
-    nodes.push_back(NodeCapacity{
-        id,
-        worker.info.node(),
-        worker.info.slot_kind(),
-        worker.info.slots(),
-        {},
-        {worker.info.device_memory_bytes().begin(), worker.info.device_memory_bytes().end()}});
-  }
+  for (const auto& [id, worker] : workers_) nodes.push_back(AllSlotsOf(id, worker));
   return nodes;
 }
 
