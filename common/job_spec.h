@@ -29,12 +29,15 @@ inline bool IsFp8Block(Precision p) {
   return p == Precision::kFp8Block || p == Precision::kFp8BlockWgrad128;
 }
 
+// The most always-on (shared) experts a job spec may ask for (model.shared_experts).
+inline constexpr int64_t kMaxSharedExperts = 16;
+
 struct ModelSpec {
   int64_t hidden = 0;          // H
   int64_t ffn = 0;             // F, per expert (w1: H x 2F, w2: F x H)
   int64_t experts = 0;         // E, routed experts
   int64_t topk = 0;            // k
-  int64_t shared_experts = 0;  // always-on experts of width ffn
+  int64_t shared_experts = 0;  // always-on experts of width ffn, at most kMaxSharedExperts
   int64_t layers = 1;          // MoE layers stacked (residual)
   RouterKind router = RouterKind::kSoftmax;
   bool renormalize = true;     // renormalize the top-k weights to sum to 1

@@ -20,7 +20,6 @@ constexpr int64_t kMaxHidden = 65536;
 constexpr int64_t kMaxFfn = 262144;
 constexpr int64_t kMaxExperts = 1024;
 constexpr int64_t kMaxTopk = 16;
-constexpr int64_t kMaxSharedExperts = 16;
 constexpr int64_t kMaxLayers = 256;
 constexpr int64_t kMaxRanksPerDim = 4096;
 constexpr int64_t kMaxWorldSize = 4096;

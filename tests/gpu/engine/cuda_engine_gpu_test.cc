@@ -146,6 +146,8 @@ struct MatchCase {
   // DROPLESS_BF16_EXPERT_GRAD: "1" the routed experts' weight gradient stored in bf16 (bf16 with
   // the two passes), "0" in fp32 (the default).
   const char* bf16_expert_grad = "0";
+  // model.shared_experts when >= 0 (else SmallConfig's).
+  int64_t shared_experts = -1;
 };
 
 // The fp8-block precisions need hidden and ffn multiples of 128.
@@ -162,6 +164,7 @@ TEST_P(CudaMatchesCpu, LossAndGradientsOfOneStep) {
   const MatchCase& mc = GetParam();
   EngineConfig c = SmallConfig();
   c.precision = mc.precision;
+  if (mc.shared_experts >= 0) c.model.shared_experts = mc.shared_experts;
   ShapeFor(mc.precision, &c);
   c.model.router = mc.router;
   c.optimizer.lr = 1.0;
@@ -257,7 +260,10 @@ INSTANTIATE_TEST_SUITE_P(
         MatchCase{"mxfp8_promotion", Precision::kMxfp8, RouterKind::kSoftmax, 0.05, 0.3, "0", "0"},
         MatchCase{"fp8_block", Precision::kFp8Block, RouterKind::kSigmoid, 0.05, 0.3},
         MatchCase{"fp8_block_wgrad128", Precision::kFp8BlockWgrad128, RouterKind::kSigmoid, 0.05,
-                  0.3}),
+                  0.3},
+        // Four shared experts: the residual sums take more terms than SumBf16 has instances for.
+        MatchCase{"bf16_four_shared_experts", Precision::kBf16, RouterKind::kSoftmax, 0.02, 0.05,
+                  "0", "1", "1", "0", 4}),
     [](const ::testing::TestParamInfo<MatchCase>& info) { return std::string(info.param.name); });
 
 // Device memory the engine allocates for `c` with DROPLESS_FUSED_EXPERT_ADAMW and

@@ -58,6 +58,12 @@ TEST(EngineSetup, TwoPassesOnDevicesOfLessMemoryBandwidth) {
   setenv("DROPLESS_FUSED_EXPERT_ADAMW", "1", 1);
   EXPECT_TRUE(cuda_engine::FusesExpertUpdate(qwen3, /*high_memory_bandwidth=*/false));
   unsetenv("DROPLESS_FUSED_EXPERT_ADAMW");
+  // The bf16 expert gradient (opt-in) is stored wherever the two passes run: on such a device
+  // for qwen3, not on an H200-class one, where the update is fused and keeps no gradient.
+  setenv("DROPLESS_BF16_EXPERT_GRAD", "1", 1);
+  EXPECT_TRUE(cuda_engine::StoresBf16ExpertGradient(qwen3, /*high_memory_bandwidth=*/false));
+  EXPECT_FALSE(cuda_engine::StoresBf16ExpertGradient(qwen3, /*high_memory_bandwidth=*/true));
+  unsetenv("DROPLESS_BF16_EXPERT_GRAD");
 }
 
 TEST(EngineSetup, FusedExpertUpdateForcedByTheEnvironment) {

@@ -260,6 +260,9 @@ absl::Status CudaEngineImpl::RecordStep() {
     DROPLESS_RETURN_IF_ERROR(links_.Link(main(), ranks_[r]->streams().main));
   }
 
+  // The synthetic batch (the teacher's forward, with its exchanges at EP > 1) is reported to the
+  // hang watchdog as forward, not as the previous step's optimizer that the marker still holds.
+  DROPLESS_RETURN_IF_ERROR(MarkPhase(StepPhase::kForward));
   DROPLESS_RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kData, main()));
   for (const std::unique_ptr<RankModel>& r : ranks_) {
     cudaStream_t s = r->streams().main;
@@ -288,7 +291,6 @@ absl::Status CudaEngineImpl::RecordStep() {
   DROPLESS_RETURN_IF_ERROR(timer_.End(PhaseTimer::kData, main()));
 
   DROPLESS_RETURN_IF_ERROR(timer_.Begin(PhaseTimer::kForward, main()));
-  DROPLESS_RETURN_IF_ERROR(MarkPhase(StepPhase::kForward));
   for (int64_t l = 0; l < L(); ++l) {
     std::vector<RankLayer> group = Group(l, /*teacher=*/false);
     for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -399,6 +401,9 @@ absl::Status CudaEngineImpl::RecordBackward() {
 
 absl::StatusOr<StepStats> CudaEngineImpl::Step() {
   const Clock::time_point start = Clock::now();
+  // The previous step has ended (WaitForStep): the marker still says its optimizer until the
+  // device's first write of this step, which the first poll may precede.
+  *reinterpret_cast<volatile int32_t*>(phase_marker_) = static_cast<int32_t>(StepPhase::kForward);
   if (!use_graph_) {
     DROPLESS_RETURN_IF_ERROR(RecordStep());
   } else {

@@ -35,8 +35,9 @@ absl::Status CheckCudaEngineConfig(const EngineConfig& config, int world_size);
 bool FusesExpertUpdate(const EngineConfig& config, bool high_memory_bandwidth = true);
 // Whether the engine stores the routed experts' weight gradient in bf16 for `config` (LayerDims::
 // bf16_expert_grad: DROPLESS_BF16_EXPERT_GRAD=1, precision bf16 and the two passes, i.e. not
-// FusesExpertUpdate), as the engine decides it at creation. Needs no GPU.
-bool StoresBf16ExpertGradient(const EngineConfig& config);
+// FusesExpertUpdate on the same class of device), as the engine decides it at creation. Needs no
+// GPU.
+bool StoresBf16ExpertGradient(const EngineConfig& config, bool high_memory_bandwidth = true);
 // Whether mxfp8's expert GEMMs run on the bf16 tensor cores over exact bf16 images of their
 // MXFP8 operands for `config` (LayerDims::mx_core: hidden and ffn multiples of 64;
 // DROPLESS_MX_CORE=0 keeps the per-32 promotion kernels).

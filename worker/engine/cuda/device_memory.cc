@@ -1,5 +1,7 @@
 #include "worker/engine/cuda/device_memory.h"
 
+#include <string>
+
 #include "absl/strings/str_format.h"
 #include "common/job_error.h"
 #include "kernels/cuda/cuda_check.h"
@@ -18,30 +20,35 @@ absl::StatusOr<void*> DeviceArena::AllocateBytes(size_t bytes, const char* what)
   void* p = nullptr;
   const cudaError_t error = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
   if (error != cudaSuccess) {
-    // More than the whole device holds is a property of the job (its model and tokens_per_rank)
-    // on a GPU of this size: the coordinator places it on larger GPUs only, or fails it when there
-    // are none. Less than that may be memory another process holds: a node problem.
-    size_t free_bytes = 0;
-    size_t total_bytes = 0;
-    const bool beyond_device = error == cudaErrorMemoryAllocation &&
-                               cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess &&
-                               static_cast<size_t>(device_bytes_) + bytes > total_bytes;
-    (void)cudaGetLastError();  // neither failure is sticky: cleared for the next launch check
-    absl::Status status = absl::ResourceExhaustedError(
-        absl::StrFormat("cuda engine: allocating %s (%.2f GiB; %.2f GiB allocated before): %s",
-                        what, static_cast<double>(bytes) / (1 << 30),
-                        static_cast<double>(device_bytes_) / (1 << 30), cudaGetErrorString(error)));
-    if (beyond_device) {
-      return MarkDeviceTooSmall(absl::ResourceExhaustedError(absl::StrFormat(
-          "%s; the job needs more than the device's %.2f GiB: fewer tokens_per_rank, a larger "
-          "parallel.ep or activation_offload needs less",
-          status.message(), static_cast<double>(total_bytes) / (1 << 30))));
-    }
-    return status;
+    (void)cudaGetLastError();  // not sticky: cleared for the next launch check
+    return AllocationFailure(bytes, what, cudaGetErrorString(error),
+                             error == cudaErrorMemoryAllocation);
   }
   device_.push_back(p);
   device_bytes_ += static_cast<int64_t>(bytes);
   return p;
+}
+
+absl::Status DeviceArena::AllocationFailure(size_t bytes, const char* what, absl::string_view cause,
+                                            bool out_of_memory) const {
+  // More than the whole device holds is a property of the job (its model and tokens_per_rank)
+  // on a GPU of this size: the coordinator places it on larger GPUs only, or fails it when there
+  // are none. Less than that may be memory another process holds: a node problem.
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  const bool beyond_device = out_of_memory &&
+                             cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess &&
+                             static_cast<size_t>(device_bytes_) + bytes > total_bytes;
+  (void)cudaGetLastError();
+  const std::string message =
+      absl::StrFormat("cuda engine: allocating %s (%.2f GiB; %.2f GiB allocated before): %s", what,
+                      static_cast<double>(bytes) / (1 << 30),
+                      static_cast<double>(device_bytes_) / (1 << 30), cause);
+  if (!beyond_device) return absl::ResourceExhaustedError(message);
+  return MarkDeviceTooSmall(absl::ResourceExhaustedError(absl::StrFormat(
+      "%s; the job needs more than the device's %.2f GiB: fewer tokens_per_rank, a larger "
+      "parallel.ep or activation_offload needs less",
+      message, static_cast<double>(total_bytes) / (1 << 30))));
 }
 
 absl::StatusOr<void*> DeviceArena::AllocatePinnedHost(size_t bytes, const char* what) {

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace dropless::cuda_engine {
 
@@ -46,6 +47,14 @@ class DeviceArena {
   // Device memory the engine holds outside the arena (NCCL's symmetric windows): counted in
   // device_bytes(), and so in whether a later failed allocation asked for more than the device.
   void CountHeldElsewhere(int64_t bytes) { device_bytes_ += bytes; }
+
+  // The error of a failed device allocation of `bytes` for `what` (`cause`: the library's
+  // message), for the arena's allocations and those made elsewhere (NCCL's symmetric windows).
+  // Where it may have failed for want of memory (`out_of_memory`) and the bytes already held plus
+  // `bytes` exceed the whole device, the error is marked MarkDeviceTooSmall (common/job_error.h):
+  // the job cannot run on a GPU of this size, and the coordinator moves it to larger ones.
+  absl::Status AllocationFailure(size_t bytes, const char* what, absl::string_view cause,
+                                 bool out_of_memory) const;
 
   // Every byte of device memory the engine holds, the arena's and what CountHeldElsewhere named.
   int64_t device_bytes() const { return device_bytes_; }

@@ -96,6 +96,37 @@ __global__ void SumKernel(int64_t n, int64_t vector_end, SumInputs inputs, Bf16*
   }
 }
 
+// SumKernel for more inputs than it has instances (shared experts beyond three): the same sums in
+// the same order, the count read at run time, eight elements per thread and input in turn.
+__global__ void SumKernelAnyCount(int64_t n, int64_t vector_end, int count, SumInputs inputs,
+                                  Bf16* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  for (int64_t i = 8 * first; i < vector_end; i += 8 * stride) {
+    float acc[8] = {};
+    for (int j = 0; j < count; ++j) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(inputs.in[j] + i);
+      const __nv_bfloat162* v = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = __bfloat1622float2(v[q]);
+        acc[2 * q] += f.x;
+        acc[2 * q + 1] += f.y;
+      }
+    }
+    uint4 packed;
+    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) o[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+    *reinterpret_cast<uint4*>(out + i) = packed;
+  }
+  for (int64_t i = vector_end + first; i < n; i += stride) {
+    float acc = 0;
+    for (int j = 0; j < count; ++j) acc += ToFloat(inputs.in[j][i]);
+    out[i] = ToBf16(acc);
+  }
+}
+
 __global__ void SquaredErrorKernel(int64_t n, const Bf16* out, const Bf16* target, float grad_scale,
                                    double* squared_error, Bf16* grad) {
   double local = 0;
@@ -408,7 +439,6 @@ absl::Status SumBf16(int64_t n, const std::vector<const Bf16*>& inputs, Bf16* ou
     addresses |= reinterpret_cast<uintptr_t>(inputs[j]);
   }
   const int64_t vector_end = addresses % 16 == 0 ? n / 8 * 8 : 0;
-  static_assert(kMaxSumInputs == 6, "the switch below covers 1 to 6 inputs");
   const int blocks = GridStrideBlocks(std::max<int64_t>(n / 8, 1), kThreads);
   switch (inputs.size()) {
     case 1: SumKernel<1><<<blocks, kThreads, 0, stream>>>(n, vector_end, args, out); break;
@@ -416,7 +446,13 @@ absl::Status SumBf16(int64_t n, const std::vector<const Bf16*>& inputs, Bf16* ou
     case 3: SumKernel<3><<<blocks, kThreads, 0, stream>>>(n, vector_end, args, out); break;
     case 4: SumKernel<4><<<blocks, kThreads, 0, stream>>>(n, vector_end, args, out); break;
     case 5: SumKernel<5><<<blocks, kThreads, 0, stream>>>(n, vector_end, args, out); break;
-    default: SumKernel<6><<<blocks, kThreads, 0, stream>>>(n, vector_end, args, out); break;
+    case 6:
+      SumKernel<6><<<blocks, kThreads, 0, stream>>>(n, vector_end, args, out);
+      break;
+    default:
+      SumKernelAnyCount<<<blocks, kThreads, 0, stream>>>(
+          n, vector_end, static_cast<int>(inputs.size()), args, out);
+      return LaunchStatus("SumKernelAnyCount");
   }
   return LaunchStatus("SumKernel");
 }

@@ -50,8 +50,9 @@ struct TokenSource {
 absl::Status GenerateTokens(const TokenSource& source, Bf16* x, Stream stream);
 
 // out[i] = sum of inputs[j][i] (fp32 sum in order j = 0, 1, ..., one rounding to bf16). Up to
-// kMaxSumInputs inputs; out may alias inputs[0].
-inline constexpr int kMaxSumInputs = 6;
+// kMaxSumInputs inputs: the backward's residual sum has 3 + model.shared_experts of them; out may
+// alias inputs[0].
+inline constexpr int kMaxSumInputs = 3 + static_cast<int>(kMaxSharedExperts);
 absl::Status SumBf16(int64_t n, const std::vector<const Bf16*>& inputs, Bf16* out, Stream stream);
 
 // Mean squared error pieces: *squared_error += sum_i (out_i - target_i)^2 (fp64 atomics) and

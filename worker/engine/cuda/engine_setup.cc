@@ -166,8 +166,8 @@ bool FusesExpertUpdate(const EngineConfig& config, bool high_memory_bandwidth) {
   return d.ok() && d->fused_expert_adamw;
 }
 
-bool StoresBf16ExpertGradient(const EngineConfig& config) {
-  absl::StatusOr<LayerDims> d = HostLayerDims(config);
+bool StoresBf16ExpertGradient(const EngineConfig& config, bool high_memory_bandwidth) {
+  absl::StatusOr<LayerDims> d = HostLayerDims(config, high_memory_bandwidth);
   return d.ok() && d->bf16_expert_grad;
 }
 

@@ -120,8 +120,13 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
   absl::Status AllocateShared(size_t bytes, const char* what, void** out) override {
     Window w;
     w.bytes = std::max<size_t>(bytes, 1);
-    DROPLESS_RETURN_IF_ERROR(NcclStatus(ncclMemAlloc(&w.base, w.bytes),
-                                        absl::StrCat("nccl-lsa: ncclMemAlloc for ", what).c_str()));
+    if (const ncclResult_t r = ncclMemAlloc(&w.base, w.bytes); r != ncclSuccess) {
+      // A window larger than what the device has left, after the arena's share, is the job
+      // being too large for this GPU, as for the arena's own allocations.
+      return arena_->AllocationFailure(
+          w.bytes, absl::StrCat("nccl-lsa symmetric window for ", what).c_str(),
+          NcclStatus(r, "ncclMemAlloc").message(), /*out_of_memory=*/true);
+    }
     absl::Status s = group_->Await(
         ncclCommWindowRegister(group_->comm(), w.base, w.bytes, &w.window, NCCL_WIN_COLL_SYMMETRIC),
         absl::StrCat("nccl-lsa: ncclCommWindowRegister for ", what).c_str());
