@@ -54,6 +54,11 @@ ABSL_FLAG(absl::Duration, job_retention, absl::Hours(720),
           "finished jobs, with their events, logs and step metrics, are deleted from the store "
           "this long after they ended, and the cluster-wide events this old (a duration of at "
           "least 1h: 720h, 90m); 0 keeps them for good");
+ABSL_FLAG(absl::Duration, lost_worker_expiry, absl::Hours(24),
+          "a worker LOST (no session) for longer than this is forgotten: removed from the "
+          "worker list and the store, no longer counted as capacity a job waits for; it "
+          "registers as a new worker if it comes back (a duration of at least 1m: 24h, 90m); 0 "
+          "keeps lost workers for good");
 ABSL_FLAG(std::string, config, "",
           "optional YAML file with the same keys as the flags (flags given explicitly win)");
 
@@ -158,6 +163,9 @@ int main(int argc, char** argv) {
     config.max_unfinished_jobs_per_user = absl::GetFlag(FLAGS_max_unfinished_jobs_per_user);
   }
   if (FlagGiven(given, "job_retention")) config.job_retention = absl::GetFlag(FLAGS_job_retention);
+  if (FlagGiven(given, "lost_worker_expiry")) {
+    config.lost_worker_expiry = absl::GetFlag(FLAGS_lost_worker_expiry);
+  }
   if (absl::Status s = dropless::coordinator::ValidateConfig(config); !s.ok()) {
     dropless::LogError(std::string(s.message()));
     return 2;

@@ -75,7 +75,8 @@ absl::Status Coordinator::Load() {
   StoreWrite write;
 
   // Workers are LOST until they say Hello on a new session; their lease runs from now.
-  workers_.Restore(active->workers, active->receipts, now, write);
+  // Away since: docs/coordinator_store.md, "Lost workers".
+  workers_.Restore(*active, now, write);
 
   for (JobRecord& record : active->jobs) {
     ActiveJob& job = jobs_.jobs()[record.job.id()];
@@ -133,6 +134,12 @@ void Coordinator::Start() {
   } else {
     LogInfo("job retention off: finished jobs are kept for good");
   }
+  if (LostWorkerExpiryOn()) {
+    LogInfo(absl::StrCat("lost-worker expiry: a worker LOST for longer than ",
+                         absl::FormatDuration(options_.lost_worker_expiry), " is forgotten"));
+  } else {
+    LogInfo("lost-worker expiry off: lost workers are kept for good");
+  }
 }
 
 void Coordinator::TickLoop() {
@@ -140,6 +147,7 @@ void Coordinator::TickLoop() {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) break;
     ExpireLeasesLocked(NowMs());
+    ForgetLostWorkersLocked(NowMs());
     jobs_.EnforceTimeLimits(NowMs());
     jobs_.StoreUnstored();
     // The step metrics and log lines are stored as workers send them, not by the ticker: the

@@ -1,12 +1,13 @@
 // Coordinator: the control plane of dropless behind the gRPC services (thin adapters over it). It
-// checks requests, holds the lock, runs the ticker and the retention sweeper (finished jobs
-// older than options.job_retention deleted; coordinator_retention.cc), and says what a worker's
-// message means for a job; the state lives in its parts, each with a header of its own: the
-// JobController (desired vs observed state of the unfinished jobs: attempts, placement, retries;
-// job_controller.h), the WorkerRegistry (the worker-facing state: identity, sessions, leases,
-// slots; worker_registry.h), the WatchHub (the subscribers of the streams that follow a job, with
-// a lock of its own; watch_hub.h), the RendezvousStore and the hang watchdog's policy
-// (hang_watchdog.h).
+// checks requests, holds the lock, runs the ticker (which also forgets workers LOST for longer
+// than options.lost_worker_expiry; coordinator_worker_expiry.cc) and the retention sweeper
+// (finished jobs older than options.job_retention deleted; coordinator_retention.cc), and says
+// what a worker's message means for a job; the state lives in its parts, each with a header of
+// its own: the JobController (desired vs observed state of the unfinished jobs: attempts,
+// placement, retries; job_controller.h), the WorkerRegistry (the worker-facing state: identity,
+// sessions, leases, slots; worker_registry.h), the WatchHub (the subscribers of the streams that
+// follow a job, with a lock of its own; watch_hub.h), the RendezvousStore and the hang
+// watchdog's policy (hang_watchdog.h).
 //
 // Every accepted change is written to the JobStore before anyone hears about it (the RPC
 // answer, a watcher, a worker's Assignment); only a Cancellation goes out whether or not its
@@ -80,6 +81,9 @@ struct CoordinatorOptions {
   // Finished jobs that ended longer ago than this are deleted from the store with everything that
   // belongs to them (ExpireFinishedJobs); zero (or infinite) keeps them for good.
   absl::Duration job_retention = absl::Hours(720);
+  // A worker LOST for longer than this is forgotten (ForgetLostWorkers); zero (or infinite) keeps
+  // every worker for good.
+  absl::Duration lost_worker_expiry = absl::Hours(24);
 };
 
 // How often the retention sweep runs: every 10 minutes, or a tenth of the retention when that is
@@ -127,6 +131,14 @@ class Coordinator {
   // line. Returns how many jobs were deleted; an error says why it stopped (the batches deleted
   // before it stay deleted, counted and logged).
   absl::StatusOr<int64_t> ExpireFinishedJobs(int64_t now_ms) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Lost-worker expiry (coordinator_worker_expiry.cc), run by the ticker: forgets the workers
+  // that have been LOST for longer than options.lost_worker_expiry as of now_ms
+  // (WorkerRegistry::ForgettableWorkers) and have no rank of an active attempt placed on them,
+  // then fails the PENDING jobs that waited for larger GPUs only those workers had
+  // (JobController::FailJobsWaitingForMissingDevices); one commit. Counted by
+  // dropless_coordinator_workers_forgotten_total. Returns how many workers were forgotten.
+  int64_t ForgetLostWorkers(int64_t now_ms) ABSL_LOCKS_EXCLUDED(mu_);
 
   // JobService. Errors name the offending field or id.
   // A request_id seen before (for the same owner) returns the job it made; AlreadyExists when
@@ -272,6 +284,9 @@ class Coordinator {
   std::string GonePeersLocked(const ActiveJob& job, const WorkerEntry& reporter)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether workers are ever forgotten: options.lost_worker_expiry neither zero nor infinite.
+  bool LostWorkerExpiryOn() const;
+  int64_t ForgetLostWorkersLocked(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<JobStore> store_;
   const CoordinatorOptions options_;

@@ -167,8 +167,11 @@ void Coordinator::HoldStraySlotLocked(WorkerEntry& worker, const v1::RankStatus&
   }
   absl::StatusOr<AttemptRecord> attempt = store_->GetAttempt(status.job_id(), status.attempt());
   if (!attempt.ok()) return;
+  // By node as well as by id: a worker forgotten while cut off (--lost-worker-expiry) comes back
+  // under a new id, its old ranks still exiting on the same machine's slots.
   for (const RankRecord& r : attempt->ranks) {
-    if (r.rank == status.rank() && r.worker_id == worker.info.id() &&
+    if (r.rank == status.rank() &&
+        (r.worker_id == worker.info.id() || r.node == worker.info.node()) &&
         worker.occupied.count(r.slot) == 0) {
       worker.occupied[r.slot] = RankKey{status.job_id(), status.attempt(), status.rank()};
     }

@@ -126,7 +126,9 @@ absl::Status Coordinator::HandleWorkerMessageLocked(const std::shared_ptr<Worker
     return HandleHelloLocked(session, message.hello());
   }
   if (message.has_hello()) return absl::InvalidArgumentError("hello: sent twice on one session");
-  WorkerEntry& worker = *workers_.Find(*worker_id);
+  WorkerEntry* found = workers_.Find(*worker_id);
+  if (found == nullptr) return absl::AbortedError("session is closed");  // the worker forgotten
+  WorkerEntry& worker = *found;
   if (worker.session != session) {
     return absl::AbortedError("superseded by a newer session of this worker");
   }

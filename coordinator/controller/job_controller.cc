@@ -38,6 +38,17 @@ std::string DescribePlacement(const std::vector<RankSlot>& ranks) {
   return absl::StrJoin(parts, " ");
 }
 
+// Why a job that ran out of memory on GPUs of `above` bytes ends: no worker the coordinator
+// knows could hold its gang on larger ones. The one wording of FailAttemptOnTooSmallDevice and of
+// FailJobsWaitingForMissingDevices.
+std::string NoLargerDevicesReason(const v1::Job& j, int64_t above) {
+  return absl::StrFormat(
+      "not retried: no known %s worker has %d GPU(s) with more than %s%s (submit it again once "
+      "one has joined)",
+      j.backend(), j.world_size(), GibText(above),
+      GangNeedsOneNode(j.backend()) ? " on one node" : "");
+}
+
 }  // namespace
 
 bool RankEnded(v1::RankState state) {
@@ -52,6 +63,8 @@ absl::Status JobController::Commit(StoreWrite& write, IfNotStored if_not_stored)
   if (if_not_stored == IfNotStored::kStoreWithNextCommit) {
     kept.attempts = write.attempts;
     kept.workers = write.workers;
+    kept.forgotten_workers = write.forgotten_workers;
+    kept.last_worker_number = write.last_worker_number;
     kept.events = write.events;
   }
   if (!unstored_.empty()) {
@@ -85,6 +98,7 @@ absl::Status JobController::Commit(StoreWrite& write, IfNotStored if_not_stored)
     // latest state, so memory and store meet again once the store recovers (e.g. disk freed).
     // What only this write says (an attempt that ended, events) waits in unstored_.
     unstored_.Keep(std::move(kept.attempts), std::move(kept.workers), std::move(kept.events));
+    unstored_.KeepForgotten(kept.forgotten_workers, kept.last_worker_number);
     unstored_retry_.Failed(now);
     if (metrics_ != nullptr) metrics_->CountStoreCommitFailure();
     if (auto line = commit_failure_log_.Failed(
@@ -346,10 +360,8 @@ void JobController::FailAttemptOnTooSmallDevice(ActiveJob& job, const std::strin
   if (!GangFitsCapacity(j.world_size(), j.backend(), above, workers_.KnownCapacity())) {
     const int32_t number = EndFailedAttempt(job, reason, write);
     FinishJob(job, v1::JOB_STATE_FAILED,
-              absl::StrFormat("attempt %d failed: %s; not retried: no known %s worker has %d "
-                              "GPU(s) with more than %s%s (submit it again once one has joined)",
-                              number, reason, j.backend(), j.world_size(), GibText(above),
-                              GangNeedsOneNode(j.backend()) ? " on one node" : ""),
+              absl::StrFormat("attempt %d failed: %s; %s", number, reason,
+                              NoLargerDevicesReason(j, above)),
               write);
     return;
   }
@@ -360,6 +372,32 @@ void JobController::FailAttemptOnTooSmallDevice(ActiveJob& job, const std::strin
                           "on GPUs with more memory (not counted against max_attempts)",
                           number, GibText(above), number + 1),
           write);
+}
+
+int JobController::FailJobsWaitingForMissingDevices(StoreWrite& write) {
+  int failed = 0;
+  std::vector<NodeCapacity> known;
+  bool known_read = false;
+  for (auto& [id, job] : jobs_) {
+    v1::Job& j = job.record.job;
+    const int64_t above = j.needs_device_memory_above_bytes();
+    if (j.state() != v1::JOB_STATE_PENDING || above <= 0) continue;
+    if (!known_read) {
+      known = workers_.KnownCapacity();
+      known_read = true;
+    }
+    if (GangFitsCapacity(j.world_size(), j.backend(), above, known)) continue;
+    // Requeue left "attempt N failed: <why>" (the attempt that ran out of memory): the message
+    // ends as FailAttemptOnTooSmallDevice's would have, had those workers been gone then.
+    const std::string failed_attempt =
+        j.message().empty() ? absl::StrFormat("attempt %d ran out of memory on a GPU of %s",
+                                              j.attempt(), GibText(above))
+                            : j.message();
+    StopJob(job, v1::JOB_STATE_FAILED,
+            absl::StrCat(failed_attempt, "; ", NoLargerDevicesReason(j, above)), write);
+    ++failed;
+  }
+  return failed;
 }
 
 int32_t JobController::EndFailedAttempt(ActiveJob& job, const std::string& reason,

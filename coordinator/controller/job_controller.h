@@ -123,6 +123,10 @@ class JobController {
   // problem of the job itself.
   void FailAttemptOnTooSmallDevice(ActiveJob& job, const std::string& reason,
                                    int64_t device_memory_bytes, StoreWrite& write);
+  // The PENDING jobs waiting for GPUs larger than one they ran out of memory on that the known
+  // workers (KnownCapacity) can no longer hold, once workers were forgotten (--lost-worker-expiry):
+  // FAILED with the reason FailAttemptOnTooSmallDevice gives, into `write`. How many.
+  int FailJobsWaitingForMissingDevices(StoreWrite& write);
   // Sends the job's current Assignment for the worker's ranks again (with the next Commit, after
   // the AssignmentResent event that says why in `write`): its placement is stored, but the
   // worker's daemon run never got it (lost to a restart of the coordinator).

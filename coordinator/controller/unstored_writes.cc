@@ -7,7 +7,7 @@
 
 namespace dropless::coordinator {
 
-void UnstoredWrites::Keep(std::vector<AttemptRecord> attempts, std::vector<v1::Worker> workers,
+void UnstoredWrites::Keep(std::vector<AttemptRecord> attempts, std::vector<WorkerRecord> workers,
                           std::vector<v1::Event> events) {
   for (AttemptRecord& attempt : attempts) {
     auto same = std::find_if(attempts_.begin(), attempts_.end(), [&](const AttemptRecord& a) {
@@ -19,9 +19,10 @@ void UnstoredWrites::Keep(std::vector<AttemptRecord> attempts, std::vector<v1::W
       attempts_.push_back(std::move(attempt));
     }
   }
-  for (v1::Worker& worker : workers) {
-    auto same = std::find_if(workers_.begin(), workers_.end(),
-                             [&](const v1::Worker& w) { return w.id() == worker.id(); });
+  for (WorkerRecord& worker : workers) {
+    auto same = std::find_if(workers_.begin(), workers_.end(), [&](const WorkerRecord& w) {
+      return w.info.id() == worker.info.id();
+    });
     if (same != workers_.end()) {
       *same = std::move(worker);
     } else {
@@ -38,9 +39,27 @@ void UnstoredWrites::Keep(std::vector<AttemptRecord> attempts, std::vector<v1::W
   }
 }
 
+void UnstoredWrites::KeepForgotten(const std::vector<std::string>& worker_ids,
+                                   int64_t last_worker_number) {
+  for (const std::string& id : worker_ids) {
+    workers_.erase(std::remove_if(workers_.begin(), workers_.end(),
+                                  [&](const WorkerRecord& w) { return w.info.id() == id; }),
+                   workers_.end());
+    if (std::find(forgotten_workers_.begin(), forgotten_workers_.end(), id) ==
+        forgotten_workers_.end()) {
+      forgotten_workers_.push_back(id);
+    }
+  }
+  last_worker_number_ = std::max(last_worker_number_, last_worker_number);
+}
+
 void UnstoredWrites::PrependTo(StoreWrite& write) const {
   write.attempts.insert(write.attempts.begin(), attempts_.begin(), attempts_.end());
   write.workers.insert(write.workers.begin(), workers_.begin(), workers_.end());
+  // Deleted after every upsert of the write (JobStore::Commit), whatever their order here.
+  write.forgotten_workers.insert(write.forgotten_workers.begin(), forgotten_workers_.begin(),
+                                 forgotten_workers_.end());
+  write.last_worker_number = std::max(write.last_worker_number, last_worker_number_);
   write.events.insert(write.events.begin(), events_.begin(), events_.end());
   if (dropped_events_ > 0) {
     v1::Event summary;
@@ -57,6 +76,8 @@ void UnstoredWrites::PrependTo(StoreWrite& write) const {
 void UnstoredWrites::Clear() {
   attempts_.clear();
   workers_.clear();
+  forgotten_workers_.clear();
+  last_worker_number_ = 0;
   events_.clear();
   dropped_events_ = 0;
   first_dropped_time_ms_ = 0;

@@ -4,10 +4,12 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/time/time.h"
 #include "common/log.h"
 #include "coordinator/controller/job_events.h"
 
@@ -43,25 +45,30 @@ std::string StrayKey(const std::string& worker_id, const std::string& job_id, in
 
 }  // namespace
 
-void WorkerRegistry::Restore(const std::vector<v1::Worker>& workers,
-                             const std::vector<WorkerReceipt>& receipts, int64_t now_ms,
-                             StoreWrite& write) {
-  for (const v1::Worker& stored : workers) {
-    int number = 0;
-    absl::string_view id = stored.id();
+void WorkerRegistry::Restore(const ActiveState& state, int64_t now_ms, StoreWrite& write) {
+  next_worker_number_ = std::max(next_worker_number_, state.last_worker_number + 1);
+  for (const WorkerRecord& stored : state.workers) {
+    int64_t number = 0;
+    absl::string_view id = stored.info.id();
     if (absl::ConsumePrefix(&id, "worker-") && absl::SimpleAtoi(id, &number)) {
       next_worker_number_ = std::max(next_worker_number_, number + 1);
     }
-    WorkerEntry& entry = workers_[stored.id()];
-    entry.info = stored;
-    if (stored.state() != v1::WORKER_STATE_LOST) {
+    WorkerEntry& entry = workers_[stored.info.id()];
+    entry.info = stored.info;
+    // Away since: a LOST worker's absence goes on across the restart; a READY one was fine when
+    // the last coordinator stopped, and one without a stored time predates schema 5: both are
+    // away from now (not from whenever the coordinator went down).
+    const bool was_lost = stored.info.state() == v1::WORKER_STATE_LOST;
+    entry.lost_since_ms =
+        was_lost && stored.lost_since_ms > 0 ? std::min(stored.lost_since_ms, now_ms) : now_ms;
+    if (!was_lost || entry.lost_since_ms != stored.lost_since_ms) {
       entry.info.set_state(v1::WORKER_STATE_LOST);
-      write.workers.push_back(entry.info);
+      write.workers.push_back(Row(entry));
     }
     entry.last_message_ms = now_ms;
-    worker_by_node_[stored.node()] = stored.id();
+    worker_by_node_[stored.info.node()] = stored.info.id();
   }
-  for (const WorkerReceipt& receipt : receipts) {
+  for (const WorkerReceipt& receipt : state.receipts) {
     auto found = workers_.find(receipt.worker_id);
     if (found == workers_.end()) continue;
     found->second.boot_id = receipt.boot_id;
@@ -148,6 +155,8 @@ absl::StatusOr<const v1::Worker*> WorkerRegistry::Register(const v1::RegisterWor
     info.set_registered_time_ms(now_ms);
     worker_by_node_[request.node()] = id;
   }
+  // A registration is a sign of life: a LOST worker's absence counts from its latest.
+  if (info.state() != v1::WORKER_STATE_READY) worker.lost_since_ms = now_ms;
   info.set_address(request.address());
   info.set_metrics_port(request.metrics_port());
   info.set_slot_kind(request.slot_kind());
@@ -156,7 +165,7 @@ absl::StatusOr<const v1::Worker*> WorkerRegistry::Register(const v1::RegisterWor
   info.set_slots(request.devices_size());
   worker.last_message_ms = now_ms;
   worker.registered_boot_id = request.boot_id();
-  write.workers.push_back(info);
+  write.workers.push_back(Row(worker));
   AddEvent(write, "", 0, *fresh ? "WorkerRegistered" : "WorkerReregistered",
            absl::StrFormat("%s: node %s, %d %s slots, version %s", id, request.node(),
                            request.devices_size(), request.slot_kind(),
@@ -223,7 +232,8 @@ absl::StatusOr<WorkerEntry*> WorkerRegistry::Hello(const std::shared_ptr<WorkerS
   worker.leaving.clear();
   if (worker.info.state() != v1::WORKER_STATE_READY) {
     worker.info.set_state(v1::WORKER_STATE_READY);
-    write.workers.push_back(worker.info);
+    worker.lost_since_ms = 0;
+    write.workers.push_back(Row(worker));
     AddEvent(write, "", 0, "WorkerReady",
              absl::StrFormat("%s (node %s): session open, %d ranks alive", worker.info.id(),
                              worker.info.node(), hello.ranks_size()));
@@ -254,7 +264,8 @@ void WorkerRegistry::CloseAllSessions() {
 void WorkerRegistry::MarkLost(WorkerEntry& worker, const std::string& why, StoreWrite& write) {
   if (worker.info.state() == v1::WORKER_STATE_LOST) return;
   worker.info.set_state(v1::WORKER_STATE_LOST);
-  write.workers.push_back(worker.info);
+  worker.lost_since_ms = worker.last_message_ms;  // last heard from
+  write.workers.push_back(Row(worker));
   AddEvent(write, "", 0, "WorkerLost",
            absl::StrFormat("%s (node %s): %s", worker.info.id(), worker.info.node(), why));
   LogWarning(absl::StrFormat("%s (node %s) lost: %s", worker.info.id(), worker.info.node(), why));
@@ -282,6 +293,62 @@ std::vector<WorkerEntry*> WorkerRegistry::ExpireLeases(int64_t now_ms) {
     it = now_ms - it->second > kStrayCancelMemoryMs ? stray_turns_.erase(it) : std::next(it);
   }
   return expired;
+}
+
+std::vector<WorkerEntry*> WorkerRegistry::ForgettableWorkers(int64_t now_ms, int64_t expiry_ms) {
+  std::vector<WorkerEntry*> out;
+  for (auto& [id, worker] : workers_) {
+    if (worker.info.state() == v1::WORKER_STATE_READY || worker.session != nullptr ||
+        worker.lost_since_ms <= 0 || now_ms - worker.lost_since_ms <= expiry_ms ||
+        now_ms - worker.last_message_ms <= lease_timeout_ms_ || !worker.occupied.empty()) {
+      continue;
+    }
+    out.push_back(&worker);
+  }
+  return out;
+}
+
+void WorkerRegistry::Forget(const std::string& worker_id, int64_t now_ms, int64_t expiry_ms,
+                            StoreWrite& write) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return;
+  const WorkerEntry& worker = it->second;
+  const absl::Duration away =
+      absl::Trunc(absl::Milliseconds(now_ms - worker.lost_since_ms), absl::Seconds(1));
+  const std::string since = absl::FormatTime(
+      "%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(worker.lost_since_ms), absl::UTCTimeZone());
+  AddEvent(write, "", 0, "WorkerForgotten",
+           absl::StrFormat("%s (node %s): away for %s (since %s), longer than "
+                           "--lost-worker-expiry %s; forgotten (it registers as a new worker if "
+                           "it comes back)",
+                           worker_id, worker.info.node(), absl::FormatDuration(away), since,
+                           absl::FormatDuration(absl::Milliseconds(expiry_ms))));
+  LogInfo(
+      absl::StrFormat("%s (node %s) forgotten: away for %s (since %s), longer than "
+                      "--lost-worker-expiry %s",
+                      worker_id, worker.info.node(), absl::FormatDuration(away), since,
+                      absl::FormatDuration(absl::Milliseconds(expiry_ms))));
+  write.forgotten_workers.push_back(worker_id);
+  write.last_worker_number = std::max(write.last_worker_number, next_worker_number_ - 1);
+  // A session superseded or closed at lease expiry stays mapped to it until its stream ends:
+  // closed and unmapped now, its messages are refused ("session is closed").
+  for (auto session = sessions_.begin(); session != sessions_.end();) {
+    if (session->second.worker_id != worker_id) {
+      ++session;
+      continue;
+    }
+    session->first->Close();
+    session = sessions_.erase(session);
+  }
+  const std::string prefix = absl::StrCat(worker_id, "|");
+  for (auto turn = stray_turns_.begin(); turn != stray_turns_.end();) {
+    turn = absl::StartsWith(turn->first, prefix) ? stray_turns_.erase(turn) : std::next(turn);
+  }
+  auto by_node = worker_by_node_.find(worker.info.node());
+  if (by_node != worker_by_node_.end() && by_node->second == worker_id) {
+    worker_by_node_.erase(by_node);
+  }
+  workers_.erase(it);
 }
 
 void WorkerRegistry::Send(const std::string& worker_id, v1::CoordinatorMessage message) {

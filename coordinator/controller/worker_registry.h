@@ -48,17 +48,23 @@ struct WorkerEntry {
   // RegisterWorkerRequest.boot_id of its last registration ("" from a worker that predates it):
   // the run whose address and slots the entry holds, the only one that may say hello next.
   std::string registered_boot_id;
+  // While it is LOST: since when it has been away (stored with its row, WorkerRecord), what
+  // --lost-worker-expiry counts from; 0 while READY.
+  int64_t lost_since_ms = 0;
 };
 
 class WorkerRegistry {
  public:
   explicit WorkerRegistry(int64_t lease_timeout_ms) : lease_timeout_ms_(lease_timeout_ms) {}
 
-  // Start-up: the stored workers, each LOST until it says Hello on a new session, with its lease
-  // running from now_ms, and the last message stored from each (so that its resend is not stored
-  // twice). Those whose stored state changes go into `write`.
-  void Restore(const std::vector<v1::Worker>& workers, const std::vector<WorkerReceipt>& receipts,
-               int64_t now_ms, StoreWrite& write);
+  // Start-up: the stored workers (state.workers), each LOST until it says Hello on a new session,
+  // with its lease running from now_ms, and the last message stored from each (state.receipts,
+  // so that its resend is not stored twice); new ids continue after every number given before,
+  // forgotten workers' too. Away since: a worker stored LOST keeps its stored time (its absence
+  // began before the restart and goes on); one stored READY (connected when the last coordinator
+  // stopped) or with no stored time (a file older than schema 5) is away from now_ms: the
+  // coordinator's downtime is not counted against it. Rows that change go into `write`.
+  void Restore(const ActiveState& state, int64_t now_ms, StoreWrite& write);
 
   // InvalidArgument naming the field of a request that cannot register.
   static absl::Status CheckRegistration(const v1::RegisterWorkerRequest& request);
@@ -97,8 +103,21 @@ class WorkerRegistry {
     return seq != 0 && seq <= worker.last_seq;
   }
 
-  // READY -> LOST: its row and a WorkerLost event naming `why` into `write` (nothing if LOST).
+  // READY -> LOST, away since its last message: its row and a WorkerLost event naming `why` into
+  // `write` (nothing if LOST).
   void MarkLost(WorkerEntry& worker, const std::string& why, StoreWrite& write);
+
+  // --lost-worker-expiry. The workers that may be forgotten at now_ms: LOST and without a session
+  // for longer than expiry_ms (since lost_since_ms), their lease run out too (no message for the
+  // lease timeout; after a restart it counts from the restart, so a live daemon gets back in
+  // first), and no slot held by a rank process (of a live attempt, or a stray one still
+  // exiting). What the registry cannot see, ranks of active attempts placed on them (the
+  // rendezvous and Hello reconciliation still need the worker), is the caller's to check.
+  std::vector<WorkerEntry*> ForgettableWorkers(int64_t now_ms, int64_t expiry_ms);
+  // Removes the worker: the deletion of its row and receipt, the highest worker number given (no
+  // id is given again) and a WorkerForgotten event go into `write`; any session still bound to
+  // it is closed. Should its daemon come back, it registers as a new worker (a new id).
+  void Forget(const std::string& worker_id, int64_t now_ms, int64_t expiry_ms, StoreWrite& write);
 
   // Workers with no message for longer than the lease timeout, not handled before: marked
   // handled, their sessions closed. Sessions that never said Hello within the lease timeout are
@@ -120,9 +139,9 @@ class WorkerRegistry {
 
   // READY, connected workers and their free slots, for the scheduler.
   std::vector<NodeCapacity> Capacity() const;
-  // Every registered worker, READY or away for now (LOST, or its daemon said Goodbye: a restart
-  // as often as a drain), with all its slots and none free: what a job could ever be placed on
-  // (GangFitsCapacity).
+  // Every registered worker not forgotten, READY or away for now (LOST, or its daemon said
+  // Goodbye: a restart as often as a drain), with all its slots and none free: what a job could
+  // ever be placed on (GangFitsCapacity).
   std::vector<NodeCapacity> KnownCapacity() const;
   // Every worker as the API shows it (busy slots, last message).
   std::vector<v1::Worker> List() const;
@@ -147,6 +166,10 @@ class WorkerRegistry {
   // AlreadyExists when a daemon run other than `boot_id` holds the node of `worker`: the run that
   // said hello last, until its lease expires (ExpireLeases) or, after a Goodbye, its session ends.
   absl::Status CheckNodeIsFree(const WorkerEntry& worker, const std::string& boot_id) const;
+  // The worker's row as stored.
+  static WorkerRecord Row(const WorkerEntry& worker) {
+    return WorkerRecord{worker.info, worker.lost_since_ms};
+  }
 
   const int64_t lease_timeout_ms_;
   std::map<std::string, WorkerEntry> workers_;
@@ -155,7 +178,7 @@ class WorkerRegistry {
   // (worker, job, attempt) -> when a Cancellation for a stray rank was last sent, and
   // (worker, job, attempt, rank) -> when a stray rank's slot was last looked up.
   std::map<std::string, int64_t> stray_turns_;
-  int next_worker_number_ = 1;
+  int64_t next_worker_number_ = 1;
 };
 
 }  // namespace dropless::coordinator

@@ -92,6 +92,12 @@ CoordinatorMetrics::CoordinatorMetrics()
                               "--job-retention ago")
                         .Register(*registry_)
                         .Add({})),
+      workers_forgotten_(prometheus::BuildCounter()
+                             .Name("dropless_coordinator_workers_forgotten_total")
+                             .Help("Workers removed from the registry and the job store because "
+                                   "they were LOST for longer than --lost-worker-expiry")
+                             .Register(*registry_)
+                             .Add({})),
       rpcs_(prometheus::BuildCounter()
                 .Name("dropless_coordinator_rpcs_total")
                 .Help("gRPC calls handled, by method and status code")
@@ -163,6 +169,10 @@ void CoordinatorMetrics::CountJobFinished(v1::JobState state) {
 
 void CoordinatorMetrics::CountJobsExpired(int64_t jobs) {
   jobs_expired_.Increment(static_cast<double>(jobs));
+}
+
+void CoordinatorMetrics::CountWorkersForgotten(int64_t workers) {
+  workers_forgotten_.Increment(static_cast<double>(workers));
 }
 
 void CoordinatorMetrics::RecordRpc(const std::string& method, absl::string_view code,

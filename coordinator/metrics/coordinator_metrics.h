@@ -15,6 +15,8 @@
 //   dropless_coordinator_jobs_finished_total{state}         counter
 //   dropless_coordinator_jobs_expired_total                 counter: finished jobs deleted by
 //                                                           retention (--job-retention)
+//   dropless_coordinator_workers_forgotten_total            counter: workers forgotten, LOST for
+//                                                           longer than --lost-worker-expiry
 //   dropless_coordinator_rpcs_total{method,code}            counter
 //   dropless_coordinator_rpc_duration_seconds{method}       histogram
 //
@@ -63,6 +65,8 @@ class CoordinatorMetrics {
   void CountJobFinished(v1::JobState state);
   // Finished jobs deleted from the store because they ended longer than --job-retention ago.
   void CountJobsExpired(int64_t jobs);
+  // Workers forgotten because they were LOST for longer than --lost-worker-expiry.
+  void CountWorkersForgotten(int64_t workers);
   // method: "Service/Method" (bounded: the coordinator's own methods, else "other");
   // code: the gRPC status code's name, e.g. "OK", "NOT_FOUND".
   void RecordRpc(const std::string& method, absl::string_view code, double seconds);
@@ -83,6 +87,7 @@ class CoordinatorMetrics {
   prometheus::Counter& store_commit_failures_;
   prometheus::Family<prometheus::Counter>& jobs_finished_;
   prometheus::Counter& jobs_expired_;
+  prometheus::Counter& workers_forgotten_;
   prometheus::Family<prometheus::Counter>& rpcs_;
   prometheus::Family<prometheus::Histogram>& rpc_duration_;
 };

@@ -107,6 +107,8 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
       s = Read(value, key, &base.max_unfinished_jobs_per_user);
     } else if (key == "job_retention") {
       s = ReadDuration(value, key, &base.job_retention);
+    } else if (key == "lost_worker_expiry") {
+      s = ReadDuration(value, key, &base.lost_worker_expiry);
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "coordinator config: unknown key \"", key,
@@ -114,7 +116,7 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
           "heartbeat_interval_ms, lease_timeout_ms, max_message_bytes, hang_step_multiple, "
           "hang_min_stall_ms, hang_first_step_ms, insecure, tls_cert, tls_key, worker_ca, "
           "tokens_file, submit_rate_per_second, submit_burst, max_streams_per_user, "
-          "max_streams, max_unfinished_jobs_per_user, job_retention)"));
+          "max_streams, max_unfinished_jobs_per_user, job_retention, lost_worker_expiry)"));
     }
     if (!s.ok()) return s;
   }
@@ -202,6 +204,13 @@ absl::Status ValidateConfig(const CoordinatorConfig& config) {
         "job_retention (--job-retention): 0 (finished jobs kept for good) or at least ",
         absl::FormatDuration(kMinJobRetention), " (got ",
         absl::FormatDuration(config.job_retention), ")"));
+  }
+  if (config.lost_worker_expiry != absl::ZeroDuration() &&
+      config.lost_worker_expiry < kMinLostWorkerExpiry) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lost_worker_expiry (--lost-worker-expiry): 0 (lost workers kept for good) or at least ",
+        absl::FormatDuration(kMinLostWorkerExpiry), " (got ",
+        absl::FormatDuration(config.lost_worker_expiry), ")"));
   }
   return absl::OkStatus();
 }

@@ -53,6 +53,10 @@ struct CoordinatorConfig {
   // after they ended; 0 keeps them for good; otherwise at least kMinJobRetention. A duration:
   // "720h", "90m", "0". In YAML a string.
   absl::Duration job_retention = absl::Hours(720);
+  // A worker LOST (no session) for longer than this is forgotten: removed from the registry and
+  // the store, no longer listed or counted as capacity; 0 keeps lost workers for good; otherwise
+  // at least kMinLostWorkerExpiry. A duration: "24h", "90m", "0". In YAML a string.
+  absl::Duration lost_worker_expiry = absl::Hours(24);
 };
 
 // The shortest retention ValidateConfig accepts (but 0). A cancelled job's ranks may still be
@@ -60,6 +64,11 @@ struct CoordinatorConfig {
 // hold their slots only while their job is in the store, so a job deleted by the sweep at start
 // would let a new gang land on a GPU its old process still holds.
 inline constexpr absl::Duration kMinJobRetention = absl::Hours(1);
+
+// The shortest lost-worker expiry ValidateConfig accepts (but 0): well beyond a lease and a
+// worker daemon's reconnect backoff, so a network blip or a coordinator restart never makes a
+// live worker a new one.
+inline constexpr absl::Duration kMinLostWorkerExpiry = absl::Minutes(1);
 
 // Overlays the keys present in a YAML mapping onto base. Unknown keys, wrong types and files
 // that cannot be read are errors naming the key or file.

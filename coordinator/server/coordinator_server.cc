@@ -96,6 +96,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   options.hang.min_stall_ms = config.hang_min_stall_ms;
   options.hang.first_step_ms = config.hang_first_step_ms;
   options.job_retention = config.job_retention;
+  options.lost_worker_expiry = config.lost_worker_expiry;
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
       Coordinator::Create(std::move(*store), options, server->metrics_.get());
   if (!coordinator.ok()) return coordinator.status();

@@ -219,6 +219,9 @@ absl::Status JobStore::Initialize() {
   if (schema < 4) {
     if (absl::Status s = MigrateToJobEndTimes(); !s.ok()) return s;
   }
+  if (schema < 5) {
+    if (absl::Status s = MigrateToWorkerLostSince(); !s.ok()) return s;
+  }
   // Added after schema version 1 shipped; a table of its own, so older files gain it in place.
   if (absl::Status s = db_->Exec(kRendezvousTable); !s.ok()) return s;
   if (absl::Status s = db_->Exec(kSubmitRequestsTable); !s.ok()) return s;
@@ -336,17 +339,6 @@ absl::Status JobStore::WriteAttempt(const AttemptRecord& attempt) {
   return absl::OkStatus();
 }
 
-absl::Status JobStore::WriteWorker(const v1::Worker& worker) {
-  absl::StatusOr<SqliteStatement> st = db_->Prepare(
-      "INSERT OR REPLACE INTO workers(id, node, state, data) VALUES(?1, ?2, ?3, ?4)");
-  if (!st.ok()) return st.status();
-  st->Bind(1, worker.id())
-      .Bind(2, worker.node())
-      .Bind(3, static_cast<int64_t>(worker.state()))
-      .BindBlob(4, worker.SerializeAsString());
-  return st->Run();
-}
-
 absl::Status JobStore::WriteEvent(v1::Event& event) {
   absl::StatusOr<SqliteStatement> st = db_->Prepare(
       "INSERT INTO events(time_ms, job_id, attempt, type, message) VALUES(?1, ?2, ?3, ?4, ?5)");
@@ -379,8 +371,14 @@ absl::Status JobStore::Commit(StoreWrite& write) {
     for (const AttemptRecord& attempt : write.attempts) {
       if (absl::Status s = WriteAttempt(attempt); !s.ok()) return s;
     }
-    for (const v1::Worker& worker : write.workers) {
+    for (const WorkerRecord& worker : write.workers) {
       if (absl::Status s = WriteWorker(worker); !s.ok()) return s;
+    }
+    for (const std::string& worker_id : write.forgotten_workers) {
+      if (absl::Status s = DeleteWorker(worker_id); !s.ok()) return s;
+    }
+    if (write.last_worker_number > 0) {
+      if (absl::Status s = RaiseLastWorkerNumber(write.last_worker_number); !s.ok()) return s;
     }
     for (v1::Event& event : write.events) {
       if (absl::Status s = WriteEvent(event); !s.ok()) return s;

@@ -76,17 +76,30 @@ struct WorkerReceipt {
   uint64_t seq = 0;
 };
 
+// A worker's row: the worker as the API shows it and, while it is LOST, since when.
+struct WorkerRecord {
+  v1::Worker info;
+  // When it was last heard from before it became LOST (Unix ms), what --lost-worker-expiry
+  // counts from (schema 5); 0 while it is READY, and in the rows of an older file.
+  int64_t lost_since_ms = 0;
+};
+
 // Rows that change together; committed in one transaction.
 struct StoreWrite {
   std::vector<JobRecord> jobs;          // upserted
   std::vector<AttemptRecord> attempts;  // upserted with all their ranks
-  std::vector<v1::Worker> workers;      // upserted
+  std::vector<WorkerRecord> workers;    // upserted
+  // Workers forgotten (--lost-worker-expiry): their rows and receipts deleted, after the upserts.
+  std::vector<std::string> forgotten_workers;
+  // When > 0, the highest worker number ("worker-0042": 42) ever given is at least this: kept in
+  // store_counters, so that a forgotten worker's id is not given again after a restart.
+  int64_t last_worker_number = 0;
   std::vector<v1::Event> events;        // appended; Commit assigns their ids
   std::vector<SubmitRequestRecord> submit_requests;  // inserted (a second use of an id fails)
   bool durable = true;                  // fsync before returning (synchronous=FULL)
   bool empty() const {
-    return jobs.empty() && attempts.empty() && workers.empty() && events.empty() &&
-           submit_requests.empty();
+    return jobs.empty() && attempts.empty() && workers.empty() && forgotten_workers.empty() &&
+           last_worker_number == 0 && events.empty() && submit_requests.empty();
   }
 };
 
@@ -94,15 +107,17 @@ struct StoreWrite {
 struct ActiveState {
   std::vector<JobRecord> jobs;          // non-terminal jobs, submission order
   std::vector<AttemptRecord> attempts;  // current attempts of SCHEDULED/RUNNING jobs
-  std::vector<v1::Worker> workers;      // every registered worker
+  std::vector<WorkerRecord> workers;    // every registered worker not forgotten
   std::vector<WorkerReceipt> receipts;  // per worker, its last stored queued message
+  // The highest worker number given to a worker since forgotten (StoreWrite.last_worker_number).
+  int64_t last_worker_number = 0;
 };
 
 class JobStore {
  public:
   // 2: jobs.owner; 3: rank_assignments.boot_id; 4: jobs.end_time_ms and store_counters
-  // (retention, job_store_retention.cc).
-  static constexpr int kSchemaVersion = 4;
+  // (retention, job_store_retention.cc); 5: workers.lost_since_ms (job_store_workers.cc).
+  static constexpr int kSchemaVersion = 5;
 
   struct Limits {
     int max_logs_per_job = 10000;
@@ -150,7 +165,8 @@ class JobStore {
   // Oldest first; with limit > 0 the most recent `limit`. Empty job_id: every event.
   absl::StatusOr<std::vector<v1::Event>> ListEvents(absl::string_view job_id, int limit);
 
-  absl::StatusOr<std::vector<v1::Worker>> ListWorkers();
+  // Every stored worker, by id.
+  absl::StatusOr<std::vector<WorkerRecord>> ListWorkers();
 
   // The job a submit with this (owner, request_id) made; nullopt when none did.
   absl::StatusOr<std::optional<std::string>> FindSubmitRequest(absl::string_view owner,
@@ -204,7 +220,11 @@ class JobStore {
   absl::StatusOr<std::vector<WorkerReceipt>> ListReceipts();
   absl::Status WriteJob(const JobRecord& record);
   absl::Status WriteAttempt(const AttemptRecord& attempt);
-  absl::Status WriteWorker(const v1::Worker& worker);
+  // Workers (job_store_workers.cc), inside the caller's transaction.
+  absl::Status WriteWorker(const WorkerRecord& worker);
+  absl::Status DeleteWorker(const std::string& worker_id);  // its row and its receipt
+  absl::Status RaiseLastWorkerNumber(int64_t number);
+  absl::StatusOr<int64_t> LastWorkerNumber();
   absl::Status WriteEvent(v1::Event& event);
   absl::Status WriteSubmitRequest(const SubmitRequestRecord& request);
   // `args` bind to ?1, ?2, ...; `owner`, when given, to ?kOwnerParam.
@@ -214,6 +234,7 @@ class JobStore {
   absl::Status MigrateToOwners();
   absl::Status MigrateToRankBootIds();
   absl::Status MigrateToJobEndTimes();
+  absl::Status MigrateToWorkerLostSince();
   // The index DeleteClusterEventsBefore reads, created in place in a file that lacks it.
   absl::Status IndexClusterEventsByTime();
   // jobs.end_time_ms of a job row: when a finished job ended (its create time if it has no end

@@ -102,12 +102,6 @@ absl::StatusOr<std::vector<v1::Event>> JobStore::ListEvents(absl::string_view jo
   return out;
 }
 
-absl::StatusOr<std::vector<v1::Worker>> JobStore::ListWorkers() {
-  absl::StatusOr<SqliteStatement> st = db_->Prepare("SELECT data FROM workers ORDER BY id");
-  if (!st.ok()) return st.status();
-  return ReadBlobRows<v1::Worker>(*st, "workers");
-}
-
 absl::StatusOr<std::optional<std::string>> JobStore::FindSubmitRequest(
     absl::string_view owner, absl::string_view request_id) {
   absl::StatusOr<SqliteStatement> st = db_->Prepare(
@@ -133,9 +127,12 @@ absl::StatusOr<ActiveState> JobStore::LoadActive() {
     if (!attempt.ok()) return attempt.status();
     state.attempts.push_back(std::move(*attempt));
   }
-  absl::StatusOr<std::vector<v1::Worker>> workers = ListWorkers();
+  absl::StatusOr<std::vector<WorkerRecord>> workers = ListWorkers();
   if (!workers.ok()) return workers.status();
   state.workers = std::move(*workers);
+  absl::StatusOr<int64_t> last_worker_number = LastWorkerNumber();
+  if (!last_worker_number.ok()) return last_worker_number.status();
+  state.last_worker_number = *last_worker_number;
   absl::StatusOr<std::vector<WorkerReceipt>> receipts = ListReceipts();
   if (!receipts.ok()) return receipts.status();
   state.receipts = std::move(*receipts);

@@ -538,6 +538,10 @@ int64_t JobsExpired(CoordinatorUnderTest& coordinator) {
   return CounterValue(coordinator, "\ndropless_coordinator_jobs_expired_total ");
 }
 
+int64_t WorkersForgotten(CoordinatorUnderTest& coordinator) {
+  return CounterValue(coordinator, "\ndropless_coordinator_workers_forgotten_total ");
+}
+
 absl::StatusOr<v1::JobState> StoredAttemptState(const std::string& db, const std::string& job_id,
                                                 int attempt) {
   sqlite3* handle = nullptr;

@@ -237,6 +237,8 @@ int64_t StoreCommits(CoordinatorUnderTest& coordinator, const std::string& sync 
 int64_t StoreCommitFailures(CoordinatorUnderTest& coordinator);
 // dropless_coordinator_jobs_expired_total as /metrics shows it now; -1 when absent.
 int64_t JobsExpired(CoordinatorUnderTest& coordinator);
+// dropless_coordinator_workers_forgotten_total as /metrics shows it now; -1 when absent.
+int64_t WorkersForgotten(CoordinatorUnderTest& coordinator);
 // The state of the job's attempt as its row in the database file says (read with SQLite while
 // no coordinator holds the file: after Kill); NotFound when there is no row.
 absl::StatusOr<v1::JobState> StoredAttemptState(const std::string& db, const std::string& job_id,

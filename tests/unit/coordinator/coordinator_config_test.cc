@@ -1,6 +1,7 @@
 #include "coordinator/server/coordinator_config.h"
 
 #include <fstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -104,6 +105,31 @@ TEST(CoordinatorConfigTest, JobRetentionIsZeroOrAtLeastAnHour) {
     EXPECT_THAT(ValidateConfig(*config).message(),
                 HasSubstr(absl::StrCat("job_retention (--job-retention): 0 (finished jobs kept for "
                                        "good) or at least 1h (got ",
+                                       refused, ")")));
+  }
+}
+
+TEST(CoordinatorConfigTest, LostWorkerExpiryIsZeroOrAtLeastAMinute) {
+  EXPECT_EQ(CoordinatorConfig{}.lost_worker_expiry, absl::Hours(24));
+  for (const auto& [text, expiry] :
+       {std::pair{"1m", absl::Minutes(1)}, std::pair{"720h", absl::Hours(720)},
+        std::pair{"0", absl::ZeroDuration()}}) {  // 0: kept for good
+    absl::StatusOr<CoordinatorConfig> config = ApplyConfigYaml(
+        absl::StrCat("lost_worker_expiry: ", text, "\ninsecure: true\n"), CoordinatorConfig{});
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->lost_worker_expiry, expiry);
+    EXPECT_TRUE(ValidateConfig(*config).ok()) << text;
+  }
+  EXPECT_THAT(ApplyConfigYaml("lost_worker_expiry: a day\n", {}).status().message(),
+              HasSubstr("lost_worker_expiry: not a duration"));
+  // Shorter, a blip or a restart of the coordinator could make a live worker a new one.
+  for (const char* refused : {"-1h", "1s", "59s"}) {
+    absl::StatusOr<CoordinatorConfig> config = ApplyConfigYaml(
+        absl::StrCat("lost_worker_expiry: ", refused, "\ninsecure: true\n"), CoordinatorConfig{});
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_THAT(ValidateConfig(*config).message(),
+                HasSubstr(absl::StrCat("lost_worker_expiry (--lost-worker-expiry): 0 (lost "
+                                       "workers kept for good) or at least 1m (got ",
                                        refused, ")")));
   }
 }

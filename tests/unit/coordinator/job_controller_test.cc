@@ -221,12 +221,12 @@ TEST_F(JobControllerTest, ACommitCarryingAJobsStateIsFsynced) {
 // seconds) and an event. What is kept holds that worker's latest row once and every event, and
 // the ticker's retries back off instead of committing all of it every tick.
 TEST_F(JobControllerTest, WhatFailedCommitsKeepIsBoundedAndRetriedWithBackoff) {
-  v1::Worker row = registry_.Find(worker_id_)->info;
+  WorkerRecord row{registry_.Find(worker_id_)->info, 0};
   {
     FullDisk full;
     auto commit_round = [&](int i) {
       StoreWrite write;
-      row.set_state(i % 2 == 0 ? v1::WORKER_STATE_LOST : v1::WORKER_STATE_READY);
+      row.info.set_state(i % 2 == 0 ? v1::WORKER_STATE_LOST : v1::WORKER_STATE_READY);
       write.workers.push_back(row);
       AddEvent(write, "", 0, i % 2 == 0 ? "WorkerLost" : "WorkerReady", absl::StrCat(i));
       return controller_->Commit(write);
@@ -245,7 +245,7 @@ TEST_F(JobControllerTest, WhatFailedCommitsKeepIsBoundedAndRetriedWithBackoff) {
   StoreWrite write;
   ASSERT_TRUE(controller_->Commit(write).ok());
   ASSERT_EQ(write.workers.size(), 1u) << "one row per worker, not one per failed commit";
-  EXPECT_EQ(write.workers[0].state(), v1::WORKER_STATE_READY) << "its latest";
+  EXPECT_EQ(write.workers[0].info.state(), v1::WORKER_STATE_READY) << "its latest";
   EXPECT_EQ(write.events.size(), 50u);
   absl::StatusOr<std::vector<v1::Event>> stored = store_->ListEvents("", 100);
   ASSERT_TRUE(stored.ok()) << stored.status();

@@ -351,7 +351,8 @@ TEST(JobRetentionTest, VersionThreeFileGainsEndTimes) {
     ASSERT_TRUE(db.ok());
     ASSERT_TRUE((*db)
                     ->Exec("DROP INDEX jobs_by_end_time; ALTER TABLE jobs DROP COLUMN "
-                           "end_time_ms; DROP TABLE store_counters; PRAGMA user_version=3")
+                           "end_time_ms; DROP TABLE store_counters; ALTER TABLE workers DROP "
+                           "COLUMN lost_since_ms; PRAGMA user_version=3")
                     .ok());
   }
   auto opened = JobStore::Open(path);

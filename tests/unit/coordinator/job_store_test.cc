@@ -50,7 +50,7 @@ v1::Event MakeEvent(const std::string& job_id, int32_t attempt, const std::strin
   return event;
 }
 
-v1::Worker MakeWorker(const std::string& id, const std::string& node, int slots) {
+WorkerRecord MakeWorker(const std::string& id, const std::string& node, int slots) {
   v1::Worker worker;
   worker.set_id(id);
   worker.set_node(node);
@@ -61,7 +61,7 @@ v1::Worker MakeWorker(const std::string& id, const std::string& node, int slots)
   worker.set_state(v1::WORKER_STATE_READY);
   worker.set_registered_time_ms(42);
   worker.set_metrics_port(9191);
-  return worker;
+  return WorkerRecord{worker, 0};
 }
 
 TEST(JobStoreTest, RestartKeepsJobsAttemptsEventsAndWorkers) {
@@ -138,9 +138,9 @@ TEST(JobStoreTest, RestartKeepsJobsAttemptsEventsAndWorkers) {
   EXPECT_EQ(attempt.ranks[1].worker_id, "worker-0002");
   EXPECT_EQ(attempt.ranks[1].state, v1::RANK_STATE_STARTING);
   ASSERT_EQ(active->workers.size(), 2u);
-  EXPECT_EQ(active->workers[0].node(), "node-a");
-  EXPECT_EQ(active->workers[0].devices_size(), 2);
-  EXPECT_EQ(active->workers[0].metrics_port(), 9191);
+  EXPECT_EQ(active->workers[0].info.node(), "node-a");
+  EXPECT_EQ(active->workers[0].info.devices_size(), 2);
+  EXPECT_EQ(active->workers[0].info.metrics_port(), 9191);
 
   auto job = (*store)->GetJob(running_id);
   ASSERT_TRUE(job.ok());
@@ -415,7 +415,7 @@ TEST(JobStoreTest, VersionOneFileGainsOwners) {
         "DROP INDEX jobs_by_owner; ALTER TABLE jobs DROP COLUMN owner; "
         "ALTER TABLE rank_assignments DROP COLUMN boot_id; DROP INDEX jobs_by_end_time; "
         "ALTER TABLE jobs DROP COLUMN end_time_ms; DROP TABLE store_counters; "
-        "PRAGMA user_version=1";
+        "ALTER TABLE workers DROP COLUMN lost_since_ms; PRAGMA user_version=1";
     ASSERT_TRUE((*db)->Exec(to_version_1).ok());
   }
   auto opened = JobStore::Open(path);
@@ -491,7 +491,7 @@ TEST(JobStoreTest, RanksKeepTheDaemonRunTheyWereAssignedTo) {
     const char* to_version_2 =
         "ALTER TABLE rank_assignments DROP COLUMN boot_id; DROP INDEX jobs_by_end_time; "
         "ALTER TABLE jobs DROP COLUMN end_time_ms; DROP TABLE store_counters; "
-        "PRAGMA user_version=2";
+        "ALTER TABLE workers DROP COLUMN lost_since_ms; PRAGMA user_version=2";
     ASSERT_TRUE((*db)->Exec(to_version_2).ok());
   }
   auto opened = JobStore::Open(path);

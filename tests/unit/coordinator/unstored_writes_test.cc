@@ -15,10 +15,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
-v1::Worker WorkerRow(const std::string& id, v1::WorkerState state) {
-  v1::Worker w;
-  w.set_id(id);
-  w.set_state(state);
+WorkerRecord WorkerRow(const std::string& id, v1::WorkerState state) {
+  WorkerRecord w;
+  w.info.set_id(id);
+  w.info.set_state(state);
   return w;
 }
 
@@ -56,12 +56,37 @@ TEST(UnstoredWritesTest, KeepsTheLatestRowPerWorkerAndAttempt) {
   write.workers.push_back(WorkerRow("w-2", v1::WORKER_STATE_READY));  // newer: after the kept
   kept.PrependTo(write);
   ASSERT_EQ(write.workers.size(), 3u);
-  EXPECT_EQ(write.workers[0].id(), "w-1");
-  EXPECT_EQ(write.workers[0].state(), v1::WORKER_STATE_READY) << "the latest row of w-1";
-  EXPECT_EQ(write.workers[2].state(), v1::WORKER_STATE_READY) << "the write's own row last";
+  EXPECT_EQ(write.workers[0].info.id(), "w-1");
+  EXPECT_EQ(write.workers[0].info.state(), v1::WORKER_STATE_READY) << "the latest row of w-1";
+  EXPECT_EQ(write.workers[2].info.state(), v1::WORKER_STATE_READY) << "the write's own row last";
   ASSERT_EQ(write.attempts.size(), 2u);
   EXPECT_EQ(write.attempts[0].state, v1::JOB_STATE_FAILED);
   EXPECT_EQ(write.attempts[1].state, v1::JOB_STATE_CANCELLED);
+
+  kept.Clear();
+  EXPECT_TRUE(kept.empty());
+}
+
+// A worker forgotten while the store fails: its kept row goes (it would bring the worker back),
+// its deletion and the highest worker number are kept, once, and come before the write's own.
+TEST(UnstoredWritesTest, KeepsTheForgottenWorkersInsteadOfTheirRows) {
+  UnstoredWrites kept;
+  kept.Keep({}, {WorkerRow("w-1", v1::WORKER_STATE_LOST), WorkerRow("w-2", v1::WORKER_STATE_LOST)},
+            {});
+  kept.KeepForgotten({"w-1"}, 7);
+  kept.KeepForgotten({"w-1"}, 5);
+  EXPECT_FALSE(kept.empty());
+  EXPECT_EQ(kept.workers(), 1u);
+  EXPECT_EQ(kept.forgotten_workers(), 1u);
+
+  StoreWrite write;
+  write.forgotten_workers.push_back("w-3");
+  write.last_worker_number = 3;
+  kept.PrependTo(write);
+  ASSERT_EQ(write.workers.size(), 1u);
+  EXPECT_EQ(write.workers[0].info.id(), "w-2");
+  EXPECT_EQ(write.forgotten_workers, (std::vector<std::string>{"w-1", "w-3"}));
+  EXPECT_EQ(write.last_worker_number, 7) << "the highest";
 
   kept.Clear();
   EXPECT_TRUE(kept.empty());

@@ -3,7 +3,10 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -65,9 +68,11 @@ TEST(WorkerRegistryTest, RestoredWorkersAreLostAndNumberingContinues) {
   stored.set_state(v1::WORKER_STATE_READY);
   WorkerRegistry registry(kLeaseMs);
   StoreWrite write;
-  registry.Restore({stored}, {}, 100, write);
+  ActiveState state;
+  state.workers = {WorkerRecord{stored, 0}};
+  registry.Restore(state, 100, write);
   ASSERT_EQ(write.workers.size(), 1u);
-  EXPECT_EQ(write.workers[0].state(), v1::WORKER_STATE_LOST);
+  EXPECT_EQ(write.workers[0].info.state(), v1::WORKER_STATE_LOST);
   bool fresh = false;
   EXPECT_EQ((*registry.Register(Request("n7", 1), 0, write, &fresh))->id(), "worker-0007");
   EXPECT_EQ((*registry.Register(Request("n8", 1), 0, write, &fresh))->id(), "worker-0008");
@@ -80,8 +85,10 @@ TEST(WorkerRegistryTest, RestoredReceiptsMakeTheSameBootsResendsHandled) {
   stored.set_state(v1::WORKER_STATE_READY);
   WorkerRegistry registry(kLeaseMs);
   StoreWrite write;
-  registry.Restore({stored}, {{"worker-0003", "boot-a", 41}, {"worker-0099", "boot-z", 7}}, 100,
-                   write);
+  ActiveState state;
+  state.workers = {WorkerRecord{stored, 0}};
+  state.receipts = {{"worker-0003", "boot-a", 41}, {"worker-0099", "boot-z", 7}};
+  registry.Restore(state, 100, write);
   WorkerEntry* worker = registry.Find("worker-0003");
   ASSERT_NE(worker, nullptr);
   EXPECT_EQ(registry.Find("worker-0099"), nullptr);  // a receipt of an unknown worker is ignored
@@ -277,6 +284,137 @@ TEST(WorkerRegistryTest, LeasesExpireOnceAndFreeSlotsFeedTheScheduler) {
   ASSERT_EQ(lost.events.size(), 1u);
   EXPECT_THAT(lost.events[0].message(), HasSubstr("lease expired"));
   EXPECT_EQ(registry.Capacity().size(), 1u);
+}
+
+// --lost-worker-expiry: a worker away longer than the expiry, since it was last heard from, is
+// forgotten, but only once its lease ran out too, and never while a rank process holds one of its
+// slots. Forgotten, it is gone from every view, and its node registers as a new worker.
+TEST(WorkerRegistryTest, AWorkerAwayLongerThanTheExpiryIsForgotten) {
+  constexpr int64_t kExpiryMs = 60'000;
+  WorkerRegistry registry(kLeaseMs);
+  StoreWrite write;
+  bool fresh = false;
+  const std::string a = (*registry.Register(Request("a", 2), 0, write, &fresh))->id();
+  const std::string b = (*registry.Register(Request("b", 1), 0, write, &fresh))->id();
+  auto session_a = Session();
+  for (const auto& [id, session] : {std::pair{a, session_a}, std::pair{b, Session()}}) {
+    registry.OpenSession(session, 0);
+    ASSERT_TRUE(registry.Hello(session, HelloAs(id), 0, write).ok());
+  }
+  WorkerEntry* worker_a = registry.Find(a);
+  EXPECT_EQ(worker_a->lost_since_ms, 0) << "READY";
+  // a's session ends at 1000, its last message at 900: away since 900, stored with its row.
+  worker_a->last_message_ms = 900;
+  registry.ForgetSession(session_a);
+  ASSERT_EQ(registry.Disconnect(a, session_a), worker_a);
+  StoreWrite lost;
+  registry.MarkLost(*worker_a, "session ended", lost);
+  EXPECT_EQ(worker_a->lost_since_ms, 900);
+  ASSERT_EQ(lost.workers.size(), 1u);
+  EXPECT_EQ(lost.workers[0].lost_since_ms, 900);
+
+  EXPECT_TRUE(registry.ForgettableWorkers(900 + kExpiryMs, kExpiryMs).empty()) << "not longer";
+  // A rank process still holds a slot (a stray one exiting, or a live attempt's): kept.
+  worker_a->occupied[0] = RankKey{"job-1", 1, 0};
+  EXPECT_TRUE(registry.ForgettableWorkers(900 + kExpiryMs + 1, kExpiryMs).empty());
+  worker_a->occupied.clear();
+  std::vector<WorkerEntry*> due = registry.ForgettableWorkers(900 + kExpiryMs + 1, kExpiryMs);
+  ASSERT_EQ(due.size(), 1u) << "b is READY";
+  EXPECT_EQ(due[0], worker_a);
+
+  // A registration is a sign of life: away from then on (and within its lease it is never due).
+  v1::RegisterWorkerRequest again = Request("a", 2);
+  ASSERT_TRUE(registry.Register(again, 50'000, write, &fresh).ok());
+  EXPECT_EQ(worker_a->lost_since_ms, 50'000);
+  EXPECT_TRUE(registry.ForgettableWorkers(50'000 + kExpiryMs, kExpiryMs).empty());
+  ASSERT_EQ(registry.ForgettableWorkers(50'000 + kExpiryMs + 1, kExpiryMs).size(), 1u);
+
+  StoreWrite forgotten;
+  registry.Forget(a, 50'000 + 3'600'000, kExpiryMs, forgotten);
+  EXPECT_EQ(registry.Find(a), nullptr);
+  EXPECT_THAT(forgotten.forgotten_workers, ElementsAre(a));
+  EXPECT_EQ(forgotten.last_worker_number, 2) << "worker-0002 the highest given";
+  ASSERT_EQ(forgotten.events.size(), 1u);
+  EXPECT_EQ(forgotten.events[0].type(), "WorkerForgotten");
+  EXPECT_EQ(forgotten.events[0].job_id(), "");
+  EXPECT_THAT(forgotten.events[0].message(),
+              HasSubstr("worker-0001 (node a): away for 1h (since 1970-01-01T00:00:50Z), "
+                        "longer than --lost-worker-expiry 1m; forgotten"));
+  ASSERT_EQ(registry.List().size(), 1u);
+  EXPECT_EQ(registry.List()[0].id(), b);
+  ASSERT_EQ(registry.KnownCapacity().size(), 1u) << "no longer capacity a job waits for";
+  EXPECT_EQ(registry.Count().lost, 0);
+
+  // Its node comes back: a new worker, with an id never given before; it says hello as that.
+  const v1::Worker& back = **registry.Register(Request("a", 2), 4'000'000, write, &fresh);
+  EXPECT_TRUE(fresh);
+  EXPECT_EQ(back.id(), "worker-0003");
+  auto session = Session();
+  registry.OpenSession(session, 4'000'000);
+  EXPECT_TRUE(absl::IsNotFound(registry.Hello(session, HelloAs(a), 4'000'000, write).status()))
+      << "the old id is unknown";
+  ASSERT_TRUE(registry.Hello(session, HelloAs("worker-0003"), 4'000'000, write).ok());
+  EXPECT_EQ(registry.Capacity().size(), 2u);
+}
+
+// After a restart every worker is LOST until it says Hello. One stored LOST stays away since its
+// stored time (its absence goes on across the restart) but is never due within a lease of the
+// restart, so a live daemon gets back in first; one stored READY (connected when the last
+// coordinator stopped), or stored without a time (a file older than schema 5), is away from the
+// restart: the coordinator's downtime does not count against it. A second restart keeps what the
+// first stored, and ids continue after every number given, forgotten workers' too.
+TEST(WorkerRegistryTest, RestartKeepsHowLongAWorkerHasBeenAway) {
+  constexpr int64_t kExpiryMs = 600'000;
+  constexpr int64_t kRestartMs = 10'000'000;
+  auto stored = [](const std::string& id, v1::WorkerState state, int64_t lost_since_ms) {
+    WorkerRecord row;
+    row.info.set_id(id);
+    row.info.set_node(absl::StrCat("node-", id));
+    row.info.set_state(state);
+    row.lost_since_ms = lost_since_ms;
+    return row;
+  };
+  ActiveState state;
+  state.workers = {stored("worker-0001", v1::WORKER_STATE_READY, 0),
+                   stored("worker-0002", v1::WORKER_STATE_LOST, 1'000'000),
+                   stored("worker-0003", v1::WORKER_STATE_LOST, 0)};
+  state.last_worker_number = 9;  // worker-0009 was forgotten before
+  WorkerRegistry registry(kLeaseMs);
+  StoreWrite write;
+  registry.Restore(state, kRestartMs, write);
+  EXPECT_EQ(registry.Find("worker-0001")->lost_since_ms, kRestartMs);
+  EXPECT_EQ(registry.Find("worker-0002")->lost_since_ms, 1'000'000);
+  EXPECT_EQ(registry.Find("worker-0003")->lost_since_ms, kRestartMs);
+  // The rows whose time changed are stored, so the next restart does not move it again.
+  ASSERT_EQ(write.workers.size(), 2u);
+  EXPECT_EQ(write.workers[0].info.id(), "worker-0001");
+  EXPECT_EQ(write.workers[0].info.state(), v1::WORKER_STATE_LOST);
+  EXPECT_EQ(write.workers[0].lost_since_ms, kRestartMs);
+  EXPECT_EQ(write.workers[1].info.id(), "worker-0003");
+
+  // worker-0002, away far longer than the expiry: due only once a lease has passed since the
+  // restart.
+  EXPECT_TRUE(registry.ForgettableWorkers(kRestartMs + kLeaseMs, kExpiryMs).empty());
+  std::vector<WorkerEntry*> due = registry.ForgettableWorkers(kRestartMs + kLeaseMs + 1, kExpiryMs);
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0]->info.id(), "worker-0002");
+  // The others: a whole expiry after the restart.
+  EXPECT_EQ(registry.ForgettableWorkers(kRestartMs + kExpiryMs, kExpiryMs).size(), 1u);
+  EXPECT_EQ(registry.ForgettableWorkers(kRestartMs + kExpiryMs + 1, kExpiryMs).size(), 3u);
+
+  // Restarted again later, from what the first restart stored: nothing moves.
+  ActiveState again;
+  again.workers = {stored("worker-0001", v1::WORKER_STATE_LOST, kRestartMs),
+                   stored("worker-0002", v1::WORKER_STATE_LOST, 1'000'000)};
+  again.last_worker_number = 9;
+  WorkerRegistry second(kLeaseMs);
+  StoreWrite untouched;
+  second.Restore(again, kRestartMs + 300'000, untouched);
+  EXPECT_TRUE(untouched.workers.empty());
+  EXPECT_EQ(second.Find("worker-0001")->lost_since_ms, kRestartMs);
+  bool fresh = false;
+  EXPECT_EQ((*second.Register(Request("new", 1), kRestartMs + 300'000, untouched, &fresh))->id(),
+            "worker-0010");
 }
 
 TEST(WorkerRegistryTest, StrayCancellationsAreRateLimited) {
