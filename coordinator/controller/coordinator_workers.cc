@@ -267,9 +267,13 @@ bool Coordinator::HandleLogsLocked(WorkerEntry& worker, const v1::LogBatch& batc
     auto it = ranks_here.find(key);
     if (it == ranks_here.end()) {
       std::set<int32_t> ranks;
+      // By node as well as by id: a worker forgotten while cut off (--lost-worker-expiry) comes
+      // back under a new id and resends its ranks' lines, often the ones that say why they ended.
       auto collect = [&](const AttemptRecord& attempt) {
         for (const RankRecord& r : attempt.ranks) {
-          if (r.worker_id == worker.info.id()) ranks.insert(r.rank);
+          if (r.worker_id == worker.info.id() || r.node == worker.info.node()) {
+            ranks.insert(r.rank);
+          }
         }
       };
       if (ActiveJob* job = jobs_.FindActiveAttempt(key.first, key.second); job != nullptr) {

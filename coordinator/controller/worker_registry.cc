@@ -297,10 +297,14 @@ std::vector<WorkerEntry*> WorkerRegistry::ExpireLeases(int64_t now_ms) {
 
 std::vector<WorkerEntry*> WorkerRegistry::ForgettableWorkers(int64_t now_ms, int64_t expiry_ms) {
   std::vector<WorkerEntry*> out;
+  // Two leases without a message: until the first runs out, CheckNodeIsFree refuses a new run of
+  // the worker's daemon (a host rebooted while the coordinator was down) that is retrying its
+  // registration every few seconds; the second lets that run get in before anything is forgotten.
+  const int64_t quiet_ms = 2 * lease_timeout_ms_;
   for (auto& [id, worker] : workers_) {
     if (worker.info.state() == v1::WORKER_STATE_READY || worker.session != nullptr ||
         worker.lost_since_ms <= 0 || now_ms - worker.lost_since_ms <= expiry_ms ||
-        now_ms - worker.last_message_ms <= lease_timeout_ms_ || !worker.occupied.empty()) {
+        now_ms - worker.last_message_ms <= quiet_ms || !worker.occupied.empty()) {
       continue;
     }
     out.push_back(&worker);

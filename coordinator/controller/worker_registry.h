@@ -108,11 +108,12 @@ class WorkerRegistry {
   void MarkLost(WorkerEntry& worker, const std::string& why, StoreWrite& write);
 
   // --lost-worker-expiry. The workers that may be forgotten at now_ms: LOST and without a session
-  // for longer than expiry_ms (since lost_since_ms), their lease run out too (no message for the
-  // lease timeout; after a restart it counts from the restart, so a live daemon gets back in
-  // first), and no slot held by a rank process (of a live attempt, or a stray one still
-  // exiting). What the registry cannot see, ranks of active attempts placed on them (the
-  // rendezvous and Hello reconciliation still need the worker), is the caller's to check.
+  // for longer than expiry_ms (since lost_since_ms), no message for two lease timeouts (after a
+  // restart counted from the restart: a live daemon, even a new run that CheckNodeIsFree refuses
+  // until the first lease runs out, gets back in first), and no slot held by a rank process (of a
+  // live attempt, or a stray one still exiting). What the registry cannot see, ranks of active
+  // attempts placed on them (the rendezvous and Hello reconciliation still need the worker), is the
+  // caller's to check.
   std::vector<WorkerEntry*> ForgettableWorkers(int64_t now_ms, int64_t expiry_ms);
   // Removes the worker: the deletion of its row and receipt, the highest worker number given (no
   // id is given again) and a WorkerForgotten event go into `write`; any session still bound to

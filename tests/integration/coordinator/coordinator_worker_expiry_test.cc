@@ -5,7 +5,7 @@
 // absence is moved 25 hours back in the killed coordinator's database file, as the retention
 // test moves a job's end, so that the test need not wait out an expiry (at least 1m); that also
 // shows the away time surviving a restart. An expiry under a minute is refused; 0 keeps lost
-// workers for good.
+// workers for good. A node back under a new id still delivers its ranks' last lines.
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -135,6 +135,53 @@ TEST(CoordinatorWorkerExpiryTest, ALostWorkerIsForgottenAndTheJobWaitingForItsGp
   std::optional<v1::Assignment> assigned = big->NextAssignment();
   ASSERT_TRUE(assigned.has_value());
   EXPECT_TRUE(assigned->job_id() == first->id() || assigned->job_id() == second->id());
+}
+
+// A node cut off for longer than the expiry, its rank still writing, is forgotten; back under a
+// new id it resends its ranks' last lines (often why they ended), which the coordinator matches
+// to the stored placement by node and keeps.
+TEST(CoordinatorWorkerExpiryTest, ANodeBackUnderANewIdDeliversItsRanksLastLines) {
+  auto c = CoordinatorUnderTest::Start();
+  auto node = GpuWorker(*c, "node-a", 80);
+  const std::string old_id = node->id();
+  absl::StatusOr<v1::Job> job = c->Submit(CudaSpec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(node->NextAssignment().has_value());
+  ASSERT_TRUE(node->ReportRank(job->id(), 1, 0, v1::RANK_STATE_RUNNING).ok());
+  node->Disconnect();
+  // Its lease runs out: attempt 1 fails (the job waits for another attempt, or has used them).
+  v1::Job ended = c->WaitForJob(job->id(), [](const v1::Job& j) {
+    return j.state() == v1::JOB_STATE_PENDING || j.state() == v1::JOB_STATE_FAILED;
+  });
+  ASSERT_TRUE(ended.state() == v1::JOB_STATE_PENDING || ended.state() == v1::JOB_STATE_FAILED)
+      << ended.message();
+
+  ASSERT_NO_FATAL_FAILURE(c->Kill());
+  ASSERT_TRUE(ExecStoreSql(c->db(), AwayHoursEarlier("node-a", 25)).ok());
+  ASSERT_NO_FATAL_FAILURE(c->Restart());
+  WaitForApi(*c);
+  for (int i = 0; i < 100 && WorkersForgotten(*c) == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_EQ(WorkersForgotten(*c), 1);
+
+  ASSERT_TRUE(RegisterAgain(*node, "boot-2").ok());
+  ASSERT_TRUE(node->Connect("boot-2").ok());
+  EXPECT_NE(node->id(), old_id);
+  const std::string last = "rank 0: CUDA error: an illegal memory access was encountered";
+  ASSERT_TRUE(node->ReportLog(job->id(), 1, 0, last).ok());
+  bool found = false;
+  for (int i = 0; i < 50 && !found; ++i) {
+    grpc::ClientContext context;
+    v1::GetLogsRequest request;
+    request.set_job_id(job->id());
+    auto reader = c->jobs().GetLogs(&context, request);
+    v1::LogLine line;
+    while (reader->Read(&line)) found |= line.attempt() == 1 && line.text() == last;
+    EXPECT_TRUE(reader->Finish().ok());
+    if (!found) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(found) << "the line of attempt 1 sent after the node came back was not kept";
 }
 
 TEST(CoordinatorWorkerExpiryTest, ZeroKeepsLostWorkersForGood) {
