@@ -102,12 +102,25 @@ absl::StatusOr<std::unique_ptr<OutboundJournal>> OutboundJournal::Open(
   }
   std::map<uint64_t, v1::WorkerMessage> pending;
   std::string written_in_host_boot;
+  // Where the replay stopped and, for a record that is there but cannot be read, why.
   size_t offset = 0;
-  while (offset + kHeaderBytes <= content.size()) {
+  std::string corruption;
+  while (offset < content.size()) {
+    const size_t left = content.size() - offset;
     const char kind = content[offset];
+    if (kind != kBoot && kind != kHostBoot && kind != kMessage && kind != kAck && kind != kDrop) {
+      corruption =
+          absl::StrCat("unknown record kind ", static_cast<int>(static_cast<uint8_t>(kind)));
+      break;
+    }
+    if (left < kHeaderBytes) break;  // torn
     const uint64_t sequence = ReadU64(&content[offset + 1]);
     const uint32_t length = ReadU32(&content[offset + 9]);
-    if (length > kMaxPayloadBytes || offset + kHeaderBytes + length > content.size()) break;
+    if (length > kMaxPayloadBytes) {
+      corruption = absl::StrCat("record length ", length);
+      break;
+    }
+    if (kHeaderBytes + length > left) break;  // torn
     const std::string payload = content.substr(offset + kHeaderBytes, length);
     if (kind == kBoot) {
       recovered->boot_id = payload;
@@ -115,23 +128,24 @@ absl::StatusOr<std::unique_ptr<OutboundJournal>> OutboundJournal::Open(
       written_in_host_boot = payload;
     } else if (kind == kMessage) {
       v1::WorkerMessage message;
-      if (!message.ParseFromString(payload)) break;
+      if (!message.ParseFromString(payload)) {
+        corruption = absl::StrCat("message ", sequence, " does not parse");
+        break;
+      }
       if (sequence > recovered->acknowledged) pending[sequence] = std::move(message);
       recovered->last_sequence = std::max(recovered->last_sequence, sequence);
     } else if (kind == kAck) {
       recovered->acknowledged = std::max(recovered->acknowledged, sequence);
       pending.erase(pending.begin(), pending.upper_bound(sequence));
       recovered->last_sequence = std::max(recovered->last_sequence, sequence);
-    } else if (kind == kDrop) {
-      pending.erase(sequence);
     } else {
-      break;  // not a record: the rest is unreadable
+      pending.erase(sequence);
     }
     offset += kHeaderBytes + length;
   }
-  if (offset != content.size()) {
+  if (offset != content.size() && corruption.empty()) {
     LogInfo(absl::StrCat("outbound journal ", path, ": ignoring ", content.size() - offset,
-                           " unreadable bytes at its end (cut by a crash?)"));
+                         " bytes of a record cut at its end (by a crash?)"));
   }
   for (auto& [sequence, message] : pending) {
     recovered->pending.emplace_back(sequence, std::move(message));
@@ -141,6 +155,36 @@ absl::StatusOr<std::unique_ptr<OutboundJournal>> OutboundJournal::Open(
     const size_t discarded = recovered->pending.size();
     *recovered = Recovered{};
     recovered->discarded_after_host_boot = discarded;
+  } else if (!corruption.empty()) {
+    // What came after the record is lost: acknowledgements (the coordinator has a higher sequence
+    // of this boot than the file), messages, rank ends. Numbering on in this boot would have the
+    // coordinator drop new messages as resends; and a lost STARTING would let it resend an
+    // Assignment this run may have started. So a new boot, as after a host reboot, which the
+    // coordinator handles as a new run of the daemon (numbering from 1, no resent Assignments of
+    // the old run). What was unacknowledged before the record goes again in it, renumbered in
+    // order: at least once, as after any coordinator restart (a message whose acknowledgement was
+    // lost is stored twice), and rank ends are not lost (the Hello lists them ended).
+    LogWarning(absl::StrCat("outbound journal ", path, ": record at offset ", offset, " of ",
+                            content.size(), " bytes is unreadable (", corruption,
+                            "); the rest is lost. Beginning a new boot (", new_boot_id, ", was ",
+                            recovered->boot_id.empty() ? "none" : recovered->boot_id,
+                            "): ", recovered->pending.size(),
+                            " unacknowledged message(s) read before it are sent again, "
+                            "numbered from 1; the file is kept as ",
+                            path, ".corrupt"));
+    // A second name for the bad file (the rewrite below replaces the first one atomically).
+    ::unlink((path + ".corrupt").c_str());
+    (void)::link(path.c_str(), (path + ".corrupt").c_str());
+    std::vector<std::pair<uint64_t, v1::WorkerMessage>> renumbered;
+    renumbered.reserve(recovered->pending.size());
+    for (auto& [sequence, message] : recovered->pending) {
+      renumbered.emplace_back(renumbered.size() + 1, std::move(message));
+    }
+    *recovered = Recovered{};
+    recovered->corrupt_at = static_cast<int64_t>(offset);
+    recovered->last_sequence = renumbered.size();
+    recovered->pending = std::move(renumbered);
+    recovered->boot_id = new_boot_id;
   }
   if (recovered->boot_id.empty()) recovered->boot_id = new_boot_id;
 
@@ -150,7 +194,11 @@ absl::StatusOr<std::unique_ptr<OutboundJournal>> OutboundJournal::Open(
   journal->acknowledged_ = recovered->acknowledged;
   std::vector<std::pair<uint64_t, const v1::WorkerMessage*>> live;
   for (const auto& [sequence, message] : recovered->pending) live.emplace_back(sequence, &message);
-  if (absl::Status s = journal->RewriteFile(live); !s.ok()) return s;
+  if (absl::Status s = journal->RewriteFile(live); !s.ok()) {
+    // What was recovered is still delivered, from memory; the old file goes, or a later run would
+    // replay it in this boot below the numbers this one goes on to use.
+    journal->Disable(absl::StrCat("cannot rewrite it at start: ", s.message()));
+  }
   return journal;
 }
 
@@ -160,8 +208,9 @@ OutboundJournal::~OutboundJournal() {
 }
 
 void OutboundJournal::Disable(const std::string& why) {
-  if (fd_ < 0) return;
-  ::close(fd_);
+  if (off_) return;
+  off_ = true;
+  if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   // The file stops short of the numbers this run goes on to use. Kept, it would give a restarted
   // daemon this boot id with a lower last sequence, and the coordinator would take the messages

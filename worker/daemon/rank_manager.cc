@@ -169,7 +169,8 @@ void RankManager::HandleAssignment(const v1::Assignment& assignment) {
     absl::MutexLock lock(&mu_);
     stopping = stop_reason_;
   }
-  // One that arrived while the daemon stops (sent before the coordinator had its Goodbye).
+  // One that arrived while the daemon stops (sent before the coordinator had its Goodbye). A stop
+  // that begins after this check is caught in StartRank.
   if (!stopping.empty()) return reject_all(absl::StrCat("not started: ", stopping));
   if (assignment.attempt() < 1) {
     return reject_all(absl::StrCat("assignment: attempt must be >= 1 (got ", assignment.attempt(), ")"));
@@ -254,6 +255,16 @@ void RankManager::StartRank(const v1::Assignment& assignment, int rank, int slot
   RankSupervisor::ChildId id;
   {
     absl::MutexLock lock(&mu_);
+    // Checked where the rank is added, under the same lock: StopAllAndWait stops the ranks it
+    // finds, so one added after it ran would never be stopped.
+    if (!stop_reason_.empty()) {
+      const std::string why = absl::StrCat("not started: ", stop_reason_);
+      LogWarning(absl::StrCat("job ", entry.job_id, " attempt ", entry.attempt, " rank ", rank,
+                              ": ", why));
+      metrics_->RecordRankExit(IdentityOf(entry), RankExitResult::kFailed);
+      PushStatus(entry, v1::RANK_STATE_FAILED, 127, why);
+      return;
+    }
     id = next_id_++;
     ranks_[id] = entry;
     UpdateGauges();

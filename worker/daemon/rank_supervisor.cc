@@ -13,13 +13,14 @@
 
 #include <map>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/notification.h"
-#include "common/utf8.h"
 #include "common/log.h"
+#include "common/utf8.h"
 
 extern char** environ;
 
@@ -159,7 +160,8 @@ struct RankSupervisor::Child {
   absl::Time kill_at = absl::InfiniteFuture();
 };
 
-RankSupervisor::RankSupervisor(Callbacks callbacks) : callbacks_(std::move(callbacks)) {
+RankSupervisor::RankSupervisor(Callbacks callbacks, absl::Duration shutdown_reap_timeout)
+    : callbacks_(std::move(callbacks)), shutdown_reap_timeout_(shutdown_reap_timeout) {
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) {
     // Without a wake fd the loop still works, polling every kPollIntervalMs.
@@ -172,6 +174,8 @@ RankSupervisor::~RankSupervisor() {
   {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
+    // The stop below SIGKILLs at once; a child still there this long after it will not go.
+    shutdown_deadline_ = absl::Now() + shutdown_reap_timeout_;
     stops_.push_back(StopRequest{true, 0, absl::ZeroDuration()});
   }
   Wake();
@@ -465,22 +469,55 @@ void RankSupervisor::EnforceDeadlines() {
   }
 }
 
+bool RankSupervisor::AbandonUnreapedChildren(absl::Time deadline) {
+  if (children_.empty() || absl::Now() < deadline) return false;
+  std::vector<std::string> pids;
+  for (Child& c : children_) {
+    pids.push_back(absl::StrCat(c.pid));
+    CloseFd(c.out_fd);
+    CloseFd(c.report_fd);
+    CloseFd(c.log_fd);
+  }
+  LogError(absl::StrCat(
+      "rank supervisor: ", children_.size(), " rank process(es) not reaped ",
+      absl::FormatDuration(shutdown_reap_timeout_), " after SIGKILL (pid ",
+      absl::StrJoin(pids, ", "),
+      "): stuck in uninterruptible sleep (a GPU driver, a hung mount?); left behind, their end "
+      "unreported"));
+  {
+    absl::MutexLock lock(&mu_);
+    live_ -= static_cast<int>(children_.size());
+  }
+  children_.clear();
+  return true;
+}
+
 void RankSupervisor::Loop() {
   while (true) {
     std::deque<StartRequest*> starts;
     std::deque<StopRequest> stops;
     bool shutting_down;
+    absl::Time shutdown_deadline;
     {
       absl::MutexLock lock(&mu_);
       starts.swap(starts_);
       stops.swap(stops_);
       shutting_down = shutting_down_;
+      shutdown_deadline = shutdown_deadline_;
     }
-    for (StartRequest* s : starts) HandleStart(s);
+    for (StartRequest* s : starts) {
+      if (!shutting_down) {
+        HandleStart(s);
+        continue;
+      }
+      // Queued before the destructor began: its stop of every child would miss this one.
+      s->result = absl::FailedPreconditionError("rank supervisor is shutting down");
+      s->done.Notify();
+    }
     for (const StopRequest& s : stops) HandleStop(s);
     EnforceDeadlines();
     Reap();
-    if (shutting_down && children_.empty()) {
+    if (shutting_down && (children_.empty() || AbandonUnreapedChildren(shutdown_deadline))) {
       absl::MutexLock lock(&mu_);
       if (starts_.empty()) break;
       continue;

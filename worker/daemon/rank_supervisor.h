@@ -68,8 +68,15 @@ class RankSupervisor {
   // Longest line passed to a callback; longer output is split.
   static constexpr size_t kMaxLineBytes = 16 * 1024;
 
-  explicit RankSupervisor(Callbacks callbacks);
-  // SIGKILLs every child still alive and reaps it (on_exit is still called).
+  // How long the destructor waits for children to be reaped after their SIGKILL by default.
+  static constexpr absl::Duration kShutdownReapTimeout = absl::Seconds(10);
+
+  explicit RankSupervisor(Callbacks callbacks,
+                          absl::Duration shutdown_reap_timeout = kShutdownReapTimeout);
+  // SIGKILLs every child still alive and reaps it (on_exit is still called). A child that cannot
+  // be reaped within shutdown_reap_timeout of that (stuck in uninterruptible sleep: a GPU driver,
+  // a hard-mounted volume) is left behind, its pid logged as an error, without an on_exit: its
+  // end is not known. The supervisor thread has ended and touches nothing once this returns.
   ~RankSupervisor();
   RankSupervisor(const RankSupervisor&) = delete;
   RankSupervisor& operator=(const RankSupervisor&) = delete;
@@ -110,11 +117,16 @@ class RankSupervisor {
   void EnforceDeadlines();
   void EmitLines(ChildId id, LineBuffer* lines, bool report, bool flush_partial);
 
+  // Shutting down with children left at `deadline`: gives up on them (logged), true then.
+  bool AbandonUnreapedChildren(absl::Time deadline);
+
   const Callbacks callbacks_;
+  const absl::Duration shutdown_reap_timeout_;
   int wake_fd_ = -1;  // eventfd: requests for the supervisor thread
 
   mutable absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time shutdown_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::deque<StartRequest*> starts_ ABSL_GUARDED_BY(mu_);
   std::deque<StopRequest> stops_ ABSL_GUARDED_BY(mu_);
   int live_ ABSL_GUARDED_BY(mu_) = 0;

@@ -96,8 +96,11 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
       }
       if (!recovered.pending.empty()) {
         LogInfo(absl::StrCat("outbound journal: ", recovered.pending.size(),
-                               " message(s) of the previous run not acknowledged yet; sending them"
-                               " (acknowledged through ", recovered.acknowledged, ")"));
+                             " message(s) of the previous run not acknowledged yet; sending them",
+                             recovered.corrupt_at >= 0 ? " in a new boot (the journal was corrupt)"
+                                                       : absl::StrCat(" (acknowledged through ",
+                                                                      recovered.acknowledged, ")"),
+                             (*journal)->enabled() ? "" : " from memory (the journal is off)"));
       }
       outbound.Restore(*std::move(journal), std::move(recovered));
     } else if (absl::IsFailedPrecondition(journal.status())) {

@@ -97,6 +97,74 @@ TEST(OutboundJournalTest, ARecordCutByACrashEndsTheReplay) {
   EXPECT_EQ(third.recovered.pending.size(), 3u);
 }
 
+// A journal record as OutboundJournal writes it: kind, sequence, payload length, payload.
+std::string JournalRecord(char kind, uint64_t sequence, const std::string& payload) {
+  std::string out(1, kind);
+  const uint32_t length = static_cast<uint32_t>(payload.size());
+  out.append(reinterpret_cast<const char*>(&sequence), sizeof sequence);
+  out.append(reinterpret_cast<const char*>(&length), sizeof length);
+  return out + payload;
+}
+
+v1::WorkerMessage RankEnded(int rank) {
+  v1::WorkerMessage m;
+  m.mutable_rank_status()->set_job_id("job-1");
+  m.mutable_rank_status()->set_attempt(1);
+  m.mutable_rank_status()->set_rank(rank);
+  m.mutable_rank_status()->set_state(v1::RANK_STATE_SUCCEEDED);
+  return m;
+}
+
+// A complete record that cannot be read is corruption, not a crash-torn tail: what came after it
+// (here the acknowledgement of 2..4, as the coordinator stored them) is lost, so going on in the
+// same boot from sequence 4 would have the coordinator drop the new messages as resends. The
+// daemon begins a new boot and sends what was unacknowledged before the bad record again,
+// renumbered from 1 in that boot; the rank end among them is not lost.
+TEST(OutboundJournalTest, AnUnreadableRecordBeginsANewBootWithWhatCameBeforeIt) {
+  for (const std::string& bad : {JournalRecord('M', 5, "\xff\xff\xff"),  // does not parse
+                                 JournalRecord('Z', 5, "junk")}) {       // an unknown kind
+    const std::string path = TempJournalPath();
+    {
+      DaemonRun first(path, "boot-1");
+      first.queue.Push(Metrics(1));
+      first.queue.Push(Metrics(2));
+      first.queue.Push(RankEnded(0));
+      first.queue.Push(Metrics(3));
+      first.queue.Acknowledge(1);
+    }
+    struct stat st;
+    ASSERT_EQ(stat(path.c_str(), &st), 0);
+    {
+      std::ofstream out(path, std::ios::binary | std::ios::app);
+      out << bad << JournalRecord('A', 4, "");
+    }
+    {
+      DaemonRun second(path, "boot-2");
+      EXPECT_EQ(second.recovered.boot_id, "boot-2");
+      EXPECT_EQ(second.recovered.corrupt_at, static_cast<int64_t>(st.st_size));
+      EXPECT_EQ(second.recovered.acknowledged, 0u);
+      EXPECT_EQ(second.recovered.last_sequence, 3u);
+      ASSERT_EQ(second.recovered.pending.size(), 3u);
+      EXPECT_EQ(second.recovered.pending[0].first, 1u);
+      EXPECT_EQ(second.recovered.pending[0].second.metrics().step(), 2);
+      EXPECT_EQ(second.recovered.pending[1].first, 2u);
+      EXPECT_TRUE(second.recovered.pending[1].second.has_rank_status());
+      EXPECT_EQ(second.recovered.pending[2].first, 3u);
+      EXPECT_EQ(second.queue.PendingRankStatuses().size(), 1u);  // the next Hello lists it ended
+      auto next = second.queue.Peek(absl::ZeroDuration());
+      ASSERT_TRUE(next.has_value());
+      EXPECT_EQ(next->sequence, 1u);
+      second.queue.Push(Metrics(4));
+      EXPECT_EQ(stat((path + ".corrupt").c_str(), &st), 0) << "the bad file was not kept";
+    }
+    DaemonRun third(path, "boot-3");  // the new boot goes on, its journal readable
+    EXPECT_EQ(third.recovered.boot_id, "boot-2");
+    EXPECT_EQ(third.recovered.corrupt_at, -1);
+    EXPECT_EQ(third.recovered.pending.size(), 4u);
+    EXPECT_EQ(third.recovered.last_sequence, 4u);
+  }
+}
+
 TEST(OutboundJournalTest, DroppedMessagesStayDroppedAndAcknowledgedOnesAreCompactedAway) {
   const std::string path = TempJournalPath();
   {
@@ -182,6 +250,52 @@ TEST(OutboundJournalTest, AJournalThatFailsIsRemovedSoARestartIsANewBoot) {
   DaemonRun second(path, "boot-2");
   EXPECT_EQ(second.recovered.boot_id, "boot-2");
   EXPECT_EQ(second.recovered.last_sequence, 0u);
+  EXPECT_TRUE(second.recovered.pending.empty());
+}
+
+// The compact rewrite at start fails (here: the file size limit, as a full disk would). What was
+// read is still delivered, from memory, in the same boot; the old file is removed, or a later run
+// would replay it in this boot below the numbers this one went on to use.
+TEST(OutboundJournalTest, AJournalThatCannotBeRewrittenAtStartIsDeliveredAndRemoved) {
+  const std::string path = TempJournalPath();
+  {
+    DaemonRun first(path, "boot-1");
+    first.queue.Push(Metrics(1));
+    first.queue.Push(RankEnded(0));
+    first.queue.Push(Metrics(2));
+    first.queue.Acknowledge(1);
+  }
+  struct rlimit old_limit;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
+  struct rlimit limit = old_limit;
+  limit.rlim_cur = 16;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limit), 0);
+  OutboundJournal::Recovered recovered;
+  absl::StatusOr<std::unique_ptr<OutboundJournal>> journal =
+      OutboundJournal::Open(path, "boot-2", "host-boot-1", &recovered);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  signal(SIGXFSZ, old_handler);
+  ASSERT_TRUE(journal.ok()) << journal.status();
+  EXPECT_FALSE((*journal)->enabled());
+  EXPECT_EQ(recovered.boot_id, "boot-1");
+  EXPECT_EQ(recovered.last_sequence, 3u);
+  ASSERT_EQ(recovered.pending.size(), 2u);
+  EXPECT_TRUE(recovered.pending[0].second.has_rank_status());
+  struct stat st;
+  EXPECT_NE(stat(path.c_str(), &st), 0) << "the journal was left behind to be replayed";
+  {
+    OutboundQueue queue;
+    queue.Restore(*std::move(journal), recovered);
+    auto next = queue.Peek(absl::ZeroDuration());
+    ASSERT_TRUE(next.has_value());
+    EXPECT_EQ(next->sequence, 2u);
+    EXPECT_TRUE(next->message.has_rank_status());
+    queue.Push(Metrics(3));
+    EXPECT_EQ(queue.size(), 3u);
+  }  // the daemon dies
+  DaemonRun second(path, "boot-3");
+  EXPECT_EQ(second.recovered.boot_id, "boot-3");
   EXPECT_TRUE(second.recovered.pending.empty());
 }
 

@@ -2,13 +2,16 @@
 // the report pipe), so the daemon side is tested without the engine.
 #include "worker/daemon/rank_manager.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -382,6 +385,61 @@ TEST_F(RankManagerTest, StoppingKillsRanksWithTheReasonAndStartsNoMore) {
             0u)
       << ends[0];
   EXPECT_EQ(ends[1], "late RANK_STATE_FAILED not started: the worker daemon got Terminated");
+}
+
+// How many of this process's file descriptors are open on `path`.
+int OpenDescriptorsOn(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path target = fs::weakly_canonical(path, ec);
+  int count = 0;
+  for (const fs::directory_entry& fd : fs::directory_iterator("/proc/self/fd", ec)) {
+    std::error_code link_ec;
+    count += fs::read_symlink(fd.path(), link_ec) == target;
+  }
+  return count;
+}
+
+// An Assignment racing the daemon's stop: the stop begins after HandleAssignment looked for one
+// and before the rank is added (here while it writes the spec file: a FIFO whose pipe is full
+// holds it up). The rank is refused "not started: <why>"; added, it would never get its SIGTERM.
+TEST_F(RankManagerTest, AnAssignmentRacingTheStopStartsNothing) {
+  const std::string attempt_dir = dir_ + "/work/jobs/hang/attempt-1";
+  std::filesystem::create_directories(attempt_dir);
+  const std::string fifo = attempt_dir + "/spec.yaml.tmp";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const int reader = open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(reader, 0);
+  int filler = open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(filler, 0);
+  const std::string chunk(4096, 'x');
+  while (write(filler, chunk.data(), chunk.size()) > 0) {
+  }
+  std::thread assign([&] { manager_->HandleAssignment(Assignment("hang", {{0, 0}}, 1)); });
+  // Its spec file open (past its look for a stop), its write waiting for room in the pipe.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (OpenDescriptorsOn(fifo) < 3 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(OpenDescriptorsOn(fifo), 3);
+  EXPECT_TRUE(manager_->StopAllAndWait(absl::Seconds(5), "the worker daemon got Terminated"));
+  close(filler);
+  fcntl(reader, F_SETFL, O_RDONLY);  // blocking: read to the end, the spec writer's close
+  char buffer[4096];
+  while (read(reader, buffer, sizeof buffer) > 0) {
+  }
+  close(reader);
+  assign.join();
+  EXPECT_TRUE(manager_->LiveRanks().empty()) << "a rank started after the stop";
+  std::vector<std::string> ends;
+  for (const v1::WorkerMessage& m : CollectUntilEnded(1, absl::Seconds(5))) {
+    if (m.has_rank_status() && m.rank_status().state() != v1::RANK_STATE_STARTING) {
+      ends.push_back(absl::StrCat(v1::RankState_Name(m.rank_status().state()), " ",
+                                  m.rank_status().message()));
+    }
+  }
+  EXPECT_EQ(ends, std::vector<std::string>{
+                      "RANK_STATE_FAILED not started: the worker daemon got Terminated"});
 }
 
 // An Assignment that comes again while the daemon stops (a coordinator resends it after a

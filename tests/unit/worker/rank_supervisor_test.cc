@@ -2,18 +2,22 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <sys/ptrace.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/utf8.h"
 #include "gtest/gtest.h"
@@ -388,6 +392,57 @@ TEST(RankSupervisorTest, DestructorKillsAndReapsLiveChildren) {
   }
   EXPECT_TRUE(rec.WaitExit(8, absl::ZeroDuration()));
   EXPECT_TRUE(FullyGone(pid));
+}
+
+// A child that cannot be reaped after its SIGKILL (in uninterruptible sleep in a GPU driver or on a
+// hard-mounted volume) must not hang the daemon's shutdown: the destructor gives up on it after
+// its reap timeout, without an on_exit. Stood in for by a child whose end the supervisor cannot
+// see: another process traces it, and a traced child's zombie is its tracer's alone until the
+// tracer waits for it or goes.
+TEST(RankSupervisorTest, DestructorGivesUpOnAChildThatCannotBeReaped) {
+  Recorder rec;
+  auto supervisor = std::make_unique<RankSupervisor>(rec.Callbacks(), absl::Milliseconds(300));
+  absl::StatusOr<pid_t> started = supervisor->Start(9, Shell("exec sleep 60"));
+  ASSERT_TRUE(started.ok()) << started.status();
+  const pid_t pid = *started;
+  int attached[2];
+  ASSERT_EQ(pipe(attached), 0);
+  const pid_t tracer = fork();
+  ASSERT_GE(tracer, 0);
+  if (tracer == 0) {
+    const char ok = ptrace(PTRACE_SEIZE, pid, nullptr, nullptr) == 0 ? 1 : 0;
+    if (write(attached[1], &ok, 1) != 1) _exit(1);
+    while (true) pause();
+  }
+  close(attached[1]);
+  char ok = 0;
+  const bool heard = read(attached[0], &ok, 1) == 1;
+  close(attached[0]);
+  if (!heard || ok == 0) {
+    kill(tracer, SIGKILL);
+    waitpid(tracer, nullptr, 0);
+    GTEST_SKIP() << "ptrace is not permitted here";
+  }
+
+  // Destroyed on another thread, so that a regression fails here instead of hanging.
+  absl::Notification destroyed;
+  const absl::Time start = absl::Now();
+  std::thread destroyer([&] {
+    supervisor.reset();
+    destroyed.Notify();
+  });
+  const bool in_time = destroyed.WaitForNotificationWithTimeout(absl::Seconds(10));
+  const absl::Duration took = absl::Now() - start;
+  const char state = ProcessState(pid);
+  kill(tracer, SIGKILL);  // releases the zombie to its real parent, this process
+  waitpid(tracer, nullptr, 0);
+  destroyer.join();
+  EXPECT_TRUE(in_time) << "the destructor waited for a child that cannot be reaped";
+  EXPECT_GE(took, absl::Milliseconds(300));
+  EXPECT_EQ(state, 'Z') << "the child did not get its SIGKILL";
+  EXPECT_FALSE(rec.WaitExit(9, absl::ZeroDuration())) << "an end was reported for it";
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, 0), pid);  // left to this process: nobody else reaped it
 }
 
 }  // namespace
