@@ -45,8 +45,11 @@ ABSL_FLAG(double, submit_rate_per_second, 5,
           "SubmitJob calls per bearer token per second (token bucket; 0: no limit)");
 ABSL_FLAG(double, submit_burst, 20, "SubmitJob calls a bearer token may make at once");
 ABSL_FLAG(int32_t, max_streams_per_user, 16,
-          "open WatchJob / GetLogs --follow streams per authenticated user");
-ABSL_FLAG(int32_t, max_streams, 128, "open WatchJob / GetLogs --follow streams in all");
+          "open WatchJob / GetLogs streams per authenticated user");
+ABSL_FLAG(int32_t, max_streams, 128, "open WatchJob / GetLogs streams in all");
+ABSL_FLAG(int32_t, max_server_threads, 1024,
+          "threads serving calls, per listener (one per open call, worker sessions and streams "
+          "included; beyond, a call is refused RESOURCE_EXHAUSTED; at least 16)");
 ABSL_FLAG(int64_t, max_unfinished_jobs_per_user, 1000,
           "unfinished jobs one authenticated user may have (SubmitJob beyond is refused; 0: no "
           "limit)");
@@ -159,6 +162,9 @@ int main(int argc, char** argv) {
     config.max_streams_per_user = absl::GetFlag(FLAGS_max_streams_per_user);
   }
   if (FlagGiven(given, "max_streams")) config.max_streams = absl::GetFlag(FLAGS_max_streams);
+  if (FlagGiven(given, "max_server_threads")) {
+    config.max_server_threads = absl::GetFlag(FLAGS_max_server_threads);
+  }
   if (FlagGiven(given, "max_unfinished_jobs_per_user")) {
     config.max_unfinished_jobs_per_user = absl::GetFlag(FLAGS_max_unfinished_jobs_per_user);
   }

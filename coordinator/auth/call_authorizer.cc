@@ -29,6 +29,7 @@ constexpr MethodRole kMethodRoles[] = {
 };
 
 constexpr absl::string_view kJobService = "dropless.v1.JobService";
+constexpr absl::string_view kHealthService = "grpc.health.v1.Health";
 
 absl::string_view Find(const grpc::AuthMetadataProcessor::InputMetadata& metadata,
                        absl::string_view key) {
@@ -52,12 +53,22 @@ grpc::Status CallAuthorizer::Process(const InputMetadata& metadata, grpc::AuthCo
   if (service == "dropless.v1.WorkerService" || service == "dropless.v1.RendezvousService") {
     return AuthorizeWorker(service, *context);
   }
-  // Health checks, reflection, and unknown services (answered UNIMPLEMENTED): nothing to protect.
-  return grpc::Status::OK;
+  // Health checks answer anyone who completed the handshake (probes carry no token; the server's
+  // thread quota bounds them). Reflection and unknown services (answered UNIMPLEMENTED) need a
+  // known caller: each reflection stream holds a server thread, anonymous ones could take all.
+  if (service == kHealthService) return grpc::Status::OK;
+  if (!CertifiedNode(*context).empty()) return grpc::Status::OK;
+  if (Find(metadata, "authorization").empty()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        absl::StrCat(service,
+                                     " needs a bearer token (`authorization: Bearer <token>`) or a "
+                                     "worker's client certificate"));
+  }
+  const TokenGrant* grant = nullptr;
+  return CheckToken(metadata, &grant);
 }
 
-grpc::Status CallAuthorizer::AuthorizeUser(absl::string_view method,
-                                           const InputMetadata& metadata) {
+grpc::Status CallAuthorizer::CheckToken(const InputMetadata& metadata, const TokenGrant** grant) {
   const absl::string_view header = Find(metadata, "authorization");
   if (header.empty()) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
@@ -69,19 +80,28 @@ grpc::Status CallAuthorizer::AuthorizeUser(absl::string_view method,
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "malformed authorization header: expected `Bearer <token>`");
   }
-  const TokenGrant* grant = tokens_->Find(token);
-  if (grant == nullptr) {
+  const TokenGrant* found = tokens_->Find(token);
+  if (found == nullptr) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "unknown bearer token: it is not in the coordinator's tokens file");
   }
-  const absl::Time now = absl::Now();
-  if (now >= grant->expires) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        absl::StrCat("expired bearer token of user ", grant->user, " (expired ",
-                                     absl::FormatTime(absl::RFC3339_sec, grant->expires,
-                                                      absl::UTCTimeZone()),
-                                     ")"));
+  if (absl::Now() >= found->expires) {
+    return grpc::Status(
+        grpc::StatusCode::UNAUTHENTICATED,
+        absl::StrCat("expired bearer token of user ", found->user, " (expired ",
+                     absl::FormatTime(absl::RFC3339_sec, found->expires, absl::UTCTimeZone()),
+                     ")"));
   }
+  *grant = found;
+  return grpc::Status::OK;
+}
+
+grpc::Status CallAuthorizer::AuthorizeUser(absl::string_view method,
+                                           const InputMetadata& metadata) {
+  const TokenGrant* grant = nullptr;
+  if (grpc::Status s = CheckToken(metadata, &grant); !s.ok()) return s;
+  const absl::string_view token = BearerToken(Find(metadata, "authorization"));
+  const absl::Time now = absl::Now();
   const MethodRole* needed = nullptr;
   for (const MethodRole& entry : kMethodRoles) {
     if (method == entry.method) needed = &entry;

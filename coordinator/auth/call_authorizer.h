@@ -10,7 +10,9 @@
 //                                   within the caller's submission rate.
 //   dropless.v1.WorkerService/*,    a client certificate verified against the worker CA (mutual
 //   dropless.v1.RendezvousService/* TLS); its common name is the node the caller may act as.
-//   grpc.health.v1, reflection      anyone who completed the TLS handshake.
+//   grpc.health.v1.Health/*         anyone who completed the TLS handshake.
+//   reflection, any other service   a valid bearer token (any role) or a verified worker
+//                                   certificate; an unknown service is then UNIMPLEMENTED.
 //
 // It records nothing: gRPC shares one AuthContext among all the calls of a connection, so a
 // caller stored there would answer for every later call on it (one client sending several users'
@@ -44,6 +46,8 @@ class CallAuthorizer final : public grpc::AuthMetadataProcessor {
   const UserTokens* tokens() const { return tokens_.get(); }
 
  private:
+  // A known, unexpired bearer token in `authorization` (UNAUTHENTICATED naming the problem).
+  grpc::Status CheckToken(const InputMetadata& metadata, const TokenGrant** grant);
   grpc::Status AuthorizeUser(absl::string_view method, const InputMetadata& metadata);
   grpc::Status AuthorizeWorker(absl::string_view service, const grpc::AuthContext& context);
 

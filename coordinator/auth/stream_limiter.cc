@@ -7,18 +7,17 @@ namespace dropless::coordinator {
 absl::StatusOr<StreamLimiter::Slot> StreamLimiter::Acquire(const std::string& user) {
   absl::MutexLock lock(&mu_);
   if (open_ >= total_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the coordinator has ", open_,
-                     " streams open (WatchJob, GetLogs --follow), its limit "
-                     "(--max-streams ",
-                     total_, "); try again later"));
+    return absl::ResourceExhaustedError(absl::StrCat("the coordinator has ", open_,
+                                                     " streams open (WatchJob, GetLogs), its limit "
+                                                     "(--max-streams ",
+                                                     total_, "); try again later"));
   }
   if (!user.empty()) {
     int& mine = open_by_user_[user];
     if (mine >= per_user_) {
       return absl::ResourceExhaustedError(
           absl::StrCat("user ", user, " has ", mine,
-                       " streams open (WatchJob, GetLogs --follow), the limit "
+                       " streams open (WatchJob, GetLogs), the limit "
                        "per user (--max-streams-per-user ",
                        per_user_, "); end one first"));
     }

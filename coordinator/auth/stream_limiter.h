@@ -1,7 +1,8 @@
-// StreamLimiter: how many streaming calls (WatchJob, GetLogs --follow) may be open at once, per
-// authenticated user and in all. Each holds a server thread and a mailbox of up to 8 MiB
-// (watch_hub.h): without a bound, a client that opens streams and never reads them runs the
-// coordinator out of memory. Thread-safe.
+// StreamLimiter: how many streaming calls (WatchJob, GetLogs) may be open at once, per
+// authenticated user and in all. Each holds a server thread, a mailbox of up to 8 MiB
+// (watch_hub.h) and, for GetLogs, a backlog page of up to 8 MiB: without a bound, a client that
+// opens streams and never reads them runs the coordinator out of threads and memory.
+// Thread-safe.
 #ifndef DROPLESS_COORDINATOR_AUTH_STREAM_LIMITER_H_
 #define DROPLESS_COORDINATOR_AUTH_STREAM_LIMITER_H_
 

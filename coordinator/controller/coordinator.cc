@@ -2,6 +2,7 @@
 #include "coordinator/controller/coordinator.h"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -11,8 +12,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/job_spec.h"
-#include "common/utf8.h"
 #include "common/log.h"
+#include "common/utf8.h"
 #include "coordinator/util/clock.h"
 
 namespace dropless::coordinator {
@@ -20,7 +21,13 @@ namespace {
 
 constexpr int kDefaultEventLimit = 1000;
 constexpr int kMaxEventLimit = 100000;
-constexpr int kMaxJobsPerPage = 1000;
+constexpr int kMaxJobsPerPage = 1000;     // page_size and limit of ListJobs
+constexpr int kDefaultJobsPerPage = 100;  // page_size 0
+constexpr int kMaxLabelFilters = 16;      // ListJobsRequest.labels
+
+std::string PageToken(int64_t after_seq) {
+  return absl::WebSafeBase64Escape(absl::StrCat("after:", after_seq));
+}
 
 constexpr size_t kMaxRequestIdBytes = 128;
 
@@ -330,6 +337,10 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
       return absl::InvalidArgumentError("page_token: not a token of a previous ListJobs");
     }
   }
+  if (request.labels_size() > kMaxLabelFilters) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "labels: at most ", kMaxLabelFilters, " label filters (got ", request.labels_size(), ")"));
+  }
   for (const auto& [key, value] : request.labels()) {
     // A selector no job's labels can satisfy is an error, not an empty list.
     if (absl::Status s = CheckLabel(absl::StrCat("labels.", key.substr(0, 80)), key, value);
@@ -345,18 +356,25 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
     const auto s = static_cast<v1::JobState>(state);
     if (std::find(states.begin(), states.end(), s) == states.end()) states.push_back(s);
   }
-  // A page is read from the store in batches, as far as it needs (one more match ends it), not
-  // the whole table under the lock; labels live in the job's stored blob and are matched here.
-  const int batch = request.page_size() == 0   ? 0
-                    : request.labels().empty() ? request.page_size() + 1
-                                               : std::max(request.page_size() + 1, 256);
-  absl::MutexLock lock(&mu_);
+  // `limit` (the most recent jobs, one query) is at most a page; otherwise a page of page_size
+  // (default kDefaultJobsPerPage) is read from the store in batches, as far as it needs (one more
+  // match ends it) and at most options_.max_jobs_scanned_per_list rows: a label filter that matches
+  // little ends a call early with a token to go on from. mu_ is taken per batch, not for the call.
+  const int limit = std::min(request.limit(), kMaxJobsPerPage);
+  const int page_size = limit > 0                 ? 0
+                        : request.page_size() > 0 ? request.page_size()
+                                                  : kDefaultJobsPerPage;
+  const int batch = limit > 0                  ? 0
+                    : request.labels().empty() ? page_size + 1
+                                               : std::max(page_size + 1, 256);
   v1::ListJobsResponse response;
   int64_t last_taken_seq = 0;
+  int64_t scanned = 0;
   for (int64_t read_after = after_seq;;) {
     std::vector<int64_t> seqs;
+    absl::MutexLock lock(&mu_);
     absl::StatusOr<std::vector<v1::Job>> jobs =
-        store_->ListJobs(states, request.limit(), read_after, &seqs, owner, batch);
+        store_->ListJobs(states, limit, read_after, &seqs, owner, batch);
     if (!jobs.ok()) return jobs.status();
     for (size_t i = 0; i < jobs->size(); ++i) {
       v1::Job& job = (*jobs)[i];
@@ -368,10 +386,9 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
         match = match && label != job.labels().end() && label->second == value;
       }
       if (!match) continue;
-      if (request.page_size() > 0 && response.jobs_size() == request.page_size()) {
+      if (page_size > 0 && response.jobs_size() == page_size) {
         // One more matches: the page ends at the last job taken.
-        response.set_next_page_token(
-            absl::WebSafeBase64Escape(absl::StrCat("after:", last_taken_seq)));
+        response.set_next_page_token(PageToken(last_taken_seq));
         return response;
       }
       *response.add_jobs() = std::move(job);
@@ -379,6 +396,12 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
     }
     if (batch == 0 || static_cast<int>(jobs->size()) < batch) break;
     read_after = seqs.back();
+    scanned += batch;
+    if (scanned >= options_.max_jobs_scanned_per_list) {
+      // Rows past the last one taken did not match: the next call starts after them.
+      response.set_next_page_token(PageToken(read_after));
+      break;
+    }
   }
   return response;
 }
@@ -505,14 +528,33 @@ absl::StatusOr<LogStream> Coordinator::OpenLogs(const std::string& job_id,
   if (absl::Status s = jobs_.CheckJobRank(job_id, rank); !s.ok()) return s;
   const ActiveJob* active = jobs_.Find(job_id);
   LogStream stream;
-  absl::StatusOr<std::vector<v1::LogLine>> backlog =
-      store_->ListLogs(job_id, rank, tail_lines, after_seq, oldest_time_ms);
-  if (!backlog.ok()) return backlog.status();
-  stream.backlog = std::move(*backlog);
+  stream.job_id = job_id;
+  stream.rank = rank;
+  stream.oldest_time_ms = oldest_time_ms;
+  absl::StatusOr<std::pair<int64_t, int64_t>> range =
+      store_->LogTailStart(job_id, rank, tail_lines, after_seq, oldest_time_ms);
+  if (!range.ok()) return range.status();
+  std::tie(stream.after_seq, stream.up_to_seq) = *range;
+  // Lines stored from now on reach a follower through `live` only.
+  stream.backlog_done = stream.up_to_seq <= stream.after_seq;
   if (follow && active != nullptr && !IsTerminal(active->record.job.state())) {
     stream.live = hub_.FollowLogs(job_id, rank);
   }
   return stream;
+}
+
+absl::StatusOr<std::vector<v1::LogLine>> Coordinator::NextLogPage(LogStream* stream) {
+  if (stream->backlog_done) return std::vector<v1::LogLine>();
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::vector<v1::LogLine>> page = store_->ListLogsPage(
+      stream->job_id, stream->rank, stream->after_seq, stream->up_to_seq, stream->oldest_time_ms,
+      options_.log_page_lines, options_.log_page_bytes);
+  if (!page.ok()) return page.status();
+  // Deleted by retention meanwhile, or read to the end: done.
+  if (page->empty()) stream->backlog_done = true;
+  if (!page->empty()) stream->after_seq = page->back().seq();
+  if (stream->after_seq >= stream->up_to_seq) stream->backlog_done = true;
+  return page;
 }
 
 absl::Status Coordinator::RendezvousPut(const std::string& job_id, int32_t attempt,

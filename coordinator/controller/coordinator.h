@@ -74,6 +74,12 @@ struct CoordinatorOptions {
   size_t max_log_lines_per_batch = 10000;
   size_t watch_mailbox_capacity = 4096;
   size_t log_mailbox_capacity = 65536;
+  // A GetLogs backlog is read and sent a page at a time, the lock released in between.
+  int log_page_lines = 1000;
+  size_t log_page_bytes = size_t{8} << 20;
+  // ListJobs reads at most this many stored jobs per call (a label filter that matches little
+  // then ends the page early, with a token to go on from).
+  int max_jobs_scanned_per_list = 10000;
   // Jobs of one (authenticated) user not yet finished; SubmitJob beyond: RESOURCE_EXHAUSTED. 0:
   // no limit.
   int64_t max_unfinished_jobs_per_user = 1000;
@@ -97,9 +103,15 @@ struct JobWatch {
   std::shared_ptr<Mailbox<v1::JobUpdate>> updates;
 };
 
-// A GetLogs stream: the stored lines and, when following an active job, the lines after them.
+// A GetLogs stream: the stored lines (read a page at a time by NextLogPage, up to the newest one
+// when it was opened) and, when following an active job, the lines after them.
 struct LogStream {
-  std::vector<v1::LogLine> backlog;
+  std::string job_id;
+  std::optional<int32_t> rank;
+  int64_t oldest_time_ms = 0;
+  int64_t after_seq = 0;  // the next page starts after this line
+  int64_t up_to_seq = 0;  // and ends at this one at the latest
+  bool backlog_done = false;
   std::shared_ptr<Mailbox<v1::LogLine>> live;  // null unless following a job that is not over
 };
 
@@ -146,8 +158,12 @@ class Coordinator {
   absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& request,
                                     const std::string& owner = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
-  // Oldest first; filtered by states and labels; a page of page_size after page_token (an
-  // opaque token: the seq of the last job of the previous page). InvalidArgument names the field.
+  // Oldest first; filtered by states and labels (at most 16); a page of page_size (0: 100; at most
+  // 1000) after page_token (an opaque token: the seq of the last job read), or the most recent
+  // `limit` (at most 1000). A page ends early, with a token, once max_jobs_scanned_per_list stored
+  // jobs were read. The lock is taken per batch of stored jobs, not for the call: each job is as
+  // of its batch, none is listed twice, and one that changes state or labels meanwhile may be
+  // missed, as between pages. InvalidArgument names the field.
   // With `owner`, only that user's jobs (JobService resolves it from request.owner and the
   // caller's role; request.owner itself is not read here).
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request,
@@ -166,6 +182,9 @@ class Coordinator {
   absl::StatusOr<LogStream> OpenLogs(const std::string& job_id, std::optional<int32_t> rank,
                                      bool follow, int64_t after_seq = 0, int tail_lines = 0,
                                      int64_t oldest_time_ms = 0);
+  // The next page of the stored lines (options.log_page_lines lines, log_page_bytes of text at
+  // most), read under the lock and no more; empty, with stream->backlog_done, once all are read.
+  absl::StatusOr<std::vector<v1::LogLine>> NextLogPage(LogStream* stream);
   void EndLogs(const std::string& job_id, const std::shared_ptr<Mailbox<v1::LogLine>>& live);
 
   // WorkerService.
@@ -290,11 +309,17 @@ class Coordinator {
 
   const std::unique_ptr<JobStore> store_;
   const CoordinatorOptions options_;
+  // StepMetrics.expert_tokens entries a worker may send (a spec's most experts).
+  static constexpr int kMaxExpertTokens = 1024;
+  // Store lookups HoldStraySlotLocked may do for one worker message.
+  static constexpr int kMaxStrayLookupsPerMessage = 8;
   CoordinatorMetrics* const metrics_;
   RendezvousStore rendezvous_;
   WatchHub hub_{options_.watch_mailbox_capacity, options_.log_mailbox_capacity};  // WatchJob, GetLogs -f
 
   absl::Mutex mu_;
+  // Those left for the worker message being handled.
+  int stray_lookups_left_ ABSL_GUARDED_BY(mu_) = kMaxStrayLookupsPerMessage;
   // The worker-facing state, and the unfinished jobs with their state machine (in this order: the
   // controller places onto the registry's slots).
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_){options_.lease_timeout_ms};

@@ -70,8 +70,12 @@ void Coordinator::ApplyRankStatusLocked(WorkerEntry& worker, const v1::RankStatu
             ? absl::StrFormat("rank %d on node %s failed with exit code %d", rank_number,
                               worker.info.node(), status.exit_code())
             : absl::StrFormat("rank %d on node %s was killed", rank_number, worker.info.node());
-    if (!status.message().empty())
-      absl::StrAppend(&reason, ": ", TruncateUtf8(status.message(), 512));
+    // The worker's text goes into an event and the job's message, printed by the CLI: no control
+    // characters (a terminal escape, a newline forging a line), as for a Goodbye's reason.
+    if (!status.message().empty()) {
+      absl::StrAppend(&reason, ": ",
+                      ReplaceControlCharacters(TruncateUtf8(ToValidUtf8(status.message()), 512)));
+    }
     // A peer whose worker went away first is the likely cause ("connection closed by peer").
     if (std::string gone = GonePeersLocked(*job, worker); !gone.empty()) {
       reason = absl::StrCat(gone, ", then ", reason);
@@ -161,10 +165,13 @@ void Coordinator::HoldStraySlotLocked(WorkerEntry& worker, const v1::RankStatus&
   // Until it exits, the process holds its slot: find which one from the stored placement.
   const bool held = std::any_of(worker.occupied.begin(), worker.occupied.end(),
                                 [&](const auto& slot) { return IsRankOf(slot.second, status); });
-  if (held || !workers_.TakeStraySlotLookupTurn(worker.info.id(), status.job_id(), status.attempt(),
-                                                status.rank(), NowMs())) {
+  // Past this message's lookups, a rank not looked up now is looked up with a later message.
+  if (held || stray_lookups_left_ <= 0 ||
+      !workers_.TakeStraySlotLookupTurn(worker.info.id(), status.job_id(), status.attempt(),
+                                        status.rank(), NowMs())) {
     return;
   }
+  --stray_lookups_left_;
   absl::StatusOr<AttemptRecord> attempt = store_->GetAttempt(status.job_id(), status.attempt());
   if (!attempt.ok()) return;
   // By node as well as by id: a worker forgotten while cut off (--lost-worker-expiry) comes back

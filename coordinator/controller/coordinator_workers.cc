@@ -116,6 +116,9 @@ absl::Status Coordinator::HandleWorkerMessages(const std::shared_ptr<WorkerSessi
 absl::Status Coordinator::HandleWorkerMessageLocked(const std::shared_ptr<WorkerSession>& session,
                                                     const v1::WorkerMessage& message,
                                                     RankStatusCommit& statuses) {
+  // Store lookups for stray ranks (HoldStraySlotLocked) are bounded per message: a Hello or a
+  // heartbeat listing many made-up ranks would otherwise do one each under the lock.
+  stray_lookups_left_ = kMaxStrayLookupsPerMessage;
   const std::string* worker_id = workers_.SessionWorker(session);
   if (worker_id == nullptr) return absl::AbortedError("session is closed");
   if (worker_id->empty()) {
@@ -154,6 +157,12 @@ absl::Status Coordinator::HandleWorkerMessageLocked(const std::shared_ptr<Worker
       if (seq != 0) statuses.ack_seq = seq;
       return absl::OkStatus();
     case v1::WorkerMessage::kMetrics:
+      if (message.metrics().expert_tokens_size() > kMaxExpertTokens) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("metrics.expert_tokens: at most ", kMaxExpertTokens,
+                         " entries (one per expert; a spec has at most that many experts), got ",
+                         message.metrics().expert_tokens_size()));
+      }
       stored = HandleMetricsLocked(worker, message.metrics(), receipt_of_seq);
       break;
     case v1::WorkerMessage::kLogs:

@@ -103,6 +103,8 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
       s = Read(value, key, &base.max_streams_per_user);
     } else if (key == "max_streams") {
       s = Read(value, key, &base.max_streams);
+    } else if (key == "max_server_threads") {
+      s = Read(value, key, &base.max_server_threads);
     } else if (key == "max_unfinished_jobs_per_user") {
       s = Read(value, key, &base.max_unfinished_jobs_per_user);
     } else if (key == "job_retention") {
@@ -116,7 +118,8 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
           "heartbeat_interval_ms, lease_timeout_ms, max_message_bytes, hang_step_multiple, "
           "hang_min_stall_ms, hang_first_step_ms, insecure, tls_cert, tls_key, worker_ca, "
           "tokens_file, submit_rate_per_second, submit_burst, max_streams_per_user, "
-          "max_streams, max_unfinished_jobs_per_user, job_retention, lost_worker_expiry)"));
+          "max_streams, max_server_threads, max_unfinished_jobs_per_user, job_retention, "
+          "lost_worker_expiry)"));
     }
     if (!s.ok()) return s;
   }
@@ -194,6 +197,9 @@ absl::Status ValidateConfig(const CoordinatorConfig& config) {
   }
   if (config.max_streams_per_user < 1 || config.max_streams < 1) {
     return absl::InvalidArgumentError("max_streams_per_user, max_streams: at least 1");
+  }
+  if (config.max_server_threads < 16) {
+    return absl::InvalidArgumentError("max_server_threads (--max-server-threads): at least 16");
   }
   if (config.max_unfinished_jobs_per_user < 0) {
     return absl::InvalidArgumentError(

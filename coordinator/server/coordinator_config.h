@@ -43,10 +43,13 @@ struct CoordinatorConfig {
   // SubmitJob calls per bearer token: refilled at this rate up to the burst; 0: no limit.
   double submit_rate_per_second = 5;
   double submit_burst = 20;
-  // Open WatchJob / GetLogs --follow streams: per authenticated user and in all (each holds a
-  // server thread and up to 8 MiB of queued updates or lines).
+  // Open WatchJob / GetLogs streams: per authenticated user and in all (each holds a server
+  // thread, up to 8 MiB of queued updates or lines and one GetLogs backlog page of up to 8 MiB).
   int max_streams_per_user = 16;
   int max_streams = 128;
+  // Threads serving calls, per listener (gRPC's sync server holds one per open call, streams and
+  // worker sessions included); a call beyond is refused RESOURCE_EXHAUSTED. At least 16.
+  int max_server_threads = 1024;
   // Unfinished (pending, scheduled, running) jobs per authenticated user; 0: no limit.
   int64_t max_unfinished_jobs_per_user = 1000;
   // Finished jobs (with their events, logs and step metrics) are deleted from the store this long

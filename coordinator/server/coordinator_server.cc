@@ -2,6 +2,7 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
@@ -14,6 +15,14 @@
 #include "common/log.h"
 
 namespace dropless::coordinator {
+namespace {
+
+// Concurrent calls on one HTTP/2 connection (the CLI and a worker need a handful; a test's
+// watchers 64).
+constexpr int kMaxStreamsPerConnection = 100;
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CoordinatorServer::ListenerCredentials(
     const CoordinatorConfig& config, bool serves_workers) {
   if (config.insecure) return grpc::InsecureServerCredentials();
@@ -34,9 +43,17 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CoordinatorServer::List
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> CoordinatorServer::Listen(
     const std::string& address, const std::vector<NamedService>& services,
-    std::shared_ptr<grpc::ServerCredentials> credentials, int max_message_bytes, int* port) {
+    std::shared_ptr<grpc::ServerCredentials> credentials, const CoordinatorConfig& config,
+    int* port) {
   grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(max_message_bytes);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
+  // Each open call of the sync server holds a thread: bound them per listener (beyond, a new call
+  // is refused RESOURCE_EXHAUSTED by gRPC), so a flood on the users' port cannot take the
+  // workers', and bound the calls one connection may have open at once.
+  grpc::ResourceQuota quota(absl::StrCat("dropless-coordinator ", address));
+  quota.SetMaxThreads(config.max_server_threads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
   builder.AddListeningPort(address, std::move(credentials), port);
   // gRPC binds with SO_REUSEPORT by default: a second coordinator on a taken port would start and
   // silently share the connections with the first. Refuse the port instead.
@@ -142,17 +159,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       server->ListenerCredentials(config, /*serves_workers=*/worker_services.empty());
   if (!user_credentials.ok()) return user_credentials.status();
   absl::StatusOr<std::unique_ptr<grpc::Server>> user =
-      server->Listen(config.listen, user_services, *user_credentials,
-                     static_cast<int>(config.max_message_bytes), &server->grpc_port_);
+      server->Listen(config.listen, user_services, *user_credentials, config, &server->grpc_port_);
   if (!user.ok()) return user.status();
   server->server_ = std::move(*user);
   if (!worker_services.empty()) {
     absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> worker_credentials =
         server->ListenerCredentials(config, /*serves_workers=*/true);
     if (!worker_credentials.ok()) return worker_credentials.status();
-    absl::StatusOr<std::unique_ptr<grpc::Server>> workers =
-        server->Listen(config.worker_listen, worker_services, *worker_credentials,
-                       static_cast<int>(config.max_message_bytes), &server->worker_port_);
+    absl::StatusOr<std::unique_ptr<grpc::Server>> workers = server->Listen(
+        config.worker_listen, worker_services, *worker_credentials, config, &server->worker_port_);
     if (!workers.ok()) return workers.status();
     server->worker_server_ = std::move(*workers);
   }

@@ -48,7 +48,8 @@ class CoordinatorServer {
   CoordinatorServer() = default;
   absl::StatusOr<std::unique_ptr<grpc::Server>> Listen(
       const std::string& address, const std::vector<NamedService>& services,
-      std::shared_ptr<grpc::ServerCredentials> credentials, int max_message_bytes, int* port);
+      std::shared_ptr<grpc::ServerCredentials> credentials, const CoordinatorConfig& config,
+      int* port);
   // TLS credentials of a listener; with `serves_workers`, a client certificate, when presented, must
   // be signed by the worker CA (the handshake fails otherwise). A worker call without one is
   // refused by CallAuthorizer, with a status that says so (a handshake refused for a missing

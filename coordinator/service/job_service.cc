@@ -171,14 +171,11 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
   if (request->has_rank()) rank = request->rank();
   absl::StatusOr<int64_t> oldest_ms = OldestStoredLineMs(*request);
   if (!oldest_ms.ok()) return ToGrpcStatus(oldest_ms.status());
-  std::optional<StreamLimiter::Slot> slot;  // a follower holds one until it ends
-  if (request->follow()) {
-    absl::StatusOr<StreamLimiter::Slot> acquired =
-        streams_->Acquire(CallerOf(*context, tokens_).user);
-    if (!acquired.ok()) return ToGrpcStatus(acquired.status());
-    slot.emplace(*std::move(acquired));
-  }
-  // The store selects the stored lines asked for (the last tail_lines of those since the oldest).
+  // Every GetLogs holds a slot until it ends: one without follow also holds a server thread for
+  // as long as its backlog takes to send.
+  absl::StatusOr<StreamLimiter::Slot> slot = streams_->Acquire(CallerOf(*context, tokens_).user);
+  if (!slot.ok()) return ToGrpcStatus(slot.status());
+  // The store finds the stored lines asked for (the last tail_lines of those since the oldest).
   absl::StatusOr<LogStream> stream =
       coordinator_->OpenLogs(request->job_id(), rank, request->follow(), request->after_seq(),
                              request->tail_lines(), *oldest_ms);
@@ -188,8 +185,17 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
   context->AddInitialMetadata(kLogStreamOpenMetadata, "1");
   writer->SendInitialMetadata();
   bool open = true;
-  for (const v1::LogLine& line : stream->backlog) {
-    if (!(open = writer->Write(line))) break;
+  // A page at a time, each sent before the next is read: one page in memory, the lock free while
+  // a slow reader takes it.
+  while (open && !stream->backlog_done && !context->IsCancelled()) {
+    absl::StatusOr<std::vector<v1::LogLine>> page = coordinator_->NextLogPage(&*stream);
+    if (!page.ok()) {
+      if (stream->live != nullptr) coordinator_->EndLogs(request->job_id(), stream->live);
+      return ToGrpcStatus(page.status());
+    }
+    for (const v1::LogLine& line : *page) {
+      if (!(open = writer->Write(line))) break;
+    }
   }
   const auto& live = stream->live;
   bool ended = live == nullptr;

@@ -14,7 +14,7 @@ class JobServiceImpl final : public v1::JobService::Service {
  public:
   // tokens: those the listener's CallAuthorizer checks calls with (null on a plaintext listener,
   // where every caller is the anonymous admin).
-  // streams: the bound on open WatchJob / GetLogs --follow streams (outlives the service).
+  // streams: the bound on open WatchJob / GetLogs streams (outlives the service).
   JobServiceImpl(Coordinator* coordinator, const UserTokens* tokens, StreamLimiter* streams)
       : coordinator_(coordinator), tokens_(tokens), streams_(streams) {}
 

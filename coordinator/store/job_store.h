@@ -13,11 +13,12 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "coordinator/store/sqlite.h"
 #include "dropless/v1/types.pb.h"
 #include "dropless/v1/worker_service.pb.h"
@@ -211,6 +212,21 @@ class JobStore {
                                                     std::optional<int32_t> rank, int limit,
                                                     int64_t after_seq = 0,
                                                     int64_t oldest_time_ms = 0);
+  // A page of the lines ListLogs(job_id, rank, 0, after_seq, oldest_time_ms) would give, those
+  // with seq <= up_to_seq only (0: no bound), oldest first: at most max_lines, and no more lines
+  // once max_bytes of text is reached (at least one line).
+  absl::StatusOr<std::vector<v1::LogLine>> ListLogsPage(absl::string_view job_id,
+                                                        std::optional<int32_t> rank,
+                                                        int64_t after_seq, int64_t up_to_seq,
+                                                        int64_t oldest_time_ms, int max_lines,
+                                                        size_t max_bytes);
+  // Where the last `tail_lines` of the lines after after_seq and from oldest_time_ms on begin: the
+  // after_seq to read them from (after_seq itself when there are no more than that), and the seq
+  // of the newest line of the job (0: none).
+  absl::StatusOr<std::pair<int64_t, int64_t>> LogTailStart(absl::string_view job_id,
+                                                           std::optional<int32_t> rank,
+                                                           int tail_lines, int64_t after_seq,
+                                                           int64_t oldest_time_ms);
 
  private:
   JobStore(std::unique_ptr<SqliteDb> db, Limits limits) : db_(std::move(db)), limits_(limits) {}

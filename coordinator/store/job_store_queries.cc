@@ -1,5 +1,6 @@
 // JobStore reads of attempts, events and workers, the restart snapshot, and the bounded
 // per-job streams (step metrics, logs).
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -287,6 +288,20 @@ absl::StatusOr<int64_t> JobStore::AppendLogs(const std::vector<v1::LogLine>& lin
   return first_seq;
 }
 
+namespace {
+
+// A row of "SELECT job_id, attempt, rank, time_ms, text, id FROM logs".
+void ReadLogLine(SqliteStatement& st, v1::LogLine* line) {
+  line->set_job_id(st.ColumnText(0));
+  line->set_attempt(static_cast<int32_t>(st.ColumnInt(1)));
+  line->set_rank(static_cast<int32_t>(st.ColumnInt(2)));
+  line->set_time_ms(st.ColumnInt(3));
+  line->set_text(st.ColumnText(4));
+  line->set_seq(st.ColumnInt(5));
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<v1::LogLine>> JobStore::ListLogs(absl::string_view job_id,
                                                             std::optional<int32_t> rank, int limit,
                                                             int64_t after_seq,
@@ -308,14 +323,65 @@ absl::StatusOr<std::vector<v1::LogLine>> JobStore::ListLogs(absl::string_view jo
     if (!row.ok()) return row.status();
     if (!*row) break;
     v1::LogLine& line = out.emplace_back();
-    line.set_job_id(st->ColumnText(0));
-    line.set_attempt(static_cast<int32_t>(st->ColumnInt(1)));
-    line.set_rank(static_cast<int32_t>(st->ColumnInt(2)));
-    line.set_time_ms(st->ColumnInt(3));
-    line.set_text(st->ColumnText(4));
-    line.set_seq(st->ColumnInt(5));
+    ReadLogLine(*st, &line);
   }
   return out;
+}
+
+absl::StatusOr<std::vector<v1::LogLine>> JobStore::ListLogsPage(
+    absl::string_view job_id, std::optional<int32_t> rank, int64_t after_seq, int64_t up_to_seq,
+    int64_t oldest_time_ms, int max_lines, size_t max_bytes) {
+  absl::StatusOr<SqliteStatement> st = db_->Prepare(absl::StrCat(
+      "SELECT job_id, attempt, rank, time_ms, text, id FROM logs WHERE job_id = ?1 AND id > ?3 "
+      "AND time_ms >= ?4 AND (?5 = 0 OR id <= ?5) ",
+      rank.has_value() ? "AND rank = ?2 " : "", "ORDER BY id LIMIT ?6"));
+  if (!st.ok()) return st.status();
+  st->Bind(1, job_id);
+  if (rank.has_value()) st->Bind(2, static_cast<int64_t>(*rank));
+  st->Bind(3, after_seq);
+  st->Bind(4, oldest_time_ms);
+  st->Bind(5, up_to_seq);
+  st->Bind(6, static_cast<int64_t>(std::max(max_lines, 1)));
+  std::vector<v1::LogLine> out;
+  size_t bytes = 0;
+  while (out.empty() || bytes < max_bytes) {
+    absl::StatusOr<bool> row = st->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    v1::LogLine& line = out.emplace_back();
+    ReadLogLine(*st, &line);
+    bytes += line.text().size();
+  }
+  return out;
+}
+
+absl::StatusOr<std::pair<int64_t, int64_t>> JobStore::LogTailStart(absl::string_view job_id,
+                                                                   std::optional<int32_t> rank,
+                                                                   int tail_lines,
+                                                                   int64_t after_seq,
+                                                                   int64_t oldest_time_ms) {
+  absl::StatusOr<SqliteStatement> newest =
+      db_->Prepare("SELECT COALESCE(MAX(id), 0) FROM logs WHERE job_id = ?1");
+  if (!newest.ok()) return newest.status();
+  newest->Bind(1, job_id);
+  absl::StatusOr<bool> row = newest->Step();
+  if (!row.ok()) return row.status();
+  const int64_t newest_seq = *row ? newest->ColumnInt(0) : 0;
+  if (tail_lines <= 0) return std::make_pair(after_seq, newest_seq);
+  absl::StatusOr<SqliteStatement> st = db_->Prepare(
+      absl::StrCat("SELECT id FROM logs WHERE job_id = ?1 AND id > ?3 AND time_ms >= ?4 ",
+                   rank.has_value() ? "AND rank = ?2 " : "", "ORDER BY id DESC LIMIT 1 OFFSET ?5"));
+  if (!st.ok()) return st.status();
+  st->Bind(1, job_id);
+  if (rank.has_value()) st->Bind(2, static_cast<int64_t>(*rank));
+  st->Bind(3, after_seq);
+  st->Bind(4, oldest_time_ms);
+  st->Bind(5, static_cast<int64_t>(tail_lines) - 1);
+  row = st->Step();
+  if (!row.ok()) return row.status();
+  // The tail_lines-th newest line: read from just before it.
+  if (*row) after_seq = std::max(after_seq, st->ColumnInt(0) - 1);
+  return std::make_pair(after_seq, newest_seq);
 }
 
 }  // namespace dropless::coordinator

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -481,6 +482,76 @@ TEST(CoordinatorAbuseTest, LogsOfARankOutsideTheJobAreRefused) {
   EXPECT_EQ(outside.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(outside.error_message(), HasSubstr("rank: job " + job->id() + " has ranks 0..1"));
   EXPECT_EQ(logs(-1).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST(CoordinatorAbuseTest, ARanksFailureMessageLosesItsControlCharacters) {
+  auto c = CoordinatorUnderTest::Start();
+  FakeWorker w(c->channel(), "node-escape", 1);
+  ASSERT_TRUE(w.Register().ok() && w.Connect().ok());
+  absl::StatusOr<v1::Job> job = c->Submit(TinySpec(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(w.NextAssignment().has_value());
+  v1::WorkerMessage failed;
+  v1::RankStatus* s = failed.mutable_rank_status();
+  s->set_job_id(job->id());
+  s->set_attempt(1);
+  s->set_rank(0);
+  s->set_state(v1::RANK_STATE_FAILED);
+  s->set_exit_code(1);
+  s->set_message(
+      "boom\x1b[2J\nforged line \xc2\x9b"
+      "31m");
+  ASSERT_TRUE(w.Send(failed).ok());
+  const v1::Job ended = c->WaitForState(job->id(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(ended.message(), HasSubstr("boom?[2J?forged line ?31m"));
+  std::vector<std::string> texts = {ended.message()};
+  for (const v1::Event& event : c->Events(job->id())) texts.push_back(event.message());
+  bool exited = false;
+  for (const std::string& text : texts) {
+    exited = exited || absl::StrContains(text, "boom?[2J?forged");
+    EXPECT_FALSE(absl::StrContains(text, "\x1b") || absl::StrContains(text, "\n") ||
+                 absl::StrContains(text, "\xc2\x9b"))
+        << text;
+  }
+  EXPECT_TRUE(exited);
+}
+
+// A backlog of several pages (1000 lines each) arrives whole and in order, a tail too.
+TEST(CoordinatorAbuseTest, ALogBacklogOfSeveralPagesArrivesCompleteAndInOrder) {
+  auto c = CoordinatorUnderTest::Start();
+  FakeWorker w(c->channel(), "node-pages", 1);
+  ASSERT_TRUE(w.Register().ok() && w.Connect().ok());
+  absl::StatusOr<v1::Job> job = c->Submit(TinySpec(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(w.NextAssignment().has_value());
+  ASSERT_TRUE(w.ReportRank(job->id(), 1, 0, v1::RANK_STATE_RUNNING).ok());
+  constexpr int kLines = 2500;
+  for (int i = 0; i < kLines; ++i) {
+    ASSERT_TRUE(w.ReportLog(job->id(), 1, 0, absl::StrCat("line ", i)).ok());
+  }
+  auto read = [&](int tail_lines) {
+    grpc::ClientContext context;
+    v1::GetLogsRequest request;
+    request.set_job_id(job->id());
+    request.set_tail_lines(tail_lines);
+    auto reader = c->jobs().GetLogs(&context, request);
+    std::vector<std::string> texts;
+    v1::LogLine line;
+    while (reader->Read(&line)) texts.push_back(line.text());
+    EXPECT_TRUE(reader->Finish().ok());
+    return texts;
+  };
+  std::vector<std::string> all;
+  for (int i = 0; i < 100 && all.size() < kLines; ++i) {
+    all = read(0);
+    if (all.size() < kLines) absl::SleepFor(absl::Milliseconds(100));  // still being stored
+  }
+  ASSERT_EQ(all.size(), static_cast<size_t>(kLines));
+  for (int i = 0; i < kLines; ++i) ASSERT_EQ(all[i], absl::StrCat("line ", i));
+  const std::vector<std::string> tail = read(1500);
+  ASSERT_EQ(tail.size(), 1500u);
+  EXPECT_EQ(tail.front(), "line 1000");
+  EXPECT_EQ(tail.back(), "line 2499");
 }
 
 }  // namespace

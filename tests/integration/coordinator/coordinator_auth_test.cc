@@ -1,6 +1,8 @@
 // Refusals of TLS, worker certificates and user tokens (ctest label `security`), against the real
 // dropless-coordinator on loopback with certificates and tokens from scripts/dev-certs. Every
 // refusal is checked for its exact status code and for a message that names the problem.
+#include <grpcpp/impl/client_unary_call.h>
+
 #include <fstream>
 #include <memory>
 #include <string>
@@ -138,6 +140,16 @@ std::vector<std::string> ListJobIds(const std::shared_ptr<grpc::Channel>& channe
   return ids;
 }
 
+// One unary call of `path` with an empty message, whatever the method's type.
+grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel, const char* path) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  grpc::Slice empty{std::string()};
+  grpc::ByteBuffer request(&empty, 1), response;
+  const grpc::internal::RpcMethod method(path, grpc::internal::RpcMethod::NORMAL_RPC);
+  return grpc::internal::BlockingUnaryCall(channel.get(), method, &context, request, &response);
+}
+
 // dropless-coordinator with TLS, worker certificates from certs/ca.pem and its tokens file
 // (plus an expired token for user "former"); optionally workers on a listener of their own.
 class SecureCoordinator {
@@ -211,6 +223,31 @@ TEST(CoordinatorAuthTest, SharedListenerRefusesWorkerCallsWithoutCertificate) {
   EXPECT_EQ(rendezvous.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_THAT(rendezvous.error_message(),
               HasSubstr("RendezvousService needs a worker's client certificate"));
+}
+
+TEST(CoordinatorAuthTest, ReflectionAndUnknownServicesNeedAKnownCaller) {
+  const std::string certs = MakeCerts();
+  ASSERT_FALSE(certs.empty());
+  SecureCoordinator c(certs, /*worker_listener=*/false);
+  constexpr char kReflection[] = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
+  constexpr char kUnknown[] = "/dropless.v1.NoSuchService/Call";
+  const auto anonymous = UserChannel(c.user_port(), certs, "");
+  for (const char* path : {kReflection, kUnknown}) {
+    grpc::Status refused = RawCall(anonymous, path);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAUTHENTICATED) << path;
+    EXPECT_THAT(refused.error_message(), HasSubstr("needs a bearer token"));
+    EXPECT_EQ(RawCall(UserChannel(c.user_port(), certs, "not-a-token"), path).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  EXPECT_TRUE(RawCall(anonymous, "/grpc.health.v1.Health/Check").ok());
+  // A viewer's token or a worker's certificate gets through: reflection answers, an unknown
+  // service is UNIMPLEMENTED.
+  const auto viewer = UserChannel(c.user_port(), certs, Token(certs, "viewer"));
+  grpc::Status reflection = RawCall(viewer, kReflection);
+  EXPECT_TRUE(reflection.ok()) << reflection.error_message();
+  EXPECT_EQ(RawCall(viewer, kUnknown).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  const auto worker = WorkerChannel(c.worker_port(), certs, certs + "/workers/node-a");
+  EXPECT_EQ(RawCall(worker, kUnknown).error_code(), grpc::StatusCode::UNIMPLEMENTED);
 }
 
 TEST(CoordinatorAuthTest, CertificatesOfAnotherCaAreRefusedBothWays) {
@@ -412,7 +449,7 @@ TEST(CoordinatorAuthTest, AnAssignmentNamesTheJobsOwner) {
   EXPECT_EQ(assignment->owner(), "alice");
 }
 
-// Open streams (WatchJob, GetLogs --follow) are bounded per user and in all: a client that opens
+// Open streams (WatchJob, GetLogs) are bounded per user and in all: a client that opens
 // streams and never reads them cannot run the coordinator out of threads and memory. A stream
 // that ends gives its place back.
 TEST(CoordinatorAuthTest, OpenStreamsAreBoundedPerUserAndInAll) {
@@ -449,6 +486,20 @@ TEST(CoordinatorAuthTest, OpenStreamsAreBoundedPerUserAndInAll) {
   const grpc::Status third = watch(alice, alices.id(), &alices_streams);
   EXPECT_EQ(third.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(third.error_message(), HasSubstr("user alice has 2 streams open"));
+  {
+    // GetLogs without follow takes a place too (it holds a thread while its backlog is sent).
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    v1::GetLogsRequest request;
+    request.set_job_id(alices.id());
+    auto logs = v1::JobService::NewStub(alice)->GetLogs(&context, request);
+    v1::LogLine line;
+    while (logs->Read(&line)) {
+    }
+    const grpc::Status refused = logs->Finish();
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(refused.error_message(), HasSubstr("user alice has 2 streams open"));
+  }
   ASSERT_TRUE(watch(bob, bobs.id(), &bobs_streams).ok());
   const grpc::Status over = watch(bob, bobs.id(), &bobs_streams);
   EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);

@@ -62,6 +62,11 @@ TEST(CoordinatorConfigTest, ValidationNamesTheField) {
   config = CoordinatorConfig{};
   config.listen = "7070";
   EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("listen: "));
+  absl::StatusOr<CoordinatorConfig> threads =
+      ApplyConfigYaml("max_server_threads: 8\ninsecure: true\n", CoordinatorConfig{});
+  ASSERT_TRUE(threads.ok()) << threads.status();
+  EXPECT_EQ(threads->max_server_threads, 8);
+  EXPECT_THAT(ValidateConfig(*threads).message(), HasSubstr("max_server_threads"));
 }
 
 TEST(CoordinatorConfigTest, TlsAndTokensAreRequiredUnlessInsecure) {
