@@ -59,6 +59,26 @@ struct SumInputs {
   const Bf16* in[kMaxSumInputs];  // the first kInputs of SumKernel<kInputs> are read
 };
 
+// acc[e] += element e of eight bf16 values (16 bytes), in fp32.
+__device__ __forceinline__ void AddBf16x8(const uint4& raw, float acc[8]) {
+  const __nv_bfloat162* v = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 f = __bfloat1622float2(v[q]);
+    acc[2 * q] += f.x;
+    acc[2 * q + 1] += f.y;
+  }
+}
+
+// Eight fp32 values rounded to bf16 (nearest even), packed into 16 bytes.
+__device__ __forceinline__ uint4 PackBf16x8(const float acc[8]) {
+  uint4 packed;
+  __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) o[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+  return packed;
+}
+
 // out[i] = sum of the inputs' element i, added in fp32 in input order. Eight elements (16 bytes)
 // per load when every pointer is 16-byte aligned, [vector_end, n) one by one. A thread issues the
 // loads of all its inputs before adding (a loop over a runtime count waited on each load in turn:
@@ -73,20 +93,8 @@ __global__ void SumKernel(int64_t n, int64_t vector_end, SumInputs inputs, Bf16*
     for (int j = 0; j < kInputs; ++j) raw[j] = *reinterpret_cast<const uint4*>(inputs.in[j] + i);
     float acc[8] = {};
 #pragma unroll
-    for (int j = 0; j < kInputs; ++j) {
-      const __nv_bfloat162* v = reinterpret_cast<const __nv_bfloat162*>(&raw[j]);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float2 f = __bfloat1622float2(v[q]);
-        acc[2 * q] += f.x;
-        acc[2 * q + 1] += f.y;
-      }
-    }
-    uint4 packed;
-    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) o[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-    *reinterpret_cast<uint4*>(out + i) = packed;
+    for (int j = 0; j < kInputs; ++j) AddBf16x8(raw[j], acc);
+    *reinterpret_cast<uint4*>(out + i) = PackBf16x8(acc);
   }
   for (int64_t i = vector_end + first; i < n; i += stride) {
     float acc = 0;
@@ -104,21 +112,9 @@ __global__ void SumKernelAnyCount(int64_t n, int64_t vector_end, int count, SumI
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   for (int64_t i = 8 * first; i < vector_end; i += 8 * stride) {
     float acc[8] = {};
-    for (int j = 0; j < count; ++j) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(inputs.in[j] + i);
-      const __nv_bfloat162* v = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float2 f = __bfloat1622float2(v[q]);
-        acc[2 * q] += f.x;
-        acc[2 * q + 1] += f.y;
-      }
-    }
-    uint4 packed;
-    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) o[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-    *reinterpret_cast<uint4*>(out + i) = packed;
+    for (int j = 0; j < count; ++j)
+      AddBf16x8(*reinterpret_cast<const uint4*>(inputs.in[j] + i), acc);
+    *reinterpret_cast<uint4*>(out + i) = PackBf16x8(acc);
   }
   for (int64_t i = vector_end + first; i < n; i += stride) {
     float acc = 0;
