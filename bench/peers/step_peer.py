@@ -19,10 +19,13 @@ Impls (names as in ../shared/docs/BENCH.md):
   torch._grouped_mm         both expert GEMMs with torch._grouped_mm(offs=int32 cumulative group ends)
   torch-naive-loop          a Python loop over experts, one matmul per expert (host sync for sizes)
   jax.ragged_dot            jax.lax.ragged_dot, jitted value_and_grad + hand-written AdamW
-                            (XLA_PYTHON_CLIENT_PREALLOCATE=false, MEM_FRACTION --jax-mem-fraction;
-                            XLA:GPU may lower ragged_dot to cuDNN or to a zero-padded batched dot
-                            whose temporaries grow as E/ep x T*k x H: a RESOURCE_EXHAUSTED failure
-                            line then asks for a larger --jax-mem-fraction)
+                            (--jax-allocator platform, the default: XLA_PYTHON_CLIENT_ALLOCATOR=
+                            platform, so that what JAX frees, a failed compile's included, goes back
+                            to the device for the impls after it, at one cudaMalloc/cudaFree of the
+                            step's temporaries a step; bfc: XLA's pool, capped at --jax-mem-fraction
+                            and never returned while the process lives. XLA:GPU may lower ragged_dot
+                            to a zero-padded batched dot whose temporaries grow as E/ep x T*k x H:
+                            a RESOURCE_EXHAUSTED failure line is that lowering)
   torch._scaled_grouped_mm  (precision fp8-rowwise; default with a quantized --precision) forward expert
                             GEMMs in e4m3 with row-wise scales (activation rows, weight columns,
                             quantized every step), backward in bf16 torch._grouped_mm
@@ -230,11 +233,12 @@ def preflight(args, ctx, impls, nparam):
     skip = {}
     for name in impls:
         need = nparam * (16 if name == JAX else 20)
-        have = total * (args.jax_mem_fraction if name == JAX else 1.0)
+        capped = name == JAX and args.jax_allocator == "bfc"
+        have = total * (args.jax_mem_fraction if capped else 1.0)
         if split_env(name)[0] not in DROPLESS_IMPLS and need > have:
             skip[name] = (f"skipped: needs > {need / 2 ** 30:.0f} GiB for weights, fp32 masters, "
                           f"grads and AdamW state, {have / 2 ** 30:.0f} GiB available"
-                          + ("; raise --jax-mem-fraction" if name == JAX else "; use a larger --ep for it"))
+                          + ("; raise --jax-mem-fraction" if capped else "; use a larger --ep for it"))
             print(f"  {name}: {skip[name]}", flush=True)
     return skip
 
@@ -354,6 +358,8 @@ def write_json(args, rows, errors, ceil_start, ctx):
     versions = {"torch": torch.__version__}
     if "jax" in ctx:
         versions["jax"] = ctx["jax"].__version__
+        versions["jax_env"] = {k: os.environ[k] for k in sorted(os.environ)
+                               if k.startswith("XLA_")}
     today = datetime.date.today()
     path = args.json or f"step-{name.split()[-1].lower()}-{today:%Y%m%d}.json"
     result = {"bench": "step", "device": f"{name} (1 GPU)", "date": today.isoformat(),
@@ -384,14 +390,20 @@ def main():
                     "when the binaries were built elsewhere)")
     ap.add_argument("--offload", action="store_true", help="dropless spec `activation_offload: true`")
     ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--jax-allocator", choices=("platform", "bfc"), default="platform",
+                    help="JAX's device allocator: platform returns what JAX frees (default); bfc "
+                    "is XLA's pool, capped at --jax-mem-fraction and kept while the process lives")
     ap.add_argument("--jax-mem-fraction", type=float, default=0.45,
-                    help="XLA_PYTHON_CLIENT_MEM_FRACTION (JAX's cap; torch gets the rest)")
+                    help="XLA_PYTHON_CLIENT_MEM_FRACTION with --jax-allocator bfc (JAX's cap; "
+                    "torch and dropless get the rest)")
     ap.add_argument("--check", action="store_true", help="float32 agreement of the peers (tiny)")
     ap.add_argument("--device", choices=("cpu", "cuda"), help="default cuda (--check: cuda if any); cpu: smoke runs")
     ap.add_argument("--print-spec", action="store_true", help="print dropless's spec per shape, exit")
     args = ap.parse_args()
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(args.jax_mem_fraction))
+    if args.jax_allocator == "platform":
+        os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
     if args.check:
         from step_impls.check import run_check
         sys.exit(0 if run_check(args) else 1)

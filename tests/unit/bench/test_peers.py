@@ -196,5 +196,30 @@ class StepPeerEngineVariantsTest(unittest.TestCase):
             os.environ.pop("DL_TEST_B", None)
 
 
+class StepPeerJaxMemoryTest(unittest.TestCase):
+    """The preflight caps JAX at --jax-mem-fraction only with XLA's pool (bfc), whose memory is
+    kept for the process's life; the platform allocator returns it, so JAX may use the device."""
+
+    def preflight(self, allocator, nparam):
+        props = argparse.Namespace(total_memory=80 * 2 ** 30)
+        cuda = argparse.Namespace(get_device_properties=lambda index: props)
+        ctx = {"device": "cuda", "torch": argparse.Namespace(cuda=cuda)}
+        args = argparse.Namespace(jax_allocator=allocator, jax_mem_fraction=0.45)
+        with mock.patch("builtins.print"):
+            return step_peer.preflight(args, ctx, [step_peer.JAX, "torch._grouped_mm"], nparam)
+
+    def test_fraction_caps_only_the_pool(self):
+        nparam = 3 * 10 ** 9  # 48 GB of JAX state: over 0.45 of 80 GiB, under all of it
+        skipped = self.preflight("bfc", nparam)
+        self.assertEqual(list(skipped), [step_peer.JAX])
+        self.assertIn("raise --jax-mem-fraction", skipped[step_peer.JAX])
+        self.assertEqual(self.preflight("platform", nparam), {})
+
+    def test_torch_is_skipped_past_the_device_whatever_the_allocator(self):
+        skipped = self.preflight("platform", 6 * 10 ** 9)  # 96 GB JAX, 120 GB torch
+        self.assertEqual(sorted(skipped), sorted([step_peer.JAX, "torch._grouped_mm"]))
+        self.assertIn("larger --ep", skipped["torch._grouped_mm"])
+
+
 if __name__ == "__main__":
     unittest.main()
