@@ -59,7 +59,8 @@ absl::StatusOr<std::unique_ptr<ExpertDispatcher>> MakeDispatcher(const Backend& 
 }
 
 // counts[s][e]: rows rank s sends to global expert e.
-std::vector<std::vector<int32_t>> RandomCounts(int ep, int experts, int64_t rows, std::mt19937* rng) {
+std::vector<std::vector<int32_t>> RandomCounts(int ep, int experts, int64_t rows,
+                                               std::mt19937* rng) {
   const int local = experts / ep;
   std::vector<std::vector<int32_t>> counts(ep, std::vector<int32_t>(experts, 0));
   std::uniform_real_distribution<double> u(0, 1);
@@ -68,7 +69,8 @@ std::vector<std::vector<int32_t>> RandomCounts(int ep, int experts, int64_t rows
     // Zipf-like skew over experts; the experts of rank ep - 1 get nothing (it receives no rows).
     std::vector<double> weight(experts);
     for (int e = 0; e < experts; ++e) {
-      weight[e] = (ep > 1 && e / local == ep - 1) ? 0.0 : 1.0 / std::pow(1 + ((e * 7 + s) % experts), 1.1);
+      weight[e] =
+          (ep > 1 && e / local == ep - 1) ? 0.0 : 1.0 / std::pow(1 + ((e * 7 + s) % experts), 1.1);
     }
     std::discrete_distribution<int> pick(weight.begin(), weight.end());
     const int64_t n = static_cast<int64_t>(rows * (0.5 + 0.5 * u(*rng)));
@@ -84,7 +86,7 @@ TEST_P(DispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
   }
   const int ep = GetParam().ep;
   const int experts = 64, local = experts / ep;
-  const int64_t rows = 300;           // T * k per rank
+  const int64_t rows = 300;  // T * k per rank
   const int64_t row_bytes = GetParam().row_bytes;
   std::mt19937 rng(std::random_device{}());
   const std::vector<std::vector<int32_t>> counts = RandomCounts(ep, experts, rows, &rng);
@@ -100,7 +102,8 @@ TEST_P(DispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
   EXPECT_EQ((*dispatcher)->local_ranks(), ep);
 
   std::vector<cudaStream_t> streams(ep);
-  for (cudaStream_t& s : streams) ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  for (cudaStream_t& s : streams)
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   std::vector<std::unique_ptr<DeviceArray<int32_t>>> offsets;
   std::vector<std::unique_ptr<DeviceArray<uint8_t>>> send;
   std::vector<uint8_t*> recv;
@@ -143,15 +146,18 @@ TEST_P(DispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
     }
     std::vector<int32_t> got_offsets(local + 1);
     ASSERT_EQ(cudaMemcpy(got_offsets.data(), plans[p].recv_offsets, (local + 1) * sizeof(int32_t),
-                         cudaMemcpyDeviceToHost), cudaSuccess);
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
     EXPECT_EQ(got_offsets, want_offsets) << "receive offsets of rank " << p;
     std::vector<uint8_t> got(want.size());
     ASSERT_EQ(cudaMemcpy(got.data(), recv[p], got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_TRUE(BitEqual(got, want)) << "rows received by rank " << p;
-    if (p == ep - 1 && ep > 1) EXPECT_EQ(want_offsets[local], 0) << "rank " << p << " receives nothing";
+    if (p == ep - 1 && ep > 1)
+      EXPECT_EQ(want_offsets[local], 0) << "rank " << p << " receives nothing";
     std::vector<int32_t> job(experts);
     ASSERT_EQ(cudaMemcpy(job.data(), plans[p].job_counts, experts * sizeof(int32_t),
-                         cudaMemcpyDeviceToHost), cudaSuccess);
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
     for (int e = 0; e < experts; ++e) {
       int32_t sum = 0;
       for (int s = 0; s < ep; ++s) sum += counts[s][e];
@@ -188,18 +194,22 @@ TEST_P(DispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
       const size_t recv_bytes = shape.max_recv_rows() * row_bytes;
       std::vector<std::vector<uint8_t>> whole(ep, std::vector<uint8_t>(recv_bytes));
       for (int p = 0; p < ep; ++p) {
-        ASSERT_EQ(cudaMemcpy(whole[p].data(), recv[p], recv_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(whole[p].data(), recv[p], recv_bytes, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
         ASSERT_EQ(cudaMemset(recv[p], 0xA5, recv_bytes), cudaSuccess);
       }
-      for (const LocalExperts& run : runs) ASSERT_TRUE((*dispatcher)->Dispatch(calls, row_bytes, run).ok());
+      for (const LocalExperts& run : runs)
+        ASSERT_TRUE((*dispatcher)->Dispatch(calls, row_bytes, run).ok());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       for (int p = 0; p < ep; ++p) {
         std::vector<uint8_t> got(recv_bytes);
         ASSERT_EQ(cudaMemcpy(got.data(), recv[p], recv_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-        EXPECT_TRUE(BitEqual(got, whole[p])) << "rows received by rank " << p << " in " << runs.size() << " runs";
+        EXPECT_TRUE(BitEqual(got, whole[p]))
+            << "rows received by rank " << p << " in " << runs.size() << " runs";
       }
       for (int s = 0; s < ep; ++s) send[s]->Poison(0x5A);
-      for (const LocalExperts& run : runs) ASSERT_TRUE((*dispatcher)->Combine(calls, row_bytes, run).ok());
+      for (const LocalExperts& run : runs)
+        ASSERT_TRUE((*dispatcher)->Combine(calls, row_bytes, run).ok());
       for (int s = 0; s < ep; ++s) {
         const int64_t sent = std::accumulate(counts[s].begin(), counts[s].end(), int64_t{0});
         std::vector<uint8_t> got = send[s]->Download();
@@ -209,7 +219,8 @@ TEST_P(DispatcherGpu, DispatchCombineAndSumsMatchTheHostReference) {
       }
     }
     EXPECT_EQ((*dispatcher)->Dispatch(calls, row_bytes, LocalExperts{local - 1, 2}).code(),
-              absl::StatusCode::kInvalidArgument) << "a run past the local experts";
+              absl::StatusCode::kInvalidArgument)
+        << "a run past the local experts";
   }
 
   // All-reduce sums, float and double, in rank order.
@@ -294,6 +305,69 @@ TEST_F(NcclGroupGpu, AOneRankGroupJoinsAndReduces) {
       JoinNcclGroup(store.get(), "ep/0", 0, 1, absl::Seconds(60));
   ASSERT_TRUE(group.ok()) << group.status();
   EXPECT_EQ((*group)->size(), 1);
+}
+
+// A store whose Wait answers `wait` and whose Get answers `get`, counting the Gets.
+class AnsweringStore : public KeyValueStore {
+ public:
+  AnsweringStore(absl::Status wait, absl::Status get) : wait_(wait), get_(get) {}
+  absl::Status Put(const std::string&, const std::string&) override { return absl::OkStatus(); }
+  absl::StatusOr<std::string> Get(const std::string&) override {
+    ++gets;
+    return get_;
+  }
+  absl::Status Wait(const std::vector<std::string>&, absl::Duration) override { return wait_; }
+  int gets = 0;
+
+ private:
+  absl::Status wait_, get_;
+};
+
+// A non-zero rank makes no NCCL or CUDA call before its wait for rank 0's id: these run without
+// a GPU. A store that refuses the wait (the attempt ended, a wrong secret) is the error, at once
+// and without asking it about every rank.
+TEST(NcclGroupJoin, AStoreThatRefusesTheWaitIsTheError) {
+  for (const absl::Status& refusal :
+       {absl::FailedPreconditionError("attempt 1 of job-000007 has ended"),
+        absl::PermissionDeniedError("wrong rendezvous secret"),
+        absl::UnavailableError("coordinator at 10.0.0.1:7070 unreachable")}) {
+    AnsweringStore store(refusal, absl::NotFoundError("no such key"));
+    absl::StatusOr<std::unique_ptr<NcclGroup>> group =
+        JoinNcclGroup(&store, "ep/0", 1, 8, absl::Seconds(120));
+    ASSERT_FALSE(group.ok());
+    EXPECT_EQ(group.status().code(), refusal.code()) << group.status();
+    EXPECT_NE(group.status().message().find(refusal.message()), std::string::npos)
+        << group.status();
+    EXPECT_EQ(store.gets, 0) << group.status();
+  }
+}
+
+// After a timed-out wait the group names the ranks that did not join, asking the store once per
+// rank while it answers and stopping at the first answer that is not NotFound (an unreachable
+// coordinator costs its client's retry budget once, not once a rank).
+TEST(NcclGroupJoin, AnUnreachableStoreIsAskedOnceForTheMissingRanks) {
+  AnsweringStore store(absl::DeadlineExceededError("timed out; coordinator unreachable"),
+                       absl::UnavailableError("coordinator unreachable for 2m"));
+  absl::StatusOr<std::unique_ptr<NcclGroup>> group =
+      JoinNcclGroup(&store, "ep/0", 3, 8, absl::Seconds(1));
+  ASSERT_FALSE(group.ok());
+  EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded) << group.status();
+  EXPECT_EQ(store.gets, 1);
+  EXPECT_NE(group.status().message().find("unknown from rank 0 on"), std::string::npos)
+      << group.status();
+}
+
+// Every rank of `auto` builds the same dispatcher: the agreement is an all-reduce (min).
+TEST_F(NcclGroupGpu, AOneRankGroupAgreesWithItself) {
+  std::unique_ptr<KeyValueStore> store = NewMemoryKvStore();
+  absl::StatusOr<std::unique_ptr<NcclGroup>> group =
+      JoinNcclGroup(store.get(), "ep/0", 0, 1, absl::Seconds(60));
+  ASSERT_TRUE(group.ok()) << group.status();
+  for (bool mine : {true, false, true}) {
+    absl::StatusOr<bool> all = AllRanksAgree(**group, mine);
+    ASSERT_TRUE(all.ok()) << all.status();
+    EXPECT_EQ(*all, mine);
+  }
 }
 
 // `dispatcher: auto`'s probe on a one-rank group (the one rank reaches itself): nccl-lsa is

@@ -55,22 +55,29 @@ absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NcclDispatcher(const EngineCon
                                                                  DeviceArena* arena) {
   const bool a2a = config.dispatcher == Dispatcher::kNcclA2a;
   if (groups == nullptr || groups->store == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dispatcher: ", a2a ? "nccl-a2a" : "nccl-lsa",
-        " needs the attempt's rendezvous store to set up its NCCL group"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("dispatcher: ", a2a ? "nccl-a2a" : "nccl-lsa",
+                     " needs the attempt's rendezvous store to set up its NCCL group"));
   }
   const int ep = dims.ep;
-  absl::StatusOr<std::unique_ptr<NcclGroup>> group = JoinNcclGroup(
-      groups->store, absl::StrCat("ep/", rank / ep), rank % ep, ep, kNcclJoinTimeout);
+  absl::StatusOr<std::unique_ptr<NcclGroup>> group =
+      JoinNcclGroup(groups->store, absl::StrCat("ep/", rank / ep), rank % ep, ep, kNcclJoinTimeout);
   if (!group.ok()) return group.status();
   // auto: nccl-lsa when every rank is load/store reachable, else nccl-a2a (any NCCL transport).
   std::string why = "as the spec asks";
   bool use_a2a = a2a;
   if (config.dispatcher == Dispatcher::kAuto) {
+    // Only a clean "not reachable" (FailedPrecondition: the runtime, the NVLink domain) falls
+    // back; a probe that failed otherwise may have left the communicator broken.
     const absl::Status lsa = NcclLsaReachable(**group);
-    use_a2a = !lsa.ok();
-    why = lsa.ok() ? "picked by auto: every rank load/store reachable"
-                   : absl::StrCat("picked by auto: ", lsa.message());
+    if (!lsa.ok() && !absl::IsFailedPrecondition(lsa)) return lsa;
+    // Every rank must build the same dispatcher: one rank's "not reachable" decides for all.
+    absl::StatusOr<bool> all_reachable = AllRanksAgree(**group, lsa.ok());
+    if (!all_reachable.ok()) return all_reachable.status();
+    use_a2a = !*all_reachable;
+    why = *all_reachable ? "picked by auto: every rank load/store reachable"
+          : lsa.ok() ? "picked by auto: another rank's probe found ranks not load/store reachable"
+                     : absl::StrCat("picked by auto: ", lsa.message());
   }
   // The widest row an exchange moves: a bf16 token (hidden x 2 bytes).
   const size_t max_row_bytes = static_cast<size_t>(dims.hidden) * sizeof(Bf16);

@@ -151,7 +151,8 @@ absl::StatusOr<std::unique_ptr<ExpertDispatcher>> NewNcclLsaDispatcher(
     const EpShape& shape, std::unique_ptr<NcclGroup> group, DeviceArena* arena);
 // Whether nccl-lsa can run on `group` (collective: every rank calls it): OK when every rank is
 // load/store reachable and the loaded NCCL runtime has the device API of the headers; otherwise
-// FailedPrecondition saying why (what `auto` reports when it picks nccl-a2a instead).
+// FailedPrecondition saying why (what `auto` reports when it picks nccl-a2a instead); any other
+// error means the probe itself failed, and the communicator may be unusable.
 absl::Status NcclLsaReachable(NcclGroup& group);
 // Whether this process's NCCL runtime has the device API nccl-lsa was built against (needs no
 // group): OK, or FailedPrecondition naming both versions when the loaded NCCL is older.

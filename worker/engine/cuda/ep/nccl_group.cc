@@ -1,6 +1,8 @@
 // JoinNcclGroup (nccl_group.h).
 #include "worker/engine/cuda/ep/nccl_group.h"
 
+#include <cuda_runtime.h>
+
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -10,6 +12,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_check.h"
 
 namespace dropless::cuda_engine {
 namespace {
@@ -18,11 +22,20 @@ std::string Key(const std::string& prefix, const std::string& name) {
   return absl::StrCat("nccl/", prefix, "/", name);
 }
 
-// The ranks whose announcement is missing from the store, e.g. "1, 3".
+// The ranks whose announcement is missing from the store, e.g. "1, 3". Stops at the first
+// answer that is not NotFound (the coordinator unreachable: its client's retry budget is spent
+// once, not once a rank).
 std::string MissingRanks(KeyValueStore* store, const std::string& prefix, int size) {
   std::vector<int> missing;
   for (int r = 0; r < size; ++r) {
-    if (!store->Get(Key(prefix, absl::StrCat("joined/", r))).ok()) missing.push_back(r);
+    absl::StatusOr<std::string> joined = store->Get(Key(prefix, absl::StrCat("joined/", r)));
+    if (joined.ok()) continue;
+    if (!absl::IsNotFound(joined.status())) {
+      return absl::StrCat(missing.empty() ? "" : absl::StrCat(absl::StrJoin(missing, ", "), ", "),
+                          "unknown from rank ", r,
+                          " on (the rendezvous store: ", joined.status().message(), ")");
+    }
+    missing.push_back(r);
   }
   return missing.empty() ? "none missing from the store (a rank stopped during NCCL's setup)"
                          : absl::StrJoin(missing, ", ");
@@ -68,12 +81,53 @@ void NcclGroup::Abort() {
   comm_ = nullptr;
 }
 
+absl::StatusOr<bool> AllRanksAgree(NcclGroup& group, bool mine) {
+  int32_t* flag = nullptr;
+  cudaStream_t stream = nullptr;
+  struct Release {
+    int32_t*& flag;
+    cudaStream_t& stream;
+    ~Release() {  // after the stream is idle or the wait gave up; errors have no caller here
+      if (stream != nullptr) (void)cudaStreamDestroy(stream);
+      if (flag != nullptr) (void)cudaFree(flag);
+    }
+  } release{flag, stream};
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMalloc(&flag, sizeof(int32_t)));
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const int32_t value = mine ? 1 : 0;
+  DROPLESS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(flag, &value, sizeof(value), cudaMemcpyHostToDevice, stream));
+  DROPLESS_RETURN_IF_ERROR(group.Await(
+      ncclAllReduce(flag, flag, 1, ncclInt32, ncclMin, group.comm(), stream), "ncclAllReduce"));
+  // Polled rather than synchronized: a peer that never joins the all-reduce must not hang us.
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  cudaError_t done = cudaStreamQuery(stream);
+  while (done == cudaErrorNotReady) {
+    ncclResult_t state = ncclSuccess;
+    DROPLESS_RETURN_IF_ERROR(
+        NcclStatus(ncclCommGetAsyncError(group.comm(), &state), "ncclCommGetAsyncError"));
+    DROPLESS_RETURN_IF_ERROR(NcclStatus(state, "the ranks' agreement (ncclAllReduce)"));
+    if (absl::Now() > deadline) {
+      group.Abort();  // the all-reduce never completes: cancel it, so that the stream drains
+      (void)cudaStreamSynchronize(stream);
+      return absl::DeadlineExceededError(
+          "the ranks' agreement (ncclAllReduce): a rank did not take part within 2 minutes");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    done = cudaStreamQuery(stream);
+  }
+  DROPLESS_CUDA_RETURN_IF_ERROR(done);
+  int32_t all = 0;
+  DROPLESS_CUDA_RETURN_IF_ERROR(cudaMemcpy(&all, flag, sizeof(all), cudaMemcpyDeviceToHost));
+  return all == 1;
+}
+
 absl::StatusOr<std::unique_ptr<NcclGroup>> JoinNcclGroup(KeyValueStore* store,
                                                          const std::string& prefix, int rank,
                                                          int size, absl::Duration timeout) {
   if (store == nullptr || rank < 0 || rank >= size) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("NCCL group %s: rank %d of %d (or no rendezvous store)", prefix, rank, size));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "NCCL group %s: rank %d of %d (or no rendezvous store)", prefix, rank, size));
   }
   const absl::Time deadline = absl::Now() + timeout;
   absl::Status put = store->Put(Key(prefix, absl::StrCat("joined/", rank)), "1");
@@ -88,16 +142,25 @@ absl::StatusOr<std::unique_ptr<NcclGroup>> JoinNcclGroup(KeyValueStore* store,
     if (!s.ok()) return s;
   } else {
     absl::Status waited = store->Wait({id_key}, deadline - absl::Now());
+    if (!waited.ok() && !absl::IsDeadlineExceeded(waited)) {
+      // The attempt ended, the secret was refused, ...: the store's answer is the error, and
+      // asking it which ranks joined would only repeat it.
+      return absl::Status(waited.code(),
+                          absl::StrFormat("NCCL group %s: rank %d waiting for rank 0's NCCL id: %s",
+                                          prefix, rank, waited.message()));
+    }
     if (!waited.ok()) {
       return absl::DeadlineExceededError(absl::StrFormat(
-          "NCCL group %s: rank %d waited %s for rank 0's NCCL id; ranks that did not join: %s",
-          prefix, rank, absl::FormatDuration(timeout), MissingRanks(store, prefix, size)));
+          "NCCL group %s: rank %d waited %s for rank 0's NCCL id (%s); ranks that did not join: "
+          "%s",
+          prefix, rank, absl::FormatDuration(timeout), waited.message(),
+          MissingRanks(store, prefix, size)));
     }
     absl::StatusOr<std::string> value = store->Get(id_key);
     if (!value.ok()) return value.status();
     if (value->size() != sizeof(id)) {
-      return absl::DataLossError(absl::StrFormat("NCCL group %s: the NCCL id in the store has %d bytes",
-                                                 prefix, value->size()));
+      return absl::DataLossError(absl::StrFormat(
+          "NCCL group %s: the NCCL id in the store has %d bytes", prefix, value->size()));
     }
     std::memcpy(&id, value->data(), sizeof(id));
   }

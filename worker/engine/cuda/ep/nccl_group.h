@@ -41,12 +41,19 @@ class NcclGroup {
   absl::Status Await(ncclResult_t result, const char* what);
 
  private:
-  friend absl::StatusOr<std::unique_ptr<NcclGroup>> JoinNcclGroup(KeyValueStore*, const std::string&,
-                                                                  int, int, absl::Duration);
+  friend absl::StatusOr<std::unique_ptr<NcclGroup>> JoinNcclGroup(KeyValueStore*,
+                                                                  const std::string&, int, int,
+                                                                  absl::Duration);
   NcclGroup(ncclComm_t comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {}
   ncclComm_t comm_;
   int rank_, size_;
 };
+
+// Whether `mine` holds on every rank of the group: an all-reduce (min) of one int on a stream of
+// its own, waited for on the host (set-up only; never on a step's path). Every rank must call it;
+// DeadlineExceeded after 2 minutes (a rank that never calls it), the communicator's error if NCCL
+// reports one meanwhile.
+absl::StatusOr<bool> AllRanksAgree(NcclGroup& group, bool mine);
 
 // Joins the group `prefix` (unique per attempt and group, e.g. "ep/0") as `rank` of `size` on the
 // current CUDA device. DeadlineExceeded after `timeout` naming the ranks that did not join.

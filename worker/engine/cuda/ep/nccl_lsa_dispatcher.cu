@@ -248,8 +248,15 @@ absl::Status NcclLsaReachable(NcclGroup& group) {
   ncclDevCommRequirements reqs;
   std::memset(&reqs, 0, sizeof(reqs));
   ncclDevComm probe{};
-  DROPLESS_RETURN_IF_ERROR(group.Await(ncclDevCommCreate(group.comm(), &reqs, &probe),
-                                       "nccl-lsa probe: ncclDevCommCreate"));
+  const ncclResult_t created = ncclDevCommCreate(group.comm(), &reqs, &probe);
+  if (created == ncclInvalidUsage) {
+    // Refused before any work was handed to NCCL's background (no symmetric-memory support for
+    // these ranks): the communicator is untouched, and nccl-a2a can still run on it.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ncclDevCommCreate refused the group (", ncclGetErrorString(created),
+        "): no symmetric-memory support"));
+  }
+  DROPLESS_RETURN_IF_ERROR(group.Await(created, "nccl-lsa probe: ncclDevCommCreate"));
   const int reachable = probe.lsaSize;
   DROPLESS_RETURN_IF_ERROR(group.Await(ncclDevCommDestroy(group.comm(), &probe),
                                        "nccl-lsa probe: ncclDevCommDestroy"));
