@@ -257,6 +257,13 @@ class Coordinator {
   // moves a rank forward), into `commit`.
   void ApplyRankStatusLocked(WorkerEntry& worker, const v1::RankStatus& status, bool from_list,
                              RankStatusCommit& commit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A rank's exit kRankExitDeviceTooSmall reported after its attempt ended: a peer's failure,
+  // handled first, ended it as an ordinary failure (NCCL's "connection closed by peer" once this
+  // rank died: any exit code) and queued the job again. While that attempt is still the job's
+  // latest and the job PENDING, JobController::FailAttemptOnTooSmallDevice: as if the report had
+  // come first. Once per rank, stored with the rank's end in the attempt's row.
+  void ApplyLateDeviceTooSmallLocked(WorkerEntry& worker, const v1::RankStatus& status,
+                                     RankStatusCommit& commit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits what `commit` holds (with fsync when a rank's state changed) and the jobs with
   // changes not stored yet, publishes its events, then retires and schedules when a slot was
   // freed; `commit` starts over. True when what the statuses say is in the store: only then is a
@@ -315,7 +322,8 @@ class Coordinator {
   static constexpr int kMaxStrayLookupsPerMessage = 8;
   CoordinatorMetrics* const metrics_;
   RendezvousStore rendezvous_;
-  WatchHub hub_{options_.watch_mailbox_capacity, options_.log_mailbox_capacity};  // WatchJob, GetLogs -f
+  WatchHub hub_{options_.watch_mailbox_capacity,
+                options_.log_mailbox_capacity};  // WatchJob, GetLogs -f
 
   absl::Mutex mu_;
   // Those left for the worker message being handled.

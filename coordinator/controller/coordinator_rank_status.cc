@@ -24,6 +24,33 @@ bool IsRankOf(const RankKey& key, const v1::RankStatus& status) {
          key.rank == status.rank();
 }
 
+// "rank 0 on node n failed with exit code 1: <the worker's message>"
+std::string RankEndReason(const WorkerEntry& worker, const v1::RankStatus& status) {
+  std::string reason =
+      status.state() == v1::RANK_STATE_FAILED
+          ? absl::StrFormat("rank %d on node %s failed with exit code %d", status.rank(),
+                            worker.info.node(), status.exit_code())
+          : absl::StrFormat("rank %d on node %s was killed", status.rank(), worker.info.node());
+  // The worker's text goes into an event and the job's message, printed by the CLI: no control
+  // characters (a terminal escape, a newline forging a line), as for a Goodbye's reason.
+  if (!status.message().empty()) {
+    absl::StrAppend(&reason, ": ",
+                    ReplaceControlCharacters(TruncateUtf8(ToValidUtf8(status.message()), 512)));
+  }
+  return reason;
+}
+
+// The total memory of the worker's GPU in `slot`; 0 when it does not say.
+int64_t DeviceMemoryBytes(const WorkerEntry& worker, int32_t slot) {
+  return slot >= 0 && slot < worker.info.device_memory_bytes_size()
+             ? worker.info.device_memory_bytes(slot)
+             : 0;
+}
+
+bool RanOutOfDeviceMemory(const v1::RankStatus& status) {
+  return status.state() == v1::RANK_STATE_FAILED && status.exit_code() == kRankExitDeviceTooSmall;
+}
+
 }  // namespace
 
 void Coordinator::ApplyRankStatusLocked(WorkerEntry& worker, const v1::RankStatus& status,
@@ -43,6 +70,7 @@ void Coordinator::ApplyRankStatusLocked(WorkerEntry& worker, const v1::RankStatu
   }
   if (rank == nullptr || rank->worker_id != worker.info.id()) {
     commit.slot_freed |= CancelStrayRankLocked(worker, status);
+    if (RanOutOfDeviceMemory(status)) ApplyLateDeviceTooSmallLocked(worker, status, commit);
     return stored_once_its_job_is();  // e.g. the last rank's end again, its job's commit failed
   }
   if (RankEnded(rank->state)) return stored_once_its_job_is();  // no way back from an end
@@ -62,35 +90,20 @@ void Coordinator::ApplyRankStatusLocked(WorkerEntry& worker, const v1::RankStatu
   commit.needs_commit = true;
   StoreWrite& write = commit.write;
   v1::Job& j = job->record.job;
-  const int32_t rank_number = rank->rank;
   jobs_.MarkDirty(*job);
   if (status.state() == v1::RANK_STATE_FAILED || status.state() == v1::RANK_STATE_KILLED) {
-    std::string reason =
-        status.state() == v1::RANK_STATE_FAILED
-            ? absl::StrFormat("rank %d on node %s failed with exit code %d", rank_number,
-                              worker.info.node(), status.exit_code())
-            : absl::StrFormat("rank %d on node %s was killed", rank_number, worker.info.node());
-    // The worker's text goes into an event and the job's message, printed by the CLI: no control
-    // characters (a terminal escape, a newline forging a line), as for a Goodbye's reason.
-    if (!status.message().empty()) {
-      absl::StrAppend(&reason, ": ",
-                      ReplaceControlCharacters(TruncateUtf8(ToValidUtf8(status.message()), 512)));
-    }
+    std::string reason = RankEndReason(worker, status);
     // A peer whose worker went away first is the likely cause ("connection closed by peer").
     if (std::string gone = GonePeersLocked(*job, worker); !gone.empty()) {
       reason = absl::StrCat(gone, ", then ", reason);
     }
     AddEvent(write, j.id(), status.attempt(), "RankExited", reason);
-    const bool failed = status.state() == v1::RANK_STATE_FAILED;
-    if (failed && status.exit_code() == kRankExitDeviceTooSmall) {
-      // Out of memory on this GPU in all: larger GPUs only, if a READY worker has them.
-      const int32_t slot = rank->slot;
-      const int64_t bytes = slot >= 0 && slot < worker.info.device_memory_bytes_size()
-                                ? worker.info.device_memory_bytes(slot)
-                                : 0;
-      jobs_.FailAttemptOnTooSmallDevice(*job, reason, bytes, write);
+    if (RanOutOfDeviceMemory(status)) {
+      // Out of memory on this GPU in all: larger GPUs only, if a known worker has them.
+      jobs_.FailAttemptOnTooSmallDevice(*job, reason, DeviceMemoryBytes(worker, rank->slot), write);
       return;
     }
+    const bool failed = status.state() == v1::RANK_STATE_FAILED;
     const bool job_error = failed && status.exit_code() == kRankExitJobError;
     jobs_.FailAttempt(*job, reason, write, /*retry=*/!job_error);
     return;
@@ -111,6 +124,38 @@ void Coordinator::ApplyRankStatusLocked(WorkerEntry& worker, const v1::RankStatu
     jobs_.EndAttempt(*job, v1::JOB_STATE_SUCCEEDED, "", write);
     jobs_.FinishJob(*job, v1::JOB_STATE_SUCCEEDED, "", write);
   }
+}
+
+void Coordinator::ApplyLateDeviceTooSmallLocked(WorkerEntry& worker, const v1::RankStatus& status,
+                                                RankStatusCommit& commit) {
+  ActiveJob* job = jobs_.Find(status.job_id());
+  // An older attempt's report: the job was placed again since.
+  if (job == nullptr || job->record.job.attempt() != status.attempt()) return;
+  // Only while the peer's failure left the job PENDING: a job it finished stays finished (its end
+  // was stored and announced: watchers ended, `submit --wait` returned, the user may have
+  // submitted it again).
+  AttemptRecord* ended = jobs_.EndedAttemptOfPendingJob(*job);
+  if (ended == nullptr) return;
+  RankRecord* rank = nullptr;
+  bool handled = false;  // ended as too small already (another rank's exit 79, first or late)
+  for (RankRecord& r : ended->ranks) {
+    if (r.rank == status.rank()) rank = &r;
+    handled |= r.state == v1::RANK_STATE_FAILED && r.exit_code == kRankExitDeviceTooSmall;
+  }
+  // Once: the rank's end is written into the attempt's row with what it changed, and an end
+  // already known (the report sent again, also after a restart) changes nothing.
+  if (rank == nullptr || rank->worker_id != worker.info.id() || RankEnded(rank->state) || handled) {
+    return;
+  }
+  rank->state = status.state();
+  rank->exit_code = status.exit_code();
+  commit.needs_commit = true;
+  StoreWrite& write = commit.write;
+  write.attempts.push_back(*ended);
+  jobs_.MarkDirty(*job);
+  const std::string reason = RankEndReason(worker, status);
+  AddEvent(write, status.job_id(), status.attempt(), "RankExited", reason);
+  jobs_.FailAttemptOnTooSmallDevice(*job, reason, DeviceMemoryBytes(worker, rank->slot), write);
 }
 
 bool Coordinator::CommitRankStatusesLocked(RankStatusCommit& commit) {

@@ -49,6 +49,14 @@ std::string NoLargerDevicesReason(const v1::Job& j, int64_t above) {
       GangNeedsOneNode(j.backend()) ? " on one node" : "");
 }
 
+// Why a job ends whose rank reported a problem of the job itself in attempt `number`.
+std::string JobErrorMessage(int32_t number, const std::string& reason) {
+  return absl::StrFormat(
+      "attempt %d failed: %s; not retried: a problem of the job itself, which another attempt "
+      "would meet again",
+      number, reason);
+}
+
 }  // namespace
 
 bool RankEnded(v1::RankState state) {
@@ -315,6 +323,7 @@ void JobController::EndAttempt(ActiveJob& job, v1::JobState state, const std::st
   if (state != v1::JOB_STATE_SUCCEEDED) SendCancellations(attempt, message);
   rendezvous_.Close(attempt.job_id, attempt.attempt);
   write.attempts.push_back(attempt);
+  job.ended_attempt = std::move(job.attempt);
   job.attempt.reset();
   MarkDirty(job);
 }
@@ -324,12 +333,7 @@ void JobController::FailAttempt(ActiveJob& job, const std::string& reason, Store
   v1::Job& j = job.record.job;
   const int32_t number = EndFailedAttempt(job, reason, write);
   if (!retry) {
-    FinishJob(
-        job, v1::JOB_STATE_FAILED,
-        absl::StrFormat("attempt %d failed: %s; not retried: a problem of the job itself, which "
-                        "another attempt would meet again",
-                        number, reason),
-        write);
+    FinishJob(job, v1::JOB_STATE_FAILED, JobErrorMessage(number, reason), write);
     return;
   }
   // Attempts that ran out of memory on a GPU too small do not count (FailAttemptOnTooSmallDevice).
@@ -350,23 +354,24 @@ void JobController::FailAttempt(ActiveJob& job, const std::string& reason, Store
 void JobController::FailAttemptOnTooSmallDevice(ActiveJob& job, const std::string& reason,
                                                 int64_t device_memory_bytes, StoreWrite& write) {
   v1::Job& j = job.record.job;
+  const bool ended = !job.attempt.has_value();  // by a peer's failure, which counted it
+  if (ended && j.state() != v1::JOB_STATE_PENDING) return;
+  const int32_t number = ended ? j.attempt() : EndFailedAttempt(job, reason, write);
   if (device_memory_bytes <= 0) {  // a worker that does not say: nothing to place by
-    FailAttempt(job, reason, write, /*retry=*/false);
+    StopJob(job, v1::JOB_STATE_FAILED, JobErrorMessage(number, reason), write);
     return;
   }
   const int64_t above = std::max(j.needs_device_memory_above_bytes(), device_memory_bytes);
   j.set_needs_device_memory_above_bytes(above);
   // Workers that are away for now (LOST: a restart, a lease blip) count: the job waits for them.
   if (!GangFitsCapacity(j.world_size(), j.backend(), above, workers_.KnownCapacity())) {
-    const int32_t number = EndFailedAttempt(job, reason, write);
-    FinishJob(job, v1::JOB_STATE_FAILED,
-              absl::StrFormat("attempt %d failed: %s; %s", number, reason,
-                              NoLargerDevicesReason(j, above)),
-              write);
+    StopJob(job, v1::JOB_STATE_FAILED,
+            absl::StrFormat("attempt %d failed: %s; %s", number, reason,
+                            NoLargerDevicesReason(j, above)),
+            write);
     return;
   }
   j.set_uncounted_attempts(j.uncounted_attempts() + 1);
-  const int32_t number = EndFailedAttempt(job, reason, write);
   Requeue(job, number, reason,
           absl::StrFormat("attempt %d ran out of memory on a GPU of %s; queued for attempt %d "
                           "on GPUs with more memory (not counted against max_attempts)",
@@ -510,6 +515,19 @@ ActiveJob* JobController::FindActiveAttempt(const std::string& job_id, int32_t a
     return nullptr;
   }
   return &it->second;
+}
+
+AttemptRecord* JobController::EndedAttemptOfPendingJob(ActiveJob& job) {
+  const v1::Job& j = job.record.job;
+  if (j.state() != v1::JOB_STATE_PENDING || job.attempt.has_value() || j.attempt() <= 0) {
+    return nullptr;
+  }
+  if (!job.ended_attempt.has_value() || job.ended_attempt->attempt != j.attempt()) {
+    absl::StatusOr<AttemptRecord> stored = store_.GetAttempt(j.id(), j.attempt());
+    if (!stored.ok()) return nullptr;
+    job.ended_attempt = *std::move(stored);
+  }
+  return job.ended_attempt->state == v1::JOB_STATE_FAILED ? &*job.ended_attempt : nullptr;
 }
 
 ActiveJob* JobController::Find(const std::string& id) {

@@ -53,7 +53,10 @@ struct RankProgress {
 
 struct ActiveJob {
   JobRecord record;  // record.job carries placement and latest as the API shows them
-  std::optional<AttemptRecord> attempt;      // while SCHEDULED or RUNNING
+  std::optional<AttemptRecord> attempt;  // while SCHEDULED or RUNNING
+  // The latest attempt that ended, as its end was written (EndAttempt); none since a restart
+  // until one ends (JobController::EndedAttemptOfPendingJob reads the store then).
+  std::optional<AttemptRecord> ended_attempt;
   std::string waiting_reason;                // last reason recorded in a Waiting event
   StepTimes step_times;                      // recent step times (hang watchdog)
   std::map<int32_t, RankProgress> progress;  // by rank, as the last heartbeats said
@@ -73,6 +76,11 @@ class JobController {
   ActiveJob* Find(const std::string& id);
   // The job whose current, unfinished attempt is `attempt`; null otherwise.
   ActiveJob* FindActiveAttempt(const std::string& job_id, int32_t attempt);
+  // The job's latest attempt once it ended as FAILED and the job is PENDING for the next one (a
+  // failure queued it again, not placed yet); null otherwise, or when the store cannot say. From
+  // memory, or from the store since a restart: a job's row is stored with the row of the attempt
+  // that ended, so what is stored is what memory held.
+  AttemptRecord* EndedAttemptOfPendingJob(ActiveJob& job);
   // NotFound for an unknown job (live or stored); InvalidArgument naming the rank when it is set
   // and outside the job's ranks.
   absl::Status CheckJobRank(const std::string& job_id, std::optional<int32_t> rank);
@@ -121,6 +129,11 @@ class JobController {
   // known workers of its kind (READY or away, WorkerRegistry::KnownCapacity) could hold its gang
   // on such GPUs; otherwise (or when that GPU's memory is unknown: 0) the job FAILS as for a
   // problem of the job itself.
+  // The rank's report may come after a peer's failure ended that attempt (NCCL's "connection
+  // closed by peer" once this rank died, handled first as an ordinary failure) and queued the job
+  // again (PENDING, EndedAttemptOfPendingJob; a job it finished stays finished): the job then
+  // ends up as if the report had come first, and the attempt, which FailAttempt counted, stops
+  // counting against max_attempts.
   void FailAttemptOnTooSmallDevice(ActiveJob& job, const std::string& reason,
                                    int64_t device_memory_bytes, StoreWrite& write);
   // The PENDING jobs waiting for GPUs larger than one they ran out of memory on that the known

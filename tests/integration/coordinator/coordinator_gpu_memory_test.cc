@@ -1,7 +1,9 @@
 // Mixed GPU fleets: a cuda job whose rank ran out of memory on a GPU of one size
 // (kRankExitDeviceTooSmall) runs next on a larger GPU, without spending an attempt, or fails with
-// the reason when no READY worker has one. The real coordinator over loopback, fake workers.
+// the reason when no READY worker has one, also when a peer's failure ended the attempt before the
+// rank's report came. The real coordinator over loopback, fake workers.
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -190,6 +192,77 @@ TEST(CoordinatorGpuMemoryTest, LargerGpusTooFewForTheGangFailTheJob) {
   v1::Job failed = coordinator->WaitForState(job->id(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.message(),
               HasSubstr("no known cuda worker has 2 GPU(s) with more than 80.0 GiB on one node"));
+}
+
+// A 2-rank job on the 80 GiB GPUs whose rank 1 failed first (its NCCL peer gone: "connection
+// closed by peer") and was handled as an ordinary failure: rank 0's exit 79, reported after a
+// restart of the coordinator, still moves the job to the larger GPUs without spending an attempt.
+TEST(CoordinatorGpuMemoryTest, AnOutOfMemoryReportAfterAPeersFailureStillMovesTheJob) {
+  auto coordinator = CoordinatorUnderTest::Start();
+  auto large = GpuWorker(*coordinator, "node-h200", 2, 141);
+  large->Disconnect();
+  ASSERT_TRUE(coordinator->WaitForWorkerState("node-h200", v1::WORKER_STATE_LOST));
+  auto small = GpuWorker(*coordinator, "node-h100", 2, 80);
+  absl::StatusOr<v1::Job> job =
+      SubmitRunning(*coordinator, *small, CudaSpec(2, /*max_attempts=*/2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(small->ReportRank(job->id(), 1, 1, v1::RANK_STATE_FAILED, 1).ok());
+  v1::Job retried = coordinator->WaitForState(job->id(), v1::JOB_STATE_PENDING);
+  ASSERT_EQ(retried.state(), v1::JOB_STATE_PENDING) << retried.message();
+  EXPECT_EQ(retried.uncounted_attempts(), 0);
+
+  // Rank 0's end comes after a restart; its worker's Hello lists it as still running.
+  small->Disconnect();
+  coordinator->KillAndRestart();
+  ASSERT_TRUE(RegisterAgain(*small, "boot-1").ok());
+  ASSERT_TRUE(small->Connect("boot-1").ok());
+  ASSERT_TRUE(
+      small->ReportRank(job->id(), 1, 0, v1::RANK_STATE_FAILED, kRankExitDeviceTooSmall).ok());
+  v1::Job moved = coordinator->WaitForJob(
+      job->id(), [](const v1::Job& j) { return j.needs_device_memory_above_bytes() > 0; });
+  EXPECT_EQ(moved.state(), v1::JOB_STATE_PENDING) << moved.message();
+  EXPECT_EQ(moved.needs_device_memory_above_bytes(), 80 * kGiB);
+  EXPECT_EQ(moved.uncounted_attempts(), 1);
+  EXPECT_TRUE(RetryingSays(coordinator->Events(job->id()),
+                           "attempt 1 ran out of memory on a GPU of 80.0 GiB; queued for attempt 2 "
+                           "on GPUs with more memory (not counted against max_attempts)"));
+
+  // The larger worker is back: attempt 2 runs there, and attempt 1 did not count.
+  ASSERT_TRUE(RegisterAgain(*large, "boot-1").ok());
+  ASSERT_TRUE(large->Connect("boot-1").ok());
+  std::optional<v1::Assignment> second = large->NextAssignment(absl::Seconds(15));
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->attempt(), 2);
+  ASSERT_TRUE(large->ReportRank(job->id(), 2, 1, v1::RANK_STATE_FAILED, 1).ok());
+  v1::Job third = coordinator->WaitForJob(job->id(), [](const v1::Job& j) {
+    return absl::StartsWith(j.message(), "attempt 2 failed");
+  });
+  EXPECT_EQ(third.state(), v1::JOB_STATE_PENDING) << third.message();
+  EXPECT_TRUE(RetryingSays(coordinator->Events(job->id()),
+                           "attempt 2 (1 of 2 counted) failed; queued for attempt 3"));
+}
+
+// The same without a larger GPU anywhere: the job fails with the reason, as if rank 0's exit 79
+// had come first, instead of running again on the GPUs it does not fit.
+TEST(CoordinatorGpuMemoryTest, AnOutOfMemoryReportAfterAPeersFailureFailsTheJobWithTheReason) {
+  auto coordinator = CoordinatorUnderTest::Start();
+  auto small = GpuWorker(*coordinator, "node-h100", 2, 80);
+  absl::StatusOr<v1::Job> job =
+      SubmitRunning(*coordinator, *small, CudaSpec(2, /*max_attempts=*/3));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(small->ReportRank(job->id(), 1, 1, v1::RANK_STATE_FAILED, 1).ok());
+  ASSERT_EQ(coordinator->WaitForState(job->id(), v1::JOB_STATE_PENDING).state(),
+            v1::JOB_STATE_PENDING);
+  ASSERT_TRUE(
+      small->ReportRank(job->id(), 1, 0, v1::RANK_STATE_FAILED, kRankExitDeviceTooSmall).ok());
+  v1::Job failed = coordinator->WaitForState(job->id(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED) << failed.message();
+  EXPECT_THAT(failed.message(),
+              HasSubstr("attempt 1 failed: rank 0 on node node-h100 failed with exit code 79: "
+                        "simulated failure; not retried: no known cuda worker has 2 GPU(s) with "
+                        "more than 80.0 GiB on one node"));
+  EXPECT_EQ(failed.attempt(), 1);
+  EXPECT_EQ(failed.needs_device_memory_above_bytes(), 80 * kGiB);
 }
 
 }  // namespace
