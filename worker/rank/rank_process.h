@@ -9,8 +9,10 @@
 
 namespace dropless {
 
-// Process exit code: 0 when every step ran, 1 on any error (printed as one "error: ..." line),
-// 2 on bad options.
+// Process exit code: 0 when every step ran, 2 on bad options. On any other error (printed as one
+// "error: ..." line), RankExitCodeFor's (common/job_error.h): 78 (kRankExitJobError) for an error
+// of the job itself, which the coordinator does not retry; 79 (kRankExitDeviceTooSmall) when the
+// job needs more memory than its GPU has; 1 otherwise.
 int RunRankProcess(const RankOptions& options);
 
 }  // namespace dropless

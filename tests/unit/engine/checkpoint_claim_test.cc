@@ -56,7 +56,7 @@ TEST_F(CheckpointClaimTest, AnotherJobsRunIsAJobError) {
   const absl::Status taken = CheckCheckpointClaim(dir_, {"job-a", 5, 0});
   EXPECT_EQ(taken.code(), absl::StatusCode::kFailedPrecondition) << taken;
   EXPECT_TRUE(IsJobError(taken)) << taken;
-  EXPECT_NE(taken.message().find("job job-b (attempt 1)"), absl::string_view::npos) << taken;
+  EXPECT_NE(taken.message().find("job \"job-b\" (attempt 1)"), absl::string_view::npos) << taken;
   // A job that starts on another's directory (a new job resuming a finished one) takes it.
   ASSERT_TRUE(ClaimCheckpoints(dir_, {"job-a", 1, 0}).ok());
   EXPECT_TRUE(CheckCheckpointClaim(dir_, {"job-a", 1, 0}).ok());
@@ -71,7 +71,7 @@ TEST_F(CheckpointClaimTest, AnotherUsersCheckpointsAreRefused) {
   const absl::Status bobs = ClaimCheckpoints(dir_, {"job-b", 1, 0, "bob"});
   EXPECT_EQ(bobs.code(), absl::StatusCode::kPermissionDenied) << bobs;
   EXPECT_TRUE(IsJobError(bobs)) << bobs;
-  EXPECT_NE(bobs.message().find("job job-a of user alice smith; job job-b of user bob may "
+  EXPECT_NE(bobs.message().find("job \"job-a\" of user \"alice smith\"; job job-b of user bob may "
                                 "neither resume from nor write them"),
             absl::string_view::npos)
       << bobs;
@@ -109,6 +109,27 @@ TEST_F(CheckpointClaimTest, ADamagedRecordOrAFileForTheDirectoryIsAJobError) {
   const absl::Status s = ClaimCheckpoints(dir_ + "/file", {"a", 1, 0});
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_TRUE(IsJobError(s)) << s;
+}
+
+// A record too large to be one, or a directory where it belongs, is the directory's problem: every
+// attempt of the job would meet it again, so the rank exits with the job-error code (the
+// coordinator ends the job) instead of 1 (retried forever).
+TEST_F(CheckpointClaimTest, AnOversizedRecordOrADirectoryInItsPlaceIsAJobError) {
+  fs::create_directories(dir_);
+  const std::string record = CheckpointClaimPath(dir_, 0);
+  std::ofstream(record) << "dropless-checkpoint-owner job=a attempt=1\n" << std::string(5000, 'x');
+  for (const absl::Status& s :
+       {ClaimCheckpoints(dir_, {"a", 2, 0}), CheckCheckpointClaim(dir_, {"a", 1, 0})}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(IsJobError(s)) << s;
+  }
+  fs::remove(record);
+  fs::create_directory(record);
+  for (const absl::Status& s :
+       {ClaimCheckpoints(dir_, {"a", 2, 0}), CheckCheckpointClaim(dir_, {"a", 1, 0})}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_TRUE(IsJobError(s)) << s;
+  }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include "common/job_error.h"
 #include "gtest/gtest.h"
+#include "tests/unit/engine/moe_checkpoint_test_util.h"
 #include "worker/engine/checkpoint/file_io.h"
 #include "worker/engine/checkpoint/json.h"
 #include "worker/engine/checkpoint/safetensors.h"
@@ -26,75 +27,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-ModelSpec TinyModel() {
-  ModelSpec m;
-  m.hidden = 8;
-  m.ffn = 6;
-  m.experts = 4;
-  m.topk = 2;
-  m.shared_experts = 1;
-  m.layers = 2;
-  return m;
-}
+using checkpoint_testing::RankState;
+using checkpoint_testing::TinyJob;
 
-JobSpec TinyJob(int ep, int dp) {
-  JobSpec spec;
-  spec.model = TinyModel();
-  spec.parallel.ep = ep;
-  spec.parallel.dp = dp;
-  spec.data.seed = 99;
-  return spec;
-}
-
-// One rank's parameter and moment buffers, filled with random values.
-struct RankState {
-  RankState(const JobSpec& spec, int rank, uint32_t seed)
-      : id(MoeCheckpointIdentityOf(EngineConfigFromSpec(spec), rank)),
-        layout(spec.model, spec.parallel.ep, rank % spec.parallel.ep, 16) {
-    for (auto* v : {&rep_value, &rep_m, &rep_v}) v->resize(layout.replicated_size());
-    for (auto* v : {&exp_value, &exp_m, &exp_v}) v->resize(layout.experts_size());
-    Fill(seed);
-  }
-  void Fill(uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> normal;
-    for (auto* v : {&rep_value, &rep_m, &rep_v, &exp_value, &exp_m, &exp_v}) {
-      for (float& x : *v) x = normal(rng);
-    }
-  }
-  MoeOptimizerBuffers Replicated() {
-    return {absl::MakeSpan(rep_value), absl::MakeSpan(rep_m), absl::MakeSpan(rep_v)};
-  }
-  MoeOptimizerBuffers Experts() {
-    return {absl::MakeSpan(exp_value), absl::MakeSpan(exp_m), absl::MakeSpan(exp_v)};
-  }
-  absl::Status Write(const std::string& dir, int64_t step) {
-    return WriteMoeCheckpoint(dir, id, step, layout, Replicated(), Experts());
-  }
-  absl::StatusOr<int64_t> Read(const std::string& dir) {
-    return ReadMoeCheckpoint(dir, id, layout, Replicated(), Experts());
-  }
-  bool operator==(const RankState& o) const {
-    return rep_value == o.rep_value && rep_m == o.rep_m && rep_v == o.rep_v &&
-           exp_value == o.exp_value && exp_m == o.exp_m && exp_v == o.exp_v;
-  }
-
-  MoeCheckpointIdentity id;
-  cpu::MoeParameterLayout layout;
-  std::vector<float> rep_value, rep_m, rep_v, exp_value, exp_m, exp_v;
-};
-
-class MoeCheckpointTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const char* base = std::getenv("TEST_TMPDIR");
-    dir_ = std::string(base ? base : "/tmp") + "/dropless-moe-ckpt-" + std::to_string(getpid()) +
-           "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string dir_;
-};
+class MoeCheckpointTest : public checkpoint_testing::CheckpointDirTest {};
 
 TEST_F(MoeCheckpointTest, RoundTripsFreshRandomData) {
   const JobSpec spec = TinyJob(2, 1);
@@ -163,7 +99,7 @@ TEST_F(MoeCheckpointTest, NoCheckpointIsNotFound) {
   fs::create_directories(dir_);
   EXPECT_EQ(state.Read(dir_).status().code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(IsJobError(state.Read(dir_).status()));  // nothing there: a fresh start
-  std::ofstream(dir_ + "/rank-0.ckpt") << "old";  // the pre-safetensors format is not ignored
+  std::ofstream(dir_ + "/rank-0.ckpt") << "old";        // the pre-safetensors format is not ignored
   EXPECT_EQ(state.Read(dir_).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(IsJobError(state.Read(dir_).status()));
 }

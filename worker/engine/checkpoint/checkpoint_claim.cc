@@ -11,6 +11,7 @@
 #include "absl/strings/strip.h"
 #include "common/job_error.h"
 #include "worker/engine/checkpoint/file_io.h"
+#include "worker/engine/checkpoint/json.h"
 
 namespace dropless::engine {
 namespace {
@@ -51,11 +52,13 @@ absl::StatusOr<CheckpointClaim> ParseClaim(const std::string& path, absl::string
   return absl::DataLossError(absl::StrCat("checkpoint: ", path, ": not a checkpoint owner record"));
 }
 
-// The record of `rank` in `dir`: NotFound when there is none, DataLoss (a job error) when damaged.
+// The record of `rank` in `dir`: NotFound when there is none; job errors, which every attempt would
+// meet again in the same directory: DataLoss when damaged, InvalidArgument when larger than a
+// record, FailedPrecondition when something other than a file (a directory) is in its place.
 absl::StatusOr<CheckpointClaim> ReadClaim(const std::string& dir, int rank) {
   const std::string path = CheckpointClaimPath(dir, rank);
   absl::StatusOr<std::string> text = ReadSmallFile(path, kMaxClaimBytes);
-  if (!text.ok()) return text.status();
+  if (!text.ok()) return AsCheckpointJobError(text.status());
   absl::StatusOr<CheckpointClaim> owner = ParseClaim(path, *text, rank);
   if (!owner.ok()) return MarkJobError(owner.status());
   return owner;
@@ -88,8 +91,9 @@ absl::Status ClaimCheckpoints(const std::string& dir, const CheckpointClaim& cla
   }
   if (owner.ok() && !owner->user.empty() && owner->user != claim.user) {
     return MarkJobError(absl::PermissionDeniedError(absl::StrCat(
-        "checkpoint.dir ", dir, " holds the checkpoints of job ", owner->job_id, " of user ",
-        owner->user, "; job ", claim.job_id, " of ",
+        "checkpoint.dir ", dir, " holds the checkpoints of job ",
+        json::QuoteForMessage(owner->job_id), " of user ", json::QuoteForMessage(owner->user),
+        "; job ", claim.job_id, " of ",
         claim.user.empty() ? std::string("no user") : absl::StrCat("user ", claim.user),
         " may neither resume from nor write them: choose another checkpoint.dir")));
   }
@@ -107,8 +111,8 @@ absl::Status CheckCheckpointClaim(const std::string& dir, const CheckpointClaim&
   if (owner->job_id == claim.job_id && owner->attempt == claim.attempt) return absl::OkStatus();
   if (owner->job_id == claim.job_id) return Superseded(dir, *owner, claim);
   return MarkJobError(absl::FailedPreconditionError(
-      absl::StrCat("checkpoint.dir ", dir, ": job ", owner->job_id, " (attempt ", owner->attempt,
-                   ") writes rank ", claim.rank,
+      absl::StrCat("checkpoint.dir ", dir, ": job ", json::QuoteForMessage(owner->job_id),
+                   " (attempt ", owner->attempt, ") writes rank ", claim.rank,
                    "'s checkpoints now; two jobs cannot share a checkpoint.dir: choose another")));
 }
 

@@ -29,13 +29,17 @@ std::string CheckpointClaimPath(const std::string& dir, int rank);
 // record names a later attempt of the same job: FailedPrecondition, this attempt was superseded
 // before it got here. Or unless it names another user: PermissionDenied, a job error (one user's
 // job must neither resume from nor overwrite another's checkpoints; a record without a user, of
-// a plaintext cluster or from before users, is anyone's).
+// a plaintext cluster or from before users, is anyone's). A record over 4 KiB (InvalidArgument)
+// or a directory in its place (FailedPrecondition) is not replaced: a job error, as every attempt
+// would meet it again.
 absl::Status ClaimCheckpoints(const std::string& dir, const CheckpointClaim& claim);
 
 // OK while `claim` is still the record of its rank in `dir` (or none is there). Otherwise
 // FailedPrecondition naming the writer since: a later attempt of the same job (this attempt is
 // over: its rank stops), or another job, a job error (common/job_error.h), since the next attempt
-// would take the directory back from that job, and so on. DataLoss when the record is damaged.
+// would take the directory back from that job, and so on. Job errors too: DataLoss when the
+// record is damaged, InvalidArgument when it is over 4 KiB, FailedPrecondition when something
+// other than a file is in its place.
 absl::Status CheckCheckpointClaim(const std::string& dir, const CheckpointClaim& claim);
 
 }  // namespace dropless::engine

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_error.h"
 #include "worker/engine/checkpoint/crc32c.h"
 
 namespace dropless::engine {
@@ -25,11 +26,19 @@ absl::Status ErrnoStatus(const std::string& what, const std::string& path) {
 
 }  // namespace
 
-absl::Status MakeDirectories(const std::string& dir) {
+absl::Status MakeDirectories(const std::string& dir) { return MakeDirectories(dir, SyncDirectory); }
+
+absl::Status MakeDirectories(const std::string& dir, DirectorySync sync_directory) {
   for (size_t pos = 1; pos <= dir.size(); ++pos) {
     if (pos != dir.size() && dir[pos] != '/') continue;
     const std::string prefix = dir.substr(0, pos);
-    if (mkdir(prefix.c_str(), 0755) == 0 || errno == EEXIST) continue;
+    if (mkdir(prefix.c_str(), 0755) == 0) {
+      // The new directory's entry lives in its parent, which the renames of the files written
+      // into it later do not sync.
+      if (absl::Status s = sync_directory(DirectoryOf(prefix)); !s.ok()) return s;
+      continue;
+    }
+    if (errno == EEXIST) continue;
     return ErrnoStatus("mkdir", prefix);
   }
   struct stat info;
@@ -170,6 +179,14 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t max_
   std::string content(file->size(), '\0');
   if (absl::Status s = file->ReadAt(0, content.data(), content.size()); !s.ok()) return s;
   return content;
+}
+
+absl::Status AsCheckpointJobError(absl::Status status) {
+  if (absl::IsDataLoss(status) || absl::IsInvalidArgument(status) ||
+      absl::IsFailedPrecondition(status)) {
+    return MarkJobError(std::move(status));
+  }
+  return status;
 }
 
 }  // namespace dropless::engine

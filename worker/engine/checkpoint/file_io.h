@@ -1,5 +1,6 @@
 // POSIX file plumbing of the checkpoint writers and readers: atomic replacement of a file (temp
-// file, fsync, rename, directory fsync), positional reads, and errno as absl::Status.
+// file, fsync, rename, directory fsync), positional reads, errno as absl::Status, and which of
+// those errors are the checkpoint directory's own.
 #ifndef DROPLESS_WORKER_ENGINE_CHECKPOINT_FILE_IO_H_
 #define DROPLESS_WORKER_ENGINE_CHECKPOINT_FILE_IO_H_
 
@@ -7,16 +8,22 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace dropless::engine {
 
-// Creates `dir` and its missing parents.
-absl::Status MakeDirectories(const std::string& dir);
-
 // fsync of a directory, making the renames and unlinks inside it durable.
 absl::Status SyncDirectory(const std::string& dir);
+
+// Creates `dir` and its missing parents. After each directory it creates, syncs the directory
+// that holds it (`sync_directory`: SyncDirectory, or a test's observer), so that a crash cannot
+// drop the new directory's entry, and with it a checkpoint committed inside later; an error of
+// that sync is returned.
+using DirectorySync = absl::FunctionRef<absl::Status(const std::string& dir)>;
+absl::Status MakeDirectories(const std::string& dir);
+absl::Status MakeDirectories(const std::string& dir, DirectorySync sync_directory);
 
 // The directory part of `path` ("." when it has none).
 std::string DirectoryOf(const std::string& path);
@@ -72,6 +79,12 @@ class ReadOnlyFile {
 
 // The whole content of a file of at most `max_bytes` (InvalidArgument when larger).
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes);
+
+// `status` marked as a job error (common/job_error.h) when it is a property of the checkpoint
+// directory, which every retry of the job would meet again: damage (DataLoss), a file too large or
+// of another job or format (InvalidArgument), something other than a regular file or directory
+// where one belongs (FailedPrecondition). Other errors (NotFound, I/O) are returned as they are.
+absl::Status AsCheckpointJobError(absl::Status status);
 
 }  // namespace dropless::engine
 

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/utf8.h"
 
 namespace dropless::engine::json {
 
@@ -106,7 +107,9 @@ class Parser {
       if (AtEnd() || Peek() != '"') return Error("expected a string key");
       std::string key;
       if (absl::Status s = ParseString(&key); !s.ok()) return s;
-      if (!seen.insert(key).second) return Error(absl::StrCat("duplicate key ", Quote(key)));
+      if (!seen.insert(key).second) {
+        return Error(absl::StrCat("duplicate key ", QuoteForMessage(key)));
+      }
       SkipWhitespace();
       if (AtEnd() || Peek() != ':') return Error("expected ':'");
       ++pos_;
@@ -327,9 +330,9 @@ absl::StatusOr<uint64_t> ToUint64(const Value& value) {
   const bool plain =
       value.is_number() && !t.empty() && t.find_first_not_of("0123456789") == std::string::npos;
   if (!plain || !absl::SimpleAtoi(t, &result)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected a non-negative integer below 2^64, got ",
-                     value.is_number() || value.is_string() ? Quote(t) : KindName(value.kind())));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected a non-negative integer below 2^64, got ",
+        value.is_number() || value.is_string() ? QuoteForMessage(t) : KindName(value.kind())));
   }
   return result;
 }
@@ -385,6 +388,10 @@ std::string Quote(absl::string_view text) {
   }
   out.push_back('"');
   return out;
+}
+
+std::string QuoteForMessage(absl::string_view text) {
+  return ReplaceControlCharacters(Quote(ToValidUtf8(text)));
 }
 
 }  // namespace dropless::engine::json

@@ -60,6 +60,12 @@ absl::StatusOr<int64_t> ToNonNegativeInt64(const Value& value);
 // control characters as \u00xx, everything else as is.
 std::string Quote(absl::string_view text);
 
+// Quote for an error message, for text that came from a file: such messages reach logs that
+// another user may print to a terminal. Bytes that are not UTF-8 become U+FFFD and the control
+// characters that JSON leaves as they are (DEL, C1 such as U+009B, a terminal's CSI) '?'
+// (common/utf8.h); C0 ones (ESC, BEL, newline) are escaped as Quote escapes them.
+std::string QuoteForMessage(absl::string_view text);
+
 // A human-readable name of the kind ("an object", "a string", ...), for error messages.
 const char* KindName(Value::Kind kind);
 

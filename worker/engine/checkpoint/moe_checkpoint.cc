@@ -13,12 +13,11 @@
 #include <utility>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/job_error.h"
+#include "common/utf8.h"
 #include "worker/engine/checkpoint/file_io.h"
 #include "worker/engine/checkpoint/json.h"
 #include "worker/engine/checkpoint/safetensors.h"
@@ -30,10 +29,21 @@ constexpr char kManifestFormat[] = "dropless-moe-checkpoint";
 constexpr char kVersionKey[] = "dropless_checkpoint_version";
 constexpr uint64_t kMaxManifestBytes = 1 << 20;
 
-using Fields = std::vector<std::pair<std::string, std::string>>;
+// One field of the identity as the files record it: as text in the data file's metadata, as a
+// JSON number, string or boolean in the manifest's "identity".
+struct IdentityField {
+  std::string name;
+  std::string text;
+  json::Value::Kind kind = json::Value::Kind::kNumber;
+  // The routing function (model.router, model.renormalize): named by its spec field in messages,
+  // and absent from the checkpoints written before the files recorded it. Those are accepted
+  // whatever the job's router: what they were trained with is unknown, and refusing them would
+  // strand every job resuming from one.
+  bool routing = false;
+};
 
-// The identity as (name, decimal text) pairs: what the manifest and the metadata record.
-Fields IdentityFields(const MoeCheckpointIdentity& id) {
+std::vector<IdentityField> IdentityFields(const MoeCheckpointIdentity& id) {
+  using Kind = json::Value::Kind;
   return {{"rank", absl::StrCat(id.rank)},
           {"world_size", absl::StrCat(id.world_size)},
           {"ep", absl::StrCat(id.ep)},
@@ -44,7 +54,17 @@ Fields IdentityFields(const MoeCheckpointIdentity& id) {
           {"topk", absl::StrCat(id.topk)},
           {"shared_experts", absl::StrCat(id.shared_experts)},
           {"layers", absl::StrCat(id.layers)},
-          {"seed", absl::StrCat(id.seed)}};
+          {"seed", absl::StrCat(id.seed)},
+          {"router", std::string(ToString(id.router)), Kind::kString, true},
+          {"renormalize", id.renormalize ? "true" : "false", Kind::kBool, true}};
+}
+
+// How a message names a field, and shows a value of it.
+std::string FieldLabel(const IdentityField& field) {
+  return field.routing ? absl::StrCat("model.", field.name) : field.name;
+}
+std::string FieldValueText(const IdentityField& field, const std::string& text) {
+  return field.kind == json::Value::Kind::kString ? json::QuoteForMessage(text) : text;
 }
 
 std::string DataFileName(int64_t rank, int64_t step) {
@@ -93,10 +113,13 @@ absl::StatusOr<std::vector<MoeTensor>> CheckpointTensors(const MoeCheckpointIden
                     layout.local_experts() == id.experts / id.ep &&
                     layout.first_expert() == (id.rank % id.ep) * layout.local_experts();
   if (!fits) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint: the identity (",
-                     absl::StrJoin(IdentityFields(id), ", ", absl::PairFormatter("=")),
-                     ") does not describe the parameter layout"));
+    std::vector<std::string> fields;
+    for (const IdentityField& f : IdentityFields(id)) {
+      fields.push_back(absl::StrCat(f.name, "=", FieldValueText(f, f.text)));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint: the identity (",
+                                                   absl::StrJoin(fields, ", "),
+                                                   ") does not describe the parameter layout"));
   }
   struct Kind {
     const char* prefix;
@@ -124,7 +147,7 @@ absl::StatusOr<std::vector<MoeTensor>> CheckpointTensors(const MoeCheckpointIden
 SafetensorsMetadata Metadata(const MoeCheckpointIdentity& id, int64_t step,
                              const cpu::MoeParameterLayout& layout) {
   SafetensorsMetadata metadata;
-  for (auto& [name, value] : IdentityFields(id)) metadata[name] = value;
+  for (IdentityField& f : IdentityFields(id)) metadata[f.name] = std::move(f.text);
   metadata["format"] = "pt";
   metadata[kVersionKey] = absl::StrCat(kMoeCheckpointVersion);
   metadata["step"] = absl::StrCat(step);
@@ -154,8 +177,9 @@ std::string EntryText(const ManifestEntry& e) {
 std::string ManifestText(const MoeCheckpointIdentity& id, const ManifestEntry& newest,
                          const std::optional<ManifestEntry>& previous) {
   std::vector<std::string> identity;
-  for (auto& [name, value] : IdentityFields(id)) {
-    identity.push_back(absl::StrCat(json::Quote(name), ": ", value));
+  for (const IdentityField& f : IdentityFields(id)) {
+    const std::string value = f.kind == json::Value::Kind::kString ? json::Quote(f.text) : f.text;
+    identity.push_back(absl::StrCat(json::Quote(f.name), ": ", value));
   }
   std::string text = absl::StrCat(
       "{\n  \"format\": \"", kManifestFormat, "\",\n  \"version\": ", kMoeCheckpointVersion,
@@ -189,30 +213,36 @@ void RemoveStaleDataFiles(const std::string& dir, int64_t rank,
   closedir(d);
 }
 
-// Damage, another job's or format's files: properties of the directory that a retry of the job
-// would meet again (common/job_error.h).
-absl::Status AsJobError(absl::Status status) {
-  if (absl::IsDataLoss(status) || absl::IsInvalidArgument(status) ||
-      absl::IsFailedPrecondition(status)) {
-    return MarkJobError(std::move(status));
-  }
-  return status;
-}
-
 absl::Status DamagedError(const std::string& path, absl::string_view what) {
   return absl::DataLossError(absl::StrCat("checkpoint: ", path, ": ", what));
 }
 
-// Compares the recorded identity (text_of(field) gives a field's text, or null when absent) with
-// the job's; InvalidArgument naming every field that differs.
+// A value read from a file, for a message.
+std::string ValueText(const json::Value& value) {
+  if (value.is_number()) return value.text();  // the parser's: digits, sign, point, exponent
+  if (value.is_string()) return json::QuoteForMessage(value.text());
+  return json::KindName(value.kind());
+}
+
+// Compares the manifest's "identity" object `recorded` with the job's identity; InvalidArgument
+// naming every field that differs.
 absl::Status CompareIdentity(const std::string& where, const MoeCheckpointIdentity& id,
-                             absl::FunctionRef<const std::string*(const std::string&)> text_of) {
+                             const json::Value& recorded) {
   std::vector<std::string> differences;
-  for (auto& [name, expected] : IdentityFields(id)) {
-    const std::string* recorded = text_of(name);
-    if (recorded == nullptr) return DamagedError(where, absl::StrCat("no identity field ", name));
-    if (*recorded != expected) {
-      differences.push_back(absl::StrCat(name, " is ", *recorded, " there, ", expected, " here"));
+  for (const IdentityField& field : IdentityFields(id)) {
+    const json::Value* value = recorded.Find(field.name);
+    if (value == nullptr && field.routing) continue;  // written before it was recorded: accepted
+    if (value == nullptr || value->kind() != field.kind) {
+      return DamagedError(where, absl::StrCat("identity field ", field.name, " is ",
+                                              value ? ValueText(*value) : "missing", ", expected ",
+                                              json::KindName(field.kind)));
+    }
+    const std::string text = field.kind == json::Value::Kind::kBool
+                                 ? (value->boolean() ? "true" : "false")
+                                 : value->text();
+    if (text != field.text) {
+      differences.push_back(absl::StrCat(FieldLabel(field), " is ", FieldValueText(field, text),
+                                         " there, ", FieldValueText(field, field.text), " here"));
     }
   }
   if (differences.empty()) return absl::OkStatus();
@@ -249,9 +279,11 @@ absl::StatusOr<ManifestEntry> ParseEntry(const std::string& path, const json::Va
   absl::StatusOr<uint64_t> byte_count =
       bytes ? json::ToUint64(*bytes) : absl::InvalidArgumentError("missing");
   uint32_t crc_value = 0;
+  // No control characters either: the name goes into paths, and those into error messages.
   if (name == nullptr || !name->is_string() || name->text().empty() ||
       name->text().find('/') != std::string::npos || name->text() == "." || name->text() == ".." ||
-      !byte_count.ok() || crc == nullptr || !crc->is_string() || crc->text().size() != 8 ||
+      HasControlCharacters(name->text()) || !byte_count.ok() || crc == nullptr ||
+      !crc->is_string() || crc->text().size() != 8 ||
       !absl::SimpleHexAtoi(crc->text(), &crc_value)) {
     return DamagedError(path, absl::StrCat(what,
                                            "the data file entry needs a plain name, bytes "
@@ -274,16 +306,12 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& path, const std::strin
   const json::Value* version = root->Find("version");
   if (version == nullptr || version->text() != absl::StrCat(kMoeCheckpointVersion)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint: ", path, " has format version ", version ? version->text() : "(none)",
+        "checkpoint: ", path, " has format version ", version ? ValueText(*version) : "(none)",
         "; this build reads version ", kMoeCheckpointVersion));
   }
   const json::Value* identity = root->Find("identity");
   if (identity == nullptr || !identity->is_object()) return DamagedError(path, "no identity");
-  absl::Status same = CompareIdentity(path, id, [&](const std::string& name) {
-    const json::Value* v = identity->Find(name);
-    return v != nullptr && v->is_number() ? &v->text() : nullptr;
-  });
-  if (!same.ok()) return same;
+  if (absl::Status same = CompareIdentity(path, id, *identity); !same.ok()) return same;
   Manifest manifest;
   absl::StatusOr<ManifestEntry> newest = ParseEntry(path, *root, "");
   if (!newest.ok()) return newest.status();
@@ -342,7 +370,10 @@ absl::Status CommitManifest(const std::string& dir, const MoeCheckpointIdentity&
 }  // namespace
 
 bool MoeCheckpointIdentity::operator==(const MoeCheckpointIdentity& other) const {
-  return IdentityFields(*this) == IdentityFields(other);
+  const std::vector<IdentityField> mine = IdentityFields(*this), theirs = IdentityFields(other);
+  return std::equal(
+      mine.begin(), mine.end(), theirs.begin(), theirs.end(),
+      [](const IdentityField& a, const IdentityField& b) { return a.text == b.text; });
 }
 
 MoeCheckpointIdentity MoeCheckpointIdentityOf(const EngineConfig& spec, int64_t rank) {
@@ -358,6 +389,8 @@ MoeCheckpointIdentity MoeCheckpointIdentityOf(const EngineConfig& spec, int64_t 
   id.shared_experts = spec.model.shared_experts;
   id.layers = spec.model.layers;
   id.seed = spec.data.seed;
+  id.router = spec.model.router;
+  id.renormalize = spec.model.renormalize;
   return id;
 }
 
@@ -377,7 +410,9 @@ absl::Status WriteMoeCheckpoint(const std::string& dir, const MoeCheckpointIdent
   absl::StatusOr<std::vector<MoeTensor>> tensors =
       CheckpointTensors(id, layout, replicated, experts);
   if (!tensors.ok()) return tensors.status();
-  if (absl::Status s = MakeDirectories(dir); !s.ok()) return AsJobError(s);  // a file there
+  if (absl::Status s = MakeDirectories(dir); !s.ok()) {
+    return AsCheckpointJobError(s);  // a file there: the job's; a failed fsync: the moment's
+  }
 
   // What this rank committed before and is older than `step` stays committed as the fallback.
   // Anything at `step` or later (a run resumed from an older step writes it again) leaves the
@@ -388,7 +423,7 @@ absl::Status WriteMoeCheckpoint(const std::string& dir, const MoeCheckpointIdent
     // An unreadable manifest is not an empty one: writing on would commit a manifest without the
     // fallback and remove the fallback's data file. A damaged one is the job's error (restore
     // meets it too); an I/O error fails this save only, and a retry finds the fallback intact.
-    return AsJobError(before.status());
+    return AsCheckpointJobError(before.status());
   }
   if (before.ok()) {
     for (const ManifestEntry& e : before->entries) {
@@ -428,7 +463,7 @@ absl::Status WriteMoeCheckpoint(const std::string& dir, const MoeCheckpointIdent
 absl::StatusOr<std::vector<int64_t>> MoeCheckpointSteps(const std::string& dir,
                                                         const MoeCheckpointIdentity& id) {
   absl::StatusOr<Manifest> manifest = ReadManifest(dir, id);
-  if (!manifest.ok()) return AsJobError(manifest.status());
+  if (!manifest.ok()) return AsCheckpointJobError(manifest.status());
   std::vector<int64_t> steps;
   for (const ManifestEntry& e : manifest->entries) steps.push_back(e.step);
   return steps;
@@ -471,12 +506,22 @@ absl::StatusOr<int64_t> ReadCheckpointFiles(const std::string& dir, const MoeChe
   }
   const SafetensorsMetadata& metadata = reader->header().metadata;
   const SafetensorsMetadata expected_metadata = Metadata(id, manifest->step, layout);
+  std::vector<std::string> may_be_absent;  // from before the files recorded the routing function
+  for (const IdentityField& f : IdentityFields(id)) {
+    if (f.routing) may_be_absent.push_back(f.name);
+  }
   for (const auto& [key, value] : expected_metadata) {
     const auto it = metadata.find(key);
+    if (it == metadata.end() &&
+        std::find(may_be_absent.begin(), may_be_absent.end(), key) != may_be_absent.end()) {
+      continue;
+    }
     if (it == metadata.end() || it->second != value) {
-      return DamagedError(data_path, absl::StrCat("metadata ", key, " is ",
-                                                  it == metadata.end() ? "missing" : it->second,
-                                                  ", expected ", value));
+      return DamagedError(
+          data_path,
+          absl::StrCat("metadata ", key, " is ",
+                       it == metadata.end() ? "missing" : json::QuoteForMessage(it->second),
+                       ", expected ", json::QuoteForMessage(value)));
     }
   }
   std::map<std::string, const MoeTensor*> by_name;
@@ -489,14 +534,15 @@ absl::StatusOr<int64_t> ReadCheckpointFiles(const std::string& dir, const MoeChe
       reader->ReadAll([&](const SafetensorsTensorInfo& info) -> absl::StatusOr<void*> {
         const auto it = by_name.find(info.name);
         if (it == by_name.end()) {
-          return DamagedError(data_path, absl::StrCat("unexpected tensor ", info.name));
+          return DamagedError(data_path,
+                              absl::StrCat("unexpected tensor ", json::QuoteForMessage(info.name)));
         }
         if (info.dtype != SafetensorsDtype::kF32 || info.shape != it->second->shape) {
           return DamagedError(
               data_path,
-              absl::StrCat("tensor ", info.name, " is ", SafetensorsDtypeName(info.dtype), " [",
-                           absl::StrJoin(info.shape, ","), "], expected F32 [",
-                           absl::StrJoin(it->second->shape, ","), "]"));
+              absl::StrCat("tensor ", json::QuoteForMessage(info.name), " is ",
+                           SafetensorsDtypeName(info.dtype), " [", absl::StrJoin(info.shape, ","),
+                           "], expected F32 [", absl::StrJoin(it->second->shape, ","), "]"));
         }
         return static_cast<void*>(it->second->data);
       });
@@ -515,7 +561,7 @@ absl::StatusOr<int64_t> ReadMoeCheckpoint(const std::string& dir, const MoeCheck
                                           const MoeOptimizerBuffers& experts,
                                           std::optional<int64_t> step) {
   absl::StatusOr<int64_t> read = ReadCheckpointFiles(dir, id, layout, replicated, experts, step);
-  if (!read.ok()) return AsJobError(read.status());
+  if (!read.ok()) return AsCheckpointJobError(read.status());
   return read;
 }
 

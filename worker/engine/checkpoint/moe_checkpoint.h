@@ -11,10 +11,12 @@
 //       layers.<l>.experts.w1 [E/ep, H, 2F]      layers.<l>.shared_experts.<s>.w2 [F, H]
 //       layers.<l>.experts.w2 [E/ep, F, H]
 //     and the moments as optimizer.exp_avg.<name> and optimizer.exp_avg_sq.<name>; metadata:
-//     format "pt", dropless_checkpoint_version, step, the identity fields, first_expert,
+//     format "pt", dropless_checkpoint_version, step, the identity fields (router "softmax" or
+//     "sigmoid", renormalize "true" or "false", the others decimal), first_expert,
 //     local_experts and rng_state ({"seed":..,"step":..}: the task's random numbers are a pure
 //     function of (seed, step), so this is their whole state).
-//   manifest-rank-<r>.json  format, version, step, identity, and the data file's name, size and
+//   manifest-rank-<r>.json  format, version, step, identity (numbers, router a string,
+//                           renormalize a boolean), and the data file's name, size and
 //                           CRC-32C; renaming it into place commits the checkpoint. "previous"
 //                           (step and files) names the rank's checkpoint before it, still kept.
 // Writing: the data file (temp, fsync, rename, directory fsync), then the manifest the same way,
@@ -42,7 +44,8 @@ namespace dropless::engine {
 inline constexpr int kMoeCheckpointVersion = 1;
 
 // What a checkpoint must match to be restored: the rank's place in the job, the model's shape and
-// the data seed.
+// routing function, and the data seed. Checkpoints written before the files recorded the routing
+// function (router, renormalize) lack it and are accepted whatever the job's.
 struct MoeCheckpointIdentity {
   int64_t rank = 0;
   int64_t world_size = 1;
@@ -55,12 +58,15 @@ struct MoeCheckpointIdentity {
   int64_t shared_experts = 0;
   int64_t layers = 0;
   uint64_t seed = 0;
+  RouterKind router = RouterKind::kSoftmax;
+  bool renormalize = true;
 
   bool operator==(const MoeCheckpointIdentity& other) const;
   bool operator!=(const MoeCheckpointIdentity& other) const { return !(*this == other); }
 };
 
-// The identity of `rank` in the job of `config` (world_size ep * dp, seed data.seed).
+// The identity of `rank` in the job of `config` (world_size ep * dp, seed data.seed, router and
+// renormalize model.router and model.renormalize).
 MoeCheckpointIdentity MoeCheckpointIdentityOf(const EngineConfig& config, int64_t rank);
 
 // One flat parameter buffer with its AdamW moments, each of the layout's size for that buffer.
@@ -85,7 +91,8 @@ absl::StatusOr<std::vector<int64_t>> MoeCheckpointSteps(const std::string& dir,
 
 // Reads id.rank's checkpoint of `step` (default: its newest) in `dir` into the buffers and returns
 // its step. NotFound when there is none, or none of `step`; InvalidArgument when it belongs to
-// another job (the message names each field that differs) or another format version;
+// another job (the message names each field that differs, model.router and model.renormalize by
+// their spec field) or another format version;
 // FailedPrecondition when `dir` holds a checkpoint of the pre-safetensors format; DataLoss when it
 // is damaged. Those three are job errors (common/job_error.h): a retry would meet them again.
 // After an error the buffers may hold part of the checkpoint.

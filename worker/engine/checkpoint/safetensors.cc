@@ -44,13 +44,13 @@ absl::Status HeaderError(absl::string_view what) {
 
 absl::StatusOr<SafetensorsTensorInfo> ParseTensor(const std::string& name,
                                                   const json::Value& entry) {
-  const std::string where = absl::StrCat("tensor ", json::Quote(name));
+  const std::string where = absl::StrCat("tensor ", json::QuoteForMessage(name));
   if (!entry.is_object()) return HeaderError(absl::StrCat(where, " is not an object"));
   SafetensorsTensorInfo info;
   info.name = name;
   for (const std::string& key : entry.keys()) {
     if (key != "dtype" && key != "shape" && key != "data_offsets") {
-      return HeaderError(absl::StrCat(where, " has an unknown field ", json::Quote(key)));
+      return HeaderError(absl::StrCat(where, " has an unknown field ", json::QuoteForMessage(key)));
     }
   }
   const json::Value* dtype = entry.Find("dtype");
@@ -68,9 +68,9 @@ absl::StatusOr<SafetensorsTensorInfo> ParseTensor(const std::string& name,
     }
   }
   if (!known) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("safetensors header: ", where, " has dtype ", json::Quote(dtype->text()),
-                     ", which dropless does not read (BF16, I32, F32, I64)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "safetensors header: ", where, " has dtype ", json::QuoteForMessage(dtype->text()),
+        ", which dropless does not read (BF16, I32, F32, I64)"));
   }
   if (!shape->is_array()) return HeaderError(absl::StrCat(where, ": shape is not an array"));
   for (const json::Value& dim : shape->items()) {
@@ -158,17 +158,18 @@ absl::StatusOr<SafetensorsLayout> LayOutSafetensors(std::vector<SafetensorsTenso
   for (size_t i = 0; i < tensors.size(); ++i) {
     const SafetensorsTensorRef& t = tensors[i];
     if (t.name.empty() || t.name == "__metadata__" || !names.insert(t.name).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("safetensors: bad or duplicate tensor name ", json::Quote(t.name)));
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: bad or duplicate tensor name ",
+                                                     json::QuoteForMessage(t.name)));
     }
     uint64_t bytes = 0;
     if (!ByteCount(t.shape, SafetensorsDtypeBytes(t.dtype), &bytes) || offset + bytes < offset) {
-      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor ", json::Quote(t.name),
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor ",
+                                                     json::QuoteForMessage(t.name),
                                                      " has a negative or too large shape"));
     }
     if (bytes > 0 && t.data == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("safetensors: tensor ", json::Quote(t.name), " has no data"));
+          absl::StrCat("safetensors: tensor ", json::QuoteForMessage(t.name), " has no data"));
     }
     absl::StrAppend(&json, metadata.empty() && i == 0 ? "" : ",", json::Quote(t.name),
                     ":{\"dtype\":\"", SafetensorsDtypeName(t.dtype), "\",\"shape\":[",
@@ -214,7 +215,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view json,
       if (!entry.is_object()) return HeaderError("__metadata__ is not an object");
       for (size_t j = 0; j < entry.keys().size(); ++j) {
         if (!entry.items()[j].is_string()) {
-          return HeaderError(absl::StrCat("__metadata__ value of ", json::Quote(entry.keys()[j]),
+          return HeaderError(absl::StrCat("__metadata__ value of ",
+                                          json::QuoteForMessage(entry.keys()[j]),
                                           " is not a string"));
         }
         header.metadata[entry.keys()[j]] = entry.items()[j].text();
@@ -232,8 +234,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view json,
   for (const SafetensorsTensorInfo& info : header.tensors) {
     if (info.begin != covered) {
       return HeaderError(absl::StrCat(
-          "tensor ", json::Quote(info.name), " data_offsets [", info.begin, ", ", info.end, "] ",
-          info.begin < covered ? "overlap another tensor" : "leave a gap",
+          "tensor ", json::QuoteForMessage(info.name), " data_offsets [", info.begin, ", ",
+          info.end, "] ", info.begin < covered ? "overlap another tensor" : "leave a gap",
           " (expected to begin at ", covered, ")"));
     }
     covered = info.end;
@@ -283,7 +285,7 @@ absl::Status SafetensorsReader::Read(const SafetensorsTensorInfo& info,
                                      absl::Span<char> out) const {
   if (out.size() != info.bytes() || info.end > header_.buffer_bytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path(), ": tensor ", json::Quote(info.name), " has ", info.bytes(),
+        absl::StrCat(path(), ": tensor ", json::QuoteForMessage(info.name), " has ", info.bytes(),
                      " bytes in the file, the destination ", out.size()));
   }
   return file_.ReadAt(header_.buffer_offset + info.begin, out.data(), out.size());
