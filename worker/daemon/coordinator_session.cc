@@ -86,15 +86,7 @@ std::string CoordinatorSession::NewBootId() {
   return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
 }
 
-bool CoordinatorSession::WaitUntilFlushed(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (outbound_->size() == 0) return true;
-    if (!connected()) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return outbound_->size() == 0;
-}
+bool CoordinatorSession::Flushed() const { return outbound_->size() == 0 || !connected(); }
 
 bool CoordinatorSession::SayGoodbye(const std::string& reason, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
@@ -190,13 +182,19 @@ absl::Status CoordinatorSession::Run() {
     absl::Status status = Register();
     const bool registered = status.ok();
     absl::Time session_start = absl::Now();
+    bool dropped_refused = false;
     if (registered) {
-      status = RunSession();
+      status = RunSession(&dropped_refused);
       if (absl::Now() - session_start >= kHealthySession) backoff = options_.min_backoff;
     }
     {
       absl::MutexLock lock(&mu_);
       if (shutdown_) return absl::OkStatus();
+    }
+    // The coordinator is up and refused one message (the queue logged it): the rest go at once.
+    if (dropped_refused) {
+      last_failed = false;
+      continue;
     }
     if (absl::IsInvalidArgument(status) && !registered) {
       LogError(absl::StrCat("the coordinator refuses this worker: ", status.message()));
@@ -219,7 +217,7 @@ absl::Status CoordinatorSession::Run() {
   }
 }
 
-absl::Status CoordinatorSession::RunSession() {
+absl::Status CoordinatorSession::RunSession(bool* dropped_refused) {
   grpc::ClientContext context;
   std::string worker_id;
   {
@@ -258,10 +256,16 @@ absl::Status CoordinatorSession::RunSession() {
 
     std::atomic<bool> stop{false};
     std::atomic<bool> writer_done{false};
+    std::atomic<bool> reader_done{false};
     std::thread writer([&] {
       if (!WriteLoop(stream.get(), &stop)) {
         write_failed = true;
-        context.TryCancel();  // a failed write ends the session: unblock the reader
+        // A failed write ends the session. A write fails once the coordinator ended the stream,
+        // and the reader then sees the end too: cancelling only if it does not (a dead path)
+        // lets it read the acknowledgements and the status that precede the end (the status
+        // says whether a message was refused; cancelled, it would read CANCELLED).
+        for (int i = 0; i < 100 && !reader_done; ++i) absl::SleepFor(absl::Milliseconds(10));
+        if (!reader_done) context.TryCancel();
       }
       writer_done = true;
     });
@@ -275,6 +279,7 @@ absl::Status CoordinatorSession::RunSession() {
         ranks_->HandleCancellation(message.cancellation());
       }
     }
+    reader_done = true;
     // The stream ended: the writer sees `stop` within a tick (a write to an ended stream fails
     // at once). Cancelling only if it does not, so that Finish reads the coordinator's status
     // (e.g. why it refused the Hello) rather than CANCELLED.
@@ -290,6 +295,13 @@ absl::Status CoordinatorSession::RunSession() {
     absl::MutexLock lock(&mu_);
     connected_ = false;
     open_context_ = nullptr;
+  }
+  // gRPC's status codes are absl's. Only a session that said Hello sent queued messages.
+  const absl::Status end(static_cast<absl::StatusCode>(status.error_code()),
+                         status.error_message());
+  if (opened && outbound_->SessionEnded(end).has_value()) {
+    metrics_->RecordOutboundRefused();
+    *dropped_refused = true;
   }
   const char* why = !opened        ? "could not send Hello"
                     : write_failed ? "a write to the coordinator failed"

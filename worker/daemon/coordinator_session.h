@@ -5,7 +5,9 @@
 //
 // When registration or the stream fails (coordinator restart, network blip) it retries with
 // exponential backoff and re-registers; ranks keep running meanwhile and what they report waits
-// in the outbound queue.
+// in the outbound queue. A stream the coordinator ends with InvalidArgument refused a queued
+// message as malformed: the queue drops it (OutboundQueue::SessionEnded, counted in
+// dropless_worker_outbound_refused_total) and the session reconnects at once with the rest.
 #ifndef DROPLESS_WORKER_DAEMON_COORDINATOR_SESSION_H_
 #define DROPLESS_WORKER_DAEMON_COORDINATOR_SESSION_H_
 
@@ -53,8 +55,9 @@ class CoordinatorSession {
   // Ends Run(): cancels the open stream and stops retrying. Safe from any thread.
   void Shutdown();
 
-  // Waits up to `timeout` for the outbound queue to be sent (used before exiting).
-  bool WaitUntilFlushed(absl::Duration timeout);
+  // Nothing of the outbound queue is left to send, or no session is open to send it on (the
+  // daemon's stop waits for this before exiting, DaemonStop).
+  bool Flushed() const;
   // Tells the coordinator the daemon is shutting down (Goodbye), ahead of anything queued after
   // this call; waits up to `timeout` for it to be written. False when no session is open.
   bool SayGoodbye(const std::string& reason, absl::Duration timeout);
@@ -70,8 +73,9 @@ class CoordinatorSession {
   // The final statuses still in the outbound queue of ranks not in `listed` (the live ones).
   std::vector<dropless::v1::RankStatus> EndedRanksStillQueued(
       const google::protobuf::RepeatedPtrField<dropless::v1::RankStatus>& listed) const;
-  // One session: Hello, then until the stream breaks or Shutdown(). Returns why it ended.
-  absl::Status RunSession();
+  // One session: Hello, then until the stream breaks or Shutdown(). Returns why it ended;
+  // *dropped_refused tells whether the coordinator refused a queued message, now dropped.
+  absl::Status RunSession(bool* dropped_refused);
   // Heartbeats and the outbound queue until *stop; false when a write failed.
   bool WriteLoop(grpc::ClientReaderWriter<dropless::v1::WorkerMessage,
                                           dropless::v1::CoordinatorMessage>* stream,

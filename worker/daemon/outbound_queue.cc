@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/log.h"
 
@@ -12,6 +13,24 @@ namespace {
 // What dropped() counts for a message that is dropped or refused: its lines, or the message.
 int64_t DroppedCount(const dropless::v1::WorkerMessage& message) {
   return message.has_logs() ? message.logs().lines_size() : 1;
+}
+
+// What a refused message was, for its log line.
+std::string Describe(const dropless::v1::WorkerMessage& message) {
+  if (message.has_metrics()) {
+    const dropless::v1::StepMetrics& m = message.metrics();
+    return absl::StrCat("step metrics of job ", m.job_id(), " attempt ", m.attempt(), " rank ",
+                        m.rank(), " step ", m.step());
+  }
+  if (message.has_rank_status()) {
+    const dropless::v1::RankStatus& s = message.rank_status();
+    return absl::StrCat("rank status of job ", s.job_id(), " attempt ", s.attempt(), " rank ",
+                        s.rank());
+  }
+  if (message.has_logs()) {
+    return absl::StrCat("log batch of ", message.logs().lines_size(), " line(s)");
+  }
+  return "message";
 }
 
 }  // namespace
@@ -169,6 +188,29 @@ void OutboundQueue::Rewind() {
   sent_through_ = 0;
 }
 
+std::optional<uint64_t> OutboundQueue::SessionEnded(const absl::Status& status) {
+  if (!absl::IsInvalidArgument(status)) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  if (messages_.empty() || messages_.front().sequence > sent_through_) return std::nullopt;
+  const Entry& refused = messages_.front();
+  const uint64_t sequence = refused.sequence;
+  // A rank status goes too, though none is ever dropped for want of room (and the coordinator
+  // refuses none today): kept, it would hold up everything behind it for good; dropped, a rank
+  // that ended is in neither list of the next heartbeat, so the coordinator still ends it
+  // ("ended without a final status reaching the coordinator").
+  LogError(absl::StrCat("the coordinator refused message ", sequence, " (",
+                        Describe(refused.message), ") as malformed: ", status.message(),
+                        "; dropped it rather than send it again, sending the rest"));
+  ++refused_;
+  bytes_ -= refused.bytes;
+  messages_.pop_front();
+  if (journal_ != nullptr) {
+    journal_->Dropped(sequence);
+    CompactJournal();
+  }
+  return sequence;
+}
+
 std::vector<dropless::v1::RankStatus> OutboundQueue::PendingRankStatuses() const {
   absl::MutexLock lock(&mu_);
   std::vector<dropless::v1::RankStatus> latest;
@@ -201,6 +243,11 @@ size_t OutboundQueue::bytes() const {
 int64_t OutboundQueue::dropped() const {
   absl::MutexLock lock(&mu_);
   return dropped_;
+}
+
+int64_t OutboundQueue::refused() const {
+  absl::MutexLock lock(&mu_);
+  return refused_;
 }
 
 }  // namespace dropless

@@ -17,6 +17,9 @@
 // the coordinator died is not lost; its sequence lets the coordinator store it once. With a
 // journal (Restore) the queue also survives a restart of the daemon (outbound_journal.h); the
 // open log batch, at most kLogBatchDelay of lines, does not.
+//
+// A message the coordinator refuses as malformed (SessionEnded with InvalidArgument) is dropped
+// rather than sent again: it would be refused on every session, and everything behind it with it.
 #ifndef DROPLESS_WORKER_DAEMON_OUTBOUND_QUEUE_H_
 #define DROPLESS_WORKER_DAEMON_OUTBOUND_QUEUE_H_
 
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "dropless/v1/worker_service.pb.h"
@@ -71,6 +75,19 @@ class OutboundQueue {
   void Pop(uint64_t sequence);
   // A new session: every message still queued is sent again, oldest first.
   void Rewind();
+  // The session ended with `status` (the coordinator's status of the stream, after every message
+  // it sent was read). InvalidArgument is the coordinator refusing a message as malformed (e.g.
+  // step metrics with more expert_tokens than a spec can have experts): it handles a session's
+  // messages in order, acknowledges those it stored and ends the session at the one it refuses,
+  // and would refuse that one again on every resend, holding up everything queued behind it. So
+  // the oldest unacknowledged message, when it went out on this session, is the refused one: it
+  // is dropped (logged once with the reason, counted in refused()) and the rest go on the next
+  // session. (Were an acknowledgement lost, the message dropped would be a stored one, and the
+  // refused one would be dropped on the next session: nothing unstored but the refused message
+  // is ever dropped.) A refusal after nothing of the queue was sent (the Hello itself) drops
+  // nothing. Any other status (Unavailable, DeadlineExceeded, Cancelled, a lost connection)
+  // keeps every message for the next session. Returns the sequence of the dropped message.
+  std::optional<uint64_t> SessionEnded(const absl::Status& status);
   // The latest queued (unacknowledged) RankStatus of every (job, attempt, rank), oldest first.
   // The next Hello lists the ended ones next to the live ranks: a rank that exited while the
   // session was down is then known to have ended before the coordinator reconciles the Hello.
@@ -81,6 +98,8 @@ class OutboundQueue {
   size_t bytes() const;
   // Messages (or log lines) dropped or refused because the queue was full.
   int64_t dropped() const;
+  // Messages dropped because the coordinator refused them (SessionEnded).
+  int64_t refused() const;
 
  private:
   void SealLogBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -107,6 +126,7 @@ class OutboundQueue {
   size_t open_batch_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dropped_logged_ ABSL_GUARDED_BY(mu_) = 0;  // dropped_ as the last warning said
   absl::Time drop_logged_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::function<void(int64_t)> drop_observer_ ABSL_GUARDED_BY(mu_);

@@ -255,7 +255,7 @@ void RankManager::StartRank(const v1::Assignment& assignment, int rank, int slot
   RankSupervisor::ChildId id;
   {
     absl::MutexLock lock(&mu_);
-    // Checked where the rank is added, under the same lock: StopAllAndWait stops the ranks it
+    // Checked where the rank is added, under the same lock: StopAll stops the ranks it
     // finds, so one added after it ran would never be stopped.
     if (!stop_reason_.empty()) {
       const std::string why = absl::StrCat("not started: ", stop_reason_);
@@ -491,13 +491,23 @@ std::vector<pid_t> RankManager::LivePids() const {
 }
 
 bool RankManager::StopAllAndWait(absl::Duration timeout, absl::string_view why) {
+  StopAll(why);
+  return WaitUntilStopped(timeout);
+}
+
+void RankManager::StopAll(absl::string_view why) {
   {
     absl::MutexLock lock(&mu_);
     stop_reason_ = std::string(why);
     for (auto& [id, entry] : ranks_) entry.cancelled = true;
   }
   supervisor_->StopAll(options_.kill_grace);
+}
+
+bool RankManager::WaitUntilStopped(absl::Duration timeout) {
   return supervisor_->WaitUntilIdle(timeout);
 }
+
+void RankManager::KillAll(absl::Duration reap_timeout) { supervisor_->KillAll(reap_timeout); }
 
 }  // namespace dropless

@@ -67,6 +67,14 @@ class RankManager {
   // final statuses (KILLED) say "stopped: <why>"; assignments that arrive from now on are
   // answered FAILED "not started: <why>".
   bool StopAllAndWait(absl::Duration timeout, absl::string_view why = "the worker daemon stops");
+  // StopAllAndWait in two: the stop, then the wait (true once every rank ended and its final
+  // status is queued).
+  void StopAll(absl::string_view why = "the worker daemon stops");
+  bool WaitUntilStopped(absl::Duration timeout);
+  // The stop escalated (a second stop signal): SIGKILL to every rank now, grace period or not.
+  // The manager's destruction then gives up on a rank it cannot reap (uninterruptible sleep)
+  // `reap_timeout` after that SIGKILL (0: at once) rather than kShutdownReapTimeout after its own.
+  void KillAll(absl::Duration reap_timeout);
 
  private:
   struct RankEntry {
@@ -102,7 +110,7 @@ class RankManager {
   mutable absl::Mutex mu_;
   std::map<RankSupervisor::ChildId, RankEntry> ranks_ ABSL_GUARDED_BY(mu_);
   RankSupervisor::ChildId next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::string stop_reason_ ABSL_GUARDED_BY(mu_);  // set by StopAllAndWait: no new ranks
+  std::string stop_reason_ ABSL_GUARDED_BY(mu_);  // set by StopAll: no new ranks
 
   // Last member: destroyed first, so its callbacks never see a half-destroyed manager.
   std::unique_ptr<RankSupervisor> supervisor_;

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 
 #include "absl/status/status.h"
@@ -175,7 +176,7 @@ RankSupervisor::~RankSupervisor() {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
     // The stop below SIGKILLs at once; a child still there this long after it will not go.
-    shutdown_deadline_ = absl::Now() + shutdown_reap_timeout_;
+    shutdown_deadline_ = std::min(shutdown_deadline_, absl::Now() + shutdown_reap_timeout_);
     stops_.push_back(StopRequest{true, 0, absl::ZeroDuration()});
   }
   Wake();
@@ -217,6 +218,19 @@ void RankSupervisor::StopAll(absl::Duration grace) {
   {
     absl::MutexLock lock(&mu_);
     stops_.push_back(StopRequest{true, 0, grace});
+  }
+  Wake();
+}
+
+void RankSupervisor::KillAll(absl::Duration reap_timeout) {
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_reap_timeout_ = std::min(shutdown_reap_timeout_, reap_timeout);
+    // Already in the destructor: its wait for unreapable children ends this soon at the latest.
+    if (shutting_down_) {
+      shutdown_deadline_ = std::min(shutdown_deadline_, absl::Now() + reap_timeout);
+    }
+    stops_.push_back(StopRequest{true, 0, absl::ZeroDuration()});
   }
   Wake();
 }
@@ -479,9 +493,8 @@ bool RankSupervisor::AbandonUnreapedChildren(absl::Time deadline) {
     CloseFd(c.log_fd);
   }
   LogError(absl::StrCat(
-      "rank supervisor: ", children_.size(), " rank process(es) not reaped ",
-      absl::FormatDuration(shutdown_reap_timeout_), " after SIGKILL (pid ",
-      absl::StrJoin(pids, ", "),
+      "rank supervisor: ", children_.size(),
+      " rank process(es) not reaped in time after SIGKILL (pid ", absl::StrJoin(pids, ", "),
       "): stuck in uninterruptible sleep (a GPU driver, a hung mount?); left behind, their end "
       "unreported"));
   {

@@ -89,6 +89,10 @@ class RankSupervisor {
   // Unknown or already-ended ids are ignored; a second Stop never extends the first deadline.
   void Stop(ChildId id, absl::Duration grace);
   void StopAll(absl::Duration grace);
+  // SIGKILL to every child now, whatever grace a Stop gave it (a stop escalated: the daemon exits
+  // at once). From then on the destructor gives up on a child it cannot reap after `reap_timeout`
+  // rather than shutdown_reap_timeout, also when it is already waiting.
+  void KillAll(absl::Duration reap_timeout);
 
   // Children started and not yet reaped.
   int live_children() const;
@@ -121,11 +125,11 @@ class RankSupervisor {
   bool AbandonUnreapedChildren(absl::Time deadline);
 
   const Callbacks callbacks_;
-  const absl::Duration shutdown_reap_timeout_;
   int wake_fd_ = -1;  // eventfd: requests for the supervisor thread
 
   mutable absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration shutdown_reap_timeout_ ABSL_GUARDED_BY(mu_);  // KillAll may shorten it
   absl::Time shutdown_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::deque<StartRequest*> starts_ ABSL_GUARDED_BY(mu_);
   std::deque<StopRequest> stops_ ABSL_GUARDED_BY(mu_);

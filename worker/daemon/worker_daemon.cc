@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/version.h"
 #include "worker/daemon/coordinator_session.h"
+#include "worker/daemon/daemon_stop.h"
 #include "worker/daemon/gpu_discovery.h"
 #include "worker/daemon/outbound_journal.h"
 #include "worker/daemon/outbound_queue.h"
@@ -161,24 +162,27 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   int sig = 0;
   while (sigwait(&stop_signals, &sig) != 0) {
   }
-  LogInfo(absl::StrCat("got ", strsignal(sig), ": stopping ranks"));
-  // The coordinator hears why before the ranks' peers elsewhere lose them, so that their
-  // failure ("connection closed by peer") is reported with this as the cause.
+  LogInfo(absl::StrCat("got ", strsignal(sig),
+                       ": stopping ranks (a second SIGTERM or SIGINT stops them at once)"));
   const std::string why = absl::StrCat("the worker daemon got ", strsignal(sig));
-  (void)session.SayGoodbye(why, absl::Seconds(1));
-  const absl::Duration grace = absl::Milliseconds(config.kill_grace_ms);
-  if (!ranks->StopAllAndWait(grace + absl::Seconds(2), why)) {
-    LogWarning("some ranks did not end in time");
-  }
-  session.WaitUntilFlushed(absl::Seconds(2));  // their final statuses, when connected
+  DaemonStop stop(ranks.get(), why, absl::Milliseconds(config.kill_grace_ms));
+  std::thread second_signal([&stop, &stop_signals] { stop.WatchForSecondSignal(stop_signals); });
+  DaemonStop::SessionHooks hooks;
+  hooks.say_goodbye = [&session, &why](absl::Duration timeout) {
+    (void)session.SayGoodbye(why, timeout);
+  };
+  hooks.flushed = [&session] { return session.Flushed(); };
+  stop.Run(hooks);
   session.Shutdown();
   session_thread.join();
-  ranks.reset();
+  stop.Finish();
+  second_signal.join();
+  ranks.reset();  // nothing left to wait for: Run waited for every rank or gave up on it
   if (!session_end.ok()) {
     LogError(absl::StrCat("stopped: ", session_end.message()));
     return 1;
   }
-  LogInfo("stopped");
+  LogInfo(stop.escalated() ? "stopped at once on a second signal" : "stopped");
   return 0;
 }
 

@@ -1,7 +1,8 @@
 // RunWorkerDaemon: `dropless-worker` without a subcommand. Plans the slots (GPUs found through the
 // driver, or CPU slots), serves /metrics, keeps the coordinator session, supervises rank processes,
 // and on SIGTERM or SIGINT stops its ranks (SIGTERM, SIGKILL after the grace period), reports
-// their end if the session is up, and returns.
+// their end if the session is up, and returns; a second SIGTERM or SIGINT meanwhile SIGKILLs the
+// ranks at once and cuts the rest short (daemon_stop.h).
 #ifndef DROPLESS_WORKER_DAEMON_WORKER_DAEMON_H_
 #define DROPLESS_WORKER_DAEMON_WORKER_DAEMON_H_
 

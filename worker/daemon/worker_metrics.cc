@@ -158,6 +158,14 @@ WorkerMetrics::WorkerMetrics(std::string node)
                "full (oldest step metrics and log lines first; rank statuses never)")
            .Register(r)
            .Add(node_label);
+  outbound_refused_ =
+      &BuildCounter()
+           .Name("dropless_worker_outbound_refused_total")
+           .Help(
+               "Messages the coordinator refused as malformed (InvalidArgument), dropped by the "
+               "daemon rather than sent again")
+           .Register(r)
+           .Add(node_label);
   up_ = &BuildGauge()
              .Name("dropless_worker_up")
              .Help("1 while the worker daemon runs")
@@ -345,6 +353,8 @@ void WorkerMetrics::RecordSessionReconnect() { reconnects_->Increment(); }
 void WorkerMetrics::RecordOutboundDropped(int64_t count) {
   outbound_dropped_->Increment(static_cast<double>(count));
 }
+
+void WorkerMetrics::RecordOutboundRefused() { outbound_refused_->Increment(); }
 
 std::string WorkerMetrics::Serialize() const { return collectable_->Serialize(); }
 

@@ -11,7 +11,7 @@
 // Per daemon (label node): dropless_worker_slots{state=busy|free}, dropless_worker_ranks_running,
 // dropless_worker_rank_exits_total{result=succeeded|failed|killed},
 // dropless_worker_session_reconnects_total, dropless_worker_outbound_dropped_total,
-// dropless_worker_up.
+// dropless_worker_outbound_refused_total, dropless_worker_up.
 //
 // A scrape sees whole steps: RecordStep's updates and /metrics collection hold one lock, so the
 // phase histograms of a rank always count the same steps.
@@ -74,6 +74,8 @@ class WorkerMetrics {
   void RecordSessionReconnect();
   // Messages or log lines the outbound queue dropped or refused while full.
   void RecordOutboundDropped(int64_t count);
+  // A message the coordinator refused as malformed, dropped rather than sent again.
+  void RecordOutboundRefused();
 
   // Prometheus text exposition of everything above (what /metrics serves).
   std::string Serialize() const;
@@ -141,6 +143,7 @@ class WorkerMetrics {
   prometheus::Counter* exits_killed_;
   prometheus::Counter* reconnects_;
   prometheus::Counter* outbound_dropped_;
+  prometheus::Counter* outbound_refused_;
   prometheus::Gauge* up_;
 
   mutable absl::Mutex mu_;

@@ -87,10 +87,11 @@ void WorkerCluster::KillCoordinator() {
 }
 
 absl::Status WorkerCluster::StartWorker(const std::string& node,
-                                        const std::map<std::string, std::string>& env) {
+                                        const std::map<std::string, std::string>& env,
+                                        const std::vector<std::string>& extra_flags) {
   Worker w;
   w.metrics_port = PickFreePort();
-  absl::StatusOr<std::unique_ptr<Process>> p = Process::Start({
+  std::vector<std::string> argv = {
       BinaryPath("dropless-worker"),
       "--insecure",
       absl::StrCat("--coordinator=", coordinator_address()),
@@ -98,9 +99,11 @@ absl::Status WorkerCluster::StartWorker(const std::string& node,
       "--cpu-slots=1",
       absl::StrCat("--metrics-port=", w.metrics_port),
       "--metrics-address=127.0.0.1",
-      absl::StrCat("--work-dir=", dir_, "/", node),
+      absl::StrCat("--work-dir=", worker_dir(node)),
       "--kill-grace-ms=2000",
-  }, env);
+  };
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+  absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(argv, env);
   if (!p.ok()) return p.status();
   w.process = std::move(*p);
   workers_[node] = std::move(w);

@@ -38,10 +38,13 @@ class WorkerCluster {
   // SIGKILLs the coordinator and waits for it.
   void KillCoordinator();
   Process* coordinator() { return coordinator_.get(); }
-  // Starts a worker daemon with one CPU slot and its own /metrics port; `env` is added to its
-  // environment (and its ranks').
+  // Starts a worker daemon with one CPU slot and its own /metrics port, its work dir
+  // worker_dir(node); `env` is added to its environment (and its ranks'), `extra_flags` after the
+  // cluster's own flags (a repeated flag's last value wins).
   absl::Status StartWorker(const std::string& node,
-                           const std::map<std::string, std::string>& env = {});
+                           const std::map<std::string, std::string>& env = {},
+                           const std::vector<std::string>& extra_flags = {});
+  std::string worker_dir(const std::string& node) const { return dir_ + "/" + node; }
   Process* worker(const std::string& node) { return workers_.at(node).process.get(); }
   int metrics_port(const std::string& node) const { return workers_.at(node).metrics_port; }
 

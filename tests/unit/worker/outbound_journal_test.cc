@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/daemon/outbound_queue.h"
@@ -78,6 +79,22 @@ TEST(OutboundJournalTest, UnacknowledgedMessagesAndTheNumberingSurviveARestart) 
   EXPECT_EQ(third.recovered.acknowledged, 5u);
   ASSERT_EQ(third.recovered.pending.size(), 1u);
   EXPECT_EQ(third.recovered.pending[0].first, 6u);
+}
+
+// A message the coordinator refused is gone for good: a restarted daemon does not send it again.
+TEST(OutboundJournalTest, ARefusedMessageIsNotReplayedAfterARestart) {
+  const std::string path = TempJournalPath();
+  {
+    DaemonRun first(path, "boot-1");
+    for (int step = 1; step <= 3; ++step) first.queue.Push(Metrics(step));
+    while (auto e = first.queue.Peek(absl::ZeroDuration())) first.queue.MarkSent(e->sequence);
+    first.queue.Acknowledge(1);
+    ASSERT_EQ(first.queue.SessionEnded(absl::InvalidArgumentError("malformed")), 2u);
+  }
+  DaemonRun second(path);
+  EXPECT_EQ(second.recovered.acknowledged, 1u);
+  ASSERT_EQ(second.recovered.pending.size(), 1u);
+  EXPECT_EQ(second.recovered.pending[0].first, 3u);
 }
 
 TEST(OutboundJournalTest, ARecordCutByACrashEndsTheReplay) {

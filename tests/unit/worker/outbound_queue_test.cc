@@ -1,8 +1,11 @@
 #include "worker/daemon/outbound_queue.h"
 
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -260,6 +263,94 @@ TEST(OutboundQueueTest, PopAfterTheEntryWasDroppedKeepsTheNewFront) {
   std::vector<v1::WorkerMessage> got = Drain(q);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].metrics().step(), 2);
+}
+
+// Sends what the queue has ready on "a session", as the session's writer does.
+std::vector<uint64_t> SendAll(OutboundQueue& q) {
+  std::vector<uint64_t> sent;
+  while (auto e = q.Peek(absl::ZeroDuration())) {
+    q.MarkSent(e->sequence);
+    sent.push_back(e->sequence);
+  }
+  return sent;
+}
+
+// The coordinator ends the session with InvalidArgument at a message it refuses as malformed
+// (after acknowledging those before it) and would refuse it again on every resend: the queue
+// drops it, once, and the next session delivers the rest.
+TEST(OutboundQueueTest, ARefusedMessageIsDroppedAndTheNextOneDelivered) {
+  OutboundQueue q;
+  q.Push(Metrics(1));
+  v1::WorkerMessage bad = Metrics(2);
+  for (int i = 0; i < 1025; ++i) bad.mutable_metrics()->add_expert_tokens(i);
+  q.Push(bad);
+  q.Push(Metrics(3));
+  q.Push(Status(4));
+  ASSERT_EQ(SendAll(q).size(), 4u);
+  q.Acknowledge(1);  // stored; the session ends at the next one
+  const std::optional<uint64_t> dropped = q.SessionEnded(absl::InvalidArgumentError(
+      "metrics.expert_tokens: at most 1024 entries (one per expert; a spec has at most that many "
+      "experts), got 1025"));
+  ASSERT_TRUE(dropped.has_value());
+  EXPECT_EQ(*dropped, 2u);
+  EXPECT_EQ(q.refused(), 1);
+  EXPECT_EQ(q.dropped(), 0);  // not a drop for want of room
+  EXPECT_EQ(q.size(), 2u);
+
+  q.Rewind();  // the next session
+  auto next = q.Peek(absl::ZeroDuration());
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->sequence, 3u);
+  EXPECT_EQ(next->message.metrics().step(), 3);
+  q.MarkSent(next->sequence);
+  auto last = q.Peek(absl::ZeroDuration());
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->message.rank_status().rank(), 4);
+  q.MarkSent(last->sequence);
+  q.Acknowledge(last->sequence);
+  EXPECT_EQ(q.size(), 0u);
+  EXPECT_EQ(q.refused(), 1);
+}
+
+// Transient ends (the coordinator down or restarting, a deadline, a lost connection, the daemon
+// cancelling) drop nothing: every unacknowledged message goes again on the next session.
+TEST(OutboundQueueTest, ATransientEndOfTheSessionKeepsEveryMessageForTheNext) {
+  for (const absl::Status& end :
+       {absl::UnavailableError("connection reset"), absl::DeadlineExceededError("deadline"),
+        absl::CancelledError("cancelled"), absl::UnknownError("stream removed"),
+        absl::InternalError("RST_STREAM"), absl::AbortedError("superseded"),
+        absl::ResourceExhaustedError("too many streams"), absl::OkStatus()}) {
+    OutboundQueue q;
+    q.Push(Metrics(1));
+    q.Push(Metrics(2));
+    ASSERT_EQ(SendAll(q).size(), 2u);
+    EXPECT_FALSE(q.SessionEnded(end).has_value()) << end;
+    EXPECT_EQ(q.refused(), 0) << end;
+    EXPECT_EQ(q.size(), 2u) << end;
+    q.Rewind();
+    auto again = q.Peek(absl::ZeroDuration());
+    ASSERT_TRUE(again.has_value()) << end;
+    EXPECT_EQ(again->sequence, 1u) << end;  // the same message, the same sequence
+    EXPECT_EQ(again->message.metrics().step(), 1) << end;
+  }
+}
+
+// A refusal before any queued message went out on the session (the coordinator refused the Hello)
+// is not about the queue: nothing is dropped.
+TEST(OutboundQueueTest, ARefusalBeforeAnythingWasSentDropsNothing) {
+  OutboundQueue q;
+  q.Push(Metrics(1));
+  EXPECT_FALSE(q.SessionEnded(absl::InvalidArgumentError("hello: ...")).has_value());
+  EXPECT_EQ(q.size(), 1u);
+  EXPECT_EQ(q.refused(), 0);
+  // Nor when every message sent was acknowledged and the rest were not sent yet.
+  auto e = q.Peek(absl::ZeroDuration());
+  ASSERT_TRUE(e.has_value());
+  q.MarkSent(e->sequence);
+  q.Acknowledge(e->sequence);
+  q.Push(Metrics(2));
+  EXPECT_FALSE(q.SessionEnded(absl::InvalidArgumentError("refused")).has_value());
+  EXPECT_EQ(q.size(), 1u);
 }
 
 }  // namespace

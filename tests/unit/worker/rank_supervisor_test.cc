@@ -399,16 +399,13 @@ TEST(RankSupervisorTest, DestructorKillsAndReapsLiveChildren) {
 // its reap timeout, without an on_exit. Stood in for by a child whose end the supervisor cannot
 // see: another process traces it, and a traced child's zombie is its tracer's alone until the
 // tracer waits for it or goes.
-TEST(RankSupervisorTest, DestructorGivesUpOnAChildThatCannotBeReaped) {
-  Recorder rec;
-  auto supervisor = std::make_unique<RankSupervisor>(rec.Callbacks(), absl::Milliseconds(300));
-  absl::StatusOr<pid_t> started = supervisor->Start(9, Shell("exec sleep 60"));
-  ASSERT_TRUE(started.ok()) << started.status();
-  const pid_t pid = *started;
+// A process that traces `pid` (PTRACE_SEIZE) until SIGKILLed, making `pid` unreapable for this
+// one; -1 when ptrace is not permitted here.
+pid_t TraceFromAnotherProcess(pid_t pid) {
   int attached[2];
-  ASSERT_EQ(pipe(attached), 0);
+  if (pipe(attached) != 0) return -1;
   const pid_t tracer = fork();
-  ASSERT_GE(tracer, 0);
+  if (tracer < 0) return -1;
   if (tracer == 0) {
     const char ok = ptrace(PTRACE_SEIZE, pid, nullptr, nullptr) == 0 ? 1 : 0;
     if (write(attached[1], &ok, 1) != 1) _exit(1);
@@ -421,8 +418,19 @@ TEST(RankSupervisorTest, DestructorGivesUpOnAChildThatCannotBeReaped) {
   if (!heard || ok == 0) {
     kill(tracer, SIGKILL);
     waitpid(tracer, nullptr, 0);
-    GTEST_SKIP() << "ptrace is not permitted here";
+    return -1;
   }
+  return tracer;
+}
+
+TEST(RankSupervisorTest, DestructorGivesUpOnAChildThatCannotBeReaped) {
+  Recorder rec;
+  auto supervisor = std::make_unique<RankSupervisor>(rec.Callbacks(), absl::Milliseconds(300));
+  absl::StatusOr<pid_t> started = supervisor->Start(9, Shell("exec sleep 60"));
+  ASSERT_TRUE(started.ok()) << started.status();
+  const pid_t pid = *started;
+  const pid_t tracer = TraceFromAnotherProcess(pid);
+  if (tracer < 0) GTEST_SKIP() << "ptrace is not permitted here";
 
   // Destroyed on another thread, so that a regression fails here instead of hanging.
   absl::Notification destroyed;
@@ -443,6 +451,58 @@ TEST(RankSupervisorTest, DestructorGivesUpOnAChildThatCannotBeReaped) {
   EXPECT_FALSE(rec.WaitExit(9, absl::ZeroDuration())) << "an end was reported for it";
   int status = 0;
   EXPECT_EQ(waitpid(pid, &status, 0), pid);  // left to this process: nobody else reaped it
+}
+
+// A stop escalated (a second stop signal to the daemon): KillAll SIGKILLs a child that ignores
+// SIGTERM at once, however long the grace its Stop gave it.
+TEST(RankSupervisorTest, KillAllKillsAStoppingChildWithoutWaitingForItsGrace) {
+  Recorder rec;
+  RankSupervisor supervisor(rec.Callbacks());
+  absl::StatusOr<pid_t> pid =
+      supervisor.Start(5, Shell("trap '' TERM; echo trapped; while :; do sleep 0.05; done"));
+  ASSERT_TRUE(pid.ok());
+  ASSERT_TRUE(rec.WaitOutput(5, "trapped", absl::Seconds(10)));
+  supervisor.StopAll(absl::Seconds(60));
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(rec.WaitExit(5, absl::ZeroDuration())) << "SIGTERM is trapped";
+  const absl::Time kill = absl::Now();
+  supervisor.KillAll(absl::Seconds(1));
+  ASSERT_TRUE(rec.WaitExit(5, absl::Seconds(10)));
+  EXPECT_LT(rec.ExitTime(5) - kill, absl::Seconds(3));
+  EXPECT_EQ(rec.Exit(5).signal, SIGKILL);
+  EXPECT_TRUE(rec.Exit(5).stop_requested);
+  ASSERT_TRUE(supervisor.WaitUntilIdle(absl::Seconds(10)));
+  EXPECT_TRUE(FullyGone(*pid));
+}
+
+// After KillAll(reap_timeout) the destructor gives up on a child it cannot reap within
+// reap_timeout, not its (here long) shutdown reap timeout.
+TEST(RankSupervisorTest, KillAllShortensTheDestructorsWaitForAChildThatCannotBeReaped) {
+  Recorder rec;
+  auto supervisor = std::make_unique<RankSupervisor>(rec.Callbacks(), absl::Seconds(60));
+  absl::StatusOr<pid_t> started = supervisor->Start(9, Shell("exec sleep 60"));
+  ASSERT_TRUE(started.ok()) << started.status();
+  const pid_t pid = *started;
+  const pid_t tracer = TraceFromAnotherProcess(pid);
+  if (tracer < 0) GTEST_SKIP() << "ptrace is not permitted here";
+  supervisor->KillAll(absl::Milliseconds(300));
+  absl::Notification destroyed;
+  const absl::Time start = absl::Now();
+  std::thread destroyer([&] {
+    supervisor.reset();
+    destroyed.Notify();
+  });
+  const bool in_time = destroyed.WaitForNotificationWithTimeout(absl::Seconds(10));
+  const char state = ProcessState(pid);
+  kill(tracer, SIGKILL);  // releases the zombie to its real parent, this process
+  waitpid(tracer, nullptr, 0);
+  destroyer.join();
+  EXPECT_TRUE(in_time) << "the destructor waited its 60 s reap timeout";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(state, 'Z') << "the child did not get its SIGKILL";
+  EXPECT_FALSE(rec.WaitExit(9, absl::ZeroDuration())) << "an end was reported for it";
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, 0), pid);
 }
 
 }  // namespace

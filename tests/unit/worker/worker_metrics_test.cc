@@ -50,6 +50,7 @@ TEST(WorkerMetricsTest, DaemonSeries) {
   m->RecordRankExit({"job-a", 1, "", ""}, RankExitResult::kKilled);
   m->RecordRankExit({"job-b", 0, "", ""}, RankExitResult::kKilled);
   m->RecordSessionReconnect();
+  m->RecordOutboundRefused();
   const std::string text = m->Serialize();
   EXPECT_TRUE(Has(text, "dropless_worker_up{node=\"n1\"} 1")) << text;
   EXPECT_TRUE(Has(text, "dropless_worker_slots{node=\"n1\",state=\"busy\"} 1")) << text;
@@ -59,6 +60,8 @@ TEST(WorkerMetricsTest, DaemonSeries) {
   EXPECT_TRUE(Has(text, "dropless_worker_rank_exits_total{node=\"n1\",result=\"failed\"} 1")) << text;
   EXPECT_TRUE(Has(text, "dropless_worker_rank_exits_total{node=\"n1\",result=\"succeeded\"} 0")) << text;
   EXPECT_TRUE(Has(text, "dropless_worker_session_reconnects_total{node=\"n1\"} 1")) << text;
+  EXPECT_TRUE(Has(text, "dropless_worker_outbound_refused_total{node=\"n1\"} 1")) << text;
+  EXPECT_TRUE(Has(text, "# TYPE dropless_worker_outbound_refused_total counter")) << text;
 }
 
 // Labels of rank 1 of job-a on a CPU slot (prometheus-cpp sorts them by name; `le` goes last).
