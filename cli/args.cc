@@ -1,6 +1,9 @@
 #include "cli/args.h"
 
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -10,7 +13,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/host_port.h"
 
 namespace dropless::cli {
 
@@ -83,10 +85,13 @@ const std::vector<FlagSpec>& GlobalFlagSpecs() {
   static const std::vector<FlagSpec>* specs = new std::vector<FlagSpec>{
       {{"--coordinator"}, true, "ADDR",
        "coordinator address host:port (default $DROPLESS_COORDINATOR, else localhost:7070)"},
-      {{"--timeout"}, true, "DURATION", "deadline of each request, e.g. 10s, 500ms (default 10s)"},
+      {{"--timeout"}, true, "DURATION",
+       "deadline of each request, e.g. 10s, 500ms (default 10s); logs waits this long for the "
+       "first answer only, watch and logs -f not at all"},
       {{"-o", "--output"}, true, "FORMAT", "output format of get/describe/watch: json | yaml"},
       {{"--token-file"}, true, "FILE",
-       "file holding your bearer token (default $DROPLESS_TOKEN_FILE; or $DROPLESS_TOKEN)"},
+       absl::StrCat("file holding your bearer token; the token is the first of: ",
+                    kTokenPrecedence)},
       {{"--token"}, true, "TOKEN", "bearer token (visible to `ps`: prefer --token-file)"},
       {{"--tls-ca"}, true, "FILE",
        "CA certificate that signed the coordinator's (default $DROPLESS_TLS_CA, else the "
@@ -102,76 +107,59 @@ absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& flag, const 
   absl::Duration d;
   double seconds = 0;
   if (absl::SimpleAtod(text, &seconds)) {
+    // absl::Seconds(NaN) is an infinite duration: `--timeout nan` would remove the deadline.
+    if (!std::isfinite(seconds)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": not a finite duration: '", text, "'"));
+    }
     d = absl::Seconds(seconds);
   } else if (!absl::ParseDuration(text, &d)) {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, ": not a duration: '", text, "' (e.g. 10s, 500ms, 2m)"));
   }
   if (d <= absl::ZeroDuration()) return absl::InvalidArgumentError(flag + " must be positive");
+  // "inf" parses as absl::InfiniteDuration(); 1e400 saturates to it.
+  if (d > kMaxFlagDuration) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": '", text, "' is too long (at most ",
+                                                   absl::FormatDuration(kMaxFlagDuration), ")"));
+  }
   return d;
+}
+
+Environment ProcessEnvironment() {
+  return [](const std::string& name) {
+    const char* value = std::getenv(name.c_str());
+    return value == nullptr ? std::string() : std::string(value);
+  };
 }
 
 namespace {
 
-std::string Env(const char* name) {
-  const char* value = std::getenv(name);
-  return value == nullptr ? std::string() : std::string(value);
-}
-
-// TLS and the bearer token: flags, else the environment.
-absl::StatusOr<ChannelSecurity> ReadChannelSecurity(const ParsedArgs& args) {
-  ChannelSecurity security;
-  security.insecure = args.Has("insecure") || Env("DROPLESS_INSECURE") == "1";
-  if (security.insecure) return security;
-  security.tls.ca = args.Get("tls-ca", Env("DROPLESS_TLS_CA"));
-  std::string token_file = args.Get("token-file", Env("DROPLESS_TOKEN_FILE"));
-  if (args.Has("token")) {
-    security.bearer_token = args.Get("token");
-  } else if (!token_file.empty()) {
-    std::ifstream in(token_file, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat("--token-file ", token_file, ": cannot open"));
-    std::ostringstream text;
-    text << in.rdbuf();
-    security.bearer_token = std::string(absl::StripAsciiWhitespace(text.str()));
-    if (security.bearer_token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("--token-file ", token_file, ": empty"));
-    }
-  } else {
-    security.bearer_token = Env("DROPLESS_TOKEN");
-  }
-  return security;
+// The flag's value when given, else the variable's when set; empty values count as not given.
+Setting FlagOrEnvironment(const ParsedArgs& args, const std::string& key, const Environment& env,
+                          const std::string& variable) {
+  if (std::string value = args.Get(key); !value.empty()) return {value, "--" + key};
+  if (std::string value = env(variable); !value.empty()) return {value, "$" + variable};
+  return {};
 }
 
 }  // namespace
 
-absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args) {
+absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args, const Environment& env) {
   GlobalOptions options;
-  options.help = args.Has("help");
-  const char* env = std::getenv("DROPLESS_COORDINATOR");
-  options.coordinator =
-      args.Get("coordinator", env != nullptr && *env != '\0' ? env : "localhost:7070");
-  if (options.coordinator.empty()) {
-    return absl::InvalidArgumentError("--coordinator must not be empty");
-  }
-  const bool from_env = !args.Has("coordinator") && env != nullptr && *env != '\0';
-  if (absl::Status s = ParseHostPort(from_env ? "$DROPLESS_COORDINATOR" : "--coordinator",
-                                     options.coordinator, 1)
-                           .status();
-      !s.ok()) {
-    return s;
+  // An empty --coordinator is an error (Client::Connect); an empty variable counts as not set.
+  if (args.Has("coordinator")) {
+    options.coordinator = {args.Get("coordinator"), "--coordinator"};
+  } else if (std::string address = env("DROPLESS_COORDINATOR"); !address.empty()) {
+    options.coordinator = {address, "$DROPLESS_COORDINATOR"};
+  } else {
+    options.coordinator.value = "localhost:7070";
   }
   if (args.Has("timeout")) {
     absl::StatusOr<absl::Duration> timeout = ParseDurationFlag("--timeout", args.Get("timeout"));
     if (!timeout.ok()) return timeout.status();
     options.timeout = *timeout;
   }
-  absl::StatusOr<ChannelSecurity> security = ReadChannelSecurity(args);
-  if (!security.ok()) return security.status();
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      MakeChannelCredentials(*security);
-  if (!credentials.ok()) return credentials.status();
-  options.credentials = *credentials;
-  options.insecure = security->insecure;
   const std::string output = args.Get("output", "text");
   if (output == "json") {
     options.output = OutputFormat::kJson;
@@ -181,7 +169,61 @@ absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args) {
     return absl::InvalidArgumentError(
         absl::StrCat("-o: unknown output format '", output, "' (json | yaml)"));
   }
+  options.insecure = args.Has("insecure") || env("DROPLESS_INSECURE") == "1";
+  if (options.insecure) return options;  // plaintext: no CA, no token
+  options.tls_ca = FlagOrEnvironment(args, "tls-ca", env, "DROPLESS_TLS_CA");
+  // kTokenPrecedence: both flags before either variable.
+  const std::string flag_file = args.Get("token-file");
+  const std::string flag_token = args.Get("token");
+  const std::string env_file = env("DROPLESS_TOKEN_FILE");
+  const std::string env_token = env("DROPLESS_TOKEN");
+  if (!flag_file.empty()) {
+    options.token_file = {flag_file, "--token-file"};
+  } else if (!flag_token.empty()) {
+    options.token = {flag_token, "--token"};
+  } else if (!env_file.empty()) {
+    options.token_file = {env_file, "$DROPLESS_TOKEN_FILE"};
+  } else if (!env_token.empty()) {
+    options.token = {env_token, "$DROPLESS_TOKEN"};
+  }
   return options;
+}
+
+absl::StatusOr<std::string> ReadBearerToken(const GlobalOptions& options) {
+  if (!options.token_file.given()) return options.token.value;
+  const Setting& file = options.token_file;
+  std::ifstream in(file.value, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(file.from, " ", file.value, ": cannot open (", std::strerror(errno), ")"));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::string token(absl::StripAsciiWhitespace(text.str()));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(file.from, " ", file.value, ": empty"));
+  }
+  return token;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ReadChannelCredentials(
+    const GlobalOptions& options) {
+  ChannelSecurity security;
+  security.insecure = options.insecure;
+  if (!security.insecure) {
+    security.tls.ca = options.tls_ca.value;
+    absl::StatusOr<std::string> token = ReadBearerToken(options);
+    if (!token.ok()) return token.status();
+    security.bearer_token = *std::move(token);
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(security);
+  // The CLI gives no client certificate: an error is about the CA file.
+  if (!credentials.ok() && options.tls_ca.given()) {
+    return absl::Status(credentials.status().code(),
+                        absl::StrCat(options.tls_ca.from, ": ", credentials.status().message()));
+  }
+  return credentials;
 }
 
 }  // namespace dropless::cli

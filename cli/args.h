@@ -7,6 +7,7 @@
 #ifndef DROPLESS_CLI_ARGS_H_
 #define DROPLESS_CLI_ARGS_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -48,24 +49,57 @@ std::string FlagHelp(const std::vector<FlagSpec>& specs);
 
 enum class OutputFormat { kText, kJson, kYaml };
 
-// Flags every command takes.
-struct GlobalOptions {
-  std::string coordinator;  // host:port
-  absl::Duration timeout = absl::Seconds(10);
-  OutputFormat output = OutputFormat::kText;
-  bool help = false;
-  bool insecure = false;  // plaintext (--insecure)
-  // TLS (CA from --tls-ca) with the bearer token, or plaintext with --insecure.
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
+// A connection setting and where its value came from, for messages: "--token-file",
+// "$DROPLESS_TOKEN_FILE", ...; `from` is empty when the setting is not given.
+struct Setting {
+  std::string value;
+  std::string from;
+  bool given() const { return !from.empty(); }
 };
 
+// Flags every command takes. The connection settings (address, CA, token) are only collected
+// here: they are checked and their files read when a command makes a client (Client::Connect),
+// so that a command that makes no call (version --client, completion) never fails on them.
+struct GlobalOptions {
+  Setting coordinator;  // host:port; not given: localhost:7070
+  absl::Duration timeout = absl::Seconds(10);
+  OutputFormat output = OutputFormat::kText;
+  bool insecure = false;  // plaintext (--insecure, $DROPLESS_INSECURE=1): no CA, no token
+  Setting tls_ca;         // CA file; not given: the system's CAs
+  // The bearer token, by kTokenPrecedence: a file (token_file) or the token itself (token); at
+  // most one of the two is given.
+  Setting token_file;
+  Setting token;
+};
+
+// Where the bearer token comes from, the first one set winning: a flag beats an environment
+// variable, and a file beats a token given inline.
+inline constexpr char kTokenPrecedence[] =
+    "--token-file, else --token, else $DROPLESS_TOKEN_FILE, else $DROPLESS_TOKEN";
+
 const std::vector<FlagSpec>& GlobalFlagSpecs();
+// Longest duration a flag takes: 10 years. Beyond it a deadline or an age means nothing, and
+// absl::Time arithmetic would saturate to infinity (no deadline at all).
+inline constexpr absl::Duration kMaxFlagDuration = absl::Hours(24 * 365 * 10);
 // A duration flag's value: "10s", "500ms", "2m", "1h30m", or a bare number of seconds.
-// InvalidArgument naming the flag when it is not one or not positive.
+// InvalidArgument naming the flag when it is not one, not positive, not finite (nan, inf) or
+// longer than kMaxFlagDuration.
 absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& flag, const std::string& text);
-// --coordinator, else $DROPLESS_COORDINATOR, else localhost:7070; the channel's credentials
-// (errors name a CA or token file that cannot be read).
-absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args);
+// The value of an environment variable, "" when it is not set.
+using Environment = std::function<std::string(const std::string& name)>;
+Environment ProcessEnvironment();
+// The global flags of `args`, with the environment for what they leave out: --coordinator, else
+// $DROPLESS_COORDINATOR, else localhost:7070; the CA and the token (kTokenPrecedence). Nothing is
+// read from disk. InvalidArgument for a bad --timeout or -o.
+absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args,
+                                                const Environment& env = ProcessEnvironment());
+// The channel's credentials: reads the CA file and the token file (Client::Connect calls it).
+// Errors name the flag or the variable the bad value came from ("$DROPLESS_TOKEN_FILE /x: cannot
+// open ...").
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ReadChannelCredentials(
+    const GlobalOptions& options);
+// The bearer token options name ("" for none): the token file's text, trimmed, or the token.
+absl::StatusOr<std::string> ReadBearerToken(const GlobalOptions& options);
 
 }  // namespace dropless::cli
 

@@ -3,9 +3,11 @@
 #ifndef DROPLESS_CLI_CLIENT_H_
 #define DROPLESS_CLI_CLIENT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "cli/args.h"
 #include "dropless/v1/job_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -14,22 +16,34 @@ namespace dropless::cli {
 
 class Client {
  public:
-  explicit Client(const GlobalOptions& options);
+  // The client of options.coordinator. The connection settings are checked, and the CA and token
+  // files read, here and not before (commands that make no call never need them): errors name the
+  // flag or the environment variable a bad value came from.
+  static absl::StatusOr<Client> Connect(const GlobalOptions& options);
 
   v1::JobService::Stub& jobs() { return *stub_; }
   // A context for one unary call, with the --timeout deadline.
   std::unique_ptr<grpc::ClientContext> UnaryContext() const;
-  // A context for a stream that lives as long as the job: no deadline; an unreachable
-  // coordinator still fails the first read at once.
+  // A context for a stream: no deadline (a job's stream lives as long as the job, a backlog takes
+  // as long as its reader needs); an unreachable coordinator still fails the first read at once.
   std::unique_ptr<grpc::ClientContext> StreamContext() const;
+  // Runs `open_and_wait` (which opens a stream on `context`, a StreamContext, and waits for its
+  // first answer: WaitForInitialMetadata) for at most --timeout: past it, the call is cancelled
+  // and the result is DEADLINE_EXCEEDED, for Fail. Only this first wait is bounded. Opening is
+  // inside the bound: it blocks until the request is sent, i.e. while the connection is made.
+  grpc::Status AwaitFirstAnswer(grpc::ClientContext& context,
+                                const std::function<void()>& open_and_wait) const;
 
   // Prints "error: <the server's message>" (or why the coordinator is unreachable) to stderr and
   // returns the exit code for a failed call.
   int Fail(const grpc::Status& status) const;
 
-  const std::string& address() const { return options_.coordinator; }
+  const std::string& address() const { return options_.coordinator.value; }
 
  private:
+  Client(const GlobalOptions& options,
+         const std::shared_ptr<grpc::ChannelCredentials>& credentials);
+
   // Why a TLS connection may have failed, for the UNAVAILABLE message; "" when nothing to add.
   std::string TlsHint(const std::string& message) const;
 

@@ -48,6 +48,7 @@ std::string MainHelp() {
 
 std::string CommandHelp(const Command& c) {
   std::string out = absl::StrCat("Usage: dropless ", c.synopsis, "\n\n", c.summary, "\n");
+  if (!c.details.empty()) out += "\n" + c.details;
   if (!c.flags.empty()) out += "\nFlags:\n" + FlagHelp(c.flags);
   out += "\nGlobal flags:\n" + FlagHelp(GlobalFlagSpecs());
   out += absl::StrCat("\n", kExitCodeHelp);
@@ -103,12 +104,14 @@ int Main(const std::vector<std::string>& args) {
   specs.insert(specs.end(), command->flags.begin(), command->flags.end());
   absl::StatusOr<ParsedArgs> parsed = ParsedArgs::Parse(rest, specs);
   if (!parsed.ok()) return UsageError(absl::StrCat(name, ": ", parsed.status().message()));
-  absl::StatusOr<GlobalOptions> options = ReadGlobalOptions(*parsed);
-  if (!options.ok()) return UsageError(std::string(options.status().message()));
-  if (options->help) {
+  // Help needs no other setting to be right; nor does any command before it makes a client
+  // (Client::Connect reads the CA and token files).
+  if (parsed->Has("help")) {
     std::cout << CommandHelp(*command);
     return kExitOk;
   }
+  absl::StatusOr<GlobalOptions> options = ReadGlobalOptions(*parsed);
+  if (!options.ok()) return UsageError(std::string(options.status().message()));
   return command->run(Invocation{*options, *std::move(parsed)});
 }
 

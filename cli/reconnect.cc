@@ -1,8 +1,11 @@
 #include "cli/reconnect.h"
 
+#include <unistd.h>
+
 #include <iostream>
 
 #include "absl/time/clock.h"
+#include "cli/output/terminal_text.h"
 
 namespace dropless::cli {
 
@@ -10,8 +13,8 @@ bool Reconnection::Retry(const grpc::Status& status, const std::function<void()>
   if (lost_since_ == absl::InfiniteFuture()) {
     lost_since_ = absl::Now();
     if (on_first_loss) on_first_loss();
-    std::cerr << command_ << ": lost the coordinator (" << status.error_message()
-              << "); reconnecting\n";
+    std::cerr << command_ << ": lost the coordinator ("
+              << ForDisplay(status.error_message(), STDERR_FILENO) << "); reconnecting\n";
   }
   if (absl::Now() - lost_since_ > kWindow) return false;
   absl::SleepFor(absl::Seconds(1));

@@ -23,6 +23,7 @@ struct Command {
   std::string summary;
   std::vector<FlagSpec> flags;  // besides the global ones
   int (*run)(const Invocation&);
+  std::string details;  // more for `dropless COMMAND --help`, after the summary
 };
 
 // Every command, in the order `dropless --help` lists them.

@@ -1,6 +1,8 @@
 // dropless describe job ID: everything about one job for a human (spec summary, progress,
 // expert load of the latest step, placement, events with times); -o json|yaml gives the job object
 // plus "events".
+#include <unistd.h>
+
 #include <iostream>
 #include <map>
 #include <optional>
@@ -14,6 +16,7 @@
 #include "cli/exit_codes.h"
 #include "cli/output/expert_load.h"
 #include "cli/output/table.h"
+#include "cli/output/terminal_text.h"
 #include "cli/output/views.h"
 #include "common/job_spec.h"
 
@@ -122,7 +125,9 @@ void PrintText(const v1::Job& job, const v1::ListEventsResponse& events) {
     }
     out += table.Render();
   }
-  std::cout << out;
+  // Names, labels, messages and event text are users': a terminal gets them without control
+  // characters.
+  std::cout << ForDisplay(out, STDOUT_FILENO);
 }
 
 }  // namespace
@@ -132,7 +137,9 @@ int RunDescribe(const Invocation& inv) {
   if (pos.size() != 2 || (pos[0] != "job" && pos[0] != "jobs")) {
     return UsageError("usage: dropless describe job ID");
   }
-  Client client(inv.options);
+  absl::StatusOr<Client> connection = Client::Connect(inv.options);
+  if (!connection.ok()) return UsageError(std::string(connection.status().message()));
+  Client& client = *connection;
   v1::GetJobRequest get;
   get.set_id(pos[1]);
   v1::Job job;

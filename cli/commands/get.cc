@@ -4,6 +4,8 @@
 // {"workers": [...]}; a single object prints itself. The list is read a page (--chunk-size, 500)
 // at a time. -w (kubectl's watch): the list, then, polling every second until interrupted, a row
 // (or with -o one object) for each job that appeared or changed state, attempt or step.
+#include <unistd.h>
+
 #include <algorithm>
 #include <iostream>
 #include <map>
@@ -19,6 +21,7 @@
 #include "cli/commands/commands.h"
 #include "cli/exit_codes.h"
 #include "cli/output/table.h"
+#include "cli/output/terminal_text.h"
 #include "cli/output/views.h"
 #include "cli/reconnect.h"
 #include "common/byte_text.h"
@@ -73,7 +76,7 @@ Table JobTable(const std::vector<const v1::Job*>& jobs) {
 }
 
 void PrintJobTable(const std::vector<const v1::Job*>& jobs) {
-  std::cout << JobTable(jobs).Render();
+  std::cout << ForDisplay(JobTable(jobs).Render(), STDOUT_FILENO);
 }
 
 // Polls the list and prints what changed, until interrupted (or a call fails).
@@ -104,9 +107,9 @@ int WatchJobs(const Invocation& inv, Client& client, const v1::ListJobsRequest& 
       for (const v1::Job* job : changed) PrintStructured(JobView(*job), inv.options.output);
     } else if (first == nullptr) {
       first = std::make_unique<Table>(JobTable(changed));
-      std::cout << first->Render();
+      std::cout << ForDisplay(first->Render(), STDOUT_FILENO);
     } else if (!changed.empty()) {
-      std::cout << JobTable(changed).RenderRowsLike(*first);
+      std::cout << ForDisplay(JobTable(changed).RenderRowsLike(*first), STDOUT_FILENO);
     }
     std::cout.flush();
     std::this_thread::sleep_for(absl::ToChronoMilliseconds(kWatchPollInterval));
@@ -133,7 +136,7 @@ void PrintWorkerTable(const std::vector<const v1::Worker*>& workers) {
                   AgeText(w->last_heartbeat_ms(), now) + (w->last_heartbeat_ms() > 0 ? " ago" : ""),
                   AgeText(w->registered_time_ms(), now)});
   }
-  std::cout << table.Render();
+  std::cout << ForDisplay(table.Render(), STDOUT_FILENO);
 }
 
 int GetJobs(const Invocation& inv, Client& client) {
@@ -250,7 +253,9 @@ int RunGet(const Invocation& inv) {
   if (pos.empty()) return UsageError("get needs a resource: jobs, job ID, workers");
   if (pos.size() > 2) return UsageError(absl::StrCat("get: unexpected argument '", pos[2], "'"));
   const std::string& resource = pos[0];
-  Client client(inv.options);
+  absl::StatusOr<Client> connection = Client::Connect(inv.options);
+  if (!connection.ok()) return UsageError(std::string(connection.status().message()));
+  Client& client = *connection;
   const bool list_flags = inv.args.Has("state") || inv.args.Has("watch") ||
                           inv.args.Has("selector") || inv.args.Has("chunk-size") ||
                           inv.args.Has("owner");

@@ -1,9 +1,14 @@
-// dropless logs ID [--rank R] [--tail N] [--since DURATION] [-f]: the output of a job's rank
-// processes, as forwarded by the workers. Without --rank every line carries "[rank R]"; --tail and
-// --since pick the last N stored lines / those at most DURATION old (the coordinator filters);
-// -f follows until the job ends, across coordinator restarts (it resumes after the last line it
-// printed, for up to 60 s of outage); -o json prints one object per line:
-// {"job_id","attempt","rank","time","text"}.
+// dropless logs ID [--rank R] [--tail N] [--since DURATION] [-f] [--raw]: the output of a job's
+// rank processes, as forwarded by the workers. Without --rank every line carries "[rank R]";
+// --tail and --since pick the last N stored lines / those at most DURATION old (the coordinator
+// filters); -f follows until the job ends, across coordinator restarts (it resumes after the last
+// line it printed, for up to 60 s of outage); -o json prints one object per line:
+// {"job_id","attempt","rank","time","text"}. Without -f, --timeout bounds the wait for the
+// coordinator's first answer only: the backlog then takes as long as its reader (a pager) needs.
+// The text is the ranks' (user code's): on a terminal its control characters but newline and tab
+// print as '?' (output/terminal_text.h), unless --raw; to a pipe or a file it is kept as it is.
+#include <unistd.h>
+
 #include <iostream>
 
 #include "absl/strings/numbers.h"
@@ -11,6 +16,7 @@
 #include "cli/client.h"
 #include "cli/commands/commands.h"
 #include "cli/exit_codes.h"
+#include "cli/output/terminal_text.h"
 #include "cli/output/views.h"
 #include "cli/reconnect.h"
 #include "common/api_metadata.h"
@@ -21,7 +27,8 @@ int RunLogs(const Invocation& inv) {
   std::vector<std::string> pos = inv.args.positional();
   if (pos.size() == 2 && (pos[0] == "job" || pos[0] == "jobs")) pos.erase(pos.begin());
   if (pos.size() != 1) {
-    return UsageError("usage: dropless logs ID [--rank R] [--tail N] [--since DURATION] [-f]");
+    return UsageError(
+        "usage: dropless logs ID [--rank R] [--tail N] [--since DURATION] [-f] [--raw]");
   }
   v1::GetLogsRequest request;
   request.set_job_id(pos[0]);
@@ -48,7 +55,11 @@ int RunLogs(const Invocation& inv) {
     request.mutable_since()->set_seconds(nanos / 1000000000);
     request.mutable_since()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
   }
-  Client client(inv.options);
+  absl::StatusOr<Client> connection = Client::Connect(inv.options);
+  if (!connection.ok()) return UsageError(std::string(connection.status().message()));
+  Client& client = *connection;
+  const bool terminal_safe =
+      inv.options.output == OutputFormat::kText && !inv.args.Has("raw") && IsTty(STDOUT_FILENO);
   int64_t last_seq = 0;
   bool received = false;   // a line arrived: a new stream resumes after the last one
   bool connected = false;  // a stream was open: losing it is a loss of the coordinator
@@ -60,17 +71,25 @@ int RunLogs(const Invocation& inv) {
       request.set_tail_lines(0);
       request.clear_since();
     }
-    std::unique_ptr<grpc::ClientContext> context =
-        request.follow() ? client.StreamContext() : client.UnaryContext();
-    std::unique_ptr<grpc::ClientReader<v1::LogLine>> reader =
-        client.jobs().GetLogs(context.get(), request);
-    if (request.follow()) {
+    // No deadline on the stream: a deadline would also cut a long backlog, or one that a paused
+    // pager (`dropless logs ID | less`) stops reading, short of its end.
+    std::unique_ptr<grpc::ClientContext> context = client.StreamContext();
+    std::unique_ptr<grpc::ClientReader<v1::LogLine>> reader;
+    auto open = [&] {
+      reader = client.jobs().GetLogs(context.get(), request);  // returns once the request is sent
       // The coordinator marks a stream it accepted before any line (a quiet job prints none).
       reader->WaitForInitialMetadata();
+    };
+    if (request.follow()) {
+      open();
       if (context->GetServerInitialMetadata().count(kLogStreamOpenMetadata) != 0) {
         connected = true;
         reconnection.Connected();
       }
+    } else if (grpc::Status answered = client.AwaitFirstAnswer(*context, open); !answered.ok()) {
+      // --timeout passed before the coordinator answered: the call is cancelled.
+      reader->Finish().IgnoreError();
+      return client.Fail(answered);
     }
     v1::LogLine line;
     while (reader->Read(&line)) {
@@ -87,9 +106,7 @@ int RunLogs(const Invocation& inv) {
         PrintStructured(v, inv.options.output);
         continue;
       }
-      if (!one_rank) std::cout << "[rank " << line.rank() << "] ";
-      std::cout << line.text();
-      if (line.text().empty() || line.text().back() != '\n') std::cout << "\n";
+      std::cout << LogLineText(line, /*with_rank=*/!one_rank, terminal_safe);
       std::cout.flush();
     }
     grpc::Status status = reader->Finish();

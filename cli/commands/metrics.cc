@@ -1,6 +1,8 @@
 // dropless metrics ID [--rank R] [--limit N]: a job's stored step metrics, oldest first (the
 // coordinator keeps the most recent 5000 per job): a table of step, rank, loss, step time,
 // TFLOP/s, MFU and tokens/s; -o json|yaml prints one object per step and rank with every field.
+#include <unistd.h>
+
 #include <iostream>
 
 #include "absl/strings/numbers.h"
@@ -10,6 +12,7 @@
 #include "cli/commands/commands.h"
 #include "cli/exit_codes.h"
 #include "cli/output/table.h"
+#include "cli/output/terminal_text.h"
 #include "cli/output/views.h"
 
 namespace dropless::cli {
@@ -35,7 +38,9 @@ int RunMetrics(const Invocation& inv) {
     }
     request.set_limit(limit);
   }
-  Client client(inv.options);
+  absl::StatusOr<Client> connection = Client::Connect(inv.options);
+  if (!connection.ok()) return UsageError(std::string(connection.status().message()));
+  Client& client = *connection;
   std::unique_ptr<grpc::ClientContext> context = client.UnaryContext();
   v1::ListStepMetricsResponse response;
   grpc::Status status = client.jobs().ListStepMetrics(context.get(), request, &response);
@@ -59,7 +64,7 @@ int RunMetrics(const Invocation& inv) {
                   absl::StrFormat("%.0f", m.tokens_per_second()),
                   absl::StrFormat("%.3f", m.load_imbalance())});
   }
-  std::cout << table.Render();
+  std::cout << ForDisplay(table.Render(), STDOUT_FILENO);
   return kExitOk;
 }
 

@@ -33,13 +33,20 @@ const std::vector<Command>& AllCommands() {
       {"watch", "watch ID",
        "follow a job to its end: progress bar on a terminal, lines otherwise, -o json per update",
        {}, RunWatch},
-      {"logs", "logs ID [--rank R] [--tail N] [--since DURATION] [-f]",
+      {"logs", "logs ID [--rank R] [--tail N] [--since DURATION] [-f] [--raw]",
        "print the output of a job's ranks",
        {{{"--rank"}, true, "R", "only this rank"},
         {{"--tail"}, true, "N", "only the last N stored lines"},
         {{"--since"}, true, "DURATION", "only stored lines at most this old, e.g. 10m"},
-        {{"-f", "--follow"}, false, "", "keep printing until the job ends"}},
-       RunLogs},
+        {{"-f", "--follow"}, false, "", "keep printing until the job ends"},
+        {{"--raw"}, false, "",
+         "print the ranks' bytes as they are, escape sequences included, also on a terminal"}},
+       RunLogs,
+       "The text is what the ranks wrote (user code). On a terminal its control characters but\n"
+       "newline and tab (escape sequences, carriage returns) print as '?'; piped or redirected,\n"
+       "with --raw, or with -o json|yaml (which escape them), it is kept as written.\n"
+       "Without -f, --timeout bounds the wait for the coordinator's first answer only: a long\n"
+       "backlog, or a pager that stops reading, takes as long as it needs.\n"},
       {"metrics", "metrics ID [--rank R] [--limit N]",
        "a job's stored step metrics, oldest first (loss, step time, TFLOP/s, MFU)",
        {{{"--rank"}, true, "R", "only this rank"},

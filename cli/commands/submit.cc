@@ -8,6 +8,8 @@
 // Every submit carries a request id (--request-id, else 128 random bits): a submit whose answer
 // was lost (coordinator restart, network) is sent again with the same id until --timeout runs
 // out, and the coordinator answers with the job the first one made instead of making a second.
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -23,6 +25,7 @@
 #include "cli/client.h"
 #include "cli/commands/commands.h"
 #include "cli/exit_codes.h"
+#include "cli/output/terminal_text.h"
 #include "cli/output/views.h"
 #include "common/job_spec.h"
 
@@ -131,18 +134,22 @@ int RunSubmit(const Invocation& inv) {
   }
   request.set_dry_run(dry_run);
 
-  Client client(inv.options);
+  absl::StatusOr<Client> connection = Client::Connect(inv.options);
+  if (!connection.ok()) return UsageError(std::string(connection.status().message()));
+  Client& client = *connection;
   v1::Job job;
   grpc::Status status = SubmitWithRetries(client, inv.options.timeout, request, &job);
   if (!status.ok()) return client.Fail(status);
   if (inv.options.output != OutputFormat::kText) {
     PrintStructured(JobView(job), inv.options.output);
   } else if (dry_run) {
-    std::cout << (job.name().empty() ? "job" : job.name()) << " validated (dry run): "
-              << job.world_size() << " " << job.backend() << " ranks, " << job.steps()
-              << " steps; nothing created\n";
+    std::cout << ForDisplay(
+        absl::StrCat(job.name().empty() ? "job" : job.name(),
+                     " validated (dry run): ", job.world_size(), " ", job.backend(), " ranks, ",
+                     job.steps(), " steps; nothing created\n"),
+        STDOUT_FILENO);
   } else {
-    std::cout << job.id() << "\n";
+    std::cout << ForDisplay(job.id(), STDOUT_FILENO) << "\n";
   }
   std::cout.flush();
   if (!inv.args.Has("wait")) return kExitOk;

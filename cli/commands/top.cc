@@ -3,6 +3,8 @@
 // group, and the imbalance max/mean) and loss, from the coordinator's stored step metrics.
 // -w redraws every 2 seconds until the job ends.
 // -o json|yaml: {"job_id", "state", "ranks": [<metrics object per rank>]}.
+#include <unistd.h>
+
 #include <algorithm>
 #include <iostream>
 #include <map>
@@ -15,6 +17,7 @@
 #include "cli/exit_codes.h"
 #include "cli/output/expert_load.h"
 #include "cli/output/table.h"
+#include "cli/output/terminal_text.h"
 #include "cli/output/views.h"
 #include "cli/reconnect.h"
 
@@ -65,8 +68,10 @@ grpc::Status Show(const Invocation& inv, Client& client, const std::string& id,
                     inv.options.output);
     return grpc::Status::OK;
   }
-  std::cout << "job " << job.id() << " (" << job.name() << ") " << JobStateName(job.state())
-            << ", attempt " << job.attempt() << ", " << job.world_size() << " ranks\n";
+  std::cout << ForDisplay(
+      absl::StrCat("job ", job.id(), " (", job.name(), ") ", JobStateName(job.state()),
+                   ", attempt ", job.attempt(), ", ", job.world_size(), " ranks\n"),
+      STDOUT_FILENO);
   if (latest.empty()) {
     std::cout << "No step metrics yet.\n";
     return grpc::Status::OK;
@@ -81,7 +86,7 @@ grpc::Status Show(const Invocation& inv, Client& client, const std::string& id,
                   absl::StrFormat("%.3f", m->load_imbalance()),
                   absl::StrFormat("%.6g", m->loss())});
   }
-  std::cout << table.Render();
+  std::cout << ForDisplay(table.Render(), STDOUT_FILENO);  // node names are the workers'
   return grpc::Status::OK;
 }
 
@@ -91,7 +96,9 @@ int RunTop(const Invocation& inv) {
   std::vector<std::string> pos = inv.args.positional();
   if (pos.size() == 2 && (pos[0] == "job" || pos[0] == "jobs")) pos.erase(pos.begin());
   if (pos.size() != 1) return UsageError("usage: dropless top ID [-w]");
-  Client client(inv.options);
+  absl::StatusOr<Client> connection = Client::Connect(inv.options);
+  if (!connection.ok()) return UsageError(std::string(connection.status().message()));
+  Client& client = *connection;
   const bool watch = inv.args.Has("watch");
   Reconnection reconnection("top");  // -w rides out a coordinator restart, as `watch` does
   bool shown = false;

@@ -1,12 +1,15 @@
 // dropless version [--client]: the CLI's release and, unless --client, the coordinator's (its
 // GetVersion). -o json|yaml: {"client": {"version"}, "server": {"version", "api_version",
 // "address"}}. An unreachable coordinator prints the client's line, then fails with exit code 4.
+#include <unistd.h>
+
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "cli/client.h"
 #include "cli/commands/commands.h"
 #include "cli/exit_codes.h"
+#include "cli/output/terminal_text.h"
 #include "common/version.h"
 
 namespace dropless::cli {
@@ -26,7 +29,9 @@ int RunVersion(const Invocation& inv) {
     }
     return kExitOk;
   }
-  Client client(inv.options);
+  absl::StatusOr<Client> connection = Client::Connect(inv.options);
+  if (!connection.ok()) return UsageError(std::string(connection.status().message()));
+  Client& client = *connection;
   v1::GetVersionResponse server;
   grpc::Status status =
       client.jobs().GetVersion(client.UnaryContext().get(), v1::GetVersionRequest(), &server);
@@ -36,8 +41,9 @@ int RunVersion(const Invocation& inv) {
   }
   if (!status.ok()) return client.Fail(status);
   if (text) {
-    std::cout << "Server Version: " << server.version() << " (API " << server.api_version()
-              << ", coordinator " << client.address() << ")\n";
+    std::cout << "Server Version: " << ForDisplay(server.version(), STDOUT_FILENO) << " (API "
+              << ForDisplay(server.api_version(), STDOUT_FILENO) << ", coordinator "
+              << client.address() << ")\n";
     return kExitOk;
   }
   Value server_view = Value::Object()

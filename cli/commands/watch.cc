@@ -14,6 +14,7 @@
 #include "cli/client.h"
 #include "cli/commands/commands.h"
 #include "cli/exit_codes.h"
+#include "cli/output/terminal_text.h"
 #include "cli/output/views.h"
 #include "cli/progress/progress_bar.h"
 #include "cli/reconnect.h"
@@ -92,7 +93,9 @@ class UpdatePrinter {
     progress_.state = state;
     progress_.steps = job.steps();
     if (bar_) {
-      for (const std::string& line : lines) bar_->PrintLine(line);
+      // On the terminal: event and job messages are users', shown without control characters.
+      // The plain lines below go to a pipe or a file, as they are.
+      for (const std::string& line : lines) bar_->PrintLine(TerminalSafe(line));
       bar_->Draw(progress_);
       return;
     }
@@ -123,7 +126,9 @@ int RunWatch(const Invocation& inv) {
   std::vector<std::string> pos = inv.args.positional();
   if (pos.size() == 2 && (pos[0] == "job" || pos[0] == "jobs")) pos.erase(pos.begin());
   if (pos.size() != 1) return UsageError("usage: dropless watch ID");
-  Client client(inv.options);
+  absl::StatusOr<Client> connection = Client::Connect(inv.options);
+  if (!connection.ok()) return UsageError(std::string(connection.status().message()));
+  Client& client = *connection;
   return FollowJobToEnd(inv.options, client, pos[0]);
 }
 

@@ -23,9 +23,24 @@ std::string Number(double d) {
   return buf;
 }
 
+// The C1 control character (U+0080-U+009F: UTF-8 0xc2 0x80-0x9f) at s[i], or -1. U+009B is a
+// terminal's CSI: both formats write C1 escaped, so that output read on a terminal cannot drive it
+// (YAML must escape it anyway: C1 is not printable in YAML).
+int C1ControlAt(const std::string& s, size_t i) {
+  if (static_cast<unsigned char>(s[i]) != 0xc2 || i + 1 >= s.size()) return -1;
+  const unsigned char next = static_cast<unsigned char>(s[i + 1]);
+  return next >= 0x80 && next <= 0x9f ? next : -1;
+}
+
 void AppendJsonString(const std::string& s, std::string* out) {
   out->push_back('"');
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (const int c1 = C1ControlAt(s, i); c1 >= 0) {
+      absl::StrAppendFormat(out, "\\u%04x", c1);
+      ++i;
+      continue;
+    }
     switch (c) {
       case '"': *out += "\\\""; break;
       case '\\': *out += "\\\\"; break;
@@ -92,7 +107,13 @@ bool IsSafePlain(const std::string& s) {
 
 std::string YamlQuoted(const std::string& s) {
   std::string out = "\"";
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (const int c1 = C1ControlAt(s, i); c1 >= 0) {
+      absl::StrAppendFormat(&out, "\\x%02x", c1);
+      ++i;
+      continue;
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -115,8 +136,9 @@ bool FitsLiteralBlock(const std::string& s) {
   if (s.find('\n') == std::string::npos || s[0] == ' ' || s[0] == '\n' || s[0] == '\t') {
     return false;
   }
-  for (unsigned char c : s) {
-    if ((c < 0x20 && c != '\n') || c == 0x7f) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if ((c < 0x20 && c != '\n') || c == 0x7f || C1ControlAt(s, i) >= 0) return false;
   }
   return true;
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cli/output/terminal_text.h"
 
 namespace dropless::cli {
 
@@ -70,6 +71,13 @@ std::string StepText(const v1::Job& job) {
                                ? absl::StrCat(job.latest().step())
                                : std::string("-");
   return absl::StrCat(step, "/", job.steps());
+}
+
+std::string LogLineText(const v1::LogLine& line, bool with_rank, bool terminal_safe) {
+  std::string out = with_rank ? absl::StrCat("[rank ", line.rank(), "] ") : "";
+  out += terminal_safe ? TerminalSafe(line.text()) : line.text();
+  if (line.text().empty() || line.text().back() != '\n') out += "\n";
+  return out;
 }
 
 Value MetricsView(const v1::StepMetrics& m) {

@@ -35,6 +35,10 @@ std::string AgeText(int64_t since_ms, int64_t now_ms);
 std::string DurationText(double seconds);
 // "12/40", or "-/40" before the first step.
 std::string StepText(const v1::Job& job);
+// One line of `logs` text output: "[rank R] " when with_rank, the rank's text and a newline unless
+// it ends with one. terminal_safe: the text made TerminalSafe (output/terminal_text.h), for a
+// terminal; else its bytes as the rank wrote them.
+std::string LogLineText(const v1::LogLine& line, bool with_rank, bool terminal_safe);
 
 }  // namespace dropless::cli
 

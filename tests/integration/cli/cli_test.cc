@@ -272,6 +272,60 @@ TEST(CliNoServerTest, UsageErrorsExitTwo) {
   EXPECT_THAT(from_env.err, HasSubstr("$DROPLESS_COORDINATOR: "));
 }
 
+// Commands that make no call run whatever the connection settings say: `source <(dropless
+// completion bash)` in a shell whose $DROPLESS_TOKEN_FILE is stale (they exited 2 before). A
+// command that calls fails naming the variable, or the flag, the bad value came from.
+TEST(CliNoServerTest, LocalCommandsNeedNoCredentialsAndErrorsNameTheirSource) {
+  const std::string bin = BinaryPath("dropless");
+  const std::vector<std::string> stale = {"/usr/bin/env",
+                                          "-u",
+                                          "DROPLESS_INSECURE",
+                                          "DROPLESS_TOKEN_FILE=/nonexistent",
+                                          "DROPLESS_TLS_CA=/nonexistent/ca.pem",
+                                          "DROPLESS_COORDINATOR=not an address",
+                                          bin};
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--help"},
+                                             {"logs", "--help"},
+                                             {"version", "--client"},
+                                             {"completion", "bash"},
+                                             {"completion", "zsh"}}) {
+    std::vector<std::string> argv = stale;
+    argv.insert(argv.end(), args.begin(), args.end());
+    CommandResult r = RunCommand(argv, absl::Seconds(30));
+    EXPECT_EQ(r.exit_code, 0) << absl::StrJoin(args, " ") << ": " << r.err;
+    EXPECT_FALSE(r.out.empty()) << absl::StrJoin(args, " ");
+  }
+  const std::string dead = absl::StrCat("127.0.0.1:", PickFreePort());
+  CommandResult from_env =
+      RunCommand({"/usr/bin/env", "-u", "DROPLESS_INSECURE", "DROPLESS_TOKEN_FILE=/nonexistent",
+                  bin, "--coordinator", dead, "get", "jobs"},
+                 absl::Seconds(30));
+  EXPECT_EQ(from_env.exit_code, 2) << from_env.err;
+  EXPECT_THAT(from_env.err, HasSubstr("error: $DROPLESS_TOKEN_FILE /nonexistent: cannot open"));
+  CommandResult from_flag =
+      RunCommand({"/usr/bin/env", "-u", "DROPLESS_INSECURE", "DROPLESS_TOKEN_FILE=/nonexistent",
+                  bin, "--coordinator", dead, "--token-file", "/nonexistent/flag", "get", "jobs"},
+                 absl::Seconds(30));
+  EXPECT_EQ(from_flag.exit_code, 2) << from_flag.err;
+  EXPECT_THAT(from_flag.err, HasSubstr("error: --token-file /nonexistent/flag: cannot open"));
+  CommandResult ca = RunCommand({"/usr/bin/env", "-u", "DROPLESS_INSECURE", "-u",
+                                 "DROPLESS_TOKEN_FILE", "DROPLESS_TLS_CA=/nonexistent/ca.pem", bin,
+                                 "--coordinator", dead, "--token", "t", "get", "jobs"},
+                                absl::Seconds(30));
+  EXPECT_EQ(ca.exit_code, 2) << ca.err;
+  EXPECT_THAT(ca.err, HasSubstr("error: $DROPLESS_TLS_CA: "));
+  // Non-finite and absurd durations are refused, naming the flag (`--timeout nan` removed the
+  // deadline).
+  for (const char* timeout : {"nan", "inf", "1e400"}) {
+    CommandResult r =
+        RunCommand({bin, "--insecure", "--coordinator", dead, "--timeout", timeout, "get", "jobs"},
+                   absl::Seconds(30));
+    EXPECT_EQ(r.exit_code, 2) << timeout << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr("--timeout")) << timeout;
+  }
+}
+
 TEST(CliNoServerTest, BadSpecFailsBeforeAnyNetworkCall) {
   // No coordinator at all: a bad spec is still reported with its field, exit 1 (not 4).
   const std::string dead = absl::StrCat("127.0.0.1:", PickFreePort());
