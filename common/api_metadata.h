@@ -9,6 +9,11 @@ namespace dropless {
 // whose stream then ends UNAVAILABLE lost a coordinator it had reached, and reconnects.
 inline constexpr char kLogStreamOpenMetadata[] = "dropless-log-stream-open";
 
+// Trailing metadata of a worker Session the coordinator ended with INVALID_ARGUMENT at a queued
+// message it refuses as malformed: that message's seq (decimal). The daemon drops exactly that
+// message; a refusal without it (the Hello) drops nothing.
+inline constexpr char kRefusedSeqMetadata[] = "dropless-refused-seq";
+
 }  // namespace dropless
 
 #endif  // DROPLESS_COMMON_API_METADATA_H_

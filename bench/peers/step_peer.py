@@ -402,8 +402,8 @@ def main():
     args = ap.parse_args()
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(args.jax_mem_fraction))
-    if args.jax_allocator == "platform":
-        os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
+    # The flag decides (an inherited XLA_PYTHON_CLIENT_ALLOCATOR would contradict the preflight).
+    os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = args.jax_allocator
     if args.check:
         from step_impls.check import run_check
         sys.exit(0 if run_check(args) else 1)

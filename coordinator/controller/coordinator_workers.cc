@@ -6,10 +6,12 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/api_metadata.h"
 #include "common/job_error.h"
 #include "common/log.h"
 #include "common/utf8.h"
@@ -107,6 +109,11 @@ absl::Status Coordinator::HandleWorkerMessages(const std::shared_ptr<WorkerSessi
     absl::Status handled = HandleWorkerMessageLocked(session, message, statuses);
     if (!handled.ok()) {
       (void)commit_statuses();  // the statuses before it are stored and acknowledged
+      // A queued message refused as malformed is named, so that the daemon drops exactly it
+      // rather than resend it ahead of everything behind it (kRefusedSeqMetadata).
+      if (absl::IsInvalidArgument(handled) && !message.has_hello() && message.seq() != 0) {
+        handled.SetPayload(kRefusedSeqMetadata, absl::Cord(absl::StrCat(message.seq())));
+      }
       return handled;
     }
   }

@@ -1,11 +1,14 @@
 #include "coordinator/service/worker_service.h"
 
 #include <memory>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/time/time.h"
+#include "common/api_metadata.h"
 #include "coordinator/auth/caller.h"
 #include "coordinator/util/byte_budget.h"
 #include "coordinator/util/grpc_status.h"
@@ -101,6 +104,9 @@ grpc::Status WorkerServiceImpl::Session(
         absl::Status handled = coordinator_->HandleWorkerMessages(session, run);
         bytes_ahead.Give(run_bytes);
         if (!handled.ok()) {
+          if (auto seq = handled.GetPayload(kRefusedSeqMetadata); seq.has_value()) {
+            context->AddTrailingMetadata(kRefusedSeqMetadata, std::string(*seq));
+          }
           status = ToGrpcStatus(handled);
           break;
         }

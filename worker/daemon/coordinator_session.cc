@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/api_metadata.h"
 #include "common/log.h"
 #include "google/protobuf/util/time_util.h"
 
@@ -296,10 +299,19 @@ absl::Status CoordinatorSession::RunSession(bool* dropped_refused) {
     connected_ = false;
     open_context_ = nullptr;
   }
-  // gRPC's status codes are absl's. Only a session that said Hello sent queued messages.
+  // gRPC's status codes are absl's. The coordinator names the message it refuses in the
+  // trailing metadata (a refusal without it, such as the Hello's, drops nothing).
   const absl::Status end(static_cast<absl::StatusCode>(status.error_code()),
                          status.error_message());
-  if (opened && outbound_->SessionEnded(end).has_value()) {
+  std::optional<uint64_t> refused_seq;
+  const auto& trailers = context.GetServerTrailingMetadata();
+  if (auto it = trailers.find(kRefusedSeqMetadata); it != trailers.end()) {
+    uint64_t seq = 0;
+    if (absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &seq)) {
+      refused_seq = seq;
+    }
+  }
+  if (opened && outbound_->SessionEnded(end, refused_seq).has_value()) {
     metrics_->RecordOutboundRefused();
     *dropped_refused = true;
   }

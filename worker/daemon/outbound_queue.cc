@@ -160,9 +160,9 @@ std::optional<OutboundQueue::Entry> OutboundQueue::Peek(absl::Duration timeout) 
   if (!HasUnsent()) return std::nullopt;
   // Sequences increase along the queue: the first unsent one by binary search (many may be sent
   // and waiting for their acknowledgement).
-  auto first_unsent = std::upper_bound(
-      messages_.begin(), messages_.end(), sent_through_,
-      [](uint64_t sent, const Entry& entry) { return sent < entry.sequence; });
+  auto first_unsent =
+      std::upper_bound(messages_.begin(), messages_.end(), sent_through_,
+                       [](uint64_t sent, const Entry& entry) { return sent < entry.sequence; });
   if (first_unsent == messages_.end()) return std::nullopt;
   return *first_unsent;
 }
@@ -188,22 +188,26 @@ void OutboundQueue::Rewind() {
   sent_through_ = 0;
 }
 
-std::optional<uint64_t> OutboundQueue::SessionEnded(const absl::Status& status) {
-  if (!absl::IsInvalidArgument(status)) return std::nullopt;
+std::optional<uint64_t> OutboundQueue::SessionEnded(const absl::Status& status,
+                                                    std::optional<uint64_t> refused_seq) {
+  if (!absl::IsInvalidArgument(status) || !refused_seq.has_value()) return std::nullopt;
   absl::MutexLock lock(&mu_);
-  if (messages_.empty() || messages_.front().sequence > sent_through_) return std::nullopt;
-  const Entry& refused = messages_.front();
-  const uint64_t sequence = refused.sequence;
+  // Sequences increase along the queue.
+  auto refused = std::lower_bound(
+      messages_.begin(), messages_.end(), *refused_seq,
+      [](const Entry& entry, uint64_t sequence) { return entry.sequence < sequence; });
+  if (refused == messages_.end() || refused->sequence != *refused_seq) return std::nullopt;
+  const uint64_t sequence = refused->sequence;
   // A rank status goes too, though none is ever dropped for want of room (and the coordinator
   // refuses none today): kept, it would hold up everything behind it for good; dropped, a rank
   // that ended is in neither list of the next heartbeat, so the coordinator still ends it
   // ("ended without a final status reaching the coordinator").
   LogError(absl::StrCat("the coordinator refused message ", sequence, " (",
-                        Describe(refused.message), ") as malformed: ", status.message(),
+                        Describe(refused->message), ") as malformed: ", status.message(),
                         "; dropped it rather than send it again, sending the rest"));
   ++refused_;
-  bytes_ -= refused.bytes;
-  messages_.pop_front();
+  bytes_ -= refused->bytes;
+  messages_.erase(refused);
   if (journal_ != nullptr) {
     journal_->Dropped(sequence);
     CompactJournal();

@@ -76,18 +76,16 @@ class OutboundQueue {
   // A new session: every message still queued is sent again, oldest first.
   void Rewind();
   // The session ended with `status` (the coordinator's status of the stream, after every message
-  // it sent was read). InvalidArgument is the coordinator refusing a message as malformed (e.g.
-  // step metrics with more expert_tokens than a spec can have experts): it handles a session's
-  // messages in order, acknowledges those it stored and ends the session at the one it refuses,
-  // and would refuse that one again on every resend, holding up everything queued behind it. So
-  // the oldest unacknowledged message, when it went out on this session, is the refused one: it
-  // is dropped (logged once with the reason, counted in refused()) and the rest go on the next
-  // session. (Were an acknowledgement lost, the message dropped would be a stored one, and the
-  // refused one would be dropped on the next session: nothing unstored but the refused message
-  // is ever dropped.) A refusal after nothing of the queue was sent (the Hello itself) drops
-  // nothing. Any other status (Unavailable, DeadlineExceeded, Cancelled, a lost connection)
-  // keeps every message for the next session. Returns the sequence of the dropped message.
-  std::optional<uint64_t> SessionEnded(const absl::Status& status);
+  // it sent was read) and `refused_seq` (its trailing kRefusedSeqMetadata, common/api_metadata.h).
+  // InvalidArgument with a seq is the coordinator refusing that message as malformed (e.g. step
+  // metrics with more expert_tokens than a spec can have experts): it would be refused again on
+  // every resend, holding up everything queued behind it, so it is dropped (logged once with the
+  // reason, counted in refused()) and the rest go on the next session. Only that message: one
+  // already gone (dropped for room, acknowledged) drops nothing, and so does a refusal without a
+  // seq (the Hello) or any other status (Unavailable, DeadlineExceeded, Cancelled, a lost
+  // connection), which keeps every message for the next session. Returns the dropped sequence.
+  std::optional<uint64_t> SessionEnded(const absl::Status& status,
+                                       std::optional<uint64_t> refused_seq);
   // The latest queued (unacknowledged) RankStatus of every (job, attempt, rank), oldest first.
   // The next Hello lists the ended ones next to the live ranks: a rank that exited while the
   // session was down is then known to have ended before the coordinator reconciles the Hello.

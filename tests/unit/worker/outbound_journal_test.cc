@@ -89,7 +89,7 @@ TEST(OutboundJournalTest, ARefusedMessageIsNotReplayedAfterARestart) {
     for (int step = 1; step <= 3; ++step) first.queue.Push(Metrics(step));
     while (auto e = first.queue.Peek(absl::ZeroDuration())) first.queue.MarkSent(e->sequence);
     first.queue.Acknowledge(1);
-    ASSERT_EQ(first.queue.SessionEnded(absl::InvalidArgumentError("malformed")), 2u);
+    ASSERT_EQ(first.queue.SessionEnded(absl::InvalidArgumentError("malformed"), 2), 2u);
   }
   DaemonRun second(path);
   EXPECT_EQ(second.recovered.acknowledged, 1u);

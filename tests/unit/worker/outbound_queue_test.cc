@@ -34,7 +34,8 @@ v1::LogLine Line(const std::string& text) {
 }
 
 // Drains the queue, popping everything ready within a short wait.
-std::vector<v1::WorkerMessage> Drain(OutboundQueue& q, absl::Duration wait = absl::Milliseconds(10)) {
+std::vector<v1::WorkerMessage> Drain(OutboundQueue& q,
+                                     absl::Duration wait = absl::Milliseconds(10)) {
   std::vector<v1::WorkerMessage> out;
   while (auto e = q.Peek(wait)) {
     out.push_back(e->message);
@@ -288,9 +289,11 @@ TEST(OutboundQueueTest, ARefusedMessageIsDroppedAndTheNextOneDelivered) {
   q.Push(Status(4));
   ASSERT_EQ(SendAll(q).size(), 4u);
   q.Acknowledge(1);  // stored; the session ends at the next one
-  const std::optional<uint64_t> dropped = q.SessionEnded(absl::InvalidArgumentError(
-      "metrics.expert_tokens: at most 1024 entries (one per expert; a spec has at most that many "
-      "experts), got 1025"));
+  const std::optional<uint64_t> dropped = q.SessionEnded(
+      absl::InvalidArgumentError(
+          "metrics.expert_tokens: at most 1024 entries (one per expert; a spec has at most that "
+          "many experts), got 1025"),
+      2);
   ASSERT_TRUE(dropped.has_value());
   EXPECT_EQ(*dropped, 2u);
   EXPECT_EQ(q.refused(), 1);
@@ -324,7 +327,8 @@ TEST(OutboundQueueTest, ATransientEndOfTheSessionKeepsEveryMessageForTheNext) {
     q.Push(Metrics(1));
     q.Push(Metrics(2));
     ASSERT_EQ(SendAll(q).size(), 2u);
-    EXPECT_FALSE(q.SessionEnded(end).has_value()) << end;
+    EXPECT_FALSE(q.SessionEnded(end, std::nullopt).has_value()) << end;
+    EXPECT_FALSE(q.SessionEnded(end, 1).has_value()) << end;  // only InvalidArgument refuses
     EXPECT_EQ(q.refused(), 0) << end;
     EXPECT_EQ(q.size(), 2u) << end;
     q.Rewind();
@@ -335,22 +339,46 @@ TEST(OutboundQueueTest, ATransientEndOfTheSessionKeepsEveryMessageForTheNext) {
   }
 }
 
-// A refusal before any queued message went out on the session (the coordinator refused the Hello)
-// is not about the queue: nothing is dropped.
-TEST(OutboundQueueTest, ARefusalBeforeAnythingWasSentDropsNothing) {
+// A refusal that names no queued message (the coordinator refused the Hello) is not about the
+// queue, and one that names a message no longer queued (dropped for room meanwhile, or
+// acknowledged) drops nothing else: only the message the coordinator named ever goes.
+TEST(OutboundQueueTest, OnlyTheMessageTheCoordinatorNamesIsDropped) {
   OutboundQueue q;
   q.Push(Metrics(1));
-  EXPECT_FALSE(q.SessionEnded(absl::InvalidArgumentError("hello: ...")).has_value());
-  EXPECT_EQ(q.size(), 1u);
+  q.Push(Status(2));
+  ASSERT_EQ(SendAll(q).size(), 2u);
+  EXPECT_FALSE(q.SessionEnded(absl::InvalidArgumentError("hello: ..."), std::nullopt).has_value());
+  EXPECT_FALSE(q.SessionEnded(absl::InvalidArgumentError("refused"), 7).has_value());
+  EXPECT_EQ(q.size(), 2u);
   EXPECT_EQ(q.refused(), 0);
-  // Nor when every message sent was acknowledged and the rest were not sent yet.
-  auto e = q.Peek(absl::ZeroDuration());
-  ASSERT_TRUE(e.has_value());
-  q.MarkSent(e->sequence);
-  q.Acknowledge(e->sequence);
-  q.Push(Metrics(2));
-  EXPECT_FALSE(q.SessionEnded(absl::InvalidArgumentError("refused")).has_value());
+  q.Acknowledge(1);
+  EXPECT_FALSE(q.SessionEnded(absl::InvalidArgumentError("refused"), 1).has_value());
   EXPECT_EQ(q.size(), 1u);
+  // The named message is dropped wherever it stands, a rank status behind it kept.
+  q.Push(Metrics(3));
+  q.Push(Metrics(4));
+  ASSERT_EQ(SendAll(q).size(), 2u);
+  ASSERT_EQ(q.SessionEnded(absl::InvalidArgumentError("refused"), 4), 4u);
+  EXPECT_EQ(q.size(), 2u);
+  q.Rewind();
+  auto next = q.Peek(absl::ZeroDuration());
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->message.rank_status().rank(), 2);
+}
+
+// The refused message dropped for room before the session's end was seen: the message behind it
+// (sent, not acknowledged, never handled by the coordinator) stays queued.
+TEST(OutboundQueueTest, ARefusedMessageAlreadyDroppedForRoomTakesNothingWithIt) {
+  OutboundQueue q(/*max_messages=*/3, /*max_bytes=*/1 << 20);
+  q.Push(Metrics(1));
+  q.Push(Status(2));
+  q.Push(Metrics(3));
+  ASSERT_EQ(SendAll(q).size(), 3u);
+  q.Push(Metrics(4));  // full: the oldest non-status message (1, the refused one) goes
+  EXPECT_EQ(q.dropped(), 1);
+  EXPECT_FALSE(q.SessionEnded(absl::InvalidArgumentError("refused"), 1).has_value());
+  EXPECT_EQ(q.size(), 3u);
+  EXPECT_EQ(q.refused(), 0);
 }
 
 }  // namespace

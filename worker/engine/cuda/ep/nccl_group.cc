@@ -97,21 +97,30 @@ absl::StatusOr<bool> AllRanksAgree(NcclGroup& group, bool mine) {
   const int32_t value = mine ? 1 : 0;
   DROPLESS_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(flag, &value, sizeof(value), cudaMemcpyHostToDevice, stream));
-  DROPLESS_RETURN_IF_ERROR(group.Await(
-      ncclAllReduce(flag, flag, 1, ncclInt32, ncclMin, group.comm(), stream), "ncclAllReduce"));
+  // Once the all-reduce may be on the stream, every failure aborts the communicator (NCCL's
+  // kernel would otherwise spin on, and freeing `flag` would wait for it) and drains the stream.
+  auto give_up = [&](absl::Status status) {
+    group.Abort();
+    (void)cudaStreamSynchronize(stream);
+    return status;
+  };
+  if (absl::Status queued = group.Await(
+          ncclAllReduce(flag, flag, 1, ncclInt32, ncclMin, group.comm(), stream), "ncclAllReduce");
+      !queued.ok()) {
+    return give_up(queued);
+  }
   // Polled rather than synchronized: a peer that never joins the all-reduce must not hang us.
   const absl::Time deadline = absl::Now() + absl::Minutes(2);
   cudaError_t done = cudaStreamQuery(stream);
   while (done == cudaErrorNotReady) {
     ncclResult_t state = ncclSuccess;
-    DROPLESS_RETURN_IF_ERROR(
-        NcclStatus(ncclCommGetAsyncError(group.comm(), &state), "ncclCommGetAsyncError"));
-    DROPLESS_RETURN_IF_ERROR(NcclStatus(state, "the ranks' agreement (ncclAllReduce)"));
+    absl::Status asked =
+        NcclStatus(ncclCommGetAsyncError(group.comm(), &state), "ncclCommGetAsyncError");
+    if (asked.ok()) asked = NcclStatus(state, "the ranks' agreement (ncclAllReduce)");
+    if (!asked.ok()) return give_up(asked);
     if (absl::Now() > deadline) {
-      group.Abort();  // the all-reduce never completes: cancel it, so that the stream drains
-      (void)cudaStreamSynchronize(stream);
-      return absl::DeadlineExceededError(
-          "the ranks' agreement (ncclAllReduce): a rank did not take part within 2 minutes");
+      return give_up(absl::DeadlineExceededError(
+          "the ranks' agreement (ncclAllReduce): a rank did not take part within 2 minutes"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     done = cudaStreamQuery(stream);
