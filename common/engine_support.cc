@@ -1,5 +1,6 @@
 // CheckEngineSupport (engine_config.h): the capabilities of the cpu and cuda engines.
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -112,16 +113,30 @@ absl::Status CheckCuda(const EngineConfig& c) {
                                                         "GPU (needs 3 or more)",
                                                         m.layers));
   }
+  // bf16: 16-byte rows. mxfp8: one E8M0 scale per 32 values. fp8-block: 1x128 activation tiles
+  // and 128x128 weight blocks.
   const int64_t align = IsFp8Block(c.precision)             ? 128
                         : c.precision == Precision::kMxfp8  ? 32
                                                              : 8;
-  if (m.hidden % align != 0) {
-    return Refuse("model.hidden", absl::StrFormat("the cuda engine needs a multiple of %d (got %d)",
-                                                  align, m.hidden));
+  for (auto [field, v] : {std::pair<const char*, int64_t>{"model.hidden", m.hidden},
+                          std::pair<const char*, int64_t>{"model.ffn", m.ffn}}) {
+    if (v % align != 0) {
+      return Refuse(field, absl::StrFormat("the cuda engine needs a multiple of %d with precision "
+                                           "%s (got %d)",
+                                           align, std::string(ToString(c.precision)), v));
+    }
   }
-  if (m.ffn % align != 0) {
-    return Refuse("model.ffn", absl::StrFormat("the cuda engine needs a multiple of %d (got %d)",
-                                               align, m.ffn));
+  // With an exchange (parallel.ep > 1, or an NCCL dispatcher named at ep 1) mxfp8 tokens travel
+  // quantized: a row of hidden / 32 E8M0 scales, which the exchange moves in 4-byte words.
+  const bool exchange = c.parallel.ep > 1 || c.dispatcher == Dispatcher::kNcclLsa ||
+                        c.dispatcher == Dispatcher::kNcclA2a;
+  if (c.precision == Precision::kMxfp8 && exchange && m.hidden % 128 != 0) {
+    return Refuse("model.hidden",
+                  absl::StrFormat("with precision mxfp8 and an EP exchange (parallel.ep %d, "
+                                  "dispatcher %s) the tokens travel with hidden / 32 one-byte "
+                                  "scales, moved in 4-byte words: the cuda engine needs a "
+                                  "multiple of 128 (got %d)",
+                                  c.parallel.ep, std::string(ToString(c.dispatcher)), m.hidden));
   }
   if (m.experts % 8 != 0 || m.experts > 512) {
     return Refuse("model.experts", absl::StrFormat("the cuda engine needs a multiple of 8, at most "

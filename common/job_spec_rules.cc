@@ -29,8 +29,6 @@ constexpr int64_t kMaxPriority = 1000;
 constexpr int64_t kMaxAttempts = 100;
 constexpr size_t kMaxLabels = 32;
 constexpr int64_t kMaxTimeLimitSeconds = 366LL * 24 * 3600;
-constexpr int64_t kMxfp8Block = 32;  // MXFP8 scales one E8M0 exponent per 32 elements
-constexpr int64_t kFp8BlockTile = 128;  // fp8-block scales 1x128 activation tiles, 128x128 weights
 // A CPU rank computes in float32 on one core's share of a host; beyond this it is a typo.
 constexpr double kMaxCpuBytesPerRank = 32.0 * (int64_t{1} << 30);
 
@@ -94,14 +92,17 @@ absl::Status CheckLabels(const JobSpec& s) {
 }
 
 // Rough float32 footprint of one CPU rank: expert weights with their gradient and two AdamW
-// moments, plus the activations saved for the backward pass of every layer.
-double CpuBytesPerRank(const JobSpec& s) {
+// moments (parameters), plus the activations saved for the backward pass of every layer.
+struct CpuRankBytes {
+  double parameters = 0, activations = 0;
+};
+CpuRankBytes CpuBytesPerRank(const JobSpec& s) {
   const ModelSpec& m = s.model;
   const double local_experts = static_cast<double>(m.experts / s.parallel.ep + m.shared_experts);
   const double weights = m.layers * (local_experts * 3.0 * m.hidden * m.ffn + m.hidden * m.experts);
   const double activations = static_cast<double>(m.layers) * s.tokens_per_rank *
                              (m.topk * (2.0 * m.hidden + 3.0 * m.ffn) + 4.0 * m.hidden);
-  return 4.0 * (4.0 * weights + activations);
+  return CpuRankBytes{4.0 * 4.0 * weights, 4.0 * activations};
 }
 
 #define DROPLESS_CHECK(expr)           \
@@ -177,28 +178,29 @@ absl::Status CheckPlacementRules(const JobSpec& s) {
                                            " needs resources.backend cuda (got ",
                                            std::string(ToString(s.resources.backend)), ")"));
   }
-  if (s.precision != Precision::kBf16) {
-    const int64_t block = s.precision == Precision::kMxfp8 ? kMxfp8Block : kFp8BlockTile;
-    for (auto [path, v] : {std::pair<const char*, int64_t>{"model.hidden", s.model.hidden},
-                           std::pair<const char*, int64_t>{"model.ffn", s.model.ffn}}) {
-      if (v % block != 0) {
-        return Fail(path, absl::StrFormat("must be divisible by %d with precision %s (got %d)",
-                                          block, std::string(ToString(s.precision)), v));
-      }
-    }
-  }
   if (absl::Status st = CheckEngineSupport(s.resources.backend, EngineConfigFromSpec(s)); !st.ok()) {
     return st;
   }
   if (s.resources.backend == Backend::kCpu) {
-    const double bytes = CpuBytesPerRank(s);
+    const CpuRankBytes b = CpuBytesPerRank(s);
+    const double bytes = b.parameters + b.activations;
     if (bytes > kMaxCpuBytesPerRank) {
-      return Fail("tokens_per_rank",
-                  absl::StrFormat("with model.hidden %d, model.ffn %d and %d experts per rank the "
-                                  "cpu backend needs ~%.1f GiB per rank (limit %.0f GiB); use "
-                                  "resources.backend cuda or a smaller model",
-                                  s.model.hidden, s.model.ffn, s.model.experts / s.parallel.ep,
-                                  bytes / (1 << 30), kMaxCpuBytesPerRank / (1 << 30)));
+      // Named after the larger of the two terms: the model's parameter state or the activations
+      // that tokens_per_rank sets.
+      const bool model_dominates = b.parameters >= b.activations;
+      return Fail(model_dominates ? "model" : "tokens_per_rank",
+                  absl::StrFormat("the cpu backend needs ~%.1f GiB per rank (limit %.0f GiB): "
+                                  "~%.1f GiB of parameters, gradients and AdamW moments (%d "
+                                  "layers, model.hidden %d, model.ffn %d, %d routed + %d shared "
+                                  "experts per rank) and ~%.1f GiB of activations "
+                                  "(tokens_per_rank %d); use resources.backend cuda or a "
+                                  "smaller %s",
+                                  bytes / (1 << 30), kMaxCpuBytesPerRank / (1 << 30),
+                                  b.parameters / (1 << 30), s.model.layers, s.model.hidden,
+                                  s.model.ffn, s.model.experts / s.parallel.ep,
+                                  s.model.shared_experts, b.activations / (1 << 30),
+                                  s.tokens_per_rank,
+                                  model_dominates ? "model" : "tokens_per_rank"));
     }
   }
   return absl::OkStatus();

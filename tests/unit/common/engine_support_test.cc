@@ -50,6 +50,9 @@ TEST(EngineSupportTest, RunnableSpecsPass) {
   EXPECT_TRUE(ParseJobSpec(kCudaJob).ok()) << ParseJobSpec(kCudaJob).status();
   const std::string mxfp8 = With(kCudaJob, "precision: bf16", "precision: mxfp8");
   EXPECT_TRUE(ParseJobSpec(mxfp8).ok()) << ParseJobSpec(mxfp8).status();
+  // mxfp8 without an exchange needs hidden in multiples of 32 only (no scale rows travel).
+  const std::string mxfp8_160 = With(mxfp8, "hidden: 256", "hidden: 160");
+  EXPECT_TRUE(ParseJobSpec(mxfp8_160).ok()) << ParseJobSpec(mxfp8_160).status();
   const std::string fp8_block = With(kCudaJob, "precision: bf16", "precision: fp8-block");
   EXPECT_TRUE(ParseJobSpec(fp8_block).ok()) << ParseJobSpec(fp8_block).status();
   const std::string offload =
