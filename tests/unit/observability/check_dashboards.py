@@ -16,6 +16,9 @@
   `phase` or selects one): the GEMM phases are different operations, a quantile over them merged
   describes none of them.
 - Every alert rule has a runbook_url naming a section of docs/runbooks.md.
+- Every scrape job with an `up{job="..."} == 0` alert also has an `absent(up{job="..."})` alert:
+  `== 0` needs a target, and a target that is gone altogether (no pod, a monitor selecting none)
+  has no `up` series at all.
 - The provisioning files point where dashboards/kustomization.yaml and the docs say.
 
 Usage: check_dashboards.py --source-dir DIR
@@ -265,12 +268,20 @@ def check_rules(path, documented, used, anchors):
         if wanted not in alerts:
             fail("%s: no alert %s" % (path, wanted))
     # expr: value (one line, or a | block up to the next key)
+    exprs = []
     for m in re.finditer(r"^(\s*)expr:\s*(\|[-+]?\s*\n((?:\1\s+.*\n)+)|(.+)\n)", text, re.M):
         expr = m.group(3) if m.group(3) is not None else m.group(4)
+        exprs.append(expr)
         where = "%s expr %r" % (os.path.basename(path), expr.strip()[:40])
         for metric in metric_names(expr):
             check_metric(metric, where, documented, used)
         check_labels(expr, where, documented)
+    down = {j for e in exprs for j in re.findall(r'\bup\s*\{[^}]*\bjob\s*=\s*"([^"]+)"[^}]*\}\s*==\s*0\b', e)}
+    absent = {j for e in exprs for j in re.findall(r'\babsent\s*\(\s*up\s*\{[^}]*\bjob\s*=\s*"([^"]+)"', e)}
+    for job in sorted(down - absent):
+        fail('%s: up{job="%s"} == 0 fires only while the target exists; add an alert on '
+             'absent(up{job="%s"}) for a target that is gone (no pod, a monitor selecting none)'
+             % (os.path.basename(path), job, job))
 
 
 def main():
