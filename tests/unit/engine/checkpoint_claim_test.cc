@@ -7,8 +7,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <random>
 #include <string>
+#include <vector>
 
+#include "absl/strings/escaping.h"
 #include "common/job_error.h"
 #include "gtest/gtest.h"
 
@@ -109,6 +113,64 @@ TEST_F(CheckpointClaimTest, ADamagedRecordOrAFileForTheDirectoryIsAJobError) {
   const absl::Status s = ClaimCheckpoints(dir_ + "/file", {"a", 1, 0});
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_TRUE(IsJobError(s)) << s;
+}
+
+// The contents a record of a rank's own is never left with: ClaimCheckpoints writes it atomically
+// (temp file, fsync, rename), so a crash leaves the previous record or the whole new one. Every
+// truncation of a real record short of its attempt number (an empty file included), and random
+// bytes, fresh each run.
+std::vector<std::string> DamagedRecords(const std::string& real) {
+  std::vector<std::string> damaged;
+  for (size_t n = 0; n <= real.rfind("attempt=") + 8; ++n) damaged.push_back(real.substr(0, n));
+  std::mt19937 rng(std::random_device{}());
+  for (int i = 0; i < 8; ++i) {
+    std::string bytes(1 + rng() % 200, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng());
+    damaged.push_back(bytes);
+  }
+  damaged.push_back(real.substr(0, real.size() - 1) + std::string("\xff\0junk", 6));
+  return damaged;
+}
+
+// A damaged record is not replaced: it cannot say whose the checkpoints are, and whatever damaged
+// it (it was no crash of a rank) may have damaged them too. Claiming the directory is a job error
+// naming the file (the rank exits 78, the coordinator ends the job), and the record is left as
+// found for someone to look at; so is checking it before a save.
+TEST_F(CheckpointClaimTest, ADamagedRecordIsNotReplaced) {
+  ASSERT_TRUE(ClaimCheckpoints(dir_ + "/real", {"job-a", 7, 0}).ok());
+  std::ifstream in(CheckpointClaimPath(dir_ + "/real", 0), std::ios::binary);
+  const std::string real((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_EQ(real, "dropless-checkpoint-owner job=job-a attempt=7\n");
+  int case_number = 0;
+  for (const std::string& damaged : DamagedRecords(real)) {
+    const std::string dir = dir_ + "/case-" + std::to_string(case_number++);
+    fs::create_directories(dir);
+    const std::string record = CheckpointClaimPath(dir, 0);
+    std::ofstream(record, std::ios::binary | std::ios::trunc) << damaged;
+    for (const absl::Status& s :
+         {ClaimCheckpoints(dir, {"job-a", 8, 0}), CheckCheckpointClaim(dir, {"job-a", 7, 0})}) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << absl::CEscape(damaged) << ": " << s;
+      EXPECT_TRUE(IsJobError(s)) << s;
+      EXPECT_EQ(RankExitCodeFor(s), kRankExitJobError) << s;
+      EXPECT_NE(s.message().find(record + " is damaged, not a checkpoint owner record"),
+                absl::string_view::npos)
+          << s;
+    }
+    std::ifstream after(record, std::ios::binary);
+    EXPECT_EQ(std::string((std::istreambuf_iterator<char>(after)), {}), damaged)
+        << "replaced: " << absl::CEscape(damaged);
+  }
+}
+
+// What an interrupted claim does leave is its temp file, beside the previous record: that one
+// still holds, and the next claim replaces it.
+TEST_F(CheckpointClaimTest, AnInterruptedClaimLeavesThePreviousRecord) {
+  ASSERT_TRUE(ClaimCheckpoints(dir_, {"job-a", 1, 0}).ok());
+  std::ofstream(CheckpointClaimPath(dir_, 0) + ".tmp") << "dropless-checkpoint-owner job=job-a at";
+  EXPECT_TRUE(CheckCheckpointClaim(dir_, {"job-a", 1, 0}).ok());
+  ASSERT_TRUE(ClaimCheckpoints(dir_, {"job-a", 2, 0}).ok());
+  EXPECT_TRUE(CheckCheckpointClaim(dir_, {"job-a", 2, 0}).ok());
+  EXPECT_FALSE(fs::exists(CheckpointClaimPath(dir_, 0) + ".tmp"));  // renamed into place
 }
 
 // A record too large to be one, or a directory where it belongs, is the directory's problem: every

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -120,6 +121,36 @@ TEST(JsonTest, RefusesMoreValuesThanItsBudget) {
   absl::StatusOr<json::Value> refused = json::Parse(many);  // ~2^20 + 1 values by default
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("more values"), std::string::npos) << refused.status();
+}
+
+// A field whose type is part of a format (a version) is a JSON integer or an error naming it and
+// saying what is there instead.
+TEST(JsonTest, IntegerMemberTakesOnlyJsonIntegers) {
+  absl::StatusOr<json::Value> root = json::Parse(
+      R"({"a": 1, "b": -7, "c": 9223372036854775807, "s": "1", "f": 1.0, "e": 1e0, "t": true,)"
+      R"( "n": null, "x": [1], "o": {}, "big": 9223372036854775808, "\u001b": "\u001b"})");
+  ASSERT_TRUE(root.ok()) << root.status();
+  EXPECT_EQ(*json::IntegerMember(*root, "a"), 1);
+  EXPECT_EQ(*json::IntegerMember(*root, "b"), -7);
+  EXPECT_EQ(*json::IntegerMember(*root, "c"), INT64_MAX);
+  const std::pair<const char*, const char*> refused[] = {
+      {"s", "field \"s\" is the string \"1\", expected a JSON integer"},
+      {"f", "field \"f\" is 1.0, expected"},
+      {"e", "field \"e\" is 1e0, expected"},
+      {"t", "field \"t\" is a boolean, expected"},
+      {"n", "field \"n\" is null, expected"},
+      {"x", "field \"x\" is an array, expected"},
+      {"o", "field \"o\" is an object, expected"},
+      {"big", "field \"big\" is 9223372036854775808, expected a JSON integer (within 64 bits)"},
+      {"missing", "field \"missing\" is missing"},
+      {"\x1b", "field \"\\u001b\" is the string \"\\u001b\""},  // quoted for a terminal
+  };
+  for (const auto& [key, says] : refused) {
+    const absl::Status s = json::IntegerMember(*root, key).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << key << ": " << s;
+    EXPECT_EQ(s.message().substr(0, std::string(says).size()), says) << s;
+  }
+  EXPECT_FALSE(json::IntegerMember(*json::Parse("[1]"), "0").ok());  // not an object
 }
 
 TEST(JsonTest, QuoteEscapesLikeSerdeJsonAndRoundTrips) {

@@ -175,6 +175,62 @@ TEST_F(MoeCheckpointTest, DamageIsDataLoss) {
   expect_code(absl::StatusCode::kDataLoss, "manifest names a file outside the directory");
 }
 
+// The manifest's version is a JSON integer, as every build writes it: anything else in its place
+// (the string "1" too, which once passed for version 1) is damage, refused naming the field and
+// the file by a restore, by the step listing the ranks agree from, and by a save (which keeps the
+// manifest as it is). Another integer is a version this build does not read.
+TEST_F(MoeCheckpointTest, AManifestVersionMustBeAJsonInteger) {
+  RankState state(TinyJob(1, 1), 0, std::random_device{}());
+  const std::string manifest = MoeCheckpointManifestPath(dir_, 0);
+  struct Case {
+    std::string version;  // "": none
+    absl::StatusCode code;
+    std::string says;
+  };
+  constexpr absl::StatusCode kDamaged = absl::StatusCode::kDataLoss;
+  const std::string expected = ", expected a JSON integer";
+  const Case cases[] = {
+      {"\"1\"", kDamaged, "field \"version\" is the string \"1\"" + expected},
+      {"\"\"", kDamaged, "field \"version\" is the string \"\"" + expected},
+      {"1.0", kDamaged, "field \"version\" is 1.0" + expected},
+      {"1e0", kDamaged, "field \"version\" is 1e0" + expected},
+      {"true", kDamaged, "field \"version\" is a boolean" + expected},
+      {"null", kDamaged, "field \"version\" is null" + expected},
+      {"[1]", kDamaged, "field \"version\" is an array" + expected},
+      {"{\"v\": 1}", kDamaged, "field \"version\" is an object" + expected},
+      {"99999999999999999999", kDamaged, "field \"version\" is 99999999999999999999" + expected},
+      {"", kDamaged, "field \"version\" is missing"},
+      {"2", absl::StatusCode::kInvalidArgument, "has format version 2; this build reads version 1"},
+      {"-1", absl::StatusCode::kInvalidArgument, "has format version -1;"},
+  };
+  for (const Case& c : cases) {
+    fs::remove_all(dir_);
+    ASSERT_TRUE(state.Write(dir_, 5).ok());
+    checkpoint_testing::EditManifest(dir_, 0, "\"version\": 1,",
+                                     c.version.empty() ? "" : "\"version\": " + c.version + ",");
+    const std::string edited = checkpoint_testing::ReadText(manifest);
+    ASSERT_EQ(edited.find("\"version\": 1,"), std::string::npos) << edited;
+    for (const absl::Status& s :
+         {state.Read(dir_).status(), MoeCheckpointSteps(dir_, state.id).status(),
+          state.Write(dir_, 6)}) {
+      EXPECT_EQ(s.code(), c.code) << c.version << ": " << s;
+      EXPECT_TRUE(IsJobError(s)) << c.version << ": " << s;
+      EXPECT_NE(s.message().find(manifest), absl::string_view::npos) << s;
+      EXPECT_NE(s.message().find(c.says), absl::string_view::npos) << s;
+    }
+    EXPECT_EQ(checkpoint_testing::ReadText(manifest), edited) << "the save replaced it";
+  }
+  // The integer this build writes reads, in any JSON spelling of the object around it.
+  fs::remove_all(dir_);
+  ASSERT_TRUE(state.Write(dir_, 5).ok());
+  checkpoint_testing::EditManifest(dir_, 0, "\"version\": 1,", "\"version\"  :\t1 ,");
+  RankState read(TinyJob(1, 1), 0, 0);
+  absl::StatusOr<int64_t> step = read.Read(dir_);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 5);
+  EXPECT_TRUE(read == state);
+}
+
 TEST_F(MoeCheckpointTest, LeftoverOrFailedWritesLeaveThePreviousCheckpoint) {
   const JobSpec spec = TinyJob(1, 1);
   RankState saved(spec, 0, 1);

@@ -49,7 +49,13 @@ absl::StatusOr<CheckpointClaim> ParseClaim(const std::string& path, absl::string
     claim.job_id = std::string(job);
     return claim;
   }
-  return absl::DataLossError(absl::StrCat("checkpoint: ", path, ": not a checkpoint owner record"));
+  // Never the torn tail of a rank's own write: the record is replaced atomically (temp file,
+  // fsync, rename), so a crash leaves the previous record or the whole new one, an empty file
+  // neither; whoever damaged it may have damaged the checkpoints too.
+  return absl::DataLossError(absl::StrCat(
+      "checkpoint: ", path,
+      " is damaged, not a checkpoint owner record (ranks replace it atomically, so no crash of "
+      "theirs leaves it so): check the checkpoints in checkpoint.dir, then remove it"));
 }
 
 // The record of `rank` in `dir`: NotFound when there is none; job errors, which every attempt would
@@ -81,11 +87,10 @@ absl::Status ClaimCheckpoints(const std::string& dir, const CheckpointClaim& cla
   if (absl::Status s = MakeDirectories(dir); !s.ok()) {
     return absl::IsFailedPrecondition(s) ? MarkJobError(s) : s;  // a file where dir belongs
   }
-  // A later attempt of this job may have claimed the files already (this one started late).
+  // A later attempt of this job may have claimed the files already (this one started late). A
+  // damaged record is not replaced: it cannot say whose the files are.
   absl::StatusOr<CheckpointClaim> owner = ReadClaim(dir, claim.rank);
-  if (!owner.ok() && !absl::IsNotFound(owner.status()) && !absl::IsDataLoss(owner.status())) {
-    return owner.status();
-  }
+  if (!owner.ok() && !absl::IsNotFound(owner.status())) return owner.status();
   if (owner.ok() && owner->job_id == claim.job_id && owner->attempt > claim.attempt) {
     return Superseded(dir, *owner, claim);
   }

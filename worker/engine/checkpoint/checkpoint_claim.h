@@ -25,13 +25,15 @@ struct CheckpointClaim {
 std::string CheckpointClaimPath(const std::string& dir, int rank);
 
 // Records `claim` as the writer of its rank's checkpoints in `dir` (created when missing),
-// replacing an earlier record (a damaged one too): the attempt starting now owns them. Unless the
-// record names a later attempt of the same job: FailedPrecondition, this attempt was superseded
-// before it got here. Or unless it names another user: PermissionDenied, a job error (one user's
-// job must neither resume from nor overwrite another's checkpoints; a record without a user, of
-// a plaintext cluster or from before users, is anyone's). A record over 4 KiB (InvalidArgument)
-// or a directory in its place (FailedPrecondition) is not replaced: a job error, as every attempt
-// would meet it again.
+// replacing an earlier record: the attempt starting now owns them. Unless the record names a
+// later attempt of the same job: FailedPrecondition, this attempt was superseded before it got
+// here. Or unless it names another user: PermissionDenied, a job error (one user's job must
+// neither resume from nor overwrite another's checkpoints; a record without a user, of a
+// plaintext cluster or from before users, is anyone's). A damaged record (DataLoss, an empty
+// file too), one over 4 KiB (InvalidArgument) or a directory in its place (FailedPrecondition)
+// is not replaced: a job error naming the file, as every attempt would meet it again. The record
+// is written atomically (temp file, fsync, rename), so no crash of a rank damages it: whatever
+// did cannot be trusted to have left the checkpoints beside it intact, nor to say whose they are.
 absl::Status ClaimCheckpoints(const std::string& dir, const CheckpointClaim& claim);
 
 // OK while `claim` is still the record of its rank in `dir` (or none is there). Otherwise

@@ -32,14 +32,22 @@ absl::Status MakeDirectories(const std::string& dir, DirectorySync sync_director
   for (size_t pos = 1; pos <= dir.size(); ++pos) {
     if (pos != dir.size() && dir[pos] != '/') continue;
     const std::string prefix = dir.substr(0, pos);
+    if (prefix.back() == '/') continue;  // an empty component ("a//b", a trailing slash)
     if (mkdir(prefix.c_str(), 0755) == 0) {
       // The new directory's entry lives in its parent, which the renames of the files written
       // into it later do not sync.
       if (absl::Status s = sync_directory(DirectoryOf(prefix)); !s.ok()) return s;
       continue;
     }
-    if (errno == EEXIST) continue;
-    return ErrnoStatus("mkdir", prefix);
+    if (errno != EEXIST) return ErrnoStatus("mkdir", prefix);
+    // Another rank may have created it a moment ago and not synced its parent yet, and which
+    // rank won cannot be told: sync the parent too. Not one this process may not read: a rank of
+    // its job that created the entry could not have synced it either (it fails above), so the
+    // entry predates the job (/shared/<user> under a 0711 /shared), and refusing would fail
+    // every save there.
+    const std::string parent = DirectoryOf(prefix);
+    if (faccessat(AT_FDCWD, parent.c_str(), R_OK, AT_EACCESS) != 0 && errno == EACCES) continue;
+    if (absl::Status s = sync_directory(parent); !s.ok()) return s;
   }
   struct stat info;
   if (stat(dir.c_str(), &info) != 0) return ErrnoStatus("stat", dir);

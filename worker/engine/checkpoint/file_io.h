@@ -20,7 +20,10 @@ absl::Status SyncDirectory(const std::string& dir);
 // Creates `dir` and its missing parents. After each directory it creates, syncs the directory
 // that holds it (`sync_directory`: SyncDirectory, or a test's observer), so that a crash cannot
 // drop the new directory's entry, and with it a checkpoint committed inside later; an error of
-// that sync is returned.
+// that sync is returned. A directory that exists already (mkdir's EEXIST) has its parent synced
+// too: another rank creating it at the same moment may not have synced it yet. Only a parent
+// this process may not read (EACCES) is left unsynced there: no rank of its job made an entry
+// in it through here, as that rank could not have synced it either.
 using DirectorySync = absl::FunctionRef<absl::Status(const std::string& dir)>;
 absl::Status MakeDirectories(const std::string& dir);
 absl::Status MakeDirectories(const std::string& dir, DirectorySync sync_directory);

@@ -347,6 +347,29 @@ absl::StatusOr<int64_t> ToNonNegativeInt64(const Value& value) {
   return static_cast<int64_t>(*result);
 }
 
+absl::StatusOr<int64_t> IntegerMember(const Value& object, absl::string_view key) {
+  const Value* value = object.Find(key);
+  const std::string field = absl::StrCat("field ", QuoteForMessage(key));
+  if (value == nullptr) return absl::InvalidArgumentError(absl::StrCat(field, " is missing"));
+  int64_t result = 0;
+  const std::string& t = value->text();
+  // The parser keeps only valid JSON numbers, so no fraction or exponent means an integer.
+  if (value->is_number() && t.find_first_of(".eE") == std::string::npos &&
+      absl::SimpleAtoi(t, &result)) {
+    return result;
+  }
+  std::string what;
+  if (value->is_string()) {
+    what = absl::StrCat("the string ", QuoteForMessage(t));
+  } else if (value->is_number()) {
+    what = t;  // the parser's: digits, sign, point, exponent
+  } else {
+    what = KindName(value->kind());
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " is ", what, ", expected a JSON integer (within 64 bits)"));
+}
+
 std::string Quote(absl::string_view text) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;

@@ -56,6 +56,11 @@ absl::StatusOr<Value> Parse(absl::string_view text, int max_depth = kDefaultMaxD
 absl::StatusOr<uint64_t> ToUint64(const Value& value);
 absl::StatusOr<int64_t> ToNonNegativeInt64(const Value& value);
 
+// The member `key` of `object` as a JSON integer: a number with no fraction or exponent, within
+// int64. InvalidArgument otherwise, naming the field and what it is instead (missing, the string
+// "1", 1.0, a boolean): for a field whose type is part of the format, such as a format version.
+absl::StatusOr<int64_t> IntegerMember(const Value& object, absl::string_view key);
+
 // A JSON string literal for `text` (UTF-8), escaped as serde_json does: \" \\ \b \f \n \r \t, other
 // control characters as \u00xx, everything else as is.
 std::string Quote(absl::string_view text);

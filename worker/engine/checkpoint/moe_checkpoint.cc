@@ -251,6 +251,18 @@ absl::Status CompareIdentity(const std::string& where, const MoeCheckpointIdenti
                    " belongs to another job or layout: ", absl::StrJoin(differences, "; ")));
 }
 
+// The manifest's "version". Every build writes it as a JSON integer, so anything else (the string
+// "1" too, or none) is damage: DataLoss naming the field and the file. Another integer is a
+// format this build does not read: InvalidArgument.
+absl::Status CheckFormatVersion(const std::string& path, const json::Value& root) {
+  absl::StatusOr<int64_t> version = json::IntegerMember(root, "version");
+  if (!version.ok()) return DamagedError(path, version.status().message());
+  if (*version == kMoeCheckpointVersion) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", path, " has format version ",
+                                                 *version, "; this build reads version ",
+                                                 kMoeCheckpointVersion));
+}
+
 // A parsed manifest: the newest checkpoint it commits, then the one before it when kept.
 struct Manifest {
   std::vector<ManifestEntry> entries;  // newest first, steps decreasing
@@ -303,12 +315,7 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& path, const std::strin
   if (format == nullptr || format->text() != kManifestFormat) {
     return DamagedError(path, absl::StrCat("not a ", kManifestFormat, " manifest"));
   }
-  const json::Value* version = root->Find("version");
-  if (version == nullptr || version->text() != absl::StrCat(kMoeCheckpointVersion)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint: ", path, " has format version ", version ? ValueText(*version) : "(none)",
-        "; this build reads version ", kMoeCheckpointVersion));
-  }
+  if (absl::Status s = CheckFormatVersion(path, *root); !s.ok()) return s;
   const json::Value* identity = root->Find("identity");
   if (identity == nullptr || !identity->is_object()) return DamagedError(path, "no identity");
   if (absl::Status same = CompareIdentity(path, id, *identity); !same.ok()) return same;

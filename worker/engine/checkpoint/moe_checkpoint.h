@@ -15,8 +15,8 @@
 //     "sigmoid", renormalize "true" or "false", the others decimal), first_expert,
 //     local_experts and rng_state ({"seed":..,"step":..}: the task's random numbers are a pure
 //     function of (seed, step), so this is their whole state).
-//   manifest-rank-<r>.json  format, version, step, identity (numbers, router a string,
-//                           renormalize a boolean), and the data file's name, size and
+//   manifest-rank-<r>.json  format, version (a JSON integer), step, identity (numbers, router a
+//                           string, renormalize a boolean), and the data file's name, size and
 //                           CRC-32C; renaming it into place commits the checkpoint. "previous"
 //                           (step and files) names the rank's checkpoint before it, still kept.
 // Writing: the data file (temp, fsync, rename, directory fsync), then the manifest the same way,
@@ -94,8 +94,9 @@ absl::StatusOr<std::vector<int64_t>> MoeCheckpointSteps(const std::string& dir,
 // another job (the message names each field that differs, model.router and model.renormalize by
 // their spec field) or another format version;
 // FailedPrecondition when `dir` holds a checkpoint of the pre-safetensors format; DataLoss when it
-// is damaged. Those three are job errors (common/job_error.h): a retry would meet them again.
-// After an error the buffers may hold part of the checkpoint.
+// is damaged (a manifest version that is not a JSON integer, "1" too, included). Those three are
+// job errors (common/job_error.h): a retry would meet them again. After an error the buffers may
+// hold part of the checkpoint.
 absl::StatusOr<int64_t> ReadMoeCheckpoint(const std::string& dir, const MoeCheckpointIdentity& id,
                                           const cpu::MoeParameterLayout& layout,
                                           const MoeOptimizerBuffers& replicated,
