@@ -86,8 +86,8 @@ const std::vector<FlagSpec>& GlobalFlagSpecs() {
       {{"--coordinator"}, true, "ADDR",
        "coordinator address host:port (default $DROPLESS_COORDINATOR, else localhost:7070)"},
       {{"--timeout"}, true, "DURATION",
-       "deadline of each request, e.g. 10s, 500ms (default 10s); logs waits this long for the "
-       "first answer only, watch and logs -f not at all"},
+       "deadline of each request, e.g. 10s, 500ms (default 10s); streams (logs, logs -f, watch, "
+       "submit --wait) wait this long for their first answer only"},
       {{"-o", "--output"}, true, "FORMAT", "output format of get/describe/watch: json | yaml"},
       {{"--token-file"}, true, "FILE",
        absl::StrCat("file holding your bearer token; the token is the first of: ",

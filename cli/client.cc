@@ -103,13 +103,14 @@ int Client::Fail(const grpc::Status& status) const {
                 << TlsHint(message) << "\n";
       return kExitUnreachable;
     case grpc::StatusCode::DEADLINE_EXCEEDED:
+      // Not connected: nothing (or something that does not speak gRPC) answered at the address.
       if (channel_->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
-        std::cerr << "error: cannot reach the coordinator at " << address() << " within "
+        std::cerr << "error: cannot reach the coordinator at " << address() << " within --timeout "
                   << absl::FormatDuration(options_.timeout) << "\n";
         return kExitUnreachable;
       }
-      std::cerr << "error: the coordinator did not answer within "
-                << absl::FormatDuration(options_.timeout) << " (--timeout)\n";
+      std::cerr << "error: the coordinator at " << address() << " did not answer within --timeout "
+                << absl::FormatDuration(options_.timeout) << "\n";
       return kExitError;
     default:
       std::cerr << "error: " << (message.empty() ? absl::StrCat("request failed (code ",

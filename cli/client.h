@@ -25,12 +25,16 @@ class Client {
   // A context for one unary call, with the --timeout deadline.
   std::unique_ptr<grpc::ClientContext> UnaryContext() const;
   // A context for a stream: no deadline (a job's stream lives as long as the job, a backlog takes
-  // as long as its reader needs); an unreachable coordinator still fails the first read at once.
+  // as long as its reader needs). Its first answer is bounded by AwaitFirstAnswer.
   std::unique_ptr<grpc::ClientContext> StreamContext() const;
-  // Runs `open_and_wait` (which opens a stream on `context`, a StreamContext, and waits for its
-  // first answer: WaitForInitialMetadata) for at most --timeout: past it, the call is cancelled
-  // and the result is DEADLINE_EXCEEDED, for Fail. Only this first wait is bounded. Opening is
+  // Runs `open_and_wait` for at most --timeout: it opens a stream on `context` (a StreamContext)
+  // and waits for the coordinator's first answer, whatever that is for the stream (its initial
+  // metadata for GetLogs, the first message for WatchJob), or for the stream's end. Past
+  // --timeout the call is cancelled (the wait then returns) and the result is DEADLINE_EXCEEDED,
+  // for Fail. Only this first wait is bounded: what follows takes as long as it takes. Opening is
   // inside the bound: it blocks until the request is sent, i.e. while the connection is made.
+  // Unbounded, a socket that accepts and never answers holds a stream for gRPC's 20 s connect
+  // timeout, and a coordinator whose handler is stuck (its connection alive) for ever.
   grpc::Status AwaitFirstAnswer(grpc::ClientContext& context,
                                 const std::function<void()>& open_and_wait) const;
 

@@ -9,6 +9,11 @@
 
 namespace dropless::cli {
 
+bool Reconnection::LostCoordinator(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
 bool Reconnection::Retry(const grpc::Status& status, const std::function<void()>& on_first_loss) {
   if (lost_since_ == absl::InfiniteFuture()) {
     lost_since_ = absl::Now();

@@ -3,8 +3,9 @@
 // --tail and --since pick the last N stored lines / those at most DURATION old (the coordinator
 // filters); -f follows until the job ends, across coordinator restarts (it resumes after the last
 // line it printed, for up to 60 s of outage); -o json prints one object per line:
-// {"job_id","attempt","rank","time","text"}. Without -f, --timeout bounds the wait for the
-// coordinator's first answer only: the backlog then takes as long as its reader (a pager) needs.
+// {"job_id","attempt","rank","time","text"}. --timeout bounds the wait for the coordinator's first
+// answer only (also with -f, also after a reconnect): the backlog then takes as long as its reader
+// (a pager) needs, and -f follows for as long as the job runs.
 // The text is the ranks' (user code's): on a terminal its control characters but newline and tab
 // print as '?' (output/terminal_text.h), unless --raw; to a pipe or a file it is kept as it is.
 #include <unistd.h>
@@ -72,49 +73,48 @@ int RunLogs(const Invocation& inv) {
       request.clear_since();
     }
     // No deadline on the stream: a deadline would also cut a long backlog, or one that a paused
-    // pager (`dropless logs ID | less`) stops reading, short of its end.
+    // pager (`dropless logs ID | less`) stops reading, short of its end; and a followed job's
+    // lines for as long as it runs. --timeout bounds the first answer only, of every stream
+    // opened (a reconnect's too).
     std::unique_ptr<grpc::ClientContext> context = client.StreamContext();
     std::unique_ptr<grpc::ClientReader<v1::LogLine>> reader;
-    auto open = [&] {
+    grpc::Status status = client.AwaitFirstAnswer(*context, [&] {
       reader = client.jobs().GetLogs(context.get(), request);  // returns once the request is sent
       // The coordinator marks a stream it accepted before any line (a quiet job prints none).
       reader->WaitForInitialMetadata();
-    };
-    if (request.follow()) {
-      open();
+    });
+    if (status.ok()) {
       if (context->GetServerInitialMetadata().count(kLogStreamOpenMetadata) != 0) {
         connected = true;
         reconnection.Connected();
       }
-    } else if (grpc::Status answered = client.AwaitFirstAnswer(*context, open); !answered.ok()) {
-      // --timeout passed before the coordinator answered: the call is cancelled.
-      reader->Finish().IgnoreError();
-      return client.Fail(answered);
-    }
-    v1::LogLine line;
-    while (reader->Read(&line)) {
-      received = true;
-      reconnection.Connected();
-      if (line.seq() > 0) last_seq = line.seq();
-      if (inv.options.output != OutputFormat::kText) {
-        Value v = Value::Object();
-        v.Set("job_id", Value::String(line.job_id()))
-            .Set("attempt", Value::Int(line.attempt()))
-            .Set("rank", Value::Int(line.rank()))
-            .Set("time", TimeValue(line.time_ms()))
-            .Set("text", Value::String(line.text()));
-        PrintStructured(v, inv.options.output);
-        continue;
+      v1::LogLine line;
+      while (reader->Read(&line)) {
+        received = true;
+        reconnection.Connected();
+        if (line.seq() > 0) last_seq = line.seq();
+        if (inv.options.output != OutputFormat::kText) {
+          Value v = Value::Object();
+          v.Set("job_id", Value::String(line.job_id()))
+              .Set("attempt", Value::Int(line.attempt()))
+              .Set("rank", Value::Int(line.rank()))
+              .Set("time", TimeValue(line.time_ms()))
+              .Set("text", Value::String(line.text()));
+          PrintStructured(v, inv.options.output);
+          continue;
+        }
+        std::cout << LogLineText(line, /*with_rank=*/!one_rank, terminal_safe);
+        std::cout.flush();
       }
-      std::cout << LogLineText(line, /*with_rank=*/!one_rank, terminal_safe);
-      std::cout.flush();
+      status = reader->Finish();
+      if (status.ok()) return kExitOk;
+    } else {
+      reader->Finish().IgnoreError();  // --timeout passed before the first answer: cancelled
     }
-    grpc::Status status = reader->Finish();
-    if (status.ok()) return kExitOk;
-    // Following, and the coordinator went away (restart, network): the job lives on, and its
-    // lines are stored; resume after the last one printed.
-    const bool retry =
-        request.follow() && (connected || received) && status.error_code() == grpc::UNAVAILABLE;
+    // Following, and the coordinator went away (restart, network) or, back, does not answer: the
+    // job lives on, and its lines are stored; resume after the last one printed.
+    const bool retry = request.follow() && (connected || received) &&
+                       Reconnection::LostCoordinator(status);
     if (!retry || !reconnection.Retry(status)) return client.Fail(status);
   }
 }

@@ -45,8 +45,8 @@ const std::vector<Command>& AllCommands() {
        "The text is what the ranks wrote (user code). On a terminal its control characters but\n"
        "newline and tab (escape sequences, carriage returns) print as '?'; piped or redirected,\n"
        "with --raw, or with -o json|yaml (which escape them), it is kept as written.\n"
-       "Without -f, --timeout bounds the wait for the coordinator's first answer only: a long\n"
-       "backlog, or a pager that stops reading, takes as long as it needs.\n"},
+       "--timeout bounds the wait for the coordinator's first answer only: a long backlog, a\n"
+       "pager that stops reading, or -f following a long job takes as long as it needs.\n"},
       {"metrics", "metrics ID [--rank R] [--limit N]",
        "a job's stored step metrics, oldest first (loss, step time, TFLOP/s, MFU)",
        {{{"--rank"}, true, "R", "only this rank"},

@@ -3,7 +3,8 @@
 // with the same message), then submits it and prints the new job's id alone on stdout.
 // --dry-run: the coordinator validates the spec and answers the job it would create; nothing is
 // created (prints "<name> validated (dry run)" or the job object with -o). --wait: after the id,
-// follows the job like `watch` and exits with its end state (0 / 5 / 6).
+// follows the job like `watch` and exits with its end state (0 / 5 / 6); --timeout bounds the
+// watch stream's first answer as it bounds the submit, never the wait for the job's end.
 //
 // Every submit carries a request id (--request-id, else 128 random bits): a submit whose answer
 // was lost (coordinator restart, network) is sent again with the same id until --timeout runs

@@ -1,7 +1,8 @@
 // dropless watch ID: follows a job until it ends. On a terminal: a progress bar redrawn in place,
 // events scrolling above it. Otherwise: one plain line per event, state change and step (rank 0).
 // -o json: one JSON object per update (every rank's steps); -o yaml: one document per update.
-// Exit code: 0 SUCCEEDED, 5 FAILED, 6 CANCELLED (cli/exit_codes.h).
+// Exit code: 0 SUCCEEDED, 5 FAILED, 6 CANCELLED (cli/exit_codes.h). --timeout bounds the wait
+// for the coordinator's first answer (also after a reconnect), never the watch itself.
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -139,11 +140,17 @@ int FollowJobToEnd(const GlobalOptions& options, Client& client, const std::stri
   bool received = false;
   Reconnection reconnection("watch");
   while (true) {
+    // No deadline on the stream (it lives as long as the job): --timeout bounds its first answer
+    // only, the job as it is now, which the coordinator sends at once; so on every reconnect.
     std::unique_ptr<grpc::ClientContext> context = client.StreamContext();
-    std::unique_ptr<grpc::ClientReader<v1::JobUpdate>> reader =
-        client.jobs().WatchJob(context.get(), request);
+    std::unique_ptr<grpc::ClientReader<v1::JobUpdate>> reader;
     v1::JobUpdate update;
-    while (reader->Read(&update)) {
+    bool more = false;
+    grpc::Status status = client.AwaitFirstAnswer(*context, [&] {
+      reader = client.jobs().WatchJob(context.get(), request);
+      more = reader->Read(&update);
+    });
+    for (; status.ok() && more; more = reader->Read(&update)) {
       received = true;
       reconnection.Connected();
       printer.Show(update);
@@ -158,9 +165,14 @@ int FollowJobToEnd(const GlobalOptions& options, Client& client, const std::stri
         return ExitCodeFor(end_state);
       }
     }
-    grpc::Status status = reader->Finish();
-    // The coordinator went away mid-job (restart, network): the job lives on; follow it again.
-    const bool retry = received && (status.ok() || status.error_code() == grpc::UNAVAILABLE);
+    if (status.ok()) {
+      status = reader->Finish();
+    } else {
+      reader->Finish().IgnoreError();  // --timeout passed before the first answer: cancelled
+    }
+    // The coordinator went away mid-job (restart, network) or, back, does not answer: the job
+    // lives on; follow it again.
+    const bool retry = received && (status.ok() || Reconnection::LostCoordinator(status));
     if (!retry) {
       printer.Finish();
       return client.Fail(status);
