@@ -257,13 +257,15 @@ class Coordinator {
   // moves a rank forward), into `commit`.
   void ApplyRankStatusLocked(WorkerEntry& worker, const v1::RankStatus& status, bool from_list,
                              RankStatusCommit& commit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A rank's exit kRankExitDeviceTooSmall reported after its attempt ended: a peer's failure,
-  // handled first, ended it as an ordinary failure (NCCL's "connection closed by peer" once this
-  // rank died: any exit code) and queued the job again. While that attempt is still the job's
-  // latest and the job PENDING, JobController::FailAttemptOnTooSmallDevice: as if the report had
-  // come first. Once per rank, stored with the rank's end in the attempt's row.
-  void ApplyLateDeviceTooSmallLocked(WorkerEntry& worker, const v1::RankStatus& status,
-                                     RankStatusCommit& commit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A rank's failure (exit code) reported after its attempt ended: a peer's failure, handled
+  // first, ended it (NCCL's "connection closed by peer" once this rank died), or a cancel, a time
+  // limit, a lost worker. The rank's end goes into the attempt's row and a RankExited event that
+  // says so, whatever became of the job (retired from memory too), so `dropless describe` shows
+  // every rank's own reason. Its exit kRankExitDeviceTooSmall, while that attempt is still the
+  // job's latest and the job PENDING (queued again by the peer's failure):
+  // JobController::FailAttemptOnTooSmallDevice, as if the report had come first. Once per rank.
+  void ApplyLateRankEndLocked(WorkerEntry& worker, const v1::RankStatus& status,
+                              RankStatusCommit& commit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits what `commit` holds (with fsync when a rank's state changed) and the jobs with
   // changes not stored yet, publishes its events, then retires and schedules when a slot was
   // freed; `commit` starts over. True when what the statuses say is in the store: only then is a

@@ -3,6 +3,7 @@
 // consecutive RankStatus messages handled together, cost one commit with fsync. Ranks that are
 // not active here are cancelled.
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -70,7 +71,7 @@ void Coordinator::ApplyRankStatusLocked(WorkerEntry& worker, const v1::RankStatu
   }
   if (rank == nullptr || rank->worker_id != worker.info.id()) {
     commit.slot_freed |= CancelStrayRankLocked(worker, status);
-    if (RanOutOfDeviceMemory(status)) ApplyLateDeviceTooSmallLocked(worker, status, commit);
+    if (job == nullptr) ApplyLateRankEndLocked(worker, status, commit);
     return stored_once_its_job_is();  // e.g. the last rank's end again, its job's commit failed
   }
   if (RankEnded(rank->state)) return stored_once_its_job_is();  // no way back from an end
@@ -126,35 +127,42 @@ void Coordinator::ApplyRankStatusLocked(WorkerEntry& worker, const v1::RankStatu
   }
 }
 
-void Coordinator::ApplyLateDeviceTooSmallLocked(WorkerEntry& worker, const v1::RankStatus& status,
-                                                RankStatusCommit& commit) {
-  ActiveJob* job = jobs_.Find(status.job_id());
-  // An older attempt's report: the job was placed again since.
-  if (job == nullptr || job->record.job.attempt() != status.attempt()) return;
-  // Only while the peer's failure left the job PENDING: a job it finished stays finished (its end
-  // was stored and announced: watchers ended, `submit --wait` returned, the user may have
-  // submitted it again).
-  AttemptRecord* ended = jobs_.EndedAttemptOfPendingJob(*job);
+void Coordinator::ApplyLateRankEndLocked(WorkerEntry& worker, const v1::RankStatus& status,
+                                         RankStatusCommit& commit) {
+  // A kill is the attempt's end reaching the rank (its cancellation), not news of its own.
+  if (status.state() != v1::RANK_STATE_FAILED) return;
+  std::optional<AttemptRecord> holder;
+  AttemptRecord* ended = jobs_.EndedAttempt(status.job_id(), status.attempt(), &holder);
   if (ended == nullptr) return;
   RankRecord* rank = nullptr;
-  bool handled = false;  // ended as too small already (another rank's exit 79, first or late)
+  bool too_small = false;  // ended as too small already (another rank's exit 79, first or late)
   for (RankRecord& r : ended->ranks) {
     if (r.rank == status.rank()) rank = &r;
-    handled |= r.state == v1::RANK_STATE_FAILED && r.exit_code == kRankExitDeviceTooSmall;
+    too_small |= r.state == v1::RANK_STATE_FAILED && r.exit_code == kRankExitDeviceTooSmall;
   }
   // Once: the rank's end is written into the attempt's row with what it changed, and an end
   // already known (the report sent again, also after a restart) changes nothing.
-  if (rank == nullptr || rank->worker_id != worker.info.id() || RankEnded(rank->state) || handled) {
-    return;
-  }
+  if (rank == nullptr || rank->worker_id != worker.info.id() || RankEnded(rank->state)) return;
   rank->state = status.state();
   rank->exit_code = status.exit_code();
   commit.needs_commit = true;
   StoreWrite& write = commit.write;
   write.attempts.push_back(*ended);
-  jobs_.MarkDirty(*job);
   const std::string reason = RankEndReason(worker, status);
-  AddEvent(write, status.job_id(), status.attempt(), "RankExited", reason);
+  AddEvent(write, status.job_id(), status.attempt(), "RankExited",
+           absl::StrCat(reason, " (after attempt ", status.attempt(), " had ended)"));
+  if (!RanOutOfDeviceMemory(status) || too_small) return;
+  // Out of memory: while the peer's failure left the job PENDING with this attempt its latest,
+  // as if the report had come first. A job it finished stays finished (its end was stored and
+  // announced: watchers ended, `submit --wait` returned, the user may have submitted it again);
+  // the event above tells why.
+  ActiveJob* job = jobs_.Find(status.job_id());
+  if (job == nullptr || job->attempt.has_value() ||
+      job->record.job.state() != v1::JOB_STATE_PENDING ||
+      job->record.job.attempt() != status.attempt() || ended->state != v1::JOB_STATE_FAILED) {
+    return;
+  }
+  jobs_.MarkDirty(*job);
   jobs_.FailAttemptOnTooSmallDevice(*job, reason, DeviceMemoryBytes(worker, rank->slot), write);
 }
 

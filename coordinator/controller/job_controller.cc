@@ -517,17 +517,25 @@ ActiveJob* JobController::FindActiveAttempt(const std::string& job_id, int32_t a
   return &it->second;
 }
 
-AttemptRecord* JobController::EndedAttemptOfPendingJob(ActiveJob& job) {
-  const v1::Job& j = job.record.job;
-  if (j.state() != v1::JOB_STATE_PENDING || job.attempt.has_value() || j.attempt() <= 0) {
-    return nullptr;
+AttemptRecord* JobController::EndedAttempt(const std::string& job_id, int32_t attempt,
+                                           std::optional<AttemptRecord>* holder) {
+  ActiveJob* job = Find(job_id);
+  if (job != nullptr) {
+    if (job->attempt.has_value() && job->attempt->attempt == attempt) return nullptr;  // not ended
+    if (job->ended_attempt.has_value() && job->ended_attempt->attempt == attempt) {
+      return &*job->ended_attempt;
+    }
   }
-  if (!job.ended_attempt.has_value() || job.ended_attempt->attempt != j.attempt()) {
-    absl::StatusOr<AttemptRecord> stored = store_.GetAttempt(j.id(), j.attempt());
-    if (!stored.ok()) return nullptr;
-    job.ended_attempt = *std::move(stored);
+  absl::StatusOr<AttemptRecord> stored = store_.GetAttempt(job_id, attempt);
+  if (!stored.ok() || !IsTerminal(stored->state)) return nullptr;  // unknown, or not ended
+  // The job's latest attempt is kept in memory while the job is (the next late end reads it
+  // there); an older one, or one of a retired job, lives in `holder`.
+  if (job != nullptr && job->record.job.attempt() == attempt) {
+    job->ended_attempt = *std::move(stored);
+    return &*job->ended_attempt;
   }
-  return job.ended_attempt->state == v1::JOB_STATE_FAILED ? &*job.ended_attempt : nullptr;
+  *holder = *std::move(stored);
+  return &**holder;
 }
 
 ActiveJob* JobController::Find(const std::string& id) {

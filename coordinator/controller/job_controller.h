@@ -55,7 +55,7 @@ struct ActiveJob {
   JobRecord record;  // record.job carries placement and latest as the API shows them
   std::optional<AttemptRecord> attempt;  // while SCHEDULED or RUNNING
   // The latest attempt that ended, as its end was written (EndAttempt); none since a restart
-  // until one ends (JobController::EndedAttemptOfPendingJob reads the store then).
+  // until one ends (JobController::EndedAttempt reads the store then).
   std::optional<AttemptRecord> ended_attempt;
   std::string waiting_reason;                // last reason recorded in a Waiting event
   StepTimes step_times;                      // recent step times (hang watchdog)
@@ -76,11 +76,13 @@ class JobController {
   ActiveJob* Find(const std::string& id);
   // The job whose current, unfinished attempt is `attempt`; null otherwise.
   ActiveJob* FindActiveAttempt(const std::string& job_id, int32_t attempt);
-  // The job's latest attempt once it ended as FAILED and the job is PENDING for the next one (a
-  // failure queued it again, not placed yet); null otherwise, or when the store cannot say. From
-  // memory, or from the store since a restart: a job's row is stored with the row of the attempt
-  // that ended, so what is stored is what memory held.
-  AttemptRecord* EndedAttemptOfPendingJob(ActiveJob& job);
+  // Attempt `attempt` of the job once it ended (whatever the job's state since, the job retired
+  // from memory too); null while it runs, or when neither memory nor the store has it. From
+  // memory (the latest attempt of a job in memory: ActiveJob::ended_attempt), else from the
+  // store into `holder`: a job's row is stored with the row of the attempt that ended, so what
+  // is stored is what memory held. A change to it is stored by putting it into a write.
+  AttemptRecord* EndedAttempt(const std::string& job_id, int32_t attempt,
+                              std::optional<AttemptRecord>* holder);
   // NotFound for an unknown job (live or stored); InvalidArgument naming the rank when it is set
   // and outside the job's ranks.
   absl::Status CheckJobRank(const std::string& job_id, std::optional<int32_t> rank);
@@ -131,7 +133,7 @@ class JobController {
   // problem of the job itself.
   // The rank's report may come after a peer's failure ended that attempt (NCCL's "connection
   // closed by peer" once this rank died, handled first as an ordinary failure) and queued the job
-  // again (PENDING, EndedAttemptOfPendingJob; a job it finished stays finished): the job then
+  // again (PENDING, not placed yet; a job it finished stays finished): the job then
   // ends up as if the report had come first, and the attempt, which FailAttempt counted, stops
   // counting against max_attempts.
   void FailAttemptOnTooSmallDevice(ActiveJob& job, const std::string& reason,

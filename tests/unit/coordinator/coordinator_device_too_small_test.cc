@@ -3,7 +3,7 @@
 // Coordinator with a real JobStore and no gRPC: its report still moves the job to larger GPUs
 // without spending an attempt, or fails it with the reason when no known worker has them, once,
 // across restarts too. A report of an older attempt, or of a job the peer's failure finished,
-// changes nothing.
+// changes nothing but the record: every late rank failure is a RankExited event once.
 #include <stdlib.h>
 
 #include <memory>
@@ -114,15 +114,18 @@ class CoordinatorDeviceTooSmallTest : public ::testing::Test {
     return job.ok() ? *job : v1::Job{};
   }
 
-  // The Retrying events of the job whose message has `text`.
-  int RetryingSays(const std::string& id, const std::string& text) {
+  // The events of `type` of the job whose message has `text`.
+  int EventsSay(const std::string& id, const std::string& type, const std::string& text) {
     absl::StatusOr<std::vector<v1::Event>> events = coordinator_->ListEvents(id, 0);
     EXPECT_TRUE(events.ok()) << events.status();
     int found = 0;
     for (const v1::Event& e : *events) {
-      found += e.type() == "Retrying" && absl::StrContains(e.message(), text);
+      found += e.type() == type && absl::StrContains(e.message(), text);
     }
     return found;
+  }
+  int RetryingSays(const std::string& id, const std::string& text) {
+    return EventsSay(id, "Retrying", text);
   }
 
   // A 2-rank job of `max_attempts` running on `small` (2 GPUs of 80 GiB), whose rank 1 failed
@@ -277,6 +280,64 @@ TEST_F(CoordinatorDeviceTooSmallTest, AnOlderAttemptOrAFinishedJobIsNotChanged) 
   EXPECT_EQ(still.state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(still.message(), message);
   EXPECT_EQ(still.needs_device_memory_above_bytes(), 0);
+  // Its own reason is on record all the same.
+  EXPECT_EQ(EventsSay(finished, "RankExited",
+                      absl::StrFormat("rank 0 on node node-h100 failed with exit code %d",
+                                      kRankExitDeviceTooSmall)),
+            1);
+}
+
+// Every rank's own failure is on record, whenever it comes: the peer whose report came second
+// (its NCCL error, or the root cause) gets a RankExited event that says its attempt had ended,
+// and its end is in the attempt's row: once, across report resends and restarts, for a job that
+// finished (retired from memory too) as for one queued again, for an older attempt too. Kills
+// (the cancellation reaching the rank) are not news.
+TEST_F(CoordinatorDeviceTooSmallTest, ALateRankFailureIsRecordedOnce) {
+  const std::string path = TempDbPath();
+  ASSERT_NO_FATAL_FAILURE(Open(path));
+  std::shared_ptr<WorkerSession> small = Join("node-h100", 4, 80);
+  const std::string finished = PeerFailedFirst(small, /*max_attempts=*/1);
+  ASSERT_EQ(Get(finished).state(), v1::JOB_STATE_FAILED);
+  const std::string late = "rank 0 on node node-h100 failed with exit code 3";
+  EXPECT_EQ(EventsSay(finished, "RankExited", late), 0);
+  Report(small, finished, 1, 0, v1::RANK_STATE_FAILED, 3);
+  Report(small, finished, 1, 0, v1::RANK_STATE_FAILED, 3);  // sent again
+  EXPECT_EQ(EventsSay(finished, "RankExited", late + " (after attempt 1 had ended)"), 1);
+  EXPECT_EQ(Get(finished).state(), v1::JOB_STATE_FAILED);
+
+  // A job queued again: attempt 1's late end is recorded; the job goes on as before (placed
+  // again on the slot the end freed, nothing uncounted, no larger GPUs asked for). A kill is not
+  // recorded.
+  const std::string queued = PeerFailedFirst(small, /*max_attempts=*/3);
+  Report(small, queued, 1, 0, v1::RANK_STATE_KILLED);
+  EXPECT_EQ(EventsSay(queued, "RankExited", "rank 0 on node node-h100 was killed"), 0);
+  Report(small, queued, 1, 0, v1::RANK_STATE_FAILED, 1);
+  EXPECT_EQ(EventsSay(queued, "RankExited",
+                      "rank 0 on node node-h100 failed with exit code 1 (after attempt 1"),
+            1);
+  const v1::Job next = Get(queued);
+  EXPECT_EQ(next.attempt(), 2);
+  EXPECT_EQ(next.state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(next.uncounted_attempts(), 0);
+  EXPECT_EQ(next.needs_device_memory_above_bytes(), 0);
+
+  // A finished job whose peer reports only after a restart (the job retired from memory: read
+  // from the store): recorded then, once; the ends recorded before the restart are not again.
+  const std::string later = PeerFailedFirst(small, /*max_attempts=*/1);
+  ASSERT_EQ(Get(later).state(), v1::JOB_STATE_FAILED);
+  coordinator_.reset();
+  ASSERT_NO_FATAL_FAILURE(Open(path));
+  std::shared_ptr<WorkerSession> again = Join("node-h100", 4, 80);
+  for (int round = 0; round < 2; ++round) {
+    Report(again, later, 1, 0, v1::RANK_STATE_FAILED, 2);
+    Report(again, finished, 1, 0, v1::RANK_STATE_FAILED, 3);
+    Report(again, queued, 1, 0, v1::RANK_STATE_FAILED, 1);
+  }
+  EXPECT_EQ(EventsSay(later, "RankExited",
+                      "rank 0 on node node-h100 failed with exit code 2 (after attempt 1"),
+            1);
+  EXPECT_EQ(EventsSay(finished, "RankExited", late), 1);
+  EXPECT_EQ(EventsSay(queued, "RankExited", "failed with exit code 1 (after attempt 1"), 1);
 }
 
 }  // namespace
