@@ -437,7 +437,10 @@ void RankManager::OnExit(RankSupervisor::ChildId id, const ChildExit& exit) {
     if (exit.success()) {
       state = v1::RANK_STATE_SUCCEEDED;
       result = RankExitResult::kSucceeded;
-    } else if (entry.cancelled || exit.stop_requested) {
+    } else if ((entry.cancelled || exit.stop_requested) && exit.signal != 0) {
+      // Killed by the stop's signal. An exit code is the rank's own end even when a stop was on
+      // its way (ranks handle no SIGTERM): its failure (78 a job error, 79 a GPU too small) is
+      // reported as such below, and the coordinator records it after the attempt's end too.
       state = v1::RANK_STATE_KILLED;
       result = RankExitResult::kKilled;
       message = stop_reason_.empty()

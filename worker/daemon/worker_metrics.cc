@@ -190,9 +190,14 @@ WorkerMetrics::RankSeries& WorkerMetrics::SeriesFor(const RankIdentity& rank) {
   const std::string& job_id = rank.job_id;
   auto job = jobs_.find(job_id);
   if (job == jobs_.end()) {
-    while (job_order_.size() >= kRetainedJobs) {
-      DropJob(job_order_.front());
+    // Room for the new job: of the jobs no rank of which runs here now, only the most recently
+    // reporting ones stay (a running job's series are never dropped: running jobs are bounded by
+    // the node's slots).
+    std::vector<std::string> finished;
+    for (const std::string& id : job_order_) {
+      if (!HasRunningRank(jobs_.at(id))) finished.push_back(id);
     }
+    for (size_t i = 0; i + kRetainedJobs <= finished.size(); ++i) DropJob(finished[i]);
     job_order_.push_back(job_id);
     job = jobs_.emplace(job_id, std::map<int, RankSeries>{}).first;
   } else if (job_order_.back() != job_id) {
@@ -268,6 +273,13 @@ void WorkerMetrics::RemoveSeries(RankSeries& s) {
   combine_bytes_->Remove(s.combine_bytes);
   expert_load_->Remove(s.expert_load);
   RemoveGauges(s);
+}
+
+bool WorkerMetrics::HasRunningRank(const std::map<int, RankSeries>& ranks) {
+  for (const auto& [rank, s] : ranks) {
+    if (s.mfu != nullptr) return true;  // gauges live from a step until the process ends
+  }
+  return false;
 }
 
 void WorkerMetrics::DropJob(const std::string& job_id) {

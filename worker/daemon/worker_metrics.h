@@ -18,8 +18,9 @@
 //
 // A rank's gauges (its last step's values) go when its process ends: they would read as current,
 // and a later rank on the same GPU would give DCGM's UUID join two series. Its counters and
-// histograms stay until kRetainedJobs other jobs have reported since its job's last step (the
-// least recently reporting job's series are dropped first), so rate() sees a job's last steps.
+// histograms stay while any rank of its job runs here, then among the kRetainedJobs most
+// recently reporting such finished jobs (the least recently reporting one's series are dropped
+// first when a new job reports), so rate() sees a job's last steps.
 // A rank that reports from another GPU than before (a retry placed elsewhere) gets new series
 // with that GPU's labels.
 #ifndef DROPLESS_WORKER_DAEMON_WORKER_METRICS_H_
@@ -104,6 +105,8 @@ class WorkerMetrics {
   };
 
   explicit WorkerMetrics(std::string node);
+  // Whether a rank of the job runs here: it reported a step and its process has not ended.
+  static bool HasRunningRank(const std::map<int, RankSeries>& ranks);
   prometheus::Labels RankLabels(const RankIdentity& rank) const;
   // The rank's series (made, or made again for a new GPU, with its gauges), its job now the most
   // recently reporting one.

@@ -44,6 +44,8 @@ case "$job" in
   fail) echo ready >&3; echo "error: boom on rank $rank" >&2; exit 4 ;;
   hang) echo ready >&3; echo "pid $$"; while :; do sleep 0.05; done ;;
   stubborn) trap '' TERM; echo ready >&3; while :; do sleep 0.05; done ;;
+  own-end) trap 'echo "error: out of device memory" >&2; exit 79' TERM; echo ready >&3
+           while :; do sleep 0.05; done ;;
 esac
 exit 7
 )SH";
@@ -273,6 +275,28 @@ TEST_F(RankManagerTest, CancellationStopsTheAttemptsRanksOnly) {
   EXPECT_EQ(killed, 2);
   for (pid_t pid : pids) EXPECT_NE(kill(pid, 0), 0) << "pid " << pid << " still exists";
   EXPECT_TRUE(manager_->LiveRanks().empty());
+}
+
+// A rank that ends with an exit code of its own while a cancel is on its way (its failure racing
+// the peer's that led to the cancel; ranks handle no SIGTERM) is reported FAILED with that code,
+// not KILLED: the coordinator records it (a 79 moves the job to larger GPUs). The trap stands in
+// for the race: the exit code comes after the stop's SIGTERM.
+TEST_F(RankManagerTest, AnExitCodeDuringACancelIsTheRanksOwnFailure) {
+  manager_->HandleAssignment(Assignment("own-end", {{0, 0}}, 1));
+  ASSERT_TRUE(WaitRunning(1, absl::Seconds(10)));
+  v1::Cancellation cancel;
+  cancel.set_job_id("own-end");
+  cancel.set_attempt(1);
+  manager_->HandleCancellation(cancel);
+  std::vector<v1::WorkerMessage> msgs = CollectUntilEnded(1, absl::Seconds(10));
+  const v1::RankStatus* last = nullptr;
+  for (const v1::WorkerMessage& m : msgs) {
+    if (m.has_rank_status()) last = &m.rank_status();
+  }
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(last->state(), v1::RANK_STATE_FAILED) << last->ShortDebugString();
+  EXPECT_EQ(last->exit_code(), 79);
+  EXPECT_NE(last->message().find("out of device memory"), std::string::npos) << last->message();
 }
 
 // The daemon's Hello lists LiveRanks() and then the ended statuses still queued: a rank ending

@@ -236,29 +236,48 @@ TEST(WorkerMetricsTest, ExpertGemmDurationIsObservedPerPhase) {
   EXPECT_FALSE(Has(text, name + "_count" + CpuLabels() + "}")) << text;
 }
 
-TEST(WorkerMetricsTest, KeepsTheSixteenMostRecentlyReportingJobs) {
-  auto m = Make();
-  for (int j = 0; j < 19; ++j) {
-    m->RecordStep({absl::StrCat("job-", j), 0, "", ""}, Report(j));
-    // job-0 runs on: it stays the most recently reporting job while the others come and go.
-    m->RecordStep({"job-0", 0, "", ""}, Report(0));
+// Whether the exposition has job `j`'s rank series, its expert GEMM histogram included.
+void ExpectKept(const std::string& text, int j, bool expect_kept) {
+  EXPECT_EQ(Has(text, absl::StrCat("job_id=\"job-", j, "\"")), expect_kept) << "job-" << j;
+  for (const char* phase : {"forward", "dgrad", "wgrad"}) {
+    const bool gemm_kept =
+        Has(text, absl::StrCat("dropless_rank_expert_gemm_duration_seconds_count{Hostname=\"n1\","
+                               "UUID=\"\",gpu=\"\",job_id=\"job-", j, "\",node=\"n1\",phase=\"",
+                               phase, "\""));
+    EXPECT_EQ(gemm_kept, expect_kept) << "job-" << j << " " << phase;
   }
-  m->RecordStep({"job-19", 0, "", ""}, Report(19));
-  // Reporting again for a retained job does not evict anything.
+}
+
+// Finished jobs' series stay among the 16 most recently reporting finished jobs; a running job's
+// are never dropped, however many jobs come and go.
+TEST(WorkerMetricsTest, KeepsTheSixteenMostRecentlyReportingFinishedJobs) {
+  auto m = Make();
+  for (int j = 0; j < 20; ++j) {
+    m->RecordStep({absl::StrCat("job-", j), 0, "", ""}, Report(j));
+    // job-0 runs on and reports least recently of all; the others end after their step.
+    if (j > 0) m->RecordRankExit({absl::StrCat("job-", j), 0, "", ""}, RankExitResult::kSucceeded);
+  }
+  // When job-17, -18 and -19 came, 16 jobs had finished each time: job-1, -2 and -3 went.
+  // Reporting again for a retained job evicts nothing.
   m->RecordStep({"job-10", 0, "", ""}, Report(10));
   const std::string text = m->Serialize();
-  for (int j = 0; j < 20; ++j) {
-    const bool kept = Has(text, absl::StrCat("job_id=\"job-", j, "\""));
-    const bool expect_kept = j == 0 || j >= 5;
-    EXPECT_EQ(kept, expect_kept) << "job-" << j;
-    for (const char* phase : {"forward", "dgrad", "wgrad"}) {
-      const bool gemm_kept =
-          Has(text, absl::StrCat("dropless_rank_expert_gemm_duration_seconds_count{Hostname=\"n1\","
-                                 "UUID=\"\",gpu=\"\",job_id=\"job-", j, "\",node=\"n1\",phase=\"",
-                                 phase, "\""));
-      EXPECT_EQ(gemm_kept, expect_kept) << "job-" << j << " " << phase;
-    }
+  for (int j = 0; j < 20; ++j) ExpectKept(text, j, j == 0 || j >= 4);
+}
+
+TEST(WorkerMetricsTest, ARunningJobsSeriesAreNeverDropped) {
+  auto m = Make();
+  for (int round = 0; round < 2; ++round) {
+    for (int j = 0; j < 24; ++j) m->RecordStep({absl::StrCat("job-", j), 0, "", ""}, Report(j));
   }
+  std::string text = m->Serialize();
+  for (int j = 0; j < 24; ++j) ExpectKept(text, j, true);
+  // Once they end, the next new job leaves the 16 most recently reporting of them.
+  for (int j = 0; j < 24; ++j) {
+    m->RecordRankExit({absl::StrCat("job-", j), 0, "", ""}, RankExitResult::kFailed);
+  }
+  m->RecordStep({"job-24", 0, "", ""}, Report(24));
+  text = m->Serialize();
+  for (int j = 0; j < 25; ++j) ExpectKept(text, j, j >= 9);
 }
 
 // Counts of one series of the exposition ("" when absent).

@@ -82,13 +82,19 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
       : shape_(shape), group_(std::move(group)), arena_(arena) {}
 
   ~NcclLsaDispatcher() override {
+    // An aborted communicator (a failed set-up) has released its windows and device
+    // communicator itself: only the memory is left to free.
+    const bool live = group_->comm() != nullptr;
     for (const Window& w : windows_) {
-      group_->Await(ncclCommWindowDeregister(group_->comm(), w.window), "ncclCommWindowDeregister")
-          .IgnoreError();  // teardown: nothing left to report to
-      ncclMemFree(w.base);
+      if (live) {
+        group_->Await(ncclCommWindowDeregister(group_->comm(), w.window),
+                      "ncclCommWindowDeregister")
+            .IgnoreError();  // teardown: nothing left to report to
+      }
+      (void)ncclMemFree(w.base);  // teardown, as above
       arena_->CountHeldElsewhere(-static_cast<int64_t>(w.bytes));
     }
-    if (dev_comm_created_) {
+    if (dev_comm_created_ && live) {
       group_->Await(ncclDevCommDestroy(group_->comm(), &dev_comm_), "ncclDevCommDestroy").IgnoreError();
     }
   }
@@ -131,7 +137,11 @@ class NcclLsaDispatcher final : public ExpertDispatcher {
         ncclCommWindowRegister(group_->comm(), w.base, w.bytes, &w.window, NCCL_WIN_COLL_SYMMETRIC),
         absl::StrCat("nccl-lsa: ncclCommWindowRegister for ", what).c_str());
     if (!s.ok()) {
-      ncclMemFree(w.base);
+      // The registration is collective and non-blocking: after a timeout (a peer that never
+      // joined it) NCCL's background may still hold the buffer. Abort the communicator first (the
+      // engine fails with this error anyway), then free; the free's result has no caller.
+      group_->Abort();
+      (void)ncclMemFree(w.base);
       return s;
     }
     windows_.push_back(w);
