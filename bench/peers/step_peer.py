@@ -17,6 +17,15 @@ The layer (every impl computes the same thing):
 
 Impls (names as in ../shared/docs/BENCH.md):
   torch._grouped_mm         both expert GEMMs with torch._grouped_mm(offs=int32 cumulative group ends)
+  torch._grouped_mm+master-adamw
+                            (opt-in) the same layer with a master-weight AdamW: one torch.compile'd
+                            pass per weight reads the bf16 gradient and writes the fp32 master,
+                            moments and bf16 weight (28 B a parameter), where torch._grouped_mm
+                            casts the gradient to fp32, runs torch.optim.AdamW(fused=True) and
+                            copies the weight back (40 B): the stronger torch optimizer. Every torch
+                            impl counts rows per expert without a host sync (scatter_add_); all run
+                            eagerly otherwise (no CUDA graph, no torch.compile of the layer). The
+                            JSON row's `optimizer` says which optimizer path ran.
   torch-naive-loop          a Python loop over experts, one matmul per expert (host sync for sizes)
   jax.ragged_dot            jax.lax.ragged_dot, jitted value_and_grad + hand-written AdamW
                             (--jax-allocator platform, the default: XLA_PYTHON_CLIENT_ALLOCATOR=
@@ -62,8 +71,10 @@ Impls (names as in ../shared/docs/BENCH.md):
 
 Method: for each shape, for each round, for each impl (order rotated per round): build its state
 (the same seeded init for the torch and JAX impls), run one warm step, time --steps steps
-(synchronize, wall clock, synchronize; dropless: the same around dl_step_run, its own mean in
-`engine_ms`), record, free the state. Reported: the median over rounds of ms per step (the H200's
+(synchronize, wall clock, synchronize), record, free the state. dropless's `ms` is not that wall
+clock but its own CUDA events around forward, backward and optimizer (`engine_ms`; `wall_ms` in
+the JSON row is the wall clock, which also holds the synthetic task's batch, the tokens and the
+teacher's forward that the peers do not compute, and one host wait a step). Reported: the median over rounds of ms per step (the H200's
 clock moves 5-15% with its power cap, so the impls alternate rather than run one after the
 other; `round_ms` lists every round). Peak memory: torch max_memory_allocated (reset per impl and
 round), JAX peak_bytes_in_use (process lifetime; null without memory stats), dropless its own
@@ -72,8 +83,9 @@ rounding), dropless the one it reports. `ceilings.dense_bf16_tflops`: a bf16 819
 the same run (and `ceilings_at_end`). A failing or missing impl prints one line (also in the
 JSON's `errors`) and the others go on.
 
---ep N or --ep dsv3=8,qwen3=1 (default 1): dropless gets parallel.ep. The torch and JAX peers then
-model one GPU's share of an N-way expert-parallel layer without the all-to-all: E/N local experts,
+--ep N or --ep dsv3=8,qwen3=1 (default 1): every impl models one GPU's share of an N-way
+expert-parallel layer without the all-to-all (dropless too: its spec has E/N experts at
+parallel.ep 1, all T*k rows routed to them; the row's `ep` is N): E/N local experts,
 the router over all E, each choice folded onto local expert (id mod E/N), so each local expert
 sees N times the rows, as in EP. Memory: weights + fp32 masters + AdamW state + fp32 grads take
 20 B per parameter; dsv3 at ep 1 (11.3 G expert parameters, ~210 GiB) cannot fit one H200: the
@@ -83,7 +95,7 @@ peers are then skipped with that reason (dropless is still tried); use --ep dsv3
 (x, Wr, w1, w2) of torch._grouped_mm, the naive loop and JAX against each other and against a
 float64 formulation without permutation, to 1e-4 (max-abs relative); JAX's AdamW against
 torch.optim.AdamW fed the same gradients; on a GPU also the bf16 (and fp8) torch steps against the
-bf16 naive loop. Exit status 1 on any failure. --device cpu runs it (and smoke runs) on a CPU.
+bf16 naive loop, and torch._grouped_mm+master-adamw's optimizer against torch.optim.AdamW. Exit status 1 on any failure. --device cpu runs it (and smoke runs) on a CPU.
 
 Files: this script (bench loop, table, JSON), step_impls/ (torch_impls, jax_impl, dropless_capi,
 check).
@@ -107,7 +119,7 @@ from step_impls import (BF16_MOMENT_IMPLS, DEFAULT_IMPLS, DROPLESS, DROPLESS_BF1
                         DROPLESS_BF16_MOMENTS_TWO_PASS,
                         DROPLESS_BF16_BF16_MOMENTS, DROPLESS_BF16_MOMENTS, DROPLESS_IMPLS,
                         DROPLESS_FP8_BLOCK, DROPLESS_FUSED, DROPLESS_MX_PROMOTION,
-                        DROPLESS_TWO_PASS, FP8, JAX, PEAK,
+                        DROPLESS_TWO_PASS, FP8, GROUPED_MASTER, JAX, PEAK,
                         SHAPES, short, step_flop)
 from step_impls.dropless_capi import STAT_NAMES, DroplessStep, dropless_spec, load_lib  # noqa: E402
 from step_impls.jax_impl import JaxStep  # noqa: E402
@@ -209,6 +221,7 @@ def run_one(name, shape, ctx, args):
         obj.step()
         obj.sync()
         meas["loss"] = float(obj.loss)  # after the first step: the same init for torch and JAX
+        meas["optimizer"] = getattr(obj, "optimizer", None)
         t0 = time.perf_counter()
         for _ in range(args.steps):
             obj.step()
@@ -322,8 +335,13 @@ def bench(args, impls):
                    "ep": ep, "backend": (args.dispatcher or "auto") if ours else "local",
                    "offload": bool(args.offload) if ours else False,
                    "loss": loss, "round_ms": [round(x, 3) for x in ms_all], "note": note}
+            if res[name][-1].get("optimizer"):
+                row["optimizer"] = res[name][-1]["optimizer"]
             if ours:
                 row["moment_dtype"] = "bf16" if base in BF16_MOMENT_IMPLS else "fp32"
+                # The host's view: also the synthetic batch (tokens, the teacher's forward), which
+                # the peers do not compute, and one host wait a step.
+                row["wall_ms"] = round(statistics.median(m["wall_ms"] for m in res[name]), 3)
                 st = {key: statistics.median(m["stats"][key] for m in res[name])
                       for key in STAT_NAMES[2:] if all(key in m["stats"] for m in res[name])}
                 row["phases_ms"] = {key: round(v, 3) for key, v in st.items()}
@@ -426,7 +444,7 @@ def main():
     quantized = [FP8, DROPLESS_BF16] if args.precision != "bf16" else []
     impls = args.impls.split(",") if args.impls else DEFAULT_IMPLS + quantized
     try:
-        bad = [i for i in impls if i not in DEFAULT_IMPLS + [FP8]
+        bad = [i for i in impls if i not in DEFAULT_IMPLS + [FP8, GROUPED_MASTER]
                and split_env(i)[0] not in DROPLESS_IMPLS]
     except ValueError as exc:
         sys.exit(f"--impls: {exc}")

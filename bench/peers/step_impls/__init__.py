@@ -6,6 +6,12 @@ PEAK = {"name": "NVIDIA H100/H200 SXM dense BF16 datasheet", "tflops": 989.5}
 AUX_COEFF, LR, BETAS, EPS = 0.01, 1e-4, (0.9, 0.999), 1e-8
 GROUPED, NAIVE, JAX, FP8, DROPLESS = ("torch._grouped_mm", "torch-naive-loop", "jax.ragged_dot",
                                       "torch._scaled_grouped_mm", "dropless")
+# torch._grouped_mm with a master-weight AdamW: one torch.compile'd pass per weight reads the bf16
+# gradient and writes the fp32 master, both moments and the bf16 weight (28 B a parameter) where
+# the default peer casts the gradient to fp32, runs torch.optim.AdamW(fused=True) and casts the
+# weight back (40 B): the strong peer's optimizer
+GROUPED_MASTER = "torch._grouped_mm+master-adamw"
+TORCH_IMPLS = (GROUPED, GROUPED_MASTER, NAIVE, FP8)
 DROPLESS_BF16 = "dropless-bf16"  # dropless in bf16 beside a quantized --precision, same run
 # dropless with the routed experts' AdamW forced into their weight gradient's epilogue
 # (DROPLESS_FUSED_EXPERT_ADAMW=1) or forced to the two passes (=0), same run; plain `dropless`

@@ -1,9 +1,9 @@
 """--check: the peers' float32 agreement on the tiny shape (and bf16 on a GPU)."""
 import numpy as np
 
-from . import AUX_COEFF, BETAS, EPS, FP8, GROUPED, JAX, NAIVE, SHAPES, short
+from . import AUX_COEFF, BETAS, EPS, FP8, GROUPED, GROUPED_MASTER, JAX, NAIVE, SHAPES, short
 from .jax_impl import JaxStep
-from .torch_impls import TorchStep, init_tensors
+from .torch_impls import MasterAdamW, TorchStep, init_tensors
 
 
 def rel_err(torch, a, b):
@@ -165,4 +165,33 @@ def check_bf16(torch, device="cuda"):
             passed, failed = passed + ok, failed + (not ok)
             print(f"{'ok  ' if ok else 'FAIL'} {label}: {name} vs {NAIVE} ({device}, tol {tol}): " +
                   ", ".join(f"{n} {v:.1e}" for n, v in errs.items()))
+    ok, text = check_master_adamw(torch, device)
+    passed, failed = passed + ok, failed + (not ok)
+    print(f"{'ok  ' if ok else 'FAIL'} {text}")
     return passed, failed
+
+
+def check_master_adamw(torch, device):
+    """GROUPED_MASTER's optimizer against the default peer's (bf16 gradient cast to fp32,
+    torch.optim.AdamW, bf16 weight copy) fed the same bf16 gradients, 3 steps with weight decay:
+    the masters agree to fp32 rounding, the bf16 weights are the masters rounded."""
+    init = init_tensors(torch, "tiny", 1, device, seed=11)
+    names = ("wr", "w1", "w2")
+    masters = [init[n].clone() for n in names]
+    weights = [m.to(torch.bfloat16).requires_grad_() for m in masters]
+    ours = MasterAdamW(torch, masters, weights, 1e-2, 0.1)
+    ref = [init[n].clone() for n in names]
+    opt = torch.optim.AdamW(ref, lr=1e-2, betas=BETAS, eps=EPS, weight_decay=0.1)
+    g = torch.Generator(device=device).manual_seed(5)
+    for _ in range(3):
+        for w, r in zip(weights, ref):
+            w.grad = torch.randn(w.shape, generator=g, device=device).to(torch.bfloat16)
+            r.grad = w.grad.float()
+        ours.step()
+        opt.step()
+    errs = {n: rel_err(torch, m - init[n], r - init[n]) for n, m, r in zip(names, masters, ref)}
+    copies = all(torch.equal(w.detach(), m.to(torch.bfloat16)) for w, m in zip(weights, masters))
+    return (all(v <= 1e-4 for v in errs.values()) and copies,
+            f"{GROUPED_MASTER}'s AdamW vs torch.optim.AdamW, 3 steps (lr 1e-2, wd 0.1), updates: "
+            + ", ".join(f"{n} {v:.1e}" for n, v in errs.items())
+            + f"; bf16 weights are the masters rounded: {copies}")

@@ -1,5 +1,7 @@
 """The torch layer: init, router, expert GEMMs (grouped, naive loop, fp8 forward), step."""
-from . import AUX_COEFF, BETAS, EPS, GROUPED, LR, NAIVE, SHAPES
+import math
+
+from . import AUX_COEFF, BETAS, EPS, GROUPED, GROUPED_MASTER, LR, NAIVE, SHAPES
 
 
 def init_tensors(torch, shape, ep, device, seed=1234, skew=False):
@@ -99,6 +101,13 @@ def experts_fp8(torch):
     return fn
 
 
+def counts_of(torch, idx, n):
+    """Rows per index in [0, n) without a host sync (torch.bincount on CUDA reads its input's
+    min and max back to the host)."""
+    return torch.zeros(n, dtype=torch.long, device=idx.device).scatter_add_(
+        0, idx, torch.ones_like(idx))
+
+
 def torch_loss(torch, router_mm, experts, x, wr, w1, w2, target, k):
     t, hid = x.shape
     e, el = wr.shape[1], w1.shape[0]
@@ -106,12 +115,12 @@ def torch_loss(torch, router_mm, experts, x, wr, w1, w2, target, k):
     vals, idx = torch.topk(probs, k, dim=-1)
     weights = vals / vals.sum(-1, keepdim=True)
     flat = idx.reshape(-1)
-    frac = torch.bincount(flat, minlength=e).float() / (t * k)
+    frac = counts_of(torch, flat, e).float() / (t * k)
     aux = e * (frac * probs.mean(0)).sum()
     local = flat % el if el != e else flat
     order = torch.argsort(local, stable=True)
     xs = x.index_select(0, order // k)
-    y = experts(torch, xs, w1, w2, torch.bincount(local, minlength=el))
+    y = experts(torch, xs, w1, w2, counts_of(torch, local, el))
     inv = torch.empty_like(order).scatter_(0, order, torch.arange(t * k, device=x.device))
     y_tok = y.index_select(0, inv).view(t, k, hid)
     out = x + torch.bmm(weights.to(x.dtype).unsqueeze(1), y_tok).squeeze(1)
@@ -119,27 +128,80 @@ def torch_loss(torch, router_mm, experts, x, wr, w1, w2, target, k):
     return mse + AUX_COEFF * aux
 
 
+_MASTER_UPDATES = {}
+
+
+def master_update_fn(torch, beta1, beta2, eps, lr_wd):
+    """One pass per weight (torch.compile fuses it): AdamW as torch.optim.AdamW computes it, from
+    the bf16 gradient into the fp32 master and moments, and the bf16 weight written from the new
+    master. scal [2] fp32 on the device: lr / (1 - beta1^t), 1 / sqrt(1 - beta2^t)."""
+    key = (beta1, beta2, eps, lr_wd)
+    if key not in _MASTER_UPDATES:
+        def update(master, m, v, grad, weight, scal):
+            g = grad.float()
+            master.mul_(1.0 - lr_wd)
+            m.lerp_(g, 1.0 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+            master.sub_(scal[0] * m / (v.sqrt() * scal[1] + eps))
+            weight.copy_(master)
+        _MASTER_UPDATES[key] = torch.compile(update, dynamic=False)
+    return _MASTER_UPDATES[key]
+
+
+class MasterAdamW:
+    """AdamW over fp32 masters fed by bf16 gradients, writing the bf16 weights, without the
+    separate cast passes (GROUPED_MASTER's optimizer)."""
+
+    def __init__(self, torch, masters, weights, lr, wd):
+        self.torch, self.masters, self.weights, self.lr, self.t = torch, masters, weights, lr, 0
+        self.m = [torch.zeros_like(w) for w in masters]
+        self.v = [torch.zeros_like(w) for w in masters]
+        self.scal = torch.zeros(2, dtype=torch.float32, device=masters[0].device)
+        self.update = master_update_fn(torch, BETAS[0], BETAS[1], EPS, lr * wd)
+
+    def step(self):
+        self.t += 1
+        # Kernel arguments, not copies from host memory: no sync.
+        self.scal[0].fill_(self.lr / (1.0 - BETAS[0] ** self.t))
+        self.scal[1].fill_(1.0 / math.sqrt(1.0 - BETAS[1] ** self.t))
+        with self.torch.no_grad():
+            for master, m, v, w in zip(self.masters, self.m, self.v, self.weights):
+                self.update(master, m, v, w.grad, w.detach(), self.scal)
+
+
 class TorchStep:
     """State and step of one torch impl. dtype float32: the params are the masters (--check)."""
 
     def __init__(self, torch, name, shape, init, dtype, wd, lr=LR):
         self.torch, self.k, self.device = torch, SHAPES[shape][4], init["x"].device
-        self.experts = {GROUPED: experts_grouped, NAIVE: experts_naive}.get(name) or experts_fp8(torch)
+        self.experts = ({GROUPED: experts_grouped, GROUPED_MASTER: experts_grouped,
+                         NAIVE: experts_naive}.get(name) or experts_fp8(torch))
         self.router_mm = router_mm_fn(torch)
         self.masters = [init["wr"], init["w1"], init["w2"]]
         if dtype == torch.float32:
             self.params = [m.requires_grad_() for m in self.masters]
         else:
             self.params = [m.to(dtype).requires_grad_() for m in self.masters]
-            for m in self.masters:
-                m.grad = torch.empty_like(m)
+            if name != GROUPED_MASTER:  # the fp32 gradient copies torch.optim.AdamW reads
+                for m in self.masters:
+                    m.grad = torch.empty_like(m)
         self.x = init["x"].to(dtype).requires_grad_()
         self.target = init["target"].to(dtype)
-        try:
-            self.opt = torch.optim.AdamW(self.masters, lr=lr, betas=BETAS, eps=EPS,
-                                         weight_decay=wd, fused=True)
-        except (RuntimeError, ValueError):  # fused AdamW unavailable on this device
-            self.opt = torch.optim.AdamW(self.masters, lr=lr, betas=BETAS, eps=EPS, weight_decay=wd)
+        self.opt = self.master_adamw = None
+        if name == GROUPED_MASTER and dtype != torch.float32:
+            self.master_adamw = MasterAdamW(torch, self.masters, self.params, lr, wd)
+            self.optimizer = "master AdamW (torch.compile, one pass per weight)"
+        else:
+            try:
+                self.opt = torch.optim.AdamW(self.masters, lr=lr, betas=BETAS, eps=EPS,
+                                             weight_decay=wd, fused=True)
+                self.optimizer = "torch.optim.AdamW(fused=True)"
+            except (RuntimeError, ValueError):  # fused AdamW unavailable on this device
+                self.opt = torch.optim.AdamW(self.masters, lr=lr, betas=BETAS, eps=EPS,
+                                             weight_decay=wd)
+                self.optimizer = "torch.optim.AdamW (not fused: unavailable here)"
+            if self.params[0] is not self.masters[0]:
+                self.optimizer += " with fp32 gradient and bf16 weight copies"
         self.loss = None
 
     def forward_backward(self):
@@ -153,6 +215,9 @@ class TorchStep:
 
     def step(self):
         self.forward_backward()
+        if self.master_adamw is not None:
+            self.master_adamw.step()
+            return
         mixed = self.params[0] is not self.masters[0]
         if mixed:
             for m, p in zip(self.masters, self.params):
