@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "worker/daemon/rank_binary.h"
+#include "worker/daemon/rank_log_file.h"
 #include "worker/daemon/worker_config.h"
 #include "worker/daemon/worker_daemon.h"
 
@@ -50,6 +51,10 @@ ABSL_FLAG(std::string, work_dir, "",
           "directory for per-attempt spec files and rank logs (default $TMPDIR/dropless-worker-<node>)");
 ABSL_FLAG(std::optional<int64_t>, kill_grace_ms, std::nullopt,
           "SIGTERM -> SIGKILL delay when stopping ranks, in ms (default 5000)");
+ABSL_FLAG(std::optional<int64_t>, rank_log_max_bytes, std::nullopt,
+          "cap of each rank's log file (<work-dir>/jobs/<job>/attempt-<N>/rank-<R>.log) in bytes: "
+          "past it the file is renamed to rank-<R>.log.1, replacing the older one, so a rank keeps "
+          "at most twice this on disk; 0: no cap (default 67108864, 64 MiB; else at least 65536)");
 
 namespace {
 
@@ -102,6 +107,7 @@ int RunDaemon() {
   flags.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   flags.cpu_slots = absl::GetFlag(FLAGS_cpu_slots);
   flags.kill_grace_ms = absl::GetFlag(FLAGS_kill_grace_ms);
+  flags.rank_log_max_bytes = absl::GetFlag(FLAGS_rank_log_max_bytes);
   if (absl::GetFlag(FLAGS_insecure)) flags.insecure = true;
   set_string(&flags.tls_ca, absl::GetFlag(FLAGS_tls_ca));
   set_string(&flags.tls_cert, absl::GetFlag(FLAGS_tls_cert));

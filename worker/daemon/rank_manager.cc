@@ -299,6 +299,7 @@ void RankManager::StartRank(const v1::Assignment& assignment, int rank, int slot
   spec.env.push_back(absl::StrCat("DROPLESS_JOB_OWNER=", assignment.owner()));
   spec.env.insert(spec.env.end(), options_.channel_env.begin(), options_.channel_env.end());
   spec.log_path = absl::StrCat(attempt_dir, "/rank-", rank, ".log");
+  spec.log_max_bytes = options_.rank_log_max_bytes;
   spec.report_pipe = true;
 
   absl::StatusOr<pid_t> pid = supervisor_->Start(id, spec);

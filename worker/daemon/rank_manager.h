@@ -24,6 +24,7 @@
 #include "common/step_phase.h"
 #include "dropless/v1/worker_service.pb.h"
 #include "worker/daemon/outbound_queue.h"
+#include "worker/daemon/rank_log_file.h"
 #include "worker/daemon/rank_supervisor.h"
 #include "worker/daemon/worker_metrics.h"
 
@@ -42,6 +43,9 @@ struct RankManagerOptions {
   int slots = 0;
   std::vector<std::string> slot_uuids;  // per slot: the GPU's UUID (for /metrics); may be empty
   absl::Duration kill_grace = absl::Seconds(5);
+  // Cap of each rank's log file before it rotates (RankLogFile; the daemon's
+  // --rank-log-max-bytes); 0: none.
+  int64_t rank_log_max_bytes = kDefaultRankLogMaxBytes;
   // Job directories kept under <work_dir>/jobs (spec files, rank logs); older ones of jobs with no
   // live rank are removed when a new assignment arrives.
   int retained_job_dirs = 32;

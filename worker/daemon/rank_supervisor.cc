@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -22,6 +23,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/log.h"
 #include "common/utf8.h"
+#include "worker/daemon/rank_log_file.h"
 
 extern char** environ;
 
@@ -153,7 +155,7 @@ struct RankSupervisor::Child {
   pid_t pid = -1;
   int out_fd = -1;
   int report_fd = -1;
-  int log_fd = -1;
+  std::unique_ptr<RankLogFile> log;  // null: no log file
   LineBuffer out_lines;
   LineBuffer report_lines;
   bool stop_requested = false;
@@ -271,20 +273,20 @@ void RankSupervisor::HandleStart(StartRequest* request) {
   int devnull_raw = open("/dev/null", O_RDONLY | O_CLOEXEC);
   absl::StatusOr<int> devnull = devnull_raw >= 0 ? MoveHigh(devnull_raw)
                                                  : absl::StatusOr<int>(ErrnoError("open /dev/null", errno));
-  int log_fd = -1;
+  absl::StatusOr<std::unique_ptr<RankLogFile>> log = std::unique_ptr<RankLogFile>();
   if (!spec.log_path.empty()) {
-    log_fd = open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    log = RankLogFile::Open(spec.log_path,
+                            spec.log_max_bytes);
   }
   auto close_all = [&]() {
     CloseFd(out->read), CloseFd(out->write), CloseFd(report.read), CloseFd(report.write);
     if (exec_error.ok()) CloseFd(exec_error->read), CloseFd(exec_error->write);
     if (devnull.ok()) CloseFd(*devnull);
-    CloseFd(log_fd);
   };
-  if (!exec_error.ok() || !devnull.ok() || (!spec.log_path.empty() && log_fd < 0)) {
+  if (!exec_error.ok() || !devnull.ok() || !log.ok()) {
     absl::Status st = !exec_error.ok() ? exec_error.status()
                       : !devnull.ok()  ? devnull.status()
-                                       : ErrnoError(absl::StrCat("open ", spec.log_path), errno);
+                                       : log.status();
     close_all();
     return fail(st);
   }
@@ -322,7 +324,7 @@ void RankSupervisor::HandleStart(StartRequest* request) {
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
-    CloseFd(out->read), CloseFd(report.read), CloseFd(log_fd);
+    CloseFd(out->read), CloseFd(report.read);
     return fail(ErrnoError(absl::StrCat("exec ", spec.path), exec_errno));
   }
 
@@ -333,7 +335,7 @@ void RankSupervisor::HandleStart(StartRequest* request) {
   child.pid = pid;
   child.out_fd = out->read;
   child.report_fd = report.read;
-  child.log_fd = log_fd;
+  child.log = *std::move(log);
   children_.push_back(std::move(child));
   {
     absl::MutexLock lock(&mu_);
@@ -409,10 +411,8 @@ void RankSupervisor::ReadOutput(Child& child, bool drain) {
         CloseFd(*fd);
         break;
       }
-      if (!report && child.log_fd >= 0) {
-        ssize_t written = write(child.log_fd, chunk, n);
-        if (written != n) CloseFd(child.log_fd);  // disk full or similar: keep forwarding
-      }
+      // Never fails nor waits on anything but the local file: a full disk drops log bytes only.
+      if (!report && child.log != nullptr) child.log->Append(absl::string_view(chunk, n));
       buffer->text.append(chunk, n);
       EmitLines(child.id, buffer, report, /*flush_partial=*/false);
     }
@@ -451,7 +451,7 @@ void RankSupervisor::Reap() {
     EmitLines(c.id, &c.report_lines, true, /*flush_partial=*/true);
     CloseFd(c.out_fd);
     CloseFd(c.report_fd);
-    CloseFd(c.log_fd);
+    c.log.reset();
     const ChildId id = c.id;
     const pid_t pid = c.pid;
     children_.erase(children_.begin() + i);
@@ -490,7 +490,7 @@ bool RankSupervisor::AbandonUnreapedChildren(absl::Time deadline) {
     pids.push_back(absl::StrCat(c.pid));
     CloseFd(c.out_fd);
     CloseFd(c.report_fd);
-    CloseFd(c.log_fd);
+    c.log.reset();
   }
   LogError(absl::StrCat(
       "rank supervisor: ", children_.size(),

@@ -10,9 +10,10 @@
 // manager journals it), the zombie still shows it.
 //
 // Each child runs in its own process group (stop signals reach its whole tree), with stdin from
-// /dev/null, stdout and stderr on one pipe (lines to on_output, bytes appended to log_path), and
-// optionally fd 3 as the report pipe (lines to on_report). Signal dispositions and the signal mask
-// are reset to defaults in the child before exec.
+// /dev/null, stdout and stderr on one pipe (lines to on_output, bytes appended to log_path, capped
+// and rotated to log_path.1: rank_log_file.h), and optionally fd 3 as the report pipe (lines to
+// on_report). Signal dispositions and the signal mask are reset to defaults in the child before
+// exec. The pipes are drained whatever becomes of the log file: a child never blocks on it.
 #ifndef DROPLESS_WORKER_DAEMON_RANK_SUPERVISOR_H_
 #define DROPLESS_WORKER_DAEMON_RANK_SUPERVISOR_H_
 
@@ -22,14 +23,15 @@
 #include <deque>
 #include <functional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "worker/daemon/rank_log_file.h"
 
 namespace dropless {
 
@@ -38,6 +40,8 @@ struct ChildSpec {
   std::vector<std::string> argv;  // argv[0] included
   std::vector<std::string> env;   // "KEY=VALUE" set on top of this process's environment
   std::string log_path;           // output bytes are appended here too; empty: no file
+  // Cap of log_path before it is rotated to log_path.1 (RankLogFile); 0: none.
+  int64_t log_max_bytes = kDefaultRankLogMaxBytes;
   bool report_pipe = false;       // give the child fd 3 as a report pipe
 };
 

@@ -16,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "common/host_port.h"
 #include "common/status_context.h"
+#include "worker/daemon/rank_log_file.h"
 #include "yaml-cpp/yaml.h"
 
 namespace dropless {
@@ -92,6 +93,10 @@ absl::StatusOr<WorkerSettings> ParseWorkerSettingsYaml(absl::string_view yaml) {
       int64_t v = 0;
       st = ReadInt(value, key, &v);
       s.kill_grace_ms = v;
+    } else if (key == "rank_log_max_bytes") {
+      int64_t v = 0;
+      st = ReadInt(value, key, &v);
+      s.rank_log_max_bytes = v;
     } else {
       return FieldError(key, "unknown key in worker config");
     }
@@ -150,6 +155,8 @@ absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const WorkerSettings& file,
   c.cpu_slots = pick(flags.cpu_slots, file.cpu_slots, 0);
   c.gpus = absl::AsciiStrToLower(pick(flags.gpus, file.gpus, std::string("auto")));
   c.kill_grace_ms = pick(flags.kill_grace_ms, file.kill_grace_ms, int64_t{5000});
+  c.rank_log_max_bytes =
+      pick(flags.rank_log_max_bytes, file.rank_log_max_bytes, kDefaultRankLogMaxBytes);
 
   if (c.coordinator.empty()) return FieldError("coordinator", "must not be empty");
   if (absl::Status s = ParseHostPort("coordinator", c.coordinator, 1).status(); !s.ok()) return s;
@@ -187,6 +194,11 @@ absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const WorkerSettings& file,
   }
   if (c.kill_grace_ms < 0) {
     return FieldError("kill_grace_ms", absl::StrCat("must be >= 0 (got ", c.kill_grace_ms, ")"));
+  }
+  if (c.rank_log_max_bytes != 0 && c.rank_log_max_bytes < kMinRankLogMaxBytes) {
+    return FieldError("rank_log_max_bytes",
+                      absl::StrCat("must be 0 (no cap) or at least ", kMinRankLogMaxBytes,
+                                   " bytes (got ", c.rank_log_max_bytes, ")"));
   }
   c.security.insecure = pick(flags.insecure, file.insecure, false);
   c.security.tls.ca = pick(flags.tls_ca, file.tls_ca, std::string());

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "common/grpc_security.h"
 #include "worker/daemon/gpu_discovery.h"
+#include "worker/daemon/rank_log_file.h"
 
 namespace dropless {
 
@@ -28,6 +29,7 @@ struct WorkerSettings {
   std::optional<std::string> gpus;  // auto | none | N
   std::optional<std::string> work_dir;
   std::optional<int64_t> kill_grace_ms;
+  std::optional<int64_t> rank_log_max_bytes;
   std::optional<bool> insecure;  // plaintext to the coordinator (development only)
   std::optional<std::string> tls_ca;    // CA of the coordinator's certificate
   std::optional<std::string> tls_cert;  // this node's client certificate (CN = node name)
@@ -35,8 +37,9 @@ struct WorkerSettings {
 };
 
 // Flat YAML mapping whose keys are the field names above (coordinator, node, advertise_address,
-// metrics_port, metrics_address, cpu_slots, gpus, work_dir, kill_grace_ms). Unknown keys and
-// values of the wrong type are InvalidArgument naming the key.
+// metrics_port, metrics_address, cpu_slots, gpus, work_dir, kill_grace_ms, rank_log_max_bytes,
+// insecure, tls_ca, tls_cert, tls_key). Unknown keys and values of the wrong type are
+// InvalidArgument naming the key.
 absl::StatusOr<WorkerSettings> ParseWorkerSettingsYaml(absl::string_view yaml);
 absl::StatusOr<WorkerSettings> LoadWorkerSettingsFile(const std::string& path);
 
@@ -51,6 +54,10 @@ HostFacts CurrentHostFacts();
 // refused as invalid stops), so the worker checks it before it starts.
 inline constexpr int kMaxWorkerSlots = 4096;
 
+// The smallest rank log cap other than 0 (none): one read of a rank's output pipe, so that a cap
+// mistaken for MiB (--rank-log-max-bytes=64) is refused rather than leaving useless logs.
+inline constexpr int64_t kMinRankLogMaxBytes = int64_t{64} << 10;
+
 struct WorkerConfig {
   std::string coordinator;        // host:port of the coordinator's gRPC API
   std::string node;               // unique node name (the same node always gets the same id)
@@ -62,6 +69,8 @@ struct WorkerConfig {
   std::string gpus;               // auto | none | N
   std::string work_dir;           // per-attempt spec files and rank logs
   int64_t kill_grace_ms = 0;      // SIGTERM -> SIGKILL delay when stopping ranks
+  // Cap of each rank's log file before it rotates to rank-<R>.log.1 (rank_log_file.h); 0: none.
+  int64_t rank_log_max_bytes = kDefaultRankLogMaxBytes;
   // Mutual TLS to the coordinator (the ranks use the same files), or plaintext when insecure.
   ChannelSecurity security;
 };
@@ -69,7 +78,8 @@ struct WorkerConfig {
 // Applies defaults, then `file`, then `flags`, and validates the result (errors name the field).
 // Defaults: coordinator localhost:7070; node = hostname; advertise_address 127.0.0.1 when the
 // coordinator is on loopback, else the hostname; metrics_port 9100; metrics_address 0.0.0.0;
-// gpus auto; work_dir <temp_dir>/dropless-worker-<node>; kill_grace_ms 5000.
+// gpus auto; work_dir <temp_dir>/dropless-worker-<node>; kill_grace_ms 5000; rank_log_max_bytes
+// kDefaultRankLogMaxBytes (64 MiB; 0 or at least kMinRankLogMaxBytes).
 absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const WorkerSettings& file,
                                                  const WorkerSettings& flags,
                                                  const HostFacts& host);
