@@ -54,6 +54,21 @@ std::string CudaDeviceOfSlot(int slot) {
   return absl::StrCat(slot);
 }
 
+// The bytes of the regular files under `dir` (what a failed walk reaches).
+int64_t DirectoryBytes(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  int64_t bytes = 0;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code size_ec;
+    if (it->is_regular_file(size_ec)) {
+      const uintmax_t size = it->file_size(size_ec);
+      if (!size_ec) bytes += static_cast<int64_t>(size);
+    }
+  }
+  return bytes;
+}
+
 }  // namespace
 
 std::string SafePathComponent(const std::string& id) {
@@ -227,21 +242,43 @@ void RankManager::PruneJobDirs(const std::string& keep) {
     for (const auto& [id, entry] : ranks_) live.insert(SafePathComponent(entry.job_id));
   }
   std::error_code ec;
-  std::vector<std::pair<fs::file_time_type, fs::path>> dirs;
+  struct JobDir {
+    fs::file_time_type time;
+    fs::path path;
+    int64_t bytes = 0;  // its files', for a job with no live rank
+  };
+  std::vector<JobDir> dirs;
+  int64_t finished_bytes = 0;
   for (const fs::directory_entry& e : fs::directory_iterator(options_.work_dir + "/jobs", ec)) {
     std::error_code time_ec;
     fs::file_time_type t = fs::last_write_time(e.path(), time_ec);
-    if (!time_ec) dirs.emplace_back(t, e.path());
+    if (time_ec) continue;
+    JobDir dir{t, e.path()};
+    if (options_.retained_job_bytes > 0 && live.count(dir.path.filename().string()) == 0) {
+      dir.bytes = DirectoryBytes(dir.path);
+      finished_bytes += dir.bytes;
+    }
+    dirs.push_back(std::move(dir));
   }
-  if (static_cast<int>(dirs.size()) <= options_.retained_job_dirs) return;
-  std::sort(dirs.begin(), dirs.end());  // oldest first
-  size_t excess = dirs.size() - options_.retained_job_dirs;
-  for (const auto& [time, path] : dirs) {
-    if (excess == 0) break;
-    if (live.count(path.filename().string()) > 0) continue;
-    fs::remove_all(path, ec);
-    if (ec) LogWarning(absl::StrCat("cannot remove ", path.string(), ": ", ec.message()));
-    --excess;
+  size_t excess = dirs.size() > static_cast<size_t>(options_.retained_job_dirs)
+                      ? dirs.size() - options_.retained_job_dirs
+                      : 0;
+  auto over_bytes = [&] {
+    return options_.retained_job_bytes > 0 && finished_bytes > options_.retained_job_bytes;
+  };
+  if (excess == 0 && !over_bytes()) return;
+  std::sort(dirs.begin(), dirs.end(),
+            [](const JobDir& a, const JobDir& b) { return a.time < b.time; });  // oldest first
+  for (const JobDir& dir : dirs) {
+    if (excess == 0 && !over_bytes()) break;
+    if (live.count(dir.path.filename().string()) > 0) continue;
+    fs::remove_all(dir.path, ec);
+    if (ec) {
+      LogWarning(absl::StrCat("cannot remove ", dir.path.string(), ": ", ec.message()));
+      continue;
+    }
+    if (excess > 0) --excess;
+    finished_bytes -= dir.bytes;
   }
 }
 

@@ -46,9 +46,12 @@ struct RankManagerOptions {
   // Cap of each rank's log file before it rotates (RankLogFile; the daemon's
   // --rank-log-max-bytes); 0: none.
   int64_t rank_log_max_bytes = kDefaultRankLogMaxBytes;
-  // Job directories kept under <work_dir>/jobs (spec files, rank logs); older ones of jobs with no
-  // live rank are removed when a new assignment arrives.
+  // Job directories kept under <work_dir>/jobs (spec files, rank logs): when a new assignment
+  // arrives, the oldest of jobs with no live rank are removed until at most retained_job_dirs
+  // remain and those of jobs with no live rank hold at most retained_job_bytes (0: no byte
+  // bound). Live jobs' directories are never removed.
   int retained_job_dirs = 32;
+  int64_t retained_job_bytes = int64_t{8} << 30;
 };
 
 class RankManager {

@@ -97,6 +97,10 @@ absl::StatusOr<WorkerSettings> ParseWorkerSettingsYaml(absl::string_view yaml) {
       int64_t v = 0;
       st = ReadInt(value, key, &v);
       s.rank_log_max_bytes = v;
+    } else if (key == "retained_job_bytes") {
+      int64_t v = 0;
+      st = ReadInt(value, key, &v);
+      s.retained_job_bytes = v;
     } else {
       return FieldError(key, "unknown key in worker config");
     }
@@ -157,6 +161,8 @@ absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const WorkerSettings& file,
   c.kill_grace_ms = pick(flags.kill_grace_ms, file.kill_grace_ms, int64_t{5000});
   c.rank_log_max_bytes =
       pick(flags.rank_log_max_bytes, file.rank_log_max_bytes, kDefaultRankLogMaxBytes);
+  c.retained_job_bytes =
+      pick(flags.retained_job_bytes, file.retained_job_bytes, kDefaultRetainedJobBytes);
 
   if (c.coordinator.empty()) return FieldError("coordinator", "must not be empty");
   if (absl::Status s = ParseHostPort("coordinator", c.coordinator, 1).status(); !s.ok()) return s;
@@ -199,6 +205,12 @@ absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const WorkerSettings& file,
     return FieldError("rank_log_max_bytes",
                       absl::StrCat("must be 0 (no cap) or at least ", kMinRankLogMaxBytes,
                                    " bytes (got ", c.rank_log_max_bytes, ")"));
+  }
+  // Also the smallest other than 0: a budget mistaken for GiB (=8) is refused.
+  if (c.retained_job_bytes != 0 && c.retained_job_bytes < kMinRankLogMaxBytes) {
+    return FieldError("retained_job_bytes",
+                      absl::StrCat("must be 0 (count only) or at least ", kMinRankLogMaxBytes,
+                                   " bytes (got ", c.retained_job_bytes, ")"));
   }
   c.security.insecure = pick(flags.insecure, file.insecure, false);
   c.security.tls.ca = pick(flags.tls_ca, file.tls_ca, std::string());

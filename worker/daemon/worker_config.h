@@ -30,6 +30,7 @@ struct WorkerSettings {
   std::optional<std::string> work_dir;
   std::optional<int64_t> kill_grace_ms;
   std::optional<int64_t> rank_log_max_bytes;
+  std::optional<int64_t> retained_job_bytes;
   std::optional<bool> insecure;  // plaintext to the coordinator (development only)
   std::optional<std::string> tls_ca;    // CA of the coordinator's certificate
   std::optional<std::string> tls_cert;  // this node's client certificate (CN = node name)
@@ -38,7 +39,7 @@ struct WorkerSettings {
 
 // Flat YAML mapping whose keys are the field names above (coordinator, node, advertise_address,
 // metrics_port, metrics_address, cpu_slots, gpus, work_dir, kill_grace_ms, rank_log_max_bytes,
-// insecure, tls_ca, tls_cert, tls_key). Unknown keys and values of the wrong type are
+// retained_job_bytes, insecure, tls_ca, tls_cert, tls_key). Unknown keys and values of the wrong type are
 // InvalidArgument naming the key.
 absl::StatusOr<WorkerSettings> ParseWorkerSettingsYaml(absl::string_view yaml);
 absl::StatusOr<WorkerSettings> LoadWorkerSettingsFile(const std::string& path);
@@ -53,6 +54,9 @@ HostFacts CurrentHostFacts();
 // The most slots a worker may offer: the coordinator refuses a registration of more (and a worker
 // refused as invalid stops), so the worker checks it before it starts.
 inline constexpr int kMaxWorkerSlots = 4096;
+
+// Default of WorkerConfig::retained_job_bytes (8 GiB).
+inline constexpr int64_t kDefaultRetainedJobBytes = int64_t{8} << 30;
 
 // The smallest rank log cap other than 0 (none): one read of a rank's output pipe, so that a cap
 // mistaken for MiB (--rank-log-max-bytes=64) is refused rather than leaving useless logs.
@@ -71,6 +75,9 @@ struct WorkerConfig {
   int64_t kill_grace_ms = 0;      // SIGTERM -> SIGKILL delay when stopping ranks
   // Cap of each rank's log file before it rotates to rank-<R>.log.1 (rank_log_file.h); 0: none.
   int64_t rank_log_max_bytes = kDefaultRankLogMaxBytes;
+  // Bytes of finished jobs' directories (spec files, rank logs) kept under <work_dir>/jobs, the
+  // oldest removed first when a new assignment arrives; 0: bounded by their count only.
+  int64_t retained_job_bytes = kDefaultRetainedJobBytes;
   // Mutual TLS to the coordinator (the ranks use the same files), or plaintext when insecure.
   ChannelSecurity security;
 };
@@ -79,7 +86,8 @@ struct WorkerConfig {
 // Defaults: coordinator localhost:7070; node = hostname; advertise_address 127.0.0.1 when the
 // coordinator is on loopback, else the hostname; metrics_port 9100; metrics_address 0.0.0.0;
 // gpus auto; work_dir <temp_dir>/dropless-worker-<node>; kill_grace_ms 5000; rank_log_max_bytes
-// kDefaultRankLogMaxBytes (64 MiB; 0 or at least kMinRankLogMaxBytes).
+// kDefaultRankLogMaxBytes (64 MiB; 0 or at least kMinRankLogMaxBytes); retained_job_bytes
+// kDefaultRetainedJobBytes (8 GiB; 0 or at least kMinRankLogMaxBytes).
 absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const WorkerSettings& file,
                                                  const WorkerSettings& flags,
                                                  const HostFacts& host);

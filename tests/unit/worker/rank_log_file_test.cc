@@ -431,5 +431,33 @@ TEST(RankLogMaxBytesConfigTest, DefaultFileAndFlag) {
   EXPECT_FALSE(ParseWorkerSettingsYaml("rank_log_max_bytes: 64Mi\n").ok());
 }
 
+// The byte budget of finished jobs' directories (RankManagerOptions::retained_job_bytes).
+TEST(RetainedJobBytesConfigTest, DefaultFileAndFlag) {
+  const HostFacts host{"h", 4, "/tmp"};
+  WorkerSettings none;
+  none.insecure = true;
+  absl::StatusOr<WorkerConfig> c = ResolveWorkerConfig(none, none, host);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->retained_job_bytes, int64_t{8} << 30);
+  absl::StatusOr<WorkerSettings> file = ParseWorkerSettingsYaml("retained_job_bytes: 1073741824\n");
+  ASSERT_TRUE(file.ok()) << file.status();
+  file->insecure = true;
+  c = ResolveWorkerConfig(*file, none, host);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->retained_job_bytes, int64_t{1} << 30);
+  WorkerSettings flags = none;
+  flags.retained_job_bytes = 0;  // by count only
+  c = ResolveWorkerConfig(*file, flags, host);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->retained_job_bytes, 0);
+  for (int64_t bad : {int64_t{-1}, int64_t{8}, kMinRankLogMaxBytes - 1}) {
+    flags.retained_job_bytes = bad;
+    c = ResolveWorkerConfig(none, flags, host);
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_NE(c.status().message().find("retained_job_bytes"), absl::string_view::npos)
+        << c.status();
+  }
+}
+
 }  // namespace
 }  // namespace dropless

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -527,6 +528,58 @@ TEST_F(RankManagerTest, OldJobDirectoriesArePrunedLiveOnesKept) {
   EXPECT_TRUE(exists("hang"));
   EXPECT_FALSE(exists("fail"));
   EXPECT_TRUE(exists("new"));
+  EXPECT_TRUE(manager.StopAllAndWait(absl::Seconds(10)));
+}
+
+// Finished jobs' directories are also bounded by their bytes (retained_job_bytes): the oldest
+// go first until the rest fit, whatever their count; a live job's directory stays however large.
+TEST_F(RankManagerTest, OldJobDirectoriesArePrunedToTheByteBudget) {
+  RankManagerOptions o;
+  o.rank_binary = script_;
+  o.coordinator = "127.0.0.1:7070";
+  o.node = "node-a";
+  o.advertise_address = "127.0.0.1";
+  o.work_dir = dir_ + "/prune-bytes";
+  o.slot_kind = "cpu";
+  o.slots = 2;
+  o.retained_job_dirs = 100;
+  o.retained_job_bytes = (3 << 20) + (1 << 19);  // three of the 1 MiB logs below, and their specs
+  RankManager manager(o, &queue_, metrics_.get());
+  const std::string jobs = o.work_dir + "/jobs/";
+  auto exists = [&](const std::string& job) { return access((jobs + job).c_str(), F_OK) == 0; };
+  // A file of `bytes` random bytes in the job's directory (a rank's log, as it would be).
+  std::mt19937_64 rng(std::random_device{}());
+  auto fill = [&](const std::string& job, size_t bytes) {
+    std::string data(bytes, '\0');
+    for (char& c : data) c = static_cast<char>(rng());
+    std::ofstream(jobs + job + "/attempt-1/rank-0.log", std::ios::binary) << data;
+  };
+  manager.HandleAssignment(Assignment("hang", {{0, 0}}, 1));  // stays live
+  ASSERT_EQ(manager.LiveRanks().size(), 1u);
+  fill("hang", 8 << 20);  // over the budget by itself: live, never removed, not counted
+  std::vector<std::string> done;
+  for (int j = 0; j < 5; ++j) {
+    const std::string job = absl::StrCat("ok-", j);
+    absl::SleepFor(absl::Milliseconds(20));  // distinct modification times
+    v1::Assignment ok = Assignment("ok", {{0, 1}}, 1);  // the fake rank's "ok" mode
+    ok.set_attempt(j + 1);  // a new attempt each round: the same one again would be ignored
+    manager.HandleAssignment(ok);
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (manager.LiveRanks().size() > 1 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    // The finished job's directory, renamed to this round's name with 1 MiB in it.
+    std::filesystem::rename(jobs + "ok", jobs + job);
+    std::filesystem::rename(jobs + job + absl::StrCat("/attempt-", j + 1), jobs + job + "/attempt-1");
+    fill(job, 1 << 20);
+    done.push_back(job);
+  }
+  absl::SleepFor(absl::Milliseconds(20));
+  manager.HandleAssignment(Assignment("new", {{0, 1}}, 1));
+  // Five finished MiB against a 3 MiB budget: the two oldest went.
+  EXPECT_TRUE(exists("hang"));
+  EXPECT_TRUE(exists("new"));
+  for (int j = 0; j < 5; ++j) EXPECT_EQ(exists(done[j]), j >= 2) << done[j];
   EXPECT_TRUE(manager.StopAllAndWait(absl::Seconds(10)));
 }
 
