@@ -55,6 +55,10 @@ ABSL_FLAG(std::optional<int64_t>, rank_log_max_bytes, std::nullopt,
           "cap of each rank's log file (<work-dir>/jobs/<job>/attempt-<N>/rank-<R>.log) in bytes: "
           "past it the file is renamed to rank-<R>.log.1, replacing the older one, so a rank keeps "
           "at most twice this on disk; 0: no cap (default 67108864, 64 MiB; else at least 65536)");
+ABSL_FLAG(std::string, checkpoint_roots, "",
+          "comma-separated absolute directories that jobs' checkpoint.dir must be in (symbolic "
+          "links resolved); a spec naming another is a job error. Default: anywhere the ranks may "
+          "write (development only; deploy/base sets the checkpoint volume)");
 ABSL_FLAG(std::optional<int64_t>, retained_job_bytes, std::nullopt,
           "bytes of finished jobs' directories (spec files, rank logs) kept under <work-dir>/jobs: "
           "the oldest go first when a new assignment arrives (at most 32 are kept either way); "
@@ -113,6 +117,7 @@ int RunDaemon() {
   flags.kill_grace_ms = absl::GetFlag(FLAGS_kill_grace_ms);
   flags.rank_log_max_bytes = absl::GetFlag(FLAGS_rank_log_max_bytes);
   flags.retained_job_bytes = absl::GetFlag(FLAGS_retained_job_bytes);
+  set_string(&flags.checkpoint_roots, absl::GetFlag(FLAGS_checkpoint_roots));
   if (absl::GetFlag(FLAGS_insecure)) flags.insecure = true;
   set_string(&flags.tls_ca, absl::GetFlag(FLAGS_tls_ca));
   set_string(&flags.tls_cert, absl::GetFlag(FLAGS_tls_cert));

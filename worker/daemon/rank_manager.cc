@@ -19,6 +19,7 @@
 #include "common/utf8.h"
 #include "worker/daemon/step_metrics_proto.h"
 #include "worker/rank/step_report.h"
+#include "worker/rank/checkpoint_roots.h"
 
 namespace dropless {
 namespace {
@@ -334,6 +335,10 @@ void RankManager::StartRank(const v1::Assignment& assignment, int rank, int slot
       absl::StrCat("DROPLESS_RENDEZVOUS_SECRET=", assignment.rendezvous_secret()));
   // Whose checkpoints the rank may claim (checkpoint_claim.h).
   spec.env.push_back(absl::StrCat("DROPLESS_JOB_OWNER=", assignment.owner()));
+  if (!options_.checkpoint_roots.empty()) {
+    spec.env.push_back(absl::StrCat(kCheckpointRootsEnv, "=",
+                                    JoinCheckpointRoots(options_.checkpoint_roots)));
+  }
   spec.env.insert(spec.env.end(), options_.channel_env.begin(), options_.channel_env.end());
   spec.log_path = absl::StrCat(attempt_dir, "/rank-", rank, ".log");
   spec.log_max_bytes = options_.rank_log_max_bytes;

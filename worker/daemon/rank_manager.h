@@ -52,6 +52,9 @@ struct RankManagerOptions {
   // bound). Live jobs' directories are never removed.
   int retained_job_dirs = 32;
   int64_t retained_job_bytes = int64_t{8} << 30;
+  // Where jobs' checkpoint.dir may be, passed to the ranks (worker/rank/checkpoint_roots.h);
+  // empty: anywhere.
+  std::vector<std::string> checkpoint_roots;
 };
 
 class RankManager {

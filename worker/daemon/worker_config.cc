@@ -17,6 +17,7 @@
 #include "common/host_port.h"
 #include "common/status_context.h"
 #include "worker/daemon/rank_log_file.h"
+#include "worker/rank/checkpoint_roots.h"
 #include "yaml-cpp/yaml.h"
 
 namespace dropless {
@@ -62,7 +63,7 @@ absl::StatusOr<WorkerSettings> ParseWorkerSettingsYaml(absl::string_view yaml) {
     absl::Status st;
     if (key == "coordinator" || key == "node" || key == "advertise_address" ||
         key == "metrics_address" || key == "gpus" || key == "work_dir" || key == "tls_ca" ||
-        key == "tls_cert" || key == "tls_key") {
+        key == "tls_cert" || key == "tls_key" || key == "checkpoint_roots") {
       st = ReadScalar(value, key, &text);
       if (st.ok()) {
         if (key == "coordinator") s.coordinator = text;
@@ -74,6 +75,7 @@ absl::StatusOr<WorkerSettings> ParseWorkerSettingsYaml(absl::string_view yaml) {
         if (key == "tls_ca") s.tls_ca = text;
         if (key == "tls_cert") s.tls_cert = text;
         if (key == "tls_key") s.tls_key = text;
+        if (key == "checkpoint_roots") s.checkpoint_roots = text;
       }
     } else if (key == "insecure") {
       try {
@@ -163,6 +165,10 @@ absl::StatusOr<WorkerConfig> ResolveWorkerConfig(const WorkerSettings& file,
       pick(flags.rank_log_max_bytes, file.rank_log_max_bytes, kDefaultRankLogMaxBytes);
   c.retained_job_bytes =
       pick(flags.retained_job_bytes, file.retained_job_bytes, kDefaultRetainedJobBytes);
+  absl::StatusOr<std::vector<std::string>> roots = ParseCheckpointRoots(
+      pick(flags.checkpoint_roots, file.checkpoint_roots, std::string()), "checkpoint_roots");
+  if (!roots.ok()) return roots.status();
+  c.checkpoint_roots = *std::move(roots);
 
   if (c.coordinator.empty()) return FieldError("coordinator", "must not be empty");
   if (absl::Status s = ParseHostPort("coordinator", c.coordinator, 1).status(); !s.ok()) return s;

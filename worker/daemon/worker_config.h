@@ -31,6 +31,7 @@ struct WorkerSettings {
   std::optional<int64_t> kill_grace_ms;
   std::optional<int64_t> rank_log_max_bytes;
   std::optional<int64_t> retained_job_bytes;
+  std::optional<std::string> checkpoint_roots;  // "/a,/b"
   std::optional<bool> insecure;  // plaintext to the coordinator (development only)
   std::optional<std::string> tls_ca;    // CA of the coordinator's certificate
   std::optional<std::string> tls_cert;  // this node's client certificate (CN = node name)
@@ -39,7 +40,7 @@ struct WorkerSettings {
 
 // Flat YAML mapping whose keys are the field names above (coordinator, node, advertise_address,
 // metrics_port, metrics_address, cpu_slots, gpus, work_dir, kill_grace_ms, rank_log_max_bytes,
-// retained_job_bytes, insecure, tls_ca, tls_cert, tls_key). Unknown keys and values of the wrong type are
+// retained_job_bytes, checkpoint_roots, insecure, tls_ca, tls_cert, tls_key). Unknown keys and values of the wrong type are
 // InvalidArgument naming the key.
 absl::StatusOr<WorkerSettings> ParseWorkerSettingsYaml(absl::string_view yaml);
 absl::StatusOr<WorkerSettings> LoadWorkerSettingsFile(const std::string& path);
@@ -78,6 +79,8 @@ struct WorkerConfig {
   // Bytes of finished jobs' directories (spec files, rank logs) kept under <work_dir>/jobs, the
   // oldest removed first when a new assignment arrives; 0: bounded by their count only.
   int64_t retained_job_bytes = kDefaultRetainedJobBytes;
+  // Where jobs' checkpoint.dir may be (worker/rank/checkpoint_roots.h); empty: anywhere.
+  std::vector<std::string> checkpoint_roots;
   // Mutual TLS to the coordinator (the ranks use the same files), or plaintext when insecure.
   ChannelSecurity security;
 };

@@ -126,6 +126,7 @@ int RunWorkerDaemon(const WorkerConfig& config, const HostFacts& host) {
   rank_options.kill_grace = absl::Milliseconds(config.kill_grace_ms);
   rank_options.rank_log_max_bytes = config.rank_log_max_bytes;
   rank_options.retained_job_bytes = config.retained_job_bytes;
+  rank_options.checkpoint_roots = config.checkpoint_roots;
   rank_options.channel_env = ChannelSecurityEnvironment(security);
   auto ranks = std::make_unique<RankManager>(rank_options, &outbound, metrics->get());
 

@@ -30,6 +30,7 @@
 #include "worker/rank/report_pipe.h"
 #include "worker/rank/step_report.h"
 #include "worker/transport/transport_factory.h"
+#include "worker/rank/checkpoint_roots.h"
 
 namespace dropless {
 namespace {
@@ -73,6 +74,14 @@ absl::Status RankRun::Run() {
   }
   const std::string backend(ToString(spec->resources.backend));
   const std::string& checkpoint_dir = spec->checkpoint.dir;
+  // The daemon's --checkpoint-roots: a spec cannot make the rank write outside them.
+  if (const char* roots = std::getenv(kCheckpointRootsEnv); roots != nullptr && !checkpoint_dir.empty()) {
+    absl::StatusOr<std::vector<std::string>> parsed = ParseCheckpointRoots(roots, kCheckpointRootsEnv);
+    if (!parsed.ok()) return parsed.status();
+    if (absl::Status st = CheckCheckpointDirInRoots(checkpoint_dir, *parsed); !st.ok()) {
+      return MarkJobError(st);
+    }
+  }
   engine::CheckpointClaim claim{options_.job_id, options_.attempt, options_.rank};
   if (const char* owner = std::getenv("DROPLESS_JOB_OWNER"); owner != nullptr) claim.user = owner;
   if (absl::Status st = PrepareEngine(spec->resources.backend, EngineConfigFromSpec(*spec)); !st.ok()) {
