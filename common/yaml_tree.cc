@@ -1,7 +1,10 @@
 #include "common/yaml_tree.h"
 
+#include <algorithm>
+#include <optional>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -30,6 +33,28 @@ std::string FieldPart(const std::string& path) {
 // yaml-cpp marks untagged plain scalars "?" and untagged quoted/block scalars "!"; collections
 // without a tag carry "" or "?". Anything else was written by the user (!!str, !foo, ...).
 bool IsExplicitTag(const std::string& tag) { return !(tag.empty() || tag == "?" || tag == "!"); }
+
+// Of the keys of `map` that repeat an earlier one, the first: its index and that of the key's
+// first occurrence. Sorted, not compared pairwise: a spec of thousands of short keys must not cost
+// the square of that on every submission; a sort, unlike a hash set, has no input that is slow.
+std::optional<std::pair<size_t, size_t>> FirstDuplicateKey(const Node& map) {
+  std::vector<size_t> order(map.map_size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&map](size_t a, size_t b) {
+    const int c = map.key(a).scalar.compare(map.key(b).scalar);
+    return c != 0 ? c < 0 : a < b;
+  });
+  std::optional<std::pair<size_t, size_t>> found;
+  // In a run of equal keys, the first is the original and the second the first repeat.
+  for (size_t k = 1; k < order.size(); ++k) {
+    const size_t first = order[k - 1];
+    const size_t repeat = order[k];
+    if (map.key(first).scalar != map.key(repeat).scalar) continue;
+    if (k >= 2 && map.key(order[k - 2]).scalar == map.key(first).scalar) continue;
+    if (!found.has_value() || repeat < found->first) found = std::make_pair(repeat, first);
+  }
+  return found;
+}
 
 // Builds the tree from parser events. Records the first error and ignores everything after it.
 class TreeBuilder : public YAML::EventHandler {
@@ -154,18 +179,14 @@ class TreeBuilder : public YAML::EventHandler {
     open_.pop_back();
     if (closing->kind != Node::Kind::kMap) return;
     // Duplicate keys: YAML says they are an error; yaml-cpp keeps both and reads the first.
-    for (size_t i = 1; i < closing->map_size(); ++i) {
-      for (size_t j = 0; j < i; ++j) {
-        if (closing->key(i).scalar == closing->key(j).scalar) {
-          std::string path = open_.empty() ? "" : PathOf(true);
-          if (path == kRootPath) path.clear();
-          status_ = absl::InvalidArgumentError(absl::StrFormat(
-              "%s%s%s: duplicate key (line %d, first at line %d)", path, path.empty() ? "" : ".",
-              closing->key(i).scalar, closing->key(i).line, closing->key(j).line));
-          return;
-        }
-      }
-    }
+    const std::optional<std::pair<size_t, size_t>> duplicate = FirstDuplicateKey(*closing);
+    if (!duplicate.has_value()) return;
+    const auto [i, first] = *duplicate;
+    std::string path = open_.empty() ? "" : PathOf(true);
+    if (path == kRootPath) path.clear();
+    status_ = absl::InvalidArgumentError(absl::StrFormat(
+        "%s%s%s: duplicate key (line %d, first at line %d)", path, path.empty() ? "" : ".",
+        closing->key(i).scalar, closing->key(i).line, closing->key(first).line));
   }
 
   absl::Status status_;

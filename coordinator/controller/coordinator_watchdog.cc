@@ -21,9 +21,11 @@ void Coordinator::CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& 
       placed_here |= r.rank == status.rank() && r.worker_id == worker.info.id();
     }
     if (!placed_here) continue;
-    job->progress[status.rank()] =
-        RankProgress{status.attempt(), TruncateUtf8(status.phase(), 32), status.step(),
-                     status.phase_since_ms(), worker.info.node(), worker.info.id()};
+    // The worker's text goes into an event, the job's message and the log: no control characters
+    // (a terminal escape, a newline forging a line), as for a RankStatus's message.
+    job->progress[status.rank()] = RankProgress{
+        status.attempt(), ReplaceControlCharacters(TruncateUtf8(ToValidUtf8(status.phase()), 32)),
+        status.step(), status.phase_since_ms(), worker.info.node(), worker.info.id()};
 
     const std::optional<double> median = job->step_times.Median();
     const std::optional<int64_t> limit = StallLimitMs(options_.hang, median);
