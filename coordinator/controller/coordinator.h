@@ -40,6 +40,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -328,8 +329,11 @@ class Coordinator {
                 options_.log_mailbox_capacity};  // WatchJob, GetLogs -f
 
   absl::Mutex mu_;
-  // Those left for the worker message being handled.
+  // Those left for the worker message being handled, and the attempts they read: one read serves
+  // every rank of the attempt (a gang's leftover ranks listed by a returning worker).
   int stray_lookups_left_ ABSL_GUARDED_BY(mu_) = kMaxStrayLookupsPerMessage;
+  std::map<std::pair<std::string, int32_t>, std::optional<AttemptRecord>> stray_attempts_
+      ABSL_GUARDED_BY(mu_);
   // The worker-facing state, and the unfinished jobs with their state machine (in this order: the
   // controller places onto the registry's slots).
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_){options_.lease_timeout_ms};

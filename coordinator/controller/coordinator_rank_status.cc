@@ -218,15 +218,26 @@ void Coordinator::HoldStraySlotLocked(WorkerEntry& worker, const v1::RankStatus&
   // Until it exits, the process holds its slot: find which one from the stored placement.
   const bool held = std::any_of(worker.occupied.begin(), worker.occupied.end(),
                                 [&](const auto& slot) { return IsRankOf(slot.second, status); });
-  // Past this message's lookups, a rank not looked up now is looked up with a later message.
-  if (held || stray_lookups_left_ <= 0 ||
-      !workers_.TakeStraySlotLookupTurn(worker.info.id(), status.job_id(), status.attempt(),
-                                        status.rank(), NowMs())) {
-    return;
+  if (held) return;
+  // One read of the attempt serves all of its ranks in this message. Past this message's reads,
+  // a rank not looked up now is looked up with a later message.
+  const std::pair<std::string, int32_t> key{status.job_id(), status.attempt()};
+  auto cached = stray_attempts_.find(key);
+  if (cached == stray_attempts_.end()) {
+    if (stray_lookups_left_ <= 0 ||
+        !workers_.TakeStraySlotLookupTurn(worker.info.id(), status.job_id(), status.attempt(),
+                                          status.rank(), NowMs())) {
+      return;
+    }
+    --stray_lookups_left_;
+    absl::StatusOr<AttemptRecord> read = store_->GetAttempt(status.job_id(), status.attempt());
+    cached = stray_attempts_
+                 .emplace(key, read.ok() ? std::optional<AttemptRecord>(*std::move(read))
+                                         : std::nullopt)
+                 .first;
   }
-  --stray_lookups_left_;
-  absl::StatusOr<AttemptRecord> attempt = store_->GetAttempt(status.job_id(), status.attempt());
-  if (!attempt.ok()) return;
+  const std::optional<AttemptRecord>& attempt = cached->second;
+  if (!attempt.has_value()) return;
   // By node as well as by id: a worker forgotten while cut off (--lost-worker-expiry) comes back
   // under a new id, its old ranks still exiting on the same machine's slots.
   for (const RankRecord& r : attempt->ranks) {

@@ -126,6 +126,7 @@ absl::Status Coordinator::HandleWorkerMessageLocked(const std::shared_ptr<Worker
   // Store lookups for stray ranks (HoldStraySlotLocked) are bounded per message: a Hello or a
   // heartbeat listing many made-up ranks would otherwise do one each under the lock.
   stray_lookups_left_ = kMaxStrayLookupsPerMessage;
+  stray_attempts_.clear();
   const std::string* worker_id = workers_.SessionWorker(session);
   if (worker_id == nullptr) return absl::AbortedError("session is closed");
   if (worker_id->empty()) {

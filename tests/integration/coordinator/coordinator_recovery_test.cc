@@ -167,5 +167,34 @@ TEST(CoordinatorRecoveryTest, EveryStrayRankOfAReturningWorkerHoldsItsSlotUntilI
   EXPECT_EQ(placed->job_id(), next->id());
 }
 
+// The same with a gang larger than the stray lookups one worker message may do (8): one read of
+// the attempt holds every rank's slot, so none of the 16 is taken while its stray still runs.
+TEST(CoordinatorRecoveryTest, EveryStrayRankOfAGangLargerThanTheLookupBoundHoldsItsSlot) {
+  auto coordinator = CoordinatorUnderTest::Start();
+  FakeWorker w(coordinator->channel(), "node-gang", 16);
+  ASSERT_TRUE(w.Join().ok());
+  absl::StatusOr<v1::Job> job = SubmitRunning(*coordinator, w, TinySpec(16));
+  ASSERT_TRUE(job.ok()) << job.status();
+
+  w.StopHeartbeats();
+  coordinator->WaitForState(job->id(), v1::JOB_STATE_FAILED);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (w.SessionOpen() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_FALSE(w.SessionOpen());
+
+  ASSERT_TRUE(RegisterAgain(w, "boot-1").ok());
+  ASSERT_TRUE(w.Connect("boot-1").ok());  // its Hello lists all 16 ranks as running
+  absl::StatusOr<v1::Job> next = coordinator->Submit(TinySpec(1, 1, "after-the-gang"));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_FALSE(w.NextAssignment(absl::Seconds(2)).has_value())
+      << "placed on a slot whose stray rank still runs";
+  ASSERT_TRUE(w.ReportRank(job->id(), 1, 11, v1::RANK_STATE_KILLED).ok());
+  std::optional<v1::Assignment> placed = w.NextAssignment();
+  ASSERT_TRUE(placed.has_value());
+  EXPECT_EQ(placed->job_id(), next->id());
+  ASSERT_EQ(placed->ranks_size(), 1);
+  EXPECT_EQ(placed->ranks(0).slot(), 11) << "the slot rank 11 held";
+}
+
 }  // namespace
 }  // namespace dropless::testing
