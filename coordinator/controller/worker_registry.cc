@@ -389,6 +389,7 @@ NodeCapacity AllSlotsOf(const std::string& id, const WorkerEntry& worker) {
       worker.info.slot_kind(),
       worker.info.slots(),
       {},
+      -1,
       {worker.info.device_memory_bytes().begin(), worker.info.device_memory_bytes().end()}};
 }
 

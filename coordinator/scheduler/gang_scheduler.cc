@@ -37,15 +37,23 @@ void AssignRanks(const std::vector<std::pair<const NodeCapacity*, int32_t>>& tak
   }
 }
 
+// The bound of the node's slot indices (a view's `slots` counts only the slots it kept).
+int32_t SlotIndexEnd(const NodeCapacity& node) {
+  return node.slot_index_end >= 0 ? node.slot_index_end : node.slots;
+}
+
 // The nodes with only the slots that `keep` accepts, counted in `slots` and listed in
-// `free_slots`; nodes left without a slot are dropped.
+// `free_slots`; nodes left without a slot are dropped. `keep` sees the worker's slot indices.
 template <typename Keep>
 std::vector<NodeCapacity> SlotsWhere(const std::vector<NodeCapacity>& nodes, Keep keep) {
   std::vector<NodeCapacity> out;
   for (const NodeCapacity& node : nodes) {
     NodeCapacity view = node;
     view.slots = 0;
-    for (int32_t slot = 0; slot < node.slots; ++slot) view.slots += keep(node, slot) ? 1 : 0;
+    view.slot_index_end = SlotIndexEnd(node);
+    for (int32_t slot = 0; slot < view.slot_index_end; ++slot) {
+      view.slots += keep(node, slot) ? 1 : 0;
+    }
     view.free_slots.clear();
     for (int32_t slot : node.free_slots) {
       if (keep(node, slot)) view.free_slots.push_back(slot);
@@ -100,7 +108,9 @@ struct Holdback {
       if (SlotMemory(node, slot) <= above) continue;
       if (!GangNeedsOneNode(job->backend)) return true;
       int64_t qualifying = 0;
-      for (int32_t s = 0; s < node.slots; ++s) qualifying += SlotMemory(node, s) > above ? 1 : 0;
+      for (int32_t s = 0; s < SlotIndexEnd(node); ++s) {
+        qualifying += SlotMemory(node, s) > above ? 1 : 0;
+      }
       if (qualifying >= job->world_size) return true;
     }
     return false;

@@ -35,8 +35,11 @@ struct NodeCapacity {
   std::string worker_id;
   std::string node;
   std::string slot_kind;            // cpu | cuda
-  int32_t slots = 0;                // all slots of the worker
+  int32_t slots = 0;                // all slots of the worker (of a view: the slots it kept)
   std::vector<int32_t> free_slots;  // slot indices held by no live rank, ascending
+  // Slot indices run below this: the worker's slot count (-1: `slots`). A view that keeps some
+  // slots (the larger GPUs) counts fewer `slots` but keeps the worker's indices.
+  int32_t slot_index_end = -1;
   // By slot index (cuda): the GPU's total memory in bytes; 0 or missing: unknown.
   std::vector<int64_t> device_memory_bytes;
 };

@@ -51,6 +51,13 @@ NodeCapacity HalfBusyGpuNode(std::string name, std::vector<int64_t> gib) {
   return node;
 }
 
+// The same with its last slot busy.
+NodeCapacity BusyLastGpuNode(std::string name, std::vector<int64_t> gib) {
+  NodeCapacity node = GpuNode(std::move(name), std::move(gib));
+  node.free_slots.pop_back();
+  return node;
+}
+
 // A cuda job that ran out of memory on a GPU of `gib`.
 QueuedJob NeedsMoreThan(std::string id, int64_t seq, int32_t world, int64_t gib) {
   QueuedJob job = Job(std::move(id), 0, seq, "cuda", world);
@@ -232,6 +239,22 @@ INSTANTIATE_TEST_SUITE_P(
               "needs 1 cuda slots on one node; at most 0 free on one now (the "
               "larger GPUs that big waits for are held for it)"},
              {"last", "queued behind any"}}},
+        // The same on a node whose larger GPUs are not its first slots: held by slot index (a
+        // view of the larger GPUs counts 2 slots but keeps indices 0 and 2), so the later job
+        // needing one larger GPU does not take m:0 from big.
+        ScheduleCase{
+            "LargerGpusAreHeldByTheirSlotIndices",
+            {BusyLastGpuNode("m", {141, 80, 141})},
+            {NeedsMoreThan("big", 1, 2, 80), NeedsMoreThan("later", 2, 1, 80)},
+            {},
+            {{"big",
+              "needs 2 cuda slots with more than 80.0 GiB of GPU memory (an attempt "
+              "ran out of memory on one that size) on one node; at most 1 free on "
+              "one now"},
+             {"later",
+              "needs 1 cuda slots with more than 80.0 GiB of GPU memory (an attempt ran out of "
+              "memory on one that size) on one node; at most 0 free on one now (the larger GPUs "
+              "that big waits for are held for it)"}}},
         ScheduleCase{
             "SuccessiveJobsShareCapacity",
             {FreeNode("a", "cpu", 4)},
