@@ -129,14 +129,24 @@ void Coordinator::ApplyRankStatusLocked(WorkerEntry& worker, const v1::RankStatu
 
 void Coordinator::ApplyLateRankEndLocked(WorkerEntry& worker, const v1::RankStatus& status,
                                          RankStatusCommit& commit) {
-  // A kill is the attempt's end reaching the rank (its cancellation), not news of its own.
-  if (status.state() != v1::RANK_STATE_FAILED) return;
+  // A kill is the attempt's end reaching the rank (its cancellation), not news of its own. Store
+  // reads are bounded per worker message as for stray ranks (a daemon sends one end a message).
+  if (status.state() != v1::RANK_STATE_FAILED || stray_lookups_left_ <= 0) return;
+  --stray_lookups_left_;
   std::optional<AttemptRecord> holder;
   AttemptRecord* ended = jobs_.EndedAttempt(status.job_id(), status.attempt(), &holder);
   if (ended == nullptr) return;
+  // The row this batch of statuses writes already, if another late end changed it: the newest
+  // (each end read from the store alone would write back only its own rank's).
+  StoreWrite& write = commit.write;
+  AttemptRecord* batched = nullptr;
+  for (AttemptRecord& a : write.attempts) {
+    if (a.job_id == status.job_id() && a.attempt == status.attempt()) batched = &a;
+  }
+  AttemptRecord& current = batched != nullptr ? *batched : *ended;
   RankRecord* rank = nullptr;
   bool too_small = false;  // ended as too small already (another rank's exit 79, first or late)
-  for (RankRecord& r : ended->ranks) {
+  for (RankRecord& r : current.ranks) {
     if (r.rank == status.rank()) rank = &r;
     too_small |= r.state == v1::RANK_STATE_FAILED && r.exit_code == kRankExitDeviceTooSmall;
   }
@@ -145,9 +155,16 @@ void Coordinator::ApplyLateRankEndLocked(WorkerEntry& worker, const v1::RankStat
   if (rank == nullptr || rank->worker_id != worker.info.id() || RankEnded(rank->state)) return;
   rank->state = status.state();
   rank->exit_code = status.exit_code();
+  if (batched != nullptr && !holder.has_value()) {  // memory's copy (the next batch reads it)
+    for (RankRecord& r : ended->ranks) {
+      if (r.rank == status.rank()) {
+        r.state = status.state();
+        r.exit_code = status.exit_code();
+      }
+    }
+  }
   commit.needs_commit = true;
-  StoreWrite& write = commit.write;
-  write.attempts.push_back(*ended);
+  if (batched == nullptr) write.attempts.push_back(*ended);
   const std::string reason = RankEndReason(worker, status);
   AddEvent(write, status.job_id(), status.attempt(), "RankExited",
            absl::StrCat(reason, " (after attempt ", status.attempt(), " had ended)"));
@@ -171,8 +188,9 @@ bool Coordinator::CommitRankStatusesLocked(RankStatusCommit& commit) {
   bool stored = true;
   if (done.needs_commit || !done.write.empty()) {
     // Commit fsyncs it where it stores job state (a rank's state, an attempt that failed, any
-    // dirty job); a Hello that changed only its worker's row does without.
-    done.write.durable = false;
+    // dirty job) and here where an attempt's row changed (a rank's end after its attempt's: it is
+    // acknowledged once stored); a Hello that changed only its worker's row does without.
+    done.write.durable = !done.write.attempts.empty();
     // A failed commit keeps its jobs dirty and its ended attempts and events aside (stored with
     // the next commit), and publishes nothing.
     stored = jobs_.Commit(done.write).ok();

@@ -144,7 +144,14 @@ def master_update_fn(torch, beta1, beta2, eps, lr_wd):
             v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
             master.sub_(scal[0] * m / (v.sqrt() * scal[1] + eps))
             weight.copy_(master)
-        _MASTER_UPDATES[key] = torch.compile(update, dynamic=False)
+        # One code object serves every weight of every shape: sizes dynamic, and room in
+        # dynamo's cache past its default 8 entries (else the 9th weight shape of a run falls
+        # back to the eager, multi-kernel update without a word).
+        config = torch._dynamo.config
+        for limit in ("recompile_limit", "cache_size_limit"):
+            if hasattr(config, limit):
+                setattr(config, limit, max(getattr(config, limit), 64))
+        _MASTER_UPDATES[key] = torch.compile(update, dynamic=True)
     return _MASTER_UPDATES[key]
 
 

@@ -340,5 +340,34 @@ TEST_F(CoordinatorDeviceTooSmallTest, ALateRankFailureIsRecordedOnce) {
   EXPECT_EQ(EventsSay(queued, "RankExited", "failed with exit code 1 (after attempt 1"), 1);
 }
 
+// Late ends of several ranks of a retired job in one batch of statuses (each read from the store)
+// all land in the attempt's row: the same reports after a restart change nothing.
+TEST_F(CoordinatorDeviceTooSmallTest, LateEndsInOneBatchAreAllRecorded) {
+  const std::string path = TempDbPath();
+  ASSERT_NO_FATAL_FAILURE(Open(path));
+  std::shared_ptr<WorkerSession> node = Join("node-h100", 4, 80);
+  const std::string job = Submit(CudaSpec(4, /*max_attempts=*/1));
+  for (int rank = 0; rank < 4; ++rank) Report(node, job, 1, rank, v1::RANK_STATE_RUNNING);
+  Report(node, job, 1, 3, v1::RANK_STATE_FAILED, kRankExitJobError);
+  ASSERT_EQ(Get(job).state(), v1::JOB_STATE_FAILED);
+  std::vector<v1::WorkerMessage> batch(3);
+  for (int rank = 0; rank < 3; ++rank) {
+    *batch[rank].mutable_rank_status() = StatusOf(job, 1, rank, v1::RANK_STATE_FAILED, 1);
+  }
+  ASSERT_TRUE(coordinator_->HandleWorkerMessages(node, batch).ok());
+  coordinator_.reset();
+  ASSERT_NO_FATAL_FAILURE(Open(path));
+  std::shared_ptr<WorkerSession> again = Join("node-h100", 4, 80);
+  for (int rank = 0; rank < 3; ++rank) Report(again, job, 1, rank, v1::RANK_STATE_FAILED, 1);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(EventsSay(job, "RankExited",
+                        absl::StrFormat("rank %d on node node-h100 failed with exit code 1 (after "
+                                        "attempt 1 had ended)",
+                                        rank)),
+              1)
+        << "rank " << rank;
+  }
+}
+
 }  // namespace
 }  // namespace dropless::coordinator
