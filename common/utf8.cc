@@ -116,4 +116,8 @@ std::string ReplaceControlCharacters(absl::string_view utf8) {
   return out;
 }
 
+std::string SanitizedText(absl::string_view text, size_t max_bytes) {
+  return ReplaceControlCharacters(TruncateUtf8(ToValidUtf8(text), max_bytes));
+}
+
 }  // namespace dropless

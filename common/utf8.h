@@ -32,6 +32,10 @@ bool HasControlCharacters(absl::string_view utf8);
 // `utf8` with each control character replaced by '?'.
 std::string ReplaceControlCharacters(absl::string_view utf8);
 
+// Text from elsewhere (a worker's report) made fit for a log, an event or a terminal: valid UTF-8,
+// at most max_bytes, control characters replaced.
+std::string SanitizedText(absl::string_view text, size_t max_bytes);
+
 }  // namespace dropless
 
 #endif  // DROPLESS_COMMON_UTF8_H_

@@ -36,7 +36,7 @@ std::string RankEndReason(const WorkerEntry& worker, const v1::RankStatus& statu
   // characters (a terminal escape, a newline forging a line), as for a Goodbye's reason.
   if (!status.message().empty()) {
     absl::StrAppend(&reason, ": ",
-                    ReplaceControlCharacters(TruncateUtf8(ToValidUtf8(status.message()), 512)));
+                    SanitizedText(status.message(), 512));
   }
   return reason;
 }

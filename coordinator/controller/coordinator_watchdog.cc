@@ -24,7 +24,7 @@ void Coordinator::CheckProgressLocked(WorkerEntry& worker, const v1::Heartbeat& 
     // The worker's text goes into an event, the job's message and the log: no control characters
     // (a terminal escape, a newline forging a line), as for a RankStatus's message.
     job->progress[status.rank()] = RankProgress{
-        status.attempt(), ReplaceControlCharacters(TruncateUtf8(ToValidUtf8(status.phase()), 32)),
+        status.attempt(), SanitizedText(status.phase(), 32),
         status.step(), status.phase_since_ms(), worker.info.node(), worker.info.id()};
 
     const std::optional<double> median = job->step_times.Median();

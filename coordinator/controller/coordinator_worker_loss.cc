@@ -113,7 +113,7 @@ bool Coordinator::ReconcileUnlistedRanksLocked(WorkerEntry& worker, const Listed
 void Coordinator::HandleGoodbyeLocked(WorkerEntry& worker, const v1::Goodbye& goodbye) {
   if (!worker.leaving.empty()) return;  // said already: one event per attempt
   // The reason goes into events, failure messages and the log: no control characters.
-  std::string reason = ReplaceControlCharacters(TruncateUtf8(ToValidUtf8(goodbye.reason()), 256));
+  std::string reason = SanitizedText(goodbye.reason(), 256);
   if (reason.empty()) reason = "no reason given";
   worker.leaving = reason;
   LogInfo(absl::StrFormat("%s (node %s) is shutting down: %s", worker.info.id(), worker.info.node(),

@@ -61,5 +61,12 @@ TEST(Utf8Test, ControlCharactersAreFoundAndReplaced) {
   EXPECT_EQ(ReplaceControlCharacters("\xc2\xa0ok"), "\xc2\xa0ok");  // U+00A0 is not a control
 }
 
+// Worker-supplied text: valid UTF-8, cut without splitting a character, controls replaced.
+TEST(Utf8Test, SanitizedTextIsValidBoundedAndFreeOfControls) {
+  EXPECT_EQ(SanitizedText("a\nb\xff\x1b[1m", 64), "a?b\xef\xbf\xbd?[1m");
+  EXPECT_EQ(SanitizedText("ab\xc3\xa9", 3), "ab");  // not half of the e-acute
+  EXPECT_EQ(SanitizedText("phase", 32), "phase");
+}
+
 }  // namespace
 }  // namespace dropless
