@@ -103,6 +103,9 @@ std::string RowJson(const Row& r) {
 struct Flags : CommonGemmFlags {
   bool sweep = false, cublas = true;
   bool bf16 = true, fp8_block = false;  // --precisions
+  // --fp8-block-x-scaling=per-block: the fp8-block weight gradient reads X's scales per 128 x 128
+  // block (precision fp8-block-wgrad128's layout and default kernel) instead of per column.
+  kernels::Fp8ColwiseScaling fp8_block_x_scaling = kernels::Fp8ColwiseScaling::kPerColumn;
 };
 
 Flags ParseFlags(const std::vector<std::string>& args) {
@@ -112,6 +115,16 @@ Flags ParseFlags(const std::vector<std::string>& args) {
     if (ParseCommonGemmFlag(kv.first, kv.second, &f, "gemm")) continue;
     if (kv.first == "--sweep") {
       f.sweep = true;
+    } else if (kv.first == "--fp8-block-x-scaling") {
+      if (kv.second == "per-column") {
+        f.fp8_block_x_scaling = kernels::Fp8ColwiseScaling::kPerColumn;
+      } else if (kv.second == "per-block") {
+        f.fp8_block_x_scaling = kernels::Fp8ColwiseScaling::kPerBlock;
+      } else {
+        std::fprintf(stderr, "gemm bench: --fp8-block-x-scaling: '%s' (per-column, per-block)\n",
+                     kv.second.c_str());
+        std::exit(2);
+      }
     } else if (kv.first == "--no-cublas") {
       f.cublas = false;
     } else if (kv.first == "--precisions") {
@@ -132,7 +145,8 @@ Flags ParseFlags(const std::vector<std::string>& args) {
           stderr,
           "gemm bench: unknown flag %s\nflags: --json=PATH --commit=SHA "
           "--shapes=dsv3,qwen3,mixtral --dists=uniform,zipf --ops=fwd,dgrad,wgrad --sweep --no-cublas "
-          "--precisions=bf16,fp8-block --iters=N --cooldown-ms=N\n",
+          "--precisions=bf16,fp8-block --fp8-block-x-scaling=per-column|per-block --iters=N "
+          "--cooldown-ms=N\n",
           a.c_str());
       std::exit(2);
     }
@@ -169,6 +183,7 @@ class Fp8BlockBench {
     o.n = n;
     o.max_rows = rows;
     o.padded_rows = padded_;
+    o.x_scaling = flags.fp8_block_x_scaling;
     auto gemm = Fp8BlockGroupedGemm::Create(o);
     Check(gemm.status(), "fp8-block create");
     gemm_ = *std::move(gemm);
@@ -198,7 +213,10 @@ class Fp8BlockBench {
       Row r = base;
       r.name = name;
       r.impl = "dropless";
-      r.precision = "fp8-block";
+      r.precision = std::string(name) == "wgrad" &&
+                            flags.fp8_block_x_scaling == kernels::Fp8ColwiseScaling::kPerBlock
+                        ? "fp8-block-wgrad128"
+                        : "fp8-block";
       const size_t part = std::string(name) == "fwd" ? 0 : std::string(name) == "dgrad" ? 1 : 2;
       r.kernel = part < kernels.size() ? kernels[part] : gemm_->KernelName();
       r.out = type;
