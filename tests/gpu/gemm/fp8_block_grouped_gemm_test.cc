@@ -208,19 +208,24 @@ TEST(Fp8BlockGroupedGemmOptionsTest, BadOptionsNameTheField) {
   }
 }
 
-// The default m-grouped kernel by output width and reduction length: the 192-wide N tile in 1 x 2
-// clusters where it covers the width about as tightly as the 128-wide one (the benchmark layers'
-// widths); else, where the unclustered 192-wide tile covers it, that tile for long reductions and
-// the 256 x 128 wave kernel for reductions up to 2048; else 128. Host-only: runs everywhere.
+// The default m-grouped kernel by output width and reduction length: the 192-wide N tile where it
+// covers the width about as tightly as the 128-wide one (the benchmark layers' widths), in 1 x 2
+// clusters for reductions up to 2048 and without beyond; else, where the unclustered 192-wide
+// tile covers it, that tile for long reductions and the 256 x 128 wave kernel for reductions up
+// to 2048; else 128. Host-only: runs everywhere.
 TEST(Fp8BlockGroupedGemmOptionsTest, DefaultMGroupedKernelFollowsTheShape) {
   const std::string clustered = "fp8_block_coop_128x192x128_c1x2";
   const std::string unclustered = "fp8_block_coop_128x192x128_c1x1";
   const std::string wave = "fp8_block_wave_256x128x128_c1x2";
   const std::string narrow = "fp8_block_coop_128x128x128_c1x2";
-  // An even count of 192-wide tiles covers these within 3%: 22 x 192 for 4096. Any reduction.
+  // An even count of 192-wide tiles covers these within 3%: 22 x 192 for 4096. Clustered up to a
+  // 2048-long reduction, unclustered beyond.
   for (int width : {768, 1536, 4096, 7168, 14336, 28672}) {
-    for (int reduction : {768, 2048, 7168}) {
+    for (int reduction : {768, 2048}) {
       EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(width, reduction), clustered) << width;
+    }
+    for (int reduction : {2176, 4096, 7168, 28672}) {
+      EXPECT_EQ(Fp8BlockGroupedGemm::MGroupedKernelFor(width, reduction), unclustered) << width;
     }
   }
   // 11 x 192 = 2112 for 2048 (12 with the cluster: 89%), where 16 x 128 is exact: the wave

@@ -191,14 +191,20 @@ std::string Fp8BlockGroupedGemm::MGroupedKernelFor(int output_width, int reducti
     return static_cast<double>(output_width) / (static_cast<double>(tiles) * tile);
   };
   // On the H200 the 192-wide tile is 2-14% faster than the 128-wide one where it covers the
-  // width within 3%, and the 1 x 2 cluster (A multicast) is level with no cluster or ahead; at
+  // width within 3% (the cluster below); at
   // 2048 (eleven 192-wide tiles, twelve with the cluster) the unclustered 192 tile is 3-6% ahead
   // of 128 on two of the three benchmark products and 3% behind on the third
   // (docs/fp8_block_gemm.md).
   constexpr double kWideTileMinRelativeCover = 0.93;
   const double narrow = covered(128, 2);
+  // Where the clustered 192 tile covers the width, the cluster's A multicast pays only on short
+  // reductions (4-11% on qwen3's reductions of 768-2048, level on dsv3 w2's forward at 2048); on
+  // the long ones (4096 and up) the unclustered tile was level or ahead on five of six products in
+  // two runs, H200 and H100 (+1-2% and +1-7%; -2% and -0.4% on mixtral w13's data gradient).
+  constexpr int kClusterMaxReduction = 2048;
   if (covered(192, 2) >= kWideTileMinRelativeCover * narrow) {
-    return "fp8_block_coop_128x192x128_c1x2";
+    return reduction <= kClusterMaxReduction ? "fp8_block_coop_128x192x128_c1x2"
+                                             : "fp8_block_coop_128x192x128_c1x1";
   }
   // Where only the unclustered 192 tile fits (2048: eleven tiles) and 128-wide tiles in pairs
   // cover the width at least as tightly, a short reduction goes to the 256 x 128 wave kernel

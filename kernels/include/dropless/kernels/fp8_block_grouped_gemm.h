@@ -113,8 +113,9 @@ class Fp8BlockGroupedGemm {
       Fp8ColwiseScaling x_scaling = Fp8ColwiseScaling::kPerColumn);
 
   // The m-grouped kernel a product gets by default, from the width of its output and the length
-  // of its reduction (the forward: n and k; the data gradient: k and n): the 192-wide N tile in
-  // 1 x 2 clusters where its tiles cover that width about as tightly as 128-wide ones; else, where
+  // of its reduction (the forward: n and k; the data gradient: k and n): the 192-wide N tile where
+  // its tiles cover that width about as tightly as 128-wide ones (in 1 x 2 clusters for
+  // reductions of at most 2048, without beyond); else, where
   // the 192-wide tile without clusters does, that tile for long reductions and the 256 x 128 wave
   // kernel for reductions of at most 2048; else the 128-wide tile. Needs no device.
   static std::string MGroupedKernelFor(int output_width, int reduction);
