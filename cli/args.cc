@@ -1,11 +1,7 @@
 #include "cli/args.h"
 
-#include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -13,6 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/private_file.h"
+#include "common/status_context.h"
 
 namespace dropless::cli {
 
@@ -192,14 +190,10 @@ absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args, const En
 absl::StatusOr<std::string> ReadBearerToken(const GlobalOptions& options) {
   if (!options.token_file.given()) return options.token.value;
   const Setting& file = options.token_file;
-  std::ifstream in(file.value, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(file.from, " ", file.value, ": cannot open (", std::strerror(errno), ")"));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  std::string token(absl::StripAsciiWhitespace(text.str()));
+  // As ssh with a private key: a token others may read, or another user's, is refused, not sent.
+  absl::StatusOr<std::string> text = ReadPrivateFile(file.value);
+  if (!text.ok()) return WithContext(absl::StrCat(file.from, " ", file.value), text.status());
+  std::string token(absl::StripAsciiWhitespace(*text));
   if (token.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(file.from, " ", file.value, ": empty"));
   }

@@ -99,6 +99,9 @@ absl::StatusOr<GlobalOptions> ReadGlobalOptions(const ParsedArgs& args,
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ReadChannelCredentials(
     const GlobalOptions& options);
 // The bearer token options name ("" for none): the token file's text, trimmed, or the token.
+// A token file its group or others may read or write, or owned by neither this user nor root, is
+// refused (FailedPrecondition naming the mode and `chmod 600`, or the owner and `chown`; links
+// followed), as ssh refuses such a private key (ReadPrivateFile, common/private_file.h).
 absl::StatusOr<std::string> ReadBearerToken(const GlobalOptions& options);
 
 }  // namespace dropless::cli

@@ -92,7 +92,7 @@ struct JobSpec {
   // syntax: keys [prefix/]name, names and values up to 63 of [A-Za-z0-9._-], alphanumeric at both
   // ends; a prefix up to 253 of [a-z0-9.-]; at most 32 labels.
   std::map<std::string, std::string> labels;
-  int32_t priority = 0;      // higher is scheduled first
+  int32_t priority = 0;      // higher is scheduled first; -kMaxJobPriority..kMaxJobPriority
   int32_t max_attempts = 1;  // attempts before the job is FAILED
   // Wall-clock limit from the job's first start (YAML: a duration such as 90m or 2h30m; absent or
   // null: none). A job still running past it is FAILED, attempts left or not.
@@ -115,6 +115,9 @@ struct JobSpec {
 
 // Largest YAML document accepted, in bytes.
 inline constexpr size_t kMaxJobSpecBytes = 64 * 1024;
+// The highest priority a spec may have (and minus it the lowest). The coordinator lets only admins
+// go above its --max-user-priority.
+inline constexpr int32_t kMaxJobPriority = 1000;
 
 // Parses and validates a job spec. Errors are InvalidArgument with one message naming the field
 // path and the rule, e.g. "model.experts: must be divisible by parallel.ep (got 10 % 4 != 0)".

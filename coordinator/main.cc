@@ -53,6 +53,9 @@ ABSL_FLAG(int32_t, max_server_threads, 1024,
 ABSL_FLAG(int64_t, max_unfinished_jobs_per_user, 1000,
           "unfinished jobs one authenticated user may have (SubmitJob beyond is refused; 0: no "
           "limit)");
+ABSL_FLAG(int32_t, max_user_priority, 100,
+          "the highest priority (spec or submit --priority) a user below role admin may give a "
+          "job; higher is refused PERMISSION_DENIED (0..1000, the spec's range; 1000: no limit)");
 ABSL_FLAG(absl::Duration, job_retention, absl::Hours(720),
           "finished jobs, with their events, logs and step metrics, are deleted from the store "
           "this long after they ended, and the cluster-wide events this old (a duration of at "
@@ -167,6 +170,9 @@ int main(int argc, char** argv) {
   }
   if (FlagGiven(given, "max_unfinished_jobs_per_user")) {
     config.max_unfinished_jobs_per_user = absl::GetFlag(FLAGS_max_unfinished_jobs_per_user);
+  }
+  if (FlagGiven(given, "max_user_priority")) {
+    config.max_user_priority = absl::GetFlag(FLAGS_max_user_priority);
   }
   if (FlagGiven(given, "job_retention")) config.job_retention = absl::GetFlag(FLAGS_job_retention);
   if (FlagGiven(given, "lost_worker_expiry")) {

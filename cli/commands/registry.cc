@@ -11,7 +11,9 @@ const std::vector<Command>& AllCommands() {
        "validate a job spec (YAML) locally, submit it, print the job id",
        {{{"-f", "--filename"}, true, "FILE", "job spec YAML; - reads stdin"},
         {{"--name"}, true, "NAME", "override the spec's name"},
-        {{"--priority"}, true, "N", "override the spec's priority (higher runs first)"},
+        {{"--priority"}, true, "N",
+         "override the spec's priority (higher runs first); above the coordinator's "
+         "--max-user-priority only role admin may submit (PERMISSION_DENIED otherwise)"},
         {{"--request-id"}, true, "ID",
          "idempotency key: a submit repeated with the same ID returns the first one's job "
          "(default: a fresh random id, kept across this command's retries)"},

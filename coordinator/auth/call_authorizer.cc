@@ -10,6 +10,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "coordinator/auth/caller.h"
+#include "coordinator/util/grpc_status.h"
 
 namespace dropless::coordinator {
 namespace {
@@ -37,6 +38,10 @@ absl::string_view Find(const grpc::AuthMetadataProcessor::InputMetadata& metadat
     if (absl::string_view(k.data(), k.size()) == key) return absl::string_view(v.data(), v.size());
   }
   return absl::string_view();
+}
+
+size_t Count(const grpc::AuthMetadataProcessor::InputMetadata& metadata, absl::string_view key) {
+  return metadata.count(grpc::string_ref(key.data(), key.size()));
 }
 
 }  // namespace
@@ -69,6 +74,14 @@ grpc::Status CallAuthorizer::Process(const InputMetadata& metadata, grpc::AuthCo
 }
 
 grpc::Status CallAuthorizer::CheckToken(const InputMetadata& metadata, const TokenGrant** grant) {
+  // One header, or the call would have two callers: this check and the handler's CallerOf could
+  // each pick another one (a user's token authorized, an admin's acted on).
+  if (const size_t headers = Count(metadata, "authorization"); headers > 1) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        absl::StrCat("the call has ", headers,
+                                     " authorization headers; send exactly one `authorization: "
+                                     "Bearer <token>`"));
+  }
   const absl::string_view header = Find(metadata, "authorization");
   if (header.empty()) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
@@ -85,12 +98,8 @@ grpc::Status CallAuthorizer::CheckToken(const InputMetadata& metadata, const Tok
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "unknown bearer token: it is not in the coordinator's tokens file");
   }
-  if (absl::Now() >= found->expires) {
-    return grpc::Status(
-        grpc::StatusCode::UNAUTHENTICATED,
-        absl::StrCat("expired bearer token of user ", found->user, " (expired ",
-                     absl::FormatTime(absl::RFC3339_sec, found->expires, absl::UTCTimeZone()),
-                     ")"));
+  if (absl::Status s = CheckTokenUnexpired(found->user, found->expires, absl::Now()); !s.ok()) {
+    return ToGrpcStatus(s);
   }
   *grant = found;
   return grpc::Status::OK;

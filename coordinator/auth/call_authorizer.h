@@ -5,9 +5,10 @@
 // server interceptors cannot end a call with a status (grpc/grpc#24017), the auth processor can,
 // and it sees the method (:path), the metadata and the TLS peer.
 //
-//   dropless.v1.JobService/*        `authorization: Bearer <token>` from the tokens file, not
-//                                   expired, with the method's role (kMethodRoles); SubmitJob also
-//                                   within the caller's submission rate.
+//   dropless.v1.JobService/*        one `authorization: Bearer <token>` header (never two) with a
+//                                   token from the tokens file, not expired, with the method's role
+//                                   (kMethodRoles); SubmitJob also within the caller's submission
+//                                   rate.
 //   dropless.v1.WorkerService/*,    a client certificate verified against the worker CA (mutual
 //   dropless.v1.RendezvousService/* TLS); its common name is the node the caller may act as.
 //   grpc.health.v1.Health/*         anyone who completed the TLS handshake.
@@ -46,7 +47,8 @@ class CallAuthorizer final : public grpc::AuthMetadataProcessor {
   const UserTokens* tokens() const { return tokens_.get(); }
 
  private:
-  // A known, unexpired bearer token in `authorization` (UNAUTHENTICATED naming the problem).
+  // A known, unexpired bearer token in the one `authorization` header (UNAUTHENTICATED naming the
+  // problem, several headers included: CallerOf reads the call's one).
   grpc::Status CheckToken(const InputMetadata& metadata, const TokenGrant** grant);
   grpc::Status AuthorizeUser(absl::string_view method, const InputMetadata& metadata);
   grpc::Status AuthorizeWorker(absl::string_view service, const grpc::AuthContext& context);

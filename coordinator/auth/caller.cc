@@ -6,16 +6,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "coordinator/store/job_not_found.h"
 
 namespace dropless::coordinator {
-namespace {
-
-}  // namespace
 
 Caller CallerOf(const grpc::ServerContext& context, const UserTokens* tokens) {
   Caller caller;  // the anonymous admin of a plaintext listener
   if (tokens == nullptr) return caller;
-  // The call's own header (never the connection's AuthContext, which its calls share).
+  // The call's own header (never the connection's AuthContext, which its calls share); its only
+  // one: CallAuthorizer refuses a call with several.
   // A call without a known token (CallAuthorizer refuses those before any handler): a submitter
   // whose name no job's owner can have, so it may act on no job, ownerless ones included.
   caller.role = Role::kSubmitter;
@@ -30,6 +29,7 @@ Caller CallerOf(const grpc::ServerContext& context, const UserTokens* tokens) {
   if (grant == nullptr) return caller;
   caller.user = grant->user;
   caller.role = grant->role;
+  caller.token_expires = grant->expires;
   return caller;
 }
 
@@ -40,10 +40,7 @@ absl::string_view BearerToken(absl::string_view header) {
 absl::Status CheckJobAccess(const Caller& caller, const std::string& job_id,
                             const std::string& owner) {
   if (caller.CanAccessJobOf(owner)) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      "job ", job_id, " belongs to ", owner.empty() ? std::string("nobody (made before users)")
-                                                    : absl::StrCat("user ", owner),
-      "; user ", caller.user, " (role submitter) may only use their own jobs"));
+  return JobNotFoundError(job_id);
 }
 
 absl::StatusOr<std::optional<std::string>> ListedOwner(const Caller& caller,

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "coordinator/auth/user_tokens.h"
 
 namespace dropless::coordinator {
@@ -20,6 +21,8 @@ namespace dropless::coordinator {
 struct Caller {
   std::string user;  // "" for the anonymous caller of a plaintext listener
   Role role = Role::kAdmin;
+  // When the call's token expires (TokenGrant::expires): a stream that outlives it ends then.
+  absl::Time token_expires = absl::InfiniteFuture();
 
   // Whether this caller may see or cancel a job owned by `owner`: admins and viewers see every
   // job (viewers cannot cancel: their role stops them earlier), submitters their own.
@@ -36,7 +39,10 @@ Caller CallerOf(const grpc::ServerContext& context, const UserTokens* tokens);
 // The token of an `authorization: Bearer <token>` header; empty when the header is not one.
 absl::string_view BearerToken(absl::string_view header);
 
-// PermissionDenied naming the job and its owner when `caller` may not act on it.
+// NotFound when `caller` may not see the job (another user's, for a submitter): word for word
+// what the job store answers for a job that does not exist (JobNotFoundError,
+// coordinator/store/job_not_found.h), since job ids are sequential and a refusal that differed (or
+// named the owner) would tell anyone who runs which job.
 absl::Status CheckJobAccess(const Caller& caller, const std::string& job_id,
                             const std::string& owner);
 

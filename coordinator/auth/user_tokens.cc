@@ -2,10 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
+#include "common/private_file.h"
 #include "common/status_context.h"
 
 namespace dropless::coordinator {
@@ -107,15 +105,21 @@ absl::StatusOr<UserTokens> UserTokens::ParseYaml(const std::string& yaml) {
 }
 
 absl::StatusOr<UserTokens> UserTokens::LoadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("tokens file ", path, ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<UserTokens> tokens = ParseYaml(text.str());
+  // Mode and owner checked on the descriptor the text is read from (common/private_file.h).
+  absl::StatusOr<std::string> text = ReadPrivateFile(path);
+  if (!text.ok()) return WithContext(absl::StrCat("tokens file ", path), text.status());
+  absl::StatusOr<UserTokens> tokens = ParseYaml(*text);
   if (!tokens.ok()) {
     return WithContext(absl::StrCat("tokens file ", path), tokens.status());
   }
   return tokens;
+}
+
+absl::Status CheckTokenUnexpired(absl::string_view user, absl::Time expires, absl::Time now) {
+  if (now < expires) return absl::OkStatus();
+  return absl::UnauthenticatedError(
+      absl::StrCat("expired bearer token of user ", user, " (expired ",
+                   absl::FormatTime(absl::RFC3339_sec, expires, absl::UTCTimeZone()), ")"));
 }
 
 const TokenGrant* UserTokens::Find(absl::string_view token) const {

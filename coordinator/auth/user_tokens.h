@@ -13,6 +13,7 @@
 #include <map>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -31,9 +32,17 @@ struct TokenGrant {
   absl::Time expires = absl::InfiniteFuture();
 };
 
+// OK while `now` is before `expires`; Unauthenticated naming the user and when their token
+// expired (never the token itself) from then on. The one check of a token's expiry: at a call's
+// start (CallAuthorizer) and at each wake-up of a stream that outlives it (JobServiceImpl).
+absl::Status CheckTokenUnexpired(absl::string_view user, absl::Time expires, absl::Time now);
+
 class UserTokens {
  public:
-  // Errors name the file and the entry (never the token itself).
+  // Errors name the file and the entry (never the token itself). A file its group or others may
+  // read or write, or owned by neither the coordinator's user nor root, is refused
+  // (FailedPrecondition naming the mode and `chmod 600`, or the owner and `chown`), links
+  // followed, as ssh refuses such a private key (ReadPrivateFile, common/private_file.h).
   static absl::StatusOr<UserTokens> LoadFile(const std::string& path);
   static absl::StatusOr<UserTokens> ParseYaml(const std::string& yaml);
 

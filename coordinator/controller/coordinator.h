@@ -16,7 +16,7 @@
 // (submits, rank state changes, one metrics record per rank per step) are far below what one SQLite
 // connection sustains.
 //
-// Worker protocol (docs/architecture.md, "Worker session protocol"):
+// Worker protocol (docs/worker_session.md):
 // - RegisterWorker: the same node name always gets the same id.
 // - A session's first message is Hello; the worker is READY from then on and its reported ranks
 //   are reconciled: ranks of a current, active attempt placed on it are kept, any other rank
@@ -155,9 +155,14 @@ class Coordinator {
 
   // JobService. Errors name the offending field or id.
   // A request_id seen before (for the same owner) returns the job it made; AlreadyExists when
-  // that job's spec differs from this request's.
+  // that job's spec differs from this request's. max_priority: the highest priority the owner may
+  // give the job (--max-user-priority for a caller below admin; nullopt: no limit). A job whose
+  // priority (the request's override, else the spec's) is above it is refused PermissionDenied
+  // naming both, a dry run too; a request_id seen before still returns its job, checked first
+  // (coordinator_submit.cc).
   absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& request,
-                                    const std::string& owner = "");
+                                    const std::string& owner = "",
+                                    std::optional<int32_t> max_priority = std::nullopt);
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   // Oldest first; filtered by states and labels (at most 16); a page of page_size (0: 100; at most
   // 1000) after page_token (an opaque token: the seq of the last job read), or the most recent
@@ -289,6 +294,13 @@ class Coordinator {
   bool ReconcileUnlistedRanksLocked(WorkerEntry& worker, const ListedRanks& listed,
                                     const v1::Hello* hello, const std::string& what,
                                     StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the worker's slots held by ranks of attempts that are not active any more and not in
+  // `alive`. From a Hello (ended null), which lists every rank its run has, every such slot; from
+  // a heartbeat only those of ranks the worker reported (RankKey::reported) or lists in `ended`:
+  // the Assignment of a rank it never mentioned may still be on its way (the heartbeat was
+  // written before it arrived), and the worker starts the rank then. True when one was freed.
+  bool FreeSlotsOfEndedAttemptsLocked(WorkerEntry& worker, const ListedRanks& alive,
+                                      const ListedRanks* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Both store the message's receipt (when not null) with its rows, and return false when the
   // store write failed (the message is not acknowledged).
   bool HandleMetricsLocked(WorkerEntry& worker, v1::StepMetrics metrics,

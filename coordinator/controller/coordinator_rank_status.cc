@@ -25,6 +25,18 @@ bool IsRankOf(const RankKey& key, const v1::RankStatus& status) {
          key.rank == status.rank();
 }
 
+// Marks the slot that holds `status`'s rank reported: the worker got the rank's Assignment, so
+// from now on a heartbeat that does not list the rank means it ended. `slot`: where the rank was
+// placed (-1: not known, every slot is looked at). Whether a slot holds it.
+bool MarkRankReported(WorkerEntry& worker, const v1::RankStatus& status, int32_t slot = -1) {
+  auto held = slot >= 0 ? worker.occupied.find(slot)
+                        : std::find_if(worker.occupied.begin(), worker.occupied.end(),
+                                       [&](const auto& s) { return IsRankOf(s.second, status); });
+  if (held == worker.occupied.end() || !IsRankOf(held->second, status)) return false;
+  held->second.reported = true;
+  return true;
+}
+
 // "rank 0 on node n failed with exit code 1: <the worker's message>"
 std::string RankEndReason(const WorkerEntry& worker, const v1::RankStatus& status) {
   std::string reason =
@@ -74,6 +86,7 @@ void Coordinator::ApplyRankStatusLocked(WorkerEntry& worker, const v1::RankStatu
     if (job == nullptr) ApplyLateRankEndLocked(worker, status, commit);
     return stored_once_its_job_is();  // e.g. the last rank's end again, its job's commit failed
   }
+  MarkRankReported(worker, status, rank->slot);
   if (RankEnded(rank->state)) return stored_once_its_job_is();  // no way back from an end
   // A late or resent older report (STARTING after RUNNING).
   if (status.state() < rank->state) return stored_once_its_job_is();
@@ -234,9 +247,7 @@ bool Coordinator::CancelStrayRankLocked(WorkerEntry& worker, const v1::RankStatu
 
 void Coordinator::HoldStraySlotLocked(WorkerEntry& worker, const v1::RankStatus& status) {
   // Until it exits, the process holds its slot: find which one from the stored placement.
-  const bool held = std::any_of(worker.occupied.begin(), worker.occupied.end(),
-                                [&](const auto& slot) { return IsRankOf(slot.second, status); });
-  if (held) return;
+  if (MarkRankReported(worker, status)) return;
   // One read of the attempt serves all of its ranks in this message. Past this message's reads,
   // a rank not looked up now is looked up with a later message.
   const std::pair<std::string, int32_t> key{status.job_id(), status.attempt()};
@@ -262,7 +273,8 @@ void Coordinator::HoldStraySlotLocked(WorkerEntry& worker, const v1::RankStatus&
     if (r.rank == status.rank() &&
         (r.worker_id == worker.info.id() || r.node == worker.info.node()) &&
         worker.occupied.count(r.slot) == 0) {
-      worker.occupied[r.slot] = RankKey{status.job_id(), status.attempt(), status.rank()};
+      worker.occupied[r.slot] =
+          RankKey{status.job_id(), status.attempt(), status.rank(), /*reported=*/true};
     }
   }
 }
@@ -290,18 +302,31 @@ void Coordinator::HandleHeartbeatLocked(WorkerEntry& worker, const v1::Heartbeat
                      " ended without a final status reaching the coordinator"),
         commit.write);
   }
+  ListedRanks ended;  // their processes exited; the final statuses are on their way
+  for (const v1::RankStatus& status : heartbeat.ended_ranks()) {
+    ended.insert({status.job_id(), status.attempt(), status.rank()});
+  }
+  commit.slot_freed |= FreeSlotsOfEndedAttemptsLocked(worker, alive, &ended);
+  // A heartbeat is not a queued message: a failed commit is logged and retried with the next one.
+  (void)CommitRankStatusesLocked(commit);
+}
+
+bool Coordinator::FreeSlotsOfEndedAttemptsLocked(WorkerEntry& worker, const ListedRanks& alive,
+                                                 const ListedRanks* ended) {
+  bool freed = false;
   for (auto slot = worker.occupied.begin(); slot != worker.occupied.end();) {
     const RankKey& key = slot->second;
-    if (jobs_.FindActiveAttempt(key.job_id, key.attempt) == nullptr &&
-        alive.count({key.job_id, key.attempt, key.rank}) == 0) {
+    const ListedRanks::value_type listed_key{key.job_id, key.attempt, key.rank};
+    const bool gone = alive.count(listed_key) == 0 &&
+                      (ended == nullptr || key.reported || ended->count(listed_key) != 0);
+    if (gone && jobs_.FindActiveAttempt(key.job_id, key.attempt) == nullptr) {
       slot = worker.occupied.erase(slot);
-      commit.slot_freed = true;
+      freed = true;
     } else {
       ++slot;
     }
   }
-  // A heartbeat is not a queued message: a failed commit is logged and retried with the next one.
-  (void)CommitRankStatusesLocked(commit);
+  return freed;
 }
 
 }  // namespace dropless::coordinator

@@ -62,12 +62,13 @@ void Coordinator::RemoveSession(const std::shared_ptr<WorkerSession>& session) {
   absl::MutexLock lock(&mu_);
   const std::string worker_id = workers_.ForgetSession(session);
   if (shutting_down_ || worker_id.empty()) return;
-  WorkerEntry* worker = workers_.Disconnect(worker_id, session);
+  const int64_t now_ms = NowMs();
+  WorkerEntry* worker = workers_.Disconnect(worker_id, session, now_ms);
   if (worker == nullptr) return;  // superseded
   // Its ranks keep their slots and attempts until the lease runs out; it may reconnect.
   StoreWrite write;
   write.durable = false;
-  worker->disconnected_ms = NowMs();
+  worker->disconnected_ms = now_ms;
   workers_.MarkLost(*worker, "session ended", write);
   if (worker->leaving.empty()) {  // a daemon that said Goodbye is accounted for already
     NoteWorkerGoneLocked(*worker, "WorkerDisconnected",
@@ -197,11 +198,14 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
                                             const v1::Hello& hello) {
   // The worker's row, its listed ranks and what their absence means: one commit.
   RankStatusCommit commit;
-  absl::StatusOr<WorkerEntry*> hello_from = workers_.Hello(session, hello, NowMs(), commit.write);
+  bool new_run = false;  // another daemon run than the one before: the old run's ranks are gone
+  absl::StatusOr<WorkerEntry*> hello_from =
+      workers_.Hello(session, hello, NowMs(), commit.write, &new_run);
   if (!hello_from.ok()) return hello_from.status();
   WorkerEntry& worker = **hello_from;
-  LogInfo(absl::StrFormat("%s (node %s) said hello with %d live ranks", worker.info.id(),
-                          worker.info.node(), hello.ranks_size()));
+  LogInfo(absl::StrFormat("%s (node %s) said hello with %d live ranks%s", worker.info.id(),
+                          worker.info.node(), hello.ranks_size(),
+                          new_run ? " (a new run of its daemon)" : ""));
 
   // Reconcile: reported ranks of current attempts are kept, others are cancelled ...
   ListedRanks alive;
@@ -218,18 +222,13 @@ absl::Status Coordinator::HandleHelloLocked(const std::shared_ptr<WorkerSession>
   // unless the daemon run never got its Assignment, which then goes again.
   ReconcileUnlistedRanksLocked(
       worker, alive, &hello,
-      absl::StrCat("was not running on node ", worker.info.node(), " when its worker reconnected"),
+      absl::StrCat("was not running on node ", worker.info.node(), " when its worker reconnected",
+                   new_run ? " (a new run of its worker daemon: the ranks of the run before it "
+                             "are gone)"
+                           : ""),
       commit.write);
   // Slots of ended attempts whose ranks are not alive any more are free again.
-  for (auto slot = worker.occupied.begin(); slot != worker.occupied.end();) {
-    const RankKey& key = slot->second;
-    bool active = jobs_.FindActiveAttempt(key.job_id, key.attempt) != nullptr;
-    if (!active && alive.count({key.job_id, key.attempt, key.rank}) == 0) {
-      slot = worker.occupied.erase(slot);
-    } else {
-      ++slot;
-    }
-  }
+  (void)FreeSlotsOfEndedAttemptsLocked(worker, alive, /*ended=*/nullptr);
   commit.slot_freed = true;
   // A Hello is not a queued message: a failed commit is logged and retried with the next one.
   (void)CommitRankStatusesLocked(commit);

@@ -157,7 +157,7 @@ void JobController::Schedule() {
                               j.needs_device_memory_above_bytes()});
   }
   if (queue.empty()) return;
-  SchedulePlan plan = PlanSchedule(std::move(queue), workers_.Capacity());
+  SchedulePlan plan = PlanSchedule(std::move(queue), workers_.Capacity(NowMs()));
   StoreWrite write;
   write.durable = !plan.placements.empty();
   std::vector<UnstoredPlacement> placed;

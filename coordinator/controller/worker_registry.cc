@@ -61,6 +61,9 @@ void WorkerRegistry::Restore(const ActiveState& state, int64_t now_ms, StoreWrit
     const bool was_lost = stored.info.state() == v1::WORKER_STATE_LOST;
     entry.lost_since_ms =
         was_lost && stored.lost_since_ms > 0 ? std::min(stored.lost_since_ms, now_ms) : now_ms;
+    // Connected when the last coordinator stopped: it may be back in a moment, so it is away for
+    // the scheduler (a gang keeps its hold) for one lease. A worker LOST before is not.
+    entry.away_since_ms = was_lost ? 0 : now_ms;
     if (!was_lost || entry.lost_since_ms != stored.lost_since_ms) {
       entry.info.set_state(v1::WORKER_STATE_LOST);
       write.workers.push_back(Row(entry));
@@ -120,11 +123,17 @@ absl::Status WorkerRegistry::CheckRegistration(const v1::RegisterWorkerRequest& 
 
 absl::Status WorkerRegistry::CheckNodeIsFree(const WorkerEntry& worker,
                                              const std::string& boot_id) const {
-  // The run that said hello last (worker.boot_id) holds the node until its lease runs out, also
-  // while it reconnects or while a restarted coordinator waits for it; a run that said Goodbye
-  // gives it up when its session ends. Workers that predate boot ids ("") never hold it.
+  // The run that said hello last to this coordinator process (worker.boot_id) holds the node
+  // until its lease runs out, also while it reconnects, so a second daemon given the same --node
+  // never takes a live one's node; a run that said Goodbye gives it up when its session ends.
+  // After a restart, the run the store names has not said hello here: it holds the node as above
+  // (for the lease that runs from the restart) while a rank process holds a slot of it, since it
+  // may be alive with its ranks running and a duplicate daemon's retry may come first; a node
+  // with no work goes at once to the first run that says hello (a new run replaces a daemon that
+  // died with its journal). Workers that predate boot ids ("") never hold it.
   const bool same_run = boot_id == worker.boot_id || worker.boot_id.empty();
-  const bool gone = worker.lease_expired || (worker.session == nullptr && !worker.leaving.empty());
+  const bool gone = worker.lease_expired || (!worker.hello_here && worker.occupied.empty()) ||
+                    (worker.session == nullptr && !worker.leaving.empty());
   if (same_run || gone) return absl::OkStatus();
   return absl::AlreadyExistsError(absl::StrCat(
       "node \"", worker.info.node(), "\" is held by another running worker daemon (",
@@ -190,7 +199,7 @@ const std::string* WorkerRegistry::SessionWorker(
 
 absl::StatusOr<WorkerEntry*> WorkerRegistry::Hello(const std::shared_ptr<WorkerSession>& session,
                                                    const v1::Hello& hello, int64_t now_ms,
-                                                   StoreWrite& write) {
+                                                   StoreWrite& write, bool* new_run) {
   if (hello.worker_id().empty()) {
     return absl::InvalidArgumentError("hello.worker_id: must not be empty");
   }
@@ -220,23 +229,29 @@ absl::StatusOr<WorkerEntry*> WorkerRegistry::Hello(const std::shared_ptr<WorkerS
     return s;  // a registration without a boot id (an older worker, or a test's)
   }
   if (worker.session != nullptr && worker.session != session) worker.session->Close();
+  const bool replaces_run =
+      !worker.boot_id.empty() && !hello.boot_id().empty() && hello.boot_id() != worker.boot_id;
+  if (new_run != nullptr) *new_run = replaces_run;
   if (hello.boot_id() != worker.boot_id) {  // a new numbering: seq starts from 1 again
     worker.boot_id = hello.boot_id();
     worker.last_seq = 0;
   }
+  worker.hello_here = true;
   sessions_[session].worker_id = worker.info.id();
   worker.session = session;
   worker.last_message_ms = now_ms;
   worker.lease_expired = false;
   worker.disconnected_ms = 0;
+  worker.away_since_ms = 0;
   worker.leaving.clear();
   if (worker.info.state() != v1::WORKER_STATE_READY) {
     worker.info.set_state(v1::WORKER_STATE_READY);
     worker.lost_since_ms = 0;
     write.workers.push_back(Row(worker));
     AddEvent(write, "", 0, "WorkerReady",
-             absl::StrFormat("%s (node %s): session open, %d ranks alive", worker.info.id(),
-                             worker.info.node(), hello.ranks_size()));
+             absl::StrFormat("%s (node %s): session open, %d ranks alive%s", worker.info.id(),
+                             worker.info.node(), hello.ranks_size(),
+                             replaces_run ? " (a new run of its daemon)" : ""));
   }
   return &worker;
 }
@@ -250,10 +265,12 @@ std::string WorkerRegistry::ForgetSession(const std::shared_ptr<WorkerSession>& 
 }
 
 WorkerEntry* WorkerRegistry::Disconnect(const std::string& worker_id,
-                                        const std::shared_ptr<WorkerSession>& session) {
+                                        const std::shared_ptr<WorkerSession>& session,
+                                        int64_t now_ms) {
   WorkerEntry* worker = Find(worker_id);
   if (worker == nullptr || worker->session != session) return nullptr;  // superseded
   worker->session = nullptr;
+  worker->away_since_ms = now_ms;
   return worker;
 }
 
@@ -297,9 +314,10 @@ std::vector<WorkerEntry*> WorkerRegistry::ExpireLeases(int64_t now_ms) {
 
 std::vector<WorkerEntry*> WorkerRegistry::ForgettableWorkers(int64_t now_ms, int64_t expiry_ms) {
   std::vector<WorkerEntry*> out;
-  // Two leases without a message: until the first runs out, CheckNodeIsFree refuses a new run of
-  // the worker's daemon (a host rebooted while the coordinator was down) that is retrying its
-  // registration every few seconds; the second lets that run get in before anything is forgotten.
+  // Two leases without a message (after a restart counted from the restart): a live daemon, or a
+  // new run of it (a host rebooted while the coordinator was down, which CheckNodeIsFree refuses
+  // for the first lease at most, while the stored run holds work), retries its registration every
+  // few seconds and is back before anything is forgotten.
   const int64_t quiet_ms = 2 * lease_timeout_ms_;
   for (auto& [id, worker] : workers_) {
     if (worker.info.state() == v1::WORKER_STATE_READY || worker.session != nullptr ||
@@ -395,12 +413,26 @@ NodeCapacity AllSlotsOf(const std::string& id, const WorkerEntry& worker) {
 
 }  // namespace
 
-std::vector<NodeCapacity> WorkerRegistry::Capacity() const {
+std::vector<NodeCapacity> WorkerRegistry::Capacity(int64_t now_ms) const {
   std::vector<NodeCapacity> nodes;
   for (const auto& [id, worker] : workers_) {
-    // A worker whose daemon said Goodbye is stopping its ranks: nothing new goes there.
-    if (worker.info.state() != v1::WORKER_STATE_READY || worker.session == nullptr ||
-        !worker.leaving.empty()) {
+    // A worker whose daemon said Goodbye is stopping its ranks: nothing new goes there, and it
+    // holds nothing for the jobs that wait.
+    if (!worker.leaving.empty()) continue;
+    const bool ready = worker.info.state() == v1::WORKER_STATE_READY && worker.session != nullptr;
+    if (!ready) {
+      // Away for less than a lease since its session ended (a blip, or a restart of the
+      // coordinator): it may be back in a moment, so a gang waiting for its slots keeps them from
+      // smaller jobs meanwhile. Counted from the session's end, not its last message: a daemon
+      // that registers again and again but never says hello renews its lease, never this.
+      const bool away_for_now = worker.session == nullptr && !worker.lease_expired &&
+                                worker.away_since_ms > 0 &&
+                                now_ms - worker.away_since_ms <= lease_timeout_ms_;
+      if (away_for_now) {
+        NodeCapacity away = AllSlotsOf(id, worker);
+        away.away = true;
+        nodes.push_back(std::move(away));
+      }
       continue;
     }
     NodeCapacity node = AllSlotsOf(id, worker);

@@ -78,10 +78,12 @@ std::vector<NodeCapacity> SlotsFor(const std::vector<NodeCapacity>& nodes, int64
   });
 }
 
-// Slots of one kind on the nodes, busy or free: in all, and the most on one node.
+// Slots of one kind on the nodes, busy or free: in all, and the most on one node; `away`: how
+// many of them are on workers away for now (they may reconnect).
 struct KindCapacity {
   int64_t total = 0;
   int64_t largest = 0;
+  int64_t away = 0;
 };
 
 KindCapacity CapacityOf(const std::string& kind, const std::vector<NodeCapacity>& nodes) {
@@ -90,8 +92,16 @@ KindCapacity CapacityOf(const std::string& kind, const std::vector<NodeCapacity>
     if (node.slot_kind != kind) continue;
     c.total += node.slots;
     c.largest = std::max<int64_t>(c.largest, node.slots);
+    if (node.away) c.away += node.slots;
   }
   return c;
+}
+
+// "READY cpu workers", and those away for now when they count.
+std::string WorkersText(const std::string& kind, const KindCapacity& capacity) {
+  return capacity.away > 0 ? absl::StrCat("READY ", kind, " workers and those reconnecting (",
+                                          capacity.away, " slots LOST for less than their lease)")
+                           : absl::StrCat("READY ", kind, " workers");
 }
 
 // What the jobs that did not fit hold back from the jobs after them, per backend: every slot (a
@@ -140,7 +150,9 @@ std::optional<std::vector<RankSlot>> PackGang(int32_t world_size, const std::str
   if (world_size <= 0) return std::nullopt;
   std::vector<Candidate> candidates;
   for (const NodeCapacity& node : nodes) {
-    if (node.slot_kind == slot_kind && !node.free_slots.empty()) candidates.push_back({&node});
+    if (node.slot_kind == slot_kind && !node.away && !node.free_slots.empty()) {
+      candidates.push_back({&node});
+    }
   }
   std::vector<std::pair<const NodeCapacity*, int32_t>> take;
   std::vector<RankSlot> ranks;
@@ -204,16 +216,18 @@ SchedulePlan PlanSchedule(std::vector<QueuedJob> queue, std::vector<NodeCapacity
           {job.job_id,
            absl::StrCat("needs ", job.world_size, " ", slots_text,
                         " on one node (the cuda engine's EP group is one NVLink domain) but the "
-                        "largest READY ",
-                        job.backend, " worker has ", capacity.largest,
-                        "; waiting for a larger worker")});
+                        "largest ",
+                        capacity.away > 0
+                            ? absl::StrCat("of the ", WorkersText(job.backend, capacity))
+                            : absl::StrCat("READY ", job.backend, " worker"),
+                        " has ", capacity.largest, "; waiting for a larger worker")});
       continue;
     }
     if (job.world_size > capacity.total) {
       plan.waiting.push_back(
-          {job.job_id,
-           absl::StrCat("needs ", job.world_size, " ", slots_text, " but the READY ", job.backend,
-                        " workers have ", capacity.total, " in total; waiting for more workers")});
+          {job.job_id, absl::StrCat("needs ", job.world_size, " ", slots_text, " but the ",
+                                    WorkersText(job.backend, capacity), " have ", capacity.total,
+                                    " in total; waiting for more workers")});
       continue;
     }
     Holdback& hold = held[job.backend];
@@ -237,7 +251,7 @@ SchedulePlan PlanSchedule(std::vector<QueuedJob> queue, std::vector<NodeCapacity
     if (!ranks.has_value()) {
       int64_t free = 0, most_on_one = 0;
       for (const NodeCapacity& node : open) {
-        if (node.slot_kind != job.backend) continue;
+        if (node.slot_kind != job.backend || node.away) continue;
         free += static_cast<int64_t>(node.free_slots.size());
         most_on_one = std::max<int64_t>(most_on_one, static_cast<int64_t>(node.free_slots.size()));
       }
@@ -246,6 +260,10 @@ SchedulePlan PlanSchedule(std::vector<QueuedJob> queue, std::vector<NodeCapacity
               ? absl::StrCat("needs ", job.world_size, " ", slots_text, " on one node; at most ",
                              most_on_one, " free on one now")
               : absl::StrCat("needs ", job.world_size, " ", slots_text, "; ", free, " free now");
+      if (capacity.away > 0) {
+        absl::StrAppend(&reason, "; ", capacity.away,
+                        " slots on workers reconnecting (LOST for less than their lease)");
+      }
       if (!hold.larger.empty()) absl::StrAppend(&reason, hold.HeldFor());
       plan.waiting.push_back({job.job_id, std::move(reason)});
       // It holds back what it may use from the jobs behind it.

@@ -16,6 +16,10 @@
 //   separate pools and do not block each other.
 // - A job larger than every READY slot of its kind together cannot fit until workers join; it
 //   waits with a reason but does not block the queue (it would otherwise block it forever).
+// - A worker away for now (its session ended less than a lease ago, it may reconnect:
+//   NodeCapacity::away, as WorkerRegistry::Capacity decides) counts as READY with every slot busy:
+//   a gang that needs it waits and holds back the jobs behind it, so they do not backfill the
+//   slots it waits for while the worker reconnects. Nothing is placed on it.
 // - A cuda job that ran out of memory on a GPU of some size (QueuedJob.needs_device_memory_above)
 //   goes only on slots whose GPU has more; the rules above then count only those slots. Slots of
 //   unknown memory (a worker that predates reporting it) do not qualify. Such a job that does not
@@ -30,7 +34,7 @@
 
 namespace dropless::coordinator {
 
-// A READY worker as the scheduler sees it.
+// A READY worker as the scheduler sees it, or one away for now (`away`).
 struct NodeCapacity {
   std::string worker_id;
   std::string node;
@@ -42,6 +46,9 @@ struct NodeCapacity {
   int32_t slot_index_end = -1;
   // By slot index (cuda): the GPU's total memory in bytes; 0 or missing: unknown.
   std::vector<int64_t> device_memory_bytes;
+  // Away for now (its session ended less than a lease ago; it may reconnect): its slots count
+  // toward what a gang waits for, none is free (free_slots is empty).
+  bool away = false;
 };
 
 // A PENDING job waiting for placement.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "common/host_port.h"
+#include "common/job_spec.h"
 #include "common/status_context.h"
 
 namespace dropless::coordinator {
@@ -107,6 +108,8 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
       s = Read(value, key, &base.max_server_threads);
     } else if (key == "max_unfinished_jobs_per_user") {
       s = Read(value, key, &base.max_unfinished_jobs_per_user);
+    } else if (key == "max_user_priority") {
+      s = Read(value, key, &base.max_user_priority);
     } else if (key == "job_retention") {
       s = ReadDuration(value, key, &base.job_retention);
     } else if (key == "lost_worker_expiry") {
@@ -118,8 +121,8 @@ absl::StatusOr<CoordinatorConfig> ApplyConfigYaml(const std::string& yaml,
           "heartbeat_interval_ms, lease_timeout_ms, max_message_bytes, hang_step_multiple, "
           "hang_min_stall_ms, hang_first_step_ms, insecure, tls_cert, tls_key, worker_ca, "
           "tokens_file, submit_rate_per_second, submit_burst, max_streams_per_user, "
-          "max_streams, max_server_threads, max_unfinished_jobs_per_user, job_retention, "
-          "lost_worker_expiry)"));
+          "max_streams, max_server_threads, max_unfinished_jobs_per_user, max_user_priority, "
+          "job_retention, lost_worker_expiry)"));
     }
     if (!s.ok()) return s;
   }
@@ -204,6 +207,12 @@ absl::Status ValidateConfig(const CoordinatorConfig& config) {
   if (config.max_unfinished_jobs_per_user < 0) {
     return absl::InvalidArgumentError(
         "max_unfinished_jobs_per_user: must not be negative (0: no limit)");
+  }
+  if (config.max_user_priority < 0 || config.max_user_priority > kMaxJobPriority) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max_user_priority (--max-user-priority): must be 0..%d, the spec's priority range "
+        "(%d: no limit; got %d)",
+        kMaxJobPriority, kMaxJobPriority, config.max_user_priority));
   }
   if (config.job_retention != absl::ZeroDuration() && config.job_retention < kMinJobRetention) {
     return absl::InvalidArgumentError(absl::StrCat(

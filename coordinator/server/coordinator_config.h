@@ -52,6 +52,10 @@ struct CoordinatorConfig {
   int max_server_threads = 1024;
   // Unfinished (pending, scheduled, running) jobs per authenticated user; 0: no limit.
   int64_t max_unfinished_jobs_per_user = 1000;
+  // The highest priority a job submitted by a user below role admin may have (the spec's or the
+  // submit's override; higher runs first): without it anyone could put their jobs before every
+  // other user's. 0..kMaxJobPriority (common/job_spec.h; at that maximum, no limit).
+  int32_t max_user_priority = 100;
   // Finished jobs (with their events, logs and step metrics) are deleted from the store this long
   // after they ended; 0 keeps them for good; otherwise at least kMinJobRetention. A duration:
   // "720h", "90m", "0". In YAML a string.

@@ -97,7 +97,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     LogInfo(absl::StrCat("TLS on every listener; ", tokens->size(), " user token(s) from ",
                          config.tokens_file, "; workers need a certificate from ",
                          config.worker_ca, "; at most ", config.submit_rate_per_second,
-                         " submissions per second per token (burst ", config.submit_burst, ")"));
+                         " submissions per second per token (burst ", config.submit_burst,
+                         "); priorities above ", config.max_user_priority, " need role admin"));
     server->authorizer_ = std::make_shared<CallAuthorizer>(
         std::make_shared<const UserTokens>(*std::move(tokens)),
         std::make_shared<SubmitRateLimiter>(config.submit_rate_per_second, config.submit_burst));
@@ -138,7 +139,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       std::make_unique<StreamLimiter>(config.max_streams_per_user, config.max_streams);
   server->job_service_ = std::make_unique<JobServiceImpl>(
       server->coordinator_.get(), server->authorizer_ ? server->authorizer_->tokens() : nullptr,
-      server->streams_.get());
+      server->streams_.get(), config.max_user_priority);
   server->worker_service_ = std::make_unique<WorkerServiceImpl>(server->coordinator_.get());
   server->rendezvous_service_ =
       std::make_unique<RendezvousServiceImpl>(server->coordinator_.get());

@@ -1,5 +1,6 @@
 #include "coordinator/service/job_service.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -16,8 +17,25 @@
 namespace dropless::coordinator {
 namespace {
 
-// How often a blocked stream looks at its RPC's cancellation.
+// How often a blocked stream looks at its RPC's cancellation (and its caller's token).
 constexpr absl::Duration kPollInterval = absl::Milliseconds(200);
+
+// A stream outlives the checks at its call's start: it ends UNAUTHENTICATED once its caller's
+// token has expired (else a stream opened with a token that then expires would go on for good).
+grpc::Status StreamTokenStatus(const Caller& caller) {
+  absl::Status s = CheckTokenUnexpired(caller.user, caller.token_expires, absl::Now());
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      absl::StrCat(s.message(), ": the stream ends; open it again with a valid "
+                                                "token"));
+}
+
+// How long a stream waits for its next item: kPollInterval, or less when the caller's token
+// expires sooner (so the stream ends at the expiry, not up to a poll later).
+absl::Duration StreamWait(const Caller& caller) {
+  return std::max(absl::ZeroDuration(),
+                  std::min(kPollInterval, caller.token_expires - absl::Now()));
+}
 
 // The oldest time_ms of the stored lines a GetLogs request asks for (`since`; 0: any age).
 absl::StatusOr<int64_t> OldestStoredLineMs(const v1::GetLogsRequest& request) {
@@ -29,9 +47,7 @@ absl::StatusOr<int64_t> OldestStoredLineMs(const v1::GetLogsRequest& request) {
 
 }  // namespace
 
-absl::Status JobServiceImpl::CheckAccess(const grpc::ServerContext& context,
-                                         const std::string& job_id) {
-  const Caller caller = CallerOf(context, tokens_);
+absl::Status JobServiceImpl::CheckAccess(const Caller& caller, const std::string& job_id) {
   if (caller.role != Role::kSubmitter) return absl::OkStatus();
   absl::StatusOr<v1::Job> job = coordinator_->GetJob(job_id);
   if (!job.ok()) return job.status();
@@ -40,7 +56,12 @@ absl::Status JobServiceImpl::CheckAccess(const grpc::ServerContext& context,
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* request, v1::Job* response) {
-  absl::StatusOr<v1::Job> job = coordinator_->SubmitJob(*request, CallerOf(*context, tokens_).user);
+  const Caller caller = CallerOf(*context, tokens_);
+  // The coordinator checks the job's final priority against the limit, after the request_id
+  // lookup (a retry of an accepted submit gets its job).
+  const std::optional<int32_t> max_priority =
+      caller.role == Role::kAdmin ? std::nullopt : std::optional<int32_t>(max_user_priority_);
+  absl::StatusOr<v1::Job> job = coordinator_->SubmitJob(*request, caller.user, max_priority);
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response = std::move(*job);
   return grpc::Status::OK;
@@ -74,7 +95,9 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                                        const v1::CancelJobRequest* request, v1::Job* response) {
-  if (absl::Status s = CheckAccess(*context, request->id()); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = CheckAccess(CallerOf(*context, tokens_), request->id()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   absl::StatusOr<v1::Job> job = coordinator_->CancelJob(request->id(), request->reason());
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response = std::move(*job);
@@ -84,8 +107,9 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::JobUpdate>* writer) {
-  if (absl::Status s = CheckAccess(*context, request->id()); !s.ok()) return ToGrpcStatus(s);
-  absl::StatusOr<StreamLimiter::Slot> slot = streams_->Acquire(CallerOf(*context, tokens_).user);
+  const Caller caller = CallerOf(*context, tokens_);
+  if (absl::Status s = CheckAccess(caller, request->id()); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<StreamLimiter::Slot> slot = streams_->Acquire(caller.user);
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   absl::StatusOr<JobWatch> watch = coordinator_->WatchJob(request->id());
   if (!watch.ok()) return ToGrpcStatus(watch.status());
@@ -94,7 +118,9 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
   bool finished = IsTerminal(watch->snapshot.state());
   bool open = writer->Write(first);
   const auto& updates = watch->updates;
+  grpc::Status token = grpc::Status::OK;
   while (open && !finished && updates != nullptr && !context->IsCancelled()) {
+    if (!(token = StreamTokenStatus(caller)).ok()) break;
     if (updates->TakeOverflow()) {
       // This reader fell behind and updates were dropped: resynchronize with a snapshot.
       absl::StatusOr<v1::Job> now = coordinator_->GetJob(request->id());
@@ -107,7 +133,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
       }
     }
     v1::JobUpdate update;
-    Mailbox<v1::JobUpdate>::Result result = updates->Pop(kPollInterval, &update);
+    Mailbox<v1::JobUpdate>::Result result = updates->Pop(StreamWait(caller), &update);
     if (result == Mailbox<v1::JobUpdate>::Result::kTimeout) continue;
     if (result == Mailbox<v1::JobUpdate>::Result::kClosed) {
       if (coordinator_->ShuttingDown()) break;
@@ -125,6 +151,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
     open = writer->Write(update);
   }
   if (updates != nullptr) coordinator_->EndWatch(request->id(), updates);
+  if (!token.ok()) return token;
   if (!finished && coordinator_->ShuttingDown()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator is shutting down");
   }
@@ -142,7 +169,7 @@ grpc::Status JobServiceImpl::ListEvents(grpc::ServerContext* context,
                                      " (role submitter) may list the events of their own jobs "
                                      "only; the cluster's events (no job_id) need role viewer"));
   }
-  if (absl::Status s = CheckAccess(*context, request->job_id()); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = CheckAccess(caller, request->job_id()); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<std::vector<v1::Event>> events =
       coordinator_->ListEvents(request->job_id(), request->limit());
   if (!events.ok()) return ToGrpcStatus(events.status());
@@ -153,7 +180,9 @@ grpc::Status JobServiceImpl::ListEvents(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::ListStepMetrics(grpc::ServerContext* context,
                                              const v1::ListStepMetricsRequest* request,
                                              v1::ListStepMetricsResponse* response) {
-  if (absl::Status s = CheckAccess(*context, request->job_id()); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = CheckAccess(CallerOf(*context, tokens_), request->job_id()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   std::optional<int32_t> rank;
   if (request->has_rank()) rank = request->rank();
   absl::StatusOr<std::vector<v1::StepMetrics>> metrics =
@@ -166,14 +195,15 @@ grpc::Status JobServiceImpl::ListStepMetrics(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
                                      const v1::GetLogsRequest* request,
                                      grpc::ServerWriter<v1::LogLine>* writer) {
-  if (absl::Status s = CheckAccess(*context, request->job_id()); !s.ok()) return ToGrpcStatus(s);
+  const Caller caller = CallerOf(*context, tokens_);
+  if (absl::Status s = CheckAccess(caller, request->job_id()); !s.ok()) return ToGrpcStatus(s);
   std::optional<int32_t> rank;
   if (request->has_rank()) rank = request->rank();
   absl::StatusOr<int64_t> oldest_ms = OldestStoredLineMs(*request);
   if (!oldest_ms.ok()) return ToGrpcStatus(oldest_ms.status());
   // Every GetLogs holds a slot until it ends: one without follow also holds a server thread for
   // as long as its backlog takes to send.
-  absl::StatusOr<StreamLimiter::Slot> slot = streams_->Acquire(CallerOf(*context, tokens_).user);
+  absl::StatusOr<StreamLimiter::Slot> slot = streams_->Acquire(caller.user);
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   // The store finds the stored lines asked for (the last tail_lines of those since the oldest).
   absl::StatusOr<LogStream> stream =
@@ -185,9 +215,11 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
   context->AddInitialMetadata(kLogStreamOpenMetadata, "1");
   writer->SendInitialMetadata();
   bool open = true;
+  grpc::Status token = grpc::Status::OK;
   // A page at a time, each sent before the next is read: one page in memory, the lock free while
   // a slow reader takes it.
   while (open && !stream->backlog_done && !context->IsCancelled()) {
+    if (!(token = StreamTokenStatus(caller)).ok()) break;
     absl::StatusOr<std::vector<v1::LogLine>> page = coordinator_->NextLogPage(&*stream);
     if (!page.ok()) {
       if (stream->live != nullptr) coordinator_->EndLogs(request->job_id(), stream->live);
@@ -199,7 +231,8 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
   }
   const auto& live = stream->live;
   bool ended = live == nullptr;
-  while (open && live != nullptr && !context->IsCancelled()) {
+  while (open && token.ok() && live != nullptr && !context->IsCancelled()) {
+    if (!(token = StreamTokenStatus(caller)).ok()) break;
     if (live->TakeOverflow()) {
       v1::LogLine note;
       note.set_job_id(request->job_id());
@@ -207,7 +240,7 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
       open = writer->Write(note);
     }
     v1::LogLine line;
-    Mailbox<v1::LogLine>::Result result = live->Pop(kPollInterval, &line);
+    Mailbox<v1::LogLine>::Result result = live->Pop(StreamWait(caller), &line);
     if (result == Mailbox<v1::LogLine>::Result::kTimeout) continue;
     if (result == Mailbox<v1::LogLine>::Result::kClosed) {
       ended = !coordinator_->ShuttingDown();
@@ -216,6 +249,7 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* context,
     open = writer->Write(line);
   }
   if (live != nullptr) coordinator_->EndLogs(request->job_id(), live);
+  if (!token.ok()) return token;
   if (!ended && open && coordinator_->ShuttingDown()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator is shutting down");
   }

@@ -1,5 +1,5 @@
 // WorkerService over the Coordinator: registration and the long-lived session stream
-// (docs/architecture.md, "Worker session protocol").
+// (docs/worker_session.md).
 #ifndef DROPLESS_COORDINATOR_SERVICE_WORKER_SERVICE_H_
 #define DROPLESS_COORDINATOR_SERVICE_WORKER_SERVICE_H_
 

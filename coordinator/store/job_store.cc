@@ -1,4 +1,5 @@
 #include "coordinator/store/job_store.h"
+#include "coordinator/store/job_not_found.h"
 #include "coordinator/store/proto_rows.h"
 
 #include <utility>
@@ -417,7 +418,7 @@ absl::StatusOr<JobRecord> JobStore::GetJobRecord(absl::string_view id) {
   st->Bind(1, id);
   absl::StatusOr<bool> row = st->Step();
   if (!row.ok()) return row.status();
-  if (!*row) return absl::NotFoundError(absl::StrCat("job \"", id, "\" not found"));
+  if (!*row) return JobNotFoundError(id);
   JobRecord record;
   if (absl::Status s = ReadJobRow(*st, &record); !s.ok()) return s;
   return record;

@@ -1,5 +1,7 @@
 // The real `dropless` binary against the real `dropless-coordinator` on loopback with TLS and
 // bearer tokens from scripts/dev-certs, as a cluster runs it: `get jobs --owner` for each role.
+#include <sys/stat.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -171,6 +173,33 @@ TEST(TlsFilesTest, MismatchedOrWrongPemFilesFailAtStartNamingTheFile) {
   EXPECT_THAT(worker.err,
               HasSubstr("TLS key " + certs + "/workers/node-a.pem: holds no PEM private key"))
       << worker.err;
+}
+
+// What a submitter learns of another user's job through the CLI: nothing, it answers as a job
+// that does not exist (exit 3, the coordinator's words); and a token file others may read is not
+// sent (exit 2, naming the file, its mode and the fix).
+TEST_F(SecureCliTest, AnotherUsersJobIsNotFoundAndAnOpenTokenFileIsRefused) {
+  const std::string alices = Submit("alice");
+  ASSERT_FALSE(alices.empty());
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"get", "job", alices}, {"describe", "job", alices},
+        {"cancel", alices}}) {
+    CommandResult r = Cli("bob", args);
+    EXPECT_EQ(r.exit_code, 3) << args[0] << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr("job \"" + alices + "\" not found")) << args[0];
+    EXPECT_THAT(r.err, ::testing::Not(HasSubstr("alice"))) << args[0];
+  }
+  const std::string token = certs_ + "/tokens/bob.token";
+  ASSERT_EQ(chmod(token.c_str(), 0644), 0);
+  CommandResult refused = Cli("bob", {"get", "jobs"});
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_THAT(refused.err,
+              HasSubstr("--token-file " + token +
+                        ": mode 0644 gives others than its owner access (group read, others "
+                        "read); a file of bearer tokens must be readable by its owner only: "
+                        "chmod 600 " + token));
+  ASSERT_EQ(chmod(token.c_str(), 0600), 0);
+  EXPECT_EQ(Cli("bob", {"get", "jobs"}).exit_code, 0);
 }
 
 }  // namespace

@@ -10,8 +10,10 @@ accept and serve on. For every container of base and every overlay (rendered wit
   - the worker's --coordinator names the coordinator Service's worker-grpc port (its grpc port
     when the coordinator has no --worker-listen);
   - the binary really starts with those arguments (ports moved to free loopback ports, mount paths to
-    temporary folders, the Secrets' files made by scripts/dev-certs, $(VARS) expanded as the kubelet
-    would): the coordinator serves its API (TLS, tokens) and
+    temporary folders, the Secrets' files made by scripts/dev-certs with the modes the kubelet gives
+    them (defaultMode, plus group read under an fsGroup), an init container's `install` of a file
+    done likewise, $(VARS) expanded as the kubelet would): the coordinator serves its API (TLS,
+    tokens; it refuses a tokens file others may read) and
     /metrics and answers its grpc probes' health checks SERVING, and the worker registers with it as
     READY and serves /metrics.
 
@@ -107,24 +109,62 @@ def check_static(where, obj, c, flags, objects):
 
 
 def provision_secrets(tmp, source_dir):
-    """The files the manifests mount from Secrets, made by scripts/dev-certs, in the folders that
-    relocate() maps the Secret volumes to (their volume names). Returns the CLI's flags."""
+    """The Secrets' files, made by scripts/dev-certs in tmp/dev-certs. Returns the CLI's flags."""
     certs = os.path.join(tmp, "dev-certs")
     subprocess.run(["bash", os.path.join(source_dir, "scripts", "dev-certs"), certs,
                     FIELD_VALUES["spec.nodeName"]], check=True, capture_output=True, timeout=60)
-    node = FIELD_VALUES["spec.nodeName"]
-    files = {
-        "coordinator-tls": {"tls.crt": "coordinator.pem", "tls.key": "coordinator.key", "ca.crt": "ca.pem"},
-        "tokens": {"tokens.yaml": "tokens.yaml"},
-        "worker-tls": {"ca.crt": "ca.pem", node + ".crt": "workers/%s.pem" % node,
-                       node + ".key": "workers/%s.key" % node},
-    }
-    for volume, names in files.items():
-        os.makedirs(os.path.join(tmp, volume), exist_ok=True)
-        for name, source in names.items():
-            shutil.copyfile(os.path.join(certs, source), os.path.join(tmp, volume, name))
     return ["--tls-ca", os.path.join(certs, "ca.pem"),
             "--token-file", os.path.join(certs, "tokens", "admin.token")]
+
+
+def install_file(source, target, mode):
+    """Copies source to target with mode, as `install -m MODE` does: a target left read-only by an
+    earlier container of the run is replaced."""
+    if os.path.exists(target):
+        os.chmod(target, 0o600)
+    shutil.copyfile(source, target)
+    os.chmod(target, mode)
+
+
+def mount_secrets(pod, tmp):
+    """The pod's Secret volumes as the kubelet writes them, in the folders relocate() maps them to
+    (their volume names): the files of provision_secrets() with the volume's defaultMode (0644
+    when unset), plus group read when the pod has an fsGroup (the kubelet adds it whatever the
+    mode, kubernetes/kubernetes#57923)."""
+    certs = os.path.join(tmp, "dev-certs")
+    node = FIELD_VALUES["spec.nodeName"]
+    files = {
+        "dropless-coordinator-tls": {"tls.crt": "coordinator.pem", "tls.key": "coordinator.key",
+                                     "ca.crt": "ca.pem"},
+        "dropless-tokens": {"tokens.yaml": "tokens.yaml"},
+        "dropless-worker-tls": {"ca.crt": "ca.pem", node + ".crt": "workers/%s.pem" % node,
+                                node + ".key": "workers/%s.key" % node},
+    }
+    fs_group = pod.get("securityContext", {}).get("fsGroup") is not None
+    for volume in pod.get("volumes", []):
+        secret = volume.get("secret")
+        if secret is None or secret.get("secretName") not in files:
+            continue
+        mode = secret.get("defaultMode", 0o644) | (0o440 if fs_group else 0)
+        folder = os.path.join(tmp, volume["name"])
+        os.makedirs(folder, exist_ok=True)
+        for name, source in files[secret["secretName"]].items():
+            install_file(os.path.join(certs, source), os.path.join(folder, name), mode)
+
+
+def run_install(where, c, tmp):
+    """An init container that runs `install -m MODE SRC DST` (the coordinator's copy of its tokens
+    file): the same copy, between the folders its mounts are relocated to."""
+    command = c.get("command", [])
+    if len(command) != 5 or command[1] != "-m":
+        fail(where, "only `install -m MODE SRC DST` init containers are understood: %s" % command)
+        return
+    paths = relocate({"src": command[3], "dst": command[4]}, c.get("volumeMounts", []), tmp, {})
+    for name, path in paths.items():
+        if path == command[3 if name == "src" else 4]:
+            fail(where, "%s %s is on no volume mount" % (name, path))
+            return
+    install_file(paths["src"], paths["dst"], int(command[2], 8))
 
 
 def relocate(flags, mounts, tmp, ports):
@@ -232,8 +272,13 @@ def main():
             state = {"procs": cluster.Processes(tmp),
                      "cli_security": provision_secrets(tmp, args.source_dir)}
             try:
-                for obj, _, c in workloads:
+                for obj, pod, c in workloads:
                     where = "%s %s/%s" % (name, obj["kind"], obj["metadata"]["name"])
+                    mount_secrets(pod, tmp)
+                    if (c.get("command") or [""])[0] == "install":
+                        run_install("%s init container %s" % (where, c["name"]), c, tmp)
+                        checked += 1
+                        continue
                     image = c["image"].rsplit(":", 1)[0]
                     command = c.get("command") or entrypoints.get(image)
                     if not command:

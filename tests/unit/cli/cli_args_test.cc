@@ -1,5 +1,6 @@
 // The CLI's global settings (cli/args.h): duration flags, and the connection settings: the token's
 // precedence, nothing read before a client is made, errors naming where a bad value came from.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cli/args.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -56,9 +58,12 @@ absl::StatusOr<GlobalOptions> Options(const std::vector<std::string>& args,
 
 class CredentialsTest : public ::testing::Test {
  protected:
-  std::string WriteFile(const std::string& name, const std::string& text) {
+  // A token file as it should be, readable by its owner only (or of `mode`).
+  std::string WriteFile(const std::string& name, const std::string& text, mode_t mode = 0600) {
     const std::string path = ::testing::TempDir() + "/" + name;
+    unlink(path.c_str());  // a 0400 one of an earlier run could not be written again
     std::ofstream(path, std::ios::binary) << text;
+    EXPECT_EQ(chmod(path.c_str(), mode), 0) << path;
     return path;
   }
 };
@@ -151,6 +156,62 @@ TEST_F(CredentialsTest, FilesAreReadOnlyForAClientAndErrorsNameTheirSource) {
   options = Options({}, {{"DROPLESS_INSECURE", "1"}, {"DROPLESS_TOKEN_FILE", "/nonexistent"}});
   ASSERT_TRUE(options.ok());
   EXPECT_TRUE(ReadChannelCredentials(*options).ok());
+}
+
+// As ssh with a private key: a token file its group or others may read or write is refused
+// (the token is not sent), naming where the file came from, its mode and the fix; the mode is the
+// link's target's.
+TEST_F(CredentialsTest, ATokenFileOthersMayReadIsRefused) {
+  const std::string open = WriteFile("open.token", "t0ken\n", 0644);
+  absl::StatusOr<GlobalOptions> options = Options({}, {{"DROPLESS_TOKEN_FILE", open}});
+  ASSERT_TRUE(options.ok());
+  absl::StatusOr<std::string> token = ReadBearerToken(*options);
+  EXPECT_EQ(token.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(MessageOf(token.status()),
+            "$DROPLESS_TOKEN_FILE " + open +
+                ": mode 0644 gives others than its owner access (group read, others read); a "
+                "file of bearer tokens must be readable by its owner only: chmod 600 " + open);
+  const std::string group = WriteFile("group.token", "t0ken\n", 0660);
+  options = Options({"--token-file", group}, NoEnvironment());
+  ASSERT_TRUE(options.ok());
+  auto credentials = ReadChannelCredentials(*options);
+  ASSERT_FALSE(credentials.ok());
+  EXPECT_THAT(MessageOf(credentials.status()),
+              StartsWith("--token-file " + group + ": mode 0660 gives others than its owner "
+                         "access (group read, group write)"));
+  const std::string link = ::testing::TempDir() + "/link.token";
+  unlink(link.c_str());
+  ASSERT_EQ(symlink(open.c_str(), link.c_str()), 0);
+  options = Options({"--token-file", link}, NoEnvironment());
+  ASSERT_TRUE(options.ok());
+  EXPECT_THAT(MessageOf(ReadBearerToken(*options).status()), HasSubstr(": mode 0644 gives"));
+  // Owner-only files are read, whichever of 0600 and 0400.
+  for (mode_t mode : {0600, 0400}) {
+    const std::string own = WriteFile(absl::StrCat("own-", mode, ".token"), "t0ken\n", mode);
+    options = Options({"--token-file", own}, NoEnvironment());
+    ASSERT_TRUE(options.ok());
+    absl::StatusOr<std::string> read = ReadBearerToken(*options);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(*read, "t0ken");
+  }
+}
+
+// A token file of another user is not sent, whatever its mode (as ssh with such a key). Only root
+// can give a file away, so this needs root (as the CI runs).
+TEST_F(CredentialsTest, ATokenFileOfAnotherUserIsRefused) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "only root can make a file owned by another user (chown); the CI runs as root";
+  }
+  const std::string theirs = WriteFile("theirs.token", "t0ken\n", 0600);
+  ASSERT_EQ(chown(theirs.c_str(), 65534, 65534), 0);
+  absl::StatusOr<GlobalOptions> options = Options({"--token-file", theirs}, NoEnvironment());
+  ASSERT_TRUE(options.ok());
+  absl::StatusOr<std::string> token = ReadBearerToken(*options);
+  EXPECT_EQ(token.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(MessageOf(token.status()),
+            "--token-file " + theirs +
+                ": owned by uid 65534, neither this process's user (uid 0) nor root; a file of "
+                "bearer tokens must belong to the user who reads it: chown 0 " + theirs);
 }
 
 TEST(GlobalOptionsTest, CoordinatorFromTheFlagElseTheEnvironmentElseLocalhost) {

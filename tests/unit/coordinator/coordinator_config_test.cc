@@ -139,12 +139,35 @@ TEST(CoordinatorConfigTest, LostWorkerExpiryIsZeroOrAtLeastAMinute) {
   }
 }
 
+TEST(CoordinatorConfigTest, MaxUserPriorityIsWithinTheSpecsRange) {
+  EXPECT_EQ(CoordinatorConfig{}.max_user_priority, 100);
+  for (int priority : {0, 250, 1000}) {  // 1000: the spec's maximum, no limit
+    absl::StatusOr<CoordinatorConfig> config = ApplyConfigYaml(
+        absl::StrCat("max_user_priority: ", priority, "\ninsecure: true\n"), CoordinatorConfig{});
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->max_user_priority, priority);
+    EXPECT_TRUE(ValidateConfig(*config).ok()) << priority;
+  }
+  for (int priority : {-1, 1001}) {
+    absl::StatusOr<CoordinatorConfig> config = ApplyConfigYaml(
+        absl::StrCat("max_user_priority: ", priority, "\ninsecure: true\n"), CoordinatorConfig{});
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_THAT(ValidateConfig(*config).message(),
+                HasSubstr(absl::StrCat("max_user_priority (--max-user-priority): must be 0..1000, "
+                                       "the spec's priority range (1000: no limit; got ",
+                                       priority, ")")));
+  }
+  EXPECT_THAT(ApplyConfigYaml("max_user_priority: high\n", {}).status().message(),
+              HasSubstr("max_user_priority: wrong type"));
+}
+
 TEST(CoordinatorConfigTest, ShippedExampleIsValid) {
   absl::StatusOr<CoordinatorConfig> config =
       ApplyConfigFile(DROPLESS_SOURCE_DIR "/configs/coordinator.yaml", CoordinatorConfig{});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_TRUE(ValidateConfig(*config).ok());
   EXPECT_EQ(config->listen, "0.0.0.0:7070");
+  EXPECT_EQ(config->max_user_priority, 100);
 }
 
 TEST(CoordinatorConfigTest, MissingFileIsNamed) {

@@ -24,6 +24,13 @@ NodeCapacity FreeNode(std::string name, std::string kind, int32_t slots) {
   return Node(std::move(name), std::move(kind), slots, std::move(free));
 }
 
+// A worker LOST for less than its lease (it may reconnect): its slots count, none is free.
+NodeCapacity AwayNode(std::string name, std::string kind, int32_t slots) {
+  NodeCapacity node = Node(std::move(name), std::move(kind), slots, {});
+  node.away = true;
+  return node;
+}
+
 QueuedJob Job(std::string id, int32_t priority, int64_t seq, std::string backend, int32_t world) {
   return QueuedJob{std::move(id), priority, seq, std::move(backend), world};
 }
@@ -255,6 +262,39 @@ INSTANTIATE_TEST_SUITE_P(
               "needs 1 cuda slots with more than 80.0 GiB of GPU memory (an attempt ran out of "
               "memory on one that size) on one node; at most 0 free on one now (the larger GPUs "
               "that big waits for are held for it)"}}},
+        // A worker that went LOST a moment ago keeps the gang's hold: the small job does not
+        // take the slot the gang waits for while the worker reconnects. (Before, the gang no
+        // longer fitted the READY workers and stopped blocking: the small job backfilled.)
+        ScheduleCase{"GangWaitingForAWorkerAwayForNowStillBlocks",
+                     {Node("a", "cpu", 4, {2, 3}), AwayNode("b", "cpu", 4)},
+                     {Job("big", 0, 1, "cpu", 6), Job("small", 0, 2, "cpu", 1)},
+                     {},
+                     {{"big", "needs 6 cpu slots; 2 free now; 4 slots on workers reconnecting"},
+                      {"small", "queued behind big"}}},
+        ScheduleCase{"CudaGangWaitingForItsNodeAwayForNowStillBlocks",
+                     {FreeNode("small", "cuda", 2), AwayNode("large", "cuda", 8)},
+                     {Job("big", 0, 1, "cuda", 8), Job("one", 0, 2, "cuda", 1)},
+                     {},
+                     {{"big", "needs 8 cuda slots on one node; at most 2 free on one now"},
+                      {"one", "queued behind big"}}},
+        // Nothing is placed on a worker away for now, even one listing free slots.
+        ScheduleCase{"NothingIsPlacedOnAWorkerAwayForNow",
+                     {[] {
+                       NodeCapacity node = FreeNode("b", "cpu", 2);
+                       node.away = true;
+                       return node;
+                     }()},
+                     {Job("j1", 0, 1, "cpu", 1)},
+                     {},
+                     {{"j1", "needs 1 cpu slots; 0 free now; 2 slots on workers reconnecting"}}},
+        // Away workers do not make a job that could never fit block the queue.
+        ScheduleCase{"NeverFitsWithAwayWorkersWaitsWithoutBlocking",
+                     {FreeNode("a", "cpu", 2), AwayNode("b", "cpu", 2)},
+                     {Job("huge", 0, 1, "cpu", 16), Job("small", 0, 2, "cpu", 2)},
+                     {"small=a:0,a:1"},
+                     {{"huge", "needs 16 cpu slots but the READY cpu workers and those "
+                               "reconnecting (2 slots LOST for less than their lease) have 4 in "
+                               "total"}}},
         ScheduleCase{
             "SuccessiveJobsShareCapacity",
             {FreeNode("a", "cpu", 4)},

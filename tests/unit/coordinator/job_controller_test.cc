@@ -146,7 +146,7 @@ TEST_F(JobControllerTest, PlacesOntoFreeSlotsAndTellsTheWorkerOnceStored) {
   EXPECT_EQ(assignment.assignment().job_id(), id);
   EXPECT_EQ(assignment.assignment().ranks_size(), 2);
   EXPECT_FALSE(assignment.assignment().rendezvous_secret().empty());
-  EXPECT_TRUE(registry_.Capacity()[0].free_slots.empty());
+  EXPECT_TRUE(registry_.Capacity(0)[0].free_slots.empty());
   EXPECT_TRUE(controller_->CheckJobRank(id, 1).ok());
   EXPECT_THAT(controller_->CheckJobRank(id, 2).message(), HasSubstr("has ranks 0..1 (got 2)"));
   EXPECT_EQ(controller_->CheckJobRank("job-999999", std::nullopt).code(),

@@ -4,6 +4,13 @@
 #include "coordinator/auth/submit_rate_limiter.h"
 #include "coordinator/auth/user_tokens.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -11,6 +18,14 @@ namespace dropless::coordinator {
 namespace {
 
 using ::testing::HasSubstr;
+
+// A tokens file of mode `mode` in a folder of its own; "" when it could not be made.
+std::string WriteTokensFile(const std::string& name, mode_t mode) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  unlink(path.c_str());
+  std::ofstream(path) << "tokens:\n  - {token: aaaaaaaaaaaaaaaaaaaa, user: alice, role: admin}\n";
+  return chmod(path.c_str(), mode) == 0 ? path : "";
+}
 
 TEST(UserTokensTest, ReadsUsersRolesAndExpiry) {
   absl::StatusOr<UserTokens> tokens = UserTokens::ParseYaml(R"(
@@ -52,6 +67,97 @@ TEST(UserTokensTest, ErrorsNameTheEntryButNeverTheToken) {
   EXPECT_THAT(error("users: []\n"), HasSubstr("a list `tokens`"));
   EXPECT_EQ(UserTokens::LoadFile("/nonexistent/tokens.yaml").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// As ssh refuses a private key others may read: the coordinator does not start on a tokens file
+// its group or others may read or write, and says which bits and how to fix it.
+TEST(UserTokensTest, LoadFileRefusesAFileOthersMayReadOrWrite) {
+  for (const auto& [mode, who] : {std::pair<mode_t, const char*>{0644, "group read, others read"},
+                                  {0640, "group read"},
+                                  {0620, "group write"},
+                                  {0602, "others write"},
+                                  {0666, "group read, group write, others read, others write"}}) {
+    const std::string path = WriteTokensFile("tokens-refused.yaml", mode);
+    ASSERT_FALSE(path.empty());
+    absl::StatusOr<UserTokens> tokens = UserTokens::LoadFile(path);
+    EXPECT_EQ(tokens.status().code(), absl::StatusCode::kFailedPrecondition) << mode;
+    EXPECT_EQ(std::string(tokens.status().message()),
+              absl::StrCat("tokens file ", path, ": mode 0", absl::StrFormat("%o", mode),
+                           " gives others than its owner access (", who,
+                           "); a file of bearer tokens must be readable by its owner only: "
+                           "chmod 600 ", path));
+  }
+  for (mode_t mode : {0600, 0400, 0700}) {
+    const std::string path = WriteTokensFile("tokens-private.yaml", mode);
+    ASSERT_FALSE(path.empty());
+    absl::StatusOr<UserTokens> tokens = UserTokens::LoadFile(path);
+    EXPECT_TRUE(tokens.ok()) << mode << ": " << tokens.status();
+  }
+}
+
+// A Kubernetes Secret volume's files are symbolic links (tokens.yaml -> ..data/tokens.yaml, the
+// link itself 0777): the mode checked is the target's.
+TEST(UserTokensTest, LoadFileChecksTheModeOfALinksTarget) {
+  const std::string dir = ::testing::TempDir() + "/secret-volume";
+  mkdir(dir.c_str(), 0700);
+  mkdir((dir + "/..data").c_str(), 0700);
+  const std::string link = dir + "/tokens.yaml";
+  for (const auto& [mode, ok] : {std::pair<mode_t, bool>{0400, true}, {0644, false}}) {
+    const std::string target = WriteTokensFile("secret-volume/..data/tokens.yaml", mode);
+    ASSERT_FALSE(target.empty());
+    unlink(link.c_str());
+    ASSERT_EQ(symlink("..data/tokens.yaml", link.c_str()), 0);
+    absl::StatusOr<UserTokens> tokens = UserTokens::LoadFile(link);
+    EXPECT_EQ(tokens.ok(), ok) << mode << ": " << tokens.status();
+    if (!ok) {
+      EXPECT_THAT(tokens.status().message(), HasSubstr(absl::StrCat("tokens file ", link,
+                                                                    ": mode 0644 gives")));
+    }
+  }
+}
+
+// Another user's tokens file (mode 0600 or not) is refused: whoever owns it could have given
+// themselves any role. Only root can give a file away, so this needs root (as the CI runs).
+TEST(UserTokensTest, LoadFileRefusesAFileOfAnotherUser) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "only root can make a file owned by another user (chown); the CI runs as root";
+  }
+  const std::string path = WriteTokensFile("tokens-of-nobody.yaml", 0600);
+  ASSERT_FALSE(path.empty());
+  ASSERT_EQ(chown(path.c_str(), 65534, 65534), 0);
+  absl::StatusOr<UserTokens> tokens = UserTokens::LoadFile(path);
+  EXPECT_EQ(tokens.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(std::string(tokens.status().message()),
+            absl::StrCat("tokens file ", path,
+                         ": owned by uid 65534, neither this process's user (uid 0) nor root; a "
+                         "file of bearer tokens must belong to the user who reads it: chown 0 ",
+                         path));
+}
+
+TEST(UserTokensTest, AnExpiredTokenIsNamedByItsUserAndExpiry) {
+  const absl::Time expires = absl::FromUnixSeconds(1893553445);  // 2030-01-02T03:04:05+00:00
+  EXPECT_TRUE(CheckTokenUnexpired("ops", expires, expires - absl::Seconds(1)).ok());
+  EXPECT_TRUE(CheckTokenUnexpired("ops", absl::InfiniteFuture(), absl::Now()).ok());
+  for (absl::Time now : {expires, expires + absl::Hours(1)}) {
+    absl::Status expired = CheckTokenUnexpired("ops", expires, now);
+    EXPECT_EQ(expired.code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(std::string(expired.message()),
+              "expired bearer token of user ops (expired 2030-01-02T03:04:05+00:00)");
+  }
+}
+
+// Another user's job is answered as one that does not exist: the same code and words as the job
+// store's for an unknown id (the security tests compare both over the wire), never the owner.
+TEST(JobAccessTest, AJobTheCallerMayNotSeeIsNotFound) {
+  const Caller bob{"bob", Role::kSubmitter};
+  for (const char* owner : {"alice", ""}) {  // "": a job made before owners
+    absl::Status refused = CheckJobAccess(bob, "j-000007", owner);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(std::string(refused.message()), "job \"j-000007\" not found");
+  }
+  EXPECT_TRUE(CheckJobAccess(bob, "j-000008", "bob").ok());
+  EXPECT_TRUE(CheckJobAccess(Caller{"vera", Role::kViewer}, "j-000007", "alice").ok());
+  EXPECT_TRUE(CheckJobAccess(Caller{"ops", Role::kAdmin}, "j-000007", "").ok());
 }
 
 TEST(SubmitRateLimiterTest, BurstThenRefillPerCaller) {

@@ -9,33 +9,17 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/coordinator/worker_registry_test_support.h"
 
 namespace dropless::coordinator {
 namespace {
 
+using registry_testing::HelloAs;
+using registry_testing::kLeaseMs;
+using registry_testing::Request;
+using registry_testing::Session;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-constexpr int64_t kLeaseMs = 1000;
-
-v1::RegisterWorkerRequest Request(const std::string& node, int slots) {
-  v1::RegisterWorkerRequest request;
-  request.set_node(node);
-  request.set_slot_kind("cpu");
-  for (int i = 0; i < slots; ++i) request.add_devices("cpu");
-  return request;
-}
-
-v1::Hello HelloAs(const std::string& worker_id, const std::string& boot_id = "boot-1") {
-  v1::Hello hello;
-  hello.set_worker_id(worker_id);
-  hello.set_boot_id(boot_id);
-  return hello;
-}
-
-std::shared_ptr<WorkerSession> Session(const std::string& certified_node = "") {
-  return std::make_shared<WorkerSession>("peer", certified_node, nullptr);
-}
 
 TEST(WorkerRegistryTest, RegistrationIsCheckedAndANodeKeepsItsId) {
   EXPECT_THAT(WorkerRegistry::CheckRegistration(Request("", 1)).message(),
@@ -104,7 +88,7 @@ TEST(WorkerRegistryTest, RestoredReceiptsMakeTheSameBootsResendsHandled) {
 
   // Its session ends: the run keeps the node through its lease (it may reconnect) ...
   EXPECT_EQ(registry.ForgetSession(session), "worker-0003");
-  EXPECT_EQ(registry.Disconnect("worker-0003", session), worker);
+  EXPECT_EQ(registry.Disconnect("worker-0003", session, 250), worker);
   auto next = Session("n3");
   registry.OpenSession(next, 300);
   hello.set_boot_id("boot-b");
@@ -129,17 +113,17 @@ TEST(WorkerRegistryTest, TheLastRegisteredRunSaysHelloAndALeavingRunIsNotSchedul
   auto session_a = Session();
   registry.OpenSession(session_a, 0);
   ASSERT_TRUE(registry.Hello(session_a, HelloAs(id, "run-a"), 0, write).ok());
-  EXPECT_EQ(registry.Capacity().size(), 1u);
+  EXPECT_EQ(registry.Capacity(0).size(), 1u);
   WorkerEntry* worker = registry.Find(id);
   worker->leaving = "the worker daemon got Terminated";
-  EXPECT_TRUE(registry.Capacity().empty());  // stopping its ranks: nothing new goes there
+  EXPECT_TRUE(registry.Capacity(0).empty());  // stopping its ranks: nothing new goes there
 
   v1::RegisterWorkerRequest b = Request("n", 5);
   b.set_boot_id("run-b");
   EXPECT_EQ(registry.Register(b, 10, write, &fresh).status().code(),
             absl::StatusCode::kAlreadyExists);  // run-a still has its session
   EXPECT_EQ(registry.ForgetSession(session_a), id);
-  EXPECT_EQ(registry.Disconnect(id, session_a), worker);
+  EXPECT_EQ(registry.Disconnect(id, session_a, 15), worker);
   ASSERT_TRUE(registry.Register(b, 20, write, &fresh).ok());  // said Goodbye, session over: free
   EXPECT_EQ(worker->info.slots(), 5);
   // run-a comes back and registers again (the node is free: nobody said hello since) ...
@@ -155,7 +139,7 @@ TEST(WorkerRegistryTest, TheLastRegisteredRunSaysHelloAndALeavingRunIsNotSchedul
   registry.OpenSession(session_a2, 50);
   ASSERT_TRUE(registry.Hello(session_a2, HelloAs(id, "run-a"), 50, write).ok());
   EXPECT_TRUE(worker->leaving.empty());  // a new session of the run: it is back
-  EXPECT_EQ(registry.Capacity().size(), 1u);
+  EXPECT_EQ(registry.Capacity(50).size(), 1u);
 }
 
 TEST(WorkerRegistryTest, HelloBindsTheSessionOfTheCertifiedNodeOnly) {
@@ -212,10 +196,10 @@ TEST(WorkerRegistryTest, HelloBindsTheSessionOfTheCertifiedNodeOnly) {
   ASSERT_TRUE(registry.Hello(newer, HelloAs(id), 20, ready).ok());
   EXPECT_EQ((*worker)->session, newer);
   EXPECT_EQ(registry.ForgetSession(own), id);
-  EXPECT_EQ(registry.Disconnect(id, own), nullptr);
+  EXPECT_EQ(registry.Disconnect(id, own, 20), nullptr);
   EXPECT_EQ(registry.SessionWorker(own), nullptr);
   EXPECT_EQ(registry.ForgetSession(newer), id);
-  EXPECT_EQ(registry.Disconnect(id, newer), *worker);
+  EXPECT_EQ(registry.Disconnect(id, newer, 20), *worker);
   EXPECT_EQ((*worker)->session, nullptr);
 }
 
@@ -244,7 +228,7 @@ TEST(WorkerRegistryTest, GpuMemoryIsCheckedKeptAndScheduled) {
   auto session = Session();
   registry.OpenSession(session, 0);
   ASSERT_TRUE(registry.Hello(session, HelloAs(info.id()), 0, write).ok());
-  std::vector<NodeCapacity> capacity = registry.Capacity();
+  std::vector<NodeCapacity> capacity = registry.Capacity(0);
   ASSERT_EQ(capacity.size(), 1u);
   EXPECT_THAT(capacity[0].device_memory_bytes, ElementsAre(int64_t{80} << 30, int64_t{141} << 30));
   // Re-registered without it (an older daemon): unknown again.
@@ -264,7 +248,7 @@ TEST(WorkerRegistryTest, LeasesExpireOnceAndFreeSlotsFeedTheScheduler) {
     ASSERT_TRUE(registry.Hello(session, HelloAs(id), 0, write).ok());
   }
   registry.Find(a)->occupied[1] = RankKey{"job-1", 1, 0};
-  std::vector<NodeCapacity> capacity = registry.Capacity();
+  std::vector<NodeCapacity> capacity = registry.Capacity(0);
   ASSERT_EQ(capacity.size(), 2u);
   EXPECT_THAT(capacity[0].free_slots, ElementsAre(0, 2));
   WorkerRegistry::Counts counts = registry.Count();
@@ -283,7 +267,7 @@ TEST(WorkerRegistryTest, LeasesExpireOnceAndFreeSlotsFeedTheScheduler) {
   registry.MarkLost(*expired[0], "lease expired", lost);
   ASSERT_EQ(lost.events.size(), 1u);
   EXPECT_THAT(lost.events[0].message(), HasSubstr("lease expired"));
-  EXPECT_EQ(registry.Capacity().size(), 1u);
+  EXPECT_EQ(registry.Capacity(2100).size(), 1u);
 }
 
 // --lost-worker-expiry: a worker away longer than the expiry, since it was last heard from, is
@@ -306,7 +290,7 @@ TEST(WorkerRegistryTest, AWorkerAwayLongerThanTheExpiryIsForgotten) {
   // a's session ends at 1000, its last message at 900: away since 900, stored with its row.
   worker_a->last_message_ms = 900;
   registry.ForgetSession(session_a);
-  ASSERT_EQ(registry.Disconnect(a, session_a), worker_a);
+  ASSERT_EQ(registry.Disconnect(a, session_a, 1000), worker_a);
   StoreWrite lost;
   registry.MarkLost(*worker_a, "session ended", lost);
   EXPECT_EQ(worker_a->lost_since_ms, 900);
@@ -354,7 +338,7 @@ TEST(WorkerRegistryTest, AWorkerAwayLongerThanTheExpiryIsForgotten) {
   EXPECT_TRUE(absl::IsNotFound(registry.Hello(session, HelloAs(a), 4'000'000, write).status()))
       << "the old id is unknown";
   ASSERT_TRUE(registry.Hello(session, HelloAs("worker-0003"), 4'000'000, write).ok());
-  EXPECT_EQ(registry.Capacity().size(), 2u);
+  EXPECT_EQ(registry.Capacity(4'000'000).size(), 2u);
 }
 
 // After a restart every worker is LOST until it says Hello. One stored LOST stays away since its
@@ -393,7 +377,7 @@ TEST(WorkerRegistryTest, RestartKeepsHowLongAWorkerHasBeenAway) {
   EXPECT_EQ(write.workers[1].info.id(), "worker-0003");
 
   // worker-0002, away far longer than the expiry: due only once two leases have passed since the
-  // restart (a new run of its daemon, refused until the first runs out, gets in meanwhile).
+  // restart (a live daemon, or a new run of it, gets in meanwhile).
   EXPECT_TRUE(registry.ForgettableWorkers(kRestartMs + kLeaseMs + 1, kExpiryMs).empty());
   EXPECT_TRUE(registry.ForgettableWorkers(kRestartMs + 2 * kLeaseMs, kExpiryMs).empty());
   std::vector<WorkerEntry*> due =

@@ -5,8 +5,8 @@ Operator objects (no schema there) by structure, and checks that the pieces agre
 selectors, named ports, probes, volumes, the ConfigMaps' contents against dashboards/ and the rule
 file, the PrometheusRule's groups against the rule file, the scrape job names the rules assume, the
 NetworkPolicy, and the Dockerfile behind every image. And what a production cluster expects: every
-container with readiness and liveness probes, CPU and memory requests and a memory limit; priority
-classes with the coordinator above the workers above job pods; no hostIPC; the workers' checkpoints
+container with readiness and liveness probes (init containers have none), CPU and memory requests and
+a memory limit; priority classes with the coordinator above the workers above job pods; no hostIPC; the workers' checkpoints
 on a shared (ReadWriteMany) PersistentVolumeClaim.
 
 Usage: check_manifests.py --source-dir DIR --ops-tools DIR
@@ -126,8 +126,9 @@ def check_production(where, name, objects):
             fail(w, "priorityClassName must be %s, got %r" % (workload, pod.get("priorityClassName")))
         if pod.get("hostIPC") or pod.get("hostPID") or pod.get("hostNetwork"):
             fail(w, "hostIPC/hostPID/hostNetwork: no backend needs them (a node's ranks share the pod)")
+        # An init container runs to its end before the others start: it has no probes.
         for probe in ("readinessProbe", "livenessProbe"):
-            if probe not in c:
+            if probe not in c and c not in pod.get("initContainers", []):
                 fail(w, "no %s" % probe)
         resources = c.get("resources", {})
         for key in ("cpu", "memory"):
@@ -177,7 +178,7 @@ def check_workloads(where, objects):
                     port = probe[kind]["port"]
                     if port not in named and port not in named.values():
                         fail(w, "%s port %r is not a container port" % (probe_name, port))
-        if obj["kind"] == "StatefulSet":
+        if obj["kind"] == "StatefulSet" and c not in pod.get("initContainers", []):
             if not spec.get("volumeClaimTemplates"):
                 fail(w, "no volumeClaimTemplates (the database needs a persistent volume)")
             # The kubelet's grpc probes speak plaintext: a TLS API port (--tls-cert) is probed
@@ -265,7 +266,7 @@ def check_gpu_and_cpu(where, name, objects):
 
 def check_images(where, objects, stages, source_dir):
     by_title = {s.title: s for s in stages if s.title}
-    for obj, _, c in manifests.containers(objects):
+    for obj, pod, c in manifests.containers(objects):
         image = c["image"].rsplit(":", 1)[0] if ":" in c["image"].split("/")[-1] else c["image"]
         stage = by_title.get(image)
         w = "%s %s/%s" % (where, obj["kind"], obj["metadata"]["name"])
@@ -275,7 +276,8 @@ def check_images(where, objects, stages, source_dir):
         if not stage.entrypoint:
             fail(w, "%s stage %s has no ENTRYPOINT" % (stage.dockerfile, stage.name))
         ports = {p["containerPort"] for p in c.get("ports", [])}
-        if ports != stage.exposed:
+        # An init container (a copy before the server starts) serves nothing.
+        if ports != stage.exposed and c not in pod.get("initContainers", []):
             fail(w, "container ports %s but %s stage %s EXPOSEs %s"
                  % (sorted(ports), stage.dockerfile, stage.name, sorted(stage.exposed)))
 
