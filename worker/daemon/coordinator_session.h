@@ -1,6 +1,6 @@
-// CoordinatorSession: the worker daemon's link to the coordinator (docs/architecture.md, "Worker
-// session protocol"). Registers, opens the Session stream, says Hello with the ranks still alive,
-// then sends heartbeats at the interval the coordinator gave and drains the outbound queue, while
+// CoordinatorSession: the worker daemon's link to the coordinator (docs/worker_session.md).
+// Registers, opens the Session stream, says Hello with the ranks still alive, then sends
+// heartbeats at the interval the coordinator gave and drains the outbound queue, while
 // Assignments and Cancellations coming down go to the RankManager.
 //
 // When registration or the stream fails (coordinator restart, network blip) it retries with
