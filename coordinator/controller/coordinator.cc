@@ -91,6 +91,14 @@ absl::Status Coordinator::Load() {
       if (worker != nullptr && !RankEnded(rank.state)) {
         worker->occupied[rank.slot] = RankKey{attempt.job_id, attempt.attempt, rank.rank,
                                               rank.state != v1::RANK_STATE_UNSPECIFIED};
+        // The run that holds the work owns the node, whatever the receipt says: a receipt is
+        // written only with a stored log line or metrics message, so a run that got its ranks
+        // before sending one is named by them alone (none, or an earlier run's). It has stored
+        // no queued message, so none of its seqs is handled yet.
+        if (!rank.boot_id.empty() && worker->boot_id != rank.boot_id) {
+          worker->boot_id = rank.boot_id;
+          worker->last_seq = 0;
+        }
       }
     }
     rendezvous_.Open(attempt.job_id, attempt.attempt, attempt.rendezvous_secret);

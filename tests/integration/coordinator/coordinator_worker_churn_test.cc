@@ -96,13 +96,38 @@ TEST(CoordinatorWorkerChurnTest, ANewDaemonRunTakesAnIdleNodeAtOnceAfterARestart
 // its rank goes on. (Before, the first run to say hello after a restart took the node: A was
 // refused and its attempt failed as "a new run of its worker daemon", while its rank process
 // kept running without a session and the retry started on B, both writing the same checkpoints.)
-TEST(CoordinatorWorkerChurnTest, AStoredRunWithWorkKeepsItsNodeAfterARestart) {
+// The receipt (the run of the node's last stored log line or metrics message) may name the run
+// with the work, no run at all, or an earlier run of the node: the ranks' own runs decide.
+enum class Receipt { kOfTheRunWithWork, kNone, kOfAnEarlierRun };
+
+void StoredRunWithWorkKeepsItsNode(Receipt receipt) {
   auto c = CoordinatorUnderTest::Start("", kReconnectLeaseMs);
+  if (receipt == Receipt::kOfAnEarlierRun) {
+    FakeWorker earlier(c->channel(), "node-twice", 1);
+    ASSERT_TRUE(earlier.Join("run-a0").ok());
+    absl::StatusOr<v1::Job> done = SubmitRunning(*c, earlier, TinySpec(1, 1, "earlier"));
+    ASSERT_TRUE(done.ok()) << done.status();
+    StoreReceiptOfRun(earlier, done->id(), 1);
+    ASSERT_TRUE(earlier.ReportRank(done->id(), 1, 0, v1::RANK_STATE_SUCCEEDED).ok());
+    ASSERT_EQ(c->WaitForState(done->id(), v1::JOB_STATE_SUCCEEDED).state(),
+              v1::JOB_STATE_SUCCEEDED);
+    // Its daemon stops (Goodbye) and starts again as run-a, which gets the next job's rank.
+    v1::WorkerMessage bye;
+    bye.mutable_goodbye()->set_reason("restarting");
+    ASSERT_TRUE(earlier.Send(bye).ok());
+    earlier.Disconnect();
+  }
   FakeWorker a(c->channel(), "node-twice", 1);
-  ASSERT_TRUE(a.Join("run-a").ok());
+  absl::Status joined = a.Register("run-a");  // once the Goodbye is handled
+  for (int i = 0; i < 100 && !joined.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    joined = a.Register("run-a");
+  }
+  ASSERT_TRUE(joined.ok()) << joined;
+  ASSERT_TRUE(a.Connect("run-a").ok());
   absl::StatusOr<v1::Job> job = SubmitRunning(*c, a, TinySpec(1, /*max_attempts=*/2));
   ASSERT_TRUE(job.ok()) << job.status();
-  StoreReceiptOfRun(a, job->id(), 1);
+  if (receipt == Receipt::kOfTheRunWithWork) StoreReceiptOfRun(a, job->id(), 1);
   FakeWorker b(c->channel(), "node-twice", 1);
   EXPECT_EQ(b.Register("run-b").code(), absl::StatusCode::kAlreadyExists);
 
@@ -126,6 +151,23 @@ TEST(CoordinatorWorkerChurnTest, AStoredRunWithWorkKeepsItsNodeAfterARestart) {
   const v1::Job ended = c->WaitForState(job->id(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(ended.state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(ended.attempt(), 1);
+}
+
+TEST(CoordinatorWorkerChurnTest, AStoredRunWithWorkKeepsItsNodeAfterARestart) {
+  StoredRunWithWorkKeepsItsNode(Receipt::kOfTheRunWithWork);
+}
+
+// Its ranks started before it sent a log line or metrics: no receipt names any run. Before, a
+// run named by no receipt held nothing after a restart, so B took the node.
+TEST(CoordinatorWorkerChurnTest, AStoredRunWithWorkAndNoReceiptKeepsItsNodeAfterARestart) {
+  StoredRunWithWorkKeepsItsNode(Receipt::kNone);
+}
+
+// The receipt names an earlier run of the node (its logs were stored before its daemon
+// restarted): the run whose ranks hold the slots keeps the node. Before, the restarted
+// coordinator took the earlier run for the node's owner and refused the live one.
+TEST(CoordinatorWorkerChurnTest, AStoredRunWithWorkAndAnEarlierRunsReceiptKeepsItsNode) {
+  StoredRunWithWorkKeepsItsNode(Receipt::kOfAnEarlierRun);
 }
 
 // The host of a worker that ran a rank rebooted while the coordinator was down: the new run of
