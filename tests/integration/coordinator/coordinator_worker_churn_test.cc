@@ -212,26 +212,41 @@ TEST(CoordinatorWorkerChurnTest, ANewRunGetsABusyNodeOnceTheStoredRunsLeaseRunsO
   EXPECT_EQ(c->WaitForState(job->id(), v1::JOB_STATE_SUCCEEDED).state(), v1::JOB_STATE_SUCCEEDED);
 }
 
+// Workers a and b of two slots each; a filler job busy on one slot of a; a gang of 4 waiting for
+// it (holding back the jobs behind it); then b's session ends and b is LOST.
+struct GangWaitingForAnAwayWorker {
+  explicit GangWaitingForAnAwayWorker(CoordinatorUnderTest& c)
+      : a(c.channel(), "node-a", 2), b(c.channel(), "node-b", 2) {}
+  void SetUp(CoordinatorUnderTest& c) {
+    ASSERT_TRUE(a.Join("boot-a").ok());
+    ASSERT_TRUE(b.Join("boot-b").ok());
+    absl::StatusOr<v1::Job> f = SubmitRunning(c, a, TinySpec(1, 1, "filler"));
+    ASSERT_TRUE(f.ok()) << f.status();
+    filler = *f;
+    absl::StatusOr<v1::Job> g = c.Submit(TinySpec(4, 1, "gang"));
+    ASSERT_TRUE(g.ok()) << g.status();
+    gang = *g;
+    c.WaitForJob(gang.id(), [&](const v1::Job&) { return HasEvent(c, gang.id(), "Waiting"); });
+    ASSERT_TRUE(HasEvent(c, gang.id(), "Waiting"));
+    b.Disconnect();
+    ASSERT_TRUE(c.WaitForWorkerState("node-b", v1::WORKER_STATE_LOST));
+  }
+  FakeWorker a, b;
+  v1::Job filler, gang;
+};
+
 // A gang that waits for slots keeps them from the jobs behind it while one of the workers it
 // needs is away for less than its lease (a network blip). (Before, the gang no longer fitted the
 // READY workers alone, stopped holding back, and a small job took the free slot; once the worker
 // was back the gang waited for that job too.)
 TEST(CoordinatorWorkerChurnTest, AGangKeepsItsHoldWhileAWorkerIsAwayForLessThanItsLease) {
   auto c = CoordinatorUnderTest::Start("", kReconnectLeaseMs);  // b is back within its lease
-  FakeWorker a(c->channel(), "node-a", 2);
-  FakeWorker b(c->channel(), "node-b", 2);
-  ASSERT_TRUE(a.Join("boot-a").ok());
-  ASSERT_TRUE(b.Join("boot-b").ok());
-  // One slot of a is busy: the gang of 4 waits for it, holding back the jobs behind it.
-  absl::StatusOr<v1::Job> filler = SubmitRunning(*c, a, TinySpec(1, 1, "filler"));
-  ASSERT_TRUE(filler.ok()) << filler.status();
-  absl::StatusOr<v1::Job> gang = c->Submit(TinySpec(4, 1, "gang"));
-  ASSERT_TRUE(gang.ok()) << gang.status();
-  c->WaitForJob(gang->id(), [&](const v1::Job&) { return HasEvent(*c, gang->id(), "Waiting"); });
-  ASSERT_TRUE(HasEvent(*c, gang->id(), "Waiting"));
-
-  b.Disconnect();
-  ASSERT_TRUE(c->WaitForWorkerState("node-b", v1::WORKER_STATE_LOST));
+  GangWaitingForAnAwayWorker w(*c);
+  ASSERT_NO_FATAL_FAILURE(w.SetUp(*c));
+  FakeWorker& a = w.a;
+  FakeWorker& b = w.b;
+  const v1::Job* filler = &w.filler;
+  const v1::Job* gang = &w.gang;
   absl::StatusOr<v1::Job> small = c->Submit(TinySpec(1, 1, "small"));
   ASSERT_TRUE(small.ok()) << small.status();
   std::optional<v1::Assignment> backfilled = a.NextAssignment(absl::Milliseconds(1500));
@@ -260,19 +275,12 @@ TEST(CoordinatorWorkerChurnTest, AGangKeepsItsHoldWhileAWorkerIsAwayForLessThanI
 // good and the gang blocked its backend's queue.)
 TEST(CoordinatorWorkerChurnTest, AWorkerThatOnlyRegistersHoldsNoSlotsPastItsLease) {
   auto c = CoordinatorUnderTest::Start();
-  FakeWorker a(c->channel(), "node-a", 2);
-  FakeWorker b(c->channel(), "node-b", 2);
-  ASSERT_TRUE(a.Join("boot-a").ok());
-  ASSERT_TRUE(b.Join("boot-b").ok());
-  absl::StatusOr<v1::Job> filler = SubmitRunning(*c, a, TinySpec(1, 1, "filler"));
-  ASSERT_TRUE(filler.ok()) << filler.status();
-  absl::StatusOr<v1::Job> gang = c->Submit(TinySpec(4, 1, "gang"));
-  ASSERT_TRUE(gang.ok()) << gang.status();
-  c->WaitForJob(gang->id(), [&](const v1::Job&) { return HasEvent(*c, gang->id(), "Waiting"); });
-  ASSERT_TRUE(HasEvent(*c, gang->id(), "Waiting"));
-
-  b.Disconnect();
-  ASSERT_TRUE(c->WaitForWorkerState("node-b", v1::WORKER_STATE_LOST));
+  GangWaitingForAnAwayWorker w(*c);
+  ASSERT_NO_FATAL_FAILURE(w.SetUp(*c));
+  FakeWorker& a = w.a;
+  FakeWorker& b = w.b;
+  const v1::Job* filler = &w.filler;
+  const v1::Job* gang = &w.gang;
   std::atomic<bool> stop{false};
   std::thread registering([&] {
     while (!stop) {
